@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+import plotly
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -136,7 +137,8 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
-STATICFILES_DIRS = []
+# plotly.js comes from the installed plotly package, served as static/plotly/plotly.min.js
+STATICFILES_DIRS = [("plotly", Path(plotly.__file__).resolve().parent / "package_data")]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

@@ -1,1 +1,241 @@
-from django.db import models  # noqa: F401
+"""What runs where: models and their MoE shape, GPU hosts, their topology history, deployments."""
+
+from django.db import models
+from django.urls import reverse
+
+from tuning.moe_params import MoEConfigError, moe_params
+
+ENGINES = (("sglang", "SGLang"), ("vllm", "vLLM"), ("other", "Other"))
+
+DEPLOYMENT_STATUSES = (
+    ("planned", "Planned"),
+    ("deploying", "Deploying"),
+    ("healthy", "Healthy"),
+    ("degraded", "Degraded"),
+    ("stopped", "Stopped"),
+    ("failed", "Failed"),
+)
+
+VIRTUALIZATION_KINDS = (
+    ("bare_metal", "Bare metal"),
+    ("vm", "Virtual machine"),
+    ("container", "Container"),
+    ("unknown", "Unknown"),
+)
+
+TOPOLOGY_SOURCES = (
+    ("probe", "Worker probe"),
+    ("nvidia-smi", "nvidia-smi import"),
+    ("manual", "Manual"),
+)
+
+
+class ModelSpec(models.Model):
+    """A model as its HF config.json describes it; the MoE shape is read from that file."""
+
+    name = models.CharField(max_length=200, unique=True)
+    hf_repo_id = models.CharField(max_length=200, blank=True)
+    config_json = models.JSONField(help_text="The model's config.json, as published.")
+    quant_config_json = models.JSONField(
+        null=True, blank=True, help_text="A separate hf_quant_config.json (ModelOpt), if any."
+    )
+    architecture = models.CharField(max_length=200, blank=True)
+    model_type = models.CharField(max_length=100, blank=True)
+    num_experts = models.PositiveIntegerField(null=True, blank=True)
+    topk = models.PositiveIntegerField(null=True, blank=True)
+    hidden_size = models.PositiveIntegerField(null=True, blank=True)
+    moe_intermediate_size = models.PositiveIntegerField(null=True, blank=True)
+    num_layers = models.PositiveIntegerField(null=True, blank=True)
+    quantization = models.CharField(max_length=50, blank=True)
+    block_shape = models.JSONField(null=True, blank=True)
+    provenance = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def fill_shape(self):
+        """Set the MoE shape fields from config_json; raises MoEConfigError naming what's wrong."""
+        params = moe_params(self.config_json, quant_config=self.quant_config_json)
+        self.architecture = params.architecture or ""
+        self.model_type = params.model_type or ""
+        self.num_experts = params.num_experts
+        self.topk = params.topk
+        self.hidden_size = params.hidden_size
+        self.moe_intermediate_size = params.moe_intermediate_size
+        self.num_layers = params.num_layers
+        self.quantization = params.quantization or ""
+        self.block_shape = params.block_shape
+
+    def shape_for(self, tp=1, ep=1):
+        """The per-rank MoE shape (dict of tuning.moe_params) at this tp/ep, or None if invalid."""
+        try:
+            return moe_params(
+                self.config_json, tp=tp, ep=ep, quant_config=self.quant_config_json
+            ).as_dict()
+        except MoEConfigError:
+            return None
+
+
+class Host(models.Model):
+    """A GPU host; its worker listens on the Celery queue `host.<name>`."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.CharField(max_length=300, blank=True)
+    provenance = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def queue_name(self):
+        return f"host.{self.name}"
+
+    def current_topology(self):
+        return self.topology_snapshots.order_by("-captured_at", "-id").first()
+
+
+class GPU(models.Model):
+    host = models.ForeignKey(Host, models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=100)
+    uuid = models.CharField(max_length=100, blank=True)
+    compute_capability = models.CharField(max_length=10, blank=True, help_text="e.g. 9.0, 12.0")
+    memory_total_mib = models.PositiveIntegerField(null=True, blank=True)
+    power_limit_w = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["host", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["host", "index"], name="gpu_unique_host_index")
+        ]
+
+    def __str__(self):
+        return f"{self.host.name}/GPU{self.index} {self.name}"
+
+    @property
+    def sm(self):
+        """12.0 -> SM120, 9.0 -> SM90; empty when unknown."""
+        if not self.compute_capability:
+            return ""
+        major, _, minor = self.compute_capability.partition(".")
+        return f"SM{major}{minor or '0'}"
+
+
+class TopologySnapshot(models.Model):
+    """One capture of a host's GPUs, links, P2P and virtualization; history is kept."""
+
+    host = models.ForeignKey(Host, models.CASCADE, related_name="topology_snapshots")
+    captured_at = models.DateTimeField()
+    source = models.CharField(max_length=20, choices=TOPOLOGY_SOURCES, default="probe")
+    virtualization = models.CharField(
+        max_length=20, choices=VIRTUALIZATION_KINDS, default="unknown"
+    )
+    virtualization_technology = models.CharField(max_length=50, blank=True)
+    virtualization_evidence = models.JSONField(default=list, blank=True)
+    driver_version = models.CharField(max_length=50, blank=True)
+    cuda_version = models.CharField(max_length=50, blank=True)
+    gpus = models.JSONField(default=list, blank=True)
+    links = models.JSONField(null=True, blank=True, help_text="{labels, matrix} of link types")
+    p2p = models.JSONField(null=True, blank=True, help_text="{read|write|atomics|nvlink: matrix}")
+    affinity = models.JSONField(default=list, blank=True)
+    nics = models.JSONField(default=list, blank=True)
+    raw_text = models.TextField(blank=True)
+    fingerprint = models.CharField(max_length=64, blank=True)
+    provenance = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-captured_at", "-id"]
+        # host page history and "current topology" read the newest snapshots of one host
+        indexes = [models.Index(fields=["host", "-captured_at"], name="topo_host_captured")]
+
+    def __str__(self):
+        return f"{self.host.name} @ {self.captured_at:%Y-%m-%d %H:%M} ({self.virtualization_label})"
+
+    @property
+    def virtualization_label(self):
+        label = self.get_virtualization_display()
+        if self.virtualization_technology:
+            return f"{label} ({self.virtualization_technology})"
+        return label
+
+    def as_snapshot(self):
+        """The snapshot in the JSON shape of workers.topology (for diffs and the API)."""
+        return {
+            "source": self.source,
+            "virtualization": {
+                "kind": self.virtualization,
+                "technology": self.virtualization_technology or None,
+                "evidence": self.virtualization_evidence,
+            },
+            "driver_version": self.driver_version or None,
+            "cuda_version": self.cuda_version or None,
+            "gpus": self.gpus,
+            "links": self.links,
+            "p2p": self.p2p,
+            "affinity": self.affinity,
+            "nics": self.nics,
+        }
+
+
+class Deployment(models.Model):
+    """One model served by one engine on (some GPUs of) one host."""
+
+    name = models.CharField(max_length=200, unique=True)
+    model = models.ForeignKey(ModelSpec, models.PROTECT, related_name="deployments")
+    host = models.ForeignKey(Host, models.PROTECT, related_name="deployments")
+    gpus = models.ManyToManyField(GPU, blank=True, related_name="deployments")
+    engine = models.CharField(max_length=20, choices=ENGINES, default="sglang")
+    engine_version = models.CharField(max_length=100, blank=True)
+    tp = models.PositiveSmallIntegerField(default=1, help_text="tensor parallel size")
+    ep = models.PositiveSmallIntegerField(default=1, help_text="expert parallel size")
+    max_running_requests = models.PositiveIntegerField(null=True, blank=True)
+    quantization = models.CharField(max_length=50, blank=True)
+    attention_backend = models.CharField(max_length=50, blank=True)
+    allreduce_fusion = models.BooleanField(null=True, blank=True)
+    launch_args = models.JSONField(
+        default=dict, blank=True, help_text="Other launch arguments, flag → value."
+    )
+    endpoint_url = models.URLField(blank=True)
+    served_model_name = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=20, choices=DEPLOYMENT_STATUSES, default="planned")
+    status_detail = models.CharField(max_length=300, blank=True)
+    status_checked_at = models.DateTimeField(null=True, blank=True)
+    provenance = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def get_absolute_url(self):
+        return reverse("deployment-detail", args=[self.pk])
+
+    def num_gpus(self):
+        """GPUs the deployment uses: the ones recorded, else its largest parallel size."""
+        return self.gpus.count() or max(self.tp, self.ep)
+
+    def moe_shape(self):
+        return self.model.shape_for(tp=self.tp, ep=self.ep)
+
+    def launch_summary(self):
+        """The launch arguments as (flag, value) pairs, known ones first."""
+        pairs = [("tp", self.tp), ("ep", self.ep)]
+        for field in ("max_running_requests", "quantization", "attention_backend"):
+            value = getattr(self, field)
+            if value not in (None, ""):
+                pairs.append((field, value))
+        if self.allreduce_fusion is not None:
+            pairs.append(("allreduce_fusion", self.allreduce_fusion))
+        pairs.extend(sorted(self.launch_args.items()))
+        return pairs

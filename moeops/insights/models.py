@@ -1,1 +1,132 @@
-from django.db import models  # noqa: F401
+"""What the team knows: findings with evidence, plans, notes, known incompatibilities."""
+
+import nh3
+from django.db import models
+from django.utils.text import slugify
+from markdown_it import MarkdownIt
+
+FINDING_KINDS = (
+    ("plateau", "Throughput plateau"),
+    ("idle_gpus", "Idle GPUs under load"),
+    ("queueing", "Requests queued behind max-running-requests"),
+    ("no_tuned_kernel", "No tuned kernel config"),
+    ("topology", "Topology"),
+    ("incompatibility", "Known incompatibility"),
+    ("regression", "Regression"),
+    ("client_bound", "Client-bound"),
+    ("other", "Other"),
+)
+SEVERITIES = (("info", "Info"), ("warning", "Warning"), ("critical", "Critical"))
+FINDING_SOURCES = (("auto", "Automatic analysis"), ("human", "A person"))
+FINDING_STATES = (("open", "Open"), ("confirmed", "Confirmed"), ("dismissed", "Dismissed"))
+PLAN_STATUSES = (("pending", "Pending"), ("in_progress", "In progress"), ("completed", "Completed"))
+
+_markdown = MarkdownIt("commonmark", {"linkify": False}).enable("table")
+
+
+class Note(models.Model):
+    """A page of the team's knowledge base, in markdown."""
+
+    title = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=200, unique=True)
+    body = models.TextField(blank=True, help_text="Markdown")
+    provenance = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["title"]
+
+    def __str__(self):
+        return self.title
+
+    def html(self):
+        """The body rendered to HTML and sanitized (notes are written by people)."""
+        return nh3.clean(_markdown.render(self.body))
+
+    def set_slug(self):
+        if not self.slug:
+            self.slug = slugify(self.title)[:200] or "note"
+
+
+class Finding(models.Model):
+    """One observation about a deployment (or one of its runs) with its numbers as evidence."""
+
+    deployment = models.ForeignKey("fleet.Deployment", models.CASCADE, related_name="findings")
+    run = models.ForeignKey(
+        "runs.SweepRun", models.CASCADE, null=True, blank=True, related_name="findings"
+    )
+    kind = models.CharField(max_length=30, choices=FINDING_KINDS)
+    # Re-analysis updates the finding with the same (deployment, run, kind, key) instead of adding.
+    key = models.CharField(max_length=100, blank=True)
+    severity = models.CharField(max_length=10, choices=SEVERITIES, default="warning")
+    title = models.CharField(max_length=200)
+    text = models.TextField(blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    source = models.CharField(max_length=10, choices=FINDING_SOURCES, default="auto")
+    state = models.CharField(max_length=10, choices=FINDING_STATES, default="open")
+    note = models.ForeignKey(Note, models.SET_NULL, null=True, blank=True, related_name="findings")
+    provenance = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        # dashboard and deployment page: open findings of a deployment
+        indexes = [models.Index(fields=["deployment", "state"], name="finding_deployment_state")]
+
+    def __str__(self):
+        return self.title
+
+
+class PlanItem(models.Model):
+    """One line of a deployment's todo list."""
+
+    deployment = models.ForeignKey("fleet.Deployment", models.CASCADE, related_name="plan_items")
+    finding = models.ForeignKey(
+        Finding, models.SET_NULL, null=True, blank=True, related_name="plan_items"
+    )
+    title = models.CharField(max_length=300)
+    status = models.CharField(max_length=20, choices=PLAN_STATUSES, default="pending")
+    position = models.PositiveIntegerField(default=0)
+    note = models.ForeignKey(
+        Note, models.SET_NULL, null=True, blank=True, related_name="plan_items"
+    )
+    source = models.CharField(max_length=10, choices=FINDING_SOURCES, default="human")
+    provenance = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["deployment", "position", "id"]
+
+    def __str__(self):
+        return self.title
+
+
+class IncompatibilityRule(models.Model):
+    """A known engine/architecture incompatibility, kept as data so people can add their own."""
+
+    name = models.CharField(max_length=200)
+    compute_capability = models.CharField(
+        max_length=10, blank=True, help_text="GPU compute capability it applies to, e.g. 12.0"
+    )
+    engine = models.CharField(max_length=20, blank=True, help_text="sglang, vllm … (blank: any)")
+    launch_argument = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="deployment field or launch_args flag, e.g. allreduce_fusion",
+    )
+    launch_value = models.CharField(
+        max_length=100, blank=True, help_text="value that triggers it (blank: any value)"
+    )
+    severity = models.CharField(max_length=10, choices=SEVERITIES, default="warning")
+    finding_text = models.TextField()
+    note = models.ForeignKey(Note, models.SET_NULL, null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    provenance = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name

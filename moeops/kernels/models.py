@@ -1,1 +1,170 @@
-from django.db import models  # noqa: F401
+"""Fused-MoE kernel configs (the files SGLang and vLLM load) and the tuning runs that make them."""
+
+import uuid
+
+from django.db import models, transaction
+from django.db.models import Max
+
+from tuning import config_files
+
+CONFIG_SOURCES = (("tuned", "Tuned by moeops"), ("imported", "Imported file"), ("manual", "Manual"))
+
+# "bf16"/"fp16" have no dtype part in the engines' file names; the others do.
+KERNEL_DTYPES = (
+    ("bf16", "bf16"),
+    ("fp16", "fp16"),
+    ("fp8_w8a8", "fp8 w8a8"),
+    ("int8_w8a8", "int8 w8a8"),
+    ("int8_w8a16", "int8 w8a16"),
+    ("int4_w4a16", "int4 w4a16"),
+)
+UNNAMED_DTYPES = ("bf16", "fp16")
+
+TUNING_STATUSES = (
+    ("queued", "Queued"),
+    ("running", "Running"),
+    ("succeeded", "Succeeded"),
+    ("failed", "Failed"),
+    ("cancelled", "Cancelled"),
+)
+
+
+class KernelConfig(models.Model):
+    """One version of a config file for (device, E, N, dtype, block shape); versions are kept."""
+
+    device_name = models.CharField(max_length=100, help_text="NVML name, e.g. NVIDIA H200")
+    E = models.PositiveIntegerField(help_text="experts per rank")
+    N = models.PositiveIntegerField(help_text="per-rank intermediate size after silu-and-mul")
+    dtype = models.CharField(max_length=20, choices=KERNEL_DTYPES, default="bf16")
+    block_shape = models.JSONField(null=True, blank=True, help_text="[128, 128] for block fp8")
+    triton_version = models.CharField(max_length=20, blank=True)
+    entries = models.JSONField(help_text='batch size → {"BLOCK_SIZE_M": …, "num_stages": …}')
+    source = models.CharField(max_length=20, choices=CONFIG_SOURCES, default="manual")
+    version = models.PositiveIntegerField(default=1, editable=False)
+    original_file_name = models.CharField(max_length=300, blank=True)
+    provenance = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["device_name", "E", "N", "dtype", "-version"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["device_name", "E", "N", "dtype", "block_shape", "version"],
+                name="kernelconfig_unique_version",
+            )
+        ]
+        # "is there a tuned config for this device/E/N/dtype" (diagnosis, deployment page)
+        indexes = [models.Index(fields=["device_name", "E", "N", "dtype"], name="kc_shape")]
+
+    def __str__(self):
+        return f"{self.file_name('vllm')} v{self.version}"
+
+    @property
+    def name_dtype(self):
+        """The dtype part of the engine file name, None for bf16/fp16."""
+        return None if self.dtype in UNNAMED_DTYPES else self.dtype
+
+    def file_name(self, style):
+        return config_files.config_file_name(
+            self.E,
+            self.N,
+            self.device_name,
+            dtype=self.name_dtype,
+            block_shape=self.block_shape,
+            style=style,
+        )
+
+    def engine_file_text(self):
+        """The file's exact content, as the engines' own tuners write it."""
+        entries = {int(k): v for k, v in self.entries.items()}
+        return config_files.dumps_config(entries, self.triton_version or None)
+
+    def sorted_entries(self):
+        return sorted(((int(k), v) for k, v in self.entries.items()), key=lambda kv: kv[0])
+
+    def save_new_version(self):
+        """Save as the next version of its (device, E, N, dtype, block shape) series."""
+        with transaction.atomic():
+            same = KernelConfig.objects.select_for_update().filter(
+                device_name=self.device_name, E=self.E, N=self.N, dtype=self.dtype
+            )
+            same = [c for c in same if c.block_shape == self.block_shape]
+            self.version = max((c.version for c in same), default=0) + 1
+            self.save()
+        return self
+
+
+class TuningRun(models.Model):
+    """One tune of the fused-MoE kernel for a shape on a host's GPU(s)."""
+
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    host = models.ForeignKey(
+        "fleet.Host", models.SET_NULL, null=True, blank=True, related_name="tuning_runs"
+    )
+    deployment = models.ForeignKey(
+        "fleet.Deployment", models.SET_NULL, null=True, blank=True, related_name="tuning_runs"
+    )
+    device_name = models.CharField(max_length=100, blank=True)
+    E = models.PositiveIntegerField()
+    N = models.PositiveIntegerField()
+    hidden_size = models.PositiveIntegerField()
+    topk = models.PositiveIntegerField()
+    dtype = models.CharField(max_length=20, choices=KERNEL_DTYPES, default="bf16")
+    block_shape = models.JSONField(null=True, blank=True)
+    batch_sizes = models.JSONField(default=list, blank=True)
+    status = models.CharField(max_length=20, choices=TUNING_STATUSES, default="queued")
+    progress = models.JSONField(default=dict, blank=True)
+    result = models.ForeignKey(
+        KernelConfig, models.SET_NULL, null=True, blank=True, related_name="tuning_runs"
+    )
+    wall_s = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self):
+        return f"tune E={self.E} N={self.N} {self.dtype} on {self.device_name or '?'}"
+
+
+class TuningTiming(models.Model):
+    """Per batch size: the tuned config's time, the default config's, and the hardware floor."""
+
+    run = models.ForeignKey(TuningRun, models.CASCADE, related_name="timings")
+    batch_size = models.PositiveIntegerField()
+    tuned_us = models.FloatField(null=True, blank=True)
+    default_us = models.FloatField(null=True, blank=True)
+    floor_us = models.FloatField(null=True, blank=True)
+    grouped_mm_us = models.FloatField(null=True, blank=True)
+    config = models.JSONField(null=True, blank=True)
+    candidates_tried = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "batch_size"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "batch_size"], name="timing_unique_batch")
+        ]
+
+    def __str__(self):
+        return f"M={self.batch_size}: {self.tuned_us} µs"
+
+    @property
+    def speedup(self):
+        if not self.tuned_us or not self.default_us:
+            return None
+        return self.default_us / self.tuned_us
+
+    @property
+    def floor_fraction(self):
+        if not self.tuned_us or not self.floor_us:
+            return None
+        return self.floor_us / self.tuned_us
+
+
+def latest_config_for(device_name, E, N, dtype):
+    """The newest KernelConfig for a shape, or None."""
+    qs = KernelConfig.objects.filter(device_name=device_name, E=E, N=N, dtype=dtype)
+    newest = qs.aggregate(v=Max("version"))["v"]
+    return qs.filter(version=newest).first() if newest else None

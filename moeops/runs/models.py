@@ -1,1 +1,253 @@
-from django.db import models  # noqa: F401
+"""Sweeps: a run over concurrency levels, its per-level results, GPU telemetry, engine samples."""
+
+import math
+import uuid
+
+from django.db import models
+
+RUN_STATUSES = (
+    ("queued", "Queued"),
+    ("running", "Running"),
+    ("succeeded", "Succeeded"),
+    ("failed", "Failed"),
+    ("cancelled", "Cancelled"),
+)
+FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
+# A run may move only along these edges; anything else is a conflict (compare-and-set).
+RUN_TRANSITIONS = {
+    "queued": ("running", "failed", "cancelled"),
+    "running": ("succeeded", "failed", "cancelled"),
+}
+
+RUN_SOURCES = (("worker", "Worker sweep"), ("import", "Imported file"), ("manual", "Manual entry"))
+
+TELEMETRY_STATUSES = (
+    ("pending", "Not yet known"),
+    ("recorded", "Recorded"),
+    ("unavailable", "Unavailable (no NVML on the host)"),
+    ("not_collected", "Not collected"),
+)
+
+# Latency statistics per level, named as `vllm bench serve` names them (ms).
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+LATENCY_STATS = ("mean", "median", "std", "p90", "p95", "p99")
+LATENCY_KEYS = tuple(f"{s}_{m}_ms" for m in LATENCY_METRICS for s in LATENCY_STATS)
+# Throughput and count keys of one level, same names as vLLM's result JSON.
+LEVEL_KEYS = (
+    "completed",
+    "failed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
+    "request_goodput",
+) + LATENCY_KEYS
+
+
+def level_key(concurrency, request_rate):
+    """The idempotency key of a level within a run: (concurrency, request rate)."""
+    c = "?" if concurrency is None else str(concurrency)
+    if request_rate is None or math.isinf(request_rate):
+        r = "inf"
+    else:
+        r = repr(float(request_rate))
+    return f"c={c},r={r}"
+
+
+class SweepRun(models.Model):
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    deployment = models.ForeignKey("fleet.Deployment", models.CASCADE, related_name="runs")
+    label = models.CharField(max_length=200, blank=True)
+    parameters = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="levels, input_len, output_len, prompts_per_level, warmup, endpoint, …",
+    )
+    status = models.CharField(max_length=20, choices=RUN_STATUSES, default="queued")
+    source = models.CharField(max_length=20, choices=RUN_SOURCES, default="worker")
+    progress = models.JSONField(
+        default=dict, blank=True, help_text="level_index, levels_total, requests_done, …"
+    )
+    kernel_config = models.ForeignKey(
+        "kernels.KernelConfig", models.SET_NULL, null=True, blank=True, related_name="runs"
+    )
+    topology_snapshot = models.ForeignKey(
+        "fleet.TopologySnapshot", models.SET_NULL, null=True, blank=True, related_name="runs"
+    )
+    telemetry_status = models.CharField(
+        max_length=20, choices=TELEMETRY_STATUSES, default="pending"
+    )
+    telemetry_detail = models.CharField(max_length=300, blank=True)
+    error = models.TextField(blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    provenance = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        # deployment page: the runs of one deployment, newest first
+        indexes = [models.Index(fields=["deployment", "-created"], name="run_deployment_created")]
+
+    def __str__(self):
+        return self.label or str(self.uuid)
+
+    @property
+    def is_finished(self):
+        return self.status in FINISHED_STATUSES
+
+    def can_move_to(self, status):
+        return status in RUN_TRANSITIONS.get(self.status, ())
+
+    def peak_output_throughput(self):
+        """Highest output tok/s over the run's levels, or None without levels."""
+        return self.levels.aggregate(peak=models.Max("output_throughput"))["peak"]
+
+    def display_label(self):
+        return self.label or f"run {str(self.uuid)[:8]}"
+
+
+class LevelResult(models.Model):
+    """One concurrency level of a sweep, with every metric of DESIGN.md (vLLM key names)."""
+
+    run = models.ForeignKey(SweepRun, models.CASCADE, related_name="levels")
+    key = models.CharField(max_length=60, help_text="level_key(concurrency, request_rate)")
+    concurrency = models.PositiveIntegerField(null=True, blank=True)
+    request_rate = models.FloatField(null=True, blank=True, help_text="req/s; empty = unlimited")
+    input_len = models.PositiveIntegerField(null=True, blank=True)
+    output_len = models.PositiveIntegerField(null=True, blank=True)
+    completed = models.PositiveIntegerField(null=True, blank=True)
+    failed = models.PositiveIntegerField(default=0)
+    errors = models.JSONField(default=dict, blank=True, help_text="failure reason → count")
+    duration = models.FloatField(null=True, blank=True, help_text="s")
+    total_input_tokens = models.BigIntegerField(null=True, blank=True)
+    total_output_tokens = models.BigIntegerField(null=True, blank=True)
+    usage_reported = models.BooleanField(
+        null=True, blank=True, help_text="Token counts came from the server's usage"
+    )
+    request_throughput = models.FloatField(null=True, blank=True, help_text="req/s")
+    output_throughput = models.FloatField(null=True, blank=True, help_text="tok/s")
+    total_token_throughput = models.FloatField(null=True, blank=True, help_text="tok/s")
+    max_output_tokens_per_s = models.FloatField(null=True, blank=True)
+    max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True)
+    request_goodput = models.FloatField(null=True, blank=True, help_text="req/s within SLOs")
+    mean_ttft_ms = models.FloatField(null=True, blank=True)
+    median_ttft_ms = models.FloatField(null=True, blank=True)
+    std_ttft_ms = models.FloatField(null=True, blank=True)
+    p90_ttft_ms = models.FloatField(null=True, blank=True)
+    p95_ttft_ms = models.FloatField(null=True, blank=True)
+    p99_ttft_ms = models.FloatField(null=True, blank=True)
+    mean_tpot_ms = models.FloatField(null=True, blank=True)
+    median_tpot_ms = models.FloatField(null=True, blank=True)
+    std_tpot_ms = models.FloatField(null=True, blank=True)
+    p90_tpot_ms = models.FloatField(null=True, blank=True)
+    p95_tpot_ms = models.FloatField(null=True, blank=True)
+    p99_tpot_ms = models.FloatField(null=True, blank=True)
+    mean_itl_ms = models.FloatField(null=True, blank=True)
+    median_itl_ms = models.FloatField(null=True, blank=True)
+    std_itl_ms = models.FloatField(null=True, blank=True)
+    p90_itl_ms = models.FloatField(null=True, blank=True)
+    p95_itl_ms = models.FloatField(null=True, blank=True)
+    p99_itl_ms = models.FloatField(null=True, blank=True)
+    mean_e2el_ms = models.FloatField(null=True, blank=True)
+    median_e2el_ms = models.FloatField(null=True, blank=True)
+    std_e2el_ms = models.FloatField(null=True, blank=True)
+    p90_e2el_ms = models.FloatField(null=True, blank=True)
+    p95_e2el_ms = models.FloatField(null=True, blank=True)
+    p99_e2el_ms = models.FloatField(null=True, blank=True)
+    started_at = models.FloatField(null=True, blank=True, help_text="UTC epoch s")
+    finished_at = models.FloatField(null=True, blank=True, help_text="UTC epoch s")
+    raw = models.JSONField(
+        null=True, blank=True, help_text="The original result object, unknown keys included"
+    )
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "concurrency", "request_rate", "id"]
+        constraints = [
+            # idempotent ingestion: one level per (run, concurrency, request rate)
+            models.UniqueConstraint(fields=["run", "key"], name="level_unique_run_key")
+        ]
+
+    def __str__(self):
+        return f"{self.run} {self.key}"
+
+    def throughput_per_gpu(self, num_gpus):
+        """Output tok/s per GPU."""
+        if self.output_throughput is None or not num_gpus:
+            return None
+        return self.output_throughput / num_gpus
+
+    @property
+    def interactivity(self):
+        """Tokens per second one user sees: 1000 / median TPOT (ms)."""
+        if not self.median_tpot_ms:
+            return None
+        return 1000.0 / self.median_tpot_ms
+
+
+class TelemetryBatch(models.Model):
+    """A client-chosen batch id, so that a resent telemetry batch is stored once."""
+
+    run = models.ForeignKey(SweepRun, models.CASCADE, related_name="telemetry_batches")
+    batch_id = models.CharField(max_length=100)
+    kind = models.CharField(max_length=20, default="gpu")
+    count = models.PositiveIntegerField(default=0)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "kind", "batch_id"], name="telemetry_batch_unique"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.kind} batch {self.batch_id}"
+
+
+class TelemetrySample(models.Model):
+    """One NVML reading of one GPU (1 Hz by default); raw samples are kept, charts downsample."""
+
+    run = models.ForeignKey(SweepRun, models.CASCADE, related_name="telemetry")
+    gpu_index = models.PositiveSmallIntegerField()
+    ts = models.FloatField(help_text="UTC epoch s")
+    level_concurrency = models.PositiveIntegerField(null=True, blank=True)
+    gpu_util = models.FloatField(null=True, blank=True, help_text="%")
+    mem_util = models.FloatField(null=True, blank=True, help_text="%")
+    power_w = models.FloatField(null=True, blank=True)
+    power_limit_w = models.FloatField(null=True, blank=True)
+    mem_used_mib = models.FloatField(null=True, blank=True)
+    mem_total_mib = models.FloatField(null=True, blank=True)
+    sm_clock_mhz = models.FloatField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        # run page charts read one run's samples in time order
+        indexes = [models.Index(fields=["run", "ts"], name="telemetry_run_ts")]
+
+    def __str__(self):
+        return f"GPU{self.gpu_index} @ {self.ts:.1f}"
+
+
+class EngineSample(models.Model):
+    """One scrape of the engine's /metrics during a run."""
+
+    run = models.ForeignKey(SweepRun, models.CASCADE, related_name="engine_samples")
+    ts = models.FloatField(help_text="UTC epoch s")
+    level_concurrency = models.PositiveIntegerField(null=True, blank=True)
+    running = models.FloatField(null=True, blank=True)
+    queued = models.FloatField(null=True, blank=True)
+    kv_cache_usage = models.FloatField(null=True, blank=True, help_text="fraction 0–1")
+
+    class Meta:
+        # run page charts read one run's samples in time order
+        indexes = [models.Index(fields=["run", "ts"], name="engine_run_ts")]
+
+    def __str__(self):
+        return f"engine @ {self.ts:.1f}"

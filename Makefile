@@ -1,0 +1,46 @@
+# moeops: `make run` starts the app with example data; `make test` runs the whole suite.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
+PG_URL ?= postgres://postgres@127.0.0.1:5432/moeops
+
+.PHONY: install run test lint test-sqlite test-postgres browser-deps clean
+
+$(STAMP): requirements.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py load_example_data
+	$(PY) manage.py runlocal
+
+# Debian's Chromium for the browser tests; Playwright's own browser download cannot work here.
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing Debian's chromium for the browser tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test-sqlite: install browser-deps
+	env -u DATABASE_URL $(VENV)/bin/pytest -m "not gpu"
+
+# Runs the tests that touch the database again on PostgreSQL, when one answers.
+test-postgres: install
+	@if [ -n "$$DATABASE_URL" ] || pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null \
+		|| $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
+		echo "== PostgreSQL =="; \
+		DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} MOEOPS_DB_TESTS_ONLY=1 $(VENV)/bin/pytest -m "not gpu"; \
+	else echo "PostgreSQL not reachable on 127.0.0.1:5432 and DATABASE_URL unset: SQLite only"; fi
+
+test: lint test-sqlite test-postgres
+
+clean:
+	rm -rf $(VENV) var staticfiles test-artifacts

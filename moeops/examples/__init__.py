@@ -1,0 +1,253 @@
+"""The example data: the figures of the write-up `shared/seed/the-pivot-point.txt`, and only those.
+
+Everything loaded here is marked with WRITEUP as its provenance. Where the write-up gives no number
+(GPU memory size, UUIDs, link matrices, Kimi K2's concurrency level) the field stays empty.
+"""
+
+import json
+import time
+from pathlib import Path
+
+from django.db import transaction
+from django.utils import timezone
+
+from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
+from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
+from moeops.runs.models import LevelResult, SweepRun, TelemetrySample, level_key
+
+WRITEUP = "From the write-up 'The Pivot Point' (shared/seed/the-pivot-point.txt)"
+HERE = Path(__file__).resolve().parent
+HOST_NAME = "rtx-pro-6000-x8"
+GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell"
+# "~94.7GB used per GPU", in MiB as telemetry stores memory
+MEM_USED_MIB = 94.7e9 / 2**20
+
+NOTES = {
+    "the-pivot-point": (
+        "The pivot point (write-up)",
+        "GLM-5-NVFP4 (744B parameters, 256 experts) on 8 NVIDIA RTX PRO 6000 Blackwell GPUs: "
+        "the server is healthy, yet every GPU sits at **0% utilization, ~85 W of a 600 W TDP**, "
+        "with ~94.7 GB used per GPU.\n\n"
+        "Throughput plateaus: **806 tok/s at concurrency 128, 879 at 256, 912 at 512**, against a "
+        "1,000+ target. The server runs with `--max-running-requests 64`, so higher concurrency "
+        "queues.\n\n"
+        "The MoE shape from config.json: `n_routed_experts` 256, `num_experts_per_tok` 8, "
+        "`moe_intermediate_size` 2048, `hidden_size` 6144.\n\n"
+        "Plan: check the server (done), run higher-concurrency benchmarks (in progress), tune the "
+        "fused-MoE kernel for SM120 (pending).",
+    ),
+    "kimi-k2-moe-tuning": (
+        "Kimi K2: MoE kernel tuning is the largest lever",
+        "On the same hardware, an earlier Kimi K2 deployment went from **~800 tok/s to over "
+        "5,800 tok/s** at high concurrency after tuning the fused-MoE kernel for SM120. The "
+        "default kernel configs were not tuned for the RTX PRO 6000's SM120.",
+    ),
+    "sm120-allreduce-fusion": (
+        "FlashInfer allreduce fusion is unsupported on SM120",
+        "FlashInfer's allreduce fusion does not support SM120 (RTX PRO 6000 Blackwell). "
+        "Leave it off on these GPUs.",
+    ),
+    "kvm-to-lxc": (
+        "KVM VM → LXC container changed the GPU topology",
+        "The hardware moved from a KVM VM to an LXC container during the deployment, which "
+        "changed the GPU topology and P2P characteristics. Compare runs by the topology they "
+        "ran on.",
+    ),
+}
+
+
+def _config(name):
+    return json.loads((HERE / name).read_text())
+
+
+def _note(slug):
+    title, body = NOTES[slug]
+    note, _ = Note.objects.update_or_create(
+        slug=slug, defaults={"title": title, "body": body, "provenance": WRITEUP}
+    )
+    return note
+
+
+def _model(name, repo, config_file, quant_file=None, provenance=WRITEUP):
+    model = ModelSpec.objects.filter(name=name).first() or ModelSpec(name=name)
+    model.hf_repo_id = repo
+    model.config_json = _config(config_file)
+    model.quant_config_json = _config(quant_file) if quant_file else None
+    model.provenance = provenance
+    model.fill_shape()
+    model.save()
+    return model
+
+
+def _host():
+    host, _ = Host.objects.update_or_create(
+        name=HOST_NAME,
+        defaults={
+            "description": "8× NVIDIA RTX PRO 6000 Blackwell (SM120, 600 W TDP)",
+            "provenance": WRITEUP,
+        },
+    )
+    for index in range(8):
+        GPU.objects.update_or_create(
+            host=host,
+            index=index,
+            defaults={"name": GPU_NAME, "compute_capability": "12.0", "power_limit_w": 600.0},
+        )
+    return host
+
+
+def _snapshot(host, kind, technology, evidence, captured_at):
+    snapshot, _ = TopologySnapshot.objects.get_or_create(
+        host=host,
+        virtualization=kind,
+        provenance=WRITEUP,
+        defaults={
+            "captured_at": captured_at,
+            "source": "manual",
+            "virtualization_technology": technology,
+            "virtualization_evidence": [evidence],
+        },
+    )
+    return snapshot
+
+
+def _deployment(name, model, host, **fields):
+    deployment, _ = Deployment.objects.update_or_create(
+        name=name,
+        defaults={"model": model, "host": host, "provenance": WRITEUP, **fields},
+    )
+    deployment.gpus.set(host.gpus.all())
+    return deployment
+
+
+def _run(deployment, label, snapshot, levels, parameters):
+    run = SweepRun.objects.filter(deployment=deployment, label=label).first()
+    if run is None:
+        run = SweepRun(deployment=deployment, label=label)
+    run.source = "manual"
+    run.status = "succeeded"
+    run.topology_snapshot = snapshot
+    run.parameters = parameters
+    run.provenance = WRITEUP
+    run.telemetry_status = "not_collected"
+    run.save()
+    for concurrency, output_throughput in levels:
+        LevelResult.objects.update_or_create(
+            run=run,
+            key=level_key(concurrency, None),
+            defaults={"concurrency": concurrency, "output_throughput": output_throughput},
+        )
+    return run
+
+
+@transaction.atomic
+def load_example_data():
+    """Create or refresh the write-up's example data; running it twice changes nothing."""
+    glm5 = _model(
+        "GLM-5-NVFP4",
+        "nvidia/GLM-5-NVFP4",
+        "glm-5-fp8_config.json",
+        "nvidia-glm-5-nvfp4_hf_quant_config.json",
+        provenance=WRITEUP + "; config.json of GLM-5-FP8 (same architecture), quantization "
+        "from nvidia/GLM-5-NVFP4's hf_quant_config.json",
+    )
+    kimi = _model("Kimi-K2-Instruct", "moonshotai/Kimi-K2-Instruct", "kimi-k2-instruct_config.json")
+    host = _host()
+    now = timezone.now()
+    kvm = _snapshot(host, "vm", "kvm", "the write-up: the hardware first ran in a KVM VM", now)
+    lxc = _snapshot(
+        host, "container", "lxc", "the write-up: the hardware moved to an LXC container", now
+    )
+    notes = {slug: _note(slug) for slug in NOTES}
+
+    glm_deployment = _deployment(
+        "GLM-5-NVFP4 on 8× RTX PRO 6000",
+        glm5,
+        host,
+        # --max-running-requests is SGLang's flag (vLLM's is --max-num-seqs)
+        engine="sglang",
+        tp=8,
+        max_running_requests=64,
+        quantization="nvfp4",
+        status="healthy",
+        status_detail="Server running with the model loaded; GPUs at 0% utilization",
+    )
+    kimi_deployment = _deployment(
+        "Kimi K2 on 8× RTX PRO 6000", kimi, host, engine="sglang", tp=8, status="stopped"
+    )
+
+    sweep = _run(
+        glm_deployment,
+        "Concurrency sweep (write-up)",
+        lxc,
+        [(128, 806.0), (256, 879.0), (512, 912.0)],
+        {"levels": [128, 256, 512]},
+    )
+    # The write-up's one GPU reading: 0% utilization, ~85 W of 600 W, ~94.7 GB used, all 8 GPUs.
+    if not sweep.telemetry.exists():
+        ts = time.time()
+        TelemetrySample.objects.bulk_create(
+            TelemetrySample(
+                run=sweep,
+                gpu_index=index,
+                ts=ts,
+                gpu_util=0.0,
+                power_w=85.0,
+                power_limit_w=600.0,
+                mem_used_mib=MEM_USED_MIB,
+            )
+            for index in range(8)
+        )
+    sweep.telemetry_status = "recorded"
+    sweep.telemetry_detail = "one nvidia-smi reading from the write-up"
+    sweep.save(update_fields=["telemetry_status", "telemetry_detail"])
+
+    # Kimi K2: the write-up gives no concurrency for these two figures, so none is stored.
+    _run(kimi_deployment, "Before MoE kernel tuning (write-up)", kvm, [(None, 800.0)], {})
+    _run(kimi_deployment, "After MoE kernel tuning for SM120 (write-up)", kvm, [(None, 5800.0)], {})
+
+    Finding.objects.update_or_create(
+        deployment=glm_deployment,
+        kind="incompatibility",
+        key="sm120-allreduce-fusion",
+        defaults={
+            "severity": "warning",
+            "title": "FlashInfer allreduce fusion is unsupported on SM120",
+            "text": "The RTX PRO 6000 Blackwell GPUs are SM120; FlashInfer allreduce fusion "
+            "does not support them.",
+            "evidence": {"compute_capability": "12.0", "engine": "sglang"},
+            "source": "human",
+            "note": notes["sm120-allreduce-fusion"],
+            "provenance": WRITEUP,
+        },
+    )
+    IncompatibilityRule.objects.update_or_create(
+        name="FlashInfer allreduce fusion unsupported on SM120",
+        defaults={
+            "compute_capability": "12.0",
+            "launch_argument": "allreduce_fusion",
+            "launch_value": "True",
+            "severity": "critical",
+            "finding_text": "FlashInfer allreduce fusion is enabled, but it is unsupported on "
+            "SM120 GPUs. Turn it off.",
+            "note": notes["sm120-allreduce-fusion"],
+            "provenance": WRITEUP,
+        },
+    )
+    todo = [
+        ("Check server status", "completed", None),
+        ("Run higher-concurrency benchmarks (256, 512, 1024)", "in_progress", None),
+        ("Tune the fused-MoE kernel for SM120", "pending", notes["kimi-k2-moe-tuning"]),
+    ]
+    for position, (title, status, note) in enumerate(todo):
+        PlanItem.objects.update_or_create(
+            deployment=glm_deployment,
+            title=title,
+            defaults={
+                "status": status,
+                "position": position,
+                "note": note,
+                "provenance": WRITEUP,
+            },
+        )
+    return glm_deployment

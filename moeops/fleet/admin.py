@@ -1,0 +1,109 @@
+import json
+
+from django import forms
+from django.contrib import admin
+
+from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
+from tuning.moe_params import MoEConfigError
+
+SHAPE_FIELDS = (
+    "architecture",
+    "model_type",
+    "num_experts",
+    "topk",
+    "hidden_size",
+    "moe_intermediate_size",
+    "num_layers",
+    "quantization",
+    "block_shape",
+)
+
+
+def _read_json_upload(upload, field):
+    try:
+        return json.loads(upload.read().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise forms.ValidationError({field: "The file is not UTF-8 text."}) from None
+    except json.JSONDecodeError as exc:
+        raise forms.ValidationError({field: f"The file is not JSON: {exc}"}) from None
+
+
+class ModelSpecForm(forms.ModelForm):
+    config_file = forms.FileField(
+        required=False, help_text="Or upload config.json instead of pasting it."
+    )
+    quant_config_file = forms.FileField(
+        required=False, help_text="Optional hf_quant_config.json (ModelOpt)."
+    )
+
+    class Meta:
+        model = ModelSpec
+        fields = ("name", "hf_repo_id", "config_json", "quant_config_json", "provenance")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Either the pasted JSON or the uploaded file is enough.
+        self.fields["config_json"].required = False
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("config_file"):
+            cleaned["config_json"] = _read_json_upload(cleaned["config_file"], "config_file")
+        if cleaned.get("quant_config_file"):
+            cleaned["quant_config_json"] = _read_json_upload(
+                cleaned["quant_config_file"], "quant_config_file"
+            )
+        if self.errors:
+            return cleaned
+        if cleaned.get("config_json") in (None, ""):
+            raise forms.ValidationError({"config_json": "Paste or upload the model's config.json."})
+        self.instance.config_json = cleaned["config_json"]
+        self.instance.quant_config_json = cleaned.get("quant_config_json")
+        try:
+            self.instance.fill_shape()
+        except MoEConfigError as exc:
+            raise forms.ValidationError({"config_json": f"config.json: {exc}"}) from None
+        return cleaned
+
+
+@admin.register(ModelSpec)
+class ModelSpecAdmin(admin.ModelAdmin):
+    form = ModelSpecForm
+    list_display = ("name", "architecture", "num_experts", "topk", "hidden_size", "quantization")
+    search_fields = ("name", "hf_repo_id", "architecture")
+    readonly_fields = SHAPE_FIELDS
+    fieldsets = (
+        (None, {"fields": ("name", "hf_repo_id", "provenance")}),
+        (
+            "config.json",
+            {"fields": ("config_json", "config_file", "quant_config_json", "quant_config_file")},
+        ),
+        ("MoE shape (read from config.json)", {"fields": SHAPE_FIELDS}),
+    )
+
+
+class GPUInline(admin.TabularInline):
+    model = GPU
+    extra = 0
+
+
+@admin.register(Host)
+class HostAdmin(admin.ModelAdmin):
+    list_display = ("name", "description", "created")
+    search_fields = ("name",)
+    inlines = [GPUInline]
+
+
+@admin.register(TopologySnapshot)
+class TopologySnapshotAdmin(admin.ModelAdmin):
+    list_display = ("host", "captured_at", "virtualization", "virtualization_technology", "source")
+    list_filter = ("virtualization", "source", "host")
+    date_hierarchy = "captured_at"
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(admin.ModelAdmin):
+    list_display = ("name", "model", "host", "engine", "tp", "ep", "status")
+    list_filter = ("engine", "status", "host")
+    search_fields = ("name", "served_model_name")
+    filter_horizontal = ("gpus",)

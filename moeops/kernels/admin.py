@@ -1,0 +1,71 @@
+from django import forms
+from django.contrib import admin
+from tuning.config_files import ConfigEntryError, validate_entries
+
+from moeops.kernels.models import KernelConfig, TuningRun, TuningTiming
+
+
+class KernelConfigForm(forms.ModelForm):
+    class Meta:
+        model = KernelConfig
+        fields = (
+            "device_name",
+            "E",
+            "N",
+            "dtype",
+            "block_shape",
+            "triton_version",
+            "entries",
+            "source",
+            "original_file_name",
+            "provenance",
+        )
+
+    def clean_entries(self):
+        entries = self.cleaned_data["entries"]
+        try:
+            validated = validate_entries(entries)
+        except ConfigEntryError as exc:
+            raise forms.ValidationError(exc.errors) from None
+        # Store with string keys in ascending batch order, as the engines' files have them.
+        return {str(m): entry for m, entry in sorted(validated.items())}
+
+    def clean_block_shape(self):
+        shape = self.cleaned_data.get("block_shape")
+        if shape in (None, ""):
+            return None
+        if (
+            not isinstance(shape, list)
+            or len(shape) != 2
+            or not all(isinstance(v, int) and v > 0 for v in shape)
+        ):
+            raise forms.ValidationError(
+                "block_shape must be two positive integers, e.g. [128, 128]"
+            )
+        return shape
+
+
+@admin.register(KernelConfig)
+class KernelConfigAdmin(admin.ModelAdmin):
+    form = KernelConfigForm
+    list_display = ("device_name", "E", "N", "dtype", "block_shape", "version", "source", "created")
+    list_filter = ("device_name", "dtype", "source")
+    readonly_fields = ("version",)
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            obj.save()
+        else:
+            obj.save_new_version()
+
+
+class TuningTimingInline(admin.TabularInline):
+    model = TuningTiming
+    extra = 0
+
+
+@admin.register(TuningRun)
+class TuningRunAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "host", "status", "created", "wall_s")
+    list_filter = ("status", "host")
+    inlines = [TuningTimingInline]

