@@ -1,0 +1,27 @@
+"""The web side's Celery app: tasks that need the database (analysis after a run, housekeeping).
+
+GPU-host tasks belong to the `workers` app; the web side enqueues them by name with
+`send_host_task`, so it never imports workers' code.
+"""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "moeops.settings")
+
+app = Celery("moeops")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    task_serializer="json",
+    accept_content=["json"],
+    task_default_queue="web",
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+)
+app.autodiscover_tasks()
+
+
+def send_host_task(name, host, *, args=(), kwargs=None):
+    """Enqueue the GPU-host task `workers.<name>` on the host's own queue."""
+    return app.send_task(f"workers.{name}", args=args, kwargs=kwargs or {}, queue=host.queue_name)
