@@ -1,0 +1,301 @@
+"""MoE shape of a model from its Hugging Face config.json, per rank for a given tp and ep.
+
+The shape is what the fused-MoE kernel and its config-file name need: experts E, top-k, hidden
+size H and the per-rank intermediate size N (the `N=` of vLLM's and SGLang's file names).
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# First key present wins; DBRX keeps its MoE fields under ffn_config.
+EXPERTS_KEYS = (
+    "n_routed_experts",
+    "num_local_experts",
+    "num_experts",
+    "ffn_config.moe_num_experts",
+)
+TOPK_KEYS = ("num_experts_per_tok", "moe_top_k", "experts_per_token", "ffn_config.moe_top_k")
+HIDDEN_KEYS = ("hidden_size", "d_model")
+# Llama 4's intermediate_size is the experts' size; its dense layers use intermediate_size_mlp.
+INTERMEDIATE_KEYS = ("moe_intermediate_size", "intermediate_size", "ffn_config.ffn_hidden_size")
+LAYERS_KEYS = ("num_hidden_layers", "n_layers", "num_layers")
+
+
+class MoEConfigError(ValueError):
+    """A config.json that yields no MoE shape; the message is one line naming the reason."""
+
+
+@dataclass(frozen=True)
+class MoEParams:
+    """One MoE layer's shape as one rank of a tp × ep deployment sees it.
+
+    num_experts is the model's total E, experts_per_rank = E / ep; hidden_size H and
+    moe_intermediate_size I are the model's; N is the per-rank intermediate size after
+    silu-and-mul (w1 is [experts_per_rank, 2N, H], w2 [experts_per_rank, H, N]).
+    block_shape is the weight-quantization block [block_n, block_k] or None.
+    """
+
+    architecture: str | None
+    model_type: str | None
+    num_experts: int
+    experts_per_rank: int
+    topk: int
+    hidden_size: int
+    moe_intermediate_size: int
+    N: int
+    num_layers: int | None
+    num_moe_layers: int | None
+    quantization: str | None
+    block_shape: tuple[int, int] | None
+
+    def as_dict(self) -> dict:
+        """The shape as JSON-ready values (block_shape as a list)."""
+        out = asdict(self)
+        out["block_shape"] = list(self.block_shape) if self.block_shape else None
+        return out
+
+
+def moe_params(
+    config: dict | str | bytes,
+    tp: int = 1,
+    ep: int = 1,
+    quant_config: dict | str | bytes | None = None,
+) -> MoEParams:
+    """Read the MoE shape from a config.json (a dict, or its JSON text) for tp and ep ranks.
+
+    quant_config is a separate hf_quant_config.json (ModelOpt exports); when given it names
+    the quantization instead of config.json's quantization_config.
+    Raises MoEConfigError with a one-line reason when the config is not JSON, not an MoE
+    model, lacks a size, or when tp/ep do not divide its sizes.
+    """
+    config = _as_object(config, "config.json")
+    text_config = config.get("text_config")
+    # Multimodal wrappers (Llama 4, Kimi K2.5) nest the language model's fields.
+    sections = [text_config, config] if isinstance(text_config, dict) else [config]
+
+    experts_key, num_experts = _first(sections, EXPERTS_KEYS)
+    if experts_key is None:
+        raise MoEConfigError(
+            "not a Mixture-of-Experts config: none of " + ", ".join(EXPERTS_KEYS) + " is set"
+        )
+    if isinstance(num_experts, int) and num_experts <= 1:
+        raise MoEConfigError(f"not a Mixture-of-Experts config: {experts_key} is {num_experts}")
+    num_experts = _positive_int(experts_key, num_experts)
+    topk = _required(sections, TOPK_KEYS, "top-k")
+    if topk > num_experts:
+        raise MoEConfigError(f"top-k {topk} is larger than the {num_experts} experts")
+    hidden_size = _required(sections, HIDDEN_KEYS, "hidden size")
+    intermediate = _required(sections, INTERMEDIATE_KEYS, "MoE intermediate size")
+
+    experts_per_rank, n = _shard(num_experts, intermediate, tp, ep)
+    num_layers = _optional_int(sections, LAYERS_KEYS)
+    if quant_config is not None:
+        quantization, block_shape = _quantization(_as_object(quant_config, "quant config"))
+    else:
+        quantization, block_shape = _quantization_of_config(sections)
+
+    architectures = config.get("architectures") or [None]
+    return MoEParams(
+        architecture=architectures[0],
+        model_type=config.get("model_type"),
+        num_experts=num_experts,
+        experts_per_rank=experts_per_rank,
+        topk=topk,
+        hidden_size=hidden_size,
+        moe_intermediate_size=intermediate,
+        N=n,
+        num_layers=num_layers,
+        num_moe_layers=_num_moe_layers(sections, num_layers),
+        quantization=quantization,
+        block_shape=block_shape,
+    )
+
+
+def _shard(num_experts: int, intermediate: int, tp: int, ep: int) -> tuple[int, int]:
+    """Experts per rank and per-rank intermediate size N for tp × ep.
+
+    SGLang's tuner (benchmark/kernels/fused_moe_triton/common_utils.py,
+    calculate_shard_intermediate_size) splits the experts' intermediate size over the MoE
+    tensor-parallel size tp / ep and the experts over ep; vLLM's benchmark_moe.py with
+    --enable-expert-parallel is the case ep = tp (E / tp experts, N = I unsplit). When ep spans
+    more ranks than tp (EP across data-parallel ranks) the MoE layer is not tensor-split: N = I.
+    """
+    for name, value in (("tp", tp), ("ep", ep)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MoEConfigError(f"{name} must be a positive integer, got {value!r}")
+    if num_experts % ep:
+        raise MoEConfigError(f"num_experts {num_experts} is not divisible by ep {ep}")
+    if tp % ep == 0:
+        moe_tp = tp // ep
+    elif ep % tp == 0:
+        moe_tp = 1
+    else:
+        raise MoEConfigError(f"tp {tp} and ep {ep}: one must be a multiple of the other")
+    if intermediate % moe_tp:
+        raise MoEConfigError(
+            f"moe_intermediate_size {intermediate} is not divisible by the MoE tensor-parallel "
+            f"size {moe_tp} (tp {tp} / ep {ep})"
+        )
+    return num_experts // ep, intermediate // moe_tp
+
+
+def _num_moe_layers(sections: list[dict], num_layers: int | None) -> int | None:
+    """How many of the decoder layers hold routed experts (MTP layers not counted)."""
+    if num_layers is None:
+        return None
+    _, moe_layers = _first(sections, ("moe_layers",))
+    if isinstance(moe_layers, list):
+        return len(moe_layers)
+    _, step = _first(sections, ("interleave_moe_layer_step",))
+    if isinstance(step, int) and step >= 1:
+        # Llama 4: layers step-1, 2·step-1, … are MoE.
+        return num_layers // step
+    _, first_dense = _first(sections, ("first_k_dense_replace",))
+    _, freq = _first(sections, ("moe_layer_freq",))
+    if isinstance(first_dense, int):
+        # DeepSeek/GLM/Kimi: layer i is MoE when i >= first_k_dense_replace and i % freq == 0.
+        freq = freq if isinstance(freq, int) and freq >= 1 else 1
+        return sum(1 for i in range(num_layers) if i >= first_dense and i % freq == 0)
+    _, sparse_step = _first(sections, ("decoder_sparse_step",))
+    if isinstance(sparse_step, int) and sparse_step >= 1:
+        # Qwen2/3-MoE: layer i is MoE when (i + 1) % step == 0 and i is not in mlp_only_layers.
+        _, dense = _first(sections, ("mlp_only_layers",))
+        dense = set(dense) if isinstance(dense, list) else set()
+        return sum(1 for i in range(num_layers) if (i + 1) % sparse_step == 0 and i not in dense)
+    return num_layers
+
+
+def _quantization_of_config(sections: list[dict]) -> tuple[str | None, tuple[int, int] | None]:
+    for section in reversed(sections):
+        quantization_config = section.get("quantization_config")
+        if isinstance(quantization_config, dict):
+            return _quantization(quantization_config)
+    return None, None
+
+
+def _quantization(qc: dict) -> tuple[str | None, tuple[int, int] | None]:
+    """Name the weight quantization ("fp8", "nvfp4", "mxfp4", …) and its block shape."""
+    if isinstance(qc.get("quantization"), dict):
+        # hf_quant_config.json (ModelOpt): {"producer": …, "quantization": {"quant_algo": …}}
+        qc = qc["quantization"]
+    method = qc.get("quant_method")
+    algo = qc.get("quant_algo")
+    if method == "compressed-tensors" or (method is None and "config_groups" in qc):
+        return _compressed_tensors(qc)
+    if isinstance(algo, str) and method in (None, "modelopt"):
+        return algo.lower(), None
+    if isinstance(method, str):
+        return method.lower(), _block(qc.get("weight_block_size"))
+    return None, None
+
+
+def _compressed_tensors(qc: dict) -> tuple[str | None, tuple[int, int] | None]:
+    groups = qc.get("config_groups")
+    weights = next(iter(groups.values()), {}).get("weights") if isinstance(groups, dict) else None
+    if not isinstance(weights, dict):
+        return "compressed-tensors", None
+    bits, kind, group = weights.get("num_bits"), weights.get("type"), weights.get("group_size")
+    block = _block(weights.get("block_structure"))
+    if kind == "float" and bits == 8:
+        return "fp8", block
+    if kind == "float" and bits == 4:
+        # NVFP4 scales groups of 16 elements, MXFP4 groups of 32.
+        return {16: "nvfp4", 32: "mxfp4"}.get(group, "fp4"), None
+    if kind == "int" and bits in (4, 8):
+        return f"int{bits}", block
+    return "compressed-tensors", block
+
+
+def _block(value) -> tuple[int, int] | None:
+    if isinstance(value, str) and "x" in value:
+        value = value.split("x")
+    if isinstance(value, list | tuple) and len(value) == 2:
+        try:
+            bn, bk = (int(v) for v in value)
+        except (TypeError, ValueError):
+            return None
+        return (bn, bk) if bn > 0 and bk > 0 else None
+    return None
+
+
+def _lookup(section: dict, dotted: str):
+    value = section
+    for part in dotted.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _first(sections: list[dict], keys: tuple[str, ...]):
+    """(key, value) of the first key set in any section, text_config before the top level."""
+    for section in sections:
+        for key in keys:
+            value = _lookup(section, key)
+            if value is not None:
+                return key, value
+    return None, None
+
+
+def _required(sections: list[dict], keys: tuple[str, ...], what: str) -> int:
+    key, value = _first(sections, keys)
+    if key is None:
+        raise MoEConfigError(f"missing {what}: none of " + ", ".join(keys) + " is set")
+    return _positive_int(key, value)
+
+
+def _optional_int(sections: list[dict], keys: tuple[str, ...]) -> int | None:
+    key, value = _first(sections, keys)
+    return None if key is None else _positive_int(key, value)
+
+
+def _positive_int(key: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MoEConfigError(f"{key} must be a positive integer, got {json.dumps(value)}")
+    return value
+
+
+def _as_object(value: dict | str | bytes, what: str) -> dict:
+    if isinstance(value, str | bytes):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise MoEConfigError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise MoEConfigError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `python -m tuning params`."""
+    parser.add_argument("config", metavar="CONFIG_JSON", help="the model's config.json")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (default 1)")
+    parser.add_argument(
+        "--quant-config", metavar="FILE", help="a separate hf_quant_config.json (ModelOpt)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the MoE shape as one JSON object; on error one `error: …` line, exit status 2."""
+    try:
+        config = _read_json(args.config)
+        quant_config = _read_json(args.quant_config) if args.quant_config else None
+        params = moe_params(config, tp=args.tp, ep=args.ep, quant_config=quant_config)
+    except MoEConfigError as exc:
+        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
+        return 2
+    print(json.dumps(params.as_dict(), indent=2))
+    return 0
+
+
+def _read_json(path: str):
+    try:
+        return json.loads(Path(path).read_bytes())
+    except OSError as exc:
+        raise MoEConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise MoEConfigError(f"{path} is not valid JSON: {exc}") from None
