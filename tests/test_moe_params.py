@@ -325,3 +325,15 @@ def test_cli_fails_with_exit_status_2_and_one_error_line(args, message):
     assert result.returncode == 2
     assert result.stderr.startswith(message)
     assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("empty", [None, {}, ""])
+def test_it_reads_config_json_quantization_when_the_quant_config_is_empty(empty):
+    params = moe_params(load("glm-5-fp8_config.json"), quant_config=empty)
+
+    assert (params.quantization, params.block_shape) == ("fp8", (128, 128))
+
+
+def test_it_rejects_a_quant_config_that_is_not_an_object():
+    with pytest.raises(MoEConfigError, match="quant config must be a JSON object, got list"):
+        moe_params(load("glm-5-fp8_config.json"), quant_config=[1])

@@ -36,6 +36,8 @@ class MoEParams:
     moe_intermediate_size I are the model's; N is the per-rank intermediate size after
     silu-and-mul (w1 is [experts_per_rank, 2N, H], w2 [experts_per_rank, H, N]).
     block_shape is the weight-quantization block [block_n, block_k] or None.
+    SGLang by default fuses DeepSeek-style shared experts into the routed ones (its tuner then
+    names files E+1); that is a serving option, not part of the model's shape here.
     """
 
     architecture: str | None
@@ -66,8 +68,8 @@ def moe_params(
 ) -> MoEParams:
     """Read the MoE shape from a config.json (a dict, or its JSON text) for tp and ep ranks.
 
-    quant_config is a separate hf_quant_config.json (ModelOpt exports); when given it names
-    the quantization instead of config.json's quantization_config.
+    quant_config is a separate hf_quant_config.json (ModelOpt exports); when given (not empty)
+    it names the quantization instead of config.json's quantization_config.
     Raises MoEConfigError with a one-line reason when the config is not JSON, not an MoE
     model, lacks a size, or when tp/ep do not divide its sizes.
     """
@@ -92,14 +94,16 @@ def moe_params(
 
     experts_per_rank, n = _shard(num_experts, intermediate, tp, ep)
     num_layers = _optional_int(sections, LAYERS_KEYS)
-    if quant_config is not None:
+    if quant_config:
         quantization, block_shape = _quantization(_as_object(quant_config, "quant config"))
     else:
         quantization, block_shape = _quantization_of_config(sections)
 
-    architectures = config.get("architectures") or [None]
+    architectures = config.get("architectures")
     return MoEParams(
-        architecture=architectures[0],
+        architecture=architectures[0]
+        if isinstance(architectures, list) and architectures
+        else None,
         model_type=config.get("model_type"),
         num_experts=num_experts,
         experts_per_rank=experts_per_rank,
