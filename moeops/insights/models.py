@@ -1,6 +1,7 @@
 """What the team knows: findings with evidence, plans, notes, known incompatibilities."""
 
 import nh3
+from django.conf import settings
 from django.db import models
 from django.utils.text import slugify
 from markdown_it import MarkdownIt
@@ -65,6 +66,11 @@ class Finding(models.Model):
     evidence = models.JSONField(default=dict, blank=True)
     source = models.CharField(max_length=10, choices=FINDING_SOURCES, default="auto")
     state = models.CharField(max_length=10, choices=FINDING_STATES, default="open")
+    # who confirmed or dismissed it, and when; empty while the finding is untouched
+    state_changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    state_changed_at = models.DateTimeField(null=True, blank=True)
     note = models.ForeignKey(Note, models.SET_NULL, null=True, blank=True, related_name="findings")
     provenance = models.CharField(max_length=300, blank=True)
     created = models.DateTimeField(auto_now_add=True)
