@@ -581,7 +581,8 @@ def _probe_affinity(nvml, root: Path, handle, gpu: dict) -> dict:
     """CPU affinity from NVML, NUMA node from sysfs, GPU NUMA ID (coherent memory) from NVML."""
     cpus = None
     if handle is not None:
-        words = max(1, -(-(os.cpu_count() or 1) // 64))
+        # NVML fills as many 64-bit words as asked; 16 covers 1024 CPUs, cpu_count larger hosts
+        words = max(16, -(-(os.cpu_count() or 1) // 64))
         mask = _nvml_call(nvml, "nvmlDeviceGetCpuAffinity", handle, words)
         cpus = _cpu_list(mask) if mask is not None else None
     numa = None
