@@ -74,10 +74,15 @@ class KernelConfig(models.Model):
             style=style,
         )
 
-    def engine_file_text(self):
-        """The file's exact content, as the engines' own tuners write it."""
+    def engine_file_text(self, style="vllm"):
+        """The file's exact content, as the engine's own tuner writes it.
+
+        SGLang reads every key as a batch size (its Triton version is the folder name), so its
+        files carry no "triton_version" key.
+        """
         entries = {int(k): v for k, v in self.entries.items()}
-        return config_files.dumps_config(entries, self.triton_version or None)
+        version = self.triton_version or None if style == "vllm" else None
+        return config_files.dumps_config(entries, version)
 
     def sorted_entries(self):
         return sorted(((int(k), v) for k, v in self.entries.items()), key=lambda kv: kv[0])

@@ -1,0 +1,120 @@
+import json
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+
+from moeops.fleet.models import ModelSpec
+from moeops.kernels.models import KernelConfig
+
+pytestmark = pytest.mark.django_db
+FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
+GOOD_ENTRY = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+
+
+@pytest.fixture
+def admin(client):
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+def _post_kernel_config(client, entries):
+    return client.post(
+        "/admin/kernels/kernelconfig/add/",
+        {
+            "device_name": "NVIDIA H200",
+            "E": "256",
+            "N": "256",
+            "dtype": "bf16",
+            "block_shape": "null",
+            "triton_version": "3.7.1",
+            "entries": json.dumps(entries),
+            "source": "manual",
+        },
+    )
+
+
+def test_it_saves_a_valid_kernel_config_as_version_1(admin):
+    response = _post_kernel_config(admin, {"1": GOOD_ENTRY, "64": GOOD_ENTRY})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    config = KernelConfig.objects.get()
+    assert config.version == 1
+    assert sorted(config.entries) == ["1", "64"]
+    _post_kernel_config(admin, {"1": GOOD_ENTRY})
+    assert sorted(KernelConfig.objects.values_list("version", flat=True)) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "entries, message",
+    [
+        ({"0": GOOD_ENTRY}, "0"),
+        ({"-4": GOOD_ENTRY}, "-4"),
+        ({"abc": GOOD_ENTRY}, "abc"),
+        ({"64": {**GOOD_ENTRY, "BLOCK_SIZE_M": 48}}, "batch size 64: BLOCK_SIZE_M"),
+        ({"64": {**GOOD_ENTRY, "BLOCK_SIZE_N": 48}}, "BLOCK_SIZE_N"),
+        ({"64": {**GOOD_ENTRY, "BLOCK_SIZE_K": 100}}, "BLOCK_SIZE_K"),
+        ({"64": {**GOOD_ENTRY, "GROUP_SIZE_M": 0}}, "GROUP_SIZE_M"),
+        ({"64": {**GOOD_ENTRY, "num_warps": 3}}, "num_warps"),
+        ({"64": {**GOOD_ENTRY, "num_stages": 9}}, "num_stages"),
+        ({"64": {**GOOD_ENTRY, "num_stages": 0}}, "num_stages"),
+    ],
+)
+def test_it_rejects_bad_kernel_config_entries_naming_them(admin, entries, message):
+    response = _post_kernel_config(admin, entries)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "errorlist" in html
+    assert message in html
+    assert "batch size" in html
+    assert not KernelConfig.objects.exists()
+
+
+def test_it_fills_the_moe_shape_from_an_uploaded_config(admin):
+    with open(FIXTURES / "kimi-k2-instruct_config.json", "rb") as upload:
+        response = admin.post(
+            "/admin/fleet/modelspec/add/",
+            {"name": "Kimi K2", "config_json": "", "config_file": upload},
+        )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    model = ModelSpec.objects.get()
+    assert (model.num_experts, model.topk, model.hidden_size) == (384, 8, 7168)
+    assert model.quantization == "fp8"
+    assert model.block_shape == [128, 128]
+
+
+def test_it_fills_the_moe_shape_from_pasted_json(admin):
+    config = (FIXTURES / "mixtral-8x7b-v0.1_config.json").read_text()
+    response = admin.post("/admin/fleet/modelspec/add/", {"name": "Mixtral", "config_json": config})
+    assert response.status_code == 302
+    assert ModelSpec.objects.get().num_experts == 8
+
+
+def test_it_names_what_is_missing_in_a_dense_config(admin):
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}
+    response = admin.post(
+        "/admin/fleet/modelspec/add/", {"name": "Llama", "config_json": json.dumps(config)}
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "config.json:" in html
+    assert "expert" in html.lower()
+    assert not ModelSpec.objects.exists()
+
+
+def test_it_rejects_an_upload_that_is_not_json(admin, tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_bytes(b"\xff\xfe not json")
+    with open(bad, "rb") as upload:
+        response = admin.post(
+            "/admin/fleet/modelspec/add/", {"name": "X", "config_json": "", "config_file": upload}
+        )
+    assert response.status_code == 200
+    assert "not UTF-8" in response.content.decode()
+    assert not ModelSpec.objects.exists()
