@@ -48,3 +48,13 @@ def redis_url(tmp_path_factory):
     )
     yield f"redis://127.0.0.1:{port}/0"
     server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    # Several test runs may share one PostgreSQL server; each gets a database of its own.
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("postgresql"):
+        db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
