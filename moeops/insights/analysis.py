@@ -1,0 +1,1096 @@
+"""Diagnosis rules: each reads one finished run's gathered data and proposes findings.
+
+The rules are plain functions of a `RunData` (built by `services.run_analyze` from the database)
+and return `Proposal`s; they touch no database, so each is tested on data built by hand.
+
+Every proposal's evidence holds the numbers it rests on and, under "chart", one figure the UI
+can plot as is:
+
+    {"type": "line" | "bar", "x": [...], "x_label": "...", "y_label": "...",
+     "series": [{"name": "...", "y": [...]}, ...]}
+    {"type": "heatmap", "x": [...], "y": [...], "z": [[...], ...], "x_label": ..., "y_label": ...}
+
+Units: throughput in tok/s, utilization in %, power in W, fractions as 0–1, times in epoch s.
+
+Where the data a rule needs is missing, the rule proposes nothing (or, for GPU telemetry, says
+"no GPU evidence"); it never reads absence as a symptom.
+"""
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from statistics import fmean
+
+# Plateau: a step of the sweep that adds less than this much output throughput per doubling of
+# concurrency is flat; 806 -> 879 tok/s (128 -> 256) is +9.1%, so the write-up's curve is flat.
+PLATEAU_GAIN_PER_DOUBLING = 0.10
+
+# Idle GPUs: mean utilization below this (%) while requests are outstanding; a busy decode loop
+# keeps a kernel running nearly all the time, so even an inefficient engine reads far above it.
+IDLE_UTIL_PERCENT = 30.0
+# Idle GPUs when no utilization is recorded: mean power below this fraction of the power limit
+# (the write-up's 85 W of 600 W is 0.14).
+IDLE_POWER_FRACTION = 0.25
+
+# Queueing: the engine's running count within this fraction of the cap counts as "at the cap"
+# (scrapes land between scheduler steps, when a finished request has just left the batch).
+CAP_FULL_FRACTION = 0.95
+
+# Regression: a level whose output throughput is more than this fraction below the previous
+# comparable run's.
+REGRESSION_DROP = 0.10
+
+# Client-bound: the load generator's CPU at or above this (%) during a level is saturated.
+CLIENT_CPU_SATURATED_PERCENT = 90.0
+# Client-bound: achieved concurrency below this fraction of the target (or of the requests the
+# level sent, when it sent fewer than the target) means the client did not keep the load up.
+CLIENT_CONCURRENCY_FRACTION = 0.90
+# The key of LevelResult.raw under which the load generator records its own process's CPU use
+# during the level, in % of one core (psutil.Process.cpu_percent): an asyncio client peaks at 100.
+CLIENT_CPU_KEY = "client_cpu_percent"
+
+# P2P statuses of `nvidia-smi topo -p2p` that say nothing against P2P: self, OK, unknown.
+P2P_NOT_FAILED = ("X", "OK", "unknown", "U", None)
+# Link types of `nvidia-smi topo -m` that cross the SMP interconnect between NUMA nodes
+# (SOC is the pre-2017 name of SYS).
+CROSS_NUMA_LINKS = ("SYS", "SOC")
+
+# Keys of a run's recorded server info (SGLang's /get_server_info, vLLM's engine args) that name
+# the running-request cap the engine actually ran with.
+SERVER_CAP_KEYS = ("max_running_requests", "max_num_seqs")
+
+FINDING_KEY_MAX = 100
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level's numbers: concurrency, output tok/s, achieved concurrency, window (epoch s)."""
+
+    concurrency: int | None
+    output_throughput: float | None
+    request_rate: float | None = None
+    max_concurrent_requests: int | None = None
+    requests: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    client_cpu_percent: float | None = None
+
+    @property
+    def timed(self):
+        return self.started_at is not None and self.finished_at is not None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    gpu_index: int
+    ts: float
+    level_concurrency: int | None = None
+    gpu_util: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    ts: float
+    level_concurrency: int | None = None
+    running: float | None = None
+    queued: float | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    compute_capability: str = ""
+    power_limit_w: float | None = None
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A TopologySnapshot's fields, in the JSON shape of workers.topology."""
+
+    virtualization: str = "unknown"
+    technology: str = ""
+    links: dict | None = None
+    p2p: dict | None = None
+    affinity: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An enabled IncompatibilityRule; blank fields match anything."""
+
+    id: int
+    name: str
+    finding_text: str
+    compute_capability: str = ""
+    engine: str = ""
+    launch_argument: str = ""
+    launch_value: str = ""
+    severity: str = "warning"
+    note_id: int | None = None
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """The deployment's previous comparable run (see `comparable_key`)."""
+
+    id: int
+    uuid: str
+    label: str
+    levels: tuple[Level, ...]
+
+
+@dataclass
+class RunData:
+    """Everything the rules read about one run, its deployment and what is on record."""
+
+    run_label: str = ""
+    parameters: dict = field(default_factory=dict)
+    levels: list[Level] = field(default_factory=list)
+    telemetry_status: str = "pending"
+    telemetry_detail: str = ""
+    gpu_samples: list[GpuSample] = field(default_factory=list)
+    engine_samples: list[EngineSample] = field(default_factory=list)
+    engine: str = ""
+    tp: int = 1
+    ep: int = 1
+    max_running_requests: int | None = None
+    # deployment fields and launch_args as flag -> value, unset ones left out
+    launch: dict = field(default_factory=dict)
+    # the deployment's GPUs, or the host's when the deployment records none
+    gpus: list[Gpu] = field(default_factory=list)
+    # GPU indexes the deployment records using; None when it records none
+    used_gpu_indexes: list[int] | None = None
+    moe_shape: dict | None = None
+    quantization: str = ""
+    # (device_name, E, N, dtype, block_shape tuple or None) of the kernel configs on record
+    kernel_configs: set = field(default_factory=set)
+    topology: Topology | None = None
+    previous: PreviousRun | None = None
+    rules: list[Rule] = field(default_factory=list)
+
+
+@dataclass
+class Proposal:
+    """A finding a rule proposes. scope "run" ties it to the run, "deployment" to the deployment
+    alone (its current configuration, not one sweep). plan: titles of proposed plan items."""
+
+    kind: str
+    key: str
+    severity: str
+    title: str
+    text: str
+    evidence: dict
+    scope: str = "run"
+    plan: list[str] = field(default_factory=list)
+    note_id: int | None = None
+
+
+def analyze(data: RunData) -> list[Proposal]:
+    """Every rule's proposals for one run, in rule order."""
+    return [proposal for rule in RULES for proposal in rule(data)]
+
+
+# -- plateau ---------------------------------------------------------------------------------
+
+
+def plateau(data: RunData) -> list[Proposal]:
+    """The concurrency from which every later step of the sweep adds < 10% per doubling.
+
+    Uses the levels at unlimited request rate with a concurrency and an output throughput; a
+    step's gain is normalized to one doubling of concurrency, so 128 -> 512 counts as two.
+    Requiring the flat part to run to the top of the sweep keeps one noisy step low in the
+    curve from being called a plateau.
+    """
+    curve = _curve(data.levels)
+    if len(curve) < 2:
+        return []
+    gains = [
+        _gain_per_doubling(c0, t0, c1, t1)
+        for (c0, t0), (c1, t1) in zip(curve, curve[1:], strict=False)
+    ]
+    start = len(gains)
+    while (
+        start > 0
+        and gains[start - 1] is not None
+        and gains[start - 1] < (PLATEAU_GAIN_PER_DOUBLING)
+    ):
+        start -= 1
+    if start == len(gains):
+        return []
+    at_c, at_t = curve[start]
+    top_c, top_t = curve[-1]
+    step_gain = gains[start]
+    concurrency = [c for c, _ in curve]
+    throughput = [t for _, t in curve]
+    plan = ["Find the bottleneck behind the throughput plateau"]
+    if start == len(gains) - 1:
+        # only the sweep's last step is flat: one more level tells a plateau from noise
+        plan.insert(0, f"Sweep above concurrency {top_c} to confirm the plateau")
+    return [
+        Proposal(
+            kind="plateau",
+            key="throughput",
+            severity="warning",
+            title=f"Throughput plateaus from concurrency {at_c} ({at_t:.0f} tok/s)",
+            text=(
+                f"Output throughput grows {_pct(step_gain)} per doubling of concurrency after "
+                f"{at_c} ({at_t:.0f} → {curve[start + 1][1]:.0f} tok/s) and reaches only "
+                f"{top_t:.0f} tok/s at {top_c}: more concurrent requests no longer buy "
+                f"throughput, so something other than the offered load limits it."
+            ),
+            evidence={
+                "concurrency": concurrency,
+                "output_throughput": throughput,
+                "gain_per_doubling": [_round(g) for g in gains],
+                "plateau_at": at_c,
+                "plateau_throughput": at_t,
+                "threshold": PLATEAU_GAIN_PER_DOUBLING,
+                "chart": _line(
+                    concurrency,
+                    "concurrency",
+                    "output tok/s",
+                    [("output throughput", throughput)],
+                ),
+            },
+            plan=plan,
+        )
+    ]
+
+
+def _curve(levels):
+    best = {}
+    for level in levels:
+        unlimited = level.request_rate is None or math.isinf(level.request_rate)
+        if unlimited and level.concurrency and level.output_throughput is not None:
+            best[level.concurrency] = level.output_throughput
+    return sorted(best.items())
+
+
+def _gain_per_doubling(c0, t0, c1, t1):
+    if t0 <= 0 or c1 <= c0:
+        return None
+    return (t1 / t0) ** (1 / math.log2(c1 / c0)) - 1
+
+
+# -- idle GPUs under load --------------------------------------------------------------------
+
+
+def idle_gpus(data: RunData) -> list[Proposal]:
+    """GPUs idle while requests are outstanding: mean utilization (else power/limit) too low.
+
+    A sample is under load when it is tagged with a level or falls inside a level's
+    started_at..finished_at window. Samples outside every window of a timed run fell between
+    levels and are left out. In a run whose levels carry no timing, untagged samples cannot be
+    placed: they are used, but the finding is only "info" and says so (the write-up's one
+    nvidia-smi reading is such a sample). No recorded telemetry gives "no GPU evidence".
+    """
+    if not data.levels:
+        return []
+    used = set(data.used_gpu_indexes) if data.used_gpu_indexes else None
+    samples = [s for s in data.gpu_samples if used is None or s.gpu_index in used]
+    if data.telemetry_status != "recorded" or not samples:
+        detail = data.telemetry_detail or f"telemetry {data.telemetry_status}"
+        return [_no_gpu_evidence(f"No GPU samples were recorded for this run ({detail}).")]
+    loaded = [(s, level) for s in samples if (level := _level_of(s, data.levels)) is not None]
+    timed = any(level.timed for level in data.levels)
+    if loaded:
+        basis = "levels"
+    elif not timed:
+        basis = "run"
+        loaded = [(s, None) for s in samples]
+    else:
+        return [
+            _no_gpu_evidence(
+                f"None of the {len(samples)} GPU samples was taken inside a level's window, "
+                "so none shows the GPUs while requests were outstanding."
+            )
+        ]
+    limits = {gpu.index: gpu.power_limit_w for gpu in data.gpus}
+    util = [s.gpu_util for s, _ in loaded if s.gpu_util is not None]
+    power = [s.power_w for s, _ in loaded if s.power_w is not None]
+    fractions = [
+        s.power_w / limit
+        for s, _ in loaded
+        if s.power_w is not None and (limit := s.power_limit_w or limits.get(s.gpu_index))
+    ]
+    limit_values = [
+        limit for s, _ in loaded if (limit := s.power_limit_w or limits.get(s.gpu_index))
+    ]
+    mean_util = fmean(util) if util else None
+    mean_fraction = fmean(fractions) if fractions else None
+    if mean_util is None and mean_fraction is None:
+        return [_no_gpu_evidence("The GPU samples carry neither utilization nor power.")]
+    if mean_util is not None:
+        idle = mean_util < IDLE_UTIL_PERCENT
+    else:
+        idle = mean_fraction < IDLE_POWER_FRACTION
+    if not idle:
+        return []
+
+    mean_power = fmean(power) if power else None
+    mean_limit = fmean(limit_values) if limit_values else None
+    parts = []
+    if mean_util is not None:
+        parts.append(f"{mean_util:.0f}% utilization")
+    if mean_power is not None and mean_limit:
+        parts.append(f"{mean_power:.0f} W of {mean_limit:.0f} W ({mean_fraction:.0%})")
+    summary = ", ".join(parts)
+    gpu_indexes = sorted({s.gpu_index for s, _ in loaded})
+    evidence = {
+        "basis": basis,
+        "samples": len(loaded),
+        "gpus": gpu_indexes,
+        "mean_gpu_util_percent": _round(mean_util),
+        "mean_power_w": _round(mean_power),
+        "mean_power_limit_w": _round(mean_limit),
+        "power_fraction": _round(mean_fraction),
+        "thresholds": {
+            "gpu_util_percent": IDLE_UTIL_PERCENT,
+            "power_fraction": IDLE_POWER_FRACTION,
+        },
+    }
+    if basis == "levels":
+        by_level = sorted({level.concurrency for _, level in loaded if level.concurrency})
+        evidence["chart"] = _line(
+            by_level,
+            "concurrency",
+            "% (utilization, power of limit)",
+            [
+                ("GPU utilization %", [_mean_at(loaded, c, "util", limits) for c in by_level]),
+                ("power % of limit", [_mean_at(loaded, c, "power", limits) for c in by_level]),
+            ],
+        )
+        return [
+            Proposal(
+                kind="idle_gpus",
+                key="under-load",
+                severity="warning",
+                title=f"GPUs idle under load: {summary}",
+                text=(
+                    f"While requests were outstanding the GPUs averaged {summary} over "
+                    f"{len(loaded)} samples: the engine is not keeping them busy, so the limit is "
+                    "in the software (kernels, scheduling, communication), not the hardware."
+                ),
+                evidence=evidence,
+                plan=["Profile the engine: the GPUs idle while requests are outstanding"],
+            )
+        ]
+    evidence["chart"] = _bar(
+        gpu_indexes,
+        "GPU",
+        "% (utilization, power of limit)",
+        [
+            ("GPU utilization %", [_mean_of_gpu(loaded, i, "util", limits) for i in gpu_indexes]),
+            ("power % of limit", [_mean_of_gpu(loaded, i, "power", limits) for i in gpu_indexes]),
+        ],
+    )
+    return [
+        Proposal(
+            kind="idle_gpus",
+            key="run",
+            severity="info",
+            title=f"GPUs idle in the run's readings: {summary}",
+            text=(
+                f"The run's GPU readings average {summary}, but they are tied to no level and "
+                "the levels carry no timing, so it is not known that requests were outstanding "
+                "when they were taken. Sweep with telemetry to see the GPUs under load."
+            ),
+            evidence=evidence,
+        )
+    ]
+
+
+def _no_gpu_evidence(text):
+    return Proposal(
+        kind="other",
+        key="no-gpu-evidence",
+        severity="info",
+        title="No GPU evidence for this run",
+        text=text + " Whether the GPUs were busy or idle is unknown.",
+        evidence={"chart": None},
+    )
+
+
+def _level_of(sample, levels):
+    """The level a sample was taken in: its tag, else the level whose window holds it."""
+    if sample.level_concurrency is not None:
+        match = [lv for lv in levels if lv.concurrency == sample.level_concurrency]
+        return match[0] if match else Level(sample.level_concurrency, None)
+    for level in levels:
+        if level.timed and level.started_at <= sample.ts <= level.finished_at:
+            return level
+    return None
+
+
+def _sample_value(sample, what, limits):
+    if what == "util":
+        return sample.gpu_util
+    limit = sample.power_limit_w or limits.get(sample.gpu_index)
+    if sample.power_w is None or not limit:
+        return None
+    return 100.0 * sample.power_w / limit
+
+
+def _mean_at(loaded, concurrency, what, limits):
+    values = [
+        v
+        for s, level in loaded
+        if level.concurrency == concurrency and (v := _sample_value(s, what, limits)) is not None
+    ]
+    return _round(fmean(values)) if values else None
+
+
+def _mean_of_gpu(loaded, index, what, limits):
+    values = [
+        v
+        for s, _ in loaded
+        if s.gpu_index == index and (v := _sample_value(s, what, limits)) is not None
+    ]
+    return _round(fmean(values)) if values else None
+
+
+# -- queueing behind max-running-requests ----------------------------------------------------
+
+
+def queueing(data: RunData) -> list[Proposal]:
+    """Requests queued in the engine while its running count sits at the cap.
+
+    The cap is the one the run recorded from the server (parameters["server_info"], keys
+    SERVER_CAP_KEYS), else the deployment's max_running_requests. With engine samples the rule
+    fires on samples with queued > 0 and running at the cap. Without engine samples it fires
+    ("info") only when a level's achieved (else target) concurrency exceeded the cap, which
+    queues the excess by construction of a continuous-batching engine.
+    """
+    cap, cap_source = running_cap(data)
+    if not cap:
+        return []
+    levels = sorted((lv for lv in data.levels if lv.concurrency), key=lambda lv: lv.concurrency)
+    flag = "--max-num-seqs" if data.engine == "vllm" else "--max-running-requests"
+    tested = max((lv.concurrency for lv in levels), default=None)
+    at_cap = [
+        s
+        for s in data.engine_samples
+        if s.queued and s.queued > 0 and s.running is not None
+        if s.running >= CAP_FULL_FRACTION * cap
+    ]
+    evidence = {
+        "cap": cap,
+        "cap_source": cap_source,
+        "flag": flag,
+        "tested_concurrency": tested,
+        "engine_samples": len(data.engine_samples),
+    }
+    plan = [f"Raise {flag} above {cap} and re-sweep"]
+    if data.engine_samples:
+        if not at_cap:
+            return []
+        concurrency = [lv.concurrency for lv in levels]
+        per_level = {lv.concurrency: [] for lv in levels}
+        for s in data.engine_samples:
+            level = _level_of(s, data.levels)
+            if level is not None and level.concurrency in per_level:
+                per_level[level.concurrency].append(s)
+        max_queued = max(s.queued for s in at_cap)
+        evidence.update(
+            {
+                "basis": "engine_samples",
+                "samples_queued_at_cap": len(at_cap),
+                "max_queued": max_queued,
+                "chart": _line(
+                    concurrency,
+                    "concurrency",
+                    "requests",
+                    [
+                        ("max running", [_max_of(per_level[c], "running") for c in concurrency]),
+                        ("max queued", [_max_of(per_level[c], "queued") for c in concurrency]),
+                        ("cap", [cap] * len(concurrency)),
+                    ],
+                ),
+            }
+        )
+        return [
+            Proposal(
+                kind="queueing",
+                key="running-cap",
+                severity="warning",
+                title=f"Requests queue behind {flag} {cap}",
+                text=(
+                    f"In {len(at_cap)} of {len(data.engine_samples)} engine samples the engine ran "
+                    f"{cap} requests (its cap) with up to {max_queued:.0f} more waiting: the cap, "
+                    f"not the GPUs, limits the batch at the tested concurrency (up to {tested})."
+                ),
+                evidence=evidence,
+                plan=plan,
+            )
+        ]
+    offered = {lv.concurrency: lv.max_concurrent_requests or lv.concurrency for lv in levels}
+    above = [c for c in offered if offered[c] > cap]
+    if not above:
+        return []
+    concurrency = list(offered)
+    evidence.update(
+        {
+            "basis": "configuration",
+            "levels_above_cap": above,
+            "chart": _line(
+                concurrency,
+                "concurrency",
+                "requests",
+                [
+                    ("concurrent requests offered", [offered[c] for c in concurrency]),
+                    ("cap", [cap] * len(concurrency)),
+                ],
+            ),
+        }
+    )
+    return [
+        Proposal(
+            kind="queueing",
+            key="running-cap",
+            severity="info",
+            title=f"Levels above {flag} {cap} queue requests",
+            text=(
+                f"The engine runs at most {cap} requests at once; the sweep offered up to "
+                f"{max(offered.values())}, so the rest waited in its queue. No engine samples "
+                "were recorded to show the queue itself."
+            ),
+            evidence=evidence,
+            plan=plan,
+        )
+    ]
+
+
+def running_cap(data: RunData) -> tuple[int | None, str | None]:
+    """(cap, where it came from): the run's recorded server info first, then the deployment."""
+    server = data.parameters.get("server_info")
+    if isinstance(server, dict):
+        for key in SERVER_CAP_KEYS:
+            value = server.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value, f"server_info.{key}"
+    if data.max_running_requests:
+        return data.max_running_requests, "deployment"
+    return None, None
+
+
+def _max_of(samples, attr):
+    values = [getattr(s, attr) for s in samples if getattr(s, attr) is not None]
+    return max(values) if values else None
+
+
+# -- no tuned kernel config ------------------------------------------------------------------
+
+
+def no_tuned_kernel(data: RunData) -> list[Proposal]:
+    """No KernelConfig on record for the deployment's device, per-rank E and N, and dtype.
+
+    dtype follows the weights: none/bf16 -> "bf16", fp16 -> "fp16", fp8 -> "fp8_w8a8" (with the
+    model's block shape); FP4 weights (nvfp4, mxfp4) run through the engines' FP4 kernels, which
+    take no Triton config, so the rule says that instead. Other quantizations: nothing.
+    """
+    shape = data.moe_shape
+    names = list(dict.fromkeys(gpu.name for gpu in data.gpus if gpu.name))
+    if not shape or not names:
+        return []
+    quantization = (data.quantization or "").lower()
+    E, N = shape["experts_per_rank"], shape["N"]
+    if "fp4" in quantization:
+        return [
+            Proposal(
+                kind="other",
+                key=_key("kernel-not-triton", quantization),
+                severity="info",
+                title=f"No fused-MoE Triton config applies to {quantization} weights",
+                text=(
+                    f"The engines run {quantization} experts through their FP4 MoE kernels "
+                    "(CUTLASS, FlashInfer), which read no Triton config file; tuning the "
+                    "fused-MoE Triton kernel does not change them."
+                ),
+                evidence={"quantization": quantization, "E": E, "N": N, "chart": None},
+                scope="deployment",
+            )
+        ]
+    dtype = kernel_dtype(quantization)
+    if dtype is None:
+        return []
+    block = shape.get("block_shape") if dtype == "fp8_w8a8" else None
+    block = tuple(block) if block else None
+    on_record = {(device_key(d), e, n, t, b) for d, e, n, t, b in data.kernel_configs}
+    proposals = []
+    for name in names:
+        if (device_key(name), E, N, dtype, block) in on_record:
+            continue
+        block_text = f" block {block[0]}×{block[1]}" if block else ""
+        what = f"{name} E={E} N={N} {dtype}{block_text}"
+        tune = {
+            "device_name": name,
+            "E": E,
+            "N": N,
+            "hidden_size": shape["hidden_size"],
+            "topk": shape["topk"],
+            "dtype": dtype,
+            "block_shape": list(block) if block else None,
+        }
+        proposals.append(
+            Proposal(
+                kind="no_tuned_kernel",
+                key=_key("kernel", name, E, N, dtype, block),
+                severity="warning",
+                title=f"No tuned fused-MoE kernel config for {what}",
+                text=(
+                    f"No kernel config is on record for {what} (tp {data.tp}, ep {data.ep}), so "
+                    "the engine runs the fused-MoE kernel with default block sizes that were "
+                    "never tuned for this GPU and shape."
+                ),
+                evidence={
+                    "tune": tune,
+                    "num_experts": shape["num_experts"],
+                    "moe_intermediate_size": shape["moe_intermediate_size"],
+                    "tp": data.tp,
+                    "ep": data.ep,
+                    "quantization": quantization or None,
+                    "chart": None,
+                },
+                scope="deployment",
+                plan=[f"Tune the fused-MoE kernel for {what}"],
+            )
+        )
+    return proposals
+
+
+def kernel_dtype(quantization: str) -> str | None:
+    """The kernel-config dtype for a weight quantization, or None when none applies."""
+    quantization = (quantization or "").lower()
+    if quantization in ("", "bf16", "bfloat16", "auto", "none"):
+        return "bf16"
+    if quantization in ("fp16", "float16", "half"):
+        return "fp16"
+    if "fp8" in quantization:
+        return "fp8_w8a8"
+    return None
+
+
+def device_key(name):
+    """A device name comparable across NVML's spelling and the config files' (spaces -> _)."""
+    return name.replace(" ", "_")
+
+
+# -- topology --------------------------------------------------------------------------------
+
+
+def topology(data: RunData) -> list[Proposal]:
+    """The run's topology snapshot: P2P between the GPUs used, NUMA crossings, a VM.
+
+    The GPUs used are the deployment's recorded ones; without a record, all the snapshot's GPUs
+    when their number is the deployment's parallel size, else the pair checks are skipped.
+    """
+    snap = data.topology
+    if snap is None:
+        return []
+    proposals = []
+    if snap.virtualization == "vm":
+        technology = f" ({snap.technology})" if snap.technology else ""
+        proposals.append(
+            Proposal(
+                kind="topology",
+                key="vm-passthrough",
+                severity="info",
+                title=f"GPUs passed through to a virtual machine{technology}",
+                text=(
+                    "Inside a VM the GPUs sit on the hypervisor's virtual PCIe tree: P2P and the "
+                    "link types the guest sees depend on the pass-through setup, not only the "
+                    "hardware. The write-up's move from a KVM VM to an LXC container changed the "
+                    "GPU topology and P2P; compare runs by the topology they ran on."
+                ),
+                evidence={
+                    "virtualization": snap.virtualization,
+                    "technology": snap.technology or None,
+                    "chart": None,
+                },
+            )
+        )
+    labels = _used_labels(data)
+    if labels is None or len(labels) < 2:
+        return proposals
+    proposals.extend(_p2p_failures(snap, labels))
+    proposals.extend(_numa_crossings(snap, labels))
+    return proposals
+
+
+def _used_labels(data):
+    snap = data.topology
+    known = [
+        label
+        for label in ((snap.links or {}).get("labels") or _first_p2p_labels(snap))
+        if label.startswith("GPU")
+    ]
+    if data.used_gpu_indexes:
+        return [f"GPU{i}" for i in sorted(data.used_gpu_indexes)]
+    if known and len(known) == max(data.tp, data.ep):
+        return known
+    return None
+
+
+def _first_p2p_labels(snap):
+    for matrix in (snap.p2p or {}).values():
+        if matrix:
+            return matrix.get("labels") or []
+    return []
+
+
+def _submatrix(matrix, labels):
+    """{labels, matrix} restricted to `labels` (those it has), or None."""
+    if not matrix or not matrix.get("labels"):
+        return None
+    index = {label: i for i, label in enumerate(matrix["labels"])}
+    present = [label for label in labels if label in index]
+    rows = [[matrix["matrix"][index[a]][index[b]] for b in present] for a in present]
+    return {"labels": present, "matrix": rows}
+
+
+def _pairs(sub):
+    labels, rows = sub["labels"], sub["matrix"]
+    for i, a in enumerate(labels):
+        for j in range(i + 1, len(labels)):
+            yield a, labels[j], rows[i][j], rows[j][i]
+
+
+def _p2p_failures(snap, labels):
+    failures, matrices = [], {}
+    for kind in ("read", "write"):
+        sub = _submatrix((snap.p2p or {}).get(kind), labels)
+        if sub is None:
+            continue
+        matrices[kind] = sub
+        for a, b, there, back in _pairs(sub):
+            bad = [status for status in (there, back) if status not in P2P_NOT_FAILED]
+            if bad:
+                failures.append({"kind": kind, "pair": [a, b], "status": bad[0]})
+    if not failures:
+        return []
+    first = matrices[failures[0]["kind"]]
+    statuses = sorted({f["status"] for f in failures})
+    pairs = {tuple(f["pair"]) for f in failures}
+    return [
+        Proposal(
+            kind="topology",
+            key="p2p",
+            severity="warning",
+            title=f"No P2P between {len(pairs)} pair(s) of the GPUs used together",
+            text=(
+                f"nvidia-smi reports P2P {', '.join(statuses)} (not OK) between GPUs the "
+                "deployment uses together, so their all-reduce traffic bounces through host "
+                "memory instead of going GPU to GPU."
+            ),
+            evidence={
+                "failures": failures,
+                "matrices": matrices,
+                "chart": _heatmap(first, f"P2P {failures[0]['kind']}"),
+            },
+            plan=["Enable P2P between the deployment's GPUs (IOMMU/ACS, driver, VM pass-through)"],
+        )
+    ]
+
+
+def _numa_crossings(snap, labels):
+    sub = _submatrix(snap.links, labels)
+    crossing = []
+    if sub is not None:
+        crossing = [[a, b] for a, b, link, _ in _pairs(sub) if link in CROSS_NUMA_LINKS]
+    numa = {
+        entry.get("gpu"): entry.get("numa")
+        for entry in snap.affinity or []
+        if entry.get("gpu") in labels and entry.get("numa") not in (None, "", "N/A")
+    }
+    nodes = sorted(set(numa.values()))
+    if not crossing and len(nodes) < 2:
+        return []
+    evidence = {
+        "cross_numa_pairs": crossing,
+        "gpu_numa": numa,
+        "chart": _heatmap(sub, "link type") if sub else None,
+    }
+    if crossing:
+        return [
+            Proposal(
+                kind="topology",
+                key="cross-numa",
+                severity="warning",
+                title=f"{len(crossing)} GPU pair(s) talk across NUMA nodes (SYS)",
+                text=(
+                    "Some GPUs used together reach each other only over PCIe plus the CPUs' "
+                    "socket interconnect (SYS); tensor-parallel all-reduce between them is "
+                    "limited by that link. Place the deployment on GPUs of one NUMA node, or "
+                    "use NVLink."
+                ),
+                evidence=evidence,
+                plan=["Place the deployment's GPUs within one NUMA node"],
+            )
+        ]
+    return [
+        Proposal(
+            kind="topology",
+            key="cross-numa",
+            severity="info",
+            title=f"The GPUs used span NUMA nodes {', '.join(nodes)}",
+            text=(
+                "The GPUs used together sit on different NUMA nodes, though no GPU pair links "
+                "through SYS; pin the engine's CPU threads and memory near their GPUs."
+            ),
+            evidence=evidence,
+        )
+    ]
+
+
+# -- known incompatibilities -----------------------------------------------------------------
+
+
+def incompatibilities(data: RunData) -> list[Proposal]:
+    """Enabled IncompatibilityRules whose every non-blank condition holds for the deployment.
+
+    compute capability: any of its GPUs has it ("12" and "12.0" match); engine: equal, any case;
+    launch argument: a deployment field or a launch_args flag (leading dashes and - vs _ ignored)
+    whose value, as a string and in any case, equals launch_value, or, with launch_value blank,
+    is truthy. A rule with no condition at all matches nothing.
+    """
+    capabilities = {_capability(gpu.compute_capability) for gpu in data.gpus}
+    capabilities.discard("")
+    launch = {_flag(k): v for k, v in data.launch.items()}
+    proposals = []
+    for rule in data.rules:
+        if not (rule.compute_capability or rule.engine or rule.launch_argument):
+            continue
+        matched = {}
+        if rule.compute_capability:
+            if _capability(rule.compute_capability) not in capabilities:
+                continue
+            matched["compute_capability"] = rule.compute_capability
+        if rule.engine:
+            if rule.engine.lower() != (data.engine or "").lower():
+                continue
+            matched["engine"] = data.engine
+        if rule.launch_argument:
+            value = launch.get(_flag(rule.launch_argument))
+            if value is None or value == "":
+                continue
+            if rule.launch_value:
+                if str(value).lower() != rule.launch_value.strip().lower():
+                    continue
+            elif not value:
+                continue
+            matched[rule.launch_argument] = value
+        proposals.append(
+            Proposal(
+                kind="incompatibility",
+                key=f"rule-{rule.id}",
+                severity=rule.severity,
+                title=rule.name,
+                text=rule.finding_text,
+                evidence={"rule_id": rule.id, "matched": matched, "chart": None},
+                scope="deployment",
+                plan=[f"Resolve the known incompatibility: {rule.name}"],
+                note_id=rule.note_id,
+            )
+        )
+    return proposals
+
+
+def _capability(value):
+    value = (value or "").strip()
+    return value if not value or "." in value else f"{value}.0"
+
+
+def _flag(name):
+    return name.strip().lstrip("-").replace("-", "_").lower()
+
+
+# -- regression ------------------------------------------------------------------------------
+
+
+def comparable_key(parameters: dict) -> tuple | None:
+    """What two runs must share to be compared: levels, input and output length; None if unset."""
+    levels = parameters.get("levels")
+    input_len, output_len = parameters.get("input_len"), parameters.get("output_len")
+    if not levels or not isinstance(levels, list) or input_len is None or output_len is None:
+        return None
+    return (tuple(sorted(map(str, levels))), str(input_len), str(output_len))
+
+
+def regression(data: RunData) -> list[Proposal]:
+    """A level's output throughput more than 10% below the previous comparable run's."""
+    previous = data.previous
+    if previous is None:
+        return []
+    now, before = dict(_curve(data.levels)), dict(_curve(previous.levels))
+    concurrency = sorted(set(now) & set(before))
+    drops = {c: 1 - now[c] / before[c] for c in concurrency if before[c] > 0}
+    worst = [c for c, drop in drops.items() if drop > REGRESSION_DROP]
+    if not worst:
+        return []
+    c = max(worst, key=lambda k: drops[k])
+    before_label = previous.label or f"run {previous.uuid[:8]}"
+    return [
+        Proposal(
+            kind="regression",
+            key=_key("vs", previous.uuid),
+            severity="warning",
+            title=f"Throughput {drops[c]:.0%} below {before_label} at concurrency {c}",
+            text=(
+                f"At concurrency {c} this run reached {now[c]:.0f} tok/s against "
+                f"{before[c]:.0f} tok/s in {before_label} (same levels and lengths); "
+                f"{len(worst)} of {len(concurrency)} levels fell more than "
+                f"{REGRESSION_DROP:.0%}."
+            ),
+            evidence={
+                "previous_run": {"id": previous.id, "uuid": previous.uuid, "label": previous.label},
+                "concurrency": concurrency,
+                "output_throughput": [now[k] for k in concurrency],
+                "previous_output_throughput": [before[k] for k in concurrency],
+                "drop": [_round(drops.get(k)) for k in concurrency],
+                "threshold": REGRESSION_DROP,
+                "chart": _line(
+                    concurrency,
+                    "concurrency",
+                    "output tok/s",
+                    [
+                        ("this run", [now[k] for k in concurrency]),
+                        (before_label, [before[k] for k in concurrency]),
+                    ],
+                ),
+            },
+            plan=[f"Find what changed since {before_label} (engine, launch arguments, topology)"],
+        )
+    ]
+
+
+# -- client-bound ----------------------------------------------------------------------------
+
+
+def client_bound(data: RunData) -> list[Proposal]:
+    """The load generator, not the server, limited a level.
+
+    Either its CPU reached CLIENT_CPU_SATURATED_PERCENT (LevelResult.raw["client_cpu_percent"]),
+    or its achieved concurrency (max_concurrent_requests) stayed below 90% of the target, the
+    target being the level's concurrency or the requests it sent, whichever is fewer.
+    """
+    levels = sorted((lv for lv in data.levels if lv.concurrency), key=lambda lv: lv.concurrency)
+    saturated, short = [], []
+    for lv in levels:
+        if lv.client_cpu_percent is not None and lv.client_cpu_percent >= (
+            CLIENT_CPU_SATURATED_PERCENT
+        ):
+            saturated.append(lv.concurrency)
+        target = min(lv.concurrency, lv.requests) if lv.requests else lv.concurrency
+        achieved = lv.max_concurrent_requests
+        if achieved is not None and achieved < CLIENT_CONCURRENCY_FRACTION * target:
+            short.append(lv.concurrency)
+    if not saturated and not short:
+        return []
+    concurrency = [lv.concurrency for lv in levels]
+    reasons = []
+    if saturated:
+        reasons.append(
+            f"its CPU reached {CLIENT_CPU_SATURATED_PERCENT:.0f}% or more at concurrency "
+            + ", ".join(map(str, saturated))
+        )
+    if short:
+        reasons.append(
+            "it kept fewer than "
+            f"{CLIENT_CONCURRENCY_FRACTION:.0%} of the target requests in flight at concurrency "
+            + ", ".join(map(str, short))
+        )
+    return [
+        Proposal(
+            kind="client_bound",
+            key="load-generator",
+            severity="warning",
+            title="The load generator limited the sweep",
+            text="The load generator, not the server, set the pace: " + "; ".join(reasons) + ".",
+            evidence={
+                "levels_cpu_saturated": saturated,
+                "levels_below_target": short,
+                "concurrency": concurrency,
+                "max_concurrent_requests": [lv.max_concurrent_requests for lv in levels],
+                "client_cpu_percent": [lv.client_cpu_percent for lv in levels],
+                "thresholds": {
+                    "client_cpu_percent": CLIENT_CPU_SATURATED_PERCENT,
+                    "concurrency_fraction": CLIENT_CONCURRENCY_FRACTION,
+                },
+                "chart": _line(
+                    concurrency,
+                    "target concurrency",
+                    "requests in flight",
+                    [
+                        ("target", concurrency),
+                        ("achieved", [lv.max_concurrent_requests for lv in levels]),
+                    ],
+                ),
+            },
+            plan=["Give the load generator more CPU (or a second client machine) and re-sweep"],
+        )
+    ]
+
+
+RULES = (
+    plateau,
+    idle_gpus,
+    queueing,
+    no_tuned_kernel,
+    topology,
+    incompatibilities,
+    regression,
+    client_bound,
+)
+
+
+# -- evidence helpers ------------------------------------------------------------------------
+
+
+def _line(x, x_label, y_label, series):
+    return _figure("line", x, x_label, y_label, series)
+
+
+def _bar(x, x_label, y_label, series):
+    return _figure("bar", x, x_label, y_label, series)
+
+
+def _figure(kind, x, x_label, y_label, series):
+    return {
+        "type": kind,
+        "x": list(x),
+        "x_label": x_label,
+        "y_label": y_label,
+        "series": [{"name": name, "y": list(y)} for name, y in series],
+    }
+
+
+def _heatmap(sub, title):
+    return {
+        "type": "heatmap",
+        "title": title,
+        "x": sub["labels"],
+        "y": sub["labels"],
+        "z": sub["matrix"],
+        "x_label": "GPU",
+        "y_label": "GPU",
+    }
+
+
+def _round(value, digits=4):
+    return None if value is None else round(value, digits)
+
+
+def _pct(fraction):
+    return f"{fraction:+.1%}"
+
+
+def _key(*parts):
+    """A finding key from its parts; hashed when too long for the column."""
+    key = ":".join("x".join(map(str, p)) if isinstance(p, tuple) else str(p) for p in parts)
+    if len(key) <= FINDING_KEY_MAX:
+        return key
+    digest = hashlib.sha1(key.encode()).hexdigest()[:16]
+    return f"{key[: FINDING_KEY_MAX - 17]}~{digest}"

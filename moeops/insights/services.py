@@ -1,0 +1,223 @@
+"""Diagnosis writes: analyze a finished run into findings and proposed plan items."""
+
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from moeops.fleet.models import Deployment
+from moeops.insights import analysis, tasks
+from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, PlanItem
+from moeops.kernels.models import KernelConfig
+from moeops.runs.models import FINISHED_STATUSES, SweepRun
+
+# How far back to look for the previous comparable run of a deployment.
+PREVIOUS_RUNS_SCANNED = 200
+
+
+def enqueue_analysis(run):
+    """Analyze `run` on the web-side worker once the current transaction commits."""
+    run_id = run.pk
+    transaction.on_commit(lambda: tasks.analyze_run.delay(run_id))
+
+
+def run_analyze(*, run) -> list[Finding]:
+    """Apply every rule to a finished run and store what they find.
+
+    Findings are upserted by (deployment, run or None, kind, key): re-analysis updates their
+    numbers, never duplicates them and never changes a state a person set. Open automatic
+    findings of this run, and of the deployment as a whole, that the rules no longer propose
+    are removed. Plan items are proposed once, when their finding is new, and only when the
+    deployment's list has no unfinished item of the same title. Returns the proposed findings.
+    """
+    if run.status not in FINISHED_STATUSES:
+        raise ValueError(f"run {run.uuid} is {run.status}, not finished")
+    with transaction.atomic():
+        # one analysis per deployment at a time: deployment-wide findings are shared by its runs
+        deployment = Deployment.objects.select_for_update().get(pk=run.deployment_id)
+        proposals = analysis.analyze(_gather(run, deployment))
+        findings, kept = [], {"run": set(), "deployment": set()}
+        for proposal in proposals:
+            finding = _finding_upsert(deployment=deployment, run=run, proposal=proposal)
+            findings.append(finding)
+            kept[proposal.scope].add((proposal.kind, proposal.key))
+        stale = Finding.objects.filter(deployment=deployment, source="auto", state="open")
+        for scope, rows in (("run", stale.filter(run=run)), ("deployment", stale.filter(run=None))):
+            for finding in rows:
+                if (finding.kind, finding.key) not in kept[scope]:
+                    finding.delete()
+    return findings
+
+
+def finding_set_state(*, finding, state, user):
+    """Confirm, dismiss or reopen a finding, recording who did it; re-analysis keeps it."""
+    if state not in dict(FINDING_STATES):
+        raise ValueError(f"unknown finding state {state!r}")
+    finding.state = state
+    finding.state_changed_by = user if user is not None and user.is_authenticated else None
+    finding.state_changed_at = timezone.now()
+    finding.save(update_fields=["state", "state_changed_by", "state_changed_at", "updated"])
+    return finding
+
+
+def _finding_upsert(*, deployment, run, proposal):
+    scope_run = run if proposal.scope == "run" else None
+    fields = {
+        "severity": proposal.severity,
+        "title": proposal.title[:200],
+        "text": proposal.text,
+        "evidence": proposal.evidence,
+        "note_id": proposal.note_id,
+    }
+    finding = Finding.objects.filter(
+        deployment=deployment, run=scope_run, kind=proposal.kind, key=proposal.key
+    ).first()
+    if finding is None:
+        finding = Finding.objects.create(
+            deployment=deployment,
+            run=scope_run,
+            kind=proposal.kind,
+            key=proposal.key,
+            source="auto",
+            provenance=f"analysis of {run.display_label()}",
+            **fields,
+        )
+        _plan_propose(deployment=deployment, finding=finding, titles=proposal.plan)
+    elif finding.source == "auto":
+        for name, value in fields.items():
+            setattr(finding, name, value)
+        finding.save(update_fields=[*fields, "updated"])
+    return finding
+
+
+def _plan_propose(*, deployment, finding, titles):
+    position = deployment.plan_items.aggregate(last=Max("position"))["last"]
+    position = -1 if position is None else position
+    for title in titles:
+        title = title[:300]
+        if deployment.plan_items.filter(title=title).exclude(status="completed").exists():
+            continue
+        position += 1
+        PlanItem.objects.create(
+            deployment=deployment,
+            finding=finding,
+            title=title,
+            position=position,
+            note_id=finding.note_id,
+            source="auto",
+            provenance=finding.provenance,
+        )
+
+
+def _gather(run, deployment) -> analysis.RunData:
+    """The run's rows and the deployment's state as plain values for the rules."""
+    used = list(deployment.gpus.all())
+    gpus = used or list(deployment.host.gpus.all())
+    names = {gpu.name for gpu in gpus}
+    kernel_configs = {
+        (c.device_name, c.E, c.N, c.dtype, tuple(c.block_shape) if c.block_shape else None)
+        for c in KernelConfig.objects.filter(
+            device_name__in=names | {analysis.device_key(n) for n in names}
+        ).only("device_name", "E", "N", "dtype", "block_shape")
+    }
+    return analysis.RunData(
+        run_label=run.display_label(),
+        parameters=run.parameters or {},
+        levels=_levels(run),
+        telemetry_status=run.telemetry_status,
+        telemetry_detail=run.telemetry_detail,
+        gpu_samples=[
+            analysis.GpuSample(*row)
+            for row in run.telemetry.order_by("ts").values_list(
+                "gpu_index", "ts", "level_concurrency", "gpu_util", "power_w", "power_limit_w"
+            )
+        ],
+        engine_samples=[
+            analysis.EngineSample(*row)
+            for row in run.engine_samples.order_by("ts").values_list(
+                "ts", "level_concurrency", "running", "queued"
+            )
+        ],
+        engine=deployment.engine,
+        tp=deployment.tp,
+        ep=deployment.ep,
+        max_running_requests=deployment.max_running_requests,
+        launch=dict(deployment.launch_summary()),
+        gpus=[analysis.Gpu(g.index, g.name, g.compute_capability, g.power_limit_w) for g in gpus],
+        used_gpu_indexes=[g.index for g in used] or None,
+        moe_shape=deployment.moe_shape(),
+        quantization=deployment.quantization or deployment.model.quantization,
+        kernel_configs=kernel_configs,
+        topology=_topology(run.topology_snapshot),
+        previous=_previous_comparable(run),
+        rules=[
+            analysis.Rule(
+                id=rule.pk,
+                name=rule.name,
+                finding_text=rule.finding_text,
+                compute_capability=rule.compute_capability,
+                engine=rule.engine,
+                launch_argument=rule.launch_argument,
+                launch_value=rule.launch_value,
+                severity=rule.severity,
+                note_id=rule.note_id,
+            )
+            for rule in IncompatibilityRule.objects.filter(enabled=True)
+        ],
+    )
+
+
+def _topology(snapshot):
+    if snapshot is None:
+        return None
+    return analysis.Topology(
+        virtualization=snapshot.virtualization,
+        technology=snapshot.virtualization_technology,
+        links=snapshot.links,
+        p2p=snapshot.p2p,
+        affinity=snapshot.affinity,
+    )
+
+
+def _levels(run):
+    return [
+        analysis.Level(
+            concurrency=level.concurrency,
+            output_throughput=level.output_throughput,
+            request_rate=level.request_rate,
+            max_concurrent_requests=level.max_concurrent_requests,
+            requests=None if level.completed is None else level.completed + level.failed,
+            started_at=level.started_at,
+            finished_at=level.finished_at,
+            client_cpu_percent=_number((level.raw or {}).get(analysis.CLIENT_CPU_KEY)),
+        )
+        for level in run.levels.all()
+    ]
+
+
+def _number(value):
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _previous_comparable(run):
+    """The deployment's newest succeeded run before this one with the same comparable key."""
+    key = analysis.comparable_key(run.parameters or {})
+    if key is None:
+        return None
+    earlier = (
+        SweepRun.objects.filter(deployment_id=run.deployment_id, status="succeeded")
+        .filter(Q(created__lt=run.created) | Q(created=run.created, id__lt=run.id))
+        .exclude(pk=run.pk)
+        .order_by("-created", "-id")
+        .only("id", "uuid", "label", "parameters", "created")[:PREVIOUS_RUNS_SCANNED]
+    )
+    for candidate in earlier:
+        if analysis.comparable_key(candidate.parameters or {}) == key:
+            return analysis.PreviousRun(
+                id=candidate.pk,
+                uuid=str(candidate.uuid),
+                label=candidate.label,
+                levels=tuple(_levels(candidate)),
+            )
+    return None

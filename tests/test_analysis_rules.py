@@ -1,0 +1,554 @@
+"""The diagnosis rules on hand-built run data (no database): each fires, and each holds back."""
+
+import pytest
+
+from moeops.insights import analysis
+from moeops.insights.analysis import (
+    EngineSample,
+    Gpu,
+    GpuSample,
+    Level,
+    PreviousRun,
+    Rule,
+    RunData,
+    Topology,
+)
+
+GLM5_TP8_SHAPE = {
+    "num_experts": 256,
+    "experts_per_rank": 256,
+    "topk": 8,
+    "hidden_size": 6144,
+    "moe_intermediate_size": 2048,
+    "N": 256,
+    "quantization": None,
+    "block_shape": None,
+}
+RTX = "NVIDIA RTX PRO 6000 Blackwell"
+
+
+def write_up_levels():
+    return [Level(128, 806.0), Level(256, 879.0), Level(512, 912.0)]
+
+
+def eight_gpus(name=RTX, cc="12.0"):
+    return [Gpu(i, name, cc, 600.0) for i in range(8)]
+
+
+def only(proposals, kind):
+    found = [p for p in proposals if p.kind == kind]
+    assert len(found) == 1, [p.title for p in proposals]
+    return found[0]
+
+
+# -- plateau ---------------------------------------------------------------------------------
+
+
+def test_plateau_fires_on_the_write_up_curve():
+    [p] = analysis.plateau(RunData(levels=write_up_levels()))
+
+    assert p.kind == "plateau" and p.severity == "warning"
+    assert p.evidence["plateau_at"] == 128
+    assert p.evidence["gain_per_doubling"] == [
+        pytest.approx(0.0906, abs=1e-4),
+        pytest.approx(0.0375, abs=1e-4),
+    ]
+    assert p.evidence["chart"]["x"] == [128, 256, 512]
+    assert p.evidence["chart"]["series"][0]["y"] == [806.0, 879.0, 912.0]
+    assert "+9.1%" in p.text
+    assert p.plan == ["Find the bottleneck behind the throughput plateau"]
+
+
+def test_plateau_holds_back_on_a_curve_that_keeps_scaling():
+    levels = [Level(32, 400.0), Level(64, 700.0), Level(128, 1200.0), Level(256, 2000.0)]
+
+    assert analysis.plateau(RunData(levels=levels)) == []
+
+
+def test_plateau_ignores_a_flat_step_the_curve_recovers_from():
+    levels = [Level(32, 400.0), Level(64, 410.0), Level(128, 900.0), Level(256, 1600.0)]
+
+    assert analysis.plateau(RunData(levels=levels)) == []
+
+
+def test_plateau_on_the_last_step_only_proposes_sweeping_higher():
+    levels = [Level(64, 400.0), Level(128, 700.0), Level(256, 720.0)]
+
+    [p] = analysis.plateau(RunData(levels=levels))
+
+    assert p.evidence["plateau_at"] == 128
+    assert p.plan[0] == "Sweep above concurrency 256 to confirm the plateau"
+
+
+def test_plateau_normalizes_a_quadrupling_step_to_doublings():
+    # +21% over 4× concurrency is +10% per doubling: not flat; +15% over 4× is flat
+    assert analysis.plateau(RunData(levels=[Level(128, 1000.0), Level(512, 1220.0)])) == []
+    [p] = analysis.plateau(RunData(levels=[Level(128, 1000.0), Level(512, 1150.0)]))
+    assert p.evidence["plateau_at"] == 128
+
+
+def test_plateau_needs_two_levels_with_concurrency():
+    assert analysis.plateau(RunData(levels=[Level(128, 806.0)])) == []
+    assert analysis.plateau(RunData(levels=[Level(None, 800.0), Level(None, 5800.0)])) == []
+    assert analysis.plateau(RunData(levels=[Level(128, 806.0), Level(256, None)])) == []
+
+
+# -- idle GPUs -------------------------------------------------------------------------------
+
+
+def timed_levels():
+    return [
+        Level(64, 500.0, started_at=100.0, finished_at=200.0),
+        Level(128, 600.0, started_at=210.0, finished_at=300.0),
+    ]
+
+
+def test_idle_gpus_fires_on_samples_inside_level_windows():
+    samples = [GpuSample(i, ts, None, 3.0, 90.0, 600.0) for i in range(2) for ts in (150, 250)]
+
+    [p] = analysis.idle_gpus(
+        RunData(levels=timed_levels(), telemetry_status="recorded", gpu_samples=samples)
+    )
+
+    assert (p.kind, p.severity, p.key) == ("idle_gpus", "warning", "under-load")
+    assert p.evidence["mean_gpu_util_percent"] == 3.0
+    assert p.evidence["power_fraction"] == 0.15
+    assert p.evidence["chart"]["x"] == [64, 128]
+    assert p.evidence["chart"]["series"][1]["y"] == [15.0, 15.0]
+    assert "3% utilization, 90 W of 600 W (15%)" in p.title
+
+
+def test_idle_gpus_counts_only_samples_while_requests_are_outstanding():
+    # busy inside the windows, idle between levels (ts 205) and after the sweep (ts 400)
+    samples = [
+        GpuSample(0, 150, None, 95.0, 500.0, 600.0),
+        GpuSample(0, 205, None, 0.0, 80.0, 600.0),
+        GpuSample(0, 400, None, 0.0, 80.0, 600.0),
+    ]
+
+    assert (
+        analysis.idle_gpus(
+            RunData(levels=timed_levels(), telemetry_status="recorded", gpu_samples=samples)
+        )
+        == []
+    )
+
+
+def test_idle_gpus_uses_level_tags_and_the_deployments_own_gpus():
+    samples = [
+        GpuSample(0, 1.0, 64, 97.0, 550.0, 600.0),
+        # GPU 7 is not the deployment's: its idleness says nothing
+        GpuSample(7, 1.0, 64, 0.0, 60.0, 600.0),
+    ]
+    data = RunData(
+        levels=[Level(64, 500.0)],
+        telemetry_status="recorded",
+        gpu_samples=samples,
+        used_gpu_indexes=[0, 1],
+    )
+
+    assert analysis.idle_gpus(data) == []
+    data.used_gpu_indexes = None
+    assert analysis.idle_gpus(data) == []  # mean of 97% and 0% is not idle
+
+
+def test_idle_gpus_falls_back_to_power_when_no_utilization_is_recorded():
+    samples = [GpuSample(0, 1.0, 64, None, 85.0, None)]
+    data = RunData(
+        levels=[Level(64, 500.0)],
+        telemetry_status="recorded",
+        gpu_samples=samples,
+        gpus=eight_gpus(),
+    )
+
+    [p] = analysis.idle_gpus(data)
+
+    assert p.evidence["mean_gpu_util_percent"] is None
+    assert p.evidence["power_fraction"] == pytest.approx(85 / 600, abs=1e-4)
+
+
+def test_idle_gpus_on_untimed_readings_is_only_info():
+    samples = [GpuSample(i, 1.0, None, 0.0, 85.0, 600.0) for i in range(8)]
+
+    [p] = analysis.idle_gpus(
+        RunData(levels=write_up_levels(), telemetry_status="recorded", gpu_samples=samples)
+    )
+
+    assert (p.severity, p.evidence["basis"]) == ("info", "run")
+    assert "not known that requests were outstanding" in p.text
+    assert p.evidence["power_fraction"] == pytest.approx(0.1417, abs=1e-4)
+    assert p.evidence["chart"]["x"] == list(range(8))
+    assert p.plan == []
+
+
+@pytest.mark.parametrize("status", ["unavailable", "pending", "not_collected"])
+def test_no_telemetry_means_no_gpu_evidence_never_idle(status):
+    samples = [GpuSample(0, 1.0, 64, 0.0, 80.0, 600.0)]
+
+    [p] = analysis.idle_gpus(
+        RunData(levels=[Level(64, 500.0)], telemetry_status=status, gpu_samples=samples)
+    )
+
+    assert (p.kind, p.key, p.severity) == ("other", "no-gpu-evidence", "info")
+    assert "unknown" in p.text
+
+
+def test_no_samples_inside_any_window_means_no_gpu_evidence():
+    samples = [GpuSample(0, 999.0, None, 0.0, 80.0, 600.0)]
+
+    [p] = analysis.idle_gpus(
+        RunData(levels=timed_levels(), telemetry_status="recorded", gpu_samples=samples)
+    )
+
+    assert p.key == "no-gpu-evidence"
+
+
+def test_idle_gpus_says_nothing_about_a_run_without_levels():
+    assert analysis.idle_gpus(RunData(telemetry_status="unavailable")) == []
+
+
+# -- queueing --------------------------------------------------------------------------------
+
+
+def test_queueing_fires_when_the_engine_queues_at_its_cap():
+    levels = [Level(32, 400.0), Level(128, 600.0)]
+    engine = [
+        EngineSample(1.0, 32, 32, 0),
+        EngineSample(2.0, 128, 64, 64),
+        EngineSample(3.0, 128, 63, 60),
+    ]
+
+    [p] = analysis.queueing(
+        RunData(levels=levels, engine_samples=engine, max_running_requests=64, engine="sglang")
+    )
+
+    assert (p.kind, p.severity) == ("queueing", "warning")
+    assert p.evidence["samples_queued_at_cap"] == 2
+    assert p.evidence["chart"]["series"][1]["y"] == [0, 64]
+    assert p.plan == ["Raise --max-running-requests above 64 and re-sweep"]
+
+
+def test_queueing_holds_back_when_the_queue_is_not_behind_the_cap():
+    levels = [Level(128, 600.0)]
+    # queued while far below the cap: the engine is short of KV cache, not capped
+    engine = [EngineSample(1.0, 128, 40, 10), EngineSample(2.0, 128, 64, 0)]
+
+    assert (
+        analysis.queueing(RunData(levels=levels, engine_samples=engine, max_running_requests=64))
+        == []
+    )
+
+
+def test_queueing_prefers_the_cap_the_server_reported():
+    levels = [Level(128, 600.0)]
+    engine = [EngineSample(1.0, 128, 128, 5)]
+    data = RunData(
+        levels=levels,
+        engine_samples=engine,
+        max_running_requests=64,
+        parameters={"server_info": {"max_num_seqs": 256}},
+        engine="vllm",
+    )
+
+    assert analysis.queueing(data) == []
+    data.parameters = {"server_info": {"max_num_seqs": 128}}
+    [p] = analysis.queueing(data)
+    assert p.evidence["cap_source"] == "server_info.max_num_seqs"
+    assert p.plan == ["Raise --max-num-seqs above 128 and re-sweep"]
+
+
+def test_queueing_without_engine_samples_is_info_from_the_configuration():
+    [p] = analysis.queueing(RunData(levels=write_up_levels(), max_running_requests=64))
+
+    assert (p.severity, p.evidence["basis"]) == ("info", "configuration")
+    assert p.evidence["levels_above_cap"] == [128, 256, 512]
+
+
+def test_queueing_needs_a_cap_and_load_above_it():
+    assert analysis.queueing(RunData(levels=write_up_levels())) == []
+    assert analysis.queueing(RunData(levels=write_up_levels(), max_running_requests=1024)) == []
+    # the client offered only 60 at once: nothing queued behind a cap of 64
+    levels = [Level(128, 600.0, max_concurrent_requests=60)]
+    assert analysis.queueing(RunData(levels=levels, max_running_requests=64)) == []
+
+
+# -- no tuned kernel -------------------------------------------------------------------------
+
+
+def test_no_tuned_kernel_fires_with_the_shape_to_tune():
+    data = RunData(gpus=eight_gpus("NVIDIA H200", "9.0"), moe_shape=GLM5_TP8_SHAPE, tp=8)
+
+    [p] = analysis.no_tuned_kernel(data)
+
+    assert (p.kind, p.scope) == ("no_tuned_kernel", "deployment")
+    assert p.evidence["tune"] == {
+        "device_name": "NVIDIA H200",
+        "E": 256,
+        "N": 256,
+        "hidden_size": 6144,
+        "topk": 8,
+        "dtype": "bf16",
+        "block_shape": None,
+    }
+    assert p.plan == ["Tune the fused-MoE kernel for NVIDIA H200 E=256 N=256 bf16"]
+
+
+def test_no_tuned_kernel_holds_back_when_a_config_is_on_record():
+    data = RunData(
+        gpus=eight_gpus("NVIDIA H200", "9.0"),
+        moe_shape=GLM5_TP8_SHAPE,
+        kernel_configs={("NVIDIA_H200", 256, 256, "bf16", None)},
+    )
+
+    assert analysis.no_tuned_kernel(data) == []
+
+
+def test_no_tuned_kernel_matches_fp8_by_block_shape():
+    shape = {**GLM5_TP8_SHAPE, "quantization": "fp8", "block_shape": [128, 128]}
+    per_tensor = {("NVIDIA H200", 256, 256, "fp8_w8a8", None)}
+    data = RunData(
+        gpus=eight_gpus("NVIDIA H200"),
+        moe_shape=shape,
+        quantization="fp8",
+        kernel_configs=per_tensor,
+    )
+
+    [p] = analysis.no_tuned_kernel(data)
+    assert p.evidence["tune"]["dtype"] == "fp8_w8a8"
+    assert p.evidence["tune"]["block_shape"] == [128, 128]
+
+    data.kernel_configs = per_tensor | {("NVIDIA H200", 256, 256, "fp8_w8a8", (128, 128))}
+    assert analysis.no_tuned_kernel(data) == []
+
+
+def test_fp4_weights_get_a_note_that_no_triton_config_applies():
+    data = RunData(gpus=eight_gpus(), moe_shape=GLM5_TP8_SHAPE, quantization="nvfp4")
+
+    [p] = analysis.no_tuned_kernel(data)
+
+    assert (p.kind, p.severity) == ("other", "info")
+    assert "nvfp4" in p.title
+
+
+def test_no_tuned_kernel_needs_a_shape_a_gpu_and_a_known_dtype():
+    assert analysis.no_tuned_kernel(RunData(gpus=eight_gpus(), moe_shape=None)) == []
+    assert analysis.no_tuned_kernel(RunData(moe_shape=GLM5_TP8_SHAPE)) == []
+    data = RunData(gpus=eight_gpus(), moe_shape=GLM5_TP8_SHAPE, quantization="awq")
+    assert analysis.no_tuned_kernel(data) == []
+
+
+# -- topology --------------------------------------------------------------------------------
+
+
+def matrix(labels, cell):
+    return {
+        "labels": labels,
+        "matrix": [["X" if a == b else cell(a, b) for b in labels] for a in labels],
+    }
+
+
+GPUS4 = [f"GPU{i}" for i in range(4)]
+
+
+def test_topology_flags_gpus_used_together_without_p2p():
+    p2p = {
+        "read": matrix(GPUS4, lambda a, b: "GNS" if "GPU3" in (a, b) else "OK"),
+        "write": matrix(GPUS4, lambda a, b: "OK"),
+    }
+    data = RunData(topology=Topology("container", "lxc", p2p=p2p), used_gpu_indexes=[0, 1, 3])
+
+    [p] = analysis.topology(data)
+
+    assert (p.kind, p.key, p.severity) == ("topology", "p2p", "warning")
+    assert {tuple(f["pair"]) for f in p.evidence["failures"]} == {
+        ("GPU0", "GPU3"),
+        ("GPU1", "GPU3"),
+    }
+    assert p.evidence["chart"]["type"] == "heatmap"
+    assert p.evidence["chart"]["x"] == ["GPU0", "GPU1", "GPU3"]
+
+
+def test_topology_ignores_p2p_failures_outside_the_gpus_used():
+    p2p = {"read": matrix(GPUS4, lambda a, b: "GNS" if "GPU3" in (a, b) else "OK")}
+
+    data = RunData(topology=Topology("bare_metal", p2p=p2p), used_gpu_indexes=[0, 1])
+
+    assert analysis.topology(data) == []
+
+
+def test_topology_reads_unknown_p2p_as_no_evidence():
+    p2p = {
+        "atomics": matrix(GPUS4, lambda a, b: "NS"),
+        "read": matrix(GPUS4, lambda a, b: "unknown"),
+    }
+
+    assert analysis.topology(RunData(topology=Topology(p2p=p2p), tp=4)) == []
+
+
+def test_topology_flags_sys_links_between_numa_nodes():
+    links = matrix(GPUS4, lambda a, b: "SYS" if (a in GPUS4[:2]) != (b in GPUS4[:2]) else "PIX")
+    affinity = [{"gpu": g, "cpu": "", "numa": "0" if i < 2 else "1"} for i, g in enumerate(GPUS4)]
+    data = RunData(topology=Topology(links=links, affinity=affinity), tp=4)
+
+    [p] = analysis.topology(data)
+
+    assert (p.key, p.severity) == ("cross-numa", "warning")
+    assert len(p.evidence["cross_numa_pairs"]) == 4
+    assert p.evidence["gpu_numa"] == {"GPU0": "0", "GPU1": "0", "GPU2": "1", "GPU3": "1"}
+
+    data.used_gpu_indexes = [0, 1]
+    assert analysis.topology(data) == []
+
+
+def test_topology_notes_a_vm_pass_through():
+    [p] = analysis.topology(RunData(topology=Topology("vm", "kvm")))
+
+    assert (p.key, p.severity) == ("vm-passthrough", "info")
+    assert "kvm" in p.title
+
+
+def test_topology_skips_pair_checks_when_the_gpus_used_are_unknown():
+    p2p = {"read": matrix(GPUS4, lambda a, b: "GNS")}
+
+    # tp 2 on a 4-GPU host, no GPUs recorded: which pair it uses is not known
+    assert analysis.topology(RunData(topology=Topology(p2p=p2p), tp=2)) == []
+    assert analysis.topology(RunData(topology=None, tp=4)) == []
+
+
+# -- known incompatibilities -----------------------------------------------------------------
+
+
+SM120_RULE = Rule(
+    id=1,
+    name="FlashInfer allreduce fusion unsupported on SM120",
+    finding_text="Turn it off.",
+    compute_capability="12.0",
+    launch_argument="allreduce_fusion",
+    launch_value="True",
+    severity="critical",
+    note_id=7,
+)
+
+
+def test_incompatibility_fires_when_every_condition_holds():
+    data = RunData(gpus=eight_gpus(), launch={"allreduce_fusion": True}, rules=[SM120_RULE])
+
+    [p] = analysis.incompatibilities(data)
+
+    assert (p.kind, p.key, p.severity, p.note_id) == ("incompatibility", "rule-1", "critical", 7)
+    assert p.evidence["matched"] == {"compute_capability": "12.0", "allreduce_fusion": True}
+
+
+@pytest.mark.parametrize(
+    "gpus, launch",
+    [
+        (eight_gpus(), {}),
+        (eight_gpus(), {"allreduce_fusion": False}),
+        (eight_gpus("NVIDIA H200", "9.0"), {"allreduce_fusion": True}),
+        (eight_gpus(cc=""), {"allreduce_fusion": True}),
+    ],
+)
+def test_incompatibility_holds_back_when_a_condition_fails(gpus, launch):
+    assert analysis.incompatibilities(RunData(gpus=gpus, launch=launch, rules=[SM120_RULE])) == []
+
+
+def test_incompatibility_reads_launch_args_flags_and_any_truthy_value():
+    rule = Rule(
+        id=2, name="r", finding_text="t", engine="SGLang", launch_argument="--enable-ep-moe"
+    )
+    data = RunData(engine="sglang", launch={"enable_ep_moe": "1"}, rules=[rule])
+
+    assert len(analysis.incompatibilities(data)) == 1
+    data.engine = "vllm"
+    assert analysis.incompatibilities(data) == []
+
+
+def test_a_rule_without_conditions_matches_nothing():
+    rule = Rule(id=3, name="empty", finding_text="t")
+
+    assert analysis.incompatibilities(RunData(gpus=eight_gpus(), rules=[rule])) == []
+
+
+# -- regression ------------------------------------------------------------------------------
+
+
+def previous(levels):
+    return PreviousRun(id=1, uuid="0123456789abcdef", label="before", levels=tuple(levels))
+
+
+def test_regression_fires_more_than_ten_percent_below_the_previous_run():
+    before = [Level(128, 1000.0), Level(256, 1200.0)]
+    now = [Level(128, 980.0), Level(256, 1000.0)]
+
+    [p] = analysis.regression(RunData(levels=now, previous=previous(before)))
+
+    assert p.kind == "regression" and p.evidence["drop"] == [0.02, pytest.approx(0.1667, abs=1e-4)]
+    assert p.title == "Throughput 17% below before at concurrency 256"
+    assert [s["name"] for s in p.evidence["chart"]["series"]] == ["this run", "before"]
+
+
+def test_regression_holds_back_within_ten_percent_or_without_a_previous_run():
+    before = [Level(128, 1000.0)]
+
+    assert analysis.regression(RunData(levels=[Level(128, 905.0)], previous=previous(before))) == []
+    assert analysis.regression(RunData(levels=[Level(128, 500.0)])) == []
+
+
+def test_runs_are_comparable_only_with_the_same_levels_and_lengths():
+    base = {"levels": [128, 256], "input_len": 1024, "output_len": 1024}
+
+    assert analysis.comparable_key(base) == analysis.comparable_key({**base, "levels": [256, 128]})
+    assert analysis.comparable_key(base) != analysis.comparable_key({**base, "output_len": 512})
+    assert analysis.comparable_key({"levels": [128, 256]}) is None
+    assert analysis.comparable_key({}) is None
+
+
+# -- client-bound ----------------------------------------------------------------------------
+
+
+def test_client_bound_fires_on_a_saturated_client_cpu():
+    levels = [Level(64, 500.0, client_cpu_percent=40.0), Level(512, 600.0, client_cpu_percent=98.0)]
+
+    [p] = analysis.client_bound(RunData(levels=levels))
+
+    assert p.evidence["levels_cpu_saturated"] == [512]
+    assert p.evidence["client_cpu_percent"] == [40.0, 98.0]
+
+
+def test_client_bound_fires_when_achieved_concurrency_falls_short():
+    levels = [
+        Level(64, 500.0, max_concurrent_requests=64),
+        Level(512, 600.0, max_concurrent_requests=300, requests=2000),
+    ]
+
+    [p] = analysis.client_bound(RunData(levels=levels))
+
+    assert p.evidence["levels_below_target"] == [512]
+    assert p.evidence["chart"]["series"][1]["y"] == [64, 300]
+
+
+def test_client_bound_holds_back_when_the_level_sent_fewer_requests_than_its_concurrency():
+    # 100 requests at concurrency 512 can never have 512 in flight
+    levels = [Level(512, 600.0, max_concurrent_requests=100, requests=100)]
+
+    assert analysis.client_bound(RunData(levels=levels)) == []
+
+
+def test_client_bound_needs_client_numbers():
+    assert analysis.client_bound(RunData(levels=write_up_levels())) == []
+
+
+# -- missing data ----------------------------------------------------------------------------
+
+
+def test_no_rule_fires_on_an_empty_run():
+    assert analysis.analyze(RunData()) == []
+
+
+def test_finding_keys_fit_their_column_even_for_long_device_names():
+    long_names = [Gpu(0, "NVIDIA " + "X" * 150), Gpu(1, "NVIDIA " + "X" * 149 + "Y")]
+
+    proposals = analysis.no_tuned_kernel(RunData(gpus=long_names, moe_shape=GLM5_TP8_SHAPE))
+
+    keys = [p.key for p in proposals]
+    assert all(len(k) <= analysis.FINDING_KEY_MAX for k in keys) and len(set(keys)) == 2
