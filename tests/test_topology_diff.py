@@ -1,4 +1,5 @@
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,21 @@ def test_it_compares_an_import_with_a_probe_of_the_same_host():
         "driver: unknown → 580.95.05",
         "source: nvidia-smi → probe",
     ]
+
+
+def test_a_probe_agrees_with_nvidia_smi_on_the_links_and_affinity_of_the_same_h200():
+    imported = parse_nvidia_smi_topo(
+        (FIXTURES / "topo_m_1xh200_firecracker_ansi.txt").read_text(),
+        {"nvlink": (FIXTURES / "p2p_1xh200_nvlink_ansi.txt").read_text()},
+    )
+    probed = json.loads((FIXTURES / "probe_1xh200_firecracker.json").read_text())
+
+    changes = diff_snapshots(imported, probed)
+
+    assert "virtualization: unknown → container (docker)" in changes
+    assert "GPU0 power limit: unknown → 700.0 W" in changes
+    assert not [line for line in changes if line.startswith(("link", "GPU0 CPU", "GPU0 NUMA"))]
+    assert not [line for line in changes if line.startswith("P2P nvlink")]
 
 
 def test_it_reads_snapshots_that_miss_keys():

@@ -190,6 +190,17 @@ def test_it_strips_the_underline_nvidia_smi_writes_to_a_terminal():
     assert snapshot["links"]["labels"] == ["GPU0", "GPU1", "GPU2", "GPU3"]
 
 
+def test_it_reads_the_underlined_output_captured_on_an_h200():
+    snapshot = parse_nvidia_smi_topo(
+        fixture("topo_m_1xh200_firecracker_ansi.txt"),
+        {"nvlink": fixture("p2p_1xh200_nvlink_ansi.txt")},
+    )
+
+    assert snapshot["links"] == {"labels": ["GPU0"], "matrix": [["X"]]}
+    assert snapshot["affinity"] == [{"gpu": "GPU0", "cpu": "0-15", "numa": "0", "gpu_numa": "N/A"}]
+    assert snapshot["p2p"]["nvlink"] == {"labels": ["GPU0"], "matrix": [["X"]]}
+
+
 def test_it_accepts_windows_line_ends_and_an_echoed_command():
     text = "$ nvidia-smi topo -m\r\n" + fixture("topo_m_4gpu_pcie_phb.txt").replace("\n", "\r\n")
 

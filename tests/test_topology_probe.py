@@ -46,6 +46,7 @@ def gpu(bus_id, **overrides):
             "nvlink_slots": 0,
             "mode": 0,
             "cpu_mask": [(1 << 48) - 1],
+            "node_mask": None,
             "numa_node_id": NOT_SUPPORTED,
             "failing": set(),
         }
@@ -150,6 +151,12 @@ class FakeNvml:
 
     def nvmlDeviceGetCpuAffinity(self, handle, words):
         return handle.cpu_mask[:words] + [0] * (words - len(handle.cpu_mask))
+
+    def nvmlDeviceGetMemoryAffinity(self, handle, words, scope):
+        assert scope == 0  # NVML_AFFINITY_SCOPE_NODE
+        if handle.node_mask is None:
+            raise NVMLError(NOT_SUPPORTED)
+        return handle.node_mask[:words] + [0] * (words - len(handle.node_mask))
 
     def nvmlDeviceGetNumaNodeId(self, handle):
         if handle.numa_node_id == NOT_SUPPORTED:
@@ -311,14 +318,21 @@ def test_it_reads_p2p_status_for_read_write_nvlink_and_atomics(tmp_path):
     assert nvml.p2p_indexes == {0, 1, 2, 3}
 
 
-def test_it_reads_cpu_and_numa_affinity(tmp_path):
-    write(tmp_path, "sys/bus/pci/devices/0000:9a:00.0/numa_node", "1\n")
+def test_it_reads_cpu_and_numa_affinity_through_nvml(tmp_path):
     mask = [0xFFFF_FFFF_FFFF, 0xFFFF_FFFF_0000_0000, 0xFFFF]  # CPUs 0-47 and 96-143
-    nvml = FakeNvml([gpu("00000000:9A:00.0", cpu_mask=mask)])
+    nvml = FakeNvml([gpu("00000000:9A:00.0", cpu_mask=mask, node_mask=[0b10])])
 
     affinity = probe(tmp_path, nvml=nvml)["affinity"]
 
     assert affinity == [{"gpu": "GPU0", "cpu": "0-47,96-143", "numa": "1", "gpu_numa": "N/A"}]
+
+
+def test_it_reads_the_numa_node_from_sysfs_where_nvml_cannot_say(tmp_path):
+    write(tmp_path, "sys/bus/pci/devices/0000:9a:00.0/numa_node", "1\n")
+
+    affinity = probe(tmp_path, nvml=FakeNvml([gpu("00000000:9A:00.0")]))["affinity"][0]
+
+    assert affinity["numa"] == "1"
 
 
 def test_it_reports_no_numa_node_as_nvidia_smi_does(tmp_path):
@@ -467,6 +481,47 @@ def test_it_names_the_hypervisor_from_dmi(tmp_path, vendor, product, technology)
     assert found["layers"] == [{"kind": "vm", "technology": technology}]
 
 
+def test_it_names_firecracker_from_its_acpi_tables(tmp_path):
+    header = b"DSDT" + b"\x53\x17\x00\x00" + b"\x02\x77" + b"FIRECK" + b"FCVMDSDT"
+    (tmp_path / "sys/firmware/acpi/tables").mkdir(parents=True)
+    (tmp_path / "sys/firmware/acpi/tables/DSDT").write_bytes(header + b"\x00" * 12)
+    write(
+        tmp_path,
+        "sys/devices/system/clocksource/clocksource0/available_clocksource",
+        "tsc kvm-clock \n",
+    )
+
+    found = virtualization(tmp_path)
+
+    assert (found["kind"], found["technology"]) == ("vm", "firecracker")
+    assert "ACPI DSDT: OEM FIRECK FCVMDSDT" in found["evidence"]
+    assert "clocksource: kvm-clock available" in found["evidence"]
+
+
+def test_it_names_kvm_from_the_kvm_clock_source(tmp_path):
+    write(
+        tmp_path,
+        "sys/devices/system/clocksource/clocksource0/available_clocksource",
+        "kvm-clock tsc acpi_pm\n",
+    )
+
+    found = virtualization(tmp_path)
+
+    assert (found["kind"], found["technology"]) == ("vm", "kvm")
+
+
+def test_it_calls_qemu_accelerated_by_kvm_a_kvm_vm(tmp_path):
+    write(tmp_path, "sys/class/dmi/id/sys_vendor", "QEMU\n")
+    write(tmp_path, "sys/class/dmi/id/product_name", "Standard PC (Q35 + ICH9, 2009)\n")
+    write(
+        tmp_path,
+        "sys/devices/system/clocksource/clocksource0/available_clocksource",
+        "kvm-clock tsc\n",
+    )
+
+    assert virtualization(tmp_path)["technology"] == "kvm"
+
+
 def test_it_takes_an_ec2_metal_instance_for_bare_metal(tmp_path):
     write(tmp_path, "proc/cpuinfo", cpuinfo(hypervisor=False))
     write(tmp_path, "sys/class/dmi/id/sys_vendor", "Amazon EC2\n")
@@ -552,10 +607,9 @@ def test_it_puts_systemd_detect_virt_answers_first_on_the_live_root(monkeypatch)
 
     found = virtualization("/")
 
-    assert found["layers"] == [
-        {"kind": "vm", "technology": "kvm"},
-        {"kind": "container", "technology": "lxc"},
-    ]
+    # the VM's technology also depends on this machine's ACPI tables, so only its kind is checked
+    assert [layer["kind"] for layer in found["layers"]] == ["vm", "container"]
+    assert found["layers"][-1] == {"kind": "container", "technology": "lxc"}
     assert found["evidence"][:2] == [
         "systemd-detect-virt --vm: kvm",
         "systemd-detect-virt --container: lxc",

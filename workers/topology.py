@@ -367,6 +367,7 @@ _VIRTUALIZATION_MODES = {0: "NONE", 1: "PASSTHROUGH", 2: "VGPU", 3: "HOST_VGPU",
 _NVLINK_REMOTE_SWITCH = 2
 _NVML_ERROR_NOT_SUPPORTED = 3
 _NVML_ERROR_INVALID_ARGUMENT = 2
+_NVML_AFFINITY_SCOPE_NODE = 0
 # DMI sys_vendor / product_name fragments → hypervisor, in the order they are tried
 _DMI_HYPERVISORS = (
     ("Firecracker", "firecracker"),
@@ -384,6 +385,8 @@ _DMI_HYPERVISORS = (
     ("Bochs", "bochs"),
     ("Apple Virtualization", "apple"),
 )
+# OEM IDs that VMMs write into the ACPI tables they generate
+_ACPI_OEM_VMMS = {"FIRECK": "firecracker", "BOCHS": "qemu"}
 
 
 def probe(root: str | os.PathLike = "/", nvml=None) -> dict:
@@ -578,16 +581,24 @@ def _p2p_matrix(nvml, handles: list, caps_index: int) -> list:
 
 
 def _probe_affinity(nvml, root: Path, handle, gpu: dict) -> dict:
-    """CPU affinity from NVML, NUMA node from sysfs, GPU NUMA ID (coherent memory) from NVML."""
-    cpus = None
+    """CPU and NUMA affinity as nvidia-smi shows them, and the GPU NUMA ID (coherent memory).
+
+    NUMA affinity comes from NVML's memory affinity, as in nvidia-smi; where NVML cannot say,
+    from the GPU's numa_node in sysfs.
+    """
+    cpus = numa = None
     if handle is not None:
         # NVML fills as many 64-bit words as asked; 16 covers 1024 CPUs, cpu_count larger hosts
         words = max(16, -(-(os.cpu_count() or 1) // 64))
         mask = _nvml_call(nvml, "nvmlDeviceGetCpuAffinity", handle, words)
-        cpus = _cpu_list(mask) if mask is not None else None
-    numa = None
+        nodes = _nvml_call(
+            nvml, "nvmlDeviceGetMemoryAffinity", handle, words, _NVML_AFFINITY_SCOPE_NODE
+        )
+        # an empty mask says nothing about the GPU's CPUs or nodes
+        cpus = (_id_ranges(mask) or None) if mask is not None else None
+        numa = (_id_ranges(nodes) or None) if nodes is not None else None
     address = _pci_address(gpu["pci_bus_id"])
-    if address:
+    if numa is None and address:
         domain, bus, device, function = address
         sysfs = root / f"sys/bus/pci/devices/{domain:04x}:{bus:02x}:{device:02x}.{function}"
         node = _read_text(sysfs / "numa_node")
@@ -605,8 +616,8 @@ def _probe_affinity(nvml, root: Path, handle, gpu: dict) -> dict:
     return {"gpu": f"GPU{gpu['index']}", "cpu": cpus, "numa": numa, "gpu_numa": gpu_numa}
 
 
-def _cpu_list(mask) -> str:
-    """'0-47,96-143' from NVML's array of 64-bit CPU mask words."""
+def _id_ranges(mask) -> str:
+    """'0-47,96-143' from NVML's array of 64-bit CPU (or NUMA node) mask words."""
     cpus = [
         word_index * 64 + bit
         for word_index, word in enumerate(mask)
@@ -654,34 +665,41 @@ def _detect_virt(flag: str) -> tuple[str | None, str]:
 
 
 def _classify_virtualization(root: Path, nvml_modes: list[str], live: bool, evidence: list) -> dict:
-    """Classify bare metal / VM / container from every kind of evidence, keeping all of it."""
-    vm_votes: list[str | None] = []  # a technology, or None where the evidence names none
-    container_votes: list[str | None] = []
+    """Classify bare metal / VM / container from every kind of evidence, keeping all of it.
+
+    A VM's technology names its VMM where DMI or ACPI does (firecracker, amazon, ...), else
+    the hypervisor (kvm from systemd-detect-virt or kvm-clock); QEMU accelerated by KVM is
+    reported as kvm, as systemd-detect-virt does.
+    """
+    in_vm = False
+    vmm: list[str] = []  # named by DMI or ACPI tables
+    hypervisor: list[str] = []  # named by systemd-detect-virt, the clocksource, /sys/hypervisor
+    containers: list[str | None] = []
     not_virtualized = False
 
     for mode in dict.fromkeys(nvml_modes):
         evidence.append(f"nvml virtualization mode: {mode}")
         if mode in ("PASSTHROUGH", "VGPU"):
-            vm_votes.append(None)
+            in_vm = True
         elif mode in ("NONE", "HOST_VGPU", "HOST_VSGA"):
             not_virtualized = True
 
     if live and shutil.which("systemd-detect-virt"):
-        vm, line = _detect_virt("--vm")
+        answer, line = _detect_virt("--vm")
         evidence.append(line)
-        if vm == "none":
+        if answer == "none":
             not_virtualized = True
-        elif vm:
-            vm_votes.insert(0, vm)
-        container, line = _detect_virt("--container")
+        elif answer:
+            hypervisor.append(answer)
+        answer, line = _detect_virt("--container")
         evidence.append(line)
-        if container and container != "none":
-            container_votes.append(container)
+        if answer and answer != "none":
+            containers.append(answer)
 
     marker = _read_text(root / "run/systemd/container")
     if marker:
         evidence.append(f"/run/systemd/container: {marker}")
-        container_votes.append(marker)
+        containers.append(marker)
     try:
         environ = (root / "proc/1/environ").read_bytes().split(b"\0")
     except PermissionError:
@@ -693,18 +711,18 @@ def _classify_virtualization(root: Path, nvml_modes: list[str], live: bool, evid
         if variable.startswith(b"container="):
             value = variable.decode(errors="replace").partition("=")[2]
             evidence.append(f"/proc/1/environ: container={value}")
-            container_votes.append(value or None)
+            containers.append(value or None)
     for marker_file, technology in ((".dockerenv", "docker"), ("run/.containerenv", "podman")):
         if (root / marker_file).exists():
             evidence.append(f"/{marker_file} present")
-            container_votes.append(technology)
+            containers.append(technology)
 
     cpuinfo = _read_text(root / "proc/cpuinfo")
     # x86 lists CPU flags on "flags" lines; ARM has no hypervisor flag to look for
     flag_lines = [line for line in (cpuinfo or "").splitlines() if line.startswith("flags")]
     if any("hypervisor" in line.split() for line in flag_lines):
         evidence.append("/proc/cpuinfo: hypervisor flag set")
-        vm_votes.append(None)
+        in_vm = True
     elif flag_lines:
         evidence.append("/proc/cpuinfo: no hypervisor flag")
         not_virtualized = True
@@ -715,20 +733,37 @@ def _classify_virtualization(root: Path, nvml_modes: list[str], live: bool, evid
         evidence.append("/sys/class/dmi/id: no sys_vendor or product_name")
     else:
         evidence.append(f"/sys/class/dmi/id: sys_vendor {vendor!r}, product_name {product!r}")
-        technology = _dmi_hypervisor(vendor or "", product or "")
-        if technology:
-            vm_votes.append(technology)
+        vmm.append(_dmi_hypervisor(vendor or "", product or ""))
+    for table in ("DSDT", "FACP"):
+        try:
+            header = (root / "sys/firmware/acpi/tables" / table).read_bytes()[:24]
+        except OSError:
+            continue
+        oem_id = header[10:16].decode(errors="replace").strip()
+        oem_table = header[16:24].decode(errors="replace").strip()
+        evidence.append(f"ACPI {table}: OEM {oem_id} {oem_table}")
+        vmm.append(_ACPI_OEM_VMMS.get(oem_id))
+        break
+    clocksources = _read_text(
+        root / "sys/devices/system/clocksource/clocksource0/available_clocksource"
+    )
+    if clocksources and "kvm-clock" in clocksources.split():
+        evidence.append("clocksource: kvm-clock available")
+        hypervisor.append("kvm")
     xen = _read_text(root / "sys/hypervisor/type")
     if xen:
         evidence.append(f"/sys/hypervisor/type: {xen}")
-        vm_votes.append(xen)
+        hypervisor.append(xen)
 
+    vmm = [name for name in vmm if name]
     layers = []
-    if vm_votes:
-        layers.append({"kind": "vm", "technology": next((v for v in vm_votes if v), None)})
-    if container_votes:
-        technology = next((v for v in container_votes if v), None)
-        layers.append({"kind": "container", "technology": technology})
+    if in_vm or vmm or hypervisor:
+        technology = (vmm + hypervisor + [None])[0]
+        if technology == "qemu" and "kvm" in hypervisor:
+            technology = "kvm"
+        layers.append({"kind": "vm", "technology": technology})
+    if containers:
+        layers.append({"kind": "container", "technology": next(filter(None, containers), None)})
     if layers:
         kind, technology = layers[-1]["kind"], layers[-1]["technology"]
     else:
