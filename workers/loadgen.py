@@ -581,7 +581,9 @@ async def send_request(
             in_body = True
             if response.status_code != 200:
                 text = await response.aread()
-                raise _StreamFailure(f"http_{response.status_code}", text[:200].decode("replace"))
+                raise _StreamFailure(
+                    f"http_{response.status_code}", text[:200].decode("utf-8", "replace")
+                )
             async for data in response.aiter_raw():
                 parser.feed(data, time.perf_counter())
         if not parser.done:
@@ -599,7 +601,8 @@ async def send_request(
         if not (parser.done and record.chunk_ts):
             record.error = "stream_dropped" if in_body else "connection_closed"
             record.detail = str(exc)
-    except httpx.HTTPError as exc:
+    except Exception as exc:
+        # Anything else is still one failed request, never the end of the sweep.
         record.error, record.detail = "client_error", f"{type(exc).__name__}: {exc}"
     record.end_ts = time.perf_counter()
     return record

@@ -1,0 +1,383 @@
+"""The load generator against a scripted SSE server whose timing and faults the test controls."""
+
+import asyncio
+import json
+import math
+import threading
+
+import pytest
+from aiohttp import web
+
+from workers import loadgen
+from workers.loadgen import ClientConfig, LevelConfig, RequestRecord, SweepConfig
+from workers.standin import StandinConfig, start_standin_in_thread
+
+# The scripted stream: first content chunk after TTFT_S, then one every GAP_S.
+TTFT_S = 0.150
+GAP_S = 0.040
+CHUNKS = 5
+
+
+def _event(obj) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _text_chunk(text: str) -> bytes:
+    return _event({"object": "text_completion", "choices": [{"index": 0, "text": text}]})
+
+
+def _usage(prompt: int, completion: int) -> bytes:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+    return _event({"object": "text_completion", "choices": [], "usage": usage})
+
+
+class ScriptedServer:
+    """aiohttp server in a thread; the first path segment picks the script."""
+
+    def __init__(self):
+        self.requests = 0
+        self.bodies: list[dict] = []
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        mode = request.match_info["mode"]
+        self.requests += 1
+        n = self.requests
+        body = await request.json()
+        self.bodies.append(body)
+        if mode == "http500":
+            return web.json_response({"object": "error", "message": "boom"}, status=500)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if mode == "garbage":
+            await response.write(b"data: {this is not json\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            return response
+        await asyncio.sleep(TTFT_S if mode in ("timed", "nousage") else 0.001)
+        if mode == "chat_reasoning":
+            for piece in ({"reasoning_content": "hmm"}, {"content": "ok"}):
+                chunk = {"object": "chat.completion.chunk", "choices": [{"delta": piece}]}
+                await response.write(_event(chunk))
+            await response.write(_usage(7, 2) + b"data: [DONE]\n\n")
+            return response
+        for i in range(CHUNKS):
+            if i:
+                await asyncio.sleep(GAP_S if mode in ("timed", "nousage") else 0.001)
+            await response.write(_text_chunk(f" t{i}"))
+            if mode == "drop_every_20th" and n % 20 == 0 and i == 2:
+                request.transport.close()
+                return response
+            if mode == "stall" and i == 1:
+                await asyncio.sleep(5)
+        if mode == "nodone":
+            await response.write(_usage(len(body["prompt"]), CHUNKS))
+            return response
+        if mode != "nousage":
+            await response.write(_usage(len(body["prompt"]), CHUNKS))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    server = ScriptedServer()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    state = {}
+
+    async def start():
+        app = web.Application()
+        app.router.add_post("/{mode}/v1/completions", server.handle)
+        app.router.add_post("/{mode}/v1/chat/completions", server.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        state["runner"] = runner
+        state["port"] = site._server.sockets[0].getsockname()[1]
+        started.set()
+
+    def run():
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    started.wait(5)
+    server.url = f"http://127.0.0.1:{state['port']}"
+    yield server
+    asyncio.run_coroutine_threadsafe(state["runner"].cleanup(), loop).result(5)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def _level(concurrency=2, num_prompts=4, **kw) -> LevelConfig:
+    return LevelConfig(
+        concurrency=concurrency, input_len=12, output_len=CHUNKS, num_prompts=num_prompts, **kw
+    )
+
+
+def _client(url: str, **kw) -> ClientConfig:
+    kw.setdefault("model", "m")
+    return ClientConfig(base_url=url, timeout_s=kw.pop("timeout_s", 10.0), **kw)
+
+
+@pytest.mark.parametrize("transport", ["fast", "httpx"])
+def test_it_measures_ttft_tpot_itl_and_throughput_as_scripted(scripted, transport):
+    level = _level(concurrency=2, num_prompts=4)
+    result = asyncio.run(
+        loadgen.run_level(_client(scripted.url + "/timed", transport=transport), level)
+    )
+    e2e = TTFT_S + (CHUNKS - 1) * GAP_S  # 0.31 s per request
+    assert result["completed"] == 4 and result["failed"] == 0
+    assert result["usage_reported"] is True
+    assert result["total_input_tokens"] == 4 * 12
+    assert result["total_output_tokens"] == 4 * CHUNKS
+    assert result["mean_ttft_ms"] == pytest.approx(TTFT_S * 1000, abs=25)
+    assert result["mean_itl_ms"] == pytest.approx(GAP_S * 1000, abs=10)
+    # TPOT = (E2E - TTFT) / (tokens - 1) = 4 gaps / 4
+    assert result["mean_tpot_ms"] == pytest.approx(GAP_S * 1000, abs=10)
+    assert result["mean_e2el_ms"] == pytest.approx(e2e * 1000, abs=35)
+    # two waves of two requests: duration ≈ 2 × E2E
+    assert result["duration"] == pytest.approx(2 * e2e, rel=0.15)
+    assert result["output_throughput"] == pytest.approx(4 * CHUNKS / (2 * e2e), rel=0.15)
+    assert result["request_throughput"] == pytest.approx(4 / result["duration"])
+    # vLLM counts requests active within a 1 s bucket: both waves fall in the first second
+    assert result["max_concurrent_requests"] == 4
+    assert result["p99_itl_ms"] >= result["median_itl_ms"]
+
+
+def test_it_computes_metrics_exactly_from_records():
+    # Two requests with hand-picked timestamps (s), 3 chunks each.
+    records = [
+        RequestRecord(
+            send_ts=10.0,
+            end_ts=10.5,
+            chunk_ts=[10.1, 10.2, 10.4],
+            prompt_tokens=8,
+            completion_tokens=3,
+        ),
+        RequestRecord(
+            send_ts=10.0,
+            end_ts=11.0,
+            chunk_ts=[10.3, 10.6, 10.9],
+            prompt_tokens=8,
+            completion_tokens=3,
+        ),
+        RequestRecord(send_ts=10.2, end_ts=10.25, error="http_500", detail="boom"),
+    ]
+    level = LevelConfig(
+        concurrency=3, input_len=8, output_len=3, num_prompts=3, slo_ttft_ms=200, slo_tpot_ms=200
+    )
+    result = loadgen.summarize_level(records, level)
+    assert result["duration"] == pytest.approx(1.0)
+    assert result["completed"] == 2 and result["failed"] == 1
+    assert result["errors"] == {"http_500": 1}
+    assert result["mean_ttft_ms"] == pytest.approx(200.0)  # (100 + 300) / 2
+    assert result["median_ttft_ms"] == pytest.approx(200.0)
+    assert result["std_ttft_ms"] == pytest.approx(100.0)
+    # ITL pooled: 100, 200, 300, 300 ms
+    assert result["mean_itl_ms"] == pytest.approx(225.0)
+    assert result["p90_itl_ms"] == pytest.approx(300.0)
+    # TPOT: (0.4-0.1)/2 = 150 ms and (0.9-0.3)/2 = 300 ms
+    assert result["mean_tpot_ms"] == pytest.approx(225.0)
+    assert result["mean_e2el_ms"] == pytest.approx(650.0)  # 400 and 900
+    assert result["output_throughput"] == pytest.approx(6.0)
+    assert result["total_token_throughput"] == pytest.approx(22.0)
+    assert result["request_throughput"] == pytest.approx(2.0)
+    # only the first meets TTFT ≤ 200 ms and TPOT ≤ 200 ms
+    assert result["request_goodput"] == pytest.approx(1.0)
+    # all six chunks land in second 0 (10.0 … 10.9)
+    assert result["max_output_tokens_per_s"] == pytest.approx(6.0)
+    assert result["max_concurrent_requests"] == 3
+
+
+def test_it_counts_dropped_streams_as_failures(scripted):
+    level = _level(concurrency=10, num_prompts=100)
+    result = asyncio.run(loadgen.run_level(_client(scripted.url + "/drop_every_20th"), level))
+    assert result["failed"] == 5
+    assert result["errors"] == {"stream_dropped": 5}
+    assert result["completed"] == 95
+    assert result["total_output_tokens"] == 95 * CHUNKS
+
+
+def test_it_counts_garbage_sse(scripted):
+    result = asyncio.run(loadgen.run_level(_client(scripted.url + "/garbage"), _level()))
+    assert result["completed"] == 0
+    assert result["errors"] == {"garbage_sse": 4}
+    assert "this is not json" in result["error_samples"]["garbage_sse"]
+    assert result["mean_ttft_ms"] is None
+
+
+def test_it_counts_http_errors_and_a_missing_done(scripted):
+    errors = asyncio.run(loadgen.run_level(_client(scripted.url + "/http500"), _level()))
+    assert errors["errors"] == {"http_500": 4}
+    nodone = asyncio.run(loadgen.run_level(_client(scripted.url + "/nodone"), _level()))
+    assert nodone["errors"] == {"missing_done": 4}
+
+
+def test_it_counts_timeouts_and_refused_connections(scripted, unused_port):
+    slow = _client(scripted.url + "/stall", timeout_s=0.3)
+    result = asyncio.run(loadgen.run_level(slow, _level(concurrency=2, num_prompts=2)))
+    assert result["errors"] == {"timeout": 2}
+    refused = _client(f"http://127.0.0.1:{unused_port}")
+    result = asyncio.run(loadgen.run_level(refused, _level(concurrency=2, num_prompts=2)))
+    assert result["errors"] == {"connect_error": 2}
+
+
+@pytest.fixture
+def unused_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_it_says_so_when_the_server_sends_no_usage(scripted):
+    result = asyncio.run(loadgen.run_level(_client(scripted.url + "/nousage"), _level()))
+    assert result["completed"] == 4
+    assert result["usage_reported"] is False
+    for key in (
+        "total_output_tokens",
+        "output_throughput",
+        "mean_tpot_ms",
+        "max_output_tokens_per_s",
+    ):
+        assert result[key] is None
+    assert result["mean_ttft_ms"] == pytest.approx(TTFT_S * 1000, abs=25)
+    assert result["content_chunks"] == 4 * CHUNKS
+
+
+def test_it_starts_ttft_at_the_first_reasoning_chunk(scripted):
+    client = _client(scripted.url + "/chat_reasoning", endpoint="chat")
+    result = asyncio.run(loadgen.run_level(client, _level(concurrency=1, num_prompts=1)))
+    assert result["completed"] == 1 and result["content_chunks"] == 2
+    body = scripted.bodies[-1]
+    assert body["messages"][0]["role"] == "user"
+    assert body["max_completion_tokens"] == CHUNKS and body["stream"] is True
+
+
+def test_it_asks_for_exact_lengths_usage_and_no_early_stop(scripted):
+    client = _client(scripted.url + "/fast", vocab_size=151936)
+    asyncio.run(loadgen.run_level(client, _level(concurrency=1, num_prompts=2)))
+    first, second = scripted.bodies[-2:]
+    assert len(first["prompt"]) == 12 and first["prompt"] != second["prompt"]
+    low, high = loadgen.token_id_range(151936)
+    assert all(low <= t < high < 151643 for t in first["prompt"])
+    assert first["max_tokens"] == CHUNKS
+    assert first["ignore_eos"] is True
+    assert first["stream_options"] == {"include_usage": True}
+
+
+def test_it_leaves_warmup_requests_out_of_the_counts(scripted):
+    before = scripted.requests
+    result = asyncio.run(
+        loadgen.run_level(_client(scripted.url + "/fast"), _level(num_prompts=4, warmup=3))
+    )
+    assert scripted.requests - before == 7
+    assert result["completed"] == 4
+
+
+def test_it_stops_at_a_request_boundary_and_keeps_finished_levels(scripted):
+    done = []
+    cfg = SweepConfig(
+        client=_client(scripted.url + "/fast"),
+        concurrencies=(1, 1, 1),
+        input_len=12,
+        output_len=CHUNKS,
+        prompts_per_level=5,
+    )
+
+    def progress(level: int, n: int, total: int) -> None:
+        done.append((level, n, total))
+
+    results = loadgen.run_sweep(
+        cfg, on_progress=progress, should_stop=lambda: any(lv == 1 and n >= 2 for lv, n, _ in done)
+    )
+    assert len(results) == 1 and results[0]["completed"] == 5
+    assert (0, 5, 5) in done and (1, 2, 5) in done and not any(lv == 2 for lv, _, _ in done)
+
+
+def test_it_sends_poisson_arrivals_at_the_request_rate(scripted):
+    level = _level(concurrency=50, num_prompts=40, request_rate=40.0)
+    result = asyncio.run(loadgen.run_level(_client(scripted.url + "/fast"), level))
+    # 40 arrivals at 40 req/s span about one second, not the instant a burst would take
+    assert result["completed"] == 40
+    assert 0.5 < result["duration"] < 2.0
+    assert result["request_rate"] == 40.0
+
+
+def test_it_merges_records_from_several_processes():
+    url, stop = start_standin_in_thread(
+        StandinConfig(max_running_requests=64, step_ms_base=1.0, step_ms_per_req=0.0)
+    )
+    try:
+        level = LevelConfig(concurrency=8, input_len=16, output_len=10, num_prompts=24, processes=2)
+        progress = []
+        result = asyncio.run(
+            loadgen.run_level(
+                _client(url, model="standin"),
+                level,
+                on_request_done=lambda n, total: progress.append((n, total)),
+            )
+        )
+    finally:
+        stop()
+    assert result["processes"] == 2
+    assert result["completed"] == 24 and result["failed"] == 0
+    assert result["total_output_tokens"] == 240 and result["total_input_tokens"] == 24 * 16
+    assert progress[-1] == (24, 24)
+    assert result["client_cpu_s"] > 0
+    assert math.isfinite(result["duration"]) and result["duration"] < 10
+
+
+def test_the_cli_writes_vllm_named_results(scripted, tmp_path, capsys):
+    out = tmp_path / "levels.json"
+    status = loadgen.main(
+        [
+            "--base-url",
+            scripted.url + "/fast",
+            "--model",
+            "m",
+            "--concurrency",
+            "1,2",
+            "--input-len",
+            "12",
+            "--output-len",
+            str(CHUNKS),
+            "--prompts-per-level",
+            "3",
+            "--output",
+            str(out),
+        ]
+    )
+    assert status == 0
+    levels = json.loads(out.read_text())
+    assert [lv["concurrency"] for lv in levels] == [1, 2]
+    for key in (
+        "completed",
+        "failed",
+        "errors",
+        "duration",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "max_output_tokens_per_s",
+        "max_concurrent_requests",
+        "mean_ttft_ms",
+        "median_tpot_ms",
+        "std_itl_ms",
+        "p90_e2el_ms",
+        "p95_ttft_ms",
+        "p99_itl_ms",
+        "usage_reported",
+        "input_len",
+        "output_len",
+        "request_rate",
+    ):
+        assert key in levels[0], key
+    table = capsys.readouterr().out
+    assert "TTFT ms" in table and len(table.strip().splitlines()) == 3

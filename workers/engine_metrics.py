@@ -1,0 +1,247 @@
+"""The engine's own view during a sweep: Prometheus /metrics and /get_server_info.
+
+SGLang and vLLM both export running requests, queued requests and KV-cache usage, under their
+own names. An engine with several schedulers (data-parallel ranks, vLLM's engine index) exports
+one series per scheduler: counts are summed over them and KV-cache usage averaged. Series that
+differ only by tp_rank / pp_rank are copies of one scheduler's state (SGLang with
+--enable-metrics-for-all-schedulers) and count once.
+"""
+
+import math
+import threading
+import time
+from collections import Counter, defaultdict
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# Gauge names per engine; KV-cache usage is a 0..1 fraction under every name.
+ENGINE_GAUGES = {
+    "sglang": {
+        "running": ("sglang:num_running_reqs",),
+        "queued": ("sglang:num_queue_reqs",),
+        "kv_cache_usage": ("sglang:token_usage",),
+    },
+    "vllm": {
+        "running": ("vllm:num_requests_running",),
+        "queued": ("vllm:num_requests_waiting",),
+        # vLLM V1 renamed gpu_cache_usage_perc (V0) to kv_cache_usage_perc.
+        "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    },
+}
+# Labels that tell apart copies of one scheduler's state rather than distinct schedulers.
+REPLICA_LABELS = frozenset({"tp_rank", "pp_rank", "attn_tp_rank", "moe_ep_rank"})
+STANDIN_INFO = "moeops_standin_info"
+SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
+
+
+class EngineMetricsError(ValueError):
+    """A /metrics body that is not Prometheus text exposition."""
+
+
+def parse_engine_metrics(text: str) -> dict:
+    """Running, queued and KV-cache usage from a Prometheus /metrics body.
+
+    Returns {"engine": "sglang" | "vllm" | "standin" | None, "running": float | None,
+    "queued": float | None, "kv_cache_usage": float | None (0..1)}; a value is None when the
+    engine does not export it. Raises EngineMetricsError when the text does not parse.
+    """
+    series: dict[str, list[tuple[dict, float]]] = defaultdict(list)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if not math.isnan(sample.value):
+                    series[sample.name].append((sample.labels, sample.value))
+    except ValueError as exc:
+        raise EngineMetricsError(f"not Prometheus text: {exc}") from exc
+    engine = next(
+        (
+            name
+            for name, gauges in ENGINE_GAUGES.items()
+            if any(metric in series for names in gauges.values() for metric in names)
+        ),
+        None,
+    )
+    out = {"engine": engine, "running": None, "queued": None, "kv_cache_usage": None}
+    if engine is None:
+        return out
+    for field, names in ENGINE_GAUGES[engine].items():
+        found = next((series[name] for name in names if name in series), None)
+        if found is not None:
+            per_scheduler = _per_scheduler(found)
+            if field == "kv_cache_usage":
+                out[field] = sum(per_scheduler) / len(per_scheduler)
+            else:
+                out[field] = float(sum(per_scheduler))
+    if STANDIN_INFO in series:
+        out["engine"] = "standin"
+    return out
+
+
+def _per_scheduler(found: list[tuple[dict, float]]) -> list[float]:
+    """One value per scheduler: copies (differing only by REPLICA_LABELS) collapse to their max.
+
+    SGLang's priority scheduling adds per-priority series next to an aggregate with an empty
+    priority label; the aggregate is used when present.
+    """
+    aggregate = [(labels, v) for labels, v in found if not labels.get("priority")]
+    if aggregate and len(aggregate) < len(found):
+        found = aggregate
+    groups: dict[tuple, float] = {}
+    for labels, value in found:
+        key = tuple(sorted((k, v) for k, v in labels.items() if k not in REPLICA_LABELS))
+        groups[key] = max(value, groups.get(key, value))
+    return list(groups.values())
+
+
+def scrape_engine_metrics(
+    base_url: str, *, client: httpx.Client | None = None, timeout_s: float = 2.0
+) -> dict:
+    """GET base_url/metrics and parse it (parse_engine_metrics' dict).
+
+    Raises httpx.HTTPError when the engine does not answer 200, EngineMetricsError when the
+    body is not Prometheus text.
+    """
+    url = base_url.rstrip("/") + "/metrics"
+    if client is None:
+        with httpx.Client(timeout=timeout_s) as own:
+            response = own.get(url)
+    else:
+        response = client.get(url, timeout=timeout_s)
+    response.raise_for_status()
+    return parse_engine_metrics(response.text)
+
+
+def server_info_limits(info: dict) -> dict:
+    """max_running_requests and max_total_num_tokens from a /get_server_info body.
+
+    SGLang puts its server args at the top level, the schedulers' view under
+    internal_states[], and a prefill/decode-disaggregated router nests both under
+    "prefill"[] and "decode"[]; the first integer found wins, decode before prefill (the decode
+    side caps the running batch). A value the engine leaves null stays None.
+    """
+    out = {}
+    for key in ("max_running_requests", "max_total_num_tokens"):
+        out[key] = _first_int(info, key)
+    return out
+
+
+def _first_int(node, key: str) -> int | None:
+    if isinstance(node, list):
+        return next((v for item in node if (v := _first_int(item, key)) is not None), None)
+    if not isinstance(node, dict):
+        return None
+    value = node.get(key)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    for nested in ("internal_states", "decode", "prefill"):
+        if nested in node and (v := _first_int(node[nested], key)) is not None:
+            return v
+    return None
+
+
+def read_server_info(base_url: str, *, timeout_s: float = 5.0) -> dict:
+    """What the engine says about its limits, from /get_server_info (or /server_info).
+
+    Returns {"available": bool, "max_running_requests": int | None,
+    "max_total_num_tokens": int | None, "version": str | None}: available is False for engines
+    with no such endpoint (vLLM), and the limits are then None.
+    """
+    out = {"available": False, "max_running_requests": None, "max_total_num_tokens": None}
+    out["version"] = None
+    with httpx.Client(timeout=timeout_s) as client:
+        for path in SERVER_INFO_PATHS:
+            try:
+                response = client.get(base_url.rstrip("/") + path)
+            except httpx.HTTPError:
+                return out
+            if response.status_code != 200:
+                continue
+            try:
+                info = response.json()
+            except ValueError:
+                continue
+            if not isinstance(info, dict):
+                continue
+            out.update(server_info_limits(info), available=True)
+            version = info.get("version")
+            out["version"] = version if isinstance(version, str) else None
+            return out
+    return out
+
+
+class EngineMetricsSampler:
+    """Scrapes an engine's /metrics every interval_s on a background thread.
+
+    Each sample is {"ts": UTC epoch s, "running", "queued", "kv_cache_usage" (0..1),
+    "level_concurrency"}, the last being whatever the caller set in level_concurrency when the
+    scrape happened. A failed scrape adds no sample (nothing is made up) and counts its reason
+    in errors. Use as a context manager, or start() and stop().
+    """
+
+    def __init__(self, base_url: str, *, interval_s: float = 1.0, timeout_s: float = 2.0):
+        self.base_url = base_url
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.level_concurrency: int | None = None
+        self.engine: str | None = None
+        self.samples: list[dict] = []
+        self.errors: Counter = Counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "EngineMetricsSampler":
+        """Begin sampling (the first scrape is immediate)."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="engine-metrics", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[dict]:
+        """Stop sampling, wait for the thread and return the samples."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout_s + self.interval_s + 1)
+        return self.samples
+
+    def __enter__(self) -> "EngineMetricsSampler":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def sample_once(self, client: httpx.Client) -> dict | None:
+        """Scrape once; the sample appended, or None when the scrape failed."""
+        ts = time.time()
+        try:
+            parsed = scrape_engine_metrics(self.base_url, client=client, timeout_s=self.timeout_s)
+        except httpx.HTTPStatusError as exc:
+            self.errors[f"http_{exc.response.status_code}"] += 1
+            return None
+        except httpx.HTTPError as exc:
+            self.errors[type(exc).__name__] += 1
+            return None
+        except EngineMetricsError:
+            self.errors["unparsable"] += 1
+            return None
+        self.engine = parsed["engine"]
+        sample = {
+            "ts": ts,
+            "running": parsed["running"],
+            "queued": parsed["queued"],
+            "kv_cache_usage": parsed["kv_cache_usage"],
+            "level_concurrency": self.level_concurrency,
+        }
+        self.samples.append(sample)
+        return sample
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        ticks = 0
+        with httpx.Client(timeout=self.timeout_s) as client:
+            while not self._stop.is_set():
+                self.sample_once(client)
+                # A fixed schedule: a slow scrape skips ticks instead of pushing later ones back.
+                ticks = max(ticks + 1, int((time.monotonic() - start) / self.interval_s) + 1)
+                next_at = start + ticks * self.interval_s
+                self._stop.wait(max(0.0, next_at - time.monotonic()))
