@@ -1,0 +1,167 @@
+"""Time one MoE layer per batch size: floor, default config, tuned config, torch._grouped_mm.
+
+Every figure is µs per layer on this GPU, timed as tuning.timing does (CUDA graphs, fresh routing
+per replay, median of the replays); the floor comes from bandwidth and matrix rate measured here.
+The _grouped_mm pipeline runs in bf16, also as the baseline for fp8 shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tuning.config_files import TUNED_BATCH_SIZES, entry_for_batch, loads_config
+from tuning.search import KernelShape
+
+FINAL_REPLAYS = 20
+
+
+@dataclass
+class BenchRow:
+    """One batch size M: µs per layer of the floor, each implementation, and the tuned config."""
+
+    M: int
+    floor_us: float
+    default_us: float | None
+    tuned_us: float | None
+    grouped_mm_us: float | None
+    tuned_config: dict | None = None
+
+    @property
+    def best_us(self) -> float | None:
+        """The kernel's time with the tuned config, else with the default."""
+        return self.tuned_us if self.tuned_us is not None else self.default_us
+
+    @property
+    def percent_of_floor(self) -> float | None:
+        """floor / kernel time, in %: 100 means at the floor."""
+        return None if not self.best_us else 100.0 * self.floor_us / self.best_us
+
+
+def bench(
+    shape: KernelShape,
+    batch_sizes: Iterable[int] = TUNED_BATCH_SIZES,
+    *,
+    entries: dict[int, dict] | None = None,
+    ceilings: dict | None = None,
+    replays: int = FINAL_REPLAYS,
+    grouped_mm: bool = True,
+) -> list[BenchRow]:
+    """Time the layer at each batch size on the current GPU.
+
+    entries: a config file's {M: config} (the engine's nearest-M choice is timed as tuned);
+    ceilings: measured {bandwidth_tbps, bf16_tflops, fp8_tflops}, measured here when None.
+    """
+    import torch
+
+    from tuning import timing
+    from tuning.fused_moe import default_config
+
+    if ceilings is None:
+        ceilings = vars(timing.measure_ceilings())
+    device_ceilings = timing.DeviceCeilings(**ceilings)
+    weights = timing.make_weights(shape)
+    bf16_shape = replace(shape, dtype="bf16", block_shape=None)
+    bf16_weights = weights if shape == bf16_shape else None
+    rows = []
+    for m in sorted(set(batch_sizes)):
+        timer = timing.LayerTimer(shape, weights, m)
+        block_shape = list(shape.block_shape) if shape.block_shape else None
+        default = default_config(
+            m, shape.E, shape.N, shape.H, shape.top_k, shape.dtype, block_shape
+        )
+        tuned = entry_for_batch(entries, m) if entries else None
+        row = BenchRow(
+            M=m,
+            floor_us=round(timing.moe_floor_us(shape, m, device_ceilings), 2),
+            default_us=_time_or_none(timer.time_config, default, replays),
+            tuned_us=None,
+            grouped_mm_us=None,
+            tuned_config=tuned,
+        )
+        if tuned is not None:
+            row.tuned_us = _time_or_none(timer.time_config, tuned, replays)
+        if grouped_mm:
+            if bf16_weights is None:
+                bf16_weights = timing.make_weights(bf16_shape)
+            bf16_timer = timing.LayerTimer(bf16_shape, bf16_weights, m)
+            row.grouped_mm_us = _time_or_none(bf16_timer.time_grouped_mm, replays)
+            del bf16_timer
+        rows.append(row)
+        del timer
+        torch.cuda.empty_cache()
+    return rows
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    """A fixed-width table: M, floor, default, tuned, _grouped_mm (µs), speed-ups, % of floor."""
+    header = (
+        f"{'M':>5} {'floor µs':>9} {'default µs':>10} {'tuned µs':>9} {'grouped_mm µs':>13}"
+        f" {'tuned/def':>9} {'gmm/tuned':>9} {'% floor':>7}"
+    )
+    lines = [header]
+    for r in rows:
+        lines.append(
+            f"{r.M:>5} {r.floor_us:>9.1f} {_num(r.default_us, 10)} {_num(r.tuned_us, 9)}"
+            f" {_num(r.grouped_mm_us, 13)} {_ratio(r.default_us, r.tuned_us, 9)}"
+            f" {_ratio(r.grouped_mm_us, r.best_us, 9)} {_num(r.percent_of_floor, 7)}"
+        )
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `python -m tuning bench`."""
+    from tuning.tuner import add_shape_arguments
+
+    add_shape_arguments(parser)
+    parser.add_argument("--config", help="a tuned config file to time (its nearest-M entries)")
+    parser.add_argument("--replays", type=int, default=FINAL_REPLAYS, help="graph replays per time")
+    parser.add_argument(
+        "--no-grouped-mm", action="store_true", help="skip the torch._grouped_mm baseline"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the table for the shape of --model-config on GPU --device."""
+    import torch
+
+    from tuning.tuner import parse_ints, shape_from_args
+
+    if not torch.cuda.is_available():
+        print("error: bench needs a CUDA GPU", file=sys.stderr)
+        return 1
+    try:
+        shape = shape_from_args(args)
+        batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
+        entries = loads_config(Path(args.config).read_text())[1] if args.config else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    torch.cuda.set_device(args.device)
+    rows = bench(
+        shape, batch_sizes, entries=entries, replays=args.replays, grouped_mm=not args.no_grouped_mm
+    )
+    print(f"{torch.cuda.get_device_name(args.device)}  {shape.as_dict()}")
+    print(format_table(rows))
+    return 0
+
+
+def _time_or_none(measure, *args) -> float | None:
+    try:
+        return round(measure(*args), 2)
+    except Exception as exc:
+        print(f"warning: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}", file=sys.stderr)
+        return None
+
+
+def _num(value: float | None, width: int) -> str:
+    return f"{value:>{width}.1f}" if value is not None else f"{'n/a':>{width}}"
+
+
+def _ratio(numerator: float | None, denominator: float | None, width: int) -> str:
+    if not numerator or not denominator:
+        return f"{'n/a':>{width}}"
+    return f"{numerator / denominator:>{width - 1}.2f}x"

@@ -1,0 +1,293 @@
+"""The fused-MoE config search space, its pruning, and the searches over it.
+
+Pure Python (no torch): a search proposes rounds of configs, the tuner times them on the GPU and
+reports back. Times are µs per MoE layer; None marks a config that failed to compile or launch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+# The grid SGLang's and vLLM's tuners sweep on NVIDIA GPUs.
+BLOCK_SIZES_M = (16, 32, 64, 128, 256)
+BLOCK_SIZES_N = (32, 64, 128, 256)
+BLOCK_SIZES_K = (64, 128, 256)
+GROUP_SIZES_M = (1, 16, 32, 64)
+NUM_WARPS = (4, 8)
+NUM_STAGES = (2, 3, 4, 5)
+# Shared memory one block may opt into on sm90 (H100, H200): 227 KiB.
+SM90_SHARED_MEMORY = 232448
+CONFIG_ORDER = (
+    "BLOCK_SIZE_M",
+    "BLOCK_SIZE_N",
+    "BLOCK_SIZE_K",
+    "GROUP_SIZE_M",
+    "num_warps",
+    "num_stages",
+)
+ConfigKey = tuple[int, int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """One rank's MoE layer: E experts, N intermediate (per shard), H hidden, top_k per token.
+
+    dtype "bf16" or "fp8_w8a8" (also "fp16"/"fp32"); block_shape [bn, bk] for block-scaled fp8.
+    """
+
+    E: int
+    N: int
+    H: int
+    top_k: int
+    dtype: str = "bf16"
+    block_shape: tuple[int, int] | None = None
+
+    @property
+    def operand_bytes(self) -> int:
+        """Bytes per GEMM operand element (fp8 1, bf16/fp16 2, fp32 4)."""
+        return {"fp8_w8a8": 1, "fp32": 4}.get(self.dtype, 2)
+
+    def as_dict(self) -> dict:
+        """JSON-ready fields."""
+        return {
+            "E": self.E,
+            "N": self.N,
+            "H": self.H,
+            "top_k": self.top_k,
+            "dtype": self.dtype,
+            "block_shape": list(self.block_shape) if self.block_shape else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> KernelShape:
+        """Inverse of as_dict."""
+        block = data.get("block_shape")
+        return cls(
+            E=data["E"],
+            N=data["N"],
+            H=data["H"],
+            top_k=data["top_k"],
+            dtype=data.get("dtype", "bf16"),
+            block_shape=tuple(block) if block else None,
+        )
+
+
+def config_key(config: dict) -> ConfigKey:
+    """A config entry as a hashable tuple, in the config files' field order."""
+    return tuple(int(config[name]) for name in CONFIG_ORDER)
+
+
+def config_of(key: ConfigKey) -> dict[str, int]:
+    """Inverse of config_key."""
+    return dict(zip(CONFIG_ORDER, key, strict=True))
+
+
+def compile_key(config: dict) -> tuple[int, int, int, int, int]:
+    """What the compiled kernel depends on: GROUP_SIZE_M is a run-time argument of ours."""
+    key = config_key(config)
+    return key[:3] + key[4:]
+
+
+def shared_memory_bytes(config: dict, operand_bytes: int) -> int:
+    """Shared memory of the pipelined A and B tiles: stages · (BM + BN) · BK · bytes."""
+    return (
+        config["num_stages"]
+        * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"])
+        * config["BLOCK_SIZE_K"]
+        * operand_bytes
+    )
+
+
+def block_sizes_m(M: int, E: int, top_k: int) -> tuple[int, ...]:
+    """BLOCK_SIZE_M values worth trying at batch size M: around the mean rows per expert.
+
+    Mean rows a = M·top_k/E; keep a/4 ≤ BM ≤ 4a (rounded to powers of two), at least 16.
+    A block much taller than an expert's rows multiplies padding; much shorter re-reads weights.
+    """
+    rows = M * top_k / E
+    low = max(16, 2 ** math.floor(math.log2(max(rows / 4, 1))))
+    high = max(16, 2 ** math.ceil(math.log2(max(rows * 4, 1))))
+    return tuple(b for b in BLOCK_SIZES_M if low <= b <= high)
+
+
+def is_viable(config: dict, shape: KernelShape, shared_memory: int = SM90_SHARED_MEMORY) -> bool:
+    """Whether a config can run well: fits shared memory, sane registers, block-scale tiles."""
+    bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
+    if shared_memory_bytes(config, shape.operand_bytes) > shared_memory:
+        return False
+    # float32 accumulators per thread: past 128 they spill, under 4 the warps sit idle
+    accumulators = bm * bn / (config["num_warps"] * 32)
+    if not 4 <= accumulators <= 128:
+        return False
+    # a K tile must stay inside one block of weight scales
+    return not (shape.dtype == "fp8_w8a8" and shape.block_shape and shape.block_shape[1] % bk)
+
+
+def search_space(
+    M: int, shape: KernelShape, shared_memory: int = SM90_SHARED_MEMORY
+) -> list[dict[str, int]]:
+    """Every viable config for batch size M: the engines' grid pruned by M and resources."""
+    configs = []
+    for bm in block_sizes_m(M, shape.E, shape.top_k):
+        for bn in BLOCK_SIZES_N:
+            for bk in BLOCK_SIZES_K:
+                for group in GROUP_SIZES_M:
+                    for warps in NUM_WARPS:
+                        for stages in NUM_STAGES:
+                            config = config_of((bm, bn, bk, group, warps, stages))
+                            if is_viable(config, shape, shared_memory):
+                                configs.append(config)
+    return configs
+
+
+@dataclass
+class Proposal:
+    """One round of a search: configs to time, and how many graph replays to time each with."""
+
+    configs: list[dict[str, int]]
+    replays: int
+
+
+@dataclass
+class SearchState:
+    """What a search has measured: µs per config (None: failed), and the errors."""
+
+    times: dict[ConfigKey, float | None] = field(default_factory=dict)
+    errors: dict[ConfigKey, str] = field(default_factory=dict)
+    final: dict[ConfigKey, float] = field(default_factory=dict)
+
+    def ranked(self, keys: Iterable[ConfigKey] | None = None) -> list[ConfigKey]:
+        """Measured configs fastest first (failures dropped)."""
+        pool = self.times if keys is None else keys
+        timed = [k for k in pool if self.times.get(k) is not None]
+        return sorted(timed, key=lambda k: self.times[k])
+
+
+class CoarseToFineSearch:
+    """Tiles first, then warps and stages around the best tiles, then GROUP_SIZE_M, then a final.
+
+    Round 1: every viable (BM, BN, BK) tile with one warps/stages guess and GROUP_SIZE_M 16.
+    Round 2: the best `keep_tiles` tiles with every viable warps × stages.
+    Round 3: the best `keep_configs` configs with every GROUP_SIZE_M.
+    Final: the best `finalists` re-timed with `final_replays` replays; the fastest wins.
+    """
+
+    def __init__(
+        self,
+        M: int,
+        shape: KernelShape,
+        *,
+        shared_memory: int = SM90_SHARED_MEMORY,
+        screen_replays: int = 5,
+        refine_replays: int = 10,
+        final_replays: int = 20,
+        keep_tiles: int = 4,
+        keep_configs: int = 2,
+        finalists: int = 3,
+    ):
+        self.M = M
+        self.space = search_space(M, shape, shared_memory)
+        self.state = SearchState()
+        self.screen_replays = screen_replays
+        self.refine_replays = refine_replays
+        self.final_replays = final_replays
+        self.keep_tiles = keep_tiles
+        self.keep_configs = keep_configs
+        self.finalists = finalists
+        self._rounds = iter((self._tiles, self._warps_and_stages, self._group_sizes, self._final))
+        self._final_round = False
+        self.done = False
+
+    def propose(self) -> Proposal | None:
+        """The next round's configs, or None when the search has finished."""
+        for make_round in self._rounds:
+            proposal = make_round()
+            if proposal.configs:
+                return proposal
+        self.done = True
+        return None
+
+    def observe(self, times: dict[ConfigKey, float | None], errors: dict[ConfigKey, str]) -> None:
+        """Record a round's times (µs per layer; None where the config failed)."""
+        self.state.errors.update(errors)
+        if self._final_round:
+            self.state.final.update({k: t for k, t in times.items() if t is not None})
+        else:
+            self.state.times.update(times)
+
+    @property
+    def best(self) -> tuple[dict[str, int], float] | None:
+        """(config, µs) of the fastest finalist; before the final round, of the best so far."""
+        if self.state.final:
+            key = min(self.state.final, key=self.state.final.get)
+            return config_of(key), self.state.final[key]
+        ranked = self.state.ranked()
+        return (config_of(ranked[0]), self.state.times[ranked[0]]) if ranked else None
+
+    @property
+    def candidates_tried(self) -> int:
+        """Distinct configs timed or attempted."""
+        return len(self.state.times)
+
+    def _tiles(self) -> Proposal:
+        tiles: dict[tuple[int, int, int], dict[str, int]] = {}
+        for config in self.space:
+            tile = (config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"])
+            if tile not in tiles or _guess_rank(config) < _guess_rank(tiles[tile]):
+                tiles[tile] = config
+        return Proposal(list(tiles.values()), self.screen_replays)
+
+    def _warps_and_stages(self) -> Proposal:
+        best_tiles = []
+        for key in self.state.ranked():
+            if key[:3] not in best_tiles:
+                best_tiles.append(key[:3])
+        best_tiles = best_tiles[: self.keep_tiles]
+        configs = [
+            c
+            for c in self.space
+            if config_key(c)[:3] in best_tiles
+            and c["GROUP_SIZE_M"] == 16
+            and config_key(c) not in self.state.times
+        ]
+        return Proposal(configs, self.refine_replays)
+
+    def _group_sizes(self) -> Proposal:
+        leaders = self.state.ranked()[: self.keep_configs]
+        configs = [
+            c
+            for c in self.space
+            if compile_key(c) in {k[:3] + k[4:] for k in leaders}
+            and config_key(c) not in self.state.times
+        ]
+        return Proposal(configs, self.refine_replays)
+
+    def _final(self) -> Proposal:
+        self._final_round = True
+        finalists = self.state.ranked()[: self.finalists]
+        return Proposal([config_of(k) for k in finalists], self.final_replays)
+
+
+class ExhaustiveSearch(CoarseToFineSearch):
+    """Every viable config timed with the screening replays, then the best re-timed as finalists."""
+
+    def __init__(self, M: int, shape: KernelShape, *, finalists: int = 8, **kwargs):
+        super().__init__(M, shape, finalists=finalists, **kwargs)
+        self._rounds = iter((self._everything, self._final))
+
+    def _everything(self) -> Proposal:
+        return Proposal(list(self.space), self.screen_replays)
+
+
+def _guess_rank(config: dict) -> tuple[int, int, bool]:
+    """Round 1's one guess per tile (lowest first): GROUP_SIZE_M 16, 3 stages (else 2, 4, 5),
+    8 warps for tiles of 8192 elements or more, else 4."""
+    warps = 8 if config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"] >= 8192 else 4
+    stages = config["num_stages"]
+    return (
+        abs(config["GROUP_SIZE_M"] - 16),
+        abs(stages - 3) * 2 + (stages < 3),
+        config["num_warps"] != warps,
+    )

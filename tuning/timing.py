@@ -1,0 +1,263 @@
+"""Timing one MoE layer on the GPU in CUDA graphs, and the hardware floor it is compared with.
+
+A candidate is timed as the whole layer (sort-and-pad, both GEMMs, activation, top-k sum):
+several layer calls captured in one CUDA graph, each call on its own inputs, fresh router
+choices copied in before every replay, the median over the replays divided by the calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tuning.fused_moe import FP8_DTYPE, fused_moe
+from tuning.reference import quantize_fp8_blocks, quantize_fp8_per_expert
+from tuning.search import KernelShape
+
+
+@dataclass(frozen=True)
+class DeviceCeilings:
+    """What the GPU sustains: copy bandwidth (TB/s, bytes read + written) and matrix rates."""
+
+    bandwidth_tbps: float
+    bf16_tflops: float
+    fp8_tflops: float | None
+
+    def matrix_tflops(self, dtype: str) -> float:
+        """TFLOP/s for the GEMMs of a layer in dtype (bf16's rate where fp8 was not measured)."""
+        if dtype == "fp8_w8a8" and self.fp8_tflops:
+            return self.fp8_tflops
+        return self.bf16_tflops
+
+
+@dataclass
+class MoEWeights:
+    """Random expert weights of one shape on the GPU, quantised as the shape's dtype says."""
+
+    w1: torch.Tensor
+    w2: torch.Tensor
+    w1_scale: torch.Tensor | None = None
+    w2_scale: torch.Tensor | None = None
+
+    def layer_kwargs(self, shape: KernelShape) -> dict:
+        """The keyword arguments fused_moe needs besides config and out."""
+        return {
+            "dtype": shape.dtype,
+            "block_shape": list(shape.block_shape) if shape.block_shape else None,
+            "w1_scale": self.w1_scale,
+            "w2_scale": self.w2_scale,
+        }
+
+
+def make_weights(shape: KernelShape, device: torch.device | str = "cuda", seed: int = 0):
+    """w1 [E, 2N, H], w2 [E, H, N] ~ N(0, 1/fan_in), in bf16 or fp8 with their scales."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    weights = []
+    for rows, cols in ((2 * shape.N, shape.H), (shape.H, shape.N)):
+        w = torch.randn(
+            (shape.E, rows, cols), generator=generator, device=device, dtype=torch.bfloat16
+        )
+        weights.append(w.mul_(cols**-0.5))
+    if shape.dtype != "fp8_w8a8":
+        dtype = activation_dtype(shape)
+        return MoEWeights(weights[0].to(dtype), weights[1].to(dtype))
+    quantized = []
+    for w in weights:
+        # one expert at a time keeps the float32 temporaries small
+        parts = [
+            quantize_fp8_blocks(w[e : e + 1], list(shape.block_shape))
+            if shape.block_shape
+            else quantize_fp8_per_expert(w[e : e + 1])
+            for e in range(shape.E)
+        ]
+        quantized.append((torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])))
+    (w1, s1), (w2, s2) = quantized
+    return MoEWeights(w1, w2, s1, s2)
+
+
+def activation_dtype(shape: KernelShape) -> torch.dtype:
+    """dtype of x and out: the GEMM dtype, except bf16 around fp8 GEMMs."""
+    return {"fp16": torch.float16, "fp32": torch.float32}.get(shape.dtype, torch.bfloat16)
+
+
+def random_routing(
+    sets: int, M: int, E: int, top_k: int, *, device="cuda", seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sets` independent router outputs: weights [sets, M, top_k] float32, ids int32.
+
+    Softmax over E random logits, top-k; every token picks top_k distinct experts.
+    """
+    generator = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn((sets, M, E), generator=generator, device=device)
+    weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+    return weights.contiguous(), ids.to(torch.int32).contiguous()
+
+
+class LayerTimer:
+    """Times MoE layer implementations at one shape and batch size M on the current GPU.
+
+    calls_per_graph layer calls per CUDA graph, each on its own x [M, H] bf16 and router choices;
+    before every replay the choices are refreshed from a pool of routing_sets random routings.
+    """
+
+    def __init__(
+        self,
+        shape: KernelShape,
+        weights: MoEWeights,
+        M: int,
+        *,
+        calls_per_graph: int = 4,
+        routing_sets: int = 32,
+        seed: int = 0,
+    ):
+        self.shape = shape
+        self.weights = weights
+        self.M = M
+        self.calls = calls_per_graph
+        generator = torch.Generator(device="cuda").manual_seed(seed)
+        self.x = [
+            torch.randn(
+                (M, shape.H), generator=generator, device="cuda", dtype=activation_dtype(shape)
+            )
+            for _ in range(self.calls)
+        ]
+        self.out = [torch.empty_like(x) for x in self.x]
+        self.pool_weights, self.pool_ids = random_routing(
+            max(routing_sets, self.calls), M, shape.E, shape.top_k, seed=seed + 1
+        )
+        self.topk_weights = [torch.empty_like(self.pool_weights[0]) for _ in range(self.calls)]
+        self.topk_ids = [torch.empty_like(self.pool_ids[0]) for _ in range(self.calls)]
+        self._graph_pool = torch.cuda.graph_pool_handle()
+        self._layer_kwargs = weights.layer_kwargs(shape)
+
+    def time_config(self, config: dict, replays: int) -> float:
+        """Median µs per layer call of fused_moe with config; raises if it cannot run."""
+        w1, w2, kwargs = self.weights.w1, self.weights.w2, self._layer_kwargs
+
+        def layer(j: int) -> None:
+            fused_moe(
+                self.x[j],
+                w1,
+                w2,
+                self.topk_weights[j],
+                self.topk_ids[j],
+                config=config,
+                out=self.out[j],
+                **kwargs,
+            )
+
+        return self.time_layer(layer, replays)
+
+    def time_grouped_mm(self, replays: int) -> float:
+        """Median µs per call of the torch._grouped_mm pipeline (bf16 only)."""
+        from tuning.reference import grouped_mm_moe
+
+        w1, w2 = self.weights.w1, self.weights.w2
+
+        def layer(j: int) -> None:
+            self.out[j].copy_(
+                grouped_mm_moe(self.x[j], w1, w2, self.topk_weights[j], self.topk_ids[j])
+            )
+
+        return self.time_layer(layer, replays)
+
+    def time_layer(self, layer: Callable[[int], None], replays: int) -> float:
+        """Median µs per call of layer(j), j the call slot, over `replays` graph replays."""
+        self._refresh(0)
+        for j in range(self.calls):
+            layer(j)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            for j in range(self.calls):
+                layer(j)
+        graph.replay()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        for i in range(replays):
+            self._refresh(i + 1)
+            starts[i].record()
+            graph.replay()
+            ends[i].record()
+        torch.cuda.synchronize()
+        elapsed_ms = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+        del graph
+        return float(np.median(elapsed_ms)) * 1000.0 / self.calls
+
+    def _refresh(self, replay: int) -> None:
+        sets = self.pool_ids.shape[0]
+        for j in range(self.calls):
+            source = (replay * self.calls + j) % sets
+            self.topk_ids[j].copy_(self.pool_ids[source])
+            self.topk_weights[j].copy_(self.pool_weights[source])
+
+
+def measure_ceilings(copy_bytes: int = 2 << 30, matrix_size: int = 8192) -> DeviceCeilings:
+    """Copy bandwidth (TB/s) over a copy_bytes device-to-device copy, and the bf16 and fp8
+    matrix rates (TFLOP/s) of a matrix_size³ product on random data; medians of 10 after warm-up.
+    fp8_tflops is None where torch._scaled_mm does not run."""
+    copy_ms = _copy_ms(copy_bytes)
+    a = torch.randn((matrix_size, matrix_size), device="cuda", dtype=torch.bfloat16)
+    b = torch.randn((matrix_size, matrix_size), device="cuda", dtype=torch.bfloat16)
+    flops = 2 * matrix_size**3
+    bf16_ms = _median_ms(lambda: a @ b)
+    fp8_tflops = None
+    try:
+        a8, b8 = a.to(FP8_DTYPE), b.to(FP8_DTYPE).t()
+        one = torch.ones((), device="cuda")
+        fp8_ms = _median_ms(
+            lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        )
+        fp8_tflops = flops / fp8_ms / 1e9
+    except (RuntimeError, TypeError):
+        fp8_tflops = None
+    return DeviceCeilings(
+        bandwidth_tbps=2 * copy_bytes / copy_ms / 1e9,
+        bf16_tflops=flops / bf16_ms / 1e9,
+        fp8_tflops=fp8_tflops,
+    )
+
+
+def moe_floor_us(shape: KernelShape, M: int, ceilings: DeviceCeilings) -> float:
+    """The layer's floor in µs: max(bytes / bandwidth, FLOPs / matrix rate).
+
+    bytes: the weights of the experts routed to (expected count under uniform routing,
+    E·(1 − (1 − top_k/E)^M)) with their scales, x and out (bf16), router ids and weights.
+    FLOPs: 2·M·top_k·(2N·H + H·N).
+    """
+    E, N, H, k = shape.E, shape.N, shape.H, shape.top_k
+    experts = E * (1 - (1 - k / E) ** M)
+    expert_bytes = 3 * N * H * shape.operand_bytes
+    if shape.dtype == "fp8_w8a8" and shape.block_shape:
+        bn, bk = shape.block_shape
+        expert_bytes += 4 * (-(-2 * N // bn) * -(-H // bk) + -(-H // bn) * -(-N // bk))
+    elif shape.dtype == "fp8_w8a8":
+        expert_bytes += 8
+    activation_bytes = 2 * M * H * 2 + M * k * 8
+    total_bytes = experts * expert_bytes + activation_bytes
+    flops = 2 * M * k * 3 * N * H
+    memory_s = total_bytes / (ceilings.bandwidth_tbps * 1e12)
+    matrix_s = flops / (ceilings.matrix_tflops(shape.dtype) * 1e12)
+    return max(memory_s, matrix_s) * 1e6
+
+
+def _copy_ms(copy_bytes: int) -> float:
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    return _median_ms(lambda: dst.copy_(src))
+
+
+def _median_ms(run: Callable[[], object], warmup: int = 3, repeats: int = 10) -> float:
+    for _ in range(warmup):
+        run()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for s, e in zip(starts, ends, strict=True):
+        s.record()
+        run()
+        e.record()
+    torch.cuda.synchronize()
+    return float(np.median([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]))

@@ -1,0 +1,644 @@
+"""Tune the fused-MoE kernel for a model's MoE shape on this GPU; write the engine's config file.
+
+Library: `tune(shape, batch_sizes, ...) -> TuneResult`, or a `Tuner` kept open over several
+tunes of one shape. Several GPUs: run one process per GPU (CUDA_VISIBLE_DEVICES) on a share of
+the batch sizes, each with its own log, then `merge_results` and `write_config_file`
+(CLI: `--merge LOG ...`). The CLI resumes from its log: finished batch sizes are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tuning.config_files import (
+    TUNED_BATCH_SIZES,
+    config_file_name,
+    config_file_relpath,
+    dumps_config,
+)
+from tuning.search import (
+    CoarseToFineSearch,
+    ExhaustiveSearch,
+    KernelShape,
+    compile_key,
+    config_key,
+    config_of,
+)
+
+ProgressCallback = Callable[[int, int, str], None]
+# Batch sizes searched side by side: their compiles share one parallel batch.
+CHUNK_BATCH_SIZES = 6
+FINAL_REPLAYS = 20
+COMPILE_TIMEOUT_S = 300
+
+
+@dataclass
+class BatchResult:
+    """The outcome at one batch size M: the chosen config and the layer's µs with it."""
+
+    M: int
+    config: dict[str, int]
+    tuned_us: float
+    default_us: float | None
+    floor_us: float
+    candidates_tried: int
+    failures: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BatchResult:
+        """Inverse of dataclasses.asdict."""
+        return cls(**data)
+
+
+@dataclass
+class TuneResult:
+    """A tune of one shape on one GPU: per batch size config and µs (tuned, default, floor).
+
+    ceilings: the measured bandwidth_tbps, bf16_tflops and fp8_tflops behind floor_us.
+    search: "coarse-to-fine" or "exhaustive". wall_s: seconds the tune took.
+    """
+
+    shape: KernelShape
+    device_name: str
+    triton_version: str
+    search: str
+    ceilings: dict
+    batches: dict[int, BatchResult] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def entries(self) -> dict[int, dict]:
+        """{M: config} as the engines' config files hold them, M ascending."""
+        return {m: dict(self.batches[m].config) for m in sorted(self.batches)}
+
+    def speedup_geomean(self) -> float | None:
+        """Geometric mean over batch sizes of default µs / tuned µs."""
+        ratios = [b.default_us / b.tuned_us for b in self.batches.values() if b.default_us]
+        return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (the tuning log)."""
+        return {
+            "shape": self.shape.as_dict(),
+            "device_name": self.device_name,
+            "triton_version": self.triton_version,
+            "search": self.search,
+            "ceilings": self.ceilings,
+            "wall_s": self.wall_s,
+            "batches": {str(m): vars(self.batches[m]) for m in sorted(self.batches)},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TuneResult:
+        """Inverse of to_dict."""
+        return cls(
+            shape=KernelShape.from_dict(data["shape"]),
+            device_name=data["device_name"],
+            triton_version=data["triton_version"],
+            search=data["search"],
+            ceilings=data["ceilings"],
+            batches={int(m): BatchResult.from_dict(b) for m, b in data["batches"].items()},
+            wall_s=data.get("wall_s", 0.0),
+        )
+
+    def same_run_as(self, other: TuneResult) -> bool:
+        """Whether two results tune the same shape on the same GPU model and Triton."""
+        return (self.shape, self.device_name, self.triton_version, self.search) == (
+            other.shape,
+            other.device_name,
+            other.triton_version,
+            other.search,
+        )
+
+
+def merge_results(results: Iterable[TuneResult]) -> TuneResult:
+    """One result from parts tuned side by side (e.g. one process per GPU, disjoint M).
+
+    The parts must agree on shape, device name, Triton version and search; a batch size
+    in several parts keeps the last. wall_s is the longest part's (they ran in parallel).
+    """
+    results = list(results)
+    if not results:
+        raise ValueError("nothing to merge")
+    first = results[0]
+    for other in results[1:]:
+        if not first.same_run_as(other):
+            raise ValueError("results disagree on shape, device, Triton version or search")
+    merged = replace(first, batches={}, wall_s=max(r.wall_s for r in results))
+    for result in results:
+        merged.batches.update(result.batches)
+    return merged
+
+
+def config_path(result: TuneResult, out_dir: str | Path, style: str = "vllm") -> Path:
+    """Where the engine's config file for this result goes under out_dir (SGLang: its folder)."""
+    shape = result.shape
+    name = config_file_name(
+        shape.E,
+        shape.N,
+        result.device_name,
+        "fp8_w8a8" if shape.dtype == "fp8_w8a8" else None,
+        shape.block_shape,
+        style=style,
+    )
+    return Path(out_dir) / config_file_relpath(name, style, result.triton_version)
+
+
+def write_config_file(result: TuneResult, out_dir: str | Path, style: str = "vllm") -> Path:
+    """Write the engine's config file (exact name and content); returns its path.
+
+    vLLM's files record triton_version inside; SGLang's name it by their folder instead.
+    """
+    path = config_path(result, out_dir, style)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    version = result.triton_version if style == "vllm" else None
+    path.write_text(dumps_config(result.entries(), version))
+    return path
+
+
+class DeviceMeasurements:
+    """The GPU side of a tune: weights, measured ceilings, compile workers, layer timers.
+
+    compile_workers processes compile candidate kernels in parallel ahead of timing (0: compile
+    in this process as each is first timed).
+    """
+
+    def __init__(
+        self,
+        shape: KernelShape,
+        *,
+        device_index: int = 0,
+        compile_workers: int | None = None,
+        ceilings: dict | None = None,
+    ):
+        import torch
+        import triton
+
+        from tuning import timing
+
+        self.shape = shape
+        torch.cuda.set_device(device_index)
+        self.device_name = torch.cuda.get_device_name(device_index)
+        self.triton_version = triton.__version__
+        self.weights = timing.make_weights(shape)
+        self.ceilings = ceilings if ceilings is not None else vars(timing.measure_ceilings())
+        workers = _default_workers() if compile_workers is None else compile_workers
+        self._pool = _CompilePool(shape, device_index, workers) if workers > 0 else None
+        self.compile_s = 0.0
+
+    def compile(self, configs: list[dict]) -> list[str | None]:
+        """Compile configs ahead of timing; per config None or why it failed."""
+        if self._pool is None:
+            return [None] * len(configs)
+        started = time.monotonic()
+        errors = self._pool.compile(configs)
+        self.compile_s += time.monotonic() - started
+        return errors
+
+    def timer(self, M: int):
+        """A tuning.timing.LayerTimer at batch size M (time_config(config, replays) -> µs)."""
+        from tuning.timing import LayerTimer
+
+        return LayerTimer(self.shape, self.weights, M)
+
+    def floor_us(self, M: int) -> float:
+        """The layer's floor at batch size M, from the measured ceilings (µs)."""
+        from tuning.timing import DeviceCeilings, moe_floor_us
+
+        return moe_floor_us(self.shape, M, DeviceCeilings(**self.ceilings))
+
+    def close(self) -> None:
+        """Stop the compile workers."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+class Tuner:
+    """Tunes one shape; measurements default to DeviceMeasurements on GPU device_index.
+
+    Use as a context manager, or call close().
+    """
+
+    def __init__(self, shape: KernelShape, measurements=None, **device_kwargs):
+        self.shape = shape
+        self.measurements = measurements or DeviceMeasurements(shape, **device_kwargs)
+        self._compile_errors: dict[tuple, str | None] = {}
+
+    def __enter__(self) -> Tuner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the measurements (compile workers)."""
+        self.measurements.close()
+
+    def tune(
+        self,
+        batch_sizes: Iterable[int] = TUNED_BATCH_SIZES,
+        *,
+        exhaustive: bool = False,
+        progress_callback: ProgressCallback | None = None,
+        resume_path: str | Path | None = None,
+    ) -> TuneResult:
+        """Search each batch size M; per M the config, tuned/default/floor µs, tries, failures.
+
+        resume_path: a tuning log; batch sizes it already holds (same shape, GPU, Triton and
+        search) are kept, and the log is rewritten after every chunk of batch sizes.
+        """
+        started = time.monotonic()
+        batch_sizes = sorted(set(batch_sizes))
+        result = TuneResult(
+            shape=self.shape,
+            device_name=self.measurements.device_name,
+            triton_version=self.measurements.triton_version,
+            search="exhaustive" if exhaustive else "coarse-to-fine",
+            ceilings=self.measurements.ceilings,
+        )
+        earlier_wall = 0.0
+        previous = _load_log(resume_path)
+        if previous is not None and previous.same_run_as(result):
+            result.batches = {m: b for m, b in previous.batches.items() if m in batch_sizes}
+            earlier_wall = previous.wall_s
+        remaining = [m for m in batch_sizes if m not in result.batches]
+        search_class = ExhaustiveSearch if exhaustive else CoarseToFineSearch
+        rounds = 2 if exhaustive else 4
+        total = len(remaining) * (rounds + 1)
+        step = 0
+
+        def report(message: str) -> None:
+            nonlocal step
+            step += 1
+            if progress_callback is not None:
+                progress_callback(min(step, total), total, message)
+
+        for first in range(0, len(remaining), CHUNK_BATCH_SIZES):
+            chunk = remaining[first : first + CHUNK_BATCH_SIZES]
+            timers = {m: self.measurements.timer(m) for m in chunk}
+            searches = {m: search_class(m, self.shape) for m in chunk}
+            while True:
+                proposals = {m: s.propose() for m, s in searches.items() if not s.done}
+                proposals = {m: p for m, p in proposals.items() if p is not None}
+                if not proposals:
+                    break
+                self._compile(c for p in proposals.values() for c in p.configs)
+                for m, proposal in proposals.items():
+                    times, errors = self._time_configs(
+                        timers[m], proposal.configs, proposal.replays
+                    )
+                    searches[m].observe(times, errors)
+                    report(f"M={m}: timed {len(proposal.configs)} configs")
+            for m in chunk:
+                result.batches[m] = self._finish(m, searches[m], timers[m])
+                report(f"M={m}: {result.batches[m].tuned_us:.1f} µs")
+            del timers
+            result.wall_s = earlier_wall + time.monotonic() - started
+            _save_log(resume_path, result)
+        result.wall_s = earlier_wall + time.monotonic() - started
+        if progress_callback is not None:
+            progress_callback(total, total, "done")
+        return result
+
+    def time_configs(self, M: int, configs: list[dict], replays: int = FINAL_REPLAYS):
+        """µs per layer of each config at batch size M (None where it fails), same routing."""
+        self._compile(configs)
+        times, _ = self._time_configs(self.measurements.timer(M), configs, replays)
+        return [times[config_key(c)] for c in configs]
+
+    def _finish(self, M, search, timer) -> BatchResult:
+        from tuning.fused_moe import default_config
+
+        shape = self.shape
+        block_shape = list(shape.block_shape) if shape.block_shape else None
+        default = default_config(
+            M, shape.E, shape.N, shape.H, shape.top_k, shape.dtype, block_shape
+        )
+        default_times, _ = self._time_configs(timer, [default], FINAL_REPLAYS)
+        default_us = default_times[config_key(default)]
+        best = search.best
+        if best is None or (default_us is not None and default_us < best[1]):
+            if default_us is None:
+                raise RuntimeError(f"M={M}: no config ran, not even the default")
+            best = (default, default_us)
+        failures = [
+            {"config": config_of(k), "error": e} for k, e in sorted(search.state.errors.items())
+        ]
+        return BatchResult(
+            M=M,
+            config=best[0],
+            tuned_us=round(best[1], 2),
+            default_us=None if default_us is None else round(default_us, 2),
+            floor_us=round(self.measurements.floor_us(M), 2),
+            candidates_tried=search.candidates_tried,
+            failures=failures,
+        )
+
+    def _compile(self, configs: Iterable[dict]) -> None:
+        todo = {}
+        for config in configs:
+            key = compile_key(config)
+            if key not in self._compile_errors and key not in todo:
+                todo[key] = config
+        if todo:
+            errors = self.measurements.compile(list(todo.values()))
+            self._compile_errors.update(zip(todo, errors, strict=True))
+
+    def _time_configs(self, timer, configs, replays):
+        times, errors = {}, {}
+        for config in configs:
+            key = config_key(config)
+            error = self._compile_errors.get(compile_key(config))
+            if error is None:
+                try:
+                    times[key] = timer.time_config(config, replays)
+                    continue
+                except Exception as exc:
+                    error = _one_line(exc)
+            times[key] = None
+            errors[key] = error
+        return times, errors
+
+
+def tune(
+    shape: KernelShape,
+    batch_sizes: Iterable[int] = TUNED_BATCH_SIZES,
+    *,
+    device_index: int = 0,
+    exhaustive: bool = False,
+    progress_callback: ProgressCallback | None = None,
+    resume_path: str | Path | None = None,
+    compile_workers: int | None = None,
+) -> TuneResult:
+    """Tune shape at batch_sizes on GPU device_index (see Tuner.tune)."""
+    with Tuner(shape, device_index=device_index, compile_workers=compile_workers) as tuner:
+        return tuner.tune(
+            batch_sizes,
+            exhaustive=exhaustive,
+            progress_callback=progress_callback,
+            resume_path=resume_path,
+        )
+
+
+class _CompilePool:
+    """Worker processes that compile candidates into Triton's on-disk cache, in parallel."""
+
+    def __init__(self, shape: KernelShape, device_index: int, workers: int):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self._executor = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start_compile_worker,
+            initargs=(shape.as_dict(), device_index),
+        )
+
+    def compile(self, configs: list[dict]) -> list[str | None]:
+        """Per config None, or why it failed to compile or launch."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+        from concurrent.futures.process import BrokenProcessPool
+
+        # biggest tiles and deepest pipelines compile slowest: start them first
+        order = sorted(
+            range(len(configs)),
+            key=lambda i: (
+                -configs[i]["num_stages"]
+                * configs[i]["BLOCK_SIZE_M"]
+                * configs[i]["BLOCK_SIZE_N"]
+                * configs[i]["BLOCK_SIZE_K"]
+            ),
+        )
+        futures = {i: self._executor.submit(_compile_in_worker, configs[i]) for i in order}
+        errors: list[str | None] = []
+        for i in range(len(configs)):
+            try:
+                errors.append(futures[i].result(timeout=COMPILE_TIMEOUT_S))
+            except FutureTimeout:
+                errors.append(f"compile took over {COMPILE_TIMEOUT_S} s")
+            except BrokenProcessPool:
+                # the timing process compiles whatever the workers could not
+                errors.append(None)
+        return errors
+
+    def close(self) -> None:
+        self._executor.shutdown(cancel_futures=True)
+
+
+_WORKER: dict = {}
+
+
+def _start_compile_worker(shape_data: dict, device_index: int) -> None:
+    import torch
+
+    from tuning import timing
+
+    torch.cuda.set_device(device_index)
+    shape = KernelShape.from_dict(shape_data)
+    # the kernels specialise on strides, which do not depend on E: top_k experts will do
+    small = replace(shape, E=shape.top_k)
+    weights = timing.make_weights(small)
+    topk_weights, topk_ids = timing.random_routing(1, 16, small.E, small.top_k)
+    x = torch.randn((16, shape.H), device="cuda", dtype=timing.activation_dtype(shape))
+    _WORKER.update(
+        shape=small,
+        weights=weights,
+        x=x,
+        out=torch.empty_like(x),
+        topk_weights=topk_weights[0],
+        topk_ids=topk_ids[0],
+    )
+
+
+def _compile_in_worker(config: dict) -> str | None:
+    import torch
+
+    from tuning.fused_moe import fused_moe
+
+    w = _WORKER
+    try:
+        fused_moe(
+            w["x"],
+            w["weights"].w1,
+            w["weights"].w2,
+            w["topk_weights"],
+            w["topk_ids"],
+            config=config,
+            out=w["out"],
+            **w["weights"].layer_kwargs(w["shape"]),
+        )
+        torch.cuda.synchronize()
+    except Exception as exc:
+        return _one_line(exc)
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _default_workers() -> int:
+    return max(1, min(16, (os.cpu_count() or 2) - 1))
+
+
+def _load_log(path: str | Path | None) -> TuneResult | None:
+    if path is None or not Path(path).exists():
+        return None
+    return TuneResult.from_dict(json.loads(Path(path).read_text()))
+
+
+def _save_log(path: str | Path | None, result: TuneResult) -> None:
+    if path is None:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    partial.replace(path)
+
+
+def progress_bar(stream=sys.stderr, width: int = 30) -> ProgressCallback:
+    """A progress callback drawing `[#####.....] 12/40 1m05s M=64: …` on one line of stream."""
+    started = time.monotonic()
+
+    def draw(done: int, total: int, message: str) -> None:
+        filled = width * done // max(total, 1)
+        elapsed = int(time.monotonic() - started)
+        bar = "#" * filled + "." * (width - filled)
+        stream.write(f"\r[{bar}] {done}/{total} {elapsed // 60}m{elapsed % 60:02d}s {message:<40}")
+        if done >= total:
+            stream.write("\n")
+        stream.flush()
+
+    return draw
+
+
+def shape_from_args(args: argparse.Namespace) -> KernelShape:
+    """The KernelShape of --model-config, --tp, --ep, --dtype and --block-shape."""
+    from tuning.moe_params import moe_params
+
+    params = moe_params(Path(args.model_config).read_text(), tp=args.tp, ep=args.ep)
+    dtype = args.dtype or ("fp8_w8a8" if params.quantization == "fp8" else "bf16")
+    block_shape = None
+    if dtype == "fp8_w8a8":
+        block_shape = parse_ints(args.block_shape) if args.block_shape else params.block_shape
+    return KernelShape(
+        E=params.experts_per_rank,
+        N=params.N,
+        H=params.hidden_size,
+        top_k=params.topk,
+        dtype=dtype,
+        block_shape=tuple(block_shape) if block_shape else None,
+    )
+
+
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model-config, --tp, --ep, --dtype, --block-shape, --batch-sizes, --device."""
+    parser.add_argument("--model-config", required=True, help="the model's HF config.json")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (default 1)")
+    parser.add_argument(
+        "--dtype",
+        choices=("bf16", "fp8_w8a8"),
+        help="kernel dtype (default: fp8_w8a8 for fp8 checkpoints, else bf16)",
+    )
+    parser.add_argument(
+        "--block-shape", help="fp8 weight-scale block, e.g. 128,128 (default: the model's)"
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        help="comma-separated batch sizes (default: the 18 the engines tune)",
+    )
+    parser.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `python -m tuning tune`."""
+    add_shape_arguments(parser)
+    parser.add_argument("--out", required=True, help="folder for the config file and the log")
+    parser.add_argument("--style", choices=("vllm", "sglang"), default="vllm")
+    parser.add_argument(
+        "--exhaustive", action="store_true", help="time every viable config (slow; a check)"
+    )
+    parser.add_argument(
+        "--compile-workers", type=int, help="parallel compile processes (default: CPUs − 1)"
+    )
+    parser.add_argument("--log", help="tuning log to resume from and write (default: in --out)")
+    parser.add_argument("--fresh", action="store_true", help="ignore an existing log")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="LOG",
+        help="write the config file from these logs (tuned side by side) instead of tuning",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tune (or merge logs), write the config file, print its path and a summary."""
+    if args.merge:
+        result = merge_results(_load_log(p) for p in args.merge)
+        print(write_config_file(result, args.out, args.style))
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: tuning needs a CUDA GPU", file=sys.stderr)
+        return 1
+    try:
+        shape = shape_from_args(args)
+        batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    name = config_file_name(
+        shape.E,
+        shape.N,
+        torch.cuda.get_device_name(args.device),
+        "fp8_w8a8" if shape.dtype == "fp8_w8a8" else None,
+        shape.block_shape,
+        style=args.style,
+    )
+    log = Path(args.log) if args.log else Path(args.out) / f"{name}.tuning-log.json"
+    if args.fresh and log.exists():
+        log.unlink()
+    result = tune(
+        shape,
+        batch_sizes,
+        device_index=args.device,
+        exhaustive=args.exhaustive,
+        progress_callback=progress_bar(),
+        resume_path=log,
+        compile_workers=args.compile_workers,
+    )
+    path = write_config_file(result, args.out, args.style)
+    print(path)
+    for m, b in sorted(result.batches.items()):
+        print(
+            f"M={m:>5}  tuned {b.tuned_us:9.1f} µs  default {b.default_us or float('nan'):9.1f}"
+            f" µs  floor {b.floor_us:9.1f} µs  tried {b.candidates_tried}"
+        )
+    speedup = result.speedup_geomean()
+    if speedup is not None:
+        print(f"tuned/default geomean speedup {speedup:.2f}x")
+    print(f"wall {result.wall_s:.0f} s")
+    return 0
+
+
+def parse_ints(text: str) -> tuple[int, ...]:
+    """ "1,2,4" → (1, 2, 4); ValueError unless every value is a positive integer."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"expected positive integers, got {text!r}")
+    return values
