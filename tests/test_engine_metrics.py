@@ -1,0 +1,143 @@
+import asyncio
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from workers import engine_metrics, loadgen
+from workers.engine_metrics import EngineMetricsError, EngineMetricsSampler
+from workers.standin import StandinConfig, start_standin_in_thread
+
+FIXTURES = Path(__file__).parent / "fixtures" / "engine_metrics"
+
+
+def _fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def _sglang_server_info(name: str) -> dict:
+    line = (FIXTURES / name).read_text().splitlines()[0]
+    # SGLang's benchmark writes a bare Infinity for request_rate; json accepts it.
+    return json.loads(line)["server_info"]
+
+
+def test_it_reads_sglangs_running_queued_and_token_usage():
+    parsed = engine_metrics.parse_engine_metrics(_fixture("sglang_single.txt"))
+    assert parsed == {"engine": "sglang", "running": 64.0, "queued": 448.0, "kv_cache_usage": 0.41}
+
+
+def test_it_sums_data_parallel_ranks_and_counts_tp_copies_once():
+    parsed = engine_metrics.parse_engine_metrics(_fixture("sglang_dp_all_schedulers.txt"))
+    # dp_rank 0 (100 running, seen on tp_rank 0 and 1) + dp_rank 1 (90, on tp_rank 2 and 3)
+    assert parsed["running"] == 190.0
+    assert parsed["queued"] == 12.0
+    assert parsed["kv_cache_usage"] == pytest.approx(0.4)
+
+
+def test_it_reads_vllm_v1_summed_over_engines():
+    parsed = engine_metrics.parse_engine_metrics(_fixture("vllm_v1.txt"))
+    # waiting_by_reason repeats the waiting count and must not be added
+    assert parsed == {
+        "engine": "vllm",
+        "running": 50.0,
+        "queued": 142.0,
+        "kv_cache_usage": pytest.approx(0.8),
+    }
+
+
+def test_it_reads_vllm_v0_gpu_cache_usage():
+    parsed = engine_metrics.parse_engine_metrics(_fixture("vllm_v0.txt"))
+    assert parsed == {"engine": "vllm", "running": 12.0, "queued": 3.0, "kv_cache_usage": 0.25}
+
+
+def test_it_prefers_the_aggregate_over_priority_buckets():
+    text = (
+        'sglang:num_running_reqs{pp_rank="0",priority="",tp_rank="0"} 14.0\n'
+        'sglang:num_running_reqs{pp_rank="0",priority="-1",tp_rank="0"} 4.0\n'
+        'sglang:num_running_reqs{pp_rank="0",priority="0",tp_rank="0"} 10.0\n'
+    )
+    assert engine_metrics.parse_engine_metrics(text)["running"] == 14.0
+
+
+def test_it_leaves_out_what_the_engine_does_not_export():
+    parsed = engine_metrics.parse_engine_metrics('vllm:num_requests_running{engine="0"} 3\n')
+    assert parsed == {"engine": "vllm", "running": 3.0, "queued": None, "kv_cache_usage": None}
+    assert engine_metrics.parse_engine_metrics("process_cpu_seconds_total 1.5\n")["engine"] is None
+
+
+def test_it_rejects_text_that_is_not_prometheus():
+    with pytest.raises(EngineMetricsError):
+        engine_metrics.parse_engine_metrics("<html>\n<body>502 Bad Gateway</body>\n")
+
+
+def test_it_reads_no_max_running_requests_when_sglang_leaves_it_unset():
+    agg = _sglang_server_info("TonyLi15-sglang-benchmark__agg_n50_in128_out64_c8.jsonl")
+    assert engine_metrics.server_info_limits(agg) == {
+        "max_running_requests": None,
+        "max_total_num_tokens": 2301720,
+    }
+    pd = _sglang_server_info("TonyLi15-sglang-benchmark__pd_1p2d_n100_in512_out128_c64.jsonl")
+    # the decode side's KV pool, not the prefill side's
+    assert engine_metrics.server_info_limits(pd) == {
+        "max_running_requests": None,
+        "max_total_num_tokens": 1893103,
+    }
+
+
+def test_it_finds_max_running_requests_in_the_schedulers_state():
+    info = _sglang_server_info("TonyLi15-sglang-benchmark__agg_n50_in128_out64_c8.jsonl")
+    info["internal_states"][0]["max_running_requests"] = 256
+    assert engine_metrics.server_info_limits(info)["max_running_requests"] == 256
+
+
+@pytest.fixture(scope="module")
+def standin():
+    url, stop = start_standin_in_thread(
+        StandinConfig(max_running_requests=4, step_ms_base=5.0, step_ms_per_req=0.0)
+    )
+    yield url
+    stop()
+
+
+def test_it_reads_server_info_where_the_engine_has_it(standin):
+    info = engine_metrics.read_server_info(standin)
+    assert info["available"] is True
+    assert info["max_running_requests"] == 4
+    # an engine without the endpoint (vLLM) answers 404
+    missing = engine_metrics.read_server_info(standin + "/no-such-engine")
+    assert missing == {
+        "available": False,
+        "max_running_requests": None,
+        "max_total_num_tokens": None,
+        "version": None,
+    }
+
+
+def test_the_sampler_sees_requests_queued_behind_max_running_requests(standin):
+    level = loadgen.LevelConfig(concurrency=12, input_len=8, output_len=30, num_prompts=24)
+    client = loadgen.ClientConfig(base_url=standin, model="standin")
+    with EngineMetricsSampler(standin, interval_s=0.05) as sampler:
+        sampler.level_concurrency = 12
+        asyncio.run(loadgen.run_level(client, level))
+    assert sampler.engine == "standin"
+    loaded = [s for s in sampler.samples if s["running"]]
+    assert loaded, sampler.samples
+    assert max(s["running"] for s in loaded) == 4
+    assert max(s["queued"] for s in loaded) > 0
+    assert all(s["level_concurrency"] == 12 for s in sampler.samples)
+    assert all(0 <= s["kv_cache_usage"] <= 1 for s in sampler.samples)
+    assert all(isinstance(s["ts"], float) for s in sampler.samples)
+
+
+def test_the_sampler_records_no_sample_when_the_engine_is_down():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sampler = EngineMetricsSampler(f"http://127.0.0.1:{port}", interval_s=0.05, timeout_s=0.5)
+    sampler.start()
+    threading.Event().wait(0.2)
+    samples = sampler.stop()
+    assert samples == []
+    assert sampler.errors["ConnectError"] >= 2
