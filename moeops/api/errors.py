@@ -1,0 +1,174 @@
+"""Request-body parsing and error responses: a 4xx whose message names the field, never a trace."""
+
+import json
+import logging
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ValidationError as ModelValidationError
+from django.http import Http404
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
+
+from moeops.fleet.services import AlreadyExists
+from moeops.kernels.services import TuningConflict
+from moeops.runs.importers import ResultFileError
+from moeops.runs.services import RunConflict
+from tuning.moe_params import MoEConfigError
+from workers.topology import TopologyParseError
+
+log = logging.getLogger(__name__)
+
+
+class BodyError(ValueError):
+    """The body is not UTF-8 JSON; the message says where."""
+
+
+def _first_undecodable(obj, path="body"):
+    """Path of the first string or key holding bytes that were not UTF-8, or None."""
+    if isinstance(obj, str):
+        return path if any("\udc80" <= ch <= "\udcff" for ch in obj) else None
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if _first_undecodable(key) is not None:
+                return f"{path} (a key)"
+            found = _first_undecodable(value, f"{path}.{key}")
+            if found:
+                return found
+    if isinstance(obj, list):
+        for i, value in enumerate(obj):
+            found = _first_undecodable(value, f"{path}.{i}")
+            if found:
+                return found
+    return None
+
+
+class StrictUtf8Parser(Parser):
+    """JSON bodies must be UTF-8; a bad byte inside a string is reported by its field."""
+
+    def parse_body(self, request):
+        raw = request.body
+        try:
+            body = raw.decode("utf-8")
+            clean = True
+        except UnicodeDecodeError:
+            # Keep the bad bytes as lone surrogates so the field holding them can be named.
+            body = raw.decode("utf-8", errors="surrogateescape")
+            clean = False
+        try:
+            data = json.loads(body)
+        except RecursionError:
+            raise BodyError("request body is nested too deeply") from None
+        except json.JSONDecodeError as exc:
+            if not clean:
+                raise BodyError("request body is not valid UTF-8") from None
+            raise BodyError(
+                f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            ) from None
+        if not clean:
+            where = _first_undecodable(data) or "body"
+            raise BodyError(f"{where}: not valid UTF-8")
+        return data
+
+
+def _field_name(loc):
+    # ninja prefixes locations with the parameter source ("body", "query", "path") and name.
+    parts = [str(p) for p in loc]
+    if len(parts) > 2 and parts[0] == "body":
+        parts = parts[2:]
+    elif len(parts) > 1 and parts[0] in ("query", "path"):
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+def validation_error(request, exc, api):
+    """422 with ninja's `detail` list, plus one line naming the first bad field."""
+    errors = [{key: err[key] for key in ("type", "loc", "msg") if key in err} for err in exc.errors]
+    first = errors[0] if errors else {"loc": [], "msg": "invalid input"}
+    message = f"{_field_name(first.get('loc', []))}: {first.get('msg')}"
+    return api.create_response(request, {"detail": errors, "message": message}, status=422)
+
+
+def http_error(request, exc, api):
+    cause = exc.__cause__
+    message = str(cause) if isinstance(cause, BodyError) else str(exc)
+    return api.create_response(request, {"detail": message}, status=exc.status_code)
+
+
+def authentication_error(request, exc, api):
+    response = api.create_response(
+        request,
+        {"detail": "authentication required: send Authorization: Bearer <token>"},
+        status=401,
+    )
+    response["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def not_found(request, exc, api):
+    return api.create_response(request, {"detail": str(exc) or "not found"}, status=404)
+
+
+def too_big(request, exc, api):
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return api.create_response(
+        request,
+        {"detail": f"request body is larger than {limit} bytes (MOEOPS_MAX_BODY_BYTES)"},
+        status=413,
+    )
+
+
+def conflict(request, exc, api):
+    return api.create_response(request, {"detail": str(exc)}, status=409)
+
+
+def bad_model_fields(request, exc, api):
+    """A service's ValidationError: {field: [messages]} → one line per field."""
+    if hasattr(exc, "message_dict"):
+        lines = [f"{field}: {'; '.join(msgs)}" for field, msgs in exc.message_dict.items()]
+    else:
+        lines = exc.messages
+    return api.create_response(request, {"detail": "; ".join(lines)}, status=400)
+
+
+def bad_config(request, exc, api):
+    return api.create_response(request, {"detail": f"config: {exc}"}, status=400)
+
+
+def bad_topology(request, exc, api):
+    return api.create_response(request, {"detail": f"nvidia_smi_topo: {exc}"}, status=400)
+
+
+def bad_result_file(request, exc, api):
+    body = {"detail": f"content: {exc}", "problems": exc.problems}
+    return api.create_response(request, body, status=400)
+
+
+def server_error(request, exc, api):
+    log.exception("API error on %s %s", request.method, request.path)
+    return api.create_response(
+        request, {"detail": "internal error; it has been logged"}, status=500
+    )
+
+
+def install(api):
+    """Register the handlers on a NinjaAPI; the most specific class wins."""
+    handlers = (
+        (ValidationError, validation_error),
+        (AuthenticationError, authentication_error),
+        (HttpError, http_error),
+        (Http404, not_found),
+        (RequestDataTooBig, too_big),
+        (AlreadyExists, conflict),
+        (RunConflict, conflict),
+        (TuningConflict, conflict),
+        (ModelValidationError, bad_model_fields),
+        (MoEConfigError, bad_config),
+        (TopologyParseError, bad_topology),
+        (ResultFileError, bad_result_file),
+        (Exception, server_error),
+    )
+    for exc_class, handler in handlers:
+        api.add_exception_handler(
+            exc_class, lambda request, exc, handler=handler: handler(request, exc, api)
+        )

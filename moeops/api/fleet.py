@@ -1,0 +1,518 @@
+"""Models (config.json → MoE shape), hosts, GPUs, topology snapshots, deployments."""
+
+import datetime as dt
+from typing import Any, Literal
+
+from ninja import Query, Router, Schema
+from ninja.errors import HttpError
+from ninja.pagination import paginate
+from pydantic import ConfigDict, Field, model_validator
+
+from moeops.api import lookups
+from moeops.api.auth import WRITE, require_write
+from moeops.api.fields import (
+    CreatedRange,
+    EpochSeconds,
+    In,
+    JsonList,
+    JsonObject,
+    LongText,
+    Name,
+    Patch,
+    PosInt,
+    Slug,
+    SmallInt,
+    in_range,
+    text,
+)
+from moeops.api.paging import Page
+from moeops.api.responses import stored
+from moeops.fleet import services
+from moeops.fleet.models import (
+    DEPLOYMENT_STATUSES,
+    ENGINES,
+    GPU,
+    TOPOLOGY_SOURCES,
+    VIRTUALIZATION_KINDS,
+    Deployment,
+    Host,
+    ModelSpec,
+)
+from workers.topology import parse_nvidia_smi_topo
+
+router = Router(tags=["fleet"])
+
+DeploymentStatus = Literal[tuple(key for key, _ in DEPLOYMENT_STATUSES)]
+Engine = Literal[tuple(key for key, _ in ENGINES)]
+TopologySource = Literal[tuple(key for key, _ in TOPOLOGY_SOURCES)]
+VirtualizationKind = Literal[tuple(key for key, _ in VIRTUALIZATION_KINDS)]
+
+
+# --------------------------------------------------------------------------- models
+
+
+class ModelIn(In):
+    name: Name
+    hf_repo_id: text(200) = ""
+    config: JsonObject = Field(description="The model's config.json, as published")
+    quant_config: JsonObject | None = Field(
+        None, description="A separate hf_quant_config.json (ModelOpt exports), if any"
+    )
+    provenance: text(300) = ""
+
+
+class ModelOut(Schema):
+    id: int
+    name: str
+    hf_repo_id: str
+    architecture: str
+    model_type: str
+    num_experts: int | None
+    topk: int | None
+    hidden_size: int | None
+    moe_intermediate_size: int | None
+    num_layers: int | None
+    quantization: str
+    block_shape: list[int] | None
+    created: dt.datetime
+    moe_shape: dict[str, Any] | None = Field(
+        description="MoE shape at tp=1, ep=1 (N = moe_intermediate_size)"
+    )
+
+    @staticmethod
+    def resolve_moe_shape(obj):
+        return obj.shape_for()
+
+
+class ModelDetail(ModelOut):
+    config: dict[str, Any]
+    quant_config: dict[str, Any] | None
+
+    @staticmethod
+    def resolve_config(obj):
+        return obj.config_json
+
+    @staticmethod
+    def resolve_quant_config(obj):
+        return obj.quant_config_json
+
+
+@router.post("/models", auth=WRITE, response={200: ModelDetail, 201: ModelDetail})
+def model_create(request, payload: ModelIn):
+    """Register a model from its raw config.json; answers with the MoE shape read from it."""
+    require_write(request)
+    model, created = services.model_register(
+        name=payload.name,
+        config=payload.config,
+        quant_config=payload.quant_config,
+        hf_repo_id=payload.hf_repo_id,
+        provenance=payload.provenance,
+    )
+    return stored(created, model)
+
+
+@router.get("/models", response=list[ModelOut])
+@paginate(Page)
+def model_list(request, filters: Query[CreatedRange]):
+    return in_range(ModelSpec.objects.all(), filters)
+
+
+@router.get("/models/{ref}", response=ModelDetail)
+def model_get(request, ref: str):
+    """A model by id or name."""
+    return lookups.get_model(ref)
+
+
+# --------------------------------------------------------------------------- hosts and GPUs
+
+
+class HostIn(In):
+    name: Slug
+    description: text(300) = ""
+    provenance: text(300) = ""
+
+
+class HostOut(Schema):
+    id: int
+    name: str
+    description: str
+    queue_name: str
+    created: dt.datetime
+
+
+class GPUIn(In):
+    index: SmallInt
+    name: text(100, min_length=1)
+    uuid: text(100) = ""
+    compute_capability: text(10) = Field("", description="e.g. 9.0, 12.0")
+    memory_total_mib: PosInt | None = None
+    power_limit_w: float | None = Field(None, ge=0, le=1e6)
+
+
+class GPUsIn(In):
+    gpus: list[GPUIn] = Field(max_length=1024)
+
+    @model_validator(mode="after")
+    def _unique_indexes(self):
+        indexes = [gpu.index for gpu in self.gpus]
+        if len(indexes) != len(set(indexes)):
+            raise ValueError("gpus: each index may appear once")
+        return self
+
+
+class GPUOut(Schema):
+    id: int
+    index: int
+    name: str
+    uuid: str
+    compute_capability: str
+    sm: str
+    memory_total_mib: int | None
+    power_limit_w: float | None
+
+
+class GPUsRecorded(Schema):
+    created: int
+    updated: int
+    gpus: list[GPUOut]
+
+
+@router.post("/hosts", auth=WRITE, response={200: HostOut, 201: HostOut})
+def host_create(request, payload: HostIn):
+    """Register a GPU host (idempotent by name); its worker listens on `host.<name>`."""
+    require_write(request)
+    host, created = services.host_register(**payload.dict())
+    return stored(created, host)
+
+
+@router.get("/hosts", response=list[HostOut])
+@paginate(Page)
+def host_list(request, filters: Query[CreatedRange]):
+    return in_range(Host.objects.all(), filters)
+
+
+@router.get("/hosts/{ref}", response=HostOut)
+def host_get(request, ref: str):
+    return lookups.get_host(ref)
+
+
+@router.get("/hosts/{ref}/gpus", response=list[GPUOut])
+def gpu_list(request, ref: str):
+    return lookups.get_host(ref).gpus.all()
+
+
+@router.post("/hosts/{ref}/gpus", auth=WRITE, response={200: GPUsRecorded, 201: GPUsRecorded})
+def gpu_record(request, ref: str, payload: GPUsIn):
+    """Create or update the host's GPUs by index."""
+    host = lookups.get_host(ref)
+    require_write(request, host)
+    created, updated = services.gpus_record(host=host, gpus=[gpu.dict() for gpu in payload.gpus])
+    body = {"created": created, "updated": updated, "gpus": list(host.gpus.all())}
+    return stored(created, body)
+
+
+# --------------------------------------------------------------------------- topology
+
+
+class LooseIn(In):
+    """A part of a probe snapshot: known keys are checked, others kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+Cell = text(100) | None
+
+
+class Matrix(In):
+    labels: list[text(100)] = Field(max_length=1024)
+    matrix: list[list[Cell]] = Field(max_length=1024)
+
+
+class PCIe(LooseIn):
+    gen_max: PosInt | None = None
+    gen_current: PosInt | None = None
+    width_max: PosInt | None = None
+    width_current: PosInt | None = None
+
+
+class SnapshotGPU(LooseIn):
+    index: SmallInt | None = None
+    name: text(100) | None = None
+    uuid: text(100) | None = None
+    pci_bus_id: text(100) | None = None
+    compute_capability: text(10) | None = None
+    sm: text(10) | None = None
+    memory_total_mib: float | None = None
+    power_limit_w: float | None = None
+    pcie: PCIe | None = None
+    nvlinks_active: PosInt | None = None
+
+
+class Affinity(LooseIn):
+    gpu: text(100) | None = None
+    cpu: text(1000) | None = None
+    numa: text(100) | None = None
+    gpu_numa: text(100) | None = None
+
+
+class NIC(LooseIn):
+    name: text(100) | None = None
+    device: text(100) | None = None
+
+
+class Layer(LooseIn):
+    kind: text(50) | None = None
+    technology: text(50) | None = None
+
+
+class Virtualization(LooseIn):
+    kind: VirtualizationKind = "unknown"
+    technology: text(50) | None = None
+    evidence: JsonList = []
+    layers: list[Layer] = []
+
+
+class P2P(In):
+    read: Matrix | None = None
+    write: Matrix | None = None
+    nvlink: Matrix | None = None
+    atomics: Matrix | None = None
+
+
+class Snapshot(LooseIn):
+    """A snapshot in the JSON shape of `python -m workers.topology probe`."""
+
+    source: TopologySource = "probe"
+    virtualization: Virtualization = Virtualization()
+    driver_version: text(50) | None = None
+    cuda_version: text(50) | None = None
+    gpus: list[SnapshotGPU] = Field([], max_length=1024)
+    links: Matrix | None = None
+    p2p: P2P | None = None
+    affinity: list[Affinity] = Field([], max_length=1024)
+    nics: list[NIC] = Field([], max_length=1024)
+    hostname: text(255) | None = None
+
+
+class NvidiaSmiP2P(In):
+    read: LongText | None = None
+    write: LongText | None = None
+    nvlink: LongText | None = None
+    atomics: LongText | None = None
+
+
+class TopologyIn(In):
+    """A probe snapshot, or `nvidia-smi topo -m` text (and `topo -p2p r|w|n|a` texts)."""
+
+    snapshot: Snapshot | None = None
+    nvidia_smi_topo: LongText | None = None
+    nvidia_smi_p2p: NvidiaSmiP2P | None = None
+    captured_at: EpochSeconds | None = Field(None, description="UTC epoch s; default now")
+    provenance: text(300) = ""
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.snapshot is None) == (self.nvidia_smi_topo is None):
+            raise ValueError("send either snapshot or nvidia_smi_topo (exactly one)")
+        if self.nvidia_smi_p2p is not None and self.nvidia_smi_topo is None:
+            raise ValueError("nvidia_smi_p2p goes with nvidia_smi_topo")
+        return self
+
+
+class TopologyOut(Schema):
+    id: int
+    host: str
+    captured_at: dt.datetime
+    source: str
+    virtualization: str
+    virtualization_technology: str
+    virtualization_evidence: list[Any]
+    driver_version: str
+    cuda_version: str
+    gpus: list[Any]
+    links: dict[str, Any] | None
+    p2p: dict[str, Any] | None
+    affinity: list[Any]
+    nics: list[Any]
+    fingerprint: str
+    provenance: str
+
+    @staticmethod
+    def resolve_host(obj):
+        return obj.host.name
+
+
+class TopologyRecorded(Schema):
+    snapshot: TopologyOut
+    created: bool
+    changes: list[str] = Field(description="What differs from the previous snapshot")
+
+
+@router.post(
+    "/hosts/{ref}/topology", auth=WRITE, response={200: TopologyRecorded, 201: TopologyRecorded}
+)
+def topology_record(request, ref: str, payload: TopologyIn):
+    """Store a topology snapshot when the host changed (201), else return the current one (200)."""
+    host = lookups.get_host(ref)
+    require_write(request, host)
+    if payload.snapshot is not None:
+        snapshot, raw_text = payload.snapshot.model_dump(), ""
+    else:
+        p2p = payload.nvidia_smi_p2p.model_dump(exclude_none=True) if payload.nvidia_smi_p2p else {}
+        snapshot = parse_nvidia_smi_topo(payload.nvidia_smi_topo, p2p)
+        raw_text = payload.nvidia_smi_topo
+    row, created, changes = services.topology_record(
+        host=host,
+        snapshot=snapshot,
+        raw_text=raw_text,
+        captured_at=payload.captured_at,
+        provenance=payload.provenance,
+    )
+    return stored(created, {"snapshot": row, "created": created, "changes": changes})
+
+
+@router.get("/hosts/{ref}/topology", response=list[TopologyOut])
+@paginate(Page)
+def topology_list(request, ref: str, filters: Query[CreatedRange]):
+    """The host's snapshots, newest first; the date range applies to captured_at."""
+    host = lookups.get_host(ref)
+    return in_range(host.topology_snapshots.select_related("host"), filters, "captured_at")
+
+
+# --------------------------------------------------------------------------- deployments
+
+
+class DeploymentFields(In):
+    engine_version: text(100) = ""
+    max_running_requests: PosInt | None = None
+    quantization: text(50) = ""
+    attention_backend: text(50) = ""
+    allreduce_fusion: bool | None = None
+    launch_args: JsonObject = Field({}, description="Other launch arguments, flag → value")
+    endpoint_url: text(200) = ""
+    served_model_name: text(200) = ""
+    status: DeploymentStatus = "planned"
+    status_detail: text(300) = ""
+
+
+class DeploymentIn(DeploymentFields):
+    name: Name
+    model: text(200, min_length=1) = Field(description="model id or name")
+    host: text(100, min_length=1) = Field(description="host id or name")
+    gpus: list[SmallInt] = Field([], max_length=1024, description="GPU indexes on the host")
+    engine: Engine = "sglang"
+    tp: SmallInt = Field(1, ge=1)
+    ep: SmallInt = Field(1, ge=1)
+    provenance: text(300) = ""
+
+
+class DeploymentPatch(Patch):
+    NULLABLE = ("max_running_requests", "allreduce_fusion")
+
+    engine_version: text(100) | None = None
+    max_running_requests: PosInt | None = None
+    quantization: text(50) | None = None
+    attention_backend: text(50) | None = None
+    allreduce_fusion: bool | None = None
+    launch_args: JsonObject | None = None
+    endpoint_url: text(200) | None = None
+    served_model_name: text(200) | None = None
+    status: DeploymentStatus | None = None
+    status_detail: text(300) | None = None
+
+
+class DeploymentOut(Schema):
+    id: int
+    name: str
+    model: str
+    host: str
+    gpus: list[int]
+    engine: str
+    engine_version: str
+    tp: int
+    ep: int
+    max_running_requests: int | None
+    quantization: str
+    attention_backend: str
+    allreduce_fusion: bool | None
+    launch_args: dict[str, Any]
+    endpoint_url: str
+    served_model_name: str
+    status: str
+    status_detail: str
+    status_checked_at: dt.datetime | None
+    provenance: str
+    created: dt.datetime
+    updated: dt.datetime
+
+    @staticmethod
+    def resolve_model(obj):
+        return obj.model.name
+
+    @staticmethod
+    def resolve_host(obj):
+        return obj.host.name
+
+    @staticmethod
+    def resolve_gpus(obj):
+        return [gpu.index for gpu in obj.gpus.all()]
+
+
+class DeploymentFilter(CreatedRange):
+    host: str | None = Field(None, description="host name")
+    model: str | None = Field(None, description="model name")
+    status: DeploymentStatus | None = None
+    engine: Engine | None = None
+
+
+def _deployments():
+    return Deployment.objects.select_related("model", "host").prefetch_related("gpus")
+
+
+@router.post("/deployments", auth=WRITE, response={200: DeploymentOut, 201: DeploymentOut})
+def deployment_create(request, payload: DeploymentIn):
+    """Register a deployment (idempotent by name: an existing one is returned unchanged)."""
+    require_write(request)
+    fields = payload.dict()
+    model = lookups.get_model(fields.pop("model"))
+    host = lookups.get_host(fields.pop("host"))
+    try:
+        deployment, created = services.deployment_create(
+            model=model, host=host, gpu_indexes=fields.pop("gpus"), **fields
+        )
+    except GPU.DoesNotExist:
+        raise HttpError(400, f"gpus: host {host.name!r} lacks one of {payload.gpus}") from None
+    return stored(created, _deployments().get(pk=deployment.pk))
+
+
+@router.get("/deployments", response=list[DeploymentOut])
+@paginate(Page)
+def deployment_list(request, filters: Query[DeploymentFilter]):
+    queryset = in_range(_deployments(), filters)
+    if filters.host is not None:
+        queryset = queryset.filter(host__name=filters.host)
+    if filters.model is not None:
+        queryset = queryset.filter(model__name=filters.model)
+    if filters.status is not None:
+        queryset = queryset.filter(status=filters.status)
+    if filters.engine is not None:
+        queryset = queryset.filter(engine=filters.engine)
+    return queryset
+
+
+@router.get("/deployments/{ref}", response=DeploymentOut)
+def deployment_get(request, ref: str):
+    """A deployment by id or name."""
+    return lookups.by_id_or_name(_deployments(), "deployment", ref)
+
+
+@router.patch("/deployments/{ref}", auth=WRITE, response=DeploymentOut)
+def deployment_patch(request, ref: str, payload: DeploymentPatch):
+    """Change launch details or record a health check (status, status_detail)."""
+    deployment = lookups.get_deployment(ref)
+    require_write(request, deployment.host)
+    fields = payload.dict(exclude_unset=True)
+    if not fields:
+        raise HttpError(400, "body: nothing to change")
+    services.deployment_update(deployment=deployment, **fields)
+    return _deployments().get(pk=deployment.pk)

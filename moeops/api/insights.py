@@ -1,0 +1,292 @@
+"""Findings (confirm or dismiss them), plan items and notes."""
+
+import datetime as dt
+from typing import Any, Literal
+
+from django.db import IntegrityError, transaction
+from ninja import Query, Router, Schema, Status
+from ninja.errors import HttpError
+from ninja.pagination import paginate
+from pydantic import Field
+
+from moeops.api import lookups
+from moeops.api.auth import WRITE, require_write
+from moeops.api.fields import (
+    CreatedRange,
+    In,
+    JsonObject,
+    LongText,
+    Patch,
+    PosInt,
+    Slug,
+    in_range,
+    text,
+)
+from moeops.api.paging import Page
+from moeops.insights.models import (
+    FINDING_KINDS,
+    FINDING_SOURCES,
+    FINDING_STATES,
+    PLAN_STATUSES,
+    SEVERITIES,
+    Finding,
+    Note,
+    PlanItem,
+)
+from moeops.insights.services import finding_set_state
+
+router = Router(tags=["insights"])
+
+FindingKind = Literal[tuple(key for key, _ in FINDING_KINDS)]
+FindingState = Literal[tuple(key for key, _ in FINDING_STATES)]
+FindingSource = Literal[tuple(key for key, _ in FINDING_SOURCES)]
+Severity = Literal[tuple(key for key, _ in SEVERITIES)]
+PlanStatus = Literal[tuple(key for key, _ in PLAN_STATUSES)]
+
+
+# --------------------------------------------------------------------------- findings
+
+
+class FindingIn(In):
+    deployment: text(200, min_length=1) = Field(description="deployment id or name")
+    run: text(100) | None = Field(None, description="run id or UUID")
+    kind: FindingKind
+    key: text(100) = ""
+    severity: Severity = "warning"
+    title: text(200, min_length=1)
+    evidence: JsonObject = {}
+    provenance: text(300) = ""
+    # last: the field's name shadows the text() helper in the class body
+    text: LongText = ""
+
+
+class FindingPatch(Patch):
+    state: FindingState
+
+
+class FindingOut(Schema):
+    id: int
+    deployment: int
+    run: int | None
+    kind: str
+    key: str
+    severity: str
+    title: str
+    text: str
+    evidence: dict[str, Any]
+    source: str
+    state: str
+    state_changed_at: dt.datetime | None
+    note: str | None = Field(description="slug of the note that explains it")
+    provenance: str
+    created: dt.datetime
+    updated: dt.datetime
+
+    @staticmethod
+    def resolve_deployment(obj):
+        return obj.deployment_id
+
+    @staticmethod
+    def resolve_run(obj):
+        return obj.run_id
+
+    @staticmethod
+    def resolve_note(obj):
+        return obj.note.slug if obj.note_id else None
+
+
+class FindingFilter(CreatedRange):
+    deployment: str | None = Field(None, description="deployment name")
+    run: int | None = Field(None, ge=1, le=lookups.MAX_ID, description="run id")
+    kind: FindingKind | None = None
+    state: FindingState | None = None
+    severity: Severity | None = None
+    source: FindingSource | None = None
+
+
+def _findings():
+    return Finding.objects.select_related("note")
+
+
+@router.post("/findings", auth=WRITE, response={201: FindingOut})
+def finding_create(request, payload: FindingIn):
+    """Record a finding by a person (analysis after each run adds the automatic ones)."""
+    require_write(request)
+    deployment = lookups.get_deployment(payload.deployment)
+    run = None
+    if payload.run is not None:
+        run = lookups.by_id_or_uuid(deployment.runs.all(), "run", payload.run)
+    fields = payload.dict(exclude={"deployment", "run"})
+    finding = Finding.objects.create(deployment=deployment, run=run, source="human", **fields)
+    return Status(201, finding)
+
+
+@router.get("/findings", response=list[FindingOut])
+@paginate(Page)
+def finding_list(request, filters: Query[FindingFilter]):
+    queryset = in_range(_findings(), filters)
+    if filters.deployment is not None:
+        queryset = queryset.filter(deployment__name=filters.deployment)
+    if filters.run is not None:
+        queryset = queryset.filter(run_id=filters.run)
+    for field in ("kind", "state", "severity", "source"):
+        value = getattr(filters, field)
+        if value is not None:
+            queryset = queryset.filter(**{field: value})
+    return queryset
+
+
+@router.get("/findings/{ref}", response=FindingOut)
+def finding_get(request, ref: str):
+    return lookups.by_id(_findings(), "finding", ref)
+
+
+@router.patch("/findings/{ref}", auth=WRITE, response=FindingOut)
+def finding_patch(request, ref: str, payload: FindingPatch):
+    """Confirm, dismiss or reopen a finding; re-analysis keeps the state a person set."""
+    require_write(request)
+    finding = lookups.by_id(_findings(), "finding", ref)
+    return finding_set_state(finding=finding, state=payload.state, user=None)
+
+
+# --------------------------------------------------------------------------- plan items
+
+
+class PlanItemIn(In):
+    deployment: text(200, min_length=1) = Field(description="deployment id or name")
+    title: text(300, min_length=1)
+    status: PlanStatus = "pending"
+    position: PosInt = 0
+    finding: PosInt | None = Field(None, description="finding id")
+    note: Slug | None = Field(None, description="slug of a note")
+    provenance: text(300) = ""
+
+
+class PlanItemPatch(Patch):
+    title: text(300, min_length=1) | None = None
+    status: PlanStatus | None = None
+    position: PosInt | None = None
+
+
+class PlanItemOut(Schema):
+    id: int
+    deployment: int
+    finding: int | None
+    title: str
+    status: str
+    position: int
+    note: str | None
+    source: str
+    provenance: str
+    created: dt.datetime
+
+    @staticmethod
+    def resolve_deployment(obj):
+        return obj.deployment_id
+
+    @staticmethod
+    def resolve_finding(obj):
+        return obj.finding_id
+
+    @staticmethod
+    def resolve_note(obj):
+        return obj.note.slug if obj.note_id else None
+
+
+class PlanItemFilter(CreatedRange):
+    deployment: str | None = Field(None, description="deployment name")
+    status: PlanStatus | None = None
+
+
+@router.post("/plan-items", auth=WRITE, response={201: PlanItemOut})
+def plan_item_create(request, payload: PlanItemIn):
+    require_write(request)
+    deployment = lookups.get_deployment(payload.deployment)
+    finding = note = None
+    if payload.finding is not None:
+        finding = lookups.by_id(deployment.findings.all(), "finding", payload.finding)
+    if payload.note is not None:
+        note = lookups.by_id_or_name(Note.objects.all(), "note", payload.note, field="slug")
+    fields = payload.dict(exclude={"deployment", "finding", "note"})
+    item = PlanItem.objects.create(
+        deployment=deployment, finding=finding, note=note, source="human", **fields
+    )
+    return Status(201, item)
+
+
+@router.get("/plan-items", response=list[PlanItemOut])
+@paginate(Page)
+def plan_item_list(request, filters: Query[PlanItemFilter]):
+    queryset = in_range(PlanItem.objects.select_related("note"), filters)
+    if filters.deployment is not None:
+        queryset = queryset.filter(deployment__name=filters.deployment)
+    if filters.status is not None:
+        queryset = queryset.filter(status=filters.status)
+    return queryset
+
+
+@router.patch("/plan-items/{ref}", auth=WRITE, response=PlanItemOut)
+def plan_item_patch(request, ref: str, payload: PlanItemPatch):
+    require_write(request)
+    item = lookups.by_id(PlanItem.objects.select_related("note"), "plan item", ref)
+    fields = payload.dict(exclude_unset=True)
+    for key, value in fields.items():
+        setattr(item, key, value)
+    item.save(update_fields=list(fields))
+    return item
+
+
+# --------------------------------------------------------------------------- notes
+
+
+class NoteIn(In):
+    title: text(200, min_length=1)
+    slug: Slug | None = Field(None, description="default: from the title")
+    body: LongText = Field("", description="Markdown")
+    provenance: text(300) = ""
+
+
+class NoteOut(Schema):
+    id: int
+    title: str
+    slug: str
+    body: str
+    html: str = Field(description="the body rendered and sanitized")
+    provenance: str
+    created: dt.datetime
+    updated: dt.datetime
+
+    @staticmethod
+    def resolve_html(obj):
+        return obj.html()
+
+
+@router.post("/notes", auth=WRITE, response={200: NoteOut, 201: NoteOut})
+def note_create(request, payload: NoteIn):
+    """Add a note; the same slug with the same title and body is the existing note (200)."""
+    require_write(request)
+    note = Note(**payload.dict(exclude={"slug"}), slug=payload.slug or "")
+    note.set_slug()
+    existing = Note.objects.filter(slug=note.slug).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                note.save()
+            return Status(201, note)
+        except IntegrityError:
+            existing = Note.objects.get(slug=note.slug)
+    if (existing.title, existing.body) != (note.title, note.body):
+        raise HttpError(409, f"slug: a different note {note.slug!r} exists")
+    return Status(200, existing)
+
+
+@router.get("/notes", response=list[NoteOut])
+@paginate(Page)
+def note_list(request, filters: Query[CreatedRange]):
+    return in_range(Note.objects.all(), filters)
+
+
+@router.get("/notes/{slug}", response=NoteOut)
+def note_get(request, slug: str):
+    """A note by slug (or id)."""
+    return lookups.by_id_or_name(Note.objects.all(), "note", slug, field="slug")

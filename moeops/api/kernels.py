@@ -1,0 +1,329 @@
+"""Fused-MoE kernel configs in the engines' own file format, and the tuning runs behind them."""
+
+import datetime as dt
+import json
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from django.http import HttpResponse
+from django.utils.http import content_disposition_header
+from ninja import Query, Router, Schema
+from ninja.pagination import paginate
+from pydantic import Field, StringConstraints, model_validator
+
+from moeops.api import lookups
+from moeops.api.auth import WRITE, require_write
+from moeops.api.fields import (
+    CreatedRange,
+    In,
+    JsonObject,
+    LongText,
+    Patch,
+    PosInt,
+    in_range,
+    text,
+)
+from moeops.api.paging import Page
+from moeops.api.responses import stored
+from moeops.kernels import services
+from moeops.kernels.models import CONFIG_SOURCES, TUNING_STATUSES, KernelConfig, TuningRun
+from tuning import config_files
+
+router = Router(tags=["kernels"])
+
+KernelDtype = Literal[services.DTYPES]
+ConfigSource = Literal[tuple(key for key, _ in CONFIG_SOURCES)]
+TuningStatus = Literal[tuple(key for key, _ in TUNING_STATUSES)]
+Style = Literal[config_files.STYLES]
+# what the engines' file names can carry: no comma or slash, not blank
+DeviceName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=100, pattern=r"^[^,/\x00]*[^,/\s\x00][^,/\x00]*$"),
+]
+TritonVersion = Annotated[str, StringConstraints(max_length=20, pattern=r"^[\w.+-]*$")]
+Size = Annotated[int, Field(ge=1, le=2_147_483_647)]
+BlockShape = Annotated[list[Size], Field(min_length=2, max_length=2)]
+
+
+# --------------------------------------------------------------------------- kernel configs
+
+
+class KernelConfigImportIn(In):
+    file_name: text(300, min_length=1) = Field(
+        description="the engine's file name, e.g. E=256,N=256,device_name=NVIDIA_H200.json; "
+        "an SGLang triton_3_7_1/ folder in front gives the Triton version"
+    )
+    content: LongText | JsonObject = Field(description="the file's text, or its JSON object")
+
+
+class KernelConfigIn(In):
+    device_name: DeviceName = Field(description="NVML name, e.g. NVIDIA H200")
+    E: Size = Field(description="experts per rank")
+    N: Size = Field(description="per-rank intermediate size after silu-and-mul")
+    dtype: KernelDtype = "bf16"
+    block_shape: BlockShape | None = Field(None, description="[block_n, block_k] for block fp8")
+    triton_version: TritonVersion = ""
+    entries: JsonObject = Field(
+        description='batch size → {"BLOCK_SIZE_M": …, "num_warps": …, "num_stages": …}'
+    )
+    source: ConfigSource = "manual"
+    provenance: text(300) = ""
+
+
+class KernelConfigOut(Schema):
+    id: int
+    device_name: str
+    E: int
+    N: int
+    dtype: str
+    block_shape: list[int] | None
+    triton_version: str
+    entries: dict[str, Any]
+    source: str
+    version: int
+    original_file_name: str
+    provenance: str
+    created: dt.datetime
+    file_names: dict[str, str] = Field(description="the name each engine looks up (style → name)")
+
+    @staticmethod
+    def resolve_file_names(obj):
+        return {style: obj.file_name(style) for style in config_files.STYLES}
+
+
+class KernelConfigFilter(CreatedRange):
+    device_name: str | None = None
+    E: int | None = None
+    N: int | None = None
+    dtype: KernelDtype | None = None
+    source: ConfigSource | None = None
+
+
+@router.post(
+    "/kernel-configs/import", auth=WRITE, response={200: KernelConfigOut, 201: KernelConfigOut}
+)
+def kernel_config_import(request, payload: KernelConfigImportIn):
+    """Import an SGLang/vLLM config file by its name and content; an unchanged file is 200.
+
+    Any writing token may store configs, host-bound ones too: tuning workers push their result.
+    """
+    content = payload.content
+    text_content = content if isinstance(content, str) else json.dumps(content)
+    config, created = services.kernel_config_import(file_name=payload.file_name, text=text_content)
+    return stored(created, config)
+
+
+@router.post("/kernel-configs", auth=WRITE, response={200: KernelConfigOut, 201: KernelConfigOut})
+def kernel_config_create(request, payload: KernelConfigIn):
+    """Store a config from its fields; a new version unless the newest one is identical (200)."""
+    config, created = services.kernel_config_store(**payload.dict())
+    return stored(created, config)
+
+
+@router.get("/kernel-configs", response=list[KernelConfigOut])
+@paginate(Page)
+def kernel_config_list(request, filters: Query[KernelConfigFilter]):
+    queryset = in_range(KernelConfig.objects.all(), filters)
+    for field in ("device_name", "E", "N", "dtype", "source"):
+        value = getattr(filters, field)
+        if value is not None:
+            queryset = queryset.filter(**{field: value})
+    return queryset
+
+
+@router.get("/kernel-configs/{ref}", response=KernelConfigOut)
+def kernel_config_get(request, ref: str):
+    return lookups.get_kernel_config(ref)
+
+
+@router.get("/kernel-configs/{ref}/file")
+def kernel_config_file(request, ref: str, style: Style = "vllm"):
+    """Download the file under the exact name and with the exact content the engine loads.
+
+    X-Config-Path says where the engine looks for it relative to its configs folder
+    (SGLang: a triton_X_Y_Z/ folder).
+    """
+    config = lookups.get_kernel_config(ref)
+    name = config.file_name(style)
+    response = HttpResponse(config.engine_file_text(style), content_type="application/json")
+    response["Content-Disposition"] = content_disposition_header(True, name)
+    try:
+        path = config_files.config_file_relpath(name, style, config.triton_version or None)
+    except config_files.ConfigFileError:
+        path = name
+    response["X-Config-Path"] = path
+    return response
+
+
+# --------------------------------------------------------------------------- tuning runs
+
+
+class TuningRunIn(In):
+    uuid: UUID | None = Field(
+        None, description="chosen by the client so that a retried create stores one run"
+    )
+    host: text(100) | None = Field(None, description="host id or name")
+    deployment: text(200) | None = Field(None, description="deployment id or name")
+    device_name: text(100) = ""
+    E: Size
+    N: Size
+    hidden_size: Size
+    topk: Size
+    dtype: KernelDtype = "bf16"
+    block_shape: BlockShape | None = None
+    batch_sizes: list[Size] = Field([], max_length=1024)
+    status: TuningStatus = "queued"
+
+
+class TuningRunPatch(Patch):
+    NULLABLE = ("result", "wall_s")
+
+    status: TuningStatus | None = None
+    progress: JsonObject | None = None
+    result: PosInt | None = Field(None, description="id of the kernel config it produced")
+    wall_s: float | None = Field(None, ge=0)
+    error: LongText | None = None
+
+
+class TimingIn(In):
+    """One batch size M: tuned, default-config and floor times (µs) of one fused-MoE layer."""
+
+    batch_size: Size
+    tuned_us: float | None = Field(None, ge=0)
+    default_us: float | None = Field(None, ge=0)
+    floor_us: float | None = Field(None, ge=0)
+    grouped_mm_us: float | None = Field(None, ge=0)
+    config: JsonObject | None = None
+    candidates_tried: PosInt | None = None
+
+
+class TimingsIn(In):
+    timings: list[TimingIn] = Field(max_length=4096)
+
+    @model_validator(mode="after")
+    def _unique_batch_sizes(self):
+        sizes = [t.batch_size for t in self.timings]
+        if len(sizes) != len(set(sizes)):
+            raise ValueError("timings: each batch_size may appear once")
+        return self
+
+
+class TimingOut(TimingIn):
+    speedup: float | None = Field(None, description="default_us / tuned_us")
+    floor_fraction: float | None = Field(None, description="floor_us / tuned_us")
+
+
+class TuningRunOut(Schema):
+    id: int
+    uuid: UUID
+    host: str | None
+    deployment: int | None
+    device_name: str
+    E: int
+    N: int
+    hidden_size: int
+    topk: int
+    dtype: str
+    block_shape: list[int] | None
+    batch_sizes: list[Any]
+    status: str
+    progress: dict[str, Any]
+    result: int | None
+    wall_s: float | None
+    error: str
+    created: dt.datetime
+    finished_at: dt.datetime | None
+
+    @staticmethod
+    def resolve_host(obj):
+        return obj.host.name if obj.host_id else None
+
+    @staticmethod
+    def resolve_deployment(obj):
+        return obj.deployment_id
+
+    @staticmethod
+    def resolve_result(obj):
+        return obj.result_id
+
+
+class TuningRunDetail(TuningRunOut):
+    timings: list[TimingOut]
+
+    @staticmethod
+    def resolve_timings(obj):
+        return list(obj.timings.all())
+
+
+class TimingsRecorded(Schema):
+    created: int
+    existing: int
+
+
+class TuningRunFilter(CreatedRange):
+    host: str | None = Field(None, description="host name")
+    deployment: str | None = Field(None, description="deployment name")
+    status: TuningStatus | None = None
+
+
+@router.post("/tuning-runs", auth=WRITE, response={200: TuningRunDetail, 201: TuningRunDetail})
+def tuning_run_create(request, payload: TuningRunIn):
+    """Create a tuning run; with a `uuid` seen before, the existing run (200)."""
+    fields = payload.dict()
+    deployment = host = None
+    if fields["deployment"] is not None:
+        deployment = lookups.get_deployment(fields["deployment"])
+        host = deployment.host
+    if fields["host"] is not None:
+        host = lookups.get_host(fields["host"])
+    require_write(request, host)
+    for key in ("uuid", "host", "deployment"):
+        fields.pop(key)
+    tuning_run, created = services.tuning_run_create(
+        run_uuid=payload.uuid, host=host, deployment=deployment, **fields
+    )
+    return stored(created, tuning_run)
+
+
+@router.get("/tuning-runs", response=list[TuningRunOut])
+@paginate(Page)
+def tuning_run_list(request, filters: Query[TuningRunFilter]):
+    queryset = in_range(TuningRun.objects.select_related("host"), filters)
+    if filters.host is not None:
+        queryset = queryset.filter(host__name=filters.host)
+    if filters.deployment is not None:
+        queryset = queryset.filter(deployment__name=filters.deployment)
+    if filters.status is not None:
+        queryset = queryset.filter(status=filters.status)
+    return queryset
+
+
+@router.get("/tuning-runs/{ref}", response=TuningRunDetail)
+def tuning_run_get(request, ref: str):
+    """A tuning run by id or UUID, with its per-batch-size timings."""
+    return lookups.get_tuning_run(ref)
+
+
+@router.patch("/tuning-runs/{ref}", auth=WRITE, response=TuningRunDetail)
+def tuning_run_patch(request, ref: str, payload: TuningRunPatch):
+    """Status by compare-and-set (409 on an illegal move), progress, result config, wall_s."""
+    tuning_run = lookups.get_tuning_run(ref)
+    require_write(request, tuning_run.host)
+    fields = payload.dict(exclude_unset=True)
+    if fields.get("result") is not None:
+        fields["result"] = lookups.get_kernel_config(fields["result"])
+    services.tuning_run_update(tuning_run=tuning_run, **fields)
+    return lookups.get_tuning_run(tuning_run.pk)
+
+
+@router.post(
+    "/tuning-runs/{ref}/timings", auth=WRITE, response={200: TimingsRecorded, 201: TimingsRecorded}
+)
+def tuning_timings_record(request, ref: str, payload: TimingsIn):
+    """Store per-batch-size timings; a batch size already stored is kept as it was."""
+    tuning_run = lookups.get_tuning_run(ref)
+    require_write(request, tuning_run.host)
+    created, existing = services.tuning_timings_record(
+        tuning_run=tuning_run, timings=[t.dict() for t in payload.timings]
+    )
+    return stored(created, {"created": created, "existing": existing})

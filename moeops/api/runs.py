@@ -1,0 +1,425 @@
+"""Sweep runs, their levels, GPU telemetry, engine samples, and imports of result files."""
+
+import datetime as dt
+import math
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from django.db.models import Q
+from ninja import Query, Router, Schema
+from ninja.pagination import paginate
+from pydantic import AfterValidator, Field
+
+from moeops.api import lookups
+from moeops.api.auth import WRITE, require_write
+from moeops.api.fields import (
+    CreatedRange,
+    EpochSeconds,
+    In,
+    JsonObject,
+    LongText,
+    Patch,
+    PosInt,
+    SmallInt,
+    in_range,
+    text,
+)
+from moeops.api.paging import Page
+from moeops.api.responses import stored
+from moeops.runs import services
+from moeops.runs.importers import FORMATS
+from moeops.runs.models import (
+    RUN_SOURCES,
+    RUN_STATUSES,
+    TELEMETRY_STATUSES,
+    LevelResult,
+)
+
+router = Router(tags=["runs"])
+
+RunStatus = Literal[tuple(key for key, _ in RUN_STATUSES)]
+RunSource = Literal[tuple(key for key, _ in RUN_SOURCES)]
+TelemetryStatus = Literal[tuple(key for key, _ in TELEMETRY_STATUSES)]
+ResultFormat = Literal[FORMATS]
+MAX_SAMPLES = 100_000
+
+
+def _rate(value):
+    # inf (JSON Infinity or "inf") means unlimited, stored as null
+    if value is not None and math.isnan(value):
+        raise ValueError("must be a number, not NaN")
+    return None if value is None or math.isinf(value) else value
+
+
+RequestRate = Annotated[float | None, Field(ge=0, allow_inf_nan=True), AfterValidator(_rate)]
+
+
+# --------------------------------------------------------------------------- runs
+
+
+class RunIn(In):
+    deployment: text(200, min_length=1) = Field(description="deployment id or name")
+    uuid: UUID | None = Field(
+        None, description="chosen by the client so that a retried create stores one run"
+    )
+    label: text(200) = ""
+    parameters: JsonObject = Field(
+        {}, description="levels, input_len, output_len, prompts_per_level, warmup, …"
+    )
+    source: Literal["worker", "manual"] = "worker"
+    kernel_config: PosInt | None = Field(None, description="kernel config id")
+    topology_snapshot: PosInt | None = Field(None, description="topology snapshot id")
+    provenance: text(300) = ""
+
+
+class RunPatch(Patch):
+    status: RunStatus | None = Field(
+        None, description="compare-and-set: queued→running→succeeded|failed|cancelled"
+    )
+    error: LongText | None = None
+    progress: JsonObject | None = Field(
+        None, description="level_index, levels_total, requests_done, …"
+    )
+    telemetry_status: TelemetryStatus | None = None
+    telemetry_detail: text(300) | None = None
+    label: text(200) | None = None
+
+
+class RunOut(Schema):
+    id: int
+    uuid: UUID
+    deployment: int
+    deployment_name: str
+    host: str
+    label: str
+    parameters: dict[str, Any]
+    status: str
+    source: str
+    progress: dict[str, Any]
+    kernel_config: int | None
+    topology_snapshot: int | None
+    telemetry_status: str
+    telemetry_detail: str
+    error: str
+    cancel_requested: bool
+    provenance: str
+    created: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    level_count: int | None = None
+    peak_output_throughput: float | None = Field(None, description="tok/s, best level")
+
+    @staticmethod
+    def resolve_deployment(obj):
+        return obj.deployment_id
+
+    @staticmethod
+    def resolve_deployment_name(obj):
+        return obj.deployment.name
+
+    @staticmethod
+    def resolve_host(obj):
+        return obj.deployment.host.name
+
+    @staticmethod
+    def resolve_kernel_config(obj):
+        return obj.kernel_config_id
+
+    @staticmethod
+    def resolve_topology_snapshot(obj):
+        return obj.topology_snapshot_id
+
+
+class RunFilter(CreatedRange):
+    deployment: str | None = Field(None, description="deployment name or id")
+    host: str | None = Field(None, description="host name")
+    model: str | None = Field(None, description="model name")
+    status: RunStatus | None = None
+    source: RunSource | None = None
+
+
+def _run_out(run):
+    return lookups.get_run(run.pk, summary=True)
+
+
+@router.post("/runs", auth=WRITE, response={200: RunOut, 201: RunOut})
+def run_create(request, payload: RunIn):
+    """Create a queued run; with a `uuid` seen before, the existing run (200)."""
+    deployment = lookups.get_deployment(payload.deployment)
+    require_write(request, deployment.host)
+    kernel_config = topology = None
+    if payload.kernel_config is not None:
+        kernel_config = lookups.get_kernel_config(payload.kernel_config)
+    if payload.topology_snapshot is not None:
+        topology = lookups.by_id(
+            deployment.host.topology_snapshots.all(), "topology snapshot", payload.topology_snapshot
+        )
+    run, created = services.run_create(
+        deployment=deployment,
+        run_uuid=payload.uuid,
+        label=payload.label,
+        parameters=payload.parameters,
+        source=payload.source,
+        kernel_config=kernel_config,
+        topology_snapshot=topology,
+        provenance=payload.provenance,
+    )
+    return stored(created, _run_out(run))
+
+
+@router.get("/runs", response=list[RunOut])
+@paginate(Page)
+def run_list(request, filters: Query[RunFilter]):
+    """Runs, newest first, with their level count and peak output throughput."""
+    queryset = in_range(lookups.runs_with_summary(), filters)
+    if filters.deployment is not None:
+        ref = filters.deployment
+        condition = Q(deployment__name=ref)
+        if ref.isascii() and ref.isdigit() and len(ref) < 19:
+            condition |= Q(deployment_id=int(ref))
+        queryset = queryset.filter(condition)
+    if filters.host is not None:
+        queryset = queryset.filter(deployment__host__name=filters.host)
+    if filters.model is not None:
+        queryset = queryset.filter(deployment__model__name=filters.model)
+    if filters.status is not None:
+        queryset = queryset.filter(status=filters.status)
+    if filters.source is not None:
+        queryset = queryset.filter(source=filters.source)
+    return queryset
+
+
+# --------------------------------------------------------------------------- imports
+
+
+class RunImportIn(In):
+    format: ResultFormat = Field(
+        description="sglang: bench_serving --output-file JSONL; vllm: --save-result JSON"
+    )
+    deployment: text(200, min_length=1) = Field(description="deployment id or name")
+    content: LongText = Field(description="the file's text")
+    file_name: text(300) = ""
+    label: text(200) = ""
+
+
+class RunImported(Schema):
+    run: RunOut
+    levels: int
+
+
+@router.post("/runs/import", auth=WRITE, response={200: RunImported, 201: RunImported})
+def run_import(request, payload: RunImportIn):
+    """Import a result file as a finished run, one level per object (the same file again: 200).
+
+    A line that is not JSON or lacks the throughput keys is a 400 listing the line numbers;
+    then nothing is stored.
+    """
+    deployment = lookups.get_deployment(payload.deployment)
+    require_write(request, deployment.host)
+    run, created = services.run_import(
+        deployment=deployment,
+        fmt=payload.format,
+        text=payload.content,
+        label=payload.label,
+        file_name=payload.file_name,
+    )
+    run = _run_out(run)
+    return stored(created, {"run": run, "levels": run.level_count})
+
+
+@router.get("/runs/{ref}", response=RunOut)
+def run_get(request, ref: str):
+    """A run by id or UUID; workers read `cancel_requested` here between requests."""
+    return lookups.get_run(ref, summary=True)
+
+
+@router.patch("/runs/{ref}", auth=WRITE, response=RunOut)
+def run_patch(request, ref: str, payload: RunPatch):
+    """Status by compare-and-set (409 on an illegal move such as succeeded → running), progress."""
+    run = lookups.get_run(ref)
+    require_write(request, run.deployment.host)
+    services.run_update(run=run, **payload.dict(exclude_unset=True))
+    return _run_out(run)
+
+
+@router.post("/runs/{ref}/cancel", auth=WRITE, response=RunOut)
+def run_cancel(request, ref: str):
+    """A queued run is cancelled; a running one gets cancel_requested for its worker."""
+    run = lookups.get_run(ref)
+    require_write(request, run.deployment.host)
+    services.run_cancel(run=run)
+    return _run_out(run)
+
+
+# --------------------------------------------------------------------------- levels
+
+
+class LevelIn(In):
+    """One concurrency level, named as `vllm bench serve` names its result keys (ms, tok/s)."""
+
+    concurrency: PosInt | None = None
+    request_rate: RequestRate = Field(None, description="req/s; null or inf = unlimited")
+    input_len: PosInt | None = None
+    output_len: PosInt | None = None
+    completed: PosInt | None = None
+    failed: PosInt = 0
+    errors: dict[text(300), PosInt] = Field({}, description="failure reason → count")
+    duration: float | None = Field(None, description="s")
+    total_input_tokens: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    total_output_tokens: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    usage_reported: bool | None = None
+    request_throughput: float | None = None
+    output_throughput: float | None = None
+    total_token_throughput: float | None = None
+    max_output_tokens_per_s: float | None = None
+    max_concurrent_requests: PosInt | None = None
+    request_goodput: float | None = None
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    std_ttft_ms: float | None = None
+    p90_ttft_ms: float | None = None
+    p95_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    median_tpot_ms: float | None = None
+    std_tpot_ms: float | None = None
+    p90_tpot_ms: float | None = None
+    p95_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+    median_itl_ms: float | None = None
+    std_itl_ms: float | None = None
+    p90_itl_ms: float | None = None
+    p95_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
+    mean_e2el_ms: float | None = None
+    median_e2el_ms: float | None = None
+    std_e2el_ms: float | None = None
+    p90_e2el_ms: float | None = None
+    p95_e2el_ms: float | None = None
+    p99_e2el_ms: float | None = None
+    started_at: EpochSeconds | None = None
+    finished_at: EpochSeconds | None = None
+    raw: JsonObject | None = Field(None, description="the original result object, if any")
+
+
+class LevelOut(LevelIn):
+    id: int
+    run: int
+    key: str
+    request_rate: float | None = None
+    created: dt.datetime
+
+    @staticmethod
+    def resolve_run(obj):
+        return obj.run_id
+
+
+@router.post("/runs/{ref}/levels", auth=WRITE, response={200: LevelOut, 201: LevelOut})
+def level_record(request, ref: str, payload: LevelIn):
+    """Store a level once per (run, concurrency, request rate): 201 the first time, 200 after."""
+    run = lookups.get_run(ref)
+    require_write(request, run.deployment.host)
+    level, created = services.level_record(run=run, **payload.dict())
+    return stored(created, level)
+
+
+@router.get("/runs/{ref}/levels", response=list[LevelOut])
+def level_list(request, ref: str):
+    return LevelResult.objects.filter(run=lookups.get_run(ref))
+
+
+# --------------------------------------------------------------------------- telemetry
+
+Percent = Annotated[float, Field(ge=0, le=1e4)]
+Gauge = Annotated[float, Field(ge=-1e12, le=1e12)]
+
+
+class TelemetrySampleIn(In):
+    """One NVML reading of one GPU: % utilization, W, MiB, MHz, °C; ts in UTC epoch s."""
+
+    gpu_index: SmallInt
+    ts: EpochSeconds
+    level_concurrency: PosInt | None = None
+    gpu_util: Percent | None = None
+    mem_util: Percent | None = None
+    power_w: Gauge | None = None
+    power_limit_w: Gauge | None = None
+    mem_used_mib: Gauge | None = None
+    mem_total_mib: Gauge | None = None
+    sm_clock_mhz: Gauge | None = None
+    temperature_c: Gauge | None = None
+
+
+class TelemetryIn(In):
+    batch_id: text(100, min_length=1) = Field(description="client-chosen; a resend stores once")
+    samples: list[TelemetrySampleIn] = Field(max_length=MAX_SAMPLES)
+
+
+class EngineSampleIn(In):
+    """One scrape of the engine's /metrics: running and queued requests, KV-cache use 0–1."""
+
+    ts: EpochSeconds
+    level_concurrency: PosInt | None = None
+    running: Gauge | None = None
+    queued: Gauge | None = None
+    kv_cache_usage: Gauge | None = None
+
+
+class EngineSamplesIn(In):
+    batch_id: text(100, min_length=1) = Field(description="client-chosen; a resend stores once")
+    samples: list[EngineSampleIn] = Field(max_length=MAX_SAMPLES)
+
+
+class BatchOut(Schema):
+    run: int
+    batch_id: str
+    kind: str
+    count: int
+
+    @staticmethod
+    def resolve_run(obj):
+        return obj.run_id
+
+
+class TelemetrySampleOut(TelemetrySampleIn):
+    ts: float
+
+
+class EngineSampleOut(EngineSampleIn):
+    ts: float
+
+
+@router.post("/runs/{ref}/telemetry", auth=WRITE, response={200: BatchOut, 201: BatchOut})
+def telemetry_record(request, ref: str, payload: TelemetryIn):
+    """Store a batch of GPU samples once per batch_id (thousands per request)."""
+    run = lookups.get_run(ref)
+    require_write(request, run.deployment.host)
+    batch, created = services.telemetry_record(
+        run=run, batch_id=payload.batch_id, samples=[s.__dict__ for s in payload.samples]
+    )
+    return stored(created, batch)
+
+
+@router.get("/runs/{ref}/telemetry", response=list[TelemetrySampleOut])
+@paginate(Page)
+def telemetry_list(request, ref: str):
+    """The run's GPU samples in time order."""
+    return lookups.get_run(ref).telemetry.order_by("ts", "gpu_index", "id")
+
+
+@router.post("/runs/{ref}/engine-samples", auth=WRITE, response={200: BatchOut, 201: BatchOut})
+def engine_samples_record(request, ref: str, payload: EngineSamplesIn):
+    """Store a batch of engine /metrics samples once per batch_id."""
+    run = lookups.get_run(ref)
+    require_write(request, run.deployment.host)
+    batch, created = services.engine_samples_record(
+        run=run, batch_id=payload.batch_id, samples=[s.__dict__ for s in payload.samples]
+    )
+    return stored(created, batch)
+
+
+@router.get("/runs/{ref}/engine-samples", response=list[EngineSampleOut])
+@paginate(Page)
+def engine_sample_list(request, ref: str):
+    return lookups.get_run(ref).engine_samples.order_by("ts", "id")

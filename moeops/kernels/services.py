@@ -1,0 +1,174 @@
+"""Writes to kernel configs and tuning runs."""
+
+import json
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from moeops.kernels.models import KERNEL_DTYPES, KernelConfig, TuningRun, TuningTiming
+from moeops.runs.models import FINISHED_STATUSES, RUN_TRANSITIONS
+from tuning import config_files
+
+DTYPES = tuple(key for key, _ in KERNEL_DTYPES)
+
+
+class TuningConflict(Exception):
+    """The tuning run cannot do that from where it is (e.g. succeeded → running)."""
+
+
+def _device_name(file_device):
+    # Engine file names replace the NVML name's spaces with "_"; NVML names have no "_".
+    return file_device.replace("_", " ")
+
+
+def kernel_config_import(*, file_name, text, source="imported", provenance=""):
+    """(KernelConfig, created) from an engine's config file: its name and its exact text.
+
+    The name gives E, N, device, dtype and block shape (an SGLang `triton_X_Y_Z/` folder in
+    front gives the Triton version when the content has none). Raises ValidationError
+    naming "file_name" or "content".
+    """
+    try:
+        name = config_files.parse_config_file_name(file_name)
+    except config_files.ConfigFileError as exc:
+        raise ValidationError({"file_name": str(exc)}) from None
+    if name.per_channel_quant or name.down_moe:
+        raise ValidationError(
+            {"file_name": "SGLang per-channel and _down configs are not stored yet"}
+        )
+    try:
+        triton_version, entries = config_files.loads_config(text)
+    except config_files.ConfigEntryError as exc:
+        raise ValidationError({"content": exc.errors}) from None
+    return kernel_config_store(
+        device_name=_device_name(name.device_name),
+        E=name.E,
+        N=name.N,
+        dtype=name.dtype or "bf16",
+        block_shape=list(name.block_shape) if name.block_shape else None,
+        triton_version=triton_version or name.triton_version or "",
+        entries=entries,
+        source=source,
+        original_file_name=file_name,
+        provenance=provenance,
+    )
+
+
+def kernel_config_store(
+    *,
+    device_name,
+    E,
+    N,
+    dtype,
+    block_shape,
+    triton_version,
+    entries,
+    source="manual",
+    original_file_name="",
+    provenance="",
+):
+    """(KernelConfig, created): a new version of the (device, E, N, dtype, block) series.
+
+    entries: {batch size: kernel parameters}. When the newest version already holds the same
+    entries and Triton version, that version is returned (created False).
+    """
+    if dtype not in DTYPES:
+        raise ValidationError({"dtype": f"must be one of {', '.join(DTYPES)}, got {dtype!r}"})
+    try:
+        checked = config_files.validate_entries(entries)
+    except config_files.ConfigEntryError as exc:
+        raise ValidationError({"entries": exc.errors}) from None
+    stored = {str(m): entry for m, entry in checked.items()}
+    config = KernelConfig(
+        device_name=device_name,
+        E=E,
+        N=N,
+        dtype=dtype,
+        block_shape=block_shape,
+        triton_version=triton_version or "",
+        entries=stored,
+        source=source,
+        original_file_name=original_file_name,
+        provenance=provenance,
+    )
+    with transaction.atomic():
+        series = KernelConfig.objects.select_for_update().filter(
+            device_name=device_name, E=E, N=N, dtype=dtype
+        )
+        newest = max(
+            (c for c in series if c.block_shape == block_shape),
+            key=lambda c: c.version,
+            default=None,
+        )
+        if (
+            newest is not None
+            and _canonical(newest.entries) == _canonical(stored)
+            and newest.triton_version == config.triton_version
+        ):
+            return newest, False
+        config.save_new_version()
+    return config, True
+
+
+def _canonical(entries):
+    return json.dumps(entries, sort_keys=True)
+
+
+def tuning_run_create(*, run_uuid=None, host=None, deployment=None, **fields):
+    """(TuningRun, created); a run_uuid seen before returns that run (a retried create)."""
+    if run_uuid is not None:
+        existing = TuningRun.objects.filter(uuid=run_uuid).first()
+        if existing is not None:
+            return existing, False
+        fields["uuid"] = run_uuid
+    try:
+        with transaction.atomic():
+            return TuningRun.objects.create(host=host, deployment=deployment, **fields), True
+    except IntegrityError:
+        return TuningRun.objects.get(uuid=run_uuid), False
+
+
+def tuning_run_update(*, tuning_run, status=None, **fields):
+    """Status by compare-and-set (same edges as sweep runs), then progress, result, wall_s …"""
+    with transaction.atomic():
+        if status is not None and status != tuning_run.status:
+            _tuning_transition(tuning_run, status)
+        if fields:
+            TuningRun.objects.filter(pk=tuning_run.pk).update(**fields)
+            for key, value in fields.items():
+                setattr(tuning_run, key, value)
+    return tuning_run
+
+
+def _tuning_transition(tuning_run, status):
+    if status not in RUN_TRANSITIONS.get(tuning_run.status, ()):
+        raise TuningConflict(
+            f"tuning run {tuning_run.pk} is {tuning_run.status}; it cannot become {status}"
+        )
+    changes = {"status": status}
+    if status in FINISHED_STATUSES:
+        changes["finished_at"] = timezone.now()
+    moved = TuningRun.objects.filter(pk=tuning_run.pk, status=tuning_run.status).update(**changes)
+    if moved != 1:
+        tuning_run.refresh_from_db()
+        raise TuningConflict(
+            f"tuning run {tuning_run.pk} changed meanwhile: it is now {tuning_run.status}"
+        )
+    for key, value in changes.items():
+        setattr(tuning_run, key, value)
+
+
+def tuning_timings_record(*, tuning_run, timings):
+    """Store per-batch-size timings once each; returns (created, already stored) counts.
+
+    timings: dicts of TuningTiming fields (tuned_us, default_us, floor_us in µs).
+    """
+    with transaction.atomic():
+        TuningRun.objects.select_for_update().filter(pk=tuning_run.pk).first()
+        known = set(tuning_run.timings.values_list("batch_size", flat=True))
+        fresh = {t["batch_size"]: t for t in timings if t["batch_size"] not in known}
+        TuningTiming.objects.bulk_create(
+            [TuningTiming(run=tuning_run, **t) for t in fresh.values()]
+        )
+    return len(fresh), len(timings) - len(fresh)

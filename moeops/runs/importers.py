@@ -1,0 +1,226 @@
+"""Benchmark result files written by others → level dicts with LevelResult's field names.
+
+Formats:
+- "sglang": `python -m sglang.bench_serving --output-file F.jsonl`, one JSON object per line.
+  Its request rate is written as a bare `Infinity` (Python's json reads it). Older SGLang
+  (2024) wrote `output_token_throughput`, `median_ttft`, `benchmark_duration`, …
+- "vllm": `vllm bench serve --save-result` (and benchmarks/benchmark_serving.py before it),
+  one JSON object per file, or one per line with `--append-result`; `request_rate` is the
+  string "inf" when unlimited. v0.4.0 misspelled `request_inthroughput`.
+
+Keys come and go between versions, so every metric is read from the first key present in a
+list of aliases; absent keys stay None. Each object is kept whole in `raw`.
+"""
+
+import json
+import math
+from collections import Counter
+
+from moeops.runs.models import LATENCY_KEYS, level_key
+
+FORMATS = ("sglang", "vllm")
+
+
+def _aliases():
+    """LevelResult field → keys that hold it, newest layout first."""
+    aliases = {
+        "duration": ("duration", "benchmark_duration"),
+        "completed": ("completed",),
+        "failed": ("failed",),
+        "total_input_tokens": ("total_input_tokens", "total_input"),
+        "total_output_tokens": ("total_output_tokens", "total_output"),
+        "request_throughput": ("request_throughput", "request_inthroughput"),
+        "output_throughput": ("output_throughput", "output_token_throughput"),
+        "total_token_throughput": ("total_token_throughput", "total_throughput"),
+        "max_output_tokens_per_s": ("max_output_tokens_per_s",),
+        "max_concurrent_requests": ("max_concurrent_requests",),
+        "request_goodput": ("request_goodput",),
+    }
+    for key in LATENCY_KEYS:
+        stat, metric, _ = key.split("_")
+        if metric == "e2el":
+            # SGLang: mean_e2e_latency_ms; SGLang 2024: mean_e2e_latency
+            aliases[key] = (key, f"{stat}_e2e_latency_ms", f"{stat}_e2e_latency")
+        else:
+            aliases[key] = (key, f"{stat}_{metric}")
+    return aliases
+
+
+ALIASES = _aliases()
+# The keys without which a line is not a throughput result.
+REQUIRED = ("output_throughput",)
+INT_FIELDS = (
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "max_concurrent_requests",
+)
+MAX_INT = 2_147_483_647
+
+
+class ResultFileError(ValueError):
+    """A file that cannot be imported; `problems` names each bad line."""
+
+    def __init__(self, problems):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _objects(text, fmt):
+    """[(line number, object or None, error)] of the file's JSON objects."""
+    if fmt == "vllm":
+        try:
+            whole = json.loads(text)
+        except ValueError:
+            whole = None
+        if isinstance(whole, dict):
+            return [(1, whole, None)]
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            found.append((number, json.loads(line), None))
+        except (ValueError, RecursionError) as exc:
+            found.append((number, None, f"not JSON ({exc})"))
+    return found
+
+
+def _number(value):
+    """A finite float from a number or a numeric string, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        value = float(value)
+    elif isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    else:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _first(obj, keys):
+    for key in keys:
+        if key in obj and obj[key] is not None:
+            return key, obj[key]
+    return None, None
+
+
+def _jsonable(value):
+    """The object as jsonb stores it: non-finite numbers become the words the file used."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(item) for item in value]
+    return value
+
+
+def _unstorable(value):
+    """True when a string or key holds NUL or a lone surrogate (jsonb refuses both)."""
+    if isinstance(value, str):
+        return "\x00" in value or not value.isascii() and not _encodes(value)
+    if isinstance(value, dict):
+        return any(_unstorable(k) or _unstorable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_unstorable(item) for item in value)
+    return False
+
+
+def _encodes(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _error_counts(errors):
+    """vLLM saves one error string per request ("" for success); count them by text."""
+    if isinstance(errors, dict):
+        return {str(k): v for k, v in errors.items() if isinstance(v, int)}
+    if isinstance(errors, list):
+        return dict(Counter(str(e) for e in errors if e))
+    return {}
+
+
+def _level(obj, fmt):
+    """LevelResult fields of one result object; raises ValueError naming what is wrong."""
+    level = {}
+    for field, keys in ALIASES.items():
+        key, value = _first(obj, keys)
+        if key is None:
+            continue
+        number = _number(value)
+        if number is None:
+            raise ValueError(f"{key} is not a number: {value!r}")
+        if field in INT_FIELDS:
+            if number < 0 or number > MAX_INT or number != int(number):
+                raise ValueError(f"{key} is not a count: {value!r}")
+            number = int(number)
+        level[field] = number
+    missing = [field for field in REQUIRED if field not in level]
+    if missing:
+        raise ValueError(f"lacks the throughput keys ({', '.join(ALIASES[missing[0]])})")
+    concurrency = obj.get("max_concurrency")
+    if concurrency is not None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+            raise ValueError(f"max_concurrency is not an integer: {concurrency!r}")
+        if not 0 < concurrency <= MAX_INT:
+            raise ValueError(f"max_concurrency is out of range: {concurrency!r}")
+    level["concurrency"] = concurrency
+    # None = unlimited: inf, "inf", Infinity; also SGLang's "trace" (timestamps replayed)
+    level["request_rate"] = _number(obj.get("request_rate"))
+    if fmt == "sglang" and str(obj.get("dataset_name", "")).startswith("random"):
+        for field, key in (("input_len", "random_input_len"), ("output_len", "random_output_len")):
+            value = obj.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT:
+                level[field] = value
+    level.setdefault("failed", 0)
+    level["errors"] = _error_counts(obj.get("errors"))
+    level["raw"] = _jsonable(obj)
+    return level
+
+
+def parse_results(text, fmt):
+    """The levels of a result file: a list of LevelResult field dicts, one per object.
+
+    Each dict carries `concurrency`, `request_rate` (None = unlimited), the metrics found,
+    `raw` (the whole object) and `line` (its line number). Raises ResultFileError listing
+    every line that is not JSON, not an object, lacks the throughput keys, or repeats the
+    (concurrency, request rate) of an earlier line.
+    """
+    if fmt not in FORMATS:
+        raise ResultFileError([f"format must be one of {', '.join(FORMATS)}, got {fmt!r}"])
+    problems, levels, seen = [], [], {}
+    objects = _objects(text, fmt)
+    if not objects:
+        raise ResultFileError(["the file holds no results"])
+    for number, obj, error in objects:
+        if error is None and not isinstance(obj, dict):
+            error = "not a JSON object"
+        if error is None and _unstorable(obj):
+            error = "holds a NUL character or invalid Unicode"
+        if error is None:
+            try:
+                level = _level(obj, fmt)
+            except ValueError as exc:
+                error = str(exc)
+        if error is None:
+            key = level_key(level["concurrency"], level["request_rate"])
+            if key in seen:
+                error = f"repeats the level of line {seen[key]} ({key})"
+            seen.setdefault(key, number)
+        if error is not None:
+            problems.append(f"line {number}: {error}")
+            continue
+        level["line"] = number
+        levels.append(level)
+    if problems:
+        raise ResultFileError(problems)
+    return levels

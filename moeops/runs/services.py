@@ -1,0 +1,210 @@
+"""Writes to sweep runs: create, status compare-and-set, levels, telemetry, imported files."""
+
+import hashlib
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from moeops.runs import importers
+from moeops.runs.models import (
+    FINISHED_STATUSES,
+    EngineSample,
+    LevelResult,
+    SweepRun,
+    TelemetryBatch,
+    TelemetrySample,
+    level_key,
+)
+
+# Rows per INSERT: 5,000 samples of 12 columns stay under PostgreSQL's 65,535 parameters.
+BULK_BATCH_SIZE = 5000
+
+
+class RunConflict(Exception):
+    """The run cannot do that from where it is (e.g. a finished run asked to run again)."""
+
+
+def run_create(
+    *,
+    deployment,
+    run_uuid=None,
+    label="",
+    parameters=None,
+    source="worker",
+    kernel_config=None,
+    topology_snapshot=None,
+    provenance="",
+):
+    """(SweepRun, created); a run_uuid seen before returns that run (a retried create)."""
+    if run_uuid is not None:
+        existing = SweepRun.objects.filter(uuid=run_uuid).first()
+        if existing is not None:
+            return _same_deployment(existing, deployment), False
+    fields = {
+        "deployment": deployment,
+        "label": label,
+        "parameters": parameters or {},
+        "source": source,
+        "kernel_config": kernel_config,
+        "topology_snapshot": topology_snapshot,
+        "provenance": provenance,
+    }
+    if run_uuid is not None:
+        fields["uuid"] = run_uuid
+    try:
+        with transaction.atomic():
+            return SweepRun.objects.create(**fields), True
+    except IntegrityError:
+        return _same_deployment(SweepRun.objects.get(uuid=run_uuid), deployment), False
+
+
+def _same_deployment(run, deployment):
+    if run.deployment_id != deployment.pk:
+        raise RunConflict(f"run {run.uuid} belongs to another deployment")
+    return run
+
+
+def run_transition(*, run, status, error=""):
+    """Move the run to `status` by compare-and-set; the same status again is a no-op.
+
+    Raises RunConflict when RUN_TRANSITIONS has no such edge or the run moved meanwhile.
+    Sets started_at on running and finished_at on a finished status.
+    """
+    if run.status == status:
+        return run
+    if not run.can_move_to(status):
+        raise RunConflict(f"run {run.pk} is {run.status}; it cannot become {status}")
+    now = timezone.now()
+    changes = {"status": status}
+    if status == "running":
+        changes["started_at"] = now
+    if status in FINISHED_STATUSES:
+        changes["finished_at"] = now
+    if error:
+        changes["error"] = error
+    if SweepRun.objects.filter(pk=run.pk, status=run.status).update(**changes) != 1:
+        run.refresh_from_db()
+        raise RunConflict(f"run {run.pk} changed meanwhile: it is now {run.status}")
+    for key, value in changes.items():
+        setattr(run, key, value)
+    return run
+
+
+def run_update(*, run, status=None, error="", **fields):
+    """Status (compare-and-set) and progress, telemetry status, label … in one transaction."""
+    with transaction.atomic():
+        if status is not None:
+            run_transition(run=run, status=status, error=error)
+        elif error:
+            fields["error"] = error
+        if fields:
+            SweepRun.objects.filter(pk=run.pk).update(**fields)
+            for key, value in fields.items():
+                setattr(run, key, value)
+    return run
+
+
+def run_cancel(*, run):
+    """A queued run is cancelled at once; a running one is asked to stop (cancel_requested)."""
+    if run.status == "queued":
+        try:
+            return run_transition(run=run, status="cancelled")
+        except RunConflict:
+            pass
+    if run.status == "running":
+        SweepRun.objects.filter(pk=run.pk).update(cancel_requested=True)
+        run.cancel_requested = True
+        return run
+    raise RunConflict(f"run {run.pk} is {run.status}; there is nothing to cancel")
+
+
+def level_record(*, run, **fields):
+    """(LevelResult, created) keyed by (run, concurrency, request rate); a repeat stores nothing.
+
+    fields are LevelResult fields; request_rate None or inf means unlimited.
+    """
+    rate = fields.get("request_rate")
+    if rate is not None and rate == float("inf"):
+        fields["request_rate"] = rate = None
+    key = level_key(fields.get("concurrency"), rate)
+    existing = run.levels.filter(key=key).first()
+    if existing is not None:
+        return existing, False
+    try:
+        with transaction.atomic():
+            return LevelResult.objects.create(run=run, key=key, **fields), True
+    except IntegrityError:
+        return run.levels.get(key=key), False
+
+
+def _batch_record(*, run, batch_id, kind, model, samples):
+    existing = TelemetryBatch.objects.filter(run=run, kind=kind, batch_id=batch_id).first()
+    if existing is not None:
+        return existing, False
+    rows = [model(run_id=run.pk, **sample) for sample in samples]
+    try:
+        with transaction.atomic():
+            batch = TelemetryBatch.objects.create(
+                run=run, kind=kind, batch_id=batch_id, count=len(rows)
+            )
+            model.objects.bulk_create(rows, batch_size=BULK_BATCH_SIZE)
+    except IntegrityError:
+        # the same batch arrived twice at once; the other request stored it
+        return TelemetryBatch.objects.get(run=run, kind=kind, batch_id=batch_id), False
+    return batch, True
+
+
+def telemetry_record(*, run, batch_id, samples):
+    """(TelemetryBatch, created): store GPU samples (dicts of TelemetrySample fields) once."""
+    return _batch_record(
+        run=run, batch_id=batch_id, kind="gpu", model=TelemetrySample, samples=samples
+    )
+
+
+def engine_samples_record(*, run, batch_id, samples):
+    """(TelemetryBatch, created): store engine /metrics samples (EngineSample fields) once."""
+    return _batch_record(
+        run=run, batch_id=batch_id, kind="engine", model=EngineSample, samples=samples
+    )
+
+
+def run_import(*, deployment, fmt, text, label="", file_name="", provenance=""):
+    """(SweepRun, created) for a benchmark result file; each object becomes one level.
+
+    The run is stored finished, with source "import". The same file imported again for the
+    same deployment returns the first run. Raises importers.ResultFileError listing the bad
+    lines; then nothing is stored.
+    """
+    levels = importers.parse_results(text, fmt)
+    digest = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+    existing = SweepRun.objects.filter(
+        deployment=deployment, source="import", parameters__import_sha256=digest
+    ).first()
+    if existing is not None:
+        return existing, False
+    now = timezone.now()
+    with transaction.atomic():
+        run = SweepRun.objects.create(
+            deployment=deployment,
+            label=label or file_name or f"{fmt} import",
+            source="import",
+            status="succeeded",
+            parameters={
+                "format": fmt,
+                "file_name": file_name,
+                "import_sha256": digest,
+                "levels": len(levels),
+            },
+            telemetry_status="not_collected",
+            telemetry_detail="imported from a result file",
+            provenance=provenance or f"imported {fmt} result file {file_name}".strip(),
+            started_at=now,
+            finished_at=now,
+        )
+        rows = []
+        for level in levels:
+            fields = {k: v for k, v in level.items() if k != "line"}
+            key = level_key(fields["concurrency"], fields["request_rate"])
+            rows.append(LevelResult(run=run, key=key, **fields))
+        LevelResult.objects.bulk_create(rows)
+    return run, True
