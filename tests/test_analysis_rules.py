@@ -181,6 +181,19 @@ def test_idle_gpus_on_untimed_readings_is_only_info():
     assert p.plan == []
 
 
+def test_idle_gpus_reads_power_only_against_a_known_limit():
+    # GPU 1's reading has no limit anywhere: it cannot say how hard the GPU works
+    samples = [GpuSample(0, 1.0, 64, None, 85.0, 600.0), GpuSample(1, 1.0, 64, None, 30.0, None)]
+    data = RunData(levels=[Level(64, 500.0)], telemetry_status="recorded", gpu_samples=samples)
+
+    [p] = analysis.idle_gpus(data)
+    assert (p.evidence["mean_power_w"], p.evidence["mean_power_limit_w"]) == (85.0, 600.0)
+
+    data.gpu_samples = samples[1:]
+    [p] = analysis.idle_gpus(data)
+    assert p.key == "no-gpu-evidence"
+
+
 @pytest.mark.parametrize("status", ["unavailable", "pending", "not_collected"])
 def test_no_telemetry_means_no_gpu_evidence_never_idle(status):
     samples = [GpuSample(0, 1.0, 64, 0.0, 80.0, 600.0)]
@@ -532,6 +545,18 @@ def test_client_bound_holds_back_when_the_level_sent_fewer_requests_than_its_con
     levels = [Level(512, 600.0, max_concurrent_requests=100, requests=100)]
 
     assert analysis.client_bound(RunData(levels=levels)) == []
+
+
+def test_client_cpu_comes_from_the_load_generator_s_cpu_seconds():
+    raw = {"client_cpu_s": 57.0, "processes": 2}
+
+    assert analysis.client_cpu_percent(raw, 100.0, 130.0) == 95.0
+    assert analysis.client_cpu_percent(
+        {"client_cpu_s": 3.0, "started_at": 0, "finished_at": 10}
+    ) == (30.0)
+    assert analysis.client_cpu_percent({"client_cpu_percent": 42}) == 42.0
+    assert analysis.client_cpu_percent({"client_cpu_s": 3.0}) is None
+    assert analysis.client_cpu_percent(None) is None
 
 
 def test_client_bound_needs_client_numbers():

@@ -365,6 +365,24 @@ def test_idle_gpus_and_queueing_from_samples_tagged_with_levels(h200_deployment)
     assert queueing.severity == "warning" and queueing.evidence["max_queued"] == 64
 
 
+def test_client_bound_from_the_load_generator_s_own_numbers(h200_deployment):
+    run = make_run(h200_deployment, [])
+    LevelResult.objects.create(
+        run=run,
+        key=level_key(512, None),
+        concurrency=512,
+        output_throughput=900.0,
+        started_at=100.0,
+        finished_at=160.0,
+        raw={"client_cpu_s": 58.0, "processes": 1},
+    )
+
+    services.run_analyze(run=run)
+
+    finding = auto(run, kind="client_bound").get()
+    assert finding.evidence["client_cpu_percent"] == [pytest.approx(96.67, abs=0.01)]
+
+
 def test_topology_from_the_run_s_snapshot(h200_deployment):
     labels = ["GPU0", "GPU1"]
     snapshot = TopologySnapshot.objects.create(

@@ -23,7 +23,7 @@ from statistics import fmean
 
 # Plateau: a step of the sweep that adds less than this much output throughput per doubling of
 # concurrency is flat; 806 -> 879 tok/s (128 -> 256) is +9.1%, so the write-up's curve is flat.
-PLATEAU_GAIN_PER_DOUBLING = 0.10
+PLATEAU_GAIN = 0.10
 
 # Idle GPUs: mean utilization below this (%) while requests are outstanding; a busy decode loop
 # keeps a kernel running nearly all the time, so even an inefficient engine reads far above it.
@@ -45,9 +45,10 @@ CLIENT_CPU_SATURATED_PERCENT = 90.0
 # Client-bound: achieved concurrency below this fraction of the target (or of the requests the
 # level sent, when it sent fewer than the target) means the client did not keep the load up.
 CLIENT_CONCURRENCY_FRACTION = 0.90
-# The key of LevelResult.raw under which the load generator records its own process's CPU use
-# during the level, in % of one core (psutil.Process.cpu_percent): an asyncio client peaks at 100.
-CLIENT_CPU_KEY = "client_cpu_percent"
+# Keys of LevelResult.raw (the load generator's level result) that carry the client's CPU use:
+# a percentage given as is, else CPU seconds over its processes (workers.loadgen.run_level).
+CLIENT_CPU_PERCENT_KEY = "client_cpu_percent"
+CLIENT_CPU_SECONDS_KEY = "client_cpu_s"
 
 # P2P statuses of `nvidia-smi topo -p2p` that say nothing against P2P: self, OK, unknown.
 P2P_NOT_FAILED = ("X", "OK", "unknown", "U", None)
@@ -212,11 +213,7 @@ def plateau(data: RunData) -> list[Proposal]:
         for (c0, t0), (c1, t1) in zip(curve, curve[1:], strict=False)
     ]
     start = len(gains)
-    while (
-        start > 0
-        and gains[start - 1] is not None
-        and gains[start - 1] < (PLATEAU_GAIN_PER_DOUBLING)
-    ):
+    while start > 0 and gains[start - 1] is not None and gains[start - 1] < PLATEAU_GAIN:
         start -= 1
     if start == len(gains):
         return []
@@ -247,7 +244,7 @@ def plateau(data: RunData) -> list[Proposal]:
                 "gain_per_doubling": [_round(g) for g in gains],
                 "plateau_at": at_c,
                 "plateau_throughput": at_t,
-                "threshold": PLATEAU_GAIN_PER_DOUBLING,
+                "threshold": PLATEAU_GAIN,
                 "chart": _line(
                     concurrency,
                     "concurrency",
@@ -310,19 +307,20 @@ def idle_gpus(data: RunData) -> list[Proposal]:
         ]
     limits = {gpu.index: gpu.power_limit_w for gpu in data.gpus}
     util = [s.gpu_util for s, _ in loaded if s.gpu_util is not None]
-    power = [s.power_w for s, _ in loaded if s.power_w is not None]
-    fractions = [
-        s.power_w / limit
+    # (W, limit W) of the samples that have both: power means nothing without its limit
+    power = [
+        (s.power_w, limit)
         for s, _ in loaded
         if s.power_w is not None and (limit := s.power_limit_w or limits.get(s.gpu_index))
     ]
-    limit_values = [
-        limit for s, _ in loaded if (limit := s.power_limit_w or limits.get(s.gpu_index))
-    ]
     mean_util = fmean(util) if util else None
-    mean_fraction = fmean(fractions) if fractions else None
+    mean_fraction = fmean(w / limit for w, limit in power) if power else None
     if mean_util is None and mean_fraction is None:
-        return [_no_gpu_evidence("The GPU samples carry neither utilization nor power.")]
+        return [
+            _no_gpu_evidence(
+                "The GPU samples carry neither utilization nor power with a known limit."
+            )
+        ]
     if mean_util is not None:
         idle = mean_util < IDLE_UTIL_PERCENT
     else:
@@ -330,12 +328,12 @@ def idle_gpus(data: RunData) -> list[Proposal]:
     if not idle:
         return []
 
-    mean_power = fmean(power) if power else None
-    mean_limit = fmean(limit_values) if limit_values else None
+    mean_power = fmean(w for w, _ in power) if power else None
+    mean_limit = fmean(limit for _, limit in power) if power else None
     parts = []
     if mean_util is not None:
         parts.append(f"{mean_util:.0f}% utilization")
-    if mean_power is not None and mean_limit:
+    if power:
         parts.append(f"{mean_power:.0f} W of {mean_limit:.0f} W ({mean_fraction:.0%})")
     summary = ", ".join(parts)
     gpu_indexes = sorted({s.gpu_index for s, _ in loaded})
@@ -473,8 +471,7 @@ def queueing(data: RunData) -> list[Proposal]:
     at_cap = [
         s
         for s in data.engine_samples
-        if s.queued and s.queued > 0 and s.running is not None
-        if s.running >= CAP_FULL_FRACTION * cap
+        if (s.queued or 0) > 0 and (s.running or 0) >= CAP_FULL_FRACTION * cap
     ]
     evidence = {
         "cap": cap,
@@ -520,7 +517,7 @@ def queueing(data: RunData) -> list[Proposal]:
                 text=(
                     f"In {len(at_cap)} of {len(data.engine_samples)} engine samples the engine ran "
                     f"{cap} requests (its cap) with up to {max_queued:.0f} more waiting: the cap, "
-                    f"not the GPUs, limits the batch at the tested concurrency (up to {tested})."
+                    "not the GPUs, limits the batch at the concurrency tested."
                 ),
                 evidence=evidence,
                 plan=plan,
@@ -969,12 +966,36 @@ def regression(data: RunData) -> list[Proposal]:
 # -- client-bound ----------------------------------------------------------------------------
 
 
+def client_cpu_percent(raw: dict | None, started_at=None, finished_at=None) -> float | None:
+    """The load generator's CPU use during a level, in % of one core per client process.
+
+    raw["client_cpu_percent"] when given; else raw["client_cpu_s"] / (wall s × processes),
+    the wall time from the level's window (or raw's own started_at/finished_at). Each client
+    process is one asyncio loop on one core, so 100% means the client could go no faster.
+    """
+    raw = raw if isinstance(raw, dict) else {}
+    given = raw.get(CLIENT_CPU_PERCENT_KEY)
+    if _is_number(given):
+        return float(given)
+    cpu_s = raw.get(CLIENT_CPU_SECONDS_KEY)
+    start = started_at if started_at is not None else raw.get("started_at")
+    end = finished_at if finished_at is not None else raw.get("finished_at")
+    processes = raw.get("processes") if _is_number(raw.get("processes")) else 1
+    if not (_is_number(cpu_s) and _is_number(start) and _is_number(end)) or end <= start:
+        return None
+    return 100.0 * cpu_s / ((end - start) * max(processes, 1))
+
+
+def _is_number(value):
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def client_bound(data: RunData) -> list[Proposal]:
     """The load generator, not the server, limited a level.
 
-    Either its CPU reached CLIENT_CPU_SATURATED_PERCENT (LevelResult.raw["client_cpu_percent"]),
-    or its achieved concurrency (max_concurrent_requests) stayed below 90% of the target, the
-    target being the level's concurrency or the requests it sent, whichever is fewer.
+    Either its CPU reached CLIENT_CPU_SATURATED_PERCENT (see `client_cpu_percent`), or its
+    achieved concurrency (max_concurrent_requests) stayed below 90% of the target, the target
+    being the level's concurrency or the requests it sent, whichever is fewer.
     """
     levels = sorted((lv for lv in data.levels if lv.concurrency), key=lambda lv: lv.concurrency)
     saturated, short = [], []
@@ -1014,7 +1035,7 @@ def client_bound(data: RunData) -> list[Proposal]:
                 "levels_below_target": short,
                 "concurrency": concurrency,
                 "max_concurrent_requests": [lv.max_concurrent_requests for lv in levels],
-                "client_cpu_percent": [lv.client_cpu_percent for lv in levels],
+                "client_cpu_percent": [_round(lv.client_cpu_percent, 2) for lv in levels],
                 "thresholds": {
                     "client_cpu_percent": CLIENT_CPU_SATURATED_PERCENT,
                     "concurrency_fraction": CLIENT_CONCURRENCY_FRACTION,

@@ -188,16 +188,12 @@ def _levels(run):
             requests=None if level.completed is None else level.completed + level.failed,
             started_at=level.started_at,
             finished_at=level.finished_at,
-            client_cpu_percent=_number((level.raw or {}).get(analysis.CLIENT_CPU_KEY)),
+            client_cpu_percent=analysis.client_cpu_percent(
+                level.raw, level.started_at, level.finished_at
+            ),
         )
         for level in run.levels.all()
     ]
-
-
-def _number(value):
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None
 
 
 def _previous_comparable(run):

@@ -1,0 +1,102 @@
+"""A real sweep against the stand-in engine, capped below its top concurrency, diagnosed.
+
+The sweep runs as a worker runs it (load generator, engine /metrics sampler, server info) and
+its results are stored as the API stores them; the analysis must find the plateau and the queue.
+"""
+
+import pytest
+
+from moeops.fleet.models import Deployment, Host, ModelSpec
+from moeops.insights import services
+from moeops.runs.models import LEVEL_KEYS, EngineSample, LevelResult, SweepRun, level_key
+from workers.engine_metrics import EngineMetricsSampler, read_server_info
+from workers.loadgen import ClientConfig, SweepConfig, run_sweep
+from workers.standin import spawn_standin
+
+pytestmark = pytest.mark.django_db
+
+CAP = 8
+LEVELS = (4, 8, 16, 32)
+
+
+@pytest.fixture(scope="module")
+def capped_sweep():
+    """(server info, level results, engine samples) of a sweep at 4…32 against a cap of 8."""
+    # step = 4 ms + 0.5 ms × batch: throughput rises to the cap of 8, then stays
+    url, proc = spawn_standin(
+        ["--max-running-requests", str(CAP), "--step-ms-base", "4", "--step-ms-per-req", "0.5"]
+    )
+    try:
+        server_info = read_server_info(url)
+        config = SweepConfig(
+            client=ClientConfig(base_url=url, model="standin"),
+            concurrencies=LEVELS,
+            input_len=32,
+            output_len=20,
+            prompts_per_level=64,
+        )
+        with EngineMetricsSampler(url, interval_s=0.05) as sampler:
+
+            def tag(_, level):
+                sampler.level_concurrency = level.concurrency
+
+            results = run_sweep(config, on_level_start=tag)
+    finally:
+        proc.terminate()
+        proc.wait(5)
+    return server_info, results, sampler.samples
+
+
+def store(capped_sweep):
+    server_info, results, samples = capped_sweep
+    model = ModelSpec.objects.create(name="standin", config_json={})
+    host = Host.objects.create(name="standin-host")
+    deployment = Deployment.objects.create(name="standin", model=model, host=host)
+    run = SweepRun.objects.create(
+        deployment=deployment,
+        status="succeeded",
+        telemetry_status="unavailable",
+        parameters={
+            "levels": list(LEVELS),
+            "input_len": 32,
+            "output_len": 20,
+            "server_info": server_info,
+        },
+    )
+    for result in results:
+        fields = {k: result[k] for k in LEVEL_KEYS if result.get(k) is not None}
+        LevelResult.objects.create(
+            run=run,
+            key=level_key(result["concurrency"], None),
+            concurrency=result["concurrency"],
+            started_at=result["started_at"],
+            finished_at=result["finished_at"],
+            raw=result,
+            **fields,
+        )
+    EngineSample.objects.bulk_create(
+        EngineSample(
+            run=run,
+            ts=s["ts"],
+            level_concurrency=s["level_concurrency"],
+            running=s["running"],
+            queued=s["queued"],
+        )
+        for s in samples
+    )
+    return run
+
+
+def test_a_capped_sweep_yields_the_plateau_and_queueing_findings(capped_sweep):
+    run = store(capped_sweep)
+
+    findings = {f.kind: f for f in services.run_analyze(run=run)}
+
+    assert findings["plateau"].evidence["plateau_at"] == CAP
+    queueing = findings["queueing"]
+    assert queueing.severity == "warning" and queueing.evidence["basis"] == "engine_samples"
+    assert queueing.evidence["cap"] == CAP
+    assert queueing.evidence["cap_source"] == "server_info.max_running_requests"
+    # no telemetry from the stand-in: no GPU evidence, never idle GPUs
+    assert "idle_gpus" not in findings
+    assert findings["other"].key == "no-gpu-evidence"
