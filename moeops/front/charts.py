@@ -1,11 +1,35 @@
-"""Plotly figures as plain dicts (data + layout), rendered in the page by plotly.js."""
+"""Plotly figures as plain dicts (data + layout), rendered in the page by plotly.js.
+
+Units follow DESIGN.md: throughput in tok/s, latencies in ms, power in W, time as UTC epoch s
+(shown as UTC dates).
+"""
+
+import datetime as dt
+import re
 
 LAYOUT = {
     "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
     "legend": {"orientation": "h", "y": -0.25},
     "hovermode": "closest",
     "template": None,
+    "font": {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12},
 }
+# D3's category10, plotly's own default colorway; named here so groups can share a color.
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+CONCURRENCY_AXIS = {"title": {"text": "concurrency"}, "type": "log", "dtick": 0.30103}
+# Above this many points a line reads better without a marker on every point.
+MARKER_LIMIT = 60
 
 
 def figure(traces, title, xaxis, yaxis, **layout):
@@ -21,31 +45,535 @@ def figure(traces, title, xaxis, yaxis, **layout):
     }
 
 
+def _mode(points):
+    return "lines" if len(points) > MARKER_LIMIT else "lines+markers"
+
+
+def epoch_to_plotly(ts):
+    """UTC epoch s → the date string plotly's date axis reads ("2026-11-29 15:01:42.123")."""
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _level_points(levels, key):
+    return sorted(
+        (level.concurrency, getattr(level, key))
+        for level in levels
+        if level.concurrency is not None and getattr(level, key) is not None
+    )
+
+
+def _line(name, points, **extra):
+    return {
+        "type": "scatter",
+        "mode": _mode(points),
+        "name": name,
+        "x": [x for x, _ in points],
+        "y": [y for _, y in points],
+        **extra,
+    }
+
+
 def throughput_vs_concurrency(runs):
     """Output tok/s vs concurrency, one line per run (levels without a concurrency are left out)."""
     traces = []
     for run in runs:
-        points = sorted(
-            (level.concurrency, level.output_throughput)
-            for level in run.levels.all()
-            if level.concurrency is not None and level.output_throughput is not None
+        points = _level_points(run.levels.all(), "output_throughput")
+        if points:
+            traces.append(
+                _line(
+                    run.display_label(),
+                    points,
+                    hovertemplate="concurrency %{x}<br>%{y:.0f} tok/s"
+                    "<extra>%{fullData.name}</extra>",
+                )
+            )
+    return figure(
+        traces,
+        "Output throughput vs concurrency",
+        CONCURRENCY_AXIS,
+        {"title": {"text": "output tok/s"}, "rangemode": "tozero"},
+    )
+
+
+def run_throughput(levels):
+    """A run's output and total (input + output) tok/s vs concurrency."""
+    traces = []
+    for key, name in (("output_throughput", "output"), ("total_token_throughput", "total")):
+        points = _level_points(levels, key)
+        if points:
+            hover = "c=%{x}<br>%{y:,.0f} tok/s<extra>" + name + "</extra>"
+            traces.append(_line(name, points, hovertemplate=hover))
+    return figure(
+        traces,
+        "Throughput vs concurrency",
+        CONCURRENCY_AXIS,
+        {"title": {"text": "tok/s"}, "rangemode": "tozero"},
+    )
+
+
+def run_latency(levels, metric, title):
+    """p50 and p99 of one latency metric (ttft, tpot, itl, e2el; ms) vs concurrency."""
+    traces = []
+    for stat, name, dash in (("median", "p50", "solid"), ("p99", "p99", "dash")):
+        points = _level_points(levels, f"{stat}_{metric}_ms")
+        if points:
+            traces.append(
+                _line(
+                    name,
+                    points,
+                    line={"dash": dash},
+                    hovertemplate="c=%{x}<br>%{y:,.1f} ms<extra>" + name + "</extra>",
+                )
+            )
+    return figure(traces, title, CONCURRENCY_AXIS, {"title": {"text": "ms"}, "rangemode": "tozero"})
+
+
+def _band_shapes(bands):
+    """Shaded rectangles behind a time chart, one per concurrency level, and their labels."""
+    shapes, annotations = [], []
+    for i, (concurrency, start, end) in enumerate(bands):
+        x0, x1 = epoch_to_plotly(start), epoch_to_plotly(end)
+        shapes.append(
+            {
+                "type": "rect",
+                "xref": "x",
+                "yref": "paper",
+                "x0": x0,
+                "x1": x1,
+                "y0": 0,
+                "y1": 1,
+                "fillcolor": "#3056d3" if i % 2 else "#98a2b3",
+                "opacity": 0.08,
+                "line": {"width": 0},
+                "layer": "below",
+            }
         )
-        if not points:
-            continue
+        annotations.append(
+            {
+                "x": epoch_to_plotly((start + end) / 2),
+                "y": 1,
+                "xref": "x",
+                "yref": "paper",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "text": f"c={concurrency}" if concurrency is not None else "level",
+                "font": {"size": 10, "color": "#667085"},
+            }
+        )
+    return shapes, annotations
+
+
+def _limit_line(value, label):
+    shape = {
+        "type": "line",
+        "xref": "paper",
+        "x0": 0,
+        "x1": 1,
+        "yref": "y",
+        "y0": value,
+        "y1": value,
+        "line": {"color": "#b42318", "dash": "dash", "width": 1.5},
+    }
+    annotation = {
+        "xref": "paper",
+        "x": 1,
+        "xanchor": "right",
+        "yref": "y",
+        "y": value,
+        "yanchor": "bottom",
+        "showarrow": False,
+        "text": label,
+        "font": {"size": 11, "color": "#b42318"},
+    }
+    return shape, annotation
+
+
+def _time_layout(bands, extra_shapes=(), extra_annotations=()):
+    shapes, annotations = _band_shapes(bands)
+    return {
+        "shapes": [*shapes, *extra_shapes],
+        "annotations": [*annotations, *extra_annotations],
+    }
+
+
+def _gpu_traces(series, key, unit, fmt):
+    traces = []
+    for gpu_index in sorted(series.groups):
+        group = series.groups[gpu_index]
+        points = list(zip(group["t"], group[key], strict=True))
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": _mode(points),
+                "name": f"GPU{gpu_index}",
+                "x": [epoch_to_plotly(t) for t in group["t"]],
+                "y": group[key],
+                "customdata": list(zip(group[f"{key}_min"], group[f"{key}_max"], strict=True)),
+                "hovertemplate": f"%{{y:{fmt}}} {unit} (min %{{customdata[0]:{fmt}}}, "
+                f"max %{{customdata[1]:{fmt}}})<extra>GPU{gpu_index}</extra>",
+                "line": {"width": 1.5},
+            }
+        )
+    return traces
+
+
+def _bucket_note(series):
+    if not series.count or not series.width or series.width <= 1.0:
+        return ""
+    return f" (mean per {series.width:.0f} s; {series.count:,} samples)"
+
+
+def gpu_utilization(series, bands):
+    """GPU utilization (%) over time, one line per GPU, levels as shaded bands."""
+    traces = _gpu_traces(series, "util", "%", ".0f")
+    return figure(
+        traces,
+        "GPU utilization" + _bucket_note(series),
+        {"type": "date", "title": {"text": "time (UTC)"}},
+        {"title": {"text": "utilization %"}, "range": [0, 105]},
+        **_time_layout(bands),
+    )
+
+
+def gpu_power(series, bands):
+    """GPU power (W) over time per GPU, with the enforced power limit as a dashed line."""
+    traces = _gpu_traces(series, "power", "W", ".0f")
+    limit = series.extra.get("power_limit_w")
+    shapes, annotations = [], []
+    top = max(
+        (v for g in series.groups.values() for v in g["power_max"] if v is not None), default=0
+    )
+    if limit:
+        shape, annotation = _limit_line(limit, f"power limit {limit:.0f} W")
+        shapes.append(shape)
+        annotations.append(annotation)
+        top = max(top, limit)
+    return figure(
+        traces,
+        "GPU power" + _bucket_note(series),
+        {"type": "date", "title": {"text": "time (UTC)"}},
+        {"title": {"text": "W"}, "range": [0, (top or 1) * 1.1]},
+        **_time_layout(bands, shapes, annotations),
+    )
+
+
+def engine_queue(series, bands, max_running_requests=None):
+    """The engine's running and queued requests over time, with its max-running-requests cap."""
+    traces = []
+    group = series.groups.get(None)
+    if group:
+        x = [epoch_to_plotly(t) for t in group["t"]]
+        for key, name in (("running", "running"), ("queued", "queued")):
+            points = list(zip(x, group[key], strict=True))
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": _mode(points),
+                    "name": name,
+                    "x": x,
+                    "y": group[key],
+                    "customdata": group[f"{key}_max"],
+                    "hovertemplate": "%{y:.0f} " + name + " (max %{customdata:.0f})<extra></extra>",
+                }
+            )
+    shapes, annotations = [], []
+    if max_running_requests and traces:
+        shape, annotation = _limit_line(
+            max_running_requests, f"max running requests {max_running_requests}"
+        )
+        shapes.append(shape)
+        annotations.append(annotation)
+    return figure(
+        traces,
+        "Engine: running and queued requests" + _bucket_note(series),
+        {"type": "date", "title": {"text": "time (UTC)"}},
+        {"title": {"text": "requests"}, "rangemode": "tozero"},
+        **_time_layout(bands, shapes, annotations),
+    )
+
+
+def peaks_over_time(runs):
+    """Peak output tok/s of each run (its `peak` annotation) against when it was created."""
+    points = sorted(
+        (run.created, run.peak, run.display_label()) for run in runs if run.peak is not None
+    )
+    traces = []
+    if points:
         traces.append(
             {
                 "type": "scatter",
                 "mode": "lines+markers",
-                "name": run.display_label(),
-                "x": [c for c, _ in points],
-                "y": [t for _, t in points],
-                "hovertemplate": "concurrency %{x}<br>%{y:.0f} tok/s"
-                "<extra>%{fullData.name}</extra>",
+                "name": "peak output tok/s",
+                "x": [created.isoformat() for created, _, _ in points],
+                "y": [peak for _, peak, _ in points],
+                "text": [label for _, _, label in points],
+                "hovertemplate": "%{text}<br>%{y:,.0f} tok/s<extra></extra>",
+                "marker": {"size": 8},
             }
         )
     return figure(
         traces,
-        "Output throughput vs concurrency",
-        {"title": {"text": "concurrency"}, "type": "log", "dtick": 0.30103},
-        {"title": {"text": "output tok/s"}, "rangemode": "tozero"},
+        "Peak output throughput per run",
+        {"type": "date"},
+        {"title": {"text": "tok/s"}, "rangemode": "tozero"},
+        margin={"l": 55, "r": 15, "t": 35, "b": 35},
+        showlegend=False,
+    )
+
+
+# --- compare -------------------------------------------------------------------------------
+
+
+def compare_vs_concurrency(runs, styles, key, title, ytitle, fmt=",.0f"):
+    """One metric of each run's levels vs concurrency; styles[run.pk] gives name and color."""
+    traces = []
+    for run in runs:
+        points = _level_points(run.levels.all(), key)
+        if points:
+            style = styles[run.pk]
+            traces.append(
+                _line(
+                    style["name"],
+                    points,
+                    legendgroup=style["group"],
+                    line={"color": style["color"], "dash": style["dash"]},
+                    marker={"color": style["color"]},
+                    hovertemplate="c=%{x}<br>%{y:" + fmt + "}<extra>%{fullData.name}</extra>",
+                )
+            )
+    return figure(
+        traces, title, CONCURRENCY_AXIS, {"title": {"text": ytitle}, "rangemode": "tozero"}
+    )
+
+
+def pareto_front(points):
+    """The points (x, y) no other point beats in both x and y, by ascending x."""
+    front = []
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return sorted(front)
+
+
+def pareto(runs, styles, num_gpus):
+    """Output tok/s per GPU vs tok/s per user (1000 / median TPOT), one line per run.
+
+    num_gpus[run.pk] is the GPU count the per-GPU figure divides by. The dashed line is the
+    Pareto front over every point shown.
+    """
+    traces, everything = [], []
+    for run in runs:
+        gpus = num_gpus[run.pk]
+        points = sorted(
+            (level.concurrency or 0, level.interactivity, level.throughput_per_gpu(gpus))
+            for level in run.levels.all()
+            if level.interactivity is not None and level.output_throughput is not None
+        )
+        if not points:
+            continue
+        style = styles[run.pk]
+        everything += [(x, y) for _, x, y in points]
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers+text",
+                "name": style["name"],
+                "legendgroup": style["group"],
+                "x": [x for _, x, _ in points],
+                "y": [y for _, _, y in points],
+                "text": [f"c={c}" for c, _, _ in points],
+                "textposition": "top center",
+                "textfont": {"size": 9, "color": "#667085"},
+                "line": {"color": style["color"], "dash": style["dash"]},
+                "marker": {"color": style["color"]},
+                "hovertemplate": "%{text}<br>%{x:.1f} tok/s per user<br>%{y:,.0f} tok/s per GPU"
+                "<extra>%{fullData.name}</extra>",
+            }
+        )
+    front = pareto_front(everything)
+    if len(front) > 1:
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "Pareto front",
+                "x": [x for x, _ in front],
+                "y": [y for _, y in front],
+                "line": {"color": "#101828", "dash": "dot", "width": 1},
+                "hoverinfo": "skip",
+            }
+        )
+    return figure(
+        traces,
+        "Throughput per GPU vs interactivity",
+        {"title": {"text": "tok/s per user (1000 / median TPOT)"}, "rangemode": "tozero"},
+        {"title": {"text": "output tok/s per GPU"}, "rangemode": "tozero"},
+    )
+
+
+def peak_bars(runs, styles):
+    """Each run's peak output tok/s as a bar (runs without a concurrency level count too)."""
+    shown = [run for run in runs if run.peak is not None]
+    traces = []
+    if shown:
+        traces.append(
+            {
+                "type": "bar",
+                "name": "peak output tok/s",
+                "x": [styles[run.pk]["name"] for run in shown],
+                "y": [run.peak for run in shown],
+                "marker": {"color": [styles[run.pk]["color"] for run in shown]},
+                "text": [f"{run.peak:,.0f}" for run in shown],
+                "textposition": "outside",
+                "hovertemplate": "%{x}<br>%{y:,.0f} tok/s<extra></extra>",
+            }
+        )
+    return figure(
+        traces,
+        "Peak output throughput",
+        {"automargin": True},
+        {"title": {"text": "tok/s"}, "rangemode": "tozero"},
+        showlegend=False,
+    )
+
+
+# --- kernels -------------------------------------------------------------------------------
+
+
+def kernel_timings(timings):
+    """Per batch size M: tuned, default-config and floor time of one MoE layer (µs), log axes."""
+    traces = []
+    series = (
+        ("tuned_us", "tuned", "#157f3b", "solid"),
+        ("default_us", "default config", "#b54708", "solid"),
+        ("grouped_mm_us", "torch _grouped_mm", "#7f7f7f", "dot"),
+        ("floor_us", "hardware floor", "#101828", "dash"),
+    )
+    for key, name, color, dash in series:
+        points = [(t.batch_size, getattr(t, key)) for t in timings if getattr(t, key) is not None]
+        if points:
+            traces.append(
+                _line(
+                    name,
+                    points,
+                    line={"color": color, "dash": dash},
+                    marker={"color": color},
+                    hovertemplate="M=%{x}<br>%{y:,.1f} µs<extra>" + name + "</extra>",
+                )
+            )
+    return figure(
+        traces,
+        "One MoE layer: tuned vs default vs floor",
+        {"title": {"text": "batch size M"}, "type": "log", "dtick": 0.30103},
+        {"title": {"text": "µs"}, "type": "log"},
+    )
+
+
+# --- topology ------------------------------------------------------------------------------
+
+_LINK_RANK = {"SYS": 0, "SOC": 0, "NODE": 1, "PHB": 2, "PXB": 3, "PIX": 4, "same board": 5}
+_LINK_SCALE = [[0, "#fda29b"], [0.4, "#fedf89"], [0.8, "#a6f4c5"], [1, "#039855"]]
+_P2P_SCALE = [[0, "#fda29b"], [1, "#a6f4c5"]]
+
+
+def _link_value(cell):
+    cell = str(cell).strip()
+    if re.fullmatch(r"NV\d+", cell):
+        return 6
+    return _LINK_RANK.get(cell)
+
+
+def _p2p_value(cell):
+    cell = str(cell).strip()
+    if cell in ("X", "unknown", "U", ""):
+        return None
+    return 1 if cell == "OK" else 0
+
+
+def topology_heatmap(block, title, kind="links"):
+    """A {labels, matrix} block of nvidia-smi codes as a heatmap, codes written in the cells.
+
+    Links: NVLink best, then PIX, PXB, PHB, NODE, SYS worst. P2P: OK vs anything else.
+    """
+    if not block or not block.get("matrix"):
+        return figure([], title, {}, {})
+    value = _link_value if kind == "links" else _p2p_value
+    labels, matrix = block["labels"], block["matrix"]
+    columns = labels[: len(matrix[0])] if matrix else labels
+    trace = {
+        "type": "heatmap",
+        "x": columns,
+        "y": labels[: len(matrix)],
+        "z": [[value(cell) for cell in row] for row in matrix],
+        "text": [[str(cell) for cell in row] for row in matrix],
+        "texttemplate": "%{text}",
+        "hovertemplate": "%{y} ↔ %{x}: %{text}<extra></extra>",
+        "colorscale": _LINK_SCALE if kind == "links" else _P2P_SCALE,
+        "zmin": 0,
+        "zmax": 6 if kind == "links" else 1,
+        "showscale": False,
+        "xgap": 2,
+        "ygap": 2,
+    }
+    size = 40 + 34 * len(labels)
+    return figure(
+        [trace],
+        title,
+        {"side": "top", "type": "category"},
+        {"autorange": "reversed", "type": "category"},
+        height=max(size, 220),
+        margin={"l": 60, "r": 10, "t": 70, "b": 10},
+    )
+
+
+# --- findings ------------------------------------------------------------------------------
+
+# Keys an evidence series may be plotted against, in order of preference.
+_EVIDENCE_X = ("concurrency", "levels", "batch_size", "ts", "time", "x")
+
+
+def _numbers(values):
+    return (
+        isinstance(values, list)
+        and values
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    )
+
+
+def evidence_figure(evidence, title):
+    """A chart of a finding's evidence when it holds a series, else None.
+
+    Understands parallel lists ({"concurrency": [...], "output_throughput": [...]}) and lists
+    of points ({"points": [{"concurrency": 128, "output_throughput": 806}, ...]}).
+    """
+    if not isinstance(evidence, dict):
+        return None
+    columns = {k: v for k, v in evidence.items() if _numbers(v)}
+    for points in evidence.values():
+        if isinstance(points, list) and points and all(isinstance(p, dict) for p in points):
+            keys = [k for k in points[0] if all(_numbers([p.get(k)]) for p in points)]
+            if len(keys) >= 2:
+                columns = {k: [p[k] for p in points] for k in keys}
+                break
+    x_key = next((k for k in _EVIDENCE_X if k in columns), None)
+    if x_key is None:
+        return None
+    x = columns.pop(x_key)
+    traces = [
+        {"type": "scatter", "mode": "lines+markers", "name": key, "x": x, "y": values}
+        for key, values in columns.items()
+        if len(values) == len(x)
+    ]
+    if not traces:
+        return None
+    xaxis = {"title": {"text": x_key}}
+    if x_key in ("concurrency", "levels", "batch_size") and min(x) > 0:
+        xaxis.update(type="log", dtick=0.30103)
+    return figure(
+        traces,
+        title,
+        xaxis,
+        {"rangemode": "tozero"},
+        height=260,
+        margin={"l": 55, "r": 15, "t": 35, "b": 40},
     )

@@ -1,8 +1,35 @@
 from django.urls import path
 
-from moeops.front import views
+from moeops.front.views import compare, deployments, hosts, kernels, notes, runs
 
 urlpatterns = [
-    path("", views.deployments, name="deployments"),
-    path("deployments/<int:pk>/", views.deployment_detail, name="deployment-detail"),
+    path("", deployments.dashboard, name="dashboard"),
+    path("deployments/", deployments.deployments, name="deployments"),
+    path("deployments/new/", deployments.deployment_create, name="deployment-create"),
+    path("deployments/<int:pk>/", deployments.deployment_detail, name="deployment-detail"),
+    path("deployments/<int:pk>/edit/", deployments.deployment_edit, name="deployment-edit"),
+    path("deployments/<int:pk>/sweep/", deployments.sweep_start, name="sweep-start"),
+    path("deployments/<int:pk>/tune/", deployments.tune_start, name="tune-start"),
+    path("deployments/<int:pk>/plan/", deployments.plan_add, name="plan-add"),
+    path("plan/<int:pk>/", deployments.plan_item, name="plan-item"),
+    path("findings/<int:pk>/state/", deployments.finding_state, name="finding-state"),
+    path("runs/", runs.runs, name="runs"),
+    path("runs/<uuid:uuid>/", runs.run_detail, name="run-detail"),
+    path("runs/<uuid:uuid>/status.json", runs.run_status, name="run-status"),
+    path("runs/<uuid:uuid>/levels.csv", runs.run_levels_csv, name="run-levels-csv"),
+    path("runs/<uuid:uuid>/cancel/", runs.run_cancel, name="run-cancel"),
+    path("tunes/<uuid:uuid>/", runs.tuning_detail, name="tuning-detail"),
+    path("tunes/<uuid:uuid>/status.json", runs.tuning_status, name="tuning-status"),
+    path("compare/", compare.compare, name="compare"),
+    path("compare/levels.csv", compare.compare_csv, name="compare-csv"),
+    path("kernels/", kernels.kernels, name="kernels"),
+    path("kernels/diff/", kernels.kernel_diff, name="kernel-diff"),
+    path("kernels/<int:pk>/", kernels.kernel_detail, name="kernel-detail"),
+    path("kernels/<int:pk>/<str:style>.json", kernels.kernel_download, name="kernel-download"),
+    path("hosts/", hosts.hosts, name="hosts"),
+    path("hosts/<slug:name>/", hosts.host_detail, name="host-detail"),
+    path("notes/", notes.notes, name="notes"),
+    path("notes/new/", notes.note_create, name="note-create"),
+    path("notes/<slug:slug>/", notes.note_detail, name="note-detail"),
+    path("notes/<slug:slug>/edit/", notes.note_edit, name="note-edit"),
 ]

@@ -1,0 +1,76 @@
+"""The per-level metrics as columns: vLLM's key names, a header for people, and the unit."""
+
+from dataclasses import dataclass
+
+from moeops.runs.models import LATENCY_METRICS, LATENCY_STATS
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    unit: str
+    digits: int = 0
+
+    @property
+    def header(self):
+        return f"{self.label} ({self.unit})" if self.unit else self.label
+
+    @property
+    def csv_header(self):
+        return f"{self.key} ({self.unit})" if self.unit else self.key
+
+
+# vLLM names the median "median"; people read it as p50 next to p99
+_STAT_LABELS = {
+    "mean": "mean",
+    "median": "p50",
+    "std": "std",
+    "p90": "p90",
+    "p95": "p95",
+    "p99": "p99",
+}
+
+LEVEL_COLUMNS = (
+    Column("concurrency", "concurrency", ""),
+    Column("request_rate", "request rate", "req/s", 2),
+    Column("input_len", "input length", "tokens"),
+    Column("output_len", "output length", "tokens"),
+    Column("completed", "completed", "requests"),
+    Column("failed", "failed", "requests"),
+    Column("duration", "duration", "s", 1),
+    Column("total_input_tokens", "input tokens", "tokens"),
+    Column("total_output_tokens", "output tokens", "tokens"),
+    Column("request_throughput", "request throughput", "req/s", 2),
+    Column("output_throughput", "output throughput", "tok/s"),
+    Column("total_token_throughput", "total throughput", "tok/s"),
+    Column("output_throughput_per_gpu", "output per GPU", "tok/s"),
+    Column("interactivity", "per user (1000/p50 TPOT)", "tok/s", 1),
+    Column("max_output_tokens_per_s", "max output in 1 s", "tok/s"),
+    Column("max_concurrent_requests", "max concurrent", "requests"),
+    Column("request_goodput", "goodput", "req/s", 2),
+    *(
+        Column(f"{stat}_{metric}_ms", f"{_STAT_LABELS[stat]} {metric.upper()}", "ms", 1)
+        for metric in LATENCY_METRICS
+        for stat in LATENCY_STATS
+    ),
+)
+
+
+def level_value(level, column, num_gpus):
+    """The column's value for one LevelResult; per-GPU throughput divides by num_gpus."""
+    if column.key == "output_throughput_per_gpu":
+        return level.throughput_per_gpu(num_gpus)
+    if column.key == "interactivity":
+        return level.interactivity
+    return getattr(level, column.key)
+
+
+def level_rows(levels, num_gpus, columns=LEVEL_COLUMNS):
+    """[(level, [values…])] in column order."""
+    return [(level, [level_value(level, c, num_gpus) for c in columns]) for level in levels]
+
+
+def filled_columns(rows, columns=LEVEL_COLUMNS):
+    """Indexes of the columns that have a value in at least one row."""
+    return [i for i in range(len(columns)) if any(values[i] is not None for _, values in rows)]

@@ -1,0 +1,228 @@
+"""The browser UI's forms: deployments, sweeps, tunes, plan items, notes, run filters."""
+
+import datetime as dt
+
+from django import forms
+from django.db.models import Q
+
+from moeops.fleet.models import ENGINES, GPU, VIRTUALIZATION_KINDS, Deployment, Host, ModelSpec
+from moeops.insights.models import PLAN_STATUSES, Note
+from moeops.kernels.models import KernelConfig
+from moeops.runs.models import RUN_STATUSES
+from tuning.config_files import TUNED_BATCH_SIZES
+
+DEFAULT_LEVELS = "32,64,128,256,512,1024"
+TUNE_DTYPES = (("bf16", "bf16"), ("fp8_w8a8", "fp8 w8a8"))
+
+
+def _int_list(text, *, field_name):
+    """ "32, 64,128" → [32, 64, 128]: positive, distinct, ascending."""
+    try:
+        values = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise forms.ValidationError(f"{field_name}: whole numbers separated by commas") from None
+    if not values:
+        raise forms.ValidationError(f"{field_name}: give at least one")
+    if any(v < 1 for v in values):
+        raise forms.ValidationError(f"{field_name}: every value must be at least 1")
+    return sorted(set(values))
+
+
+class DeploymentForm(forms.ModelForm):
+    class Meta:
+        model = Deployment
+        fields = (
+            "name",
+            "model",
+            "host",
+            "gpus",
+            "engine",
+            "engine_version",
+            "tp",
+            "ep",
+            "max_running_requests",
+            "quantization",
+            "attention_backend",
+            "allreduce_fusion",
+            "launch_args",
+            "endpoint_url",
+            "served_model_name",
+            "status",
+        )
+        widgets = {
+            "gpus": forms.CheckboxSelectMultiple,
+            "launch_args": forms.Textarea(attrs={"rows": 3}),
+            "allreduce_fusion": forms.NullBooleanSelect,
+        }
+        help_texts = {"gpus": "Leave empty to count the GPUs as max(tp, ep)."}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["model"].queryset = ModelSpec.objects.order_by("name")
+        self.fields["host"].queryset = Host.objects.order_by("name")
+        self.fields["gpus"].queryset = GPU.objects.select_related("host").order_by("host", "index")
+        self.fields["gpus"].label_from_instance = lambda gpu: f"{gpu.host.name} · GPU{gpu.index}"
+
+    def clean(self):
+        cleaned = super().clean()
+        host, gpus = cleaned.get("host"), cleaned.get("gpus")
+        if host and gpus:
+            strangers = [gpu for gpu in gpus if gpu.host_id != host.pk]
+            if strangers:
+                self.add_error("gpus", f"Pick GPUs of {host.name} only.")
+        return cleaned
+
+
+class SweepForm(forms.Form):
+    label = forms.CharField(max_length=200, required=False)
+    levels = forms.CharField(
+        initial=DEFAULT_LEVELS, help_text="Concurrency levels, comma-separated."
+    )
+    input_len = forms.IntegerField(label="Input length (tokens)", min_value=1, initial=1024)
+    output_len = forms.IntegerField(label="Output length (tokens)", min_value=1, initial=1024)
+    prompts_per_level = forms.IntegerField(min_value=1, initial=1024)
+    warmup = forms.IntegerField(label="Warm-up requests", min_value=0, initial=8)
+    endpoint = forms.ChoiceField(
+        choices=(("completions", "completions"), ("chat", "chat")), initial="completions"
+    )
+
+    def __init__(self, *args, deployment, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deployment = deployment
+
+    def clean_levels(self):
+        return _int_list(self.cleaned_data["levels"], field_name="levels")
+
+    def clean(self):
+        cleaned = super().clean()
+        if not self.deployment.endpoint_url:
+            raise forms.ValidationError(
+                "This deployment has no endpoint URL to send requests to; edit it first."
+            )
+        return cleaned
+
+    def parameters(self):
+        keys = ("levels", "input_len", "output_len", "prompts_per_level", "warmup", "endpoint")
+        return {key: self.cleaned_data[key] for key in keys}
+
+
+class TuneForm(forms.Form):
+    dtype = forms.ChoiceField(choices=TUNE_DTYPES)
+    batch_sizes = forms.CharField(
+        initial=",".join(map(str, TUNED_BATCH_SIZES)), help_text="Batch sizes M to tune."
+    )
+
+    def __init__(self, *args, deployment, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deployment = deployment
+        # block-fp8 checkpoints run the fp8 w8a8 kernel; the others are tuned in bf16
+        if deployment.model.quantization == "fp8":
+            self.fields["dtype"].initial = "fp8_w8a8"
+
+    def clean_batch_sizes(self):
+        return _int_list(self.cleaned_data["batch_sizes"], field_name="batch sizes")
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.deployment.moe_shape() is None:
+            raise forms.ValidationError(
+                f"The MoE shape of {self.deployment.model} does not split over "
+                f"tp={self.deployment.tp}, ep={self.deployment.ep}."
+            )
+        return cleaned
+
+
+class PlanItemForm(forms.Form):
+    title = forms.CharField(
+        max_length=300, widget=forms.TextInput(attrs={"placeholder": "New plan item"})
+    )
+    status = forms.ChoiceField(choices=PLAN_STATUSES, initial="pending")
+
+
+class NoteForm(forms.ModelForm):
+    class Meta:
+        model = Note
+        fields = ("title", "slug", "body")
+        widgets = {"body": forms.Textarea(attrs={"rows": 18, "class": "mono"})}
+        help_texts = {"slug": "Leave empty to derive it from the title.", "body": "Markdown."}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["slug"].required = False
+
+    def clean(self):
+        cleaned = super().clean()
+        self.instance.title = cleaned.get("title") or ""
+        self.instance.slug = cleaned.get("slug") or ""
+        self.instance.set_slug()
+        clash = Note.objects.filter(slug=self.instance.slug).exclude(pk=self.instance.pk)
+        if self.instance.slug == "new":
+            # /notes/new/ is the page that creates a note
+            self.add_error("slug", "“new” is reserved; pick another slug.")
+        elif clash.exists():
+            self.add_error("slug", f"A note with the slug “{self.instance.slug}” exists.")
+        cleaned["slug"] = self.instance.slug
+        return cleaned
+
+
+class RunFilterForm(forms.Form):
+    """Filters of the runs list and of the compare page's run picker (GET)."""
+
+    model = forms.ModelChoiceField(ModelSpec.objects.none(), required=False)
+    deployment = forms.ModelChoiceField(Deployment.objects.none(), required=False)
+    host = forms.ModelChoiceField(Host.objects.none(), required=False, to_field_name="name")
+    virtualization = forms.ChoiceField(choices=(("", "any"), *VIRTUALIZATION_KINDS), required=False)
+    engine = forms.ChoiceField(choices=(("", "any"), *ENGINES), required=False)
+    kernel = forms.ChoiceField(label="Kernel config", required=False)
+    status = forms.ChoiceField(choices=(("", "any"), *RUN_STATUSES), required=False)
+    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["model"].queryset = ModelSpec.objects.order_by("name")
+        self.fields["deployment"].queryset = Deployment.objects.order_by("name")
+        self.fields["host"].queryset = Host.objects.order_by("name")
+        configs = KernelConfig.objects.order_by("device_name", "E", "N", "dtype", "-version")
+        self.fields["kernel"].choices = [
+            ("", "any"),
+            ("tuned", "a tuned config"),
+            ("default", "the engine's default"),
+            *((str(c.pk), f"{c.file_name('vllm')} v{c.version}") for c in configs),
+        ]
+
+    def filter(self, runs):
+        """`runs` narrowed by the valid filters; an invalid form filters nothing."""
+        if not self.is_valid():
+            return runs
+        data = self.cleaned_data
+        if data["model"]:
+            runs = runs.filter(deployment__model=data["model"])
+        if data["deployment"]:
+            runs = runs.filter(deployment=data["deployment"])
+        if data["host"]:
+            runs = runs.filter(deployment__host=data["host"])
+        if data["virtualization"]:
+            runs = runs.filter(topology_snapshot__virtualization=data["virtualization"])
+        if data["engine"]:
+            runs = runs.filter(deployment__engine=data["engine"])
+        if data["kernel"] == "tuned":
+            runs = runs.filter(Q(kernel_config__isnull=False) | Q(parameters__moe_kernel="tuned"))
+        elif data["kernel"] == "default":
+            runs = runs.filter(kernel_config__isnull=True).exclude(parameters__moe_kernel="tuned")
+        elif data["kernel"]:
+            runs = runs.filter(kernel_config_id=int(data["kernel"]))
+        if data["status"]:
+            runs = runs.filter(status=data["status"])
+        if data["since"]:
+            runs = runs.filter(created__gte=_day_start(data["since"]))
+        if data["until"]:
+            runs = runs.filter(created__lt=_day_start(data["until"] + dt.timedelta(days=1)))
+        return runs
+
+    def is_filtering(self):
+        return self.is_valid() and any(self.cleaned_data.values())
+
+
+def _day_start(day):
+    return dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)

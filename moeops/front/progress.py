@@ -1,0 +1,127 @@
+"""How far a sweep or a tune has got, read from the progress its worker reports."""
+
+import time
+
+
+def _number(value):
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _clamp(value):
+    return min(max(value, 0.0), 1.0)
+
+
+def _timing(status, fraction, started, finished, now):
+    """(elapsed s, estimated s left) from start/finish epochs and the fraction done."""
+    if started is None:
+        return None, None
+    end = finished if finished is not None else now
+    elapsed = max(end - started, 0.0)
+    eta = None
+    if status == "running" and fraction and 0 < fraction < 1:
+        eta = elapsed * (1 - fraction) / fraction
+    return elapsed, eta
+
+
+def sweep_progress(run, now=None):
+    """The progress of a SweepRun as plain values for the page and the status endpoint.
+
+    Reads `run.progress` as the worker writes it: `level_index` (0-based level running),
+    `levels_total`, `requests_done` / `requests_total` (of the level running), `started_at`
+    (UTC epoch s). Returns a dict: level (1-based), levels_total, requests_done,
+    requests_total, fraction (0–1), elapsed_s, eta_s (s, None when unknown) and text.
+    """
+    now = time.time() if now is None else now
+    p = run.progress or {}
+    levels_total = _number(p.get("levels_total")) or len(run.parameters.get("levels") or []) or None
+    level_index = _number(p.get("level_index"))
+    done, total = _number(p.get("requests_done")), _number(p.get("requests_total"))
+
+    fraction = None
+    if run.status == "succeeded":
+        fraction = 1.0
+    elif levels_total and level_index is not None:
+        within = _clamp(done / total) if done is not None and total else 0.0
+        fraction = _clamp((level_index + within) / levels_total)
+    elif run.status == "queued":
+        fraction = 0.0
+
+    started = _number(p.get("started_at"))
+    if started is None and run.started_at is not None:
+        started = run.started_at.timestamp()
+    finished = run.finished_at.timestamp() if run.finished_at and run.is_finished else None
+    elapsed, eta = _timing(run.status, fraction, started, finished, now)
+
+    level = None
+    if level_index is not None:
+        level = int(level_index) + 1
+        if levels_total:
+            level = min(level, int(levels_total))
+    parts = []
+    if run.status == "queued":
+        parts.append("queued, waiting for the host's worker")
+    elif level is not None:
+        parts.append(f"level {level} of {levels_total or '?'}")
+        concurrency = _number(p.get("concurrency"))
+        if concurrency is not None:
+            parts[-1] += f" (concurrency {int(concurrency)})"
+    if done is not None and run.status == "running":
+        parts.append(f"{int(done)} of {int(total) if total else '?'} requests")
+    return {
+        "level": level,
+        "levels_total": levels_total,
+        "requests_done": done,
+        "requests_total": total,
+        "fraction": fraction,
+        "elapsed_s": elapsed,
+        "eta_s": eta,
+        "text": ", ".join(parts),
+    }
+
+
+# The tuner may count its work as batch sizes or as candidates; the first pair found is used.
+_TUNE_COUNTERS = (
+    ("batch_sizes_done", "batch_sizes_total"),
+    ("batch_index", "batch_sizes_total"),
+    ("candidates_done", "candidates_total"),
+    ("done", "total"),
+)
+
+
+def tuning_progress(tuning_run, timings_count=0, now=None):
+    """The progress of a TuningRun: done/total batch sizes (or candidates), elapsed, ETA.
+
+    Falls back to the per-batch-size timings stored so far against the batch sizes asked for.
+    """
+    now = time.time() if now is None else now
+    p = tuning_run.progress or {}
+    done = total = None
+    for done_key, total_key in _TUNE_COUNTERS:
+        if _number(p.get(done_key)) is not None and _number(p.get(total_key)):
+            done, total = p[done_key], p[total_key]
+            break
+    if total is None and tuning_run.batch_sizes:
+        done, total = timings_count, len(tuning_run.batch_sizes)
+    fraction = None
+    if tuning_run.status == "succeeded":
+        fraction = 1.0
+    elif total:
+        fraction = _clamp(done / total)
+    started = _number(p.get("started_at"))
+    finished = None
+    if tuning_run.finished_at and tuning_run.status in ("succeeded", "failed", "cancelled"):
+        finished = tuning_run.finished_at.timestamp()
+    elapsed, eta = _timing(tuning_run.status, fraction, started, finished, now)
+    text = "queued, waiting for the host's worker" if tuning_run.status == "queued" else ""
+    if tuning_run.status == "running" and total:
+        text = f"{int(done)} of {int(total)} done"
+        if _number(p.get("batch_size")) is not None:
+            text += f", tuning M={int(p['batch_size'])}"
+    return {
+        "done": done,
+        "total": total,
+        "fraction": fraction,
+        "elapsed_s": elapsed,
+        "eta_s": eta,
+        "text": text,
+    }

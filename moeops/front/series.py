@@ -1,0 +1,125 @@
+"""Time series of a run bucketed for display; the raw samples stay in the database.
+
+A 2 h sweep sampled at 1 Hz on 8 GPUs is 57,600 rows: the run page asks the database for a fixed
+number of time buckets per GPU (mean, min and max in one GROUP BY) instead of loading them all.
+"""
+
+from dataclasses import dataclass, field
+
+from django.db.models import Avg, Count, F, Max, Min, Value
+from django.db.models.functions import Floor
+
+from moeops.runs.models import EngineSample, TelemetrySample
+
+BUCKETS = 240
+
+
+@dataclass
+class Series:
+    """Bucketed samples: per group (a GPU index, or None for the engine) a dict of lists.
+
+    Each group holds "t" (mean UTC epoch s of the bucket's samples) and one list per aggregate,
+    all of equal length and in time order.
+    """
+
+    count: int = 0
+    t0: float | None = None
+    t1: float | None = None
+    width: float | None = None
+    groups: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+
+def _bounds(qs, **extra):
+    return qs.aggregate(n=Count("id"), t0=Min("ts"), t1=Max("ts"), **extra)
+
+
+def _bucketed(qs, bounds, group_field, aggregates, buckets):
+    """One GROUP BY (group, bucket) query; returns a Series."""
+    series = Series(
+        count=bounds["n"],
+        t0=bounds["t0"],
+        t1=bounds["t1"],
+        extra={k: v for k, v in bounds.items() if k not in ("n", "t0", "t1")},
+    )
+    if not series.count:
+        return series
+    span = series.t1 - series.t0
+    series.width = span / buckets if span > 0 else 1.0
+    group_by = [group_field, "bucket"] if group_field else ["bucket"]
+    rows = (
+        qs.annotate(bucket=Floor((F("ts") - Value(series.t0)) / Value(series.width)))
+        .values(*group_by)
+        .annotate(t=Avg("ts"), **aggregates)
+        .order_by(*group_by)
+    )
+    names = ["t", *aggregates]
+    for row in rows:
+        key = row[group_field] if group_field else None
+        group = series.groups.setdefault(key, {name: [] for name in names})
+        for name in names:
+            group[name].append(row[name])
+    return series
+
+
+def gpu_series(run, buckets=BUCKETS):
+    """Per GPU: GPU utilization (%) and power (W), mean/min/max per time bucket.
+
+    `extra["power_limit_w"]` is the highest enforced power limit seen (W), or None.
+    """
+    qs = TelemetrySample.objects.filter(run=run)
+    bounds = _bounds(qs, power_limit_w=Max("power_limit_w"))
+    return _bucketed(
+        qs,
+        bounds,
+        "gpu_index",
+        {
+            "util": Avg("gpu_util"),
+            "util_min": Min("gpu_util"),
+            "util_max": Max("gpu_util"),
+            "power": Avg("power_w"),
+            "power_min": Min("power_w"),
+            "power_max": Max("power_w"),
+        },
+        buckets,
+    )
+
+
+def engine_series(run, buckets=BUCKETS):
+    """The engine's running and queued requests (mean and max per bucket), KV-cache use (0–1)."""
+    qs = EngineSample.objects.filter(run=run)
+    return _bucketed(
+        qs,
+        _bounds(qs),
+        None,
+        {
+            "running": Avg("running"),
+            "running_max": Max("running"),
+            "queued": Avg("queued"),
+            "queued_max": Max("queued"),
+            "kv": Avg("kv_cache_usage"),
+        },
+        buckets,
+    )
+
+
+def level_bands(run, levels):
+    """(concurrency, start epoch s, end epoch s) of each level, in time order.
+
+    From the levels' own timestamps; where the worker stored none, from the telemetry samples
+    tagged with the level that ran.
+    """
+    bands = [
+        (level.concurrency, level.started_at, level.finished_at)
+        for level in levels
+        if level.started_at is not None and level.finished_at is not None
+    ]
+    if not bands:
+        rows = (
+            TelemetrySample.objects.filter(run=run, level_concurrency__isnull=False)
+            .values("level_concurrency")
+            .annotate(start=Min("ts"), end=Max("ts"))
+            .order_by("start")
+        )
+        bands = [(row["level_concurrency"], row["start"], row["end"]) for row in rows]
+    return sorted(bands, key=lambda band: band[1])

@@ -1,0 +1,76 @@
+// Live progress: every [data-progress-url] element polls its JSON status every 1.5 s and
+// updates its bar, its text, elapsed and ETA; with data-figures it also redraws the page's
+// charts. When the run ends the page reloads once so its tables show the final numbers.
+(function () {
+  var INTERVAL_MS = 1500;
+
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined) { return "—"; }
+    var s = Math.round(seconds);
+    if (s < 60) { return s + " s"; }
+    var m = Math.floor(s / 60); s = s % 60;
+    if (m < 60) { return m + " min " + String(s).padStart(2, "0") + " s"; }
+    var h = Math.floor(m / 60); m = m % 60;
+    return h + " h " + String(m).padStart(2, "0") + " min";
+  }
+
+  function set(box, selector, text) {
+    var el = box.querySelector(selector);
+    if (el) { el.textContent = text; }
+  }
+
+  function show(box, state) {
+    var p = state.progress;
+    var pct = p.fraction === null ? null : Math.round(p.fraction * 1000) / 10;
+    var bar = box.querySelector(".bar > span");
+    if (bar) {
+      bar.style.width = (pct === null ? 0 : pct) + "%";
+      bar.parentElement.classList.toggle("indeterminate", pct === null);
+      bar.parentElement.setAttribute("aria-valuenow", pct === null ? "" : String(pct));
+    }
+    set(box, ".progress-pct", pct === null ? "" : pct.toFixed(pct < 10 ? 1 : 0) + "%");
+    set(box, ".progress-text", p.text || "");
+    set(box, ".progress-elapsed", duration(p.elapsed_s));
+    set(box, ".progress-eta", duration(p.eta_s));
+    var badge = box.querySelector(".status");
+    if (badge) {
+      badge.textContent = state.status_display;
+      badge.className = "status status-" + state.status;
+    }
+    box.dataset.status = state.status;
+    if (state.cancel_requested) { box.classList.add("cancel-requested"); }
+    if (state.figures) {
+      Object.keys(state.figures).forEach(function (key) {
+        window.moeopsCharts.update(key, state.figures[key]);
+      });
+    }
+  }
+
+  function poll(box) {
+    var url = box.dataset.progressUrl + (box.dataset.figures ? "?figures=1" : "");
+    fetch(url, {headers: {"Accept": "application/json"}, credentials: "same-origin"})
+      .then(function (response) {
+        if (!response.ok) { throw new Error("status " + response.status); }
+        return response.json();
+      })
+      .then(function (state) {
+        show(box, state);
+        if (state.finished) {
+          if (box.dataset.reloadWhenDone) { window.location.reload(); }
+          return;
+        }
+        window.setTimeout(function () { poll(box); }, INTERVAL_MS);
+      })
+      .catch(function () {
+        // A missed poll (server restarting, network blip) is retried, slower.
+        box.classList.add("stale");
+        window.setTimeout(function () { poll(box); }, INTERVAL_MS * 4);
+      });
+  }
+
+  document.querySelectorAll("[data-progress-url]").forEach(function (box) {
+    if (box.dataset.status === "queued" || box.dataset.status === "running") {
+      window.setTimeout(function () { poll(box); }, INTERVAL_MS);
+    }
+  });
+})();

@@ -1,0 +1,248 @@
+"""Dashboard, deployments, and what a deployment's page lets a person do (sweep, tune, plan)."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Max, OuterRef, Prefetch, Q, Subquery
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from moeops.fleet.models import Deployment
+from moeops.front import actions, charts
+from moeops.front.forms import DeploymentForm, PlanItemForm, SweepForm, TuneForm
+from moeops.front.progress import sweep_progress, tuning_progress
+from moeops.insights.models import FINDING_STATES, Finding, PlanItem
+from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.runs.models import LevelResult, SweepRun
+
+ACTIVE = ("queued", "running")
+
+
+def _get_deployment_for_user(user, pk):
+    # Every signed-in member of the team sees every deployment.
+    return get_object_or_404(Deployment.objects.select_related("model", "host"), pk=pk)
+
+
+def _with_latest_peak(deployments):
+    """Each deployment with .latest_run and .latest_peak: the newest run that has throughput."""
+    latest = (
+        SweepRun.objects.filter(deployment=OuterRef("pk"), levels__output_throughput__isnull=False)
+        .order_by("-created", "-id")
+        .values("pk")[:1]
+    )
+    deployments = list(deployments.annotate(latest_run_id=Subquery(latest)))
+    runs = SweepRun.objects.filter(pk__in=[d.latest_run_id for d in deployments if d.latest_run_id])
+    runs = {run.pk: run for run in runs.annotate(peak=Max("levels__output_throughput"))}
+    for d in deployments:
+        d.latest_run = runs.get(d.latest_run_id)
+        d.latest_peak = d.latest_run.peak if d.latest_run else None
+    return deployments
+
+
+def _active_runs(runs=SweepRun.objects, tunings=TuningRun.objects):
+    """Queued and running sweeps and tunes, each with its progress."""
+    runs = runs.filter(status__in=ACTIVE).select_related("deployment")
+    tunings = tunings.filter(status__in=ACTIVE).select_related("deployment")
+    active = [(run, sweep_progress(run)) for run in runs.order_by("created")]
+    active_tunes = [(t, tuning_progress(t, t.timings.count())) for t in tunings.order_by("created")]
+    return active, active_tunes
+
+
+@login_required
+def dashboard(request):
+    deployments = _with_latest_peak(
+        Deployment.objects.select_related("model", "host").annotate(
+            open_findings=Count("findings", filter=Q(findings__state="open"), distinct=True),
+            run_count=Count("runs", distinct=True),
+        )
+    )
+    active, active_tunes = _active_runs()
+    ctx = {
+        "nav": "dashboard",
+        "deployments": deployments,
+        "active": active,
+        "active_tunes": active_tunes,
+        "findings": Finding.objects.filter(state="open")
+        .select_related("deployment", "run")
+        .order_by("-created")[:8],
+        "recent_runs": SweepRun.objects.select_related("deployment")
+        .annotate(peak=Max("levels__output_throughput"))
+        .order_by("-created", "-id")[:8],
+    }
+    return render(request, "front/dashboard.html", ctx)
+
+
+@login_required
+def deployments(request):
+    rows = _with_latest_peak(
+        Deployment.objects.select_related("model", "host").annotate(
+            open_findings=Count("findings", filter=Q(findings__state="open"), distinct=True),
+            run_count=Count("runs", distinct=True),
+        )
+    )
+    return render(request, "front/deployments.html", {"nav": "deployments", "deployments": rows})
+
+
+@login_required
+def deployment_create(request):
+    form = DeploymentForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        deployment = form.save()
+        messages.success(request, f"Deployment “{deployment.name}” created.")
+        return redirect(deployment)
+    return render(
+        request, "front/deployment_form.html", {"nav": "deployments", "form": form, "new": True}
+    )
+
+
+@login_required
+def deployment_edit(request, pk):
+    deployment = _get_deployment_for_user(request.user, pk)
+    form = DeploymentForm(request.POST or None, instance=deployment)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        messages.success(request, "Deployment saved.")
+        return redirect(deployment)
+    ctx = {"nav": "deployments", "form": form, "deployment": deployment, "new": False}
+    return render(request, "front/deployment_form.html", ctx)
+
+
+def findings_with_figures(findings):
+    """Findings with .figure (their evidence charted, or None) for the findings panel."""
+    findings = list(findings)
+    for finding in findings:
+        finding.figure = charts.evidence_figure(finding.evidence, finding.get_kind_display())
+        finding.chart_id = f"evidence-{finding.pk}"
+    return findings
+
+
+def _deployment_page(request, deployment, *, sweep_form=None, tune_form=None, status=200):
+    runs = list(
+        SweepRun.objects.filter(deployment=deployment)
+        .prefetch_related(Prefetch("levels", LevelResult.objects.order_by("concurrency")))
+        .select_related("topology_snapshot", "kernel_config")
+        .annotate(peak=Max("levels__output_throughput"))
+        .order_by("-created", "-id")
+    )
+    shape = deployment.moe_shape()
+    gpus = list(deployment.gpus.order_by("index")) or list(deployment.host.gpus.all())
+    kernel_configs = []
+    if shape and gpus:
+        kernel_configs = KernelConfig.objects.filter(
+            device_name=gpus[0].name, E=shape["experts_per_rank"], N=shape["N"]
+        ).order_by("dtype", "-version")
+    active, active_tunes = _active_runs(
+        SweepRun.objects.filter(deployment=deployment),
+        TuningRun.objects.filter(deployment=deployment),
+    )
+    ctx = {
+        "nav": "deployments",
+        "deployment": deployment,
+        "runs": runs,
+        "shape": shape,
+        "gpus": gpus,
+        "topology": deployment.host.current_topology(),
+        "kernel_configs": kernel_configs,
+        "tunings": deployment.tuning_runs.select_related("result").order_by("-created")[:5],
+        "active": active,
+        "active_tunes": active_tunes,
+        "findings": findings_with_figures(
+            deployment.findings.select_related("note", "run").order_by("state", "-created")
+        ),
+        "finding_states": FINDING_STATES,
+        "plan_items": deployment.plan_items.select_related("note"),
+        "plan_form": PlanItemForm(),
+        "plan_statuses": PlanItem._meta.get_field("status").choices,
+        "sweep_form": sweep_form or SweepForm(deployment=deployment),
+        "tune_form": tune_form or TuneForm(deployment=deployment),
+        "throughput_chart": charts.throughput_vs_concurrency(reversed(runs)),
+        "peaks_chart": charts.peaks_over_time(runs),
+    }
+    return render(request, "front/deployment_detail.html", ctx, status=status)
+
+
+@login_required
+def deployment_detail(request, pk):
+    return _deployment_page(request, _get_deployment_for_user(request.user, pk))
+
+
+@login_required
+@require_POST
+def sweep_start(request, pk):
+    deployment = _get_deployment_for_user(request.user, pk)
+    form = SweepForm(request.POST, deployment=deployment)
+    if not form.is_valid():
+        return _deployment_page(request, deployment, sweep_form=form, status=400)
+    run = actions.sweep_start(
+        deployment=deployment, parameters=form.parameters(), label=form.cleaned_data["label"]
+    )
+    messages.success(request, f"Sweep queued on {deployment.host.queue_name}.")
+    return redirect("run-detail", uuid=run.uuid)
+
+
+@login_required
+@require_POST
+def tune_start(request, pk):
+    deployment = _get_deployment_for_user(request.user, pk)
+    form = TuneForm(request.POST, deployment=deployment)
+    if not form.is_valid():
+        return _deployment_page(request, deployment, tune_form=form, status=400)
+    tuning = actions.tuning_start(
+        deployment=deployment,
+        dtype=form.cleaned_data["dtype"],
+        batch_sizes=form.cleaned_data["batch_sizes"],
+    )
+    messages.success(request, f"Kernel tune queued on {deployment.host.queue_name}.")
+    return redirect("tuning-detail", uuid=tuning.uuid)
+
+
+@login_required
+@require_POST
+def plan_add(request, pk):
+    deployment = _get_deployment_for_user(request.user, pk)
+    form = PlanItemForm(request.POST)
+    if form.is_valid():
+        actions.plan_item_add(deployment=deployment, **form.cleaned_data)
+    else:
+        messages.error(request, "A plan item needs a title.")
+    return redirect(f"{deployment.get_absolute_url()}#plan")
+
+
+@login_required
+@require_POST
+def plan_item(request, pk):
+    """Save, move up/down or delete one plan item (the button pressed says which)."""
+    item = get_object_or_404(PlanItem.objects.select_related("deployment"), pk=pk)
+    action = request.POST.get("action", "save")
+    if action == "save":
+        form = PlanItemForm(request.POST)
+        if form.is_valid():
+            item.title = form.cleaned_data["title"]
+            item.status = form.cleaned_data["status"]
+            item.save(update_fields=["title", "status"])
+        else:
+            messages.error(request, "A plan item needs a title and a status.")
+    elif action in ("up", "down"):
+        actions.plan_item_move(item=item, offset=-1 if action == "up" else 1)
+    elif action == "delete":
+        item.delete()
+    return redirect(f"{item.deployment.get_absolute_url()}#plan")
+
+
+@login_required
+@require_POST
+def finding_state(request, pk):
+    """Confirm, dismiss or reopen a finding, only if nobody changed its state meanwhile."""
+    finding = get_object_or_404(Finding, pk=pk)
+    new, expected = request.POST.get("state"), request.POST.get("expected")
+    if new not in dict(FINDING_STATES):
+        messages.error(request, "Unknown finding state.")
+    elif not Finding.objects.filter(pk=pk, state=expected).update(
+        state=new, updated=timezone.now()
+    ):
+        messages.error(request, "Someone changed this finding meanwhile; here is its new state.")
+    back = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+        back = finding.deployment.get_absolute_url()
+    return redirect(back)

@@ -1,0 +1,148 @@
+"""Fused-MoE kernel configs: the list, one config's entries and timings, diffs, engine files."""
+
+import math
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, render
+
+from moeops.front import charts
+from moeops.kernels.models import KernelConfig, TuningRun
+from tuning import config_files
+
+ENTRY_FIELDS = config_files.REQUIRED_FIELDS
+
+
+def _get_config_for_user(user, pk):
+    return get_object_or_404(KernelConfig, pk=pk)
+
+
+def _fields_of(*configs):
+    """The entry fields to show: the required ones, then any optional one some entry has."""
+    extra = [
+        f
+        for f in config_files.OPTIONAL_FIELDS
+        if any(f in entry for c in configs for _, entry in c.sorted_entries())
+    ]
+    return [*ENTRY_FIELDS, *extra]
+
+
+def _cell_color(value, low, high):
+    """A light blue whose depth follows log2(value) between the column's low and high."""
+    if not isinstance(value, int | float) or value <= 0 or high <= low:
+        return ""
+    depth = (math.log2(value) - math.log2(low)) / (math.log2(high) - math.log2(low))
+    return f"background: hsl(218, 70%, {96 - 34 * depth:.0f}%)"
+
+
+def entry_table(config, fields):
+    """Rows (batch size, [(value, css style)…]), colored per column from smallest to largest."""
+    entries = config.sorted_entries()
+    ranges = {}
+    for field in fields:
+        values = [e.get(field) for _, e in entries if isinstance(e.get(field), int | float)]
+        positive = [v for v in values if v > 0]
+        ranges[field] = (min(positive), max(positive)) if positive else (1, 1)
+    return [
+        (m, [(entry.get(field), _cell_color(entry.get(field), *ranges[field])) for field in fields])
+        for m, entry in entries
+    ]
+
+
+def _versions(config):
+    same = KernelConfig.objects.filter(
+        device_name=config.device_name, E=config.E, N=config.N, dtype=config.dtype
+    ).order_by("-version")
+    return [c for c in same if c.block_shape == config.block_shape]
+
+
+@login_required
+def kernels(request):
+    configs = list(KernelConfig.objects.order_by("device_name", "E", "N", "dtype", "-version"))
+    for config in configs:
+        config.vllm_name = config.file_name("vllm")
+    tunings = TuningRun.objects.select_related("deployment", "result").order_by("-created")[:20]
+    ctx = {"nav": "kernels", "configs": configs, "tunings": tunings}
+    return render(request, "front/kernels.html", ctx)
+
+
+@login_required
+def kernel_detail(request, pk):
+    config = _get_config_for_user(request.user, pk)
+    fields = _fields_of(config)
+    tuning = config.tuning_runs.order_by("-created").first()
+    timings = list(tuning.timings.all()) if tuning else []
+    versions = _versions(config)
+    older = [c for c in versions if c.version < config.version]
+    sglang_path = None
+    if config.triton_version:
+        sglang_path = config_files.config_file_relpath(
+            config.file_name("sglang"), "sglang", config.triton_version
+        )
+    ctx = {
+        "nav": "kernels",
+        "config": config,
+        "fields": fields,
+        "rows": entry_table(config, fields),
+        "tuning": tuning,
+        "timings": timings,
+        "figure": charts.kernel_timings(timings),
+        "versions": versions,
+        "previous": older[0] if older else None,
+        "vllm_name": config.file_name("vllm"),
+        "sglang_name": config.file_name("sglang"),
+        "sglang_path": sglang_path,
+        "runs": config.runs.select_related("deployment").order_by("-created")[:10],
+    }
+    return render(request, "front/kernel_detail.html", ctx)
+
+
+@login_required
+def kernel_download(request, pk, style):
+    """The engine's config file, named as that engine looks it up."""
+    if style not in config_files.STYLES:
+        raise Http404("unknown engine style")
+    config = _get_config_for_user(request.user, pk)
+    response = HttpResponse(config.engine_file_text(style), content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="{config.file_name(style)}"'
+    return response
+
+
+def diff_entries(a, b, fields):
+    """Per batch size in either config: (M, [(field, value in a, value in b, changed)…])."""
+    ea, eb = dict(a.sorted_entries()), dict(b.sorted_entries())
+    rows = []
+    for m in sorted(ea.keys() | eb.keys()):
+        left, right = ea.get(m), eb.get(m)
+        cells = []
+        for field in fields:
+            va = left.get(field) if left else None
+            vb = right.get(field) if right else None
+            cells.append((field, va, vb, va != vb))
+        rows.append((m, left is not None, right is not None, cells))
+    return rows
+
+
+@login_required
+def kernel_diff(request):
+    all_configs = KernelConfig.objects.order_by("device_name", "E", "N", "dtype", "-version")
+    a = b = None
+    rows, fields = [], []
+    if request.GET.get("a") and request.GET.get("b"):
+        try:
+            a = _get_config_for_user(request.user, int(request.GET["a"]))
+            b = _get_config_for_user(request.user, int(request.GET["b"]))
+        except ValueError:
+            raise Http404("not a config id") from None
+        fields = _fields_of(a, b)
+        rows = diff_entries(a, b, fields)
+    ctx = {
+        "nav": "kernels",
+        "configs": all_configs,
+        "a": a,
+        "b": b,
+        "fields": fields,
+        "rows": rows,
+        "changed": sum(1 for row in rows if any(cell[3] for cell in row[3])),
+    }
+    return render(request, "front/kernel_diff.html", ctx)

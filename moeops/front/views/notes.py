@@ -1,0 +1,48 @@
+"""The team's knowledge base: markdown notes, rendered and sanitized by Note.html()."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect, render
+
+from moeops.front.forms import NoteForm
+from moeops.insights.models import Note
+
+
+def _get_note_for_user(user, slug):
+    return get_object_or_404(Note, slug=slug)
+
+
+@login_required
+def notes(request):
+    return render(request, "front/notes.html", {"nav": "notes", "notes": Note.objects.all()})
+
+
+@login_required
+def note_detail(request, slug):
+    note = _get_note_for_user(request.user, slug)
+    ctx = {
+        "nav": "notes",
+        "note": note,
+        "findings": note.findings.select_related("deployment"),
+        "plan_items": note.plan_items.select_related("deployment"),
+    }
+    return render(request, "front/note_detail.html", ctx)
+
+
+def _edit(request, note):
+    form = NoteForm(request.POST or None, instance=note)
+    if request.method == "POST" and form.is_valid():
+        note = form.save()
+        messages.success(request, "Note saved.")
+        return redirect("note-detail", slug=note.slug)
+    return render(request, "front/note_form.html", {"nav": "notes", "form": form, "note": note})
+
+
+@login_required
+def note_create(request):
+    return _edit(request, Note())
+
+
+@login_required
+def note_edit(request, slug):
+    return _edit(request, _get_note_for_user(request.user, slug))

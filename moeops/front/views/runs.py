@@ -1,0 +1,177 @@
+"""Runs: the list with filters, a run's page, its live status, CSV and cancel; kernel tunes."""
+
+import csv
+import json
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Count, Max
+from django.http import HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.text import slugify
+from django.views.decorators.http import require_POST
+
+from moeops.front import actions, charts, series
+from moeops.front.columns import LEVEL_COLUMNS, filled_columns, level_rows
+from moeops.front.forms import RunFilterForm
+from moeops.front.progress import sweep_progress, tuning_progress
+from moeops.front.views.deployments import findings_with_figures
+from moeops.insights.models import FINDING_STATES
+from moeops.kernels.models import TuningRun
+from moeops.runs.models import SweepRun
+
+RUNS_PER_PAGE = 50
+
+
+def _get_run_for_user(user, uuid):
+    # Every signed-in member of the team sees every run.
+    return get_object_or_404(
+        SweepRun.objects.select_related(
+            "deployment__model", "deployment__host", "topology_snapshot", "kernel_config"
+        ),
+        uuid=uuid,
+    )
+
+
+def _get_tuning_for_user(user, uuid):
+    return get_object_or_404(
+        TuningRun.objects.select_related("deployment", "host", "result"), uuid=uuid
+    )
+
+
+@login_required
+def runs(request):
+    form = RunFilterForm(request.GET or None)
+    qs = form.filter(
+        SweepRun.objects.select_related(
+            "deployment__model", "deployment__host", "topology_snapshot", "kernel_config"
+        ).annotate(peak=Max("levels__output_throughput"), level_count=Count("levels"))
+    ).order_by("-created", "-id")
+    page = Paginator(qs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    ctx = {"nav": "runs", "form": form, "page": page, "query": query.urlencode()}
+    return render(request, "front/runs.html", ctx)
+
+
+def run_figures(run, levels):
+    """Every chart of the run page, by element id; the status endpoint sends the same."""
+    gpu = series.gpu_series(run)
+    engine = series.engine_series(run)
+    bands = series.level_bands(run, levels)
+    return {
+        "throughput": charts.run_throughput(levels),
+        "ttft": charts.run_latency(levels, "ttft", "TTFT (time to first token)"),
+        "tpot": charts.run_latency(levels, "tpot", "TPOT (time per output token)"),
+        "itl": charts.run_latency(levels, "itl", "ITL (inter-token latency)"),
+        "gpu-util": charts.gpu_utilization(gpu, bands),
+        "gpu-power": charts.gpu_power(gpu, bands),
+        "engine": charts.engine_queue(engine, bands, run.deployment.max_running_requests),
+    }
+
+
+def _levels(run):
+    return list(run.levels.order_by("concurrency", "request_rate", "id"))
+
+
+@login_required
+def run_detail(request, uuid):
+    run = _get_run_for_user(request.user, uuid)
+    levels = _levels(run)
+    num_gpus = run.deployment.num_gpus()
+    rows = level_rows(levels, num_gpus)
+    shown = filled_columns(rows)
+    ctx = {
+        "nav": "runs",
+        "run": run,
+        "deployment": run.deployment,
+        "progress": sweep_progress(run),
+        "num_gpus": num_gpus,
+        "columns": [LEVEL_COLUMNS[i] for i in shown],
+        "rows": [
+            (level, [(values[i], LEVEL_COLUMNS[i].digits) for i in shown]) for level, values in rows
+        ],
+        "hidden_columns": [c.label for i, c in enumerate(LEVEL_COLUMNS) if i not in shown],
+        "figures": run_figures(run, levels),
+        "findings": findings_with_figures(run.findings.select_related("note")),
+        "finding_states": FINDING_STATES,
+        "failures": [(level, level.errors) for level in levels if level.errors],
+    }
+    return render(request, "front/run_detail.html", ctx)
+
+
+@login_required
+def run_status(request, uuid):
+    """The run's status and progress as JSON, polled by the page; ?figures=1 adds the charts."""
+    run = _get_run_for_user(request.user, uuid)
+    payload = {
+        "status": run.status,
+        "status_display": run.get_status_display(),
+        "finished": run.is_finished,
+        "cancel_requested": run.cancel_requested,
+        "error": run.error,
+        "progress": sweep_progress(run),
+    }
+    if request.GET.get("figures"):
+        levels = _levels(run)
+        payload["levels"] = len(levels)
+        payload["figures"] = run_figures(run, levels)
+    return JsonResponse(payload)
+
+
+@login_required
+def run_levels_csv(request, uuid):
+    run = _get_run_for_user(request.user, uuid)
+    name = slugify(run.display_label()) or str(run.uuid)
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}-levels.csv"'
+    writer = csv.writer(response)
+    writer.writerow([c.csv_header for c in LEVEL_COLUMNS] + ["errors"])
+    for level, values in level_rows(_levels(run), run.deployment.num_gpus()):
+        writer.writerow(
+            ["" if v is None else v for v in values]
+            + [json.dumps(level.errors) if level.errors else ""]
+        )
+    return response
+
+
+@login_required
+@require_POST
+def run_cancel(request, uuid):
+    run = _get_run_for_user(request.user, uuid)
+    if actions.run_request_cancel(run=run):
+        messages.success(request, "Cancel requested: the sweep stops at the next request.")
+    else:
+        messages.error(request, "The run had already finished.")
+    return redirect("run-detail", uuid=run.uuid)
+
+
+@login_required
+def tuning_detail(request, uuid):
+    tuning = _get_tuning_for_user(request.user, uuid)
+    timings = list(tuning.timings.all())
+    ctx = {
+        "nav": "kernels",
+        "tuning": tuning,
+        "timings": timings,
+        "progress": tuning_progress(tuning, len(timings)),
+        "figure": charts.kernel_timings(timings),
+    }
+    return render(request, "front/tuning_detail.html", ctx)
+
+
+@login_required
+def tuning_status(request, uuid):
+    tuning = _get_tuning_for_user(request.user, uuid)
+    timings = list(tuning.timings.all())
+    payload = {
+        "status": tuning.status,
+        "status_display": tuning.get_status_display(),
+        "finished": tuning.status in ("succeeded", "failed", "cancelled"),
+        "error": tuning.error,
+        "progress": tuning_progress(tuning, len(timings)),
+    }
+    if request.GET.get("figures"):
+        payload["figures"] = {"timings": charts.kernel_timings(timings)}
+    return JsonResponse(payload)
