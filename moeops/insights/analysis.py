@@ -289,7 +289,7 @@ def idle_gpus(data: RunData) -> list[Proposal]:
     used = set(data.used_gpu_indexes) if data.used_gpu_indexes else None
     samples = [s for s in data.gpu_samples if used is None or s.gpu_index in used]
     if data.telemetry_status != "recorded" or not samples:
-        detail = data.telemetry_detail or f"telemetry {data.telemetry_status}"
+        detail = data.telemetry_detail or "telemetry " + data.telemetry_status.replace("_", " ")
         return [_no_gpu_evidence(f"No GPU samples were recorded for this run ({detail}).")]
     loaded = [(s, level) for s in samples if (level := _level_of(s, data.levels)) is not None]
     timed = any(level.timed for level in data.levels)
