@@ -234,6 +234,22 @@ def test_finding_set_state_rejects_an_unknown_state_and_an_anonymous_user_is_not
     assert finding.state == "confirmed" and finding.state_changed_by is None
 
 
+def test_finding_set_state_with_expected_is_a_compare_and_set():
+    run = write_up_sweep()
+    services.run_analyze(run=run)
+    finding = auto(run, kind="plateau").get()
+    stale_page = Finding.objects.get(pk=finding.pk)
+    assert services.finding_set_state(
+        finding=finding, state="confirmed", user=None, expected="open"
+    )
+
+    changed = services.finding_set_state(
+        finding=stale_page, state="dismissed", user=None, expected="open"
+    )
+
+    assert not changed and Finding.objects.get(pk=finding.pk).state == "confirmed"
+
+
 def test_it_refuses_a_run_that_has_not_finished():
     run = write_up_sweep()
     SweepRun.objects.filter(pk=run.pk).update(status="running")

@@ -48,15 +48,28 @@ def run_analyze(*, run) -> list[Finding]:
     return findings
 
 
-def finding_set_state(*, finding, state, user):
-    """Confirm, dismiss or reopen a finding, recording who did it; re-analysis keeps it."""
+def finding_set_state(*, finding, state, user, expected=None) -> bool:
+    """Confirm, dismiss or reopen a finding, recording who did it; re-analysis keeps it.
+
+    With `expected`, the change is a compare-and-set: it happens only while the finding is
+    still in that state (nobody changed it since the page showing it). Returns whether it did.
+    """
     if state not in dict(FINDING_STATES):
         raise ValueError(f"unknown finding state {state!r}")
-    finding.state = state
-    finding.state_changed_by = user if user is not None and user.is_authenticated else None
-    finding.state_changed_at = timezone.now()
-    finding.save(update_fields=["state", "state_changed_by", "state_changed_at", "updated"])
-    return finding
+    changes = {
+        "state": state,
+        "state_changed_by": user if user is not None and user.is_authenticated else None,
+        "state_changed_at": timezone.now(),
+        "updated": timezone.now(),
+    }
+    rows = Finding.objects.filter(pk=finding.pk)
+    if expected is not None:
+        rows = rows.filter(state=expected)
+    if rows.update(**changes) != 1:
+        return False
+    for name, value in changes.items():
+        setattr(finding, name, value)
+    return True
 
 
 def _finding_upsert(*, deployment, run, proposal):
