@@ -133,7 +133,7 @@ class LayerTimer:
         self._graph_pool = torch.cuda.graph_pool_handle()
         self._layer_kwargs = weights.layer_kwargs(shape)
 
-    def time_config(self, config: dict, replays: int) -> float:
+    def time_config(self, config: dict, replays: int, calls: int | None = None) -> float:
         """Median µs per layer call of fused_moe with config; raises if it cannot run."""
         w1, w2, kwargs = self.weights.w1, self.weights.w2, self._layer_kwargs
 
@@ -149,9 +149,9 @@ class LayerTimer:
                 **kwargs,
             )
 
-        return self.time_layer(layer, replays)
+        return self.time_layer(layer, replays, calls)
 
-    def time_grouped_mm(self, replays: int) -> float:
+    def time_grouped_mm(self, replays: int, calls: int | None = None) -> float:
         """Median µs per call of the torch._grouped_mm pipeline (bf16 only)."""
         from tuning.reference import grouped_mm_moe
 
@@ -162,18 +162,32 @@ class LayerTimer:
                 grouped_mm_moe(self.x[j], w1, w2, self.topk_weights[j], self.topk_ids[j])
             )
 
-        return self.time_layer(layer, replays)
+        return self.time_layer(layer, replays, calls)
 
-    def time_layer(self, layer: Callable[[int], None], replays: int) -> float:
-        """Median µs per call of layer(j), j the call slot, over `replays` graph replays."""
+    def time_layer(
+        self, layer: Callable[[int], None], replays: int, calls: int | None = None
+    ) -> float:
+        """Median µs per call of layer(j), j the call slot, over `replays` graph replays.
+
+        calls (at most calls_per_graph, all by default) layer calls are captured in the graph.
+        """
+        calls = min(calls or self.calls, self.calls)
         self._refresh(0)
-        for j in range(self.calls):
-            layer(j)
+        # one eager call compiles and loads the kernels and raises launch errors before capture
+        layer(0)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
-            for j in range(self.calls):
-                layer(j)
+        capture_stream = torch.cuda.Stream()
+        capture_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(capture_stream):
+            # capture_begin/end rather than torch.cuda.graph(), which empties the allocator cache
+            graph.capture_begin(pool=self._graph_pool)
+            try:
+                for j in range(calls):
+                    layer(j)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(capture_stream)
         graph.replay()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
@@ -185,7 +199,7 @@ class LayerTimer:
         torch.cuda.synchronize()
         elapsed_ms = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
         del graph
-        return float(np.median(elapsed_ms)) * 1000.0 / self.calls
+        return float(np.median(elapsed_ms)) * 1000.0 / calls
 
     def _refresh(self, replay: int) -> None:
         sets = self.pool_ids.shape[0]

@@ -359,7 +359,9 @@ class Tuner:
             error = self._compile_errors.get(compile_key(config))
             if error is None:
                 try:
-                    times[key] = timer.time_config(config, replays)
+                    # screening rounds capture 2 calls per graph, the final rounds 4
+                    calls = 4 if replays >= FINAL_REPLAYS else 2
+                    times[key] = timer.time_config(config, replays, calls)
                     continue
                 except Exception as exc:
                     error = _one_line(exc)

@@ -1,0 +1,185 @@
+"""The tuner's loop on fake measurements (no GPU): results, failures, resume, merge, files, CLI."""
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuning.config_files import config_file_name, loads_config
+from tuning.search import KernelShape, compile_key
+from tuning.tuner import (
+    Tuner,
+    TuneResult,
+    add_arguments,
+    merge_results,
+    parse_ints,
+    shape_from_args,
+    write_config_file,
+)
+
+SHAPE = KernelShape(E=256, N=256, H=6144, top_k=8)
+HF_CONFIGS = Path("/work/shared/data/hf_configs")
+
+
+class FakeTimer:
+    def __init__(self, measurements, M):
+        self.measurements = measurements
+        self.M = M
+
+    def time_config(self, config, replays, calls=None):
+        self.measurements.timed.append((self.M, dict(config), replays))
+        if config["BLOCK_SIZE_N"] == 256 and config["num_stages"] == 5:
+            raise RuntimeError("out of resource: shared memory, Required: 262144")
+        rows = max(1.0, self.M * 8 / 256)
+        padding = math.ceil(rows / config["BLOCK_SIZE_M"]) * config["BLOCK_SIZE_M"] / rows
+        tile = 1 + 0.2 * abs(math.log2(config["BLOCK_SIZE_N"] / 64))
+        tile += 0.1 * abs(math.log2(config["BLOCK_SIZE_K"] / 128))
+        return 10.0 * self.M**0.5 * padding * tile * (1 + 0.02 * abs(config["num_stages"] - 3))
+
+
+class FakeMeasurements:
+    """Synthetic µs; compiles fail for 8-warp BLOCK_SIZE_M 16 tiles, launches for some others."""
+
+    device_name = "NVIDIA H200"
+    triton_version = "3.6.0"
+    ceilings = {"bandwidth_tbps": 4.24, "bf16_tflops": 689.0, "fp8_tflops": None}
+
+    def __init__(self):
+        self.timed = []
+        self.compiled = []
+        self.closed = False
+
+    def compile(self, configs):
+        self.compiled += [compile_key(c) for c in configs]
+        return [
+            "CompilationError: too many registers"
+            if c["BLOCK_SIZE_M"] == 16 and c["num_warps"] == 8
+            else None
+            for c in configs
+        ]
+
+    def timer(self, M):
+        return FakeTimer(self, M)
+
+    def floor_us(self, M):
+        return 5.0 * M**0.5
+
+    def close(self):
+        self.closed = True
+
+
+def test_it_tunes_every_batch_size_and_never_picks_a_failure():
+    measurements = FakeMeasurements()
+    progress = []
+
+    with Tuner(SHAPE, measurements) as tuner:
+        result = tuner.tune([1, 64, 1024], progress_callback=lambda *a: progress.append(a))
+
+    assert measurements.closed
+    assert sorted(result.batches) == [1, 64, 1024]
+    for batch in result.batches.values():
+        assert batch.tuned_us <= batch.default_us
+        assert not (batch.config["BLOCK_SIZE_N"] == 256 and batch.config["num_stages"] == 5)
+        assert not (batch.config["BLOCK_SIZE_M"] == 16 and batch.config["num_warps"] == 8)
+        assert batch.floor_us == pytest.approx(5.0 * batch.M**0.5, rel=1e-3)
+        assert batch.candidates_tried > 0
+    assert any(b.failures for b in result.batches.values())
+    assert progress[-1][0] == progress[-1][1]
+    assert result.speedup_geomean() >= 1.0
+
+
+def test_it_compiles_each_kernel_once():
+    measurements = FakeMeasurements()
+
+    Tuner(SHAPE, measurements).tune([16, 24, 32])
+
+    assert len(measurements.compiled) == len(set(measurements.compiled))
+
+
+def test_it_resumes_from_its_log(tmp_path):
+    log = tmp_path / "log.json"
+    Tuner(SHAPE, FakeMeasurements()).tune([1, 2], resume_path=log)
+    measurements = FakeMeasurements()
+
+    result = Tuner(SHAPE, measurements).tune([1, 2, 4], resume_path=log)
+
+    assert sorted(result.batches) == [1, 2, 4]
+    assert {m for m, _, _ in measurements.timed} == {4}
+
+
+def test_a_log_of_another_shape_is_not_resumed(tmp_path):
+    log = tmp_path / "log.json"
+    Tuner(KernelShape(E=128, N=256, H=6144, top_k=8), FakeMeasurements()).tune([1], resume_path=log)
+    measurements = FakeMeasurements()
+
+    Tuner(SHAPE, measurements).tune([1], resume_path=log)
+
+    assert {m for m, _, _ in measurements.timed} == {1}
+
+
+def test_merged_parts_write_one_engine_file(tmp_path):
+    first = Tuner(SHAPE, FakeMeasurements()).tune([1, 2, 4])
+    second = Tuner(SHAPE, FakeMeasurements()).tune([8, 16])
+    round_trip = TuneResult.from_dict(json.loads(json.dumps(second.to_dict())))
+
+    merged = merge_results([first, round_trip])
+    path = write_config_file(merged, tmp_path, "vllm")
+
+    assert path.name == config_file_name(256, 256, "NVIDIA H200")
+    version, entries = loads_config(path.read_text())
+    assert version == "3.6.0"
+    assert sorted(entries) == [1, 2, 4, 8, 16]
+    assert entries[8] == second.batches[8].config
+
+
+def test_sglang_files_go_under_the_triton_folder_without_a_version_key(tmp_path):
+    shape = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
+
+    path = write_config_file(Tuner(shape, FakeMeasurements()).tune([1]), tmp_path, "sglang")
+
+    assert path.parent.name == "triton_3_6_0"
+    assert path.name.endswith("dtype=fp8_w8a8,block_shape=[128, 128].json")
+    assert loads_config(path.read_text())[0] is None
+
+
+def test_merging_different_shapes_is_refused():
+    first = Tuner(SHAPE, FakeMeasurements()).tune([1])
+    other = Tuner(KernelShape(E=384, N=256, H=7168, top_k=8), FakeMeasurements()).tune([2])
+
+    with pytest.raises(ValueError, match="disagree"):
+        merge_results([first, other])
+
+
+def test_the_cli_reads_the_shape_from_the_model_config():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--model-config", str(HF_CONFIGS / "glm-5-fp8_config.json"), "--tp", "8", "--out", "x"]
+    )
+
+    shape = shape_from_args(args)
+
+    assert (shape.E, shape.N, shape.H, shape.top_k) == (256, 256, 6144, 8)
+    assert (shape.dtype, shape.block_shape) == ("fp8_w8a8", (128, 128))
+    args.dtype = "bf16"
+    assert shape_from_args(args).block_shape is None
+
+
+def test_it_rejects_bad_batch_sizes():
+    assert parse_ints("1,2,4") == (1, 2, 4)
+    with pytest.raises(ValueError):
+        parse_ints("1,two")
+    with pytest.raises(ValueError):
+        parse_ints("0,4")
+
+
+def test_the_cli_modules_import_without_torch():
+    code = "import sys, tuning.tuner, tuning.bench; print('torch' in sys.modules)"
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+    assert out.stdout.strip() == "False"
