@@ -1,4 +1,5 @@
-"""Writes the browser UI starts: sweeps, tunes, cancels and the plan's order.
+"""Writes the browser UI starts that no app service covers: sweeps and tunes sent to a host's
+worker, and the plan's order.
 
 Each GPU-host task is enqueued after the row that describes it is committed, so the worker
 always finds its run; a broker that cannot be reached fails the run with the reason instead of
@@ -16,7 +17,9 @@ from moeops.celery import send_host_task
 from moeops.fleet.models import Deployment
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import TuningRun
+from moeops.kernels.services import tuning_run_create
 from moeops.runs.models import SweepRun
+from moeops.runs.services import run_create
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +53,10 @@ def sweep_start(*, deployment, parameters, label=""):
         "gpu_indices": _gpu_indices(deployment),
     }
     with transaction.atomic():
-        run = SweepRun.objects.create(
+        run, _ = run_create(
             deployment=deployment,
             label=label,
             parameters=parameters,
-            status="queued",
             source="worker",
             topology_snapshot=deployment.host.current_topology(),
         )
@@ -80,7 +82,7 @@ def tuning_start(*, deployment, dtype, batch_sizes):
     gpu = deployment.gpus.order_by("index").first() or deployment.host.gpus.first()
     block_shape = shape["block_shape"] if dtype == "fp8_w8a8" else None
     with transaction.atomic():
-        tuning = TuningRun.objects.create(
+        tuning, _ = tuning_run_create(
             host=deployment.host,
             deployment=deployment,
             device_name=gpu.name if gpu else "",
@@ -91,7 +93,6 @@ def tuning_start(*, deployment, dtype, batch_sizes):
             dtype=dtype,
             block_shape=block_shape,
             batch_sizes=list(batch_sizes),
-            status="queued",
         )
         kwargs = {
             "tuning_run_uuid": str(tuning.uuid),
@@ -108,20 +109,6 @@ def tuning_start(*, deployment, dtype, batch_sizes):
         host = deployment.host
         transaction.on_commit(lambda: _enqueue(TuningRun, tuning.pk, "tune_kernel", host, kwargs))
     return tuning
-
-
-def run_request_cancel(*, run):
-    """Ask the worker to stop `run` at its next request boundary; a queued run ends here.
-
-    Returns True when the request was recorded, False when the run had already finished.
-    """
-    now = timezone.now()
-    queued = SweepRun.objects.filter(pk=run.pk, status="queued").update(
-        status="cancelled", cancel_requested=True, finished_at=now
-    )
-    if queued:
-        return True
-    return bool(SweepRun.objects.filter(pk=run.pk, status="running").update(cancel_requested=True))
 
 
 def plan_item_add(*, deployment, title, status="pending", note=None):

@@ -264,14 +264,14 @@ def engine_queue(series, bands, max_running_requests=None):
     if group:
         x = [epoch_to_plotly(t) for t in group["t"]]
         for key, name in (("running", "running"), ("queued", "queued")):
-            points = list(zip(x, group[key], strict=True))
+            points = list(zip(x, group[f"{key}_mean"], strict=True))
             traces.append(
                 {
                     "type": "scatter",
                     "mode": _mode(points),
                     "name": name,
                     "x": x,
-                    "y": group[key],
+                    "y": group[f"{key}_mean"],
                     "customdata": group[f"{key}_max"],
                     "hovertemplate": "%{y:.0f} " + name + " (max %{customdata:.0f})<extra></extra>",
                 }
@@ -528,52 +528,45 @@ def topology_heatmap(block, title, kind="links"):
 
 # --- findings ------------------------------------------------------------------------------
 
-# Keys an evidence series may be plotted against, in order of preference.
-_EVIDENCE_X = ("concurrency", "levels", "batch_size", "ts", "time", "x")
-
-
-def _numbers(values):
-    return (
-        isinstance(values, list)
-        and values
-        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-    )
-
 
 def evidence_figure(evidence, title):
-    """A chart of a finding's evidence when it holds a series, else None.
+    """The figure of a finding's evidence["chart"] (the diagnosis's format), or None.
 
-    Understands parallel lists ({"concurrency": [...], "output_throughput": [...]}) and lists
-    of points ({"points": [{"concurrency": 128, "output_throughput": 806}, ...]}).
+    {"type": "line" | "bar", "x", "x_label", "y_label", "series": [{"name", "y"}]} or
+    {"type": "heatmap", "x", "y", "z" (nvidia-smi codes), "title"}.
     """
-    if not isinstance(evidence, dict):
+    spec = evidence.get("chart") if isinstance(evidence, dict) else None
+    if not isinstance(spec, dict) or not spec.get("x"):
         return None
-    columns = {k: v for k, v in evidence.items() if _numbers(v)}
-    for points in evidence.values():
-        if isinstance(points, list) and points and all(isinstance(p, dict) for p in points):
-            keys = [k for k in points[0] if all(_numbers([p.get(k)]) for p in points)]
-            if len(keys) >= 2:
-                columns = {k: [p[k] for p in points] for k in keys}
-                break
-    x_key = next((k for k in _EVIDENCE_X if k in columns), None)
-    if x_key is None:
-        return None
-    x = columns.pop(x_key)
-    traces = [
-        {"type": "scatter", "mode": "lines+markers", "name": key, "x": x, "y": values}
-        for key, values in columns.items()
-        if len(values) == len(x)
-    ]
+    if spec.get("type") == "heatmap":
+        kind = "p2p" if "p2p" in str(spec.get("title", "")).lower() else "links"
+        block = {"labels": spec.get("y") or spec["x"], "matrix": spec.get("z") or []}
+        return topology_heatmap(block, spec.get("title") or title, kind)
+    x = spec["x"]
+    x_label = spec.get("x_label", "")
+    traces = []
+    for series in spec.get("series") or []:
+        y = series.get("y") or []
+        trace = {"name": series.get("name", ""), "x": x, "y": y}
+        if spec.get("type") == "bar":
+            trace |= {"type": "bar"}
+        else:
+            trace |= {"type": "scatter", "mode": "lines+markers"}
+        traces.append(trace)
     if not traces:
         return None
-    xaxis = {"title": {"text": x_key}}
-    if x_key in ("concurrency", "levels", "batch_size") and min(x) > 0:
-        xaxis.update(type="log", dtick=0.30103)
+    xaxis = {"title": {"text": x_label}}
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in x)
+    if "concurrency" in x_label and numeric and min(x) > 0:
+        xaxis |= {"type": "log", "dtick": 0.30103}
+    elif not numeric or spec.get("type") == "bar":
+        xaxis |= {"type": "category"}
     return figure(
         traces,
         title,
         xaxis,
-        {"rangemode": "tozero"},
-        height=260,
+        {"title": {"text": spec.get("y_label", "")}, "rangemode": "tozero"},
+        height=280,
         margin={"l": 55, "r": 15, "t": 35, "b": 40},
+        legend={"orientation": "h", "y": -0.35},
     )

@@ -29,6 +29,9 @@ def _int_list(text, *, field_name):
 
 
 class DeploymentForm(forms.ModelForm):
+    # engines on a team's network are plain http more often than not
+    endpoint_url = forms.URLField(required=False, assume_scheme="http")
+
     class Meta:
         model = Deployment
         fields = (

@@ -93,11 +93,12 @@ def engine_series(run, buckets=BUCKETS):
         _bounds(qs),
         None,
         {
-            "running": Avg("running"),
+            # aliases must not shadow the model's own field names
+            "running_mean": Avg("running"),
             "running_max": Max("running"),
-            "queued": Avg("queued"),
+            "queued_mean": Avg("queued"),
             "queued_max": Max("queued"),
-            "kv": Avg("kv_cache_usage"),
+            "kv_mean": Avg("kv_cache_usage"),
         },
         buckets,
     )

@@ -4,15 +4,16 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Max, OuterRef, Prefetch, Q, Subquery
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Deployment
 from moeops.front import actions, charts
 from moeops.front.forms import DeploymentForm, PlanItemForm, SweepForm, TuneForm
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.insights.models import FINDING_STATES, Finding, PlanItem
+from moeops.insights.services import finding_set_state
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs.models import LevelResult, SweepRun
 
@@ -88,7 +89,11 @@ def deployments(request):
 def deployment_create(request):
     form = DeploymentForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        deployment = form.save()
+        fields = dict(form.cleaned_data)
+        gpus = fields.pop("gpus")
+        deployment, _ = fleet_services.deployment_create(
+            gpu_indexes=[gpu.index for gpu in gpus], **fields
+        )
         messages.success(request, f"Deployment “{deployment.name}” created.")
         return redirect(deployment)
     return render(
@@ -114,6 +119,7 @@ def findings_with_figures(findings):
     for finding in findings:
         finding.figure = charts.evidence_figure(finding.evidence, finding.get_kind_display())
         finding.chart_id = f"evidence-{finding.pk}"
+        finding.numbers = [(k, v) for k, v in (finding.evidence or {}).items() if k != "chart"]
     return findings
 
 
@@ -233,15 +239,15 @@ def plan_item(request, pk):
 @login_required
 @require_POST
 def finding_state(request, pk):
-    """Confirm, dismiss or reopen a finding, only if nobody changed its state meanwhile."""
+    """Confirm, dismiss or reopen a finding, unless someone changed its state since the page."""
     finding = get_object_or_404(Finding, pk=pk)
     new, expected = request.POST.get("state"), request.POST.get("expected")
     if new not in dict(FINDING_STATES):
         messages.error(request, "Unknown finding state.")
-    elif not Finding.objects.filter(pk=pk, state=expected).update(
-        state=new, updated=timezone.now()
-    ):
+    elif finding.state != expected:
         messages.error(request, "Someone changed this finding meanwhile; here is its new state.")
+    else:
+        finding_set_state(finding=finding, state=new, user=request.user)
     back = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
         back = finding.deployment.get_absolute_url()

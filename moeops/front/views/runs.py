@@ -12,13 +12,14 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
-from moeops.front import actions, charts, series
+from moeops.front import charts, series
 from moeops.front.columns import LEVEL_COLUMNS, filled_columns, level_rows
 from moeops.front.forms import RunFilterForm
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.views.deployments import findings_with_figures
 from moeops.insights.models import FINDING_STATES
 from moeops.kernels.models import TuningRun
+from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 
 RUNS_PER_PAGE = 50
@@ -140,10 +141,15 @@ def run_levels_csv(request, uuid):
 @require_POST
 def run_cancel(request, uuid):
     run = _get_run_for_user(request.user, uuid)
-    if actions.run_request_cancel(run=run):
-        messages.success(request, "Cancel requested: the sweep stops at the next request.")
+    try:
+        run_services.run_cancel(run=run)
+    except run_services.RunConflict as exc:
+        messages.error(request, f"Nothing to cancel: {exc}.")
     else:
-        messages.error(request, "The run had already finished.")
+        if run.status == "cancelled":
+            messages.success(request, "Cancelled before the worker started it.")
+        else:
+            messages.success(request, "Cancel requested: the sweep stops at the next request.")
     return redirect("run-detail", uuid=run.uuid)
 
 

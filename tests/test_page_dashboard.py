@@ -1,0 +1,67 @@
+import pytest
+
+from moeops.examples import load_example_data
+from moeops.insights.models import Finding
+from moeops.kernels.models import TuningRun
+from tests import page_base as pb
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_requires_login(client):
+    response = client.get("/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")
+
+
+def test_it_shows_each_deployments_latest_peak_and_open_findings(client):
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    pb.run(deployment, "old", levels=[{"concurrency": 64, "output_throughput": 5000.0}])
+    latest = pb.run(
+        deployment,
+        "new",
+        levels=[
+            {"concurrency": 64, "output_throughput": 900.0},
+            {"concurrency": 128, "output_throughput": 1234.0},
+        ],
+    )
+    Finding.objects.create(deployment=deployment, kind="plateau", title="Flat from 64")
+    Finding.objects.create(
+        deployment=deployment, kind="plateau", title="Gone", key="b", state="dismissed"
+    )
+    html = client.get("/").content.decode()
+    assert "1,234" in html  # the newest run's peak, not the best ever (5,000)
+    assert "5,000" not in html.split("Recent runs")[0]
+    assert f'href="/runs/{latest.uuid}/">new</a>' in html
+    assert "Flat from 64" in html and "Gone" not in html
+    assert f'href="/deployments/{deployment.pk}/#findings">1</a>' in html
+
+
+def test_running_sweeps_and_tunes_show_their_progress(client):
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    live = pb.run(
+        deployment,
+        "live",
+        status="running",
+        progress={"level_index": 2, "levels_total": 4, "requests_done": 0, "requests_total": 8},
+    )
+    TuningRun.objects.create(
+        deployment=deployment, E=256, N=256, hidden_size=6144, topk=8, status="queued"
+    )
+    html = client.get("/").content.decode()
+    assert "Running now" in html
+    assert f'data-progress-url="/runs/{live.uuid}/status.json"' in html
+    assert "level 3 of 4" in html
+    assert "/tunes/" in html and "queued, waiting for the host" in html
+
+
+def test_the_write_up_reads_at_a_glance(client):
+    pb.sign_in(client)
+    load_example_data()
+    html = client.get("/").content.decode()
+    assert "GLM-5-NVFP4 on 8× RTX PRO 6000" in html
+    assert ">912<" in html  # peak of the write-up's sweep
+    assert ">5,800<" in html  # Kimi K2 after tuning, its latest run
+    assert "FlashInfer allreduce fusion is unsupported on SM120" in html

@@ -1,0 +1,126 @@
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from moeops.front.progress import sweep_progress
+from moeops.runs.models import SweepRun
+from tests import page_base as pb
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def live(client):
+    pb.sign_in(client)
+    return pb.run(
+        pb.deployment(),
+        label="live",
+        status="running",
+        parameters={"levels": [32, 64, 128, 256]},
+        started_at=timezone.now() - dt.timedelta(seconds=60),
+    )
+
+
+def test_progress_counts_finished_levels_and_requests_of_the_current_one(live):
+    live.progress = {
+        "level_index": 1,
+        "levels_total": 4,
+        "requests_done": 50,
+        "requests_total": 100,
+        "concurrency": 64,
+        "started_at": 1000.0,
+    }
+    p = sweep_progress(live, now=1060.0)
+    assert p["level"] == 2 and p["levels_total"] == 4
+    assert p["fraction"] == pytest.approx(1.5 / 4)
+    assert p["elapsed_s"] == 60.0
+    # 60 s bought 37.5 %: the other 62.5 % take 100 s more at that pace
+    assert p["eta_s"] == pytest.approx(100.0)
+    assert p["text"] == "level 2 of 4 (concurrency 64), 50 of 100 requests"
+
+
+def test_progress_before_the_worker_reports(live):
+    live.status, live.started_at, live.progress = "queued", None, {}
+    p = sweep_progress(live, now=0)
+    assert p["fraction"] == 0.0
+    assert p["levels_total"] == 4  # from the parameters the sweep was started with
+    assert p["eta_s"] is None and p["elapsed_s"] is None
+    assert p["text"].startswith("queued")
+
+
+def test_progress_of_a_finished_run_is_whole_and_has_no_eta(live):
+    live.status = "succeeded"
+    live.finished_at = live.started_at + dt.timedelta(seconds=90)
+    live.progress = {"level_index": 3, "levels_total": 4, "requests_done": 10}
+    p = sweep_progress(live, now=10**10)
+    assert p["fraction"] == 1.0
+    assert p["eta_s"] is None
+    assert p["elapsed_s"] == pytest.approx(90.0)
+
+
+def test_progress_ignores_junk_from_a_worker(live):
+    live.progress = {"level_index": "two", "levels_total": None, "requests_done": True}
+    p = sweep_progress(live, now=0)
+    assert p["level"] is None
+    assert p["fraction"] is None
+
+
+def test_status_endpoint_reports_progress_and_figures(client, live):
+    SweepRun.objects.filter(pk=live.pk).update(
+        progress={"level_index": 0, "levels_total": 4, "requests_done": 25, "requests_total": 100}
+    )
+    live.levels.create(key="c=32,r=inf", concurrency=32, output_throughput=300.0)
+    response = client.get(f"/runs/{live.uuid}/status.json?figures=1")
+    assert response.status_code == 200
+    state = response.json()
+    assert state["status"] == "running" and state["finished"] is False
+    assert state["progress"]["fraction"] == pytest.approx(0.0625)
+    assert state["levels"] == 1
+    output = state["figures"]["throughput"]["data"][0]
+    assert output["x"] == [32] and output["y"] == [300.0]
+    assert set(state["figures"]) == {
+        "throughput",
+        "ttft",
+        "tpot",
+        "itl",
+        "gpu-util",
+        "gpu-power",
+        "engine",
+    }
+    assert "figures" not in client.get(f"/runs/{live.uuid}/status.json").json()
+
+
+def test_the_run_page_of_a_running_sweep_polls_its_status(client, live):
+    html = client.get(f"/runs/{live.uuid}/").content.decode()
+    assert f'data-progress-url="/runs/{live.uuid}/status.json"' in html
+    assert 'data-status="running"' in html
+    assert "front/progress.js" in html
+    assert "Cancel run" in html
+
+
+def test_cancel_asks_a_running_sweep_to_stop(client, live):
+    response = client.post(f"/runs/{live.uuid}/cancel/")
+    assert response.status_code == 302
+    live.refresh_from_db()
+    assert live.cancel_requested and live.status == "running"
+    assert client.get(f"/runs/{live.uuid}/status.json").json()["cancel_requested"] is True
+
+
+def test_cancel_of_a_queued_sweep_ends_it(client, live):
+    SweepRun.objects.filter(pk=live.pk).update(status="queued")
+    client.post(f"/runs/{live.uuid}/cancel/")
+    live.refresh_from_db()
+    assert live.status == "cancelled"
+
+
+def test_cancel_of_a_finished_sweep_changes_nothing(client, live):
+    SweepRun.objects.filter(pk=live.pk).update(status="succeeded")
+    response = client.post(f"/runs/{live.uuid}/cancel/", follow=True)
+    live.refresh_from_db()
+    assert live.status == "succeeded" and not live.cancel_requested
+    assert "Nothing to cancel" in response.content.decode()
+
+
+def test_cancel_needs_post(client, live):
+    assert client.get(f"/runs/{live.uuid}/cancel/").status_code == 405

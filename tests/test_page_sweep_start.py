@@ -1,0 +1,98 @@
+import pytest
+from kombu.exceptions import OperationalError
+
+from moeops.front import actions
+from moeops.runs.models import SweepRun
+from tests import page_base as pb
+
+pytestmark = pytest.mark.django_db
+
+FORM = {
+    "label": "c32-1024",
+    "levels": "1024, 32,64,64",
+    "input_len": "1024",
+    "output_len": "256",
+    "prompts_per_level": "512",
+    "warmup": "8",
+    "endpoint": "completions",
+}
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        actions, "send_host_task", lambda name, host, kwargs: calls.append((name, host, kwargs))
+    )
+    return calls
+
+
+@pytest.fixture
+def deployment(client):
+    pb.sign_in(client)
+    row = pb.deployment()
+    pb.snapshot(row.host)
+    return row
+
+
+def test_it_queues_a_sweep_and_enqueues_it_after_commit(
+    client, deployment, sent, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = client.post(f"/deployments/{deployment.pk}/sweep/", FORM)
+    run = SweepRun.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == f"/runs/{run.uuid}/"
+    assert run.status == "queued" and run.source == "worker"
+    assert run.label == "c32-1024"
+    assert run.topology_snapshot == deployment.host.current_topology()
+    assert run.parameters["levels"] == [32, 64, 1024]
+    assert run.parameters["output_len"] == 256
+    assert run.parameters["base_url"] == "http://127.0.0.1:30000"
+    assert run.parameters["model"] == "glm-5"
+    assert run.parameters["gpu_indices"] == list(range(8))
+    # nothing reaches the broker before the run is committed
+    assert sent == [] and len(callbacks) == 1
+    callbacks[0]()
+    [(name, host, kwargs)] = sent
+    assert name == "run_sweep" and host == deployment.host
+    assert kwargs["run_uuid"] == str(run.uuid)
+    assert kwargs["levels"] == [32, 64, 1024]
+    assert kwargs["prompts_per_level"] == 512 and kwargs["warmup"] == 8
+
+
+def test_a_broker_that_cannot_be_reached_fails_the_run(
+    client, deployment, monkeypatch, django_capture_on_commit_callbacks
+):
+    def down(name, host, kwargs):
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(actions, "send_host_task", down)
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(f"/deployments/{deployment.pk}/sweep/", FORM)
+    run = SweepRun.objects.get()
+    assert run.status == "failed"
+    assert "Could not reach the broker" in run.error and "Connection refused" in run.error
+
+
+def test_it_rejects_bad_levels_on_the_deployment_page(client, deployment, sent):
+    response = client.post(f"/deployments/{deployment.pk}/sweep/", {**FORM, "levels": "32,x"})
+    assert response.status_code == 400
+    assert "levels: whole numbers separated by commas" in response.content.decode()
+    assert not SweepRun.objects.exists()
+
+
+def test_it_rejects_a_deployment_without_an_endpoint(client, deployment, sent):
+    deployment.endpoint_url = ""
+    deployment.save()
+    response = client.post(f"/deployments/{deployment.pk}/sweep/", FORM)
+    assert response.status_code == 400
+    assert "no endpoint URL" in response.content.decode()
+    assert not SweepRun.objects.exists()
+
+
+def test_it_needs_post_and_login(client, deployment):
+    assert client.get(f"/deployments/{deployment.pk}/sweep/").status_code == 405
+    client.logout()
+    assert client.post(f"/deployments/{deployment.pk}/sweep/", FORM).status_code == 302
+    assert not SweepRun.objects.exists()

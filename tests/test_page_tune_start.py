@@ -1,0 +1,98 @@
+import pytest
+
+from moeops.front import actions
+from moeops.kernels.models import TuningRun, TuningTiming
+from tests import page_base as pb
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        actions, "send_host_task", lambda name, host, kwargs: calls.append((name, host, kwargs))
+    )
+    return calls
+
+
+@pytest.fixture
+def deployment(client):
+    pb.sign_in(client)
+    return pb.deployment()
+
+
+def test_it_queues_a_tune_for_the_per_rank_shape(
+    client, deployment, sent, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            f"/deployments/{deployment.pk}/tune/", {"dtype": "bf16", "batch_sizes": "1,64,16"}
+        )
+    tuning = TuningRun.objects.get()
+    assert response["Location"] == f"/tunes/{tuning.uuid}/"
+    # GLM-5 at TP8: 256 experts per rank, N = 2048 / 8
+    assert (tuning.E, tuning.N, tuning.hidden_size, tuning.topk) == (256, 256, 6144, 8)
+    assert tuning.device_name == "NVIDIA H200"
+    assert tuning.batch_sizes == [1, 16, 64]
+    assert tuning.status == "queued" and tuning.block_shape is None
+    [(name, host, kwargs)] = sent
+    assert name == "tune_kernel" and host == deployment.host
+    assert kwargs["tuning_run_uuid"] == str(tuning.uuid)
+    assert kwargs["E"] == 256 and kwargs["N"] == 256 and kwargs["dtype"] == "bf16"
+
+
+def test_block_fp8_takes_the_models_weight_block_shape(client, sent):
+    pb.sign_in(client)
+    config = {
+        **pb.GLM5_CONFIG,
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    }
+    deployment = pb.deployment(model_row=pb.model("GLM-5-FP8", config))
+    page = client.get(deployment.get_absolute_url()).content.decode()
+    assert '<option value="fp8_w8a8" selected>' in page
+    client.post(f"/deployments/{deployment.pk}/tune/", {"dtype": "fp8_w8a8", "batch_sizes": "1"})
+    assert TuningRun.objects.get().block_shape == [128, 128]
+
+
+def test_a_shape_that_does_not_split_is_refused(client, deployment, sent):
+    deployment.tp = 3
+    deployment.save()
+    response = client.post(
+        f"/deployments/{deployment.pk}/tune/", {"dtype": "bf16", "batch_sizes": "1"}
+    )
+    assert response.status_code == 400
+    assert "does not split over tp=3" in response.content.decode()
+    assert not TuningRun.objects.exists()
+
+
+def test_the_tune_page_shows_progress_then_timings(client, deployment, sent):
+    client.post(f"/deployments/{deployment.pk}/tune/", {"dtype": "bf16", "batch_sizes": "1,64"})
+    tuning = TuningRun.objects.get()
+    TuningRun.objects.filter(pk=tuning.pk).update(
+        status="running",
+        progress={
+            "batch_sizes_done": 1,
+            "batch_sizes_total": 2,
+            "batch_size": 64,
+            "started_at": 1000.0,
+        },
+    )
+    state = client.get(f"/tunes/{tuning.uuid}/status.json").json()
+    assert state["progress"]["fraction"] == 0.5
+    assert state["progress"]["text"] == "1 of 2 done, tuning M=64"
+
+    TuningTiming.objects.create(
+        run=tuning, batch_size=1, tuned_us=20.0, default_us=30.0, floor_us=18.0
+    )
+    TuningTiming.objects.create(
+        run=tuning, batch_size=64, tuned_us=600.0, default_us=900.0, floor_us=490.0
+    )
+    html = client.get(f"/tunes/{tuning.uuid}/").content.decode()
+    fig = pb.figure(html, "timings-data")
+    traces = {t["name"]: t for t in fig["data"]}
+    assert traces["tuned"]["x"] == [1, 64] and traces["tuned"]["y"] == [20.0, 600.0]
+    assert traces["default config"]["y"] == [30.0, 900.0]
+    assert traces["hardware floor"]["y"] == [18.0, 490.0]
+    assert "1.50×" in html  # 30 / 20 µs
+    assert "82%" in html  # floor 490 / tuned 600 µs
