@@ -5,7 +5,14 @@ import math
 from typing import Annotated, Any, ClassVar
 
 from ninja import Schema
-from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 # Largest value of the integer columns (PositiveIntegerField is a 32-bit column on PostgreSQL).
 MAX_INT = 2_147_483_647
@@ -65,8 +72,12 @@ JsonList = Annotated[list[Any], AfterValidator(_storable_json)]
 JsonValue = Annotated[Any, AfterValidator(_storable_json)]
 
 
-class In(Schema):
-    """Base of request bodies: finite numbers only (SQLite stores NaN as NULL)."""
+class In(BaseModel):
+    """Base of request bodies: finite numbers only (SQLite stores NaN as NULL).
+
+    Plain pydantic, not ninja's Schema: its per-object root validator (for reading Django
+    rows) costs ~30 µs per object, i.e. 150 ms for a telemetry batch of 5,000 samples.
+    """
 
     model_config = ConfigDict(allow_inf_nan=False)
 

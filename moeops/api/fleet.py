@@ -181,7 +181,7 @@ class GPUsRecorded(Schema):
 def host_create(request, payload: HostIn):
     """Register a GPU host (idempotent by name); its worker listens on `host.<name>`."""
     require_write(request)
-    host, created = services.host_register(**payload.dict())
+    host, created = services.host_register(**payload.model_dump())
     return stored(created, host)
 
 
@@ -206,7 +206,9 @@ def gpu_record(request, ref: str, payload: GPUsIn):
     """Create or update the host's GPUs by index."""
     host = lookups.get_host(ref)
     require_write(request, host)
-    created, updated = services.gpus_record(host=host, gpus=[gpu.dict() for gpu in payload.gpus])
+    created, updated = services.gpus_record(
+        host=host, gpus=[gpu.model_dump() for gpu in payload.gpus]
+    )
     body = {"created": created, "updated": updated, "gpus": list(host.gpus.all())}
     return stored(created, body)
 
@@ -473,7 +475,7 @@ def _deployments():
 def deployment_create(request, payload: DeploymentIn):
     """Register a deployment (idempotent by name: an existing one is returned unchanged)."""
     require_write(request)
-    fields = payload.dict()
+    fields = payload.model_dump()
     model = lookups.get_model(fields.pop("model"))
     host = lookups.get_host(fields.pop("host"))
     try:
@@ -511,7 +513,7 @@ def deployment_patch(request, ref: str, payload: DeploymentPatch):
     """Change launch details or record a health check (status, status_detail)."""
     deployment = lookups.get_deployment(ref)
     require_write(request, deployment.host)
-    fields = payload.dict(exclude_unset=True)
+    fields = payload.model_dump(exclude_unset=True)
     if not fields:
         raise HttpError(400, "body: nothing to change")
     services.deployment_update(deployment=deployment, **fields)

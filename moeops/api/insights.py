@@ -116,7 +116,7 @@ def finding_create(request, payload: FindingIn):
     run = None
     if payload.run is not None:
         run = lookups.by_id_or_uuid(deployment.runs.all(), "run", payload.run)
-    fields = payload.dict(exclude={"deployment", "run"})
+    fields = payload.model_dump(exclude={"deployment", "run"})
     finding = Finding.objects.create(deployment=deployment, run=run, source="human", **fields)
     return Status(201, finding)
 
@@ -207,7 +207,7 @@ def plan_item_create(request, payload: PlanItemIn):
         finding = lookups.by_id(deployment.findings.all(), "finding", payload.finding)
     if payload.note is not None:
         note = lookups.by_id_or_name(Note.objects.all(), "note", payload.note, field="slug")
-    fields = payload.dict(exclude={"deployment", "finding", "note"})
+    fields = payload.model_dump(exclude={"deployment", "finding", "note"})
     item = PlanItem.objects.create(
         deployment=deployment, finding=finding, note=note, source="human", **fields
     )
@@ -229,7 +229,7 @@ def plan_item_list(request, filters: Query[PlanItemFilter]):
 def plan_item_patch(request, ref: str, payload: PlanItemPatch):
     require_write(request)
     item = lookups.by_id(PlanItem.objects.select_related("note"), "plan item", ref)
-    fields = payload.dict(exclude_unset=True)
+    fields = payload.model_dump(exclude_unset=True)
     for key, value in fields.items():
         setattr(item, key, value)
     item.save(update_fields=list(fields))
@@ -265,7 +265,7 @@ class NoteOut(Schema):
 def note_create(request, payload: NoteIn):
     """Add a note; the same slug with the same title and body is the existing note (200)."""
     require_write(request)
-    note = Note(**payload.dict(exclude={"slug"}), slug=payload.slug or "")
+    note = Note(**payload.model_dump(exclude={"slug"}), slug=payload.slug or "")
     note.set_slug()
     existing = Note.objects.filter(slug=note.slug).first()
     if existing is None:

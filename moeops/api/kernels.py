@@ -116,7 +116,7 @@ def kernel_config_import(request, payload: KernelConfigImportIn):
 @router.post("/kernel-configs", auth=WRITE, response={200: KernelConfigOut, 201: KernelConfigOut})
 def kernel_config_create(request, payload: KernelConfigIn):
     """Store a config from its fields; a new version unless the newest one is identical (200)."""
-    config, created = services.kernel_config_store(**payload.dict())
+    config, created = services.kernel_config_store(**payload.model_dump())
     return stored(created, config)
 
 
@@ -208,7 +208,7 @@ class TimingsIn(In):
         return self
 
 
-class TimingOut(TimingIn):
+class TimingOut(Schema, TimingIn):
     speedup: float | None = Field(None, description="default_us / tuned_us")
     floor_fraction: float | None = Field(None, description="floor_us / tuned_us")
 
@@ -269,7 +269,7 @@ class TuningRunFilter(CreatedRange):
 @router.post("/tuning-runs", auth=WRITE, response={200: TuningRunDetail, 201: TuningRunDetail})
 def tuning_run_create(request, payload: TuningRunIn):
     """Create a tuning run; with a `uuid` seen before, the existing run (200)."""
-    fields = payload.dict()
+    fields = payload.model_dump()
     deployment = host = None
     if fields["deployment"] is not None:
         deployment = lookups.get_deployment(fields["deployment"])
@@ -309,7 +309,7 @@ def tuning_run_patch(request, ref: str, payload: TuningRunPatch):
     """Status by compare-and-set (409 on an illegal move), progress, result config, wall_s."""
     tuning_run = lookups.get_tuning_run(ref)
     require_write(request, tuning_run.host)
-    fields = payload.dict(exclude_unset=True)
+    fields = payload.model_dump(exclude_unset=True)
     if fields.get("result") is not None:
         fields["result"] = lookups.get_kernel_config(fields["result"])
     services.tuning_run_update(tuning_run=tuning_run, **fields)
@@ -324,6 +324,6 @@ def tuning_timings_record(request, ref: str, payload: TimingsIn):
     tuning_run = lookups.get_tuning_run(ref)
     require_write(request, tuning_run.host)
     created, existing = services.tuning_timings_record(
-        tuning_run=tuning_run, timings=[t.dict() for t in payload.timings]
+        tuning_run=tuning_run, timings=[t.model_dump() for t in payload.timings]
     )
     return stored(created, {"created": created, "existing": existing})

@@ -238,7 +238,7 @@ def run_patch(request, ref: str, payload: RunPatch):
     """Status by compare-and-set (409 on an illegal move such as succeeded → running), progress."""
     run = lookups.get_run(ref)
     require_write(request, run.deployment.host)
-    services.run_update(run=run, **payload.dict(exclude_unset=True))
+    services.run_update(run=run, **payload.model_dump(exclude_unset=True))
     return _run_out(run)
 
 
@@ -303,7 +303,7 @@ class LevelIn(In):
     raw: JsonObject | None = Field(None, description="the original result object, if any")
 
 
-class LevelOut(LevelIn):
+class LevelOut(Schema, LevelIn):
     id: int
     run: int
     key: str
@@ -320,7 +320,7 @@ def level_record(request, ref: str, payload: LevelIn):
     """Store a level once per (run, concurrency, request rate): 201 the first time, 200 after."""
     run = lookups.get_run(ref)
     require_write(request, run.deployment.host)
-    level, created = services.level_record(run=run, **payload.dict())
+    level, created = services.level_record(run=run, **payload.model_dump())
     return stored(created, level)
 
 
@@ -382,11 +382,11 @@ class BatchOut(Schema):
         return obj.run_id
 
 
-class TelemetrySampleOut(TelemetrySampleIn):
+class TelemetrySampleOut(Schema, TelemetrySampleIn):
     ts: float
 
 
-class EngineSampleOut(EngineSampleIn):
+class EngineSampleOut(Schema, EngineSampleIn):
     ts: float
 
 
