@@ -381,3 +381,25 @@ def test_the_cli_writes_vllm_named_results(scripted, tmp_path, capsys):
         assert key in levels[0], key
     table = capsys.readouterr().out
     assert "TTFT ms" in table and len(table.strip().splitlines()) == 3
+
+
+def test_it_stops_every_client_process_at_a_request_boundary():
+    url, stop = start_standin_in_thread(
+        StandinConfig(max_running_requests=64, step_ms_base=5.0, step_ms_per_req=0.0)
+    )
+    done = []
+    try:
+        level = LevelConfig(concurrency=4, input_len=8, output_len=20, num_prompts=200, processes=2)
+        result = asyncio.run(
+            loadgen.run_level(
+                _client(url, model="standin"),
+                level,
+                on_request_done=lambda n, total: done.append(n),
+                should_stop=lambda: len(done) >= 4,
+            )
+        )
+    finally:
+        stop()
+    assert result["stopped"] is True
+    # requests in flight when the stop came still finish and count
+    assert 4 <= result["completed"] < 40 and result["failed"] == 0

@@ -22,6 +22,7 @@ CLI:
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import math
 import os
@@ -403,7 +404,9 @@ class HTTP1StreamTransport(httpx.AsyncBaseTransport):
         scheme, host, port = key
         ssl_arg = None
         if scheme == "https":
-            ssl_arg = self._ssl_context or ssl.create_default_context()
+            if self._ssl_context is None:
+                self._ssl_context = ssl.create_default_context()
+            ssl_arg = self._ssl_context
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
@@ -614,7 +617,8 @@ async def send_request(
 
 
 def _request_headers(client_cfg: ClientConfig) -> dict:
-    headers = {"Content-Type": "application/json"}
+    # identity: the timestamps and the SSE parser read raw bytes, never a compressed body.
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
     if client_cfg.api_key:
         headers["Authorization"] = f"Bearer {client_cfg.api_key}"
     return headers
@@ -642,10 +646,11 @@ async def _drive(
 
         async def run_all(keys: list[tuple[int, ...]], report, offsets) -> int:
             position = 0
+            sent = 0
             start = time.perf_counter()
 
             async def stream_worker() -> None:
-                nonlocal position
+                nonlocal position, sent
                 while position < len(keys) and not should_stop():
                     mine = position
                     position += 1
@@ -654,14 +659,14 @@ async def _drive(
                         if delay > 0:
                             await asyncio.sleep(delay)
                             if should_stop():
-                                position = min(position, mine)
                                 return
                     body = build_payload(client_cfg, level, keys[mine])
+                    sent += 1
                     report(await send_request(client, url, body, headers, client_cfg.timeout_s))
 
             workers = min(concurrency, len(keys))
             await asyncio.gather(*(stream_worker() for _ in range(workers)))
-            return position
+            return sent
 
         if warmup:
             await run_all([(1, j) for j in range(warmup)], lambda record: None, None)
@@ -787,8 +792,10 @@ async def _run_in_processes(
             if should_stop():
                 stopped = True
                 for child in children:
-                    if child.returncode is None:
-                        child.stdin.write(b"stop\n")
+                    # A child that just exited has closed its end of the pipe.
+                    with contextlib.suppress(ConnectionError):
+                        if child.returncode is None:
+                            child.stdin.write(b"stop\n")
 
     watcher = asyncio.create_task(watch_stop())
     try:

@@ -397,7 +397,12 @@ class _HTTPConnection(asyncio.Protocol):
             self.keep_alive = False
             self.finish_json(411, _error("send a Content-Length body", 411))
             return
-        length = int(headers.get("content-length") or 0)
+        try:
+            length = int(headers.get("content-length") or 0)
+        except ValueError:
+            self.keep_alive = False
+            self.finish_json(400, _error("malformed Content-Length", 400))
+            return
         if len(self.buffer) < end + 4 + length:
             return
         body = bytes(self.buffer[end + 4 : end + 4 + length])
