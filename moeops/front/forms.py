@@ -212,7 +212,10 @@ class RunFilterForm(forms.Form):
         if data["kernel"] == "tuned":
             runs = runs.filter(Q(kernel_config__isnull=False) | Q(parameters__moe_kernel="tuned"))
         elif data["kernel"] == "default":
-            runs = runs.filter(kernel_config__isnull=True).exclude(parameters__moe_kernel="tuned")
+            # a run without the marker has no moe_kernel key at all: NULL, not "not tuned"
+            runs = runs.filter(kernel_config__isnull=True).filter(
+                Q(parameters__moe_kernel__isnull=True) | ~Q(parameters__moe_kernel="tuned")
+            )
         elif data["kernel"]:
             runs = runs.filter(kernel_config_id=int(data["kernel"]))
         if data["status"]:

@@ -1,0 +1,77 @@
+import datetime as dt
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from moeops.examples import load_example_data
+from tests import page_base as pb
+from workers.topology import parse_nvidia_smi_topo
+
+pytestmark = pytest.mark.django_db
+FIXTURES = Path(__file__).parent / "fixtures" / "topology"
+
+
+@pytest.fixture
+def host(client):
+    pb.sign_in(client)
+    row = pb.host("h100-x8")
+    parsed = parse_nvidia_smi_topo((FIXTURES / "topo_m_8xh100_nv18_8nics.txt").read_text())
+    earlier = timezone.now() - dt.timedelta(days=2)
+    old = pb.snapshot(
+        row, "vm", "kvm", captured_at=earlier, links=parsed["links"], driver_version="570.1"
+    )
+    links = parsed["links"]
+    changed = {"labels": links["labels"], "matrix": [list(r) for r in links["matrix"]]}
+    changed["matrix"][0][1] = changed["matrix"][1][0] = "SYS"
+    p2p = {"read": {"labels": ["GPU0", "GPU1"], "matrix": [["X", "OK"], ["CNS", "X"]]}}
+    new = pb.snapshot(row, "container", "lxc", links=changed, p2p=p2p, driver_version="580.2")
+    return row, old, new
+
+
+def test_the_link_matrix_is_a_heatmap_of_nvidia_smi_codes(client, host):
+    row, _, new = host
+    html = client.get(f"/hosts/{row.name}/").content.decode()
+    trace = pb.figure(html, "topo-links-data")["data"][0]
+    assert trace["type"] == "heatmap"
+    assert trace["y"][:2] == ["GPU0", "GPU1"]
+    assert trace["text"][0][:3] == ["X", "SYS", "NV18"]
+    # NVLink ranks best, SYS worst, the diagonal has no color
+    assert trace["z"][0][:3] == [None, 0, 6]
+    p2p = pb.figure(html, "topo-p2p-read-data")["data"][0]
+    assert p2p["z"] == [[None, 1], [0, None]]
+
+
+def test_history_says_what_changed_between_snapshots(client, host):
+    row, _, _ = host
+    html = client.get(f"/hosts/{row.name}/").content.decode()
+    assert "virtualization: vm (kvm) → container (lxc)" in html
+    assert "driver: 570.1 → 580.2" in html
+    assert "link GPU0↔GPU1: NV18 → SYS" in html
+    assert "First snapshot of this host." in html
+
+
+def test_sweeps_are_listed_under_the_snapshot_they_ran_on(client, host):
+    row, old, new = host
+    deployment = pb.deployment(host_row=row)
+    pb.run(deployment, "under kvm", topology_snapshot=old)
+    pb.run(deployment, "under lxc", topology_snapshot=new)
+    html = client.get(f"/hosts/{row.name}/").content.decode()
+    history = html.split("Snapshot history")[1]
+    first, second = history.split('class="snapshot card"')[1:3]
+    assert "under lxc" in first and "under kvm" not in first
+    assert "under kvm" in second
+
+
+def test_the_hosts_list_shows_the_current_topology(client, host):
+    html = client.get("/hosts/").content.decode()
+    assert "Container (lxc)" in html and "host.h100-x8" in html
+
+
+def test_the_write_up_host_has_gpus_and_no_invented_matrices(client):
+    pb.sign_in(client)
+    load_example_data()
+    html = client.get("/hosts/rtx-pro-6000-x8/").content.decode()
+    assert html.count("NVIDIA RTX PRO 6000 Blackwell") >= 8
+    assert "No link or P2P matrix in the current snapshot" in html
+    assert "virtualization: vm (kvm) → container (lxc)" in html

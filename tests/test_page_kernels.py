@@ -1,0 +1,113 @@
+import json
+
+import pytest
+
+from moeops.kernels.models import KernelConfig, TuningRun, TuningTiming
+from tests import page_base as pb
+
+pytestmark = pytest.mark.django_db
+
+
+def _entry(m, n=64, k=128, warps=4, stages=3):
+    return {
+        "BLOCK_SIZE_M": m,
+        "BLOCK_SIZE_N": n,
+        "BLOCK_SIZE_K": k,
+        "GROUP_SIZE_M": 1,
+        "num_warps": warps,
+        "num_stages": stages,
+    }
+
+
+@pytest.fixture
+def configs(client):
+    pb.sign_in(client)
+    v1 = KernelConfig(
+        device_name="NVIDIA H200",
+        E=256,
+        N=256,
+        dtype="fp8_w8a8",
+        block_shape=[128, 128],
+        triton_version="3.7.1",
+        entries={"1": _entry(16), "64": _entry(64), "1024": _entry(128, n=128)},
+        source="imported",
+    ).save_new_version()
+    v2 = KernelConfig(
+        device_name="NVIDIA H200",
+        E=256,
+        N=256,
+        dtype="fp8_w8a8",
+        block_shape=[128, 128],
+        triton_version="3.7.1",
+        entries={"1": _entry(16), "64": _entry(64, warps=8), "4096": _entry(256, n=128)},
+        source="tuned",
+    ).save_new_version()
+    return v1, v2
+
+
+def test_the_list_names_each_config_file(client, configs):
+    html = client.get("/kernels/").content.decode()
+    assert "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json" in html
+    assert ">v2<" in html and ">v1<" in html
+
+
+def test_entries_are_a_colored_table_per_batch_size(client, configs):
+    _, v2 = configs
+    html = client.get(f"/kernels/{v2.pk}/").content.decode()
+    table = html.split('class="data compact entries"')[1].split("</table>")[0]
+    rows = table.split("<tr>")[2:]
+    assert [row.split("</th>")[0].rsplit(">", 1)[1] for row in rows] == ["1", "64", "4096"]
+    # BLOCK_SIZE_M 16 is the column's lightest cell, 256 its darkest
+    assert 'style="background: hsl(218, 70%, 96%)">16<' in rows[0]
+    assert 'style="background: hsl(218, 70%, 62%)">256<' in rows[2]
+
+
+def test_downloads_carry_each_engines_file_name_and_content(client, configs):
+    _, v2 = configs
+    vllm = client.get(f"/kernels/{v2.pk}/vllm.json")
+    assert (
+        'filename="E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"'
+        in vllm["Content-Disposition"]
+    )
+    body = json.loads(vllm.content)
+    assert body["triton_version"] == "3.7.1"
+    assert body["64"]["num_warps"] == 8
+    sglang = client.get(f"/kernels/{v2.pk}/sglang.json")
+    assert "block_shape=[128, 128].json" in sglang["Content-Disposition"]
+    assert "triton_version" not in json.loads(sglang.content)
+    assert client.get(f"/kernels/{v2.pk}/tensorrt.json").status_code == 404
+    html = client.get(f"/kernels/{v2.pk}/").content.decode()
+    assert "triton_3_7_1/E=256,N=256" in html
+
+
+def test_the_diff_marks_changed_and_one_sided_batch_sizes(client, configs):
+    v1, v2 = configs
+    html = client.get(f"/kernels/diff/?a={v1.pk}&b={v2.pk}").content.decode()
+    assert "3 batch sizes differ" in html
+    assert "<del>4</del> → <ins>8</ins>" in html  # num_warps at M=64
+    assert "A only" in html and "B only" in html
+    detail = client.get(f"/kernels/{v2.pk}/").content.decode()
+    assert f"/kernels/diff/?a={v1.pk}&amp;b={v2.pk}" in detail
+
+
+def test_timings_chart_tuned_default_and_floor(client, configs):
+    _, v2 = configs
+    tuning = TuningRun.objects.create(
+        E=256, N=256, hidden_size=6144, topk=8, status="succeeded", result=v2
+    )
+    for m, tuned, default, floor in ((1, 20.0, 31.0, 18.0), (64, 560.0, 800.0, 490.0)):
+        TuningTiming.objects.create(
+            run=tuning, batch_size=m, tuned_us=tuned, default_us=default, floor_us=floor
+        )
+    html = client.get(f"/kernels/{v2.pk}/").content.decode()
+    traces = {t["name"]: t for t in pb.figure(html, "timings-data")["data"]}
+    assert traces["tuned"]["y"] == [20.0, 560.0]
+    assert traces["default config"]["y"] == [31.0, 800.0]
+    assert traces["hardware floor"]["y"] == [18.0, 490.0]
+    assert pb.figure(html, "timings-data")["layout"]["yaxis"]["type"] == "log"
+
+
+def test_a_config_without_a_tune_says_so(client, configs):
+    v1, _ = configs
+    html = client.get(f"/kernels/{v1.pk}/").content.decode()
+    assert "No timings recorded yet." in html

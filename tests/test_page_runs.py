@@ -1,0 +1,87 @@
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from moeops.kernels.models import KernelConfig
+from moeops.runs.models import SweepRun
+from tests import page_base as pb
+
+pytestmark = pytest.mark.django_db
+
+ENTRY = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+
+
+@pytest.fixture
+def runs(client):
+    pb.sign_in(client)
+    h200 = pb.host("h200", gpus=8)
+    rtx = pb.host("rtx", gpus=8, gpu_name="NVIDIA RTX PRO 6000 Blackwell")
+    glm = pb.deployment("glm", pb.model("GLM-5"), h200, engine="sglang")
+    kimi = pb.deployment("kimi", pb.model("Kimi K2", pb.KIMI_CONFIG), rtx, engine="vllm")
+    vm, lxc = pb.snapshot(rtx, "vm", "kvm"), pb.snapshot(h200, "container", "lxc")
+    config = KernelConfig(device_name="NVIDIA H200", E=256, N=256, entries={"1": ENTRY})
+    config.save_new_version()
+    rows = {
+        "glm default": pb.run(glm, "glm default", topology_snapshot=lxc),
+        "glm tuned": pb.run(glm, "glm tuned", topology_snapshot=lxc, kernel_config=config),
+        "kimi vm": pb.run(kimi, "kimi vm", topology_snapshot=vm, status="failed"),
+        "kimi imported": pb.run(kimi, "kimi imported", parameters={"moe_kernel": "tuned"}),
+    }
+    old = timezone.now() - dt.timedelta(days=30)
+    SweepRun.objects.filter(pk=rows["kimi vm"].pk).update(created=old)
+    return rows, config
+
+
+def _listed(client, query=""):
+    html = client.get(f"/runs/?{query}").content.decode()
+    return {
+        label
+        for label in ("glm default", "glm tuned", "kimi vm", "kimi imported")
+        if f">{label}</a>" in html
+    }
+
+
+def test_it_lists_every_run_newest_first(client, runs):
+    html = client.get("/runs/").content.decode()
+    assert html.index("kimi imported") < html.index("kimi vm")
+    assert _listed(client) == {"glm default", "glm tuned", "kimi vm", "kimi imported"}
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("engine=vllm", {"kimi vm", "kimi imported"}),
+        ("host=h200", {"glm default", "glm tuned"}),
+        ("virtualization=vm", {"kimi vm"}),
+        ("kernel=tuned", {"glm tuned", "kimi imported"}),
+        ("kernel=default", {"glm default", "kimi vm"}),
+        ("status=failed", {"kimi vm"}),
+    ],
+)
+def test_it_filters(client, runs, query, expected):
+    assert _listed(client, query) == expected
+
+
+def test_it_filters_by_model_deployment_config_and_date(client, runs):
+    rows, config = runs
+    kimi = rows["kimi vm"].deployment
+    assert _listed(client, f"model={kimi.model.pk}") == {"kimi vm", "kimi imported"}
+    assert _listed(client, f"deployment={kimi.pk}") == {"kimi vm", "kimi imported"}
+    assert _listed(client, f"kernel={config.pk}") == {"glm tuned"}
+    week_ago = (timezone.now() - dt.timedelta(days=7)).date().isoformat()
+    assert "kimi vm" not in _listed(client, f"since={week_ago}")
+    assert _listed(client, f"until={week_ago}") == {"kimi vm"}
+
+
+def test_selected_runs_go_to_compare(client, runs):
+    html = client.get("/runs/").content.decode()
+    assert 'action="/compare/"' in html
+    assert f'name="run" value="{runs[0]["glm tuned"].uuid}"' in html
