@@ -1,0 +1,176 @@
+"""moeops from the command line, over the REST API: `python -m workers.cli COMMAND --help`.
+
+Configured by MOEOPS_URL (default http://127.0.0.1:8000) and MOEOPS_TOKEN. Every failure
+exits non-zero with one line on stderr.
+
+    python -m workers.cli import-results bench.jsonl --format sglang --deployment glm-5-sglang
+    python -m workers.cli push-config "E=256,N=256,device_name=NVIDIA_H200.json"
+    python -m workers.cli export-config 3 --style sglang --out ./configs
+    python -m workers.cli runs --deployment glm-5-sglang
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from workers.client import ApiError, MoeopsClient
+
+
+class CliError(Exception):
+    """A failure to report in one line."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _read_text(path):
+    try:
+        return Path(path).read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise CliError(f"{path}: {exc.strerror}") from None
+
+
+def import_results(client, args):
+    content = _read_text(args.file)
+    answer = client.import_results(
+        fmt=args.format,
+        deployment=args.deployment,
+        content=content,
+        file_name=Path(args.file).name,
+        label=args.label,
+    )
+    run = answer["run"]
+    print(f"{answer['levels']} level(s) in run {run['id']} ({run['uuid']}) of {args.deployment}")
+
+
+def push_config(client, args):
+    path = Path(args.file)
+    content = _read_text(path)
+    # SGLang keeps configs under triton_X_Y_Z/: the folder names the Triton version
+    name = (
+        f"{path.parent.name}/{path.name}" if path.parent.name.startswith("triton_") else path.name
+    )
+    config = client.push_kernel_config(name, content)
+    print(
+        f"kernel config {config['id']}: {config['device_name']} E={config['E']} N={config['N']} "
+        f"{config['dtype']} version {config['version']}"
+    )
+
+
+def export_config(client, args):
+    name, relative, text = client.export_kernel_config(args.id, style=args.style)
+    target = Path(args.out) / relative
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    except OSError as exc:
+        raise CliError(f"{target}: {exc.strerror}") from None
+    print(target)
+
+
+def runs(client, args):
+    page = client.list_runs(deployment=args.deployment, status=args.status, limit=args.limit)
+    header = ("ID", "UUID", "STATUS", "SOURCE", "LEVELS", "PEAK TOK/S", "CREATED", "LABEL")
+    rows = [
+        (
+            str(run["id"]),
+            run["uuid"][:8],
+            run["status"],
+            run["source"],
+            str(run["level_count"] or 0),
+            f"{run['peak_output_throughput']:,.1f}" if run["peak_output_throughput"] else "-",
+            run["created"][:19].replace("T", " "),
+            run["label"],
+        )
+        for run in page["items"]
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    if page["count"] > len(rows):
+        print(f"({len(rows)} of {page['count']} runs; --limit shows more)")
+
+
+def build_parser():
+    parser = Parser(
+        prog="python -m workers.cli",
+        description="moeops from the command line (MOEOPS_URL, MOEOPS_TOKEN).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    command = commands.add_parser(
+        "import-results",
+        help="import a SGLang or vLLM benchmark result file as a run",
+        description="Import SGLang bench_serving JSONL (--output-file) or vLLM --save-result "
+        "JSON; each result object becomes one level of a new run.",
+    )
+    command.add_argument("file", help="the result file")
+    command.add_argument("--format", required=True, choices=("sglang", "vllm"))
+    command.add_argument("--deployment", required=True, help="deployment name or id")
+    command.add_argument("--label", default="", help="label of the run (default: file name)")
+    command.set_defaults(handler=import_results)
+
+    command = commands.add_parser(
+        "push-config",
+        help="store a fused-MoE kernel config file",
+        description="Store a vLLM/SGLang fused-MoE config file; its name gives E, N, device, "
+        "dtype and block shape (a triton_X_Y_Z/ parent folder gives the Triton version).",
+    )
+    command.add_argument("file", help="e.g. E=256,N=256,device_name=NVIDIA_H200.json")
+    command.set_defaults(handler=push_config)
+
+    command = commands.add_parser(
+        "export-config",
+        help="write a stored kernel config as the engine's file",
+        description="Write kernel config ID under the exact name the engine loads, in DIR "
+        "(SGLang: in DIR/triton_X_Y_Z/).",
+    )
+    command.add_argument("id", help="kernel config id")
+    command.add_argument("--style", required=True, choices=("vllm", "sglang"))
+    command.add_argument("--out", required=True, metavar="DIR", help="folder to write into")
+    command.set_defaults(handler=export_config)
+
+    command = commands.add_parser(
+        "runs",
+        help="list a deployment's runs",
+        description="List runs newest first as a table.",
+    )
+    command.add_argument("--deployment", required=True, help="deployment name or id")
+    command.add_argument(
+        "--status", choices=("queued", "running", "succeeded", "failed", "cancelled")
+    )
+    command.add_argument("--limit", type=int, default=50, help="most runs shown (default 50)")
+    command.set_defaults(handler=runs)
+    return parser
+
+
+def main(argv=None, transport=None):
+    args = build_parser().parse_args(argv)
+    if not os.getenv("MOEOPS_TOKEN"):
+        print(
+            "error: MOEOPS_TOKEN is not set (create one: manage.py create_token NAME)",
+            file=sys.stderr,
+        )
+        return 2
+    # a person is waiting: fail fast, and never spool
+    client = MoeopsClient(spool=False, retries=2, backoff_s=0.5, transport=transport)
+    try:
+        with client:
+            args.handler(client, args)
+    except (ApiError, CliError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

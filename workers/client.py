@@ -1,0 +1,404 @@
+"""The workers' one HTTP client of the moeops REST API (httpx, no Django).
+
+Configured by MOEOPS_URL (e.g. http://127.0.0.1:8000) and MOEOPS_TOKEN (a host's token).
+Every request is retried with exponential backoff on connection errors, 5xx and 429. Pushes
+of results (runs, levels, telemetry, topology, kernel configs, tuning runs) that still cannot
+reach the web tier are written to a spool folder (MOEOPS_SPOOL_DIR, default
+~/.cache/moeops/spool) and replayed in order before the next push, or by `replay_spool()`;
+the API's idempotency keys (run UUIDs, level keys, batch ids) make a replay store once.
+
+    client = MoeopsClient()
+    run = client.create_run("glm-5-sglang", label="sweep")
+    client.update_run(run["uuid"], status="running")
+    client.post_telemetry(run["uuid"], samples, batch_id="b-0001")
+"""
+
+import contextlib
+import fcntl
+import json
+import logging
+import math
+import os
+import random
+import time
+import uuid
+from email.message import Message
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+# The API takes up to 100,000 samples a request; 5,000 keeps a request near 1 MB.
+TELEMETRY_BATCH = 5000
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class ApiError(Exception):
+    """The API answered with an error; `status` is the HTTP status (None: no answer)."""
+
+    def __init__(self, status, message):
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+
+class Unreachable(ApiError):
+    """No usable answer after every retry: connection errors, 5xx or 429."""
+
+
+class Conflict(ApiError):
+    """409: e.g. a finished run asked to run again (the status is compare-and-set)."""
+
+
+class NotFound(ApiError):
+    """404: the run, deployment, host or config named does not exist."""
+
+
+def _finite(value):
+    """JSON has no NaN or Infinity: non-finite floats become null (unknown, or unlimited)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _encode(body):
+    return json.dumps(_finite(body), separators=(",", ":")).encode()
+
+
+def _message(response):
+    """The API's one-line error message."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:300] or response.reason_phrase
+    if isinstance(body, dict):
+        message = body.get("message") or body.get("detail")
+        if isinstance(message, str):
+            return message
+        return json.dumps(message)
+    return str(body)[:300]
+
+
+class Spool:
+    """Pushes waiting for the web tier: one JSON file each, replayed oldest first."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.rejected = self.folder / "rejected"
+        self._count = 0
+
+    @contextlib.contextmanager
+    def locked(self):
+        """One process at a time appends or replays (Celery runs several per host)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def entries(self):
+        if not self.folder.is_dir():
+            return []
+        return sorted(self.folder.glob("*.json"))
+
+    def append(self, method, path, body):
+        """Write a push durably (temporary file, fsync, rename)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._count += 1
+        name = f"{time.time_ns():020d}-{os.getpid()}-{self._count:06d}.json"
+        record = {"method": method, "path": path, "body": body, "spooled_at": time.time()}
+        temporary = self.folder / f".{name}.tmp"
+        with open(temporary, "wb") as out:
+            out.write(_encode(record))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, self.folder / name)
+        return self.folder / name
+
+    def reject(self, entry, reason):
+        """Keep a push the API refused (4xx) aside, with the reason, out of the queue."""
+        self.rejected.mkdir(parents=True, exist_ok=True)
+        os.replace(entry, self.rejected / entry.name)
+        (self.rejected / f"{entry.stem}.reason.txt").write_text(reason + "\n")
+
+
+class MoeopsClient:
+    """The REST API with a host's token; see the module docstring.
+
+    retries: attempts after the first; backoff_s doubles each attempt up to max_backoff_s.
+    spool: False turns spooling off (pushes then raise Unreachable, as the CLI wants).
+    transport: an httpx transport (tests pass httpx.WSGITransport or MockTransport).
+    """
+
+    def __init__(
+        self,
+        base_url=None,
+        token=None,
+        *,
+        spool=True,
+        spool_dir=None,
+        retries=4,
+        backoff_s=0.5,
+        max_backoff_s=30.0,
+        timeout_s=60.0,
+        transport=None,
+        sleep=time.sleep,
+    ):
+        base_url = (base_url or os.getenv("MOEOPS_URL") or DEFAULT_URL).rstrip("/")
+        token = token if token is not None else os.getenv("MOEOPS_TOKEN", "")
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.base_url = base_url
+        self.http = httpx.Client(
+            base_url=f"{base_url}/api/v1", headers=headers, timeout=timeout_s, transport=transport
+        )
+        folder = spool_dir or os.getenv("MOEOPS_SPOOL_DIR") or Path.home() / ".cache/moeops/spool"
+        self.spool = Spool(folder) if spool else None
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._sleep = sleep
+
+    def close(self):
+        self.http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------ transport
+
+    def _delay(self, attempt, response):
+        retry_after = response.headers.get("Retry-After") if response is not None else None
+        if retry_after is not None:
+            with contextlib.suppress(ValueError):
+                return min(float(retry_after), self.max_backoff_s)
+        delay = min(self.backoff_s * 2**attempt, self.max_backoff_s)
+        # a little jitter so that the workers of a fleet do not retry in step
+        return delay * (1 + random.random() / 10)
+
+    def request(self, method, path, *, body=None, params=None, retries=None):
+        """The response of a 2xx answer; raises Unreachable, Conflict, NotFound or ApiError."""
+        retries = self.retries if retries is None else retries
+        content = _encode(body) if body is not None else None
+        for attempt in range(retries + 1):
+            response = failure = None
+            try:
+                response = self.http.request(method, path, content=content, params=params)
+            except httpx.TransportError as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+            if response is not None and response.status_code not in RETRY_STATUSES:
+                return self._checked(response)
+            if response is not None:
+                failure = f"{response.status_code}: {_message(response)}"
+            if attempt < retries:
+                delay = self._delay(attempt, response)
+                log.info(
+                    "moeops API %s %s failed (%s); retry in %.1f s", method, path, failure, delay
+                )
+                self._sleep(delay)
+        status = response.status_code if response is not None else None
+        raise Unreachable(status, f"{method} {self.base_url}/api/v1{path}: {failure}")
+
+    @staticmethod
+    def _checked(response):
+        if response.is_success:
+            return response
+        message = _message(response)
+        error = {409: Conflict, 404: NotFound}.get(response.status_code, ApiError)
+        raise error(response.status_code, message)
+
+    def _get(self, path, **params):
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def _push(self, method, path, body):
+        """A write that must not be lost: sent now, else spooled behind earlier ones.
+
+        Returns the API's JSON answer, or {"spooled": True} when it waits in the spool.
+        """
+        if self.spool is None:
+            return self.request(method, path, body=body).json()
+        if self.spool.entries():
+            self.replay_spool()
+        with self.spool.locked():
+            # keep the order: nothing overtakes pushes that are still waiting
+            if not self.spool.entries():
+                try:
+                    return self.request(method, path, body=body).json()
+                except Unreachable as exc:
+                    log.warning("moeops API unreachable, spooling %s %s: %s", method, path, exc)
+            self.spool.append(method, path, body)
+        return {"spooled": True}
+
+    def replay_spool(self):
+        """Send spooled pushes oldest first; stop at the first that still cannot get through.
+
+        A push the API refuses (4xx, e.g. a status move that is no longer legal) is moved to
+        spool/rejected/ with the reason, so that it cannot block the ones behind it.
+        Returns (sent, still waiting).
+        """
+        if self.spool is None:
+            return 0, 0
+        sent = 0
+        with self.spool.locked():
+            entries = self.spool.entries()
+            for entry in entries:
+                try:
+                    record = json.loads(entry.read_bytes())
+                except ValueError:
+                    self.spool.reject(entry, "not a readable spool entry")
+                    continue
+                try:
+                    self.request(record["method"], record["path"], body=record["body"], retries=0)
+                except Unreachable:
+                    break
+                except ApiError as exc:
+                    log.warning("moeops API refused spooled %s: %s", entry.name, exc)
+                    self.spool.reject(entry, str(exc))
+                    continue
+                entry.unlink()
+                sent += 1
+            return sent, len(self.spool.entries())
+
+    # ------------------------------------------------------------------ runs
+
+    def create_run(self, deployment, *, run_uuid=None, label="", parameters=None, **fields):
+        """Create a sweep run of a deployment (name or id); returns the run.
+
+        The UUID is chosen here so that a retried or spooled create stores one run; when the
+        push is spooled the answer is {"uuid": …, "spooled": True}.
+        """
+        run_uuid = str(run_uuid or uuid.uuid4())
+        body = {
+            "deployment": str(deployment),
+            "uuid": run_uuid,
+            "label": label,
+            "parameters": parameters or {},
+            **fields,
+        }
+        return {"uuid": run_uuid} | self._push("POST", "/runs", body)
+
+    def get_run(self, run):
+        """The run (id or UUID) as the API has it, `cancel_requested` included."""
+        return self._get(f"/runs/{run}").json()
+
+    def list_runs(self, *, deployment=None, status=None, limit=100):
+        """Runs newest first: {"items": [...], "count": N}."""
+        return self._get("/runs", deployment=deployment, status=status, limit=limit).json()
+
+    def update_run(self, run, *, status=None, **fields):
+        """Status (compare-and-set: raises Conflict on an illegal move), progress, error, …"""
+        body = {key: value for key, value in fields.items() if value is not None}
+        if status is not None:
+            body["status"] = status
+        return self._push("PATCH", f"/runs/{run}", body)
+
+    def cancel_run(self, run):
+        return self.request("POST", f"/runs/{run}/cancel").json()
+
+    def get_levels(self, run):
+        return self._get(f"/runs/{run}/levels").json()
+
+    def post_level(self, run, level):
+        """One level (vLLM result key names); stored once per (concurrency, request rate)."""
+        return self._push("POST", f"/runs/{run}/levels", level)
+
+    def post_levels(self, run, levels):
+        return [self.post_level(run, level) for level in levels]
+
+    def _post_samples(self, path, samples, batch_id):
+        samples = list(samples)
+        chunks = [samples[i : i + TELEMETRY_BATCH] for i in range(0, len(samples), TELEMETRY_BATCH)]
+        answers = []
+        for index, chunk in enumerate(chunks):
+            # a stable id per chunk, so a resent chunk is stored once
+            chunk_id = batch_id if len(chunks) == 1 else f"{batch_id}.{index}"
+            answers.append(self._push("POST", path, {"batch_id": chunk_id, "samples": chunk}))
+        return answers
+
+    def post_telemetry(self, run, samples, batch_id):
+        """GPU samples (dicts of TelemetrySample fields) under a client-chosen batch id."""
+        return self._post_samples(f"/runs/{run}/telemetry", samples, batch_id)
+
+    def post_engine_samples(self, run, samples, batch_id):
+        """Engine /metrics samples (ts, running, queued, kv_cache_usage) under a batch id."""
+        return self._post_samples(f"/runs/{run}/engine-samples", samples, batch_id)
+
+    def import_results(self, *, fmt, deployment, content, file_name="", label=""):
+        """Import a SGLang/vLLM result file's text as a run (never spooled: a person waits)."""
+        body = {
+            "format": fmt,
+            "deployment": str(deployment),
+            "content": content,
+            "file_name": file_name,
+            "label": label,
+        }
+        return self.request("POST", "/runs/import", body=body).json()
+
+    # ------------------------------------------------------------------ hosts
+
+    def post_topology(self, host, snapshot=None, *, nvidia_smi_topo=None, nvidia_smi_p2p=None):
+        """A probe snapshot, or nvidia-smi topo text; stored only when the host changed."""
+        body = {"snapshot": snapshot}
+        if nvidia_smi_topo is not None:
+            body = {"nvidia_smi_topo": nvidia_smi_topo, "nvidia_smi_p2p": nvidia_smi_p2p}
+        body["captured_at"] = time.time()
+        return self._push("POST", f"/hosts/{host}/topology", body)
+
+    def post_gpus(self, host, gpus):
+        """Create or update the host's GPUs by index."""
+        return self._push("POST", f"/hosts/{host}/gpus", {"gpus": gpus})
+
+    def update_deployment(self, deployment, **fields):
+        """e.g. status="healthy", status_detail="…" after a health check."""
+        return self._push("PATCH", f"/deployments/{deployment}", fields)
+
+    # ------------------------------------------------------------------ kernels
+
+    def push_kernel_config(self, file_name, content):
+        """An engine config file by its name and content (text or JSON object)."""
+        body = {"file_name": file_name, "content": content}
+        return self._push("POST", "/kernel-configs/import", body)
+
+    def get_kernel_config(self, config_id):
+        return self._get(f"/kernel-configs/{config_id}").json()
+
+    def export_kernel_config(self, config_id, style="vllm"):
+        """(file name, path relative to the engine's configs folder, exact file text)."""
+        response = self._get(f"/kernel-configs/{config_id}/file", style=style)
+        disposition = response.headers.get("Content-Disposition", "")
+        name = _attachment_name(disposition)
+        return name, response.headers.get("X-Config-Path", name), response.text
+
+    def post_tuning_run(self, *, run_uuid=None, **fields):
+        """Create a tuning run (E, N, hidden_size, topk, dtype, host, …); returns it."""
+        run_uuid = str(run_uuid or uuid.uuid4())
+        return {"uuid": run_uuid} | self._push("POST", "/tuning-runs", {"uuid": run_uuid, **fields})
+
+    def update_tuning_run(self, tuning_run, *, status=None, **fields):
+        body = {key: value for key, value in fields.items() if value is not None}
+        if status is not None:
+            body["status"] = status
+        return self._push("PATCH", f"/tuning-runs/{tuning_run}", body)
+
+    def post_tuning_timings(self, tuning_run, timings):
+        """Per batch size: tuned_us, default_us, floor_us, config, …; each stored once."""
+        return self._push("POST", f"/tuning-runs/{tuning_run}/timings", {"timings": timings})
+
+
+def _attachment_name(disposition):
+    """The file name of a Content-Disposition header (RFC 6266, as Django writes it)."""
+    message = Message()
+    message["Content-Disposition"] = disposition
+    return message.get_filename() or ""
