@@ -271,6 +271,9 @@ def check_search(run: Run, tuner, smart, sizes) -> list[dict]:
         smart_config = smart.batches[m].config
         best_config = exhaustive.batches[m].config
         smart_us, best_us = tuner.time_configs(m, [smart_config, best_config], replays=40)
+        if smart_us is None or best_us is None:
+            run.log(f"search check M={m}: a winner failed to run again ({smart_us}, {best_us})")
+            continue
         row = {
             "M": m,
             "coarse_to_fine": smart_config,

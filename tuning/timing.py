@@ -130,7 +130,6 @@ class LayerTimer:
         )
         self.topk_weights = [torch.empty_like(self.pool_weights[0]) for _ in range(self.calls)]
         self.topk_ids = [torch.empty_like(self.pool_ids[0]) for _ in range(self.calls)]
-        self._graph_pool = torch.cuda.graph_pool_handle()
         self._layer_kwargs = weights.layer_kwargs(shape)
 
     def time_config(self, config: dict, replays: int, calls: int | None = None) -> float:
@@ -180,8 +179,9 @@ class LayerTimer:
         capture_stream = torch.cuda.Stream()
         capture_stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(capture_stream):
-            # capture_begin/end rather than torch.cuda.graph(), which empties the allocator cache
-            graph.capture_begin(pool=self._graph_pool)
+            # capture_begin/end rather than torch.cuda.graph(), which empties the allocator cache;
+            # a private memory pool per graph (a shared one dies with the first graph freed)
+            graph.capture_begin()
             try:
                 for j in range(calls):
                     layer(j)
