@@ -1,0 +1,101 @@
+"""The shared base of the API tests: an owner, a read-only token, a host token and an outsider.
+
+Each API test file makes it a fixture with `world = pytest.fixture(make_world)`-style one-liners.
+"""
+
+import json
+from dataclasses import dataclass
+
+from django.test import Client
+
+from moeops.api.models import ApiToken
+from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
+from moeops.runs.models import SweepRun
+
+GLM5_CONFIG = {
+    "architectures": ["GlmMoeDsaForCausalLM"],
+    "model_type": "glm_moe_dsa",
+    "hidden_size": 6144,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 78,
+}
+
+
+class ApiClient:
+    """A Django test client that sends JSON and `Authorization: Bearer <token>`."""
+
+    def __init__(self, token=None):
+        self.client = Client()
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _send(self, method, path, body=None, raw=None, headers=None, **kwargs):
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        call = getattr(self.client, method)
+        extra = {**self.headers, **(headers or {})}
+        if data is None:
+            return call(path, headers=extra, **kwargs)
+        return call(path, data=data, content_type="application/json", headers=extra, **kwargs)
+
+    def get(self, path, **kwargs):
+        return self._send("get", path, **kwargs)
+
+    def post(self, path, body=None, **kwargs):
+        return self._send("post", path, body, **kwargs)
+
+    def patch(self, path, body=None, **kwargs):
+        return self._send("patch", path, body, **kwargs)
+
+
+@dataclass
+class World:
+    host: Host
+    other_host: Host
+    model: ModelSpec
+    deployment: Deployment
+    other_deployment: Deployment
+    owner: ApiClient
+    read_only: ApiClient
+    host_worker: ApiClient
+    outsider: ApiClient
+    anonymous: ApiClient
+    owner_token: str
+    host_token: str
+
+    def run(self, deployment=None, **fields):
+        return SweepRun.objects.create(deployment=deployment or self.deployment, **fields)
+
+
+def make_world():
+    """Two hosts with a deployment each; tokens: owner (writes all), read-only, the first
+    host's worker, and an outsider (the other host's worker)."""
+    host = Host.objects.create(name="rtx-pro-6000")
+    other_host = Host.objects.create(name="h200-lab")
+    for index in range(2):
+        GPU.objects.create(
+            host=host, index=index, name="NVIDIA RTX PRO 6000 Blackwell Server Edition"
+        )
+    model = ModelSpec(name="GLM-5", config_json=GLM5_CONFIG)
+    model.fill_shape()
+    model.save()
+    deployment = Deployment.objects.create(name="glm-5-sglang", model=model, host=host, tp=8)
+    other = Deployment.objects.create(name="glm-5-h200", model=model, host=other_host, tp=8)
+    _, owner = ApiToken.issue(name="owner")
+    _, read_only = ApiToken.issue(name="viewer", read_only=True)
+    _, worker = ApiToken.issue(name="worker", host=host)
+    _, outsider = ApiToken.issue(name="other-worker", host=other_host)
+    return World(
+        host=host,
+        other_host=other_host,
+        model=model,
+        deployment=deployment,
+        other_deployment=other,
+        owner=ApiClient(owner),
+        read_only=ApiClient(read_only),
+        host_worker=ApiClient(worker),
+        outsider=ApiClient(outsider),
+        anonymous=ApiClient(),
+        owner_token=owner,
+        host_token=worker,
+    )
