@@ -146,7 +146,8 @@ def finding_patch(request, ref: str, payload: FindingPatch):
     """Confirm, dismiss or reopen a finding; re-analysis keeps the state a person set."""
     require_write(request)
     finding = lookups.by_id(_findings(), "finding", ref)
-    return finding_set_state(finding=finding, state=payload.state, user=None)
+    finding_set_state(finding=finding, state=payload.state, user=None)
+    return finding
 
 
 # --------------------------------------------------------------------------- plan items

@@ -1,0 +1,99 @@
+import pytest
+
+from moeops.insights.models import Finding, Note, PlanItem
+from tests.api_base import make_world
+
+
+@pytest.fixture
+def world(db):
+    return make_world()
+
+
+FINDING = {
+    "deployment": "glm-5-sglang",
+    "kind": "idle_gpus",
+    "severity": "critical",
+    "title": "GPUs idle under load",
+    "text": "0% utilization and ~85 W of 600 W at concurrency 128.",
+    "evidence": {"gpu_util_median": 0.0, "power_w_median": 85.0},
+}
+
+
+def test_it_records_a_finding_by_a_person(world):
+    run = world.run(status="succeeded")
+    response = world.owner.post("/api/v1/findings", {**FINDING, "run": str(run.uuid)})
+    assert response.status_code == 201
+    body = response.json()
+    assert (body["source"], body["state"], body["run"]) == ("human", "open", run.pk)
+    assert body["evidence"]["power_w_median"] == 85.0
+
+
+def test_it_confirms_and_dismisses_findings(world):
+    finding_id = world.owner.post("/api/v1/findings", FINDING).json()["id"]
+    confirmed = world.owner.patch(f"/api/v1/findings/{finding_id}", {"state": "confirmed"})
+    assert confirmed.status_code == 200
+    assert confirmed.json()["state"] == "confirmed"
+    assert confirmed.json()["state_changed_at"] is not None
+    dismissed = world.owner.patch(f"/api/v1/findings/{finding_id}", {"state": "dismissed"})
+    assert dismissed.json()["state"] == "dismissed"
+    bad = world.owner.patch(f"/api/v1/findings/{finding_id}", {"state": "ignored"})
+    assert bad.status_code == 422
+    assert bad.json()["message"].startswith("state:")
+    assert Finding.objects.get().state == "dismissed"
+
+
+def test_it_filters_findings(world):
+    world.owner.post("/api/v1/findings", FINDING)
+    world.owner.post("/api/v1/findings", {**FINDING, "kind": "plateau", "severity": "warning"})
+    world.owner.post("/api/v1/findings", {**FINDING, "deployment": "glm-5-h200"})
+    assert world.read_only.get("/api/v1/findings").json()["count"] == 3
+    assert world.read_only.get("/api/v1/findings?deployment=glm-5-sglang").json()["count"] == 2
+    assert world.read_only.get("/api/v1/findings?kind=plateau").json()["count"] == 1
+    assert world.read_only.get("/api/v1/findings?state=open&severity=critical").json()["count"] == 2
+
+
+def test_host_and_read_only_tokens_cannot_write_findings(world):
+    assert world.host_worker.post("/api/v1/findings", FINDING).status_code == 403
+    assert world.read_only.post("/api/v1/findings", FINDING).status_code == 403
+    finding = Finding.objects.create(deployment=world.deployment, kind="other", title="t")
+    patch = world.host_worker.patch(f"/api/v1/findings/{finding.pk}", {"state": "dismissed"})
+    assert patch.status_code == 403
+
+
+def test_it_keeps_a_plan(world):
+    note = world.owner.post("/api/v1/notes", {"title": "Tune the fused MoE kernel"}).json()
+    finding_id = world.owner.post("/api/v1/findings", FINDING).json()["id"]
+    item = {
+        "deployment": "glm-5-sglang",
+        "title": "Tune fused_moe for RTX PRO 6000 (E=256, N=256)",
+        "finding": finding_id,
+        "note": note["slug"],
+        "position": 1,
+    }
+    created = world.owner.post("/api/v1/plan-items", item)
+    assert created.status_code == 201
+    assert created.json()["note"] == "tune-the-fused-moe-kernel"
+    moved = world.owner.patch(
+        f"/api/v1/plan-items/{created.json()['id']}", {"status": "in_progress"}
+    )
+    assert moved.json()["status"] == "in_progress"
+    listed = world.read_only.get("/api/v1/plan-items?deployment=glm-5-sglang&status=in_progress")
+    assert listed.json()["count"] == 1
+    other = world.owner.post("/api/v1/plan-items", {**item, "deployment": "glm-5-h200"})
+    assert other.status_code == 404
+    assert PlanItem.objects.count() == 1
+
+
+def test_it_keeps_notes_in_markdown(world):
+    body = {"title": "FlashInfer allreduce fusion on SM120", "body": "Unsupported: *off*.<script>"}
+    first = world.owner.post("/api/v1/notes", body)
+    assert first.status_code == 201
+    note = first.json()
+    assert note["slug"] == "flashinfer-allreduce-fusion-on-sm120"
+    assert "<em>off</em>" in note["html"] and "<script>" not in note["html"]
+    assert world.owner.post("/api/v1/notes", body).status_code == 200
+    clash = world.owner.post("/api/v1/notes", {**body, "body": "something else"})
+    assert clash.status_code == 409
+    assert world.read_only.get(f"/api/v1/notes/{note['slug']}").json()["title"] == body["title"]
+    assert world.read_only.get("/api/v1/notes").json()["count"] == 1
+    assert Note.objects.count() == 1
