@@ -1,8 +1,10 @@
 // Live progress: every [data-progress-url] element polls its JSON status every 1.5 s and
 // updates its bar, its text, elapsed and ETA; with data-figures it also redraws the page's
-// charts. When the run ends the page reloads once so its tables show the final numbers.
+// charts. When the run ends the page reloads once (after a moment at 100 %) so its tables
+// show the final numbers.
 (function () {
   var INTERVAL_MS = 1500;
+  var RELOAD_DELAY_MS = 1200;
 
   function duration(seconds) {
     if (seconds === null || seconds === undefined) { return "—"; }
@@ -56,7 +58,9 @@
       .then(function (state) {
         show(box, state);
         if (state.finished) {
-          if (box.dataset.reloadWhenDone) { window.location.reload(); }
+          if (box.dataset.reloadWhenDone) {
+            window.setTimeout(function () { window.location.reload(); }, RELOAD_DELAY_MS);
+          }
           return;
         }
         window.setTimeout(function () { poll(box); }, INTERVAL_MS);
