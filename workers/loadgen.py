@@ -1049,30 +1049,30 @@ def run_sweep(
 # CLI
 # ---------------------------------------------------------------------------------------------
 
+# (title, result key, width, decimals) of the CLI's table.
 TABLE_COLUMNS = (
-    ("conc", "concurrency", "{:>5}"),
-    ("ok", "completed", "{:>6}"),
-    ("fail", "failed", "{:>5}"),
-    ("dur s", "duration", "{:>7.1f}"),
-    ("req/s", "request_throughput", "{:>7.2f}"),
-    ("out tok/s", "output_throughput", "{:>10.1f}"),
-    ("peak tok/s", "max_output_tokens_per_s", "{:>10.1f}"),
-    ("TTFT ms", "mean_ttft_ms", "{:>9.1f}"),
-    ("p99 TTFT", "p99_ttft_ms", "{:>9.1f}"),
-    ("TPOT ms", "mean_tpot_ms", "{:>8.2f}"),
-    ("p99 TPOT", "p99_tpot_ms", "{:>8.2f}"),
-    ("ITL ms", "mean_itl_ms", "{:>8.2f}"),
-    ("p99 ITL", "p99_itl_ms", "{:>8.2f}"),
+    ("conc", "concurrency", 5, 0),
+    ("ok", "completed", 6, 0),
+    ("fail", "failed", 5, 0),
+    ("dur s", "duration", 7, 1),
+    ("req/s", "request_throughput", 7, 2),
+    ("out tok/s", "output_throughput", 10, 1),
+    ("peak tok/s", "max_output_tokens_per_s", 10, 1),
+    ("TTFT ms", "mean_ttft_ms", 9, 1),
+    ("p99 TTFT", "p99_ttft_ms", 9, 1),
+    ("TPOT ms", "mean_tpot_ms", 8, 2),
+    ("p99 TPOT", "p99_tpot_ms", 8, 2),
+    ("ITL ms", "mean_itl_ms", 8, 2),
+    ("p99 ITL", "p99_itl_ms", 8, 2),
 )
 
 
 def format_level(result: dict, header: bool) -> str:
-    """One table row for a level result (and the header line when header is true)."""
+    """One table row for a level result (and the header line above it when header is true)."""
     cells = []
-    for _, key, fmt in TABLE_COLUMNS:
+    for _, key, width, decimals in TABLE_COLUMNS:
         value = result.get(key)
-        width = int(fmt[3 : fmt.index(".")] if "." in fmt else fmt[3:-1])
-        cells.append(fmt.format(value) if value is not None else "-".rjust(width))
+        cells.append("-".rjust(width) if value is None else f"{value:>{width}.{decimals}f}")
     row = " ".join(cells)
     if result.get("errors"):
         row += "  " + ", ".join(f"{k}={v}" for k, v in sorted(result["errors"].items()))
@@ -1080,11 +1080,8 @@ def format_level(result: dict, header: bool) -> str:
         row += "  (no usage from the server: token figures left out)"
     if not header:
         return row
-    titles = []
-    for title, _, fmt in TABLE_COLUMNS:
-        width = int(fmt[3 : fmt.index(".")] if "." in fmt else fmt[3:-1])
-        titles.append(title.rjust(width))
-    return " ".join(titles) + "\n" + row
+    titles = " ".join(title.rjust(width) for title, _, width, _ in TABLE_COLUMNS)
+    return titles + "\n" + row
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
