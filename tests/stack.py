@@ -1,0 +1,340 @@
+"""The whole sweep path really started, for end-to-end tests: `sweep_stack` / `make_sweep_stack`.
+
+A live Django server (pytest-django `live_server`, transactional database), a GPU-host Celery
+worker subprocess (`celery -A workers worker -Q host.<name>`) on the real Redis of `redis_url`,
+a stand-in engine subprocess, and in the database a host, a token bound to it, the GLM-5 model
+and a deployment that points at the stand-in. A test module loads the fixtures with:
+
+    pytest_plugins = ["tests.stack"]
+
+`stack.start_sweep(levels=[8, 16])` goes through the web tier's own `sweep_start` (run row,
+`transaction.on_commit`, `send_host_task` by name); `stack.wait_for_run(run)` waits until the
+run finishes.
+"""
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from celery import Celery
+
+from moeops import celery as web_celery
+from moeops.api.models import ApiToken
+from moeops.fleet.models import Deployment, Host, ModelSpec
+from moeops.front import actions
+from moeops.runs.models import FINISHED_STATUSES, SweepRun
+from workers.standin import spawn_standin
+
+ROOT = Path(__file__).resolve().parent.parent
+GLM5_CONFIG = ROOT / "moeops/examples/glm-5-fp8_config.json"
+WORKER_READY_TIMEOUT_S = 60
+
+
+class WorkerProcess:
+    """`celery -A workers worker -Q host.<name>` in its own process group, logging to a file."""
+
+    def __init__(self, env, queue, log_path):
+        self.env = env
+        self.queue = queue
+        self.log_path = log_path
+        self.proc = None
+
+    def start(self, **extra_env):
+        since = len(self.log()) if Path(self.log_path).exists() else 0
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "workers",
+                    "worker",
+                    "-Q",
+                    self.queue,
+                    "-n",
+                    f"{self.queue}-{uuid.uuid4().hex[:6]}@%h",
+                    "--loglevel",
+                    "INFO",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                ],
+                cwd=ROOT,
+                env={**self.env, **extra_env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.wait_for_log("ready.", WORKER_READY_TIMEOUT_S, since=since)
+        return self
+
+    def log(self):
+        return Path(self.log_path).read_text(errors="replace")
+
+    def wait_for_log(self, text, timeout, since=0):
+        """Wait until `text` appears in the log after character `since`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log()[since:]:
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"worker log never showed {text!r}:\n{self.log()[-4000:]}")
+
+    def task_pids(self):
+        """The pool processes that run tasks (children of the main worker process)."""
+        return [child.pid for child in psutil.Process(self.proc.pid).children()]
+
+    def kill(self):
+        """SIGKILL the main process and its pool: the machine's worker is gone at once."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        # cold shutdown: a sweep still running is abandoned, not waited for
+        os.killpg(self.proc.pid, signal.SIGQUIT)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+class TogglingProxy:
+    """A TCP forwarder to the web tier that can be taken down (connections refused) and back."""
+
+    def __init__(self, target_port):
+        self.target_port = target_port
+        self.port = _free_port()
+        self._listener = None
+        self._conns = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sel = selectors.DefaultSelector()
+        self._thread = threading.Thread(target=self._loop, name="web-proxy", daemon=True)
+        self.up()
+        self._thread.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def up(self):
+        with self._lock:
+            listener = socket.socket()
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", self.port))
+            listener.listen(64)
+            listener.setblocking(False)
+            self._listener = listener
+            self._sel.register(listener, selectors.EVENT_READ, None)
+
+    def down(self):
+        """Refuse new connections and cut the open ones, as a stopped web server does."""
+        with self._lock:
+            if self._listener is not None:
+                self._sel.unregister(self._listener)
+                self._listener.close()
+                self._listener = None
+            for sock in list(self._conns):
+                self._drop(sock)
+
+    def _drop(self, sock):
+        if sock in self._conns:
+            self._conns.discard(sock)
+            self._sel.unregister(sock)
+            sock.close()
+
+    def _loop(self):
+        while not self._stop.is_set():
+            for key, _ in self._sel.select(timeout=0.1):
+                with self._lock:
+                    if key.data is None:
+                        if key.fileobj is not self._listener:
+                            continue
+                        client, _ = self._listener.accept()
+                        server = socket.create_connection(("127.0.0.1", self.target_port))
+                        for a, b in ((client, server), (server, client)):
+                            a.setblocking(False)
+                            self._conns.add(a)
+                            self._sel.register(a, selectors.EVENT_READ, b)
+                        continue
+                    source, sink = key.fileobj, key.data
+                    if source not in self._conns:
+                        continue
+                    try:
+                        data = source.recv(65536)
+                        if data:
+                            sink.setblocking(True)
+                            sink.sendall(data)
+                            sink.setblocking(False)
+                            continue
+                    except OSError:
+                        pass
+                    self._drop(source)
+                    self._drop(sink)
+
+    def close(self):
+        self.down()
+        self._stop.set()
+        self._thread.join(5)
+
+
+class SweepStack:
+    """Handles on the started parts; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        live_server_url,
+        api_url,
+        host,
+        token,
+        deployment,
+        standin_url,
+        worker,
+        spool_dir,
+        proxy,
+    ):
+        self.live_server_url = live_server_url
+        self.api_url = api_url
+        self.host = host
+        self.token = token
+        self.deployment = deployment
+        self.standin_url = standin_url
+        self.worker = worker
+        self.spool_dir = spool_dir
+        self.proxy = proxy
+
+    def start_sweep(self, levels, *, input_len=16, output_len=32, label="e2e sweep", **extra):
+        """A run created and enqueued by the web tier's own sweep_start."""
+        parameters = {"levels": list(levels), "input_len": input_len, "output_len": output_len}
+        return actions.sweep_start(
+            deployment=self.deployment, parameters={**parameters, **extra}, label=label
+        )
+
+    def wait_for_run(self, run, timeout=90, until=None):
+        """The run refreshed once `until(run)` holds (default: it finished)."""
+        until = until or (lambda r: r.status in FINISHED_STATUSES)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = SweepRun.objects.get(pk=run.pk)
+            if until(run):
+                return run
+            time.sleep(0.2)
+        raise AssertionError(
+            f"run {run.pk} still {run.status} {run.progress} after {timeout} s; worker log:\n"
+            + self.worker.log()[-6000:]
+        )
+
+    def spooled(self):
+        """Pushes waiting in the worker's spool folder."""
+        return sorted(Path(self.spool_dir).glob("*.json"))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _producer(redis_url):
+    # The web app's broker is fixed when Django's settings load; tests pick theirs later.
+    app = Celery("moeops-test-producer", broker=redis_url)
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    return app
+
+
+@pytest.fixture
+def make_sweep_stack(live_server, redis_url, tmp_path, transactional_db, monkeypatch):
+    """make_sweep_stack(max_running_requests=16, standin_args=(), via_proxy=False, **worker_env).
+
+    standin_args go to `python -m workers.standin` (e.g. "--drop-rate", "0.05"); via_proxy puts
+    a TogglingProxy between the worker and the web tier (stack.proxy.down() / .up());
+    worker_env adds to the worker's environment.
+    """
+    started = []
+
+    def make(max_running_requests=16, standin_args=(), *, via_proxy=False, **worker_env):
+        name = f"e2e-{uuid.uuid4().hex[:8]}"
+        standin_url, standin = spawn_standin(
+            [
+                "--model",
+                "glm-5-standin",
+                "--max-running-requests",
+                str(max_running_requests),
+                *standin_args,
+            ]
+        )
+        started.append(standin.kill)
+        model, _ = ModelSpec.objects.get_or_create(
+            name="GLM-5 (e2e)",
+            defaults={"config_json": json.loads(GLM5_CONFIG.read_text())},
+        )
+        host = Host.objects.create(name=name, description="end-to-end test host")
+        _, token = ApiToken.issue(name=f"worker {name}", host=host)
+        deployment = Deployment.objects.create(
+            name=f"GLM-5 on {name}",
+            model=model,
+            host=host,
+            engine="sglang",
+            max_running_requests=max_running_requests,
+            endpoint_url=standin_url,
+            served_model_name="glm-5-standin",
+            status="healthy",
+        )
+        proxy = TogglingProxy(int(live_server.url.rsplit(":", 1)[1])) if via_proxy else None
+        if proxy is not None:
+            started.append(proxy.close)
+        api_url = proxy.url if proxy else live_server.url
+        spool_dir = tmp_path / f"spool-{name}"
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("MOEOPS_")},
+            "REDIS_URL": redis_url,
+            "MOEOPS_HOST": name,
+            "MOEOPS_URL": api_url,
+            "MOEOPS_TOKEN": token,
+            "MOEOPS_SPOOL_DIR": str(spool_dir),
+            "MOEOPS_TUNE_DIR": str(tmp_path / f"tune-{name}"),
+            "PYTHONUNBUFFERED": "1",
+            **worker_env,
+        }
+        worker = WorkerProcess(env, host.queue_name, tmp_path / f"worker-{name}.log")
+        started.append(worker.stop)
+        worker.start()
+        return SweepStack(
+            live_server_url=live_server.url,
+            api_url=api_url,
+            host=host,
+            token=token,
+            deployment=deployment,
+            standin_url=standin_url,
+            worker=worker,
+            spool_dir=spool_dir,
+            proxy=proxy,
+        )
+
+    monkeypatch.setattr(web_celery, "app", _producer(redis_url))
+    yield make
+    for stop in reversed(started):
+        stop()
+
+
+@pytest.fixture
+def sweep_stack(make_sweep_stack):
+    """The default stack: stand-in with --max-running-requests 16, worker straight to the web."""
+    return make_sweep_stack()

@@ -1,0 +1,145 @@
+"""A fused-MoE kernel tune as a GPU-host worker runs it, over the REST API; no Celery needed.
+
+`tune_kernel(tuning_run_uuid, client=..., E=, N=, hidden_size=, topk=, ...)` claims the tuning
+run, tunes with tuning.tuner on the host's GPU (resuming from a local log when the task is
+delivered again), reports progress, and pushes the engine's config file (its exact name and
+content), the per-batch-size timings (tuned, default and floor µs) and the final status.
+"""
+
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from workers.client import ApiError, Conflict
+
+log = logging.getLogger(__name__)
+
+FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
+PROGRESS_INTERVAL_S = 2.0
+
+
+def _log_dir():
+    # tuning logs survive a worker restart, so that a re-delivered tune resumes
+    return Path(os.getenv("MOEOPS_TUNE_DIR") or Path.home() / ".cache/moeops/tuning")
+
+
+def _default_tune(shape, batch_sizes, *, device_index, progress_callback, resume_path):
+    from tuning.tuner import tune
+
+    return tune(
+        shape,
+        batch_sizes,
+        device_index=device_index,
+        progress_callback=progress_callback,
+        resume_path=resume_path,
+    )
+
+
+def _claim(client, tuning_run_uuid):
+    """The tuning run once it is ours to run, or its status when there is nothing to do."""
+    run = client.request("GET", f"/tuning-runs/{tuning_run_uuid}").json()
+    if run["status"] in FINISHED_STATUSES:
+        return run["status"]
+    if run["status"] == "running":
+        # delivered again after its worker died: the log makes the tune resume
+        return run
+    try:
+        return client.update_tuning_run(tuning_run_uuid, status="running")
+    except Conflict:
+        return _claim(client, tuning_run_uuid)
+
+
+def timing_rows(result):
+    """The API's timing rows (µs) from a tuning.tuner.TuneResult."""
+    return [
+        {
+            "batch_size": m,
+            "tuned_us": b.tuned_us,
+            "default_us": b.default_us,
+            "floor_us": b.floor_us,
+            "config": b.config,
+            "candidates_tried": b.candidates_tried,
+        }
+        for m, b in sorted(result.batches.items())
+    ]
+
+
+def tune_kernel(
+    tuning_run_uuid,
+    *,
+    client,
+    E,
+    N,
+    hidden_size,
+    topk,
+    dtype="bf16",
+    block_shape=None,
+    batch_sizes=None,
+    gpu_indices=None,
+    device_name="",
+    tune=_default_tune,
+):
+    """Tune one shape (E experts per rank, N per-shard intermediate, hidden_size, topk) on the
+    first of gpu_indices (CUDA index; default 0); returns the tuning run's final status.
+
+    tune: tuning.tuner.tune's signature (tests pass a fake). device_name is what the web tier
+    expected; the tuner reads the real one from the GPU and that one names the file.
+    """
+    from tuning.config_files import TUNED_BATCH_SIZES
+    from tuning.search import KernelShape
+    from tuning.tuner import write_config_file
+
+    claimed = _claim(client, tuning_run_uuid)
+    if isinstance(claimed, str):
+        return claimed
+    shape = KernelShape(
+        E=E,
+        N=N,
+        H=hidden_size,
+        top_k=topk,
+        dtype=dtype,
+        block_shape=tuple(block_shape) if block_shape else None,
+    )
+    last_report = 0.0
+
+    def progress(done, total, message):
+        nonlocal last_report
+        if done < total and time.monotonic() - last_report < PROGRESS_INTERVAL_S:
+            return
+        last_report = time.monotonic()
+        body = {"progress": {"done": done, "total": total, "message": message}}
+        try:
+            # progress is advisory: one attempt, never spooled
+            client.request("PATCH", f"/tuning-runs/{tuning_run_uuid}", body=body, retries=0)
+        except ApiError as exc:
+            log.warning("tuning run %s: progress push failed: %s", tuning_run_uuid, exc)
+
+    log_dir = _log_dir()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = tune(
+            shape,
+            batch_sizes or TUNED_BATCH_SIZES,
+            device_index=(gpu_indices or [0])[0],
+            progress_callback=progress,
+            resume_path=log_dir / f"{tuning_run_uuid}.json",
+        )
+    except Exception as exc:
+        client.update_tuning_run(tuning_run_uuid, status="failed", error=f"{exc!r}")
+        raise
+    if device_name and device_name != result.device_name:
+        log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)
+    with tempfile.TemporaryDirectory() as out:
+        path = write_config_file(result, out, style="vllm")
+        config = client.push_kernel_config(path.name, path.read_text())
+    client.post_tuning_timings(tuning_run_uuid, timing_rows(result))
+    client.update_tuning_run(
+        tuning_run_uuid,
+        status="succeeded",
+        result=config.get("id"),
+        wall_s=result.wall_s,
+        progress={"done": 1, "total": 1, "message": "done"},
+    )
+    return "succeeded"

@@ -1,0 +1,345 @@
+"""A concurrency sweep as a GPU-host worker runs it, over the REST API; no Celery needed.
+
+`run_sweep(run_uuid, parameters, client=...)` claims the run (queued → running), starts the NVML
+and engine /metrics samplers, runs each level with the load generator, pushes each level as it
+finishes and the samples in batches, reports progress about once a second, stops at the next
+request boundary once the run's `cancel_requested` is set, and ends the run succeeded, cancelled
+or failed; finished levels are always kept. A run delivered again (its worker died) resumes: the
+levels already stored are skipped, so none is stored twice.
+"""
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+
+from workers import loadgen
+from workers.client import ApiError, Conflict, Unreachable
+from workers.engine_metrics import EngineMetricsSampler, read_server_info
+from workers.telemetry import TelemetrySampler
+
+log = logging.getLogger(__name__)
+
+FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
+# The outcome when another worker is still sweeping this run (its heartbeat is fresh).
+BUSY = "busy"
+# A running run whose last heartbeat is older than this (s) has lost its worker.
+HEARTBEAT_STALE_S = 10.0
+PROGRESS_INTERVAL_S = 1.0
+SAMPLES_INTERVAL_S = 5.0
+# The keys of a load-generator result that the API stores as LevelResult columns.
+LEVEL_FIELDS = (
+    "concurrency",
+    "request_rate",
+    "input_len",
+    "output_len",
+    "completed",
+    "failed",
+    "errors",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "usage_reported",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
+    "request_goodput",
+    "started_at",
+    "finished_at",
+) + tuple(
+    f"{stat}_{metric}_ms"
+    for metric in ("ttft", "tpot", "itl", "e2el")
+    for stat in ("mean", "median", "std", "p90", "p95", "p99")
+)
+
+
+def sweep_config(parameters):
+    """The load generator's SweepConfig from a run's parameters.
+
+    parameters: base_url, model, levels (concurrencies), input_len and output_len (tokens);
+    optional endpoint, prompts_per_level, warmup, request_rate (req/s), processes, vocab_size,
+    timeout_s, slo_ttft_ms, slo_tpot_ms, slo_e2el_ms.
+    """
+    client = loadgen.ClientConfig(
+        base_url=parameters["base_url"],
+        model=parameters["model"],
+        endpoint=parameters.get("endpoint") or "completions",
+        vocab_size=parameters.get("vocab_size") or 32000,
+        timeout_s=parameters.get("timeout_s") or 600.0,
+    )
+    optional = (
+        "prompts_per_level",
+        "warmup",
+        "request_rate",
+        "processes",
+        "slo_ttft_ms",
+        "slo_tpot_ms",
+        "slo_e2el_ms",
+    )
+    return loadgen.SweepConfig(
+        client=client,
+        concurrencies=tuple(int(c) for c in parameters["levels"]),
+        input_len=int(parameters["input_len"]),
+        output_len=int(parameters["output_len"]),
+        **{k: parameters[k] for k in optional if parameters.get(k) is not None},
+    )
+
+
+def level_payload(result):
+    """The API's level body from a load-generator result; the whole result travels as raw."""
+    payload = {k: result[k] for k in LEVEL_FIELDS if result.get(k) is not None}
+    payload["raw"] = result
+    return payload
+
+
+def _level_id(concurrency, request_rate):
+    # the API's idempotency key of a level: unlimited rate is None
+    rate = None if request_rate is None or request_rate == float("inf") else float(request_rate)
+    return concurrency, rate
+
+
+class _Progress:
+    """Where the sweep is, shared by the level loop (writer) and the reporter (reader)."""
+
+    def __init__(self, levels_total):
+        self._lock = threading.Lock()
+        self.state = {
+            "level_index": 0,
+            "levels_total": levels_total,
+            "levels_done": 0,
+            "concurrency": None,
+            "requests_done": 0,
+            "requests_total": 0,
+        }
+
+    def update(self, **changes):
+        with self._lock:
+            self.state.update(changes)
+
+    def snapshot(self):
+        with self._lock:
+            return {**self.state, "heartbeat": time.time()}
+
+
+class _Samples:
+    """Hands the samplers' readings to the API in batches, each under a fresh batch id."""
+
+    def __init__(self, client, run_uuid, telemetry, engine):
+        self._client = client
+        self._run = run_uuid
+        self._telemetry = telemetry
+        self._engine = engine
+        self._engine_sent = 0
+        self._lock = threading.Lock()
+
+    def tag(self, concurrency):
+        """Samples taken from now on belong to the level at this concurrency (None: none)."""
+        self._telemetry.level_concurrency = self._engine.level_concurrency = concurrency
+
+    def flush(self):
+        with self._lock:
+            gpu = self._telemetry.drain()
+            engine = self._engine.samples[self._engine_sent :]
+            self._engine_sent += len(engine)
+            if gpu:
+                self._client.post_telemetry(self._run, gpu, batch_id=uuid.uuid4().hex)
+            if engine:
+                self._client.post_engine_samples(self._run, engine, batch_id=uuid.uuid4().hex)
+
+
+class _Reporter(threading.Thread):
+    """Pushes progress every PROGRESS_INTERVAL_S and samples every SAMPLES_INTERVAL_S.
+
+    The run the API returns after each progress push refreshes `cancel_requested`.
+    """
+
+    def __init__(self, client, run_uuid, progress, samples, interval_s):
+        super().__init__(name="sweep-reporter", daemon=True)
+        self.cancel_requested = False
+        self._client = client
+        self._run = run_uuid
+        self._progress = progress
+        self._samples = samples
+        self._interval = interval_s
+        self._halt = threading.Event()
+
+    def run(self):
+        last_flush = time.monotonic()
+        while not self._halt.wait(self._interval):
+            body = {"progress": self._progress.snapshot()}
+            try:
+                # progress is advisory: one attempt, never spooled (the next tick sends a newer one)
+                run = self._client.request("PATCH", f"/runs/{self._run}", body=body, retries=0)
+                self.cancel_requested = bool(run.json().get("cancel_requested"))
+            except ApiError as exc:
+                log.info("sweep %s: progress push failed: %s", self._run, exc)
+                continue
+            try:
+                if self._client.spool is not None and self._client.spool.entries():
+                    self._client.replay_spool()
+                if time.monotonic() - last_flush >= SAMPLES_INTERVAL_S:
+                    last_flush = time.monotonic()
+                    self._samples.flush()
+            except ApiError:
+                log.warning("sweep %s: pushing samples failed", self._run, exc_info=True)
+
+    def stop(self):
+        self._halt.set()
+        self.join()
+
+
+def _claim(client, run_uuid, stale_after_s):
+    """Move the run to running (or take over a running run whose worker died).
+
+    Returns the run (dict), or the outcome string when there is nothing to do here.
+    """
+    run = client.get_run(run_uuid)
+    if run["status"] in FINISHED_STATUSES:
+        return run["status"]
+    if run["status"] == "running":
+        beat = (run.get("progress") or {}).get("heartbeat")
+        if beat is not None and time.time() - beat < stale_after_s:
+            return BUSY
+        log.info("sweep %s: resuming a run whose worker stopped", run_uuid)
+        return run
+    try:
+        return client.update_run(
+            run_uuid, status="running", progress={"heartbeat": time.time(), "levels_done": 0}
+        )
+    except Conflict:
+        # cancelled or claimed meanwhile: read where it is now
+        return _claim(client, run_uuid, stale_after_s)
+
+
+def run_sweep(
+    run_uuid,
+    parameters,
+    *,
+    client,
+    nvml=None,
+    telemetry_hz=1.0,
+    deadline=None,
+    stale_after_s=HEARTBEAT_STALE_S,
+    progress_interval_s=PROGRESS_INTERVAL_S,
+):
+    """Run the sweep of run `run_uuid` and return the run's final status (or BUSY).
+
+    parameters: see sweep_config, plus gpu_indices (the deployment's NVML indices; None for
+    all). deadline: a time.monotonic() value after which no new request starts and the run ends
+    failed. nvml: a pynvml stand-in for tests.
+    """
+    claimed = _claim(client, run_uuid, stale_after_s)
+    if isinstance(claimed, str):
+        return claimed
+    config = sweep_config(parameters)
+    levels = config.levels()
+    stored = {
+        _level_id(level["concurrency"], level["request_rate"])
+        for level in client.get_levels(run_uuid)
+    }
+    progress = _Progress(len(levels))
+    # no GPUs recorded for the deployment: sample every GPU of the host
+    telemetry = TelemetrySampler(parameters.get("gpu_indices") or None, hz=telemetry_hz, nvml=nvml)
+    engine = EngineMetricsSampler(config.client.base_url)
+    samples = _Samples(client, run_uuid, telemetry, engine)
+    reporter = _Reporter(client, run_uuid, progress, samples, progress_interval_s)
+    reporter.cancel_requested = bool(claimed.get("cancel_requested"))
+
+    def cancelled():
+        return reporter.cancel_requested
+
+    def out_of_time():
+        return deadline is not None and time.monotonic() >= deadline
+
+    status, error = None, ""
+    try:
+        with contextlib.ExitStack() as running:
+            # unwinds in reverse: reporter, engine and NVML samplers stop, then the last flush
+            running.callback(samples.flush)
+            running.enter_context(telemetry)
+            running.enter_context(engine)
+            # what the engine says of its limits travels with every progress push
+            progress.update(server_info=read_server_info(config.client.base_url))
+            client.update_run(
+                run_uuid,
+                telemetry_status=telemetry.status,
+                telemetry_detail=telemetry.detail,
+                progress=progress.snapshot(),
+            )
+            reporter.start()
+            running.callback(reporter.stop)
+            status, error = _run_levels(
+                client, run_uuid, config, levels, stored, progress, samples, cancelled, out_of_time
+            )
+    except Unreachable:
+        # the task tries again later and resumes from the stored levels
+        status = None
+        raise
+    except Exception as exc:
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        if status is not None:
+            _finish(client, run_uuid, status, error, progress.snapshot())
+    return status
+
+
+def _run_levels(
+    client, run_uuid, config, levels, stored, progress, samples, cancelled, out_of_time
+):
+    """Run the levels not stored yet, pushing each; returns (final status, error)."""
+
+    def should_stop():
+        return cancelled() or out_of_time()
+
+    done = len(stored & {_level_id(lv.concurrency, lv.request_rate) for lv in levels})
+    progress.update(levels_done=done)
+    for i, level in enumerate(levels):
+        if _level_id(level.concurrency, level.request_rate) in stored:
+            continue
+        if should_stop():
+            break
+        progress.update(
+            level_index=i,
+            concurrency=level.concurrency,
+            requests_done=0,
+            requests_total=level.num_prompts,
+        )
+        samples.tag(level.concurrency)
+        result = asyncio.run(
+            loadgen.run_level(
+                config.client,
+                level,
+                on_request_done=lambda n, total: progress.update(requests_done=n),
+                should_stop=should_stop,
+            )
+        )
+        samples.tag(None)
+        if result["stopped"]:
+            break
+        samples.flush()
+        client.post_level(run_uuid, level_payload(result))
+        done += 1
+        progress.update(levels_done=done)
+        if result["completed"] == 0:
+            return "failed", (
+                f"every request at concurrency {level.concurrency} failed "
+                f"({result['errors']}); the sweep stopped there"
+            )
+    if done == len(levels):
+        return "succeeded", ""
+    if cancelled():
+        return "cancelled", ""
+    return "failed", "the sweep ran out of time; the finished levels are kept"
+
+
+def _finish(client, run_uuid, status, error, progress):
+    try:
+        client.update_run(run_uuid, status=status, error=error, progress=progress)
+    except Conflict as exc:
+        # someone else ended the run (e.g. failed it by hand); its levels are stored either way
+        log.warning("sweep %s: could not end it %s: %s", run_uuid, status, exc)

@@ -1,0 +1,153 @@
+"""The GPU-host tasks: thin wrappers that parse plain values, call the library, push results.
+
+Enqueued by name on `host.<name>` (see workers.celery); results travel over the REST API with
+the host's token, never as Celery results. Every task is idempotent, so a task whose worker died
+is simply run again (acks_late).
+"""
+
+import logging
+import time
+
+from workers import engine_check, kernel_tune, sweep, topology
+from workers.celery import (
+    CHECK_SOFT_LIMIT_S,
+    HARD_MARGIN_S,
+    HOST_NAME,
+    HOST_QUEUE,
+    SWEEP_SOFT_LIMIT_S,
+    TUNE_SOFT_LIMIT_S,
+    app,
+)
+from workers.client import MoeopsClient, Unreachable
+
+log = logging.getLogger(__name__)
+
+# The web tier unreachable before a task could start: try again later, this many times.
+UNREACHABLE_RETRIES = 20
+UNREACHABLE_BACKOFF_MAX_S = 600
+# Ends a sweep cleanly (failed, finished levels kept) before the soft limit interrupts it.
+DEADLINE_MARGIN_S = 60
+# How often a spool that still holds pushes is tried again (s).
+REPLAY_COUNTDOWN_S = 15
+
+
+def _retry_later(task, exc):
+    if task.request.retries >= UNREACHABLE_RETRIES:
+        raise exc
+    countdown = min(10 * 2**task.request.retries, UNREACHABLE_BACKOFF_MAX_S)
+    raise task.retry(exc=exc, countdown=countdown, max_retries=None)
+
+
+def _replay_later(client):
+    # results that wait in the spool reach the web tier once it is back, even with no new task
+    if client.spool is not None and client.spool.entries():
+        app.send_task("workers.replay_spool", queue=HOST_QUEUE, countdown=REPLAY_COUNTDOWN_S)
+
+
+@app.task(
+    name="workers.run_sweep",
+    bind=True,
+    max_retries=None,
+    soft_time_limit=SWEEP_SOFT_LIMIT_S,
+    time_limit=SWEEP_SOFT_LIMIT_S + HARD_MARGIN_S,
+)
+def run_sweep(self, run_uuid, **parameters):
+    """Sweep run `run_uuid`; parameters as workers.sweep.sweep_config takes them."""
+    deadline = time.monotonic() + SWEEP_SOFT_LIMIT_S - DEADLINE_MARGIN_S
+    with MoeopsClient() as client:
+        try:
+            outcome = sweep.run_sweep(run_uuid, parameters, client=client, deadline=deadline)
+        except Unreachable as exc:
+            _retry_later(self, exc)
+        _replay_later(client)
+    if outcome == sweep.BUSY:
+        # another worker's heartbeat is fresh: look again once it would have gone stale
+        raise self.retry(countdown=sweep.HEARTBEAT_STALE_S, max_retries=None)
+    return outcome
+
+
+@app.task(
+    name="workers.tune_kernel",
+    bind=True,
+    max_retries=None,
+    soft_time_limit=TUNE_SOFT_LIMIT_S,
+    time_limit=TUNE_SOFT_LIMIT_S + HARD_MARGIN_S,
+)
+def tune_kernel(self, tuning_run_uuid, **shape):
+    """Tune the fused-MoE kernel for a shape on this host's GPU; shape as kernel_tune takes it."""
+    with MoeopsClient() as client:
+        try:
+            outcome = kernel_tune.tune_kernel(tuning_run_uuid, client=client, **shape)
+        except Unreachable as exc:
+            _retry_later(self, exc)
+        _replay_later(client)
+    return outcome
+
+
+@app.task(
+    name="workers.check_deployment",
+    bind=True,
+    max_retries=None,
+    soft_time_limit=CHECK_SOFT_LIMIT_S,
+    time_limit=CHECK_SOFT_LIMIT_S + HARD_MARGIN_S,
+)
+def check_deployment(self, deployment, base_url, model=""):
+    """Probe the engine's /health and models list; record the deployment's status and GPUs."""
+    result = engine_check.check_engine(base_url, model)
+    with MoeopsClient() as client:
+        try:
+            client.update_deployment(
+                deployment, status=result["status"], status_detail=result["detail"][:300]
+            )
+            _record_host(client)
+        except Unreachable as exc:
+            _retry_later(self, exc)
+        _replay_later(client)
+    return result["status"]
+
+
+@app.task(
+    name="workers.probe_host",
+    bind=True,
+    max_retries=None,
+    soft_time_limit=CHECK_SOFT_LIMIT_S,
+    time_limit=CHECK_SOFT_LIMIT_S + HARD_MARGIN_S,
+)
+def probe_host(self):
+    """Snapshot this host's GPUs, links, P2P and virtualization; stored when it changed."""
+    with MoeopsClient() as client:
+        try:
+            _record_host(client)
+        except Unreachable as exc:
+            _retry_later(self, exc)
+        _replay_later(client)
+
+
+@app.task(name="workers.replay_spool", bind=True, max_retries=None)
+def replay_spool(self):
+    """Send the pushes waiting in the spool; look again later while some still wait."""
+    with MoeopsClient() as client:
+        sent, waiting = client.replay_spool()
+    if sent:
+        log.info("replayed %d spooled pushes; %d still wait", sent, waiting)
+    if waiting:
+        raise self.retry(countdown=min(REPLAY_COUNTDOWN_S * 2**self.request.retries, 600))
+
+
+def _record_host(client):
+    snapshot = topology.probe()
+    client.post_topology(HOST_NAME, snapshot)
+    gpus = [
+        {
+            "index": gpu["index"],
+            "name": gpu["name"],
+            "uuid": gpu.get("uuid") or "",
+            "compute_capability": gpu.get("compute_capability") or "",
+            "memory_total_mib": gpu.get("memory_total_mib"),
+            "power_limit_w": gpu.get("power_limit_w"),
+        }
+        for gpu in snapshot["gpus"]
+        if gpu.get("name")
+    ]
+    if gpus:
+        client.post_gpus(HOST_NAME, gpus)
