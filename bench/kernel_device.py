@@ -191,8 +191,8 @@ def measure(run: Run) -> dict:
     return ceilings
 
 
-def tune_plan_item(run: Run, item: str, ceilings: dict, exhaustive_sizes) -> None:
-    """Tune one shape:dtype over the 18 sizes; baseline, table, exhaustive check, breakdown."""
+def tune_plan_item(run: Run, item: str, ceilings: dict):
+    """Tune one shape:dtype over the 18 sizes; baseline, table, breakdown. Returns the result."""
     import torch
 
     from tuning.bench import BenchRow, format_table
@@ -254,18 +254,27 @@ def tune_plan_item(run: Run, item: str, ceilings: dict, exhaustive_sizes) -> Non
         run.log("\n" + table)
         run.save()
 
-        if exhaustive_sizes and run.fits("exhaustive", item):
-            record["exhaustive"] = check_search(run, tuner, result, exhaustive_sizes)
-            run.save()
         if run.left_s() > 40:
             record["breakdown"] = breakdown(run, tuner, shape, result)
             run.save()
+    return result
+
+
+def exhaustive_check(run: Run, item: str, smart, ceilings: dict, sizes) -> None:
+    """The exhaustive search at `sizes` for a shape tuned earlier (its own process state last,
+    so that nothing it does can disturb the other figures)."""
+    from tuning.tuner import Tuner
+
+    with Tuner(smart.shape, ceilings=ceilings) as tuner:
+        run.results["phases"][f"exhaustive {item}"] = check_search(run, tuner, smart, sizes)
 
 
 def check_search(run: Run, tuner, smart, sizes) -> list[dict]:
     """Exhaustive search at `sizes`; both winners re-timed side by side (40 replays)."""
     started = time.monotonic()
     exhaustive = tuner.tune(sizes, exhaustive=True)
+    run.results["exhaustive_tune"] = exhaustive.to_dict()
+    run.save()
     rows = []
     for m in sizes:
         smart_config = smart.batches[m].config
@@ -439,15 +448,16 @@ def main() -> int:
     if not args.skip_correctness:
         phases.append(("correctness", lambda: check_correctness(run)))
     ceilings: dict = {}
+    tuned: dict = {}
     phases.append(("ceilings", lambda: ceilings.update(measure(run))))
     for item in args.plan.split(","):
         phases.append(
-            (
-                item,
-                lambda item=item: tune_plan_item(
-                    run, item, ceilings, sizes if item == args.exhaustive_item else None
-                ),
-            )
+            (item, lambda item=item: tuned.update({item: tune_plan_item(run, item, ceilings)}))
+        )
+    if sizes and args.exhaustive_item in args.plan.split(","):
+        item = args.exhaustive_item
+        phases.append(
+            ("exhaustive", lambda: exhaustive_check(run, item, tuned[item], ceilings, sizes))
         )
     for name, phase in phases:
         cost = "tune" if ":" in name else name

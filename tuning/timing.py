@@ -130,7 +130,14 @@ class LayerTimer:
         )
         self.topk_weights = [torch.empty_like(self.pool_weights[0]) for _ in range(self.calls)]
         self.topk_ids = [torch.empty_like(self.pool_ids[0]) for _ in range(self.calls)]
+        self._refresh(0)
         self._layer_kwargs = weights.layer_kwargs(shape)
+        # Every graph here captures into one memory pool, so each capture reuses the memory the
+        # last (destroyed) one used; a pool dies with its last graph, so a small anchor graph
+        # keeps it alive. (A private pool per graph is only released on an out-of-memory retry.)
+        self._pool = torch.cuda.graph_pool_handle()
+        anchor = torch.zeros(1, device="cuda")
+        self._anchor = self._capture(lambda j: anchor.add_(1), 1)
 
     def time_config(self, config: dict, replays: int, calls: int | None = None) -> float:
         """Median µs per layer call of fused_moe with config; raises if it cannot run."""
@@ -175,19 +182,7 @@ class LayerTimer:
         # one eager call compiles and loads the kernels and raises launch errors before capture
         layer(0)
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        capture_stream = torch.cuda.Stream()
-        capture_stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(capture_stream):
-            # capture_begin/end rather than torch.cuda.graph(), which empties the allocator cache;
-            # a private memory pool per graph (a shared one dies with the first graph freed)
-            graph.capture_begin()
-            try:
-                for j in range(calls):
-                    layer(j)
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream().wait_stream(capture_stream)
+        graph = self._capture(layer, calls)
         graph.replay()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
@@ -200,6 +195,22 @@ class LayerTimer:
         elapsed_ms = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
         del graph
         return float(np.median(elapsed_ms)) * 1000.0 / calls
+
+    def _capture(self, layer: Callable[[int], None], calls: int):
+        """A CUDA graph of layer(0) … layer(calls − 1), captured into this timer's pool."""
+        graph = torch.cuda.CUDAGraph()
+        capture_stream = torch.cuda.Stream()
+        capture_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(capture_stream):
+            # capture_begin/end rather than torch.cuda.graph(), which empties the allocator cache
+            graph.capture_begin(pool=self._pool)
+            try:
+                for j in range(calls):
+                    layer(j)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(capture_stream)
+        return graph
 
     def _refresh(self, replay: int) -> None:
         sets = self.pool_ids.shape[0]

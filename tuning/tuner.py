@@ -204,8 +204,12 @@ class DeviceMeasurements:
 
     def timer(self, M: int):
         """A tuning.timing.LayerTimer at batch size M (time_config(config, replays) -> µs)."""
+        import torch
+
         from tuning.timing import LayerTimer
 
+        # hand back the graph memory of timers already dropped
+        torch.cuda.empty_cache()
         return LayerTimer(self.shape, self.weights, M)
 
     def floor_us(self, M: int) -> float:
