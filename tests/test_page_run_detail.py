@@ -126,10 +126,35 @@ def test_engine_chart_shows_running_and_queued_against_the_cap(client, sweep):
     assert [s["y0"] for s in fig["layout"]["shapes"]] == [64]
 
 
-def test_a_run_without_telemetry_draws_no_gpu_lines(client, sweep):
+def test_a_finished_run_names_the_charts_it_has_no_data_for(client, sweep):
     html = client.get(f"/runs/{sweep.uuid}/").content.decode()
-    assert pb.figure(html, "gpu-util-data")["data"] == []
+    assert 'id="gpu-util-data"' not in html and 'id="engine-data"' not in html
+    assert (
+        "Not recorded for this run: GPU utilization, GPU power, engine running/queued requests."
+        in html
+    )
+
+
+def test_one_nvidia_smi_reading_is_drawn_as_bars_per_gpu(client, sweep):
+    pb.telemetry(
+        sweep, gpus=8, seconds=1, t0=1_800_000_000.0, util=lambda g, s: 0.0, power_limit=600.0
+    )
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    power = pb.figure(html, "gpu-power-data")
+    [bars] = power["data"]
+    assert bars["type"] == "bar" and bars["x"] == [f"GPU{i}" for i in range(8)]
+    assert bars["y"] == [100.0] * 8
+    assert power["layout"]["shapes"][0]["y0"] == 600.0
+    assert "one reading per GPU" in power["layout"]["title"]["text"]
+    assert pb.figure(html, "gpu-util-data")["data"][0]["text"] == ["0 %"] * 8
+
+
+def test_a_running_sweep_keeps_its_empty_charts_to_fill_in(client, sweep):
+    sweep.status = "running"
+    sweep.save()
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
     assert pb.figure(html, "engine-data")["data"] == []
+    assert "Not recorded for this run" not in html
 
 
 def test_page_queries_stay_few_with_a_long_sweep(client, sweep, django_assert_max_num_queries):

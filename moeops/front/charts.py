@@ -223,21 +223,58 @@ def _bucket_note(series):
     return f" (mean per {series.width:.0f} s; {series.count:,} samples)"
 
 
+def _single_reading(series):
+    """True when the samples are one reading of the GPUs (one instant), as nvidia-smi gives."""
+    return bool(series.count) and series.t0 == series.t1
+
+
+def _reading_bars(series, key, unit):
+    """One reading per GPU as bars labelled with their value (a time axis of one instant
+    would show nothing)."""
+    gpus = sorted(series.groups)
+    values = [series.groups[g][key][0] for g in gpus]
+    return [
+        {
+            "type": "bar",
+            "name": "one reading",
+            "x": [f"GPU{g}" for g in gpus],
+            "y": values,
+            "text": [f"{v:.0f} {unit}" if v is not None else "" for v in values],
+            "textposition": "outside",
+            "cliponaxis": False,
+            "marker": {"color": "#3056d3"},
+            "hovertemplate": "%{x}: %{y:.0f} " + unit + "<extra></extra>",
+        }
+    ]
+
+
+def _reading_title(title, series):
+    when = dt.datetime.fromtimestamp(series.t0, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{title}: one reading per GPU at {when} UTC"
+
+
 def gpu_utilization(series, bands):
     """GPU utilization (%) over time, one line per GPU, levels as shaded bands."""
-    traces = _gpu_traces(series, "util", "%", ".0f")
+    yaxis = {"title": {"text": "utilization %"}, "range": [0, 105]}
+    if _single_reading(series):
+        return figure(
+            _reading_bars(series, "util", "%"),
+            _reading_title("GPU utilization", series),
+            {"type": "category"},
+            yaxis,
+            showlegend=False,
+        )
     return figure(
-        traces,
+        _gpu_traces(series, "util", "%", ".0f"),
         "GPU utilization" + _bucket_note(series),
         {"type": "date", "title": {"text": "time (UTC)"}},
-        {"title": {"text": "utilization %"}, "range": [0, 105]},
+        yaxis,
         **_time_layout(bands),
     )
 
 
 def gpu_power(series, bands):
     """GPU power (W) over time per GPU, with the enforced power limit as a dashed line."""
-    traces = _gpu_traces(series, "power", "W", ".0f")
     limit = series.extra.get("power_limit_w")
     shapes, annotations = [], []
     top = max(
@@ -248,11 +285,22 @@ def gpu_power(series, bands):
         shapes.append(shape)
         annotations.append(annotation)
         top = max(top, limit)
+    yaxis = {"title": {"text": "W"}, "range": [0, (top or 1) * 1.1]}
+    if _single_reading(series):
+        return figure(
+            _reading_bars(series, "power", "W"),
+            _reading_title("GPU power", series),
+            {"type": "category"},
+            yaxis,
+            shapes=shapes,
+            annotations=annotations,
+            showlegend=False,
+        )
     return figure(
-        traces,
+        _gpu_traces(series, "power", "W", ".0f"),
         "GPU power" + _bucket_note(series),
         {"type": "date", "title": {"text": "time (UTC)"}},
-        {"title": {"text": "W"}, "range": [0, (top or 1) * 1.1]},
+        yaxis,
         **_time_layout(bands, shapes, annotations),
     )
 
@@ -311,10 +359,19 @@ def peaks_over_time(runs):
                 "marker": {"size": 8},
             }
         )
+    xaxis = {"type": "date", "tickformat": "%b %d"}
+    if points and (points[-1][0] - points[0][0]) < dt.timedelta(days=1):
+        # runs of one day (or one run) on a date axis of milliseconds read as noise
+        middle = points[0][0] + (points[-1][0] - points[0][0]) / 2
+        xaxis["range"] = [
+            (middle - dt.timedelta(days=1)).isoformat(),
+            (middle + dt.timedelta(days=1)).isoformat(),
+        ]
+        xaxis["dtick"] = 86_400_000  # one tick a day (ms)
     return figure(
         traces,
         "Peak output throughput per run",
-        {"type": "date"},
+        xaxis,
         {"title": {"text": "tok/s"}, "rangemode": "tozero"},
         margin={"l": 55, "r": 15, "t": 35, "b": 35},
         showlegend=False,
@@ -322,6 +379,14 @@ def peaks_over_time(runs):
 
 
 # --- compare -------------------------------------------------------------------------------
+
+
+def _legend(style):
+    """Legend fields of a compare trace: its group, titled when runs are grouped."""
+    fields = {"legendgroup": style["group"]}
+    if style["group_title"]:
+        fields["legendgrouptitle"] = {"text": style["group_title"]}
+    return fields
 
 
 def compare_vs_concurrency(runs, styles, key, title, ytitle, fmt=",.0f"):
@@ -335,7 +400,7 @@ def compare_vs_concurrency(runs, styles, key, title, ytitle, fmt=",.0f"):
                 _line(
                     style["name"],
                     points,
-                    legendgroup=style["group"],
+                    **_legend(style),
                     line={"color": style["color"], "dash": style["dash"]},
                     marker={"color": style["color"]},
                     hovertemplate="c=%{x}<br>%{y:" + fmt + "}<extra>%{fullData.name}</extra>",
@@ -378,7 +443,7 @@ def pareto(runs, styles, num_gpus):
                 "type": "scatter",
                 "mode": "lines+markers+text",
                 "name": style["name"],
-                "legendgroup": style["group"],
+                **_legend(style),
                 "x": [x for _, x, _ in points],
                 "y": [y for _, _, y in points],
                 "text": [f"c={c}" for c, _, _ in points],
@@ -412,28 +477,34 @@ def pareto(runs, styles, num_gpus):
 
 
 def peak_bars(runs, styles):
-    """Each run's peak output tok/s as a bar (runs without a concurrency level count too)."""
+    """Each run's peak output tok/s as a horizontal bar (runs without levels by concurrency
+    count too: the write-up gives Kimi K2's 800 → 5,800 tok/s without one)."""
     shown = [run for run in runs if run.peak is not None]
     traces = []
     if shown:
         traces.append(
             {
                 "type": "bar",
+                "orientation": "h",
                 "name": "peak output tok/s",
-                "x": [styles[run.pk]["name"] for run in shown],
-                "y": [run.peak for run in shown],
+                "y": [styles[run.pk]["name"] for run in shown],
+                "x": [run.peak for run in shown],
                 "marker": {"color": [styles[run.pk]["color"] for run in shown]},
+                "customdata": [styles[run.pk]["group"] for run in shown],
                 "text": [f"{run.peak:,.0f}" for run in shown],
                 "textposition": "outside",
-                "hovertemplate": "%{x}<br>%{y:,.0f} tok/s<extra></extra>",
+                "cliponaxis": False,
+                "hovertemplate": "%{y}<br>%{x:,.0f} tok/s<extra></extra>",
             }
         )
     return figure(
         traces,
         "Peak output throughput",
-        {"automargin": True},
         {"title": {"text": "tok/s"}, "rangemode": "tozero"},
+        {"automargin": True, "autorange": "reversed", "type": "category"},
         showlegend=False,
+        height=110 + 34 * max(len(shown), 1),
+        margin={"l": 20, "r": 60, "t": 40, "b": 45},
     )
 
 

@@ -30,7 +30,7 @@ def _int_list(text, *, field_name):
 
 class DeploymentForm(forms.ModelForm):
     # engines on a team's network are plain http more often than not
-    endpoint_url = forms.URLField(required=False, assume_scheme="http")
+    endpoint_url = forms.URLField(required=False, assume_scheme="http", label="Endpoint URL")
 
     class Meta:
         model = Deployment
@@ -57,7 +57,18 @@ class DeploymentForm(forms.ModelForm):
             "launch_args": forms.Textarea(attrs={"rows": 3}),
             "allreduce_fusion": forms.NullBooleanSelect,
         }
-        help_texts = {"gpus": "Leave empty to count the GPUs as max(tp, ep)."}
+        labels = {
+            "gpus": "GPUs used",
+            "tp": "TP",
+            "ep": "EP",
+            "launch_args": "Other launch arguments (JSON)",
+            "endpoint_url": "Endpoint URL",
+        }
+        help_texts = {
+            "gpus": "Leave empty to count the GPUs as max(tp, ep).",
+            "launch_args": 'flag → value, e.g. {"--cuda-graph-max-bs": 256}',
+            "endpoint_url": "The OpenAI-compatible server the host's worker sweeps.",
+        }
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -171,9 +182,13 @@ class NoteForm(forms.ModelForm):
 class RunFilterForm(forms.Form):
     """Filters of the runs list and of the compare page's run picker (GET)."""
 
-    model = forms.ModelChoiceField(ModelSpec.objects.none(), required=False)
-    deployment = forms.ModelChoiceField(Deployment.objects.none(), required=False)
-    host = forms.ModelChoiceField(Host.objects.none(), required=False, to_field_name="name")
+    model = forms.ModelChoiceField(ModelSpec.objects.none(), required=False, empty_label="any")
+    deployment = forms.ModelChoiceField(
+        Deployment.objects.none(), required=False, empty_label="any"
+    )
+    host = forms.ModelChoiceField(
+        Host.objects.none(), required=False, to_field_name="name", empty_label="any"
+    )
     virtualization = forms.ChoiceField(choices=(("", "any"), *VIRTUALIZATION_KINDS), required=False)
     engine = forms.ChoiceField(choices=(("", "any"), *ENGINES), required=False)
     kernel = forms.ChoiceField(label="Kernel config", required=False)

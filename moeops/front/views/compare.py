@@ -78,18 +78,17 @@ def _group_of(run, group):
 
 
 def _styles(runs, group):
-    """Per run: legend name, group, and a color shared by the group (dashes tell runs apart)."""
+    """Per run: legend name, group (titled in the legend), a color shared by the group, and
+    dashes that tell the runs of one group apart."""
     colors, counts, styles = {}, {}, {}
     for run in runs:
         key = _group_of(run, group)
         colors.setdefault(key, charts.PALETTE[len(colors) % len(charts.PALETTE)])
         n = counts[key] = counts.get(key, -1) + 1
-        name = f"{run.deployment.model.name} · {run.display_label()}"
-        if group != "run":
-            name = f"{key}: {name}"
         styles[run.pk] = {
-            "name": name,
+            "name": f"{run.deployment.model.name} · {run.display_label()}",
             "group": key,
+            "group_title": key if group != "run" else None,
             "color": colors[key],
             "dash": DASHES[n % len(DASHES)] if group != "run" else "solid",
         }
@@ -183,20 +182,25 @@ def compare(request):
         "candidates": candidates,
         "presets": _presets(),
         "csv_query": request.GET.urlencode(),
-        "figures": {
-            "throughput": charts.compare_vs_concurrency(
-                selected, styles, "output_throughput", "Output throughput vs concurrency", "tok/s"
-            ),
-            "tpot": charts.compare_vs_concurrency(
-                selected, styles, "median_tpot_ms", "p50 TPOT vs concurrency", "ms", ",.1f"
-            ),
-            "ttft": charts.compare_vs_concurrency(
-                selected, styles, "p99_ttft_ms", "p99 TTFT vs concurrency", "ms", ",.0f"
-            ),
-            "pareto": charts.pareto(selected, styles, gpus),
-            "peaks": charts.peak_bars(selected, styles),
-        },
     }
+    figures = {
+        "cmp-peaks": charts.peak_bars(selected, styles),
+        "cmp-throughput": charts.compare_vs_concurrency(
+            selected, styles, "output_throughput", "Output throughput vs concurrency", "tok/s"
+        ),
+        "cmp-pareto": charts.pareto(selected, styles, gpus),
+        "cmp-tpot": charts.compare_vs_concurrency(
+            selected, styles, "median_tpot_ms", "p50 TPOT vs concurrency", "ms", ",.1f"
+        ),
+        "cmp-ttft": charts.compare_vs_concurrency(
+            selected, styles, "p99_ttft_ms", "p99 TTFT vs concurrency", "ms", ",.0f"
+        ),
+    }
+    ctx["peaks"] = figures.pop("cmp-peaks")
+    ctx["charts"] = [(key, fig) for key, fig in figures.items() if fig["data"]]
+    ctx["missing_charts"] = [
+        fig["layout"]["title"]["text"] for fig in figures.values() if not fig["data"]
+    ]
     return render(request, "front/compare.html", ctx)
 
 

@@ -23,6 +23,17 @@ from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 
 RUNS_PER_PAGE = 50
+CHART_NAMES = {
+    "throughput": "throughput",
+    "ttft": "TTFT",
+    "tpot": "TPOT",
+    "itl": "ITL",
+    "gpu-util": "GPU utilization",
+    "gpu-power": "GPU power",
+    "engine": "engine running/queued requests",
+}
+LEVEL_CHARTS = ("throughput", "ttft", "tpot", "itl")
+TIME_CHARTS = ("gpu-util", "gpu-power", "engine")
 
 
 def _get_run_for_user(user, uuid):
@@ -83,6 +94,9 @@ def run_detail(request, uuid):
     num_gpus = run.deployment.num_gpus()
     rows = level_rows(levels, num_gpus)
     shown = filled_columns(rows)
+    figures = run_figures(run, levels)
+    # a running sweep's empty charts fill in; a finished one's stay empty, so they are named
+    drawn = {k for k, fig in figures.items() if fig["data"] or not run.is_finished}
     ctx = {
         "nav": "runs",
         "run": run,
@@ -94,7 +108,9 @@ def run_detail(request, uuid):
             (level, [(values[i], LEVEL_COLUMNS[i].digits) for i in shown]) for level, values in rows
         ],
         "hidden_columns": [c.label for i, c in enumerate(LEVEL_COLUMNS) if i not in shown],
-        "figures": run_figures(run, levels),
+        "level_charts": [(k, figures[k]) for k in LEVEL_CHARTS if k in drawn],
+        "time_charts": [(k, figures[k]) for k in TIME_CHARTS if k in drawn],
+        "missing_charts": [CHART_NAMES[k] for k in CHART_NAMES if k not in drawn],
         "findings": findings_with_figures(run.findings.select_related("note")),
         "finding_states": FINDING_STATES,
         "failures": [(level, level.errors) for level in levels if level.errors],

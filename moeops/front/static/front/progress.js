@@ -34,11 +34,15 @@
     set(box, ".progress-text", p.text || "");
     set(box, ".progress-elapsed", duration(p.elapsed_s));
     set(box, ".progress-eta", duration(p.eta_s));
-    var badge = box.querySelector(".status");
-    if (badge) {
+    // the box's own badge and the page heading's ([data-live-status]) follow the run
+    var badges = Array.from(box.querySelectorAll(".status"));
+    if (box.dataset.figures) {
+      badges = badges.concat(Array.from(document.querySelectorAll("[data-live-status]")));
+    }
+    badges.forEach(function (badge) {
       badge.textContent = state.status_display;
       badge.className = "status status-" + state.status;
-    }
+    });
     box.dataset.status = state.status;
     if (state.cancel_requested) { box.classList.add("cancel-requested"); }
     if (state.figures) {
