@@ -312,3 +312,35 @@ def test_every_page_renders_the_write_up(page, member):
     assert deployment.plan_items.get(title__startswith="Tune").status == "in_progress"
     page.click("#findings button:has-text('Confirm')")
     page.wait_for_selector("#findings .badge.state:has-text('Confirmed')")
+
+
+def test_host_page_draws_link_and_p2p_heatmaps(page, member):
+    from workers.topology import parse_nvidia_smi_topo
+
+    fixtures = Path(__file__).parent / "fixtures" / "topology"
+    matrix = (fixtures / "topo_m_8xh100_nv18_8nics.txt").read_text()
+    parsed = parse_nvidia_smi_topo(matrix)
+    host = pb.host("h100-x8", gpu_name="NVIDIA H100 80GB HBM3")
+    pb.snapshot(host, "bare_metal", "", links=parsed["links"], gpus=parsed["gpus"])
+    two = parse_nvidia_smi_topo(
+        (fixtures / "topo_m_2x5090_phb_tabs.txt").read_text(),
+        {"read": (fixtures / "p2p_2x5090_gns.txt").read_text()},
+    )
+    pb.snapshot(
+        pb.host("rtx5090-x2", gpus=2),
+        "container",
+        "lxc",
+        links=two["links"],
+        p2p=two["p2p"],
+        gpus=two["gpus"],
+    )
+    _log_in(page, member)
+    page.goto(page.base + "/hosts/h100-x8/")
+    [links] = page.evaluate(
+        "() => document.getElementById('topo-links').data.map(t => ({type: t.type, n: t.y.length}))"
+    )
+    assert links == {"type": "heatmap", "n": len(parsed["links"]["labels"])}
+    _shot(page, "22-host-8xh100-links")
+    page.goto(page.base + "/hosts/rtx5090-x2/")
+    assert _traces(page, "topo-p2p-read")[0]["n"] == 2
+    _shot(page, "23-host-2x5090-p2p")

@@ -75,3 +75,23 @@ def test_the_write_up_host_has_gpus_and_no_invented_matrices(client):
     assert html.count("NVIDIA RTX PRO 6000 Blackwell") >= 8
     assert "No link or P2P matrix in the current snapshot" in html
     assert "virtualization: vm (kvm) → container (lxc)" in html
+
+
+def test_gpu_table_takes_the_probe_first_and_the_hosts_rows_for_the_rest(client, host):
+    row, _, new = host
+    new.gpus = [
+        {
+            "index": 0,
+            "name": None,
+            "sm": "SM90",
+            "pci_bus_id": "00000000:18:00.0",
+            "pcie": {"gen_max": 5, "width_max": 16, "gen_current": 1, "width_current": 16},
+            "nvlinks_active": 18,
+        }
+    ]
+    new.save()
+    html = client.get(f"/hosts/{row.name}/").content.decode()
+    gpu0 = html.split("<tbody>")[1].split("</tr>")[0]
+    assert "NVIDIA H200" in gpu0  # the probe could not read the name; the host's row knows it
+    assert "00000000:18:00.0" in gpu0 and "Gen5 x16 / Gen1 x16" in gpu0 and ">18<" in gpu0
+    assert html.count("NVIDIA H200") >= 8

@@ -35,6 +35,41 @@ def _history(snapshots):
     return history
 
 
+def _pcie(gpu):
+    pcie = gpu.get("pcie") or {}
+    if not any(pcie.values()):
+        return None
+    return (
+        f"Gen{pcie.get('gen_max') or '?'} x{pcie.get('width_max') or '?'} / "
+        f"Gen{pcie.get('gen_current') or '?'} x{pcie.get('width_current') or '?'}"
+    )
+
+
+def gpu_rows(gpus, probed):
+    """One row per GPU index: what the current snapshot read, else what the host's GPU rows
+    hold (an nvidia-smi import knows the links, not the GPUs' names)."""
+    known = {gpu.index: gpu for gpu in gpus}
+    seen = {g.get("index"): g for g in probed if g.get("index") is not None}
+    rows = []
+    for index in sorted(known.keys() | seen.keys()):
+        row, snap = known.get(index), seen.get(index, {})
+        rows.append(
+            {
+                "index": index,
+                "name": snap.get("name") or (row.name if row else None),
+                "arch": snap.get("sm") or (row.sm if row else None),
+                "pci_bus_id": snap.get("pci_bus_id"),
+                "memory_total_mib": snap.get("memory_total_mib")
+                or (row.memory_total_mib if row else None),
+                "power_limit_w": snap.get("power_limit_w") or (row.power_limit_w if row else None),
+                "pcie": _pcie(snap),
+                "nvlinks_active": snap.get("nvlinks_active"),
+                "uuid": snap.get("uuid") or (row.uuid if row else None),
+            }
+        )
+    return rows
+
+
 @login_required
 def host_detail(request, name):
     host = _get_host_for_user(request.user, name)
@@ -59,9 +94,8 @@ def host_detail(request, name):
     ctx = {
         "nav": "hosts",
         "host": host,
-        "gpus": host.gpus.all(),
+        "gpus": gpu_rows(host.gpus.all(), current.gpus if current else []),
         "current": current,
-        "probed_gpus": current.gpus if current else [],
         "figures": figures,
         "history": [
             (snapshot, changes, runs_by_snapshot.get(snapshot.pk, []))
