@@ -28,7 +28,7 @@ UNREACHABLE_BACKOFF_MAX_S = 600
 # Ends a sweep cleanly (failed, finished levels kept) before the soft limit interrupts it.
 DEADLINE_MARGIN_S = 60
 # How often a spool that still holds pushes is tried again (s).
-REPLAY_COUNTDOWN_S = 15
+REPLAY_COUNTDOWN_S = 10
 
 
 def _retry_later(task, exc):
