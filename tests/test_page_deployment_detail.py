@@ -108,3 +108,15 @@ def test_it_lists_runs_with_compare_checkboxes(client, example):
     html = client.get(example.get_absolute_url()).content.decode()
     assert f'name="run" value="{run.uuid}"' in html
     assert 'action="/compare/"' in html
+
+
+def test_runs_without_concurrency_levels_draw_no_empty_chart(client, example):
+    from moeops.runs.models import SweepRun
+
+    kimi = SweepRun.objects.get(label__startswith="After MoE").deployment
+    html = client.get(kimi.get_absolute_url()).content.decode()
+    assert 'id="throughput-figure"' not in html
+    assert "No run has levels by concurrency" in html
+    peaks = pb.figure(html, "peaks-chart-data")["data"][0]
+    assert sorted(peaks["y"]) == [800.0, 5800.0]
+    assert peaks["mode"] == "lines+markers+text"

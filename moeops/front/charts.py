@@ -30,6 +30,7 @@ PALETTE = (
 CONCURRENCY_AXIS = {"title": {"text": "concurrency"}, "type": "log", "dtick": 0.30103}
 # Above this many points a line reads better without a marker on every point.
 MARKER_LIMIT = 60
+LABELLED_RUNS = 4
 
 
 def figure(traces, title, xaxis, yaxis, **layout):
@@ -350,11 +351,14 @@ def peaks_over_time(runs):
         traces.append(
             {
                 "type": "scatter",
-                "mode": "lines+markers",
                 "name": "peak output tok/s",
                 "x": [created.isoformat() for created, _, _ in points],
                 "y": [peak for _, peak, _ in points],
                 "text": [label for _, _, label in points],
+                # a few runs are named on the chart; more would cover each other
+                "mode": "lines+markers+text" if len(points) <= LABELLED_RUNS else "lines+markers",
+                "textposition": "middle right",
+                "textfont": {"size": 10, "color": "#667085"},
                 "hovertemplate": "%{text}<br>%{y:,.0f} tok/s<extra></extra>",
                 "marker": {"size": 8},
             }
