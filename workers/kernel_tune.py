@@ -2,17 +2,17 @@
 
 `tune_kernel(tuning_run_uuid, client=..., E=, N=, hidden_size=, topk=, ...)` claims the tuning
 run, tunes with tuning.tuner on the host's GPU (resuming from a local log when the task is
-delivered again), reports progress, and pushes the engine's config file (its exact name and
-content), the per-batch-size timings (tuned, default and floor µs) and the final status.
+delivered again), reports progress, and pushes the tuned config (the API serves it under the
+engines' exact file names), the per-batch-size timings (tuned, default and floor µs) and the
+final status.
 """
 
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 
-from workers.client import ApiError, Conflict
+from workers.client import ApiError, Conflict, Unreachable
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,6 @@ def tune_kernel(
     """
     from tuning.config_files import TUNED_BATCH_SIZES
     from tuning.search import KernelShape
-    from tuning.tuner import write_config_file
 
     claimed = _claim(client, tuning_run_uuid)
     if isinstance(claimed, str):
@@ -126,20 +125,37 @@ def tune_kernel(
             progress_callback=progress,
             resume_path=log_dir / f"{tuning_run_uuid}.json",
         )
+        if device_name and device_name != result.device_name:
+            log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)
+        config = _store_config(client, tuning_run_uuid, shape, result)
+        client.post_tuning_timings(tuning_run_uuid, timing_rows(result))
+    except Unreachable:
+        # the task tries again later; the tuning log makes the next attempt resume
+        raise
     except Exception as exc:
         client.update_tuning_run(tuning_run_uuid, status="failed", error=f"{exc!r}")
         raise
-    if device_name and device_name != result.device_name:
-        log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)
-    with tempfile.TemporaryDirectory() as out:
-        path = write_config_file(result, out, style="vllm")
-        config = client.push_kernel_config(path.name, path.read_text())
-    client.post_tuning_timings(tuning_run_uuid, timing_rows(result))
     client.update_tuning_run(
         tuning_run_uuid,
         status="succeeded",
-        result=config.get("id"),
+        result=config["id"],
         wall_s=result.wall_s,
         progress={"done": 1, "total": 1, "message": "done"},
     )
     return "succeeded"
+
+
+def _store_config(client, tuning_run_uuid, shape, result):
+    # sent now, never spooled: the tuning run needs the config's id
+    body = {
+        "device_name": result.device_name,
+        "E": shape.E,
+        "N": shape.N,
+        "dtype": shape.dtype,
+        "block_shape": list(shape.block_shape) if shape.block_shape else None,
+        "triton_version": result.triton_version,
+        "entries": {str(m): entry for m, entry in result.entries().items()},
+        "source": "tuned",
+        "provenance": f"tuned by moeops (tuning run {tuning_run_uuid}, {result.search})",
+    }
+    return client.request("POST", "/kernel-configs", body=body).json()

@@ -1,0 +1,213 @@
+"""The tasks' library ends (kernel tune, engine check) against a live server, and the check and
+probe tasks through a real Celery worker (tests/stack.py)."""
+
+import time
+
+import pytest
+
+from moeops.api.models import ApiToken
+from moeops.celery import send_host_task
+from moeops.fleet.models import Deployment, Host
+from moeops.kernels import services as kernel_services
+from moeops.kernels.models import KernelConfig, TuningRun
+from tuning.search import KernelShape
+from tuning.tuner import BatchResult, TuneResult
+from workers import kernel_tune
+from workers.client import MoeopsClient
+from workers.engine_check import check_engine
+from workers.standin import StandinConfig, start_standin_in_thread
+
+pytest_plugins = ["tests.stack"]
+
+ENTRY = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+
+
+class FakeTuner:
+    """tuning.tuner.tune's signature, with made-up timings of a tune that never ran on a GPU."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, shape, batch_sizes, *, device_index, progress_callback, resume_path):
+        self.calls.append((shape, list(batch_sizes), device_index, resume_path))
+        for done, m in enumerate(batch_sizes, 1):
+            progress_callback(done, len(batch_sizes), f"M={m}")
+        batches = {
+            m: BatchResult(
+                M=m,
+                config={**ENTRY, "BLOCK_SIZE_M": 16 * 2 ** (i - 1)},
+                tuned_us=100.0 + m,
+                default_us=150.0 + m,
+                floor_us=80.0 + m,
+                candidates_tried=40,
+            )
+            for i, m in enumerate(batch_sizes, 1)
+        }
+        return TuneResult(
+            shape=shape,
+            device_name="NVIDIA H200",
+            triton_version="3.7.1",
+            search="coarse-to-fine",
+            ceilings={"bandwidth_tbps": 4.24, "bf16_tflops": 689.0, "fp8_tflops": None},
+            batches=batches,
+            wall_s=12.5,
+        )
+
+
+@pytest.fixture
+def tune_client(live_server, tmp_path, transactional_db, monkeypatch):
+    monkeypatch.setenv("MOEOPS_TUNE_DIR", str(tmp_path / "tune"))
+    host = Host.objects.create(name="h200")
+    _, token = ApiToken.issue(name="worker", host=host)
+    with MoeopsClient(live_server.url, token, spool_dir=tmp_path / "spool") as client:
+        yield host, client
+
+
+def test_a_tune_stores_its_config_timings_and_result(tune_client, tmp_path):
+    host, client = tune_client
+    tuning_run, _ = kernel_services.tuning_run_create(
+        host=host, device_name="NVIDIA H200", E=256, N=256, hidden_size=6144, topk=8
+    )
+    tuner = FakeTuner()
+
+    outcome = kernel_tune.tune_kernel(
+        str(tuning_run.uuid),
+        client=client,
+        E=256,
+        N=256,
+        hidden_size=6144,
+        topk=8,
+        batch_sizes=[1, 64, 1024],
+        gpu_indices=[3],
+        tune=tuner,
+    )
+
+    assert outcome == "succeeded"
+    ((shape, sizes, device, resume_path),) = tuner.calls
+    assert shape == KernelShape(E=256, N=256, H=6144, top_k=8, dtype="bf16")
+    assert (sizes, device) == ([1, 64, 1024], 3)
+    assert resume_path == tmp_path / "tune" / f"{tuning_run.uuid}.json"
+    tuning_run.refresh_from_db()
+    assert tuning_run.status == "succeeded"
+    assert tuning_run.wall_s == 12.5
+    config = tuning_run.result
+    assert config.source == "tuned"
+    assert (config.device_name, config.E, config.N, config.triton_version) == (
+        "NVIDIA H200",
+        256,
+        256,
+        "3.7.1",
+    )
+    assert config.entries["64"] == {**ENTRY, "BLOCK_SIZE_M": 32}
+    assert config.file_name("vllm") == "E=256,N=256,device_name=NVIDIA_H200.json"
+    timings = {t.batch_size: t for t in tuning_run.timings.all()}
+    assert sorted(timings) == [1, 64, 1024]
+    assert (timings[64].tuned_us, timings[64].default_us, timings[64].floor_us) == (
+        164.0,
+        214.0,
+        144.0,
+    )
+
+
+def test_a_finished_tune_delivered_again_does_nothing(tune_client):
+    host, client = tune_client
+    tuning_run, _ = kernel_services.tuning_run_create(
+        host=host, E=8, N=64, hidden_size=128, topk=2, status="succeeded"
+    )
+    tuner = FakeTuner()
+
+    outcome = kernel_tune.tune_kernel(
+        str(tuning_run.uuid), client=client, E=8, N=64, hidden_size=128, topk=2, tune=tuner
+    )
+
+    assert outcome == "succeeded"
+    assert tuner.calls == []
+    assert not KernelConfig.objects.exists()
+
+
+def test_a_tune_that_raises_fails_its_run_with_the_reason(tune_client):
+    host, client = tune_client
+    tuning_run, _ = kernel_services.tuning_run_create(host=host, E=8, N=64, hidden_size=128, topk=2)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: out of memory")
+
+    with pytest.raises(RuntimeError):
+        kernel_tune.tune_kernel(
+            str(tuning_run.uuid), client=client, E=8, N=64, hidden_size=128, topk=2, tune=broken
+        )
+    tuning_run = TuningRun.objects.get(pk=tuning_run.pk)
+    assert tuning_run.status == "failed"
+    assert "out of memory" in tuning_run.error
+
+
+@pytest.fixture
+def standin():
+    url, stop = start_standin_in_thread(StandinConfig(model="glm-5"))
+    yield url
+    stop()
+
+
+def test_the_engine_check_tells_healthy_from_wrong_model_from_down(standin):
+    healthy = check_engine(standin, "glm-5")
+    assert healthy["status"] == "healthy"
+    assert healthy["models"] == ["glm-5"]
+    assert healthy["max_running_requests"] == 64
+
+    wrong = check_engine(standin, "kimi-k2")
+    assert wrong["status"] == "degraded"
+    assert "not 'kimi-k2'" in wrong["detail"]
+
+    down = check_engine("http://127.0.0.1:9")
+    assert down["status"] == "failed"
+    assert "did not answer" in down["detail"]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_the_worker_probes_its_host_on_start_and_checks_deployments(sweep_stack):
+    stack = sweep_stack
+    # workers.probe_host ran when the worker started: the host has a snapshot from the probe
+    stack.worker.wait_for_log("workers.probe_host", timeout=30)
+    stack.worker.wait_for_log("succeeded in", timeout=30)
+    snapshot = stack.host.current_topology()
+    assert snapshot is not None and snapshot.source == "probe"
+
+    deployment = stack.deployment
+    send_host_task(
+        "check_deployment",
+        stack.host,
+        kwargs={"deployment": deployment.pk, "base_url": stack.standin_url, "model": "nope"},
+    )
+    stack.worker.wait_for_log("workers.check_deployment", timeout=30)
+    deployment = _wait_for_status(deployment, "degraded")
+    assert "not 'nope'" in deployment.status_detail
+
+    send_host_task(
+        "check_deployment",
+        stack.host,
+        kwargs={
+            "deployment": deployment.pk,
+            "base_url": stack.standin_url,
+            "model": "glm-5-standin",
+        },
+    )
+    deployment = _wait_for_status(deployment, "healthy")
+    assert deployment.status_detail == "healthy; serves glm-5-standin"
+
+
+def _wait_for_status(deployment, status, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        deployment = Deployment.objects.get(pk=deployment.pk)
+        if deployment.status == status:
+            return deployment
+        time.sleep(0.2)
+    raise AssertionError(f"deployment stayed {deployment.status}: {deployment.status_detail}")
