@@ -140,10 +140,8 @@ def _run(deployment, label, snapshot, levels, parameters):
     return run
 
 
-@transaction.atomic
-def load_example_data():
-    """Create or refresh the write-up's example data; running it twice changes nothing."""
-    glm5 = _model(
+def _glm5():
+    return _model(
         "GLM-5-NVFP4",
         "nvidia/GLM-5-NVFP4",
         "glm-5-fp8_config.json",
@@ -151,6 +149,12 @@ def load_example_data():
         provenance=WRITEUP + "; config.json of GLM-5-FP8 (same architecture), quantization "
         "from nvidia/GLM-5-NVFP4's hf_quant_config.json",
     )
+
+
+@transaction.atomic
+def load_example_data():
+    """Create or refresh the write-up's example data; running it twice changes nothing."""
+    glm5 = _glm5()
     kimi = _model("Kimi-K2-Instruct", "moonshotai/Kimi-K2-Instruct", "kimi-k2-instruct_config.json")
     host = _host()
     now = timezone.now()
@@ -251,3 +255,53 @@ def load_example_data():
             },
         )
     return glm_deployment
+
+
+# --------------------------------------------------------------------------- stand-in (make run)
+
+STANDIN = (
+    "A stand-in engine started by `make run` (python -m workers.standin): a test double that "
+    "behaves like a continuous-batching server, not a real engine; its numbers are not data"
+)
+STANDIN_HOST = "local"
+STANDIN_DEPLOYMENT = "GLM-5 (stand-in)"
+STANDIN_MODEL_NAME = "glm-5-standin"
+STANDIN_MAX_RUNNING_REQUESTS = 64
+
+
+@transaction.atomic
+def load_standin_deployment(port=30000):
+    """The host "local" (this machine's worker) and the deployment "GLM-5 (stand-in)" that
+    points at the stand-in engine on 127.0.0.1:port, so that a new user can sweep something.
+
+    Not write-up data: everything here carries the STANDIN provenance. Returns the deployment.
+    """
+    host, _ = Host.objects.update_or_create(
+        name=STANDIN_HOST,
+        defaults={
+            "description": "This machine: the worker `make run` starts (queue host.local)",
+            "provenance": STANDIN,
+        },
+    )
+    fields = {
+        "model": ModelSpec.objects.filter(name="GLM-5-NVFP4").first() or _glm5(),
+        "host": host,
+        "engine": "other",
+        "engine_version": "moeops stand-in",
+        "tp": 8,
+        "max_running_requests": STANDIN_MAX_RUNNING_REQUESTS,
+        "endpoint_url": f"http://127.0.0.1:{port}",
+        "served_model_name": STANDIN_MODEL_NAME,
+        "provenance": STANDIN,
+    }
+    # the status is the worker's health check to keep, once it has run
+    deployment, _ = Deployment.objects.update_or_create(
+        name=STANDIN_DEPLOYMENT,
+        defaults=fields,
+        create_defaults={
+            **fields,
+            "status": "planned",
+            "status_detail": "a stand-in engine for trying moeops out; not a real server",
+        },
+    )
+    return deployment
