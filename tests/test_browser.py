@@ -28,6 +28,8 @@ KERNEL_FILE = (
     "dtype=fp8_w8a8,block_shape=[128,128].json"
 )
 PASSWORD = "pw-browser-123"
+# the real sweep path (live server, Redis, GPU-host Celery worker, stand-in engine)
+pytest_plugins = ["tests.stack"]
 
 pytestmark = [
     pytest.mark.browser,
@@ -223,6 +225,36 @@ def test_a_sweep_started_from_the_page_shows_live_progress_to_the_end(page, memb
     assert page.locator(".progress").count() == 0
     assert {t["name"]: t["n"] for t in _traces(page, "throughput")} == {"output": 3, "total": 3}
     _shot(page, "05-sweep-finished")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+def test_a_sweep_against_the_standin_engine_runs_to_the_end_in_the_browser(
+    page, member, sweep_stack
+):
+    deployment = sweep_stack.deployment
+    _log_in(page, member)
+    page.goto(page.base + deployment.get_absolute_url())
+    page.click("summary:has-text('Run sweep')")
+    page.fill("input[name=levels]", "8,16,64")
+    page.fill("input[name=input_len]", "16")
+    page.fill("input[name=output_len]", "32")
+    page.fill("input[name=prompts_per_level]", "64")
+    page.fill("input[name=warmup]", "2")
+    page.click("button:has-text('Start sweep')")
+    page.wait_for_selector(".progress")
+    page.wait_for_selector(".progress-text:has-text('level')", timeout=60_000)
+    _shot(page, "24-standin-sweep-running")
+    # the bar reaches the end, then the page reloads with the finished run
+    with page.expect_navigation(timeout=150_000):
+        page.wait_for_selector("[role=progressbar][aria-valuenow='100']", timeout=150_000)
+    page.wait_for_selector("table.levels")
+    run = SweepRun.objects.get(deployment=deployment)
+    assert run.status == "succeeded", run.error
+    assert page.locator("table.levels tbody tr").count() == 3
+    assert {t["name"]: t["n"] for t in _traces(page, "throughput")}["output"] == 3
+    assert {t["name"] for t in _traces(page, "engine")} == {"running", "queued"}
+    _shot(page, "25-standin-sweep-finished")
 
 
 def test_compare_two_runs_shows_both_lines(page, member):

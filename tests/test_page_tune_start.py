@@ -81,6 +81,13 @@ def test_the_tune_page_shows_progress_then_timings(client, deployment, sent):
     state = client.get(f"/tunes/{tuning.uuid}/status.json").json()
     assert state["progress"]["fraction"] == 0.5
     assert state["progress"]["text"] == "1 of 2 done, tuning M=64"
+    # the worker's tune_kernel reports {done, total, message}
+    TuningRun.objects.filter(pk=tuning.pk).update(
+        progress={"done": 3, "total": 4, "message": "M=64: 212 candidates"}
+    )
+    state = client.get(f"/tunes/{tuning.uuid}/status.json").json()
+    assert state["progress"]["fraction"] == 0.75
+    assert state["progress"]["text"] == "3 of 4 done — M=64: 212 candidates"
 
     TuningTiming.objects.create(
         run=tuning, batch_size=1, tuned_us=20.0, default_us=30.0, floor_us=18.0

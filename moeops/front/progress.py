@@ -117,6 +117,8 @@ def tuning_progress(tuning_run, timings_count=0, now=None):
         text = f"{int(done)} of {int(total)} done"
         if _number(p.get("batch_size")) is not None:
             text += f", tuning M={int(p['batch_size'])}"
+        if isinstance(p.get("message"), str) and p["message"]:
+            text += f" — {p['message']}"
     return {
         "done": done,
         "total": total,
