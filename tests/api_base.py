@@ -3,9 +3,12 @@
 Each API test file makes it a fixture with `world = pytest.fixture(make_world)`-style one-liners.
 """
 
+import contextlib
 import json
 from dataclasses import dataclass
 
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
 from django.test import Client
 
 from moeops.api.models import ApiToken
@@ -46,6 +49,20 @@ class ApiClient:
 
     def patch(self, path, body=None, **kwargs):
         return self._send("patch", path, body, **kwargs)
+
+
+@contextlib.contextmanager
+def wsgi_in_test_transaction():
+    """Let requests sent straight to the WSGI app (httpx, schemathesis) run inside the test's
+    transaction: Django closes a connection at a request's end when it is inside atomic(),
+    as Django's own test client prevents in the same way."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
 
 
 @dataclass

@@ -251,14 +251,15 @@ class SnapshotGPU(LooseIn):
 
 
 class Affinity(LooseIn):
-    gpu: text(100) | None = None
+    # the diff keys affinity by GPU label and NICs by name, so neither may be missing
+    gpu: text(100, min_length=1)
     cpu: text(1000) | None = None
     numa: text(100) | None = None
     gpu_numa: text(100) | None = None
 
 
 class NIC(LooseIn):
-    name: text(100) | None = None
+    name: text(100, min_length=1)
     device: text(100) | None = None
 
 
@@ -461,8 +462,8 @@ class DeploymentOut(Schema):
 
 
 class DeploymentFilter(CreatedRange):
-    host: str | None = Field(None, description="host name")
-    model: str | None = Field(None, description="model name")
+    host: text(200) | None = Field(None, description="host name")
+    model: text(200) | None = Field(None, description="model name")
     status: DeploymentStatus | None = None
     engine: Engine | None = None
 

@@ -96,7 +96,7 @@ class FindingOut(Schema):
 
 
 class FindingFilter(CreatedRange):
-    deployment: str | None = Field(None, description="deployment name")
+    deployment: text(200) | None = Field(None, description="deployment name")
     run: int | None = Field(None, ge=1, le=lookups.MAX_ID, description="run id")
     kind: FindingKind | None = None
     state: FindingState | None = None
@@ -195,7 +195,7 @@ class PlanItemOut(Schema):
 
 
 class PlanItemFilter(CreatedRange):
-    deployment: str | None = Field(None, description="deployment name")
+    deployment: text(200) | None = Field(None, description="deployment name")
     status: PlanStatus | None = None
 
 

@@ -92,9 +92,9 @@ class KernelConfigOut(Schema):
 
 
 class KernelConfigFilter(CreatedRange):
-    device_name: str | None = None
-    E: int | None = None
-    N: int | None = None
+    device_name: text(200) | None = None
+    E: Size | None = None
+    N: Size | None = None
     dtype: KernelDtype | None = None
     source: ConfigSource | None = None
 
@@ -261,8 +261,8 @@ class TimingsRecorded(Schema):
 
 
 class TuningRunFilter(CreatedRange):
-    host: str | None = Field(None, description="host name")
-    deployment: str | None = Field(None, description="deployment name")
+    host: text(200) | None = Field(None, description="host name")
+    deployment: text(200) | None = Field(None, description="deployment name")
     status: TuningStatus | None = None
 
 

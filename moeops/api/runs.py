@@ -131,9 +131,9 @@ class RunOut(Schema):
 
 
 class RunFilter(CreatedRange):
-    deployment: str | None = Field(None, description="deployment name or id")
-    host: str | None = Field(None, description="host name")
-    model: str | None = Field(None, description="model name")
+    deployment: text(200) | None = Field(None, description="deployment name or id")
+    host: text(200) | None = Field(None, description="host name")
+    model: text(200) | None = Field(None, description="model name")
     status: RunStatus | None = None
     source: RunSource | None = None
 

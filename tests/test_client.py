@@ -1,0 +1,269 @@
+import json
+
+import httpx
+import pytest
+
+from moeops.api.models import ApiToken
+from moeops.kernels.models import KernelConfig
+from moeops.runs.models import LevelResult, SweepRun, TelemetrySample
+from moeops.wsgi import application
+from tests.api_base import make_world, wsgi_in_test_transaction
+from workers.client import ApiError, Conflict, MoeopsClient, NotFound, Unreachable
+
+ENTRY = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+
+
+class Switchable(httpx.BaseTransport):
+    """The Django app in-process, with a switch that makes it unreachable or failing."""
+
+    def __init__(self):
+        self.app = httpx.WSGITransport(app=application)
+        self.down = False
+        self.fail_with = []  # statuses to answer before reaching the app
+        self.requests = []
+
+    def handle_request(self, request):
+        self.requests.append((request.method, request.url.path))
+        if self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        if self.fail_with:
+            status = self.fail_with.pop(0)
+            return httpx.Response(status, headers={"Retry-After": "2"}, json={"detail": "busy"})
+        return self.app.handle_request(request)
+
+
+@pytest.fixture
+def world(db):
+    with wsgi_in_test_transaction():
+        yield make_world()
+
+
+@pytest.fixture
+def transport():
+    return Switchable()
+
+
+@pytest.fixture
+def sleeps():
+    return []
+
+
+@pytest.fixture
+def client(world, transport, sleeps, tmp_path):
+    with MoeopsClient(
+        "http://testserver",
+        world.host_token,
+        spool_dir=tmp_path / "spool",
+        transport=transport,
+        sleep=sleeps.append,
+    ) as client:
+        yield client
+
+
+def _samples(n):
+    return [{"gpu_index": i % 8, "ts": 1.7e9 + i // 8, "gpu_util": 0.0} for i in range(n)]
+
+
+def test_it_runs_a_sweep_through_the_api(client, world):
+    run = client.create_run("glm-5-sglang", label="c32", parameters={"levels": [32]})
+    assert run["status"] == "queued" and run["host"] == "rtx-pro-6000"
+    assert client.update_run(run["uuid"], status="running")["status"] == "running"
+    level = {"concurrency": 32, "request_rate": float("inf"), "output_throughput": 512.5}
+    assert client.post_level(run["uuid"], level)["key"] == "c=32,r=inf"
+    client.post_telemetry(run["uuid"], _samples(16), batch_id="t1")
+    client.post_engine_samples(run["uuid"], [{"ts": 1.7e9, "running": 32.0}], batch_id="e1")
+    done = client.update_run(run["uuid"], status="succeeded", progress={"levels_done": 1})
+    assert done["status"] == "succeeded"
+    assert [lv["request_rate"] for lv in client.get_levels(run["uuid"])] == [None]
+    assert client.get_run(run["id"])["level_count"] == 1
+    assert client.list_runs(deployment="glm-5-sglang")["count"] == 1
+
+
+def test_it_raises_conflict_on_an_illegal_move(client, world):
+    run = world.run(status="succeeded")
+    with pytest.raises(Conflict, match="cannot become running"):
+        client.update_run(str(run.uuid), status="running")
+    assert not client.spool.entries()
+
+
+def test_it_raises_a_4xx_instead_of_spooling_it(client, world):
+    other = world.run(deployment=world.other_deployment)
+    with pytest.raises(ApiError) as caught:
+        client.post_level(str(other.uuid), {"concurrency": 8, "output_throughput": 1.0})
+    assert caught.value.status == 403
+    with pytest.raises(NotFound):
+        client.get_run("6f0c7f6e-55a4-4b42-9a3f-3d1f9f3c0d10")
+    assert not client.spool.entries()
+
+
+def test_it_retries_connection_errors_with_backoff(client, transport, sleeps, world):
+    transport.down = True
+    calls = []
+    original = transport.handle_request
+
+    def flaky(request):
+        calls.append(request)
+        if len(calls) == 3:
+            transport.down = False
+        return original(request)
+
+    transport.handle_request = flaky
+    run = world.run()
+    assert client.get_run(run.pk)["id"] == run.pk
+    assert len(calls) == 3
+    assert [round(s, 1) for s in sleeps] == [
+        pytest.approx(0.5, abs=0.06),
+        pytest.approx(1.0, abs=0.11),
+    ]
+
+
+def test_it_retries_5xx_and_429_honouring_retry_after(client, transport, sleeps, world):
+    transport.fail_with = [503, 429]
+    run = world.run()
+    assert client.get_run(run.pk)["id"] == run.pk
+    assert sleeps == [2.0, 2.0]
+
+
+def test_it_gives_up_after_its_retries(client, transport, sleeps, world):
+    transport.fail_with = [500] * 10
+    with pytest.raises(Unreachable, match="500: busy"):
+        client.get_run(1)
+    assert len(sleeps) == 4
+    assert [s for s in sleeps if s > 30] == []
+
+
+def test_it_spools_pushes_while_the_web_tier_is_down_and_replays_them_once(
+    client, transport, world
+):
+    transport.down = True
+    run = client.create_run("glm-5-sglang", label="offline")
+    assert run["spooled"] is True
+    client.update_run(run["uuid"], status="running")
+    client.post_level(run["uuid"], {"concurrency": 64, "output_throughput": 879.0})
+    client.post_telemetry(run["uuid"], _samples(40), batch_id="b1")
+    client.update_run(run["uuid"], status="succeeded")
+    assert len(client.spool.entries()) == 5
+    assert not SweepRun.objects.exists()
+
+    transport.down = False
+    assert client.replay_spool() == (5, 0)
+    stored = SweepRun.objects.get(uuid=run["uuid"])
+    assert stored.status == "succeeded"
+    assert LevelResult.objects.get(run=stored).output_throughput == 879.0
+    assert TelemetrySample.objects.filter(run=stored).count() == 40
+    assert client.replay_spool() == (0, 0)
+
+    # the same pushes again (a worker that did not know they arrived) store nothing new
+    client.post_telemetry(run["uuid"], _samples(40), batch_id="b1")
+    client.post_level(run["uuid"], {"concurrency": 64, "output_throughput": 879.0})
+    assert TelemetrySample.objects.count() == 40 and LevelResult.objects.count() == 1
+
+
+def test_a_new_push_waits_behind_the_spool(client, transport, world):
+    transport.down = True
+    run = client.create_run("glm-5-sglang")
+    transport.down = False
+    # the run must exist before its level arrives: the spooled create goes first
+    answer = client.post_level(run["uuid"], {"concurrency": 8, "output_throughput": 1.0})
+    assert answer["key"] == "c=8,r=inf"
+    assert [path for method, path in transport.requests if method == "POST"][-2:] == [
+        "/api/v1/runs",
+        f"/api/v1/runs/{run['uuid']}/levels",
+    ]
+    assert not client.spool.entries()
+
+
+def test_a_refused_spooled_push_is_set_aside(client, transport, world, tmp_path):
+    finished = world.run(status="failed")
+    queued = world.run()
+    transport.down = True
+    client.update_run(str(finished.uuid), status="running")
+    client.update_run(str(queued.uuid), status="running")
+    transport.down = False
+    assert client.replay_spool() == (1, 0)
+    rejected = sorted((tmp_path / "spool" / "rejected").iterdir())
+    assert len(rejected) == 2
+    reason = [p for p in rejected if p.suffix == ".txt"][0].read_text()
+    assert reason.startswith("409: ")
+    queued.refresh_from_db()
+    assert queued.status == "running"
+
+
+def test_the_spool_outlives_the_worker_process(world, transport, tmp_path):
+    transport.down = True
+    options = {"spool_dir": tmp_path, "transport": transport, "sleep": lambda s: None}
+    with MoeopsClient("http://testserver", world.host_token, **options) as first:
+        run = first.create_run("glm-5-sglang")
+    transport.down = False
+    with MoeopsClient("http://testserver", world.host_token, **options) as second:
+        assert second.replay_spool() == (1, 0)
+    assert SweepRun.objects.filter(uuid=run["uuid"]).exists()
+
+
+def test_without_a_spool_an_outage_raises(world, transport):
+    transport.down = True
+    client = MoeopsClient(
+        "http://testserver",
+        world.host_token,
+        spool=False,
+        transport=transport,
+        sleep=lambda s: None,
+    )
+    with pytest.raises(Unreachable, match="ConnectError"):
+        client.post_level("1", {"concurrency": 1, "output_throughput": 1.0})
+
+
+def test_it_splits_large_telemetry_into_stable_batches(client, world):
+    run = world.run(status="running")
+    answers = client.post_telemetry(str(run.uuid), _samples(12_000), batch_id="big")
+    assert [a["batch_id"] for a in answers] == ["big.0", "big.1", "big.2"]
+    assert [a["count"] for a in answers] == [5000, 5000, 2000]
+    client.post_telemetry(str(run.uuid), _samples(12_000), batch_id="big")
+    assert TelemetrySample.objects.filter(run=run).count() == 12_000
+
+
+def test_it_pushes_and_exports_kernel_configs(client, world):
+    name = "E=256,N=256,device_name=NVIDIA_H200.json"
+    text = json.dumps({"triton_version": "3.7.1", "1": ENTRY}, indent=4) + "\n"
+    pushed = client.push_kernel_config(name, text)
+    assert pushed["version"] == 1
+    assert client.push_kernel_config(name, json.loads(text))["id"] == pushed["id"]
+    file_name, path, content = client.export_kernel_config(pushed["id"], style="sglang")
+    assert file_name == name
+    assert path == f"triton_3_7_1/{name}"
+    assert json.loads(content) == {"1": ENTRY}
+    assert KernelConfig.objects.count() == 1
+
+
+def test_it_records_a_tuning_run(client, world):
+    tuning = client.post_tuning_run(
+        host="rtx-pro-6000", E=256, N=256, hidden_size=6144, topk=8, batch_sizes=[1, 64]
+    )
+    client.update_tuning_run(tuning["uuid"], status="running", progress={"batch_size": 1})
+    client.post_tuning_timings(tuning["uuid"], [{"batch_size": 1, "tuned_us": 24.0}])
+    done = client.update_tuning_run(tuning["uuid"], status="succeeded", wall_s=30.5)
+    assert done["status"] == "succeeded" and done["timings"][0]["tuned_us"] == 24.0
+
+
+def test_it_records_topology_and_gpus(client, world):
+    matrix = "\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X \n"
+    recorded = client.post_topology("rtx-pro-6000", nvidia_smi_topo=matrix)
+    assert recorded["created"] is True
+    assert client.post_topology("rtx-pro-6000", nvidia_smi_topo=matrix)["created"] is False
+    gpus = client.post_gpus("rtx-pro-6000", [{"index": 0, "name": "NVIDIA RTX PRO 6000"}])
+    assert gpus["updated"] == 1
+
+
+def test_a_token_from_the_environment_is_used(world, transport, monkeypatch):
+    monkeypatch.setenv("MOEOPS_URL", "http://testserver/")
+    monkeypatch.setenv("MOEOPS_TOKEN", world.owner_token)
+    with MoeopsClient(spool=False, transport=transport) as client:
+        assert client.list_runs()["count"] == 0
+    assert ApiToken.objects.get(name="owner").last_used is not None
