@@ -84,7 +84,7 @@ def runs(client, args):
             run["uuid"][:8],
             run["status"],
             run["source"],
-            str(run["level_count"] or 0),
+            str(run["level_count"]),
             f"{run['peak_output_throughput']:,.1f}" if run["peak_output_throughput"] else "-",
             run["created"][:19].replace("T", " "),
             run["label"],

@@ -106,7 +106,7 @@ class RunOut(Schema):
     created: dt.datetime
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
-    level_count: int | None = None
+    level_count: int = Field(0, description="levels stored")
     peak_output_throughput: float | None = Field(None, description="tok/s, best level")
 
     @staticmethod
