@@ -32,15 +32,6 @@ def duration(seconds):
     return f"{hours} h {minutes:02d} min"
 
 
-@register.filter
-def get(mapping, key):
-    """mapping[key] in a template, None when absent."""
-    try:
-        return mapping.get(key)
-    except AttributeError:
-        return None
-
-
 @register.simple_tag
 def chart(fig, element_id, data_id=None, css_class="chart"):
     """A plotly chart: the element charts.js draws and the figure's JSON (id `data_id`)."""
