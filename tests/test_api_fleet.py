@@ -255,3 +255,11 @@ def test_host_token_cannot_create_hosts_or_deployments(world):
     body = {"name": "x", "model": "GLM-5", "host": "rtx-pro-6000"}
     assert world.host_worker.post("/api/v1/deployments", body).status_code == 403
     assert not Host.objects.filter(name="new").exists()
+
+
+def test_it_names_the_p2p_text_that_is_malformed(world):
+    matrix = (TOPOLOGY / "topo_m_2x5090_phb_tabs.txt").read_text()
+    body = {"nvidia_smi_topo": matrix, "nvidia_smi_p2p": {"write": "GPU0 GPU1\nGPU0 X\n"}}
+    response = world.host_worker.post("/api/v1/hosts/rtx-pro-6000/topology", body)
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("nvidia_smi_p2p.write: p2p write, line ")

@@ -136,7 +136,12 @@ def bad_config(request, exc, api):
 
 
 def bad_topology(request, exc, api):
-    return api.create_response(request, {"detail": f"nvidia_smi_topo: {exc}"}, status=400)
+    # the parser names its source: "topology matrix" or "p2p read" (and write, nvlink, …)
+    if exc.source.startswith("p2p "):
+        field = f"nvidia_smi_p2p.{exc.source.removeprefix('p2p ')}"
+    else:
+        field = "nvidia_smi_topo"
+    return api.create_response(request, {"detail": f"{field}: {exc}"}, status=400)
 
 
 def bad_result_file(request, exc, api):

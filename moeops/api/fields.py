@@ -69,7 +69,6 @@ SmallInt = Annotated[int, Field(ge=0, le=MAX_SMALL_INT)]
 BigInt = Annotated[int, Field(ge=0, le=MAX_BIG_INT)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
 JsonList = Annotated[list[Any], AfterValidator(_storable_json)]
-JsonValue = Annotated[Any, AfterValidator(_storable_json)]
 
 
 class In(BaseModel):

@@ -13,6 +13,7 @@ from pydantic import AfterValidator, Field
 from moeops.api import lookups
 from moeops.api.auth import WRITE, require_write
 from moeops.api.fields import (
+    BigInt,
     CreatedRange,
     EpochSeconds,
     In,
@@ -265,8 +266,8 @@ class LevelIn(In):
     failed: PosInt = 0
     errors: dict[text(300), PosInt] = Field({}, description="failure reason → count")
     duration: float | None = Field(None, description="s")
-    total_input_tokens: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
-    total_output_tokens: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    total_input_tokens: BigInt | None = None
+    total_output_tokens: BigInt | None = None
     usage_reported: bool | None = None
     request_throughput: float | None = None
     output_throughput: float | None = None
