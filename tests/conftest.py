@@ -58,3 +58,12 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("postgresql"):
         db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _web_tasks_run_inline():
+    # Analysis after a run finishes runs in-process in tests; the e2e tests start real workers.
+    from moeops.celery import app
+
+    app.conf.task_always_eager = True
+    yield

@@ -17,7 +17,8 @@ PREVIOUS_RUNS_SCANNED = 200
 def enqueue_analysis(run):
     """Analyze `run` on the web-side worker once the current transaction commits."""
     run_id = run.pk
-    transaction.on_commit(lambda: tasks.analyze_run.delay(run_id))
+    # robust: a broker that is down must not fail the request that finished the run
+    transaction.on_commit(lambda: tasks.analyze_run.delay(run_id), robust=True)
 
 
 def run_analyze(*, run) -> list[Finding]:

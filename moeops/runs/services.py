@@ -6,6 +6,7 @@ from operator import itemgetter
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from moeops.insights import services as insights_services
 from moeops.runs import importers
 from moeops.runs.models import (
     FINISHED_STATUSES,
@@ -85,6 +86,8 @@ def run_transition(*, run, status, error=""):
         raise RunConflict(f"run {run.pk} changed meanwhile: it is now {run.status}")
     for key, value in changes.items():
         setattr(run, key, value)
+    if status in FINISHED_STATUSES:
+        insights_services.enqueue_analysis(run)
     return run
 
 
@@ -232,4 +235,5 @@ def run_import(*, deployment, fmt, text, label="", file_name="", provenance=""):
             key = level_key(fields["concurrency"], fields["request_rate"])
             rows.append(LevelResult(run=run, key=key, **fields))
         LevelResult.objects.bulk_create(rows)
+        insights_services.enqueue_analysis(run)
     return run, True
