@@ -14,17 +14,11 @@ SUBCOMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The CLI's parser, with a subparser for each subcommand module that exists."""
+    """The CLI's parser, with a subparser for each subcommand module."""
     parser = argparse.ArgumentParser(prog="python -m tuning", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command, module_name in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            # tuner.py and bench.py are still being written; skip only their own absence.
-            if exc.name != module_name:
-                raise
-            continue
+        module = importlib.import_module(module_name)
         summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else None
         subparser = subparsers.add_parser(command, help=summary, description=summary)
         module.add_arguments(subparser)

@@ -207,8 +207,21 @@ def load_example_data():
     sweep.save(update_fields=["telemetry_status", "telemetry_detail"])
 
     # Kimi K2: the write-up gives no concurrency for these two figures, so none is stored.
-    _run(kimi_deployment, "Before MoE kernel tuning (write-up)", kvm, [(None, 800.0)], {})
-    _run(kimi_deployment, "After MoE kernel tuning for SM120 (write-up)", kvm, [(None, 5800.0)], {})
+    # No config file is on record, so the kernel is marked in the parameters (compare presets).
+    _run(
+        kimi_deployment,
+        "Before MoE kernel tuning (write-up)",
+        kvm,
+        [(None, 800.0)],
+        {"moe_kernel": "default"},
+    )
+    _run(
+        kimi_deployment,
+        "After MoE kernel tuning for SM120 (write-up)",
+        kvm,
+        [(None, 5800.0)],
+        {"moe_kernel": "tuned"},
+    )
 
     Finding.objects.update_or_create(
         deployment=glm_deployment,
