@@ -183,14 +183,20 @@ def _batch_record(*, run, batch_id, kind, model, samples):
 
 
 def telemetry_record(*, run, batch_id, samples):
-    """(TelemetryBatch, created): store GPU samples (dicts of TelemetrySample fields) once."""
+    """(TelemetryBatch, created): store GPU samples once per batch id.
+
+    samples: dicts holding every TelemetrySample field but run (None where unknown).
+    """
     return _batch_record(
         run=run, batch_id=batch_id, kind="gpu", model=TelemetrySample, samples=samples
     )
 
 
 def engine_samples_record(*, run, batch_id, samples):
-    """(TelemetryBatch, created): store engine /metrics samples (EngineSample fields) once."""
+    """(TelemetryBatch, created): store engine /metrics samples once per batch id.
+
+    samples: dicts holding every EngineSample field but run (None where unknown).
+    """
     return _batch_record(
         run=run, batch_id=batch_id, kind="engine", model=EngineSample, samples=samples
     )
