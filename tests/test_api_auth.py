@@ -99,7 +99,11 @@ def test_the_schema_and_docs_are_served(world):
     assert body["info"]["title"] == "moeops"
     assert body["components"]["securitySchemes"]["TokenAuth"]["scheme"] == "bearer"
     assert "/api/v1/runs/{ref}/telemetry" in body["paths"]
-    assert world.anonymous.get("/api/v1/docs").status_code == 200
+    docs = world.anonymous.get("/api/v1/docs")
+    assert docs.status_code == 200
+    # Swagger UI comes from the installed django-ninja, never from a CDN (there is no internet)
+    assert "/static/ninja/swagger-ui-bundle.js" in docs.content.decode()
+    assert world.anonymous.get("/static/ninja/swagger-ui-bundle.js").status_code == 200
 
 
 def test_create_token_prints_a_token_once(world):
