@@ -137,14 +137,80 @@ def test_it_handles_experts_with_no_tokens():
     assert _relative_error(out, moe_reference(x, w1, w2, topk_weights, topk_ids)) < 1e-5
 
 
-@pytest.mark.parametrize("block_m", [16, 32, 64])
-def test_sort_and_pad_puts_every_pair_once_in_its_experts_blocks(block_m):
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize(
+    # 150·8 pairs take the sort-and-pad of several chunks (three launches)
+    ("M", "top_k"),
+    [(1, 1), (1, 8), (7, 3), (150, 8)],
+)
+def test_both_top_k_sums_match_the_reference(M, top_k, deterministic):
+    x, w1, w2, topk_weights, topk_ids = _layer(M, 8, 16, 32, top_k, "fp32", seed=M)
+
+    out = _poisoned_run(
+        x,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        config=SMALL,
+        dtype="fp32",
+        deterministic=deterministic,
+    )
+
+    assert _relative_error(out, moe_reference(x, w1, w2, topk_weights, topk_ids)) < 1e-5
+
+
+def test_the_atomic_sum_skips_the_rounding_of_each_pairs_row():
+    """The deterministic path rounds every pair's row to fp16 before the sum; the atomic one
+    adds the float32 rows."""
+    x, w1, w2, topk_weights, topk_ids = _layer(21, 6, 16, 48, 4, "fp16", seed=4)
+    kwargs = {"config": SMALL, "dtype": "fp16"}
+
+    atomic = _poisoned_run(x, w1, w2, topk_weights, topk_ids, **kwargs)
+    ordered = _poisoned_run(x, w1, w2, topk_weights, topk_ids, deterministic=True, **kwargs)
+
+    ref = moe_reference(x, w1, w2, topk_weights, topk_ids)
+    assert _relative_error(atomic, ref) <= _relative_error(ordered, ref) < TOLERANCE["fp16"]
+
+
+def test_gemm_2_runs_its_own_config():
+    x, w1, w2, topk_weights, topk_ids = _layer(37, 8, 48, 64, 4, "fp16", seed=6)
+    # K = N = 48 is no multiple of 32: the masked K loop of GEMM 2 only
+    down = {**SMALL, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 4, "num_stages": 2}
+
+    out = _poisoned_run(
+        x, w1, w2, topk_weights, topk_ids, config=SMALL, down_config=down, dtype="fp16"
+    )
+
+    ref = moe_reference(x, w1, w2, topk_weights, topk_ids)
+    assert _relative_error(out, ref) < TOLERANCE["fp16"]
+
+
+def test_gemm_2_must_share_block_size_m():
+    x, w1, w2, topk_weights, topk_ids = _layer(4, 4, 16, 32, 2, "fp32")
+    down = {**SMALL, "BLOCK_SIZE_M": 32}
+
+    with pytest.raises(ValueError, match="BLOCK_SIZE_M"):
+        fm.fused_moe(
+            x, w1, w2, topk_weights, topk_ids, config=SMALL, down_config=down, dtype="fp32"
+        )
+
+
+@pytest.mark.parametrize(
+    ("block_m", "pair_chunk"),
+    # one chunk (one launch); 8 chunks; 31 chunks, more than one prefix-sum tile of 16 rows
+    [(16, 1024), (32, 1024), (64, 1024), (16, 16), (32, 4), (64, 16)],
+)
+def test_sort_and_pad_puts_every_pair_once_in_its_experts_blocks(block_m, pair_chunk):
     generator = torch.Generator().manual_seed(block_m)
     E, top_k = 12, 3
     topk_ids = torch.stack([torch.randperm(E, generator=generator)[:top_k] for _ in range(41)])
+    # experts 0 and 1 get no pairs
+    topk_ids = torch.where(topk_ids < 2, 2 + topk_ids.sum(1, keepdim=True) % 10, topk_ids)
     counts = torch.bincount(topk_ids.reshape(-1), minlength=E)
+    assert counts[:2].sum() == 0
 
-    blocks = fm.sort_and_pad(topk_ids.to(torch.int32).to(DEVICE), E, block_m)
+    blocks = fm.sort_and_pad(topk_ids.to(torch.int32).to(DEVICE), E, block_m, pair_chunk=pair_chunk)
 
     padded = int(blocks.num_padded[0])
     assert padded == int(sum((c + block_m - 1) // block_m * block_m for c in counts.tolist()))
@@ -180,7 +246,9 @@ def test_fp8_gemm_applies_the_scales_like_the_reference(block_shape):
     blocks = fm.sort_and_pad(topk_ids, E, config["BLOCK_SIZE_M"])
     h = torch.full((M * top_k, 2 * N), float("nan"), dtype=torch.float32, device=DEVICE)
 
-    fm._expert_gemm(xq, w1q, h, blocks, config, scales, block_shape, x_scale, w1_scale, top_k, None)
+    fm._expert_gemm(
+        xq, w1q, h, blocks, config, scales, block_shape, x_scale, w1_scale, pairs_per_a_row=top_k
+    )
 
     for pair, expert in enumerate(topk_ids.reshape(-1).tolist()):
         if block_shape:

@@ -8,12 +8,14 @@ import pytest
 from tuning.search import (
     SM90_SHARED_MEMORY,
     CoarseToFineSearch,
+    DownProjectionSearch,
     ExhaustiveSearch,
     KernelShape,
     block_sizes_m,
     compile_key,
     config_key,
     config_of,
+    down_search_space,
     search_space,
     shared_memory_bytes,
 )
@@ -123,3 +125,45 @@ def test_the_final_round_re_times_the_finalists_with_more_replays():
 def test_kernel_shape_round_trips_through_json_fields():
     assert KernelShape.from_dict(GLM5_FP8_BLOCK.as_dict()) == GLM5_FP8_BLOCK
     assert GLM5_FP8_BLOCK.operand_bytes == 1 and GLM5.operand_bytes == 2
+
+
+UP = {
+    "BLOCK_SIZE_M": 64,
+    "BLOCK_SIZE_N": 256,
+    "BLOCK_SIZE_K": 64,
+    "GROUP_SIZE_M": 32,
+    "num_warps": 8,
+    "num_stages": 3,
+}
+
+
+def test_the_down_space_keeps_gemm_1s_block_size_m_and_group():
+    space = down_search_space(GLM5, UP)
+
+    assert {(c["BLOCK_SIZE_M"], c["GROUP_SIZE_M"]) for c in space} == {(64, 32)}
+    assert {c["BLOCK_SIZE_K"] for c in space} == {64, 128, 256}
+    assert {c["BLOCK_SIZE_K"] for c in down_search_space(GLM5_FP8_BLOCK, UP)} == {64, 128}
+
+
+@pytest.mark.parametrize("M", [16, 1024, 4096])
+def test_the_down_search_lands_within_3_percent_of_its_whole_space(M):
+    cost = _landscape(M, seed=1)
+    search = DownProjectionSearch(M, GLM5, UP)
+
+    tried = _run(search, cost)
+
+    best = min(cost(c) for c in down_search_space(GLM5, UP))
+    assert cost(search.best[0]) <= 1.03 * best
+    assert tried < len(search.space) / 2
+
+
+def test_the_down_search_re_times_gemm_1s_config_in_its_final():
+    search = DownProjectionSearch(256, GLM5, UP)
+    rounds = []
+    while (proposal := search.propose()) is not None:
+        rounds.append(proposal)
+        # every candidate slower than sharing GEMM 1's config
+        search.observe({config_key(c): 20.0 - (c == UP) for c in proposal.configs}, {})
+
+    assert UP in rounds[-1].configs
+    assert search.best == (UP, 19.0) and search.shared_us == 19.0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tuning.bench import BenchRow, format_table
 from tuning.config_files import config_file_name, loads_config
 from tuning.search import KernelShape, compile_key
 from tuning.tuner import (
@@ -19,9 +20,18 @@ from tuning.tuner import (
     parse_ints,
     shape_from_args,
     write_config_file,
+    write_config_files,
 )
 
 SHAPE = KernelShape(E=256, N=256, H=6144, top_k=8)
+ENTRY = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 16,
+    "num_warps": 4,
+    "num_stages": 3,
+}
 HF_CONFIGS = Path("/work/shared/data/hf_configs")
 
 
@@ -30,14 +40,20 @@ class FakeTimer:
         self.measurements = measurements
         self.M = M
 
-    def time_config(self, config, replays, calls=None):
+    def time_config(self, config, replays, calls=None, *, down_config=None):
+        """GEMM 1 is fastest with 64-wide N tiles, GEMM 2 with 128 × 256 (N × K) tiles."""
+        down_config = down_config or config
         self.measurements.timed.append((self.M, dict(config), replays))
-        if config["BLOCK_SIZE_N"] == 256 and config["num_stages"] == 5:
-            raise RuntimeError("out of resource: shared memory, Required: 262144")
+        for c in (config, down_config):
+            if c["BLOCK_SIZE_N"] == 256 and c["num_stages"] == 5:
+                raise RuntimeError("out of resource: shared memory, Required: 262144")
+        return self._gemm_us(config, 64, 128) + 0.5 * self._gemm_us(down_config, 128, 256)
+
+    def _gemm_us(self, config, best_n, best_k):
         rows = max(1.0, self.M * 8 / 256)
         padding = math.ceil(rows / config["BLOCK_SIZE_M"]) * config["BLOCK_SIZE_M"] / rows
-        tile = 1 + 0.2 * abs(math.log2(config["BLOCK_SIZE_N"] / 64))
-        tile += 0.1 * abs(math.log2(config["BLOCK_SIZE_K"] / 128))
+        tile = 1 + 0.2 * abs(math.log2(config["BLOCK_SIZE_N"] / best_n))
+        tile += 0.1 * abs(math.log2(config["BLOCK_SIZE_K"] / best_k))
         return 10.0 * self.M**0.5 * padding * tile * (1 + 0.02 * abs(config["num_stages"] - 3))
 
 
@@ -92,6 +108,36 @@ def test_it_tunes_every_batch_size_and_never_picks_a_failure():
     assert result.speedup_geomean() >= 1.0
 
 
+def test_gemm_2_gets_its_own_config_with_gemm_1s_block_size_m():
+    result = Tuner(SHAPE, FakeMeasurements()).tune([64, 1024])
+
+    for batch in result.batches.values():
+        down, up = batch.down_config, batch.config
+        assert (down["BLOCK_SIZE_M"], down["GROUP_SIZE_M"]) == (
+            up["BLOCK_SIZE_M"],
+            up["GROUP_SIZE_M"],
+        )
+        assert (down["BLOCK_SIZE_N"], down["BLOCK_SIZE_K"]) == (128, 256)
+        assert batch.tuned_us < batch.shared_config_us
+    assert sorted(result.down_entries()) == [64, 1024]
+
+
+def test_it_times_a_config_pair_as_asked():
+    tuner = Tuner(SHAPE, FakeMeasurements())
+    up = {**ENTRY, "BLOCK_SIZE_N": 64}
+    down = {**ENTRY, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 256}
+
+    shared, paired = tuner.time_configs(64, [up, up], down_configs=[None, down])
+
+    assert paired < shared
+
+
+def test_the_down_search_can_be_left_out():
+    result = Tuner(SHAPE, FakeMeasurements()).tune([64], down=False)
+
+    assert result.batches[64].down_config is None and result.down_entries() == {}
+
+
 def test_it_compiles_each_kernel_once():
     measurements = FakeMeasurements()
 
@@ -138,12 +184,23 @@ def test_merged_parts_write_one_engine_file(tmp_path):
 
 def test_sglang_files_go_under_the_triton_folder_without_a_version_key(tmp_path):
     shape = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
+    result = Tuner(shape, FakeMeasurements()).tune([1, 4])
 
-    path = write_config_file(Tuner(shape, FakeMeasurements()).tune([1]), tmp_path, "sglang")
+    path, down_path = write_config_files(result, tmp_path, "sglang")
 
-    assert path.parent.name == "triton_3_6_0"
+    assert path.parent.name == down_path.parent.name == "triton_3_6_0"
     assert path.name.endswith("dtype=fp8_w8a8,block_shape=[128, 128].json")
-    assert loads_config(path.read_text())[0] is None
+    assert down_path.name.endswith("dtype=fp8_w8a8,block_shape=[128, 128]_down.json")
+    assert loads_config(path.read_text()) == (None, result.entries())
+    assert loads_config(down_path.read_text()) == (None, result.down_entries())
+
+
+def test_vllm_gets_one_file_without_down_configs(tmp_path):
+    result = Tuner(SHAPE, FakeMeasurements()).tune([1])
+
+    paths = write_config_files(result, tmp_path, "vllm")
+
+    assert [p.name for p in paths] == [config_file_name(256, 256, "NVIDIA H200")]
 
 
 def test_merging_different_shapes_is_refused():
@@ -183,3 +240,16 @@ def test_the_cli_modules_import_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 
     assert out.stdout.strip() == "False"
+
+
+def test_the_bench_table_shows_the_one_config_time_where_there_is_one():
+    rows = [
+        BenchRow(64, 490.0, 545.0, 490.0, 880.0, ENTRY),
+        BenchRow(4096, 593.0, 1921.0, 900.0, 3866.0, ENTRY, shared_config_us=1000.0),
+    ]
+
+    lines = format_table(rows).splitlines()
+
+    assert "1-config µs" in lines[0]
+    assert lines[1].split()[4] == "n/a" and lines[2].split()[4] == "1000.0"
+    assert lines[2].split()[-1] == f"{100 * 593 / 900:.1f}"

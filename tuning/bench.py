@@ -21,7 +21,11 @@ FINAL_REPLAYS = 20
 
 @dataclass
 class BenchRow:
-    """One batch size M: µs per layer of the floor, each implementation, and the tuned config."""
+    """One batch size M: µs per layer of the floor, each implementation, and the tuned configs.
+
+    tuned_us: with the tuned config and GEMM 2's down config where there is one;
+    shared_config_us: with the tuned config for both GEMMs.
+    """
 
     M: int
     floor_us: float
@@ -29,6 +33,8 @@ class BenchRow:
     tuned_us: float | None
     grouped_mm_us: float | None
     tuned_config: dict | None = None
+    shared_config_us: float | None = None
+    down_config: dict | None = None
 
     @property
     def best_us(self) -> float | None:
@@ -46,6 +52,7 @@ def bench(
     batch_sizes: Iterable[int] = TUNED_BATCH_SIZES,
     *,
     entries: dict[int, dict] | None = None,
+    down_entries: dict[int, dict] | None = None,
     ceilings: dict | None = None,
     replays: int = FINAL_REPLAYS,
     grouped_mm: bool = True,
@@ -53,6 +60,7 @@ def bench(
     """Time the layer at each batch size on the current GPU.
 
     entries: a config file's {M: config} (the engine's nearest-M choice is timed as tuned);
+    down_entries: a `_down` file's, for GEMM 2 beside it (the tuned config alone is timed too);
     ceilings: measured {bandwidth_tbps, bf16_tflops, fp8_tflops}, measured here when None.
     """
     import torch
@@ -74,6 +82,7 @@ def bench(
             m, shape.E, shape.N, shape.H, shape.top_k, shape.dtype, block_shape
         )
         tuned = entry_for_batch(entries, m) if entries else None
+        down = entry_for_batch(down_entries, m) if entries and down_entries else None
         row = BenchRow(
             M=m,
             floor_us=round(timing.moe_floor_us(shape, m, device_ceilings), 2),
@@ -81,9 +90,12 @@ def bench(
             tuned_us=None,
             grouped_mm_us=None,
             tuned_config=tuned,
+            down_config=down,
         )
         if tuned is not None:
-            row.tuned_us = _time_or_none(timer.time_config, tuned, replays)
+            row.tuned_us = _time_or_none(timer.time_config, tuned, replays, down_config=down)
+        if down is not None:
+            row.shared_config_us = _time_or_none(timer.time_config, tuned, replays)
         if grouped_mm:
             if bf16_weights is None:
                 bf16_weights = timing.make_weights(bf16_shape)
@@ -97,17 +109,19 @@ def bench(
 
 
 def format_table(rows: list[BenchRow]) -> str:
-    """A fixed-width table: M, floor, default, tuned, _grouped_mm (µs), speed-ups, % of floor."""
+    """A fixed-width table: M, floor, default, tuned, tuned with one config for both GEMMs,
+    _grouped_mm (µs), speed-ups, % of floor."""
     header = (
-        f"{'M':>5} {'floor µs':>9} {'default µs':>10} {'tuned µs':>9} {'grouped_mm µs':>13}"
-        f" {'tuned/def':>9} {'gmm/tuned':>9} {'% floor':>7}"
+        f"{'M':>5} {'floor µs':>9} {'default µs':>10} {'tuned µs':>9} {'1-config µs':>11}"
+        f" {'grouped_mm µs':>13} {'tuned/def':>9} {'gmm/tuned':>9} {'% floor':>7}"
     )
     lines = [header]
     for r in rows:
         lines.append(
             f"{r.M:>5} {r.floor_us:>9.1f} {_num(r.default_us, 10)} {_num(r.tuned_us, 9)}"
-            f" {_num(r.grouped_mm_us, 13)} {_ratio(r.default_us, r.tuned_us, 9)}"
-            f" {_ratio(r.grouped_mm_us, r.best_us, 9)} {_num(r.percent_of_floor, 7)}"
+            f" {_num(r.shared_config_us, 11)} {_num(r.grouped_mm_us, 13)}"
+            f" {_ratio(r.default_us, r.tuned_us, 9)} {_ratio(r.grouped_mm_us, r.best_us, 9)}"
+            f" {_num(r.percent_of_floor, 7)}"
         )
     return "\n".join(lines)
 
@@ -118,6 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_shape_arguments(parser)
     parser.add_argument("--config", help="a tuned config file to time (its nearest-M entries)")
+    parser.add_argument("--down-config", help="its SGLang _down file, for GEMM 2")
     parser.add_argument("--replays", type=int, default=FINAL_REPLAYS, help="graph replays per time")
     parser.add_argument(
         "--no-grouped-mm", action="store_true", help="skip the torch._grouped_mm baseline"
@@ -137,21 +152,29 @@ def run(args: argparse.Namespace) -> int:
         shape = shape_from_args(args)
         batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
         entries = loads_config(Path(args.config).read_text())[1] if args.config else None
+        down_entries = (
+            loads_config(Path(args.down_config).read_text())[1] if args.down_config else None
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     torch.cuda.set_device(args.device)
     rows = bench(
-        shape, batch_sizes, entries=entries, replays=args.replays, grouped_mm=not args.no_grouped_mm
+        shape,
+        batch_sizes,
+        entries=entries,
+        down_entries=down_entries,
+        replays=args.replays,
+        grouped_mm=not args.no_grouped_mm,
     )
     print(f"{torch.cuda.get_device_name(args.device)}  {shape.as_dict()}")
     print(format_table(rows))
     return 0
 
 
-def _time_or_none(measure, *args) -> float | None:
+def _time_or_none(measure, *args, **kwargs) -> float | None:
     try:
-        return round(measure(*args), 2)
+        return round(measure(*args, **kwargs), 2)
     except Exception as exc:
         print(f"warning: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}", file=sys.stderr)
         return None

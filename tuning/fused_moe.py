@@ -1,13 +1,16 @@
 """The fused Mixture-of-Experts layer as Triton kernels.
 
 x [M, H] routed to top_k of E experts: sort the M·top_k token–expert pairs by expert and pad each
-expert's segment to BLOCK_SIZE_M; grouped GEMM 1 gathers x rows and multiplies by w1 [E, 2N, H]
-(gate and up); silu(gate)·up; grouped GEMM 2 multiplies by w2 [E, H, N] and the router weight and
-scatters each pair to its own row; a last kernel sums the top_k rows of every token.
+expert's segment to BLOCK_SIZE_M (counted over many programs); grouped GEMM 1 gathers x rows and
+multiplies by w1 [E, 2N, H] (gate and up); silu(gate)·up; grouped GEMM 2 multiplies by w2 [E, H, N]
+and the router weight and adds each pair into its token's float32 row, so the top_k sum needs no
+[M, top_k, H] intermediate (deterministic=True keeps that intermediate and a separate sum kernel,
+for bit-identical reruns).
 
 The structure and the meaning of every config key (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps,
-num_stages, one config for both GEMMs) follow the engines' fused-MoE kernel, so that a config tuned
-on this kernel is a config for SGLang's and vLLM's.
+num_stages) follow the engines' fused-MoE kernel, so that a config tuned on this kernel is a config
+for SGLang's and vLLM's; GEMM 2 may have its own config (SGLang's `_down` files), which shares
+BLOCK_SIZE_M with GEMM 1's because both GEMMs read one sort-and-pad.
 
 dtypes: "bf16" (also "fp16" and "fp32", mainly for the CPU interpreter), and "fp8_w8a8": float8
 e4m3 weights and activations, either with per-expert weight scales and one dynamic scale per
@@ -36,7 +39,10 @@ CONFIG_KEYS = (
 )
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _SCALES_NONE, _SCALES_TENSOR, _SCALES_BLOCK = 0, 1, 2
-_PAIR_CHUNK = 1024
+# Pairs one program of sort-and-pad counts and places; up to one chunk, one program does it all.
+PAIR_CHUNK = 1024
+# Chunk rows the single program of sort-and-pad sums at a time (a [16, experts] tile).
+_CHUNK_ROWS = 16
 
 
 @triton.jit(do_not_specialize=["num_m_blocks", "group_size_m"])
@@ -68,6 +74,7 @@ def _expert_gemm_kernel(
     stride_bsn,
     stride_bsk,
     PAIRS_PER_A_ROW: tl.constexpr,
+    PAIRS_PER_C_ROW: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
     SCALES: tl.constexpr,
     GROUP_N: tl.constexpr,
@@ -77,7 +84,10 @@ def _expert_gemm_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
-    """C[pair] = A[pair // PAIRS_PER_A_ROW] @ B[expert]ᵀ on one BLOCK_SIZE_M × BLOCK_SIZE_N tile."""
+    """C[pair // PAIRS_PER_C_ROW] (+)= A[pair // PAIRS_PER_A_ROW] @ B[expert]ᵀ on one tile.
+
+    Several pairs per C row (PAIRS_PER_C_ROW > 1) are added with float32 atomics, else stored.
+    """
     pid_m, pid_n = _grouped_tile(
         tl.program_id(0), num_m_blocks, tl.cdiv(N, BLOCK_SIZE_N), group_size_m
     )
@@ -124,56 +134,134 @@ def _expert_gemm_kernel(
     if MUL_ROUTED_WEIGHT:
         weights = tl.load(topk_weights_ptr + pair_ids, mask=row_mask, other=0.0)
         acc = acc * weights.to(tl.float32)[:, None]
-    c_ptrs = c_ptr + pair_ids[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n < N)[None, :])
+    c_rows = pair_ids // PAIRS_PER_C_ROW
+    c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    c_mask = row_mask[:, None] & (offs_n < N)[None, :]
+    if PAIRS_PER_C_ROW > 1:
+        tl.atomic_add(c_ptrs, acc, mask=c_mask, sem="relaxed")
+    else:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
+def _count_experts_kernel(
+    topk_ids_ptr,
+    chunk_counts_ptr,
+    num_pairs,
+    EXPERT_BINS: tl.constexpr,
+    PAIR_CHUNK: tl.constexpr,
+):
+    """chunk_counts[chunk, expert] = pairs of this program's chunk routed to expert."""
+    chunk = tl.program_id(0)
+    counts = _chunk_histogram(topk_ids_ptr, chunk, num_pairs, EXPERT_BINS, PAIR_CHUNK)
+    tl.store(chunk_counts_ptr + chunk * EXPERT_BINS + tl.arange(0, EXPERT_BINS), counts)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_chunks"])
 def _expert_blocks_kernel(
     topk_ids_ptr,
-    expert_cursor_ptr,
+    chunk_counts_ptr,
+    chunk_cursor_ptr,
+    sorted_pair_ids_ptr,
     block_experts_ptr,
     block_rows_ptr,
     num_padded_ptr,
     num_pairs,
+    num_chunks,
     num_experts,
     BLOCK_SIZE_M: tl.constexpr,
     EXPERT_BINS: tl.constexpr,
     PAIR_CHUNK: tl.constexpr,
+    CHUNK_ROWS: tl.constexpr,
+    SINGLE_CHUNK: tl.constexpr,
 ):
-    """One program: per-expert pair counts, padded offsets, and each M-block's expert and rows."""
-    counts = tl.zeros((EXPERT_BINS,), dtype=tl.int32)
-    for start in range(0, num_pairs, PAIR_CHUNK):
-        offs = start + tl.arange(0, PAIR_CHUNK)
-        # the tail of the last chunk lands in a spare bin past the experts
-        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=EXPERT_BINS - 1)
-        counts += tl.histogram(ids.to(tl.int32), EXPERT_BINS)
+    """One program: expert totals, padded segments, each M-block's expert and rows, and each
+    chunk's first slot per expert (chunk_cursor). SINGLE_CHUNK: also counts and places the pairs."""
     experts = tl.arange(0, EXPERT_BINS)
+    if SINGLE_CHUNK:
+        counts = _chunk_histogram(topk_ids_ptr, 0, num_pairs, EXPERT_BINS, PAIR_CHUNK)
+    else:
+        counts = tl.zeros((EXPERT_BINS,), dtype=tl.int32)
+        for first in range(0, num_chunks, CHUNK_ROWS):
+            tile = _chunk_counts_tile(chunk_counts_ptr, first, num_chunks, EXPERT_BINS, CHUNK_ROWS)
+            counts += tl.sum(tile, 0)
     counts = tl.where(experts < num_experts, counts, 0)
     num_blocks = tl.cdiv(counts, BLOCK_SIZE_M)
     starts = tl.cumsum(num_blocks, 0) - num_blocks
-    tl.store(expert_cursor_ptr + experts, starts * BLOCK_SIZE_M, mask=experts < num_experts)
     tl.store(num_padded_ptr, tl.sum(num_blocks, 0) * BLOCK_SIZE_M)
     for j in range(0, tl.max(num_blocks, 0)):
         owned = j < num_blocks
         rows = tl.minimum(counts - j * BLOCK_SIZE_M, BLOCK_SIZE_M)
         tl.store(block_experts_ptr + starts + j, experts, mask=owned)
         tl.store(block_rows_ptr + starts + j, rows, mask=owned)
+    # a chunk's pairs of an expert follow those of the earlier chunks in the expert's segment
+    cursor = starts * BLOCK_SIZE_M
+    if SINGLE_CHUNK:
+        tl.store(chunk_cursor_ptr + experts, cursor)
+        # the placing atomics below read cursors other threads of this program stored
+        tl.debug_barrier()
+        _place_chunk(topk_ids_ptr, chunk_cursor_ptr, sorted_pair_ids_ptr, 0, num_pairs, PAIR_CHUNK)
+    else:
+        for first in range(0, num_chunks, CHUNK_ROWS):
+            tile = _chunk_counts_tile(chunk_counts_ptr, first, num_chunks, EXPERT_BINS, CHUNK_ROWS)
+            chunks = first + tl.arange(0, CHUNK_ROWS)
+            tl.store(
+                chunk_cursor_ptr + chunks[:, None] * EXPERT_BINS + experts[None, :],
+                tl.cumsum(tile, 0) - tile + cursor[None, :],
+                mask=chunks[:, None] < num_chunks,
+            )
+            cursor += tl.sum(tile, 0)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
 def _place_pairs_kernel(
     topk_ids_ptr,
-    expert_cursor_ptr,
+    chunk_cursor_ptr,
     sorted_pair_ids_ptr,
     num_pairs,
+    EXPERT_BINS: tl.constexpr,
     PAIR_CHUNK: tl.constexpr,
 ):
-    """Write each pair's index into the next free slot of its expert's segment."""
-    offs = tl.program_id(0) * PAIR_CHUNK + tl.arange(0, PAIR_CHUNK)
+    """Write each pair of this program's chunk into the next free slot of its expert's segment."""
+    chunk = tl.program_id(0)
+    _place_chunk(
+        topk_ids_ptr,
+        chunk_cursor_ptr + chunk * EXPERT_BINS,
+        sorted_pair_ids_ptr,
+        chunk,
+        num_pairs,
+        PAIR_CHUNK,
+    )
+
+
+@triton.jit
+def _chunk_histogram(topk_ids_ptr, chunk, num_pairs, EXPERT_BINS, PAIR_CHUNK):
+    """Per-expert pair counts [EXPERT_BINS] of one chunk of pairs."""
+    offs = chunk * PAIR_CHUNK + tl.arange(0, PAIR_CHUNK)
+    # the tail of the last chunk lands in a spare bin past the experts
+    ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=EXPERT_BINS - 1)
+    return tl.histogram(ids.to(tl.int32), EXPERT_BINS)
+
+
+@triton.jit
+def _chunk_counts_tile(chunk_counts_ptr, first, num_chunks, EXPERT_BINS, CHUNK_ROWS):
+    """Rows first … first + CHUNK_ROWS − 1 of chunk_counts (zeros past the last chunk)."""
+    chunks = first + tl.arange(0, CHUNK_ROWS)
+    experts = tl.arange(0, EXPERT_BINS)
+    return tl.load(
+        chunk_counts_ptr + chunks[:, None] * EXPERT_BINS + experts[None, :],
+        mask=chunks[:, None] < num_chunks,
+        other=0,
+    )
+
+
+@triton.jit
+def _place_chunk(topk_ids_ptr, cursor_ptr, sorted_pair_ids_ptr, chunk, num_pairs, PAIR_CHUNK):
+    """sorted_pair_ids[cursor[expert]++] = pair, for every pair of one chunk."""
+    offs = chunk * PAIR_CHUNK + tl.arange(0, PAIR_CHUNK)
     mask = offs < num_pairs
     ids = tl.load(topk_ids_ptr + offs, mask=mask, other=0)
-    slots = tl.atomic_add(expert_cursor_ptr + ids, 1, mask=mask)
+    slots = tl.atomic_add(cursor_ptr + ids, 1, mask=mask, sem="relaxed")
     tl.store(sorted_pair_ids_ptr + slots, offs, mask=mask)
 
 
@@ -259,38 +347,62 @@ class ExpertBlocks:
     block_size_m: int
 
 
-def sort_and_pad(topk_ids: torch.Tensor, num_experts: int, block_size_m: int) -> ExpertBlocks:
+def sort_and_pad(
+    topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *, pair_chunk: int = PAIR_CHUNK
+) -> ExpertBlocks:
     """Group the M·top_k pairs of topk_ids [M, top_k] (ids in [0, E)) by expert, padded to blocks.
 
-    Two launches and no host synchronisation; the buffers are sized for the worst case,
+    No host synchronisation. Up to pair_chunk pairs (a power of two), one launch; beyond, three:
+    per-chunk expert counts over many programs, one program for the prefix sums, and the
+    placing over many programs. Buffers are sized for the worst case,
     M·top_k + min(M·top_k, E)·(block_size_m − 1) slots.
     """
     ids = topk_ids.reshape(-1)
     num_pairs = ids.numel()
     max_padded = num_pairs + min(num_pairs, num_experts) * (block_size_m - 1)
     num_m_blocks = triton.cdiv(max_padded, block_size_m)
+    num_chunks = triton.cdiv(num_pairs, pair_chunk)
+    bins = triton.next_power_of_2(num_experts + 1)
     device = topk_ids.device
     sorted_pair_ids = torch.empty(num_m_blocks * block_size_m, dtype=torch.int32, device=device)
     block_experts = torch.empty(num_m_blocks, dtype=torch.int32, device=device)
     block_rows = torch.empty(num_m_blocks, dtype=torch.int32, device=device)
     num_padded = torch.empty(1, dtype=torch.int32, device=device)
-    expert_cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
+    chunk_cursor = torch.empty((num_chunks, bins), dtype=torch.int32, device=device)
+    single = num_chunks == 1
+    chunk_counts = chunk_cursor if single else torch.empty_like(chunk_cursor)
+    if not single:
+        _count_experts_kernel[(num_chunks,)](
+            ids, chunk_counts, num_pairs, EXPERT_BINS=bins, PAIR_CHUNK=pair_chunk, num_warps=4
+        )
     _expert_blocks_kernel[(1,)](
         ids,
-        expert_cursor,
+        chunk_counts,
+        chunk_cursor,
+        sorted_pair_ids,
         block_experts,
         block_rows,
         num_padded,
         num_pairs,
+        num_chunks,
         num_experts,
         BLOCK_SIZE_M=block_size_m,
-        EXPERT_BINS=triton.next_power_of_2(num_experts + 1),
-        PAIR_CHUNK=_PAIR_CHUNK,
+        EXPERT_BINS=bins,
+        PAIR_CHUNK=pair_chunk,
+        CHUNK_ROWS=_CHUNK_ROWS,
+        SINGLE_CHUNK=single,
         num_warps=8,
     )
-    _place_pairs_kernel[(triton.cdiv(num_pairs, _PAIR_CHUNK),)](
-        ids, expert_cursor, sorted_pair_ids, num_pairs, PAIR_CHUNK=_PAIR_CHUNK, num_warps=4
-    )
+    if not single:
+        _place_pairs_kernel[(num_chunks,)](
+            ids,
+            chunk_cursor,
+            sorted_pair_ids,
+            num_pairs,
+            EXPERT_BINS=bins,
+            PAIR_CHUNK=pair_chunk,
+            num_warps=4,
+        )
     return ExpertBlocks(
         sorted_pair_ids, block_experts, block_rows, num_padded, num_m_blocks, block_size_m
     )
@@ -358,20 +470,30 @@ def fused_moe(
     topk_ids: torch.Tensor,
     *,
     config: dict | None = None,
+    down_config: dict | None = None,
     dtype: str = "bf16",
     block_shape: list[int] | None = None,
     w1_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    deterministic: bool = False,
 ) -> torch.Tensor:
     """One MoE layer: out [M, H] = Σ_slot weight · w2[e] · (silu(w1[e]_gate · x) · w1[e]_up · x).
 
     x [M, H]; w1 [E, 2N, H] (gate rows then up rows); w2 [E, H, N]; topk_weights [M, top_k]
     float; topk_ids [M, top_k] int in [0, E). config: one entry of an engine config file
-    (default_config when None). dtype "bf16"/"fp16"/"fp32": x, w1 and w2 all of that dtype.
-    dtype "fp8_w8a8": w1, w2 float8_e4m3fn and x bf16/fp16, quantised here; without block_shape
-    w1_scale and w2_scale are [E] (one scale per expert); with block_shape [bn, bk] they are
-    [E, ⌈rows/bn⌉, ⌈cols/bk⌉]. out, when given, receives the result (shape [M, H], x's dtype).
+    (default_config when None); down_config: GEMM 2's entry (SGLang's `_down` file; config when
+    None), with config's BLOCK_SIZE_M. dtype "bf16"/"fp16"/"fp32": x, w1 and w2 all of that
+    dtype. dtype "fp8_w8a8": w1, w2 float8_e4m3fn and x bf16/fp16, quantised here; without
+    block_shape w1_scale and w2_scale are [E] (one scale per expert); with block_shape [bn, bk]
+    they are [E, ⌈rows/bn⌉, ⌈cols/bk⌉]. out, when given, receives the result (shape [M, H],
+    x's dtype).
+
+    GEMM 2 adds the top_k pairs of a token into one float32 row with atomics, in an order that
+    varies between runs: reruns agree to float32 rounding, and a bf16 out can differ by one ulp
+    in a few elements per 10⁴. deterministic=True writes the pairs' [M, top_k, H] rows and sums
+    them in slot order instead (identical bits every run; that round trip costs 2·M·top_k·H·2
+    bytes more).
     """
     M, H = x.shape
     E, two_n, _ = w1.shape
@@ -379,7 +501,11 @@ def fused_moe(
     top_k = topk_ids.shape[1]
     _check_operands(x, w1, w2, topk_weights, topk_ids, dtype, block_shape, w1_scale, w2_scale)
     config = _full_config(config or default_config(M, E, N, H, top_k, dtype, block_shape))
-    _check_config(config, dtype, block_shape)
+    down_config = config if down_config is None else _full_config(down_config)
+    for entry in (config, down_config):
+        _check_config(entry, dtype, block_shape)
+    if down_config["BLOCK_SIZE_M"] != config["BLOCK_SIZE_M"]:
+        raise ValueError("down_config must keep config's BLOCK_SIZE_M: both GEMMs share one sort")
     scales = _scales_mode(dtype, block_shape)
     if scales == _SCALES_TENSOR:
         w1_scale, w2_scale = w1_scale.reshape(-1).float(), w2_scale.reshape(-1).float()
@@ -391,43 +517,84 @@ def fused_moe(
     num_pairs = M * top_k
     a1, a1_scale = _quantize_activations(x, scales, block_shape)
     h = torch.empty((num_pairs, two_n), dtype=x.dtype, device=x.device)
-    _expert_gemm(a1, w1, h, blocks, config, scales, block_shape, a1_scale, w1_scale, top_k, None)
-    a2, a2_scale = _silu_and_mul(h, scales, block_shape)
-    y = (
-        out.view(M, 1, H)
-        if top_k == 1
-        else torch.empty((M, top_k, H), dtype=x.dtype, device=x.device)
+    _expert_gemm(
+        a1, w1, h, blocks, config, scales, block_shape, a1_scale, w1_scale, pairs_per_a_row=top_k
     )
+    a2, a2_scale = _silu_and_mul(h, scales, block_shape)
+    weights = topk_weights.reshape(-1)
+    if top_k == 1 or deterministic:
+        y = (
+            out.view(M, 1, H)
+            if top_k == 1
+            else torch.empty((M, top_k, H), dtype=x.dtype, device=x.device)
+        )
+        _expert_gemm(
+            a2,
+            w2,
+            y.view(num_pairs, H),
+            blocks,
+            down_config,
+            scales,
+            block_shape,
+            a2_scale,
+            w2_scale,
+            topk_weights=weights,
+        )
+        if top_k > 1:
+            block_h = min(1024, triton.next_power_of_2(H))
+            _sum_topk_kernel[(M, triton.cdiv(H, block_h))](
+                y, out, H, y.stride(0), y.stride(1), out.stride(0), TOP_K=top_k, BLOCK_H=block_h
+            )
+        return out
+    acc = (
+        out
+        if out.dtype == torch.float32
+        else torch.empty((M, H), dtype=torch.float32, device=x.device)
+    )
+    acc.zero_()
     _expert_gemm(
         a2,
         w2,
-        y.view(num_pairs, H),
+        acc,
         blocks,
-        config,
+        down_config,
         scales,
         block_shape,
         a2_scale,
         w2_scale,
-        1,
-        topk_weights.reshape(-1),
+        pairs_per_c_row=top_k,
+        topk_weights=weights,
     )
-    if top_k > 1:
-        block_h = min(1024, triton.next_power_of_2(H))
-        _sum_topk_kernel[(M, triton.cdiv(H, block_h))](
-            y, out, H, y.stride(0), y.stride(1), out.stride(0), TOP_K=top_k, BLOCK_H=block_h
-        )
+    if acc is not out:
+        out.copy_(acc)
     return out
 
 
 def _expert_gemm(
-    a, b, c, blocks, config, scales, block_shape, a_scale, b_scale, pairs_per_a_row, topk_weights
+    a,
+    b,
+    c,
+    blocks,
+    config,
+    scales,
+    block_shape,
+    a_scale,
+    b_scale,
+    *,
+    pairs_per_a_row=1,
+    pairs_per_c_row=1,
+    topk_weights=None,
 ):
-    """Launch the grouped GEMM c[pair] = a[pair // pairs_per_a_row] @ b[expert]ᵀ."""
+    """Launch the grouped GEMM c[pair // pairs_per_c_row] (+)= a[pair // pairs_per_a_row] @
+    b[expert]ᵀ; several pairs per c row are added with float32 atomics."""
     _, n, k = b.shape
     block_n, block_k = config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     group_n, group_k = block_shape if scales == _SCALES_BLOCK else (1, 1)
     a_scale_strides = a_scale.stride() if scales == _SCALES_BLOCK else (0, 0)
     b_scale_strides = b_scale.stride() if scales == _SCALES_BLOCK else (0, 0, 0)
+    # Accumulating, all M-blocks of one N-tile run before the next, so that the float32
+    # [M, BLOCK_SIZE_N] slab their atomics hit stays in L2 until every top_k add has landed.
+    group_size_m = blocks.num_m_blocks if pairs_per_c_row > 1 else config["GROUP_SIZE_M"]
     grid = (blocks.num_m_blocks * triton.cdiv(n, block_n),)
     _expert_gemm_kernel[grid](
         a,
@@ -443,7 +610,7 @@ def _expert_gemm(
         n,
         k,
         blocks.num_m_blocks,
-        config["GROUP_SIZE_M"],
+        group_size_m,
         a.stride(0),
         a.stride(1),
         b.stride(0),
@@ -454,6 +621,7 @@ def _expert_gemm(
         *a_scale_strides,
         *b_scale_strides,
         PAIRS_PER_A_ROW=pairs_per_a_row,
+        PAIRS_PER_C_ROW=pairs_per_c_row,
         MUL_ROUTED_WEIGHT=topk_weights is not None,
         SCALES=scales,
         GROUP_N=group_n,

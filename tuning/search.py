@@ -142,6 +142,36 @@ def search_space(
     return configs
 
 
+def down_search_space(
+    shape: KernelShape, up_config: dict, shared_memory: int = SM90_SHARED_MEMORY
+) -> list[dict[str, int]]:
+    """Every viable config for GEMM 2 (the down projection, K = N) given GEMM 1's config.
+
+    BLOCK_SIZE_M is up_config's: SGLang runs both GEMMs on one sort-and-pad and overrides a
+    down BLOCK_SIZE_M that differs. GROUP_SIZE_M is up_config's too: our GEMM 2 orders its tiles
+    itself (all M-blocks of an N-tile together, for its atomics), so only the engine's would use
+    it, and we cannot time that.
+    """
+    configs = []
+    for bn in BLOCK_SIZES_N:
+        for bk in BLOCK_SIZES_K:
+            for warps in NUM_WARPS:
+                for stages in NUM_STAGES:
+                    config = config_of(
+                        (
+                            up_config["BLOCK_SIZE_M"],
+                            bn,
+                            bk,
+                            up_config["GROUP_SIZE_M"],
+                            warps,
+                            stages,
+                        )
+                    )
+                    if is_viable(config, shape, shared_memory):
+                        configs.append(config)
+    return configs
+
+
 @dataclass
 class Proposal:
     """One round of a search: configs to time, and how many graph replays to time each with."""
@@ -189,6 +219,8 @@ class CoarseToFineSearch:
     ):
         self.M = M
         self.space = search_space(M, shape, shared_memory)
+        # GROUP_SIZE_M of the tile and warps/stages rounds
+        self.screen_group = 16
         self.state = SearchState()
         self.screen_replays = screen_replays
         self.refine_replays = refine_replays
@@ -249,7 +281,7 @@ class CoarseToFineSearch:
             c
             for c in self.space
             if config_key(c)[:3] in best_tiles
-            and c["GROUP_SIZE_M"] == 16
+            and c["GROUP_SIZE_M"] == self.screen_group
             and config_key(c) not in self.state.times
         ]
         return Proposal(configs, self.refine_replays)
@@ -268,6 +300,43 @@ class CoarseToFineSearch:
         self._final_round = True
         finalists = self.state.ranked()[: self.finalists]
         return Proposal([config_of(k) for k in finalists], self.final_replays)
+
+
+class DownProjectionSearch(CoarseToFineSearch):
+    """GEMM 2's own config (SGLang's `_down` file) at batch size M, GEMM 1's config fixed.
+
+    Candidates come from down_search_space. Round 1: one warps/stages guess per (BLOCK_SIZE_N,
+    BLOCK_SIZE_K) tile; round 2: every warps × stages of the best `keep_tiles` tiles; final:
+    the finalists re-timed beside up_config itself, so that a down config only wins by beating
+    GEMM 2 run with GEMM 1's config.
+    """
+
+    def __init__(
+        self,
+        M: int,
+        shape: KernelShape,
+        up_config: dict,
+        *,
+        shared_memory: int = SM90_SHARED_MEMORY,
+        keep_tiles: int = 2,
+        **kwargs,
+    ):
+        super().__init__(M, shape, shared_memory=shared_memory, keep_tiles=keep_tiles, **kwargs)
+        self.up_config = config_of(config_key(up_config))
+        self.space = down_search_space(shape, up_config, shared_memory)
+        self.screen_group = up_config["GROUP_SIZE_M"]
+        self._rounds = iter((self._tiles, self._warps_and_stages, self._final))
+
+    @property
+    def shared_us(self) -> float | None:
+        """µs of the layer with up_config for both GEMMs, from the final round."""
+        return self.state.final.get(config_key(self.up_config))
+
+    def _final(self) -> Proposal:
+        proposal = super()._final()
+        if config_key(self.up_config) not in {config_key(c) for c in proposal.configs}:
+            proposal.configs.append(self.up_config)
+        return proposal
 
 
 class ExhaustiveSearch(CoarseToFineSearch):

@@ -139,9 +139,19 @@ class LayerTimer:
         anchor = torch.zeros(1, device="cuda")
         self._anchor = self._capture(lambda j: anchor.add_(1), 1)
 
-    def time_config(self, config: dict, replays: int, calls: int | None = None) -> float:
-        """Median µs per layer call of fused_moe with config; raises if it cannot run."""
-        w1, w2, kwargs = self.weights.w1, self.weights.w2, self._layer_kwargs
+    def time_config(
+        self,
+        config: dict,
+        replays: int,
+        calls: int | None = None,
+        *,
+        down_config: dict | None = None,
+        deterministic: bool = False,
+    ) -> float:
+        """Median µs per layer call of fused_moe with config (and GEMM 2's down_config, config's
+        when None; deterministic as fused_moe takes it); raises if it cannot run."""
+        w1, w2 = self.weights.w1, self.weights.w2
+        kwargs = {**self._layer_kwargs, "down_config": down_config, "deterministic": deterministic}
 
         def layer(j: int) -> None:
             fused_moe(

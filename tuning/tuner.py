@@ -2,7 +2,7 @@
 
 Library: `tune(shape, batch_sizes, ...) -> TuneResult`, or a `Tuner` kept open over several
 tunes of one shape. Several GPUs: run one process per GPU (CUDA_VISIBLE_DEVICES) on a share of
-the batch sizes, each with its own log, then `merge_results` and `write_config_file`
+the batch sizes, each with its own log, then `merge_results` and `write_config_files`
 (CLI: `--merge LOG ...`). The CLI resumes from its log: finished batch sizes are skipped.
 """
 
@@ -26,6 +26,7 @@ from tuning.config_files import (
 )
 from tuning.search import (
     CoarseToFineSearch,
+    DownProjectionSearch,
     ExhaustiveSearch,
     KernelShape,
     compile_key,
@@ -37,12 +38,20 @@ ProgressCallback = Callable[[int, int, str], None]
 # Batch sizes searched side by side: their compiles share one parallel batch.
 CHUNK_BATCH_SIZES = 6
 FINAL_REPLAYS = 20
+# Rounds of a DownProjectionSearch: tiles, warps and stages, final.
+DOWN_ROUNDS = 3
 COMPILE_TIMEOUT_S = 300
 
 
 @dataclass
 class BatchResult:
-    """The outcome at one batch size M: the chosen config and the layer's µs with it."""
+    """The outcome at one batch size M: the chosen configs and the layer's µs with them.
+
+    config: GEMM 1's (and the engines' single) config; down_config: GEMM 2's (SGLang's `_down`
+    entry), None where no down search ran. tuned_us: the layer with both; shared_config_us: the
+    layer with config for both GEMMs (what vLLM, which has no down files, runs).
+    failures: configs that failed, those of the down search marked "down": true.
+    """
 
     M: int
     config: dict[str, int]
@@ -51,6 +60,8 @@ class BatchResult:
     floor_us: float
     candidates_tried: int
     failures: list[dict] = field(default_factory=list)
+    down_config: dict[str, int] | None = None
+    shared_config_us: float | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> BatchResult:
@@ -77,6 +88,14 @@ class TuneResult:
     def entries(self) -> dict[int, dict]:
         """{M: config} as the engines' config files hold them, M ascending."""
         return {m: dict(self.batches[m].config) for m in sorted(self.batches)}
+
+    def down_entries(self) -> dict[int, dict]:
+        """{M: down config} for SGLang's `_down` file (batch sizes without one left out)."""
+        return {
+            m: dict(self.batches[m].down_config)
+            for m in sorted(self.batches)
+            if self.batches[m].down_config is not None
+        }
 
     def speedup_geomean(self) -> float | None:
         """Geometric mean over batch sizes of default µs / tuned µs."""
@@ -137,8 +156,11 @@ def merge_results(results: Iterable[TuneResult]) -> TuneResult:
     return merged
 
 
-def config_path(result: TuneResult, out_dir: str | Path, style: str = "vllm") -> Path:
-    """Where the engine's config file for this result goes under out_dir (SGLang: its folder)."""
+def config_path(
+    result: TuneResult, out_dir: str | Path, style: str = "vllm", *, down: bool = False
+) -> Path:
+    """Where the engine's config file for this result goes under out_dir (SGLang: its folder);
+    down: SGLang's `_down` file of GEMM 2's configs."""
     shape = result.shape
     name = config_file_name(
         shape.E,
@@ -147,20 +169,32 @@ def config_path(result: TuneResult, out_dir: str | Path, style: str = "vllm") ->
         "fp8_w8a8" if shape.dtype == "fp8_w8a8" else None,
         shape.block_shape,
         style=style,
+        down_moe=down,
     )
     return Path(out_dir) / config_file_relpath(name, style, result.triton_version)
 
 
-def write_config_file(result: TuneResult, out_dir: str | Path, style: str = "vllm") -> Path:
+def write_config_file(
+    result: TuneResult, out_dir: str | Path, style: str = "vllm", *, down: bool = False
+) -> Path:
     """Write the engine's config file (exact name and content); returns its path.
 
     vLLM's files record triton_version inside; SGLang's name it by their folder instead.
+    down: SGLang's `_down` file (GEMM 2's configs); raises ConfigFileError for vLLM.
     """
-    path = config_path(result, out_dir, style)
+    path = config_path(result, out_dir, style, down=down)
     path.parent.mkdir(parents=True, exist_ok=True)
     version = result.triton_version if style == "vllm" else None
-    path.write_text(dumps_config(result.entries(), version))
+    path.write_text(dumps_config(result.down_entries() if down else result.entries(), version))
     return path
+
+
+def write_config_files(result: TuneResult, out_dir: str | Path, style: str = "vllm") -> list[Path]:
+    """The engine's config file, and for SGLang its `_down` file when down configs were tuned."""
+    paths = [write_config_file(result, out_dir, style)]
+    if style == "sglang" and result.down_entries():
+        paths.append(write_config_file(result, out_dir, style, down=True))
+    return paths
 
 
 class DeviceMeasurements:
@@ -251,13 +285,16 @@ class Tuner:
         batch_sizes: Iterable[int] = TUNED_BATCH_SIZES,
         *,
         exhaustive: bool = False,
+        down: bool = True,
         progress_callback: ProgressCallback | None = None,
         resume_path: str | Path | None = None,
     ) -> TuneResult:
         """Search each batch size M; per M the config, tuned/default/floor µs, tries, failures.
 
-        resume_path: a tuning log; batch sizes it already holds (same shape, GPU, Triton and
-        search) are kept, and the log is rewritten after every chunk of batch sizes.
+        down: then search GEMM 2's own config with GEMM 1's fixed (DownProjectionSearch; also
+        coarse-to-fine when exhaustive). resume_path: a tuning log; batch sizes it already holds
+        (same shape, GPU, Triton and search) are kept, and the log is rewritten after every
+        chunk of batch sizes.
         """
         started = time.monotonic()
         batch_sizes = sorted(set(batch_sizes))
@@ -275,8 +312,9 @@ class Tuner:
             earlier_wall = previous.wall_s
         remaining = [m for m in batch_sizes if m not in result.batches]
         search_class = ExhaustiveSearch if exhaustive else CoarseToFineSearch
-        rounds = 2 if exhaustive else 4
-        total = len(remaining) * (rounds + 1)
+        # rounds per M, each reported once, and one report per finished search
+        steps = (2 if exhaustive else 4) + 1 + (DOWN_ROUNDS + 1 if down else 0)
+        total = len(remaining) * steps
         step = 0
 
         def report(message: str) -> None:
@@ -289,21 +327,19 @@ class Tuner:
             chunk = remaining[first : first + CHUNK_BATCH_SIZES]
             timers = {m: self.measurements.timer(m) for m in chunk}
             searches = {m: search_class(m, self.shape) for m in chunk}
-            while True:
-                proposals = {m: s.propose() for m, s in searches.items() if not s.done}
-                proposals = {m: p for m, p in proposals.items() if p is not None}
-                if not proposals:
-                    break
-                self._compile(c for p in proposals.values() for c in p.configs)
-                for m, proposal in proposals.items():
-                    times, errors = self._time_configs(
-                        timers[m], proposal.configs, proposal.replays
-                    )
-                    searches[m].observe(times, errors)
-                    report(f"M={m}: timed {len(proposal.configs)} configs")
+            self._run_searches(searches, timers, report)
             for m in chunk:
                 result.batches[m] = self._finish(m, searches[m], timers[m])
                 report(f"M={m}: {result.batches[m].tuned_us:.1f} µs")
+            if down:
+                up_configs = {m: result.batches[m].config for m in chunk}
+                down_searches = {
+                    m: DownProjectionSearch(m, self.shape, up_configs[m]) for m in chunk
+                }
+                self._run_searches(down_searches, timers, report, up_configs)
+                for m in chunk:
+                    _finish_down(result.batches[m], down_searches[m])
+                    report(f"M={m}: {result.batches[m].tuned_us:.1f} µs with its down config")
             del timers
             result.wall_s = earlier_wall + time.monotonic() - started
             _save_log(resume_path, result)
@@ -312,11 +348,45 @@ class Tuner:
             progress_callback(total, total, "done")
         return result
 
-    def time_configs(self, M: int, configs: list[dict], replays: int = FINAL_REPLAYS):
-        """µs per layer of each config at batch size M (None where it fails), same routing."""
-        self._compile(configs)
-        times, _ = self._time_configs(self.measurements.timer(M), configs, replays)
-        return [times[config_key(c)] for c in configs]
+    def time_configs(
+        self,
+        M: int,
+        configs: list[dict],
+        replays: int = FINAL_REPLAYS,
+        down_configs: list[dict | None] | None = None,
+    ):
+        """µs per layer of each config at batch size M (None where it fails), same routing;
+        down_configs: GEMM 2's config beside each (None: the config itself)."""
+        down_configs = down_configs or [None] * len(configs)
+        self._compile([*configs, *(d for d in down_configs if d is not None)])
+        timer = self.measurements.timer(M)
+        times = []
+        for config, down_config in zip(configs, down_configs, strict=True):
+            if down_config is None:
+                measured, _ = self._time_configs(timer, [config], replays)
+                times.append(measured[config_key(config)])
+            else:
+                measured, _ = self._time_configs(timer, [down_config], replays, config)
+                times.append(measured[config_key(down_config)])
+        return times
+
+    def _run_searches(self, searches, timers, report, up_configs=None) -> None:
+        """Propose, compile and time the rounds of searches {M: search} side by side; with
+        up_configs {M: config} the candidates are GEMM 2's configs beside those."""
+        while True:
+            proposals = {m: s.propose() for m, s in searches.items() if not s.done}
+            proposals = {m: p for m, p in proposals.items() if p is not None}
+            if not proposals:
+                return
+            self._compile(c for p in proposals.values() for c in p.configs)
+            for m, proposal in proposals.items():
+                up_config = up_configs[m] if up_configs else None
+                times, errors = self._time_configs(
+                    timers[m], proposal.configs, proposal.replays, up_config
+                )
+                searches[m].observe(times, errors)
+                kind = "down " if up_config else ""
+                report(f"M={m}: timed {len(proposal.configs)} {kind}configs")
 
     def _finish(self, M, search, timer) -> BatchResult:
         from tuning.fused_moe import default_config
@@ -356,7 +426,8 @@ class Tuner:
             errors = self.measurements.compile(list(todo.values()))
             self._compile_errors.update(zip(todo, errors, strict=True))
 
-    def _time_configs(self, timer, configs, replays):
+    def _time_configs(self, timer, configs, replays, up_config=None):
+        """{key: µs or None}, {key: error} of configs; beside up_config they are GEMM 2's."""
         times, errors = {}, {}
         for config in configs:
             key = config_key(config)
@@ -365,7 +436,12 @@ class Tuner:
                 try:
                     # screening rounds capture 2 calls per graph, the final rounds 4
                     calls = 4 if replays >= FINAL_REPLAYS else 2
-                    times[key] = timer.time_config(config, replays, calls)
+                    if up_config is None:
+                        times[key] = timer.time_config(config, replays, calls)
+                    else:
+                        times[key] = timer.time_config(
+                            up_config, replays, calls, down_config=config
+                        )
                     continue
                 except Exception as exc:
                     error = _one_line(exc)
@@ -380,6 +456,7 @@ def tune(
     *,
     device_index: int = 0,
     exhaustive: bool = False,
+    down: bool = True,
     progress_callback: ProgressCallback | None = None,
     resume_path: str | Path | None = None,
     compile_workers: int | None = None,
@@ -389,9 +466,26 @@ def tune(
         return tuner.tune(
             batch_sizes,
             exhaustive=exhaustive,
+            down=down,
             progress_callback=progress_callback,
             resume_path=resume_path,
         )
+
+
+def _finish_down(batch: BatchResult, search: DownProjectionSearch) -> None:
+    """Record a finished down search in batch: down config, tuned and shared-config µs."""
+    batch.candidates_tried += search.candidates_tried
+    batch.failures += [
+        {"config": config_of(k), "error": e, "down": True}
+        for k, e in sorted(search.state.errors.items())
+    ]
+    best = search.best
+    if best is None:
+        return
+    batch.down_config = best[0]
+    batch.tuned_us = round(best[1], 2)
+    if search.shared_us is not None:
+        batch.shared_config_us = round(search.shared_us, 2)
 
 
 class _CompilePool:
@@ -576,6 +670,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--exhaustive", action="store_true", help="time every viable config (slow; a check)"
     )
     parser.add_argument(
+        "--no-down",
+        action="store_true",
+        help="skip the search for GEMM 2's own configs (SGLang's _down file)",
+    )
+    parser.add_argument(
         "--compile-workers", type=int, help="parallel compile processes (default: CPUs − 1)"
     )
     parser.add_argument("--log", help="tuning log to resume from and write (default: in --out)")
@@ -592,7 +691,8 @@ def run(args: argparse.Namespace) -> int:
     """Tune (or merge logs), write the config file, print its path and a summary."""
     if args.merge:
         result = merge_results(_load_log(p) for p in args.merge)
-        print(write_config_file(result, args.out, args.style))
+        for path in write_config_files(result, args.out, args.style):
+            print(path)
         return 0
     import torch
 
@@ -621,16 +721,19 @@ def run(args: argparse.Namespace) -> int:
         batch_sizes,
         device_index=args.device,
         exhaustive=args.exhaustive,
+        down=not args.no_down,
         progress_callback=progress_bar(),
         resume_path=log,
         compile_workers=args.compile_workers,
     )
-    path = write_config_file(result, args.out, args.style)
-    print(path)
+    for path in write_config_files(result, args.out, args.style):
+        print(path)
     for m, b in sorted(result.batches.items()):
+        shared = "" if b.shared_config_us is None else f"  one config {b.shared_config_us:9.1f} µs"
         print(
-            f"M={m:>5}  tuned {b.tuned_us:9.1f} µs  default {b.default_us or float('nan'):9.1f}"
-            f" µs  floor {b.floor_us:9.1f} µs  tried {b.candidates_tried}"
+            f"M={m:>5}  tuned {b.tuned_us:9.1f} µs{shared}  default"
+            f" {b.default_us or float('nan'):9.1f} µs  floor {b.floor_us:9.1f} µs"
+            f"  tried {b.candidates_tried}"
         )
     speedup = result.speedup_geomean()
     if speedup is not None:
