@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 from celery import Celery
+from django.db import OperationalError
 
 from moeops import celery as web_celery
 from moeops.api.models import ApiToken
@@ -34,6 +35,7 @@ from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.front import actions
 from moeops.runs.models import FINISHED_STATUSES, SweepRun
 from workers.standin import spawn_standin
+from workers.telemetry import TelemetrySampler
 
 ROOT = Path(__file__).resolve().parent.parent
 GLM5_CONFIG = ROOT / "moeops/examples/glm-5-fp8_config.json"
@@ -232,9 +234,13 @@ class SweepStack:
         until = until or (lambda r: r.status in FINISHED_STATUSES)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            run = SweepRun.objects.get(pk=run.pk)
-            if until(run):
-                return run
+            try:
+                run = SweepRun.objects.get(pk=run.pk)
+                if until(run):
+                    return run
+            except OperationalError:
+                # SQLite's shared-cache test database: a table the server writes is locked
+                pass
             time.sleep(0.2)
         raise AssertionError(
             f"run {run.pk} still {run.status} {run.progress} after {timeout} s; worker log:\n"
@@ -244,6 +250,20 @@ class SweepStack:
     def spooled(self):
         """Pushes waiting in the worker's spool folder."""
         return sorted(Path(self.spool_dir).glob("*.json"))
+
+    def wait_for_empty_spool(self, timeout=30):
+        deadline = time.monotonic() + timeout
+        while self.spooled() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return self.spooled()
+
+
+@pytest.fixture(scope="session")
+def nvml_here():
+    """Whether this machine has NVML (a GPU host): then sweeps record real telemetry."""
+    sampler = TelemetrySampler().start()
+    sampler.stop()
+    return sampler.status == "recorded"
 
 
 def _free_port():

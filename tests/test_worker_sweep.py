@@ -2,6 +2,9 @@
 in-process stand-in engine; NVML is the fake of tests/test_telemetry.py where a test needs GPUs."""
 
 import json
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -182,3 +185,16 @@ def test_a_sweep_out_of_time_ends_failed_keeping_its_levels(world):
     run.refresh_from_db()
     assert "ran out of time" in run.error
     assert not run.levels.exists()
+
+
+def test_a_run_whose_worker_process_died_on_this_host_is_taken_over_at_once(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4,))
+    services.run_transition(run=run, status="running")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    worker = {"host": socket.gethostname(), "pid": dead.pid}
+    SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time(), "worker": worker})
+
+    assert _sweep(run, client) == "succeeded"
+    assert run.levels.count() == 1

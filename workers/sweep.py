@@ -11,6 +11,8 @@ levels already stored are skipped, so none is stored twice.
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -27,6 +29,7 @@ FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
 BUSY = "busy"
 # A running run whose last heartbeat is older than this (s) has lost its worker.
 HEARTBEAT_STALE_S = 10.0
+
 PROGRESS_INTERVAL_S = 1.0
 SAMPLES_INTERVAL_S = 5.0
 # The keys of a load-generator result that the API stores as LevelResult columns.
@@ -122,7 +125,7 @@ class _Progress:
 
     def snapshot(self):
         with self._lock:
-            return {**self.state, "heartbeat": time.time()}
+            return {**self.state, "heartbeat": time.time(), "worker": _me()}
 
 
 class _Samples:
@@ -192,6 +195,26 @@ class _Reporter(threading.Thread):
         self.join()
 
 
+def _me():
+    # who sends the heartbeats: on this host, a dead sender's run is taken over at once
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _alive(progress):
+    """Whether the process that sent this progress may still be sweeping."""
+    worker = progress.get("worker") or {}
+    if worker.get("host") != socket.gethostname() or not worker.get("pid"):
+        # another machine: only its heartbeat can tell
+        return True
+    try:
+        os.kill(worker["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def _claim(client, run_uuid, stale_after_s):
     """Move the run to running (or take over a running run whose worker died).
 
@@ -201,14 +224,17 @@ def _claim(client, run_uuid, stale_after_s):
     if run["status"] in FINISHED_STATUSES:
         return run["status"]
     if run["status"] == "running":
-        beat = (run.get("progress") or {}).get("heartbeat")
-        if beat is not None and time.time() - beat < stale_after_s:
+        progress = run.get("progress") or {}
+        beat = progress.get("heartbeat")
+        if beat is not None and time.time() - beat < stale_after_s and _alive(progress):
             return BUSY
         log.info("sweep %s: resuming a run whose worker stopped", run_uuid)
         return run
     try:
         return client.update_run(
-            run_uuid, status="running", progress={"heartbeat": time.time(), "levels_done": 0}
+            run_uuid,
+            status="running",
+            progress={"heartbeat": time.time(), "worker": _me(), "levels_done": 0},
         )
     except Conflict:
         # cancelled or claimed meanwhile: read where it is now
