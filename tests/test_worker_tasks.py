@@ -50,6 +50,9 @@ class FakeTuner:
             )
             for i, m in enumerate(batch_sizes, 1)
         }
+        # at M=1024 GEMM 2 got a config of its own: 1100 µs with it, 1120 µs with the shared one
+        batches[1024].down_config = dict(ENTRY)
+        batches[1024].shared_config_us = 1120.0
         return TuneResult(
             shape=shape,
             device_name="NVIDIA H200",
@@ -114,6 +117,8 @@ def test_a_tune_stores_its_config_timings_and_result(tune_client, tmp_path):
         214.0,
         144.0,
     )
+    # the stored config is the one both GEMMs use: its time, not the time with a down config
+    assert timings[1024].tuned_us == 1120.0
 
 
 def test_a_finished_tune_delivered_again_does_nothing(tune_client):

@@ -52,11 +52,15 @@ def _claim(client, tuning_run_uuid):
 
 
 def timing_rows(result):
-    """The API's timing rows (µs) from a tuning.tuner.TuneResult."""
+    """The API's timing rows (µs) from a tuning.tuner.TuneResult.
+
+    tuned_us is the time of the config that is stored, which both GEMMs use (as vLLM runs it);
+    a GEMM-2 config of its own (SGLang's `_down` files) is not stored by the API yet.
+    """
     return [
         {
             "batch_size": m,
-            "tuned_us": b.tuned_us,
+            "tuned_us": b.tuned_us if b.shared_config_us is None else b.shared_config_us,
             "default_us": b.default_us,
             "floor_us": b.floor_us,
             "config": b.config,
