@@ -3,9 +3,9 @@
 x [M, H] routed to top_k of E experts: sort the M·top_k token–expert pairs by expert and pad each
 expert's segment to BLOCK_SIZE_M (counted over many programs); grouped GEMM 1 gathers x rows and
 multiplies by w1 [E, 2N, H] (gate and up); silu(gate)·up; grouped GEMM 2 multiplies by w2 [E, H, N]
-and the router weight and adds each pair into its token's float32 row, so the top_k sum needs no
-[M, top_k, H] intermediate (deterministic=True keeps that intermediate and a separate sum kernel,
-for bit-identical reruns).
+and the router weight and scatters each pair to its own row; a last kernel sums the top_k rows of
+every token. (Adding the pairs into a float32 [M, H] with atomics in GEMM 2 instead was slower on
+an H200 from M=1024 up and no faster below: bench/KERNEL_NOTES.md, v3.)
 
 The structure and the meaning of every config key (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps,
 num_stages) follow the engines' fused-MoE kernel, so that a config tuned on this kernel is a config
@@ -74,7 +74,6 @@ def _expert_gemm_kernel(
     stride_bsn,
     stride_bsk,
     PAIRS_PER_A_ROW: tl.constexpr,
-    PAIRS_PER_C_ROW: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
     SCALES: tl.constexpr,
     GROUP_N: tl.constexpr,
@@ -84,10 +83,7 @@ def _expert_gemm_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
-    """C[pair // PAIRS_PER_C_ROW] (+)= A[pair // PAIRS_PER_A_ROW] @ B[expert]ᵀ on one tile.
-
-    Several pairs per C row (PAIRS_PER_C_ROW > 1) are added with float32 atomics, else stored.
-    """
+    """C[pair] = A[pair // PAIRS_PER_A_ROW] @ B[expert]ᵀ on one BLOCK_SIZE_M × BLOCK_SIZE_N tile."""
     pid_m, pid_n = _grouped_tile(
         tl.program_id(0), num_m_blocks, tl.cdiv(N, BLOCK_SIZE_N), group_size_m
     )
@@ -134,13 +130,8 @@ def _expert_gemm_kernel(
     if MUL_ROUTED_WEIGHT:
         weights = tl.load(topk_weights_ptr + pair_ids, mask=row_mask, other=0.0)
         acc = acc * weights.to(tl.float32)[:, None]
-    c_rows = pair_ids // PAIRS_PER_C_ROW
-    c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    c_mask = row_mask[:, None] & (offs_n < N)[None, :]
-    if PAIRS_PER_C_ROW > 1:
-        tl.atomic_add(c_ptrs, acc, mask=c_mask, sem="relaxed")
-    else:
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    c_ptrs = c_ptr + pair_ids[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n < N)[None, :])
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
@@ -476,7 +467,6 @@ def fused_moe(
     w1_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    deterministic: bool = False,
 ) -> torch.Tensor:
     """One MoE layer: out [M, H] = Σ_slot weight · w2[e] · (silu(w1[e]_gate · x) · w1[e]_up · x).
 
@@ -488,12 +478,6 @@ def fused_moe(
     block_shape w1_scale and w2_scale are [E] (one scale per expert); with block_shape [bn, bk]
     they are [E, ⌈rows/bn⌉, ⌈cols/bk⌉]. out, when given, receives the result (shape [M, H],
     x's dtype).
-
-    GEMM 2 adds the top_k pairs of a token into one float32 row with atomics, in an order that
-    varies between runs: reruns agree to float32 rounding, and a bf16 out can differ by one ulp
-    in a few elements per 10⁴. deterministic=True writes the pairs' [M, top_k, H] rows and sums
-    them in slot order instead (identical bits every run; that round trip costs 2·M·top_k·H·2
-    bytes more).
     """
     M, H = x.shape
     E, two_n, _ = w1.shape
@@ -517,84 +501,43 @@ def fused_moe(
     num_pairs = M * top_k
     a1, a1_scale = _quantize_activations(x, scales, block_shape)
     h = torch.empty((num_pairs, two_n), dtype=x.dtype, device=x.device)
-    _expert_gemm(
-        a1, w1, h, blocks, config, scales, block_shape, a1_scale, w1_scale, pairs_per_a_row=top_k
-    )
+    _expert_gemm(a1, w1, h, blocks, config, scales, block_shape, a1_scale, w1_scale, top_k, None)
     a2, a2_scale = _silu_and_mul(h, scales, block_shape)
-    weights = topk_weights.reshape(-1)
-    if top_k == 1 or deterministic:
-        y = (
-            out.view(M, 1, H)
-            if top_k == 1
-            else torch.empty((M, top_k, H), dtype=x.dtype, device=x.device)
-        )
-        _expert_gemm(
-            a2,
-            w2,
-            y.view(num_pairs, H),
-            blocks,
-            down_config,
-            scales,
-            block_shape,
-            a2_scale,
-            w2_scale,
-            topk_weights=weights,
-        )
-        if top_k > 1:
-            block_h = min(1024, triton.next_power_of_2(H))
-            _sum_topk_kernel[(M, triton.cdiv(H, block_h))](
-                y, out, H, y.stride(0), y.stride(1), out.stride(0), TOP_K=top_k, BLOCK_H=block_h
-            )
-        return out
-    acc = (
-        out
-        if out.dtype == torch.float32
-        else torch.empty((M, H), dtype=torch.float32, device=x.device)
+    y = (
+        out.view(M, 1, H)
+        if top_k == 1
+        else torch.empty((M, top_k, H), dtype=x.dtype, device=x.device)
     )
-    acc.zero_()
     _expert_gemm(
         a2,
         w2,
-        acc,
+        y.view(num_pairs, H),
         blocks,
         down_config,
         scales,
         block_shape,
         a2_scale,
         w2_scale,
-        pairs_per_c_row=top_k,
-        topk_weights=weights,
+        1,
+        topk_weights.reshape(-1),
     )
-    if acc is not out:
-        out.copy_(acc)
+    if top_k > 1:
+        block_h = min(1024, triton.next_power_of_2(H))
+        _sum_topk_kernel[(M, triton.cdiv(H, block_h))](
+            y, out, H, y.stride(0), y.stride(1), out.stride(0), TOP_K=top_k, BLOCK_H=block_h
+        )
     return out
 
 
 def _expert_gemm(
-    a,
-    b,
-    c,
-    blocks,
-    config,
-    scales,
-    block_shape,
-    a_scale,
-    b_scale,
-    *,
-    pairs_per_a_row=1,
-    pairs_per_c_row=1,
-    topk_weights=None,
+    a, b, c, blocks, config, scales, block_shape, a_scale, b_scale, pairs_per_a_row, topk_weights
 ):
-    """Launch the grouped GEMM c[pair // pairs_per_c_row] (+)= a[pair // pairs_per_a_row] @
-    b[expert]ᵀ; several pairs per c row are added with float32 atomics."""
+    """Launch the grouped GEMM c[pair] = a[pair // pairs_per_a_row] @ b[expert]ᵀ."""
     _, n, k = b.shape
     block_n, block_k = config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     group_n, group_k = block_shape if scales == _SCALES_BLOCK else (1, 1)
     a_scale_strides = a_scale.stride() if scales == _SCALES_BLOCK else (0, 0)
     b_scale_strides = b_scale.stride() if scales == _SCALES_BLOCK else (0, 0, 0)
-    # Accumulating, all M-blocks of one N-tile run before the next, so that the float32
-    # [M, BLOCK_SIZE_N] slab their atomics hit stays in L2 until every top_k add has landed.
-    group_size_m = blocks.num_m_blocks if pairs_per_c_row > 1 else config["GROUP_SIZE_M"]
     grid = (blocks.num_m_blocks * triton.cdiv(n, block_n),)
     _expert_gemm_kernel[grid](
         a,
@@ -610,7 +553,7 @@ def _expert_gemm(
         n,
         k,
         blocks.num_m_blocks,
-        group_size_m,
+        config["GROUP_SIZE_M"],
         a.stride(0),
         a.stride(1),
         b.stride(0),
@@ -621,7 +564,6 @@ def _expert_gemm(
         *a_scale_strides,
         *b_scale_strides,
         PAIRS_PER_A_ROW=pairs_per_a_row,
-        PAIRS_PER_C_ROW=pairs_per_c_row,
         MUL_ROUTED_WEIGHT=topk_weights is not None,
         SCALES=scales,
         GROUP_N=group_n,

@@ -145,30 +145,18 @@ def search_space(
 def down_search_space(
     shape: KernelShape, up_config: dict, shared_memory: int = SM90_SHARED_MEMORY
 ) -> list[dict[str, int]]:
-    """Every viable config for GEMM 2 (the down projection, K = N) given GEMM 1's config.
-
-    BLOCK_SIZE_M is up_config's: SGLang runs both GEMMs on one sort-and-pad and overrides a
-    down BLOCK_SIZE_M that differs. GROUP_SIZE_M is up_config's too: our GEMM 2 orders its tiles
-    itself (all M-blocks of an N-tile together, for its atomics), so only the engine's would use
-    it, and we cannot time that.
-    """
+    """Every viable config for GEMM 2 (the down projection) given GEMM 1's config: the grid with
+    up_config's BLOCK_SIZE_M, which SGLang requires (both GEMMs run on one sort-and-pad)."""
     configs = []
     for bn in BLOCK_SIZES_N:
         for bk in BLOCK_SIZES_K:
-            for warps in NUM_WARPS:
-                for stages in NUM_STAGES:
-                    config = config_of(
-                        (
-                            up_config["BLOCK_SIZE_M"],
-                            bn,
-                            bk,
-                            up_config["GROUP_SIZE_M"],
-                            warps,
-                            stages,
-                        )
-                    )
-                    if is_viable(config, shape, shared_memory):
-                        configs.append(config)
+            for group in GROUP_SIZES_M:
+                for warps in NUM_WARPS:
+                    for stages in NUM_STAGES:
+                        key = (up_config["BLOCK_SIZE_M"], bn, bk, group, warps, stages)
+                        config = config_of(key)
+                        if is_viable(config, shape, shared_memory):
+                            configs.append(config)
     return configs
 
 
@@ -219,8 +207,6 @@ class CoarseToFineSearch:
     ):
         self.M = M
         self.space = search_space(M, shape, shared_memory)
-        # GROUP_SIZE_M of the tile and warps/stages rounds
-        self.screen_group = 16
         self.state = SearchState()
         self.screen_replays = screen_replays
         self.refine_replays = refine_replays
@@ -281,7 +267,7 @@ class CoarseToFineSearch:
             c
             for c in self.space
             if config_key(c)[:3] in best_tiles
-            and c["GROUP_SIZE_M"] == self.screen_group
+            and c["GROUP_SIZE_M"] == 16
             and config_key(c) not in self.state.times
         ]
         return Proposal(configs, self.refine_replays)
@@ -305,10 +291,9 @@ class CoarseToFineSearch:
 class DownProjectionSearch(CoarseToFineSearch):
     """GEMM 2's own config (SGLang's `_down` file) at batch size M, GEMM 1's config fixed.
 
-    Candidates come from down_search_space. Round 1: one warps/stages guess per (BLOCK_SIZE_N,
-    BLOCK_SIZE_K) tile; round 2: every warps × stages of the best `keep_tiles` tiles; final:
-    the finalists re-timed beside up_config itself, so that a down config only wins by beating
-    GEMM 2 run with GEMM 1's config.
+    CoarseToFineSearch's rounds over down_search_space (tiles differ only in BLOCK_SIZE_N and
+    BLOCK_SIZE_K), with `keep_tiles` 2; the final re-times the finalists beside up_config itself,
+    so that a down config only wins by beating GEMM 2 run with GEMM 1's config.
     """
 
     def __init__(
@@ -324,8 +309,6 @@ class DownProjectionSearch(CoarseToFineSearch):
         super().__init__(M, shape, shared_memory=shared_memory, keep_tiles=keep_tiles, **kwargs)
         self.up_config = config_of(config_key(up_config))
         self.space = down_search_space(shape, up_config, shared_memory)
-        self.screen_group = up_config["GROUP_SIZE_M"]
-        self._rounds = iter((self._tiles, self._warps_and_stages, self._final))
 
     @property
     def shared_us(self) -> float | None:

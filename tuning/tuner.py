@@ -38,8 +38,8 @@ ProgressCallback = Callable[[int, int, str], None]
 # Batch sizes searched side by side: their compiles share one parallel batch.
 CHUNK_BATCH_SIZES = 6
 FINAL_REPLAYS = 20
-# Rounds of a DownProjectionSearch: tiles, warps and stages, final.
-DOWN_ROUNDS = 3
+# Rounds of a DownProjectionSearch: tiles, warps and stages, group sizes, final.
+DOWN_ROUNDS = 4
 COMPILE_TIMEOUT_S = 300
 
 
