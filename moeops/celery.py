@@ -18,6 +18,9 @@ app.conf.update(
     task_default_queue="web",
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
+    # Same Redis as the GPU-host workers: an unacked sweep must not be re-delivered after
+    # Redis' default hour (workers/celery.py uses the same timeout).
+    broker_transport_options={"visibility_timeout": 21840},
 )
 app.autodiscover_tasks()
 

@@ -94,6 +94,11 @@ def test_make_run_brings_up_both_workers_and_the_standin_and_a_ui_sweep_finishes
             data={"username": login[1], "password": login[2], "csrfmiddlewaretoken": _csrf(page)},
             headers={"Referer": f"{base}/accounts/login/"},
         )
+        # the URL and login it printed work, and the write-up's example data is there
+        assert f"moeops is running at {base}/" in output()
+        dashboard = web.get("/")
+        assert "GLM-5-NVFP4 on 8× RTX PRO 6000" in dashboard.text
+        assert "912" in dashboard.text
         page = web.get(f"/deployments/{deployment['id']}/")
         assert "GLM-5 (stand-in)" in page.text
         started = web.post(
