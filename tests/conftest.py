@@ -1,5 +1,7 @@
 import os
 import socket
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +60,11 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("postgresql"):
         db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
+    else:
+        # A file, not shared-cache memory: live servers and pollers read it from other threads,
+        # where shared-cache memory answers "database table is locked".
+        name = Path(tempfile.gettempdir()) / f"moeops-test-{os.getpid()}.sqlite3"
+        db.setdefault("TEST", {})["NAME"] = str(name)
 
 
 @pytest.fixture(autouse=True, scope="session")
