@@ -32,7 +32,7 @@ ENTRY = {
     "num_warps": 4,
     "num_stages": 3,
 }
-HF_CONFIGS = Path("/work/shared/data/hf_configs")
+HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf_configs"
 
 
 class FakeTimer:
