@@ -1,11 +1,23 @@
 from django.core.management.base import BaseCommand
 
 from moeops.examples import load_example_data
+from moeops.insights.services import run_analyze
+from moeops.runs.models import SweepRun
 
 
 class Command(BaseCommand):
-    help = "Load the example data of the write-up (idempotent: running it again changes nothing)."
+    help = (
+        "Load the example data of the write-up and analyze its runs "
+        "(idempotent: running it again changes nothing)."
+    )
 
     def handle(self, *args, **options):
         deployment = load_example_data()
-        self.stdout.write(f"Example data loaded: {deployment.name} and the write-up's figures.")
+        findings = 0
+        # The diagnosis reads the write-up's runs like any other run (plateau, queueing, …).
+        for run in SweepRun.objects.filter(provenance__startswith="From the write-up"):
+            findings += len(run_analyze(run=run))
+        self.stdout.write(
+            f"Example data loaded: {deployment.name} and the write-up's figures "
+            f"({findings} findings from the analysis)."
+        )
