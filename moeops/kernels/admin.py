@@ -1,8 +1,8 @@
 from django import forms
 from django.contrib import admin
-from tuning.config_files import ConfigEntryError, validate_entries
 
 from moeops.kernels.models import KernelConfig, TuningRun, TuningTiming
+from tuning.config_files import ConfigEntryError, validate_entries
 
 
 class KernelConfigForm(forms.ModelForm):
