@@ -1,9 +1,10 @@
 """Tune the fused-MoE kernel for a model's MoE shape on this GPU; write the engine's config file.
 
 Library: `tune(shape, batch_sizes, ...) -> TuneResult`, or a `Tuner` kept open over several
-tunes of one shape. Several GPUs: run one process per GPU (CUDA_VISIBLE_DEVICES) on a share of
-the batch sizes, each with its own log, then `merge_results` and `write_config_files`
-(CLI: `--merge LOG ...`). The CLI resumes from its log: finished batch sizes are skipped.
+tunes of one shape. Several GPUs: `tuning.spread.spread_tune` (CLI: `--gpus 0,1,...` or `all`)
+runs one process per GPU on a share of the batch sizes and merges their logs with
+`merge_results` (by hand: `--merge LOG ...`). The CLI resumes from its log: finished batch sizes
+are skipped.
 """
 
 from __future__ import annotations
@@ -677,6 +678,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compile-workers", type=int, help="parallel compile processes (default: CPUs − 1)"
     )
+    parser.add_argument(
+        "--gpus",
+        help="spread the tune over these GPUs, e.g. 0,1,2,3 or all (one process each; --log"
+        " then names a folder for their logs)",
+    )
     parser.add_argument("--log", help="tuning log to resume from and write (default: in --out)")
     parser.add_argument("--fresh", action="store_true", help="ignore an existing log")
     parser.add_argument(
@@ -694,6 +700,17 @@ def run(args: argparse.Namespace) -> int:
         for path in write_config_files(result, args.out, args.style):
             print(path)
         return 0
+    if args.gpus:
+        from tuning import spread
+
+        try:
+            gpus = spread.parse_gpus(args.gpus)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if len(gpus) > 1:
+            return spread.run_cli(args, gpus)
+        args.device = gpus[0]
     import torch
 
     if not torch.cuda.is_available():
@@ -728,6 +745,12 @@ def run(args: argparse.Namespace) -> int:
     )
     for path in write_config_files(result, args.out, args.style):
         print(path)
+    print_summary(result)
+    return 0
+
+
+def print_summary(result: TuneResult) -> None:
+    """Per batch size tuned, one-config, default and floor µs and tries; speedup and wall."""
     for m, b in sorted(result.batches.items()):
         shared = "" if b.shared_config_us is None else f"  one config {b.shared_config_us:9.1f} µs"
         print(
@@ -739,7 +762,6 @@ def run(args: argparse.Namespace) -> int:
     if speedup is not None:
         print(f"tuned/default geomean speedup {speedup:.2f}x")
     print(f"wall {result.wall_s:.0f} s")
-    return 0
 
 
 def parse_ints(text: str) -> tuple[int, ...]:

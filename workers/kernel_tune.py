@@ -1,10 +1,10 @@
 """A fused-MoE kernel tune as a GPU-host worker runs it, over the REST API; no Celery needed.
 
 `tune_kernel(tuning_run_uuid, client=..., E=, N=, hidden_size=, topk=, ...)` claims the tuning
-run, tunes with tuning.tuner on the host's GPU (resuming from a local log when the task is
-delivered again), reports progress, and pushes the tuned config (the API serves it under the
-engines' exact file names), the per-batch-size timings (tuned, default and floor µs) and the
-final status.
+run, tunes with tuning.tuner on the host's GPU or with tuning.spread over several (resuming
+from local logs when the task is delivered again), reports progress, and pushes the tuned config
+(the API serves it under the engines' exact file names), the per-batch-size timings (tuned,
+default and floor µs) and the final status.
 """
 
 import logging
@@ -34,6 +34,18 @@ def _default_tune(shape, batch_sizes, *, device_index, progress_callback, resume
         device_index=device_index,
         progress_callback=progress_callback,
         resume_path=resume_path,
+    )
+
+
+def _default_spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_dir):
+    from tuning.spread import spread_tune
+
+    return spread_tune(
+        shape,
+        batch_sizes,
+        gpu_indices,
+        log_dir=log_dir,
+        progress_callback=progress_callback,
     )
 
 
@@ -84,12 +96,15 @@ def tune_kernel(
     gpu_indices=None,
     device_name="",
     tune=_default_tune,
+    spread=_default_spread,
 ):
-    """Tune one shape (E experts per rank, N per-shard intermediate, hidden_size, topk) on the
-    first of gpu_indices (CUDA index; default 0); returns the tuning run's final status.
+    """Tune one shape (E experts per rank, N per-shard intermediate, hidden_size, topk) on
+    gpu_indices (CUDA indices; default [0]), spread over them when there are several; returns
+    the tuning run's final status.
 
-    tune: tuning.tuner.tune's signature (tests pass a fake). device_name is what the web tier
-    expected; the tuner reads the real one from the GPU and that one names the file.
+    tune, spread: tuning.tuner.tune's and tuning.spread.spread_tune's signatures (tests pass
+    fakes). device_name is what the web tier expected; the tuner reads the real one from the
+    GPU and that one names the file.
     """
     from tuning.config_files import TUNED_BATCH_SIZES
     from tuning.search import KernelShape
@@ -121,14 +136,24 @@ def tune_kernel(
 
     log_dir = _log_dir()
     log_dir.mkdir(parents=True, exist_ok=True)
+    gpu_indices = list(gpu_indices or [0])
     try:
-        result = tune(
-            shape,
-            batch_sizes or TUNED_BATCH_SIZES,
-            device_index=(gpu_indices or [0])[0],
-            progress_callback=progress,
-            resume_path=log_dir / f"{tuning_run_uuid}.json",
-        )
+        if len(gpu_indices) > 1:
+            result = spread(
+                shape,
+                batch_sizes or TUNED_BATCH_SIZES,
+                gpu_indices,
+                progress_callback=progress,
+                log_dir=log_dir / tuning_run_uuid,
+            )
+        else:
+            result = tune(
+                shape,
+                batch_sizes or TUNED_BATCH_SIZES,
+                device_index=gpu_indices[0],
+                progress_callback=progress,
+                resume_path=log_dir / f"{tuning_run_uuid}.json",
+            )
         if device_name and device_name != result.device_name:
             log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)
         config = _store_config(client, tuning_run_uuid, shape, result)
