@@ -116,6 +116,8 @@ TEMPLATES = [
 if os.getenv("DATABASE_URL"):
     DATABASES = {"default": database_from_url(os.environ["DATABASE_URL"])}
 else:
+    # SQLite opens its file but does not create the folder: a fresh clone has no var/ yet.
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
