@@ -25,8 +25,10 @@ from moeops.api.fields import (
 )
 from moeops.api.paging import Page
 from moeops.api.responses import stored
+from moeops.api.runs import TelemetryIn, TelemetrySampleOut
 from moeops.kernels import services
 from moeops.kernels.models import CONFIG_SOURCES, TUNING_STATUSES, KernelConfig, TuningRun
+from moeops.runs import services as run_services
 from tuning import config_files
 
 router = Router(tags=["kernels"])
@@ -260,6 +262,17 @@ class TimingsRecorded(Schema):
     existing: int
 
 
+class TuningBatchOut(Schema):
+    tuning_run: int
+    batch_id: str
+    kind: str
+    count: int
+
+    @staticmethod
+    def resolve_tuning_run(obj):
+        return obj.tuning_run_id
+
+
 class TuningRunFilter(CreatedRange):
     host: text(200) | None = Field(None, description="host name")
     deployment: text(200) | None = Field(None, description="deployment name")
@@ -327,3 +340,25 @@ def tuning_timings_record(request, ref: str, payload: TimingsIn):
         tuning_run=tuning_run, timings=[t.model_dump() for t in payload.timings]
     )
     return stored(created, {"created": created, "existing": existing})
+
+
+@router.post(
+    "/tuning-runs/{ref}/telemetry", auth=WRITE, response={200: TuningBatchOut, 201: TuningBatchOut}
+)
+def tuning_telemetry_record(request, ref: str, payload: TelemetryIn):
+    """Store a batch of GPU samples of the tune (every GPU it runs on) once per batch_id."""
+    tuning_run = lookups.get_tuning_run(ref)
+    require_write(request, tuning_run.host)
+    batch, created = run_services.telemetry_record(
+        tuning_run=tuning_run,
+        batch_id=payload.batch_id,
+        samples=[s.__dict__ for s in payload.samples],
+    )
+    return stored(created, batch)
+
+
+@router.get("/tuning-runs/{ref}/telemetry", response=list[TelemetrySampleOut])
+@paginate(Page)
+def tuning_telemetry_list(request, ref: str):
+    """The tune's GPU samples in time order."""
+    return lookups.get_tuning_run(ref).telemetry.order_by("ts", "gpu_index", "id")

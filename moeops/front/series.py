@@ -1,4 +1,4 @@
-"""Time series of a run bucketed for display; the raw samples stay in the database.
+"""Time series of a run or a kernel tune bucketed for display; raw samples stay in the database.
 
 A 2 h sweep sampled at 1 Hz on 8 GPUs is 57,600 rows: the run page asks the database for a fixed
 number of time buckets per GPU (mean, min and max in one GROUP BY) instead of loading them all.
@@ -65,9 +65,10 @@ def _bucketed(qs, bounds, group_field, aggregates, buckets):
 def gpu_series(run, buckets=BUCKETS):
     """Per GPU: GPU utilization (%) and power (W), mean/min/max per time bucket.
 
+    run: a SweepRun or a kernels TuningRun (both own samples as `telemetry`).
     `extra["power_limit_w"]` is the highest enforced power limit seen (W), or None.
     """
-    qs = TelemetrySample.objects.filter(run=run)
+    qs = run.telemetry.all()
     bounds = _bounds(qs, power_limit_w=Max("power_limit_w"))
     return _bucketed(
         qs,

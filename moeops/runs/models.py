@@ -1,4 +1,5 @@
-"""Sweeps: a run over concurrency levels, its per-level results, GPU telemetry, engine samples."""
+"""Sweeps: a run over concurrency levels, its per-level results, GPU telemetry (of sweeps and
+kernel tunes), engine samples."""
 
 import math
 import uuid
@@ -191,10 +192,25 @@ class LevelResult(models.Model):
         return 1000.0 / self.median_tpot_ms
 
 
+# Telemetry belongs to a sweep run or to a kernel tuning run, never to both or neither.
+ONE_OWNER = models.Q(run__isnull=False, tuning_run__isnull=True) | models.Q(
+    run__isnull=True, tuning_run__isnull=False
+)
+
+
 class TelemetryBatch(models.Model):
     """A client-chosen batch id, so that a resent telemetry batch is stored once."""
 
-    run = models.ForeignKey(SweepRun, models.CASCADE, related_name="telemetry_batches")
+    run = models.ForeignKey(
+        SweepRun, models.CASCADE, null=True, blank=True, related_name="telemetry_batches"
+    )
+    tuning_run = models.ForeignKey(
+        "kernels.TuningRun",
+        models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="telemetry_batches",
+    )
     batch_id = models.CharField(max_length=100)
     kind = models.CharField(max_length=20, default="gpu")
     count = models.PositiveIntegerField(default=0)
@@ -204,7 +220,11 @@ class TelemetryBatch(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["run", "kind", "batch_id"], name="telemetry_batch_unique"
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["tuning_run", "kind", "batch_id"], name="telemetry_batch_tuning_unique"
+            ),
+            models.CheckConstraint(condition=ONE_OWNER, name="telemetry_batch_one_owner"),
         ]
 
     def __str__(self):
@@ -212,9 +232,15 @@ class TelemetryBatch(models.Model):
 
 
 class TelemetrySample(models.Model):
-    """One NVML reading of one GPU (1 Hz by default); raw samples are kept, charts downsample."""
+    """One NVML reading of one GPU (1 Hz by default) during a sweep or a kernel tune; raw
+    samples are kept, charts downsample."""
 
-    run = models.ForeignKey(SweepRun, models.CASCADE, related_name="telemetry")
+    run = models.ForeignKey(
+        SweepRun, models.CASCADE, null=True, blank=True, related_name="telemetry"
+    )
+    tuning_run = models.ForeignKey(
+        "kernels.TuningRun", models.CASCADE, null=True, blank=True, related_name="telemetry"
+    )
     gpu_index = models.PositiveSmallIntegerField()
     ts = models.FloatField(help_text="UTC epoch s")
     level_concurrency = models.PositiveIntegerField(null=True, blank=True)
@@ -228,8 +254,15 @@ class TelemetrySample(models.Model):
     temperature_c = models.FloatField(null=True, blank=True)
 
     class Meta:
-        # run page charts read one run's samples in time order
-        indexes = [models.Index(fields=["run", "ts"], name="telemetry_run_ts")]
+        indexes = [
+            # run page charts read one run's samples in time order
+            models.Index(fields=["run", "ts"], name="telemetry_run_ts"),
+            # tuning-run page charts read one tune's samples in time order
+            models.Index(fields=["tuning_run", "ts"], name="telemetry_tuning_ts"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=ONE_OWNER, name="telemetry_sample_one_owner")
+        ]
 
     def __str__(self):
         return f"GPU{self.gpu_index} @ {self.ts:.1f}"

@@ -1,4 +1,5 @@
-"""Writes to sweep runs: create, status compare-and-set, levels, telemetry, imported files."""
+"""Writes to sweep runs: create, status compare-and-set, levels, telemetry (of sweeps and
+kernel tunes), imported files."""
 
 import hashlib
 from operator import itemgetter
@@ -138,14 +139,20 @@ def level_record(*, run, **fields):
         return run.levels.get(key=key), False
 
 
+# The columns that say whose a sample is: a sweep run's or a tuning run's.
+OWNER_COLUMNS = ("run_id", "tuning_run_id")
+
+
 def _sample_columns(model):
-    """The sample table's columns after run_id, in model order (no id)."""
+    """The sample table's columns but its id and owner, in model order."""
     return [
-        f.column for f in model._meta.concrete_fields if not f.primary_key and f.column != "run_id"
+        f.column
+        for f in model._meta.concrete_fields
+        if not f.primary_key and f.column not in OWNER_COLUMNS
     ]
 
 
-def _insert_samples(model, run_id, samples):
+def _insert_samples(model, owner_column, owner_id, samples):
     """Insert sample rows without building model instances.
 
     bulk_create spends ~150 µs per telemetry row in model __init__ and value preparation
@@ -153,9 +160,9 @@ def _insert_samples(model, run_id, samples):
     """
     columns = _sample_columns(model)
     values = itemgetter(*columns)
-    rows = [(run_id, *values(sample)) for sample in samples]
+    rows = [(owner_id, *values(sample)) for sample in samples]
     table = connection.ops.quote_name(model._meta.db_table)
-    names = ", ".join(connection.ops.quote_name(c) for c in ["run_id", *columns])
+    names = ", ".join(connection.ops.quote_name(c) for c in [owner_column, *columns])
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             with cursor.copy(f"COPY {table} ({names}) FROM STDIN") as copy:
@@ -166,29 +173,35 @@ def _insert_samples(model, run_id, samples):
             cursor.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
 
 
-def _batch_record(*, run, batch_id, kind, model, samples):
-    existing = TelemetryBatch.objects.filter(run=run, kind=kind, batch_id=batch_id).first()
+def _batch_record(*, owner, batch_id, kind, model, samples):
+    """owner: {"run": SweepRun} or {"tuning_run": TuningRun}."""
+    ((field, obj),) = owner.items()
+    key = {**owner, "kind": kind, "batch_id": batch_id}
+    existing = TelemetryBatch.objects.filter(**key).first()
     if existing is not None:
         return existing, False
     try:
         with transaction.atomic():
-            batch = TelemetryBatch.objects.create(
-                run=run, kind=kind, batch_id=batch_id, count=len(samples)
-            )
-            _insert_samples(model, run.pk, samples)
+            batch = TelemetryBatch.objects.create(**key, count=len(samples))
+            _insert_samples(model, f"{field}_id", obj.pk, samples)
     except IntegrityError:
         # the same batch arrived twice at once; the other request stored it
-        return TelemetryBatch.objects.get(run=run, kind=kind, batch_id=batch_id), False
+        return TelemetryBatch.objects.get(**key), False
     return batch, True
 
 
-def telemetry_record(*, run, batch_id, samples):
-    """(TelemetryBatch, created): store GPU samples once per batch id.
+def telemetry_record(*, batch_id, samples, run=None, tuning_run=None):
+    """(TelemetryBatch, created): store GPU samples of a sweep run or of a kernel tuning run
+    (exactly one of the two) once per batch id.
 
-    samples: dicts holding every TelemetrySample field but run (None where unknown).
+    samples: dicts holding every TelemetrySample field but run and tuning_run (None where
+    unknown).
     """
+    if (run is None) == (tuning_run is None):
+        raise TypeError("telemetry_record needs exactly one of run and tuning_run")
+    owner = {"run": run} if run is not None else {"tuning_run": tuning_run}
     return _batch_record(
-        run=run, batch_id=batch_id, kind="gpu", model=TelemetrySample, samples=samples
+        owner=owner, batch_id=batch_id, kind="gpu", model=TelemetrySample, samples=samples
     )
 
 
@@ -198,7 +211,7 @@ def engine_samples_record(*, run, batch_id, samples):
     samples: dicts holding every EngineSample field but run (None where unknown).
     """
     return _batch_record(
-        run=run, batch_id=batch_id, kind="engine", model=EngineSample, samples=samples
+        owner={"run": run}, batch_id=batch_id, kind="engine", model=EngineSample, samples=samples
     )
 
 

@@ -169,16 +169,32 @@ def run_cancel(request, uuid):
     return redirect("run-detail", uuid=run.uuid)
 
 
+def tuning_figures(tuning, timings):
+    """Every chart of the tuning-run page, by element id; the status endpoint sends the same."""
+    gpu = series.gpu_series(tuning)
+    return {
+        "timings": charts.kernel_timings(timings),
+        "gpu-util": charts.gpu_utilization(gpu, []),
+        "gpu-power": charts.gpu_power(gpu, []),
+    }
+
+
 @login_required
 def tuning_detail(request, uuid):
     tuning = _get_tuning_for_user(request.user, uuid)
     timings = list(tuning.timings.all())
+    figures = tuning_figures(tuning, timings)
+    unfinished = tuning.status in ("queued", "running")
     ctx = {
         "nav": "kernels",
         "tuning": tuning,
         "timings": timings,
         "progress": tuning_progress(tuning, len(timings)),
-        "figure": charts.kernel_timings(timings),
+        "figures": figures,
+        # a running tune's empty charts fill in; a finished one without samples says so
+        "time_charts": [
+            (k, figures[k]) for k in ("gpu-util", "gpu-power") if figures[k]["data"] or unfinished
+        ],
     }
     return render(request, "front/tuning_detail.html", ctx)
 
@@ -195,5 +211,5 @@ def tuning_status(request, uuid):
         "progress": tuning_progress(tuning, len(timings)),
     }
     if request.GET.get("figures"):
-        payload["figures"] = {"timings": charts.kernel_timings(timings)}
+        payload["figures"] = tuning_figures(tuning, timings)
     return JsonResponse(payload)
