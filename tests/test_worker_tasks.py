@@ -10,6 +10,7 @@ from moeops.celery import send_host_task
 from moeops.fleet.models import Deployment, Host
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import KernelConfig, TuningRun
+from tests.test_telemetry import FakeNVML, h200
 from tuning.search import KernelShape
 from tuning.tuner import BatchResult, TuneResult
 from workers import kernel_tune
@@ -119,6 +120,60 @@ def test_a_tune_stores_its_config_timings_and_result(tune_client, tmp_path):
     )
     # the stored config is the one both GEMMs use: its time, not the time with a down config
     assert timings[1024].tuned_us == 1120.0
+
+
+@pytest.mark.parametrize("gpu_indices", [[3], [0, 2, 3]])
+def test_one_sampler_records_every_gpu_of_the_tune(tune_client, monkeypatch, gpu_indices):
+    host, client = tune_client
+    tuning_run, _ = kernel_services.tuning_run_create(
+        host=host, E=256, N=256, hidden_size=6144, topk=8
+    )
+    monkeypatch.setattr(kernel_tune, "SAMPLES_INTERVAL_S", 0.1)
+    nvml = FakeNVML([h200(util=10 * i, power_mw=100_000 * (i + 1)) for i in range(4)])
+    tuner = FakeTuner()
+
+    def slow(*args, **kwargs):
+        # long enough for several samples per GPU and several pushes during the tune
+        time.sleep(0.5)
+        return tuner(*args, **kwargs)
+
+    def spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_dir):
+        return slow(
+            shape,
+            batch_sizes,
+            device_index=gpu_indices[0],
+            progress_callback=progress_callback,
+            resume_path=log_dir / "log.json",
+        )
+
+    outcome = kernel_tune.tune_kernel(
+        str(tuning_run.uuid),
+        client=client,
+        E=256,
+        N=256,
+        hidden_size=6144,
+        topk=8,
+        batch_sizes=[1, 1024],
+        gpu_indices=gpu_indices,
+        tune=slow,
+        spread=spread,
+        nvml=nvml,
+        telemetry_hz=10,
+    )
+
+    assert outcome == "succeeded"
+    samples = list(tuning_run.telemetry.order_by("ts", "gpu_index"))
+    counts = {i: sum(s.gpu_index == i for s in samples) for i in gpu_indices}
+    assert set(counts) == {s.gpu_index for s in samples}
+    assert min(counts.values()) >= 3
+    # one sampler: every reading instant holds every GPU of the tune
+    assert len({s.ts for s in samples}) * len(gpu_indices) == len(samples)
+    by_gpu = {s.gpu_index: s for s in samples}
+    assert [(by_gpu[i].gpu_util, by_gpu[i].power_w) for i in gpu_indices] == [
+        (10.0 * i, 100.0 * (i + 1)) for i in gpu_indices
+    ]
+    assert tuning_run.telemetry_batches.count() >= 2
+    assert nvml.inits == nvml.shutdowns == 1
 
 
 def test_a_finished_tune_delivered_again_does_nothing(tune_client):

@@ -396,6 +396,10 @@ class MoeopsClient:
         """Per batch size: tuned_us, default_us, floor_us, config, …; each stored once."""
         return self._push("POST", f"/tuning-runs/{tuning_run}/timings", {"timings": timings})
 
+    def post_tuning_telemetry(self, tuning_run, samples, batch_id):
+        """GPU samples taken during a tune (dicts of TelemetrySample fields) under a batch id."""
+        return self._post_samples(f"/tuning-runs/{tuning_run}/telemetry", samples, batch_id)
+
 
 def _attachment_name(disposition):
     """The file name of a Content-Disposition header (RFC 6266, as Django writes it)."""

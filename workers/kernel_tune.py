@@ -2,22 +2,26 @@
 
 `tune_kernel(tuning_run_uuid, client=..., E=, N=, hidden_size=, topk=, ...)` claims the tuning
 run, tunes with tuning.tuner on the host's GPU or with tuning.spread over several (resuming
-from local logs when the task is delivered again), reports progress, and pushes the tuned config
+from local logs when the task is delivered again) while one NVML sampler records every GPU of the
+tune and pushes the samples in batches, reports progress, and pushes the tuned config
 (the API serves it under the engines' exact file names), the per-batch-size timings (tuned,
 default and floor µs) and the final status.
 """
 
+import functools
 import logging
 import os
 import time
 from pathlib import Path
 
 from workers.client import ApiError, Conflict, Unreachable
+from workers.telemetry import TelemetryPusher
 
 log = logging.getLogger(__name__)
 
 FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
 PROGRESS_INTERVAL_S = 2.0
+SAMPLES_INTERVAL_S = 5.0
 
 
 def _log_dir():
@@ -97,6 +101,8 @@ def tune_kernel(
     device_name="",
     tune=_default_tune,
     spread=_default_spread,
+    nvml=None,
+    telemetry_hz=1.0,
 ):
     """Tune one shape (E experts per rank, N per-shard intermediate, hidden_size, topk) on
     gpu_indices (CUDA indices; default [0]), spread over them when there are several; returns
@@ -104,7 +110,9 @@ def tune_kernel(
 
     tune, spread: tuning.tuner.tune's and tuning.spread.spread_tune's signatures (tests pass
     fakes). device_name is what the web tier expected; the tuner reads the real one from the
-    GPU and that one names the file.
+    GPU and that one names the file. One NVML sampler (telemetry_hz samples/s per GPU; nvml: a
+    pynvml stand-in for tests) watches gpu_indices as NVML numbers them, which is the numbering
+    tuning.spread pins its processes by (PCI bus order).
     """
     from tuning.config_files import TUNED_BATCH_SIZES
     from tuning.search import KernelShape
@@ -137,23 +145,31 @@ def tune_kernel(
     log_dir = _log_dir()
     log_dir.mkdir(parents=True, exist_ok=True)
     gpu_indices = list(gpu_indices or [0])
+    telemetry = TelemetryPusher(
+        gpu_indices,
+        functools.partial(client.post_tuning_telemetry, tuning_run_uuid),
+        hz=telemetry_hz,
+        interval_s=SAMPLES_INTERVAL_S,
+        nvml=nvml,
+    )
     try:
-        if len(gpu_indices) > 1:
-            result = spread(
-                shape,
-                batch_sizes or TUNED_BATCH_SIZES,
-                gpu_indices,
-                progress_callback=progress,
-                log_dir=log_dir / tuning_run_uuid,
-            )
-        else:
-            result = tune(
-                shape,
-                batch_sizes or TUNED_BATCH_SIZES,
-                device_index=gpu_indices[0],
-                progress_callback=progress,
-                resume_path=log_dir / f"{tuning_run_uuid}.json",
-            )
+        with telemetry:
+            if len(gpu_indices) > 1:
+                result = spread(
+                    shape,
+                    batch_sizes or TUNED_BATCH_SIZES,
+                    gpu_indices,
+                    progress_callback=progress,
+                    log_dir=log_dir / tuning_run_uuid,
+                )
+            else:
+                result = tune(
+                    shape,
+                    batch_sizes or TUNED_BATCH_SIZES,
+                    device_index=gpu_indices[0],
+                    progress_callback=progress,
+                    resume_path=log_dir / f"{tuning_run_uuid}.json",
+                )
         if device_name and device_name != result.device_name:
             log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)
         config = _store_config(client, tuning_run_uuid, shape, result)

@@ -10,6 +10,7 @@ levels already stored are skipped, so none is stored twice.
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -20,7 +21,7 @@ import uuid
 from workers import loadgen
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler, read_server_info
-from workers.telemetry import TelemetrySampler
+from workers.telemetry import TelemetrySampler, push_drained
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +146,9 @@ class _Samples:
 
     def flush(self):
         with self._lock:
-            gpu = self._telemetry.drain()
+            push_drained(self._telemetry, functools.partial(self._client.post_telemetry, self._run))
             engine = self._engine.samples[self._engine_sent :]
             self._engine_sent += len(engine)
-            if gpu:
-                self._client.post_telemetry(self._run, gpu, batch_id=uuid.uuid4().hex)
             if engine:
                 self._client.post_engine_samples(self._run, engine, batch_id=uuid.uuid4().hex)
 

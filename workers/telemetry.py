@@ -1,4 +1,5 @@
-"""GPU telemetry during a sweep: an NVML sampler (pynvml), 1 Hz by default, up to 10 Hz.
+"""GPU telemetry during a sweep or a kernel tune: an NVML sampler (pynvml), 1 Hz by default, up
+to 10 Hz, and a pusher that hands its samples to the API in batches.
 
 One sample is one GPU at one instant, a dict with the fields of `runs.TelemetrySample`:
 
@@ -21,9 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import threading
 import time
+import uuid
+
+log = logging.getLogger(__name__)
 
 MAX_HZ = 10.0
 MIB = 2**20
@@ -171,6 +176,59 @@ class TelemetrySampler:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def push_drained(sampler, post):
+    """Post the samples taken since the last drain under a fresh batch id; returns how many.
+
+    post: `post(samples, batch_id=…)`, e.g. a bound MoeopsClient.post_telemetry.
+    """
+    samples = sampler.drain()
+    if samples:
+        post(samples, batch_id=uuid.uuid4().hex)
+    return len(samples)
+
+
+class TelemetryPusher:
+    """One sampler over gpu_indices whose samples are posted every interval_s from a thread,
+    and the last ones when it stops (a context manager, like the sampler).
+
+    post: as push_drained takes it. A failed post is logged and the work it watches goes on:
+    telemetry is evidence about a load, never a reason to stop it.
+    """
+
+    def __init__(self, gpu_indices, post, *, hz=1.0, interval_s=5.0, nvml=None):
+        self.sampler = TelemetrySampler(gpu_indices, hz=hz, nvml=nvml)
+        self._post = post
+        self._interval = interval_s
+        self._halt = threading.Event()
+        self._thread = None
+
+    def _push(self):
+        try:
+            push_drained(self.sampler, self._post)
+        except Exception:
+            log.warning("pushing GPU telemetry failed", exc_info=True)
+
+    def _loop(self):
+        while not self._halt.wait(self._interval):
+            self._push()
+
+    def __enter__(self):
+        self.sampler.start()
+        if self.sampler.status == "recorded":
+            self._thread = threading.Thread(target=self._loop, name="nvml-pusher", daemon=True)
+            self._thread.start()
+        else:
+            log.info("no GPU telemetry: %s", self.sampler.detail)
+        return self
+
+    def __exit__(self, *exc):
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sampler.stop()
+        self._push()
 
 
 def main(argv=None):
