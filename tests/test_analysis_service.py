@@ -321,6 +321,13 @@ def test_no_tuned_kernel_until_a_config_is_on_record(h200_deployment):
         finding=finding, title="Tune the fused-MoE kernel for NVIDIA H200 E=8 N=7168 bf16"
     ).exists()
 
+    # SGLang's _down file alone leaves the engine on its default main config
+    KernelConfig(
+        device_name="NVIDIA_H200", E=8, N=7168, dtype="bf16", down_moe=True, entries={}
+    ).save()
+    services.run_analyze(run=run)
+    assert auto(kind="no_tuned_kernel").exists()
+
     KernelConfig(device_name="NVIDIA_H200", E=8, N=7168, dtype="bf16", entries={}).save()
     services.run_analyze(run=run)
 

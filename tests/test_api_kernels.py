@@ -67,6 +67,54 @@ def test_it_exports_the_sglang_name_and_folder(world):
     assert exported == original
 
 
+H200_DOWN = "triton_3_7_1/E=256,N=256,device_name=NVIDIA_H200,block_shape=[128, 128]_down.json"
+
+
+def test_it_stores_an_sglang_down_file_as_a_series_of_its_own(world):
+    text = json.dumps({"1": ENTRY, "64": {**ENTRY, "BLOCK_SIZE_N": 128}}, indent=4) + "\n"
+    down = _import(world.host_worker, H200_DOWN, text)
+    assert down.status_code == 201
+    body = down.json()
+    assert body["down_moe"] is True and body["version"] == 1
+    assert body["file_names"] == {"sglang": H200_DOWN.removeprefix("triton_3_7_1/")}
+    assert _import(world.host_worker, H200_DOWN, text).status_code == 200
+    main = _import(world.host_worker, H200_DOWN.replace("_down.json", ".json"), text).json()
+    assert (main["down_moe"], main["version"]) == (False, 1)
+    listed = world.read_only.get("/api/v1/kernel-configs?down_moe=true").json()
+    assert [c["id"] for c in listed["items"]] == [body["id"]]
+
+    exported = world.read_only.get(f"/api/v1/kernel-configs/{body['id']}/file?style=sglang")
+    assert exported["X-Config-Path"] == H200_DOWN
+    assert json.loads(exported.content) == json.loads(text)
+
+
+def test_a_down_config_has_no_vllm_file(world):
+    config_id = _import(world.owner, H200_DOWN, json.dumps({"1": ENTRY})).json()["id"]
+    response = world.read_only.get(f"/api/v1/kernel-configs/{config_id}/file?style=vllm")
+    assert response.status_code == 400
+    assert response.json()["detail"] == (
+        f"config {config_id} is an SGLang _down file (GEMM 2's configs); vLLM has none"
+    )
+
+
+def test_it_creates_a_down_config_from_its_fields(world):
+    body = {
+        "device_name": "NVIDIA H200",
+        "E": 256,
+        "N": 256,
+        "down_moe": True,
+        "triton_version": "3.7.1",
+        "entries": {"1": ENTRY},
+        "source": "tuned",
+    }
+    first = world.host_worker.post("/api/v1/kernel-configs", body)
+    assert first.status_code == 201
+    assert first.json()["file_names"]["sglang"] == "E=256,N=256,device_name=NVIDIA_H200_down.json"
+    assert world.host_worker.post("/api/v1/kernel-configs", body).status_code == 200
+    config = KernelConfig.objects.get()
+    assert config.down_moe and str(config) == "E=256,N=256,device_name=NVIDIA_H200_down.json v1"
+
+
 def test_an_sglang_file_round_trips_through_its_folder(world):
     text = json.dumps({"1": ENTRY, "64": {**ENTRY, "BLOCK_SIZE_M": 64}}, indent=4) + "\n"
     name = "triton_3_4_0/E=256,N=256,device_name=NVIDIA_H200,block_shape=[128, 128].json"

@@ -111,3 +111,29 @@ def test_a_config_without_a_tune_says_so(client, configs):
     v1, _ = configs
     html = client.get(f"/kernels/{v1.pk}/").content.decode()
     assert "No timings recorded yet." in html
+
+
+def test_a_down_config_carries_a_badge_and_only_its_sglang_file(client, configs):
+    down = KernelConfig(
+        device_name="NVIDIA H200",
+        E=256,
+        N=256,
+        dtype="fp8_w8a8",
+        block_shape=[128, 128],
+        down_moe=True,
+        triton_version="3.7.1",
+        entries={"1": _entry(16), "64": _entry(32)},
+        source="tuned",
+    ).save_new_version()
+    assert down.version == 1  # a series of its own beside the main file's v1 and v2
+    name = "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json"
+    listing = client.get("/kernels/").content.decode()
+    assert name in listing and ">down (GEMM 2)</span>" in listing
+    html = client.get(f"/kernels/{down.pk}/").content.decode()
+    assert ">down (GEMM 2)</span>" in html
+    assert f"triton_3_7_1/{name}" in html
+    assert "Download for vLLM" not in html and "vLLM has no _down files" in html
+    assert client.get(f"/kernels/{down.pk}/vllm.json").status_code == 404
+    sglang = client.get(f"/kernels/{down.pk}/sglang.json")
+    assert name in sglang["Content-Disposition"]
+    assert json.loads(sglang.content)["64"] == _entry(32)

@@ -120,6 +120,11 @@ def test_a_tune_stores_its_config_timings_and_result(tune_client, tmp_path):
     )
     # the stored config is the one both GEMMs use: its time, not the time with a down config
     assert timings[1024].tuned_us == 1120.0
+    # GEMM 2's own config at M=1024 travels as SGLang's _down file
+    down = KernelConfig.objects.get(down_moe=True)
+    assert (down.source, down.version, down.entries) == ("tuned", 1, {"1024": ENTRY})
+    assert down.file_name("sglang") == "E=256,N=256,device_name=NVIDIA_H200_down.json"
+    assert KernelConfig.objects.count() == 2
 
 
 @pytest.mark.parametrize("gpu_indices", [[3], [0, 2, 3]])

@@ -5,7 +5,8 @@ run, tunes with tuning.tuner on the host's GPU or with tuning.spread over severa
 from local logs when the task is delivered again) while one NVML sampler records every GPU of the
 tune and pushes the samples in batches, reports progress, and pushes the tuned config
 (the API serves it under the engines' exact file names), the per-batch-size timings (tuned,
-default and floor µs) and the final status.
+default and floor µs) and the final status. Where GEMM 2 got configs of its own, SGLang's
+`_down` file is pushed too, as a kernel config of its own.
 """
 
 import functools
@@ -70,8 +71,8 @@ def _claim(client, tuning_run_uuid):
 def timing_rows(result):
     """The API's timing rows (µs) from a tuning.tuner.TuneResult.
 
-    tuned_us is the time of the config that is stored, which both GEMMs use (as vLLM runs it);
-    a GEMM-2 config of its own (SGLang's `_down` files) is not stored by the API yet.
+        tuned_us is the time of the main config when both GEMMs use it (as vLLM runs it); SGLang
+    with the `_down` file beside it may run faster at the sizes that have a GEMM-2 config.
     """
     return [
         {
@@ -172,7 +173,10 @@ def tune_kernel(
                 )
         if device_name and device_name != result.device_name:
             log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)
-        config = _store_config(client, tuning_run_uuid, shape, result)
+        config = _store_config(client, tuning_run_uuid, shape, result, result.entries())
+        down_entries = result.down_entries()
+        if down_entries:
+            _store_config(client, tuning_run_uuid, shape, result, down_entries, down_moe=True)
         client.post_tuning_timings(tuning_run_uuid, timing_rows(result))
     except Unreachable:
         # the task tries again later; the tuning log makes the next attempt resume
@@ -190,7 +194,7 @@ def tune_kernel(
     return "succeeded"
 
 
-def _store_config(client, tuning_run_uuid, shape, result):
+def _store_config(client, tuning_run_uuid, shape, result, entries, *, down_moe=False):
     # sent now, never spooled: the tuning run needs the config's id
     body = {
         "device_name": result.device_name,
@@ -198,8 +202,9 @@ def _store_config(client, tuning_run_uuid, shape, result):
         "N": shape.N,
         "dtype": shape.dtype,
         "block_shape": list(shape.block_shape) if shape.block_shape else None,
+        "down_moe": down_moe,
         "triton_version": result.triton_version,
-        "entries": {str(m): entry for m, entry in result.entries().items()},
+        "entries": {str(m): entry for m, entry in entries.items()},
         "source": "tuned",
         "provenance": f"tuned by moeops (tuning run {tuning_run_uuid}, {result.search})",
     }

@@ -8,6 +8,7 @@ from uuid import UUID
 from django.http import HttpResponse
 from django.utils.http import content_disposition_header
 from ninja import Query, Router, Schema
+from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import Field, StringConstraints, model_validator
 
@@ -64,6 +65,7 @@ class KernelConfigIn(In):
     N: Size = Field(description="per-rank intermediate size after silu-and-mul")
     dtype: KernelDtype = "bf16"
     block_shape: BlockShape | None = Field(None, description="[block_n, block_k] for block fp8")
+    down_moe: bool = Field(False, description="SGLang's _down file: GEMM 2's own configs")
     triton_version: TritonVersion = ""
     entries: JsonObject = Field(
         description='batch size → {"BLOCK_SIZE_M": …, "num_warps": …, "num_stages": …}'
@@ -79,6 +81,7 @@ class KernelConfigOut(Schema):
     N: int
     dtype: str
     block_shape: list[int] | None
+    down_moe: bool
     triton_version: str
     entries: dict[str, Any]
     source: str
@@ -86,11 +89,13 @@ class KernelConfigOut(Schema):
     original_file_name: str
     provenance: str
     created: dt.datetime
-    file_names: dict[str, str] = Field(description="the name each engine looks up (style → name)")
+    file_names: dict[str, str] = Field(
+        description="the name each engine looks up (style → name); vLLM has no _down files"
+    )
 
     @staticmethod
     def resolve_file_names(obj):
-        return {style: obj.file_name(style) for style in config_files.STYLES}
+        return {style: obj.file_name(style) for style in obj.styles}
 
 
 class KernelConfigFilter(CreatedRange):
@@ -98,6 +103,7 @@ class KernelConfigFilter(CreatedRange):
     E: Size | None = None
     N: Size | None = None
     dtype: KernelDtype | None = None
+    down_moe: bool | None = None
     source: ConfigSource | None = None
 
 
@@ -126,7 +132,7 @@ def kernel_config_create(request, payload: KernelConfigIn):
 @paginate(Page)
 def kernel_config_list(request, filters: Query[KernelConfigFilter]):
     queryset = in_range(KernelConfig.objects.all(), filters)
-    for field in ("device_name", "E", "N", "dtype", "source"):
+    for field in ("device_name", "E", "N", "dtype", "down_moe", "source"):
         value = getattr(filters, field)
         if value is not None:
             queryset = queryset.filter(**{field: value})
@@ -143,9 +149,13 @@ def kernel_config_file(request, ref: str, style: Style = "vllm"):
     """Download the file under the exact name and with the exact content the engine loads.
 
     X-Config-Path says where the engine looks for it relative to its configs folder
-    (SGLang: a triton_X_Y_Z/ folder).
+    (SGLang: a triton_X_Y_Z/ folder). A _down config exists for SGLang only: style=vllm is 400.
     """
     config = lookups.get_kernel_config(ref)
+    if style not in config.styles:
+        raise HttpError(
+            400, f"config {config.pk} is an SGLang _down file (GEMM 2's configs); vLLM has none"
+        )
     name = config.file_name(style)
     response = HttpResponse(config.engine_file_text(style), content_type="application/json")
     response["Content-Disposition"] = content_disposition_header(True, name)

@@ -206,7 +206,7 @@ class RunFilterForm(forms.Form):
             ("", "any"),
             ("tuned", "a tuned config"),
             ("default", "the engine's default"),
-            *((str(c.pk), f"{c.file_name('vllm')} v{c.version}") for c in configs),
+            *((str(c.pk), str(c)) for c in configs),
         ]
 
     def filter(self, runs):

@@ -129,8 +129,9 @@ def _gather(run, deployment) -> analysis.RunData:
     names = {gpu.name for gpu in gpus}
     kernel_configs = {
         (c.device_name, c.E, c.N, c.dtype, tuple(c.block_shape) if c.block_shape else None)
+        # a _down file alone does not replace the main config the engine looks for
         for c in KernelConfig.objects.filter(
-            device_name__in=names | {analysis.device_key(n) for n in names}
+            device_name__in=names | {analysis.device_key(n) for n in names}, down_moe=False
         ).only("device_name", "E", "N", "dtype", "block_shape")
     }
     return analysis.RunData(

@@ -14,6 +14,7 @@ class KernelConfigForm(forms.ModelForm):
             "N",
             "dtype",
             "block_shape",
+            "down_moe",
             "triton_version",
             "entries",
             "source",
@@ -48,8 +49,18 @@ class KernelConfigForm(forms.ModelForm):
 @admin.register(KernelConfig)
 class KernelConfigAdmin(admin.ModelAdmin):
     form = KernelConfigForm
-    list_display = ("device_name", "E", "N", "dtype", "block_shape", "version", "source", "created")
-    list_filter = ("device_name", "dtype", "source")
+    list_display = (
+        "device_name",
+        "E",
+        "N",
+        "dtype",
+        "block_shape",
+        "down_moe",
+        "version",
+        "source",
+        "created",
+    )
+    list_filter = ("device_name", "dtype", "down_moe", "source")
     readonly_fields = ("version",)
 
     def save_model(self, request, obj, form, change):

@@ -30,13 +30,17 @@ TUNING_STATUSES = (
 
 
 class KernelConfig(models.Model):
-    """One version of a config file for (device, E, N, dtype, block shape); versions are kept."""
+    """One version of a config file for (device, E, N, dtype, block shape, down); versions are
+    kept. A `down_moe` config is SGLang's `_down` file: GEMM 2's own configs beside GEMM 1's."""
 
     device_name = models.CharField(max_length=100, help_text="NVML name, e.g. NVIDIA H200")
     E = models.PositiveIntegerField(help_text="experts per rank")
     N = models.PositiveIntegerField(help_text="per-rank intermediate size after silu-and-mul")
     dtype = models.CharField(max_length=20, choices=KERNEL_DTYPES, default="bf16")
     block_shape = models.JSONField(null=True, blank=True, help_text="[128, 128] for block fp8")
+    down_moe = models.BooleanField(
+        default=False, help_text="SGLang's _down file: the down projection's (GEMM 2) configs"
+    )
     triton_version = models.CharField(max_length=20, blank=True)
     entries = models.JSONField(help_text='batch size → {"BLOCK_SIZE_M": …, "num_stages": …}')
     source = models.CharField(max_length=20, choices=CONFIG_SOURCES, default="manual")
@@ -49,15 +53,25 @@ class KernelConfig(models.Model):
         ordering = ["device_name", "E", "N", "dtype", "-version"]
         constraints = [
             models.UniqueConstraint(
-                fields=["device_name", "E", "N", "dtype", "block_shape", "version"],
-                name="kernelconfig_unique_version",
+                fields=["device_name", "E", "N", "dtype", "block_shape", "down_moe", "version"],
+                name="kernelconfig_unique_down_version",
             )
         ]
         # "is there a tuned config for this device/E/N/dtype" (diagnosis, deployment page)
         indexes = [models.Index(fields=["device_name", "E", "N", "dtype"], name="kc_shape")]
 
     def __str__(self):
-        return f"{self.file_name('vllm')} v{self.version}"
+        return f"{self.display_file_name} v{self.version}"
+
+    @property
+    def styles(self):
+        """The engines that load this file: vLLM has no _down files."""
+        return ("sglang",) if self.down_moe else config_files.STYLES
+
+    @property
+    def display_file_name(self):
+        """The vLLM name, or SGLang's for a _down config."""
+        return self.file_name(self.styles[0])
 
     @property
     def name_dtype(self):
@@ -65,6 +79,8 @@ class KernelConfig(models.Model):
         return None if self.dtype in UNNAMED_DTYPES else self.dtype
 
     def file_name(self, style):
+        """The engine's file name; raises config_files.ConfigFileError for a _down config in
+        vLLM's style."""
         return config_files.config_file_name(
             self.E,
             self.N,
@@ -72,6 +88,7 @@ class KernelConfig(models.Model):
             dtype=self.name_dtype,
             block_shape=self.block_shape,
             style=style,
+            down_moe=self.down_moe,
         )
 
     def engine_file_text(self, style="vllm"):
@@ -88,10 +105,14 @@ class KernelConfig(models.Model):
         return sorted(((int(k), v) for k, v in self.entries.items()), key=lambda kv: kv[0])
 
     def save_new_version(self):
-        """Save as the next version of its (device, E, N, dtype, block shape) series."""
+        """Save as the next version of its (device, E, N, dtype, block shape, down) series."""
         with transaction.atomic():
             same = KernelConfig.objects.select_for_update().filter(
-                device_name=self.device_name, E=self.E, N=self.N, dtype=self.dtype
+                device_name=self.device_name,
+                E=self.E,
+                N=self.N,
+                dtype=self.dtype,
+                down_moe=self.down_moe,
             )
             same = [c for c in same if c.block_shape == self.block_shape]
             self.version = max((c.version for c in same), default=0) + 1
@@ -169,7 +190,7 @@ class TuningTiming(models.Model):
 
 
 def latest_config_for(device_name, E, N, dtype):
-    """The newest KernelConfig for a shape, or None."""
-    qs = KernelConfig.objects.filter(device_name=device_name, E=E, N=N, dtype=dtype)
+    """The newest KernelConfig for a shape (its main file, not a _down one), or None."""
+    qs = KernelConfig.objects.filter(device_name=device_name, E=E, N=N, dtype=dtype, down_moe=False)
     newest = qs.aggregate(v=Max("version"))["v"]
     return qs.filter(version=newest).first() if newest else None

@@ -25,18 +25,16 @@ def _device_name(file_device):
 def kernel_config_import(*, file_name, text, source="imported", provenance=""):
     """(KernelConfig, created) from an engine's config file: its name and its exact text.
 
-    The name gives E, N, device, dtype and block shape (an SGLang `triton_X_Y_Z/` folder in
-    front gives the Triton version when the content has none). Raises ValidationError
-    naming "file_name" or "content".
+    The name gives E, N, device, dtype, block shape and whether it is SGLang's `_down` file (an
+    SGLang `triton_X_Y_Z/` folder in front gives the Triton version when the content has
+    none). Raises ValidationError naming "file_name" or "content".
     """
     try:
         name = config_files.parse_config_file_name(file_name)
     except config_files.ConfigFileError as exc:
         raise ValidationError({"file_name": str(exc)}) from None
-    if name.per_channel_quant or name.down_moe:
-        raise ValidationError(
-            {"file_name": "SGLang per-channel and _down configs are not stored yet"}
-        )
+    if name.per_channel_quant:
+        raise ValidationError({"file_name": "SGLang per-channel configs are not stored yet"})
     try:
         triton_version, entries = config_files.loads_config(text)
     except config_files.ConfigEntryError as exc:
@@ -47,6 +45,7 @@ def kernel_config_import(*, file_name, text, source="imported", provenance=""):
         N=name.N,
         dtype=name.dtype or "bf16",
         block_shape=list(name.block_shape) if name.block_shape else None,
+        down_moe=name.down_moe,
         triton_version=triton_version or name.triton_version or "",
         entries=entries,
         source=source,
@@ -64,11 +63,14 @@ def kernel_config_store(
     block_shape,
     triton_version,
     entries,
+    down_moe=False,
     source="manual",
     original_file_name="",
     provenance="",
 ):
-    """(KernelConfig, created): a new version of the (device, E, N, dtype, block) series.
+    """(KernelConfig, created): a new version of the (device, E, N, dtype, block, down) series.
+
+    down_moe: SGLang's `_down` file (GEMM 2's configs), a series of its own.
 
     entries: {batch size: kernel parameters}. When the newest version already holds the same
     entries and Triton version, that version is returned (created False).
@@ -86,6 +88,7 @@ def kernel_config_store(
         N=N,
         dtype=dtype,
         block_shape=block_shape,
+        down_moe=down_moe,
         triton_version=triton_version or "",
         entries=stored,
         source=source,
@@ -94,7 +97,7 @@ def kernel_config_store(
     )
     with transaction.atomic():
         series = KernelConfig.objects.select_for_update().filter(
-            device_name=device_name, E=E, N=N, dtype=dtype
+            device_name=device_name, E=E, N=N, dtype=dtype, down_moe=down_moe
         )
         newest = max(
             (c for c in series if c.block_shape == block_shape),

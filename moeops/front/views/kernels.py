@@ -51,7 +51,11 @@ def entry_table(config, fields):
 
 def _versions(config):
     same = KernelConfig.objects.filter(
-        device_name=config.device_name, E=config.E, N=config.N, dtype=config.dtype
+        device_name=config.device_name,
+        E=config.E,
+        N=config.N,
+        dtype=config.dtype,
+        down_moe=config.down_moe,
     ).order_by("-version")
     return [c for c in same if c.block_shape == config.block_shape]
 
@@ -59,8 +63,6 @@ def _versions(config):
 @login_required
 def kernels(request):
     configs = list(KernelConfig.objects.order_by("device_name", "E", "N", "dtype", "-version"))
-    for config in configs:
-        config.vllm_name = config.file_name("vllm")
     tunings = TuningRun.objects.select_related("deployment", "result").order_by("-created")[:20]
     ctx = {"nav": "kernels", "configs": configs, "tunings": tunings}
     return render(request, "front/kernels.html", ctx)
@@ -89,7 +91,7 @@ def kernel_detail(request, pk):
         "figure": charts.kernel_timings(timings),
         "versions": versions,
         "previous": older[0] if older else None,
-        "vllm_name": config.file_name("vllm"),
+        "vllm_name": config.file_name("vllm") if "vllm" in config.styles else None,
         "sglang_name": config.file_name("sglang"),
         "sglang_path": sglang_path,
         "runs": config.runs.select_related("deployment").order_by("-created")[:10],
@@ -100,9 +102,9 @@ def kernel_detail(request, pk):
 @login_required
 def kernel_download(request, pk, style):
     """The engine's config file, named as that engine looks it up."""
-    if style not in config_files.STYLES:
-        raise Http404("unknown engine style")
     config = _get_config_for_user(request.user, pk)
+    if style not in config.styles:
+        raise Http404("no such file for this engine (vLLM has no _down files)")
     response = HttpResponse(config.engine_file_text(style), content_type="application/json")
     response["Content-Disposition"] = f'attachment; filename="{config.file_name(style)}"'
     return response
