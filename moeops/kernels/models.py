@@ -3,7 +3,6 @@
 import uuid
 
 from django.db import models, transaction
-from django.db.models import Max
 
 from tuning import config_files
 
@@ -114,6 +113,7 @@ class KernelConfig(models.Model):
                 dtype=self.dtype,
                 down_moe=self.down_moe,
             )
+            # block_shape compared in Python: JSON null vs SQL NULL differ between databases
             same = [c for c in same if c.block_shape == self.block_shape]
             self.version = max((c.version for c in same), default=0) + 1
             self.save()
@@ -188,9 +188,3 @@ class TuningTiming(models.Model):
             return None
         return self.floor_us / self.tuned_us
 
-
-def latest_config_for(device_name, E, N, dtype):
-    """The newest KernelConfig for a shape (its main file, not a _down one), or None."""
-    qs = KernelConfig.objects.filter(device_name=device_name, E=E, N=N, dtype=dtype, down_moe=False)
-    newest = qs.aggregate(v=Max("version"))["v"]
-    return qs.filter(version=newest).first() if newest else None
