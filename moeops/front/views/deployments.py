@@ -41,6 +41,16 @@ def _with_latest_peak(deployments):
     return deployments
 
 
+def _deployment_rows():
+    """Every deployment with its open findings, run count, latest run and that run's peak."""
+    return _with_latest_peak(
+        Deployment.objects.select_related("model", "host").annotate(
+            open_findings=Count("findings", filter=Q(findings__state="open"), distinct=True),
+            run_count=Count("runs", distinct=True),
+        )
+    )
+
+
 def _active_runs(runs=SweepRun.objects, tunings=TuningRun.objects):
     """Queued and running sweeps and tunes, each with its progress."""
     runs = runs.filter(status__in=ACTIVE).select_related("deployment")
@@ -52,12 +62,7 @@ def _active_runs(runs=SweepRun.objects, tunings=TuningRun.objects):
 
 @login_required
 def dashboard(request):
-    deployments = _with_latest_peak(
-        Deployment.objects.select_related("model", "host").annotate(
-            open_findings=Count("findings", filter=Q(findings__state="open"), distinct=True),
-            run_count=Count("runs", distinct=True),
-        )
-    )
+    deployments = _deployment_rows()
     active, active_tunes = _active_runs()
     ctx = {
         "nav": "dashboard",
@@ -76,12 +81,7 @@ def dashboard(request):
 
 @login_required
 def deployments(request):
-    rows = _with_latest_peak(
-        Deployment.objects.select_related("model", "host").annotate(
-            open_findings=Count("findings", filter=Q(findings__state="open"), distinct=True),
-            run_count=Count("runs", distinct=True),
-        )
-    )
+    rows = _deployment_rows()
     return render(request, "front/deployments.html", {"nav": "deployments", "deployments": rows})
 
 
