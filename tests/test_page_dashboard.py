@@ -65,3 +65,16 @@ def test_the_write_up_reads_at_a_glance(client):
     assert ">912<" in html  # peak of the write-up's sweep
     assert ">5,800<" in html  # Kimi K2 after tuning, its latest run
     assert "FlashInfer allreduce fusion is unsupported on SM120" in html
+
+
+def test_a_fleet_of_deployments_costs_no_extra_queries(client, django_assert_max_num_queries):
+    pb.sign_in(client)
+    spec, h200 = pb.model(), pb.host()
+    for i in range(8):
+        deployment = pb.deployment(f"d{i}", model_row=spec, host_row=h200)
+        for status in ("running", "succeeded"):
+            pb.run(deployment, status, status=status, levels=[{"concurrency": 8}])
+        Finding.objects.create(deployment=deployment, kind="plateau", title=f"Flat {i}")
+    with django_assert_max_num_queries(8):
+        html = client.get("/").content.decode()
+    assert "Flat 7" in html and ">d7</a>" in html

@@ -85,3 +85,12 @@ def test_selected_runs_go_to_compare(client, runs):
     html = client.get("/runs/").content.decode()
     assert 'action="/compare/"' in html
     assert f'name="run" value="{runs[0]["glm tuned"].uuid}"' in html
+
+
+def test_a_page_of_runs_costs_no_extra_queries(client, runs, django_assert_max_num_queries):
+    glm = runs[0]["glm default"].deployment
+    for i in range(20):
+        pb.run(glm, f"more {i}", levels=[{"concurrency": 8, "output_throughput": 10.0}])
+    with django_assert_max_num_queries(8):
+        html = client.get("/runs/").content.decode()
+    assert ">more 19</a>" in html and ">kimi vm</a>" in html
