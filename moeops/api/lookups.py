@@ -13,7 +13,7 @@ from moeops.runs.models import LevelResult, SweepRun
 MAX_ID = 2**63 - 1
 
 
-def _as_id(ref):
+def as_id(ref):
     """The integer id a path segment spells, or None (ids beyond 64 bits match nothing)."""
     ref = str(ref)
     if ref.isascii() and ref.isdigit() and 0 < int(ref) <= MAX_ID:
@@ -39,12 +39,12 @@ def _one(queryset, what, ref, condition):
 
 
 def by_id(queryset, what, ref):
-    pk = _as_id(ref)
+    pk = as_id(ref)
     return _one(queryset, what, ref, Q(pk=pk) if pk is not None else None)
 
 
 def by_id_or_name(queryset, what, ref, field="name"):
-    pk = _as_id(ref)
+    pk = as_id(ref)
     condition = Q(**{field: str(ref)})
     if pk is not None:
         condition |= Q(pk=pk)
@@ -52,7 +52,7 @@ def by_id_or_name(queryset, what, ref, field="name"):
 
 
 def by_id_or_uuid(queryset, what, ref):
-    pk, key = _as_id(ref), _as_uuid(ref)
+    pk, key = as_id(ref), _as_uuid(ref)
     if pk is not None:
         return _one(queryset, what, ref, Q(pk=pk))
     return _one(queryset, what, ref, Q(uuid=key) if key is not None else None)

@@ -174,10 +174,10 @@ def run_list(request, filters: Query[RunFilter]):
     """Runs, newest first, with their level count and peak output throughput."""
     queryset = in_range(lookups.runs_with_summary(), filters)
     if filters.deployment is not None:
-        ref = filters.deployment
-        condition = Q(deployment__name=ref)
-        if ref.isascii() and ref.isdigit() and len(ref) < 19:
-            condition |= Q(deployment_id=int(ref))
+        condition = Q(deployment__name=filters.deployment)
+        pk = lookups.as_id(filters.deployment)
+        if pk is not None:
+            condition |= Q(deployment_id=pk)
         queryset = queryset.filter(condition)
     if filters.host is not None:
         queryset = queryset.filter(deployment__host__name=filters.host)
