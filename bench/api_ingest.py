@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,11 @@ from urllib.parse import urlparse, urlunparse
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from workers.client import MoeopsClient  # noqa: E402
+from workers.latency_stats import percentile  # noqa: E402
+
 PYTHON = sys.executable
 GPUS = 8
 
@@ -134,15 +138,13 @@ class Server:
 def _prepare(env, url, tag):
     """A token, a host, a model, a deployment and a run; returns (token, run id)."""
     token = _manage(env, "create_token", f"bench-{tag}")
-    headers = {"Authorization": f"Bearer {token}"}
-    with httpx.Client(base_url=f"{url}/api/v1", headers=headers, timeout=60) as api:
-        api.post("/hosts", json={"name": "bench-host"}).raise_for_status()
-        api.post("/models", json={"name": "GLM-5", "config": GLM5_CONFIG}).raise_for_status()
+    with MoeopsClient(url, token, spool=False, retries=0) as api:
+        api.request("POST", "/hosts", body={"name": "bench-host"})
+        api.request("POST", "/models", body={"name": "GLM-5", "config": GLM5_CONFIG})
         deployment = {"name": "bench", "model": "GLM-5", "host": "bench-host", "tp": 8}
-        api.post("/deployments", json=deployment).raise_for_status()
-        run = api.post("/runs", json={"deployment": "bench", "label": f"ingest {tag}"})
-        run.raise_for_status()
-    return token, run.json()["id"]
+        api.request("POST", "/deployments", body=deployment)
+        run = api.create_run("bench", label=f"ingest {tag}")
+    return token, run["id"]
 
 
 def _measure(url, token, run_id, bodies, clients):
@@ -180,12 +182,8 @@ def _measure(url, token, run_id, bodies, clients):
 
 
 def _stored(url, token, run_id):
-    response = httpx.get(
-        f"{url}/api/v1/runs/{run_id}/telemetry?limit=1",
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=120,
-    )
-    response.raise_for_status()
+    with MoeopsClient(url, token, spool=False, retries=0, timeout_s=120) as api:
+        response = api.request("GET", f"/runs/{run_id}/telemetry", params={"limit": 1})
     return response.json()["count"]
 
 
@@ -260,7 +258,7 @@ def main(argv=None):
                             samples,
                             seconds,
                             samples / seconds,
-                            statistics.median(latencies) * 1000,
+                            percentile(latencies, 50) * 1000,
                         )
                     )
                     print(f"  {label}, {count} client(s): {samples / seconds:,.0f} samples/s")
