@@ -254,24 +254,31 @@ def _reading_title(title, series):
     return f"{title}: one reading per GPU at {when} UTC"
 
 
-def gpu_utilization(series, bands):
-    """GPU utilization (%) over time, one line per GPU, levels as shaded bands."""
-    yaxis = {"title": {"text": "utilization %"}, "range": [0, 105]}
+def _gpu_figure(series, bands, key, unit, title, yaxis, shapes=None, annotations=None):
+    """Per-GPU `key` over time, or one bar per GPU when the samples are a single reading."""
+    limits = {} if shapes is None else {"shapes": shapes, "annotations": annotations}
     if _single_reading(series):
         return figure(
-            _reading_bars(series, "util", "%"),
-            _reading_title("GPU utilization", series),
+            _reading_bars(series, key, unit),
+            _reading_title(title, series),
             {"type": "category"},
             yaxis,
+            **limits,
             showlegend=False,
         )
     return figure(
-        _gpu_traces(series, "util", "%", ".0f"),
-        "GPU utilization" + _bucket_note(series),
+        _gpu_traces(series, key, unit, ".0f"),
+        title + _bucket_note(series),
         {"type": "date", "title": {"text": "time (UTC)"}},
         yaxis,
-        **_time_layout(bands),
+        **_time_layout(bands, shapes or (), annotations or ()),
     )
+
+
+def gpu_utilization(series, bands):
+    """GPU utilization (%) over time, one line per GPU, levels as shaded bands."""
+    yaxis = {"title": {"text": "utilization %"}, "range": [0, 105]}
+    return _gpu_figure(series, bands, "util", "%", "GPU utilization", yaxis)
 
 
 def gpu_power(series, bands):
@@ -287,23 +294,7 @@ def gpu_power(series, bands):
         annotations.append(annotation)
         top = max(top, limit)
     yaxis = {"title": {"text": "W"}, "range": [0, (top or 1) * 1.1]}
-    if _single_reading(series):
-        return figure(
-            _reading_bars(series, "power", "W"),
-            _reading_title("GPU power", series),
-            {"type": "category"},
-            yaxis,
-            shapes=shapes,
-            annotations=annotations,
-            showlegend=False,
-        )
-    return figure(
-        _gpu_traces(series, "power", "W", ".0f"),
-        "GPU power" + _bucket_note(series),
-        {"type": "date", "title": {"text": "time (UTC)"}},
-        yaxis,
-        **_time_layout(bands, shapes, annotations),
-    )
+    return _gpu_figure(series, bands, "power", "W", "GPU power", yaxis, shapes, annotations)
 
 
 def engine_queue(series, bands, max_running_requests=None):
