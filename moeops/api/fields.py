@@ -122,3 +122,12 @@ def in_range(queryset, filters, field="created"):
     if filters.created_before is not None:
         queryset = queryset.filter(**{f"{field}__lt": filters.created_before})
     return queryset
+
+
+def matching(queryset, filters, **lookups):
+    """The queryset limited to the filters that are set; lookups: filter name → ORM lookup."""
+    for name, lookup in lookups.items():
+        value = getattr(filters, name)
+        if value is not None:
+            queryset = queryset.filter(**{lookup: value})
+    return queryset

@@ -23,6 +23,7 @@ from moeops.api.fields import (
     Slug,
     SmallInt,
     in_range,
+    matching,
     text,
 )
 from moeops.api.paging import Page
@@ -491,16 +492,14 @@ def deployment_create(request, payload: DeploymentIn):
 @router.get("/deployments", response=list[DeploymentOut])
 @paginate(Page)
 def deployment_list(request, filters: Query[DeploymentFilter]):
-    queryset = in_range(_deployments(), filters)
-    if filters.host is not None:
-        queryset = queryset.filter(host__name=filters.host)
-    if filters.model is not None:
-        queryset = queryset.filter(model__name=filters.model)
-    if filters.status is not None:
-        queryset = queryset.filter(status=filters.status)
-    if filters.engine is not None:
-        queryset = queryset.filter(engine=filters.engine)
-    return queryset
+    return matching(
+        in_range(_deployments(), filters),
+        filters,
+        host="host__name",
+        model="model__name",
+        status="status",
+        engine="engine",
+    )
 
 
 @router.get("/deployments/{ref}", response=DeploymentOut)

@@ -20,6 +20,7 @@ from moeops.api.fields import (
     PosInt,
     Slug,
     in_range,
+    matching,
     text,
 )
 from moeops.api.paging import Page
@@ -124,16 +125,16 @@ def finding_create(request, payload: FindingIn):
 @router.get("/findings", response=list[FindingOut])
 @paginate(Page)
 def finding_list(request, filters: Query[FindingFilter]):
-    queryset = in_range(_findings(), filters)
-    if filters.deployment is not None:
-        queryset = queryset.filter(deployment__name=filters.deployment)
-    if filters.run is not None:
-        queryset = queryset.filter(run_id=filters.run)
-    for field in ("kind", "state", "severity", "source"):
-        value = getattr(filters, field)
-        if value is not None:
-            queryset = queryset.filter(**{field: value})
-    return queryset
+    return matching(
+        in_range(_findings(), filters),
+        filters,
+        deployment="deployment__name",
+        run="run_id",
+        kind="kind",
+        state="state",
+        severity="severity",
+        source="source",
+    )
 
 
 @router.get("/findings/{ref}", response=FindingOut)
@@ -219,11 +220,7 @@ def plan_item_create(request, payload: PlanItemIn):
 @paginate(Page)
 def plan_item_list(request, filters: Query[PlanItemFilter]):
     queryset = in_range(PlanItem.objects.select_related("note"), filters)
-    if filters.deployment is not None:
-        queryset = queryset.filter(deployment__name=filters.deployment)
-    if filters.status is not None:
-        queryset = queryset.filter(status=filters.status)
-    return queryset
+    return matching(queryset, filters, deployment="deployment__name", status="status")
 
 
 @router.patch("/plan-items/{ref}", auth=WRITE, response=PlanItemOut)

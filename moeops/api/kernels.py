@@ -22,6 +22,7 @@ from moeops.api.fields import (
     Patch,
     PosInt,
     in_range,
+    matching,
     text,
 )
 from moeops.api.paging import Page
@@ -131,12 +132,10 @@ def kernel_config_create(request, payload: KernelConfigIn):
 @router.get("/kernel-configs", response=list[KernelConfigOut])
 @paginate(Page)
 def kernel_config_list(request, filters: Query[KernelConfigFilter]):
-    queryset = in_range(KernelConfig.objects.all(), filters)
-    for field in ("device_name", "E", "N", "dtype", "down_moe", "source"):
-        value = getattr(filters, field)
-        if value is not None:
-            queryset = queryset.filter(**{field: value})
-    return queryset
+    fields = ("device_name", "E", "N", "dtype", "down_moe", "source")
+    return matching(
+        in_range(KernelConfig.objects.all(), filters), filters, **{f: f for f in fields}
+    )
 
 
 @router.get("/kernel-configs/{ref}", response=KernelConfigOut)
@@ -311,14 +310,13 @@ def tuning_run_create(request, payload: TuningRunIn):
 @router.get("/tuning-runs", response=list[TuningRunOut])
 @paginate(Page)
 def tuning_run_list(request, filters: Query[TuningRunFilter]):
-    queryset = in_range(TuningRun.objects.select_related("host"), filters)
-    if filters.host is not None:
-        queryset = queryset.filter(host__name=filters.host)
-    if filters.deployment is not None:
-        queryset = queryset.filter(deployment__name=filters.deployment)
-    if filters.status is not None:
-        queryset = queryset.filter(status=filters.status)
-    return queryset
+    return matching(
+        in_range(TuningRun.objects.select_related("host"), filters),
+        filters,
+        host="host__name",
+        deployment="deployment__name",
+        status="status",
+    )
 
 
 @router.get("/tuning-runs/{ref}", response=TuningRunDetail)

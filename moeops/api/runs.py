@@ -23,6 +23,7 @@ from moeops.api.fields import (
     PosInt,
     SmallInt,
     in_range,
+    matching,
     text,
 )
 from moeops.api.paging import Page
@@ -179,15 +180,14 @@ def run_list(request, filters: Query[RunFilter]):
         if pk is not None:
             condition |= Q(deployment_id=pk)
         queryset = queryset.filter(condition)
-    if filters.host is not None:
-        queryset = queryset.filter(deployment__host__name=filters.host)
-    if filters.model is not None:
-        queryset = queryset.filter(deployment__model__name=filters.model)
-    if filters.status is not None:
-        queryset = queryset.filter(status=filters.status)
-    if filters.source is not None:
-        queryset = queryset.filter(source=filters.source)
-    return queryset
+    return matching(
+        queryset,
+        filters,
+        host="deployment__host__name",
+        model="deployment__model__name",
+        status="status",
+        source="source",
+    )
 
 
 # --------------------------------------------------------------------------- imports
