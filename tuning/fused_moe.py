@@ -26,17 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
+from tuning.config_files import REQUIRED_FIELDS
+
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 UNQUANTIZED_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-CONFIG_KEYS = (
-    "BLOCK_SIZE_M",
-    "BLOCK_SIZE_N",
-    "BLOCK_SIZE_K",
-    "GROUP_SIZE_M",
-    "num_warps",
-    "num_stages",
-)
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _SCALES_NONE, _SCALES_TENSOR, _SCALES_BLOCK = 0, 1, 2
 # Pairs one program of sort-and-pad counts and places; up to one chunk, one program does it all.
@@ -648,7 +642,7 @@ def _full_config(config: dict) -> dict[str, int]:
 
 
 def _check_config(config, dtype, block_shape):
-    missing = [key for key in CONFIG_KEYS if key not in config]
+    missing = [key for key in REQUIRED_FIELDS if key not in config]
     if missing:
         raise ValueError(f"config lacks {', '.join(missing)}")
     if min(config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]) < 16:

@@ -10,6 +10,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tuning.config_files import REQUIRED_FIELDS
+
 # The grid SGLang's and vLLM's tuners sweep on NVIDIA GPUs.
 BLOCK_SIZES_M = (16, 32, 64, 128, 256)
 BLOCK_SIZES_N = (32, 64, 128, 256)
@@ -19,14 +21,6 @@ NUM_WARPS = (4, 8)
 NUM_STAGES = (2, 3, 4, 5)
 # Shared memory one block may opt into on sm90 (H100, H200): 227 KiB.
 SM90_SHARED_MEMORY = 232448
-CONFIG_ORDER = (
-    "BLOCK_SIZE_M",
-    "BLOCK_SIZE_N",
-    "BLOCK_SIZE_K",
-    "GROUP_SIZE_M",
-    "num_warps",
-    "num_stages",
-)
 ConfigKey = tuple[int, int, int, int, int, int]
 
 
@@ -76,12 +70,12 @@ class KernelShape:
 
 def config_key(config: dict) -> ConfigKey:
     """A config entry as a hashable tuple, in the config files' field order."""
-    return tuple(int(config[name]) for name in CONFIG_ORDER)
+    return tuple(int(config[name]) for name in REQUIRED_FIELDS)
 
 
 def config_of(key: ConfigKey) -> dict[str, int]:
     """Inverse of config_key."""
-    return dict(zip(CONFIG_ORDER, key, strict=True))
+    return dict(zip(REQUIRED_FIELDS, key, strict=True))
 
 
 def compile_key(config: dict) -> tuple[int, int, int, int, int]:
