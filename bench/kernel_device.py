@@ -362,7 +362,7 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
 
     import torch
 
-    from tuning.timing import LayerTimer
+    from tuning.timing import LayerTimer, routed_experts
 
     fm = importlib.import_module("tuning.fused_moe")
     config = batch.config
@@ -424,8 +424,7 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
         "gemm1": timer.time_layer(gemm1, 20),
         "gemm2": timer.time_layer(gemm2, 20),
     }
-    experts = shape.E * (1 - (1 - shape.top_k / shape.E) ** m)
-    w_bytes = experts * shape.N * shape.H * shape.operand_bytes
+    w_bytes = routed_experts(shape, m) * shape.N * shape.H * shape.operand_bytes
     return {
         "M": m,
         "config": config,

@@ -262,8 +262,8 @@ def moe_floor_us(shape: KernelShape, M: int, ceilings: DeviceCeilings) -> float:
     E·(1 − (1 − top_k/E)^M)) with their scales, x and out (bf16), router ids and weights.
     FLOPs: 2·M·top_k·(2N·H + H·N).
     """
-    E, N, H, k = shape.E, shape.N, shape.H, shape.top_k
-    experts = E * (1 - (1 - k / E) ** M)
+    N, H, k = shape.N, shape.H, shape.top_k
+    experts = routed_experts(shape, M)
     expert_bytes = 3 * N * H * shape.operand_bytes
     if shape.dtype == "fp8_w8a8" and shape.block_shape:
         bn, bk = shape.block_shape
@@ -276,6 +276,11 @@ def moe_floor_us(shape: KernelShape, M: int, ceilings: DeviceCeilings) -> float:
     memory_s = total_bytes / (ceilings.bandwidth_tbps * 1e12)
     matrix_s = flops / (ceilings.matrix_tflops(shape.dtype) * 1e12)
     return max(memory_s, matrix_s) * 1e6
+
+
+def routed_experts(shape: KernelShape, M: int) -> float:
+    """Experts M tokens are expected to reach under uniform routing: E·(1 − (1 − k/E)^M)."""
+    return shape.E * (1 - (1 - shape.top_k / shape.E) ** M)
 
 
 def _copy_ms(copy_bytes: int) -> float:
