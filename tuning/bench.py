@@ -15,8 +15,7 @@ from pathlib import Path
 
 from tuning.config_files import TUNED_BATCH_SIZES, entry_for_batch, loads_config
 from tuning.search import KernelShape
-
-FINAL_REPLAYS = 20
+from tuning.tuner import FINAL_REPLAYS, add_shape_arguments, parse_ints, shape_from_args
 
 
 @dataclass
@@ -128,8 +127,6 @@ def format_table(rows: list[BenchRow]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `python -m tuning bench`."""
-    from tuning.tuner import add_shape_arguments
-
     add_shape_arguments(parser)
     parser.add_argument("--config", help="a tuned config file to time (its nearest-M entries)")
     parser.add_argument("--down-config", help="its SGLang _down file, for GEMM 2")
@@ -142,8 +139,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the table for the shape of --model-config on GPU --device."""
     import torch
-
-    from tuning.tuner import parse_ints, shape_from_args
 
     if not torch.cuda.is_available():
         print("error: bench needs a CUDA GPU", file=sys.stderr)

@@ -162,17 +162,21 @@ def config_path(
 ) -> Path:
     """Where the engine's config file for this result goes under out_dir (SGLang: its folder);
     down: SGLang's `_down` file of GEMM 2's configs."""
-    shape = result.shape
-    name = config_file_name(
+    name = _engine_file_name(result.shape, result.device_name, style, down=down)
+    return Path(out_dir) / config_file_relpath(name, style, result.triton_version)
+
+
+def _engine_file_name(shape: KernelShape, device_name: str, style: str, *, down=False) -> str:
+    """The engine's file name for shape on device_name (bf16 names carry no dtype part)."""
+    return config_file_name(
         shape.E,
         shape.N,
-        result.device_name,
+        device_name,
         "fp8_w8a8" if shape.dtype == "fp8_w8a8" else None,
         shape.block_shape,
         style=style,
         down_moe=down,
     )
-    return Path(out_dir) / config_file_relpath(name, style, result.triton_version)
 
 
 def write_config_file(
@@ -722,14 +726,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    name = config_file_name(
-        shape.E,
-        shape.N,
-        torch.cuda.get_device_name(args.device),
-        "fp8_w8a8" if shape.dtype == "fp8_w8a8" else None,
-        shape.block_shape,
-        style=args.style,
-    )
+    name = _engine_file_name(shape, torch.cuda.get_device_name(args.device), args.style)
     log = Path(args.log) if args.log else Path(args.out) / f"{name}.tuning-log.json"
     if args.fresh and log.exists():
         log.unlink()
