@@ -101,6 +101,13 @@ def _single_process_files(tmp_path, batch_sizes):
     return {p.name: p.read_text() for p in paths}
 
 
+def _spread_sglang_over_two_gpus(out_dir):
+    """All the engines' batch sizes over GPUs 0 and 1 on fake_tune; SGLang files in out_dir."""
+    return spread_tune(
+        SHAPE, TUNED_BATCH_SIZES, [0, 1], out_dir=out_dir, style="sglang", tune_function=FAKE_TUNE
+    )
+
+
 def _files(folder):
     """The engine files under folder (not the tuning logs)."""
     return {p.name: p.read_text() for p in folder.rglob("*.json") if "spread-logs" not in p.parts}
@@ -149,14 +156,7 @@ def test_every_batch_size_is_tuned_once_each_process_on_its_own_gpu(tmp_path, re
 
 
 def test_the_merged_file_equals_a_single_process_tune(tmp_path, records):
-    spread_tune(
-        SHAPE,
-        TUNED_BATCH_SIZES,
-        [0, 1],
-        out_dir=tmp_path / "spread",
-        style="sglang",
-        tune_function=FAKE_TUNE,
-    )
+    _spread_sglang_over_two_gpus(tmp_path / "spread")
 
     files = _files(tmp_path / "spread")
     assert files == _single_process_files(tmp_path, TUNED_BATCH_SIZES)
@@ -177,14 +177,7 @@ def _spread_with_gpu_0_failing(tmp_path, monkeypatch):
     """A 2-GPU tune whose GPU 0 faults at M=4096, after its first chunk of 6 sizes."""
     monkeypatch.setenv(FAIL_AT_M, "4096")
     with pytest.raises(SpreadTuneError) as raised:
-        spread_tune(
-            SHAPE,
-            TUNED_BATCH_SIZES,
-            [0, 1],
-            out_dir=tmp_path / "out",
-            style="sglang",
-            tune_function=FAKE_TUNE,
-        )
+        _spread_sglang_over_two_gpus(tmp_path / "out")
     monkeypatch.delenv(FAIL_AT_M)
     return raised.value
 
@@ -212,14 +205,7 @@ def test_a_rerun_tunes_only_the_missing_sizes(tmp_path, records, monkeypatch):
     records()
     missing = share_batch_sizes(TUNED_BATCH_SIZES, 2)[0][6:]
 
-    result = spread_tune(
-        SHAPE,
-        TUNED_BATCH_SIZES,
-        [0, 1],
-        out_dir=tmp_path / "out",
-        style="sglang",
-        tune_function=FAKE_TUNE,
-    )
+    result = _spread_sglang_over_two_gpus(tmp_path / "out")
 
     seen = records()
     assert sorted(m for r in seen for m in r["timed"]) == missing
