@@ -5,6 +5,7 @@ the host's token, never as Celery results. Every task is idempotent, so a task w
 is simply run again (acks_late).
 """
 
+import contextlib
 import logging
 import time
 
@@ -44,6 +45,18 @@ def _replay_later(client):
         app.send_task("workers.replay_spool", queue=HOST_QUEUE, countdown=REPLAY_COUNTDOWN_S)
 
 
+@contextlib.contextmanager
+def _host_client(task):
+    """A client for the task's body: web tier unreachable retries the task; spooled pushes are
+    replayed later."""
+    with MoeopsClient() as client:
+        try:
+            yield client
+        except Unreachable as exc:
+            _retry_later(task, exc)
+        _replay_later(client)
+
+
 @app.task(
     name="workers.run_sweep",
     bind=True,
@@ -54,12 +67,8 @@ def _replay_later(client):
 def run_sweep(self, run_uuid, **parameters):
     """Sweep run `run_uuid`; parameters as workers.sweep.sweep_config takes them."""
     deadline = time.monotonic() + SWEEP_SOFT_LIMIT_S - DEADLINE_MARGIN_S
-    with MoeopsClient() as client:
-        try:
-            outcome = sweep.run_sweep(run_uuid, parameters, client=client, deadline=deadline)
-        except Unreachable as exc:
-            _retry_later(self, exc)
-        _replay_later(client)
+    with _host_client(self) as client:
+        outcome = sweep.run_sweep(run_uuid, parameters, client=client, deadline=deadline)
     if outcome == sweep.BUSY:
         # another worker's heartbeat is fresh: look again once it would have gone stale
         raise self.retry(countdown=sweep.HEARTBEAT_STALE_S, max_retries=None)
@@ -75,12 +84,8 @@ def run_sweep(self, run_uuid, **parameters):
 )
 def tune_kernel(self, tuning_run_uuid, **shape):
     """Tune the fused-MoE kernel for a shape on this host's GPU; shape as kernel_tune takes it."""
-    with MoeopsClient() as client:
-        try:
-            outcome = kernel_tune.tune_kernel(tuning_run_uuid, client=client, **shape)
-        except Unreachable as exc:
-            _retry_later(self, exc)
-        _replay_later(client)
+    with _host_client(self) as client:
+        outcome = kernel_tune.tune_kernel(tuning_run_uuid, client=client, **shape)
     return outcome
 
 
@@ -94,15 +99,11 @@ def tune_kernel(self, tuning_run_uuid, **shape):
 def check_deployment(self, deployment, base_url, model=""):
     """Probe the engine's /health and models list; record the deployment's status and GPUs."""
     result = engine_check.check_engine(base_url, model)
-    with MoeopsClient() as client:
-        try:
-            client.update_deployment(
-                deployment, status=result["status"], status_detail=result["detail"][:300]
-            )
-            _record_host(client)
-        except Unreachable as exc:
-            _retry_later(self, exc)
-        _replay_later(client)
+    with _host_client(self) as client:
+        client.update_deployment(
+            deployment, status=result["status"], status_detail=result["detail"][:300]
+        )
+        _record_host(client)
     return result["status"]
 
 
@@ -115,12 +116,8 @@ def check_deployment(self, deployment, base_url, model=""):
 )
 def probe_host(self):
     """Snapshot this host's GPUs, links, P2P and virtualization; stored when it changed."""
-    with MoeopsClient() as client:
-        try:
-            _record_host(client)
-        except Unreachable as exc:
-            _retry_later(self, exc)
-        _replay_later(client)
+    with _host_client(self) as client:
+        _record_host(client)
 
 
 @app.task(name="workers.replay_spool", bind=True, max_retries=None)
