@@ -27,6 +27,7 @@ class Switchable(httpx.BaseTransport):
         self.app = httpx.WSGITransport(app=application)
         self.down = False
         self.fail_with = []  # statuses to answer before reaching the app
+        self.retry_after = "2"  # the Retry-After header (s) of those answers
         self.requests = []
 
     def handle_request(self, request):
@@ -35,7 +36,8 @@ class Switchable(httpx.BaseTransport):
             raise httpx.ConnectError("connection refused", request=request)
         if self.fail_with:
             status = self.fail_with.pop(0)
-            return httpx.Response(status, headers={"Retry-After": "2"}, json={"detail": "busy"})
+            headers = {"Retry-After": self.retry_after}
+            return httpx.Response(status, headers=headers, json={"detail": "busy"})
         return self.app.handle_request(request)
 
 
@@ -133,6 +135,8 @@ def test_it_retries_5xx_and_429_honouring_retry_after(client, transport, sleeps,
 
 def test_it_gives_up_after_its_retries(client, transport, sleeps, world):
     transport.fail_with = [500] * 10
+    # a server asking for an hour is waited on no longer than max_backoff_s
+    transport.retry_after = "3600"
     with pytest.raises(Unreachable, match="500: busy"):
         client.get_run(1)
     assert len(sleeps) == 4
