@@ -68,8 +68,10 @@ def test_it_reads_a_separate_quant_config(world):
     }
     response = world.owner.post("/api/v1/models", body)
     assert response.status_code == 201
-    assert response.json()["quantization"]
-    assert world.read_only.get("/api/v1/models/GLM-5-NVFP4").json()["quant_config"]
+    # the config.json alone says fp8 with 128×128 blocks: the separate file must win
+    assert (response.json()["quantization"], response.json()["block_shape"]) == ("nvfp4", None)
+    stored = world.read_only.get("/api/v1/models/GLM-5-NVFP4").json()
+    assert stored["quant_config"] == body["quant_config"]
 
 
 def test_it_lists_models(world):
