@@ -121,7 +121,7 @@ class TogglingProxy:
 
     def __init__(self, target_port):
         self.target_port = target_port
-        self.port = free_port()
+        self.port = _free_port()
         self._listener = None
         self._conns = set()
         self._lock = threading.Lock()
@@ -266,8 +266,7 @@ def nvml_here():
     return sampler.status == "recorded"
 
 
-def free_port():
-    """A 127.0.0.1 port that nothing listens on right now."""
+def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

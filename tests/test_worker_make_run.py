@@ -13,11 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.stack import free_port
-
 ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.stack"]
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _manage(env, *args):
@@ -55,7 +59,7 @@ def test_make_run_brings_up_both_workers_and_the_standin_and_a_ui_sweep_finishes
     _manage(env, "migrate", "--noinput")
     _manage(env, "load_example_data")
     token = _manage(env, "create_token", "make-run-test").strip()
-    port, standin_port = free_port(), free_port()
+    port, standin_port = _free_port(), _free_port()
     log = open(tmp_path / "runlocal.log", "w")  # noqa: SIM115 (the child writes to it)
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "runlocal", "--port", str(port)]
