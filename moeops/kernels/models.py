@@ -187,4 +187,3 @@ class TuningTiming(models.Model):
         if not self.tuned_us or not self.floor_us:
             return None
         return self.floor_us / self.tuned_us
-
