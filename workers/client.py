@@ -293,6 +293,10 @@ class MoeopsClient:
         """The run (id or UUID) as the API has it, `cancel_requested` included."""
         return self._get(f"/runs/{run}").json()
 
+    def get_tuning_run(self, tuning_run):
+        """The tuning run (id or UUID) as the API has it."""
+        return self._get(f"/tuning-runs/{tuning_run}").json()
+
     def list_runs(self, *, deployment=None, status=None, limit=100):
         """Runs newest first: {"items": [...], "count": N}."""
         return self._get("/runs", deployment=deployment, status=status, limit=limit).json()

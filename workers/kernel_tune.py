@@ -56,7 +56,7 @@ def _default_spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_d
 
 def _claim(client, tuning_run_uuid):
     """The tuning run once it is ours to run, or its status when there is nothing to do."""
-    run = client.request("GET", f"/tuning-runs/{tuning_run_uuid}").json()
+    run = client.get_tuning_run(tuning_run_uuid)
     if run["status"] in FINISHED_STATUSES:
         return run["status"]
     if run["status"] == "running":
