@@ -14,7 +14,9 @@ from tuning.config_files import (
     config_file_relpath,
     dumps_config,
     entry_for_batch,
+    file_device_name,
     loads_config,
+    nvml_device_name,
     parse_config_file_name,
     sglang_folder,
     triton_version_of,
@@ -415,3 +417,11 @@ def test_fused_moe_is_the_function_whatever_the_import_order():
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ran True\nTrue\n"
+
+
+@pytest.mark.parametrize("nvml", ["NVIDIA H200", "NVIDIA RTX PRO 6000 Blackwell Server Edition"])
+def test_device_names_go_to_file_names_and_back(nvml):
+    part = file_device_name(nvml)
+    assert " " not in part
+    assert part in config_file_name(256, 256, nvml)
+    assert nvml_device_name(part) == nvml

@@ -114,6 +114,16 @@ class ConfigFileName:
         )
 
 
+def file_device_name(device_name: str) -> str:
+    """The device part of an engine file name: the NVML name with spaces → "_"."""
+    return device_name.strip().replace(" ", "_")
+
+
+def nvml_device_name(file_device: str) -> str:
+    """The NVML name back from a file name's device part (NVML names have no "_")."""
+    return file_device.replace("_", " ")
+
+
 def config_file_name(
     E: int,
     N: int,
@@ -140,7 +150,7 @@ def config_file_name(
             raise ConfigFileError(f"{label} must be a positive integer, got {value!r}")
     if style == "vllm" and (per_channel_quant or down_moe):
         raise ConfigFileError("per_channel_quant and down_moe are parts of SGLang names only")
-    device = device_name.strip().replace(" ", "_")
+    device = file_device_name(device_name)
     if not device or "," in device or "/" in device:
         raise ConfigFileError(f"not a device name: {device_name!r}")
     if style == "vllm" and "H200" in device.split("_"):

@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass, field
 from statistics import fmean
 
+from tuning.config_files import file_device_name
+
 # Plateau: a step of the sweep that adds less than this much output throughput per doubling of
 # concurrency is flat; 806 -> 879 tok/s (128 -> 256) is +9.1%, so the write-up's curve is flat.
 PLATEAU_GAIN = 0.10
@@ -615,10 +617,10 @@ def no_tuned_kernel(data: RunData) -> list[Proposal]:
         return []
     block = shape.get("block_shape") if dtype == "fp8_w8a8" else None
     block = tuple(block) if block else None
-    on_record = {(device_key(d), e, n, t, b) for d, e, n, t, b in data.kernel_configs}
+    on_record = {(file_device_name(d), e, n, t, b) for d, e, n, t, b in data.kernel_configs}
     proposals = []
     for name in names:
-        if (device_key(name), E, N, dtype, block) in on_record:
+        if (file_device_name(name), E, N, dtype, block) in on_record:
             continue
         block_text = f" block {block[0]}×{block[1]}" if block else ""
         what = f"{name} E={E} N={N} {dtype}{block_text}"
@@ -668,11 +670,6 @@ def kernel_dtype(quantization: str) -> str | None:
     if "fp8" in quantization:
         return "fp8_w8a8"
     return None
-
-
-def device_key(name):
-    """A device name comparable across NVML's spelling and the config files' (spaces -> _)."""
-    return name.replace(" ", "_")
 
 
 # -- topology --------------------------------------------------------------------------------

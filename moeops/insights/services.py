@@ -9,6 +9,7 @@ from moeops.insights import analysis, tasks
 from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, PlanItem
 from moeops.kernels.models import KernelConfig
 from moeops.runs.models import FINISHED_STATUSES, SweepRun
+from tuning.config_files import file_device_name
 
 # How far back to look for the previous comparable run of a deployment.
 PREVIOUS_RUNS_SCANNED = 200
@@ -131,7 +132,7 @@ def _gather(run, deployment) -> analysis.RunData:
         (c.device_name, c.E, c.N, c.dtype, tuple(c.block_shape) if c.block_shape else None)
         # a _down file alone does not replace the main config the engine looks for
         for c in KernelConfig.objects.filter(
-            device_name__in=names | {analysis.device_key(n) for n in names}, down_moe=False
+            device_name__in=names | {file_device_name(n) for n in names}, down_moe=False
         ).only("device_name", "E", "N", "dtype", "block_shape")
     }
     return analysis.RunData(

@@ -17,11 +17,6 @@ class TuningConflict(Exception):
     """The tuning run cannot do that from where it is (e.g. succeeded → running)."""
 
 
-def _device_name(file_device):
-    # Engine file names replace the NVML name's spaces with "_"; NVML names have no "_".
-    return file_device.replace("_", " ")
-
-
 def kernel_config_import(*, file_name, text, source="imported", provenance=""):
     """(KernelConfig, created) from an engine's config file: its name and its exact text.
 
@@ -40,7 +35,7 @@ def kernel_config_import(*, file_name, text, source="imported", provenance=""):
     except config_files.ConfigEntryError as exc:
         raise ValidationError({"content": exc.errors}) from None
     return kernel_config_store(
-        device_name=_device_name(name.device_name),
+        device_name=config_files.nvml_device_name(name.device_name),
         E=name.E,
         N=name.N,
         dtype=name.dtype or "bf16",
