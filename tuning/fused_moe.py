@@ -20,7 +20,6 @@ token and group of bk columns.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -36,9 +35,6 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 _SCALES_NONE, _SCALES_TENSOR, _SCALES_BLOCK = 0, 1, 2
 # Pairs one program of sort-and-pad counts and places; up to one chunk, one program does it all.
 PAIR_CHUNK = 1024
-# A persistent GEMM's tile loop and K loop are flattened into one, so that the software pipeline
-# runs across tiles (the next tile's loads start during this one's epilogue).
-FLATTEN_PERSISTENT_LOOP = True
 # Chunk rows the single program of sort-and-pad sums at a time (a [16, experts] tile).
 _CHUNK_ROWS = 16
 
@@ -80,79 +76,13 @@ def _expert_gemm_kernel(
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
-    PERSISTENT: tl.constexpr,
-    FLATTEN: tl.constexpr,
 ):
-    """C[pair] = A[pair // PAIRS_PER_A_ROW] @ B[expert]ᵀ, one BLOCK_SIZE_M × BLOCK_SIZE_N tile per
-    program; PERSISTENT: each program loops over the tiles, num_programs apart, so that the loads
-    of its next tile overlap the epilogue of the last (the loop is flattened for pipelining)."""
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    if PERSISTENT:
-        # only the blocks sort-and-pad filled, not the worst case the grid of the other path covers
-        filled_m_blocks = tl.load(num_padded_ptr) // BLOCK_SIZE_M
-        for tile in tl.range(
-            tl.program_id(0), filled_m_blocks * num_pid_n, tl.num_programs(0), flatten=FLATTEN
-        ):
-            pid_m, pid_n = _grouped_tile(tile, filled_m_blocks, num_pid_n, group_size_m)
-            _gemm_tile(
-                a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, topk_weights_ptr,
-                sorted_pair_ids_ptr, block_experts_ptr, block_rows_ptr, pid_m, pid_n, N, K,
-                stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-                stride_asm, stride_ask, stride_bse, stride_bsn, stride_bsk, PAIRS_PER_A_ROW,
-                MUL_ROUTED_WEIGHT, SCALES, GROUP_N, GROUP_K, EVEN_K, BLOCK_SIZE_M, BLOCK_SIZE_N,
-                BLOCK_SIZE_K,
-            )  # fmt: skip
-    else:
-        pid_m, pid_n = _grouped_tile(tl.program_id(0), num_m_blocks, num_pid_n, group_size_m)
-        if pid_m * BLOCK_SIZE_M < tl.load(num_padded_ptr):
-            _gemm_tile(
-                a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, topk_weights_ptr,
-                sorted_pair_ids_ptr, block_experts_ptr, block_rows_ptr, pid_m, pid_n, N, K,
-                stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-                stride_asm, stride_ask, stride_bse, stride_bsn, stride_bsk, PAIRS_PER_A_ROW,
-                MUL_ROUTED_WEIGHT, SCALES, GROUP_N, GROUP_K, EVEN_K, BLOCK_SIZE_M, BLOCK_SIZE_N,
-                BLOCK_SIZE_K,
-            )  # fmt: skip
-
-
-@triton.jit
-def _gemm_tile(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    a_scale_ptr,
-    b_scale_ptr,
-    topk_weights_ptr,
-    sorted_pair_ids_ptr,
-    block_experts_ptr,
-    block_rows_ptr,
-    pid_m,
-    pid_n,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_be,
-    stride_bn,
-    stride_bk,
-    stride_cm,
-    stride_cn,
-    stride_asm,
-    stride_ask,
-    stride_bse,
-    stride_bsn,
-    stride_bsk,
-    PAIRS_PER_A_ROW: tl.constexpr,
-    MUL_ROUTED_WEIGHT: tl.constexpr,
-    SCALES: tl.constexpr,
-    GROUP_N: tl.constexpr,
-    GROUP_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr,
-    BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr,
-):
-    """One tile (pid_m, pid_n) of the grouped GEMM: K loop, scales, router weight, store."""
+    """C[pair] = A[pair // PAIRS_PER_A_ROW] @ B[expert]ᵀ on one BLOCK_SIZE_M × BLOCK_SIZE_N tile."""
+    pid_m, pid_n = _grouped_tile(
+        tl.program_id(0), num_m_blocks, tl.cdiv(N, BLOCK_SIZE_N), group_size_m
+    )
+    if pid_m * BLOCK_SIZE_M >= tl.load(num_padded_ptr):
+        return
     expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
     offs_m = tl.arange(0, BLOCK_SIZE_M)
     row_mask = offs_m < tl.load(block_rows_ptr + pid_m)
@@ -531,7 +461,6 @@ def fused_moe(
     w1_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    persistent: tuple[int, int] = (0, 0),
 ) -> torch.Tensor:
     """One MoE layer: out [M, H] = Σ_slot weight · w2[e] · (silu(w1[e]_gate · x) · w1[e]_up · x).
 
@@ -542,8 +471,7 @@ def fused_moe(
     dtype. dtype "fp8_w8a8": w1, w2 float8_e4m3fn and x bf16/fp16, quantised here; without
     block_shape w1_scale and w2_scale are [E] (one scale per expert); with block_shape [bn, bk]
     they are [E, ⌈rows/bn⌉, ⌈cols/bk⌉]. out, when given, receives the result (shape [M, H],
-    x's dtype). persistent: programs per SM of GEMM 1 and GEMM 2, each looping over its tiles;
-    0 launches one program per tile (what the engines do).
+    x's dtype).
     """
     M, H = x.shape
     E, two_n, _ = w1.shape
@@ -567,20 +495,7 @@ def fused_moe(
     num_pairs = M * top_k
     a1, a1_scale = _quantize_activations(x, scales, block_shape)
     h = torch.empty((num_pairs, two_n), dtype=x.dtype, device=x.device)
-    _expert_gemm(
-        a1,
-        w1,
-        h,
-        blocks,
-        config,
-        scales,
-        block_shape,
-        a1_scale,
-        w1_scale,
-        top_k,
-        None,
-        persistent[0],
-    )
+    _expert_gemm(a1, w1, h, blocks, config, scales, block_shape, a1_scale, w1_scale, top_k, None)
     a2, a2_scale = _silu_and_mul(h, scales, block_shape)
     y = (
         out.view(M, 1, H)
@@ -599,7 +514,6 @@ def fused_moe(
         w2_scale,
         1,
         topk_weights.reshape(-1),
-        persistent[1],
     )
     if top_k > 1:
         block_h = min(1024, triton.next_power_of_2(H))
@@ -610,31 +524,15 @@ def fused_moe(
 
 
 def _expert_gemm(
-    a,
-    b,
-    c,
-    blocks,
-    config,
-    scales,
-    block_shape,
-    a_scale,
-    b_scale,
-    pairs_per_a_row,
-    topk_weights,
-    programs_per_sm=0,
+    a, b, c, blocks, config, scales, block_shape, a_scale, b_scale, pairs_per_a_row, topk_weights
 ):
-    """Launch the grouped GEMM c[pair] = a[pair // pairs_per_a_row] @ b[expert]ᵀ: one program
-    per tile, or programs_per_sm programs per SM looping over the tiles."""
+    """Launch the grouped GEMM c[pair] = a[pair // pairs_per_a_row] @ b[expert]ᵀ."""
     _, n, k = b.shape
     block_n, block_k = config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     group_n, group_k = block_shape if scales == _SCALES_BLOCK else (1, 1)
     a_scale_strides = a_scale.stride() if scales == _SCALES_BLOCK else (0, 0)
     b_scale_strides = b_scale.stride() if scales == _SCALES_BLOCK else (0, 0, 0)
-    tiles = blocks.num_m_blocks * triton.cdiv(n, block_n)
-    if programs_per_sm:
-        grid = (min(tiles, programs_per_sm * _sm_count(a.device)),)
-    else:
-        grid = (tiles,)
+    grid = (blocks.num_m_blocks * triton.cdiv(n, block_n),)
     _expert_gemm_kernel[grid](
         a,
         b,
@@ -668,20 +566,9 @@ def _expert_gemm(
         BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
         BLOCK_SIZE_N=block_n,
         BLOCK_SIZE_K=block_k,
-        PERSISTENT=bool(programs_per_sm),
-        FLATTEN=FLATTEN_PERSISTENT_LOOP,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 4 "SMs" elsewhere (Triton's CPU interpreter),
-    so that a persistent launch there still has several programs, each with several tiles."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _silu_and_mul(h, scales, block_shape):

@@ -146,12 +146,11 @@ class LayerTimer:
         calls: int | None = None,
         *,
         down_config: dict | None = None,
-        persistent: tuple[int, int] = (0, 0),
     ) -> float:
         """Median µs per layer call of fused_moe with config (and GEMM 2's down_config, config's
-        when None; the GEMMs launched as `persistent` says); raises if it cannot run."""
+        when None); raises if it cannot run."""
         w1, w2 = self.weights.w1, self.weights.w2
-        kwargs = {**self._layer_kwargs, "down_config": down_config, "persistent": persistent}
+        kwargs = {**self._layer_kwargs, "down_config": down_config}
 
         def layer(j: int) -> None:
             fused_moe(
