@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tuning.config_files import REQUIRED_FIELDS
 
@@ -36,8 +35,6 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 _SCALES_NONE, _SCALES_TENSOR, _SCALES_BLOCK = 0, 1, 2
 # Pairs one program of sort-and-pad counts and places; up to one chunk, one program does it all.
 PAIR_CHUNK = 1024
-# Experiment: GEMM weight tiles loaded by TMA descriptors instead of pointer loads.
-B_TMA = True
 # Chunk rows the single program of sort-and-pad sums at a time (a [16, experts] tile).
 _CHUNK_ROWS = 16
 
@@ -46,7 +43,6 @@ _CHUNK_ROWS = 16
 def _expert_gemm_kernel(
     a_ptr,
     b_ptr,
-    b_desc,
     c_ptr,
     a_scale_ptr,
     b_scale_ptr,
@@ -80,7 +76,6 @@ def _expert_gemm_kernel(
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
-    B_TMA: tl.constexpr,
 ):
     """C[pair] = A[pair // PAIRS_PER_A_ROW] @ B[expert]ᵀ on one BLOCK_SIZE_M × BLOCK_SIZE_N tile."""
     pid_m, pid_n = _grouped_tile(
@@ -101,17 +96,7 @@ def _expert_gemm_kernel(
     b_ptrs = b_ptr + expert * stride_be + b_cols[None, :] * stride_bn + offs_k[:, None] * stride_bk
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k_start in range(0, K, BLOCK_SIZE_K):
-        if B_TMA:
-            # the expert's [BLOCK_SIZE_N, BLOCK_SIZE_K] weight tile by TMA (zero past K; rows
-            # past the expert's N are the next expert's, dropped by the store's mask)
-            b_row = (expert * N + pid_n * BLOCK_SIZE_N).to(tl.int32)
-            b = b_desc.load([b_row, k_start]).T
-            if EVEN_K:
-                a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
-            else:
-                k_mask = offs_k < K - k_start
-                a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        elif EVEN_K:
+        if EVEN_K:
             a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
             b = tl.load(b_ptrs)
         else:
@@ -548,13 +533,9 @@ def _expert_gemm(
     a_scale_strides = a_scale.stride() if scales == _SCALES_BLOCK else (0, 0)
     b_scale_strides = b_scale.stride() if scales == _SCALES_BLOCK else (0, 0, 0)
     grid = (blocks.num_m_blocks * triton.cdiv(n, block_n),)
-    b_desc = None
-    if B_TMA:
-        b_desc = TensorDescriptor.from_tensor(b.view(-1, k), [block_n, block_k])
     _expert_gemm_kernel[grid](
         a,
         b,
-        b_desc,
         c,
         a if a_scale is None else a_scale,
         b if b_scale is None else b_scale,
@@ -585,7 +566,6 @@ def _expert_gemm(
         BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
         BLOCK_SIZE_N=block_n,
         BLOCK_SIZE_K=block_k,
-        B_TMA=B_TMA,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
