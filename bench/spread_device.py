@@ -1,14 +1,18 @@
 """One tune spread over every GPU of the host against the same tune on one GPU, in one device call.
 
 GLM-5 at TP8 in bf16 (E=256, N=256, H=6144, top-8), the 18 batch sizes: first on GPU 0 alone,
-then over all GPUs (tuning.spread: one process per GPU, CUDA_VISIBLE_DEVICES pinned), each phase
-with an empty Triton cache so that both compile from scratch. NVML telemetry of every GPU
-(workers.telemetry) runs throughout; the topology probe (`python -m workers.topology probe`)
-runs first and is compared with the one-GPU H200 host's (results/h200_topology_probe.json).
-Prints wall times and the speedup, each GPU's share and finish time, telemetry per phase and
-GPU, and the tuned µs of both phases side by side.
+then over all GPUs (tuning.spread: one process per GPU, CUDA_VISIBLE_DEVICES pinned, the first
+rounds compiled once for the host by its precompile), each phase with an empty Triton cache so
+that both compile from scratch; --without-precompile adds both phases again with each process
+compiling for itself (as before issue 9). NVML telemetry of every GPU (workers.telemetry) runs
+throughout; the topology probe (`python -m workers.topology probe`) runs first and is compared
+with the one-GPU H200 host's (results/h200_topology_probe.json).
+Prints wall times and the speedup, each GPU's share and finish time, where the seconds went per
+phase and process (the precompile's start-up and compiling; per GPU set-up, waiting for the
+precompile, tuning and the compiling in it), telemetry per phase and GPU, and the tuned µs of
+the first two phases side by side.
 
-    python3 bench/spread_device.py --out "$OUT"
+    python3 bench/spread_device.py --out "$OUT" [--without-precompile]
 
 Writes topology.json, telemetry.jsonl and results.json under --out.
 """
@@ -21,6 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from tuning.config_files import TUNED_BATCH_SIZES  # noqa: E402
 from tuning.search import KernelShape  # noqa: E402
 from tuning.spread import (  # noqa: E402
+    DEFAULT_PRECOMPILE_FUNCTION,
     NVLS_OFF,
     expected_cost,
     parse_gpus,
@@ -40,6 +46,7 @@ from workers.topology import diff_snapshots  # noqa: E402
 
 GLM5_TP8_BF16 = KernelShape(E=256, N=256, H=6144, top_k=8)
 ONE_GPU_HOST_PROBE = ROOT / "bench" / "results" / "h200_topology_probe.json"
+NO_PRECOMPILE = ", no precompile"
 
 
 def log(message: str) -> None:
@@ -72,7 +79,7 @@ def probe_topology(out: Path) -> None:
         log(f"  vs the one-GPU host: {line}")
 
 
-def tune_phase(name: str, gpus: tuple[int, ...]) -> dict:
+def tune_phase(name: str, gpus: tuple[int, ...], precompile_function: str | None) -> dict:
     """The 18-size tune spread over gpus, from an empty Triton cache; its figures."""
     finished: dict[str, float] = {}
     reported = [0]
@@ -94,6 +101,7 @@ def tune_phase(name: str, gpus: tuple[int, ...]) -> dict:
             gpus,
             out_dir=Path(work) / "out",
             progress_callback=progress,
+            precompile_function=precompile_function,
         )
         wall_s = time.monotonic() - started
         files = {p.name: p.read_text() for p in (Path(work) / "out").rglob("*.json")}
@@ -109,6 +117,7 @@ def tune_phase(name: str, gpus: tuple[int, ...]) -> dict:
             for i, s in zip(gpus, shares, strict=True)
         },
         "finished_s": finished,
+        "timeline": timeline_figures(result.timeline),
         "device_name": result.device_name,
         "batches": {
             m: {"tuned_us": b.tuned_us, "default_us": b.default_us, "config": b.config}
@@ -116,6 +125,58 @@ def tune_phase(name: str, gpus: tuple[int, ...]) -> dict:
         },
         "config_files": files,
     }
+
+
+def timeline_figures(timeline) -> dict:
+    """A tuning.spread.SpreadTimeline as JSON: the precompile's seconds and counts, and per GPU
+    its process's phases (s). The precompile's setup_s is its start-up before compiling."""
+    precompile = timeline.precompile
+    figures = {"precompile": None, "processes": {}}
+    if precompile is not None:
+        figures["precompile"] = {
+            "setup_s": round(precompile.wall_s - precompile.compile_s, 2),
+            "compile_s": round(precompile.compile_s, 2),
+            "wall_s": round(precompile.wall_s, 2),
+            "configs": len(precompile.configs),
+            "failed": sum(error is not None for error in precompile.errors),
+            "error": precompile.error,
+        }
+    for index, process in sorted(timeline.processes.items()):
+        phases = {key: round(value, 2) for key, value in asdict(process).items()}
+        phases["wall_s"] = round(process.setup_s + process.wait_s + process.tune_s, 2)
+        figures["processes"][f"GPU {index}"] = phases
+    return figures
+
+
+def timeline_table(phases: list[dict]) -> list[str]:
+    """Per phase a row for the precompile and one per GPU process: seconds of set-up, waiting
+    for the precompile, compiling (within tune for the GPUs), tuning and in all."""
+    lines = [
+        f"  {'phase':22} {'process':10} {'setup':>7} {'wait':>7} {'compile':>8}"
+        f" {'tune':>7} {'wall':>7}"
+    ]
+
+    def cell(value) -> str:
+        return f"{value:7.1f}" if value is not None else f"{'-':>7}"
+
+    for phase in phases:
+        precompile = phase["timeline"]["precompile"]
+        if precompile is not None:
+            note = f"  {precompile['configs']} configs, {precompile['failed']} failed"
+            if precompile["error"]:
+                note += f", error: {precompile['error']}"
+            lines.append(
+                f"  {phase['name']:22} {'precompile':10} {cell(precompile['setup_s'])}"
+                f" {cell(None)} {precompile['compile_s']:8.1f} {cell(None)}"
+                f" {cell(precompile['wall_s'])}{note}"
+            )
+        for gpu, process in phase["timeline"]["processes"].items():
+            lines.append(
+                f"  {phase['name']:22} {gpu:10} {cell(process['setup_s'])}"
+                f" {cell(process['wait_s'])} {process['compile_s']:8.1f}"
+                f" {cell(process['tune_s'])} {cell(process['wall_s'])}"
+            )
+    return lines
 
 
 def telemetry_summary(phase: dict, samples: list[dict]) -> list[str]:
@@ -141,6 +202,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "spread-device"))
     parser.add_argument("--hz", type=float, default=2.0, help="telemetry samples/s per GPU")
+    parser.add_argument(
+        "--without-precompile",
+        action="store_true",
+        help="then both phases again with each process compiling for itself (an A/B)",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -151,12 +217,18 @@ def main() -> int:
     log(f"{len(every_gpu)} GPUs; {os.cpu_count()} CPUs")
     sampler = TelemetrySampler(None, hz=args.hz).start()
     log(f"telemetry: {sampler.status} {sampler.detail}")
+    planned = [
+        ("1 GPU", (0,), DEFAULT_PRECOMPILE_FUNCTION),
+        (f"{len(every_gpu)} GPUs", every_gpu, DEFAULT_PRECOMPILE_FUNCTION),
+    ]
+    if args.without_precompile:
+        planned += [(name + NO_PRECOMPILE, gpus, None) for name, gpus, _ in planned]
     phases = []
     try:
-        for name, gpus in [("1 GPU", (0,)), (f"{len(every_gpu)} GPUs", every_gpu)]:
+        for name, gpus, precompile_function in planned:
             log(f"{name}: tuning GLM-5 TP8 bf16, {len(TUNED_BATCH_SIZES)} sizes on {list(gpus)}")
             try:
-                phases.append(tune_phase(name, gpus))
+                phases.append(tune_phase(name, gpus, precompile_function))
                 log(f"{name}: {phases[-1]['wall_s']} s")
             except Exception:
                 log(f"{name} failed:\n{traceback.format_exc()}")
@@ -168,12 +240,21 @@ def main() -> int:
 
     print("\n== wall time of the 18-size tune ==")
     for phase in phases:
-        print(f"  {phase['name']:8} {phase['wall_s']:7.1f} s  on {phase['device_name']}")
-    if len(phases) == 2:
-        one, spread = phases
-        speedup = one["wall_s"] / spread["wall_s"]
-        ideal = len(spread["gpus"])
-        print(f"  speedup {speedup:.2f}x of an ideal {ideal}x ({100 * speedup / ideal:.0f} %)")
+        print(f"  {phase['name']:22} {phase['wall_s']:7.1f} s  on {phase['device_name']}")
+    by_name = {phase["name"]: phase for phase in phases}
+    for suffix in ("", NO_PRECOMPILE):
+        one, spread = by_name.get("1 GPU" + suffix), by_name.get(f"{len(every_gpu)} GPUs" + suffix)
+        if one and spread:
+            speedup = one["wall_s"] / spread["wall_s"]
+            ideal = len(spread["gpus"])
+            print(
+                f"  speedup{suffix} {speedup:.2f}x of an ideal {ideal}x"
+                f" ({100 * speedup / ideal:.0f} %)"
+            )
+    print("\n== where the seconds went, per phase and process (s) ==")
+    print("\n".join(timeline_table(phases)))
+    if len(phases) >= 2:
+        one, spread = phases[:2]
         print("\n== shares of the spread tune (expected cost, finished at s) ==")
         for gpu, share in spread["shares"].items():
             print(
@@ -192,7 +273,7 @@ def main() -> int:
     print(f"\n== telemetry per phase and GPU ({len(samples)} samples) ==")
     for phase in phases:
         print("\n".join(telemetry_summary(phase, samples)))
-    return 0 if len(phases) == 2 else 1
+    return 0 if len(phases) == len(planned) else 1
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ tunes of one shape. Several GPUs: `tuning.spread.spread_tune` (CLI: `--gpus 0,1,
 runs one process per GPU on a share of the batch sizes and merges their logs with
 `merge_results` (by hand: `--merge LOG ...`). The CLI resumes from its log: finished batch sizes
 are skipped.
+
+Compiles run in a pool of processes ahead of timing; what a tune compiles before its first
+timing is `round_one_configs` (the first round of every search, and the default configs), which
+tuning.spread compiles once per host with `precompile` and hands to each GPU's Tuner.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuning.config_files import (
     TUNED_BATCH_SIZES,
@@ -35,6 +40,9 @@ from tuning.search import (
     config_of,
 )
 
+if TYPE_CHECKING:
+    from tuning.spread import SpreadTimeline
+
 ProgressCallback = Callable[[int, int, str], None]
 # Batch sizes searched side by side: their compiles share one parallel batch.
 CHUNK_BATCH_SIZES = 6
@@ -42,6 +50,8 @@ FINAL_REPLAYS = 20
 # Rounds of a DownProjectionSearch: tiles, warps and stages, group sizes, final.
 DOWN_ROUNDS = 4
 COMPILE_TIMEOUT_S = 300
+# How often a tune waiting for the host's precompile looks for its result.
+PRECOMPILE_POLL_S = 0.05
 
 
 @dataclass
@@ -71,11 +81,53 @@ class BatchResult:
 
 
 @dataclass
+class ProcessTimeline:
+    """Where one tuning process's seconds went (s). setup_s: building the Tuner (imports,
+    weights, ceilings; in tuning.spread's processes counted from their launch; the compile
+    processes start at the first compile, in compile_s); wait_s: waiting for the host's
+    precompile (tuning.spread); tune_s: Tuner.tune after that wait; compile_s: the part of
+    tune_s spent waiting on its own compiles."""
+
+    setup_s: float = 0.0
+    wait_s: float = 0.0
+    compile_s: float = 0.0
+    tune_s: float = 0.0
+
+
+@dataclass
+class HostPrecompile:
+    """One compile of the first rounds' configs (round_one_configs) for every GPU process of a
+    host, into Triton's on-disk cache, written by tuning.spread for the processes to wait on.
+
+    configs: one per compile key; errors: per config None or why it failed to compile.
+    compile_s: seconds compiling; wall_s: seconds from its process's start to this result.
+    error: why it did not finish (configs then empty: each process compiles for itself).
+    """
+
+    configs: list[dict[str, int]] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+    compile_s: float = 0.0
+    wall_s: float = 0.0
+    error: str | None = None
+
+    def save(self, path: str | Path) -> None:
+        """Write it at once (a waiting process never reads half of it)."""
+        _write_json(path, vars(self))
+
+    @classmethod
+    def load(cls, path: str | Path) -> HostPrecompile:
+        """Inverse of save."""
+        return cls(**json.loads(Path(path).read_text()))
+
+
+@dataclass
 class TuneResult:
     """A tune of one shape on one GPU: per batch size config and µs (tuned, default, floor).
 
     ceilings: the measured bandwidth_tbps, bf16_tflops and fp8_tflops behind floor_us.
     search: "coarse-to-fine" or "exhaustive". wall_s: seconds the tune took.
+    timeline: where this run's seconds went (a ProcessTimeline from Tuner.tune, a
+    tuning.spread.SpreadTimeline from spread_tune); not in the log, None when read from one.
     """
 
     shape: KernelShape
@@ -85,6 +137,7 @@ class TuneResult:
     ceilings: dict
     batches: dict[int, BatchResult] = field(default_factory=dict)
     wall_s: float = 0.0
+    timeline: ProcessTimeline | SpreadTimeline | None = field(default=None, compare=False)
 
     def entries(self) -> dict[int, dict]:
         """{M: config} as the engines' config files hold them, M ascending."""
@@ -151,7 +204,7 @@ def merge_results(results: Iterable[TuneResult]) -> TuneResult:
     for other in results[1:]:
         if not first.same_run_as(other):
             raise ValueError("results disagree on shape, device, Triton version or search")
-    merged = replace(first, batches={}, wall_s=max(r.wall_s for r in results))
+    merged = replace(first, batches={}, wall_s=max(r.wall_s for r in results), timeline=None)
     for result in results:
         merged.batches.update(result.batches)
     return merged
@@ -206,7 +259,7 @@ class DeviceMeasurements:
     """The GPU side of a tune: weights, measured ceilings, compile workers, layer timers.
 
     compile_workers processes compile candidate kernels in parallel ahead of timing (0: compile
-    in this process as each is first timed).
+    in this process as each is first timed); they start with the first compile, not before.
     """
 
     def __init__(
@@ -272,7 +325,11 @@ class Tuner:
 
     def __init__(self, shape: KernelShape, measurements=None, **device_kwargs):
         self.shape = shape
+        started = time.monotonic()
         self.measurements = measurements or DeviceMeasurements(shape, **device_kwargs)
+        # building the measurements: imports, weights, ceilings (0 when given)
+        self.setup_s = time.monotonic() - started
+        self.compile_s = 0.0
         self._compile_errors: dict[tuple, str | None] = {}
 
     def __enter__(self) -> Tuner:
@@ -293,15 +350,19 @@ class Tuner:
         down: bool = True,
         progress_callback: ProgressCallback | None = None,
         resume_path: str | Path | None = None,
+        precompiled_path: str | Path | None = None,
     ) -> TuneResult:
         """Search each batch size M; per M the config, tuned/default/floor µs, tries, failures.
 
         down: then search GEMM 2's own config with GEMM 1's fixed (DownProjectionSearch; also
         coarse-to-fine when exhaustive). resume_path: a tuning log; batch sizes it already holds
         (same shape, GPU, Triton and search) are kept, and the log is rewritten after every
-        chunk of batch sizes.
+        chunk of batch sizes. precompiled_path: a HostPrecompile file to wait for before the
+        first compile; its configs count as compiled. result.timeline: a ProcessTimeline.
         """
         started = time.monotonic()
+        wait_s = 0.0 if precompiled_path is None else self._take_precompile(precompiled_path)
+        searching, compile_before = time.monotonic(), self.compile_s
         batch_sizes = sorted(set(batch_sizes))
         result = TuneResult(
             shape=self.shape,
@@ -316,7 +377,7 @@ class Tuner:
             result.batches = {m: b for m, b in previous.batches.items() if m in batch_sizes}
             earlier_wall = previous.wall_s
         remaining = [m for m in batch_sizes if m not in result.batches]
-        search_class = ExhaustiveSearch if exhaustive else CoarseToFineSearch
+        search_class = _search_class(exhaustive)
         # rounds per M, each reported once, and one report per finished search
         steps = (2 if exhaustive else 4) + 1 + (DOWN_ROUNDS + 1 if down else 0)
         total = len(remaining) * steps
@@ -332,6 +393,7 @@ class Tuner:
             chunk = remaining[first : first + CHUNK_BATCH_SIZES]
             timers = {m: self.measurements.timer(m) for m in chunk}
             searches = {m: search_class(m, self.shape) for m in chunk}
+            self._compile(round_one_configs(self.shape, chunk, exhaustive=exhaustive))
             self._run_searches(searches, timers, report)
             for m in chunk:
                 result.batches[m] = self._finish(m, searches[m], timers[m])
@@ -349,6 +411,12 @@ class Tuner:
             result.wall_s = earlier_wall + time.monotonic() - started
             _save_log(resume_path, result)
         result.wall_s = earlier_wall + time.monotonic() - started
+        result.timeline = ProcessTimeline(
+            setup_s=self.setup_s,
+            wait_s=wait_s,
+            compile_s=self.compile_s - compile_before,
+            tune_s=time.monotonic() - searching,
+        )
         if progress_callback is not None:
             progress_callback(total, total, "done")
         return result
@@ -394,13 +462,7 @@ class Tuner:
                 report(f"M={m}: timed {len(proposal.configs)} {kind}configs")
 
     def _finish(self, M, search, timer) -> BatchResult:
-        from tuning.fused_moe import default_config
-
-        shape = self.shape
-        block_shape = list(shape.block_shape) if shape.block_shape else None
-        default = default_config(
-            M, shape.E, shape.N, shape.H, shape.top_k, shape.dtype, block_shape
-        )
+        default = _default_config(self.shape, M)
         default_times, _ = self._time_configs(timer, [default], FINAL_REPLAYS)
         default_us = default_times[config_key(default)]
         best = search.best
@@ -421,6 +483,16 @@ class Tuner:
             failures=failures,
         )
 
+    def _take_precompile(self, path: str | Path) -> float:
+        """Wait for the host's precompile to finish; its compiles are ours. Seconds waited."""
+        started = time.monotonic()
+        while not Path(path).exists():
+            time.sleep(PRECOMPILE_POLL_S)
+        precompile = HostPrecompile.load(path)
+        for config, error in zip(precompile.configs, precompile.errors, strict=True):
+            self._compile_errors[compile_key(config)] = error
+        return time.monotonic() - started
+
     def _compile(self, configs: Iterable[dict]) -> None:
         todo = {}
         for config in configs:
@@ -428,7 +500,9 @@ class Tuner:
             if key not in self._compile_errors and key not in todo:
                 todo[key] = config
         if todo:
+            started = time.monotonic()
             errors = self.measurements.compile(list(todo.values()))
+            self.compile_s += time.monotonic() - started
             self._compile_errors.update(zip(todo, errors, strict=True))
 
     def _time_configs(self, timer, configs, replays, up_config=None):
@@ -465,6 +539,7 @@ def tune(
     progress_callback: ProgressCallback | None = None,
     resume_path: str | Path | None = None,
     compile_workers: int | None = None,
+    precompiled_path: str | Path | None = None,
 ) -> TuneResult:
     """Tune shape at batch_sizes on GPU device_index (see Tuner.tune)."""
     with Tuner(shape, device_index=device_index, compile_workers=compile_workers) as tuner:
@@ -474,7 +549,49 @@ def tune(
             down=down,
             progress_callback=progress_callback,
             resume_path=resume_path,
+            precompiled_path=precompiled_path,
         )
+
+
+def round_one_configs(
+    shape: KernelShape, batch_sizes: Iterable[int], *, exhaustive: bool = False
+) -> list[dict[str, int]]:
+    """What a tune of batch_sizes compiles before its first timing, one config per compile key:
+    every size's first proposal (coarse-to-fine: one config per tile; exhaustive: the whole
+    space) and its default config. Tuner.tune compiles it per chunk; tuning.spread once for
+    all the GPUs of a host."""
+    search_class = _search_class(exhaustive)
+    configs: dict[tuple, dict[str, int]] = {}
+    for m in sorted(set(batch_sizes)):
+        proposal = search_class(m, shape).propose()
+        for config in [*(proposal.configs if proposal else []), _default_config(shape, m)]:
+            configs.setdefault(compile_key(config), config)
+    return list(configs.values())
+
+
+def precompile(shape: KernelShape, configs: list[dict], *, workers: int) -> list[str | None]:
+    """Compile configs into Triton's on-disk cache with `workers` processes on GPU 0; per config
+    None or why it failed. RuntimeError when the compile processes died (e.g. no GPU)."""
+    pool = _CompilePool(shape, 0, workers)
+    try:
+        errors = pool.compile(configs)
+    finally:
+        pool.close()
+    if pool.broken is not None:
+        raise RuntimeError(f"the compile processes died: {pool.broken}")
+    return errors
+
+
+def _search_class(exhaustive: bool):
+    return ExhaustiveSearch if exhaustive else CoarseToFineSearch
+
+
+def _default_config(shape: KernelShape, M: int) -> dict[str, int]:
+    """The engines' fallback config at batch size M, which every tune times."""
+    from tuning.fused_moe import default_config
+
+    block_shape = list(shape.block_shape) if shape.block_shape else None
+    return default_config(M, shape.E, shape.N, shape.H, shape.top_k, shape.dtype, block_shape)
 
 
 def _finish_down(batch: BatchResult, search: DownProjectionSearch) -> None:
@@ -506,6 +623,8 @@ class _CompilePool:
             initializer=_start_compile_worker,
             initargs=(shape.as_dict(), device_index),
         )
+        # why the worker processes died, once they have
+        self.broken: str | None = None
 
     def compile(self, configs: list[dict]) -> list[str | None]:
         """Per config None, or why it failed to compile or launch."""
@@ -529,8 +648,9 @@ class _CompilePool:
                 errors.append(futures[i].result(timeout=COMPILE_TIMEOUT_S))
             except FutureTimeout:
                 errors.append(f"compile took over {COMPILE_TIMEOUT_S} s")
-            except BrokenProcessPool:
+            except BrokenProcessPool as exc:
                 # the timing process compiles whatever the workers could not
+                self.broken = self.broken or _one_line(exc)
                 errors.append(None)
         return errors
 
@@ -602,12 +722,16 @@ def _load_log(path: str | Path | None) -> TuneResult | None:
 
 
 def _save_log(path: str | Path | None, result: TuneResult) -> None:
-    if path is None:
-        return
+    if path is not None:
+        _write_json(path, result.to_dict())
+
+
+def _write_json(path: str | Path, data: dict) -> None:
+    """Write data to path in one step: a reader finds the old file, or the whole new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    partial.write_text(json.dumps(data, indent=1) + "\n")
     partial.replace(path)
 
 
