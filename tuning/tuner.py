@@ -83,10 +83,10 @@ class BatchResult:
 @dataclass
 class ProcessTimeline:
     """Where one tuning process's seconds went (s). setup_s: building the Tuner (imports,
-    weights, ceilings; in tuning.spread's processes counted from their launch; the compile
-    processes start at the first compile, in compile_s); wait_s: waiting for the host's
-    precompile (tuning.spread); tune_s: Tuner.tune after that wait; compile_s: the part of
-    tune_s spent waiting on its own compiles."""
+    weights; in tuning.spread's processes counted from their launch; the compile processes
+    start at the first compile, in compile_s); wait_s: waiting for the host's precompile
+    (tuning.spread); tune_s: Tuner.tune after that wait (measuring the ceilings first);
+    compile_s: the part of tune_s spent waiting on its own compiles."""
 
     setup_s: float = 0.0
     wait_s: float = 0.0
@@ -260,6 +260,8 @@ class DeviceMeasurements:
 
     compile_workers processes compile candidate kernels in parallel ahead of timing (0: compile
     in this process as each is first timed); they start with the first compile, not before.
+    The ceilings are measured when first asked for, not here: in a spread tune the host's
+    precompile runs kernels on this GPU while the process sets up, which would lower them.
     """
 
     def __init__(
@@ -280,10 +282,19 @@ class DeviceMeasurements:
         self.device_name = torch.cuda.get_device_name(device_index)
         self.triton_version = triton.__version__
         self.weights = timing.make_weights(shape)
-        self.ceilings = ceilings if ceilings is not None else vars(timing.measure_ceilings())
+        self._ceilings = ceilings
         workers = _default_workers() if compile_workers is None else compile_workers
         self._pool = _CompilePool(shape, device_index, workers) if workers > 0 else None
         self.compile_s = 0.0
+
+    @property
+    def ceilings(self) -> dict:
+        """The measured bandwidth_tbps, bf16_tflops and fp8_tflops (measured on first use)."""
+        if self._ceilings is None:
+            from tuning import timing
+
+            self._ceilings = vars(timing.measure_ceilings())
+        return self._ceilings
 
     def compile(self, configs: list[dict]) -> list[str | None]:
         """Compile configs ahead of timing; per config None or why it failed."""
@@ -327,7 +338,7 @@ class Tuner:
         self.shape = shape
         started = time.monotonic()
         self.measurements = measurements or DeviceMeasurements(shape, **device_kwargs)
-        # building the measurements: imports, weights, ceilings (0 when given)
+        # building the measurements: imports, weights (the ceilings come with the tune)
         self.setup_s = time.monotonic() - started
         self.compile_s = 0.0
         self._compile_errors: dict[tuple, str | None] = {}
