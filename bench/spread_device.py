@@ -1,18 +1,17 @@
 """One tune spread over every GPU of the host against the same tune on one GPU, in one device call.
 
-GLM-5 at TP8 in bf16 (E=256, N=256, H=6144, top-8), the 18 batch sizes: first on GPU 0 alone,
-then over all GPUs (tuning.spread: one process per GPU, CUDA_VISIBLE_DEVICES pinned, the first
-rounds compiled once for the host by its precompile), each phase with an empty Triton cache so
-that both compile from scratch; --without-precompile adds both phases again with each process
-compiling for itself (as before issue 9). NVML telemetry of every GPU (workers.telemetry) runs
-throughout; the topology probe (`python -m workers.topology probe`) runs first and is compared
-with the one-GPU H200 host's (results/h200_topology_probe.json).
-Prints wall times and the speedup, each GPU's share and finish time, where the seconds went per
-phase and process (the precompile's start-up and compiling; per GPU set-up, waiting for the
-precompile, tuning and the compiling in it), telemetry per phase and GPU, and the tuned µs of
-the first two phases side by side.
+GLM-5 at TP8 in bf16 (E=256, N=256, H=6144, top-8), the 18 batch sizes: on GPU 0 alone, then
+over all GPUs (tuning.spread: one process per GPU, CUDA_VISIBLE_DEVICES pinned), each from an
+empty Triton cache (a fresh host); then both again on one cache holding what those two compiled
+(a host re-tuning a shape it tuned before). NVML telemetry of every GPU (workers.telemetry)
+runs throughout; the topology probe (`python -m workers.topology probe`) runs first and is
+compared with the one-GPU H200 host's (results/h200_topology_probe.json).
+Prints wall times and the speedup with a fresh and with a warm cache, each GPU's share and
+finish time, where the seconds went per phase and process (set-up, the compile pool's start-up
+within it, tuning and the compiling in it), telemetry per phase and GPU, and the tuned µs of
+the two fresh phases side by side.
 
-    python3 bench/spread_device.py --out "$OUT" [--without-precompile]
+    python3 bench/spread_device.py --out "$OUT"
 
 Writes topology.json, telemetry.jsonl and results.json under --out.
 """
@@ -20,6 +19,7 @@ Writes topology.json, telemetry.jsonl and results.json under --out.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,7 +34,6 @@ sys.path.insert(0, str(ROOT))
 from tuning.config_files import TUNED_BATCH_SIZES  # noqa: E402
 from tuning.search import KernelShape  # noqa: E402
 from tuning.spread import (  # noqa: E402
-    DEFAULT_PRECOMPILE_FUNCTION,
     NVLS_OFF,
     expected_cost,
     parse_gpus,
@@ -46,7 +45,7 @@ from workers.topology import diff_snapshots  # noqa: E402
 
 GLM5_TP8_BF16 = KernelShape(E=256, N=256, H=6144, top_k=8)
 ONE_GPU_HOST_PROBE = ROOT / "bench" / "results" / "h200_topology_probe.json"
-NO_PRECOMPILE = ", no precompile"
+WARM = ", warm cache"
 
 
 def log(message: str) -> None:
@@ -79,13 +78,12 @@ def probe_topology(out: Path) -> None:
         log(f"  vs the one-GPU host: {line}")
 
 
-def tune_phase(name: str, gpus: tuple[int, ...], precompile_function: str | None) -> dict:
-    """The 18-size tune spread over gpus, from an empty Triton cache; its figures."""
+def tune_phase(name: str, gpus: tuple[int, ...], cache: Path) -> dict:
+    """The 18-size tune spread over gpus with Triton's cache in cache; its figures."""
     finished: dict[str, float] = {}
     reported = [0]
+    os.environ["TRITON_CACHE_DIR"] = str(cache)
     with tempfile.TemporaryDirectory() as work:
-        # each phase compiles from scratch, as on a fresh host
-        os.environ["TRITON_CACHE_DIR"] = str(Path(work) / "triton-cache")
         started_ts, started = time.time(), time.monotonic()
 
         def progress(done: int, total: int, message: str) -> None:
@@ -101,7 +99,6 @@ def tune_phase(name: str, gpus: tuple[int, ...], precompile_function: str | None
             gpus,
             out_dir=Path(work) / "out",
             progress_callback=progress,
-            precompile_function=precompile_function,
         )
         wall_s = time.monotonic() - started
         files = {p.name: p.read_text() for p in (Path(work) / "out").rglob("*.json")}
@@ -127,54 +124,30 @@ def tune_phase(name: str, gpus: tuple[int, ...], precompile_function: str | None
     }
 
 
-def timeline_figures(timeline) -> dict:
-    """A tuning.spread.SpreadTimeline as JSON: the precompile's seconds and counts, and per GPU
-    its process's phases (s). The precompile's setup_s is its start-up before compiling."""
-    precompile = timeline.precompile
-    figures = {"precompile": None, "processes": {}}
-    if precompile is not None:
-        figures["precompile"] = {
-            "setup_s": round(precompile.wall_s - precompile.compile_s, 2),
-            "compile_s": round(precompile.compile_s, 2),
-            "wall_s": round(precompile.wall_s, 2),
-            "configs": len(precompile.configs),
-            "failed": sum(error is not None for error in precompile.errors),
-            "error": precompile.error,
-        }
-    for index, process in sorted(timeline.processes.items()):
+def timeline_figures(timeline: dict) -> dict:
+    """A spread tune's timeline ({GPU index: ProcessTimeline}) as JSON: per GPU its process's
+    phases (s); wall_s is set-up plus tune (the pool's start-up overlaps them)."""
+    figures = {}
+    for index, process in sorted(timeline.items()):
         phases = {key: round(value, 2) for key, value in asdict(process).items()}
-        phases["wall_s"] = round(process.setup_s + process.wait_s + process.tune_s, 2)
-        figures["processes"][f"GPU {index}"] = phases
+        phases["wall_s"] = round(process.setup_s + process.tune_s, 2)
+        figures[f"GPU {index}"] = phases
     return figures
 
 
 def timeline_table(phases: list[dict]) -> list[str]:
-    """Per phase a row for the precompile and one per GPU process: seconds of set-up, waiting
-    for the precompile, compiling (within tune for the GPUs), tuning and in all."""
+    """Per phase a row per GPU process: seconds of set-up, of the compile pool's start-up (from
+    early in the set-up), of compiling (within tune), of tuning and in all."""
     lines = [
-        f"  {'phase':22} {'process':10} {'setup':>7} {'wait':>7} {'compile':>8}"
+        f"  {'phase':22} {'process':8} {'setup':>7} {'pool start':>10} {'compile':>8}"
         f" {'tune':>7} {'wall':>7}"
     ]
-
-    def cell(value) -> str:
-        return f"{value:7.1f}" if value is not None else f"{'-':>7}"
-
     for phase in phases:
-        precompile = phase["timeline"]["precompile"]
-        if precompile is not None:
-            note = f"  {precompile['configs']} configs, {precompile['failed']} failed"
-            if precompile["error"]:
-                note += f", error: {precompile['error']}"
+        for gpu, process in phase["timeline"].items():
             lines.append(
-                f"  {phase['name']:22} {'precompile':10} {cell(precompile['setup_s'])}"
-                f" {cell(None)} {precompile['compile_s']:8.1f} {cell(None)}"
-                f" {cell(precompile['wall_s'])}{note}"
-            )
-        for gpu, process in phase["timeline"]["processes"].items():
-            lines.append(
-                f"  {phase['name']:22} {gpu:10} {cell(process['setup_s'])}"
-                f" {cell(process['wait_s'])} {process['compile_s']:8.1f}"
-                f" {cell(process['tune_s'])} {cell(process['wall_s'])}"
+                f"  {phase['name']:22} {gpu:8} {process['setup_s']:7.1f}"
+                f" {process['pool_start_s']:10.1f} {process['compile_s']:8.1f}"
+                f" {process['tune_s']:7.1f} {process['wall_s']:7.1f}"
             )
     return lines
 
@@ -190,7 +163,7 @@ def telemetry_summary(phase: dict, samples: list[dict]) -> list[str]:
 
         util, power, memory = values("gpu_util"), values("power_w"), values("mem_used_mib")
         lines.append(
-            f"  {phase['name']:8} GPU{index}: n={len(mine):3}"
+            f"  {phase['name']:22} GPU{index}: n={len(mine):3}"
             f"  util mean {sum(util) / len(util):5.1f} % max {max(util):5.1f} %"
             f"  power mean {sum(power) / len(power):6.1f} W"
             f" max {max(power):6.1f} W  mem max {max(memory):8.0f} MiB"
@@ -202,11 +175,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "spread-device"))
     parser.add_argument("--hz", type=float, default=2.0, help="telemetry samples/s per GPU")
-    parser.add_argument(
-        "--without-precompile",
-        action="store_true",
-        help="then both phases again with each process compiling for itself (an A/B)",
-    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -217,22 +185,25 @@ def main() -> int:
     log(f"{len(every_gpu)} GPUs; {os.cpu_count()} CPUs")
     sampler = TelemetrySampler(None, hz=args.hz).start()
     log(f"telemetry: {sampler.status} {sampler.detail}")
-    planned = [
-        ("1 GPU", (0,), DEFAULT_PRECOMPILE_FUNCTION),
-        (f"{len(every_gpu)} GPUs", every_gpu, DEFAULT_PRECOMPILE_FUNCTION),
-    ]
-    if args.without_precompile:
-        planned += [(name + NO_PRECOMPILE, gpus, None) for name, gpus, _ in planned]
+    fresh = [("1 GPU", (0,)), (f"{len(every_gpu)} GPUs", every_gpu)]
+    planned = [*fresh, *((name + WARM, gpus) for name, gpus in fresh)]
     phases = []
     try:
-        for name, gpus, precompile_function in planned:
-            log(f"{name}: tuning GLM-5 TP8 bf16, {len(TUNED_BATCH_SIZES)} sizes on {list(gpus)}")
-            try:
-                phases.append(tune_phase(name, gpus, precompile_function))
-                log(f"{name}: {phases[-1]['wall_s']} s")
-            except Exception:
-                log(f"{name} failed:\n{traceback.format_exc()}")
-            (out / "results.json").write_text(json.dumps({"phases": phases}, indent=1))
+        with tempfile.TemporaryDirectory() as caches:
+            warm_cache = Path(caches) / "warm"
+            for number, (name, gpus) in enumerate(planned):
+                is_warm = name.endswith(WARM)
+                cache = warm_cache if is_warm else Path(caches) / f"fresh-{number}"
+                log(f"{name}: GLM-5 TP8 bf16, {len(TUNED_BATCH_SIZES)} sizes on {list(gpus)}")
+                try:
+                    phases.append(tune_phase(name, gpus, cache))
+                    log(f"{name}: {phases[-1]['wall_s']} s")
+                except Exception:
+                    log(f"{name} failed:\n{traceback.format_exc()}")
+                if not is_warm and cache.exists():
+                    # the warm phases find every kernel either fresh phase compiled
+                    shutil.copytree(cache, warm_cache, dirs_exist_ok=True)
+                (out / "results.json").write_text(json.dumps({"phases": phases}, indent=1))
     finally:
         sampler.stop()
     samples = sampler.drain()
@@ -242,19 +213,24 @@ def main() -> int:
     for phase in phases:
         print(f"  {phase['name']:22} {phase['wall_s']:7.1f} s  on {phase['device_name']}")
     by_name = {phase["name"]: phase for phase in phases}
-    for suffix in ("", NO_PRECOMPILE):
-        one, spread = by_name.get("1 GPU" + suffix), by_name.get(f"{len(every_gpu)} GPUs" + suffix)
+    one_name, spread_name = (name for name, _ in fresh)
+    for label, suffix in (("fresh cache", ""), ("warm cache", WARM)):
+        one, spread = by_name.get(one_name + suffix), by_name.get(spread_name + suffix)
         if one and spread:
             speedup = one["wall_s"] / spread["wall_s"]
             ideal = len(spread["gpus"])
             print(
-                f"  speedup{suffix} {speedup:.2f}x of an ideal {ideal}x"
+                f"  speedup, {label}: {speedup:.2f}x of an ideal {ideal}x"
                 f" ({100 * speedup / ideal:.0f} %)"
             )
+    for name in (one_name, spread_name):
+        if name in by_name and name + WARM in by_name:
+            saved = by_name[name]["wall_s"] - by_name[name + WARM]["wall_s"]
+            print(f"  {name}: the warm cache saves {saved:.1f} s")
     print("\n== where the seconds went, per phase and process (s) ==")
     print("\n".join(timeline_table(phases)))
-    if len(phases) >= 2:
-        one, spread = phases[:2]
+    one, spread = by_name.get(one_name), by_name.get(spread_name)
+    if one and spread:
         print("\n== shares of the spread tune (expected cost, finished at s) ==")
         for gpu, share in spread["shares"].items():
             print(

@@ -1,11 +1,9 @@
 """One tune spread over several GPUs: real worker processes on CPU running the real Tuner on
-test_tuner's synthetic timings (`fake_tune`), each recording the GPU it was given, beside a
-host precompile (`fake_precompile`) recording what it was asked to compile."""
+test_tuner's synthetic timings (`fake_tune`), each recording the GPU it was given."""
 
 import functools
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,6 @@ from tests.test_tuner import HF_CONFIGS, SHAPE, FakeMeasurements
 from tuning import spread
 from tuning.__main__ import main as tuning_main
 from tuning.config_files import TUNED_BATCH_SIZES
-from tuning.search import compile_key
 from tuning.spread import (
     NVLS_OFF,
     SpreadTuneError,
@@ -22,32 +19,21 @@ from tuning.spread import (
     share_batch_sizes,
     spread_tune,
 )
-from tuning.tuner import Tuner, round_one_configs, write_config_files
+from tuning.tuner import Tuner, write_config_files
 
 FAKE_TUNE = "tests.test_spread:fake_tune"
-FAKE_PRECOMPILE = "tests.test_spread:fake_precompile"
 FAIL_AT_M = "SPREAD_TEST_FAIL_AT_M"
-FAIL_PRECOMPILE = "SPREAD_TEST_FAIL_PRECOMPILE"
-PRECOMPILE_S = "SPREAD_TEST_PRECOMPILE_S"
 RECORD_DIR = "SPREAD_TEST_RECORD_DIR"
 
-fake_spread_tune = functools.partial(
-    spread_tune, tune_function=FAKE_TUNE, precompile_function=FAKE_PRECOMPILE
-)
+fake_spread_tune = functools.partial(spread_tune, tune_function=FAKE_TUNE)
 
 
-class SpreadMeasurements(FakeMeasurements):
-    """FakeMeasurements that note when each compile began, and whose GPU "faults" when the
-    timers of batch size fail_at are built."""
+class FailingMeasurements(FakeMeasurements):
+    """FakeMeasurements whose GPU "faults" when the timers of batch size fail_at are built."""
 
     def __init__(self, fail_at: int):
         super().__init__()
         self.fail_at = fail_at
-        self.compile_started = []
-
-    def compile(self, configs):
-        self.compile_started.append(time.time())
-        return super().compile(configs)
 
     def timer(self, M):
         if self.fail_at == M:
@@ -65,13 +51,11 @@ def fake_tune(
     progress_callback,
     resume_path,
     compile_workers,
-    precompiled_path,
 ):
     """tuning.tuner.tune in a worker process, on synthetic timings: the real Tuner (search,
-    chunks, log, resume, waiting for the precompile) over FakeMeasurements. Records in
-    $SPREAD_TEST_RECORD_DIR what this process saw, which batch sizes it timed and what it
-    compiled when; fails at M=$SPREAD_TEST_FAIL_AT_M."""
-    measurements = SpreadMeasurements(int(os.environ.get(FAIL_AT_M, "0")))
+    chunks, log, resume, timeline) over FakeMeasurements. Records in $SPREAD_TEST_RECORD_DIR
+    what this process saw and which batch sizes it timed; fails at M=$SPREAD_TEST_FAIL_AT_M."""
+    measurements = FailingMeasurements(int(os.environ.get(FAIL_AT_M, "0")))
     try:
         with Tuner(shape, measurements) as tuner:
             return tuner.tune(
@@ -80,7 +64,6 @@ def fake_tune(
                 down=down,
                 progress_callback=progress_callback,
                 resume_path=resume_path,
-                precompiled_path=precompiled_path,
             )
     finally:
         record = {
@@ -90,45 +73,22 @@ def fake_tune(
             "timed": sorted({m for m, _, _ in measurements.timed}),
             "env": {k: os.environ.get(k) for k in [*NVLS_OFF, "CUDA_DEVICE_ORDER"]},
             "compile_workers": compile_workers,
-            "compiled": measurements.compiled,
-            "compile_started": measurements.compile_started,
         }
-        Path(os.environ[RECORD_DIR], f"gpu-{os.getpid()}.json").write_text(json.dumps(record))
-
-
-def fake_precompile(shape, configs, *, workers):
-    """tuning.tuner.precompile on CPU: FakeMeasurements' compile errors, after
-    $SPREAD_TEST_PRECOMPILE_S seconds; records what it compiled and when it finished in
-    $SPREAD_TEST_RECORD_DIR/precompile.json; raises when $SPREAD_TEST_FAIL_PRECOMPILE is set."""
-    time.sleep(float(os.environ.get(PRECOMPILE_S, "0")))
-    if os.environ.get(FAIL_PRECOMPILE):
-        raise RuntimeError("the compile processes died: boom")
-    errors = FakeMeasurements().compile(configs)
-    record = {"shape": shape.as_dict(), "configs": configs, "workers": workers}
-    record["finished"] = time.time()
-    Path(os.environ[RECORD_DIR], "precompile.json").write_text(json.dumps(record))
-    return errors
+        Path(os.environ[RECORD_DIR], f"{os.getpid()}.json").write_text(json.dumps(record))
 
 
 @pytest.fixture
-def record_dir(tmp_path, monkeypatch):
-    """Where the processes of the tests' spread tunes record what they did."""
+def records(tmp_path, monkeypatch):
+    """The worker processes' records, read back (and cleared) by calling the fixture's value."""
     folder = tmp_path / "records"
     folder.mkdir()
     monkeypatch.setenv(RECORD_DIR, str(folder))
-    for name in (FAIL_AT_M, FAIL_PRECOMPILE, PRECOMPILE_S):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(FAIL_AT_M, raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-    return folder
-
-
-@pytest.fixture
-def records(record_dir):
-    """The worker processes' records, read back (and cleared) by calling the fixture's value."""
 
     def read_and_clear():
-        paths = sorted(record_dir.glob("gpu-*.json"))
+        paths = sorted(folder.iterdir())
         found = [json.loads(p.read_text()) for p in paths]
         for path in paths:
             path.unlink()
@@ -137,28 +97,15 @@ def records(record_dir):
     return read_and_clear
 
 
-def _precompile_record(record_dir):
-    path = record_dir / "precompile.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def _single_process_files(tmp_path, batch_sizes):
     result = Tuner(SHAPE, FakeMeasurements()).tune(batch_sizes)
     paths = write_config_files(result, tmp_path / "single", "sglang")
     return {p.name: p.read_text() for p in paths}
 
 
-def _spread_sglang_over_two_gpus(out_dir, precompile_function=FAKE_PRECOMPILE):
+def _spread_sglang_over_two_gpus(out_dir):
     """All the engines' batch sizes over GPUs 0 and 1 on fake_tune; SGLang files in out_dir."""
-    return spread_tune(
-        SHAPE,
-        TUNED_BATCH_SIZES,
-        [0, 1],
-        out_dir=out_dir,
-        style="sglang",
-        tune_function=FAKE_TUNE,
-        precompile_function=precompile_function,
-    )
+    return fake_spread_tune(SHAPE, TUNED_BATCH_SIZES, [0, 1], out_dir=out_dir, style="sglang")
 
 
 def _files(folder):
@@ -207,54 +154,23 @@ def test_every_batch_size_is_tuned_once_each_process_on_its_own_gpu(tmp_path, re
     assert {message.split(":")[0] for _, _, message in progress[:-1]} == {"GPU 0", "GPU 1", "GPU 3"}
 
 
-def test_the_host_compiles_the_first_rounds_once_before_any_process_compiles(
-    tmp_path, records, record_dir, monkeypatch
-):
-    # a slow precompile: a process that did not wait for it would compile first
-    monkeypatch.setenv(PRECOMPILE_S, "1.5")
+def test_the_timeline_says_where_each_gpus_seconds_went(tmp_path, records):
+    result = fake_spread_tune(SHAPE, [1, 64, 1024], [0, 2], log_dir=tmp_path)
 
-    result = fake_spread_tune(SHAPE, TUNED_BATCH_SIZES, [0, 2], log_dir=tmp_path / "logs")
-
-    precompile = _precompile_record(record_dir)
-    assert precompile["configs"] == round_one_configs(SHAPE, TUNED_BATCH_SIZES)
-    assert precompile["workers"] == max(1, os.cpu_count() - 1)
-    precompiled = {compile_key(c) for c in precompile["configs"]}
-    seen = records()
-    assert len(seen) == 2
-    for record in seen:
-        assert record["compile_started"]
-        assert min(record["compile_started"]) > precompile["finished"]
-        assert not precompiled & {tuple(key) for key in record["compiled"]}
-    assert sorted(result.batches) == sorted(TUNED_BATCH_SIZES)
-    assert not list((tmp_path / "logs").glob("*.precompiled.json"))
-
-
-def test_the_timeline_says_where_each_gpus_seconds_went(tmp_path, records, monkeypatch):
-    monkeypatch.setenv(PRECOMPILE_S, "1.5")
-
-    result = fake_spread_tune(SHAPE, [1, 64, 1024, 4096], [0, 2], log_dir=tmp_path)
-
-    timeline = result.timeline
-    assert len(timeline.precompile.configs) == len(round_one_configs(SHAPE, [1, 64, 1024, 4096]))
-    assert timeline.precompile.error is None
-    assert timeline.precompile.compile_s >= 1.5
-    assert timeline.precompile.wall_s >= timeline.precompile.compile_s
-    assert sorted(timeline.processes) == [0, 2]
-    for process in timeline.processes.values():
-        # started with the precompile, no process tunes before it is done
-        assert process.setup_s > 0
-        assert process.setup_s + process.wait_s >= timeline.precompile.wall_s - 0.5
+    assert sorted(result.timeline) == [0, 2]
+    for process in result.timeline.values():
+        # set-up counted from the launch: Python's start and the imports at least
+        assert process.setup_s > 0.05
+        assert process.pool_start_s == FakeMeasurements.pool_start_s
         assert 0 <= process.compile_s < process.tune_s
 
 
-@pytest.mark.parametrize("precompile_function", [FAKE_PRECOMPILE, None])
-def test_the_merged_file_equals_a_single_process_tune(tmp_path, records, precompile_function):
-    result = _spread_sglang_over_two_gpus(tmp_path / "spread", precompile_function)
+def test_the_merged_file_equals_a_single_process_tune(tmp_path, records):
+    _spread_sglang_over_two_gpus(tmp_path / "spread")
 
     files = _files(tmp_path / "spread")
     assert files == _single_process_files(tmp_path, TUNED_BATCH_SIZES)
     assert any(name.endswith("_down.json") for name in files)
-    assert (result.timeline.precompile is None) == (precompile_function is None)
 
 
 def test_gpu_indices_are_positions_in_this_processs_visible_devices(tmp_path, records, monkeypatch):
@@ -294,7 +210,7 @@ def test_a_failing_process_is_reported_with_its_sizes_and_the_rest_kept(
     assert [r["timed"] for r in records()] == [gpu_0[:6], gpu_1]
 
 
-def test_a_rerun_tunes_only_the_missing_sizes(tmp_path, records, record_dir, monkeypatch):
+def test_a_rerun_tunes_only_the_missing_sizes(tmp_path, records, monkeypatch):
     _spread_with_gpu_0_failing(tmp_path, monkeypatch)
     records()
     missing = share_batch_sizes(TUNED_BATCH_SIZES, 2)[0][6:]
@@ -303,7 +219,6 @@ def test_a_rerun_tunes_only_the_missing_sizes(tmp_path, records, record_dir, mon
 
     seen = records()
     assert sorted(m for r in seen for m in r["timed"]) == missing
-    assert _precompile_record(record_dir)["configs"] == round_one_configs(SHAPE, missing)
     assert len(seen) == 2
     assert sorted(result.batches) == sorted(TUNED_BATCH_SIZES)
     assert _files(tmp_path / "out") == _single_process_files(tmp_path, TUNED_BATCH_SIZES)
@@ -312,24 +227,6 @@ def test_a_rerun_tunes_only_the_missing_sizes(tmp_path, records, record_dir, mon
 
     assert records() == []
     assert again.entries() == result.entries()
-
-
-def test_a_failing_precompile_costs_no_tune(tmp_path, records, monkeypatch, capsys):
-    monkeypatch.setenv(FAIL_PRECOMPILE, "1")
-
-    result = _spread_sglang_over_two_gpus(tmp_path / "out")
-
-    error = result.timeline.precompile.error
-    assert error.startswith("exited with 1: RuntimeError: the compile processes died: boom")
-    assert result.timeline.precompile.configs == []
-    assert "[precompile] exited with 1" in capsys.readouterr().err
-    assert sorted(result.batches) == sorted(TUNED_BATCH_SIZES)
-    assert _files(tmp_path / "out") == _single_process_files(tmp_path, TUNED_BATCH_SIZES)
-    shares = share_batch_sizes(TUNED_BATCH_SIZES, 2)
-    for record, share in zip(records(), shares, strict=True):
-        # each process compiled its own first rounds
-        own = {compile_key(c) for c in round_one_configs(SHAPE, share)}
-        assert own <= {tuple(key) for key in record["compiled"]}
 
 
 def test_the_cli_spreads_when_given_several_gpus(tmp_path, monkeypatch, capsys):

@@ -1,23 +1,31 @@
-"""The tuner's loop on fake measurements (no GPU): results, failures, resume, merge, files, CLI."""
+"""The tuner's loop on fake measurements (no GPU): results, failures, resume, merge, files, CLI;
+and its compile pool's start-up, with worker set-ups that need no GPU."""
 
 import argparse
+import functools
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tuning import tuner
 from tuning.bench import BenchRow, format_table
 from tuning.config_files import config_file_name, loads_config
-from tuning.search import KernelShape, compile_key
+from tuning.search import CoarseToFineSearch, KernelShape, compile_key, search_space
 from tuning.tuner import (
+    DeviceMeasurements,
     Tuner,
     TuneResult,
+    _CompilePool,
     add_arguments,
     merge_results,
     parse_ints,
+    round_one_configs,
     shape_from_args,
     write_config_file,
     write_config_files,
@@ -33,6 +41,10 @@ ENTRY = {
     "num_stages": 3,
 }
 HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf_configs"
+SIZES = [1, 64, 1024, 4096]
+FP8_BLOCK = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
+# How long the slowest worker of a compile pool test takes to set up (s).
+SLOW_SET_UP_S = 1.0
 
 
 class FakeTimer:
@@ -63,6 +75,7 @@ class FakeMeasurements:
     device_name = "NVIDIA H200"
     triton_version = "3.6.0"
     ceilings = {"bandwidth_tbps": 4.24, "bf16_tflops": 689.0, "fp8_tflops": None}
+    pool_start_s = 2.5
 
     def __init__(self):
         self.timed = []
@@ -84,8 +97,40 @@ class FakeMeasurements:
     def floor_us(self, M):
         return 5.0 * M**0.5
 
+    def wait_for_compile_workers(self):
+        return self.pool_start_s
+
     def close(self):
         self.closed = True
+
+
+def set_up_on_cpu(folder: Path, shape_data: dict, device_index: int) -> None:
+    """A compile worker's set-up without a GPU: the first worker takes SLOW_SET_UP_S, the
+    others none; each writes time.time() when done to folder/ready-<pid>."""
+    try:
+        (folder / "slow").touch(exist_ok=False)
+        time.sleep(SLOW_SET_UP_S)
+    except FileExistsError:
+        pass
+    (folder / f"ready-{os.getpid()}").write_text(repr(time.time()))
+
+
+def set_up_without_cuda(shape_data: dict, device_index: int) -> None:
+    raise RuntimeError("Found no NVIDIA driver on your system")
+
+
+def _keys(configs):
+    return [compile_key(c) for c in configs]
+
+
+def _default_keys(shape, sizes):
+    from tuning.fused_moe import default_config
+
+    block = list(shape.block_shape) if shape.block_shape else None
+    return {
+        compile_key(default_config(m, shape.E, shape.N, shape.H, shape.top_k, shape.dtype, block))
+        for m in sizes
+    }
 
 
 def test_it_tunes_every_batch_size_and_never_picks_a_failure():
@@ -250,3 +295,116 @@ def test_the_bench_table_shows_the_one_config_time_where_there_is_one():
     assert "1-config µs" in lines[0]
     assert lines[1].split()[4] == "n/a" and lines[2].split()[4] == "1000.0"
     assert lines[2].split()[-1] == f"{100 * 593 / 900:.1f}"
+
+
+@pytest.mark.parametrize("shape", [SHAPE, FP8_BLOCK])
+def test_round_one_is_every_sizes_first_proposal_and_default_once_per_compile_key(shape):
+    configs = round_one_configs(shape, SIZES)
+
+    keys = _keys(configs)
+    assert len(keys) == len(set(keys))
+    proposals = [CoarseToFineSearch(m, shape).propose() for m in SIZES]
+    proposed = {compile_key(c) for proposal in proposals for c in proposal.configs}
+    assert set(keys) == proposed | _default_keys(shape, SIZES)
+    # coarse-to-fine's first round is one config per tile
+    assert len(proposed) == len({key[:3] for key in proposed})
+
+
+def test_round_one_of_an_exhaustive_tune_is_the_whole_space():
+    configs = round_one_configs(SHAPE, SIZES, exhaustive=True)
+
+    keys = _keys(configs)
+    assert len(keys) == len(set(keys))
+    space = {compile_key(c) for m in SIZES for c in search_space(m, SHAPE)}
+    assert set(keys) == space | _default_keys(SHAPE, SIZES)
+    assert len(keys) > len(round_one_configs(SHAPE, SIZES))
+
+
+def test_a_tune_compiles_round_one_first_with_the_defaults():
+    measurements = FakeMeasurements()
+
+    Tuner(SHAPE, measurements).tune(SIZES)
+
+    first = _keys(round_one_configs(SHAPE, SIZES))
+    assert measurements.compiled[: len(first)] == first
+    assert len(measurements.compiled) == len(set(measurements.compiled))
+
+
+def test_the_timeline_says_where_the_seconds_went_and_is_not_in_the_log():
+    result = Tuner(SHAPE, FakeMeasurements()).tune([1, 64])
+
+    timeline = result.timeline
+    assert timeline.pool_start_s == FakeMeasurements.pool_start_s
+    assert timeline.setup_s >= 0
+    assert 0 <= timeline.compile_s < timeline.tune_s
+    data = result.to_dict()
+    assert "timeline" not in data
+    assert TuneResult.from_dict(data).timeline is None
+    assert TuneResult.from_dict(data) == result
+
+
+class RecordedPool:
+    """_CompilePool's stand-in: notes its creation and the wait for its workers in events."""
+
+    def __init__(self, events, workers):
+        self.events = events
+        events.append(("compile pool", workers))
+
+    def wait_started(self):
+        self.events.append("compile workers started")
+        return 3.0
+
+    def close(self):
+        pass
+
+
+def test_the_compile_workers_start_first_and_the_ceilings_wait_for_them(monkeypatch):
+    # here, not at the top: the pool tests' worker processes import this module
+    import torch
+
+    from tuning import timing
+
+    events = []
+    ceilings = timing.DeviceCeilings(4.24, 689.0, None)
+    monkeypatch.setattr(tuner, "_CompilePool", lambda s, i, workers: RecordedPool(events, workers))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: events.append(("set_device", i)))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
+    monkeypatch.setattr(timing, "make_weights", lambda shape: events.append("weights"))
+    monkeypatch.setattr(timing, "measure_ceilings", lambda: events.append("ceilings") or ceilings)
+
+    measurements = DeviceMeasurements(SHAPE, device_index=1, compile_workers=3)
+
+    assert events == [("compile pool", 3), ("set_device", 1), "weights"]
+    assert measurements.ceilings == vars(ceilings)
+    assert events[3:] == ["compile workers started", "ceilings"]
+    assert measurements.wait_for_compile_workers() == 3.0
+
+
+def test_a_compile_pool_starts_its_workers_at_once_and_waits_for_the_slowest(tmp_path):
+    created = time.time()
+    pool = _CompilePool(SHAPE, 0, 3, set_up=functools.partial(set_up_on_cpu, tmp_path))
+    try:
+        # nothing asked of the pool: its workers set up all the same
+        deadline = time.time() + 60
+        while len(list(tmp_path.glob("ready-*"))) < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        ready = [float(p.read_text()) for p in tmp_path.glob("ready-*")]
+        start_s = pool.wait_started()
+    finally:
+        pool.close()
+
+    assert len(ready) == 3
+    # one start-up task per worker: the fast ones did not take the slow one's
+    assert created + start_s > max(ready) - 0.2
+    assert start_s >= SLOW_SET_UP_S
+    assert pool.wait_started() == start_s
+
+
+def test_a_compile_pool_whose_workers_cannot_start_leaves_the_compiles_to_the_timer():
+    pool = _CompilePool(SHAPE, 0, 2, set_up=set_up_without_cuda)
+    try:
+        assert pool.wait_started() >= 0
+        # None: each compiles in the timing process at its first launch
+        assert pool.compile([ENTRY, {**ENTRY, "num_warps": 8}]) == [None, None]
+    finally:
+        pool.close()

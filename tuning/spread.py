@@ -8,20 +8,15 @@ engine file. A process that fails is reported with the batch sizes it left untun
 others (and it, before failing) tuned stays in the logs, so running the same tune again tunes
 only the missing batch sizes.
 
-Compiling once per host: the GPU processes' first rounds ask for mostly the same configs (their
-batch sizes share most tiles), and each process compiling them with its own pool did the CPU
-work once per GPU. So beside them `python -m tuning.spread precompile ...` compiles
-`round_one_configs` of every batch size left, once, with all CPUs but one, into the Triton cache
-they share, and writes a HostPrecompile file (`<tag>.precompiled.json` in the log folder). The
-GPU processes start at the same time; once set up (imports, weights, ceilings) each waits for
-that file before its first compile, takes its configs as compiled (Triton loads them from the
-cache at their first launch) and starts its own, smaller compile pool for the later rounds only.
-A precompile that fails costs no tune: this process writes the file with the error, reports it,
-and the GPU processes compile for themselves. `precompile_function=None` skips it.
+Each process compiles with its own pool of compile processes (tuning.tuner), started while the
+process sets up. Compiling the first rounds once per host instead, in a precompile process
+beside the GPU processes, measured slower on 2 H200s with 32 CPUs: 68.3 s on one GPU and 51.9 s
+on two, against 59.1 s and 45.6 s with each process compiling for itself: the precompile took
+17.4 s for 50 configs (its 31 compile processes starting, by our reading), and the GPU
+processes still started their own pools for the later rounds (bench/results/h200x2_spread2_*).
 
-Where the seconds went: the merged result's `timeline` is a SpreadTimeline: the precompile
-(its wall and compile seconds, configs, failures) and per GPU its process's ProcessTimeline
-(setup, wait, tune, compile seconds; setup counted from this process starting it).
+Where the seconds went: the merged result's `timeline` is {GPU index: ProcessTimeline} of the
+processes that reported one (set-up counted from this process launching it).
 
 Cost rule: tuning batch size M costs about 2 + M / 1024 units (`expected_cost`): a fixed part
 per size (timer and CUDA-graph set-up, compiles, timing the default) plus timing that grows
@@ -37,7 +32,6 @@ where this process has CUDA_VISIBLE_DEVICES set, index i is its i-th entry.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
@@ -48,13 +42,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tuning.config_files import TUNED_BATCH_SIZES
 from tuning.search import KernelShape
 from tuning.tuner import (
-    HostPrecompile,
     ProcessTimeline,
     ProgressCallback,
     TuneResult,
@@ -65,13 +58,11 @@ from tuning.tuner import (
     parse_ints,
     print_summary,
     progress_bar,
-    round_one_configs,
     shape_from_args,
     write_config_files,
 )
 
 DEFAULT_TUNE_FUNCTION = "tuning.tuner:tune"
-DEFAULT_PRECOMPILE_FUNCTION = "tuning.tuner:precompile"
 # Every process this module starts keeps NVLink multicast off (see the device README).
 NVLS_OFF = {
     "NCCL_NVLS_ENABLE": "0",
@@ -99,15 +90,6 @@ class ProcessFailure:
             f"GPU {self.gpu_index} (batch sizes {sizes}) exited with {self.returncode}: {last}"
             f" (see {self.stderr_path})"
         )
-
-
-@dataclass
-class SpreadTimeline:
-    """Where a spread tune's seconds went: the host's precompile (None: none ran) and per GPU
-    index its process's ProcessTimeline (those that reported one)."""
-
-    precompile: HostPrecompile | None = None
-    processes: dict[int, ProcessTimeline] = field(default_factory=dict)
 
 
 class SpreadTuneError(RuntimeError):
@@ -175,18 +157,15 @@ def spread_tune(
     fresh: bool = False,
     progress_callback: ProgressCallback | None = None,
     tune_function: str = DEFAULT_TUNE_FUNCTION,
-    precompile_function: str | None = DEFAULT_PRECOMPILE_FUNCTION,
 ) -> TuneResult:
     """Tune shape at batch_sizes with one process per GPU of gpu_indices; the merged result.
 
     out_dir: where the engine file(s) go (None: not written); log_dir: the per-GPU and merged
     tuning logs (default out_dir/spread-logs); fresh: forget earlier logs of this tune.
-    compile_workers: per process, for the rounds after the first (default: the host's CPUs
-    shared out, at most the tuner's default). tune_function "module:function" with
-    tuning.tuner.tune's signature runs in each process; precompile_function "module:function"
-    with tuning.tuner.precompile's signature compiles the first rounds once for all of them
-    (None: each process compiles its own). wall_s: this call's seconds plus those of the runs
-    it resumed; timeline: a SpreadTimeline (module doc).
+    compile_workers: per process (default: the host's CPUs shared out, at most the tuner's
+    default). tune_function "module:function" with tuning.tuner.tune's signature runs in each
+    process. wall_s: this call's seconds plus those of the runs it resumed; timeline:
+    {GPU index: ProcessTimeline} (module doc).
     Raises SpreadTuneError when some process failed (after keeping what the others tuned).
     """
     started = time.monotonic()
@@ -216,30 +195,12 @@ def spread_tune(
     if workers is None:
         # the processes share the host's CPUs; one CPU each stays free for timing
         workers = max(1, min(_default_workers(), (os.cpu_count() or 2) // max(len(shares), 1) - 1))
-    tune_args = ["--shape", json.dumps(shape.as_dict()), *(["--exhaustive"] if exhaustive else [])]
-    worker_args = [*tune_args, "--compile-workers", str(workers), "--tune-function", tune_function]
-    worker_args += [] if down else ["--no-down"]
-    precompile_args = None
-    precompiled = log_dir / f"{tag}.precompiled.json"
-    precompiled.unlink(missing_ok=True)
-    if precompile_function is not None and shares:
-        worker_args += ["--precompiled", str(precompiled)]
-        precompile_args = [
-            *tune_args,
-            "--batch-sizes",
-            ",".join(map(str, remaining)),
-            # all CPUs but one: the GPU processes are only setting up meanwhile
-            "--compile-workers",
-            str(max(1, (os.cpu_count() or 2) - 1)),
-            "--precompile-function",
-            precompile_function,
-        ]
+    worker_args = ["--shape", json.dumps(shape.as_dict()), "--compile-workers", str(workers)]
+    worker_args += ["--tune-function", tune_function]
+    worker_args += (["--exhaustive"] if exhaustive else []) + ([] if down else ["--no-down"])
     returncodes, total, timeline = _run_processes(
-        shares, worker_args, precompile_args, precompiled, log_dir, tag, progress_callback
+        shares, worker_args, log_dir, tag, progress_callback
     )
-    if precompile_args is not None:
-        timeline.precompile = HostPrecompile.load(precompiled)
-        precompiled.unlink()
 
     parts = [_load_log(log_dir / f"{tag}.gpu{i}.json") for i in shares]
     results = [r for r in [previous, *parts] if r is not None]
@@ -266,81 +227,41 @@ def spread_tune(
 
 
 def _run_processes(
-    shares, worker_args, precompile_args, precompiled, log_dir, tag, progress_callback
-) -> tuple[dict[int, int], int, SpreadTimeline]:
-    """Start the host's precompile (precompile_args: its arguments, None for none; its result
-    goes to precompiled) and one worker process per GPU with a share (worker_args: what they
-    share); relay their progress. Returns {GPU index: exit status}, the progress steps they
-    reported in all, and the timeline of the GPU processes."""
+    shares, worker_args, log_dir, tag, progress_callback
+) -> tuple[dict[int, int], int, dict[int, ProcessTimeline]]:
+    """Start one worker process per GPU with a share (worker_args: what they share) and relay
+    their progress. Returns {GPU index: exit status}, the progress steps they reported in all,
+    and {GPU index: ProcessTimeline} of those that reported one."""
+    # every GPU index checked before any process starts
     envs = {index: _process_env(index) for index in shares}
     processes: dict[int, subprocess.Popen] = {}
     stderr_files = []
-    precompile = watcher = None
-
-    def start(command: list[str], index: int, stderr_path: Path, **kwargs) -> subprocess.Popen:
-        stderr = open(stderr_path, "w")  # noqa: SIM115
-        stderr_files.append(stderr)
-        launched_at = time.time()
-        return subprocess.Popen(
-            [sys.executable, "-m", "tuning.spread", *command, "--launched-at", repr(launched_at)],
-            env=envs[index],
-            stderr=stderr,
-            text=True,
-            # its own process group, so that stopping it also stops its compile workers
-            start_new_session=True,
-            **kwargs,
-        )
-
     try:
-        if precompile_args is not None:
-            # on the first GPU with a share: its compile processes each launch the kernel once
-            first = next(iter(shares))
-            stderr_path = log_dir / f"{tag}.precompile.stderr.txt"
-            command = ["precompile", *precompile_args, "--result", str(precompiled)]
-            launched_at = time.time()
-            precompile = start(command, first, stderr_path, stdout=subprocess.DEVNULL)
-            watcher = threading.Thread(
-                target=_watch_precompile,
-                args=(precompile, precompiled, stderr_path, launched_at),
-                daemon=True,
-            )
-            watcher.start()
         for index, share in shares.items():
-            command = ["worker", *worker_args, "--batch-sizes", ",".join(map(str, share))]
+            command = [sys.executable, "-m", "tuning.spread", "worker", *worker_args]
+            command += ["--batch-sizes", ",".join(map(str, share))]
             command += ["--log", str(log_dir / f"{tag}.gpu{index}.json")]
-            stderr_path = log_dir / f"{tag}.gpu{index}.stderr.txt"
-            processes[index] = start(command, index, stderr_path, stdout=subprocess.PIPE)
+            stderr = open(log_dir / f"{tag}.gpu{index}.stderr.txt", "w")  # noqa: SIM115
+            stderr_files.append(stderr)
+            processes[index] = subprocess.Popen(
+                [*command, "--launched-at", repr(time.time())],
+                env=envs[index],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                # its own process group, so that stopping it also stops its compile workers
+                start_new_session=True,
+            )
         total, timelines = _relay_progress(processes, progress_callback)
         returncodes = {index: process.wait() for index, process in processes.items()}
-        return returncodes, total, SpreadTimeline(processes=timelines)
+        return returncodes, total, timelines
     finally:
-        for process in [*processes.values(), *([precompile] if precompile else [])]:
-            _stop(process)
-        if watcher is not None:
-            watcher.join()
+        for process in processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
         for stderr in stderr_files:
             stderr.close()
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """Kill process and its process group (its compile workers) unless it has ended."""
-    if process.poll() is None:
-        # the precompile's watcher may reap it between the poll and the kill
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-def _watch_precompile(process, result_path: Path, stderr_path: Path, launched_at: float) -> None:
-    """Once the precompile process ends without its result, write one saying why, so that no
-    GPU process waits for ever (they then compile for themselves), and report it."""
-    returncode = process.wait()
-    if result_path.exists():
-        return
-    last = _stderr_tail(stderr_path).splitlines()[-1:] or ["no error output"]
-    error = f"exited with {returncode}: {last[0]} (see {stderr_path})"
-    HostPrecompile(wall_s=time.time() - launched_at, error=error).save(result_path)
-    sys.stderr.write(f"[precompile] {error}; each GPU's process compiles for itself\n")
 
 
 def _process_env(index: int) -> dict[str, str]:
@@ -440,14 +361,10 @@ def _previous_result(log_dir: Path, tag: str, batch_sizes: list[int]) -> TuneRes
 
 def _failure(index, missing, returncode, log_dir, tag) -> ProcessFailure:
     stderr_path = log_dir / f"{tag}.gpu{index}.stderr.txt"
-    return ProcessFailure(index, missing, returncode, _stderr_tail(stderr_path), stderr_path)
-
-
-def _stderr_tail(stderr_path: Path) -> str:
-    """The last STDERR_TAIL_LINES non-blank lines a process wrote to stderr_path."""
     text = stderr_path.read_text(errors="replace") if stderr_path.exists() else ""
     lines = [line for line in text.splitlines() if line.strip()]
-    return "\n".join(lines[-STDERR_TAIL_LINES:])
+    tail = "\n".join(lines[-STDERR_TAIL_LINES:])
+    return ProcessFailure(index, missing, returncode, tail, stderr_path)
 
 
 def _resolve(spec: str):
@@ -488,60 +405,36 @@ def run_cli(args: argparse.Namespace, gpu_indices: Sequence[int]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tuning.spread worker|precompile ...`: the processes spread_tune starts.
-
-    worker: tune a share on the one visible GPU (device 0), print progress as JSON lines
-    {done, total, message} and at the end {timeline}, keep the result in --log.
-    precompile: compile round_one_configs of --batch-sizes, write the HostPrecompile to --result.
-    """
+    """`python -m tuning.spread worker ...`: tune a share on the one visible GPU (device 0),
+    print progress as JSON lines {done, total, message} and at the end {timeline}, keep the
+    result in --log."""
     parser = argparse.ArgumentParser(prog="python -m tuning.spread")
     commands = parser.add_subparsers(dest="command", required=True)
     worker = commands.add_parser("worker", help="one GPU's process of a spread tune")
-    precompile = commands.add_parser("precompile", help="compile the first rounds for all GPUs")
-    for command in (worker, precompile):
-        command.add_argument("--shape", required=True, help="KernelShape as JSON")
-        command.add_argument("--batch-sizes", required=True)
-        command.add_argument("--compile-workers", type=int)
-        command.add_argument("--exhaustive", action="store_true")
-        command.add_argument("--launched-at", type=float, help="time.time() at its start")
+    worker.add_argument("--shape", required=True, help="KernelShape as JSON")
+    worker.add_argument("--batch-sizes", required=True)
     worker.add_argument("--log", required=True, help="tuning log to resume from and write")
+    worker.add_argument("--compile-workers", type=int)
+    worker.add_argument("--exhaustive", action="store_true")
     worker.add_argument("--no-down", action="store_true")
     worker.add_argument("--tune-function", default=DEFAULT_TUNE_FUNCTION)
-    worker.add_argument("--precompiled", help="HostPrecompile file to wait for")
-    precompile.add_argument("--precompile-function", default=DEFAULT_PRECOMPILE_FUNCTION)
-    precompile.add_argument("--result", required=True, help="where the HostPrecompile goes")
+    worker.add_argument("--launched-at", type=float, help="time.time() at its launch")
     args = parser.parse_args(argv)
-    shape = KernelShape.from_dict(json.loads(args.shape))
-    batch_sizes = parse_ints(args.batch_sizes)
     launched_at = args.launched_at or time.time()
-
-    if args.command == "precompile":
-        configs = round_one_configs(shape, batch_sizes, exhaustive=args.exhaustive)
-        precompile_function = _resolve(args.precompile_function)
-        started = time.monotonic()
-        errors = precompile_function(shape, configs, workers=args.compile_workers)
-        HostPrecompile(
-            configs=configs,
-            errors=list(errors),
-            compile_s=time.monotonic() - started,
-            wall_s=time.time() - launched_at,
-        ).save(args.result)
-        return 0
 
     def report(done: int, total: int, message: str) -> None:
         print(json.dumps({"done": done, "total": total, "message": message}), flush=True)
 
     called_at = time.time()
     result = _resolve(args.tune_function)(
-        shape,
-        batch_sizes,
+        KernelShape.from_dict(json.loads(args.shape)),
+        parse_ints(args.batch_sizes),
         device_index=0,
         exhaustive=args.exhaustive,
         down=not args.no_down,
         progress_callback=report,
         resume_path=args.log,
         compile_workers=args.compile_workers,
-        precompiled_path=args.precompiled,
     )
     _save_log(args.log, result)
     if result.timeline is not None:

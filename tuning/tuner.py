@@ -6,9 +6,11 @@ runs one process per GPU on a share of the batch sizes and merges their logs wit
 `merge_results` (by hand: `--merge LOG ...`). The CLI resumes from its log: finished batch sizes
 are skipped.
 
-Compiles run in a pool of processes ahead of timing; what a tune compiles before its first
-timing is `round_one_configs` (the first round of every search, and the default configs), which
-tuning.spread compiles once per host with `precompile` and hands to each GPU's Tuner.
+Compiles run in a pool of processes ahead of timing. The pool's processes start first thing
+when the Tuner is built, so that their start-up (spawn, torch import, CUDA context) overlaps this
+process's imports and weights instead of the first compile; the GPU's ceilings are measured once
+they have all started. Each chunk of batch sizes first compiles `round_one_configs` (the first
+round of its searches and the default configs) in one batch.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tuning.config_files import (
     TUNED_BATCH_SIZES,
@@ -40,9 +41,6 @@ from tuning.search import (
     config_of,
 )
 
-if TYPE_CHECKING:
-    from tuning.spread import SpreadTimeline
-
 ProgressCallback = Callable[[int, int, str], None]
 # Batch sizes searched side by side: their compiles share one parallel batch.
 CHUNK_BATCH_SIZES = 6
@@ -50,8 +48,6 @@ FINAL_REPLAYS = 20
 # Rounds of a DownProjectionSearch: tiles, warps and stages, group sizes, final.
 DOWN_ROUNDS = 4
 COMPILE_TIMEOUT_S = 300
-# How often a tune waiting for the host's precompile looks for its result.
-PRECOMPILE_POLL_S = 0.05
 
 
 @dataclass
@@ -83,41 +79,16 @@ class BatchResult:
 @dataclass
 class ProcessTimeline:
     """Where one tuning process's seconds went (s). setup_s: building the Tuner (imports,
-    weights; in tuning.spread's processes counted from their launch; the compile processes
-    start at the first compile, in compile_s); wait_s: waiting for the host's precompile
-    (tuning.spread); tune_s: Tuner.tune after that wait (measuring the ceilings first);
-    compile_s: the part of tune_s spent waiting on its own compiles."""
+    weights; in tuning.spread's processes counted from their launch); tune_s: Tuner.tune
+    (waiting for the compile processes to start, measuring the ceilings, searching); compile_s:
+    the part of tune_s spent waiting on compiles. pool_start_s: from the compile processes'
+    creation, first thing in the set-up, until all had started; it overlaps setup_s and, where
+    longer, the start of tune_s."""
 
     setup_s: float = 0.0
-    wait_s: float = 0.0
+    pool_start_s: float = 0.0
     compile_s: float = 0.0
     tune_s: float = 0.0
-
-
-@dataclass
-class HostPrecompile:
-    """One compile of the first rounds' configs (round_one_configs) for every GPU process of a
-    host, into Triton's on-disk cache, written by tuning.spread for the processes to wait on.
-
-    configs: one per compile key; errors: per config None or why it failed to compile.
-    compile_s: seconds compiling; wall_s: seconds from its process's start to this result.
-    error: why it did not finish (configs then empty: each process compiles for itself).
-    """
-
-    configs: list[dict[str, int]] = field(default_factory=list)
-    errors: list[str | None] = field(default_factory=list)
-    compile_s: float = 0.0
-    wall_s: float = 0.0
-    error: str | None = None
-
-    def save(self, path: str | Path) -> None:
-        """Write it at once (a waiting process never reads half of it)."""
-        _write_json(path, vars(self))
-
-    @classmethod
-    def load(cls, path: str | Path) -> HostPrecompile:
-        """Inverse of save."""
-        return cls(**json.loads(Path(path).read_text()))
 
 
 @dataclass
@@ -126,8 +97,8 @@ class TuneResult:
 
     ceilings: the measured bandwidth_tbps, bf16_tflops and fp8_tflops behind floor_us.
     search: "coarse-to-fine" or "exhaustive". wall_s: seconds the tune took.
-    timeline: where this run's seconds went (a ProcessTimeline from Tuner.tune, a
-    tuning.spread.SpreadTimeline from spread_tune); not in the log, None when read from one.
+    timeline: where this run's seconds went: a ProcessTimeline from Tuner.tune, per GPU index
+    its process's from tuning.spread.spread_tune; not in the log, None when read from one.
     """
 
     shape: KernelShape
@@ -137,7 +108,9 @@ class TuneResult:
     ceilings: dict
     batches: dict[int, BatchResult] = field(default_factory=dict)
     wall_s: float = 0.0
-    timeline: ProcessTimeline | SpreadTimeline | None = field(default=None, compare=False)
+    timeline: ProcessTimeline | dict[int, ProcessTimeline] | None = field(
+        default=None, compare=False
+    )
 
     def entries(self) -> dict[int, dict]:
         """{M: config} as the engines' config files hold them, M ascending."""
@@ -259,9 +232,9 @@ class DeviceMeasurements:
     """The GPU side of a tune: weights, measured ceilings, compile workers, layer timers.
 
     compile_workers processes compile candidate kernels in parallel ahead of timing (0: compile
-    in this process as each is first timed); they start with the first compile, not before.
-    The ceilings are measured when first asked for, not here: in a spread tune the host's
-    precompile runs kernels on this GPU while the process sets up, which would lower them.
+    in this process as each is first timed). They start first, before the weights, and the
+    ceilings are measured when first asked for, once the workers have all started: each opens a
+    CUDA context on this GPU meanwhile, which would lower them.
     """
 
     def __init__(
@@ -272,29 +245,41 @@ class DeviceMeasurements:
         compile_workers: int | None = None,
         ceilings: dict | None = None,
     ):
-        import torch
-        import triton
-
-        from tuning import timing
-
-        self.shape = shape
-        torch.cuda.set_device(device_index)
-        self.device_name = torch.cuda.get_device_name(device_index)
-        self.triton_version = triton.__version__
-        self.weights = timing.make_weights(shape)
-        self._ceilings = ceilings
         workers = _default_workers() if compile_workers is None else compile_workers
+        # before importing torch: the workers' start-up overlaps this process's set-up
         self._pool = _CompilePool(shape, device_index, workers) if workers > 0 else None
+        self.shape = shape
+        try:
+            import torch
+            import triton
+
+            from tuning import timing
+
+            torch.cuda.set_device(device_index)
+            self.device_name = torch.cuda.get_device_name(device_index)
+            self.triton_version = triton.__version__
+            self.weights = timing.make_weights(shape)
+        except BaseException:
+            self.close()
+            raise
+        self._ceilings = ceilings
         self.compile_s = 0.0
 
     @property
     def ceilings(self) -> dict:
-        """The measured bandwidth_tbps, bf16_tflops and fp8_tflops (measured on first use)."""
+        """The measured bandwidth_tbps, bf16_tflops and fp8_tflops (measured on first use, once
+        the compile workers have started)."""
         if self._ceilings is None:
             from tuning import timing
 
+            self.wait_for_compile_workers()
             self._ceilings = vars(timing.measure_ceilings())
         return self._ceilings
+
+    def wait_for_compile_workers(self) -> float:
+        """Wait until the compile workers have all started; seconds from their creation until
+        then (0 without workers)."""
+        return self._pool.wait_started() if self._pool is not None else 0.0
 
     def compile(self, configs: list[dict]) -> list[str | None]:
         """Compile configs ahead of timing; per config None or why it failed."""
@@ -338,7 +323,8 @@ class Tuner:
         self.shape = shape
         started = time.monotonic()
         self.measurements = measurements or DeviceMeasurements(shape, **device_kwargs)
-        # building the measurements: imports, weights (the ceilings come with the tune)
+        # building the measurements: compile workers launched, imports, weights (the workers'
+        # start-up runs on meanwhile; the ceilings come with the tune)
         self.setup_s = time.monotonic() - started
         self.compile_s = 0.0
         self._compile_errors: dict[tuple, str | None] = {}
@@ -361,19 +347,16 @@ class Tuner:
         down: bool = True,
         progress_callback: ProgressCallback | None = None,
         resume_path: str | Path | None = None,
-        precompiled_path: str | Path | None = None,
     ) -> TuneResult:
         """Search each batch size M; per M the config, tuned/default/floor µs, tries, failures.
 
         down: then search GEMM 2's own config with GEMM 1's fixed (DownProjectionSearch; also
         coarse-to-fine when exhaustive). resume_path: a tuning log; batch sizes it already holds
         (same shape, GPU, Triton and search) are kept, and the log is rewritten after every
-        chunk of batch sizes. precompiled_path: a HostPrecompile file to wait for before the
-        first compile; its configs count as compiled. result.timeline: a ProcessTimeline.
+        chunk of batch sizes. result.timeline: a ProcessTimeline.
         """
         started = time.monotonic()
-        wait_s = 0.0 if precompiled_path is None else self._take_precompile(precompiled_path)
-        searching, compile_before = time.monotonic(), self.compile_s
+        compile_before = self.compile_s
         batch_sizes = sorted(set(batch_sizes))
         result = TuneResult(
             shape=self.shape,
@@ -424,9 +407,10 @@ class Tuner:
         result.wall_s = earlier_wall + time.monotonic() - started
         result.timeline = ProcessTimeline(
             setup_s=self.setup_s,
-            wait_s=wait_s,
+            # by now they have started: the ceilings or the compiles waited for them
+            pool_start_s=self.measurements.wait_for_compile_workers(),
             compile_s=self.compile_s - compile_before,
-            tune_s=time.monotonic() - searching,
+            tune_s=time.monotonic() - started,
         )
         if progress_callback is not None:
             progress_callback(total, total, "done")
@@ -494,16 +478,6 @@ class Tuner:
             failures=failures,
         )
 
-    def _take_precompile(self, path: str | Path) -> float:
-        """Wait for the host's precompile to finish; its compiles are ours. Seconds waited."""
-        started = time.monotonic()
-        while not Path(path).exists():
-            time.sleep(PRECOMPILE_POLL_S)
-        precompile = HostPrecompile.load(path)
-        for config, error in zip(precompile.configs, precompile.errors, strict=True):
-            self._compile_errors[compile_key(config)] = error
-        return time.monotonic() - started
-
     def _compile(self, configs: Iterable[dict]) -> None:
         todo = {}
         for config in configs:
@@ -550,7 +524,6 @@ def tune(
     progress_callback: ProgressCallback | None = None,
     resume_path: str | Path | None = None,
     compile_workers: int | None = None,
-    precompiled_path: str | Path | None = None,
 ) -> TuneResult:
     """Tune shape at batch_sizes on GPU device_index (see Tuner.tune)."""
     with Tuner(shape, device_index=device_index, compile_workers=compile_workers) as tuner:
@@ -560,7 +533,6 @@ def tune(
             down=down,
             progress_callback=progress_callback,
             resume_path=resume_path,
-            precompiled_path=precompiled_path,
         )
 
 
@@ -569,8 +541,8 @@ def round_one_configs(
 ) -> list[dict[str, int]]:
     """What a tune of batch_sizes compiles before its first timing, one config per compile key:
     every size's first proposal (coarse-to-fine: one config per tile; exhaustive: the whole
-    space) and its default config. Tuner.tune compiles it per chunk; tuning.spread once for
-    all the GPUs of a host."""
+    space) and its default config. Tuner.tune compiles it per chunk, so that the defaults go
+    through the compile pool with the first round."""
     search_class = _search_class(exhaustive)
     configs: dict[tuple, dict[str, int]] = {}
     for m in sorted(set(batch_sizes)):
@@ -578,19 +550,6 @@ def round_one_configs(
         for config in [*(proposal.configs if proposal else []), _default_config(shape, m)]:
             configs.setdefault(compile_key(config), config)
     return list(configs.values())
-
-
-def precompile(shape: KernelShape, configs: list[dict], *, workers: int) -> list[str | None]:
-    """Compile configs into Triton's on-disk cache with `workers` processes on GPU 0; per config
-    None or why it failed. RuntimeError when the compile processes died (e.g. no GPU)."""
-    pool = _CompilePool(shape, 0, workers)
-    try:
-        errors = pool.compile(configs)
-    finally:
-        pool.close()
-    if pool.broken is not None:
-        raise RuntimeError(f"the compile processes died: {pool.broken}")
-    return errors
 
 
 def _search_class(exhaustive: bool):
@@ -622,20 +581,53 @@ def _finish_down(batch: BatchResult, search: DownProjectionSearch) -> None:
 
 
 class _CompilePool:
-    """Worker processes that compile candidates into Triton's on-disk cache, in parallel."""
+    """Worker processes that compile candidates into Triton's on-disk cache, in parallel.
 
-    def __init__(self, shape: KernelShape, device_index: int, workers: int):
+    They start at once, not at the first compile, and set up while the caller goes on.
+    set_up(shape_data, device_index): a worker's set-up (default: torch import, CUDA context and
+    small weights on the GPU; the tests give one that needs no GPU).
+    """
+
+    def __init__(
+        self,
+        shape: KernelShape,
+        device_index: int,
+        workers: int,
+        set_up: Callable[[dict, int], None] | None = None,
+    ):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
+        # spawn, not fork: the workers open CUDA contexts of their own
+        context = multiprocessing.get_context("spawn")
+        # a start-up task waits here until every worker holds one: one task per worker, so
+        # that all have started when all these tasks are done
+        started = context.Barrier(workers)
         self._executor = ProcessPoolExecutor(
             max_workers=workers,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=context,
             initializer=_start_compile_worker,
-            initargs=(shape.as_dict(), device_index),
+            initargs=(set_up or _set_up_compile_worker, shape.as_dict(), device_index, started),
         )
-        # why the worker processes died, once they have
-        self.broken: str | None = None
+        self._created_at = time.time()
+        # the executor spawns a process per task submitted while none is idle
+        self._started = [self._executor.submit(_compile_worker_started) for _ in range(workers)]
+        self._start_s: float | None = None
+
+    def wait_started(self) -> float:
+        """Wait until every worker has set up; seconds from this pool's creation until then
+        (or until the workers died, or COMPILE_TIMEOUT_S passed)."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+        from concurrent.futures.process import BrokenProcessPool
+
+        if self._start_s is None:
+            try:
+                ready_at = max(f.result(timeout=COMPILE_TIMEOUT_S) for f in self._started)
+            except (FutureTimeout, BrokenProcessPool):
+                # died: compile() leaves the compiles to the timing process; slow: they queue
+                ready_at = time.time()
+            self._start_s = ready_at - self._created_at
+        return self._start_s
 
     def compile(self, configs: list[dict]) -> list[str | None]:
         """Per config None, or why it failed to compile or launch."""
@@ -652,16 +644,19 @@ class _CompilePool:
                 * configs[i]["BLOCK_SIZE_K"]
             ),
         )
-        futures = {i: self._executor.submit(_compile_in_worker, configs[i]) for i in order}
+        try:
+            futures = {i: self._executor.submit(_compile_in_worker, configs[i]) for i in order}
+        except BrokenProcessPool:
+            # the workers died earlier (in their set-up, say): the timing process compiles all
+            return [None] * len(configs)
         errors: list[str | None] = []
         for i in range(len(configs)):
             try:
                 errors.append(futures[i].result(timeout=COMPILE_TIMEOUT_S))
             except FutureTimeout:
                 errors.append(f"compile took over {COMPILE_TIMEOUT_S} s")
-            except BrokenProcessPool as exc:
+            except BrokenProcessPool:
                 # the timing process compiles whatever the workers could not
-                self.broken = self.broken or _one_line(exc)
                 errors.append(None)
         return errors
 
@@ -672,7 +667,20 @@ class _CompilePool:
 _WORKER: dict = {}
 
 
-def _start_compile_worker(shape_data: dict, device_index: int) -> None:
+def _start_compile_worker(
+    set_up: Callable[[dict, int], None], shape_data: dict, device_index: int, started
+) -> None:
+    set_up(shape_data, device_index)
+    _WORKER["started"] = started
+
+
+def _compile_worker_started() -> float:
+    """A compile worker's start-up task: time.time() once every worker has set up."""
+    _WORKER["started"].wait()
+    return time.time()
+
+
+def _set_up_compile_worker(shape_data: dict, device_index: int) -> None:
     import torch
 
     from tuning import timing
@@ -733,16 +741,12 @@ def _load_log(path: str | Path | None) -> TuneResult | None:
 
 
 def _save_log(path: str | Path | None, result: TuneResult) -> None:
-    if path is not None:
-        _write_json(path, result.to_dict())
-
-
-def _write_json(path: str | Path, data: dict) -> None:
-    """Write data to path in one step: a reader finds the old file, or the whole new one."""
+    if path is None:
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(data, indent=1) + "\n")
+    partial.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
     partial.replace(path)
 
 
