@@ -51,6 +51,7 @@ def fake_tune(
     progress_callback,
     resume_path,
     compile_workers,
+    compile_shard,
 ):
     """tuning.tuner.tune in a worker process, on synthetic timings: the real Tuner (search,
     chunks, log, resume, timeline) over FakeMeasurements. Records in $SPREAD_TEST_RECORD_DIR
@@ -73,6 +74,7 @@ def fake_tune(
             "timed": sorted({m for m, _, _ in measurements.timed}),
             "env": {k: os.environ.get(k) for k in [*NVLS_OFF, "CUDA_DEVICE_ORDER"]},
             "compile_workers": compile_workers,
+            "compile_shard": compile_shard,
         }
         Path(os.environ[RECORD_DIR], f"{os.getpid()}.json").write_text(json.dumps(record))
 
@@ -146,6 +148,7 @@ def test_every_batch_size_is_tuned_once_each_process_on_its_own_gpu(tmp_path, re
         assert record["share"] == record["timed"] == share
         assert record["env"] == {**NVLS_OFF, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         assert record["compile_workers"] >= 1
+    assert [r["compile_shard"] for r in seen] == [[0, 3], [1, 3], [2, 3]]
     timed = [m for r in seen for m in r["timed"]]
     assert sorted(timed) == sorted(TUNED_BATCH_SIZES)
     assert sorted(result.batches) == sorted(TUNED_BATCH_SIZES)

@@ -23,6 +23,8 @@ from tuning.tuner import (
     TuneResult,
     _CompilePool,
     add_arguments,
+    compile_order,
+    compile_owner,
     merge_results,
     parse_ints,
     round_one_configs,
@@ -366,7 +368,9 @@ def test_the_compile_workers_start_first_and_the_ceilings_wait_for_them(monkeypa
 
     events = []
     ceilings = timing.DeviceCeilings(4.24, 689.0, None)
-    monkeypatch.setattr(tuner, "_CompilePool", lambda s, i, workers: RecordedPool(events, workers))
+    monkeypatch.setattr(
+        tuner, "_CompilePool", lambda s, i, workers, shard: RecordedPool(events, workers)
+    )
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: events.append(("set_device", i)))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
     monkeypatch.setattr(timing, "make_weights", lambda shape: events.append("weights"))
@@ -408,3 +412,26 @@ def test_a_compile_pool_whose_workers_cannot_start_leaves_the_compiles_to_the_ti
         assert pool.compile([ENTRY, {**ENTRY, "num_warps": 8}]) == [None, None]
     finally:
         pool.close()
+
+
+def test_each_process_of_a_host_compiles_its_own_share_of_the_keys_first():
+    configs = round_one_configs(SHAPE, SIZES)
+    owners = [compile_owner(c, 3) for c in configs]
+    # the keys are shared out over all three processes, each config to one
+    assert set(owners) == {0, 1, 2}
+
+    for i in range(3):
+        order = compile_order(configs, (i, 3))
+        assert sorted(order) == list(range(len(configs)))
+        own = owners.count(i)
+        assert {owners[j] for j in order[:own]} == {i}
+    # one process alone: the biggest tiles and deepest pipelines first
+    assert compile_order(configs) == sorted(
+        range(len(configs)),
+        key=lambda j: (
+            -configs[j]["num_stages"]
+            * configs[j]["BLOCK_SIZE_M"]
+            * configs[j]["BLOCK_SIZE_N"]
+            * configs[j]["BLOCK_SIZE_K"]
+        ),
+    )

@@ -9,11 +9,15 @@ others (and it, before failing) tuned stays in the logs, so running the same tun
 only the missing batch sizes.
 
 Each process compiles with its own pool of compile processes (tuning.tuner), started while the
-process sets up. Compiling the first rounds once per host instead, in a precompile process
-beside the GPU processes, measured slower on 2 H200s with 32 CPUs: 68.3 s on one GPU and 51.9 s
-on two, against 59.1 s and 45.6 s with each process compiling for itself: the precompile took
-17.4 s for 50 configs (its 31 compile processes starting, by our reading), and the GPU
-processes still started their own pools for the later rounds (bench/results/h200x2_spread2_*).
+process sets up. All of them need mostly the same kernels at the start (every size's first
+round), and they share Triton's on-disk cache: process i of n compiles its own share of the
+compile keys first (`--compile-shard i/n`, tuning.tuner.compile_order), and by the time it
+reaches the others' share those mostly load from the cache. Compiling the first rounds once
+per host instead, in a precompile process beside the GPU processes, measured slower on 2 H200s
+with 32 CPUs: 68.3 s on one GPU and 51.9 s on two, against 59.1 s and 45.6 s with each process
+compiling for itself: the precompile took 17.4 s for 50 configs (its 31 compile processes
+starting, by our reading), and the GPU processes still started their own pools for the later
+rounds (bench/results/h200x2_spread2_*).
 
 Where the seconds went: the merged result's `timeline` is {GPU index: ProcessTimeline} of the
 processes that reported one (set-up counted from this process launching it).
@@ -237,9 +241,11 @@ def _run_processes(
     processes: dict[int, subprocess.Popen] = {}
     stderr_files = []
     try:
-        for index, share in shares.items():
+        for position, (index, share) in enumerate(shares.items()):
             command = [sys.executable, "-m", "tuning.spread", "worker", *worker_args]
             command += ["--batch-sizes", ",".join(map(str, share))]
+            # each process compiles its own share of the keys first (tuner.compile_order)
+            command += ["--compile-shard", f"{position}/{len(shares)}"]
             command += ["--log", str(log_dir / f"{tag}.gpu{index}.json")]
             stderr = open(log_dir / f"{tag}.gpu{index}.stderr.txt", "w")  # noqa: SIM115
             stderr_files.append(stderr)
@@ -419,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--no-down", action="store_true")
     worker.add_argument("--tune-function", default=DEFAULT_TUNE_FUNCTION)
     worker.add_argument("--launched-at", type=float, help="time.time() at its launch")
+    worker.add_argument(
+        "--compile-shard", default="0/1", help="I/N: this is process I of N (compile order)"
+    )
     args = parser.parse_args(argv)
     launched_at = args.launched_at or time.time()
 
@@ -435,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         progress_callback=report,
         resume_path=args.log,
         compile_workers=args.compile_workers,
+        compile_shard=tuple(int(v) for v in args.compile_shard.split("/")),
     )
     _save_log(args.log, result)
     if result.timeline is not None:

@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -234,7 +235,8 @@ class DeviceMeasurements:
     compile_workers processes compile candidate kernels in parallel ahead of timing (0: compile
     in this process as each is first timed). They start first, before the weights, and the
     ceilings are measured when first asked for, once the workers have all started: each opens a
-    CUDA context on this GPU meanwhile, which would lower them.
+    CUDA context on this GPU meanwhile, which would lower them. compile_shard (i, n): this is
+    process i of n tuning on one host (tuning.spread); see compile_order.
     """
 
     def __init__(
@@ -244,10 +246,13 @@ class DeviceMeasurements:
         device_index: int = 0,
         compile_workers: int | None = None,
         ceilings: dict | None = None,
+        compile_shard: tuple[int, int] = (0, 1),
     ):
         workers = _default_workers() if compile_workers is None else compile_workers
         # before importing torch: the workers' start-up overlaps this process's set-up
-        self._pool = _CompilePool(shape, device_index, workers) if workers > 0 else None
+        self._pool = (
+            _CompilePool(shape, device_index, workers, shard=compile_shard) if workers > 0 else None
+        )
         self.shape = shape
         try:
             import torch
@@ -524,9 +529,16 @@ def tune(
     progress_callback: ProgressCallback | None = None,
     resume_path: str | Path | None = None,
     compile_workers: int | None = None,
+    compile_shard: tuple[int, int] = (0, 1),
 ) -> TuneResult:
-    """Tune shape at batch_sizes on GPU device_index (see Tuner.tune)."""
-    with Tuner(shape, device_index=device_index, compile_workers=compile_workers) as tuner:
+    """Tune shape at batch_sizes on GPU device_index (see Tuner.tune); compile_shard: see
+    compile_order."""
+    with Tuner(
+        shape,
+        device_index=device_index,
+        compile_workers=compile_workers,
+        compile_shard=compile_shard,
+    ) as tuner:
         return tuner.tune(
             batch_sizes,
             exhaustive=exhaustive,
@@ -594,6 +606,8 @@ class _CompilePool:
         device_index: int,
         workers: int,
         set_up: Callable[[dict, int], None] | None = None,
+        *,
+        shard: tuple[int, int] = (0, 1),
     ):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -613,6 +627,7 @@ class _CompilePool:
         # the executor spawns a process per task submitted while none is idle
         self._started = [self._executor.submit(_compile_worker_started) for _ in range(workers)]
         self._start_s: float | None = None
+        self._shard = shard
 
     def wait_started(self) -> float:
         """Wait until every worker has set up; seconds from this pool's creation until then
@@ -634,16 +649,7 @@ class _CompilePool:
         from concurrent.futures import TimeoutError as FutureTimeout
         from concurrent.futures.process import BrokenProcessPool
 
-        # biggest tiles and deepest pipelines compile slowest: start them first
-        order = sorted(
-            range(len(configs)),
-            key=lambda i: (
-                -configs[i]["num_stages"]
-                * configs[i]["BLOCK_SIZE_M"]
-                * configs[i]["BLOCK_SIZE_N"]
-                * configs[i]["BLOCK_SIZE_K"]
-            ),
-        )
+        order = compile_order(configs, self._shard)
         try:
             futures = {i: self._executor.submit(_compile_in_worker, configs[i]) for i in order}
         except BrokenProcessPool:
@@ -662,6 +668,35 @@ class _CompilePool:
 
     def close(self) -> None:
         self._executor.shutdown(cancel_futures=True)
+
+
+def compile_order(configs: list[dict], shard: tuple[int, int] = (0, 1)) -> list[int]:
+    """The order (indices into configs) in which process shard[0] of shard[1] compiles them.
+
+    The processes of a spread tune share one Triton cache on disk and need mostly the same
+    configs at the same moment (every size's first round). Each starts with its own share of
+    the compile keys (compile_owner), so that when it reaches the others' share they are mostly
+    in the cache already and load instead of compiling. Within a share, the biggest tiles and
+    deepest pipelines first: they compile slowest.
+    """
+    index, count = shard
+
+    def key(i: int) -> tuple[bool, int]:
+        config = configs[i]
+        size = (
+            config["num_stages"]
+            * config["BLOCK_SIZE_M"]
+            * config["BLOCK_SIZE_N"]
+            * config["BLOCK_SIZE_K"]
+        )
+        return compile_owner(config, count) != index, -size
+
+    return sorted(range(len(configs)), key=key)
+
+
+def compile_owner(config: dict, processes: int) -> int:
+    """Which of a host's tuning processes compiles config first: a stable hash of its key."""
+    return zlib.crc32(repr(compile_key(config)).encode()) % processes
 
 
 _WORKER: dict = {}
