@@ -78,8 +78,9 @@ def probe_topology(out: Path) -> None:
         log(f"  vs the one-GPU host: {line}")
 
 
-def tune_phase(name: str, gpus: tuple[int, ...], cache: Path) -> dict:
-    """The 18-size tune spread over gpus with Triton's cache in cache; its figures."""
+def tune_phase(name: str, gpus: tuple[int, ...], cache: Path, compile_workers=None) -> dict:
+    """The 18-size tune spread over gpus with Triton's cache in cache; its figures.
+    compile_workers: per GPU process (None: spread_tune's rule)."""
     finished: dict[str, float] = {}
     reported = [0]
     os.environ["TRITON_CACHE_DIR"] = str(cache)
@@ -99,6 +100,7 @@ def tune_phase(name: str, gpus: tuple[int, ...], cache: Path) -> dict:
             gpus,
             out_dir=Path(work) / "out",
             progress_callback=progress,
+            compile_workers=compile_workers,
         )
         wall_s = time.monotonic() - started
         files = {p.name: p.read_text() for p in (Path(work) / "out").rglob("*.json")}
@@ -175,6 +177,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "spread-device"))
     parser.add_argument("--hz", type=float, default=2.0, help="telemetry samples/s per GPU")
+    parser.add_argument(
+        "--compile-workers", type=int, help="compile processes per GPU process (default: rule)"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +201,7 @@ def main() -> int:
                 cache = warm_cache if is_warm else Path(caches) / f"fresh-{number}"
                 log(f"{name}: GLM-5 TP8 bf16, {len(TUNED_BATCH_SIZES)} sizes on {list(gpus)}")
                 try:
-                    phases.append(tune_phase(name, gpus, cache))
+                    phases.append(tune_phase(name, gpus, cache, args.compile_workers))
                     log(f"{name}: {phases[-1]['wall_s']} s")
                 except Exception:
                     log(f"{name} failed:\n{traceback.format_exc()}")
