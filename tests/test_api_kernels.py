@@ -264,6 +264,47 @@ def test_outsider_cannot_touch_another_hosts_tuning_run(world):
     assert world.outsider.post("/api/v1/tuning-runs", {**TUNING, "uuid": None}).status_code == 403
 
 
+def test_it_records_why_a_tuning_run_has_no_telemetry(world):
+    world.host_worker.post("/api/v1/tuning-runs", {**TUNING, "status": "running"})
+    ref = TUNING["uuid"]
+    before = world.read_only.get(f"/api/v1/tuning-runs/{ref}").json()
+    assert (before["telemetry_status"], before["telemetry_detail"]) == ("pending", "")
+    reason = "pynvml is not installed (No module named 'pynvml')"
+    response = world.host_worker.patch(
+        f"/api/v1/tuning-runs/{ref}",
+        {"status": "succeeded", "telemetry_status": "unavailable", "telemetry_detail": reason},
+    )
+    assert response.status_code == 200
+    assert (response.json()["telemetry_status"], response.json()["telemetry_detail"]) == (
+        "unavailable",
+        reason,
+    )
+    tuning_run = TuningRun.objects.get()
+    assert (tuning_run.telemetry_status, tuning_run.telemetry_detail) == ("unavailable", reason)
+    (listed,) = world.read_only.get("/api/v1/tuning-runs").json()["items"]
+    assert (listed["telemetry_status"], listed["telemetry_detail"]) == ("unavailable", reason)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("telemetry_detail", 503),
+        ("telemetry_detail", ["NVML sees no GPU"]),
+        ("telemetry_detail", "x" * 301),
+        ("telemetry_detail", None),
+        ("telemetry_status", "broken"),
+        ("telemetry_status", 1),
+    ],
+)
+def test_it_rejects_a_wrong_telemetry_field_and_names_it(world, field, value):
+    world.host_worker.post("/api/v1/tuning-runs", TUNING)
+    response = world.host_worker.patch(f"/api/v1/tuning-runs/{TUNING['uuid']}", {field: value})
+    assert response.status_code == 422
+    assert field in response.json()["message"]
+    tuning_run = TuningRun.objects.get()
+    assert (tuning_run.telemetry_status, tuning_run.telemetry_detail) == ("pending", "")
+
+
 def test_it_lists_tuning_runs(world):
     world.host_worker.post("/api/v1/tuning-runs", TUNING)
     assert world.read_only.get("/api/v1/tuning-runs?host=rtx-pro-6000").json()["count"] == 1

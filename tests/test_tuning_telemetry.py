@@ -162,12 +162,35 @@ def test_the_tune_page_charts_utilization_and_power_per_gpu(world, client):
     assert [t["name"] for t in state["figures"]["gpu-power"]["data"]] == ["GPU0", "GPU1"]
 
 
-def test_a_finished_tune_without_telemetry_says_so(world, client):
+@pytest.mark.parametrize(
+    "telemetry, reason",
+    [
+        (
+            {"telemetry_status": "unavailable", "telemetry_detail": "NVML sees no GPU"},
+            "NVML sees no GPU",
+        ),
+        (
+            {
+                "telemetry_status": "unavailable",
+                "telemetry_detail": "pynvml is not installed (No module named 'pynvml')",
+            },
+            "pynvml is not installed (No module named &#x27;pynvml&#x27;)",
+        ),
+        # a tune stored before workers sent the reason
+        ({}, "telemetry pending"),
+    ],
+)
+def test_a_finished_tune_without_telemetry_says_why_where_the_charts_would_be(
+    world, client, telemetry, reason
+):
     pb.sign_in(client)
-    tuning = _tuning(world, status="succeeded")
+    tuning = _tuning(world, status="succeeded", **telemetry)
     html = client.get(f"/tunes/{tuning.uuid}/").content.decode()
-    assert "No GPU telemetry was stored for this tune." in html
+    assert (
+        f'<p class="muted small">No GPU samples were recorded for this tune ({reason}).</p>' in html
+    )
     assert "gpu-util-data" not in html
+    assert "gpu-power-data" not in html
 
 
 def test_the_2xh200_spread_tune_samples_are_stored_and_charted_per_gpu(world, client):

@@ -1,6 +1,7 @@
 """The tasks' library ends (kernel tune, engine check) against a live server, and the check and
 probe tasks through a real Celery worker (tests/stack.py)."""
 
+import sys
 import time
 
 import pytest
@@ -179,6 +180,55 @@ def test_one_sampler_records_every_gpu_of_the_tune(tune_client, monkeypatch, gpu
     ]
     assert tuning_run.telemetry_batches.count() >= 2
     assert nvml.inits == nvml.shutdowns == 1
+    tuning_run.refresh_from_db()
+    assert (tuning_run.telemetry_status, tuning_run.telemetry_detail) == ("recorded", "")
+
+
+def _without_pynvml(monkeypatch):
+    """nvml for tune_kernel on a host without pynvml: None, so the sampler imports it and fails."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    return None
+
+
+# case: (nvml for tune_kernel, given monkeypatch; the reason the tuning run should record)
+NO_TELEMETRY = {
+    "pynvml not importable": (
+        _without_pynvml,
+        "pynvml is not installed (import of pynvml halted; None in sys.modules)",
+    ),
+    "no driver": (
+        lambda monkeypatch: FakeNVML([], init_error="Driver Not Loaded"),
+        "NVML did not initialise: Driver Not Loaded",
+    ),
+    "no GPU visible": (
+        lambda monkeypatch: FakeNVML([]),
+        "GPU index [0] not present: NVML sees 0 GPU(s)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", NO_TELEMETRY)
+def test_a_tune_whose_sampler_cannot_start_says_why(tune_client, monkeypatch, case):
+    host, client = tune_client
+    tuning_run, _ = kernel_services.tuning_run_create(host=host, E=8, N=64, hidden_size=128, topk=2)
+    fake, reason = NO_TELEMETRY[case]
+
+    outcome = kernel_tune.tune_kernel(
+        str(tuning_run.uuid),
+        client=client,
+        E=8,
+        N=64,
+        hidden_size=128,
+        topk=2,
+        batch_sizes=[1, 1024],
+        tune=FakeTuner(),
+        nvml=fake(monkeypatch),
+    )
+
+    assert outcome == "succeeded"
+    tuning_run.refresh_from_db()
+    assert (tuning_run.telemetry_status, tuning_run.telemetry_detail) == ("unavailable", reason)
+    assert not tuning_run.telemetry.exists()
 
 
 def test_a_finished_tune_delivered_again_does_nothing(tune_client):
@@ -197,9 +247,10 @@ def test_a_finished_tune_delivered_again_does_nothing(tune_client):
     assert not KernelConfig.objects.exists()
 
 
-def test_a_tune_that_raises_fails_its_run_with_the_reason(tune_client):
+def test_a_tune_that_raises_fails_its_run_with_the_reason(tune_client, monkeypatch):
     host, client = tune_client
     tuning_run, _ = kernel_services.tuning_run_create(host=host, E=8, N=64, hidden_size=128, topk=2)
+    _without_pynvml(monkeypatch)
 
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: out of memory")
@@ -211,6 +262,9 @@ def test_a_tune_that_raises_fails_its_run_with_the_reason(tune_client):
     tuning_run = TuningRun.objects.get(pk=tuning_run.pk)
     assert tuning_run.status == "failed"
     assert "out of memory" in tuning_run.error
+    # a failed tune says why its charts are empty too
+    assert tuning_run.telemetry_status == "unavailable"
+    assert tuning_run.telemetry_detail.startswith("pynvml is not installed")
 
 
 @pytest.fixture

@@ -182,7 +182,9 @@ def tune_kernel(
         # the task tries again later; the tuning log makes the next attempt resume
         raise
     except Exception as exc:
-        client.update_tuning_run(tuning_run_uuid, status="failed", error=f"{exc!r}")
+        client.update_tuning_run(
+            tuning_run_uuid, status="failed", error=f"{exc!r}", **_telemetry_fields(telemetry)
+        )
         raise
     client.update_tuning_run(
         tuning_run_uuid,
@@ -190,8 +192,15 @@ def tune_kernel(
         result=config["id"],
         wall_s=result.wall_s,
         progress={"done": 1, "total": 1, "message": "done"},
+        **_telemetry_fields(telemetry),
     )
     return "succeeded"
+
+
+def _telemetry_fields(telemetry):
+    # the tune page says why its GPU charts are empty (no pynvml, no GPU, ...), as a sweep's does
+    sampler = telemetry.sampler
+    return {"telemetry_status": sampler.status, "telemetry_detail": sampler.detail[:300]}
 
 
 def _store_config(client, tuning_run_uuid, shape, result, entries, *, down_moe=False):

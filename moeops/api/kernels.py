@@ -27,7 +27,7 @@ from moeops.api.fields import (
 )
 from moeops.api.paging import Page
 from moeops.api.responses import stored
-from moeops.api.runs import TelemetryIn, TelemetrySampleOut
+from moeops.api.runs import TelemetryIn, TelemetrySampleOut, TelemetryStatus
 from moeops.kernels import services
 from moeops.kernels.models import CONFIG_SOURCES, TUNING_STATUSES, KernelConfig, TuningRun
 from moeops.runs import services as run_services
@@ -194,6 +194,10 @@ class TuningRunPatch(Patch):
     result: PosInt | None = Field(None, description="id of the kernel config it produced")
     wall_s: float | None = Field(None, ge=0)
     error: LongText | None = None
+    telemetry_status: TelemetryStatus | None = None
+    telemetry_detail: text(300) | None = Field(
+        None, description="why no GPU samples were recorded (NVML not importable, no GPU, …)"
+    )
 
 
 class TimingIn(In):
@@ -242,6 +246,8 @@ class TuningRunOut(Schema):
     result: int | None
     wall_s: float | None
     error: str
+    telemetry_status: str
+    telemetry_detail: str
     created: dt.datetime
     finished_at: dt.datetime | None
 
@@ -327,7 +333,8 @@ def tuning_run_get(request, ref: str):
 
 @router.patch("/tuning-runs/{ref}", auth=WRITE, response=TuningRunDetail)
 def tuning_run_patch(request, ref: str, payload: TuningRunPatch):
-    """Status by compare-and-set (409 on an illegal move), progress, result config, wall_s."""
+    """Status by compare-and-set (409 on an illegal move), progress, result config, wall_s,
+    telemetry status and why it is not "recorded"."""
     tuning_run = lookups.get_tuning_run(ref)
     require_write(request, tuning_run.host)
     fields = payload.model_dump(exclude_unset=True)

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from statistics import fmean
 
+from moeops.runs.telemetry import no_gpu_samples_text
 from tuning.config_files import file_device_name
 
 # Plateau: a step of the sweep that adds less than this much output throughput per doubling of
@@ -291,8 +292,8 @@ def idle_gpus(data: RunData) -> list[Proposal]:
     used = set(data.used_gpu_indexes) if data.used_gpu_indexes else None
     samples = [s for s in data.gpu_samples if used is None or s.gpu_index in used]
     if data.telemetry_status != "recorded" or not samples:
-        detail = data.telemetry_detail or "telemetry " + data.telemetry_status.replace("_", " ")
-        return [_no_gpu_evidence(f"No GPU samples were recorded for this run ({detail}).")]
+        text = no_gpu_samples_text("run", data.telemetry_status, data.telemetry_detail)
+        return [_no_gpu_evidence(text)]
     loaded = [(s, level) for s in samples if (level := _level_of(s, data.levels)) is not None]
     timed = any(level.timed for level in data.levels)
     if loaded:

@@ -4,6 +4,7 @@ import uuid
 
 from django.db import models, transaction
 
+from moeops.runs.models import TELEMETRY_STATUSES
 from tuning import config_files
 
 CONFIG_SOURCES = (("tuned", "Tuned by moeops"), ("imported", "Imported file"), ("manual", "Manual"))
@@ -145,6 +146,11 @@ class TuningRun(models.Model):
     )
     wall_s = models.FloatField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # as on a sweep run: whether the worker's NVML sampler ran, and its reason when it did not
+    telemetry_status = models.CharField(
+        max_length=20, choices=TELEMETRY_STATUSES, default="pending"
+    )
+    telemetry_detail = models.CharField(max_length=300, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -21,6 +21,7 @@ from moeops.insights.models import FINDING_STATES
 from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
+from moeops.runs.telemetry import no_gpu_samples_text
 
 RUNS_PER_PAGE = 50
 CHART_NAMES = {
@@ -195,6 +196,9 @@ def tuning_detail(request, uuid):
         "time_charts": [
             (k, figures[k]) for k in ("gpu-util", "gpu-power") if figures[k]["data"] or unfinished
         ],
+        "no_telemetry": no_gpu_samples_text(
+            "tune", tuning.telemetry_status, tuning.telemetry_detail
+        ),
     }
     return render(request, "front/tuning_detail.html", ctx)
 
