@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/moeops
 
-.PHONY: install run test lint test-sqlite test-postgres browser-deps clean
+.PHONY: install run test lint test-sqlite test-postgres _pytest-sqlite _pytest-postgres browser-deps clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,18 +29,31 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test-sqlite: install browser-deps
-	env -u DATABASE_URL $(VENV)/bin/pytest -m "not gpu"
+test-sqlite: install browser-deps _pytest-sqlite
 
 # Runs the tests that touch the database again on PostgreSQL, when one answers.
-test-postgres: install
+test-postgres: install _pytest-postgres
+
+# Both databases side by side: the suites mostly wait (servers starting, sweeps running, timeouts),
+# so together they take about as long as the SQLite one alone. PostgreSQL's output follows.
+test: lint browser-deps
+	@mkdir -p var
+	@$(MAKE) --no-print-directory _pytest-postgres > var/test-postgres.log 2>&1 & pg=$$!; \
+	$(MAKE) --no-print-directory _pytest-sqlite; sqlite=$$?; \
+	wait $$pg; postgres=$$?; cat var/test-postgres.log; \
+	echo "== SQLite: exit $$sqlite, PostgreSQL: exit $$postgres =="; \
+	test $$sqlite -eq 0 && test $$postgres -eq 0
+
+_pytest-sqlite:
+	@echo "== SQLite =="
+	env -u DATABASE_URL $(VENV)/bin/pytest -m "not gpu"
+
+_pytest-postgres:
 	@if [ -n "$$DATABASE_URL" ] || pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null \
 		|| $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
 		echo "== PostgreSQL =="; \
 		DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} MOEOPS_DB_TESTS_ONLY=1 $(VENV)/bin/pytest -m "not gpu"; \
 	else echo "PostgreSQL not reachable on 127.0.0.1:5432 and DATABASE_URL unset: SQLite only"; fi
-
-test: lint test-sqlite test-postgres
 
 clean:
 	rm -rf $(VENV) var staticfiles test-artifacts
