@@ -180,6 +180,9 @@ def main() -> int:
     parser.add_argument(
         "--compile-workers", type=int, help="compile processes per GPU process (default: rule)"
     )
+    parser.add_argument(
+        "--only-spread", action="store_true", help="skip the one-GPU phases (compare by hand)"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +194,8 @@ def main() -> int:
     sampler = TelemetrySampler(None, hz=args.hz).start()
     log(f"telemetry: {sampler.status} {sampler.detail}")
     fresh = [("1 GPU", (0,)), (f"{len(every_gpu)} GPUs", every_gpu)]
-    planned = [*fresh, *((name + WARM, gpus) for name, gpus in fresh)]
+    runs = fresh[1:] if args.only_spread else fresh
+    planned = [*runs, *((name + WARM, gpus) for name, gpus in runs)]
     phases = []
     try:
         with tempfile.TemporaryDirectory() as caches:

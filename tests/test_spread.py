@@ -16,6 +16,7 @@ from tuning.spread import (
     NVLS_OFF,
     SpreadTuneError,
     expected_cost,
+    host_compile_workers,
     share_batch_sizes,
     spread_tune,
 )
@@ -127,6 +128,15 @@ def test_batch_sizes_are_shared_out_by_expected_cost():
     two = share_batch_sizes(TUNED_BATCH_SIZES, 2)
     assert (4096 in two[0]) != (3072 in two[0])
     assert share_batch_sizes([1, 4096], 3) == [[4096], [1], []]
+
+
+def test_a_hosts_compile_processes_are_shared_out_over_its_gpu_processes(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    # one process alone gets the tuner's 16; more share 16, at least 2 each
+    assert [host_compile_workers(n) for n in (1, 2, 4, 8, 16)] == [16, 8, 4, 2, 2]
+    # and never more than the CPUs per GPU process, one of them left for timing
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert [host_compile_workers(n) for n in (1, 2, 8)] == [15, 7, 1]
 
 
 def test_every_batch_size_is_tuned_once_each_process_on_its_own_gpu(tmp_path, records):

@@ -12,7 +12,10 @@ Each process compiles with its own pool of compile processes (tuning.tuner), sta
 process sets up. All of them need mostly the same kernels at the start (every size's first
 round), and they share Triton's on-disk cache: process i of n compiles its own share of the
 compile keys first (`--compile-shard i/n`, tuning.tuner.compile_order), and by the time it
-reaches the others' share those mostly load from the cache. Compiling the first rounds once
+reaches the others' share those mostly load from the cache. The host's compile processes are
+shared out (`host_compile_workers`: 16 in all): each imports torch and opens a CUDA context when
+it starts, and with 15 per GPU process 4 GPUs' processes took 25 s to set up instead of 8.
+Compiling the first rounds once
 per host instead, in a precompile process beside the GPU processes, measured slower on 2 H200s
 with 32 CPUs: 68.3 s on one GPU and 51.9 s on two, against 59.1 s and 45.6 s with each process
 compiling for itself: the precompile took 17.4 s for 50 configs (its 31 compile processes
@@ -74,6 +77,8 @@ NVLS_OFF = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 STDERR_TAIL_LINES = 5
+# Compile processes on a host in all, shared out over its GPU processes (host_compile_workers).
+HOST_COMPILE_WORKERS = 16
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -113,6 +118,21 @@ class SpreadTuneError(RuntimeError):
 def expected_cost(M: int) -> float:
     """Expected cost of tuning batch size M, in units of about 0.9 s on an H200 (module doc)."""
     return 2.0 + M / 1024
+
+
+def host_compile_workers(processes: int) -> int:
+    """Compile processes per GPU process when `processes` GPU processes tune on one host.
+
+    HOST_COMPILE_WORKERS in all (as many as one process alone gets), shared out, at least 2
+    each, and one CPU per GPU process left free for timing. Not CPUs / processes: every compile
+    process imports torch and opens a CUDA context at the start, and 4 GPU processes with 15 each
+    spent 25 s setting up on a 64-CPU host, against 8 s for one process with 16
+    (bench/results/h200x4_spread_*); the compile shards (tuning.tuner.compile_order) keep the
+    host's compile work from growing with the processes.
+    """
+    processes = max(processes, 1)
+    per_cpu = (os.cpu_count() or 2) // processes - 1
+    return max(1, min(_default_workers(), per_cpu, max(2, HOST_COMPILE_WORKERS // processes)))
 
 
 def share_batch_sizes(batch_sizes: Iterable[int], gpu_count: int) -> list[list[int]]:
@@ -166,10 +186,10 @@ def spread_tune(
 
     out_dir: where the engine file(s) go (None: not written); log_dir: the per-GPU and merged
     tuning logs (default out_dir/spread-logs); fresh: forget earlier logs of this tune.
-    compile_workers: per process (default: the host's CPUs shared out, at most the tuner's
-    default). tune_function "module:function" with tuning.tuner.tune's signature runs in each
-    process. wall_s: this call's seconds plus those of the runs it resumed; timeline:
-    {GPU index: ProcessTimeline} (module doc).
+    compile_workers: per process (default: host_compile_workers). tune_function
+    "module:function" with tuning.tuner.tune's signature runs in each process. wall_s: this
+    call's seconds plus those of the runs it resumed; timeline: {GPU index: ProcessTimeline}
+    (module doc).
     Raises SpreadTuneError when some process failed (after keeping what the others tuned).
     """
     started = time.monotonic()
@@ -197,8 +217,7 @@ def spread_tune(
     }
     workers = compile_workers
     if workers is None:
-        # the processes share the host's CPUs; one CPU each stays free for timing
-        workers = max(1, min(_default_workers(), (os.cpu_count() or 2) // max(len(shares), 1) - 1))
+        workers = host_compile_workers(len(shares))
     worker_args = ["--shape", json.dumps(shape.as_dict()), "--compile-workers", str(workers)]
     worker_args += ["--tune-function", tune_function]
     worker_args += (["--exhaustive"] if exhaustive else []) + ([] if down else ["--no-down"])
