@@ -153,6 +153,25 @@ def test_it_stores_a_probe_snapshot_only_when_the_host_changed(world):
     assert history["items"][0]["driver_version"] == "590.10.01"
 
 
+def test_the_4_gpu_probe_is_stored_with_its_pair_matrix_and_its_changes_from_one_gpu(world):
+    """The real probes of the lent one-GPU and 4-GPU H200 machines, posted to one host."""
+    path = "/api/v1/hosts/h200-lab/topology"
+    assert world.outsider.post(path, {"snapshot": _probe()}).status_code == 201
+    four = json.loads((TOPOLOGY / "probe_4xh200_nv18.json").read_text())
+
+    response = world.outsider.post(path, {"snapshot": four})
+
+    assert response.status_code == 201
+    changes = response.json()["changes"]
+    assert {f"GPU{i} added (NVIDIA H200)" for i in (1, 2, 3)} <= set(changes)
+    assert "GPU0 active NVLinks: 0 → 18" in changes
+    stored = TopologySnapshot.objects.filter(host__name="h200-lab").order_by("-pk").first()
+    links, p2p = stored.links["matrix"], stored.p2p["read"]["matrix"]
+    pairs = [(i, j) for i in range(4) for j in range(4) if i != j]
+    assert [links[i][j] for i, j in pairs] == ["NV18"] * 12
+    assert [p2p[i][j] for i, j in pairs] == ["OK"] * 12
+
+
 def test_it_parses_nvidia_smi_topo_text(world):
     matrix = (TOPOLOGY / "topo_m_2x5090_phb_tabs.txt").read_text()
     p2p = (TOPOLOGY / "p2p_2x5090_gns.txt").read_text()
