@@ -1,5 +1,5 @@
 """GPU telemetry of kernel tuning runs: the one-owner constraint, ingestion through the API,
-and the per-GPU charts of the tune page, down to real samples of a 2×H200 spread tune."""
+and the per-GPU charts of the tune page, down to real samples of 2×H200 and 4×H200 spread tunes."""
 
 import json
 from pathlib import Path
@@ -12,9 +12,7 @@ from moeops.runs.models import TelemetryBatch, TelemetrySample
 from tests import page_base as pb
 from tests.api_base import make_world
 
-SPREAD_TELEMETRY = (
-    Path(__file__).parent.parent / "bench" / "results" / "h200x2_spread_telemetry.jsonl"
-)
+BENCH_RESULTS = Path(__file__).parent.parent / "bench" / "results"
 
 
 @pytest.fixture
@@ -193,17 +191,26 @@ def test_a_finished_tune_without_telemetry_says_why_where_the_charts_would_be(
     assert "gpu-power-data" not in html
 
 
-def test_the_2xh200_spread_tune_samples_are_stored_and_charted_per_gpu(world, client):
-    samples = [json.loads(line) for line in SPREAD_TELEMETRY.read_text().splitlines()]
+@pytest.mark.parametrize(
+    ("telemetry", "gpus"),
+    [("h200x2_spread_telemetry.jsonl", 2), ("h200x4_spread2_telemetry.jsonl", 4)],
+)
+def test_the_h200_spread_tune_samples_are_stored_and_charted_per_gpu(
+    world, client, telemetry, gpus
+):
+    lines = (BENCH_RESULTS / telemetry).read_text().splitlines()
+    samples = [json.loads(line) for line in lines]
     tuning = _tuning(world, status="succeeded")
     response = world.host_worker.post(
         f"/api/v1/tuning-runs/{tuning.uuid}/telemetry",
-        {"batch_id": "h200x2-spread", "samples": samples},
+        {"batch_id": telemetry, "samples": samples},
     )
     assert response.status_code == 201
-    per_gpu = {gpu: tuning.telemetry.filter(gpu_index=gpu).count() for gpu in (0, 1)}
-    assert per_gpu == {0: len(samples) // 2, 1: len(samples) // 2}
-    busiest = {gpu: max(s["power_w"] for s in samples if s["gpu_index"] == gpu) for gpu in (0, 1)}
+    per_gpu = {gpu: tuning.telemetry.filter(gpu_index=gpu).count() for gpu in range(gpus)}
+    assert per_gpu == {gpu: len(samples) // gpus for gpu in range(gpus)}
+    busiest = {
+        gpu: max(s["power_w"] for s in samples if s["gpu_index"] == gpu) for gpu in range(gpus)
+    }
     # both GPUs worked during the spread tune, well above their ~80 W idle
     assert min(busiest.values()) > 200.0
 
@@ -211,8 +218,9 @@ def test_the_2xh200_spread_tune_samples_are_stored_and_charted_per_gpu(world, cl
     html = client.get(f"/tunes/{tuning.uuid}/").content.decode()
     power = pb.figure(html, "gpu-power-data")
     util = pb.figure(html, "gpu-util-data")
-    assert [t["name"] for t in power["data"]] == ["GPU0", "GPU1"]
-    assert [t["name"] for t in util["data"]] == ["GPU0", "GPU1"]
+    names = [f"GPU{gpu}" for gpu in range(gpus)]
+    assert [t["name"] for t in power["data"]] == names
+    assert [t["name"] for t in util["data"]] == names
     for trace in power["data"]:
         gpu = int(trace["name"][3:])
         # bucket means never exceed the raw peak; the bucket maxima reach it
