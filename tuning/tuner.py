@@ -268,7 +268,6 @@ class DeviceMeasurements:
             self.close()
             raise
         self._ceilings = ceilings
-        self.compile_s = 0.0
 
     @property
     def ceilings(self) -> dict:
@@ -290,10 +289,7 @@ class DeviceMeasurements:
         """Compile configs ahead of timing; per config None or why it failed."""
         if self._pool is None:
             return [None] * len(configs)
-        started = time.monotonic()
-        errors = self._pool.compile(configs)
-        self.compile_s += time.monotonic() - started
-        return errors
+        return self._pool.compile(configs)
 
     def timer(self, M: int):
         """A tuning.timing.LayerTimer at batch size M (time_config(config, replays) -> µs)."""
