@@ -84,3 +84,18 @@ def _web_tasks_run_inline():
 
     app.conf.task_always_eager = True
     yield
+
+
+@pytest.fixture
+def tune_client(live_server, tmp_path, transactional_db, monkeypatch):
+    """(host, client): a host "h200" and a worker's MoeopsClient with its token against the live
+    server, tuning logs under tmp_path/tune, for driving workers.kernel_tune.tune_kernel."""
+    from moeops.api.models import ApiToken
+    from moeops.fleet.models import Host
+    from workers.client import MoeopsClient
+
+    monkeypatch.setenv("MOEOPS_TUNE_DIR", str(tmp_path / "tune"))
+    host = Host.objects.create(name="h200")
+    _, token = ApiToken.issue(name="worker", host=host)
+    with MoeopsClient(live_server.url, token, spool_dir=tmp_path / "spool") as client:
+        yield host, client

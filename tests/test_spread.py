@@ -283,20 +283,6 @@ def test_the_cli_reports_a_failed_gpu(tmp_path, monkeypatch, capsys):
     assert "run again to tune only the missing ones" in err
 
 
-@pytest.fixture
-def tune_client(live_server, tmp_path, transactional_db, monkeypatch):
-    # Django is imported here, not at the top: the worker processes import this module
-    from moeops.api.models import ApiToken
-    from moeops.fleet.models import Host
-    from workers.client import MoeopsClient
-
-    monkeypatch.setenv("MOEOPS_TUNE_DIR", str(tmp_path / "tune"))
-    host = Host.objects.create(name="h200x2")
-    _, token = ApiToken.issue(name="worker", host=host)
-    with MoeopsClient(live_server.url, token, spool_dir=tmp_path / "spool") as client:
-        yield host, client
-
-
 def test_the_worker_task_spreads_over_its_gpus(tune_client, tmp_path, records):
     from moeops.kernels import services as kernel_services
     from workers import kernel_tune

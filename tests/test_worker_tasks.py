@@ -6,16 +6,14 @@ import time
 
 import pytest
 
-from moeops.api.models import ApiToken
 from moeops.celery import send_host_task
-from moeops.fleet.models import Deployment, Host
+from moeops.fleet.models import Deployment
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import KernelConfig, TuningRun
 from tests.test_telemetry import FakeNVML, h200
 from tuning.search import KernelShape
 from tuning.tuner import BatchResult, TuneResult
 from workers import kernel_tune
-from workers.client import MoeopsClient
 from workers.engine_check import check_engine
 from workers.standin import StandinConfig, start_standin_in_thread
 
@@ -64,15 +62,6 @@ class FakeTuner:
             batches=batches,
             wall_s=12.5,
         )
-
-
-@pytest.fixture
-def tune_client(live_server, tmp_path, transactional_db, monkeypatch):
-    monkeypatch.setenv("MOEOPS_TUNE_DIR", str(tmp_path / "tune"))
-    host = Host.objects.create(name="h200")
-    _, token = ApiToken.issue(name="worker", host=host)
-    with MoeopsClient(live_server.url, token, spool_dir=tmp_path / "spool") as client:
-        yield host, client
 
 
 def test_a_tune_stores_its_config_timings_and_result(tune_client, tmp_path):
