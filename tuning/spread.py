@@ -65,7 +65,6 @@ from tuning.tuner import (
     parse_ints,
     print_summary,
     progress_bar,
-    shape_from_args,
     write_config_files,
 )
 
@@ -397,17 +396,17 @@ def _resolve(spec: str):
     return getattr(importlib.import_module(module_name), function_name)
 
 
-def run_cli(args: argparse.Namespace, gpu_indices: Sequence[int]) -> int:
-    """`python -m tuning tune ... --gpus 0,1,...`: spread the tune, write the file, summarise.
+def run_cli(
+    args: argparse.Namespace,
+    shape: KernelShape,
+    batch_sizes: Sequence[int],
+    gpu_indices: Sequence[int],
+) -> int:
+    """`python -m tuning tune ... --gpus 0,1,...`: spread the tune of shape at batch_sizes (as
+    the tuner's CLI parsed them), write the file, summarise.
 
     The per-GPU and merged logs go to --log (a folder here) or OUT/spread-logs.
     """
-    try:
-        shape = shape_from_args(args)
-        batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     try:
         result = spread_tune(
             shape,

@@ -874,6 +874,12 @@ def run(args: argparse.Namespace) -> int:
         for path in write_config_files(result, args.out, args.style):
             print(path)
         return 0
+    try:
+        shape = shape_from_args(args)
+        batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.gpus:
         from tuning import spread
 
@@ -883,19 +889,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         if len(gpus) > 1:
-            return spread.run_cli(args, gpus)
+            return spread.run_cli(args, shape, batch_sizes, gpus)
         args.device = gpus[0]
     import torch
 
     if not torch.cuda.is_available():
         print("error: tuning needs a CUDA GPU", file=sys.stderr)
         return 1
-    try:
-        shape = shape_from_args(args)
-        batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     name = _engine_file_name(shape, torch.cuda.get_device_name(args.device), args.style)
     log = Path(args.log) if args.log else Path(args.out) / f"{name}.tuning-log.json"
     if args.fresh and log.exists():
