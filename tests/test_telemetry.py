@@ -6,7 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from workers.telemetry import MAX_HZ, TelemetrySampler, TelemetryUnavailable, open_gpus
+from workers.telemetry import (
+    DETAIL_LIMIT,
+    MAX_HZ,
+    TelemetrySampler,
+    TelemetryUnavailable,
+    open_gpus,
+)
 
 
 class FakeNVMLError(Exception):
@@ -161,6 +167,15 @@ def test_without_nvml_it_records_no_telemetry_and_says_why():
     assert sampler.status == "unavailable"
     assert "NVML Shared Library Not Found" in sampler.detail
     assert sampler.drain() == []
+
+
+def test_a_long_reason_is_cut_to_what_the_api_stores():
+    message = "Driver/library version mismatch: " + "x" * 1000
+    with TelemetrySampler([0], nvml=FakeNVML([], init_error=message)) as sampler:
+        pass
+    assert sampler.status == "unavailable"
+    assert len(sampler.detail) == DETAIL_LIMIT
+    assert sampler.detail.startswith("NVML did not initialise: Driver/library version mismatch")
 
 
 def test_a_gpu_index_the_host_lacks_makes_telemetry_unavailable():

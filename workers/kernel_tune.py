@@ -200,7 +200,7 @@ def tune_kernel(
 def _telemetry_fields(telemetry):
     # the tune page says why its GPU charts are empty (no pynvml, no GPU, ...), as a sweep's does
     sampler = telemetry.sampler
-    return {"telemetry_status": sampler.status, "telemetry_detail": sampler.detail[:300]}
+    return {"telemetry_status": sampler.status, "telemetry_detail": sampler.detail}
 
 
 def _store_config(client, tuning_run_uuid, shape, result, entries, *, down_moe=False):

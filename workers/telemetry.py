@@ -104,6 +104,10 @@ def read_sample(nvml, index, handle, *, ts, level_concurrency=None):
     }
 
 
+# The API's limit for a run's telemetry_detail (characters).
+DETAIL_LIMIT = 300
+
+
 class TelemetrySampler:
     """Samples the given GPUs on a background thread until stopped.
 
@@ -135,7 +139,9 @@ class TelemetrySampler:
                 self._nvml = _load_nvml()
             self._gpus = open_gpus(self._nvml, self.gpu_indices)
         except TelemetryUnavailable as exc:
-            self.status, self.detail = "unavailable", str(exc)
+            # cut to what the API stores, so that a long driver message cannot get the run's
+            # status push (sweep or tune) refused
+            self.status, self.detail = "unavailable", str(exc)[:DETAIL_LIMIT]
             return self
         self.status = "recorded"
         self._thread = threading.Thread(target=self._loop, name="nvml-sampler", daemon=True)
