@@ -1,15 +1,16 @@
 """One tune spread over every GPU of the host against the same tune on one GPU, in one device call.
 
 GLM-5 at TP8 in bf16 (E=256, N=256, H=6144, top-8), the 18 batch sizes: on GPU 0 alone, then
-over all GPUs (tuning.spread: one process per GPU, CUDA_VISIBLE_DEVICES pinned), each from an
-empty Triton cache (a fresh host); then both again on one cache holding what those two compiled
-(a host re-tuning a shape it tuned before). NVML telemetry of every GPU (workers.telemetry)
-runs throughout; the topology probe (`python -m workers.topology probe`) runs first and is
-compared with the one-GPU H200 host's (results/h200_topology_probe.json).
+over all GPUs (tuning.spread: one process per GPU, CUDA_VISIBLE_DEVICES pinned), each from
+empty caches (Triton's kernels, moeops's measured ceilings: a fresh host); then both again on
+caches holding what those two compiled and measured (a host re-tuning a shape it tuned
+before). NVML telemetry of every GPU (workers.telemetry) runs throughout; the topology probe
+(`python -m workers.topology probe`) runs first and is compared with the one-GPU H200 host's
+(results/h200_topology_probe.json).
 Prints wall times and the speedup with a fresh and with a warm cache, each GPU's share and
-finish time, where the seconds went per phase and process (set-up, the compile pool's start-up
-within it, tuning and the compiling in it), telemetry per phase and GPU, and the tuned µs of
-the two fresh phases side by side.
+finish time, where the seconds went per phase and process (set-up and its imports, CUDA
+context and weights, the compile pool's start-up, tuning and the ceilings and compiling in
+it), telemetry per phase and GPU, and the tuned µs of the two fresh phases side by side.
 
     python3 bench/spread_device.py --out "$OUT"
 
@@ -79,11 +80,12 @@ def probe_topology(out: Path) -> None:
 
 
 def tune_phase(name: str, gpus: tuple[int, ...], cache: Path, compile_workers=None) -> dict:
-    """The 18-size tune spread over gpus with Triton's cache in cache; its figures.
-    compile_workers: per GPU process (None: spread_tune's rule)."""
+    """The 18-size tune spread over gpus with Triton's cache and moeops's (the GPUs' ceilings)
+    in cache; its figures. compile_workers: per GPU process (None: spread_tune's rule)."""
     finished: dict[str, float] = {}
     reported = [0]
-    os.environ["TRITON_CACHE_DIR"] = str(cache)
+    os.environ["TRITON_CACHE_DIR"] = str(cache / "triton")
+    os.environ["MOEOPS_CACHE_DIR"] = str(cache / "moeops")
     with tempfile.TemporaryDirectory() as work:
         started_ts, started = time.time(), time.monotonic()
 
@@ -137,20 +139,28 @@ def timeline_figures(timeline: dict) -> dict:
     return figures
 
 
+TIMELINE_COLUMNS = [
+    ("setup", "setup_s"),
+    ("import", "import_s"),
+    ("cuda", "cuda_s"),
+    ("weights", "weights_s"),
+    ("pool start", "pool_start_s"),
+    ("tune", "tune_s"),
+    ("ceilings", "ceilings_s"),
+    ("compile", "compile_s"),
+    ("wall", "wall_s"),
+]
+
+
 def timeline_table(phases: list[dict]) -> list[str]:
-    """Per phase a row per GPU process: seconds of set-up, of the compile pool's start-up (from
-    early in the set-up), of compiling (within tune), of tuning and in all."""
-    lines = [
-        f"  {'phase':22} {'process':8} {'setup':>7} {'pool start':>10} {'compile':>8}"
-        f" {'tune':>7} {'wall':>7}"
-    ]
+    """Per phase a row per GPU process: seconds of set-up (import, CUDA context and weights
+    within it), of the compile pool's start-up (from early in the set-up), of tuning (measuring
+    the ceilings and compiling within it) and in all."""
+    lines = [f"  {'phase':22} {'process':8} " + " ".join(f"{t:>10}" for t, _ in TIMELINE_COLUMNS)]
     for phase in phases:
         for gpu, process in phase["timeline"].items():
-            lines.append(
-                f"  {phase['name']:22} {gpu:8} {process['setup_s']:7.1f}"
-                f" {process['pool_start_s']:10.1f} {process['compile_s']:8.1f}"
-                f" {process['tune_s']:7.1f} {process['wall_s']:7.1f}"
-            )
+            figures = " ".join(f"{process.get(key, 0.0):10.1f}" for _, key in TIMELINE_COLUMNS)
+            lines.append(f"  {phase['name']:22} {gpu:8} {figures}")
     return lines
 
 

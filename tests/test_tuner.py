@@ -78,6 +78,7 @@ class FakeMeasurements:
     triton_version = "3.6.0"
     ceilings = {"bandwidth_tbps": 4.24, "bf16_tflops": 689.0, "fp8_tflops": None}
     pool_start_s = 2.5
+    seconds = {"import_s": 1.5, "cuda_s": 0.75, "weights_s": 0.25, "ceilings_s": 1.25}
 
     def __init__(self):
         self.timed = []
@@ -115,6 +116,12 @@ def set_up_on_cpu(folder: Path, shape_data: dict, device_index: int) -> None:
     except FileExistsError:
         pass
     (folder / f"ready-{os.getpid()}").write_text(repr(time.time()))
+
+
+def note_the_imports(folder: Path, shape_data: dict, device_index: int) -> None:
+    """A compile worker's set-up that writes which of the heavy modules it found imported."""
+    found = [m for m in tuner.COMPILE_WORKER_PRELOAD if m in sys.modules]
+    (folder / f"imports-{os.getpid()}").write_text(json.dumps(found))
 
 
 def set_up_without_cuda(shape_data: dict, device_index: int) -> None:
@@ -338,6 +345,9 @@ def test_the_timeline_says_where_the_seconds_went_and_is_not_in_the_log():
     timeline = result.timeline
     assert timeline.pool_start_s == FakeMeasurements.pool_start_s
     assert timeline.setup_s >= 0
+    # the measurements' own parts of set-up and tune
+    assert (timeline.import_s, timeline.cuda_s, timeline.weights_s) == (1.5, 0.75, 0.25)
+    assert timeline.ceilings_s == 1.25
     assert 0 <= timeline.compile_s < timeline.tune_s
     data = result.to_dict()
     assert "timeline" not in data
@@ -360,28 +370,104 @@ class RecordedPool:
         pass
 
 
-def test_the_compile_workers_start_first_and_the_ceilings_wait_for_them(monkeypatch):
+def recorded_measurements(monkeypatch, events, ceilings):
+    """DeviceMeasurements on GPU 1 with 3 compile workers, with torch's CUDA calls, the
+    weights, the pool and the ceilings' measurement noting themselves in events instead."""
     # here, not at the top: the pool tests' worker processes import this module
     import torch
 
     from tuning import timing
 
-    events = []
-    ceilings = timing.DeviceCeilings(4.24, 689.0, None)
     monkeypatch.setattr(
         tuner, "_CompilePool", lambda s, i, workers, shard: RecordedPool(events, workers)
     )
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: events.append(("set_device", i)))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing, "gpu_key", lambda i: f"NVIDIA H200 GPU-{i} torch cuda")
     monkeypatch.setattr(timing, "make_weights", lambda shape: events.append("weights"))
     monkeypatch.setattr(timing, "measure_ceilings", lambda: events.append("ceilings") or ceilings)
+    return DeviceMeasurements(SHAPE, device_index=1, compile_workers=3)
 
-    measurements = DeviceMeasurements(SHAPE, device_index=1, compile_workers=3)
+
+def test_the_compile_workers_start_first_and_the_ceilings_wait_for_them(monkeypatch, tmp_path):
+    from tuning import timing
+
+    monkeypatch.setenv("MOEOPS_CACHE_DIR", str(tmp_path))
+    events = []
+    ceilings = timing.DeviceCeilings(4.24, 689.0, None)
+
+    measurements = recorded_measurements(monkeypatch, events, ceilings)
 
     assert events == [("compile pool", 3), ("set_device", 1), "weights"]
     assert measurements.ceilings == vars(ceilings)
     assert events[3:] == ["compile workers started", "ceilings"]
     assert measurements.wait_for_compile_workers() == 3.0
+    assert set(measurements.seconds) == {"import_s", "cuda_s", "weights_s", "ceilings_s"}
+
+
+def test_a_second_tune_on_the_gpu_reads_its_ceilings_without_waiting(monkeypatch, tmp_path):
+    from tuning import timing
+
+    monkeypatch.setenv("MOEOPS_CACHE_DIR", str(tmp_path))
+    ceilings = timing.DeviceCeilings(4.24, 689.0, 1310.0)
+    first = recorded_measurements(monkeypatch, [], ceilings).ceilings
+    events = []
+
+    second = recorded_measurements(monkeypatch, events, timing.DeviceCeilings(1.0, 1.0, None))
+
+    assert first == second.ceilings == vars(ceilings)
+    # neither measured nor waited for the compile workers
+    assert events == [("compile pool", 3), ("set_device", 1), "weights"]
+    assert "ceilings_s" not in second.seconds
+
+
+def measure_once(calls, figures=(4.24, 689.0, None)):
+    from tuning import timing
+
+    def measure():
+        calls.append(time.time())
+        return timing.DeviceCeilings(*figures)
+
+    return measure
+
+
+def test_cached_ceilings_are_per_gpu_and_expire(tmp_path):
+    from tuning import timing
+
+    calls = []
+    key = "NVIDIA H200 GPU-aaa torch 2.11 cuda 12.8"
+    first = timing.cached_ceilings(key, measure_once(calls), folder=tmp_path)
+    again = timing.cached_ceilings(key, measure_once(calls, (9, 9, 9)), folder=tmp_path)
+    other = timing.cached_ceilings(
+        key.replace("aaa", "bbb"), measure_once(calls, (4.1, 650.0, None)), folder=tmp_path
+    )
+    expired = timing.cached_ceilings(
+        key, measure_once(calls, (4.3, 700.0, None)), folder=tmp_path, max_age_s=0
+    )
+
+    assert again == first == timing.DeviceCeilings(4.24, 689.0, None)
+    assert other == timing.DeviceCeilings(4.1, 650.0, None)
+    assert expired == timing.DeviceCeilings(4.3, 700.0, None)
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("damage", ["not json", '{"key": "x"}', '{"ceilings": 1}'])
+def test_a_damaged_or_unwritable_ceilings_cache_is_measured_past(tmp_path, damage):
+    from tuning import timing
+
+    calls = []
+    key = "NVIDIA H200 GPU-aaa torch 2.11 cuda 12.8"
+    timing.cached_ceilings(key, measure_once(calls), folder=tmp_path)
+    for path in tmp_path.glob("*.json"):
+        path.write_text(damage)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+
+    assert timing.cached_ceilings(key, measure_once(calls), folder=tmp_path).bf16_tflops == 689.0
+    # a folder that cannot be made: measured, not an error
+    assert timing.cached_ceilings(key, measure_once(calls), folder=blocked / "x").bf16_tflops
+    assert len(calls) == 3
 
 
 def test_a_compile_pool_starts_its_workers_at_once_and_waits_for_the_slowest(tmp_path):
@@ -402,6 +488,18 @@ def test_a_compile_pool_starts_its_workers_at_once_and_waits_for_the_slowest(tmp
     assert created + start_s > max(ready) - 0.2
     assert start_s >= SLOW_SET_UP_S
     assert pool.wait_started() == start_s
+
+
+def test_compile_workers_start_with_torch_imported_once_for_all(tmp_path):
+    pool = _CompilePool(SHAPE, 0, 3, set_up=functools.partial(note_the_imports, tmp_path))
+    try:
+        pool.wait_started()
+    finally:
+        pool.close()
+
+    found = [json.loads(p.read_text()) for p in tmp_path.glob("imports-*")]
+    # forked from the server that imported them; spawned workers would import them each
+    assert found == [tuner.COMPILE_WORKER_PRELOAD] * 3
 
 
 def test_a_compile_pool_whose_workers_cannot_start_leaves_the_compiles_to_the_timer():

@@ -7,8 +7,13 @@ choices copied in before every replay, the median over the replays divided by th
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,6 +21,10 @@ import torch
 from tuning.fused_moe import FP8_DTYPE, fused_moe
 from tuning.reference import quantize_fp8_blocks, quantize_fp8_per_expert
 from tuning.search import KernelShape
+
+# A GPU's measured ceilings are reused this long (a week: they move with the driver, clocks and
+# power limits, which the key does not all hold).
+CEILINGS_MAX_AGE_S = 7 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -253,6 +262,50 @@ def measure_ceilings(copy_bytes: int = 2 << 30, matrix_size: int = 8192) -> Devi
         bf16_tflops=flops / bf16_ms / 1e9,
         fp8_tflops=fp8_tflops,
     )
+
+
+def gpu_key(device_index: int = 0) -> str:
+    """What a cached measurement of GPU device_index is filed under: its name and UUID, and the
+    torch and CUDA versions that measured it."""
+    props = torch.cuda.get_device_properties(device_index)
+    uuid = getattr(props, "uuid", "")
+    return f"{props.name} {uuid} torch {torch.__version__} cuda {torch.version.cuda}"
+
+
+def cache_dir() -> Path:
+    """moeops's cache on this host: $MOEOPS_CACHE_DIR, else ~/.cache/moeops."""
+    return Path(os.environ.get("MOEOPS_CACHE_DIR") or Path.home() / ".cache" / "moeops")
+
+
+def cached_ceilings(
+    key: str,
+    measure: Callable[[], DeviceCeilings],
+    *,
+    folder: Path | None = None,
+    max_age_s: float = CEILINGS_MAX_AGE_S,
+) -> DeviceCeilings:
+    """The ceilings filed under key (gpu_key) in folder (default cache_dir()/ceilings) when they
+    are younger than max_age_s, else measure() filed there. Measuring costs seconds a tune would
+    wait for (cuBLAS starting, above all); a file that cannot be read or written is measured
+    past, never an error. One file per key, so that a host's GPU processes never share one."""
+    folder = folder if folder is not None else cache_dir() / "ceilings"
+    path = folder / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+    try:
+        data = json.loads(path.read_text())
+        if data["key"] == key and 0 <= time.time() - data["measured_at"] <= max_age_s:
+            return DeviceCeilings(**data["ceilings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    ceilings = measure()
+    record = {"key": key, "measured_at": time.time(), "ceilings": asdict(ceilings)}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(record) + "\n")
+        partial.replace(path)
+    except OSError:
+        pass
+    return ceilings
 
 
 def moe_floor_us(shape: KernelShape, M: int, ceilings: DeviceCeilings) -> float:

@@ -7,10 +7,11 @@ runs one process per GPU on a share of the batch sizes and merges their logs wit
 are skipped.
 
 Compiles run in a pool of processes ahead of timing. The pool's processes start first thing
-when the Tuner is built, so that their start-up (spawn, torch import, CUDA context) overlaps this
-process's imports and weights instead of the first compile; the GPU's ceilings are measured once
-they have all started. Each chunk of batch sizes first compiles `round_one_configs` (the first
-round of its searches and the default configs) in one batch.
+when the Tuner is built, so that their start-up (fork from a server process that imported torch,
+CUDA context) overlaps this process's imports and weights instead of the first compile; the
+GPU's ceilings are measured once they have all started, or read from this GPU's cache
+(tuning.timing.cached_ceilings). Each chunk of batch sizes first compiles `round_one_configs`
+(the first round of its searches and the default configs) in one batch.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ FINAL_REPLAYS = 20
 # Rounds of a DownProjectionSearch: tiles, warps and stages, group sizes, final.
 DOWN_ROUNDS = 4
 COMPILE_TIMEOUT_S = 300
+# What the compile pool's server process imports once, before forking the workers from it.
+COMPILE_WORKER_PRELOAD = ["torch", "triton", "tuning.timing"]
 
 
 @dataclass
@@ -84,12 +87,18 @@ class ProcessTimeline:
     (waiting for the compile processes to start, measuring the ceilings, searching); compile_s:
     the part of tune_s spent waiting on compiles. pool_start_s: from the compile processes'
     creation, first thing in the set-up, until all had started; it overlaps setup_s and, where
-    longer, the start of tune_s."""
+    longer, the start of tune_s. Parts of setup_s: import_s (torch, Triton, the kernel), cuda_s
+    (this process's CUDA context), weights_s; of tune_s: ceilings_s (measuring or reading them).
+    """
 
     setup_s: float = 0.0
     pool_start_s: float = 0.0
     compile_s: float = 0.0
     tune_s: float = 0.0
+    import_s: float = 0.0
+    cuda_s: float = 0.0
+    weights_s: float = 0.0
+    ceilings_s: float = 0.0
 
 
 @dataclass
@@ -235,8 +244,10 @@ class DeviceMeasurements:
     compile_workers processes compile candidate kernels in parallel ahead of timing (0: compile
     in this process as each is first timed). They start first, before the weights, and the
     ceilings are measured when first asked for, once the workers have all started: each opens a
-    CUDA context on this GPU meanwhile, which would lower them. compile_shard (i, n): this is
-    process i of n tuning on one host (tuning.spread); see compile_order.
+    CUDA context on this GPU meanwhile, which would lower them; a measurement of this GPU cached
+    within CEILINGS_MAX_AGE_S is read instead (tuning.timing.cached_ceilings). compile_shard
+    (i, n): this is process i of n tuning on one host (tuning.spread); see compile_order.
+    seconds: where the set-up's and the ceilings' seconds went (ProcessTimeline's parts).
     """
 
     def __init__(
@@ -254,16 +265,27 @@ class DeviceMeasurements:
             _CompilePool(shape, device_index, workers, shard=compile_shard) if workers > 0 else None
         )
         self.shape = shape
+        self.device_index = device_index
+        self.seconds: dict[str, float] = {}
         try:
+            started = time.monotonic()
             import torch
             import triton
 
             from tuning import timing
 
+            imported = time.monotonic()
             torch.cuda.set_device(device_index)
             self.device_name = torch.cuda.get_device_name(device_index)
             self.triton_version = triton.__version__
+            context = time.monotonic()
             self.weights = timing.make_weights(shape)
+            torch.cuda.synchronize()
+            self.seconds.update(
+                import_s=imported - started,
+                cuda_s=context - imported,
+                weights_s=time.monotonic() - context,
+            )
         except BaseException:
             self.close()
             raise
@@ -271,13 +293,21 @@ class DeviceMeasurements:
 
     @property
     def ceilings(self) -> dict:
-        """The measured bandwidth_tbps, bf16_tflops and fp8_tflops (measured on first use, once
-        the compile workers have started)."""
+        """The measured bandwidth_tbps, bf16_tflops and fp8_tflops (on first use: from this GPU's
+        cache, else measured once the compile workers have started)."""
         if self._ceilings is None:
             from tuning import timing
 
-            self.wait_for_compile_workers()
-            self._ceilings = vars(timing.measure_ceilings())
+            def measure():
+                # the workers' CUDA contexts would lower the figures: wait for them first
+                self.wait_for_compile_workers()
+                started = time.monotonic()
+                measured = timing.measure_ceilings()
+                self.seconds["ceilings_s"] = time.monotonic() - started
+                return measured
+
+            key = timing.gpu_key(self.device_index)
+            self._ceilings = vars(timing.cached_ceilings(key, measure))
         return self._ceilings
 
     def wait_for_compile_workers(self) -> float:
@@ -412,6 +442,7 @@ class Tuner:
             pool_start_s=self.measurements.wait_for_compile_workers(),
             compile_s=self.compile_s - compile_before,
             tune_s=time.monotonic() - started,
+            **self.measurements.seconds,
         )
         if progress_callback is not None:
             progress_callback(total, total, "done")
@@ -608,8 +639,13 @@ class _CompilePool:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        # spawn, not fork: the workers open CUDA contexts of their own
-        context = multiprocessing.get_context("spawn")
+        # forkserver: one server process imports torch and the kernel, and the workers are
+        # forked from it instead of each importing torch again (with spawn, a host's set-up grew
+        # with its compile processes: bench/results/h200x4_spread_*). Not plain fork: the caller
+        # may run threads (a worker's telemetry sampler) or hold a CUDA context. The server
+        # stays up for this process's later pools.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(COMPILE_WORKER_PRELOAD)
         # a start-up task waits here until every worker holds one: one task per worker, so
         # that all have started when all these tasks are done
         started = context.Barrier(workers)
