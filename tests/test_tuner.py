@@ -502,6 +502,49 @@ def test_compile_workers_start_with_torch_imported_once_for_all(tmp_path):
     assert found == [tuner.COMPILE_WORKER_PRELOAD] * 3
 
 
+SLOW_SERVER_IMPORT_S = 3.0
+SLOW_MODULE = f"""
+import time
+time.sleep({SLOW_SERVER_IMPORT_S})
+
+
+def set_up(shape_data, device_index):
+    pass
+"""
+POOL_SCRIPT = """
+import json, time
+from tuning import tuner
+from tuning.search import KernelShape
+import slow_server_import
+
+tuner.COMPILE_WORKER_PRELOAD = ["slow_server_import"]
+created = time.monotonic()
+shape = KernelShape(E=8, N=64, H=128, top_k=2)
+pool = tuner._CompilePool(shape, 0, 2, set_up=slow_server_import.set_up)
+created_s = time.monotonic() - created
+start_s = pool.wait_started()
+pool.close()
+print(json.dumps({"created_s": created_s, "start_s": start_s}))
+"""
+
+
+def test_building_a_compile_pool_does_not_wait_for_its_server_to_import(tmp_path):
+    # a fresh process, so that its fork server is new and imports what it is told to
+    (tmp_path / "slow_server_import.py").write_text(SLOW_MODULE)
+    path = os.pathsep.join([str(tmp_path), str(Path(tuner.__file__).parent.parent)])
+    env = {**os.environ, "PYTHONPATH": path}
+
+    out = subprocess.run(
+        [sys.executable, "-c", POOL_SCRIPT], capture_output=True, text=True, env=env, check=True
+    )
+
+    figures = json.loads(out.stdout)
+    # this process went on (to import torch, say) while the server imported
+    assert figures["created_s"] < SLOW_SERVER_IMPORT_S / 2
+    # the workers came from the server once it had imported the module
+    assert figures["start_s"] >= SLOW_SERVER_IMPORT_S
+
+
 def test_a_compile_pool_whose_workers_cannot_start_leaves_the_compiles_to_the_timer():
     pool = _CompilePool(SHAPE, 0, 2, set_up=set_up_without_cuda)
     try:
