@@ -131,12 +131,12 @@ def test_batch_sizes_are_shared_out_by_expected_cost():
 
 
 def test_a_hosts_compile_processes_are_shared_out_over_its_gpu_processes(monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    # one process alone gets the tuner's 16; more share 16, at least 2 each
-    assert [host_compile_workers(n) for n in (1, 2, 4, 8, 16)] == [16, 8, 4, 2, 2]
-    # and never more than the CPUs per GPU process, one of them left for timing
+    monkeypatch.setattr(os, "cpu_count", lambda: 128)
+    # one process alone gets the tuner's 32 at most
+    assert [host_compile_workers(n) for n in (1, 2, 4, 8)] == [32, 32, 31, 15]
+    # the CPUs per GPU process, one of them left for timing, and at least one
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert [host_compile_workers(n) for n in (1, 2, 8)] == [15, 7, 1]
+    assert [host_compile_workers(n) for n in (1, 2, 8, 16)] == [15, 7, 1, 1]
 
 
 def test_every_batch_size_is_tuned_once_each_process_on_its_own_gpu(tmp_path, records):

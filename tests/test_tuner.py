@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tuning import tuner
+from tuning import compile_only, tuner
 from tuning.bench import BenchRow, format_table
 from tuning.config_files import config_file_name, loads_config
 from tuning.search import CoarseToFineSearch, KernelShape, compile_key, search_space
@@ -47,6 +47,8 @@ SIZES = [1, 64, 1024, 4096]
 FP8_BLOCK = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
 # How long the slowest worker of a compile pool test takes to set up (s).
 SLOW_SET_UP_S = 1.0
+# An H200 as compiling for it needs it (Triton's device properties, shared memory above all).
+H200 = compile_only.GpuTarget(90, {"max_shared_mem": 232448, "multiprocessor_count": 132})
 
 
 class FakeTimer:
@@ -107,7 +109,7 @@ class FakeMeasurements:
         self.closed = True
 
 
-def set_up_on_cpu(folder: Path, shape_data: dict, device_index: int) -> None:
+def set_up_on_cpu(folder: Path, shape_data: dict) -> None:
     """A compile worker's set-up without a GPU: the first worker takes SLOW_SET_UP_S, the
     others none; each writes time.time() when done to folder/ready-<pid>."""
     try:
@@ -118,14 +120,14 @@ def set_up_on_cpu(folder: Path, shape_data: dict, device_index: int) -> None:
     (folder / f"ready-{os.getpid()}").write_text(repr(time.time()))
 
 
-def note_the_imports(folder: Path, shape_data: dict, device_index: int) -> None:
+def note_the_imports(folder: Path, shape_data: dict) -> None:
     """A compile worker's set-up that writes which of the heavy modules it found imported."""
     found = [m for m in tuner.COMPILE_WORKER_PRELOAD if m in sys.modules]
     (folder / f"imports-{os.getpid()}").write_text(json.dumps(found))
 
 
-def set_up_without_cuda(shape_data: dict, device_index: int) -> None:
-    raise RuntimeError("Found no NVIDIA driver on your system")
+def set_up_that_fails(shape_data: dict) -> None:
+    raise RuntimeError("out of memory")
 
 
 def _keys(configs):
@@ -379,18 +381,19 @@ def recorded_measurements(monkeypatch, events, ceilings):
     from tuning import timing
 
     monkeypatch.setattr(
-        tuner, "_CompilePool", lambda s, i, workers, shard: RecordedPool(events, workers)
+        tuner, "_CompilePool", lambda s, workers, shard: RecordedPool(events, workers)
     )
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: events.append(("set_device", i)))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(timing, "gpu_key", lambda i: f"NVIDIA H200 GPU-{i} torch cuda")
+    monkeypatch.setattr(compile_only, "gpu_target", lambda: H200)
     monkeypatch.setattr(timing, "make_weights", lambda shape: events.append("weights"))
     monkeypatch.setattr(timing, "measure_ceilings", lambda: events.append("ceilings") or ceilings)
     return DeviceMeasurements(SHAPE, device_index=1, compile_workers=3)
 
 
-def test_the_compile_workers_start_first_and_the_ceilings_wait_for_them(monkeypatch, tmp_path):
+def test_the_compile_workers_start_first_and_the_ceilings_are_measured_once(monkeypatch, tmp_path):
     from tuning import timing
 
     monkeypatch.setenv("MOEOPS_CACHE_DIR", str(tmp_path))
@@ -400,13 +403,15 @@ def test_the_compile_workers_start_first_and_the_ceilings_wait_for_them(monkeypa
     measurements = recorded_measurements(monkeypatch, events, ceilings)
 
     assert events == [("compile pool", 3), ("set_device", 1), "weights"]
-    assert measurements.ceilings == vars(ceilings)
-    assert events[3:] == ["compile workers started", "ceilings"]
+    assert measurements.target == H200
+    assert measurements.ceilings == measurements.ceilings == vars(ceilings)
+    # the workers touch no GPU: the measurement does not wait for them
+    assert events[3:] == ["ceilings"]
     assert measurements.wait_for_compile_workers() == 3.0
     assert set(measurements.seconds) == {"import_s", "cuda_s", "weights_s", "ceilings_s"}
 
 
-def test_a_second_tune_on_the_gpu_reads_its_ceilings_without_waiting(monkeypatch, tmp_path):
+def test_a_second_tune_on_the_gpu_reads_its_ceilings_from_the_cache(monkeypatch, tmp_path):
     from tuning import timing
 
     monkeypatch.setenv("MOEOPS_CACHE_DIR", str(tmp_path))
@@ -417,7 +422,7 @@ def test_a_second_tune_on_the_gpu_reads_its_ceilings_without_waiting(monkeypatch
     second = recorded_measurements(monkeypatch, events, timing.DeviceCeilings(1.0, 1.0, None))
 
     assert first == second.ceilings == vars(ceilings)
-    # neither measured nor waited for the compile workers
+    # not measured again
     assert events == [("compile pool", 3), ("set_device", 1), "weights"]
     assert "ceilings_s" not in second.seconds
 
@@ -472,7 +477,7 @@ def test_a_damaged_or_unwritable_ceilings_cache_is_measured_past(tmp_path, damag
 
 def test_a_compile_pool_starts_its_workers_at_once_and_waits_for_the_slowest(tmp_path):
     created = time.time()
-    pool = _CompilePool(SHAPE, 0, 3, set_up=functools.partial(set_up_on_cpu, tmp_path))
+    pool = _CompilePool(SHAPE, 3, set_up=functools.partial(set_up_on_cpu, tmp_path))
     try:
         # nothing asked of the pool: its workers set up all the same
         deadline = time.time() + 60
@@ -491,7 +496,7 @@ def test_a_compile_pool_starts_its_workers_at_once_and_waits_for_the_slowest(tmp
 
 
 def test_compile_workers_start_with_torch_imported_once_for_all(tmp_path):
-    pool = _CompilePool(SHAPE, 0, 3, set_up=functools.partial(note_the_imports, tmp_path))
+    pool = _CompilePool(SHAPE, 3, set_up=functools.partial(note_the_imports, tmp_path))
     try:
         pool.wait_started()
     finally:
@@ -508,19 +513,19 @@ import time
 time.sleep({SLOW_SERVER_IMPORT_S})
 
 
-def set_up(shape_data, device_index):
+def set_up(shape_data):
     pass
 """
 POOL_SCRIPT = """
 import json, time
-from tuning import tuner
+from tuning import compile_only, tuner
 from tuning.search import KernelShape
 import slow_server_import
 
 tuner.COMPILE_WORKER_PRELOAD = ["slow_server_import"]
 created = time.monotonic()
 shape = KernelShape(E=8, N=64, H=128, top_k=2)
-pool = tuner._CompilePool(shape, 0, 2, set_up=slow_server_import.set_up)
+pool = tuner._CompilePool(shape, 2, set_up=slow_server_import.set_up)
 created_s = time.monotonic() - created
 start_s = pool.wait_started()
 pool.close()
@@ -545,12 +550,53 @@ def test_building_a_compile_pool_does_not_wait_for_its_server_to_import(tmp_path
     assert figures["start_s"] >= SLOW_SERVER_IMPORT_S
 
 
+# 5 stages of 256×128 tiles of both operands: 320 KB in fp8, more than an H200's 227 KB
+TOO_BIG = {
+    "BLOCK_SIZE_M": 256,
+    "BLOCK_SIZE_N": 256,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 8,
+    "num_stages": 5,
+}
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        KernelShape(E=64, N=128, H=512, top_k=4),
+        KernelShape(E=64, N=128, H=512, top_k=4, dtype="fp8_w8a8", block_shape=(128, 128)),
+    ],
+    ids=["bf16", "fp8-block"],
+)
+def test_compile_workers_compile_for_the_gpu_with_no_gpu_here(tmp_path, monkeypatch, shape):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    config = {**ENTRY, "BLOCK_SIZE_K": 128}
+    pool = _CompilePool(shape, 2)
+    try:
+        errors = pool.compile([config, TOO_BIG], H200)
+    finally:
+        pool.close()
+
+    assert errors[0] is None
+    # checked against the H200's shared memory, as a launch there would check it
+    assert "shared memory" in errors[1] and "232448" in errors[1]
+    binaries = {p.name for p in tmp_path.rglob("*.cubin")}
+    assert {"_expert_gemm_kernel.cubin", "_activation_kernel.cubin"} <= binaries
+    # built for sm_90, the target named, not for whatever this machine is
+    targets = {
+        json.loads(p.read_text()).get("target", {}).get("arch")
+        for p in tmp_path.rglob("_expert_gemm_kernel.json")
+    }
+    assert targets == {90}
+
+
 def test_a_compile_pool_whose_workers_cannot_start_leaves_the_compiles_to_the_timer():
-    pool = _CompilePool(SHAPE, 0, 2, set_up=set_up_without_cuda)
+    pool = _CompilePool(SHAPE, 2, set_up=set_up_that_fails)
     try:
         assert pool.wait_started() >= 0
         # None: each compiles in the timing process at its first launch
-        assert pool.compile([ENTRY, {**ENTRY, "num_warps": 8}]) == [None, None]
+        assert pool.compile([ENTRY, {**ENTRY, "num_warps": 8}], H200) == [None, None]
     finally:
         pool.close()
 

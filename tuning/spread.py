@@ -9,18 +9,16 @@ others (and it, before failing) tuned stays in the logs, so running the same tun
 only the missing batch sizes.
 
 Each process compiles with its own pool of compile processes (tuning.tuner), started while the
-process sets up. All of them need mostly the same kernels at the start (every size's first
-round), and they share Triton's on-disk cache: process i of n compiles its own share of the
-compile keys first (`--compile-shard i/n`, tuning.tuner.compile_order), and by the time it
-reaches the others' share those mostly load from the cache. The host's compile processes are
-shared out (`host_compile_workers`: 16 in all): each imports torch and opens a CUDA context when
-it starts, and with 15 per GPU process 4 GPUs' processes took 25 s to set up instead of 8.
-Compiling the first rounds once
-per host instead, in a precompile process beside the GPU processes, measured slower on 2 H200s
-with 32 CPUs: 68.3 s on one GPU and 51.9 s on two, against 59.1 s and 45.6 s with each process
-compiling for itself: the precompile took 17.4 s for 50 configs (its 31 compile processes
-starting, by our reading), and the GPU processes still started their own pools for the later
-rounds (bench/results/h200x2_spread2_*).
+process sets up; the host's CPUs are shared out between the pools (`host_compile_workers`). All
+of them need mostly the same kernels at the start (every size's first round), and they share
+Triton's on-disk cache: process i of n compiles its own share of the compile keys first
+(`--compile-shard i/n`, tuning.tuner.compile_order), and by the time it reaches the others'
+share those mostly load from the cache. Compiling the first rounds once per host instead, in a
+precompile process beside the GPU processes, measured slower on 2 H200s with 32 CPUs: 68.3 s on
+one GPU and 51.9 s on two, against 59.1 s and 45.6 s with each process compiling for itself:
+the precompile took 17.4 s for 50 configs (its 31 compile processes starting, by our reading),
+and the GPU processes still started their own pools for the later rounds
+(bench/results/h200x2_spread2_*).
 
 Where the seconds went: the merged result's `timeline` is {GPU index: ProcessTimeline} of the
 processes that reported one (set-up counted from this process launching it).
@@ -76,8 +74,6 @@ NVLS_OFF = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 STDERR_TAIL_LINES = 5
-# Compile processes on a host in all, shared out over its GPU processes (host_compile_workers).
-HOST_COMPILE_WORKERS = 16
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -120,18 +116,18 @@ def expected_cost(M: int) -> float:
 
 
 def host_compile_workers(processes: int) -> int:
-    """Compile processes per GPU process when `processes` GPU processes tune on one host.
+    """Compile processes per GPU process when `processes` GPU processes tune on one host: the
+    host's CPUs shared out, one per GPU process left free for timing, at most as many as one
+    process alone gets (tuning.tuner's default).
 
-    HOST_COMPILE_WORKERS in all (as many as one process alone gets), shared out, at least 2
-    each, and one CPU per GPU process left free for timing. Not CPUs / processes: every compile
-    process imports torch and opens a CUDA context at the start, and 4 GPU processes with 15 each
-    spent 25 s setting up on a 64-CPU host, against 8 s for one process with 16
-    (bench/results/h200x4_spread_*); the compile shards (tuning.tuner.compile_order) keep the
-    host's compile work from growing with the processes.
+    Compiling is CPU work: the compile processes fork from a server that imported torch and
+    open no CUDA context (tuning.compile_only), so a host's CPUs can all compile. When each
+    imported torch and opened a CUDA context, 4 GPU processes with 15 each spent 25 s setting
+    up against 8 s for one with 16 (bench/results/h200x4_spread_*), and the host got 16 in all.
     """
     processes = max(processes, 1)
     per_cpu = (os.cpu_count() or 2) // processes - 1
-    return max(1, min(_default_workers(), per_cpu, max(2, HOST_COMPILE_WORKERS // processes)))
+    return max(1, min(_default_workers(), per_cpu))
 
 
 def share_batch_sizes(batch_sizes: Iterable[int], gpu_count: int) -> list[list[int]]:

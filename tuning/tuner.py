@@ -6,11 +6,12 @@ runs one process per GPU on a share of the batch sizes and merges their logs wit
 `merge_results` (by hand: `--merge LOG ...`). The CLI resumes from its log: finished batch sizes
 are skipped.
 
-Compiles run in a pool of processes ahead of timing. The pool's processes start first thing
-when the Tuner is built, so that their start-up (fork from a server process that imported torch,
-CUDA context) overlaps this process's imports and weights instead of the first compile; the
-GPU's ceilings are measured once they have all started, or read from this GPU's cache
-(tuning.timing.cached_ceilings). Each chunk of batch sizes first compiles `round_one_configs`
+Compiles run in a pool of processes ahead of timing, which compile for this GPU without
+touching it (tuning.compile_only). The pool's processes start first thing when the Tuner is
+built, forked from a server process that imports torch meanwhile, so that their start-up
+overlaps this process's imports and weights instead of the first compile. The GPU's ceilings
+are measured once, or read from this GPU's cache (tuning.timing.cached_ceilings). Each chunk of
+batch sizes first compiles `round_one_configs`
 (the first round of its searches and the default configs) in one batch.
 """
 
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from tuning.compile_only import GpuTarget
 from tuning.config_files import (
     TUNED_BATCH_SIZES,
     config_file_name,
@@ -243,12 +245,11 @@ class DeviceMeasurements:
     """The GPU side of a tune: weights, measured ceilings, compile workers, layer timers.
 
     compile_workers processes compile candidate kernels in parallel ahead of timing (0: compile
-    in this process as each is first timed). They start first, before the weights, and the
-    ceilings are measured when first asked for, once the workers have all started: each opens a
-    CUDA context on this GPU meanwhile, which would lower them; a measurement of this GPU cached
-    within CEILINGS_MAX_AGE_S is read instead (tuning.timing.cached_ceilings). compile_shard
-    (i, n): this is process i of n tuning on one host (tuning.spread); see compile_order.
-    seconds: where the set-up's and the ceilings' seconds went (ProcessTimeline's parts).
+    in this process as each is first timed); they start first, before the weights. The ceilings
+    are measured when first asked for, or read where this GPU's were measured within
+    CEILINGS_MAX_AGE_S (tuning.timing.cached_ceilings). compile_shard (i, n): this is process i
+    of n tuning on one host (tuning.spread); see compile_order. seconds: where the set-up's and
+    the ceilings' seconds went (ProcessTimeline's parts).
     """
 
     def __init__(
@@ -262,9 +263,7 @@ class DeviceMeasurements:
     ):
         workers = _default_workers() if compile_workers is None else compile_workers
         # before importing torch: the workers' start-up overlaps this process's set-up
-        self._pool = (
-            _CompilePool(shape, device_index, workers, shard=compile_shard) if workers > 0 else None
-        )
+        self._pool = _CompilePool(shape, workers, shard=compile_shard) if workers > 0 else None
         self.shape = shape
         self.device_index = device_index
         self.seconds: dict[str, float] = {}
@@ -274,11 +273,13 @@ class DeviceMeasurements:
             import triton
 
             from tuning import timing
+            from tuning.compile_only import gpu_target
 
             imported = time.monotonic()
             torch.cuda.set_device(device_index)
             self.device_name = torch.cuda.get_device_name(device_index)
             self.triton_version = triton.__version__
+            self.target = gpu_target()
             context = time.monotonic()
             self.weights = timing.make_weights(shape)
             torch.cuda.synchronize()
@@ -295,13 +296,11 @@ class DeviceMeasurements:
     @property
     def ceilings(self) -> dict:
         """The measured bandwidth_tbps, bf16_tflops and fp8_tflops (on first use: from this GPU's
-        cache, else measured once the compile workers have started)."""
+        cache, else measured)."""
         if self._ceilings is None:
             from tuning import timing
 
             def measure():
-                # the workers' CUDA contexts would lower the figures: wait for them first
-                self.wait_for_compile_workers()
                 started = time.monotonic()
                 measured = timing.measure_ceilings()
                 self.seconds["ceilings_s"] = time.monotonic() - started
@@ -320,7 +319,7 @@ class DeviceMeasurements:
         """Compile configs ahead of timing; per config None or why it failed."""
         if self._pool is None:
             return [None] * len(configs)
-        return self._pool.compile(configs)
+        return self._pool.compile(configs, self.target)
 
     def timer(self, M: int):
         """A tuning.timing.LayerTimer at batch size M (time_config(config, replays) -> µs)."""
@@ -623,17 +622,17 @@ def _finish_down(batch: BatchResult, search: DownProjectionSearch) -> None:
 class _CompilePool:
     """Worker processes that compile candidates into Triton's on-disk cache, in parallel.
 
-    They start at once, not at the first compile, and set up while the caller goes on.
-    set_up(shape_data, device_index): a worker's set-up (default: torch import, CUDA context and
-    small weights on the GPU; the tests give one that needs no GPU).
+    They start at once, not at the first compile, and set up while the caller goes on; they
+    compile for the GPU compile() names without a CUDA context (tuning.compile_only).
+    set_up(shape_data): a worker's set-up (default: small CPU tensors of shape's layer; the
+    tests give others).
     """
 
     def __init__(
         self,
         shape: KernelShape,
-        device_index: int,
         workers: int,
-        set_up: Callable[[dict, int], None] | None = None,
+        set_up: Callable[[dict], None] | None = None,
         *,
         shard: tuple[int, int] = (0, 1),
     ):
@@ -642,14 +641,16 @@ class _CompilePool:
         # forkserver: one server process imports torch and the kernel, and the workers are
         # forked from it instead of each importing torch again (with spawn, a host's set-up grew
         # with its compile processes: bench/results/h200x4_spread_*). Not plain fork: the caller
-        # may run threads (a worker's telemetry sampler) or hold a CUDA context. The server
-        # stays up for this process's later pools.
+        # may run threads (a worker's telemetry sampler) or hold a CUDA context, which a forked
+        # child cannot use. The server stays up for this process's later pools.
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(COMPILE_WORKER_PRELOAD)
         # a start-up task waits here until every worker holds one: one task per worker, so
         # that all have started when all these tasks are done
         started = context.Barrier(workers)
-        initargs = (set_up or _set_up_compile_worker, shape.as_dict(), device_index, started)
+        # the workers compile into the cache this process reads now, whatever the server's was
+        cache = os.environ.get("TRITON_CACHE_DIR")
+        initargs = (set_up or _set_up_compile_worker, shape.as_dict(), cache, started)
         self._created_at = time.time()
         self._start_s: float | None = None
         self._shard = shard
@@ -697,8 +698,8 @@ class _CompilePool:
             self._start_s = ready_at - self._created_at
         return self._start_s
 
-    def compile(self, configs: list[dict]) -> list[str | None]:
-        """Per config None, or why it failed to compile or launch."""
+    def compile(self, configs: list[dict], target: GpuTarget) -> list[str | None]:
+        """Per config None, or why it failed to compile for target."""
         from concurrent.futures import TimeoutError as FutureTimeout
         from concurrent.futures.process import BrokenProcessPool
 
@@ -707,7 +708,9 @@ class _CompilePool:
         if self._executor is None:
             return [None] * len(configs)
         try:
-            futures = {i: self._executor.submit(_compile_in_worker, configs[i]) for i in order}
+            futures = {
+                i: self._executor.submit(_compile_in_worker, configs[i], target) for i in order
+            }
         except BrokenProcessPool:
             # the workers died earlier (in their set-up, say): the timing process compiles all
             return [None] * len(configs)
@@ -761,9 +764,13 @@ _WORKER: dict = {}
 
 
 def _start_compile_worker(
-    set_up: Callable[[dict, int], None], shape_data: dict, device_index: int, started
+    set_up: Callable[[dict], None], shape_data: dict, cache: str | None, started
 ) -> None:
-    set_up(shape_data, device_index)
+    if cache is None:
+        os.environ.pop("TRITON_CACHE_DIR", None)
+    else:
+        os.environ["TRITON_CACHE_DIR"] = cache
+    set_up(shape_data)
     _WORKER["started"] = started
 
 
@@ -773,18 +780,17 @@ def _compile_worker_started() -> float:
     return time.time()
 
 
-def _set_up_compile_worker(shape_data: dict, device_index: int) -> None:
+def _set_up_compile_worker(shape_data: dict) -> None:
     import torch
 
     from tuning import timing
 
-    torch.cuda.set_device(device_index)
     shape = KernelShape.from_dict(shape_data)
     # the kernels specialise on strides, which do not depend on E: top_k experts will do
     small = replace(shape, E=shape.top_k)
-    weights = timing.make_weights(small)
-    topk_weights, topk_ids = timing.random_routing(1, 16, small.E, small.top_k)
-    x = torch.randn((16, shape.H), device="cuda", dtype=timing.activation_dtype(shape))
+    weights = timing.make_weights(small, device="cpu")
+    topk_weights, topk_ids = timing.random_routing(1, 16, small.E, small.top_k, device="cpu")
+    x = torch.randn((16, shape.H), dtype=timing.activation_dtype(shape))
     _WORKER.update(
         shape=small,
         weights=weights,
@@ -795,12 +801,17 @@ def _set_up_compile_worker(shape_data: dict, device_index: int) -> None:
     )
 
 
-def _compile_in_worker(config: dict) -> str | None:
-    import torch
+def _compile_in_worker(config: dict, target: GpuTarget) -> str | None:
+    """Compile the layer's kernels with config for target; None, or why they failed."""
+    from triton.runtime import driver
 
+    from tuning.compile_only import compile_only_driver
     from tuning.fused_moe import fused_moe
 
     w = _WORKER
+    if w.get("target") != target:
+        driver.set_active(compile_only_driver(target))
+        w["target"] = target
     try:
         fused_moe(
             w["x"],
@@ -812,7 +823,6 @@ def _compile_in_worker(config: dict) -> str | None:
             out=w["out"],
             **w["weights"].layer_kwargs(w["shape"]),
         )
-        torch.cuda.synchronize()
     except Exception as exc:
         return _one_line(exc)
     return None
@@ -824,7 +834,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _default_workers() -> int:
-    return max(1, min(16, (os.cpu_count() or 2) - 1))
+    # a tune's round compiles some 30 to 60 kernels at once; more processes would mostly wait
+    return max(1, min(32, (os.cpu_count() or 2) - 1))
 
 
 def _load_log(path: str | Path | None) -> TuneResult | None:
