@@ -62,8 +62,9 @@ class MoEWeights:
 
 
 def make_weights(shape: KernelShape, device: torch.device | str = "cuda", seed: int = 0):
-    """w1 [E, 2N, H], w2 [E, H, N] ~ N(0, 1/fan_in), in bf16 or fp8 with their scales."""
-    generator = torch.Generator(device=device).manual_seed(seed)
+    """w1 [E, 2N, H], w2 [E, H, N] ~ N(0, 1/fan_in), in bf16 or fp8 with their scales (on
+    device "meta": their shapes and dtypes alone)."""
+    generator = _generator(device, seed)
     weights = []
     for rows, cols in ((2 * shape.N, shape.H), (shape.H, shape.N)):
         w = torch.randn(
@@ -87,6 +88,13 @@ def make_weights(shape: KernelShape, device: torch.device | str = "cuda", seed: 
     return MoEWeights(w1, w2, s1, s2)
 
 
+def _generator(device: torch.device | str, seed: int) -> torch.Generator | None:
+    # meta tensors hold no values to draw
+    if torch.device(device).type == "meta":
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def activation_dtype(shape: KernelShape) -> torch.dtype:
     """dtype of x and out: the GEMM dtype, except bf16 around fp8 GEMMs."""
     return {"fp16": torch.float16, "fp32": torch.float32}.get(shape.dtype, torch.bfloat16)
@@ -99,7 +107,7 @@ def random_routing(
 
     Softmax over E random logits, top-k; every token picks top_k distinct experts.
     """
-    generator = torch.Generator(device=device).manual_seed(seed)
+    generator = _generator(device, seed)
     logits = torch.randn((sets, M, E), generator=generator, device=device)
     weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
     return weights.contiguous(), ids.to(torch.int32).contiguous()

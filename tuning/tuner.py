@@ -624,8 +624,8 @@ class _CompilePool:
 
     They start at once, not at the first compile, and set up while the caller goes on; they
     compile for the GPU compile() names without a CUDA context (tuning.compile_only).
-    set_up(shape_data): a worker's set-up (default: small CPU tensors of shape's layer; the
-    tests give others).
+    set_up(shape_data): a worker's set-up (default: meta tensors of shape's layer; the tests
+    give others).
     """
 
     def __init__(
@@ -786,11 +786,12 @@ def _set_up_compile_worker(shape_data: dict) -> None:
     from tuning import timing
 
     shape = KernelShape.from_dict(shape_data)
-    # the kernels specialise on strides, which do not depend on E: top_k experts will do
+    # the kernels specialise on strides, which do not depend on E: top_k experts will do;
+    # meta tensors: a compile needs shapes, dtypes and alignment (a meta tensor's address is 0)
     small = replace(shape, E=shape.top_k)
-    weights = timing.make_weights(small, device="cpu")
-    topk_weights, topk_ids = timing.random_routing(1, 16, small.E, small.top_k, device="cpu")
-    x = torch.randn((16, shape.H), dtype=timing.activation_dtype(shape))
+    weights = timing.make_weights(small, device="meta")
+    topk_weights, topk_ids = timing.random_routing(1, 16, small.E, small.top_k, device="meta")
+    x = torch.empty((16, shape.H), dtype=timing.activation_dtype(shape), device="meta")
     _WORKER.update(
         shape=small,
         weights=weights,
