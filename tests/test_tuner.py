@@ -622,3 +622,23 @@ def test_each_process_of_a_host_compiles_its_own_share_of_the_keys_first():
             * configs[j]["BLOCK_SIZE_K"]
         ),
     )
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        KernelShape(E=4, N=64, H=256, top_k=2),
+        KernelShape(E=4, N=64, H=256, top_k=2, dtype="fp8_w8a8"),
+        KernelShape(E=4, N=64, H=200, top_k=2, dtype="fp8_w8a8", block_shape=(128, 128)),
+    ],
+    ids=["bf16", "fp8", "fp8-block"],
+)
+def test_unset_weights_are_the_weights_compiling_sees(shape):
+    from tuning import timing
+
+    made, unset = timing.make_weights(shape, device="cpu"), timing.unset_weights(shape)
+
+    for a, b in zip(vars(made).values(), vars(unset).values(), strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert (a.shape, a.dtype, a.stride()) == (b.shape, b.dtype, b.stride())

@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +86,19 @@ def make_weights(shape: KernelShape, device: torch.device | str = "cuda", seed: 
         quantized.append((torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])))
     (w1, s1), (w2, s2) = quantized
     return MoEWeights(w1, w2, s1, s2)
+
+
+def unset_weights(shape: KernelShape, device: torch.device | str = "cpu") -> MoEWeights:
+    """Weights and scales of make_weights's shapes, dtypes and strides, values left unset: what
+    compiling the layer's kernels needs, at no cost (one expert's are made to learn them)."""
+    one = make_weights(replace(shape, E=1), device=device)
+
+    def unset(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        return torch.empty((shape.E, *t.shape[1:]), dtype=t.dtype, device=device)
+
+    return MoEWeights(unset(one.w1), unset(one.w2), unset(one.w1_scale), unset(one.w2_scale))
 
 
 def _generator(device: torch.device | str, seed: int) -> torch.Generator | None:

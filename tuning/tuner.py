@@ -624,8 +624,8 @@ class _CompilePool:
 
     They start at once, not at the first compile, and set up while the caller goes on; they
     compile for the GPU compile() names without a CUDA context (tuning.compile_only).
-    set_up(shape_data): a worker's set-up (default: meta tensors of shape's layer; the tests
-    give others).
+    set_up(shape_data): a worker's set-up (default: CPU tensors of shape's layer, values unset;
+    the tests give others).
     """
 
     def __init__(
@@ -786,12 +786,14 @@ def _set_up_compile_worker(shape_data: dict) -> None:
     from tuning import timing
 
     shape = KernelShape.from_dict(shape_data)
+    # a compile process's torch work is small: threads would only contend with the others'
+    torch.set_num_threads(1)
     # the kernels specialise on strides, which do not depend on E: top_k experts will do;
-    # meta tensors: a compile needs shapes, dtypes and alignment (a meta tensor's address is 0)
+    # compiling needs shapes, dtypes and alignment, not values
     small = replace(shape, E=shape.top_k)
-    weights = timing.make_weights(small, device="meta")
-    topk_weights, topk_ids = timing.random_routing(1, 16, small.E, small.top_k, device="meta")
-    x = torch.empty((16, shape.H), dtype=timing.activation_dtype(shape), device="meta")
+    weights = timing.unset_weights(small)
+    topk_weights, topk_ids = timing.random_routing(1, 16, small.E, small.top_k, device="cpu")
+    x = torch.empty((16, shape.H), dtype=timing.activation_dtype(shape))
     _WORKER.update(
         shape=small,
         weights=weights,
