@@ -283,7 +283,17 @@ def test_the_cli_reports_a_failed_gpu(tmp_path, monkeypatch, capsys):
     assert "run again to tune only the missing ones" in err
 
 
-def test_the_worker_task_spreads_over_its_gpus(tune_client, tmp_path, records):
+@pytest.mark.parametrize(
+    ("gpu_indices", "processes"),
+    [
+        ([2, 3], [("2", [4096]), ("3", [1, 64, 1024])]),
+        # one GPU too: a process of its own, which may start compile processes
+        ([1], [("1", [1, 64, 1024, 4096])]),
+    ],
+)
+def test_the_worker_task_tunes_in_a_process_per_gpu(
+    tune_client, tmp_path, records, gpu_indices, processes
+):
     from moeops.kernels import services as kernel_services
     from workers import kernel_tune
 
@@ -300,12 +310,12 @@ def test_the_worker_task_spreads_over_its_gpus(tune_client, tmp_path, records):
         hidden_size=6144,
         topk=8,
         batch_sizes=[1, 64, 1024, 4096],
-        gpu_indices=[2, 3],
+        gpu_indices=gpu_indices,
         spread=fake_spread_tune,
     )
 
     assert outcome == "succeeded"
-    assert [(r["visible"], r["timed"]) for r in records()] == [("2", [4096]), ("3", [1, 64, 1024])]
+    assert [(r["visible"], r["timed"]) for r in records()] == processes
     tuning_run.refresh_from_db()
     assert tuning_run.status == "succeeded"
     assert sorted(t.batch_size for t in tuning_run.timings.all()) == [1, 64, 1024, 4096]

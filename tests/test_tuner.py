@@ -591,6 +591,28 @@ def test_compile_workers_compile_for_the_gpu_with_no_gpu_here(tmp_path, monkeypa
     assert targets == {90}
 
 
+def compile_in_a_pool(results) -> None:
+    pool = _CompilePool(SHAPE, 2)
+    try:
+        results.put(pool.compile([ENTRY], H200))
+    finally:
+        pool.close()
+
+
+def test_a_daemonic_process_compiles_without_a_pool():
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    # as a Celery worker's process is
+    process = context.Process(target=compile_in_a_pool, args=(results,), daemon=True)
+    process.start()
+    process.join(60)
+
+    assert process.exitcode == 0
+    assert results.get(timeout=5) == [None]
+
+
 def test_a_compile_pool_whose_workers_cannot_start_leaves_the_compiles_to_the_timer():
     pool = _CompilePool(SHAPE, 2, set_up=set_up_that_fails)
     try:

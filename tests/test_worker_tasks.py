@@ -30,13 +30,14 @@ ENTRY = {
 
 
 class FakeTuner:
-    """tuning.tuner.tune's signature, with made-up timings of a tune that never ran on a GPU."""
+    """tuning.spread.spread_tune's signature, with made-up timings of a tune that never ran on
+    a GPU."""
 
     def __init__(self):
         self.calls = []
 
-    def __call__(self, shape, batch_sizes, *, device_index, progress_callback, resume_path):
-        self.calls.append((shape, list(batch_sizes), device_index, resume_path))
+    def __call__(self, shape, batch_sizes, gpu_indices, *, progress_callback, log_dir):
+        self.calls.append((shape, list(batch_sizes), list(gpu_indices), log_dir))
         for done, m in enumerate(batch_sizes, 1):
             progress_callback(done, len(batch_sizes), f"M={m}")
         batches = {
@@ -80,14 +81,14 @@ def test_a_tune_stores_its_config_timings_and_result(tune_client, tmp_path):
         topk=8,
         batch_sizes=[1, 64, 1024],
         gpu_indices=[3],
-        tune=tuner,
+        spread=tuner,
     )
 
     assert outcome == "succeeded"
-    ((shape, sizes, device, resume_path),) = tuner.calls
+    ((shape, sizes, gpus, log_dir),) = tuner.calls
     assert shape == KernelShape(E=256, N=256, H=6144, top_k=8, dtype="bf16")
-    assert (sizes, device) == ([1, 64, 1024], 3)
-    assert resume_path == tmp_path / "tune" / f"{tuning_run.uuid}.json"
+    assert (sizes, gpus) == ([1, 64, 1024], [3])
+    assert log_dir == tmp_path / "tune" / str(tuning_run.uuid)
     tuning_run.refresh_from_db()
     assert tuning_run.status == "succeeded"
     assert tuning_run.wall_s == 12.5
@@ -132,15 +133,6 @@ def test_one_sampler_records_every_gpu_of_the_tune(tune_client, monkeypatch, gpu
         time.sleep(0.5)
         return tuner(*args, **kwargs)
 
-    def spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_dir):
-        return slow(
-            shape,
-            batch_sizes,
-            device_index=gpu_indices[0],
-            progress_callback=progress_callback,
-            resume_path=log_dir / "log.json",
-        )
-
     outcome = kernel_tune.tune_kernel(
         str(tuning_run.uuid),
         client=client,
@@ -150,8 +142,7 @@ def test_one_sampler_records_every_gpu_of_the_tune(tune_client, monkeypatch, gpu
         topk=8,
         batch_sizes=[1, 1024],
         gpu_indices=gpu_indices,
-        tune=slow,
-        spread=spread,
+        spread=slow,
         nvml=nvml,
         telemetry_hz=10,
     )
@@ -210,7 +201,7 @@ def test_a_tune_whose_sampler_cannot_start_says_why(tune_client, monkeypatch, ca
         hidden_size=128,
         topk=2,
         batch_sizes=[1, 1024],
-        tune=FakeTuner(),
+        spread=FakeTuner(),
         nvml=fake(monkeypatch),
     )
 
@@ -228,7 +219,7 @@ def test_a_finished_tune_delivered_again_does_nothing(tune_client):
     tuner = FakeTuner()
 
     outcome = kernel_tune.tune_kernel(
-        str(tuning_run.uuid), client=client, E=8, N=64, hidden_size=128, topk=2, tune=tuner
+        str(tuning_run.uuid), client=client, E=8, N=64, hidden_size=128, topk=2, spread=tuner
     )
 
     assert outcome == "succeeded"
@@ -246,7 +237,7 @@ def test_a_tune_that_raises_fails_its_run_with_the_reason(tune_client, monkeypat
 
     with pytest.raises(RuntimeError):
         kernel_tune.tune_kernel(
-            str(tuning_run.uuid), client=client, E=8, N=64, hidden_size=128, topk=2, tune=broken
+            str(tuning_run.uuid), client=client, E=8, N=64, hidden_size=128, topk=2, spread=broken
         )
     tuning_run = TuningRun.objects.get(pk=tuning_run.pk)
     assert tuning_run.status == "failed"

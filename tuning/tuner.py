@@ -705,7 +705,9 @@ class _CompilePool:
 
         order = compile_order(configs, self._shard)
         self._starter.join()
-        if self._executor is None:
+        if not self._started:
+            # no worker could start (a daemonic process may have no children, say): the timing
+            # process compiles each at its first launch
             return [None] * len(configs)
         try:
             futures = {

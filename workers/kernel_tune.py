@@ -1,8 +1,8 @@
 """A fused-MoE kernel tune as a GPU-host worker runs it, over the REST API; no Celery needed.
 
 `tune_kernel(tuning_run_uuid, client=..., E=, N=, hidden_size=, topk=, ...)` claims the tuning
-run, tunes with tuning.tuner on the host's GPU or with tuning.spread over several (resuming
-from local logs when the task is delivered again) while one NVML sampler records every GPU of the
+run, tunes with tuning.spread, one process per GPU of the tune, also for one (resuming from
+local logs when the task is delivered again), while one NVML sampler records every GPU of the
 tune and pushes the samples in batches, reports progress, and pushes the tuned config
 (the API serves it under the engines' exact file names), the per-batch-size timings (tuned,
 default and floor µs) and the final status. Where GEMM 2 got configs of its own, SGLang's
@@ -28,18 +28,6 @@ SAMPLES_INTERVAL_S = 5.0
 def _log_dir():
     # tuning logs survive a worker restart, so that a re-delivered tune resumes
     return Path(os.getenv("MOEOPS_TUNE_DIR") or Path.home() / ".cache/moeops/tuning")
-
-
-def _default_tune(shape, batch_sizes, *, device_index, progress_callback, resume_path):
-    from tuning.tuner import tune
-
-    return tune(
-        shape,
-        batch_sizes,
-        device_index=device_index,
-        progress_callback=progress_callback,
-        resume_path=resume_path,
-    )
 
 
 def _default_spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_dir):
@@ -100,18 +88,19 @@ def tune_kernel(
     batch_sizes=None,
     gpu_indices=None,
     device_name="",
-    tune=_default_tune,
     spread=_default_spread,
     nvml=None,
     telemetry_hz=1.0,
 ):
     """Tune one shape (E experts per rank, N per-shard intermediate, hidden_size, topk) on
-    gpu_indices (CUDA indices; default [0]), spread over them when there are several; returns
-    the tuning run's final status.
+    gpu_indices (CUDA indices; default [0]), one process per GPU; returns the tuning run's final
+    status.
 
-    tune, spread: tuning.tuner.tune's and tuning.spread.spread_tune's signatures (tests pass
-    fakes). device_name is what the web tier expected; the tuner reads the real one from the
-    GPU and that one names the file. One NVML sampler (telemetry_hz samples/s per GPU; nvml: a
+    spread: tuning.spread.spread_tune's signature (tests pass fakes). Also one GPU tunes in a
+    process of its own: a Celery worker's process is daemonic and may not start the tune's
+    compile processes, and the tune's CUDA context and memory leave with its process.
+    device_name is what the web tier expected; the tuner reads the real one from the GPU and
+    that one names the file. One NVML sampler (telemetry_hz samples/s per GPU; nvml: a
     pynvml stand-in for tests) watches gpu_indices as NVML numbers them, which is the numbering
     tuning.spread pins its processes by (PCI bus order).
     """
@@ -155,22 +144,13 @@ def tune_kernel(
     )
     try:
         with telemetry:
-            if len(gpu_indices) > 1:
-                result = spread(
-                    shape,
-                    batch_sizes or TUNED_BATCH_SIZES,
-                    gpu_indices,
-                    progress_callback=progress,
-                    log_dir=log_dir / tuning_run_uuid,
-                )
-            else:
-                result = tune(
-                    shape,
-                    batch_sizes or TUNED_BATCH_SIZES,
-                    device_index=gpu_indices[0],
-                    progress_callback=progress,
-                    resume_path=log_dir / f"{tuning_run_uuid}.json",
-                )
+            result = spread(
+                shape,
+                batch_sizes or TUNED_BATCH_SIZES,
+                gpu_indices,
+                progress_callback=progress,
+                log_dir=log_dir / tuning_run_uuid,
+            )
         if device_name and device_name != result.device_name:
             log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)
         config = _store_config(client, tuning_run_uuid, shape, result, result.entries())
