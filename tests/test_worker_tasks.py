@@ -192,6 +192,13 @@ def test_a_tune_whose_sampler_cannot_start_says_why(tune_client, monkeypatch, ca
     host, client = tune_client
     tuning_run, _ = kernel_services.tuning_run_create(host=host, E=8, N=64, hidden_size=128, topk=2)
     fake, reason = NO_TELEMETRY[case]
+    during = []
+
+    def spread(*args, **kwargs):
+        # what the tune page shows while the tune runs
+        fields = ("telemetry_status", "telemetry_detail")
+        during.append(TuningRun.objects.values_list(*fields).get(pk=tuning_run.pk))
+        return FakeTuner()(*args, **kwargs)
 
     outcome = kernel_tune.tune_kernel(
         str(tuning_run.uuid),
@@ -201,11 +208,12 @@ def test_a_tune_whose_sampler_cannot_start_says_why(tune_client, monkeypatch, ca
         hidden_size=128,
         topk=2,
         batch_sizes=[1, 1024],
-        spread=FakeTuner(),
+        spread=spread,
         nvml=fake(monkeypatch),
     )
 
     assert outcome == "succeeded"
+    assert during == [("unavailable", reason)]
     tuning_run.refresh_from_db()
     assert (tuning_run.telemetry_status, tuning_run.telemetry_detail) == ("unavailable", reason)
     assert not tuning_run.telemetry.exists()

@@ -126,11 +126,7 @@ def tune_kernel(
             return
         last_report = time.monotonic()
         body = {"progress": {"done": done, "total": total, "message": message}}
-        try:
-            # progress is advisory: one attempt, never spooled
-            client.request("PATCH", f"/tuning-runs/{tuning_run_uuid}", body=body, retries=0)
-        except ApiError as exc:
-            log.warning("tuning run %s: progress push failed: %s", tuning_run_uuid, exc)
+        _push_advisory(client, tuning_run_uuid, body)
 
     log_dir = _log_dir()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -144,6 +140,9 @@ def tune_kernel(
     )
     try:
         with telemetry:
+            # said now, as a sweep says it: the tune page tells why its charts stay empty while
+            # the tune runs, not only once it has ended
+            _push_advisory(client, tuning_run_uuid, _telemetry_fields(telemetry))
             result = spread(
                 shape,
                 batch_sizes or TUNED_BATCH_SIZES,
@@ -175,6 +174,15 @@ def tune_kernel(
         **_telemetry_fields(telemetry),
     )
     return "succeeded"
+
+
+def _push_advisory(client, tuning_run_uuid, body):
+    """PATCH what the tune page shows while the tune runs (progress, telemetry status): one
+    attempt, never spooled, a failure logged; the final status push carries what matters."""
+    try:
+        client.request("PATCH", f"/tuning-runs/{tuning_run_uuid}", body=body, retries=0)
+    except ApiError as exc:
+        log.warning("tuning run %s: push failed: %s", tuning_run_uuid, exc)
 
 
 def _telemetry_fields(telemetry):
