@@ -17,7 +17,6 @@ moeops); a scratch database `moeops_bench_<pid>` is created next to it and dropp
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from workers.client import MoeopsClient  # noqa: E402
 from workers.latency_stats import percentile  # noqa: E402
+from workers.ports import free_port  # noqa: E402
 
 PYTHON = sys.executable
 GPUS = 8
@@ -46,12 +46,6 @@ GLM5_CONFIG = {
     "num_experts_per_tok": 8,
     "num_hidden_layers": 78,
 }
-
-
-def _free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _manage(env, *args):
@@ -96,7 +90,7 @@ class Server:
             # whitenoise warns about a missing collectstatic folder the API never uses
             "PYTHONWARNINGS": "ignore:No directory at",
         }
-        self.port = _free_port()
+        self.port = free_port()
         self.workers = workers
         self.process = None
 

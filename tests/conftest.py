@@ -32,13 +32,9 @@ def _answers(host, port):
 @pytest.fixture(scope="session")
 def free_port():
     """free_port() -> a TCP port on 127.0.0.1 that nothing listens on right now."""
+    from workers.ports import free_port
 
-    def pick():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    return pick
+    return free_port
 
 
 @pytest.fixture(scope="session")

