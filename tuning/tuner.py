@@ -11,8 +11,8 @@ touching it (tuning.compile_only). The pool's processes start first thing when t
 built, forked from a server process that imports torch meanwhile, so that their start-up
 overlaps this process's imports and weights instead of the first compile. The GPU's ceilings
 are measured once, or read from this GPU's cache (tuning.timing.cached_ceilings). Each chunk of
-batch sizes first compiles `round_one_configs`
-(the first round of its searches and the default configs) in one batch.
+batch sizes first compiles `round_one_configs` (the first round of its searches and the default
+configs) in one batch.
 """
 
 from __future__ import annotations
