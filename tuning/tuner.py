@@ -928,7 +928,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip the search for GEMM 2's own configs (SGLang's _down file)",
     )
     parser.add_argument(
-        "--compile-workers", type=int, help="parallel compile processes (default: CPUs − 1)"
+        "--compile-workers",
+        type=int,
+        help="parallel compile processes (default: CPUs − 1, at most 32; with --gpus, per GPU"
+        " process: the CPUs shared out)",
     )
     parser.add_argument(
         "--gpus",
