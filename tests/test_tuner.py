@@ -599,6 +599,38 @@ def compile_in_a_pool(results) -> None:
         pool.close()
 
 
+def test_a_pool_whose_every_compile_fails_alike_leaves_the_compiles_to_the_timer(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    # Triton's device properties without the shared-memory limit: every kernel's check fails
+    unknown = compile_only.GpuTarget(90, {})
+    pool = _CompilePool(KernelShape(E=64, N=128, H=512, top_k=4), 2)
+    try:
+        first = pool.compile([ENTRY, {**ENTRY, "num_warps": 8}], unknown)
+        later = pool.compile([ENTRY, TOO_BIG], H200)
+    finally:
+        pool.close()
+
+    assert first == later == [None, None]
+    assert "max_shared_mem" in pool.broken
+    assert "compiling here" in capsys.readouterr().err
+
+
+def test_configs_that_fail_each_their_own_way_are_failures(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    too_big = [TOO_BIG, {**TOO_BIG, "num_stages": 4}]
+    pool = _CompilePool(KernelShape(E=64, N=128, H=512, top_k=4), 2)
+    try:
+        errors = pool.compile(too_big, H200)
+    finally:
+        pool.close()
+
+    # the shared memory each needs differs: theirs, not the pool's
+    assert all("shared memory" in e for e in errors) and errors[0] != errors[1]
+    assert pool.broken is None
+
+
 def test_a_daemonic_process_compiles_without_a_pool():
     import multiprocessing
 

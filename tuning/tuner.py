@@ -656,6 +656,8 @@ class _CompilePool:
         self._shard = shard
         self._executor = None
         self._started: list = []
+        # why the workers cannot compile, once a batch has shown it (compile())
+        self.broken: str | None = None
         # Starting a worker waits for the server to have imported torch: a thread starts them,
         # so that this process imports torch meanwhile, not afterwards (4 s each on an H200 host)
         self._starter = threading.Thread(
@@ -705,9 +707,9 @@ class _CompilePool:
 
         order = compile_order(configs, self._shard)
         self._starter.join()
-        if not self._started:
-            # no worker could start (a daemonic process may have no children, say): the timing
-            # process compiles each at its first launch
+        if not self._started or self.broken:
+            # no worker could start (a daemonic process may have no children, say), or they
+            # cannot compile: the timing process compiles each at its first launch
             return [None] * len(configs)
         try:
             futures = {
@@ -725,6 +727,14 @@ class _CompilePool:
             except BrokenProcessPool:
                 # the timing process compiles whatever the workers could not
                 errors.append(None)
+        failed = {e for e in errors if e is not None}
+        if len(configs) > 1 and len(failed) == 1 and None not in errors:
+            # Every config failing alike is the compile processes' failure, not the configs'
+            # (a Triton whose driver API tuning.compile_only does not fit, say): the timing
+            # process compiles from now on and finds the configs' own failures itself.
+            self.broken = failed.pop()
+            print(f"compile processes failed ({self.broken}); compiling here", file=sys.stderr)
+            return [None] * len(configs)
         return errors
 
     def close(self) -> None:
