@@ -741,6 +741,9 @@ class _CompilePool:
         self._starter.join()
         if self._executor is not None:
             self._executor.shutdown(cancel_futures=True)
+        # let the start-up barrier's semaphores go now, not at exit (where the resource tracker
+        # warns of them as leaked)
+        self._executor, self._started = None, []
 
 
 def compile_order(configs: list[dict], shard: tuple[int, int] = (0, 1)) -> list[int]:
