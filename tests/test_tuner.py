@@ -448,7 +448,7 @@ def test_cached_ceilings_are_per_gpu_and_expire(tmp_path):
         key.replace("aaa", "bbb"), measure_once(calls, (4.1, 650.0, None)), folder=tmp_path
     )
     expired = timing.cached_ceilings(
-        key, measure_once(calls, (4.3, 700.0, None)), folder=tmp_path, max_age_s=0
+        key, measure_once(calls, (4.3, 700.0, None)), folder=tmp_path, max_age_s=-1
     )
 
     assert again == first == timing.DeviceCeilings(4.24, 689.0, None)
@@ -594,7 +594,7 @@ def test_compile_workers_compile_for_the_gpu_with_no_gpu_here(tmp_path, monkeypa
 def compile_in_a_pool(results) -> None:
     pool = _CompilePool(SHAPE, 2)
     try:
-        results.put(pool.compile([ENTRY], H200))
+        results.put(pool.compile([ENTRY, TOO_BIG], H200))
     finally:
         pool.close()
 
@@ -614,7 +614,30 @@ def test_a_pool_whose_every_compile_fails_alike_leaves_the_compiles_to_the_timer
 
     assert first == later == [None, None]
     assert "max_shared_mem" in pool.broken
-    assert "compiling here" in capsys.readouterr().err
+    assert "compiling in the tuning process" in capsys.readouterr().err
+
+
+def set_up_a_driver_that_does_not_fit(shape_data: dict) -> None:
+    """The default set-up, in a worker whose compile-only driver cannot be built (as on a
+    Triton whose driver API it does not fit)."""
+
+    def no_driver(target):
+        raise TypeError("Can't instantiate abstract class CompileOnlyDriver")
+
+    compile_only.compile_only_driver = no_driver
+    tuner._set_up_compile_worker(shape_data)
+
+
+def test_a_pool_that_cannot_build_its_driver_leaves_the_compiles_to_the_timer(tmp_path, capsys):
+    pool = _CompilePool(SHAPE, 2, set_up=set_up_a_driver_that_does_not_fit)
+    try:
+        errors = pool.compile([ENTRY, {**ENTRY, "num_warps": 8}], H200)
+    finally:
+        pool.close()
+
+    assert errors == [None, None]
+    assert "Can't instantiate" in pool.broken
+    assert "compiling in the tuning process" in capsys.readouterr().err
 
 
 def test_configs_that_fail_each_their_own_way_are_failures(tmp_path, monkeypatch):
@@ -642,7 +665,8 @@ def test_a_daemonic_process_compiles_without_a_pool():
     process.join(60)
 
     assert process.exitcode == 0
-    assert results.get(timeout=5) == [None]
+    # a working pool would have found TOO_BIG's shared memory
+    assert results.get(timeout=5) == [None, None]
 
 
 def test_a_compile_pool_whose_workers_cannot_start_leaves_the_compiles_to_the_timer():

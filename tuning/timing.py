@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tuning.cache_dir import cache_dir
 from tuning.fused_moe import FP8_DTYPE, fused_moe
 from tuning.reference import quantize_fp8_blocks, quantize_fp8_per_expert
 from tuning.search import KernelShape
@@ -62,9 +63,8 @@ class MoEWeights:
 
 
 def make_weights(shape: KernelShape, device: torch.device | str = "cuda", seed: int = 0):
-    """w1 [E, 2N, H], w2 [E, H, N] ~ N(0, 1/fan_in), in bf16 or fp8 with their scales (on
-    device "meta": their shapes and dtypes alone)."""
-    generator = _generator(device, seed)
+    """w1 [E, 2N, H], w2 [E, H, N] ~ N(0, 1/fan_in), in bf16 or fp8 with their scales."""
+    generator = torch.Generator(device=device).manual_seed(seed)
     weights = []
     for rows, cols in ((2 * shape.N, shape.H), (shape.H, shape.N)):
         w = torch.randn(
@@ -101,13 +101,6 @@ def unset_weights(shape: KernelShape, device: torch.device | str = "cpu") -> MoE
     return MoEWeights(unset(one.w1), unset(one.w2), unset(one.w1_scale), unset(one.w2_scale))
 
 
-def _generator(device: torch.device | str, seed: int) -> torch.Generator | None:
-    # meta tensors hold no values to draw
-    if torch.device(device).type == "meta":
-        return None
-    return torch.Generator(device=device).manual_seed(seed)
-
-
 def activation_dtype(shape: KernelShape) -> torch.dtype:
     """dtype of x and out: the GEMM dtype, except bf16 around fp8 GEMMs."""
     return {"fp16": torch.float16, "fp32": torch.float32}.get(shape.dtype, torch.bfloat16)
@@ -120,7 +113,7 @@ def random_routing(
 
     Softmax over E random logits, top-k; every token picks top_k distinct experts.
     """
-    generator = _generator(device, seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
     logits = torch.randn((sets, M, E), generator=generator, device=device)
     weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
     return weights.contiguous(), ids.to(torch.int32).contiguous()
@@ -291,11 +284,6 @@ def gpu_key(device_index: int = 0) -> str:
     props = torch.cuda.get_device_properties(device_index)
     uuid = getattr(props, "uuid", "")
     return f"{props.name} {uuid} torch {torch.__version__} cuda {torch.version.cuda}"
-
-
-def cache_dir() -> Path:
-    """moeops's cache on this host: $MOEOPS_CACHE_DIR, else ~/.cache/moeops."""
-    return Path(os.environ.get("MOEOPS_CACHE_DIR") or Path.home() / ".cache" / "moeops")
 
 
 def cached_ceilings(

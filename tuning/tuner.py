@@ -53,8 +53,9 @@ FINAL_REPLAYS = 20
 # Rounds of a DownProjectionSearch: tiles, warps and stages, group sizes, final.
 DOWN_ROUNDS = 4
 COMPILE_TIMEOUT_S = 300
-# What the compile pool's server process imports once, before forking the workers from it.
-COMPILE_WORKER_PRELOAD = ["torch", "triton", "tuning.timing"]
+# What the compile pool's server process imports once, before forking the workers from it (the
+# heavy imports; the server skips silently what it cannot import).
+COMPILE_WORKER_PRELOAD = ["torch", "triton"]
 
 
 @dataclass
@@ -91,7 +92,8 @@ class ProcessTimeline:
     the part of tune_s spent waiting on compiles. pool_start_s: from the compile processes'
     creation, first thing in the set-up, until all had started; it overlaps setup_s and, where
     longer, the start of tune_s. Parts of setup_s: import_s (torch, Triton, the kernel), cuda_s
-    (this process's CUDA context), weights_s; of tune_s: ceilings_s (measuring or reading them).
+    (this process's CUDA context), weights_s; of tune_s: ceilings_s (measuring them; 0 when read
+    from the cache).
     """
 
     setup_s: float = 0.0
@@ -438,7 +440,7 @@ class Tuner:
         result.wall_s = earlier_wall + time.monotonic() - started
         result.timeline = ProcessTimeline(
             setup_s=self.setup_s,
-            # by now they have started: the ceilings or the compiles waited for them
+            # by now they have started: the first compile waited for them
             pool_start_s=self.measurements.wait_for_compile_workers(),
             compile_s=self.compile_s - compile_before,
             tune_s=time.monotonic() - started,
@@ -638,11 +640,8 @@ class _CompilePool:
     ):
         import multiprocessing
 
-        # forkserver: one server process imports torch and the kernel, and the workers are
-        # forked from it instead of each importing torch again (with spawn, a host's set-up grew
-        # with its compile processes: bench/results/h200x4_spread_*). Not plain fork: the caller
-        # may run threads (a worker's telemetry sampler) or hold a CUDA context, which a forked
-        # child cannot use. The server stays up for this process's later pools.
+        # workers forked from one server that imported torch, not each importing it (spawn);
+        # not forked from here, which may hold threads or a CUDA context
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(COMPILE_WORKER_PRELOAD)
         # a start-up task waits here until every worker holds one: one task per worker, so
@@ -656,10 +655,10 @@ class _CompilePool:
         self._shard = shard
         self._executor = None
         self._started: list = []
-        # why the workers cannot compile, once a batch has shown it (compile())
+        # why the workers compile no more (_give_up), None while they do
         self.broken: str | None = None
-        # Starting a worker waits for the server to have imported torch: a thread starts them,
-        # so that this process imports torch meanwhile, not afterwards (4 s each on an H200 host)
+        # a thread starts them (each start waits for the server's imports): meanwhile this
+        # process imports torch itself
         self._starter = threading.Thread(
             target=self._start_workers, args=(context, workers, initargs), daemon=True
         )
@@ -677,9 +676,21 @@ class _CompilePool:
             )
             # the executor starts a process per task submitted while none is idle
             self._started = [self._executor.submit(_compile_worker_started) for _ in range(workers)]
-        except Exception:
-            # they could not start: compile() leaves the compiles to the timing process
+        except Exception as exc:
+            # a daemonic process may have no children, say: the timing process compiles
+            self._give_up(f"compile processes could not start ({_one_line(exc)})")
             self._started = []
+
+    def _give_up(self, reason: str) -> None:
+        """No more compiles in the workers (reason: why); the timing process compiles."""
+        self.broken = reason
+        print(f"{reason}; compiling in the tuning process", file=sys.stderr)
+
+    def _wait_for_starter(self) -> None:
+        if self.broken is None:
+            self._starter.join(COMPILE_TIMEOUT_S)
+            if self._starter.is_alive():
+                self._give_up(f"compile processes did not start within {COMPILE_TIMEOUT_S} s")
 
     def wait_started(self) -> float:
         """Wait until every worker has set up; seconds from this pool's creation until then
@@ -688,7 +699,7 @@ class _CompilePool:
         from concurrent.futures.process import BrokenProcessPool
 
         if self._start_s is None:
-            self._starter.join()
+            self._wait_for_starter()
             try:
                 ready_at = max(
                     (f.result(timeout=COMPILE_TIMEOUT_S) for f in self._started),
@@ -706,10 +717,9 @@ class _CompilePool:
         from concurrent.futures.process import BrokenProcessPool
 
         order = compile_order(configs, self._shard)
-        self._starter.join()
-        if not self._started or self.broken:
-            # no worker could start (a daemonic process may have no children, say), or they
-            # cannot compile: the timing process compiles each at its first launch
+        self._wait_for_starter()
+        if self.broken or not self._started:
+            # the timing process compiles each at its first launch
             return [None] * len(configs)
         try:
             futures = {
@@ -727,22 +737,20 @@ class _CompilePool:
             except BrokenProcessPool:
                 # the timing process compiles whatever the workers could not
                 errors.append(None)
+            except Exception as exc:
+                errors.append(_one_line(exc))
         failed = {e for e in errors if e is not None}
         if len(configs) > 1 and len(failed) == 1 and None not in errors:
-            # Every config failing alike is the compile processes' failure, not the configs'
-            # (a Triton whose driver API tuning.compile_only does not fit, say): the timing
-            # process compiles from now on and finds the configs' own failures itself.
-            self.broken = failed.pop()
-            print(f"compile processes failed ({self.broken}); compiling here", file=sys.stderr)
+            # every config failing alike is the workers' failure, not the configs'
+            self._give_up(f"compile processes failed ({failed.pop()})")
             return [None] * len(configs)
         return errors
 
     def close(self) -> None:
-        self._starter.join()
+        self._wait_for_starter()
         if self._executor is not None:
-            self._executor.shutdown(cancel_futures=True)
-        # let the start-up barrier's semaphores go now, not at exit (where the resource tracker
-        # warns of them as leaked)
+            self._executor.shutdown(wait=not self._starter.is_alive(), cancel_futures=True)
+        # the start-up barrier's semaphores go now, not at exit (which warns of them as leaked)
         self._executor, self._started = None, []
 
 
@@ -827,10 +835,10 @@ def _compile_in_worker(config: dict, target: GpuTarget) -> str | None:
     from tuning.fused_moe import fused_moe
 
     w = _WORKER
-    if w.get("target") != target:
-        driver.set_active(compile_only_driver(target))
-        w["target"] = target
     try:
+        if w.get("target") != target:
+            driver.set_active(compile_only_driver(target))
+            w["target"] = target
         fused_moe(
             w["x"],
             w["weights"].w1,

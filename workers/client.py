@@ -3,9 +3,9 @@
 Configured by MOEOPS_URL (e.g. http://127.0.0.1:8000) and MOEOPS_TOKEN (a host's token).
 Every request is retried with exponential backoff on connection errors, 5xx and 429. Pushes
 of results (runs, levels, telemetry, topology, kernel configs, tuning runs) that still cannot
-reach the web tier are written to a spool folder (MOEOPS_SPOOL_DIR, default
-~/.cache/moeops/spool) and replayed in order before the next push, or by `replay_spool()`;
-the API's idempotency keys (run UUIDs, level keys, batch ids) make a replay store once.
+reach the web tier are written to a spool folder (MOEOPS_SPOOL_DIR, default spool/ in
+tuning.cache_dir) and replayed in order before the next push, or by `replay_spool()`; the API's
+idempotency keys (run UUIDs, level keys, batch ids) make a replay store once.
 
     client = MoeopsClient()
     run = client.create_run("glm-5-sglang", label="sweep")
@@ -26,6 +26,8 @@ from email.message import Message
 from pathlib import Path
 
 import httpx
+
+from tuning.cache_dir import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +163,7 @@ class MoeopsClient:
         self.http = httpx.Client(
             base_url=f"{base_url}/api/v1", headers=headers, timeout=timeout_s, transport=transport
         )
-        folder = spool_dir or os.getenv("MOEOPS_SPOOL_DIR") or Path.home() / ".cache/moeops/spool"
+        folder = spool_dir or os.getenv("MOEOPS_SPOOL_DIR") or cache_dir() / "spool"
         self.spool = Spool(folder) if spool else None
         self.retries = retries
         self.backoff_s = backoff_s

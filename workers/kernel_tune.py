@@ -15,6 +15,7 @@ import os
 import time
 from pathlib import Path
 
+from tuning.cache_dir import cache_dir
 from workers.client import ApiError, Conflict, Unreachable
 from workers.telemetry import TelemetryPusher
 
@@ -27,7 +28,7 @@ SAMPLES_INTERVAL_S = 5.0
 
 def _log_dir():
     # tuning logs survive a worker restart, so that a re-delivered tune resumes
-    return Path(os.getenv("MOEOPS_TUNE_DIR") or Path.home() / ".cache/moeops/tuning")
+    return Path(os.getenv("MOEOPS_TUNE_DIR") or cache_dir() / "tuning")
 
 
 def _default_spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_dir):
