@@ -56,7 +56,16 @@ ALTERNATE_DOWN_CONFIG = {
     "num_warps": 8,
     "num_stages": 2,
 }
-BREAKDOWN_M = (1, 64, 1024, 4096)
+# GEMM 1 tiles of 2 × 128 outputs: with fp8 block scales its epilogue quantises the activation
+WIDE_CONFIG = {
+    "BLOCK_SIZE_M": 64,
+    "BLOCK_SIZE_N": 256,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 8,
+    "num_warps": 8,
+    "num_stages": 3,
+}
+BREAKDOWN_M = (1, 8, 64, 256, 1024, 4096)
 # Rough seconds a phase needs, to skip what cannot finish inside the budget.
 PHASE_COST_S = {"tune": 50, "exhaustive": 45, "correctness": 25, "baseline": 30}
 
@@ -130,6 +139,8 @@ def check_correctness(run: Run) -> None:
             configs = {"default": (None, None)}
             if shape_name == "glm5" and is_viable(ALTERNATE_CONFIG, shape):
                 configs["alternate"] = (ALTERNATE_CONFIG, ALTERNATE_DOWN_CONFIG)
+            if is_viable(WIDE_CONFIG, shape):
+                configs["wide"] = (WIDE_CONFIG, None)
             for M in CORRECTNESS_M:
                 torch.manual_seed(1000 + M)
                 x = torch.randn((M, shape.H), device="cuda", dtype=torch.bfloat16)
@@ -207,7 +218,7 @@ def tune_plan_item(run: Run, item: str, ceilings: dict):
     import torch
 
     from tuning.bench import BenchRow, format_table
-    from tuning.timing import LayerTimer, make_weights
+    from tuning.timing import DeviceCeilings, LayerTimer, layout_floor_us, make_weights
     from tuning.tuner import Tuner, write_config_files
 
     shape_name, dtype_name = item.split(":")
@@ -261,11 +272,19 @@ def tune_plan_item(run: Run, item: str, ceilings: dict):
                     b.config,
                     shared_config_us=b.shared_config_us,
                     down_config=b.down_config,
+                    layout_floor_us=round(layout_floor_us(shape, m, DeviceCeilings(**ceilings)), 2),
                 )
             )
         del bf16_weights
         torch.cuda.empty_cache()
-        record["table"] = [vars(r) | {"percent_of_floor": r.percent_of_floor} for r in rows]
+        record["table"] = [
+            vars(r)
+            | {
+                "percent_of_floor": r.percent_of_floor,
+                "percent_of_layout_floor": r.percent_of_layout_floor,
+            }
+            for r in rows
+        ]
         table = format_table(rows)
         summary = _summary(rows, result)
         record["summary"] = summary
@@ -350,7 +369,8 @@ def breakdown(run: Run, tuner, shape, result) -> list[dict]:
             f"M={r['M']}: layer {r['layer_us']:.0f} = align {r['sort_and_pad']:.0f} + gemm1"
             f" {r['gemm1']:.0f} ({r['gemm1_tbps']} TB/s, {r['gemm1_tflops']} TFLOP/s) + gemm2"
             f" {r['gemm2']:.0f} ({r['gemm2_tbps']} TB/s, {r['gemm2_tflops']} TFLOP/s) + rest"
-            f" {r['rest_us']:.0f}"
+            f" {r['rest_us']:.0f}; silu-and-mul in GEMM 1 {r['gemm1_fuses_activation']}:"
+            f" layer {r['fused_layer_us']:.1f} vs {r['unfused_layer_us']:.1f} without"
             for r in rows
         )
     )
@@ -369,6 +389,7 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
     down = batch.down_config or config
     scales = fm._scales_mode(shape.dtype, shape.block_shape)
     block_shape = list(shape.block_shape) if shape.block_shape else None
+    fused = fm.fuses_silu_and_mul(config, scales, block_shape)
     timer = LayerTimer(shape, weights, m)
     pairs = m * shape.top_k
     bm = config["BLOCK_SIZE_M"]
@@ -386,34 +407,17 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
 
     def gemm1(j):
         a, a_scale = a1[j]
-        fm._expert_gemm(
-            a,
-            weights.w1,
-            h[j],
-            blocks[j],
-            config,
-            scales,
-            block_shape,
-            a_scale,
-            w1s,
-            shape.top_k,
-            None,
-        )
+        args = (a, weights.w1, blocks[j], config, scales, block_shape, a_scale, w1s, shape.top_k)
+        if fused:
+            fm._gate_up_gemm(*args)
+        else:
+            fm._expert_gemm(*args, None, h[j])
 
     def gemm2(j):
         a, a_scale = a2[j]
+        weights_j = timer.topk_weights[j].reshape(-1)
         fm._expert_gemm(
-            a,
-            weights.w2,
-            y[j],
-            blocks[j],
-            down,
-            scales,
-            block_shape,
-            a_scale,
-            w2s,
-            1,
-            timer.topk_weights[j].reshape(-1),
+            a, weights.w2, blocks[j], down, scales, block_shape, a_scale, w2s, 1, weights_j, y[j]
         )
 
     def align(j):
@@ -424,13 +428,22 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
         "gemm1": timer.time_layer(gemm1, 20),
         "gemm2": timer.time_layer(gemm2, 20),
     }
+    # the same configs with and without silu-and-mul in GEMM 1, timed side by side
+    ab = {"fused_layer_us": timer.time_config(config, 20, down_config=down)}
+    fuses = fm.fuses_silu_and_mul
+    fm.fuses_silu_and_mul = lambda *args: False
+    try:
+        ab["unfused_layer_us"] = timer.time_config(config, 20, down_config=down)
+    finally:
+        fm.fuses_silu_and_mul = fuses
     w_bytes = routed_experts(shape, m) * shape.N * shape.H * shape.operand_bytes
     return {
         "M": m,
         "config": config,
         "down_config": down,
+        "gemm1_fuses_activation": fused,
         "layer_us": batch.tuned_us,
-        **{k: round(v, 2) for k, v in parts.items()},
+        **{k: round(v, 2) for k, v in {**parts, **ab}.items()},
         "rest_us": round(batch.tuned_us - sum(parts.values()), 2),
         "gemm1_tbps": round(2 * w_bytes / parts["gemm1"] / 1e6, 2),
         "gemm2_tbps": round(w_bytes / parts["gemm2"] / 1e6, 2),

@@ -300,12 +300,14 @@ def test_the_bench_table_shows_the_one_config_time_where_there_is_one():
         BenchRow(64, 490.0, 545.0, 490.0, 880.0, ENTRY),
         BenchRow(4096, 593.0, 1921.0, 900.0, 3866.0, ENTRY, shared_config_us=1000.0),
     ]
+    rows[1].layout_floor_us = 790.0
 
     lines = format_table(rows).splitlines()
 
-    assert "1-config µs" in lines[0]
+    assert "1-config µs" in lines[0] and lines[0].split()[-2:] == ["%", "layout"]
     assert lines[1].split()[4] == "n/a" and lines[2].split()[4] == "1000.0"
-    assert lines[2].split()[-1] == f"{100 * 593 / 900:.1f}"
+    assert lines[1].split()[-1] == "n/a"
+    assert lines[2].split()[-2:] == [f"{100 * 593 / 900:.1f}", f"{100 * 790 / 900:.1f}"]
 
 
 @pytest.mark.parametrize("shape", [SHAPE, FP8_BLOCK])
@@ -582,7 +584,9 @@ def test_compile_workers_compile_for_the_gpu_with_no_gpu_here(tmp_path, monkeypa
     # checked against the H200's shared memory, as a launch there would check it
     assert "shared memory" in errors[1] and "232448" in errors[1]
     binaries = {p.name for p in tmp_path.rglob("*.cubin")}
-    assert {"_expert_gemm_kernel.cubin", "_activation_kernel.cubin"} <= binaries
+    assert {"_expert_gemm_kernel.cubin", "_sum_topk_kernel.cubin"} <= binaries
+    # silu-and-mul runs in GEMM 1; a kernel of its own quantises x in fp8 only
+    assert ("_activation_kernel.cubin" in binaries) == (shape.dtype == "fp8_w8a8")
     # built for sm_90, the target named, not for whatever this machine is
     targets = {
         json.loads(p.read_text()).get("target", {}).get("arch")
@@ -720,3 +724,21 @@ def test_unset_weights_are_the_weights_compiling_sees(shape):
         assert (a is None) == (b is None)
         if a is not None:
             assert (a.shape, a.dtype, a.stride()) == (b.shape, b.dtype, b.stride())
+
+
+def test_the_floor_counts_the_routed_weights_and_the_layout_floor_the_intermediates_too():
+    from tuning import timing
+
+    glm = KernelShape(E=256, N=256, H=6144, top_k=8)
+    ceilings = timing.DeviceCeilings(4.0, 800.0, None)
+    # one token reaches 8 experts: their weights, x and out, the 8 router ids and weights
+    floor_bytes = 8 * 3 * 256 * 6144 * 2 + 2 * 6144 * 2 + 8 * 8
+    # the activation [8, 256] written and read, the 8 pairs' rows [8, 6144] written and read
+    layout_bytes = floor_bytes + 2 * 8 * 256 * 2 + 2 * 8 * 6144 * 2
+
+    assert timing.moe_floor_us(glm, 1, ceilings) == pytest.approx(floor_bytes / 4e6)
+    assert timing.layout_floor_us(glm, 1, ceilings) == pytest.approx(layout_bytes / 4e6)
+    # where the matrix rate bounds the layer, the layout's bytes do not move its floor
+    slow = timing.DeviceCeilings(1000.0, 1.0, None)
+    assert timing.layout_floor_us(glm, 64, slow) == timing.moe_floor_us(glm, 64, slow)
+    assert timing.moe_floor_us(glm, 64, slow) == pytest.approx(2 * 64 * 8 * 3 * 256 * 6144 / 1e6)

@@ -34,6 +34,7 @@ class BenchRow:
     tuned_config: dict | None = None
     shared_config_us: float | None = None
     down_config: dict | None = None
+    layout_floor_us: float | None = None
 
     @property
     def best_us(self) -> float | None:
@@ -44,6 +45,13 @@ class BenchRow:
     def percent_of_floor(self) -> float | None:
         """floor / kernel time, in %: 100 means at the floor."""
         return None if not self.best_us else 100.0 * self.floor_us / self.best_us
+
+    @property
+    def percent_of_layout_floor(self) -> float | None:
+        """layout floor / kernel time, in %: how near the kernel is to what its layout allows."""
+        if not self.best_us or self.layout_floor_us is None:
+            return None
+        return 100.0 * self.layout_floor_us / self.best_us
 
 
 def bench(
@@ -85,6 +93,7 @@ def bench(
         row = BenchRow(
             M=m,
             floor_us=round(timing.moe_floor_us(shape, m, device_ceilings), 2),
+            layout_floor_us=round(timing.layout_floor_us(shape, m, device_ceilings), 2),
             default_us=_time_or_none(timer.time_config, default, replays),
             tuned_us=None,
             grouped_mm_us=None,
@@ -109,10 +118,10 @@ def bench(
 
 def format_table(rows: list[BenchRow]) -> str:
     """A fixed-width table: M, floor, default, tuned, tuned with one config for both GEMMs,
-    _grouped_mm (µs), speed-ups, % of floor."""
+    _grouped_mm (µs), speed-ups, % of floor, % of the layout's floor (timing.layout_floor_us)."""
     header = (
         f"{'M':>5} {'floor µs':>9} {'default µs':>10} {'tuned µs':>9} {'1-config µs':>11}"
-        f" {'grouped_mm µs':>13} {'tuned/def':>9} {'gmm/tuned':>9} {'% floor':>7}"
+        f" {'grouped_mm µs':>13} {'tuned/def':>9} {'gmm/tuned':>9} {'% floor':>7} {'% layout':>8}"
     )
     lines = [header]
     for r in rows:
@@ -120,7 +129,7 @@ def format_table(rows: list[BenchRow]) -> str:
             f"{r.M:>5} {r.floor_us:>9.1f} {_num(r.default_us, 10)} {_num(r.tuned_us, 9)}"
             f" {_num(r.shared_config_us, 11)} {_num(r.grouped_mm_us, 13)}"
             f" {_ratio(r.default_us, r.tuned_us, 9)} {_ratio(r.grouped_mm_us, r.best_us, 9)}"
-            f" {_num(r.percent_of_floor, 7)}"
+            f" {_num(r.percent_of_floor, 7)} {_num(r.percent_of_layout_floor, 8)}"
         )
     return "\n".join(lines)
 

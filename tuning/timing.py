@@ -324,8 +324,30 @@ def moe_floor_us(shape: KernelShape, M: int, ceilings: DeviceCeilings) -> float:
     E·(1 − (1 − top_k/E)^M)) with their scales, x and out (bf16), router ids and weights.
     FLOPs: 2·M·top_k·(2N·H + H·N).
     """
+    return _floor_us(shape, M, ceilings, _floor_bytes(shape, M))
+
+
+def layout_floor_us(shape: KernelShape, M: int, ceilings: DeviceCeilings) -> float:
+    """The floor of the engines' kernel layout, in µs: moe_floor_us with the bytes that layout
+    moves through memory besides: the activation [M·top_k, N] GEMM 1 writes and GEMM 2 reads,
+    each pair's row [M·top_k, H] (bf16) GEMM 2 writes and the top-k sum reads (top_k > 1), and
+    in fp8 x's quantised copy. Where it is far above moe_floor_us, no config of this kernel
+    comes near the floor."""
+    pairs = M * shape.top_k
+    fp8 = shape.dtype == "fp8_w8a8"
+    act_row = shape.N * (1 if fp8 else 2)
+    x_copy = 0
+    if fp8:
+        groups = -(-shape.N // shape.block_shape[1]) if shape.block_shape else 0
+        act_row += 4 * groups
+        x_copy = 2 * M * shape.H
+    rows = 2 * pairs * shape.H * 2 if shape.top_k > 1 else 0
+    extra = 2 * pairs * act_row + rows + x_copy
+    return _floor_us(shape, M, ceilings, _floor_bytes(shape, M) + extra)
+
+
+def _floor_bytes(shape: KernelShape, M: int) -> float:
     N, H, k = shape.N, shape.H, shape.top_k
-    experts = routed_experts(shape, M)
     expert_bytes = 3 * N * H * shape.operand_bytes
     if shape.dtype == "fp8_w8a8" and shape.block_shape:
         bn, bk = shape.block_shape
@@ -333,8 +355,11 @@ def moe_floor_us(shape: KernelShape, M: int, ceilings: DeviceCeilings) -> float:
     elif shape.dtype == "fp8_w8a8":
         expert_bytes += 8
     activation_bytes = 2 * M * H * 2 + M * k * 8
-    total_bytes = experts * expert_bytes + activation_bytes
-    flops = 2 * M * k * 3 * N * H
+    return routed_experts(shape, M) * expert_bytes + activation_bytes
+
+
+def _floor_us(shape: KernelShape, M: int, ceilings: DeviceCeilings, total_bytes: float) -> float:
+    flops = 2 * M * shape.top_k * 3 * shape.N * shape.H
     memory_s = total_bytes / (ceilings.bandwidth_tbps * 1e12)
     matrix_s = flops / (ceilings.matrix_tflops(shape.dtype) * 1e12)
     return max(memory_s, matrix_s) * 1e6
