@@ -85,12 +85,88 @@ def check(name: str, shape: KernelShape, cache: Path) -> bool:
     return not added
 
 
+def explain_fp8_block_miss() -> None:
+    """For one fp8-block config at the real E and M: the specialisation of each kernel a GPU
+    launch asks for beside the one compiled with no GPU (as a compile process does); prints what
+    differs, i.e. why a launch cannot use what the compile processes built. Run in a process of
+    its own (--explain): it switches Triton's driver back and forth."""
+    import json
+
+    import torch
+    import triton
+    from triton.runtime import driver
+
+    from tuning import timing, tuner
+
+    fm = sys.modules["tuning.fused_moe"]
+    from tuning.compile_only import compile_only_driver, gpu_target
+
+    shape = SHAPES["GLM-5 fp8 block"]
+    config = {
+        "BLOCK_SIZE_M": 64,
+        "BLOCK_SIZE_N": 256,
+        "BLOCK_SIZE_K": 128,
+        "GROUP_SIZE_M": 16,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
+    kernels = [v for v in vars(fm).values() if isinstance(v, triton.runtime.jit.JITFunction)]
+    seen: dict = {}
+
+    def hook(**kwargs):
+        data = json.loads(kwargs["compile"]["specialization_data"])
+        seen.setdefault(kwargs["fn"].name.split(".")[-1], []).append(data)
+        return False
+
+    triton.knobs.runtime.jit_cache_hook = hook
+    # the timing process: real E and M on the GPU
+    target = gpu_target()
+    weights = timing.make_weights(shape)
+    topk_weights, topk_ids = timing.random_routing(1, 1024, shape.E, shape.top_k)
+    x = torch.randn((1024, shape.H), device="cuda", dtype=torch.bfloat16)
+    fm.fused_moe(
+        x,
+        weights.w1,
+        weights.w2,
+        topk_weights[0],
+        topk_ids[0],
+        config=config,
+        **weights.layer_kwargs(shape),
+    )
+    torch.cuda.synchronize()
+    launched = {k: list(v) for k, v in seen.items()}
+    seen.clear()
+    for kernel in kernels:
+        kernel.device_caches.clear()
+    # a compile process: no GPU, small E, unset CPU tensors
+    tuner._set_up_compile_worker(shape.as_dict())
+    driver.set_active(compile_only_driver(target))
+    error = tuner._compile_in_worker(config, target)
+    print(f"compile-only: {error or 'compiled'}")
+    triton.knobs.runtime.jit_cache_hook = None
+    for name, launches in launched.items():
+        for i, launch in enumerate(launches):
+            others = seen.get(name, [])
+            if launch in others:
+                print(f"{name} #{i}: the same specialisation as a no-GPU compile")
+                continue
+            print(f"{name} #{i}: no no-GPU compile matches ({len(others)} of its name):")
+            for other in others[:2]:
+                for key in sorted(set(launch) | set(other)):
+                    if launch.get(key) != other.get(key):
+                        print(f"    {key}: launch {str(launch.get(key))[:400]}")
+                        print(f"    {' ' * len(key)}  no GPU {str(other.get(key))[:400]}")
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         os.environ["TRITON_CACHE_DIR"] = folder
         import torch
 
         torch.cuda.set_device(0)
+        if "--explain" in sys.argv:
+            explain_fp8_block_miss()
+            return 0
         ok = [check(name, shape, Path(folder)) for name, shape in SHAPES.items()]
     print("every launch found its kernels in the cache" if all(ok) else "a launch compiled")
     return 0 if all(ok) else 1

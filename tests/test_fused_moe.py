@@ -9,7 +9,10 @@ runs on the GPU (gpu tests below, and bench/kernel_device.py).
 """
 
 import importlib
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -368,3 +371,32 @@ def test_it_matches_the_reference_on_the_gpu(dtype, block_shape, config):
 
         ref = moe_reference(x, weights.w1, weights.w2, topk_weights[0], topk_ids[0], **kwargs)
         assert _relative_error(out, ref) < (1e-2 if dtype == "bf16" else 3e-2)
+
+
+KERNELS = ("_activation_kernel", "_expert_gemm_kernel", "_sum_topk_kernel", "_expert_blocks_kernel")
+
+
+def _cache_keys_hashing_first(first: str) -> dict:
+    """The kernels' Triton cache keys, computed in a fresh process, first's before the others'."""
+    code = (
+        "import importlib, json, sys;"
+        "fm = importlib.import_module('tuning.fused_moe');"
+        "print(json.dumps({n: getattr(fm, n).cache_key for n in sys.argv[1:]}))"
+    )
+    order = [first] + [name for name in KERNELS if name != first]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, *order], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def test_a_kernels_cache_key_does_not_depend_on_which_kernel_a_process_hashes_first():
+    """A compile process and the timing process hash the kernels in different orders (the
+    first dtype tuned, the first kernel launched); their Triton cache keys must agree, or the
+    compile processes' kernels never serve a launch."""
+    activation_first = _cache_keys_hashing_first("_activation_kernel")
+    gemm_first = _cache_keys_hashing_first("_expert_gemm_kernel")
+
+    assert activation_first == gemm_first

@@ -155,17 +155,22 @@ def _expert_gemm_kernel(
     col_mask = offs_c < c_cols
     if QUANTIZE_C:
         # the wrapped columns past the last output must not count towards a row's scale
-        acc, c_scale = _fp8_row_scales(tl.where(col_mask[None, :], acc, 0.0))
+        acc, c_scale = _fp8_row_scales(tl.where(col_mask[None, :], acc, 0.0), _FP8_MAX)
         tl.store(c_scale_ptr + pair_ids * stride_csm + pid_n, c_scale, mask=row_mask)
     c_ptrs = c_ptr + pair_ids[:, None] * stride_cm + offs_c[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit
-def _fp8_row_scales(values):
-    """values [R, C] scaled into fp8's range, and each row's scale max|row| / 448 [R]."""
-    scale = tl.maximum(tl.max(tl.abs(values), 1), 1e-10) / _FP8_MAX
-    return tl.clamp(values / scale[:, None], -_FP8_MAX, _FP8_MAX), scale
+def _fp8_row_scales(values, fp8_max):
+    """values [R, C] scaled into fp8's range, and each row's scale max|row| / fp8_max [R].
+
+    fp8_max comes from the callers: a global read here would enter a caller's Triton cache key
+    only if this helper was hashed before the caller (Triton merges a callee's globals before it
+    hashes the callee), so the key would depend on which kernel a process hashed first, and a
+    compile process's kernels would not serve the timing process's launches."""
+    scale = tl.maximum(tl.max(tl.abs(values), 1), 1e-10) / fp8_max
+    return tl.clamp(values / scale[:, None], -fp8_max, fp8_max), scale
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
@@ -315,7 +320,7 @@ def _activation_kernel(
         up = tl.load(in_row + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
         value = value * tl.sigmoid(value) * up
     if QUANTIZE:
-        value, scale = _fp8_row_scales(value)
+        value, scale = _fp8_row_scales(value, _FP8_MAX)
         tl.store(scale_ptr + row * stride_scale + groups, scale, mask=groups * GROUP_SIZE < n_cols)
     tl.store(out_ptr + row * stride_out + cols, value.to(out_ptr.dtype.element_ty), mask=mask)
 
