@@ -36,12 +36,29 @@ def kernel_binaries(cache: Path) -> set[Path]:
     return set(cache.rglob("*.cubin"))
 
 
+def launch_layer(shape, weights, x, topk_weights, topk_ids, config) -> None:
+    """One layer call on the GPU with config, waited for."""
+    import torch
+
+    from tuning.fused_moe import fused_moe
+
+    fused_moe(
+        x,
+        weights.w1,
+        weights.w2,
+        topk_weights,
+        topk_ids,
+        config=config,
+        **weights.layer_kwargs(shape),
+    )
+    torch.cuda.synchronize()
+
+
 def check(name: str, shape: KernelShape, cache: Path) -> bool:
     import torch
 
     from tuning import timing
     from tuning.compile_only import gpu_target
-    from tuning.fused_moe import fused_moe
     from tuning.tuner import _CompilePool, _default_workers, round_one_configs
 
     configs = round_one_configs(shape, [1, 64, 1024])
@@ -62,16 +79,7 @@ def check(name: str, shape: KernelShape, cache: Path) -> bool:
         if error is not None:
             continue
         launched = time.monotonic()
-        fused_moe(
-            x,
-            weights.w1,
-            weights.w2,
-            topk_weights[0],
-            topk_ids[0],
-            config=config,
-            **weights.layer_kwargs(small),
-        )
-        torch.cuda.synchronize()
+        launch_layer(small, weights, x, topk_weights[0], topk_ids[0], config)
         slowest = max(slowest, time.monotonic() - launched)
     added = sorted(p.name for p in kernel_binaries(cache) - before)
     failed = [e for e in errors if e is not None]
@@ -124,16 +132,7 @@ def explain_fp8_block_miss() -> None:
     weights = timing.make_weights(shape)
     topk_weights, topk_ids = timing.random_routing(1, 1024, shape.E, shape.top_k)
     x = torch.randn((1024, shape.H), device="cuda", dtype=torch.bfloat16)
-    fm.fused_moe(
-        x,
-        weights.w1,
-        weights.w2,
-        topk_weights[0],
-        topk_ids[0],
-        config=config,
-        **weights.layer_kwargs(shape),
-    )
-    torch.cuda.synchronize()
+    launch_layer(shape, weights, x, topk_weights[0], topk_ids[0], config)
     launched = {k: list(v) for k, v in seen.items()}
     seen.clear()
     for kernel in kernels:

@@ -21,14 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from compile_only_device import SHAPES  # noqa: E402
+
 from tuning.search import KernelShape  # noqa: E402
 
-SHAPES = {
-    "GLM-5 bf16": KernelShape(E=256, N=256, H=6144, top_k=8),
-    "GLM-5 fp8 block": KernelShape(
-        E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128)
-    ),
-}
 # a kernel ready within this many seconds came from the disk cache
 LOADED_S = 0.3
 
