@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/moeops
 
-.PHONY: install run test lint test-sqlite test-postgres _pytest-sqlite _pytest-postgres browser-deps clean
+.PHONY: install run test test-gpu lint test-sqlite test-postgres _pytest-sqlite _pytest-postgres browser-deps clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -54,6 +54,14 @@ _pytest-postgres:
 		echo "== PostgreSQL =="; \
 		DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} MOEOPS_DB_TESTS_ONLY=1 $(VENV)/bin/pytest -m "not gpu"; \
 	else echo "PostgreSQL not reachable on 127.0.0.1:5432 and DATABASE_URL unset: SQLite only"; fi
+
+# The gpu-marked tests, on a machine with a CUDA GPU. Neither they nor their files need Django
+# (hence no conftest, whose fixtures start the web side), so a GPU host's own Python with torch,
+# Triton, pytest and hypothesis runs them too: make test-gpu GPU_PYTHON=python3
+GPU_PYTHON ?= $(PY)
+GPU_TESTS := tests/test_fused_moe.py tests/test_gpu_tuning.py
+test-gpu: $(if $(filter $(PY),$(GPU_PYTHON)),install)
+	$(GPU_PYTHON) -m pytest -p no:cacheprovider --noconftest -m gpu $(GPU_TESTS)
 
 clean:
 	rm -rf $(VENV) var staticfiles test-artifacts

@@ -207,8 +207,12 @@ def test_sort_and_pad_puts_every_pair_once_in_its_experts_blocks(block_m, pair_c
     assert sorted(seen) == list(range(flat.numel()))
 
 
-@pytest.mark.parametrize("block_shape", [None, [16, 32]])
-def test_fp8_gemm_applies_the_scales_like_the_reference(block_shape):
+@pytest.mark.parametrize(
+    ("block_shape", "block_n"),
+    # block_n 16: a tile within one weight-scale block (one scale); 32: across two of them
+    [(None, 32), ([16, 32], 16), ([16, 32], 32)],
+)
+def test_fp8_gemm_applies_the_scales_like_the_reference(block_shape, block_n):
     """The scaled grouped GEMM on operands PyTorch quantised (see the module docstring)."""
     M, E, N, H, top_k = 9, 5, 48, 64, 2
     x, w1, _, topk_weights, topk_ids = _layer(M, E, N, H, top_k, "fp32", seed=3)
@@ -223,7 +227,7 @@ def test_fp8_gemm_applies_the_scales_like_the_reference(block_shape):
         xq = (x / x_scale).clamp(-448, 448).to(fm.FP8_DTYPE)
         x_dequant = xq.double() * x_scale.double()
         scales = 1
-    config = fm._full_config({**SMALL, "BLOCK_SIZE_N": 32})
+    config = fm._full_config({**SMALL, "BLOCK_SIZE_N": block_n})
     blocks = fm.sort_and_pad(topk_ids, E, config["BLOCK_SIZE_M"])
     h = torch.full((M * top_k, 2 * N), float("nan"), dtype=torch.float32, device=DEVICE)
 

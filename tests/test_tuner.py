@@ -287,6 +287,66 @@ def test_it_rejects_bad_batch_sizes():
         parse_ints("0,4")
 
 
+def _cli_error(capsys, *argv) -> str:
+    from tuning.__main__ import main
+
+    assert main(list(argv)) == 2
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return out.err
+
+
+@pytest.mark.parametrize("damage", ["missing", "not json", "not a log"])
+def test_merging_a_log_that_cannot_be_read_names_it(tmp_path, capsys, damage):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(Tuner(SHAPE, FakeMeasurements()).tune([1]).to_dict()))
+    bad = tmp_path / "bad.json"
+    if damage != "missing":
+        bad.write_text("{" if damage == "not json" else '{"batches": {}}')
+
+    err = _cli_error(capsys, "tune", "--merge", str(good), str(bad), "--out", str(tmp_path))
+
+    assert f"--merge: {'cannot read' if damage == 'missing' else ''}" in err
+    assert str(bad) in err
+    assert not list(tmp_path.rglob("E=*.json"))
+
+
+@pytest.mark.parametrize("command", ["tune", "bench"])
+def test_a_model_config_that_cannot_be_read_is_named(tmp_path, capsys, command):
+    missing = tmp_path / "config.json"
+    out = ["--out", str(tmp_path)] if command == "tune" else []
+
+    err = _cli_error(capsys, command, "--model-config", str(missing), *out)
+
+    assert err.startswith(f"error: --model-config: cannot read {missing}")
+
+
+def test_a_tune_needs_a_model_config_unless_it_merges(tmp_path, capsys):
+    err = _cli_error(capsys, "tune", "--out", str(tmp_path))
+
+    assert "--model-config is required (except with --merge)" in err
+
+
+@pytest.mark.parametrize("option", ["--config", "--down-config"])
+@pytest.mark.parametrize("content", [None, "[1, 2]", '{"64": {"BLOCK_SIZE_M": 3}}'])
+def test_the_bench_names_the_config_file_it_cannot_use(tmp_path, capsys, option, content):
+    path = tmp_path / "tuned.json"
+    if content is not None:
+        path.write_text(content)
+
+    err = _cli_error(
+        capsys,
+        "bench",
+        "--model-config",
+        str(HF_CONFIGS / "glm-5-fp8_config.json"),
+        option,
+        str(path),
+    )
+
+    assert err.startswith(f"error: {option}: ")
+    assert str(path) in err
+
+
 def test_the_cli_modules_import_without_torch():
     code = "import sys, tuning.tuner, tuning.bench; print('torch' in sys.modules)"
 

@@ -147,21 +147,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table for the shape of --model-config on GPU --device."""
+    try:
+        shape = shape_from_args(args)
+        batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
+        entries = _read_entries("--config", args.config)
+        down_entries = _read_entries("--down-config", args.down_config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     import torch
 
     if not torch.cuda.is_available():
         print("error: bench needs a CUDA GPU", file=sys.stderr)
         return 1
-    try:
-        shape = shape_from_args(args)
-        batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
-        entries = loads_config(Path(args.config).read_text())[1] if args.config else None
-        down_entries = (
-            loads_config(Path(args.down_config).read_text())[1] if args.down_config else None
-        )
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     torch.cuda.set_device(args.device)
     rows = bench(
         shape,
@@ -174,6 +172,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"{torch.cuda.get_device_name(args.device)}  {shape.as_dict()}")
     print(format_table(rows))
     return 0
+
+
+def _read_entries(option: str, path: str | None) -> dict[int, dict] | None:
+    """The entries of the config file an option names; ValueError naming the option."""
+    if path is None:
+        return None
+    try:
+        return loads_config(Path(path).read_text())[1]
+    except OSError as exc:
+        raise ValueError(f"{option}: cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ValueError(f"{option}: {path}: {exc}") from None
 
 
 def _time_or_none(measure, *args, **kwargs) -> float | None:

@@ -133,13 +133,15 @@ def _expert_gemm_kernel(
             a_s = tl.load(
                 a_scale_ptr + a_rows * stride_asm + k_group * stride_ask, mask=row_mask, other=0.0
             )
-            b_s = tl.load(
-                b_scale_ptr
-                + expert * stride_bse
-                + (b_cols // GROUP_N) * stride_bsn
-                + k_group * stride_bsk
-            )
-            acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+            b_scales = b_scale_ptr + expert * stride_bse + k_group * stride_bsk
+            if GROUP_N % BLOCK_SIZE_N == 0 and not SILU_AND_MUL:
+                # the tile's columns share one weight scale: each K step rescales with one
+                # multiply-add per element, not two multiplies and an add (the MMA waits on it)
+                b_s = tl.load(b_scales + (pid_n * BLOCK_SIZE_N // GROUP_N) * stride_bsn)
+                acc += tl.dot(a, b) * (a_s * b_s)[:, None]
+            else:
+                b_s = tl.load(b_scales + (b_cols // GROUP_N) * stride_bsn)
+                acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
         else:
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_SIZE_K * stride_ak

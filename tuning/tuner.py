@@ -870,6 +870,16 @@ def _load_log(path: str | Path | None) -> TuneResult | None:
     return TuneResult.from_dict(json.loads(Path(path).read_text()))
 
 
+def _read_log(path: str | Path) -> TuneResult:
+    """A tuning log named on the command line; ValueError saying which one and why."""
+    try:
+        return TuneResult.from_dict(json.loads(Path(path).read_text()))
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a tuning log ({type(exc).__name__}: {exc})") from None
+
+
 def _save_log(path: str | Path | None, result: TuneResult) -> None:
     if path is None:
         return
@@ -900,7 +910,12 @@ def shape_from_args(args: argparse.Namespace) -> KernelShape:
     """The KernelShape of --model-config, --tp, --ep, --dtype and --block-shape."""
     from tuning.moe_params import moe_params
 
-    params = moe_params(Path(args.model_config).read_text(), tp=args.tp, ep=args.ep)
+    try:
+        text = Path(args.model_config).read_text()
+    except OSError as exc:
+        problem = f"cannot read {args.model_config}: {exc.strerror}"
+        raise ValueError(f"--model-config: {problem}") from None
+    params = moe_params(text, tp=args.tp, ep=args.ep)
     dtype = args.dtype or ("fp8_w8a8" if params.quantization == "fp8" else "bf16")
     block_shape = None
     if dtype == "fp8_w8a8":
@@ -915,9 +930,11 @@ def shape_from_args(args: argparse.Namespace) -> KernelShape:
     )
 
 
-def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+def add_shape_arguments(parser: argparse.ArgumentParser, *, model_config_required=True) -> None:
     """--model-config, --tp, --ep, --dtype, --block-shape, --batch-sizes, --device."""
-    parser.add_argument("--model-config", required=True, help="the model's HF config.json")
+    parser.add_argument(
+        "--model-config", required=model_config_required, help="the model's HF config.json"
+    )
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (default 1)")
     parser.add_argument(
@@ -937,7 +954,8 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `python -m tuning tune`."""
-    add_shape_arguments(parser)
+    # --merge takes the shape from its logs
+    add_shape_arguments(parser, model_config_required=False)
     parser.add_argument("--out", required=True, help="folder for the config file and the log")
     parser.add_argument("--style", choices=("vllm", "sglang"), default="vllm")
     parser.add_argument(
@@ -972,10 +990,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Tune (or merge logs), write the config file, print its path and a summary."""
     if args.merge:
-        result = merge_results(_load_log(p) for p in args.merge)
+        try:
+            result = merge_results(_read_log(p) for p in args.merge)
+        except ValueError as exc:
+            print(f"error: --merge: {exc}", file=sys.stderr)
+            return 2
         for path in write_config_files(result, args.out, args.style):
             print(path)
         return 0
+    if not args.model_config:
+        print("error: --model-config is required (except with --merge)", file=sys.stderr)
+        return 2
     try:
         shape = shape_from_args(args)
         batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
