@@ -6,7 +6,8 @@
         [--plan glm5:fp8_block,kimi:fp8_block,glm5:bf16] [--sizes 64,256,1024,2048,4096]
 
 Per shape, batch size M and config (the tuned one from results/h200_fused_moe_configs, SGLang's
-files with their _down files, and the default): the base module's fused_moe and the current one
+files with their _down files; the default; in fp8 block "wide", the tuned tile two weight-scale
+blocks wide in both GEMMs): the base module's fused_moe and the current one
 on the same inputs and weights, each timed three times in turn (tuning.timing.LayerTimer: CUDA
 graphs of 4 calls, fresh routing per replay); prints the median µs of each, current/base, and
 the relative difference of their outputs. --profile instead runs each case's layer once between
@@ -68,6 +69,10 @@ def cases(plan: str, sizes: list[int]):
                 entry_for_batch(down_entries, m),
             )
             yield item, shape, m, "default", default, None
+            if block_shape:
+                # the tuned tile two weight-scale blocks wide, in both GEMMs
+                wide = {**entry_for_batch(entries, m), "BLOCK_SIZE_N": 2 * block_shape[0]}
+                yield item, shape, m, "wide", wide, None
 
 
 def main() -> int:
