@@ -31,12 +31,12 @@ CONFIGS = Path(__file__).resolve().parent / "results" / "h200_fused_moe_configs"
 REPEATS = 3
 
 
-def tuned_entries(shape: KernelShape, *, down: bool) -> dict[int, dict]:
+def tuned_entries(shape: KernelShape, folder: Path, *, down: bool) -> dict[int, dict]:
     dtype = shape.dtype if shape.dtype == "fp8_w8a8" else None
     name = config_file_name(
         shape.E, shape.N, "NVIDIA H200", dtype, shape.block_shape, style="sglang", down_moe=down
     )
-    return loads_config((CONFIGS / name).read_text())[1]
+    return loads_config((folder / name).read_text())[1]
 
 
 def load_base(path: str):
@@ -47,32 +47,33 @@ def load_base(path: str):
     return module
 
 
-def cases(plan: str, sizes: list[int]):
-    """(label, shape, M, config, down_config) for every plan item, size and config kind."""
+def cases(plan: str, sizes: list[int], folder: Path = CONFIGS, kinds=("tuned", "default", "wide")):
+    """(label, shape, M, kind, config, down_config) for every plan item, size and config kind;
+    tuned configs from the SGLang files in folder."""
     from tuning.fused_moe import default_config
 
     for item in plan.split(","):
         shape_name, dtype_name = item.split(":")
         dtype, block_shape = DTYPES[dtype_name]
         shape = KernelShape(**SHAPES[shape_name], dtype=dtype, block_shape=block_shape)
-        entries, down_entries = tuned_entries(shape, down=False), tuned_entries(shape, down=True)
+        block_shape = list(block_shape) if block_shape else None
+        entries = tuned_entries(shape, folder, down=False)
+        down_entries = tuned_entries(shape, folder, down=True)
         for m in sizes:
-            default = default_config(
-                m, shape.E, shape.N, shape.H, shape.top_k, dtype, list(block_shape or []) or None
-            )
-            yield (
-                item,
-                shape,
-                m,
-                "tuned",
-                entry_for_batch(entries, m),
-                entry_for_batch(down_entries, m),
-            )
-            yield item, shape, m, "default", default, None
+            tuned = entry_for_batch(entries, m)
+            configs = {
+                "tuned": (tuned, entry_for_batch(down_entries, m)),
+                "default": (
+                    default_config(m, shape.E, shape.N, shape.H, shape.top_k, dtype, block_shape),
+                    None,
+                ),
+            }
             if block_shape:
                 # the tuned tile two weight-scale blocks wide, in both GEMMs
-                wide = {**entry_for_batch(entries, m), "BLOCK_SIZE_N": 2 * block_shape[0]}
-                yield item, shape, m, "wide", wide, None
+                configs["wide"] = ({**tuned, "BLOCK_SIZE_N": 2 * block_shape[0]}, None)
+            for kind in kinds:
+                if kind in configs:
+                    yield (item, shape, m, kind, *configs[kind])
 
 
 def main() -> int:
@@ -81,6 +82,8 @@ def main() -> int:
     parser.add_argument("--plan", default="glm5:fp8_block,kimi:fp8_block,glm5:bf16")
     parser.add_argument("--sizes", default="64,256,1024,2048,4096")
     parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--configs", default=str(CONFIGS), help="folder of SGLang config files")
+    parser.add_argument("--kinds", default="tuned,default,wide", help="config kinds to time")
     parser.add_argument("--profile", action="store_true", help="one layer per case, for ncu")
     args = parser.parse_args()
     import torch
@@ -92,7 +95,10 @@ def main() -> int:
     base = None if args.profile else load_base(args.base)
     weights, current_shape = None, None
     print(f"{'case':16} {'M':>5} {'config':8} {'base µs':>9} {'current µs':>10} {'ratio':>6} diff")
-    for item, shape, m, kind, config, down_config in cases(args.plan, sizes):
+    kinds = args.kinds.split(",")
+    for item, shape, m, kind, config, down_config in cases(
+        args.plan, sizes, Path(args.configs), kinds
+    ):
         if shape != current_shape:
             # one shape's weights at a time (Kimi K2's bf16 experts are 4.2 GB)
             weights, current_shape = None, shape

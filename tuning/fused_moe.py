@@ -15,8 +15,11 @@ BLOCK_SIZE_N/2 outputs are not one group) does a separate kernel do it.
 
 The structure and the meaning of every config key (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps,
 num_stages) follow the engines' fused-MoE kernel, so that a config tuned on this kernel is a config
-for SGLang's and vLLM's; GEMM 2 may have its own config (SGLang's `_down` files), which shares
-BLOCK_SIZE_M with GEMM 1's because both GEMMs read one sort-and-pad.
+for SGLang's and vLLM's. So does the arithmetic that decides which tile is fastest, e.g. fp8
+block's rescale of every K step by a weight scale per column: one scale per half tile made this
+kernel 15-20 % faster at large M, but the tiles it then picked ran up to 1.9x slower in the
+engines' arithmetic (bench/KERNEL_NOTES.md, session 5). GEMM 2 may have its own config (SGLang's
+`_down` files), which shares BLOCK_SIZE_M with GEMM 1's because both GEMMs read one sort-and-pad.
 
 dtypes: "bf16" (also "fp16" and "fp32", mainly for the CPU interpreter), and "fp8_w8a8": float8
 e4m3 weights and activations, either with per-expert weight scales and one dynamic scale per
@@ -83,7 +86,6 @@ def _expert_gemm_kernel(
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
     EVEN_K: tl.constexpr,
-    HALVES: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -92,9 +94,7 @@ def _expert_gemm_kernel(
 
     SILU_AND_MUL: B's N rows are gate rows then up rows and C[pair] = silu(gate) · up, N/2 columns
     (a tile: BLOCK_SIZE_N/2 of them). QUANTIZE_C: C in fp8 with one scale per row of a tile,
-    c_scale[pair, tile column]; the launch makes a tile's columns one scale group. HALVES: fp8
-    block with BLOCK_SIZE_N = 2 · GROUP_N (and with SILU_AND_MUL, N/2 a multiple of GROUP_N), so
-    that each half tile lies in one weight-scale block; the launch sets it from BLOCK_SIZE_M 64.
+    c_scale[pair, tile column]; the launch makes a tile's columns one scale group.
     """
     pid_m, pid_n = _grouped_tile(
         tl.program_id(0), num_m_blocks, tl.cdiv(N, BLOCK_SIZE_N), group_size_m
@@ -106,162 +106,62 @@ def _expert_gemm_kernel(
     row_mask = offs_m < tl.load(block_rows_ptr + pid_m)
     pair_ids = tl.load(sorted_pair_ids_ptr + pid_m * BLOCK_SIZE_M + offs_m, mask=row_mask, other=0)
     a_rows = pair_ids // PAIRS_PER_A_ROW
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    if SILU_AND_MUL:
+        # tile column 2j is gate row c + j, 2j + 1 its up row N/2 + c + j (c the tile's first
+        # output), so that the epilogue splits adjacent columns, which the MMA gives one thread
+        offs_c = pid_n * (BLOCK_SIZE_N // 2) + tl.arange(0, BLOCK_SIZE_N // 2)
+        c_cols = N // 2
+        pair_col = tl.arange(0, BLOCK_SIZE_N)
+        b_cols = (pid_n * (BLOCK_SIZE_N // 2) + pair_col // 2) % c_cols + (pair_col % 2) * c_cols
+    else:
+        offs_c = offs_n
+        c_cols = N
+        # columns past N wrap onto real ones so that B loads need no mask; the store drops them
+        b_cols = offs_n % N
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    a_scales = a_scale_ptr + a_rows * stride_asm
-    b_expert = b_ptr + expert * stride_be
-    b_scales = b_scale_ptr + expert * stride_bse
-    if HALVES:
-        # fp8 block, BLOCK_SIZE_N two weight-scale blocks wide: two half tiles (gate and up rows
-        # with SILU_AND_MUL), each with one weight scale, so that each K step rescales with one
-        # multiply-add per element, not two multiplies and an add per element (the MMAs wait
-        # on it: 4-8 % of the layer on an H200, bench/KERNEL_NOTES.md, session 5)
-        half = tl.arange(0, BLOCK_SIZE_N // 2)
-        if SILU_AND_MUL:
-            c_cols = N // 2
-            lo_first = pid_n * (BLOCK_SIZE_N // 2)
-            hi_first = lo_first + c_cols
-            lo_rows = (lo_first + half) % c_cols
-            hi_rows = lo_rows + c_cols
+    b_ptrs = b_ptr + expert * stride_be + b_cols[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k_start in range(0, K, BLOCK_SIZE_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0)
+            b = tl.load(b_ptrs)
         else:
-            c_cols = N
-            lo_first = pid_n * BLOCK_SIZE_N
-            hi_first = (lo_first + BLOCK_SIZE_N // 2) % N
-            lo_rows = (lo_first + half) % N
-            hi_rows = (hi_first + half) % N
-        lo_ptrs = b_expert + lo_rows[None, :] * stride_bn + offs_k[:, None] * stride_bk
-        hi_ptrs = b_expert + hi_rows[None, :] * stride_bn + offs_k[:, None] * stride_bk
-        lo_scales = b_scales + (lo_first // GROUP_N) * stride_bsn
-        hi_scales = b_scales + (hi_first // GROUP_N) * stride_bsn
-        lo = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N // 2), dtype=tl.float32)
-        hi = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N // 2), dtype=tl.float32)
-        for k_start in range(0, K, BLOCK_SIZE_K):
-            a = _load_a(a_ptrs, row_mask, offs_k, K - k_start, EVEN_K)
-            b_lo = _load_b(lo_ptrs, offs_k, K - k_start, EVEN_K)
-            b_hi = _load_b(hi_ptrs, offs_k, K - k_start, EVEN_K)
+            k_mask = offs_k < K - k_start
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
+        if SCALES == 2:
             k_group = k_start // GROUP_K
-            a_s = tl.load(a_scales + k_group * stride_ask, mask=row_mask, other=0.0)
-            lo += tl.dot(a, b_lo) * (a_s * tl.load(lo_scales + k_group * stride_bsk))[:, None]
-            hi += tl.dot(a, b_hi) * (a_s * tl.load(hi_scales + k_group * stride_bsk))[:, None]
-            a_ptrs += BLOCK_SIZE_K * stride_ak
-            lo_ptrs += BLOCK_SIZE_K * stride_bk
-            hi_ptrs += BLOCK_SIZE_K * stride_bk
-        if MUL_ROUTED_WEIGHT:
-            weights = tl.load(topk_weights_ptr + pair_ids, mask=row_mask, other=0.0)
-            lo = lo * weights.to(tl.float32)[:, None]
-            hi = hi * weights.to(tl.float32)[:, None]
-        c_rows = c_ptr + pair_ids[:, None] * stride_cm
-        if SILU_AND_MUL:
-            _store_tile(
-                lo * tl.sigmoid(lo) * hi,
-                c_rows,
-                c_scale_ptr + pair_ids * stride_csm + pid_n,
-                row_mask,
-                lo_first + half,
-                c_cols,
-                stride_cn,
-                _FP8_MAX,
-                QUANTIZE_C,
+            a_s = tl.load(
+                a_scale_ptr + a_rows * stride_asm + k_group * stride_ask, mask=row_mask, other=0.0
             )
+            b_s = tl.load(
+                b_scale_ptr
+                + expert * stride_bse
+                + (b_cols // GROUP_N) * stride_bsn
+                + k_group * stride_bsk
+            )
+            acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
         else:
-            _store_tile(lo, c_rows, c_scale_ptr, row_mask, lo_first + half, N, stride_cn, 0, False)
-            hi_cols = lo_first + BLOCK_SIZE_N // 2 + half
-            _store_tile(hi, c_rows, c_scale_ptr, row_mask, hi_cols, N, stride_cn, 0, False)
-    else:
-        offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-        if SILU_AND_MUL:
-            # tile column 2j is gate row c + j, 2j + 1 its up row N/2 + c + j (c the tile's first
-            # output), so that the epilogue splits adjacent columns, which the MMA gives one
-            # thread
-            offs_c = pid_n * (BLOCK_SIZE_N // 2) + tl.arange(0, BLOCK_SIZE_N // 2)
-            c_cols = N // 2
-            pair_col = tl.arange(0, BLOCK_SIZE_N)
-            b_cols = (pid_n * (BLOCK_SIZE_N // 2) + pair_col // 2) % c_cols + (
-                pair_col % 2
-            ) * c_cols
-        else:
-            offs_c = offs_n
-            c_cols = N
-            # columns past N wrap onto real ones so that B loads need no mask; the store drops
-            # them
-            b_cols = offs_n % N
-        b_ptrs = b_expert + b_cols[None, :] * stride_bn + offs_k[:, None] * stride_bk
-        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for k_start in range(0, K, BLOCK_SIZE_K):
-            a = _load_a(a_ptrs, row_mask, offs_k, K - k_start, EVEN_K)
-            b = _load_b(b_ptrs, offs_k, K - k_start, EVEN_K)
-            if SCALES == 2:
-                k_group = k_start // GROUP_K
-                a_s = tl.load(a_scales + k_group * stride_ask, mask=row_mask, other=0.0)
-                k_scales = b_scales + k_group * stride_bsk
-                if GROUP_N % BLOCK_SIZE_N == 0 and not SILU_AND_MUL:
-                    # the tile's columns share one weight scale (see the HALVES comment)
-                    b_s = tl.load(k_scales + (pid_n * BLOCK_SIZE_N // GROUP_N) * stride_bsn)
-                    acc += tl.dot(a, b) * (a_s * b_s)[:, None]
-                else:
-                    b_s = tl.load(k_scales + (b_cols // GROUP_N) * stride_bsn)
-                    acc += tl.dot(a, b) * (a_s[:, None] * b_s[None, :])
-            else:
-                acc = tl.dot(a, b, acc)
-            a_ptrs += BLOCK_SIZE_K * stride_ak
-            b_ptrs += BLOCK_SIZE_K * stride_bk
-        if SCALES == 1:
-            acc = acc * tl.load(a_scale_ptr) * tl.load(b_scale_ptr + expert)
-        if MUL_ROUTED_WEIGHT:
-            weights = tl.load(topk_weights_ptr + pair_ids, mask=row_mask, other=0.0)
-            acc = acc * weights.to(tl.float32)[:, None]
-        if SILU_AND_MUL:
-            gate, up = tl.split(tl.reshape(acc, (BLOCK_SIZE_M, BLOCK_SIZE_N // 2, 2)))
-            acc = gate * tl.sigmoid(gate) * up
-        _store_tile(
-            acc,
-            c_ptr + pair_ids[:, None] * stride_cm,
-            c_scale_ptr + pair_ids * stride_csm + pid_n,
-            row_mask,
-            offs_c,
-            c_cols,
-            stride_cn,
-            _FP8_MAX,
-            QUANTIZE_C,
-        )
-
-
-@triton.jit
-def _store_tile(
-    acc, c_rows, c_scales, row_mask, cols, c_cols, stride_cn, fp8_max, QUANTIZE_C: tl.constexpr
-):
-    """Store a tile's columns cols of its rows (c_rows: their row pointers), those < c_cols;
-    QUANTIZE_C: in fp8 with one scale per row into c_scales (fp8_max passed in: see
-    _fp8_row_scales)."""
-    col_mask = cols < c_cols
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        b_ptrs += BLOCK_SIZE_K * stride_bk
+    if SCALES == 1:
+        acc = acc * tl.load(a_scale_ptr) * tl.load(b_scale_ptr + expert)
+    if MUL_ROUTED_WEIGHT:
+        weights = tl.load(topk_weights_ptr + pair_ids, mask=row_mask, other=0.0)
+        acc = acc * weights.to(tl.float32)[:, None]
+    if SILU_AND_MUL:
+        gate, up = tl.split(tl.reshape(acc, (BLOCK_SIZE_M, BLOCK_SIZE_N // 2, 2)))
+        acc = gate * tl.sigmoid(gate) * up
+    col_mask = offs_c < c_cols
     if QUANTIZE_C:
         # the wrapped columns past the last output must not count towards a row's scale
-        acc, c_scale = _fp8_row_scales(tl.where(col_mask[None, :], acc, 0.0), fp8_max)
-        tl.store(c_scales, c_scale, mask=row_mask)
-    tl.store(
-        c_rows + cols[None, :] * stride_cn,
-        acc.to(c_rows.dtype.element_ty),
-        mask=row_mask[:, None] & col_mask[None, :],
-    )
-
-
-@triton.jit
-def _load_a(ptrs, row_mask, offs_k, k_left, EVEN_K: tl.constexpr):
-    """One K step's [BLOCK_SIZE_M, BLOCK_SIZE_K] tile of gathered rows (0 past K and the rows)."""
-    mask = row_mask[:, None]
-    if not EVEN_K:
-        mask = mask & (offs_k < k_left)[None, :]
-    return tl.load(ptrs, mask=mask, other=0.0)
-
-
-@triton.jit
-def _load_b(ptrs, offs_k, k_left, EVEN_K: tl.constexpr):
-    """One K step's [BLOCK_SIZE_K, columns] weight tile (0 past K)."""
-    if EVEN_K:
-        b = tl.load(ptrs)
-    else:
-        b = tl.load(ptrs, mask=(offs_k < k_left)[:, None], other=0.0)
-    return b
+        acc, c_scale = _fp8_row_scales(tl.where(col_mask[None, :], acc, 0.0), _FP8_MAX)
+        tl.store(c_scale_ptr + pair_ids * stride_csm + pid_n, c_scale, mask=row_mask)
+    c_ptrs = c_ptr + pair_ids[:, None] * stride_cm + offs_c[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit
@@ -738,14 +638,6 @@ def _expert_gemm(
     a_scale_strides = a_scale.stride() if scales == _SCALES_BLOCK else (0, 0)
     b_scale_strides = b_scale.stride() if scales == _SCALES_BLOCK else (0, 0, 0)
     grid = (blocks.num_m_blocks * triton.cdiv(n, block_n),)
-    # Below BLOCK_SIZE_M 64 the MMAs are small and the layer streams weights: two half-width
-    # dots cost more there than the rescale they save (+3 to +6 % at 16 on an H200, session 5).
-    halves = (
-        scales == _SCALES_BLOCK
-        and block_n == 2 * group_n
-        and config["BLOCK_SIZE_M"] >= 64
-        and (not silu_and_mul or (n // 2) % group_n == 0)
-    )
     _expert_gemm_kernel[grid](
         a,
         b,
@@ -780,7 +672,6 @@ def _expert_gemm(
         GROUP_N=group_n,
         GROUP_K=group_k,
         EVEN_K=k % block_k == 0,
-        HALVES=halves,
         BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
         BLOCK_SIZE_N=block_n,
         BLOCK_SIZE_K=block_k,
