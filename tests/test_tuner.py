@@ -210,6 +210,17 @@ def test_it_resumes_from_its_log(tmp_path):
     assert {m for m, _, _ in measurements.timed} == {4}
 
 
+def test_a_damaged_log_is_named_and_nothing_is_timed(tmp_path):
+    log = tmp_path / "log.json"
+    log.write_text('{"batches": ')
+    measurements = FakeMeasurements()
+
+    with pytest.raises(tuner.TuningLogError, match=f"{log} is not a tuning log"):
+        Tuner(SHAPE, measurements).tune([1, 2], resume_path=log)
+
+    assert measurements.timed == []
+
+
 def test_a_log_of_another_shape_is_not_resumed(tmp_path):
     log = tmp_path / "log.json"
     Tuner(KernelShape(E=128, N=256, H=6144, top_k=8), FakeMeasurements()).tune([1], resume_path=log)

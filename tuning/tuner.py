@@ -864,20 +864,24 @@ def _default_workers() -> int:
     return max(1, min(32, (os.cpu_count() or 2) - 1))
 
 
+class TuningLogError(ValueError):
+    """A tuning log that cannot be read back; the message names it."""
+
+
 def _load_log(path: str | Path | None) -> TuneResult | None:
+    """The log at path, None where there is none yet; TuningLogError if it cannot be read."""
     if path is None or not Path(path).exists():
         return None
-    return TuneResult.from_dict(json.loads(Path(path).read_text()))
+    return _read_log(path)
 
 
 def _read_log(path: str | Path) -> TuneResult:
-    """A tuning log named on the command line; ValueError saying which one and why."""
     try:
         return TuneResult.from_dict(json.loads(Path(path).read_text()))
     except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        raise TuningLogError(f"cannot read {path}: {exc.strerror}") from None
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path} is not a tuning log ({type(exc).__name__}: {exc})") from None
+        raise TuningLogError(f"{path} is not a tuning log ({type(exc).__name__}: {exc})") from None
 
 
 def _save_log(path: str | Path | None, result: TuneResult) -> None:
@@ -1027,16 +1031,20 @@ def run(args: argparse.Namespace) -> int:
     log = Path(args.log) if args.log else Path(args.out) / f"{name}.tuning-log.json"
     if args.fresh and log.exists():
         log.unlink()
-    result = tune(
-        shape,
-        batch_sizes,
-        device_index=args.device,
-        exhaustive=args.exhaustive,
-        down=not args.no_down,
-        progress_callback=progress_bar(),
-        resume_path=log,
-        compile_workers=args.compile_workers,
-    )
+    try:
+        result = tune(
+            shape,
+            batch_sizes,
+            device_index=args.device,
+            exhaustive=args.exhaustive,
+            down=not args.no_down,
+            progress_callback=progress_bar(),
+            resume_path=log,
+            compile_workers=args.compile_workers,
+        )
+    except TuningLogError as exc:
+        print(f"error: {exc}; --fresh starts the tune over", file=sys.stderr)
+        return 2
     for path in write_config_files(result, args.out, args.style):
         print(path)
     print_summary(result)
