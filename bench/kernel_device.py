@@ -56,7 +56,7 @@ ALTERNATE_DOWN_CONFIG = {
     "num_warps": 8,
     "num_stages": 2,
 }
-# GEMM 1 tiles of 2 × 128 outputs: with fp8 block scales its epilogue quantises the activation
+# tiles two fp8 weight-scale blocks wide (a scale per column, as the engines rescale)
 WIDE_CONFIG = {
     "BLOCK_SIZE_M": 64,
     "BLOCK_SIZE_N": 256,
@@ -369,8 +369,7 @@ def breakdown(run: Run, tuner, shape, result) -> list[dict]:
             f"M={r['M']}: layer {r['layer_us']:.0f} = align {r['sort_and_pad']:.0f} + gemm1"
             f" {r['gemm1']:.0f} ({r['gemm1_tbps']} TB/s, {r['gemm1_tflops']} TFLOP/s) + gemm2"
             f" {r['gemm2']:.0f} ({r['gemm2_tbps']} TB/s, {r['gemm2_tflops']} TFLOP/s) + rest"
-            f" {r['rest_us']:.0f}; silu-and-mul in GEMM 1 {r['gemm1_fuses_activation']}:"
-            f" layer {r['fused_layer_us']:.1f} vs {r['unfused_layer_us']:.1f} without"
+            f" {r['rest_us']:.0f}"
             for r in rows
         )
     )
@@ -389,7 +388,6 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
     down = batch.down_config or config
     scales = fm._scales_mode(shape.dtype, shape.block_shape)
     block_shape = list(shape.block_shape) if shape.block_shape else None
-    fused = fm.fuses_silu_and_mul(config, scales, block_shape)
     timer = LayerTimer(shape, weights, m)
     pairs = m * shape.top_k
     bm = config["BLOCK_SIZE_M"]
@@ -408,10 +406,7 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
     def gemm1(j):
         a, a_scale = a1[j]
         args = (a, weights.w1, blocks[j], config, scales, block_shape, a_scale, w1s, shape.top_k)
-        if fused:
-            fm._gate_up_gemm(*args)
-        else:
-            fm._expert_gemm(*args, None, h[j])
+        fm._expert_gemm(*args, None, h[j])
 
     def gemm2(j):
         a, a_scale = a2[j]
@@ -428,22 +423,13 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
         "gemm1": timer.time_layer(gemm1, 20),
         "gemm2": timer.time_layer(gemm2, 20),
     }
-    # the same configs with and without silu-and-mul in GEMM 1, timed side by side
-    ab = {"fused_layer_us": timer.time_config(config, 20, down_config=down)}
-    fuses = fm.fuses_silu_and_mul
-    fm.fuses_silu_and_mul = lambda *args: False
-    try:
-        ab["unfused_layer_us"] = timer.time_config(config, 20, down_config=down)
-    finally:
-        fm.fuses_silu_and_mul = fuses
     w_bytes = routed_experts(shape, m) * shape.N * shape.H * shape.operand_bytes
     return {
         "M": m,
         "config": config,
         "down_config": down,
-        "gemm1_fuses_activation": fused,
         "layer_us": batch.tuned_us,
-        **{k: round(v, 2) for k, v in {**parts, **ab}.items()},
+        **{k: round(v, 2) for k, v in parts.items()},
         "rest_us": round(batch.tuned_us - sum(parts.values()), 2),
         "gemm1_tbps": round(2 * w_bytes / parts["gemm1"] / 1e6, 2),
         "gemm2_tbps": round(w_bytes / parts["gemm2"] / 1e6, 2),

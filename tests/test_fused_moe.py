@@ -101,7 +101,7 @@ def _poisoned_run(x, w1, w2, topk_weights, topk_ids, **kwargs):
         (5, 16, 16, 48, 8, "fp32", {**SMALL, "BLOCK_SIZE_K": 32, "num_stages": 2}),
         (50, 6, 48, 80, 4, "fp16", {**SMALL, "BLOCK_SIZE_M": 32, "BLOCK_SIZE_K": 32}),
         (20, 8, 32, 64, 2, "fp32", None),
-        # N=40: GEMM 1's last tile holds 8 of its 16 outputs (gate and up rows wrap)
+        # N=40: GEMM 1's last tile of 32 of its 80 rows holds 16 (the rest wrap)
         (13, 6, 40, 48, 3, "fp32", {**SMALL, "BLOCK_SIZE_N": 32}),
     ],
 )
@@ -254,41 +254,6 @@ def test_fp8_gemm_applies_the_scales_like_the_reference(block_shape, block_n, bl
         assert torch.allclose(h[pair].double(), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("N", [48, 40])
-def test_gate_up_gemm_gives_the_activation_and_scales_of_gemm_1_then_the_activation(N):
-    """GEMM 1 with silu-and-mul and group fp8 in its epilogue (a tile's BLOCK_SIZE_N/2 outputs
-    one group) against the unfused GEMM 1 and activation kernel on the same operands. Both round
-    the same float32 values through the same conversion, so they agree exactly (also in the
-    interpreter). N=40: the last tile's wrapped columns must not reach its rows' scales."""
-    M, E, H, top_k, group = 11, 5, 64, 2, 16
-    x, w1, _, _, topk_ids = _layer(M, E, N, H, top_k, "fp32", seed=4)
-    w1q, w1_scale = quantize_fp8_blocks(w1, [group, group])
-    xq, x_scale = quantize_fp8_token_groups(x, group)
-    config = fm._full_config({**SMALL, "BLOCK_SIZE_N": 2 * group})
-    assert fm.fuses_silu_and_mul(config, 2, [group, group])
-    blocks = fm.sort_and_pad(topk_ids, E, config["BLOCK_SIZE_M"])
-    gemm1 = (xq, w1q, blocks, config, 2, [group, group], x_scale, w1_scale, top_k)
-    h = torch.full((M * top_k, 2 * N), float("nan"), dtype=torch.float32, device=DEVICE)
-
-    act, act_scale = fm._gate_up_gemm(*gemm1)
-    fm._expert_gemm(*gemm1, None, h)
-    want, want_scale = fm._silu_and_mul(h, 2, [group, group])
-
-    assert act.shape == (M * top_k, N) and act_scale.shape == (M * top_k, -(-N // group))
-    assert torch.equal(act_scale, want_scale)
-    assert torch.equal(act.view(torch.uint8), want.view(torch.uint8))
-
-
-def test_only_tiles_of_one_scale_group_fuse_the_activation():
-    wide, narrow = {"BLOCK_SIZE_N": 256}, {"BLOCK_SIZE_N": 128}
-
-    assert fm.fuses_silu_and_mul(narrow, 0, None)
-    assert fm.fuses_silu_and_mul(wide, 2, [128, 128])
-    assert not fm.fuses_silu_and_mul(narrow, 2, [128, 128])
-    # one scale for the whole tensor needs every output before the first can be quantised
-    assert not fm.fuses_silu_and_mul(wide, 1, None)
-
-
 def test_group_quantisation_matches_the_reference_on_representable_values():
     """Values on the fp8 grid, each group holding ±448·2⁻³: the kernel must reproduce both
     the scales and the values exactly (no rounding, which the interpreter gets wrong)."""
@@ -360,7 +325,7 @@ WIDE = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 128, "GROUP_SIZ
         ("bf16", None, None),
         ("fp8_w8a8", None, None),
         ("fp8_w8a8", [128, 128], None),
-        # GEMM 1 computes the activation's fp8 and group scales in its epilogue
+        # a tile two weight-scale blocks wide
         ("fp8_w8a8", [128, 128], {**WIDE, "num_warps": 8}),
     ],
 )

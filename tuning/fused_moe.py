@@ -7,19 +7,15 @@ and the router weight and scatters each pair to its own row; a last kernel sums 
 every token. (Adding the pairs into a float32 [M, H] with atomics in GEMM 2 instead was slower on
 an H200 from M=1024 up and no faster below: bench/KERNEL_NOTES.md, v3.)
 
-silu-and-mul runs in GEMM 1's epilogue: a tile's BLOCK_SIZE_N columns are BLOCK_SIZE_N/2 gate rows
-of w1 interleaved with their up rows, so that one tile holds both halves of its outputs (the same
-MMA, loads and shared memory as the engines' tile of BLOCK_SIZE_N consecutive rows). Only where fp8
-activations need a scale the tile cannot compute (one per tensor; per group when a tile's
-BLOCK_SIZE_N/2 outputs are not one group) does a separate kernel do it.
-
 The structure and the meaning of every config key (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps,
 num_stages) follow the engines' fused-MoE kernel, so that a config tuned on this kernel is a config
-for SGLang's and vLLM's. So does the arithmetic that decides which tile is fastest, e.g. fp8
-block's rescale of every K step by a weight scale per column: one scale per half tile made this
-kernel 15-20 % faster at large M, but the tiles it then picked ran up to 1.9x slower in the
-engines' arithmetic (bench/KERNEL_NOTES.md, session 5). GEMM 2 may have its own config (SGLang's
-`_down` files), which shares BLOCK_SIZE_M with GEMM 1's because both GEMMs read one sort-and-pad.
+for SGLang's and vLLM's. So do the launches and the arithmetic that decide which tile is fastest,
+because the config files are for the engines: two faster variants were measured and dropped for
+that (bench/KERNEL_NOTES.md): silu-and-mul in GEMM 1's epilogue (-2 % at large M here, but picks up
+to 3.6 % slower in the engines' layer) and one fp8-block weight scale per half tile (-15 to -20 %
+here, picks up to 1.9x slower in the engines' arithmetic). GEMM 2 may have its own config
+(SGLang's `_down` files), which shares BLOCK_SIZE_M with GEMM 1's because both GEMMs read one
+sort-and-pad.
 
 dtypes: "bf16" (also "fp16" and "fp32", mainly for the CPU interpreter), and "fp8_w8a8": float8
 e4m3 weights and activations, either with per-expert weight scales and one dynamic scale per
@@ -55,7 +51,6 @@ def _expert_gemm_kernel(
     c_ptr,
     a_scale_ptr,
     b_scale_ptr,
-    c_scale_ptr,
     topk_weights_ptr,
     sorted_pair_ids_ptr,
     block_experts_ptr,
@@ -77,11 +72,8 @@ def _expert_gemm_kernel(
     stride_bse,
     stride_bsn,
     stride_bsk,
-    stride_csm,
     PAIRS_PER_A_ROW: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
-    SILU_AND_MUL: tl.constexpr,
-    QUANTIZE_C: tl.constexpr,
     SCALES: tl.constexpr,
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
@@ -90,12 +82,7 @@ def _expert_gemm_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
-    """C[pair] = A[pair // PAIRS_PER_A_ROW] @ B[expert]ᵀ on one BLOCK_SIZE_M × BLOCK_SIZE_N tile.
-
-    SILU_AND_MUL: B's N rows are gate rows then up rows and C[pair] = silu(gate) · up, N/2 columns
-    (a tile: BLOCK_SIZE_N/2 of them). QUANTIZE_C: C in fp8 with one scale per row of a tile,
-    c_scale[pair, tile column]; the launch makes a tile's columns one scale group.
-    """
+    """C[pair] = A[pair // PAIRS_PER_A_ROW] @ B[expert]ᵀ on one BLOCK_SIZE_M × BLOCK_SIZE_N tile."""
     pid_m, pid_n = _grouped_tile(
         tl.program_id(0), num_m_blocks, tl.cdiv(N, BLOCK_SIZE_N), group_size_m
     )
@@ -107,18 +94,8 @@ def _expert_gemm_kernel(
     pair_ids = tl.load(sorted_pair_ids_ptr + pid_m * BLOCK_SIZE_M + offs_m, mask=row_mask, other=0)
     a_rows = pair_ids // PAIRS_PER_A_ROW
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    if SILU_AND_MUL:
-        # tile column 2j is gate row c + j, 2j + 1 its up row N/2 + c + j (c the tile's first
-        # output), so that the epilogue splits adjacent columns, which the MMA gives one thread
-        offs_c = pid_n * (BLOCK_SIZE_N // 2) + tl.arange(0, BLOCK_SIZE_N // 2)
-        c_cols = N // 2
-        pair_col = tl.arange(0, BLOCK_SIZE_N)
-        b_cols = (pid_n * (BLOCK_SIZE_N // 2) + pair_col // 2) % c_cols + (pair_col % 2) * c_cols
-    else:
-        offs_c = offs_n
-        c_cols = N
-        # columns past N wrap onto real ones so that B loads need no mask; the store drops them
-        b_cols = offs_n % N
+    # columns past N wrap onto real ones so that B loads need no mask; the store drops them
+    b_cols = offs_n % N
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + expert * stride_be + b_cols[None, :] * stride_bn + offs_k[:, None] * stride_bk
@@ -152,16 +129,8 @@ def _expert_gemm_kernel(
     if MUL_ROUTED_WEIGHT:
         weights = tl.load(topk_weights_ptr + pair_ids, mask=row_mask, other=0.0)
         acc = acc * weights.to(tl.float32)[:, None]
-    if SILU_AND_MUL:
-        gate, up = tl.split(tl.reshape(acc, (BLOCK_SIZE_M, BLOCK_SIZE_N // 2, 2)))
-        acc = gate * tl.sigmoid(gate) * up
-    col_mask = offs_c < c_cols
-    if QUANTIZE_C:
-        # the wrapped columns past the last output must not count towards a row's scale
-        acc, c_scale = _fp8_row_scales(tl.where(col_mask[None, :], acc, 0.0), _FP8_MAX)
-        tl.store(c_scale_ptr + pair_ids * stride_csm + pid_n, c_scale, mask=row_mask)
-    c_ptrs = c_ptr + pair_ids[:, None] * stride_cm + offs_c[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+    c_ptrs = c_ptr + pair_ids[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n < N)[None, :])
 
 
 @triton.jit
@@ -541,13 +510,9 @@ def fused_moe(
     blocks = sort_and_pad(topk_ids, E, config["BLOCK_SIZE_M"])
     num_pairs = M * top_k
     a1, a1_scale = _quantize_activations(x, scales, block_shape)
-    gemm1 = (a1, w1, blocks, config, scales, block_shape, a1_scale, w1_scale, top_k)
-    if fuses_silu_and_mul(config, scales, block_shape):
-        a2, a2_scale = _gate_up_gemm(*gemm1)
-    else:
-        h = torch.empty((num_pairs, two_n), dtype=x.dtype, device=x.device)
-        _expert_gemm(*gemm1, None, h)
-        a2, a2_scale = _silu_and_mul(h, scales, block_shape)
+    h = torch.empty((num_pairs, two_n), dtype=x.dtype, device=x.device)
+    _expert_gemm(a1, w1, blocks, config, scales, block_shape, a1_scale, w1_scale, top_k, None, h)
+    a2, a2_scale = _silu_and_mul(h, scales, block_shape)
     y = (
         out.view(M, 1, H)
         if top_k == 1
@@ -574,46 +539,6 @@ def fused_moe(
     return out
 
 
-def fuses_silu_and_mul(config: dict, scales: int, block_shape: list[int] | None) -> bool:
-    """Whether GEMM 1 with this config computes silu(gate)·up (and its fp8) in its epilogue.
-
-    Not with one fp8 scale per tensor (it needs every output first), nor with group scales
-    unless a tile's BLOCK_SIZE_N/2 outputs are exactly one group.
-    """
-    if scales == _SCALES_TENSOR:
-        return False
-    return scales == _SCALES_NONE or config["BLOCK_SIZE_N"] == 2 * block_shape[1]
-
-
-def _gate_up_gemm(a, w1, blocks, config, scales, block_shape, a_scale, w1_scale, pairs_per_a_row):
-    """GEMM 1 with silu-and-mul in its epilogue: the activation [P, N] GEMM 2 reads, its scales."""
-    n = w1.shape[1] // 2
-    num_pairs = a.shape[0] * pairs_per_a_row
-    if scales == _SCALES_BLOCK:
-        act = torch.empty((num_pairs, n), dtype=FP8_DTYPE, device=a.device)
-        act_scale = torch.empty(
-            (num_pairs, triton.cdiv(n, block_shape[1])), dtype=torch.float32, device=a.device
-        )
-    else:
-        act, act_scale = torch.empty((num_pairs, n), dtype=a.dtype, device=a.device), None
-    _expert_gemm(
-        a,
-        w1,
-        blocks,
-        config,
-        scales,
-        block_shape,
-        a_scale,
-        w1_scale,
-        pairs_per_a_row,
-        None,
-        act,
-        c_scale=act_scale,
-        silu_and_mul=True,
-    )
-    return act, act_scale
-
-
 def _expert_gemm(
     a,
     b,
@@ -626,12 +551,8 @@ def _expert_gemm(
     pairs_per_a_row,
     topk_weights,
     c,
-    *,
-    c_scale=None,
-    silu_and_mul=False,
 ):
-    """Launch the grouped GEMM c[pair] = a[pair // pairs_per_a_row] @ b[expert]ᵀ (silu(gate)·up
-    of it with silu_and_mul; in fp8 with one scale per tile row into c_scale when given)."""
+    """Launch the grouped GEMM c[pair] = a[pair // pairs_per_a_row] @ b[expert]ᵀ."""
     _, n, k = b.shape
     block_n, block_k = config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     group_n, group_k = block_shape if scales == _SCALES_BLOCK else (1, 1)
@@ -644,7 +565,6 @@ def _expert_gemm(
         c,
         a if a_scale is None else a_scale,
         b if b_scale is None else b_scale,
-        c if c_scale is None else c_scale,
         c if topk_weights is None else topk_weights,
         blocks.sorted_pair_ids,
         blocks.block_experts,
@@ -663,11 +583,8 @@ def _expert_gemm(
         c.stride(1),
         *a_scale_strides,
         *b_scale_strides,
-        0 if c_scale is None else c_scale.stride(0),
         PAIRS_PER_A_ROW=pairs_per_a_row,
         MUL_ROUTED_WEIGHT=topk_weights is not None,
-        SILU_AND_MUL=silu_and_mul,
-        QUANTIZE_C=c_scale is not None,
         SCALES=scales,
         GROUP_N=group_n,
         GROUP_K=group_k,

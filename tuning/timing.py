@@ -329,12 +329,14 @@ def moe_floor_us(shape: KernelShape, M: int, ceilings: DeviceCeilings) -> float:
 
 def layout_floor_us(shape: KernelShape, M: int, ceilings: DeviceCeilings) -> float:
     """The floor of the engines' kernel layout, in µs: moe_floor_us with the bytes that layout
-    moves through memory besides: the activation [M·top_k, N] GEMM 1 writes and GEMM 2 reads,
-    each pair's row [M·top_k, H] (bf16) GEMM 2 writes and the top-k sum reads (top_k > 1), and
-    in fp8 x's quantised copy. Where it is far above moe_floor_us, no config of this kernel
-    comes near the floor."""
+    moves through memory besides: gate and up [M·top_k, 2N] (bf16) GEMM 1 writes and the
+    activation kernel reads, the activation [M·top_k, N] it writes and GEMM 2 reads, each pair's
+    row [M·top_k, H] (bf16) GEMM 2 writes and the top-k sum reads (top_k > 1), and in fp8 x's
+    quantised copy. Where it is far above moe_floor_us, no config of this kernel comes near the
+    floor."""
     pairs = M * shape.top_k
     fp8 = shape.dtype == "fp8_w8a8"
+    gate_up_row = 2 * shape.N * 2
     act_row = shape.N * (1 if fp8 else 2)
     x_copy = 0
     if fp8:
@@ -342,7 +344,7 @@ def layout_floor_us(shape: KernelShape, M: int, ceilings: DeviceCeilings) -> flo
         act_row += 4 * groups
         x_copy = 2 * M * shape.H
     rows = 2 * pairs * shape.H * 2 if shape.top_k > 1 else 0
-    extra = 2 * pairs * act_row + rows + x_copy
+    extra = 2 * pairs * (gate_up_row + act_row) + rows + x_copy
     return _floor_us(shape, M, ceilings, _floor_bytes(shape, M) + extra)
 
 
