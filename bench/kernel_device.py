@@ -405,14 +405,34 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
 
     def gemm1(j):
         a, a_scale = a1[j]
-        args = (a, weights.w1, blocks[j], config, scales, block_shape, a_scale, w1s, shape.top_k)
-        fm._expert_gemm(*args, None, h[j])
+        fm._expert_gemm(
+            a,
+            weights.w1,
+            h[j],
+            blocks[j],
+            config,
+            scales,
+            block_shape,
+            a_scale,
+            w1s,
+            shape.top_k,
+            None,
+        )
 
     def gemm2(j):
         a, a_scale = a2[j]
-        weights_j = timer.topk_weights[j].reshape(-1)
         fm._expert_gemm(
-            a, weights.w2, blocks[j], down, scales, block_shape, a_scale, w2s, 1, weights_j, y[j]
+            a,
+            weights.w2,
+            y[j],
+            blocks[j],
+            down,
+            scales,
+            block_shape,
+            a_scale,
+            w2s,
+            1,
+            timer.topk_weights[j].reshape(-1),
         )
 
     def align(j):

@@ -133,18 +133,6 @@ def _expert_gemm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n < N)[None, :])
 
 
-@triton.jit
-def _fp8_row_scales(values, fp8_max):
-    """values [R, C] scaled into fp8's range, and each row's scale max|row| / fp8_max [R].
-
-    fp8_max comes from the callers: a global read here would enter a caller's Triton cache key
-    only if this helper was hashed before the caller (Triton merges a callee's globals before it
-    hashes the callee), so the key would depend on which kernel a process hashed first, and a
-    compile process's kernels would not serve the timing process's launches."""
-    scale = tl.maximum(tl.max(tl.abs(values), 1), 1e-10) / fp8_max
-    return tl.clamp(values / scale[:, None], -fp8_max, fp8_max), scale
-
-
 @triton.jit(do_not_specialize=["num_pairs"])
 def _count_experts_kernel(
     topk_ids_ptr,
@@ -292,7 +280,8 @@ def _activation_kernel(
         up = tl.load(in_row + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
         value = value * tl.sigmoid(value) * up
     if QUANTIZE:
-        value, scale = _fp8_row_scales(value, _FP8_MAX)
+        scale = tl.maximum(tl.max(tl.abs(value), 1), 1e-10) / _FP8_MAX
+        value = tl.clamp(value / scale[:, None], -_FP8_MAX, _FP8_MAX)
         tl.store(scale_ptr + row * stride_scale + groups, scale, mask=groups * GROUP_SIZE < n_cols)
     tl.store(out_ptr + row * stride_out + cols, value.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -511,7 +500,7 @@ def fused_moe(
     num_pairs = M * top_k
     a1, a1_scale = _quantize_activations(x, scales, block_shape)
     h = torch.empty((num_pairs, two_n), dtype=x.dtype, device=x.device)
-    _expert_gemm(a1, w1, blocks, config, scales, block_shape, a1_scale, w1_scale, top_k, None, h)
+    _expert_gemm(a1, w1, h, blocks, config, scales, block_shape, a1_scale, w1_scale, top_k, None)
     a2, a2_scale = _silu_and_mul(h, scales, block_shape)
     y = (
         out.view(M, 1, H)
@@ -521,6 +510,7 @@ def fused_moe(
     _expert_gemm(
         a2,
         w2,
+        y.view(num_pairs, H),
         blocks,
         down_config,
         scales,
@@ -529,7 +519,6 @@ def fused_moe(
         w2_scale,
         1,
         topk_weights.reshape(-1),
-        y.view(num_pairs, H),
     )
     if top_k > 1:
         block_h = min(1024, triton.next_power_of_2(H))
@@ -540,17 +529,7 @@ def fused_moe(
 
 
 def _expert_gemm(
-    a,
-    b,
-    blocks,
-    config,
-    scales,
-    block_shape,
-    a_scale,
-    b_scale,
-    pairs_per_a_row,
-    topk_weights,
-    c,
+    a, b, c, blocks, config, scales, block_shape, a_scale, b_scale, pairs_per_a_row, topk_weights
 ):
     """Launch the grouped GEMM c[pair] = a[pair // pairs_per_a_row] @ b[expert]ᵀ."""
     _, n, k = b.shape
