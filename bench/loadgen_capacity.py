@@ -83,6 +83,7 @@ def run_client(name: str, base_url: str, concurrency: int, requests: int, output
         client = loadgen.ClientConfig(
             base_url=base_url,
             model="standin",
+            vocab_size=32000,
             transport="httpx" if name == "moeops-httpx-pool" else "fast",
         )
         level = loadgen.LevelConfig(

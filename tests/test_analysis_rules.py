@@ -259,14 +259,19 @@ def test_queueing_prefers_the_cap_the_server_reported():
         levels=levels,
         engine_samples=engine,
         max_running_requests=64,
-        parameters={"server_info": {"max_num_seqs": 256}},
+        observed={"max_running_requests": 256, "max_running_requests_source": "/server_info x"},
         engine="vllm",
     )
 
     assert analysis.queueing(data) == []
-    data.parameters = {"server_info": {"max_num_seqs": 128}}
+    data.observed = {
+        "max_running_requests": 128,
+        "max_running_requests_source": "/server_info scheduler_config.max_num_seqs",
+    }
     [p] = analysis.queueing(data)
-    assert p.evidence["cap_source"] == "server_info.max_num_seqs"
+    assert p.evidence["cap_source"] == (
+        "reported by the engine (/server_info scheduler_config.max_num_seqs)"
+    )
     assert p.plan == ["Raise --max-num-seqs above 128 and re-sweep"]
 
 

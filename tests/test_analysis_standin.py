@@ -1,7 +1,8 @@
 """A real sweep against the stand-in engine, capped below its top concurrency, diagnosed.
 
-The sweep runs as a worker runs it (load generator, engine /metrics sampler, server info) and
-its results are stored as the API stores them; the analysis must find the plateau and the queue.
+The sweep runs as a worker runs it (load generator, engine /metrics sampler, what the engine
+says of itself) and its results are stored as the API stores them; the analysis must find the
+plateau and the queue behind the cap the engine reported.
 """
 
 import pytest
@@ -9,7 +10,8 @@ import pytest
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.insights import services
 from moeops.runs.models import LEVEL_KEYS, EngineSample, LevelResult, SweepRun, level_key
-from workers.engine_metrics import EngineMetricsSampler, read_server_info
+from workers.engine_info import identify_engine
+from workers.engine_metrics import EngineMetricsSampler
 from workers.loadgen import ClientConfig, SweepConfig, run_sweep
 from workers.standin import spawn_standin
 
@@ -21,15 +23,15 @@ LEVELS = (4, 8, 16, 32)
 
 @pytest.fixture(scope="module")
 def capped_sweep():
-    """(server info, level results, engine samples) of a sweep at 4…32 against a cap of 8."""
+    """(engine identity, level results, engine samples) of a sweep at 4…32 against a cap of 8."""
     # step = 4 ms + 0.5 ms × batch: throughput rises to the cap of 8, then stays
     url, proc = spawn_standin(
         ["--max-running-requests", str(CAP), "--step-ms-base", "4", "--step-ms-per-req", "0.5"]
     )
     try:
-        server_info = read_server_info(url)
+        identity = identify_engine(url)
         config = SweepConfig(
-            client=ClientConfig(base_url=url, model="standin"),
+            client=ClientConfig(base_url=url, model="standin", vocab_size=32000),
             concurrencies=LEVELS,
             input_len=32,
             output_len=20,
@@ -44,24 +46,21 @@ def capped_sweep():
     finally:
         proc.terminate()
         proc.wait(5)
-    return server_info, results, sampler.samples
+    return identity, results, sampler.samples
 
 
 def store(capped_sweep):
-    server_info, results, samples = capped_sweep
+    identity, results, samples = capped_sweep
     model = ModelSpec.objects.create(name="standin", config_json={})
     host = Host.objects.create(name="standin-host")
-    deployment = Deployment.objects.create(name="standin", model=model, host=host)
+    # the deployment records no cap: the one the rule uses is the engine's own
+    deployment = Deployment.objects.create(name="standin", model=model, host=host, engine="other")
     run = SweepRun.objects.create(
         deployment=deployment,
         status="succeeded",
         telemetry_status="unavailable",
-        parameters={
-            "levels": list(LEVELS),
-            "input_len": 32,
-            "output_len": 20,
-            "server_info": server_info,
-        },
+        parameters={"levels": list(LEVELS), "input_len": 32, "output_len": 20},
+        snapshot={"engine": identity},
     )
     for result in results:
         fields = {k: result[k] for k in LEVEL_KEYS if result.get(k) is not None}
@@ -96,7 +95,9 @@ def test_a_capped_sweep_yields_the_plateau_and_queueing_findings(capped_sweep):
     queueing = findings["queueing"]
     assert queueing.severity == "warning" and queueing.evidence["basis"] == "engine_samples"
     assert queueing.evidence["cap"] == CAP
-    assert queueing.evidence["cap_source"] == "server_info.max_running_requests"
+    assert queueing.evidence["cap_source"] == (
+        "reported by the engine (/get_server_info max_running_requests)"
+    )
     # no telemetry from the stand-in: no GPU evidence, never idle GPUs
     assert "idle_gpus" not in findings
     assert findings["other"].key == "no-gpu-evidence"

@@ -1,5 +1,4 @@
 import asyncio
-import json
 import threading
 from pathlib import Path
 
@@ -14,12 +13,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "engine_metrics"
 
 def _fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
-
-
-def _sglang_server_info(name: str) -> dict:
-    line = (FIXTURES / name).read_text().splitlines()[0]
-    # SGLang's benchmark writes a bare Infinity for request_rate; json accepts it.
-    return json.loads(line)["server_info"]
 
 
 def test_it_reads_sglangs_running_queued_and_token_usage():
@@ -71,26 +64,6 @@ def test_it_rejects_text_that_is_not_prometheus():
         engine_metrics.parse_engine_metrics("<html>\n<body>502 Bad Gateway</body>\n")
 
 
-def test_it_reads_no_max_running_requests_when_sglang_leaves_it_unset():
-    agg = _sglang_server_info("TonyLi15-sglang-benchmark__agg_n50_in128_out64_c8.jsonl")
-    assert engine_metrics.server_info_limits(agg) == {
-        "max_running_requests": None,
-        "max_total_num_tokens": 2301720,
-    }
-    pd = _sglang_server_info("TonyLi15-sglang-benchmark__pd_1p2d_n100_in512_out128_c64.jsonl")
-    # the decode side's KV pool, not the prefill side's
-    assert engine_metrics.server_info_limits(pd) == {
-        "max_running_requests": None,
-        "max_total_num_tokens": 1893103,
-    }
-
-
-def test_it_finds_max_running_requests_in_the_schedulers_state():
-    info = _sglang_server_info("TonyLi15-sglang-benchmark__agg_n50_in128_out64_c8.jsonl")
-    info["internal_states"][0]["max_running_requests"] = 256
-    assert engine_metrics.server_info_limits(info)["max_running_requests"] == 256
-
-
 @pytest.fixture(scope="module")
 def standin():
     url, stop = start_standin_in_thread(
@@ -100,23 +73,9 @@ def standin():
     stop()
 
 
-def test_it_reads_server_info_where_the_engine_has_it(standin):
-    info = engine_metrics.read_server_info(standin)
-    assert info["available"] is True
-    assert info["max_running_requests"] == 4
-    # an engine without the endpoint (vLLM) answers 404
-    missing = engine_metrics.read_server_info(standin + "/no-such-engine")
-    assert missing == {
-        "available": False,
-        "max_running_requests": None,
-        "max_total_num_tokens": None,
-        "version": None,
-    }
-
-
 def test_the_sampler_sees_requests_queued_behind_max_running_requests(standin):
     level = loadgen.LevelConfig(concurrency=12, input_len=8, output_len=30, num_prompts=24)
-    client = loadgen.ClientConfig(base_url=standin, model="standin")
+    client = loadgen.ClientConfig(base_url=standin, model="standin", vocab_size=32000)
     with EngineMetricsSampler(standin, interval_s=0.05) as sampler:
         sampler.level_concurrency = 12
         asyncio.run(loadgen.run_level(client, level))

@@ -7,6 +7,8 @@ import threading
 
 import pytest
 from aiohttp import web
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
 
 from workers import loadgen
 from workers.loadgen import ClientConfig, LevelConfig, RequestRecord, SweepConfig
@@ -119,6 +121,7 @@ def _level(concurrency=2, num_prompts=4, **kw) -> LevelConfig:
 
 def _client(url: str, **kw) -> ClientConfig:
     kw.setdefault("model", "m")
+    kw.setdefault("vocab_size", 32000)
     return ClientConfig(base_url=url, timeout_s=kw.pop("timeout_s", 10.0), **kw)
 
 
@@ -323,6 +326,29 @@ def test_it_merges_records_from_several_processes():
     assert math.isfinite(result["duration"]) and result["duration"] < 10
 
 
+def test_the_cli_refuses_to_guess_a_vocabulary_the_server_cannot_tell(scripted, capsys):
+    argv = ["--base-url", scripted.url + "/fast", "--model", "m", "--concurrency", "1"]
+
+    assert loadgen.main(argv) == 2
+
+    err = capsys.readouterr().err
+    assert err.startswith("error: the model's vocabulary is unknown")
+    assert "give --tokenizer PATH" in err and "--vocab-size N" in err
+    assert "Traceback" not in err
+
+
+def test_the_cli_takes_the_vocabulary_from_a_tokenizer_file(scripted, tmp_path, capsys):
+    vocab = {f"t{i}": i for i in range(300)}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="t0"))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    argv = ["--base-url", scripted.url + "/fast", "--model", "m", "--concurrency", "1"]
+    argv += ["--prompts-per-level", "2", "--output-len", str(CHUNKS), "--tokenizer", str(tmp_path)]
+
+    assert loadgen.main(argv) == 0
+
+    assert "a vocabulary of 300 (tokenizer" in capsys.readouterr().err
+
+
 def test_the_cli_writes_vllm_named_results(scripted, tmp_path, capsys):
     out = tmp_path / "levels.json"
     status = loadgen.main(
@@ -339,6 +365,8 @@ def test_the_cli_writes_vllm_named_results(scripted, tmp_path, capsys):
             str(CHUNKS),
             "--prompts-per-level",
             "3",
+            "--vocab-size",
+            "32000",
             "--output",
             str(out),
         ]

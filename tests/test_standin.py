@@ -39,7 +39,9 @@ def _events(text: str) -> list:
 
 def _run(url: str, level: LevelConfig, **client) -> dict:
     return asyncio.run(
-        loadgen.run_level(ClientConfig(base_url=url, model="standin", **client), level)
+        loadgen.run_level(
+            ClientConfig(base_url=url, model="standin", **{"vocab_size": 32000, **client}), level
+        )
     )
 
 

@@ -80,7 +80,7 @@ def test_make_run_brings_up_both_workers_and_the_standin_and_a_ui_sweep_finishes
         (deployment,) = _wait("the stand-in's health check", checked, 60)
         assert deployment["name"] == "GLM-5 (stand-in)"
         assert deployment["endpoint_url"] == f"http://127.0.0.1:{standin_port}"
-        assert deployment["status_detail"] == "healthy; serves glm-5-standin"
+        assert deployment["status_detail"] == "stand-in serves glm-5-standin"
 
         page = web.get("/accounts/login/")
         web.post(

@@ -53,6 +53,7 @@ def _run(deployment, levels=(4, 8), **extra):
         "levels": list(levels),
         "input_len": 8,
         "output_len": 16,
+        "vocab_size": 154880,
         **extra,
     }
     run, _ = services.run_create(deployment=deployment, parameters=parameters)
@@ -61,6 +62,38 @@ def _run(deployment, levels=(4, 8), **extra):
 
 def _sweep(run, client, **kwargs):
     return sweep.run_sweep(str(run.uuid), run.parameters, client=client, **kwargs)
+
+
+def test_a_run_without_a_vocabulary_the_server_cannot_tell_fails_saying_what_to_give(world):
+    deployment, client = world
+    run = _run(deployment, vocab_size=None)
+
+    assert _sweep(run, client) == "failed"
+
+    run.refresh_from_db()
+    assert run.levels.count() == 0
+    assert "the model's vocabulary is unknown" in run.error
+    assert "--tokenizer PATH" in run.error
+
+
+def test_it_records_what_the_engine_said_of_itself_once(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4,))
+    recorded_before = run.snapshot["deployment"]
+
+    assert _sweep(run, client) == "succeeded"
+
+    run.refresh_from_db()
+    engine = run.snapshot["engine"]
+    assert (engine["engine"], engine["max_running_requests"]) == ("standin", 16)
+    assert engine["args_source"] == "/get_server_info"
+    assert run.snapshot["kernel_config"]["state"] == "not_applicable"
+    assert run.snapshot["client"]["host"] == socket.gethostname()
+    assert run.snapshot["deployment"] == recorded_before
+    # a second report (a resumed sweep) does not rewrite the first
+    assert not services.run_record_observed(run=run, observed={"engine": {"engine": "vllm"}})
+    run.refresh_from_db()
+    assert run.snapshot["engine"]["engine"] == "standin"
 
 
 def test_it_claims_the_run_and_stores_each_level_once(world):

@@ -307,7 +307,7 @@ def test_the_worker_probes_its_host_on_start_and_checks_deployments(sweep_stack)
         },
     )
     deployment = _wait_for_status(deployment, "healthy")
-    assert deployment.status_detail == "healthy; serves glm-5-standin"
+    assert deployment.status_detail == "stand-in serves glm-5-standin"
 
 
 def _wait_for_status(deployment, status, timeout=30):

@@ -170,6 +170,18 @@ def config_file_name(
     return name + ("_down" if down_moe else "") + ".json"
 
 
+def kernel_dtype(quantization: str) -> str | None:
+    """The kernel-config dtype for a weight quantization, or None when none applies (FP4)."""
+    quantization = (quantization or "").lower()
+    if quantization in ("", "bf16", "bfloat16", "auto", "none"):
+        return "bf16"
+    if quantization in ("fp16", "float16", "half"):
+        return "fp16"
+    if "fp8" in quantization:
+        return "fp8_w8a8"
+    return None
+
+
 def parse_config_file_name(name: str) -> ConfigFileName:
     """Split a kernel-config file name (optionally `triton_X_Y_Z/` in front) into its parts."""
     path = PurePosixPath(name.replace("\\", "/"))

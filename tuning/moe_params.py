@@ -118,6 +118,23 @@ def moe_params(
     )
 
 
+def vocab_size(config: dict | str | bytes) -> int | None:
+    """The model's vocabulary size from its config.json (text_config first), or None.
+
+    A prompt token id must stay below it: engines answer 400 to an id outside the vocabulary.
+    """
+    try:
+        config = _as_object(config, "config.json")
+    except MoEConfigError:
+        return None
+    text_config = config.get("text_config")
+    sections = [text_config, config] if isinstance(text_config, dict) else [config]
+    key, value = _first(sections, ("vocab_size", "padded_vocab_size"))
+    if key is None or isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        return None
+    return value
+
+
 def _shard(num_experts: int, intermediate: int, tp: int, ep: int) -> tuple[int, int]:
     """Experts per rank and per-rank intermediate size N for tp × ep.
 

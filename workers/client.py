@@ -310,6 +310,10 @@ class MoeopsClient:
             body["status"] = status
         return self._push("PATCH", f"/runs/{run}", body)
 
+    def post_observed(self, run, observed):
+        """What the sweep saw of the engine at its start, into the run's snapshot (set once)."""
+        return self._push("POST", f"/runs/{run}/snapshot", observed)
+
     def cancel_run(self, run):
         return self.request("POST", f"/runs/{run}/cancel").json()
 

@@ -1,45 +1,62 @@
-"""Is a deployment's engine up and serving the model it should? (`workers.check_deployment`)"""
+"""Is a deployment's engine up, serving the model it should, and is it the engine on record?
+(`workers.check_deployment`)"""
 
-import httpx
+import time
 
-from workers.engine_metrics import read_server_info
+from reports import engine as engine_reports
+from workers.engine_info import identify_engine
 
 
-def check_engine(base_url, model="", *, timeout_s=5.0):
-    """Probe /health and /v1/models of an OpenAI-compatible engine.
+def check_engine(base_url, model="", *, recorded_engine="", timeout_s=10.0):
+    """Ask the engine at base_url what it is and whether it serves `model`.
 
-    Returns {"status": "healthy" | "degraded" | "failed", "detail": str, "models": [ids],
-    "max_running_requests": int | None}: failed when the engine does not answer or /health is
-    not 200, degraded when it answers but does not list `model`.
+    Returns {"status": "healthy" | "degraded" | "failed", "up" (bool), "detail" (a sentence),
+    "latency_ms" (the /v1/models answer, or None), "engine", "version", "models",
+    "max_running_requests"}: failed when nothing answers; degraded when it answers but does
+    not list `model`, or when another engine than the recorded one answers.
     """
-    base = base_url.rstrip("/")
-    out = {"status": "failed", "detail": "", "models": [], "max_running_requests": None}
+    out = {
+        "status": "failed",
+        "up": False,
+        "detail": "",
+        "latency_ms": None,
+        "engine": None,
+        "version": None,
+        "models": [],
+        "max_running_requests": None,
+    }
+    base = (base_url or "").rstrip("/")
     if not base:
         out["detail"] = "the deployment has no endpoint URL"
         return out
-    with httpx.Client(timeout=timeout_s) as client:
-        try:
-            health = client.get(base + "/health")
-            listed = client.get(base + "/v1/models")
-        except httpx.HTTPError as exc:
-            out["detail"] = f"{base} did not answer: {type(exc).__name__}: {exc}"
-            return out
-    if health.status_code != 200:
-        out["detail"] = f"/health answered HTTP {health.status_code}"
+    started = time.perf_counter()
+    identity = identify_engine(base, timeout_s=timeout_s)
+    if not identity["reachable"]:
+        out["detail"] = f"the engine did not answer: {identity['error']}"
         return out
-    try:
-        out["models"] = [m["id"] for m in listed.json()["data"]]
-    except (ValueError, KeyError, TypeError):
+    out.update(
+        up=True,
+        latency_ms=(time.perf_counter() - started) * 1000,
+        engine=identity["engine"],
+        version=identity["version"],
+        models=[m["id"] for m in identity["models"]],
+        max_running_requests=identity["max_running_requests"],
+    )
+    answering = engine_reports.label(identity)
+    if (
+        recorded_engine in ("vllm", "sglang")
+        and identity["engine"] in ("vllm", "sglang", "standin")
+        and identity["engine"] != recorded_engine
+    ):
         out["status"] = "degraded"
-        out["detail"] = f"/v1/models answered HTTP {listed.status_code} without a model list"
+        out["detail"] = (
+            f"recorded as {engine_reports.label(recorded_engine)}, but {answering} answers"
+        )
         return out
-    out["max_running_requests"] = read_server_info(base, timeout_s=timeout_s)[
-        "max_running_requests"
-    ]
     if model and model not in out["models"]:
         out["status"] = "degraded"
-        out["detail"] = f"healthy, but serves {out['models']}, not {model!r}"
+        out["detail"] = f"{answering} answers, but serves {out['models']}, not {model!r}"
         return out
     out["status"] = "healthy"
-    out["detail"] = f"healthy; serves {', '.join(out['models']) or 'no model'}"
+    out["detail"] = f"{answering} serves {', '.join(out['models']) or 'no model'}"
     return out

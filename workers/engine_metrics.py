@@ -1,4 +1,4 @@
-"""The engine's own view during a sweep: Prometheus /metrics and /get_server_info.
+"""The engine's own view during a sweep: its Prometheus /metrics.
 
 SGLang and vLLM both export running requests, queued requests and KV-cache usage, under their
 own names. An engine with several schedulers (data-parallel ranks, vLLM's engine index) exports
@@ -32,7 +32,6 @@ ENGINE_GAUGES = {
 # Labels that tell apart copies of one scheduler's state rather than distinct schedulers.
 REPLICA_LABELS = frozenset({"tp_rank", "pp_rank", "attn_tp_rank", "moe_ep_rank"})
 STANDIN_INFO = "moeops_standin_info"
-SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
 
 
 class EngineMetricsError(ValueError):
@@ -110,64 +109,6 @@ def scrape_engine_metrics(
         response = client.get(url, timeout=timeout_s)
     response.raise_for_status()
     return parse_engine_metrics(response.text)
-
-
-def server_info_limits(info: dict) -> dict:
-    """max_running_requests and max_total_num_tokens from a /get_server_info body.
-
-    SGLang puts its server args at the top level, the schedulers' view under
-    internal_states[], and a prefill/decode-disaggregated router nests both under
-    "prefill"[] and "decode"[]; the first integer found wins, decode before prefill (the decode
-    side caps the running batch). A value the engine leaves null stays None.
-    """
-    out = {}
-    for key in ("max_running_requests", "max_total_num_tokens"):
-        out[key] = _first_int(info, key)
-    return out
-
-
-def _first_int(node, key: str) -> int | None:
-    if isinstance(node, list):
-        return next((v for item in node if (v := _first_int(item, key)) is not None), None)
-    if not isinstance(node, dict):
-        return None
-    value = node.get(key)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    for nested in ("internal_states", "decode", "prefill"):
-        if nested in node and (v := _first_int(node[nested], key)) is not None:
-            return v
-    return None
-
-
-def read_server_info(base_url: str, *, timeout_s: float = 5.0) -> dict:
-    """What the engine says about its limits, from /get_server_info (or /server_info).
-
-    Returns {"available": bool, "max_running_requests": int | None,
-    "max_total_num_tokens": int | None, "version": str | None}: available is False for engines
-    with no such endpoint (vLLM), and the limits are then None.
-    """
-    out = {"available": False, "max_running_requests": None, "max_total_num_tokens": None}
-    out["version"] = None
-    with httpx.Client(timeout=timeout_s) as client:
-        for path in SERVER_INFO_PATHS:
-            try:
-                response = client.get(base_url.rstrip("/") + path)
-            except httpx.HTTPError:
-                return out
-            if response.status_code != 200:
-                continue
-            try:
-                info = response.json()
-            except ValueError:
-                continue
-            if not isinstance(info, dict):
-                continue
-            out.update(server_info_limits(info), available=True)
-            version = info.get("version")
-            out["version"] = version if isinstance(version, str) else None
-            return out
-    return out
 
 
 class EngineMetricsSampler:

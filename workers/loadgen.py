@@ -37,7 +37,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from workers import latency_stats
+from reports.failures import describe_failure
+from workers import latency_stats, vocabulary
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 TRANSPORTS = ("fast", "httpx")
@@ -57,6 +58,9 @@ CHAT_WORDS = (
 )
 # fmt: on
 
+# The longest server error message kept per failure reason.
+ERROR_MESSAGE_CHARS = 500
+
 OnRequestDone = Callable[[int, int], None]
 ShouldStop = Callable[[], bool]
 
@@ -67,15 +71,16 @@ class ClientConfig:
 
     endpoint is "completions" (prompts as token-id lists, exact lengths) or "chat" (text
     prompts, approximate lengths); timeout_s bounds each request end to end and each wait for
-    bytes (s); vocab_size is the model's config.json vocab_size, from which prompt token ids are
-    drawn; transport is "fast" (HTTP1StreamTransport) or "httpx" (httpx's own pool).
+    bytes (s); vocab_size is the model's vocabulary (workers.vocabulary), from which prompt
+    token ids are drawn, needed by the completions endpoint; transport is "fast"
+    (HTTP1StreamTransport) or "httpx" (httpx's own pool).
     """
 
     base_url: str
     model: str
     endpoint: str = "completions"
     timeout_s: float = 600.0
-    vocab_size: int = 32000
+    vocab_size: int | None = None
     seed: int = 0
     api_key: str | None = None
     transport: str = "fast"
@@ -494,6 +499,8 @@ def build_payload(client_cfg: ClientConfig, level: LevelConfig, key: tuple[int, 
         body["messages"] = [{"role": "user", "content": text}]
         body["max_completion_tokens"] = level.output_len
     else:
+        if client_cfg.vocab_size is None:
+            raise ValueError("prompts of token ids need the model's vocabulary size")
         low, high = token_id_range(client_cfg.vocab_size)
         body["prompt"] = rng.integers(low, high, size=level.input_len).tolist()
     return json.dumps(body, separators=(",", ":")).encode()
@@ -557,11 +564,35 @@ class _SSEParser:
                 elif choice.get("text"):
                     record.chunk_ts.append(ts)
             elif obj.get("error") is not None:
-                raise _StreamFailure("stream_error", str(obj["error"])[:200])
+                raise _StreamFailure("stream_error", _error_event_message(obj["error"]))
             usage = obj.get("usage")
             if usage:
                 record.prompt_tokens = usage.get("prompt_tokens")
                 record.completion_tokens = usage.get("completion_tokens")
+
+
+def _error_event_message(error) -> str:
+    """The message of an error event in a stream (vLLM streams a refused prompt as one)."""
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])[:ERROR_MESSAGE_CHARS]
+    return str(error)[:ERROR_MESSAGE_CHARS]
+
+
+def server_error_message(body: bytes) -> str:
+    """The engine's own words for a refused request: the message of its OpenAI-style error
+    body ({"error": {"message"}} or {"message"}), else the body's start as text."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict):
+        error = obj.get("error")
+        message = error.get("message") if isinstance(error, dict) else obj.get("message")
+        if isinstance(error, str) and not message:
+            message = error
+        if message:
+            return str(message)[:ERROR_MESSAGE_CHARS]
+    return body[:ERROR_MESSAGE_CHARS].decode("utf-8", "replace")
 
 
 async def send_request(
@@ -583,9 +614,8 @@ async def send_request(
         ):
             in_body = True
             if response.status_code != 200:
-                text = await response.aread()
                 raise _StreamFailure(
-                    f"http_{response.status_code}", text[:200].decode("utf-8", "replace")
+                    f"http_{response.status_code}", server_error_message(await response.aread())
                 )
             async for data in response.aiter_raw():
                 parser.feed(data, time.perf_counter())
@@ -903,6 +933,7 @@ def summarize_level(records: list[RequestRecord], level: LevelConfig) -> dict:
         "failed": len(failed),
         "errors": dict(Counter(r.error for r in failed)),
         "error_samples": {r.error: r.detail for r in reversed(failed)},
+        "all_failed_with": all_failed_with(records),
         "usage_reported": usage_reported,
         "total_input_tokens": total_input if usage_reported else None,
         "total_output_tokens": total_output if usage_reported else None,
@@ -923,6 +954,18 @@ def summarize_level(records: list[RequestRecord], level: LevelConfig) -> dict:
     result.update(latency_stats.describe_ms("itl", itls))
     result.update(latency_stats.describe_ms("e2el", e2els))
     return result
+
+
+def all_failed_with(records: list[RequestRecord]) -> str | None:
+    """ "HTTP 400: <the engine's message>" when every request failed for one reason, else
+    None: then the level measured nothing but that error. The message is the one most requests
+    got (they may differ in a number, e.g. which token id was out of vocabulary)."""
+    if not records or any(r.error is None for r in records):
+        return None
+    if len({r.error for r in records}) != 1:
+        return None
+    detail, _ = Counter(r.detail for r in records).most_common(1)[0]
+    return describe_failure(records[0].error, detail)
 
 
 def _peak_tokens_per_s(ok: list[RequestRecord], start: float) -> float:
@@ -981,6 +1024,8 @@ async def run_level(
     """
     if client_cfg.endpoint not in ENDPOINT_PATHS:
         raise ValueError(f"endpoint must be one of {sorted(ENDPOINT_PATHS)}")
+    if client_cfg.endpoint == "completions" and client_cfg.vocab_size is None:
+        raise ValueError("prompts of token ids need the model's vocabulary size")
     if client_cfg.transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}")
     stop = should_stop or (lambda: False)
@@ -1068,16 +1113,25 @@ TABLE_COLUMNS = (
 
 
 def format_level(result: dict, header: bool) -> str:
-    """One table row for a level result (and the header line above it when header is true)."""
+    """One table row for a level result (and the header line above it when header is true).
+
+    A level whose every request failed with one error shows that error, verbatim, first."""
     cells = []
     for _, key, width, decimals in TABLE_COLUMNS:
         value = result.get(key)
         cells.append("-".rjust(width) if value is None else f"{value:>{width}.{decimals}f}")
     row = " ".join(cells)
-    if result.get("errors"):
-        row += "  " + ", ".join(f"{k}={v}" for k, v in sorted(result["errors"].items()))
-    if not result.get("usage_reported"):
-        row += "  (no usage from the server: token figures left out)"
+    if result.get("all_failed_with"):
+        total = result.get("failed")
+        row = (
+            f"{result.get('concurrency')!s:>5} every request failed ({total} of {total}): "
+            f"{result['all_failed_with']}"
+        )
+    else:
+        if result.get("errors"):
+            row += "  " + ", ".join(f"{k}={v}" for k, v in sorted(result["errors"].items()))
+        if not result.get("usage_reported"):
+            row += "  (no usage from the server: token figures left out)"
     if not header:
         return row
     titles = " ".join(title.rjust(width) for title, _, width, _ in TABLE_COLUMNS)
@@ -1097,7 +1151,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts-per-level", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=0)
     parser.add_argument("--request-rate", type=float, default=None, help="req/s, Poisson")
-    parser.add_argument("--vocab-size", type=int, default=32000)
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the model's tokenizer.json or folder: prompt token ids are drawn from its vocabulary",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="the model's vocabulary size, when no --tokenizer is at hand",
+    )
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600.0, help="per request, s")
     parser.add_argument("--seed", type=int, default=0)
@@ -1113,13 +1177,30 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; prints one table row per level, returns the exit status."""
     args = _parse_args(argv)
+    vocab_size = None
+    if args.endpoint == "completions":
+        try:
+            vocab_size, source = vocabulary.resolve(
+                vocab_size=args.vocab_size,
+                tokenizer=args.tokenizer,
+                base_url=args.base_url,
+                model=args.model,
+            )
+        except vocabulary.VocabularyUnknown as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        # on stderr: stdout is the table, for pipes
+        print(
+            f"prompt token ids drawn from a vocabulary of {vocab_size:,} ({source})",
+            file=sys.stderr,
+        )
     cfg = SweepConfig(
         client=ClientConfig(
             base_url=args.base_url,
             model=args.model,
             endpoint=args.endpoint,
             timeout_s=args.timeout,
-            vocab_size=args.vocab_size,
+            vocab_size=vocab_size,
             seed=args.seed,
             api_key=args.api_key,
             transport=args.transport,

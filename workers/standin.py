@@ -516,7 +516,8 @@ class StandinServer:
         cfg = self.config
         return {
             "engine": OWNED_BY,
-            "version": OWNED_BY,
+            # a test double has no release of its own to report
+            "version": None,
             "model_path": cfg.model,
             "served_model_name": cfg.model,
             "max_running_requests": cfg.max_running_requests,

@@ -18,9 +18,10 @@ import threading
 import time
 import uuid
 
-from workers import loadgen
+from reports.failures import describe_failure
+from workers import engine_info, loadgen, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
-from workers.engine_metrics import EngineMetricsSampler, read_server_info
+from workers.engine_metrics import EngineMetricsSampler
 from workers.telemetry import TelemetrySampler, push_drained
 
 log = logging.getLogger(__name__)
@@ -66,13 +67,21 @@ def sweep_config(parameters):
 
     parameters: base_url, model, levels (concurrencies), input_len and output_len (tokens);
     optional endpoint, prompts_per_level, warmup, request_rate (req/s), processes, vocab_size,
-    timeout_s, slo_ttft_ms, slo_tpot_ms, slo_e2el_ms.
+    timeout_s, slo_ttft_ms, slo_tpot_ms, slo_e2el_ms. Without vocab_size the completions
+    endpoint asks the server where its model is (workers.vocabulary) and raises
+    vocabulary.VocabularyUnknown when it cannot tell.
     """
+    endpoint = parameters.get("endpoint") or "completions"
+    vocab_size = parameters.get("vocab_size")
+    if endpoint == "completions" and vocab_size is None:
+        vocab_size, _ = vocabulary.resolve(
+            base_url=parameters["base_url"], model=parameters["model"]
+        )
     client = loadgen.ClientConfig(
         base_url=parameters["base_url"],
         model=parameters["model"],
-        endpoint=parameters.get("endpoint") or "completions",
-        vocab_size=parameters.get("vocab_size") or 32000,
+        endpoint=endpoint,
+        vocab_size=vocab_size,
         timeout_s=parameters.get("timeout_s") or 600.0,
     )
     optional = (
@@ -260,7 +269,20 @@ def run_sweep(
     claimed = _claim(client, run_uuid, stale_after_s)
     if isinstance(claimed, str):
         return claimed
-    config = sweep_config(parameters)
+    try:
+        config = sweep_config(parameters)
+    except vocabulary.VocabularyUnknown as exc:
+        _finish(client, run_uuid, "failed", str(exc), {"worker": _me()})
+        return "failed"
+    snapshot = claimed.get("snapshot") or {}
+    if not snapshot.get("engine"):
+        recorded = (snapshot.get("deployment") or {}).get("engine", "")
+        observed = engine_info.observe(
+            config.client.base_url,
+            kernel_shape=snapshot.get("kernel_shape"),
+            recorded_engine=recorded,
+        )
+        client.post_observed(run_uuid, observed)
     levels = config.levels()
     stored = {
         _level_id(level["concurrency"], level["request_rate"])
@@ -287,8 +309,6 @@ def run_sweep(
             running.callback(samples.flush)
             running.enter_context(telemetry)
             running.enter_context(engine)
-            # what the engine says of its limits travels with every progress push
-            progress.update(server_info=read_server_info(config.client.base_url))
             client.update_run(
                 run_uuid,
                 telemetry_status=telemetry.status,
@@ -351,9 +371,13 @@ def _run_levels(
         done += 1
         progress.update(levels_done=done)
         if result["completed"] == 0:
+            cause = result.get("all_failed_with") or ", ".join(
+                f"{describe_failure(reason, result['error_samples'].get(reason))} × {n}"
+                for reason, n in sorted(result["errors"].items())
+            )
             return "failed", (
-                f"every request at concurrency {level.concurrency} failed "
-                f"({result['errors']}); the sweep stopped there"
+                f"every request at concurrency {level.concurrency} failed: {cause}. "
+                "The sweep stopped there."
             )
     if done == len(levels):
         return "succeeded", ""

@@ -96,9 +96,11 @@ def tune_kernel(self, tuning_run_uuid, **shape):
     soft_time_limit=CHECK_SOFT_LIMIT_S,
     time_limit=CHECK_SOFT_LIMIT_S + HARD_MARGIN_S,
 )
-def check_deployment(self, deployment, base_url, model=""):
-    """Probe the engine's /health and models list; record the deployment's status and GPUs."""
-    result = engine_check.check_engine(base_url, model)
+def check_deployment(self, deployment, base_url, model="", engine=""):
+    """Ask the engine what it is and what it serves; record the deployment's status and GPUs.
+
+    engine: the engine the deployment records, so that another one answering is flagged."""
+    result = engine_check.check_engine(base_url, model, recorded_engine=engine)
     with _host_client(self) as client:
         client.update_deployment(
             deployment, status=result["status"], status_detail=result["detail"][:300]

@@ -28,7 +28,7 @@ from moeops.api.fields import (
 )
 from moeops.api.paging import Page
 from moeops.api.responses import stored
-from moeops.runs import services
+from moeops.runs import services, snapshots
 from moeops.runs.importers import FORMATS
 from moeops.runs.models import (
     RUN_SOURCES,
@@ -105,6 +105,10 @@ class RunOut(Schema):
     error: str
     cancel_requested: bool
     provenance: str
+    snapshot: dict[str, Any] = Field(
+        description="what the run measured, recorded once: engine and version as the engine "
+        "answered, its arguments, kernel config in effect, topology, load"
+    )
     created: dt.datetime
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
@@ -190,6 +194,39 @@ def run_list(request, filters: Query[RunFilter]):
     )
 
 
+class ObservedIn(In):
+    """What a worker saw when the sweep started (workers.engine_info)."""
+
+    engine: JsonObject | None = Field(None, description="what the engine said of itself")
+    kernel_config: JsonObject | None = Field(
+        None, description="the fused-MoE config file the engine would load, or engine default"
+    )
+    client: JsonObject | None = Field(None, description="the load generator's host")
+
+
+class Change(Schema):
+    section: str
+    key: str
+    a: Any = None
+    b: Any = None
+
+
+class RunDiffOut(Schema):
+    a: UUID
+    b: UUID
+    changes: list[Change]
+    unknown: list[str] = Field(description="what one of the runs did not record")
+
+
+@router.get("/runs/diff", response=RunDiffOut)
+def run_diff(request, a: UUID, b: UUID):
+    """What differs from run a to run b: engine version, each launch argument, the kernel
+    config in effect, topology and load, from their snapshots."""
+    run_a, run_b = lookups.get_run(a), lookups.get_run(b)
+    diff = snapshots.snapshot_diff(run_a.snapshot, run_b.snapshot)
+    return {"a": run_a.uuid, "b": run_b.uuid, **diff}
+
+
 # --------------------------------------------------------------------------- imports
 
 
@@ -241,6 +278,16 @@ def run_patch(request, ref: str, payload: RunPatch):
     require_write(request, run.deployment.host)
     services.run_update(run=run, **payload.model_dump(exclude_unset=True))
     return _run_out(run)
+
+
+@router.post("/runs/{ref}/snapshot", auth=WRITE, response={200: RunOut, 201: RunOut})
+def run_record_observed(request, ref: str, payload: ObservedIn):
+    """Add what the worker observed to the run's snapshot: 201 when something was added, 200
+    when every part was already recorded (a snapshot is written once and never rewritten)."""
+    run = lookups.get_run(ref)
+    require_write(request, run.deployment.host)
+    added = services.run_record_observed(run=run, observed=payload.model_dump(exclude_none=True))
+    return stored(added, _run_out(run))
 
 
 @router.post("/runs/{ref}/cancel", auth=WRITE, response=RunOut)

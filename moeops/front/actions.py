@@ -20,6 +20,7 @@ from moeops.kernels.models import TuningRun
 from moeops.kernels.services import tuning_run_create
 from moeops.runs.models import SweepRun
 from moeops.runs.services import run_create
+from tuning.moe_params import vocab_size
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +45,15 @@ def sweep_start(*, deployment, parameters, label=""):
     """Create a queued SweepRun and enqueue `workers.run_sweep` on the deployment's host.
 
     parameters: levels (list of concurrencies), input_len and output_len (tokens),
-    prompts_per_level, warmup (requests), endpoint ("completions" or "chat").
+    prompts_per_level, warmup (requests), endpoint ("completions" or "chat"). The prompts' token
+    ids are drawn from the model's vocabulary (its config.json's vocab_size).
     """
     parameters = {
         **parameters,
         "base_url": deployment.endpoint_url,
         "model": deployment.served_model_name or deployment.model.name,
         "gpu_indices": _gpu_indices(deployment),
+        "vocab_size": vocab_size(deployment.model.config_json),
     }
     with transaction.atomic():
         run, _ = run_create(

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from statistics import fmean
 
 from moeops.runs.telemetry import no_gpu_samples_text
-from tuning.config_files import file_device_name
+from reports.engine import label as engine_label
+from tuning.config_files import file_device_name, kernel_dtype
 
 # Plateau: a step of the sweep that adds less than this much output throughput per doubling of
 # concurrency is flat; 806 -> 879 tok/s (128 -> 256) is +9.1%, so the write-up's curve is flat.
@@ -42,6 +43,8 @@ CAP_FULL_FRACTION = 0.95
 # Regression: a level whose output throughput is more than this fraction below the previous
 # comparable run's.
 REGRESSION_DROP = 0.10
+# Regression: at most this many of the changes between the two runs are named in the text.
+REGRESSION_CHANGES_SHOWN = 6
 
 # Client-bound: the load generator's CPU at or above this (%) during a level is saturated.
 CLIENT_CPU_SATURATED_PERCENT = 90.0
@@ -59,9 +62,6 @@ P2P_NOT_FAILED = ("X", "OK", "unknown", "U", None)
 # (SOC is the pre-2017 name of SYS).
 CROSS_NUMA_LINKS = ("SYS", "SOC")
 
-# Keys of a run's recorded server info (SGLang's /get_server_info, vLLM's engine args) that name
-# the running-request cap the engine actually ran with.
-SERVER_CAP_KEYS = ("max_running_requests", "max_num_seqs")
 
 FINDING_KEY_MAX = 100
 
@@ -78,6 +78,10 @@ class Level:
     started_at: float | None = None
     finished_at: float | None = None
     client_cpu_percent: float | None = None
+    completed: int | None = None
+    failed: int = 0
+    # "HTTP 400: <the engine's message>" when every request of the level failed for one reason
+    all_failed_with: str | None = None
 
     @property
     def timed(self):
@@ -144,6 +148,8 @@ class PreviousRun:
     uuid: str
     label: str
     levels: tuple[Level, ...]
+    # what differs from that run to this one, as phrases ("engine version 0.31.0 → 0.32.0")
+    changes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -158,6 +164,10 @@ class RunData:
     gpu_samples: list[GpuSample] = field(default_factory=list)
     engine_samples: list[EngineSample] = field(default_factory=list)
     engine: str = ""
+    # the engine as the deployment records it, when it differs from the one that answered
+    recorded_engine: str = ""
+    # what the engine said of itself when the sweep started (the run snapshot's "engine")
+    observed: dict = field(default_factory=dict)
     tp: int = 1
     ep: int = 1
     max_running_requests: int | None = None
@@ -459,8 +469,8 @@ def _mean_of_gpu(loaded, index, what, limits):
 def queueing(data: RunData) -> list[Proposal]:
     """Requests queued in the engine while its running count sits at the cap.
 
-    The cap is the one the run recorded from the server (parameters["server_info"], keys
-    SERVER_CAP_KEYS), else the deployment's max_running_requests. With engine samples the rule
+    The cap is the one the engine reported when the sweep started (the run snapshot), else the
+    deployment's recorded max_running_requests. With engine samples the rule
     fires on samples with queued > 0 and running at the cap. Without engine samples it fires
     ("info") only when a level's achieved (else target) concurrency exceeded the cap, which
     queues the excess by construction of a continuous-batching engine.
@@ -564,13 +574,11 @@ def queueing(data: RunData) -> list[Proposal]:
 
 
 def running_cap(data: RunData) -> tuple[int | None, str | None]:
-    """(cap, where it came from): the run's recorded server info first, then the deployment."""
-    server = data.parameters.get("server_info")
-    if isinstance(server, dict):
-        for key in SERVER_CAP_KEYS:
-            value = server.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value, f"server_info.{key}"
+    """(cap, where it came from): what the engine reported first, then the deployment."""
+    reported = data.observed.get("max_running_requests")
+    if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
+        source = data.observed.get("max_running_requests_source") or "the engine"
+        return reported, f"reported by the engine ({source})"
     if data.max_running_requests:
         return data.max_running_requests, "deployment"
     return None, None
@@ -659,18 +667,6 @@ def no_tuned_kernel(data: RunData) -> list[Proposal]:
             )
         )
     return proposals
-
-
-def kernel_dtype(quantization: str) -> str | None:
-    """The kernel-config dtype for a weight quantization, or None when none applies."""
-    quantization = (quantization or "").lower()
-    if quantization in ("", "bf16", "bfloat16", "auto", "none"):
-        return "bf16"
-    if quantization in ("fp16", "float16", "half"):
-        return "fp16"
-    if "fp8" in quantization:
-        return "fp8_w8a8"
-    return None
 
 
 # -- topology --------------------------------------------------------------------------------
@@ -927,6 +923,14 @@ def regression(data: RunData) -> list[Proposal]:
         return []
     c = max(worst, key=lambda k: drops[k])
     before_label = previous.label or f"run {previous.uuid[:8]}"
+    if previous.changes:
+        shown = "; ".join(previous.changes[:REGRESSION_CHANGES_SHOWN])
+        more = len(previous.changes) - REGRESSION_CHANGES_SHOWN
+        changed = f" What changed since then: {shown}" + (
+            f" (and {more} more)." if more > 0 else "."
+        )
+    else:
+        changed = " Nothing on record changed between the two runs' snapshots."
     return [
         Proposal(
             kind="regression",
@@ -937,10 +941,11 @@ def regression(data: RunData) -> list[Proposal]:
                 f"At concurrency {c} this run reached {now[c]:.0f} tok/s against "
                 f"{before[c]:.0f} tok/s in {before_label} (same levels and lengths); "
                 f"{len(worst)} of {len(concurrency)} levels fell more than "
-                f"{REGRESSION_DROP:.0%}."
+                f"{REGRESSION_DROP:.0%}.{changed}"
             ),
             evidence={
                 "previous_run": {"id": previous.id, "uuid": previous.uuid, "label": previous.label},
+                "changes": list(previous.changes),
                 "concurrency": concurrency,
                 "output_throughput": [now[k] for k in concurrency],
                 "previous_output_throughput": [before[k] for k in concurrency],
@@ -1053,7 +1058,92 @@ def client_bound(data: RunData) -> list[Proposal]:
     ]
 
 
+# -- failed requests -------------------------------------------------------------------------
+
+
+def failed_requests(data: RunData) -> list[Proposal]:
+    """Levels where every request failed: the level measured the error, not the engine.
+
+    The engine's own message comes first, verbatim (the load generator's all_failed_with), so
+    that "Token id 25531 is out of vocabulary" is read before any chart.
+    """
+    dead = [lv for lv in data.levels if lv.completed == 0 and lv.failed]
+    if not dead:
+        return []
+    first = min(dead, key=lambda lv: lv.concurrency or 0)
+    cause = first.all_failed_with or "requests failed for several reasons"
+    where = ", ".join(str(lv.concurrency) for lv in dead)
+    return [
+        Proposal(
+            kind="failed_requests",
+            key="all-failed",
+            severity="critical",
+            title=f"Every request failed at concurrency {where}: {cause}"[:200],
+            text=(
+                f"{cause}\n\nAll {first.failed} requests at concurrency {first.concurrency} "
+                f"failed{' the same way' if first.all_failed_with else ''}; "
+                f"{len(dead)} of {len(data.levels)} levels measured nothing but errors."
+            ),
+            evidence={
+                "error": cause,
+                "levels": [lv.concurrency for lv in dead],
+                "failed": [lv.failed for lv in dead],
+                "chart": None,
+            },
+            plan=["Fix what makes the engine refuse the requests, then sweep again"],
+        )
+    ]
+
+
+# -- engine not as recorded ------------------------------------------------------------------
+
+
+def engine_mismatch(data: RunData) -> list[Proposal]:
+    """The engine (or its version) that answered is not the one the deployment records."""
+    answered = data.observed.get("engine")
+    recorded = data.recorded_engine
+    out = []
+    if answered and recorded in ("vllm", "sglang") and answered not in (recorded, "unknown"):
+        label = engine_label(data.observed)
+        out.append(
+            Proposal(
+                kind="engine_mismatch",
+                key="engine",
+                severity="warning",
+                title=f"{label} answered, but the deployment records {engine_label(recorded)}",
+                text=(
+                    f"When the sweep started, the server at the endpoint said it is {label}; the "
+                    f"deployment is recorded as {engine_label(recorded)}. The run measured "
+                    f"{label}, and its snapshot says so; the deployment's record is wrong."
+                ),
+                evidence={"recorded": recorded, "answered": answered, "chart": None},
+                plan=[f"Correct the deployment's engine to {engine_label(answered)}"],
+            )
+        )
+    version = data.observed.get("version")
+    recorded_version = data.launch.get("engine_version") or ""
+    if answered == recorded and version and recorded_version and version != recorded_version:
+        out.append(
+            Proposal(
+                kind="engine_mismatch",
+                key="version",
+                severity="info",
+                title=f"{engine_label(data.observed)} answered; the deployment records "
+                f"version {recorded_version}",
+                text=(
+                    f"The engine reported version {version} when the sweep started; the "
+                    f"deployment records {recorded_version}. The run's snapshot keeps {version}."
+                ),
+                evidence={"recorded": recorded_version, "answered": version, "chart": None},
+                plan=[f"Update the deployment's engine version to {version}"],
+            )
+        )
+    return out
+
+
 RULES = (
+    failed_requests,
+    engine_mismatch,
     plateau,
     idle_gpus,
     queueing,

@@ -15,6 +15,8 @@ FINDING_KINDS = (
     ("incompatibility", "Known incompatibility"),
     ("regression", "Regression"),
     ("client_bound", "Client-bound"),
+    ("failed_requests", "Failed requests"),
+    ("engine_mismatch", "Engine not as recorded"),
     ("other", "Other"),
 )
 SEVERITIES = (("info", "Info"), ("warning", "Warning"), ("critical", "Critical"))

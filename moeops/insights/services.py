@@ -8,6 +8,7 @@ from moeops.fleet.models import Deployment
 from moeops.insights import analysis, tasks
 from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, PlanItem
 from moeops.kernels.models import KernelConfig
+from moeops.runs import snapshots
 from moeops.runs.models import FINISHED_STATUSES, SweepRun
 from tuning.config_files import file_device_name
 
@@ -153,11 +154,13 @@ def _gather(run, deployment) -> analysis.RunData:
                 "ts", "level_concurrency", "running", "queued"
             )
         ],
-        engine=deployment.engine,
+        engine=_engine(run, deployment),
+        recorded_engine=deployment.engine,
+        observed=run.observed_engine,
         tp=deployment.tp,
         ep=deployment.ep,
         max_running_requests=deployment.max_running_requests,
-        launch=dict(deployment.launch_summary()),
+        launch=_launch(run, deployment),
         gpus=[analysis.Gpu(g.index, g.name, g.compute_capability, g.power_limit_w) for g in gpus],
         used_gpu_indexes=[g.index for g in used] or None,
         moe_shape=deployment.moe_shape(),
@@ -180,6 +183,32 @@ def _gather(run, deployment) -> analysis.RunData:
             for rule in IncompatibilityRule.objects.filter(enabled=True)
         ],
     )
+
+
+def _engine(run, deployment):
+    """The engine that answered when the sweep started, else the one on record."""
+    answered = run.observed_engine.get("engine")
+    return answered if answered and answered != "unknown" else deployment.engine
+
+
+def _launch(run, deployment):
+    """Launch arguments for the incompatibility rules: as recorded, overlaid by what the engine
+    reported (its own flags win over a hand-set field). A reported dotted argument is also
+    matched by its last part ("compilation_config.pass_config.fuse_allreduce_rms")."""
+    launch = dict(deployment.launch_summary())
+    launch["engine_version"] = deployment.engine_version
+    observed = run.observed_engine
+    reported = observed.get("args") or {}
+    leaves = {}
+    for key, value in reported.items():
+        leaves.setdefault(key.rsplit(".", 1)[-1], []).append(value)
+    launch.update({leaf: values[0] for leaf, values in leaves.items() if len(values) == 1})
+    launch.update(reported)
+    if isinstance(observed.get("allreduce_fusion"), bool):
+        launch["allreduce_fusion"] = observed["allreduce_fusion"]
+    if observed.get("max_running_requests"):
+        launch["max_running_requests"] = observed["max_running_requests"]
+    return launch
 
 
 def _topology(snapshot):
@@ -207,6 +236,9 @@ def _levels(run):
             client_cpu_percent=analysis.client_cpu_percent(
                 level.raw, level.started_at, level.finished_at
             ),
+            completed=level.completed,
+            failed=level.failed,
+            all_failed_with=level.all_failed_with(),
         )
         for level in run.levels.all()
     ]
@@ -222,14 +254,16 @@ def _previous_comparable(run):
         .filter(Q(created__lt=run.created) | Q(created=run.created, id__lt=run.id))
         .exclude(pk=run.pk)
         .order_by("-created", "-id")
-        .only("id", "uuid", "label", "parameters", "created")[:PREVIOUS_RUNS_SCANNED]
+        .only("id", "uuid", "label", "parameters", "snapshot", "created")[:PREVIOUS_RUNS_SCANNED]
     )
     for candidate in earlier:
         if analysis.comparable_key(candidate.parameters or {}) == key:
+            diff = snapshots.snapshot_diff(candidate.snapshot, run.snapshot)
             return analysis.PreviousRun(
                 id=candidate.pk,
                 uuid=str(candidate.uuid),
                 label=candidate.label,
                 levels=tuple(_levels(candidate)),
+                changes=tuple(snapshots.describe_change(c) for c in diff["changes"]),
             )
     return None

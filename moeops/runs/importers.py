@@ -17,6 +17,7 @@ import math
 from collections import Counter
 
 from moeops.runs.models import LATENCY_KEYS, level_key
+from reports import engine as engine_reports
 
 FORMATS = ("sglang", "vllm")
 
@@ -57,6 +58,22 @@ INT_FIELDS = (
     "max_concurrent_requests",
 )
 MAX_INT = 2_147_483_647
+# What a result file says of how it was made, kept in the imported run's snapshot.
+FILE_FACT_KEYS = (
+    "backend",
+    "tag",
+    "label",
+    "date",
+    "model_id",
+    "tokenizer_id",
+    "endpoint_type",
+    "dataset_name",
+    "num_prompts",
+    "random_input_len",
+    "random_output_len",
+    "random_range_ratio",
+    "burstiness",
+)
 
 
 class ResultFileError(ValueError):
@@ -224,3 +241,19 @@ def parse_results(text, fmt):
     if problems:
         raise ResultFileError(problems)
     return levels
+
+
+def snapshot_parts(levels, fmt, file_name="") -> tuple[dict, dict | None]:
+    """(file facts, engine identity or None) of an imported file's levels, for its snapshot.
+
+    The facts are FILE_FACT_KEYS as the first object gives them; SGLang's bench_serving embeds
+    the server's /get_server_info, which gives the engine, its version and its arguments. vLLM's
+    result files name no engine version.
+    """
+    first = levels[0]["raw"] if levels else {}
+    facts = {"format": fmt, "file_name": file_name}
+    facts.update({k: first[k] for k in FILE_FACT_KEYS if first.get(k) is not None})
+    info = first.get("server_info")
+    if fmt == "sglang" and isinstance(info, dict):
+        return facts, engine_reports.from_sglang_server_info(info, source="result file")
+    return facts, None

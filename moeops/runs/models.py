@@ -6,6 +6,9 @@ import uuid
 
 from django.db import models
 
+from reports import engine as engine_reports
+from reports.failures import describe_failure
+
 RUN_STATUSES = (
     ("queued", "Queued"),
     ("running", "Running"),
@@ -86,6 +89,12 @@ class SweepRun(models.Model):
     error = models.TextField(blank=True)
     cancel_requested = models.BooleanField(default=False)
     provenance = models.CharField(max_length=300, blank=True)
+    snapshot = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="What the run measured, recorded once (moeops.runs.snapshots): the engine and "
+        "version that answered, its arguments, the kernel config in effect, topology, load",
+    )
     created = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -111,6 +120,38 @@ class SweepRun(models.Model):
 
     def display_label(self):
         return self.label or f"run {str(self.uuid)[:8]}"
+
+    @property
+    def observed_engine(self):
+        """What the engine said of itself when the sweep started (engine_info), or {}."""
+        return self.snapshot.get("engine") or {}
+
+    @property
+    def is_standin(self):
+        """Whether the stand-in engine (a test double) answered: its numbers are not real."""
+        return self.observed_engine.get("engine") == "standin"
+
+    def engine_label(self):
+        """ "vLLM 0.32.0" as the engine reported itself, else as the deployment recorded it."""
+        observed = self.observed_engine
+        recorded = self.snapshot.get("deployment") or {}
+        name = observed.get("engine") or recorded.get("engine") or self.deployment.engine
+        version = observed.get("version") or recorded.get("engine_version") or ""
+        return engine_reports.label({"engine": name, "version": version})
+
+    def reported_running_cap(self):
+        """The running-request cap the engine reported at the start of the sweep, or None."""
+        cap = self.observed_engine.get("max_running_requests")
+        return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+
+    def kernel_config_state(self):
+        """ "tuned" or "default" from the kernel config in effect (snapshot) or on record."""
+        in_effect = self.snapshot.get("kernel_config") or {}
+        if in_effect.get("state") == "file" and not in_effect.get("shipped"):
+            return "tuned"
+        if self.kernel_config_id or self.parameters.get("moe_kernel") == "tuned":
+            return "tuned"
+        return "default"
 
 
 class LevelResult(models.Model):
@@ -177,6 +218,21 @@ class LevelResult(models.Model):
 
     def __str__(self):
         return f"{self.run} {self.key}"
+
+    def all_failed_with(self):
+        """ "HTTP 400: <the engine's message>" when every request of the level failed for one
+        reason (the load generator's verdict, else read from the stored counts), else None."""
+        if self.completed or not self.failed:
+            return None
+        raw = self.raw if isinstance(self.raw, dict) else {}
+        verdict = raw.get("all_failed_with")
+        if isinstance(verdict, str) and verdict:
+            return verdict
+        if len(self.errors or {}) != 1:
+            return None
+        (reason,) = self.errors
+        samples = raw.get("error_samples") if isinstance(raw.get("error_samples"), dict) else {}
+        return describe_failure(reason, samples.get(reason))
 
     def throughput_per_gpu(self, num_gpus):
         """Output tok/s per GPU."""

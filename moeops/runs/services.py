@@ -8,7 +8,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from moeops.insights import services as insights_services
-from moeops.runs import importers
+from moeops.runs import importers, snapshots
 from moeops.runs.models import (
     FINISHED_STATUSES,
     EngineSample,
@@ -35,7 +35,9 @@ def run_create(
     topology_snapshot=None,
     provenance="",
 ):
-    """(SweepRun, created); a run_uuid seen before returns that run (a retried create)."""
+    """(SweepRun, created); a run_uuid seen before returns that run (a retried create).
+
+    The run's snapshot records the deployment, topology and load as they are now."""
     if run_uuid is not None:
         existing = SweepRun.objects.filter(uuid=run_uuid).first()
         if existing is not None:
@@ -48,6 +50,12 @@ def run_create(
         "kernel_config": kernel_config,
         "topology_snapshot": topology_snapshot,
         "provenance": provenance,
+        "snapshot": snapshots.initial_snapshot(
+            deployment=deployment,
+            parameters=parameters or {},
+            topology=topology_snapshot,
+            source=source,
+        ),
     }
     if run_uuid is not None:
         fields["uuid"] = run_uuid
@@ -104,6 +112,26 @@ def run_update(*, run, status=None, error="", **fields):
             for key, value in fields.items():
                 setattr(run, key, value)
     return run
+
+
+def run_record_observed(*, run, observed):
+    """Add what the worker observed at the start of the sweep (snapshots.OBSERVED_KEYS) to the
+    run's snapshot. A part already recorded is kept as it is: the snapshot is written once, and a
+    resumed sweep does not rewrite what the first attempt saw. Returns whether anything was added.
+    """
+    with transaction.atomic():
+        locked = SweepRun.objects.select_for_update().get(pk=run.pk)
+        snapshot = dict(locked.snapshot or {})
+        added = {
+            k: v
+            for k, v in observed.items()
+            if k in snapshots.OBSERVED_KEYS and v is not None and k not in snapshot
+        }
+        if added:
+            snapshot.update(added)
+            SweepRun.objects.filter(pk=run.pk).update(snapshot=snapshot)
+        run.snapshot = snapshot
+    return bool(added)
 
 
 def run_cancel(*, run):
@@ -230,18 +258,26 @@ def run_import(*, deployment, fmt, text, label="", file_name="", provenance=""):
     if existing is not None:
         return existing, False
     now = timezone.now()
+    parameters = {
+        "format": fmt,
+        "file_name": file_name,
+        "import_sha256": digest,
+        "levels": len(levels),
+    }
+    snapshot = snapshots.initial_snapshot(
+        deployment=deployment, parameters={}, topology=None, source="import"
+    )
+    snapshot["file"], engine = importers.snapshot_parts(levels, fmt, file_name)
+    if engine is not None:
+        snapshot["engine"] = engine
     with transaction.atomic():
         run = SweepRun.objects.create(
             deployment=deployment,
             label=label or file_name or f"{fmt} import",
             source="import",
             status="succeeded",
-            parameters={
-                "format": fmt,
-                "file_name": file_name,
-                "import_sha256": digest,
-                "levels": len(levels),
-            },
+            parameters=parameters,
+            snapshot=snapshot,
             telemetry_status="not_collected",
             telemetry_detail="imported from a result file",
             provenance=provenance or f"imported {fmt} result file {file_name}".strip(),

@@ -1,0 +1,260 @@
+"""A run's snapshot: what it measured, recorded once and never rewritten.
+
+When a run is created the web tier records the deployment as it stands (engine, version and
+launch arguments as recorded by people), the host's topology, the load, the kernel shape and the
+moeops version. When the sweep starts, the worker adds what the engine itself answers (engine,
+version, reported arguments, running-request cap: workers.engine_info), the kernel config the
+engine would load for that shape, and the client host. Imported runs record what their files
+say. Editing a deployment afterwards changes no snapshot.
+
+    {"recorded_at", "moeops_version", "source": "worker" | "import" | "manual" | "write-up",
+     "deployment": {...}, "topology": {...} | None, "load": {...}, "kernel_shape": {...} | None,
+     "engine": identify_engine's dict, "kernel_config": kernel_config_in_effect's dict,
+     "client": {"host", "pid"}, "file": {...} (imports)}
+
+`snapshot_diff(a, b)` lists what differs between two snapshots, for the compare page, the API
+and the regression finding.
+"""
+
+import functools
+import math
+import subprocess
+from pathlib import Path
+
+from django.utils import timezone
+
+from moeops import __version__
+from tuning.config_files import kernel_dtype
+
+# The parts of a snapshot the worker adds once the engine has answered.
+OBSERVED_KEYS = ("engine", "kernel_config", "client")
+# Load parameters that make two sweeps different loads.
+LOAD_KEYS = (
+    "levels",
+    "input_len",
+    "output_len",
+    "prompts_per_level",
+    "warmup",
+    "endpoint",
+    "request_rate",
+    "processes",
+    "vocab_size",
+    "slo_ttft_ms",
+    "slo_tpot_ms",
+    "slo_e2el_ms",
+)
+DEPLOYMENT_KEYS = (
+    "name",
+    "model",
+    "engine",
+    "engine_version",
+    "tp",
+    "ep",
+    "max_running_requests",
+    "quantization",
+    "attention_backend",
+    "allreduce_fusion",
+    "launch_args",
+    "endpoint_url",
+    "served_model_name",
+    "host",
+    "gpus",
+)
+ENGINE_KEYS = ("engine", "version", "max_running_requests", "max_model_len", "allreduce_fusion")
+KERNEL_KEYS = ("state", "file_name", "sha256", "folder")
+TOPOLOGY_KEYS = ("fingerprint", "virtualization", "driver_version", "cuda_version", "gpus")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def moeops_version() -> str:
+    """moeops' version, with the git commit when the code runs from a checkout."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return __version__
+    commit = done.stdout.strip()
+    return f"{__version__}+g{commit}" if done.returncode == 0 and commit else __version__
+
+
+def deployment_record(deployment) -> dict:
+    """The deployment's fields as people recorded them, in plain JSON values."""
+    return {
+        "name": deployment.name,
+        "model": deployment.model.name,
+        "engine": deployment.engine,
+        "engine_version": deployment.engine_version,
+        "tp": deployment.tp,
+        "ep": deployment.ep,
+        "max_running_requests": deployment.max_running_requests,
+        "quantization": deployment.quantization,
+        "attention_backend": deployment.attention_backend,
+        "allreduce_fusion": deployment.allreduce_fusion,
+        "launch_args": dict(deployment.launch_args or {}),
+        "endpoint_url": deployment.endpoint_url,
+        "served_model_name": deployment.served_model_name,
+        "host": deployment.host.name,
+        "gpus": [{"index": g.index, "name": g.name} for g in deployment.gpus.order_by("index")],
+    }
+
+
+def topology_record(snapshot) -> dict | None:
+    """The topology snapshot the run ran on, short: its id, fingerprint and what it says."""
+    if snapshot is None:
+        return None
+    return {
+        "id": snapshot.pk,
+        "captured_at": snapshot.captured_at.timestamp(),
+        "fingerprint": snapshot.fingerprint,
+        "virtualization": snapshot.virtualization_label,
+        "driver_version": snapshot.driver_version,
+        "cuda_version": snapshot.cuda_version,
+        "gpus": [g.get("name") for g in snapshot.gpus or [] if isinstance(g, dict)],
+    }
+
+
+def load_record(parameters: dict) -> dict:
+    """The load of a sweep (LOAD_KEYS present in its parameters)."""
+    return {k: parameters[k] for k in LOAD_KEYS if parameters.get(k) is not None}
+
+
+def kernel_shape(deployment) -> dict | None:
+    """{"E", "N", "device_name", "dtype", "block_shape"} of the deployment's MoE layer on its
+    first GPU, for finding the config file the engine loads; None when the shape is unknown.
+
+    dtype is None (with a reason) for weights whose MoE kernels read no Triton config (FP4)."""
+    shape = deployment.moe_shape()
+    if shape is None:
+        return None
+    gpu = deployment.gpus.order_by("index").first() or deployment.host.gpus.first()
+    quantization = (deployment.quantization or deployment.model.quantization or "").lower()
+    dtype = kernel_dtype(quantization)
+    out = {
+        "E": shape["experts_per_rank"],
+        "N": shape["N"],
+        "device_name": gpu.name if gpu else None,
+        "dtype": dtype,
+        "block_shape": shape.get("block_shape") if dtype == "fp8_w8a8" else None,
+    }
+    if dtype is None:
+        out["reason"] = f"{quantization} MoE weights run on kernels that read no Triton config"
+    return out
+
+
+def initial_snapshot(*, deployment, parameters, topology, source) -> dict:
+    """What the web tier records when a run is created."""
+    return {
+        "recorded_at": timezone.now().timestamp(),
+        "moeops_version": moeops_version(),
+        "source": source,
+        "deployment": deployment_record(deployment),
+        "topology": topology_record(topology),
+        "load": load_record(parameters or {}),
+        "kernel_shape": kernel_shape(deployment),
+    }
+
+
+def deployment_edits(snapshot: dict, deployment) -> list[dict]:
+    """The deployment's fields that changed since the run's snapshot was recorded."""
+    then = snapshot.get("deployment")
+    if not then:
+        return []
+    now = deployment_record(deployment)
+    return [
+        {"key": k, "a": then.get(k), "b": now.get(k)}
+        for k in DEPLOYMENT_KEYS
+        if then.get(k) != now.get(k)
+    ]
+
+
+# --------------------------------------------------------------------------- diff
+
+SECTIONS = (
+    ("engine", "Engine (as it answered)"),
+    ("args", "Launch arguments (as the engine reported them)"),
+    ("env", "Engine environment"),
+    ("deployment", "Deployment (as recorded)"),
+    ("kernel_config", "Kernel config in effect"),
+    ("topology", "Topology"),
+    ("load", "Load"),
+    ("moeops", "moeops"),
+)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _changes(section, a: dict, b: dict, keys=None) -> list[dict]:
+    keys = keys if keys is not None else sorted(set(a) | set(b))
+    return [
+        {"section": section, "key": k, "a": a.get(k), "b": b.get(k)}
+        for k in keys
+        if not _same(a.get(k), b.get(k))
+    ]
+
+
+def snapshot_diff(a: dict, b: dict) -> dict:
+    """What differs from snapshot a to snapshot b.
+
+    Returns {"changes": [{"section", "key", "a", "b"}], "unknown": [sentences on what one of
+    them did not record]}; sections as in SECTIONS. Launch arguments are compared as the engines
+    reported them when both did (same source), else as the deployments recorded them.
+    """
+    changes, unknown = [], []
+    if not a or not b:
+        unknown.append("a run has no snapshot (it was recorded before moeops kept them)")
+        return {"changes": [], "unknown": unknown}
+    ea, eb = a.get("engine") or {}, b.get("engine") or {}
+    if ea and eb:
+        changes += _changes("engine", ea, eb, ENGINE_KEYS)
+        if ea.get("args_source") and ea.get("args_source") == eb.get("args_source"):
+            changes += _changes("args", ea.get("args") or {}, eb.get("args") or {})
+            changes += _changes("env", ea.get("env") or {}, eb.get("env") or {})
+        elif ea.get("args") or eb.get("args"):
+            unknown.append("the engines reported their arguments differently (or one did not)")
+    else:
+        unknown.append("a run did not record what its engine answered")
+    changes += _changes(
+        "deployment", a.get("deployment") or {}, b.get("deployment") or {}, DEPLOYMENT_KEYS
+    )
+    ka, kb = a.get("kernel_config"), b.get("kernel_config")
+    if ka and kb:
+        changes += _changes("kernel_config", ka, kb, KERNEL_KEYS)
+    elif ka or kb:
+        unknown.append("a run did not record the kernel config in effect")
+    ta, tb = a.get("topology"), b.get("topology")
+    if ta and tb:
+        changes += _changes("topology", ta, tb, TOPOLOGY_KEYS)
+    elif ta or tb:
+        unknown.append("a run has no topology snapshot")
+    changes += _changes("load", a.get("load") or {}, b.get("load") or {})
+    changes += _changes(
+        "moeops",
+        {"version": a.get("moeops_version"), "client host": (a.get("client") or {}).get("host")},
+        {"version": b.get("moeops_version"), "client host": (b.get("client") or {}).get("host")},
+    )
+    return {"changes": changes, "unknown": unknown}
+
+
+def describe_change(change: dict) -> str:
+    """One change as a short phrase: "engine version 0.31.0 → 0.32.0"."""
+    section = {"args": "", "env": "", "engine": "engine ", "deployment": "recorded "}.get(
+        change["section"], change["section"].replace("_", " ") + " "
+    )
+    return f"{section}{change['key']} {_show(change['a'])} → {_show(change['b'])}"
+
+
+def _show(value) -> str:
+    if value is None:
+        return "unset"
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "…"

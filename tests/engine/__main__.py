@@ -1,0 +1,5 @@
+import sys
+
+from tests.engine import main
+
+sys.exit(main())

