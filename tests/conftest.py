@@ -12,10 +12,13 @@ def pytest_collection_modifyitems(config, items):
     # The PostgreSQL pass of `make test` re-runs only what touches the database.
     if os.getenv("MOEOPS_DB_TESTS_ONLY") != "1":
         return
+    # The real engine's tests run once, in the SQLite pass: two more vLLM servers beside the
+    # first pass's would only slow both down on a 2-core machine.
     keep, drop = [], []
     for item in items:
         uses_db = item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames)
-        (keep if uses_db else drop).append(item)
+        engine = item.get_closest_marker("engine")
+        (keep if uses_db and not engine else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

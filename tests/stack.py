@@ -31,7 +31,7 @@ from django.db import OperationalError
 
 from moeops import celery as web_celery
 from moeops.api.models import ApiToken
-from moeops.fleet.models import Deployment, Host, ModelSpec
+from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
 from moeops.front import actions
 from moeops.runs.models import FINISHED_STATUSES, SweepRun
 from workers.standin import spawn_standin
@@ -275,42 +275,62 @@ def _producer(redis_url):
 
 @pytest.fixture
 def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_db, monkeypatch):
-    """make_sweep_stack(max_running_requests=16, standin_args=(), via_proxy=False, **worker_env).
+    """make_sweep_stack(max_running_requests=16, standin_args=(), via_proxy=False,
+    engine_url=None, model=None, deployment_fields=None, gpus=(), **worker_env).
 
     standin_args go to `python -m workers.standin` (e.g. "--drop-rate", "0.05"); via_proxy puts
     a TogglingProxy between the worker and the web tier (stack.proxy.down() / .up());
-    worker_env adds to the worker's environment.
+    engine_url points the deployment at a running engine instead of a new stand-in, model is its
+    ModelSpec (default: GLM-5), deployment_fields override the deployment's, gpus are the host's
+    GPU rows (dicts of GPU fields; the deployment uses them all); worker_env adds to the
+    worker's environment.
     """
     started = []
 
-    def make(max_running_requests=16, standin_args=(), *, via_proxy=False, **worker_env):
+    def make(
+        max_running_requests=16,
+        standin_args=(),
+        *,
+        via_proxy=False,
+        engine_url=None,
+        model=None,
+        deployment_fields=None,
+        gpus=(),
+        **worker_env,
+    ):
         name = f"e2e-{uuid.uuid4().hex[:8]}"
-        standin_url, standin = spawn_standin(
-            [
-                "--model",
-                "glm-5-standin",
-                "--max-running-requests",
-                str(max_running_requests),
-                *standin_args,
-            ]
-        )
-        started.append(standin.kill)
-        model, _ = ModelSpec.objects.get_or_create(
-            name="GLM-5 (e2e)",
-            defaults={"config_json": json.loads(GLM5_CONFIG.read_text())},
-        )
+        if engine_url is None:
+            standin_url, standin = spawn_standin(
+                [
+                    "--model",
+                    "glm-5-standin",
+                    "--max-running-requests",
+                    str(max_running_requests),
+                    *standin_args,
+                ]
+            )
+            started.append(standin.kill)
+        if model is None:
+            model, _ = ModelSpec.objects.get_or_create(
+                name="GLM-5 (e2e)",
+                defaults={"config_json": json.loads(GLM5_CONFIG.read_text())},
+            )
         host = Host.objects.create(name=name, description="end-to-end test host")
+        for index, gpu in enumerate(gpus):
+            GPU.objects.create(host=host, index=index, **gpu)
         _, token = ApiToken.issue(name=f"worker {name}", host=host)
+        fields = {
+            "engine": "sglang",
+            "max_running_requests": max_running_requests,
+            "endpoint_url": engine_url or standin_url,
+            "served_model_name": "glm-5-standin",
+            "status": "healthy",
+            **(deployment_fields or {}),
+        }
         deployment = Deployment.objects.create(
-            name=f"GLM-5 on {name}",
-            model=model,
-            host=host,
-            engine="sglang",
-            max_running_requests=max_running_requests,
-            endpoint_url=standin_url,
-            served_model_name="glm-5-standin",
-            status="healthy",
+            name=f"{model.name.split(' (')[0]} on {name}", model=model, host=host, **fields
         )
+        deployment.gpus.set(host.gpus.all())
         web_port = int(live_server.url.rsplit(":", 1)[1])
         proxy = TogglingProxy(web_port, free_port()) if via_proxy else None
         if proxy is not None:
@@ -337,7 +357,7 @@ def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_
             host=host,
             token=token,
             deployment=deployment,
-            standin_url=standin_url,
+            standin_url=None if engine_url else standin_url,
             worker=worker,
             spool_dir=spool_dir,
             proxy=proxy,

@@ -10,7 +10,9 @@ come with it, break beside its torch and are removed. The model is made locally
 (tests/engine/tiny_moe.py). Both are cached in var/engine and made again only when missing.
 
 `VllmServer` starts `vllm serve` through vLLM's own CLI (tests/engine/vllm_cli.py) with
-VLLM_SERVER_DEV_MODE=1, so that /server_info reports the engine's whole configuration.
+VLLM_SERVER_DEV_MODE=1, so that /server_info reports the engine's whole configuration. It serves
+the model by its folder's name from var/engine, so the server names its model "tiny-moe" as it
+would name a hub model: nothing on the client's side can be read from that name.
 """
 
 import argparse
@@ -154,7 +156,7 @@ class VllmServer:
     def argv(self) -> list[str]:
         return vllm_cli(
             "serve",
-            str(MODEL_DIR),
+            MODEL_DIR.name,
             "--served-model-name",
             SERVED_MODEL,
             "--host",
@@ -171,7 +173,9 @@ class VllmServer:
     def start(self) -> "VllmServer":
         ensure_model()
         env = {**os.environ, **ENGINE_ENV, **self.env}
-        self.process = EngineProcess(self.argv(), log_path=self.log_path, env=env).start()
+        self.process = EngineProcess(
+            self.argv(), log_path=self.log_path, env=env, cwd=MODEL_DIR.parent
+        ).start()
         self._started = time.monotonic()
         return self
 

