@@ -25,6 +25,9 @@ app.conf.update(
 app.autodiscover_tasks()
 
 
-def send_host_task(name, host, *, args=(), kwargs=None):
-    """Enqueue the GPU-host task `workers.<name>` on the host's own queue."""
-    return app.send_task(f"workers.{name}", args=args, kwargs=kwargs or {}, queue=host.queue_name)
+def send_host_task(name, host, *, args=(), kwargs=None, **options):
+    """Enqueue the GPU-host task `workers.<name>` on the host's own queue; options go to
+    Celery's send_task (e.g. expires, s)."""
+    return app.send_task(
+        f"workers.{name}", args=args, kwargs=kwargs or {}, queue=host.queue_name, **options
+    )

@@ -24,14 +24,17 @@ def envbool(name, default):
     raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), got {value!r}")
 
 
-def envint(name, default):
+def envint(name, default, *, minimum=None):
     value = os.getenv(name)
     if value is None or value == "":
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {number}")
+    return number
 
 
 def envlist(name, default):
@@ -157,6 +160,18 @@ REDIS_URL = os.getenv("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = REDIS_URL
 # Web-side tasks (analysis) run inline when asked, e.g. by tests without a broker.
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
+
+# Seconds between the health checks of every deployment that has an endpoint URL (Celery
+# beat); 0 turns them off.
+MOEOPS_HEALTH_CHECK_INTERVAL_S = envint("MOEOPS_HEALTH_CHECK_INTERVAL_S", 300, minimum=0)
+CELERY_BEAT_SCHEDULE = {}
+if MOEOPS_HEALTH_CHECK_INTERVAL_S:
+    CELERY_BEAT_SCHEDULE["check-deployments"] = {
+        "task": "moeops.fleet.tasks.check_deployments",
+        "schedule": float(MOEOPS_HEALTH_CHECK_INTERVAL_S),
+    }
+# beat remembers when each schedule last ran in this file
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # Largest request body the API accepts (bytes); a telemetry batch of 5,000 samples is ~1 MB.
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("MOEOPS_MAX_BODY_BYTES", 16 * 1024 * 1024)

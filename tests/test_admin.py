@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
+from moeops.fleet import services as fleet_services
 from moeops.fleet.models import ModelSpec
 from moeops.kernels.models import KernelConfig
+from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
@@ -126,3 +128,21 @@ def test_it_rejects_an_upload_that_is_not_json(admin, tmp_path):
     assert response.status_code == 200
     assert "not UTF-8" in response.content.decode()
     assert not ModelSpec.objects.exists()
+
+
+def test_health_checks_and_gpu_readings_are_listed_but_not_edited(admin):
+    deployment = pb.deployment()
+    check, _ = fleet_services.health_check_record(
+        deployment=deployment, status="degraded", trigger="periodic", detail="wrong model"
+    )
+    reading, _ = fleet_services.gpu_reading_record(
+        host=deployment.host, status="unavailable", detail="NVML did not initialise"
+    )
+    checks = admin.get("/admin/fleet/healthcheck/").content.decode()
+    assert "GLM-5 on h200" in checks and "Periodic" in checks
+    readings = admin.get("/admin/fleet/gpureading/").content.decode()
+    assert "NVML did not initialise" in readings
+    assert admin.get("/admin/fleet/healthcheck/add/").status_code == 403
+    shown = admin.get(f"/admin/fleet/healthcheck/{check.pk}/change/")
+    assert shown.status_code == 200 and 'name="status"' not in shown.content.decode()
+    assert admin.get(f"/admin/fleet/gpureading/{reading.pk}/change/").status_code == 200

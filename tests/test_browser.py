@@ -13,8 +13,8 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from moeops.examples import load_example_data
-from moeops.front import actions
 from moeops.kernels.services import kernel_config_import
+from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, SweepRun, level_key
 from tests import page_base as pb
 
@@ -135,7 +135,9 @@ def test_log_in_and_create_a_deployment(page, member):
 
 def test_a_sweep_started_from_the_page_shows_live_progress_to_the_end(page, member, monkeypatch):
     sent = []
-    monkeypatch.setattr(actions, "send_host_task", lambda name, host, kwargs: sent.append(kwargs))
+    monkeypatch.setattr(
+        run_services, "send_host_task", lambda name, host, kwargs: sent.append(kwargs)
+    )
     deployment = load_example_data()
     deployment.endpoint_url = "http://127.0.0.1:30000"
     deployment.save()

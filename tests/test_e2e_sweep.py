@@ -63,7 +63,8 @@ def test_a_three_level_sweep_stores_levels_telemetry_status_and_engine_samples(
 
     assert run.progress["levels_done"] == 3
     assert run.progress["levels_total"] == 3
-    assert run.progress["server_info"]["max_running_requests"] == 16
+    assert run.snapshot["engine"]["max_running_requests"] == 16
+    assert run.is_standin and run.engine_label() == "stand-in"
     assert run.started_at is not None and run.finished_at is not None
 
 

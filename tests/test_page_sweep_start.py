@@ -1,7 +1,7 @@
 import pytest
 from kombu.exceptions import OperationalError
 
-from moeops.front import actions
+from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from tests import page_base as pb
 
@@ -22,7 +22,9 @@ FORM = {
 def sent(monkeypatch):
     calls = []
     monkeypatch.setattr(
-        actions, "send_host_task", lambda name, host, kwargs: calls.append((name, host, kwargs))
+        run_services,
+        "send_host_task",
+        lambda name, host, kwargs: calls.append((name, host, kwargs)),
     )
     return calls
 
@@ -67,7 +69,7 @@ def test_a_broker_that_cannot_be_reached_fails_the_run(
     def down(name, host, kwargs):
         raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    monkeypatch.setattr(actions, "send_host_task", down)
+    monkeypatch.setattr(run_services, "send_host_task", down)
     with django_capture_on_commit_callbacks(execute=True):
         client.post(f"/deployments/{deployment.pk}/sweep/", FORM)
     run = SweepRun.objects.get()

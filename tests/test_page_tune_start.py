@@ -1,7 +1,7 @@
 import pytest
 
-from moeops.front import actions
 from moeops.kernels.models import TuningRun, TuningTiming
+from moeops.runs import services as run_services
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -11,7 +11,9 @@ pytestmark = pytest.mark.django_db
 def sent(monkeypatch):
     calls = []
     monkeypatch.setattr(
-        actions, "send_host_task", lambda name, host, kwargs: calls.append((name, host, kwargs))
+        run_services,
+        "send_host_task",
+        lambda name, host, kwargs: calls.append((name, host, kwargs)),
     )
     return calls
 

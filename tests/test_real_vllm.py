@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from moeops.fleet.models import ModelSpec
+from moeops.insights import services
 from moeops.insights.models import IncompatibilityRule
 from moeops.runs import snapshots
 from tests.engine import (
@@ -167,6 +168,11 @@ def test_a_sweep_of_the_real_engine_records_what_it_measured(vllm_stack):
     assert max(s.queued for s in samples) > 0
 
     findings = {(f.kind, f.key): f for f in run.deployment.findings.all()}
+    assert ("queueing", "running-cap") in findings, (
+        sorted(findings),
+        [(s.running, s.queued) for s in samples],
+        [f.title for f in services.run_analyze(run=run)],
+    )
     queueing = findings[("queueing", "running-cap")]
     assert queueing.evidence["cap"] == 4
     assert queueing.evidence["cap_source"] == (

@@ -52,10 +52,16 @@ def test_every_task_has_its_stable_name_and_time_limits():
         "workers.run_sweep",
         "workers.tune_kernel",
         "workers.check_deployment",
+        "workers.gpus_now",
         "workers.probe_host",
         "workers.replay_spool",
     }
-    for name in ("workers.run_sweep", "workers.tune_kernel", "workers.check_deployment"):
+    for name in (
+        "workers.run_sweep",
+        "workers.tune_kernel",
+        "workers.check_deployment",
+        "workers.gpus_now",
+    ):
         soft, hard, acks_late = tasks[name]
         assert 0 < soft < hard
         assert acks_late is True

@@ -1,5 +1,6 @@
-"""`make run` with its workers: web, the web-side and GPU-host Celery workers and the stand-in
-engine come up, the stand-in deployment is checked, and a sweep started from the UI finishes."""
+"""`make run` with its workers: web, the web-side Celery worker and beat, the GPU-host worker
+and the stand-in engine come up, the stand-in deployment is checked (at once, then every
+interval), and a sweep started from the UI finishes."""
 
 import os
 import re
@@ -48,7 +49,9 @@ def test_make_run_brings_up_both_workers_and_the_standin_and_a_ui_sweep_finishes
     tmp_path, nvml_here, free_port
 ):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(MOEOPS_VAR_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    env.update(
+        MOEOPS_VAR_DIR=str(tmp_path), MOEOPS_HEALTH_CHECK_INTERVAL_S="2", PYTHONUNBUFFERED="1"
+    )
     env.pop("DJANGO_SETTINGS_MODULE", None)
     _manage(env, "migrate", "--noinput")
     _manage(env, "load_example_data")
@@ -81,6 +84,14 @@ def test_make_run_brings_up_both_workers_and_the_standin_and_a_ui_sweep_finishes
         assert deployment["name"] == "GLM-5 (stand-in)"
         assert deployment["endpoint_url"] == f"http://127.0.0.1:{standin_port}"
         assert deployment["status_detail"] == "stand-in serves glm-5-standin"
+
+        # beat asks for a check every interval too: runlocal's first check and two of beat's
+        def periodic():
+            checks = api.get(f"/deployments/{deployment['id']}/health-checks").json()["items"]
+            return len([c for c in checks if c["trigger"] == "periodic"]) >= 3
+
+        _wait("beat's periodic checks", periodic, 30)
+        assert list(tmp_path.glob("celerybeat-schedule*"))
 
         page = web.get("/accounts/login/")
         web.post(

@@ -1,13 +1,18 @@
-"""The tasks' library ends (kernel tune, engine check) against a live server, and the check and
-probe tasks through a real Celery worker (tests/stack.py)."""
+"""The tasks' library ends (kernel tune, engine check) against a live server, and the check,
+GPUs-now and probe tasks through a real Celery worker (tests/stack.py)."""
 
 import sys
 import time
 
+import httpx
 import pytest
+from django.contrib.auth.models import User
+from django.db import OperationalError
+from django.test import Client
 
+from moeops.api.models import ApiToken
 from moeops.celery import send_host_task
-from moeops.fleet.models import Deployment
+from moeops.fleet.models import Deployment, GPUReading, HealthCheck
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import KernelConfig, TuningRun
 from tests.test_telemetry import FakeNVML, h200
@@ -288,13 +293,17 @@ def test_the_worker_probes_its_host_on_start_and_checks_deployments(sweep_stack)
     assert snapshot is not None and snapshot.source == "probe"
 
     deployment = stack.deployment
+    # the kwargs of a web tier from before health history: no engine, no trigger
     send_host_task(
         "check_deployment",
         stack.host,
         kwargs={"deployment": deployment.pk, "base_url": stack.standin_url, "model": "nope"},
     )
     stack.worker.wait_for_log("workers.check_deployment", timeout=30)
-    deployment = _wait_for_status(deployment, "degraded")
+    [check] = _wait_for_checks(stack, 1)
+    assert (check.status, check.trigger) == ("degraded", "manual")
+    deployment = Deployment.objects.get(pk=deployment.pk)
+    assert deployment.status == "degraded"
     assert "not 'nope'" in deployment.status_detail
 
     send_host_task(
@@ -306,15 +315,113 @@ def test_the_worker_probes_its_host_on_start_and_checks_deployments(sweep_stack)
             "model": "glm-5-standin",
         },
     )
-    deployment = _wait_for_status(deployment, "healthy")
+    _wait_for_checks(stack, 2)
+    deployment = Deployment.objects.get(pk=deployment.pk)
+    assert deployment.status == "healthy"
     assert deployment.status_detail == "stand-in serves glm-5-standin"
 
 
-def _wait_for_status(deployment, status, timeout=30):
+@pytest.mark.e2e
+@pytest.mark.timeout(150)
+def test_checks_asked_for_through_the_api_fill_the_health_history(sweep_stack):
+    stack = sweep_stack
+    engine_url, stop_engine = start_standin_in_thread(StandinConfig(model="glm-5"))
+    Deployment.objects.filter(pk=stack.deployment.pk).update(
+        endpoint_url=engine_url, served_model_name="glm-5", engine="other"
+    )
+    with _api(stack) as api:
+        try:
+            answer = api.post(f"/deployments/{stack.deployment.pk}/check")
+            assert answer.status_code == 202, answer.text
+            assert answer.json()["queue"] == stack.host.queue_name
+            healthy = _wait_for_checks(stack, 1)[-1]
+
+            Deployment.objects.filter(pk=stack.deployment.pk).update(served_model_name="kimi-k2")
+            assert api.post(f"/deployments/{stack.deployment.pk}/check").status_code == 202
+            degraded = _wait_for_checks(stack, 2)[-1]
+        finally:
+            stop_engine()
+        assert api.post(f"/deployments/{stack.deployment.pk}/check").status_code == 202
+        failed = _wait_for_checks(stack, 3)[-1]
+        history = api.get(f"/deployments/{stack.deployment.pk}/health-checks").json()
+
+    assert (healthy.status, healthy.up, healthy.trigger) == ("healthy", True, "api")
+    assert (healthy.engine, healthy.served_models) == ("standin", ["glm-5"])
+    assert healthy.max_running_requests == 64 and healthy.latency_ms > 0
+    assert healthy.detail == "stand-in serves glm-5"
+    assert (degraded.status, degraded.up) == ("degraded", True)
+    assert "not 'kimi-k2'" in degraded.detail
+    assert (failed.status, failed.up, failed.latency_ms, failed.engine) == (
+        "failed",
+        False,
+        None,
+        "",
+    )
+    assert failed.detail.startswith("the engine did not answer")
+    assert [c["status"] for c in history["items"]] == ["failed", "degraded", "healthy"]
+    deployment = Deployment.objects.get(pk=stack.deployment.pk)
+    assert (deployment.status, deployment.status_detail) == ("failed", failed.detail)
+    assert deployment.status_checked_at == failed.checked_at
+
+    page = _signed_in().get(deployment.get_absolute_url()).content.decode()
+    table = page.split('id="health-checks"')[1].split("</table>")[0]
+    assert table.count("<tr>") == 4
+    assert "stand-in" in table and "not &#x27;kimi-k2&#x27;" in table
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_gpus_now_asked_for_through_the_api_reaches_the_host_page(sweep_stack, nvml_here):
+    stack = sweep_stack
+    with _api(stack) as api:
+        answer = api.post(f"/hosts/{stack.host.name}/gpus-now")
+    assert answer.status_code == 202, answer.text
+    reading = _wait_for(stack, "a GPU reading", lambda: stack.host.gpu_readings.first())
+    page = _signed_in().get(f"/hosts/{stack.host.name}/").content.decode()
+    if nvml_here:
+        assert reading.status == "recorded" and reading.gpus
+        assert page.split('id="gpus-now"')[1].count('<td class="num">') >= 8
+    else:
+        # this machine has no GPU: the reading says why, and so does the page
+        assert (reading.status, reading.gpus) == ("unavailable", [])
+        assert reading.detail
+        assert f"No NVML on this host: {reading.detail}" in page
+    assert GPUReading.objects.count() == 1
+
+
+def _api(stack):
+    _, token = ApiToken.issue(name=f"owner of {stack.host.name}")
+    headers = {"Authorization": f"Bearer {token}"}
+    return httpx.Client(base_url=f"{stack.live_server_url}/api/v1", headers=headers, timeout=30)
+
+
+def _signed_in():
+    client = Client()
+    client.force_login(User.objects.create_user(f"viewer-{time.monotonic_ns()}"))
+    return client
+
+
+def _wait_for(stack, what, found, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        deployment = Deployment.objects.get(pk=deployment.pk)
-        if deployment.status == status:
-            return deployment
+        try:
+            value = found()
+        except OperationalError:
+            # SQLite's test database: a table the live server writes is locked for a moment
+            value = None
+        if value:
+            return value
         time.sleep(0.2)
-    raise AssertionError(f"deployment stayed {deployment.status}: {deployment.status_detail}")
+    raise AssertionError(f"no {what} after {timeout} s; worker log:\n{stack.worker.log()[-4000:]}")
+
+
+def _wait_for_checks(stack, count):
+    """The deployment's checks, oldest first, once there are `count`."""
+
+    def checks():
+        rows = list(
+            HealthCheck.objects.filter(deployment=stack.deployment).order_by("checked_at", "id")
+        )
+        return rows if len(rows) >= count else None
+
+    return _wait_for(stack, f"{count} health checks", checks)

@@ -2,10 +2,11 @@
 
 Configured by MOEOPS_URL (e.g. http://127.0.0.1:8000) and MOEOPS_TOKEN (a host's token).
 Every request is retried with exponential backoff on connection errors, 5xx and 429. Pushes
-of results (runs, levels, telemetry, topology, kernel configs, tuning runs) that still cannot
-reach the web tier are written to a spool folder (MOEOPS_SPOOL_DIR, default spool/ in
-tuning.cache_dir) and replayed in order before the next push, or by `replay_spool()`; the API's
-idempotency keys (run UUIDs, level keys, batch ids) make a replay store once.
+of results (runs, levels, telemetry, topology, health checks, GPU readings, kernel configs,
+tuning runs) that still cannot reach the web tier are written to a spool folder
+(MOEOPS_SPOOL_DIR, default spool/ in tuning.cache_dir) and replayed in order before the next
+push, or by `replay_spool()`; the API's idempotency keys (run, check and reading UUIDs, level
+keys, batch ids) make a replay store once.
 
     client = MoeopsClient()
     run = client.create_run("glm-5-sglang", label="sweep")
@@ -371,8 +372,29 @@ class MoeopsClient:
         return self._push("POST", f"/hosts/{host}/gpus", {"gpus": gpus})
 
     def update_deployment(self, deployment, **fields):
-        """e.g. status="healthy", status_detail="…" after a health check."""
+        """e.g. engine_version="0.5.6", or a status such as status="stopped"."""
         return self._push("PATCH", f"/deployments/{deployment}", fields)
+
+    def post_health_check(self, deployment, result, *, trigger, checked_at=None, check_uuid=None):
+        """A check of the deployment's engine (workers.engine_check.check_engine's result) into
+        its health history; the newest check sets the deployment's status. checked_at: UTC
+        epoch s (default now). The UUID is chosen here so that a retried or spooled push
+        stores one check."""
+        body = {
+            **result,
+            # the API keeps a sentence of at most 300 characters
+            "detail": (result.get("detail") or "")[:300],
+            "uuid": str(check_uuid or uuid.uuid4()),
+            "checked_at": checked_at if checked_at is not None else time.time(),
+            "trigger": trigger,
+        }
+        return self._push("POST", f"/deployments/{deployment}/health-checks", body)
+
+    def post_gpu_reading(self, host, reading, *, reading_uuid=None):
+        """Every GPU of the host read once (workers.telemetry.read_gpus_now's dict), or why
+        not; the UUID makes a retried or spooled push store one reading."""
+        body = {**reading, "uuid": str(reading_uuid or uuid.uuid4())}
+        return self._push("POST", f"/hosts/{host}/gpu-readings", body)
 
     # ------------------------------------------------------------------ kernels
 

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 
-from workers import engine_check, kernel_tune, sweep, topology
+from workers import engine_check, kernel_tune, sweep, telemetry, topology
 from workers.celery import (
     CHECK_SOFT_LIMIT_S,
     HARD_MARGIN_S,
@@ -96,17 +96,34 @@ def tune_kernel(self, tuning_run_uuid, **shape):
     soft_time_limit=CHECK_SOFT_LIMIT_S,
     time_limit=CHECK_SOFT_LIMIT_S + HARD_MARGIN_S,
 )
-def check_deployment(self, deployment, base_url, model="", engine=""):
-    """Ask the engine what it is and what it serves; record the deployment's status and GPUs.
+def check_deployment(self, deployment, base_url, model="", engine="", trigger="manual"):
+    """Ask the engine what it is and what it serves; push the check to the deployment's health
+    history (the newest check sets its status) and record the host's GPUs.
 
-    engine: the engine the deployment records, so that another one answering is flagged."""
+    engine: the engine the deployment records, so that another one answering is flagged;
+    trigger: what asked for the check (manual, periodic or api)."""
+    checked_at = time.time()
     result = engine_check.check_engine(base_url, model, recorded_engine=engine)
     with _host_client(self) as client:
-        client.update_deployment(
-            deployment, status=result["status"], status_detail=result["detail"][:300]
-        )
+        client.post_health_check(deployment, result, trigger=trigger, checked_at=checked_at)
         _record_host(client)
     return result["status"]
+
+
+@app.task(
+    name="workers.gpus_now",
+    bind=True,
+    max_retries=None,
+    soft_time_limit=CHECK_SOFT_LIMIT_S,
+    time_limit=CHECK_SOFT_LIMIT_S + HARD_MARGIN_S,
+)
+def gpus_now(self):
+    """Read every GPU of this host once through NVML and push the reading; without NVML the
+    reading says why."""
+    reading = telemetry.read_gpus_now()
+    with _host_client(self) as client:
+        client.post_gpu_reading(HOST_NAME, reading)
+    return reading["status"]
 
 
 @app.task(

@@ -1,5 +1,6 @@
 """GPU telemetry during a sweep or a kernel tune: an NVML sampler (pynvml), 1 Hz by default, up
-to 10 Hz, and a pusher that hands its samples to the API in batches.
+to 10 Hz, and a pusher that hands its samples to the API in batches; and one reading of every
+GPU on demand (`read_gpus_now`, the host page's "GPUs now").
 
 One sample is one GPU at one instant, a dict with the fields of `runs.TelemetrySample`:
 
@@ -106,6 +107,24 @@ def read_sample(nvml, index, handle, *, ts, level_concurrency=None):
 
 # The API's limit for a run's telemetry_detail (characters).
 DETAIL_LIMIT = 300
+
+
+def read_gpus_now(nvml=None, *, clock=time.time):
+    """Every GPU of this host read once: {"status": "recorded" | "unavailable", "detail" (why
+    unavailable, at most DETAIL_LIMIT characters), "taken_at" (UTC epoch s), "gpus" (one
+    read_sample dict per GPU)}. nvml: the pynvml module, or a stand-in (tests)."""
+    taken_at = clock()
+    try:
+        nvml = nvml if nvml is not None else _load_nvml()
+        gpus = open_gpus(nvml)
+    except TelemetryUnavailable as exc:
+        detail = str(exc)[:DETAIL_LIMIT]
+        return {"status": "unavailable", "detail": detail, "taken_at": taken_at, "gpus": []}
+    try:
+        samples = [read_sample(nvml, index, handle, ts=taken_at) for index, handle in gpus]
+    finally:
+        nvml.nvmlShutdown()
+    return {"status": "recorded", "detail": "", "taken_at": taken_at, "gpus": samples}
 
 
 class TelemetrySampler:

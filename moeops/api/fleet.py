@@ -2,8 +2,10 @@
 
 import datetime as dt
 from typing import Any, Literal
+from uuid import UUID
 
-from ninja import Query, Router, Schema
+from kombu.exceptions import OperationalError
+from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import ConfigDict, Field, model_validator
@@ -28,11 +30,15 @@ from moeops.api.fields import (
 )
 from moeops.api.paging import Page
 from moeops.api.responses import stored
+from moeops.api.runs import TelemetrySampleIn
 from moeops.fleet import services
 from moeops.fleet.models import (
+    CHECK_TRIGGERS,
     DEPLOYMENT_STATUSES,
     ENGINES,
     GPU,
+    HEALTH_STATUSES,
+    READING_STATUSES,
     TOPOLOGY_SOURCES,
     VIRTUALIZATION_KINDS,
     Deployment,
@@ -47,6 +53,27 @@ DeploymentStatus = Literal[tuple(key for key, _ in DEPLOYMENT_STATUSES)]
 Engine = Literal[tuple(key for key, _ in ENGINES)]
 TopologySource = Literal[tuple(key for key, _ in TOPOLOGY_SOURCES)]
 VirtualizationKind = Literal[tuple(key for key, _ in VIRTUALIZATION_KINDS)]
+HealthStatus = Literal[tuple(key for key, _ in HEALTH_STATUSES)]
+CheckTrigger = Literal[tuple(key for key, _ in CHECK_TRIGGERS)]
+ReadingStatus = Literal[tuple(key for key, _ in READING_STATUSES)]
+
+
+class HostTaskQueued(Schema):
+    """A task sent to a host's worker; its result arrives later, pushed by the worker."""
+
+    task: str = Field(description="the GPU-host task, e.g. workers.check_deployment")
+    queue: str = Field(description="the host's queue, host.<name>")
+    kwargs: dict[str, Any]
+
+
+def _queued(task, host, enqueue):
+    """202 with what `enqueue()` sent (it returns the task's kwargs); 503 naming the broker's
+    error when it cannot be reached."""
+    try:
+        kwargs = enqueue()
+    except OperationalError as exc:
+        raise HttpError(503, f"could not reach the broker to enqueue {task}: {exc}") from None
+    return Status(202, {"task": task, "queue": host.queue_name, "kwargs": kwargs or {}})
 
 
 # --------------------------------------------------------------------------- models
@@ -212,6 +239,72 @@ def gpu_record(request, ref: str, payload: GPUsIn):
     )
     body = {"created": created, "updated": updated, "gpus": list(host.gpus.all())}
     return stored(created, body)
+
+
+class GPUReadingIn(In):
+    """Every GPU of the host read once (`workers.gpus_now`), or why NVML could not read them."""
+
+    uuid: UUID | None = Field(
+        None, description="chosen by the worker so that a retried push stores one reading"
+    )
+    taken_at: EpochSeconds | None = Field(None, description="UTC epoch s; default now")
+    status: ReadingStatus
+    detail: text(300) = Field("", description="why there is no reading")
+    gpus: list[TelemetrySampleIn] = Field([], max_length=1024)
+
+    @model_validator(mode="after")
+    def _gpus_when_recorded(self):
+        if self.status == "recorded" and not self.gpus:
+            raise ValueError("gpus: a recorded reading holds at least one GPU")
+        return self
+
+
+class GPUReadingOut(Schema):
+    id: int
+    uuid: UUID
+    host: str
+    taken_at: dt.datetime
+    status: str
+    detail: str
+    gpus: list[dict[str, Any]]
+
+    @staticmethod
+    def resolve_host(obj):
+        return obj.host.name
+
+
+@router.post("/hosts/{ref}/gpus-now", auth=WRITE, response={202: HostTaskQueued})
+def gpus_now(request, ref: str):
+    """Ask the host's worker to read its GPUs once (`workers.gpus_now`); the reading arrives at
+    /hosts/{ref}/gpu-readings."""
+    host = lookups.get_host(ref)
+    require_write(request, host)
+    return _queued("workers.gpus_now", host, lambda: services.gpu_reading_enqueue(host=host))
+
+
+@router.post(
+    "/hosts/{ref}/gpu-readings", auth=WRITE, response={200: GPUReadingOut, 201: GPUReadingOut}
+)
+def gpu_reading_record(request, ref: str, payload: GPUReadingIn):
+    """Store a reading of the host's GPUs (201); a uuid seen before answers that reading (200)."""
+    host = lookups.get_host(ref)
+    require_write(request, host)
+    reading, created = services.gpu_reading_record(
+        host=host,
+        status=payload.status,
+        detail=payload.detail,
+        gpus=[gpu.model_dump(exclude={"level_concurrency"}) for gpu in payload.gpus],
+        taken_at=payload.taken_at,
+        reading_uuid=payload.uuid,
+    )
+    return stored(created, reading)
+
+
+@router.get("/hosts/{ref}/gpu-readings", response=list[GPUReadingOut])
+@paginate(Page)
+def gpu_reading_list(request, ref: str):
+    """The host's GPU readings, newest first."""
+    return lookups.get_host(ref).gpu_readings.select_related("host")
 
 
 # --------------------------------------------------------------------------- topology
@@ -518,3 +611,83 @@ def deployment_patch(request, ref: str, payload: DeploymentPatch):
         raise HttpError(400, "body: nothing to change")
     services.deployment_update(deployment=deployment, **fields)
     return _deployments().get(pk=deployment.pk)
+
+
+@router.post("/deployments/{ref}/check", auth=WRITE, response={202: HostTaskQueued})
+def deployment_check(request, ref: str):
+    """Ask the host's worker to check the deployment's engine now (`workers.check_deployment`);
+    the check arrives in /deployments/{ref}/health-checks and sets the status."""
+    deployment = lookups.get_deployment(ref)
+    require_write(request, deployment.host)
+    return _queued(
+        "workers.check_deployment",
+        deployment.host,
+        lambda: services.deployment_check_enqueue(deployment=deployment, trigger="api"),
+    )
+
+
+class HealthCheckIn(In):
+    """A check of the deployment's engine, as workers.engine_check.check_engine reports it."""
+
+    uuid: UUID | None = Field(
+        None, description="chosen by the worker so that a retried push stores one check"
+    )
+    checked_at: EpochSeconds | None = Field(None, description="UTC epoch s; default now")
+    trigger: CheckTrigger = "api"
+    status: HealthStatus
+    up: bool | None = Field(None, description="the engine answered; default: status not failed")
+    detail: text(300) = ""
+    latency_ms: float | None = Field(None, ge=0, le=1e9, description="ms")
+    engine: text(50) | None = Field(None, description="the engine that answered")
+    version: text(100) | None = None
+    models: list[text(300)] = Field([], max_length=1024, description="model ids it serves")
+    max_running_requests: PosInt | None = None
+
+
+class HealthCheckOut(Schema):
+    id: int
+    uuid: UUID
+    deployment: str
+    checked_at: dt.datetime
+    trigger: str
+    status: str
+    up: bool
+    detail: str
+    latency_ms: float | None
+    engine: str
+    version: str
+    models: list[str]
+    max_running_requests: int | None
+
+    @staticmethod
+    def resolve_deployment(obj):
+        return obj.deployment.name
+
+    @staticmethod
+    def resolve_models(obj):
+        return obj.served_models
+
+
+@router.post(
+    "/deployments/{ref}/health-checks",
+    auth=WRITE,
+    response={200: HealthCheckOut, 201: HealthCheckOut},
+)
+def health_check_record(request, ref: str, payload: HealthCheckIn):
+    """Add a check to the deployment's history (201); the newest check sets its status. A uuid
+    seen before answers that check (200)."""
+    deployment = lookups.get_deployment(ref)
+    require_write(request, deployment.host)
+    fields = payload.model_dump(exclude={"uuid", "models"})
+    check, created = services.health_check_record(
+        deployment=deployment, check_uuid=payload.uuid, served_models=payload.models, **fields
+    )
+    return stored(created, check)
+
+
+@router.get("/deployments/{ref}/health-checks", response=list[HealthCheckOut])
+@paginate(Page)
+def health_check_list(request, ref: str, filters: Query[CreatedRange]):
+    """The deployment's checks, newest first; the date range applies to checked_at."""
+    deployment = lookups.get_deployment(ref)
+    return in_range(deployment.health_checks.select_related("deployment"), filters, "checked_at")

@@ -7,6 +7,7 @@ from uuid import UUID
 
 from django.db.models import Q
 from ninja import Query, Router, Schema
+from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import AfterValidator, Field
 
@@ -72,6 +73,12 @@ class RunIn(In):
     kernel_config: PosInt | None = Field(None, description="kernel config id")
     topology_snapshot: PosInt | None = Field(None, description="topology snapshot id")
     provenance: text(300) = ""
+    start: bool = Field(
+        False,
+        description="queue the sweep on the deployment's host, as the deployment page's Run "
+        "sweep does: parameters need levels, input_len and output_len; base_url, model, "
+        "gpu_indices and vocab_size come from the deployment",
+    )
 
 
 class RunPatch(Patch):
@@ -150,7 +157,8 @@ def _run_out(run):
 
 @router.post("/runs", auth=WRITE, response={200: RunOut, 201: RunOut})
 def run_create(request, payload: RunIn):
-    """Create a queued run; with a `uuid` seen before, the existing run (200)."""
+    """Create a queued run, and with `start` send its sweep to the host's worker; with a `uuid`
+    seen before, the existing run (200)."""
     deployment = lookups.get_deployment(payload.deployment)
     require_write(request, deployment.host)
     kernel_config = topology = None
@@ -160,16 +168,21 @@ def run_create(request, payload: RunIn):
         topology = lookups.by_id(
             deployment.host.topology_snapshots.all(), "topology snapshot", payload.topology_snapshot
         )
-    run, created = services.run_create(
-        deployment=deployment,
-        run_uuid=payload.uuid,
-        label=payload.label,
-        parameters=payload.parameters,
-        source=payload.source,
-        kernel_config=kernel_config,
-        topology_snapshot=topology,
-        provenance=payload.provenance,
-    )
+    fields = {
+        "deployment": deployment,
+        "run_uuid": payload.uuid,
+        "label": payload.label,
+        "parameters": payload.parameters,
+        "kernel_config": kernel_config,
+        "topology_snapshot": topology,
+        "provenance": payload.provenance,
+    }
+    if payload.start:
+        if payload.source != "worker":
+            raise HttpError(400, "source: a started sweep is run by the host's worker")
+        run, created = services.run_start(**fields)
+    else:
+        run, created = services.run_create(source=payload.source, **fields)
     return stored(created, _run_out(run))
 
 

@@ -3,7 +3,15 @@ import json
 from django import forms
 from django.contrib import admin
 
-from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
+from moeops.fleet.models import (
+    GPU,
+    Deployment,
+    GPUReading,
+    HealthCheck,
+    Host,
+    ModelSpec,
+    TopologySnapshot,
+)
 from tuning.moe_params import MoEConfigError
 
 SHAPE_FIELDS = (
@@ -107,3 +115,29 @@ class DeploymentAdmin(admin.ModelAdmin):
     list_filter = ("engine", "status", "host")
     search_fields = ("name", "served_model_name")
     filter_horizontal = ("gpus",)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows the workers report: people look at them, never edit them."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(HealthCheck)
+class HealthCheckAdmin(ReadOnlyAdmin):
+    list_display = ("deployment", "checked_at", "status", "up", "latency_ms", "engine", "trigger")
+    list_filter = ("status", "trigger", "deployment")
+    list_select_related = ("deployment",)
+    date_hierarchy = "checked_at"
+
+
+@admin.register(GPUReading)
+class GPUReadingAdmin(ReadOnlyAdmin):
+    list_display = ("host", "taken_at", "status", "detail")
+    list_filter = ("status", "host")
+    list_select_related = ("host",)
+    date_hierarchy = "taken_at"

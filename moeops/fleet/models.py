@@ -1,8 +1,12 @@
-"""What runs where: models and their MoE shape, GPU hosts, their topology history, deployments."""
+"""What runs where: models and their MoE shape, GPU hosts, their topology history, deployments,
+their health checks and the hosts' GPU readings."""
+
+import uuid
 
 from django.db import models
 from django.urls import reverse
 
+from reports import engine as engine_reports
 from tuning.moe_params import MoEConfigError, moe_params
 
 ENGINES = (("sglang", "SGLang"), ("vllm", "vLLM"), ("other", "Other"))
@@ -15,6 +19,17 @@ DEPLOYMENT_STATUSES = (
     ("stopped", "Stopped"),
     ("failed", "Failed"),
 )
+
+# What a health check can find; the newest check sets the deployment's status to it.
+HEALTH_STATUSES = (("healthy", "Healthy"), ("degraded", "Degraded"), ("failed", "Failed"))
+
+CHECK_TRIGGERS = (
+    ("manual", "Check now"),
+    ("periodic", "Periodic"),
+    ("api", "API"),
+)
+
+READING_STATUSES = (("recorded", "Recorded"), ("unavailable", "Unavailable"))
 
 VIRTUALIZATION_KINDS = (
     ("bare_metal", "Bare metal"),
@@ -221,6 +236,15 @@ class Deployment(models.Model):
     def get_absolute_url(self):
         return reverse("deployment-detail", args=[self.pk])
 
+    @property
+    def request_model_name(self):
+        """The model name that requests to its engine carry: the served name, else the model's."""
+        return self.served_model_name or self.model.name
+
+    def gpu_indices(self):
+        """NVML indices of the GPUs it uses, ascending ([] when none are recorded)."""
+        return sorted(gpu.index for gpu in self.gpus.all())
+
     def num_gpus(self):
         """GPUs the deployment uses: the ones recorded, else its largest parallel size."""
         return self.gpus.count() or max(self.tp, self.ep)
@@ -239,3 +263,62 @@ class Deployment(models.Model):
             pairs.append(("allreduce_fusion", self.allreduce_fusion))
         pairs.extend(sorted(self.launch_args.items()))
         return pairs
+
+
+class HealthCheck(models.Model):
+    """One check of a deployment's engine by its host's worker (workers.engine_check): whether it
+    answered, what it is and whether it serves the model; history is kept."""
+
+    deployment = models.ForeignKey(Deployment, models.CASCADE, related_name="health_checks")
+    # chosen by the worker, so that a retried or spooled push stores one check
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    checked_at = models.DateTimeField()
+    status = models.CharField(max_length=20, choices=HEALTH_STATUSES)
+    up = models.BooleanField(help_text="The engine answered.")
+    latency_ms = models.FloatField(null=True, blank=True, help_text="ms to identify the engine")
+    engine = models.CharField(max_length=50, blank=True, help_text="The engine that answered.")
+    version = models.CharField(max_length=100, blank=True)
+    served_models = models.JSONField(default=list, blank=True, help_text="Model ids it serves.")
+    max_running_requests = models.PositiveIntegerField(null=True, blank=True)
+    detail = models.CharField(max_length=300, blank=True)
+    trigger = models.CharField(max_length=20, choices=CHECK_TRIGGERS, default="manual")
+
+    class Meta:
+        ordering = ["-checked_at", "-id"]
+        # the deployment page's latest checks and "is this check the newest" read this
+        indexes = [
+            models.Index(fields=["deployment", "-checked_at"], name="health_deployment_checked")
+        ]
+
+    def __str__(self):
+        return f"{self.deployment.name} @ {self.checked_at:%Y-%m-%d %H:%M}: {self.status}"
+
+    @property
+    def engine_label(self):
+        """ "SGLang 0.5.6" as the engine answered; empty when nothing answered."""
+        return engine_reports.label({"engine": self.engine, "version": self.version})
+
+
+class GPUReading(models.Model):
+    """Every GPU of a host read once through NVML ("GPUs now"), or why it could not be read."""
+
+    host = models.ForeignKey(Host, models.CASCADE, related_name="gpu_readings")
+    # chosen by the worker, so that a retried or spooled push stores one reading
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    taken_at = models.DateTimeField()
+    status = models.CharField(max_length=20, choices=READING_STATUSES)
+    detail = models.CharField(max_length=300, blank=True, help_text="Why there is no reading.")
+    gpus = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Per GPU: gpu_index, gpu_util %, power_w and power_limit_w W, mem_used_mib "
+        "and mem_total_mib MiB, sm_clock_mhz MHz, temperature_c °C (as workers.telemetry reads).",
+    )
+
+    class Meta:
+        ordering = ["-taken_at", "-id"]
+        # the host page's latest reading
+        indexes = [models.Index(fields=["host", "-taken_at"], name="gpu_reading_host_taken")]
+
+    def __str__(self):
+        return f"{self.host.name} @ {self.taken_at:%Y-%m-%d %H:%M}: {self.status}"

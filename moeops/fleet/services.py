@@ -1,12 +1,26 @@
-"""Writes to the fleet: models from config.json, hosts, GPUs, topology snapshots, deployments."""
+"""Writes to the fleet: models from config.json, hosts, GPUs, topology snapshots, deployments,
+health checks and GPU readings, and the checks and readings asked of a host's worker."""
 
 import datetime as dt
 
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
+from moeops.celery import send_host_task
+from moeops.fleet.models import (
+    GPU,
+    HEALTH_STATUSES,
+    Deployment,
+    GPUReading,
+    HealthCheck,
+    Host,
+    ModelSpec,
+    TopologySnapshot,
+)
 from workers.topology import diff_snapshots, snapshot_fingerprint
+
+HEALTH = frozenset(key for key, _ in HEALTH_STATUSES)
 
 
 class AlreadyExists(Exception):
@@ -93,6 +107,13 @@ def _snapshot_row(host, snapshot, *, source, raw_text, captured_at, provenance):
     )
 
 
+def _moment(epoch_s):
+    """A UTC epoch in s as an aware datetime; None is now."""
+    if epoch_s is None:
+        return timezone.now()
+    return dt.datetime.fromtimestamp(epoch_s, tz=dt.UTC)
+
+
 def topology_record(*, host, snapshot, source=None, raw_text="", captured_at=None, provenance=""):
     """(snapshot row, created, changes) for a snapshot in the JSON shape of workers.topology.
 
@@ -100,9 +121,7 @@ def topology_record(*, host, snapshot, source=None, raw_text="", captured_at=Non
     current row is returned with created False. `changes` lists what differs from the
     previous snapshot, one sentence each ([] for the first). captured_at: UTC epoch s.
     """
-    when = timezone.now()
-    if captured_at is not None:
-        when = dt.datetime.fromtimestamp(captured_at, tz=dt.UTC)
+    when = _moment(captured_at)
     row = _snapshot_row(
         host, snapshot, source=source, raw_text=raw_text, captured_at=when, provenance=provenance
     )
@@ -141,10 +160,153 @@ def deployment_create(*, name, model, host, gpu_indexes=(), **fields):
 
 
 def deployment_update(*, deployment, **fields):
-    """Set the given fields (status after a health check, launch arguments, …)."""
-    if "status" in fields and "status_checked_at" not in fields:
-        fields["status_checked_at"] = timezone.now()
-    for key, value in fields.items():
-        setattr(deployment, key, value)
-    deployment.save(update_fields=[*fields, "updated"])
+    """Set the given fields (launch arguments, endpoint, a status such as stopped, …).
+
+    A health status (healthy, degraded, failed) with its status_detail is a check reported
+    through the API: health_check_record keeps it in the history and sets the status.
+    """
+    with transaction.atomic():
+        if fields.get("status") in HEALTH:
+            health_check_record(
+                deployment=deployment,
+                status=fields.pop("status"),
+                detail=fields.pop("status_detail", ""),
+                trigger="api",
+            )
+        for key, value in fields.items():
+            setattr(deployment, key, value)
+        if fields:
+            deployment.save(update_fields=[*fields, "updated"])
     return deployment
+
+
+def health_check_record(
+    *,
+    deployment,
+    status,
+    trigger,
+    up=None,
+    detail="",
+    checked_at=None,
+    check_uuid=None,
+    latency_ms=None,
+    engine="",
+    version="",
+    served_models=(),
+    max_running_requests=None,
+):
+    """(HealthCheck, created): one check of the deployment's engine, kept in its history.
+
+    The one place that a check sets the deployment's status, status_detail and
+    status_checked_at; only the newest check does, so that a check replayed late from a
+    worker's spool joins the history without undoing a newer one. up: the engine answered
+    (default: the status is not failed); checked_at: UTC epoch s (default now); latency_ms in
+    ms. A check_uuid seen before returns that check (a retried push).
+    """
+    if check_uuid is not None:
+        existing = HealthCheck.objects.filter(uuid=check_uuid).first()
+        if existing is not None:
+            return _same_deployment(existing, deployment), False
+    when = _moment(checked_at)
+    row = HealthCheck(
+        deployment=deployment,
+        checked_at=when,
+        status=status,
+        up=status != "failed" if up is None else up,
+        latency_ms=latency_ms,
+        engine=engine or "",
+        version=version or "",
+        served_models=list(served_models),
+        max_running_requests=max_running_requests,
+        detail=detail,
+        trigger=trigger,
+    )
+    if check_uuid is not None:
+        row.uuid = check_uuid
+    with transaction.atomic():
+        # one check at a time per deployment, so that the newest one is the one that sets status
+        Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
+        try:
+            with transaction.atomic():
+                row.save()
+        except IntegrityError:
+            return _same_deployment(HealthCheck.objects.get(uuid=check_uuid), deployment), False
+        if not deployment.health_checks.filter(checked_at__gt=when).exists():
+            deployment.status = status
+            deployment.status_detail = detail
+            deployment.status_checked_at = when
+            deployment.save(
+                update_fields=["status", "status_detail", "status_checked_at", "updated"]
+            )
+    return row, True
+
+
+def _same_deployment(check, deployment):
+    if check.deployment_id != deployment.pk:
+        raise AlreadyExists(f"health check {check.uuid} belongs to another deployment")
+    return check
+
+
+def deployment_check_enqueue(*, deployment, trigger, expires_s=None):
+    """Send `workers.check_deployment` for the deployment to its host's queue once the current
+    transaction commits; returns the task's kwargs.
+
+    Raises ValidationError naming endpoint_url when the deployment has none, and kombu's
+    OperationalError when the broker cannot be reached (at once where no transaction is open,
+    as in a view or a task). expires_s: a check no worker started by then is dropped (s).
+    """
+    if not deployment.endpoint_url:
+        raise ValidationError(
+            {"endpoint_url": f"deployment {deployment.name!r} has no endpoint URL to check"}
+        )
+    kwargs = {
+        "deployment": deployment.pk,
+        "base_url": deployment.endpoint_url,
+        "model": deployment.request_model_name,
+        "engine": deployment.engine,
+        "trigger": trigger,
+    }
+    host = deployment.host
+    options = {"expires": expires_s} if expires_s else {}
+    transaction.on_commit(
+        lambda: send_host_task("check_deployment", host, kwargs=kwargs, **options)
+    )
+    return kwargs
+
+
+def gpu_reading_enqueue(*, host):
+    """Send `workers.gpus_now` to the host's queue once the current transaction commits.
+
+    Raises kombu's OperationalError when the broker cannot be reached, as
+    deployment_check_enqueue does.
+    """
+    transaction.on_commit(lambda: send_host_task("gpus_now", host))
+
+
+def gpu_reading_record(*, host, status, detail="", gpus=(), taken_at=None, reading_uuid=None):
+    """(GPUReading, created): every GPU of the host read once, or why there is no reading.
+
+    gpus: dicts of workers.telemetry samples; taken_at: UTC epoch s (default now). A
+    reading_uuid seen before returns that reading (a retried push).
+    """
+    if reading_uuid is not None:
+        existing = GPUReading.objects.filter(uuid=reading_uuid).first()
+        if existing is not None:
+            return _same_host(existing, host), False
+    row = GPUReading(
+        host=host, taken_at=_moment(taken_at), status=status, detail=detail, gpus=list(gpus)
+    )
+    if reading_uuid is not None:
+        row.uuid = reading_uuid
+    try:
+        with transaction.atomic():
+            row.save()
+    except IntegrityError:
+        return _same_host(GPUReading.objects.get(uuid=reading_uuid), host), False
+    return row, True
+
+
+def _same_host(reading, host):
+    if reading.host_id != host.pk:
+        raise AlreadyExists(f"GPU reading {reading.uuid} belongs to another host")
+    return reading

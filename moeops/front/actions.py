@@ -1,71 +1,20 @@
-"""Writes the browser UI starts that no app service covers: sweeps and tunes sent to a host's
-worker, and the plan's order.
-
-Each GPU-host task is enqueued after the row that describes it is committed, so the worker
-always finds its run; a broker that cannot be reached fails the run with the reason instead of
-leaving it queued forever.
+"""Writes the browser UI starts that no app service covers: kernel tunes sent to a host's
+worker, and the plan's order. Sweeps start through moeops.runs.services.run_start, which the
+API's POST /runs shares.
 """
-
-import logging
 
 from django.db import transaction
 from django.db.models import Max
-from django.utils import timezone
-from kombu.exceptions import OperationalError
 
-from moeops.celery import send_host_task
 from moeops.fleet.models import Deployment
 from moeops.insights.models import PlanItem
-from moeops.kernels.models import TuningRun
 from moeops.kernels.services import tuning_run_create
-from moeops.runs.models import SweepRun
-from moeops.runs.services import run_create
-from tuning.moe_params import vocab_size
-
-log = logging.getLogger(__name__)
-
-
-def _enqueue(model, pk, task, host, kwargs):
-    try:
-        send_host_task(task, host, kwargs=kwargs)
-    except OperationalError as exc:
-        log.warning("could not enqueue workers.%s on %s: %s", task, host.queue_name, exc)
-        model.objects.filter(pk=pk, status="queued").update(
-            status="failed",
-            error=f"Could not reach the broker to enqueue workers.{task}: {exc}",
-            finished_at=timezone.now(),
-        )
-
-
-def _gpu_indices(deployment):
-    return sorted(gpu.index for gpu in deployment.gpus.all())
+from moeops.runs.services import run_enqueue, run_start
 
 
 def sweep_start(*, deployment, parameters, label=""):
-    """Create a queued SweepRun and enqueue `workers.run_sweep` on the deployment's host.
-
-    parameters: levels (list of concurrencies), input_len and output_len (tokens),
-    prompts_per_level, warmup (requests), endpoint ("completions" or "chat"). The prompts' token
-    ids are drawn from the model's vocabulary (its config.json's vocab_size).
-    """
-    parameters = {
-        **parameters,
-        "base_url": deployment.endpoint_url,
-        "model": deployment.served_model_name or deployment.model.name,
-        "gpu_indices": _gpu_indices(deployment),
-        "vocab_size": vocab_size(deployment.model.config_json),
-    }
-    with transaction.atomic():
-        run, _ = run_create(
-            deployment=deployment,
-            label=label,
-            parameters=parameters,
-            source="worker",
-            topology_snapshot=deployment.host.current_topology(),
-        )
-        kwargs = {"run_uuid": str(run.uuid), **parameters}
-        host = deployment.host
-        transaction.on_commit(lambda: _enqueue(SweepRun, run.pk, "run_sweep", host, kwargs))
+    """A queued SweepRun of the deployment whose sweep is sent to its host (see run_start)."""
+    run, _ = run_start(deployment=deployment, parameters=parameters, label=label)
     return run
 
 
@@ -107,10 +56,9 @@ def tuning_start(*, deployment, dtype, batch_sizes):
             "block_shape": block_shape,
             "batch_sizes": tuning.batch_sizes,
             "device_name": tuning.device_name,
-            "gpu_indices": _gpu_indices(deployment),
+            "gpu_indices": deployment.gpu_indices(),
         }
-        host = deployment.host
-        transaction.on_commit(lambda: _enqueue(TuningRun, tuning.pk, "tune_kernel", host, kwargs))
+        run_enqueue(run=tuning, task="tune_kernel", host=deployment.host, kwargs=kwargs)
     return tuning
 
 

@@ -1,12 +1,16 @@
-"""Writes to sweep runs: create, status compare-and-set, levels, telemetry (of sweeps and
-kernel tunes), imported files."""
+"""Writes to sweep runs: create, start (the sweep sent to the host's worker), status
+compare-and-set, levels, telemetry (of sweeps and kernel tunes), imported files."""
 
 import hashlib
+import logging
 from operator import itemgetter
 
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
+from moeops.celery import send_host_task
 from moeops.insights import services as insights_services
 from moeops.runs import importers, snapshots
 from moeops.runs.models import (
@@ -18,6 +22,9 @@ from moeops.runs.models import (
     TelemetrySample,
     level_key,
 )
+from tuning.moe_params import vocab_size
+
+log = logging.getLogger(__name__)
 
 
 class RunConflict(Exception):
@@ -64,6 +71,84 @@ def run_create(
             return SweepRun.objects.create(**fields), True
     except IntegrityError:
         return _same_deployment(SweepRun.objects.get(uuid=run_uuid), deployment), False
+
+
+def run_start(*, deployment, parameters, label="", run_uuid=None, topology_snapshot=None, **fields):
+    """(SweepRun, created): a queued run whose sweep `workers.run_sweep` is sent to the
+    deployment's host once the run is committed; a run_uuid seen before is that run, not sent
+    again.
+
+    parameters: levels (list of concurrencies), input_len and output_len (tokens),
+    prompts_per_level, warmup (requests), endpoint ("completions" or "chat"), …; base_url,
+    model, gpu_indices and vocab_size are set from the deployment (prompt token ids are drawn
+    below its model's vocab_size). topology_snapshot: the host's current one unless given;
+    fields: as run_create takes them. Raises ValidationError naming the field when the
+    deployment has no endpoint URL or levels, input_len or output_len is missing.
+    """
+    _check_sweep(deployment, parameters)
+    parameters = {
+        **parameters,
+        "base_url": deployment.endpoint_url,
+        "model": deployment.request_model_name,
+        "gpu_indices": deployment.gpu_indices(),
+        "vocab_size": vocab_size(deployment.model.config_json),
+    }
+    with transaction.atomic():
+        run, created = run_create(
+            deployment=deployment,
+            run_uuid=run_uuid,
+            label=label,
+            parameters=parameters,
+            source="worker",
+            topology_snapshot=topology_snapshot or deployment.host.current_topology(),
+            **fields,
+        )
+        if created:
+            kwargs = {"run_uuid": str(run.uuid), **parameters}
+            run_enqueue(run=run, task="run_sweep", host=deployment.host, kwargs=kwargs)
+    return run, created
+
+
+def _check_sweep(deployment, parameters):
+    if not deployment.endpoint_url:
+        raise ValidationError(
+            {"endpoint_url": f"deployment {deployment.name!r} has no endpoint URL to sweep"}
+        )
+    levels = parameters.get("levels")
+    if not isinstance(levels, list) or not levels or not all(map(_count, levels)):
+        raise ValidationError(
+            {"parameters.levels": "a sweep needs a list of concurrencies, each at least 1"}
+        )
+    for key in ("input_len", "output_len"):
+        if not _count(parameters.get(key)):
+            raise ValidationError(
+                {f"parameters.{key}": "a sweep needs a token count of at least 1"}
+            )
+
+
+def _count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def run_enqueue(*, run, task, host, kwargs):
+    """Send `workers.<task>` for a queued run (a SweepRun or a TuningRun) to the host's queue
+    once the current transaction commits, so that the worker always finds the run; a broker
+    that cannot be reached fails the run with the reason instead of leaving it queued forever.
+    """
+    model, pk = type(run), run.pk
+
+    def send():
+        try:
+            send_host_task(task, host, kwargs=kwargs)
+        except OperationalError as exc:
+            log.warning("could not enqueue workers.%s on %s: %s", task, host.queue_name, exc)
+            model.objects.filter(pk=pk, status="queued").update(
+                status="failed",
+                error=f"Could not reach the broker to enqueue workers.{task}: {exc}",
+                finished_at=timezone.now(),
+            )
+
+    transaction.on_commit(send)
 
 
 def _same_deployment(run, deployment):

@@ -1,11 +1,14 @@
-"""Dashboard, deployments, and what a deployment's page lets a person do (sweep, tune, plan)."""
+"""Dashboard, deployments, and what a deployment's page lets a person do (check, sweep, tune,
+plan)."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.db.models import Count, Max, OuterRef, Prefetch, Q, Subquery
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
+from kombu.exceptions import OperationalError
 
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Deployment
@@ -18,6 +21,8 @@ from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs.models import LevelResult, SweepRun
 
 ACTIVE = ("queued", "running")
+# Checks the deployment page lists, newest first.
+RECENT_CHECKS = 10
 
 
 def _get_deployment_for_user(user, pk):
@@ -145,6 +150,7 @@ def _deployment_page(request, deployment, *, sweep_form=None, tune_form=None, st
     ctx = {
         "nav": "deployments",
         "deployment": deployment,
+        "health_checks": deployment.health_checks.all()[:RECENT_CHECKS],
         "runs": runs,
         "shape": shape,
         "gpus": gpus,
@@ -171,6 +177,22 @@ def _deployment_page(request, deployment, *, sweep_form=None, tune_form=None, st
 @login_required
 def deployment_detail(request, pk):
     return _deployment_page(request, _get_deployment_for_user(request.user, pk))
+
+
+@login_required
+@require_POST
+def deployment_check(request, pk):
+    """Send a health check of the deployment to its host's worker."""
+    deployment = _get_deployment_for_user(request.user, pk)
+    try:
+        fleet_services.deployment_check_enqueue(deployment=deployment, trigger="manual")
+    except ValidationError:
+        messages.error(request, "This deployment has no endpoint URL to check; edit it first.")
+    except OperationalError as exc:
+        messages.error(request, f"Could not reach the broker to enqueue the health check: {exc}")
+    else:
+        messages.success(request, f"Health check queued on {deployment.host.queue_name}.")
+    return redirect(f"{deployment.get_absolute_url()}#health")
 
 
 @login_required

@@ -1,9 +1,15 @@
-"""GPU hosts: their GPUs, link and P2P matrices, and the topology history with what changed."""
+"""GPU hosts: their GPUs and what they do now, link and P2P matrices, and the topology history
+with what changed."""
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Max
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+from kombu.exceptions import OperationalError
 
+from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Host
 from moeops.front import charts
 from moeops.runs.models import SweepRun
@@ -102,5 +108,20 @@ def host_detail(request, name):
             for snapshot, changes in _history(snapshots)
         ],
         "deployments": host.deployments.select_related("model"),
+        "reading": host.gpu_readings.first(),
     }
     return render(request, "front/host_detail.html", ctx)
+
+
+@login_required
+@require_POST
+def gpus_now(request, name):
+    """Ask the host's worker to read its GPUs once."""
+    host = _get_host_for_user(request.user, name)
+    try:
+        fleet_services.gpu_reading_enqueue(host=host)
+    except OperationalError as exc:
+        messages.error(request, f"Could not reach the broker to ask for a GPU reading: {exc}")
+    else:
+        messages.success(request, f"GPU reading queued on {host.queue_name}.")
+    return redirect(f"{reverse('host-detail', args=[host.name])}#gpus-now")

@@ -14,13 +14,13 @@ from kombu.exceptions import OperationalError
 
 from moeops.api.models import ApiToken
 from moeops.celery import app as celery_app
-from moeops.celery import send_host_task
 from moeops.examples import (
     STANDIN_HOST,
     STANDIN_MAX_RUNNING_REQUESTS,
     STANDIN_MODEL_NAME,
     load_standin_deployment,
 )
+from moeops.fleet.services import deployment_check_enqueue
 from workers.ports import free_port
 
 WORKER_TOKEN_NAME = "make run worker (host local)"
@@ -44,9 +44,9 @@ def _wait_for_port(port, timeout):
 class Command(BaseCommand):
     help = (
         "Run moeops locally: the embedded Redis (unless REDIS_URL is set), the web app on "
-        "127.0.0.1, the web-side Celery worker, the GPU-host worker of host 'local' and a "
-        "stand-in engine that the deployment 'GLM-5 (stand-in)' points at; prints the URL and "
-        "the admin login."
+        "127.0.0.1, the web-side Celery worker and beat (the periodic health checks), the "
+        "GPU-host worker of host 'local' and a stand-in engine that the deployment "
+        "'GLM-5 (stand-in)' points at; prints the URL and the admin login."
     )
 
     def add_arguments(self, parser):
@@ -107,6 +107,10 @@ class Command(BaseCommand):
                 env,
             ),
         }
+        if settings.MOEOPS_HEALTH_CHECK_INTERVAL_S:
+            # the periodic health checks; beat keeps its schedule file in var/ (settings)
+            settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+            processes["beat"] = ([*celery, "-A", "moeops", "beat", "--loglevel", "warning"], env)
         started = {
             name: subprocess.Popen(cmd, env=proc_env) for name, (cmd, proc_env) in processes.items()
         }
@@ -142,17 +146,10 @@ class Command(BaseCommand):
                 redis_server.shutdown()
 
     def _check(self, deployment, redis_url):
-        # the worker's first health check of the stand-in; it waits in Redis until the worker is up
+        # the stand-in's first check now rather than after one interval; it waits in Redis
+        # until the worker is up
         celery_app.conf.broker_url = redis_url
         try:
-            send_host_task(
-                "check_deployment",
-                deployment.host,
-                kwargs={
-                    "deployment": deployment.pk,
-                    "base_url": deployment.endpoint_url,
-                    "model": deployment.served_model_name,
-                },
-            )
+            deployment_check_enqueue(deployment=deployment, trigger="periodic")
         except OperationalError as exc:
             self.stderr.write(f"could not enqueue the stand-in's health check: {exc}")

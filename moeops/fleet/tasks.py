@@ -1,0 +1,24 @@
+"""Web-side tasks of the fleet app: the periodic health check (Celery beat, see settings)."""
+
+from django.conf import settings
+
+from moeops.celery import app
+from moeops.fleet import services
+from moeops.fleet.models import Deployment
+
+
+@app.task
+def check_deployments():
+    """Enqueue `workers.check_deployment` for every deployment that has an endpoint URL, each on
+    its host's queue; returns their ids."""
+    queued = []
+    deployments = Deployment.objects.exclude(endpoint_url="").select_related("model", "host")
+    for deployment in deployments:
+        # a check no worker started within one interval is dropped: the next one is on its way
+        services.deployment_check_enqueue(
+            deployment=deployment,
+            trigger="periodic",
+            expires_s=settings.MOEOPS_HEALTH_CHECK_INTERVAL_S or None,
+        )
+        queued.append(deployment.pk)
+    return queued
