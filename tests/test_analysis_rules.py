@@ -252,6 +252,21 @@ def test_queueing_holds_back_when_the_queue_is_not_behind_the_cap():
     )
 
 
+def test_queueing_falls_back_on_the_configuration_when_the_samples_never_show_a_queue():
+    levels = [Level(4, 500.0, max_concurrent_requests=96), Level(8, 600.0)]
+    # the gauges read 0 between steps (vLLM 0.32 on CPU): offered 8 against a cap of 4
+    engine = [EngineSample(1.0, 8, 0, 0), EngineSample(2.0, 8, 2, 0)]
+
+    [p] = analysis.queueing(
+        RunData(levels=levels, engine_samples=engine, max_running_requests=4, engine="vllm")
+    )
+
+    assert (p.severity, p.evidence["basis"]) == ("info", "configuration")
+    # 96 requests touched one 1 s bucket at concurrency 4: still only 4 offered at once
+    assert p.evidence["levels_above_cap"] == [8]
+    assert "did not catch the queue" in p.text
+
+
 def test_queueing_prefers_the_cap_the_server_reported():
     levels = [Level(128, 600.0)]
     engine = [EngineSample(1.0, 128, 128, 5)]

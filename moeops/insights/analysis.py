@@ -473,7 +473,9 @@ def queueing(data: RunData) -> list[Proposal]:
     deployment's recorded max_running_requests. With engine samples the rule
     fires on samples with queued > 0 and running at the cap. Without engine samples it fires
     ("info") only when a level's achieved (else target) concurrency exceeded the cap, which
-    queues the excess by construction of a continuous-batching engine.
+    queues the excess by construction of a continuous-batching engine; so does a run whose
+    samples show no queue at all (vLLM's gauges read 0 between some of its steps). A queue while
+    the running count is below the cap is the KV cache running short: no finding.
     """
     cap, cap_source = running_cap(data)
     if not cap:
@@ -494,9 +496,11 @@ def queueing(data: RunData) -> list[Proposal]:
         "engine_samples": len(data.engine_samples),
     }
     plan = [f"Raise {flag} above {cap} and re-sweep"]
-    if data.engine_samples:
-        if not at_cap:
-            return []
+    # a queue below the cap is the KV cache running short, not the cap
+    queued_below_cap = any((s.queued or 0) > 0 and s not in at_cap for s in data.engine_samples)
+    if data.engine_samples and not at_cap and queued_below_cap:
+        return []
+    if at_cap:
         concurrency = [lv.concurrency for lv in levels]
         per_level = {lv.concurrency: [] for lv in levels}
         for s in data.engine_samples:
@@ -536,7 +540,11 @@ def queueing(data: RunData) -> list[Proposal]:
                 plan=plan,
             )
         ]
-    offered = {lv.concurrency: lv.max_concurrent_requests or lv.concurrency for lv in levels}
+    # max_concurrent_requests counts requests per 1 s bucket, so it may exceed the concurrency
+    offered = {
+        lv.concurrency: min(lv.concurrency, lv.max_concurrent_requests or lv.concurrency)
+        for lv in levels
+    }
     above = [c for c in offered if offered[c] > cap]
     if not above:
         return []
@@ -564,8 +572,13 @@ def queueing(data: RunData) -> list[Proposal]:
             title=f"Levels above {flag} {cap} queue requests",
             text=(
                 f"The engine runs at most {cap} requests at once; the sweep offered up to "
-                f"{max(offered.values())}, so the rest waited in its queue. No engine samples "
-                "were recorded to show the queue itself."
+                f"{max(offered.values())}, so the rest waited in its queue. "
+                + (
+                    "The engine's samples did not catch the queue (its gauges read between "
+                    "scheduler steps)."
+                    if data.engine_samples
+                    else "No engine samples were recorded to show the queue itself."
+                )
             ),
             evidence=evidence,
             plan=plan,
