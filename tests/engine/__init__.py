@@ -142,15 +142,19 @@ class VllmServer:
     """`vllm serve` of the tiny model on 127.0.0.1; start() returns at once, wait() until ready.
 
     max_num_seqs caps the running batch; extra_args go to `vllm serve` as they are; env adds to
-    the engine's environment (e.g. VLLM_TUNED_CONFIG_FOLDER).
+    the engine's environment (e.g. VLLM_TUNED_CONFIG_FOLDER); cpus ("0", "0-1") pins the server
+    to those cores with one OpenMP thread per core (taskset, VLLM_CPU_OMP_THREADS_BIND).
     """
 
-    def __init__(self, *, log_path, max_num_seqs=16, port=None, extra_args=(), env=None):
+    def __init__(self, *, log_path, max_num_seqs=16, port=None, extra_args=(), env=None, cpus=None):
         self.port = port or free_port()
         self.max_num_seqs = max_num_seqs
         self.log_path = Path(log_path)
         self.extra_args = tuple(extra_args)
         self.env = dict(env or {})
+        self.cpus = cpus
+        if cpus is not None:
+            self.env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
         self.process: EngineProcess | None = None
         self.ready_after_s: float | None = None
 
@@ -159,7 +163,8 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def argv(self) -> list[str]:
-        return vllm_cli(
+        pin = ["taskset", "-c", self.cpus] if self.cpus is not None else []
+        return pin + vllm_cli(
             "serve",
             MODEL_DIR.name,
             "--served-model-name",
