@@ -597,3 +597,52 @@ def test_finding_keys_fit_their_column_even_for_long_device_names():
 
     keys = [p.key for p in proposals]
     assert all(len(k) <= analysis.FINDING_KEY_MAX for k in keys) and len(set(keys)) == 2
+
+
+# -- failed requests and the engine on record --------------------------------------------------
+
+
+def test_a_level_whose_every_request_failed_puts_the_engines_words_first():
+    error = "stream error: Token id 25531 is out of vocabulary"
+    levels = [
+        Level(8, None, completed=0, failed=64, all_failed_with=error),
+        Level(16, None, completed=0, failed=64, all_failed_with=error),
+        Level(4, 300.0, completed=64, failed=0),
+    ]
+
+    [p] = analysis.failed_requests(RunData(levels=levels))
+
+    assert (p.kind, p.severity) == ("failed_requests", "critical")
+    assert p.title == f"Every request failed at concurrency 8, 16: {error}"
+    assert p.text.startswith(error)
+    assert p.evidence["levels"] == [8, 16]
+
+
+def test_levels_with_some_failures_are_not_all_failed():
+    levels = [Level(8, 300.0, completed=60, failed=4)]
+
+    assert analysis.failed_requests(RunData(levels=levels)) == []
+
+
+def test_another_engine_answering_than_the_one_on_record_is_flagged():
+    observed = {"engine": "vllm", "version": "0.32.0"}
+
+    [p] = analysis.engine_mismatch(RunData(recorded_engine="sglang", observed=observed))
+
+    assert (p.kind, p.key, p.severity) == ("engine_mismatch", "engine", "warning")
+    assert p.title == "vLLM 0.32.0 answered, but the deployment records SGLang"
+
+
+def test_a_version_on_record_that_is_not_the_one_that_answered_is_noted():
+    observed = {"engine": "vllm", "version": "0.32.0"}
+    data = RunData(recorded_engine="vllm", observed=observed, launch={"engine_version": "0.31"})
+
+    [p] = analysis.engine_mismatch(data)
+
+    assert (p.key, p.severity) == ("version", "info")
+    assert p.evidence == {"recorded": "0.31", "answered": "0.32.0", "chart": None}
+    same = RunData(recorded_engine="vllm", observed=observed, launch={"engine_version": "0.32.0"})
+    assert analysis.engine_mismatch(same) == []
+    # nothing answered, or the record names no engine: nothing to compare
+    assert analysis.engine_mismatch(RunData(recorded_engine="other", observed=observed)) == []
+    assert analysis.engine_mismatch(RunData(recorded_engine="vllm")) == []

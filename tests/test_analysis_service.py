@@ -127,6 +127,22 @@ def test_the_sm120_rule_fires_when_allreduce_fusion_is_on():
     assert finding.text == rule.finding_text
 
 
+def test_the_flag_the_engine_reported_overrides_the_hand_set_one():
+    run = write_up_sweep()
+    Deployment.objects.filter(pk=run.deployment_id).update(allreduce_fusion=True)
+    # SGLang's /get_server_info, as the worker records it when the sweep starts
+    run.snapshot["engine"] = {
+        "engine": "sglang",
+        "args": {"enable_flashinfer_allreduce_fusion": False},
+        "allreduce_fusion": False,
+    }
+    run.save(update_fields=["snapshot"])
+
+    services.run_analyze(run=run)
+
+    assert not auto(kind="incompatibility").exists()
+
+
 def test_a_disabled_rule_does_not_fire():
     run = write_up_sweep()
     Deployment.objects.filter(pk=run.deployment_id).update(allreduce_fusion=True)

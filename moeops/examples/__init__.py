@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
 from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
+from moeops.runs import snapshots
 from moeops.runs.models import LevelResult, SweepRun, TelemetrySample, level_key
 
 WRITEUP = "From the write-up 'The Pivot Point' (shared/seed/the-pivot-point.txt)"
@@ -120,7 +121,8 @@ def _deployment(name, model, host, **fields):
     return deployment
 
 
-def _run(deployment, label, snapshot, levels, parameters):
+def _run(deployment, label, snapshot, levels, parameters, kernel_config=None):
+    """kernel_config: the snapshot's kernel config in effect, where the write-up tells it."""
     run = SweepRun.objects.filter(deployment=deployment, label=label).first()
     if run is None:
         run = SweepRun(deployment=deployment, label=label)
@@ -128,6 +130,13 @@ def _run(deployment, label, snapshot, levels, parameters):
     run.status = "succeeded"
     run.topology_snapshot = snapshot
     run.parameters = parameters
+    if not run.snapshot:
+        # what the write-up tells of the run; it names no engine version
+        run.snapshot = snapshots.initial_snapshot(
+            deployment=deployment, parameters=parameters, topology=snapshot, source="write-up"
+        )
+        if kernel_config is not None:
+            run.snapshot["kernel_config"] = kernel_config
     run.provenance = WRITEUP
     run.telemetry_status = "not_collected"
     run.save()
@@ -214,6 +223,10 @@ def load_example_data():
         kvm,
         [(None, 800.0)],
         {"moe_kernel": "default"},
+        kernel_config={
+            "state": "engine_default",
+            "reason": "the write-up ran the engine's default fused-MoE kernel configs",
+        },
     )
     _run(
         kimi_deployment,
@@ -221,6 +234,12 @@ def load_example_data():
         kvm,
         [(None, 5800.0)],
         {"moe_kernel": "tuned"},
+        kernel_config={
+            "state": "file",
+            "shipped": False,
+            "reason": "the write-up tuned the fused-MoE kernel for SM120; the file is not on "
+            "record",
+        },
     )
 
     Finding.objects.update_or_create(
