@@ -124,3 +124,69 @@ def telemetry(run_row, *, gpus=8, seconds=60, t0=None, util=lambda g, s: 50.0, p
         batch_size=5000,
     )
     return t0
+
+
+def vllm_identity(max_num_seqs=4, version="0.32.0", tuned_folder="/opt/moe-tuned"):
+    """The snapshot's "engine" of a vLLM started with VLLM_SERVER_DEV_MODE=1, built the way
+    identify_engine builds it: /server_info's nested vllm_config flattened to dotted names."""
+    from reports import engine as reports
+
+    config = {
+        "model_config": {
+            "model": "zai-org/GLM-5",
+            "served_model_name": "glm-5",
+            "max_model_len": 4096,
+            "dtype": "torch.bfloat16",
+        },
+        "cache_config": {"block_size": 16, "gpu_memory_utilization": 0.9},
+        "parallel_config": {"tensor_parallel_size": 8, "enable_expert_parallel": False},
+        "scheduler_config": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": 8192},
+        "compilation_config": {"pass_config": {"fuse_allreduce_rms": True}},
+        "instance_id": "changes at every start",
+    }
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_TUNED_CONFIG_FOLDER": tuned_folder}
+    identity = reports.identity(
+        "vllm",
+        version=version,
+        args=reports.vllm_args(config),
+        args_source="/server_info",
+        env=reports.vllm_env(env),
+        models=[{"id": "glm-5", "max_model_len": 4096, "owned_by": "vllm", "root": "GLM-5"}],
+        metric_names=["vllm:num_requests_running", "vllm:num_requests_waiting"],
+    )
+    return {**identity, "url": "http://127.0.0.1:8000", "reachable": True, "error": ""}
+
+
+def tuned_file(snapshot_row, folder="/opt/moe-tuned"):
+    """The snapshot's "kernel_config" of a tuned file found in VLLM_TUNED_CONFIG_FOLDER."""
+    from tuning.config_files import config_file_name
+
+    shape = snapshot_row["kernel_shape"]
+    name = config_file_name(shape["E"], shape["N"], shape["device_name"], shape["dtype"])
+    return {
+        "state": "file",
+        "file_name": name,
+        "path": f"{folder}/{name}",
+        "sha256": "3f" * 32,
+        "folder": "VLLM_TUNED_CONFIG_FOLDER",
+        "shipped": False,
+        "searched": [f"{folder}/{name}"],
+        "reason": "",
+    }
+
+
+def measured(deployment_row, *, engine=None, kernel_config=None, parameters=None):
+    """A worker run's snapshot: what the web tier records at creation (the deployment as it
+    stands now), then what the worker adds when the sweep starts. engine: the snapshot's
+    "engine" (vllm_identity()); kernel_config: a dict, or "tuned" for tuned_file()."""
+    from moeops.runs import snapshots
+
+    row = snapshots.initial_snapshot(
+        deployment=deployment_row, parameters=parameters or {}, topology=None, source="worker"
+    )
+    if engine is not None:
+        row["engine"] = engine
+    if kernel_config is not None:
+        row["kernel_config"] = tuned_file(row) if kernel_config == "tuned" else kernel_config
+    row["client"] = {"host": "h200-x8", "pid": 4242}
+    return row

@@ -163,3 +163,109 @@ def test_twenty_runs_compare_in_a_bounded_number_of_queries(
     with django_assert_max_num_queries(14):
         html = _page(client, *runs)
     assert len(pb.figure(html, "cmp-throughput-data")["data"]) == 20
+
+
+@pytest.fixture
+def measured(client):
+    """Two sweeps of one vLLM deployment: --max-num-seqs 4, then 16 behind another endpoint."""
+    pb.sign_in(client)
+    deployment = pb.deployment("glm vllm", engine="vllm", engine_version="0.32.0")
+    capped = pb.run(
+        deployment,
+        "cap 4",
+        levels=_levels(1.0),
+        snapshot=pb.measured(deployment, engine=pb.vllm_identity(4), kernel_config="tuned"),
+    )
+    deployment.endpoint_url = "http://127.0.0.1:30001"
+    deployment.save()
+    wide = pb.run(
+        deployment,
+        "cap 16",
+        levels=_levels(1.5),
+        snapshot=pb.measured(deployment, engine=pb.vllm_identity(16), kernel_config="tuned"),
+    )
+    return capped, wide
+
+
+def test_what_changed_lists_each_runs_changes_against_the_first(client, measured):
+    capped, wide = measured
+    html = _page(client, capped, wide)
+    changed = html.split('id="what-changed"')[1].split("</section>")[0]
+    assert html.index('id="what-changed"') < html.index('id="compare-table"')
+    sections = {
+        part.split("</p>")[0]: part.split("</ul>")[0]
+        for part in changed.split('<p class="small">')[1:]
+    }
+    assert list(sections) == [
+        "Engine (as it answered)",
+        "Launch arguments (as the engine reported them)",
+        "Deployment (as recorded)",
+    ]
+    assert "<li>max_running_requests: 4 → 16</li>" in sections["Engine (as it answered)"]
+    args = sections["Launch arguments (as the engine reported them)"]
+    assert args.count("<li>") == 1 and "<li>scheduler_config.max_num_seqs: 4 → 16</li>" in args
+    assert (
+        "<li>endpoint_url: http://127.0.0.1:30000 → http://127.0.0.1:30001</li>"
+        in sections["Deployment (as recorded)"]
+    )
+    assert "Not compared" not in changed
+
+
+def test_nothing_changes_for_a_single_run(client, measured):
+    html = _page(client, measured[0])
+    assert "What changed" not in html
+
+
+def test_runs_before_snapshots_say_what_could_not_be_compared(client, pair):
+    before = pair[0]
+    deployment = before.deployment
+    after = pb.run(deployment, "measured", snapshot=pb.measured(deployment))
+    html = _page(client, before, after)
+    changed = html.split('id="what-changed"')[1].split("</section>")[0]
+    assert "Not compared: a run has no snapshot" in changed
+    assert "Nothing they recorded differs" not in changed
+
+
+def test_the_engine_column_shows_what_the_engine_answered(client, measured):
+    capped, wide = measured
+    capped.deployment.engine_version = "0.33.0"
+    capped.deployment.save()
+    table = _page(client, capped, wide).split('id="compare-table"')[1].split("</table>")[0]
+    assert table.count("<td>vLLM 0.32.0</td>") == 2 and "0.33.0" not in table
+
+
+def test_before_after_tuning_reads_the_kernel_config_in_effect(client, measured):
+    _, tuned = measured
+    deployment = tuned.deployment
+    engine_default = {
+        "state": "engine_default",
+        "file_name": "E=256,N=256,device_name=NVIDIA_H200.json",
+        "reason": "no E=256,N=256,device_name=NVIDIA_H200.json where vllm looks",
+    }
+    default = pb.run(
+        deployment,
+        "untuned",
+        levels=_levels(1.0),
+        snapshot=pb.measured(deployment, engine=pb.vllm_identity(16), kernel_config=engine_default),
+    )
+    html = client.get("/compare/").content.decode()
+    href = html.split("Before / after kernel tuning")[0].rsplit('href="', 1)[1].split('"')[0]
+    picked = parse_qs(urlparse(href.replace("&amp;", "&")).query)
+    # neither run has a config on record or an import's marker: the snapshots tell them apart
+    assert picked["run"] == [str(default.uuid), str(tuned.uuid)]
+    html = _page(client, default, tuned, group="kernel")
+    groups = [t["legendgroup"] for t in pb.figure(html, "cmp-throughput-data")["data"]]
+    assert groups == ["default kernel config", "tuned kernel config"]
+
+
+def test_twenty_measured_runs_compare_in_a_bounded_number_of_queries(
+    client, measured, django_assert_max_num_queries
+):
+    capped = measured[0]
+    runs = [
+        pb.run(capped.deployment, f"r{i}", levels=_levels(1.0), snapshot=capped.snapshot)
+        for i in range(20)
+    ]
+    with django_assert_max_num_queries(14):
+        html = _page(client, *runs)
+    assert html.count("Nothing they recorded differs.") == 19

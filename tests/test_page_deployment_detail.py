@@ -1,3 +1,5 @@
+import datetime as dt
+
 import pytest
 
 from moeops.examples import load_example_data
@@ -120,3 +122,47 @@ def test_runs_without_concurrency_levels_draw_no_empty_chart(client, example):
     peaks = pb.figure(html, "peaks-chart-data")["data"][0]
     assert sorted(peaks["y"]) == [800.0, 5800.0]
     assert peaks["mode"] == "lines+markers+text"
+
+
+@pytest.fixture
+def measured(client):
+    pb.sign_in(client)
+    deployment = pb.deployment(engine="vllm", engine_version="0.32.0")
+    snapshot = pb.measured(deployment, engine=pb.vllm_identity(4), kernel_config="tuned")
+    older = pb.run(deployment, label="cap 2", snapshot=pb.measured(deployment))
+    run = pb.run(deployment, label="cap 4", snapshot=snapshot)
+    older.created = run.created - dt.timedelta(hours=1)
+    older.save(update_fields=["created"])
+    return run
+
+
+def test_it_says_which_fields_were_edited_since_the_newest_measured_run(client, measured):
+    deployment = measured.deployment
+    deployment.endpoint_url = "http://127.0.0.1:30001"
+    deployment.max_running_requests = 64
+    deployment.save()
+    # a newer run that predates snapshots (imported without one) records nothing to compare
+    pb.run(deployment, label="no snapshot")
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    notice = html.split('id="edited-since"')[1].split("</p>")[0]
+    assert f'href="/runs/{measured.uuid}/">‘cap 4’</a>' in notice
+    assert (
+        "max_running_requests unset → 64, "
+        "endpoint_url http://127.0.0.1:30000 → http://127.0.0.1:30001." in notice
+    )
+
+
+def test_an_unchanged_deployment_has_no_edit_notice(client, measured):
+    html = client.get(measured.deployment.get_absolute_url()).content.decode()
+    assert "Edited since run" not in html
+
+
+def test_the_edit_notice_costs_no_extra_query(client, measured, django_assert_max_num_queries):
+    deployment = measured.deployment
+    deployment.engine_version = "0.33.0"
+    deployment.save()
+    for i in range(10):
+        pb.run(deployment, label=f"more {i}", snapshot=measured.snapshot)
+    with django_assert_max_num_queries(14):
+        html = client.get(deployment.get_absolute_url()).content.decode()
+    assert "engine_version 0.32.0 → 0.33.0" in html

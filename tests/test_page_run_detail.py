@@ -4,7 +4,8 @@ import io
 import pytest
 
 from moeops.front import series
-from moeops.runs.models import EngineSample
+from moeops.runs.models import EngineSample, LevelResult, level_key
+from reports import engine as reports
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -206,3 +207,133 @@ def test_findings_of_the_run_are_listed(client, sweep):
 
 def test_unknown_run_is_404(client, sweep):
     assert client.get("/runs/00000000-0000-0000-0000-000000000000/").status_code == 404
+
+
+@pytest.fixture
+def measured(client):
+    pb.sign_in(client)
+    deployment = pb.deployment(engine="vllm", engine_version="0.31.0", max_running_requests=64)
+    snapshot = pb.measured(deployment, engine=pb.vllm_identity(4), kernel_config="tuned")
+    return pb.run(deployment, label="cap 4", levels=LEVELS, snapshot=snapshot)
+
+
+def test_a_level_where_every_request_failed_shows_the_engines_error_first(client, sweep):
+    LevelResult.objects.create(
+        run=sweep,
+        key=level_key(8, None),
+        concurrency=8,
+        completed=0,
+        failed=96,
+        errors={"stream_error": 96},
+        raw={"error_samples": {"stream_error": "Token id 25302 is out of vocabulary"}},
+    )
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    error = (
+        "Every request at concurrency 8 failed: stream error: Token id 25302 is out of vocabulary"
+    )
+    assert html.count(error) == 1
+    assert html.index(error) < html.index("<h2>Sweep</h2>") < html.index("<h2>Per level</h2>")
+    # a level with some failures among its successes stays a count under the table
+    assert "Every request at concurrency 128" not in html
+    assert "<code>timeout</code> × 2" in html
+
+
+def test_the_cards_show_what_the_engine_answered_not_the_deployment_now(client, measured):
+    deployment = measured.deployment
+    deployment.engine_version, deployment.max_running_requests = "0.33.0", 256
+    deployment.save()
+    html = client.get(f"/runs/{measured.uuid}/").content.decode()
+    sweep_card = html.split("<h2>Sweep</h2>")[1].split("</section>")[0]
+    assert "vLLM 0.32.0" in sweep_card and "as the engine answered" in sweep_card
+    assert "0.33.0" not in sweep_card and "256" not in sweep_card
+    assert "4 <span" in sweep_card
+    assert "reported by the engine (/server_info scheduler_config.max_num_seqs)" in sweep_card
+    hardware = html.split("<h2>Hardware</h2>")[1].split("</section>")[0]
+    assert "<code>E=256,N=256,device_name=NVIDIA_H200.json</code>" in hardware
+    assert "from VLLM_TUNED_CONFIG_FOLDER, tuned (not shipped with the engine)" in hardware
+    assert "h200-x8" in hardware and "pid 4242" in hardware
+    assert measured.snapshot["moeops_version"] in hardware
+
+
+def test_the_reported_arguments_are_listed_sorted_under_a_details(client, measured):
+    html = client.get(f"/runs/{measured.uuid}/").content.decode()
+    details = html.split("<details>")[1].split("</details>")[0]
+    assert "Launch arguments as the engine reported them" in details
+    assert "from <code>/server_info</code>" in details
+    assert (
+        "<tr><td><code>scheduler_config.max_num_seqs</code></td><td><code>4</code></td></tr>"
+        in details
+    )
+    keys = [row.split("</code>")[0] for row in details.split("<tr><td><code>")[1:]]
+    split = keys.index("VLLM_SERVER_DEV_MODE")
+    args, env = keys[:split], keys[split:]
+    assert args == sorted(args) and len(args) == 11 and "instance_id" not in args
+    assert env == ["VLLM_SERVER_DEV_MODE", "VLLM_TUNED_CONFIG_FOLDER"]
+    # JSON values, as the engine sent them
+    assert "<td><code>true</code></td>" in details
+
+
+def test_a_vllm_without_dev_mode_says_why_its_arguments_are_missing(client):
+    pb.sign_in(client)
+    deployment = pb.deployment(engine="vllm", engine_version="0.32.0", max_running_requests=64)
+    note = (
+        "vLLM serves no /server_info, so its running-request cap and most of its arguments are "
+        "unknown: start vLLM with VLLM_SERVER_DEV_MODE=1 for moeops to read its /server_info"
+    )
+    engine = reports.identity("vllm", version="0.32.0", notes=[note])
+    engine_default = {
+        "state": "engine_default",
+        "file_name": "E=256,N=256,device_name=NVIDIA_H200.json",
+        "reason": "no E=256,N=256,device_name=NVIDIA_H200.json where vllm looks: it runs its "
+        "default kernel config",
+    }
+    run = pb.run(
+        deployment,
+        label="no dev mode",
+        snapshot=pb.measured(deployment, engine=engine, kernel_config=engine_default),
+    )
+    html = client.get(f"/runs/{run.uuid}/").content.decode()
+    assert note in html
+    assert "<details>" not in html
+    assert '64 <span class="muted small">as recorded; the engine did not report its cap' in html
+    kernel = html.split("<dt>Kernel config</dt><dd>")[1].split("</dd>")[0]
+    assert kernel.split()[:2] == ["engine", "default"]
+    assert '<span class="muted small">no E=256,N=256,device_name=NVIDIA_H200.json where' in kernel
+
+
+def test_an_engine_that_did_not_answer_is_shown_as_recorded(client):
+    pb.sign_in(client)
+    deployment = pb.deployment(engine="sglang", engine_version="0.5.6")
+    run = pb.run(deployment, label="queued", status="queued", snapshot=pb.measured(deployment))
+    deployment.engine_version = "0.5.7"
+    deployment.save()
+    html = client.get(f"/runs/{run.uuid}/").content.decode()
+    sweep_card = html.split("<h2>Sweep</h2>")[1].split("</section>")[0]
+    assert 'SGLang 0.5.6 <span class="muted small">as recorded</span>' in sweep_card
+    assert "<h2>Hardware</h2>" in html and "Launch arguments" not in html
+
+
+def test_a_run_before_snapshots_says_so_instead_of_the_deployment_now(client, sweep):
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    assert "not recorded (this run predates snapshots)" in html
+    sweep_card = html.split("<h2>Sweep</h2>")[1].split("</section>")[0]
+    assert "max running" not in sweep_card.lower() and "SGLang" not in sweep_card
+
+
+def test_a_stand_in_run_is_marked_as_not_a_measurement(client, sweep):
+    sweep.snapshot = pb.measured(
+        sweep.deployment,
+        engine=reports.identity("standin", version="0.1", args={"max_running_requests": 64}),
+        kernel_config={"state": "not_applicable", "reason": "the stand-in engine runs no kernels"},
+    )
+    sweep.save()
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    title = html.split("<h1>")[1].split("</h1>")[0]
+    assert '<span class="badge standin">stand-in</span>' in title
+    assert "it is a test double" in html and "not measurements of an engine" in html
+    assert "not applicable" in html and "the stand-in engine runs no kernels" in html
+
+
+def test_a_measured_run_costs_no_extra_queries(client, measured, django_assert_max_num_queries):
+    with django_assert_max_num_queries(16):
+        assert client.get(f"/runs/{measured.uuid}/").status_code == 200

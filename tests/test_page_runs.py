@@ -94,3 +94,58 @@ def test_a_page_of_runs_costs_no_extra_queries(client, runs, django_assert_max_n
     with django_assert_max_num_queries(8):
         html = client.get("/runs/").content.decode()
     assert ">more 19</a>" in html and ">kimi vm</a>" in html
+
+
+def _measured_runs(deployment):
+    """A run whose engine loaded a tuned file, one whose engine ran its default although a
+    config is on record for it, and one whose kernel config the worker could not tell."""
+    engine_default = {"state": "engine_default", "reason": "no such file where vllm looks"}
+    unknown = {"state": "unknown", "reason": "vllm is not installed for this worker's Python"}
+    config = KernelConfig.objects.get()
+    return {
+        "tuned file": pb.run(
+            deployment,
+            "tuned file",
+            snapshot=pb.measured(deployment, engine=pb.vllm_identity(4), kernel_config="tuned"),
+        ),
+        "default in effect": pb.run(
+            deployment,
+            "default in effect",
+            kernel_config=config,
+            snapshot=pb.measured(deployment, kernel_config=engine_default),
+        ),
+        "unknown on record": pb.run(
+            deployment,
+            "unknown on record",
+            kernel_config=config,
+            snapshot=pb.measured(deployment, kernel_config=unknown),
+        ),
+    }
+
+
+def test_the_engine_column_shows_what_the_engine_answered(client, runs):
+    glm = runs[0]["glm default"].deployment
+    _measured_runs(glm)
+    html = client.get("/runs/").content.decode()
+    row = html.split(">tuned file</a>")[1].split("</tr>")[0]
+    assert "<td>vLLM 0.32.0</td>" in row
+    # as recorded in the snapshot (SGLang, no version), and without one as the deployment says
+    assert "<td>SGLang</td>" in html.split(">default in effect</a>")[1].split("</tr>")[0]
+    assert "<td>vLLM</td>" in html.split(">kimi vm</a>")[1].split("</tr>")[0]
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("kernel=tuned", {"glm tuned", "kimi imported", "tuned file", "unknown on record"}),
+        ("kernel=default", {"glm default", "kimi vm", "default in effect"}),
+    ],
+)
+def test_the_kernel_filter_reads_the_config_in_effect_first(client, runs, query, expected):
+    _measured_runs(runs[0]["glm default"].deployment)
+    html = client.get(f"/runs/?{query}").content.decode()
+    labels = set(runs[0]) | {"tuned file", "default in effect", "unknown on record"}
+    assert {label for label in labels if f">{label}</a>" in html} == expected
+    assert {r.kernel_config_state() for r in SweepRun.objects.all() if f">{r}</a>" in html} == {
+        query.split("=")[1]
+    }

@@ -3,12 +3,11 @@
 import datetime as dt
 
 from django import forms
-from django.db.models import Q
 
 from moeops.fleet.models import ENGINES, GPU, VIRTUALIZATION_KINDS, Deployment, Host, ModelSpec
 from moeops.insights.models import PLAN_STATUSES, Note
 from moeops.kernels.models import KernelConfig
-from moeops.runs.models import RUN_STATUSES
+from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, SweepRun
 from tuning.config_files import TUNED_BATCH_SIZES
 
 DEFAULT_LEVELS = "32,64,128,256,512,1024"
@@ -225,12 +224,10 @@ class RunFilterForm(forms.Form):
         if data["engine"]:
             runs = runs.filter(deployment__engine=data["engine"])
         if data["kernel"] == "tuned":
-            runs = runs.filter(Q(kernel_config__isnull=False) | Q(parameters__moe_kernel="tuned"))
+            runs = runs.filter(TUNED_KERNEL)
         elif data["kernel"] == "default":
-            # a run without the marker has no moe_kernel key at all: NULL, not "not tuned"
-            runs = runs.filter(kernel_config__isnull=True).filter(
-                Q(parameters__moe_kernel__isnull=True) | ~Q(parameters__moe_kernel="tuned")
-            )
+            # a subquery: NOT over JSON keys a run lacks would be NULL, and drop the run
+            runs = runs.exclude(pk__in=SweepRun.objects.filter(TUNED_KERNEL).values("pk"))
         elif data["kernel"]:
             runs = runs.filter(kernel_config_id=int(data["kernel"]))
         if data["status"]:

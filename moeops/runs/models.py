@@ -5,6 +5,7 @@ import math
 import uuid
 
 from django.db import models
+from django.db.models import Q
 
 from reports import engine as engine_reports
 from reports.failures import describe_failure
@@ -60,6 +61,35 @@ def level_key(concurrency, request_rate):
     else:
         r = repr(float(request_rate))
     return f"c={c},r={r}"
+
+
+# The kernel-config states of a snapshot that say what the engine loaded; the others
+# ("unknown", "not_applicable", or none recorded) leave it to what is on record.
+KERNEL_STATES_IN_EFFECT = ("file", "engine_default")
+
+
+def kernel_state(in_effect, kernel_config_id, moe_kernel) -> str:
+    """ "tuned" or "default": which kernel config a run measured (compare grouping, filters).
+
+    in_effect: the snapshot's "kernel_config" (or None); a file the engine loaded that did not
+    ship with it is tuned, an engine default is not. Without either: tuned when a kernel config
+    is on record for the run or an import marked it so (moe_kernel "tuned"). TUNED_KERNEL is
+    the same rule as a filter."""
+    in_effect = in_effect or {}
+    state = in_effect.get("state")
+    if state in KERNEL_STATES_IN_EFFECT:
+        return "tuned" if state == "file" and in_effect.get("shipped") is False else "default"
+    return "tuned" if kernel_config_id or moe_kernel == "tuned" else "default"
+
+
+# kernel_state() == "tuned" as a filter on SweepRun.
+TUNED_KERNEL = Q(snapshot__kernel_config__state="file", snapshot__kernel_config__shipped=False) | (
+    (
+        Q(snapshot__kernel_config__state__isnull=True)
+        | ~Q(snapshot__kernel_config__state__in=KERNEL_STATES_IN_EFFECT)
+    )
+    & (Q(kernel_config__isnull=False) | Q(parameters__moe_kernel="tuned"))
+)
 
 
 class SweepRun(models.Model):
@@ -131,9 +161,14 @@ class SweepRun(models.Model):
         """Whether the stand-in engine (a test double) answered: its numbers are not real."""
         return self.observed_engine.get("engine") == "standin"
 
+    @property
+    def engine_answered(self):
+        """Whether the engine said which engine it is (the snapshot's "engine", not unknown)."""
+        return self.observed_engine.get("engine") not in (None, "", "unknown")
+
     def engine_label(self):
         """ "vLLM 0.32.0" as the engine reported itself, else as the deployment recorded it."""
-        observed = self.observed_engine
+        observed = self.observed_engine if self.engine_answered else {}
         recorded = self.snapshot.get("deployment") or {}
         name = observed.get("engine") or recorded.get("engine") or self.deployment.engine
         version = observed.get("version") or recorded.get("engine_version") or ""
@@ -146,12 +181,11 @@ class SweepRun(models.Model):
 
     def kernel_config_state(self):
         """ "tuned" or "default" from the kernel config in effect (snapshot) or on record."""
-        in_effect = self.snapshot.get("kernel_config") or {}
-        if in_effect.get("state") == "file" and not in_effect.get("shipped"):
-            return "tuned"
-        if self.kernel_config_id or self.parameters.get("moe_kernel") == "tuned":
-            return "tuned"
-        return "default"
+        return kernel_state(
+            self.snapshot.get("kernel_config"),
+            self.kernel_config_id,
+            self.parameters.get("moe_kernel"),
+        )
 
 
 class LevelResult(models.Model):

@@ -100,7 +100,11 @@ def deployment_record(deployment) -> dict:
         "endpoint_url": deployment.endpoint_url,
         "served_model_name": deployment.served_model_name,
         "host": deployment.host.name,
-        "gpus": [{"index": g.index, "name": g.name} for g in deployment.gpus.order_by("index")],
+        # sorted here, not order_by(): a page that prefetched the GPUs asks for them once
+        "gpus": [
+            {"index": g.index, "name": g.name}
+            for g in sorted(deployment.gpus.all(), key=lambda gpu: gpu.index)
+        ],
     }
 
 
@@ -250,10 +254,11 @@ def describe_change(change: dict) -> str:
     section = {"args": "", "env": "", "engine": "engine ", "deployment": "recorded "}.get(
         change["section"], change["section"].replace("_", " ") + " "
     )
-    return f"{section}{change['key']} {_show(change['a'])} → {_show(change['b'])}"
+    return f"{section}{change['key']} {show_value(change['a'])} → {show_value(change['b'])}"
 
 
-def _show(value) -> str:
+def show_value(value) -> str:
+    """A snapshot value as a change shows it: "unset" for None, long values cut at 60 characters."""
     if value is None:
         return "unset"
     text = str(value)

@@ -13,7 +13,8 @@ from django.urls import reverse
 from moeops.front import charts
 from moeops.front.columns import LEVEL_COLUMNS, level_rows
 from moeops.front.forms import RunFilterForm
-from moeops.runs.models import LevelResult, SweepRun
+from moeops.runs import snapshots
+from moeops.runs.models import LevelResult, SweepRun, kernel_state
 
 MAX_SELECTED = 50
 CANDIDATES = 60
@@ -25,11 +26,6 @@ GROUPS = (
     ("kernel", "kernel config (default vs tuned)"),
 )
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
-
-
-def kernel_state(kernel_config_id, moe_kernel):
-    """ "tuned" when the run used a tuned config: on record, or marked so by an import."""
-    return "tuned" if kernel_config_id or moe_kernel == "tuned" else "default"
 
 
 def _selected_uuids(request):
@@ -72,7 +68,7 @@ def _group_of(run, group):
         snapshot = run.topology_snapshot
         return snapshot.virtualization_label if snapshot else "topology unknown"
     if group == "kernel":
-        state = kernel_state(run.kernel_config_id, run.parameters.get("moe_kernel"))
+        state = run.kernel_config_state()
         return "tuned kernel config" if state == "tuned" else "default kernel config"
     return str(run.uuid)
 
@@ -115,6 +111,7 @@ def _presets():
             "topology_snapshot__virtualization",
             "kernel_config_id",
             "parameters__moe_kernel",
+            "snapshot__kernel_config",
         )
         .distinct()
         .order_by("-created", "-id")[:500]
@@ -122,7 +119,9 @@ def _presets():
     before_after = None
     by_deployment = {}
     for row in rows:
-        state = kernel_state(row["kernel_config_id"], row["parameters__moe_kernel"])
+        state = kernel_state(
+            row["snapshot__kernel_config"], row["kernel_config_id"], row["parameters__moe_kernel"]
+        )
         by_deployment.setdefault(row["deployment_id"], {}).setdefault(state, row["uuid"])
     for states in by_deployment.values():
         if len(states) == 2:
@@ -155,9 +154,34 @@ def _summary(run):
         "peak": run.peak,
         "peak_per_gpu": run.peak / gpus if run.peak is not None and gpus else None,
         "best_per_user": max(per_user, default=None),
-        "kernel": kernel_state(run.kernel_config_id, run.parameters.get("moe_kernel")),
+        "kernel": run.kernel_config_state(),
         "gpus": gpus,
     }
+
+
+def _what_changed(runs):
+    """Each run after the first against the first (the baseline), from their snapshots:
+    [{"run", "sections": [(section title, [(key, a, b)])] in snapshots.SECTIONS order,
+    "unknown": [what one of them did not record]}]; [] for fewer than two runs."""
+    if len(runs) < 2:
+        return []
+    baseline, out = runs[0], []
+    for run in runs[1:]:
+        diff = snapshots.snapshot_diff(baseline.snapshot, run.snapshot)
+        by_section = {}
+        for change in diff["changes"]:
+            by_section.setdefault(change["section"], []).append(
+                (
+                    change["key"],
+                    snapshots.show_value(change["a"]),
+                    snapshots.show_value(change["b"]),
+                )
+            )
+        sections = [
+            (title, by_section[key]) for key, title in snapshots.SECTIONS if key in by_section
+        ]
+        out.append({"run": run, "sections": sections, "unknown": diff["unknown"]})
+    return out
 
 
 @login_required
@@ -179,6 +203,7 @@ def compare(request):
         "group": group,
         "groups": GROUPS,
         "selected": [_summary(run) for run in selected],
+        "what_changed": _what_changed(selected),
         "candidates": candidates,
         "presets": _presets(),
         "csv_query": request.GET.urlencode(),
@@ -224,9 +249,7 @@ def compare_csv(request):
             run.deployment.host.name,
             snapshot.virtualization_label if snapshot else "",
             run.deployment.get_engine_display(),
-            str(run.kernel_config)
-            if run.kernel_config
-            else kernel_state(None, run.parameters.get("moe_kernel")),
+            str(run.kernel_config) if run.kernel_config else run.kernel_config_state(),
             run.created.isoformat(),
         ]
         for _, values in level_rows(run.levels.all(), _gpus(run)):

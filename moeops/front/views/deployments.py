@@ -4,7 +4,7 @@ plan)."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Max, OuterRef, Prefetch, Q, Subquery
+from django.db.models import Count, Max, OuterRef, Prefetch, Q, Subquery, prefetch_related_objects
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
@@ -18,6 +18,7 @@ from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.insights.models import FINDING_STATES, Finding, PlanItem
 from moeops.insights.services import finding_set_state
 from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.runs import snapshots
 from moeops.runs.models import LevelResult, SweepRun
 
 ACTIVE = ("queued", "running")
@@ -128,6 +129,18 @@ def findings_with_figures(findings):
     return findings
 
 
+def _edited_since(deployment, runs):
+    """{"run", "edits": [(field, then, now)]}: the deployment's recorded fields that changed
+    since the newest of `runs` (newest first) whose snapshot recorded it; None when none did
+    or nothing changed."""
+    run = next((r for r in runs if r.snapshot.get("deployment")), None)
+    edits = snapshots.deployment_edits(run.snapshot, deployment) if run else []
+    if not edits:
+        return None
+    show = snapshots.show_value
+    return {"run": run, "edits": [(e["key"], show(e["a"]), show(e["b"])) for e in edits]}
+
+
 def _deployment_page(request, deployment, *, sweep_form=None, tune_form=None, status=200):
     runs = list(
         SweepRun.objects.filter(deployment=deployment)
@@ -137,7 +150,10 @@ def _deployment_page(request, deployment, *, sweep_form=None, tune_form=None, st
         .order_by("-created", "-id")
     )
     shape = deployment.moe_shape()
-    gpus = list(deployment.gpus.order_by("index")) or list(deployment.host.gpus.all())
+    # prefetched: snapshots.deployment_record reads them again for the edit notice
+    prefetch_related_objects([deployment], "gpus")
+    gpus = sorted(deployment.gpus.all(), key=lambda gpu: gpu.index)
+    gpus = gpus or list(deployment.host.gpus.all())
     kernel_configs = []
     if shape and gpus:
         kernel_configs = KernelConfig.objects.filter(
@@ -152,6 +168,7 @@ def _deployment_page(request, deployment, *, sweep_form=None, tune_form=None, st
         "deployment": deployment,
         "health_checks": deployment.health_checks.all()[:RECENT_CHECKS],
         "runs": runs,
+        "edited_since": _edited_since(deployment, runs),
         "shape": shape,
         "gpus": gpus,
         "topology": deployment.host.current_topology(),

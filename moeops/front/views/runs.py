@@ -80,7 +80,47 @@ def run_figures(run, levels):
         "itl": charts.run_latency(levels, "itl", "ITL (inter-token latency)"),
         "gpu-util": charts.gpu_utilization(gpu, bands),
         "gpu-power": charts.gpu_power(gpu, bands),
-        "engine": charts.engine_queue(engine, bands, run.deployment.max_running_requests),
+        "engine": charts.engine_queue(engine, bands, _running_cap(run)),
+    }
+
+
+def _running_cap(run):
+    """The running-request cap the run ran under: as the engine reported it, else as its
+    snapshot recorded the deployment, else (runs before snapshots) as the deployment says."""
+    if not run.snapshot:
+        return run.deployment.max_running_requests
+    return run.reported_running_cap() or (run.snapshot.get("deployment") or {}).get(
+        "max_running_requests"
+    )
+
+
+def _shown(value):
+    """A reported argument's value as text: strings as they are, the rest as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _measured(run):
+    """What the run's snapshot says it measured, for the run page's cards; {} for a run that
+    predates snapshots. The engine, version and cap are as the engine answered when it did."""
+    snapshot = run.snapshot or {}
+    if not snapshot:
+        return {}
+    observed = run.observed_engine
+    return {
+        "engine": run.engine_label(),
+        "answered": run.engine_answered,
+        "recorded": snapshot.get("deployment") or {},
+        "cap": run.reported_running_cap(),
+        "cap_source": observed.get("max_running_requests_source"),
+        "allreduce_fusion": observed.get("allreduce_fusion"),
+        "kernel": snapshot.get("kernel_config"),
+        "client": snapshot.get("client"),
+        "moeops_version": snapshot.get("moeops_version"),
+        "file": snapshot.get("file"),
+        "args": [(k, _shown(v)) for k, v in sorted((observed.get("args") or {}).items())],
+        "args_source": observed.get("args_source"),
+        "env": [(k, _shown(v)) for k, v in sorted((observed.get("env") or {}).items())],
+        "notes": observed.get("notes") or [],
     }
 
 
@@ -102,6 +142,7 @@ def run_detail(request, uuid):
         "nav": "runs",
         "run": run,
         "deployment": run.deployment,
+        "measured": _measured(run),
         "progress": sweep_progress(run),
         "num_gpus": num_gpus,
         "columns": [LEVEL_COLUMNS[i] for i in shown],
@@ -115,6 +156,8 @@ def run_detail(request, uuid):
         "findings": findings_with_figures(run.findings.select_related("note")),
         "finding_states": FINDING_STATES,
         "failures": [(level, level.errors) for level in levels if level.errors],
+        # the engine's own words first: a level where nothing succeeded has no numbers to show
+        "all_failed": [(level, why) for level in levels if (why := level.all_failed_with())],
     }
     return render(request, "front/run_detail.html", ctx)
 
