@@ -146,6 +146,8 @@ def test_make_run_brings_up_both_workers_and_the_standin_and_a_ui_sweep_finishes
             raise
         finally:
             log.close()
-    # SIGTERM stops every child: the stand-in's port is free again
+    # SIGTERM stops every child: the stand-in's port is free again (connections the stand-in
+    # closed itself may still sit in TIME_WAIT on it, which SO_REUSEADDR lets a new server pass)
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", standin_port))
