@@ -13,7 +13,11 @@ The server is pinned to core 0 with one OpenMP thread, the clients to core 1 (ta
 
     .venv/bin/python bench/engine_fidelity.py [--rounds 5] [--prompts 256] [--concurrency 8,32]
 
-Prints the table and writes every round's figures to bench/results/engine_fidelity.json.
+Prints the table and writes every round's figures to bench/results/engine_fidelity.json (the
+wire rounds to engine_fidelity_wire.json).
+--wire adds, per concurrency, one more round of each client under a packet capture of the
+server's port (bench/wire_timing.py, tcpdump): the median TTFT and TPOT each client reported
+beside the ones read off the wire, to tell which client is right where they differ.
 """
 
 import argparse
@@ -29,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.wire_timing import capture, medians_ms, wire_requests  # noqa: E402
 from tests.engine import (  # noqa: E402
     ENGINE_DIR,
     MODEL_DIR,
@@ -48,6 +53,7 @@ TOLERANCE = {"output_throughput": 0.05, "median_ttft_ms": 0.10, "median_tpot_ms"
 CLIENT_CPUS = "1"
 SERVER_CPUS = "0"
 OUT = ROOT / "bench" / "results" / "engine_fidelity.json"
+WIRE_OUT = ROOT / "bench" / "results" / "engine_fidelity_wire.json"
 
 
 def run_moeops(url, concurrency, prompts, workdir, seed):
@@ -144,6 +150,41 @@ def measure(url, concurrencies, rounds, prompts, workdir):
     return rows
 
 
+def measure_wire(url, concurrencies, prompts, workdir):
+    """{concurrency: {client: {"client": its medians, "wire": the capture's}}}."""
+    port = int(url.rsplit(":", 1)[1])
+    found = {}
+    for concurrency in concurrencies:
+        found[concurrency] = {}
+        for name, client in CLIENTS.items():
+            pcap = workdir / f"{name}-{concurrency}.pcap"
+            with capture(port, pcap):
+                result = client(url, concurrency, prompts, workdir, seed=1000)
+            wire = medians_ms(wire_requests(pcap, port), OUTPUT_LEN)
+            found[concurrency][name] = {
+                "client": {m: result[m] for m in ("median_ttft_ms", "median_tpot_ms")},
+                "wire": wire,
+            }
+            reported = found[concurrency][name]["client"]
+            print(f"c={concurrency} {name:7s} wire {wire} client {reported}", flush=True)
+    return found
+
+
+def wire_table(found) -> str:
+    lines = [
+        "| concurrency | client | median TTFT ms, client / wire | median TPOT ms, client / wire |",
+        "| --- | --- | --- | --- |",
+    ]
+    for concurrency, clients in found.items():
+        for name, f in clients.items():
+            c, w = f["client"], f["wire"]
+            lines.append(
+                f"| {concurrency} | {name} | {c['median_ttft_ms']:.2f} / {w['median_ttft_ms']:.2f} "
+                f"| {c['median_tpot_ms']:.3f} / {w['median_tpot_ms']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
 def table(rows) -> str:
     lines = [
         "| concurrency | metric | moeops (median) | vLLM (median) | moeops / vLLM | spread "
@@ -175,6 +216,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--concurrency", default="8,32")
+    parser.add_argument("--wire", action="store_true", help="also time one round off the wire")
+    parser.add_argument("--wire-only", action="store_true", help="only the wire rounds")
     args = parser.parse_args(argv)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     ensure_model()
@@ -188,9 +231,19 @@ def main(argv=None) -> int:
         server.wait()
         print(f"ready after {server.ready_after_s:.0f} s", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
-            rows = measure(server.url, concurrencies, args.rounds, args.prompts, Path(tmp))
+            rows = {}
+            if not args.wire_only:
+                rows = measure(server.url, concurrencies, args.rounds, args.prompts, Path(tmp))
+            wire = None
+            if args.wire or args.wire_only:
+                wire = measure_wire(server.url, concurrencies, args.prompts, Path(tmp))
     finally:
         server.stop()
+    if wire is not None:
+        WIRE_OUT.write_text(json.dumps({str(c): w for c, w in wire.items()}, indent=1) + "\n")
+        print(wire_table(wire))
+    if not rows:
+        return 0
     OUT.write_text(
         json.dumps(
             {

@@ -133,6 +133,50 @@ def ensure_model() -> Path:
         return MODEL_DIR
 
 
+# The engines' fused-MoE code the kernel backends read (tuning.engine_source), per engine: the
+# distribution on the package registry and the folders of it that are unpacked.
+ENGINE_WHEELS = {
+    "vllm": ("vllm", ("vllm/model_executor/layers/fused_moe/",)),
+    "sglang": (
+        "sglang",
+        ("sglang/srt/layers/moe/moe_runner/triton_utils/", "sglang/kernels/ops/moe/"),
+    ),
+}
+
+
+def engine_source(engine: str, version: str) -> Path:
+    """The package folder of engine==version's fused-MoE code, unpacked from its wheel (pip
+    download --no-deps, cached under var/engine/wheels) into var/engine/sources."""
+    import zipfile
+
+    distribution, folders = ENGINE_WHEELS[engine]
+    target = ENGINE_DIR / "sources" / f"{engine}-{version}"
+    package = target / engine
+    with _install_lock():
+        if (target / ".moeops-unpacked").exists():
+            return package
+        wheels = ENGINE_DIR / "wheels"
+        wheels.mkdir(parents=True, exist_ok=True)
+        pattern = f"{distribution.replace('-', '_')}-{version}-*.whl"
+        if not list(wheels.glob(pattern)):
+            argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
+            argv += ["--only-binary=:all:", "-d", str(wheels), f"{distribution}=={version}"]
+            with open(INSTALL_LOG, "a") as log:
+                _run(argv, log)
+        (wheel,) = wheels.glob(pattern)
+        shutil.rmtree(target, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as archive:
+            info = f"{distribution.replace('-', '_')}-{version}.dist-info/"
+            members = [
+                name
+                for name in archive.namelist()
+                if name.startswith(folders) or name.startswith(info)
+            ]
+            archive.extractall(target, members)
+        (target / ".moeops-unpacked").write_text(f"{distribution}=={version}\n")
+        return package
+
+
 def vllm_cli(*args: str) -> list[str]:
     """argv that runs vLLM's own CLI (`vllm ARGS…`) with the engine's Python."""
     return [str(PYTHON), str(HERE / "vllm_cli.py"), *args]
