@@ -8,7 +8,6 @@ the per-tensor layer whose activations PyTorch quantises. The whole fp8 layer at
 runs on the GPU (gpu tests below, and bench/kernel_device.py).
 """
 
-import importlib
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.interpreted import fm
 from tuning.config_files import REQUIRED_FIELDS
 from tuning.reference import (
     moe_reference,
@@ -28,31 +28,6 @@ from tuning.reference import (
 )
 
 GPU = torch.cuda.is_available()
-
-
-def _kernel_module():
-    """tuning.fused_moe with interpreted kernels on a machine without a GPU.
-
-    TRITON_INTERPRET is read when a kernel is decorated, so it is set while the module (re)loads
-    and while this module's tests run (fixture below), and restored otherwise.
-    """
-    if GPU:
-        return importlib.import_module("tuning.fused_moe")
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        module = importlib.import_module("tuning.fused_moe")
-        if type(module._expert_gemm_kernel).__name__ != "InterpretedFunction":
-            module = importlib.reload(module)
-    finally:
-        if saved is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-    return module
-
-
-fm = _kernel_module()
 
 
 @pytest.fixture(autouse=True)

@@ -338,26 +338,38 @@ class ExpertBlocks:
 
 
 def sort_and_pad(
-    topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *, pair_chunk: int = PAIR_CHUNK
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_size_m: int,
+    *,
+    pair_chunk: int = PAIR_CHUNK,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> ExpertBlocks:
     """Group the M·top_k pairs of topk_ids [M, top_k] (ids in [0, E)) by expert, padded to blocks.
 
     No host synchronisation. Up to pair_chunk pairs (a power of two), one launch; beyond, three:
     per-chunk expert counts over many programs, one program for the prefix sums, and the
     placing over many programs. Buffers are sized for the worst case,
-    M·top_k + min(M·top_k, E)·(block_size_m − 1) slots.
+    M·top_k + min(M·top_k, E)·(block_size_m − 1) slots; out = (sorted_pair_ids, block_experts,
+    num_padded) are the caller's buffers instead, at least that large (the engines' own sizes).
     """
     ids = topk_ids.reshape(-1)
     num_pairs = ids.numel()
     max_padded = num_pairs + min(num_pairs, num_experts) * (block_size_m - 1)
-    num_m_blocks = triton.cdiv(max_padded, block_size_m)
     num_chunks = triton.cdiv(num_pairs, pair_chunk)
     bins = triton.next_power_of_2(num_experts + 1)
     device = topk_ids.device
-    sorted_pair_ids = torch.empty(num_m_blocks * block_size_m, dtype=torch.int32, device=device)
-    block_experts = torch.empty(num_m_blocks, dtype=torch.int32, device=device)
+    if out is None:
+        num_m_blocks = triton.cdiv(max_padded, block_size_m)
+        sorted_pair_ids = torch.empty(num_m_blocks * block_size_m, dtype=torch.int32, device=device)
+        block_experts = torch.empty(num_m_blocks, dtype=torch.int32, device=device)
+        num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    else:
+        sorted_pair_ids, block_experts, num_padded = out
+        num_m_blocks = block_experts.numel()
+        if sorted_pair_ids.numel() < max_padded or num_m_blocks * block_size_m < max_padded:
+            raise ValueError(f"the buffers hold fewer than the {max_padded} slots needed")
     block_rows = torch.empty(num_m_blocks, dtype=torch.int32, device=device)
-    num_padded = torch.empty(1, dtype=torch.int32, device=device)
     chunk_cursor = torch.empty((num_chunks, bins), dtype=torch.int32, device=device)
     single = num_chunks == 1
     chunk_counts = chunk_cursor if single else torch.empty_like(chunk_cursor)

@@ -1,0 +1,36 @@
+"""tuning.fused_moe with its kernels in Triton's interpreter, on a machine without a GPU.
+
+TRITON_INTERPRET is read when a kernel is decorated, so it is set while the module (re)loads;
+test modules that run kernels set it again while their tests run (Triton reads it at run time
+too, e.g. importing its Gluon frontend). Triton's own library kernels (tl.cdiv, …) are
+decorated when Triton is first imported, so this module is imported by the kernel tests before
+anything else imports Triton, and loads the module at once.
+"""
+
+import importlib
+import os
+
+import torch
+
+GPU = torch.cuda.is_available()
+
+
+def kernel_module():
+    """tuning.fused_moe: compiled on a GPU, interpreted without one (reloaded if need be)."""
+    if GPU:
+        return importlib.import_module("tuning.fused_moe")
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        module = importlib.import_module("tuning.fused_moe")
+        if type(module._expert_gemm_kernel).__name__ != "InterpretedFunction":
+            module = importlib.reload(module)
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    return module
+
+
+fm = kernel_module()

