@@ -59,11 +59,12 @@ def check(name: str, shape: KernelShape, cache: Path) -> bool:
 
     from tuning import timing
     from tuning.compile_only import gpu_target
-    from tuning.tuner import _CompilePool, _default_workers, round_one_configs
+    from tuning.compile_pool import CompilePool, default_workers
+    from tuning.tuner import round_one_configs
 
     configs = round_one_configs(shape, [1, 64, 1024])
     started = time.monotonic()
-    pool = _CompilePool(shape, _default_workers())
+    pool = CompilePool(shape, default_workers())
     try:
         errors = pool.compile(configs, gpu_target())
     finally:
@@ -104,7 +105,7 @@ def explain_fp8_block_miss() -> None:
     import triton
     from triton.runtime import driver
 
-    from tuning import timing, tuner
+    from tuning import compile_pool, timing
 
     fm = sys.modules["tuning.fused_moe"]
     from tuning.compile_only import compile_only_driver, gpu_target
@@ -138,9 +139,9 @@ def explain_fp8_block_miss() -> None:
     for kernel in kernels:
         kernel.device_caches.clear()
     # a compile process: no GPU, small E, unset CPU tensors
-    tuner._set_up_compile_worker(shape.as_dict())
+    compile_pool._set_up_compile_worker(shape.as_dict())
     driver.set_active(compile_only_driver(target))
-    error = tuner._compile_in_worker(config, target)
+    error = compile_pool._compile_in_worker(config, target)
     print(f"compile-only: {error or 'compiled'}")
     triton.knobs.runtime.jit_cache_hook = None
     for name, launches in launched.items():

@@ -219,7 +219,8 @@ def tune_plan_item(run: Run, item: str, ceilings: dict):
 
     from tuning.bench import BenchRow, format_table
     from tuning.timing import DeviceCeilings, LayerTimer, layout_floor_us, make_weights
-    from tuning.tuner import Tuner, write_config_files
+    from tuning.tune_results import write_config_files
+    from tuning.tuner import Tuner
 
     shape_name, dtype_name = item.split(":")
     dtype, block_shape = DTYPES[dtype_name]

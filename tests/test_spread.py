@@ -20,7 +20,8 @@ from tuning.spread import (
     share_batch_sizes,
     spread_tune,
 )
-from tuning.tuner import Tuner, write_config_files
+from tuning.tune_results import write_config_files
+from tuning.tuner import Tuner
 
 FAKE_TUNE = "tests.test_spread:fake_tune"
 FAIL_AT_M = "SPREAD_TEST_FAIL_AT_M"

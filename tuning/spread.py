@@ -3,16 +3,17 @@
 `spread_tune(shape, batch_sizes, gpu_indices, ...)` shares the batch sizes out over the GPUs by
 expected cost (`share_batch_sizes`), starts `python -m tuning.spread worker ...` once per GPU with
 CUDA_VISIBLE_DEVICES naming that GPU alone (and NVLink multicast off), relays their progress,
-and merges their tuning logs with `tuning.tuner.merge_results` into one TuneResult and one
+and merges their tuning logs with `tuning.tune_results.merge_results` into one TuneResult and one
 engine file. A process that fails is reported with the batch sizes it left untuned; what the
 others (and it, before failing) tuned stays in the logs, so running the same tune again tunes
 only the missing batch sizes.
 
-Each process compiles with its own pool of compile processes (tuning.tuner), started while the
-process sets up; the host's CPUs are shared out between the pools (`host_compile_workers`). All
+Each process compiles with its own pool of compile processes (tuning.compile_pool), started
+while the process sets up; the host's CPUs are shared out between the pools
+(`host_compile_workers`). All
 of them need mostly the same kernels at the start (every size's first round), and they share
 Triton's on-disk cache: process i of n compiles its own share of the compile keys first
-(`--compile-shard i/n`, tuning.tuner.compile_order), and by the time it reaches the others'
+(`--compile-shard i/n`, tuning.compile_pool.compile_order), and by the time it reaches the others'
 share those mostly load from the cache. Compiling the first rounds once per host instead, in a
 precompile process beside the GPU processes, measured slower on 2 H200s with 32 CPUs: 68.3 s on
 one GPU and 51.9 s on two, against 59.1 s and 45.6 s with each process compiling for itself:
@@ -50,21 +51,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tuning.config_files import TUNED_BATCH_SIZES
+from tuning.compile_pool import default_workers
+from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
 from tuning.search import KernelShape
-from tuning.tuner import (
+from tuning.tune_results import (
     ProcessTimeline,
-    ProgressCallback,
     TuneResult,
-    _default_workers,
-    _load_log,
-    _save_log,
+    load_log,
     merge_results,
-    parse_ints,
     print_summary,
-    progress_bar,
+    save_log,
     write_config_files,
 )
+from tuning.tuner import ProgressCallback, progress_bar
 
 DEFAULT_TUNE_FUNCTION = "tuning.tuner:tune"
 # Every process this module starts keeps NVLink multicast off (see the device README).
@@ -127,7 +126,7 @@ def host_compile_workers(processes: int) -> int:
     """
     processes = max(processes, 1)
     per_cpu = (os.cpu_count() or 2) // processes - 1
-    return max(1, min(_default_workers(), per_cpu))
+    return max(1, min(default_workers(), per_cpu))
 
 
 def share_batch_sizes(batch_sizes: Iterable[int], gpu_count: int) -> list[list[int]]:
@@ -220,13 +219,13 @@ def spread_tune(
         shares, worker_args, log_dir, tag, progress_callback
     )
 
-    parts = [_load_log(log_dir / f"{tag}.gpu{i}.json") for i in shares]
+    parts = [load_log(log_dir / f"{tag}.gpu{i}.json") for i in shares]
     results = [r for r in [previous, *parts] if r is not None]
     merged = merge_results(results) if results else None
     if merged is not None:
         merged.wall_s = (previous.wall_s if previous else 0.0) + time.monotonic() - started
         merged.timeline = timeline
-        _save_log(merged_log, merged)
+        save_log(merged_log, merged)
         for path in _part_logs(log_dir, tag):
             path.unlink()
     tuned = set(merged.batches) if merged else set()
@@ -258,7 +257,7 @@ def _run_processes(
         for position, (index, share) in enumerate(shares.items()):
             command = [sys.executable, "-m", "tuning.spread", "worker", *worker_args]
             command += ["--batch-sizes", ",".join(map(str, share))]
-            # each process compiles its own share of the keys first (tuner.compile_order)
+            # each process compiles its own share of the keys first (compile_pool.compile_order)
             command += ["--compile-shard", f"{position}/{len(shares)}"]
             command += ["--log", str(log_dir / f"{tag}.gpu{index}.json")]
             stderr = open(log_dir / f"{tag}.gpu{index}.stderr.txt", "w")  # noqa: SIM115
@@ -368,12 +367,12 @@ def _previous_result(log_dir: Path, tag: str, batch_sizes: list[int]) -> TuneRes
     to batch_sizes; the leftovers are folded into the merged log."""
     merged_log = log_dir / f"{tag}.json"
     parts = _part_logs(log_dir, tag)
-    results = [r for r in map(_load_log, [merged_log, *parts]) if r is not None]
+    results = [r for r in map(load_log, [merged_log, *parts]) if r is not None]
     if not results:
         return None
     previous = merge_results(results)
     previous.batches = {m: b for m, b in previous.batches.items() if m in batch_sizes}
-    _save_log(merged_log, previous)
+    save_log(merged_log, previous)
     for path in parts:
         path.unlink()
     return previous
@@ -460,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_workers=args.compile_workers,
         compile_shard=tuple(int(v) for v in args.compile_shard.split("/")),
     )
-    _save_log(args.log, result)
+    save_log(args.log, result)
     if result.timeline is not None:
         # Python's start and the imports before the tune count as set-up
         result.timeline.setup_s += called_at - launched_at

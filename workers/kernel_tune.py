@@ -58,7 +58,7 @@ def _claim(client, tuning_run_uuid):
 
 
 def timing_rows(result):
-    """The API's timing rows (µs) from a tuning.tuner.TuneResult.
+    """The API's timing rows (µs) from a tuning.tune_results.TuneResult.
 
         tuned_us is the time of the main config when both GEMMs use it (as vLLM runs it); SGLang
     with the `_down` file beside it may run faster at the sizes that have a GEMM-2 config.

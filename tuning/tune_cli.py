@@ -1,0 +1,161 @@
+"""`python -m tuning tune`: tune the fused-MoE kernel for a model's MoE shape on this GPU (or spread
+over several) and write the engine's config file; progress bar, resumable from its log."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
+from tuning.search import KernelShape
+from tuning.tune_results import (
+    TuningLogError,
+    engine_file_name,
+    merge_results,
+    print_summary,
+    read_log,
+    write_config_files,
+)
+from tuning.tuner import progress_bar, tune
+
+
+def shape_from_args(args: argparse.Namespace) -> KernelShape:
+    """The KernelShape of --model-config, --tp, --ep, --dtype and --block-shape."""
+    from tuning.moe_params import moe_params
+
+    try:
+        text = Path(args.model_config).read_text()
+    except OSError as exc:
+        problem = f"cannot read {args.model_config}: {exc.strerror}"
+        raise ValueError(f"--model-config: {problem}") from None
+    params = moe_params(text, tp=args.tp, ep=args.ep)
+    dtype = args.dtype or ("fp8_w8a8" if params.quantization == "fp8" else "bf16")
+    block_shape = None
+    if dtype == "fp8_w8a8":
+        block_shape = parse_ints(args.block_shape) if args.block_shape else params.block_shape
+    return KernelShape(
+        E=params.experts_per_rank,
+        N=params.N,
+        H=params.hidden_size,
+        top_k=params.topk,
+        dtype=dtype,
+        block_shape=tuple(block_shape) if block_shape else None,
+    )
+
+
+def add_shape_arguments(parser: argparse.ArgumentParser, *, model_config_required=True) -> None:
+    """--model-config, --tp, --ep, --dtype, --block-shape, --batch-sizes, --device."""
+    parser.add_argument(
+        "--model-config", required=model_config_required, help="the model's HF config.json"
+    )
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (default 1)")
+    parser.add_argument(
+        "--dtype",
+        choices=("bf16", "fp8_w8a8"),
+        help="kernel dtype (default: fp8_w8a8 for fp8 checkpoints, else bf16)",
+    )
+    parser.add_argument(
+        "--block-shape", help="fp8 weight-scale block, e.g. 128,128 (default: the model's)"
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        help="comma-separated batch sizes (default: the 18 the engines tune)",
+    )
+    parser.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `python -m tuning tune`."""
+    # --merge takes the shape from its logs
+    add_shape_arguments(parser, model_config_required=False)
+    parser.add_argument("--out", required=True, help="folder for the config file and the log")
+    parser.add_argument("--style", choices=("vllm", "sglang"), default="vllm")
+    parser.add_argument(
+        "--exhaustive", action="store_true", help="time every viable config (slow; a check)"
+    )
+    parser.add_argument(
+        "--no-down",
+        action="store_true",
+        help="skip the search for GEMM 2's own configs (SGLang's _down file)",
+    )
+    parser.add_argument(
+        "--compile-workers",
+        type=int,
+        help="parallel compile processes (default: CPUs − 1, at most 32; with --gpus, per GPU"
+        " process: the CPUs shared out)",
+    )
+    parser.add_argument(
+        "--gpus",
+        help="spread the tune over these GPUs, e.g. 0,1,2,3 or all (one process each; --log"
+        " then names a folder for their logs)",
+    )
+    parser.add_argument("--log", help="tuning log to resume from and write (default: in --out)")
+    parser.add_argument("--fresh", action="store_true", help="ignore an existing log")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="LOG",
+        help="write the config file from these logs (tuned side by side) instead of tuning",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tune (or merge logs), write the config file, print its path and a summary."""
+    if args.merge:
+        try:
+            result = merge_results(read_log(p) for p in args.merge)
+        except ValueError as exc:
+            print(f"error: --merge: {exc}", file=sys.stderr)
+            return 2
+        for path in write_config_files(result, args.out, args.style):
+            print(path)
+        return 0
+    if not args.model_config:
+        print("error: --model-config is required (except with --merge)", file=sys.stderr)
+        return 2
+    try:
+        shape = shape_from_args(args)
+        batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.gpus:
+        from tuning import spread
+
+        try:
+            gpus = spread.parse_gpus(args.gpus)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if len(gpus) > 1:
+            return spread.run_cli(args, shape, batch_sizes, gpus)
+        args.device = gpus[0]
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: tuning needs a CUDA GPU", file=sys.stderr)
+        return 1
+    name = engine_file_name(shape, torch.cuda.get_device_name(args.device), args.style)
+    log = Path(args.log) if args.log else Path(args.out) / f"{name}.tuning-log.json"
+    if args.fresh and log.exists():
+        log.unlink()
+    try:
+        result = tune(
+            shape,
+            batch_sizes,
+            device_index=args.device,
+            exhaustive=args.exhaustive,
+            down=not args.no_down,
+            progress_callback=progress_bar(),
+            resume_path=log,
+            compile_workers=args.compile_workers,
+        )
+    except TuningLogError as exc:
+        print(f"error: {exc}; --fresh starts the tune over", file=sys.stderr)
+        return 2
+    for path in write_config_files(result, args.out, args.style):
+        print(path)
+    print_summary(result)
+    return 0

@@ -1,0 +1,243 @@
+"""A tune's results: per batch size the picked configs and their µs, the tuning log they are
+resumed from, and the engine's config files written from them."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tuning.config_files import config_file_name, config_file_relpath, dumps_config
+from tuning.search import KernelShape
+
+
+@dataclass
+class BatchResult:
+    """The outcome at one batch size M: the chosen configs and the layer's µs with them.
+
+    config: GEMM 1's (and the engines' single) config; down_config: GEMM 2's (SGLang's `_down`
+    entry), None where no down search ran. tuned_us: the layer with both; shared_config_us: the
+    layer with config for both GEMMs (what vLLM, which has no down files, runs).
+    failures: configs that failed, those of the down search marked "down": true.
+    """
+
+    M: int
+    config: dict[str, int]
+    tuned_us: float
+    default_us: float | None
+    floor_us: float
+    candidates_tried: int
+    failures: list[dict] = field(default_factory=list)
+    down_config: dict[str, int] | None = None
+    shared_config_us: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BatchResult:
+        """Inverse of dataclasses.asdict."""
+        return cls(**data)
+
+
+@dataclass
+class ProcessTimeline:
+    """Where one tuning process's seconds went (s). setup_s: building the Tuner (imports,
+    weights; in tuning.spread's processes counted from their launch); tune_s: Tuner.tune
+    (waiting for the compile processes to start, measuring the ceilings, searching); compile_s:
+    the part of tune_s spent waiting on compiles. pool_start_s: from the compile processes'
+    creation, first thing in the set-up, until all had started; it overlaps setup_s and, where
+    longer, the start of tune_s. Parts of setup_s: import_s (torch, Triton, the kernel), cuda_s
+    (this process's CUDA context), weights_s; of tune_s: ceilings_s (measuring them; 0 when read
+    from the cache).
+    """
+
+    setup_s: float = 0.0
+    pool_start_s: float = 0.0
+    compile_s: float = 0.0
+    tune_s: float = 0.0
+    import_s: float = 0.0
+    cuda_s: float = 0.0
+    weights_s: float = 0.0
+    ceilings_s: float = 0.0
+
+
+@dataclass
+class TuneResult:
+    """A tune of one shape on one GPU: per batch size config and µs (tuned, default, floor).
+
+    ceilings: the measured bandwidth_tbps, bf16_tflops and fp8_tflops behind floor_us.
+    search: "coarse-to-fine" or "exhaustive". wall_s: seconds the tune took.
+    timeline: where this run's seconds went: a ProcessTimeline from Tuner.tune, per GPU index
+    its process's from tuning.spread.spread_tune; not in the log, None when read from one.
+    """
+
+    shape: KernelShape
+    device_name: str
+    triton_version: str
+    search: str
+    ceilings: dict
+    batches: dict[int, BatchResult] = field(default_factory=dict)
+    wall_s: float = 0.0
+    timeline: ProcessTimeline | dict[int, ProcessTimeline] | None = field(
+        default=None, compare=False
+    )
+
+    def entries(self) -> dict[int, dict]:
+        """{M: config} as the engines' config files hold them, M ascending."""
+        return {m: dict(self.batches[m].config) for m in sorted(self.batches)}
+
+    def down_entries(self) -> dict[int, dict]:
+        """{M: down config} for SGLang's `_down` file (batch sizes without one left out)."""
+        return {
+            m: dict(self.batches[m].down_config)
+            for m in sorted(self.batches)
+            if self.batches[m].down_config is not None
+        }
+
+    def speedup_geomean(self) -> float | None:
+        """Geometric mean over batch sizes of default µs / tuned µs."""
+        ratios = [b.default_us / b.tuned_us for b in self.batches.values() if b.default_us]
+        return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (the tuning log)."""
+        return {
+            "shape": self.shape.as_dict(),
+            "device_name": self.device_name,
+            "triton_version": self.triton_version,
+            "search": self.search,
+            "ceilings": self.ceilings,
+            "wall_s": self.wall_s,
+            "batches": {str(m): vars(self.batches[m]) for m in sorted(self.batches)},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TuneResult:
+        """Inverse of to_dict."""
+        return cls(
+            shape=KernelShape.from_dict(data["shape"]),
+            device_name=data["device_name"],
+            triton_version=data["triton_version"],
+            search=data["search"],
+            ceilings=data["ceilings"],
+            batches={int(m): BatchResult.from_dict(b) for m, b in data["batches"].items()},
+            wall_s=data.get("wall_s", 0.0),
+        )
+
+    def same_run_as(self, other: TuneResult) -> bool:
+        """Whether two results tune the same shape on the same GPU model and Triton."""
+        return (self.shape, self.device_name, self.triton_version, self.search) == (
+            other.shape,
+            other.device_name,
+            other.triton_version,
+            other.search,
+        )
+
+
+def merge_results(results: Iterable[TuneResult]) -> TuneResult:
+    """One result from parts tuned side by side (e.g. one process per GPU, disjoint M).
+
+    The parts must agree on shape, device name, Triton version and search; a batch size
+    in several parts keeps the last. wall_s is the longest part's (they ran in parallel).
+    """
+    results = list(results)
+    if not results:
+        raise ValueError("nothing to merge")
+    first = results[0]
+    for other in results[1:]:
+        if not first.same_run_as(other):
+            raise ValueError("results disagree on shape, device, Triton version or search")
+    merged = replace(first, batches={}, wall_s=max(r.wall_s for r in results), timeline=None)
+    for result in results:
+        merged.batches.update(result.batches)
+    return merged
+
+
+def config_path(
+    result: TuneResult, out_dir: str | Path, style: str = "vllm", *, down: bool = False
+) -> Path:
+    """Where the engine's config file for this result goes under out_dir (SGLang: its folder);
+    down: SGLang's `_down` file of GEMM 2's configs."""
+    name = engine_file_name(result.shape, result.device_name, style, down=down)
+    return Path(out_dir) / config_file_relpath(name, style, result.triton_version)
+
+
+def engine_file_name(shape: KernelShape, device_name: str, style: str, *, down=False) -> str:
+    """The engine's file name for shape on device_name (bf16 names carry no dtype part)."""
+    return config_file_name(
+        shape.E,
+        shape.N,
+        device_name,
+        "fp8_w8a8" if shape.dtype == "fp8_w8a8" else None,
+        shape.block_shape,
+        style=style,
+        down_moe=down,
+    )
+
+
+def write_config_file(
+    result: TuneResult, out_dir: str | Path, style: str = "vllm", *, down: bool = False
+) -> Path:
+    """Write the engine's config file (exact name and content); returns its path.
+
+    vLLM's files record triton_version inside; SGLang's name it by their folder instead.
+    down: SGLang's `_down` file (GEMM 2's configs); raises ConfigFileError for vLLM.
+    """
+    path = config_path(result, out_dir, style, down=down)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    version = result.triton_version if style == "vllm" else None
+    path.write_text(dumps_config(result.down_entries() if down else result.entries(), version))
+    return path
+
+
+def write_config_files(result: TuneResult, out_dir: str | Path, style: str = "vllm") -> list[Path]:
+    """The engine's config file, and for SGLang its `_down` file when down configs were tuned."""
+    paths = [write_config_file(result, out_dir, style)]
+    if style == "sglang" and result.down_entries():
+        paths.append(write_config_file(result, out_dir, style, down=True))
+    return paths
+
+
+class TuningLogError(ValueError):
+    """A tuning log that cannot be read back; the message names it."""
+
+
+def load_log(path: str | Path | None) -> TuneResult | None:
+    """The log at path, None where there is none yet; TuningLogError if it cannot be read."""
+    if path is None or not Path(path).exists():
+        return None
+    return read_log(path)
+
+
+def read_log(path: str | Path) -> TuneResult:
+    try:
+        return TuneResult.from_dict(json.loads(Path(path).read_text()))
+    except OSError as exc:
+        raise TuningLogError(f"cannot read {path}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TuningLogError(f"{path} is not a tuning log ({type(exc).__name__}: {exc})") from None
+
+
+def save_log(path: str | Path | None, result: TuneResult) -> None:
+    if path is None:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    partial.replace(path)
+
+
+def print_summary(result: TuneResult) -> None:
+    """Per batch size tuned, one-config, default and floor µs and tries; speedup and wall."""
+    for m, b in sorted(result.batches.items()):
+        shared = "" if b.shared_config_us is None else f"  one config {b.shared_config_us:9.1f} µs"
+        print(
+            f"M={m:>5}  tuned {b.tuned_us:9.1f} µs{shared}  default"
+            f" {b.default_us or float('nan'):9.1f} µs  floor {b.floor_us:9.1f} µs"
+            f"  tried {b.candidates_tried}"
+        )
+    speedup = result.speedup_geomean()
+    if speedup is not None:
+        print(f"tuned/default geomean speedup {speedup:.2f}x")
+    print(f"wall {result.wall_s:.0f} s")
