@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine import ensure_installed
 from tuning import compile_only, compile_pool, tune_results, tuner
+from tuning.backends import KernelBackend, ShippedConfigs
 from tuning.bench import BenchRow, format_table
 from tuning.compile_pool import CompilePool, compile_order, compile_owner
 from tuning.config_files import config_file_name, loads_config, parse_ints
-from tuning.search import CoarseToFineSearch, KernelShape, compile_key, search_space
+from tuning.search import CoarseToFineSearch, KernelShape, compile_key, config_key, search_space
 from tuning.tune_cli import add_arguments, shape_from_args
 from tuning.tune_results import (
     TuneResult,
@@ -448,7 +450,7 @@ def recorded_measurements(monkeypatch, events, ceilings):
     from tuning import timing
 
     monkeypatch.setattr(
-        tuner, "CompilePool", lambda s, workers, shard: RecordedPool(events, workers)
+        tuner, "CompilePool", lambda s, workers, shard, backend: RecordedPool(events, workers)
     )
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: events.append(("set_device", i)))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
@@ -807,3 +809,150 @@ def test_the_floor_counts_the_routed_weights_and_the_layout_floor_the_intermedia
     slow = timing.DeviceCeilings(1000.0, 1.0, None)
     assert timing.layout_floor_us(glm, 64, slow) == timing.moe_floor_us(glm, 64, slow)
     assert timing.moe_floor_us(glm, 64, slow) == pytest.approx(2 * 64 * 8 * 3 * 256 * 6144 / 1e6)
+
+
+# -- the engine's own configs: candidates, and never beaten by noise --------------------------
+
+
+class ScriptedBackend(KernelBackend):
+    """An engine whose default and shipped configs are given, timed by ScriptedTimer."""
+
+    engine = "vllm"
+    version = "0.32.0"
+    source_sha256 = "ab" * 32
+
+    def __init__(self, default, shipped=None):
+        self.default, self.shipped = default, shipped
+
+    def default_config(self, shape, M):
+        return dict(self.default)
+
+    def shipped_configs(self, shape, device_name, *, down=False):
+        if down or self.shipped is None:
+            return None
+        return ShippedConfigs("/engine/configs/file.json", {1: dict(self.shipped)})
+
+
+class ScriptedTimer(FakeTimer):
+    """FakeTimer's µs, except the configs given in `scripted` ({config key: µs}), with ±noise
+    that alternates from call to call."""
+
+    def __init__(self, measurements, M):
+        super().__init__(measurements, M)
+        self.calls = 0
+
+    def time_config(self, config, replays, calls=None, *, down_config=None):
+        us = self.measurements.scripted.get(config_key(config))
+        if us is None:
+            return super().time_config(config, replays, calls, down_config=down_config)
+        self.calls += 1
+        self.measurements.timed.append((self.M, dict(config), replays))
+        return us * (1 + self.measurements.noise * (-1) ** self.calls)
+
+
+class ScriptedMeasurements(FakeMeasurements):
+    def __init__(self, backend, scripted, noise=0.0):
+        super().__init__()
+        self.backend, self.scripted, self.noise = backend, scripted, noise
+
+    def compile(self, configs, batch_sizes=(None,)):
+        return super().compile(configs)
+
+    def timer(self, M):
+        return ScriptedTimer(self, M)
+
+
+SHIPPED = {**ENTRY, "BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": 32, "num_stages": 4}
+DEFAULT = {**ENTRY, "BLOCK_SIZE_N": 128, "GROUP_SIZE_M": 1}
+
+
+def _search_best_us(M):
+    """What the search finds on FakeTimer's µs alone (no scripted configs)."""
+    result = Tuner(SHAPE, FakeMeasurements()).tune([M], down=False)
+    return result.batches[M].tuned_us
+
+
+def test_the_engines_shipped_entries_and_default_enter_the_search():
+    backend = ScriptedBackend(DEFAULT, SHIPPED)
+    # the shipped entry, a tile outside the search space, is faster than anything the space has
+    best = _search_best_us(64)
+    measurements = ScriptedMeasurements(backend, {config_key(SHIPPED): best * 0.5})
+
+    batch = Tuner(SHAPE, measurements).tune([64], down=False).batches[64]
+
+    assert batch.config == SHIPPED and batch.picked == "shipped"
+    timed_in_round_one = {config_key(c) for m, c, replays in measurements.timed if replays == 5}
+    assert {config_key(SHIPPED), config_key(DEFAULT)} <= timed_in_round_one
+
+
+def test_a_tuned_config_only_replaces_the_engines_when_faster_beyond_the_noise():
+    backend = ScriptedBackend(DEFAULT, SHIPPED)
+    best = _search_best_us(64)
+    # the engine's shipped entry 0.5 % slower than the search's pick, timings ±2 %: a tie
+    close = ScriptedMeasurements(backend, {config_key(SHIPPED): best * 1.005}, noise=0.02)
+    far = ScriptedMeasurements(backend, {config_key(SHIPPED): best * 1.2}, noise=0.02)
+
+    tie = Tuner(SHAPE, close).tune([64], down=False).batches[64]
+    win = Tuner(SHAPE, far).tune([64], down=False).batches[64]
+
+    assert (tie.picked, tie.config) == ("shipped", SHIPPED)
+    assert win.picked == "tuned" and win.tuned_us < win.shipped_us
+    assert win.default_us is not None and win.search_us == win.tuned_us
+
+
+def test_the_result_names_the_kernel_it_was_tuned_on():
+    result = Tuner(SHAPE, ScriptedMeasurements(ScriptedBackend(DEFAULT), {})).tune([1], down=False)
+
+    assert result.kernel == {"engine": "vllm", "version": "0.32.0", "source_sha256": "ab" * 32}
+    # a log of another kernel is not resumed
+    builtin = Tuner(SHAPE, FakeMeasurements()).tune([1], down=False)
+    assert not builtin.same_run_as(result)
+    assert TuneResult.from_dict(result.to_dict()).kernel == result.kernel
+
+
+@pytest.mark.parametrize(
+    ("measured", "picked"),
+    [
+        ({"tuned": (90.0, 0.01), "default": (100.0, 0.01)}, "tuned"),
+        ({"tuned": (99.5, 0.0), "default": (100.0, 0.0)}, "default"),
+        ({"tuned": (95.0, 0.08), "default": (100.0, 0.01)}, "default"),
+        ({"tuned": (90.0, 0.01), "default": (100.0, 0.01), "shipped": (90.5, 0.01)}, "shipped"),
+        ({"default": (100.0, 0.0)}, "default"),
+        ({"tuned": (100.0, 0.0)}, "tuned"),
+        ({}, None),
+    ],
+)
+def test_pick_keeps_the_engines_own_config_on_a_tie(measured, picked):
+    assert tuner.pick(measured) == picked
+
+
+def test_an_fp4_checkpoint_is_refused_naming_the_kernels_that_run(tmp_path, capsys):
+    config = str(HF_CONFIGS / "nvidia-kimi-k2.5-nvfp4_config.json")
+
+    err = _cli_error(capsys, "tune", "--model-config", config, "--tp", "8", "--out", str(tmp_path))
+
+    assert "nvfp4 experts" in err and "CUTLASS, FlashInfer, TRT-LLM" in err
+    assert "--force tunes it all the same" in err
+
+
+def test_a_named_engine_that_is_not_installed_is_refused_naming_what_to_give(tmp_path, capsys):
+    config = str(HF_CONFIGS / "glm-5-fp8_config.json")
+    argv = ["tune", "--model-config", config, "--tp", "8", "--out", str(tmp_path)]
+
+    err = _cli_error(capsys, *argv, "--engine", "sglang")
+
+    assert "sglang is not installed" in err and "MOEOPS_SGLANG_PYTHON" in err
+
+
+def test_with_no_engine_named_the_styles_engine_is_timed_where_it_is_installed(tmp_path, capsys):
+    from tuning.tune_cli import engine_spec
+
+    assert engine_spec(None, "sglang", None) is None
+    assert "timing moeops' builtin kernel" in capsys.readouterr().err
+    source = ensure_installed()
+    from tuning.engine_source import locate_package
+
+    package = locate_package("vllm", python=str(source))
+    spec = engine_spec(None, "vllm", str(package.package_dir))
+    assert spec == {"engine": "vllm", "source_dir": str(package.package_dir)}
+    assert "timing vLLM 0.32.0's own kernel" in capsys.readouterr().err

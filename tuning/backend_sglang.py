@@ -16,9 +16,9 @@ From the installed SGLang (tuning.engine_source) this backend takes, unchanged:
 - the default-config rule `get_default_config`, the file name `get_config_file_name` and the
   dtype part `get_config_dtype_str`.
 
-The names those functions use from the rest of SGLang come from `SglangStandIns`, one per
-compute capability: the platform checks answered for the GPU the backend is told of (sm_90:
-swap-AB, PDL), SGLang's runtime flags at their defaults (no deterministic or batch-invariant
+The names those functions use from the rest of SGLang come from `SglangStandIns`: the
+platform checks answered for the GPU the backend is told of (`capability`, read at every call;
+sm_90: swap-AB, PDL), SGLang's runtime flags at their defaults (no deterministic or batch-invariant
 mode, no fused sum all-reduce, no symmetric memory, no LoRA, no MoE padding), and the compiled
 ops done with their semantics: `sgl_kernel.moe_align_block_size` by moeops' sort-and-pad
 kernels writing SGLang's buffers, silu-and-mul and the fp8 quantisation of activations (per
@@ -198,7 +198,7 @@ except ImportError:
     TensorDescriptor = None
     _support_tensor_descriptor = False
 
-_stand_ins = SglangStandIns(capability={capability!r})
+_stand_ins = SglangStandIns()
 {lines}
 _B_DESC_CACHE = OrderedDict()
 
@@ -248,10 +248,11 @@ class _Unavailable:
 
 class SglangStandIns:
     """What SGLang's taken functions use from the rest of SGLang and from sgl_kernel, for a CUDA
-    GPU of compute capability `capability` (90 for sm_90; None: no GPU known)."""
+    GPU of compute capability `capability` (90 for sm_90; None: no GPU known), which the
+    backend sets before every call."""
 
-    def __init__(self, capability: int | None):
-        self.capability = capability
+    def __init__(self):
+        self.capability: int | None = None
         self.device_name = ""
         # (config, down_config) of the layer call in progress
         self.timed: tuple[dict, dict | None] | None = None
@@ -410,11 +411,12 @@ class SglangBackend(KernelBackend):
         values = {**FLAGS, **constants}
         lines = [f"{name} = _stand_ins.{name}" for name in STAND_INS]
         lines += [f"{name} = {value!r}" for name, value in values.items()]
-        preamble = PREAMBLE.format(capability=capability, lines="\n".join(lines))
+        preamble = PREAMBLE.format(lines="\n".join(lines))
         provided = PREAMBLE_NAMES | set(STAND_INS) | set(values)
         self.source = load_functions(package, WANTED, preamble, provided)
         self.source_sha256 = self.source.sha256
         self.stand_ins: SglangStandIns = self.source._stand_ins
+        self._swap_ab_rule = self.source.should_enable_swap_ab
         for function, known in PARAMETERS.items():
             parameters = inspect.signature(getattr(self.source, function)).parameters
             unknown = [p for p in parameters if p not in known]
@@ -426,10 +428,32 @@ class SglangBackend(KernelBackend):
                     "does not know"
                 )
 
-    def layer(self, x, weights, topk_weights, topk_ids, *, shape, config, down_config=None, out):
+    def _platform(self):
+        """Point SGLang's platform checks at this backend's GPU (capability may be reassigned)."""
+        if self.stand_ins.capability != self.capability:
+            self.stand_ins.capability = self.capability
+            # SGLang caches its swap-AB answers (lru_cache), which depend on the GPU
+            clear = getattr(self._swap_ab_rule, "cache_clear", None)
+            if clear is not None:
+                clear()
+
+    def layer(
+        self,
+        x,
+        weights,
+        topk_weights,
+        topk_ids,
+        *,
+        shape,
+        config,
+        down_config=None,
+        out,
+        launch_only=False,
+    ):
         """One MoE layer as SGLang's fused_experts runs it, GEMM 2 with down_config (SGLang's
         `_down` entry) when given, else config; both GEMMs read one sort, so down_config's
-        BLOCK_SIZE_M must be config's."""
+        BLOCK_SIZE_M must be config's. launch_only: out is not given x's values first (the
+        torch work inside SGLang's sequence is SGLang's and runs)."""
         if down_config is not None and down_config["BLOCK_SIZE_M"] != config["BLOCK_SIZE_M"]:
             raise BackendError(
                 f"the down config's BLOCK_SIZE_M {down_config['BLOCK_SIZE_M']} is not the up "
@@ -444,7 +468,9 @@ class SglangBackend(KernelBackend):
             "use_int4_w4a16": False,
             "per_channel_quant": False,
         }
-        out.copy_(x)
+        self._platform()
+        if not launch_only:
+            out.copy_(x)
         self.stand_ins.timed = (config, down_config)
         (
             up_config,
@@ -513,6 +539,7 @@ class SglangBackend(KernelBackend):
         its rule names none."""
         from tuning.fused_moe import _full_config
 
+        self._platform()
         block = list(shape.block_shape) if shape.block_shape else None
         config = self.source.get_default_config(
             M, shape.E, shape.N, shape.H, shape.top_k, self._dtype(shape), False, block

@@ -199,7 +199,19 @@ class VllmBackend(KernelBackend):
     def _platform(self):
         stand_ins.current_platform.capability = self.capability
 
-    def layer(self, x, weights, topk_weights, topk_ids, *, shape, config, down_config=None, out):
+    def layer(
+        self,
+        x,
+        weights,
+        topk_weights,
+        topk_ids,
+        *,
+        shape,
+        config,
+        down_config=None,
+        out,
+        launch_only=False,
+    ):
         if down_config is not None and down_config != config:
             raise BackendError("vLLM reads one config for both GEMMs: it has no _down files")
         from tuning.fused_moe import _quantize_activations, _scales_mode, _silu_and_mul
@@ -243,6 +255,8 @@ class VllmBackend(KernelBackend):
             a2, weights.w2, cache3, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids,
             num_padded, True, 1, config, **flags,
         )  # fmt: skip
+        if launch_only:
+            return out
         return torch.sum(cache3, dim=1, out=out)
 
     def default_config(self, shape, M: int) -> dict:
@@ -262,7 +276,10 @@ class VllmBackend(KernelBackend):
         block = list(shape.block_shape) if shape.block_shape else None
         return self.source.get_config_file_name(shape.E, shape.N, dtype, block)
 
-    def shipped_configs(self, shape, device_name: str):
+    def shipped_configs(self, shape, device_name: str, *, down=False):
+        if down:
+            # vLLM runs GEMM 2 with GEMM 1's config: it has no such file
+            return None
         path = self.package.package_dir / CONFIGS / self.file_name(shape, device_name)
         return read_shipped(path)
 

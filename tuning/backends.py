@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tuning.config_files import validate_entries
+from tuning.config_files import TRITON_LAUNCH_DEFAULTS, validate_entries
 
 ENGINES = ("builtin", "vllm", "sglang")
 
@@ -51,16 +51,32 @@ class KernelBackend:
     source_sha256: str | None = None
     separate_down_config = False
 
-    def layer(self, x, weights, topk_weights, topk_ids, *, shape, config, down_config=None, out):
-        """One MoE layer into out [M, H]; weights: a tuning.timing.MoEWeights of shape."""
+    def layer(
+        self,
+        x,
+        weights,
+        topk_weights,
+        topk_ids,
+        *,
+        shape,
+        config,
+        down_config=None,
+        out,
+        launch_only=False,
+    ):
+        """One MoE layer into out [M, H]; weights: a tuning.timing.MoEWeights of shape.
+
+        launch_only: only the Triton launches matter (a compile process, whose launches compile
+        and run nothing): the torch work between them may be left out."""
         raise NotImplementedError
 
     def default_config(self, shape, M: int) -> dict:
         """The config the engine uses at batch size M when it finds no file."""
         raise NotImplementedError
 
-    def shipped_configs(self, shape, device_name: str) -> ShippedConfigs | None:
-        """The engine's own config file for this shape and GPU, or None."""
+    def shipped_configs(self, shape, device_name: str, *, down=False) -> ShippedConfigs | None:
+        """The engine's own config file for this shape and GPU (down: its file for GEMM 2,
+        SGLang's `_down` file), or None."""
         return None
 
     def describe(self) -> dict:
@@ -87,7 +103,19 @@ class BuiltinBackend(KernelBackend):
         kernel = Path(__file__).with_name("fused_moe.py").read_bytes()
         self.source_sha256 = hashlib.sha256(kernel).hexdigest()
 
-    def layer(self, x, weights, topk_weights, topk_ids, *, shape, config, down_config=None, out):
+    def layer(
+        self,
+        x,
+        weights,
+        topk_weights,
+        topk_ids,
+        *,
+        shape,
+        config,
+        down_config=None,
+        out,
+        launch_only=False,
+    ):
         from tuning.fused_moe import fused_moe
 
         return fused_moe(
@@ -119,7 +147,11 @@ def read_shipped(path) -> ShippedConfigs | None:
     except (OSError, ValueError) as exc:
         raise BackendError(f"the engine's own config file {path} cannot be read: {exc}") from None
     data.pop("triton_version", None)
-    return ShippedConfigs(str(path), validate_entries(data))
+    entries = {
+        key: {**TRITON_LAUNCH_DEFAULTS, **entry} if isinstance(entry, dict) else entry
+        for key, entry in data.items()
+    }
+    return ShippedConfigs(str(path), validate_entries(entries))
 
 
 def load_backend(

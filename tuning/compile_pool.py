@@ -30,7 +30,10 @@ class CompilePool:
     They start at once, not at the first compile, and set up while the caller goes on; they
     compile for the GPU compile() names without a CUDA context (tuning.compile_only).
     set_up(shape_data): a worker's set-up (default: CPU tensors of shape's layer, values unset;
-    the tests give others).
+    the tests give others). backend: the kernel backend's spec ({"engine", "source_dir",
+    "python"}, tuning.backends.load_backend's arguments), None for moeops' builtin kernel. An
+    engine's kernel specialises on the batch size (its sizes are not exempt from Triton's
+    specialisation), so its configs are compiled at each batch size they will be timed at.
     """
 
     def __init__(
@@ -40,6 +43,7 @@ class CompilePool:
         set_up: Callable[[dict], None] | None = None,
         *,
         shard: tuple[int, int] = (0, 1),
+        backend: dict | None = None,
     ):
         import multiprocessing
 
@@ -52,7 +56,9 @@ class CompilePool:
         started = context.Barrier(workers)
         # the workers compile into the cache this process reads now, whatever the server's was
         cache = os.environ.get("TRITON_CACHE_DIR")
-        initargs = (set_up or _set_up_compile_worker, shape.as_dict(), cache, started)
+        shape_data = {**shape.as_dict(), "backend": backend}
+        initargs = (set_up or _set_up_compile_worker, shape_data, cache, started)
+        self.per_batch_size = backend is not None
         self._created_at = time.time()
         self._start_s: float | None = None
         self._shard = shard
@@ -114,8 +120,20 @@ class CompilePool:
             self._start_s = ready_at - self._created_at
         return self._start_s
 
-    def compile(self, configs: list[dict], target: GpuTarget) -> list[str | None]:
-        """Per config None, or why it failed to compile for target."""
+    def compile(
+        self, configs: list[dict], target: GpuTarget, batch_sizes=(None,)
+    ) -> list[str | None]:
+        """Per config None, or why it failed to compile for target (at any of batch_sizes)."""
+        if self.per_batch_size:
+            errors = [None] * len(configs)
+            # with no batch size to compile at, the timing process compiles at the first launch
+            for M in (m for m in batch_sizes if m is not None):
+                for i, error in enumerate(self._compile(configs, target, M)):
+                    errors[i] = errors[i] or error
+            return errors
+        return self._compile(configs, target, None)
+
+    def _compile(self, configs: list[dict], target: GpuTarget, M) -> list[str | None]:
         from concurrent.futures import TimeoutError as FutureTimeout
         from concurrent.futures.process import BrokenProcessPool
 
@@ -126,7 +144,7 @@ class CompilePool:
             return [None] * len(configs)
         try:
             futures = {
-                i: self._executor.submit(_compile_in_worker, configs[i], target) for i in order
+                i: self._executor.submit(_compile_in_worker, configs[i], target, M) for i in order
             }
         except BrokenProcessPool:
             # the workers died earlier (in their set-up, say): the timing process compiles all
@@ -214,6 +232,19 @@ def _set_up_compile_worker(shape_data: dict) -> None:
     shape = KernelShape.from_dict(shape_data)
     # a compile process's torch work is small: threads would only contend with the others'
     torch.set_num_threads(1)
+    spec = shape_data.get("backend")
+    if spec is not None:
+        from tuning.backends import load_backend
+
+        # the engine's launch reads E (its buffers' sizes): the real shape, values unset
+        _WORKER.update(
+            shape=shape,
+            weights=timing.unset_weights(shape),
+            backend=load_backend(
+                spec["engine"], source_dir=spec.get("source_dir"), python=spec.get("python")
+            ),
+        )
+        return
     # the kernels specialise on strides, which do not depend on E: top_k experts will do;
     # compiling needs shapes, dtypes and alignment, not values
     small = replace(shape, E=shape.top_k)
@@ -230,8 +261,9 @@ def _set_up_compile_worker(shape_data: dict) -> None:
     )
 
 
-def _compile_in_worker(config: dict, target: GpuTarget) -> str | None:
-    """Compile the layer's kernels with config for target; None, or why they failed."""
+def _compile_in_worker(config: dict, target: GpuTarget, M: int | None = None) -> str | None:
+    """Compile the layer's kernels with config for target (an engine's: at batch size M);
+    None, or why they failed."""
     from triton.runtime import driver
 
     from tuning.compile_only import compile_only_driver
@@ -242,6 +274,9 @@ def _compile_in_worker(config: dict, target: GpuTarget) -> str | None:
         if w.get("target") != target:
             driver.set_active(compile_only_driver(target))
             w["target"] = target
+        if "backend" in w:
+            _launch_engine_layer(w, config, target, M)
+            return None
         fused_moe(
             w["x"],
             w["weights"].w1,
@@ -255,6 +290,29 @@ def _compile_in_worker(config: dict, target: GpuTarget) -> str | None:
     except Exception as exc:
         return one_line(exc)
     return None
+
+
+def _launch_engine_layer(w: dict, config: dict, target: GpuTarget, M: int) -> None:
+    import torch
+
+    from tuning import timing
+
+    shape, backend = w["shape"], w["backend"]
+    backend.capability = target.capability
+    x = torch.empty((M, shape.H), dtype=timing.activation_dtype(shape))
+    # the launches read the ids' shape, not their values
+    topk_ids = torch.zeros((M, shape.top_k), dtype=torch.int32)
+    topk_weights = torch.empty((M, shape.top_k), dtype=torch.float32)
+    backend.layer(
+        x,
+        w["weights"],
+        topk_weights,
+        topk_ids,
+        shape=shape,
+        config=config,
+        out=torch.empty_like(x),
+        launch_only=True,
+    )
 
 
 def one_line(exc: BaseException) -> str:

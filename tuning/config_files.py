@@ -52,6 +52,9 @@ REQUIRED_FIELDS = (
     "num_warps",
     "num_stages",
 )
+# Triton's launch defaults, which an engine runs an entry naming neither with (a few of SGLang's
+# shipped files have such entries).
+TRITON_LAUNCH_DEFAULTS = {"num_warps": 4, "num_stages": 3}
 # Extra fields the engines' tuners write: ROCm's waves_per_eu, matrix_instr_nonkdim and kpack,
 # vLLM's SPLIT_K, SGLang's USE_TMA (down-projection configs); in their sort_config order.
 OPTIONAL_FIELDS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack", "SPLIT_K", "USE_TMA")

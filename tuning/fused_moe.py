@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tuning.config_files import REQUIRED_FIELDS
+from tuning.config_files import REQUIRED_FIELDS, TRITON_LAUNCH_DEFAULTS
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -655,7 +655,7 @@ def _scales_mode(dtype, block_shape):
 
 def _full_config(config: dict) -> dict[str, int]:
     """A config entry with Triton's launch defaults (4 warps, 3 stages) filled in."""
-    return {"num_warps": 4, "num_stages": 3, **{k: int(v) for k, v in config.items()}}
+    return {**TRITON_LAUNCH_DEFAULTS, **{k: int(v) for k, v in config.items()}}
 
 
 def _check_config(config, dtype, block_shape):

@@ -184,6 +184,7 @@ class CoarseToFineSearch:
     Round 2: the best `keep_tiles` tiles with every viable warps × stages.
     Round 3: the best `keep_configs` configs with every GROUP_SIZE_M.
     Final: the best `finalists` re-timed with `final_replays` replays; the fastest wins.
+    seeds: configs that round 1 times too (tuning.tuner gives the engine's own).
     """
 
     def __init__(
@@ -198,9 +199,13 @@ class CoarseToFineSearch:
         keep_tiles: int = 4,
         keep_configs: int = 2,
         finalists: int = 3,
+        seeds: Iterable[dict] = (),
     ):
         self.M = M
         self.space = search_space(M, shape, shared_memory)
+        # configs timed in the first round beside it (the engine's default and shipped ones):
+        # they may lie outside the space, and win all the same
+        self.seeds = [config_of(config_key(c)) for c in seeds]
         self.state = SearchState()
         self.screen_replays = screen_replays
         self.refine_replays = refine_replays
@@ -249,7 +254,7 @@ class CoarseToFineSearch:
             tile = (config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"])
             if tile not in tiles or _guess_rank(config) < _guess_rank(tiles[tile]):
                 tiles[tile] = config
-        return Proposal(list(tiles.values()), self.screen_replays)
+        return Proposal(_with_seeds(list(tiles.values()), self.seeds), self.screen_replays)
 
     def _warps_and_stages(self) -> Proposal:
         best_tiles = []
@@ -324,7 +329,18 @@ class ExhaustiveSearch(CoarseToFineSearch):
         self._rounds = iter((self._everything, self._final))
 
     def _everything(self) -> Proposal:
-        return Proposal(list(self.space), self.screen_replays)
+        return Proposal(_with_seeds(list(self.space), self.seeds), self.screen_replays)
+
+
+def _with_seeds(configs: list[dict], seeds: list[dict]) -> list[dict]:
+    """configs, then each seed not among them (once)."""
+    out = list(configs)
+    known = {config_key(c) for c in configs}
+    for seed in seeds:
+        if config_key(seed) not in known:
+            known.add(config_key(seed))
+            out.append(seed)
+    return out
 
 
 def _guess_rank(config: dict) -> tuple[int, int, bool]:

@@ -175,8 +175,10 @@ def spread_tune(
     fresh: bool = False,
     progress_callback: ProgressCallback | None = None,
     tune_function: str = DEFAULT_TUNE_FUNCTION,
+    engine: dict | None = None,
 ) -> TuneResult:
     """Tune shape at batch_sizes with one process per GPU of gpu_indices; the merged result.
+    engine: whose kernel (tuning.tuner.DeviceMeasurements; None: moeops' builtin).
 
     out_dir: where the engine file(s) go (None: not written); log_dir: the per-GPU and merged
     tuning logs (default out_dir/spread-logs); fresh: forget earlier logs of this tune.
@@ -194,7 +196,7 @@ def spread_tune(
     gpu_indices = list(gpu_indices)
     batch_sizes = sorted(set(batch_sizes))
     search = "exhaustive" if exhaustive else "coarse-to-fine"
-    tag = _log_tag(shape, search)
+    tag = _log_tag(shape, search, (engine or {}).get("engine", "builtin"))
     merged_log = log_dir / f"{tag}.json"
     if fresh:
         for path in [merged_log, *_part_logs(log_dir, tag)]:
@@ -213,7 +215,7 @@ def spread_tune(
     if workers is None:
         workers = host_compile_workers(len(shares))
     worker_args = ["--shape", json.dumps(shape.as_dict()), "--compile-workers", str(workers)]
-    worker_args += ["--tune-function", tune_function]
+    worker_args += ["--tune-function", tune_function, "--engine", json.dumps(engine)]
     worker_args += (["--exhaustive"] if exhaustive else []) + ([] if down else ["--no-down"])
     returncodes, total, timeline = _run_processes(
         shares, worker_args, log_dir, tag, progress_callback
@@ -352,10 +354,12 @@ def _event(line: str) -> dict | None:
     return None
 
 
-def _log_tag(shape: KernelShape, search: str) -> str:
-    """The logs' name stem: shape and search (the GPU model is checked when they merge)."""
+def _log_tag(shape: KernelShape, search: str, engine: str = "builtin") -> str:
+    """The logs' name stem: shape, search and whose kernel (the GPU model and the kernel's
+    version are checked when they merge)."""
     block = f"_block{shape.block_shape[0]}x{shape.block_shape[1]}" if shape.block_shape else ""
-    return f"E{shape.E}_N{shape.N}_H{shape.H}_k{shape.top_k}_{shape.dtype}{block}_{search}"
+    kernel = "" if engine == "builtin" else f"_{engine}"
+    return f"E{shape.E}_N{shape.N}_H{shape.H}_k{shape.top_k}_{shape.dtype}{block}_{search}{kernel}"
 
 
 def _part_logs(log_dir: Path, tag: str) -> list[Path]:
@@ -413,6 +417,7 @@ def run_cli(
             compile_workers=args.compile_workers,
             fresh=args.fresh,
             progress_callback=progress_bar(),
+            engine=args.engine_spec,
         )
     except SpreadTuneError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
@@ -437,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--exhaustive", action="store_true")
     worker.add_argument("--no-down", action="store_true")
     worker.add_argument("--tune-function", default=DEFAULT_TUNE_FUNCTION)
+    worker.add_argument("--engine", default="null", help="whose kernel, as JSON (null: builtin)")
     worker.add_argument("--launched-at", type=float, help="time.time() at its launch")
     worker.add_argument(
         "--compile-shard", default="0/1", help="I/N: this is process I of N (compile order)"
@@ -458,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         resume_path=args.log,
         compile_workers=args.compile_workers,
         compile_shard=tuple(int(v) for v in args.compile_shard.split("/")),
+        engine=json.loads(args.engine),
     )
     save_log(args.log, result)
     if result.timeline is not None:

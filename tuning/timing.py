@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from tuning.cache_dir import cache_dir
-from tuning.fused_moe import FP8_DTYPE, fused_moe
+from tuning.fused_moe import FP8_DTYPE
 from tuning.reference import quantize_fp8_blocks, quantize_fp8_per_expert
 from tuning.search import KernelShape
 
@@ -124,6 +124,7 @@ class LayerTimer:
 
     calls_per_graph layer calls per CUDA graph, each on its own x [M, H] bf16 and router choices;
     before every replay the choices are refreshed from a pool of routing_sets random routings.
+    backend: whose fused-MoE layer time_config runs (tuning.backends; default moeops' builtin).
     """
 
     def __init__(
@@ -132,13 +133,17 @@ class LayerTimer:
         weights: MoEWeights,
         M: int,
         *,
+        backend=None,
         calls_per_graph: int = 4,
         routing_sets: int = 32,
         seed: int = 0,
     ):
+        from tuning.backends import BuiltinBackend
+
         self.shape = shape
         self.weights = weights
         self.M = M
+        self.backend = backend or BuiltinBackend()
         self.calls = calls_per_graph
         generator = torch.Generator(device="cuda").manual_seed(seed)
         self.x = [
@@ -154,7 +159,6 @@ class LayerTimer:
         self.topk_weights = [torch.empty_like(self.pool_weights[0]) for _ in range(self.calls)]
         self.topk_ids = [torch.empty_like(self.pool_ids[0]) for _ in range(self.calls)]
         self._refresh(0)
-        self._layer_kwargs = weights.layer_kwargs(shape)
         # Every graph here captures into one memory pool, so each capture reuses the memory the
         # last (destroyed) one used; a pool dies with its last graph, so a small anchor graph
         # keeps it alive. (A private pool per graph is only released on an out-of-memory retry.)
@@ -170,21 +174,19 @@ class LayerTimer:
         *,
         down_config: dict | None = None,
     ) -> float:
-        """Median µs per layer call of fused_moe with config (and GEMM 2's down_config, config's
-        when None); raises if it cannot run."""
-        w1, w2 = self.weights.w1, self.weights.w2
-        kwargs = {**self._layer_kwargs, "down_config": down_config}
+        """Median µs per layer call of the backend's layer with config (and GEMM 2's
+        down_config, config's when None); raises if it cannot run."""
 
         def layer(j: int) -> None:
-            fused_moe(
+            self.backend.layer(
                 self.x[j],
-                w1,
-                w2,
+                self.weights,
                 self.topk_weights[j],
                 self.topk_ids[j],
+                shape=self.shape,
                 config=config,
+                down_config=down_config,
                 out=self.out[j],
-                **kwargs,
             )
 
         return self.time_layer(layer, replays, calls)

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tuning.backends import ENGINES, BackendError
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
 from tuning.search import KernelShape
 from tuning.tune_results import (
@@ -71,7 +72,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # --merge takes the shape from its logs
     add_shape_arguments(parser, model_config_required=False)
     parser.add_argument("--out", required=True, help="folder for the config file and the log")
-    parser.add_argument("--style", choices=("vllm", "sglang"), default="vllm")
+    parser.add_argument(
+        "--style", choices=("vllm", "sglang"), default="vllm", help="whose file to write"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="whose kernel to time: the engine's own (read from its installed package) or"
+        " moeops' builtin copy (default: --style's engine where it is installed, else builtin)",
+    )
+    parser.add_argument(
+        "--engine-source",
+        help="the engine's package folder (e.g. unpacked from its wheel) instead of the"
+        " installed one (MOEOPS_VLLM_PYTHON / MOEOPS_SGLANG_PYTHON name the engine's Python)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="tune a checkpoint whose MoE runs on kernels that read no Triton config (FP4)",
+    )
     parser.add_argument(
         "--exhaustive", action="store_true", help="time every viable config (slow; a check)"
     )
@@ -118,8 +137,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         shape = shape_from_args(args)
         batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
-    except ValueError as exc:
+        refusal = fp4_refusal(args)
+        args.engine_spec = engine_spec(args.engine, args.style, args.engine_source)
+    except (ValueError, BackendError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if refusal and not args.force:
+        print(f"error: {refusal} --force tunes it all the same.", file=sys.stderr)
         return 2
     if args.gpus:
         from tuning import spread
@@ -151,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
             progress_callback=progress_bar(),
             resume_path=log,
             compile_workers=args.compile_workers,
+            engine=args.engine_spec,
         )
     except TuningLogError as exc:
         print(f"error: {exc}; --fresh starts the tune over", file=sys.stderr)
@@ -159,3 +184,45 @@ def run(args: argparse.Namespace) -> int:
         print(path)
     print_summary(result)
     return 0
+
+
+def fp4_refusal(args: argparse.Namespace) -> str | None:
+    """Why tuning this checkpoint's fused-MoE Triton kernel would change nothing the engine runs
+    (its experts are FP4: CUTLASS, FlashInfer and TRT-LLM kernels, which read no Triton config),
+    or None."""
+    from tuning.moe_params import moe_params
+
+    params = moe_params(Path(args.model_config).read_text(), tp=args.tp, ep=args.ep)
+    quantization = (params.quantization or "").lower()
+    if "fp4" not in quantization:
+        return None
+    return (
+        f"{args.model_config} holds {quantization} experts, which SGLang and vLLM run through "
+        "their FP4 MoE kernels (CUTLASS, FlashInfer, TRT-LLM): those read no Triton config, so "
+        "a tuned file would not be used."
+    )
+
+
+def engine_spec(engine: str | None, style: str, source_dir: str | None) -> dict | None:
+    """Whose kernel to time, as tuning.tuner.tune takes it (None: moeops' builtin).
+
+    No engine named: style's engine where its package is found here, else builtin (and says
+    so). A named engine that cannot be found is a BackendError naming what to give.
+    """
+    from tuning.engine_source import EngineSourceError, locate_package
+
+    if engine == "builtin":
+        return None
+    wanted = engine or style
+    try:
+        package = locate_package(wanted, source_dir=source_dir)
+    except EngineSourceError as exc:
+        if engine is None:
+            print(
+                f"{wanted}'s package is not found here ({exc}): timing moeops' builtin kernel",
+                file=sys.stderr,
+            )
+            return None
+        raise BackendError(str(exc)) from None
+    print(f"timing {package.title}'s own kernel ({package.package_dir})", file=sys.stderr)
+    return {"engine": wanted, "source_dir": str(package.package_dir)}

@@ -21,6 +21,10 @@ class BatchResult:
     entry), None where no down search ran. tuned_us: the layer with both; shared_config_us: the
     layer with config for both GEMMs (what vLLM, which has no down files, runs).
     failures: configs that failed, those of the down search marked "down": true.
+    picked: where the written config comes from: "tuned" (the search), "default" (the engine's
+    own rule) or "shipped" (the engine's own file): the search's best replaces the engine's
+    only when faster by more than the timings' noise, head to head; tuned_us, default_us and
+    shipped_us are from that head-to-head, search_us the search's best there.
     """
 
     M: int
@@ -32,6 +36,9 @@ class BatchResult:
     failures: list[dict] = field(default_factory=list)
     down_config: dict[str, int] | None = None
     shared_config_us: float | None = None
+    shipped_us: float | None = None
+    search_us: float | None = None
+    picked: str = "tuned"
 
     @classmethod
     def from_dict(cls, data: dict) -> BatchResult:
@@ -66,7 +73,8 @@ class TuneResult:
     """A tune of one shape on one GPU: per batch size config and µs (tuned, default, floor).
 
     ceilings: the measured bandwidth_tbps, bf16_tflops and fp8_tflops behind floor_us.
-    search: "coarse-to-fine" or "exhaustive". wall_s: seconds the tune took.
+    search: "coarse-to-fine" or "exhaustive". wall_s: seconds the tune took. kernel: whose
+    kernel was timed (tuning.backends: engine, version, source_sha256).
     timeline: where this run's seconds went: a ProcessTimeline from Tuner.tune, per GPU index
     its process's from tuning.spread.spread_tune; not in the log, None when read from one.
     """
@@ -78,6 +86,7 @@ class TuneResult:
     ceilings: dict
     batches: dict[int, BatchResult] = field(default_factory=dict)
     wall_s: float = 0.0
+    kernel: dict = field(default_factory=lambda: {"engine": "builtin"})
     timeline: ProcessTimeline | dict[int, ProcessTimeline] | None = field(
         default=None, compare=False
     )
@@ -94,9 +103,10 @@ class TuneResult:
             if self.batches[m].down_config is not None
         }
 
-    def speedup_geomean(self) -> float | None:
-        """Geometric mean over batch sizes of default µs / tuned µs."""
-        ratios = [b.default_us / b.tuned_us for b in self.batches.values() if b.default_us]
+    def speedup_geomean(self, over: str = "default") -> float | None:
+        """Geometric mean over batch sizes of the default's (or "shipped") µs / tuned µs."""
+        key = f"{over}_us"
+        ratios = [getattr(b, key) / b.tuned_us for b in self.batches.values() if getattr(b, key)]
         return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
 
     def to_dict(self) -> dict:
@@ -108,6 +118,7 @@ class TuneResult:
             "search": self.search,
             "ceilings": self.ceilings,
             "wall_s": self.wall_s,
+            "kernel": self.kernel,
             "batches": {str(m): vars(self.batches[m]) for m in sorted(self.batches)},
         }
 
@@ -122,15 +133,19 @@ class TuneResult:
             ceilings=data["ceilings"],
             batches={int(m): BatchResult.from_dict(b) for m, b in data["batches"].items()},
             wall_s=data.get("wall_s", 0.0),
+            kernel=data.get("kernel") or {"engine": "builtin"},
         )
 
     def same_run_as(self, other: TuneResult) -> bool:
-        """Whether two results tune the same shape on the same GPU model and Triton."""
-        return (self.shape, self.device_name, self.triton_version, self.search) == (
+        """Whether two results tune the same shape of the same kernel on the same GPU model and
+        Triton."""
+        mine = (self.shape, self.device_name, self.triton_version, self.search, self.kernel)
+        return mine == (
             other.shape,
             other.device_name,
             other.triton_version,
             other.search,
+            other.kernel,
         )
 
 
@@ -229,15 +244,21 @@ def save_log(path: str | Path | None, result: TuneResult) -> None:
 
 
 def print_summary(result: TuneResult) -> None:
-    """Per batch size tuned, one-config, default and floor µs and tries; speedup and wall."""
+    """Which kernel; per batch size the written config's µs and where it comes from, the
+    engine's default and shipped µs, floor and tries; speedups and wall."""
+    kernel = result.kernel
+    version = f" {kernel.get('version')}" if kernel.get("version") else ""
+    print(f"kernel: {kernel.get('engine')}{version}")
     for m, b in sorted(result.batches.items()):
         shared = "" if b.shared_config_us is None else f"  one config {b.shared_config_us:9.1f} µs"
+        shipped = "" if b.shipped_us is None else f"  shipped {b.shipped_us:9.1f} µs"
         print(
-            f"M={m:>5}  tuned {b.tuned_us:9.1f} µs{shared}  default"
-            f" {b.default_us or float('nan'):9.1f} µs  floor {b.floor_us:9.1f} µs"
+            f"M={m:>5}  {b.picked:<7} {b.tuned_us:9.1f} µs{shared}  default"
+            f" {b.default_us or float('nan'):9.1f} µs{shipped}  floor {b.floor_us:9.1f} µs"
             f"  tried {b.candidates_tried}"
         )
-    speedup = result.speedup_geomean()
-    if speedup is not None:
-        print(f"tuned/default geomean speedup {speedup:.2f}x")
+    for over in ("default", "shipped"):
+        speedup = result.speedup_geomean(over)
+        if speedup is not None:
+            print(f"written/{over} geomean speedup {speedup:.3f}x")
     print(f"wall {result.wall_s:.0f} s")

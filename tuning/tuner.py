@@ -11,6 +11,7 @@ cache (tuning.timing.cached_ceilings). Each chunk of batch sizes first compiles
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -45,7 +46,9 @@ class DeviceMeasurements:
     are measured when first asked for, or read where this GPU's were measured within
     CEILINGS_MAX_AGE_S (tuning.timing.cached_ceilings). compile_shard (i, n): this is process i
     of n tuning on one host (tuning.spread); see compile_order. seconds: where the set-up's and
-    the ceilings' seconds went (ProcessTimeline's parts).
+    the ceilings' seconds went (ProcessTimeline's parts). engine: whose kernel is timed
+    ({"engine", "source_dir", "python"}: tuning.backends.load_backend's arguments; None: moeops'
+    builtin kernel).
     """
 
     def __init__(
@@ -56,10 +59,15 @@ class DeviceMeasurements:
         compile_workers: int | None = None,
         ceilings: dict | None = None,
         compile_shard: tuple[int, int] = (0, 1),
+        engine: dict | None = None,
     ):
         workers = default_workers() if compile_workers is None else compile_workers
         # before importing torch: the workers' start-up overlaps this process's set-up
-        self._pool = CompilePool(shape, workers, shard=compile_shard) if workers > 0 else None
+        self._pool = (
+            CompilePool(shape, workers, shard=compile_shard, backend=engine)
+            if workers > 0
+            else None
+        )
         self.shape = shape
         self.device_index = device_index
         self.seconds: dict[str, float] = {}
@@ -69,6 +77,7 @@ class DeviceMeasurements:
             import triton
 
             from tuning import timing
+            from tuning.backends import load_backend
             from tuning.compile_only import gpu_target
 
             imported = time.monotonic()
@@ -76,6 +85,13 @@ class DeviceMeasurements:
             self.device_name = torch.cuda.get_device_name(device_index)
             self.triton_version = triton.__version__
             self.target = gpu_target()
+            spec = engine or {"engine": "builtin"}
+            self.backend = load_backend(
+                spec["engine"],
+                source_dir=spec.get("source_dir"),
+                python=spec.get("python"),
+                capability=self.target.capability,
+            )
             context = time.monotonic()
             self.weights = timing.make_weights(shape)
             torch.cuda.synchronize()
@@ -111,11 +127,12 @@ class DeviceMeasurements:
         then (0 without workers)."""
         return self._pool.wait_started() if self._pool is not None else 0.0
 
-    def compile(self, configs: list[dict]) -> list[str | None]:
-        """Compile configs ahead of timing; per config None or why it failed."""
+    def compile(self, configs: list[dict], batch_sizes=(None,)) -> list[str | None]:
+        """Compile configs ahead of timing (an engine's kernel: at each of batch_sizes); per
+        config None or why it failed."""
         if self._pool is None:
             return [None] * len(configs)
-        return self._pool.compile(configs, self.target)
+        return self._pool.compile(configs, self.target, batch_sizes)
 
     def timer(self, M: int):
         """A tuning.timing.LayerTimer at batch size M (time_config(config, replays) -> µs)."""
@@ -125,7 +142,7 @@ class DeviceMeasurements:
 
         # hand back the graph memory of timers already dropped
         torch.cuda.empty_cache()
-        return LayerTimer(self.shape, self.weights, M)
+        return LayerTimer(self.shape, self.weights, M, backend=self.backend)
 
     def floor_us(self, M: int) -> float:
         """The layer's floor at batch size M, from the measured ceilings (µs)."""
@@ -185,12 +202,22 @@ class Tuner:
         started = time.monotonic()
         compile_before = self.compile_s
         batch_sizes = sorted(set(batch_sizes))
+        backend = self.backend
+        # vLLM reads one config for both GEMMs: no down search for it
+        down = down and backend.separate_down_config
+        shipped = backend.shipped_configs(self.shape, self.measurements.device_name)
+        shipped_down = (
+            backend.shipped_configs(self.shape, self.measurements.device_name, down=True)
+            if down and shipped is not None
+            else None
+        )
         result = TuneResult(
             shape=self.shape,
             device_name=self.measurements.device_name,
             triton_version=self.measurements.triton_version,
             search="exhaustive" if exhaustive else "coarse-to-fine",
             ceilings=self.measurements.ceilings,
+            kernel=backend.describe(),
         )
         earlier_wall = 0.0
         previous = load_log(resume_path)
@@ -199,8 +226,8 @@ class Tuner:
             earlier_wall = previous.wall_s
         remaining = [m for m in batch_sizes if m not in result.batches]
         search_class = _search_class(exhaustive)
-        # rounds per M, each reported once, and one report per finished search
-        steps = (2 if exhaustive else 4) + 1 + (DOWN_ROUNDS + 1 if down else 0)
+        # rounds per M, each reported once, one report per finished search, one per final
+        steps = (2 if exhaustive else 4) + 1 + (DOWN_ROUNDS + 1 if down else 0) + 1
         total = len(remaining) * steps
         step = 0
 
@@ -212,22 +239,34 @@ class Tuner:
 
         for first in range(0, len(remaining), CHUNK_BATCH_SIZES):
             chunk = remaining[first : first + CHUNK_BATCH_SIZES]
+            self._chunk = chunk
             timers = {m: self.measurements.timer(m) for m in chunk}
-            searches = {m: search_class(m, self.shape) for m in chunk}
-            self._compile(round_one_configs(self.shape, chunk, exhaustive=exhaustive))
+            own = {m: self._engine_configs(m, shipped) for m in chunk}
+            searches = {m: search_class(m, self.shape, seeds=own[m]) for m in chunk}
+            self._compile(
+                round_one_configs(self.shape, chunk, exhaustive=exhaustive, backend=backend)
+            )
+            self._compile(c for configs in own.values() for c in configs)
             self._run_searches(searches, timers, report)
             for m in chunk:
-                result.batches[m] = self._finish(m, searches[m], timers[m])
+                result.batches[m] = self._finish(m, searches[m])
                 report(f"M={m}: {result.batches[m].tuned_us:.1f} µs")
             if down:
                 up_configs = {m: result.batches[m].config for m in chunk}
+                down_seeds = shipped_down.entries.values() if shipped_down else ()
                 down_searches = {
-                    m: DownProjectionSearch(m, self.shape, up_configs[m]) for m in chunk
+                    m: DownProjectionSearch(
+                        m, self.shape, up_configs[m], seeds=_with_m(down_seeds, up_configs[m])
+                    )
+                    for m in chunk
                 }
                 self._run_searches(down_searches, timers, report, up_configs)
                 for m in chunk:
                     _finish_down(result.batches[m], down_searches[m])
                     report(f"M={m}: {result.batches[m].tuned_us:.1f} µs with its down config")
+            for m in chunk:
+                self._head_to_head(result.batches[m], timers[m], shipped, shipped_down)
+                report(f"M={m}: {result.batches[m].picked} {result.batches[m].tuned_us:.1f} µs")
             del timers
             result.wall_s = earlier_wall + time.monotonic() - started
             save_log(resume_path, result)
@@ -254,6 +293,7 @@ class Tuner:
         """µs per layer of each config at batch size M (None where it fails), same routing;
         down_configs: GEMM 2's config beside each (None: the config itself)."""
         down_configs = down_configs or [None] * len(configs)
+        self._chunk = [M]
         self._compile([*configs, *(d for d in down_configs if d is not None)])
         timer = self.measurements.timer(M)
         times = []
@@ -284,15 +324,28 @@ class Tuner:
                 kind = "down " if up_config else ""
                 report(f"M={m}: timed {len(proposal.configs)} {kind}configs")
 
-    def _finish(self, M, search, timer) -> BatchResult:
-        default = _default_config(self.shape, M)
-        default_times, _ = self._time_configs(timer, [default], FINAL_REPLAYS)
-        default_us = default_times[config_key(default)]
+    @property
+    def backend(self):
+        """Whose kernel the tune times (tuning.backends); moeops' own unless the measurements
+        say otherwise."""
+        backend = getattr(self.measurements, "backend", None)
+        if backend is None:
+            from tuning.backends import BuiltinBackend
+
+            backend = BuiltinBackend()
+        return backend
+
+    def _engine_configs(self, M, shipped) -> list[dict]:
+        """The engine's own configs at M: its default, then every entry of its shipped file."""
+        configs = [self.backend.default_config(self.shape, M)]
+        if shipped is not None:
+            configs += list(shipped.entries.values())
+        return configs
+
+    def _finish(self, M, search) -> BatchResult:
         best = search.best
-        if best is None or (default_us is not None and default_us < best[1]):
-            if default_us is None:
-                raise RuntimeError(f"M={M}: no config ran, not even the default")
-            best = (default, default_us)
+        if best is None:
+            raise RuntimeError(f"M={M}: no config ran, not even the engine's default")
         failures = [
             {"config": config_of(k), "error": e} for k, e in sorted(search.state.errors.items())
         ]
@@ -300,11 +353,34 @@ class Tuner:
             M=M,
             config=best[0],
             tuned_us=round(best[1], 2),
-            default_us=None if default_us is None else round(default_us, 2),
+            default_us=None,
             floor_us=round(self.measurements.floor_us(M), 2),
             candidates_tried=search.candidates_tried,
             failures=failures,
         )
+
+    def _head_to_head(self, batch: BatchResult, timer, shipped, shipped_down) -> None:
+        """Time the search's pick against the engine's default and shipped configs in turn and
+        keep the search's only when it is faster by more than the noise (see pick)."""
+        M = batch.M
+        candidates = {
+            "tuned": (batch.config, batch.down_config),
+            "default": (self.backend.default_config(self.shape, M), None),
+        }
+        if shipped is not None:
+            down = shipped_down.entry_for(M) if shipped_down is not None else None
+            candidates["shipped"] = (shipped.entry_for(M), down)
+        self._compile(c for pair in candidates.values() for c in pair if c is not None)
+        measured = head_to_head(timer, candidates)
+        picked = pick(measured)
+        if picked is None:
+            raise RuntimeError(f"M={M}: no config ran, not even the engine's default")
+        batch.picked = picked
+        batch.config, batch.down_config = candidates[picked]
+        batch.search_us = _rounded(measured.get("tuned"))
+        batch.tuned_us = _rounded(measured[picked])
+        batch.default_us = _rounded(measured.get("default"))
+        batch.shipped_us = _rounded(measured.get("shipped"))
 
     def _compile(self, configs: Iterable[dict]) -> None:
         todo = {}
@@ -314,7 +390,12 @@ class Tuner:
                 todo[key] = config
         if todo:
             started = time.monotonic()
-            errors = self.measurements.compile(list(todo.values()))
+            if self.backend.engine == "builtin":
+                errors = self.measurements.compile(list(todo.values()))
+            else:
+                # an engine's kernel specialises on the batch size: compiled at the chunk's
+                sizes = tuple(getattr(self, "_chunk", ())) or (None,)
+                errors = self.measurements.compile(list(todo.values()), sizes)
             self.compile_s += time.monotonic() - started
             self._compile_errors.update(zip(todo, errors, strict=True))
 
@@ -353,14 +434,16 @@ def tune(
     resume_path: str | Path | None = None,
     compile_workers: int | None = None,
     compile_shard: tuple[int, int] = (0, 1),
+    engine: dict | None = None,
 ) -> TuneResult:
     """Tune shape at batch_sizes on GPU device_index (see Tuner.tune); compile_shard: see
-    compile_order."""
+    compile_order; engine: whose kernel (DeviceMeasurements)."""
     with Tuner(
         shape,
         device_index=device_index,
         compile_workers=compile_workers,
         compile_shard=compile_shard,
+        engine=engine,
     ) as tuner:
         return tuner.tune(
             batch_sizes,
@@ -372,31 +455,81 @@ def tune(
 
 
 def round_one_configs(
-    shape: KernelShape, batch_sizes: Iterable[int], *, exhaustive: bool = False
+    shape: KernelShape, batch_sizes: Iterable[int], *, exhaustive: bool = False, backend=None
 ) -> list[dict[str, int]]:
     """What a tune of batch_sizes compiles before its first timing, one config per compile key:
     every size's first proposal (coarse-to-fine: one config per tile; exhaustive: the whole
-    space) and its default config. Tuner.tune compiles it per chunk, so that the defaults go
-    through the compile pool with the first round."""
+    space) and the engine's default config (backend's; moeops' builtin kernel's by default).
+    Tuner.tune compiles it per chunk, so that the defaults go through the compile pool with the
+    first round."""
+    if backend is None:
+        from tuning.backends import BuiltinBackend
+
+        backend = BuiltinBackend()
     search_class = _search_class(exhaustive)
     configs: dict[tuple, dict[str, int]] = {}
     for m in sorted(set(batch_sizes)):
         proposal = search_class(m, shape).propose()
-        for config in [*(proposal.configs if proposal else []), _default_config(shape, m)]:
+        for config in [*(proposal.configs if proposal else []), backend.default_config(shape, m)]:
             configs.setdefault(compile_key(config), config)
     return list(configs.values())
 
 
+# Rounds of the head-to-head between the search's pick and the engine's own configs.
+HEAD_TO_HEAD_ROUNDS = 5
+# The search's pick replaces the engine's own configs only when faster by more than this, or by
+# more than the rounds' own spread when that is larger: a file must never make the engine slower.
+MIN_GAIN = 0.01
+
+
+def head_to_head(timer, candidates: dict) -> dict:
+    """{name: (median µs, spread)} of candidates {name: (config, down_config or None)}, each
+    timed HEAD_TO_HEAD_ROUNDS times in turns (order reversed every other round); spread is
+    (max − min) / median of a candidate's rounds. A candidate that fails is left out."""
+    rounds: dict[str, list[float]] = {name: [] for name in candidates}
+    names = list(candidates)
+    for r in range(HEAD_TO_HEAD_ROUNDS):
+        for name in names if r % 2 == 0 else reversed(names):
+            if rounds[name] is None:
+                continue
+            config, down = candidates[name]
+            try:
+                rounds[name].append(timer.time_config(config, FINAL_REPLAYS, down_config=down))
+            except Exception:
+                rounds[name] = None
+    measured = {}
+    for name, times in rounds.items():
+        if times:
+            middle = statistics.median(times)
+            measured[name] = (middle, (max(times) - min(times)) / middle)
+    return measured
+
+
+def pick(measured: dict) -> str | None:
+    """Which candidate's config to write: "tuned" only when faster than the best of the engine's
+    own ("default", "shipped") by more than MIN_GAIN and the spread of both; else that best."""
+    own = {name: m for name, m in measured.items() if name != "tuned"}
+    if not own:
+        return "tuned" if "tuned" in measured else None
+    best = min(own, key=lambda name: own[name][0])
+    if "tuned" not in measured:
+        return best
+    (tuned_us, tuned_spread), (own_us, own_spread) = measured["tuned"], own[best]
+    margin = max(MIN_GAIN, tuned_spread, own_spread)
+    return "tuned" if tuned_us < own_us * (1 - margin) else best
+
+
+def _rounded(measured) -> float | None:
+    return None if measured is None else round(measured[0], 2)
+
+
+def _with_m(configs, up_config: dict) -> list[dict]:
+    """configs with up_config's BLOCK_SIZE_M, which GEMM 2 must share with GEMM 1."""
+    return [{**c, "BLOCK_SIZE_M": up_config["BLOCK_SIZE_M"]} for c in configs]
+
+
 def _search_class(exhaustive: bool):
     return ExhaustiveSearch if exhaustive else CoarseToFineSearch
-
-
-def _default_config(shape: KernelShape, M: int) -> dict[str, int]:
-    """The engines' fallback config at batch size M, which every tune times."""
-    from tuning.fused_moe import default_config
-
-    block_shape = list(shape.block_shape) if shape.block_shape else None
-    return default_config(M, shape.E, shape.N, shape.H, shape.top_k, shape.dtype, block_shape)
 
 
 def _finish_down(batch: BatchResult, search: DownProjectionSearch) -> None:
