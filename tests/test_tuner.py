@@ -362,17 +362,20 @@ def test_the_cli_modules_import_without_torch():
     assert out.stdout.strip() == "False"
 
 
-def test_the_bench_table_shows_the_one_config_time_where_there_is_one():
+def test_the_bench_table_shows_the_one_config_and_shipped_times_where_there_are_some():
     rows = [
         BenchRow(64, 490.0, 545.0, 490.0, 880.0, ENTRY),
         BenchRow(4096, 593.0, 1921.0, 900.0, 3866.0, ENTRY, shared_config_us=1000.0),
     ]
     rows[1].layout_floor_us = 790.0
+    rows[1].shipped_us = 990.0
 
     lines = format_table(rows).splitlines()
 
     assert "1-config µs" in lines[0] and lines[0].split()[-2:] == ["%", "layout"]
-    assert lines[1].split()[4] == "n/a" and lines[2].split()[4] == "1000.0"
+    assert lines[1].split()[3] == "n/a" and lines[2].split()[3] == "990.0"
+    assert lines[1].split()[5] == "n/a" and lines[2].split()[5] == "1000.0"
+    assert lines[2].split()[8] == f"{990 / 900:.2f}x"
     assert lines[1].split()[-1] == "n/a"
     assert lines[2].split()[-2:] == [f"{100 * 593 / 900:.1f}", f"{100 * 790 / 900:.1f}"]
 

@@ -1,7 +1,9 @@
-"""Time one MoE layer per batch size: floor, default config, tuned config, torch._grouped_mm.
+"""Time one MoE layer per batch size: floor, the engine's default and shipped configs, a tuned
+config, torch._grouped_mm.
 
 Every figure is µs per layer on this GPU, timed as tuning.timing does (CUDA graphs, fresh routing
-per replay, median of the replays); the floor comes from bandwidth and matrix rate measured here.
+per replay, median of the replays), in the kernel of the chosen backend (tuning.backends: the
+engine's own, or moeops' builtin); the floor comes from bandwidth and matrix rate measured here.
 The _grouped_mm pipeline runs in bf16, also as the baseline for fp8 shapes.
 """
 
@@ -13,9 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tuning.backends import ENGINES, BackendError, load_backend
 from tuning.config_files import TUNED_BATCH_SIZES, entry_for_batch, loads_config, parse_ints
 from tuning.search import KernelShape
-from tuning.tune_cli import add_shape_arguments, shape_from_args
+from tuning.tune_cli import add_shape_arguments, engine_spec, shape_from_args
 from tuning.tuner import FINAL_REPLAYS
 
 
@@ -36,6 +39,7 @@ class BenchRow:
     shared_config_us: float | None = None
     down_config: dict | None = None
     layout_floor_us: float | None = None
+    shipped_us: float | None = None
 
     @property
     def best_us(self) -> float | None:
@@ -64,18 +68,25 @@ def bench(
     ceilings: dict | None = None,
     replays: int = FINAL_REPLAYS,
     grouped_mm: bool = True,
+    backend=None,
 ) -> list[BenchRow]:
     """Time the layer at each batch size on the current GPU.
 
     entries: a config file's {M: config} (the engine's nearest-M choice is timed as tuned);
     down_entries: a `_down` file's, for GEMM 2 beside it (the tuned config alone is timed too);
-    ceilings: measured {bandwidth_tbps, bf16_tflops, fp8_tflops}, measured here when None.
+    ceilings: measured {bandwidth_tbps, bf16_tflops, fp8_tflops}, measured here when None;
+    backend: whose layer (tuning.backends; default moeops' builtin); where the engine ships a
+    config file for this shape and GPU, its entries are timed too.
     """
     import torch
 
     from tuning import timing
-    from tuning.fused_moe import default_config
+    from tuning.backends import BuiltinBackend
 
+    backend = backend or BuiltinBackend()
+    device_name = torch.cuda.get_device_name()
+    shipped = backend.shipped_configs(shape, device_name)
+    shipped_down = backend.shipped_configs(shape, device_name, down=True)
     if ceilings is None:
         ceilings = vars(timing.measure_ceilings())
     device_ceilings = timing.DeviceCeilings(**ceilings)
@@ -84,11 +95,8 @@ def bench(
     bf16_weights = weights if shape == bf16_shape else None
     rows = []
     for m in sorted(set(batch_sizes)):
-        timer = timing.LayerTimer(shape, weights, m)
-        block_shape = list(shape.block_shape) if shape.block_shape else None
-        default = default_config(
-            m, shape.E, shape.N, shape.H, shape.top_k, shape.dtype, block_shape
-        )
+        timer = timing.LayerTimer(shape, weights, m, backend=backend)
+        default = backend.default_config(shape, m)
         tuned = entry_for_batch(entries, m) if entries else None
         down = entry_for_batch(down_entries, m) if entries and down_entries else None
         row = BenchRow(
@@ -105,6 +113,11 @@ def bench(
             row.tuned_us = _time_or_none(timer.time_config, tuned, replays, down_config=down)
         if down is not None:
             row.shared_config_us = _time_or_none(timer.time_config, tuned, replays)
+        if shipped is not None:
+            shipped_down_entry = shipped_down.entry_for(m) if shipped_down else None
+            row.shipped_us = _time_or_none(
+                timer.time_config, shipped.entry_for(m), replays, down_config=shipped_down_entry
+            )
         if grouped_mm:
             if bf16_weights is None:
                 bf16_weights = timing.make_weights(bf16_shape)
@@ -121,15 +134,17 @@ def format_table(rows: list[BenchRow]) -> str:
     """A fixed-width table: M, floor, default, tuned, tuned with one config for both GEMMs,
     _grouped_mm (µs), speed-ups, % of floor, % of the layout's floor (timing.layout_floor_us)."""
     header = (
-        f"{'M':>5} {'floor µs':>9} {'default µs':>10} {'tuned µs':>9} {'1-config µs':>11}"
-        f" {'grouped_mm µs':>13} {'tuned/def':>9} {'gmm/tuned':>9} {'% floor':>7} {'% layout':>8}"
+        f"{'M':>5} {'floor µs':>9} {'default µs':>10} {'shipped µs':>10} {'tuned µs':>9}"
+        f" {'1-config µs':>11} {'grouped_mm µs':>13} {'tuned/def':>9} {'tuned/ship':>10}"
+        f" {'gmm/tuned':>9} {'% floor':>7} {'% layout':>8}"
     )
     lines = [header]
     for r in rows:
         lines.append(
-            f"{r.M:>5} {r.floor_us:>9.1f} {_num(r.default_us, 10)} {_num(r.tuned_us, 9)}"
-            f" {_num(r.shared_config_us, 11)} {_num(r.grouped_mm_us, 13)}"
-            f" {_ratio(r.default_us, r.tuned_us, 9)} {_ratio(r.grouped_mm_us, r.best_us, 9)}"
+            f"{r.M:>5} {r.floor_us:>9.1f} {_num(r.default_us, 10)} {_num(r.shipped_us, 10)}"
+            f" {_num(r.tuned_us, 9)} {_num(r.shared_config_us, 11)} {_num(r.grouped_mm_us, 13)}"
+            f" {_ratio(r.default_us, r.tuned_us, 9)} {_ratio(r.shipped_us, r.tuned_us, 10)}"
+            f" {_ratio(r.grouped_mm_us, r.best_us, 9)}"
             f" {_num(r.percent_of_floor, 7)} {_num(r.percent_of_layout_floor, 8)}"
         )
     return "\n".join(lines)
@@ -144,6 +159,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-grouped-mm", action="store_true", help="skip the torch._grouped_mm baseline"
     )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="builtin",
+        help="whose kernel to time (default: moeops' builtin)",
+    )
+    parser.add_argument("--engine-source", help="the engine's package folder (see tune)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
         batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
         entries = _read_entries("--config", args.config)
         down_entries = _read_entries("--down-config", args.down_config)
-    except ValueError as exc:
+        spec = engine_spec(args.engine, "vllm", args.engine_source)
+    except (ValueError, BackendError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     import torch
@@ -162,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         print("error: bench needs a CUDA GPU", file=sys.stderr)
         return 1
     torch.cuda.set_device(args.device)
+    spec = spec or {"engine": "builtin"}
+    backend = load_backend(spec["engine"], source_dir=spec.get("source_dir"))
     rows = bench(
         shape,
         batch_sizes,
@@ -169,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         down_entries=down_entries,
         replays=args.replays,
         grouped_mm=not args.no_grouped_mm,
+        backend=backend,
     )
     print(f"{torch.cuda.get_device_name(args.device)}  {shape.as_dict()}")
     print(format_table(rows))

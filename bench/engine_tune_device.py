@@ -1,0 +1,256 @@
+"""Tune in the engine's own kernel and check the file never loses to what the engine has.
+
+On a GPU host, in one call: for each shape and dtype of --plan, a tune with --engine (the
+engine's kernel read from --source, launched as that engine version launches it), then a
+head-to-head at the 18 batch sizes of the written file's entry, the engine's default config and
+the engine's shipped file's entry, all in the engine's kernel (tuning.tuner.head_to_head: five
+rounds in turns, CUDA graphs, fresh routing per replay; medians). --exhaustive-check SHAPE@M,..
+also searches those sizes exhaustively in the engine's kernel and compares with the tune's pick.
+
+    python3 bench/engine_tune_device.py --engine vllm --source DIR --out OUT \\
+        --plan glm5:bf16,glm5:fp8_block,kimi:bf16,kimi:fp8_block \\
+        --exhaustive-check glm5:fp8_block@16,256,2048
+
+Prints per shape the table (µs; written/default and written/shipped; which config was written:
+the search's, or the engine's own when the search did not beat it by more than the noise), the
+worst ratio, the geometric means and the tune's wall time; writes OUT/engine_tune.json, the
+tuned files under OUT/configs and the log OUT/engine_tune.log.
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tuning.config_files import TUNED_BATCH_SIZES, entry_for_batch  # noqa: E402
+from tuning.search import KernelShape  # noqa: E402
+
+SHAPES = {
+    "glm5": {"E": 256, "N": 256, "H": 6144, "top_k": 8},
+    "kimi": {"E": 384, "N": 256, "H": 7168, "top_k": 8},
+}
+DTYPES = {"bf16": ("bf16", None), "fp8_block": ("fp8_w8a8", (128, 128))}
+
+
+def shape_of(name: str) -> KernelShape:
+    shape_name, dtype_name = name.split(":")
+    dtype, block = DTYPES[dtype_name]
+    return KernelShape(**SHAPES[shape_name], dtype=dtype, block_shape=block)
+
+
+def tune_and_compare(name, engine, out, log):
+    import torch
+
+    from tuning.timing import LayerTimer, make_weights
+    from tuning.tune_results import write_config_files
+    from tuning.tuner import Tuner, head_to_head
+
+    shape = shape_of(name)
+    started = time.monotonic()
+    with Tuner(shape, engine=engine) as tuner:
+        result = tuner.tune(TUNED_BATCH_SIZES)
+        backend = tuner.backend
+    wall = time.monotonic() - started
+    style = engine["engine"]
+    paths = write_config_files(result, out / "configs", style)
+    entries = result.entries()
+    device = torch.cuda.get_device_name()
+    shipped = backend.shipped_configs(shape, device)
+    shipped_down = backend.shipped_configs(shape, device, down=True)
+    down_entries = result.down_entries() or None
+    weights = make_weights(shape)
+    rows = []
+    for m in TUNED_BATCH_SIZES:
+        timer = LayerTimer(shape, weights, m, backend=backend)
+        down = entry_for_batch(down_entries, m) if down_entries else None
+        candidates = {
+            "written": (entry_for_batch(entries, m), down),
+            "default": (backend.default_config(shape, m), None),
+        }
+        if shipped is not None:
+            candidates["shipped"] = (
+                shipped.entry_for(m),
+                shipped_down.entry_for(m) if shipped_down else None,
+            )
+        measured = head_to_head(timer, candidates)
+        row = {"M": m, "picked": result.batches[m].picked}
+        row.update({f"{k}_us": round(v[0], 2) for k, v in measured.items()})
+        row.update({f"{k}_spread": round(v[1], 4) for k, v in measured.items()})
+        rows.append(row)
+        del timer
+        torch.cuda.empty_cache()
+        print(json.dumps({"shape": name, **row}), file=log, flush=True)
+    summary = _summary(rows)
+    summary.update(
+        shape=name,
+        kernel=result.kernel,
+        tune_wall_s=round(wall, 1),
+        files=[str(p) for p in paths],
+    )
+    return {"summary": summary, "rows": rows, "tune": result.to_dict()}
+
+
+def _summary(rows):
+    def geomean(key):
+        ratios = [r[key] / r["written_us"] for r in rows if r.get(key) and r.get("written_us")]
+        return round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4) if ratios else None
+
+    worst = []
+    for r in rows:
+        own = [r[k] for k in ("default_us", "shipped_us") if r.get(k)]
+        if own and r.get("written_us"):
+            worst.append((min(own) / r["written_us"], r["M"]))
+    low = min(worst) if worst else (None, None)
+    return {
+        "worst_vs_best_own": round(low[0], 4) if low[0] else None,
+        "worst_at_M": low[1],
+        "geomean_vs_default": geomean("default_us"),
+        "geomean_vs_shipped": geomean("shipped_us"),
+    }
+
+
+def exhaustive_check(spec, engine, log):
+    """{M: (coarse-to-fine pick µs, exhaustive best µs)} in the engine's kernel, head to head."""
+    import torch
+
+    from tuning.timing import LayerTimer, make_weights
+    from tuning.tuner import Tuner, head_to_head
+
+    name, sizes = spec.split("@")
+    shape = shape_of(name)
+    sizes = [int(m) for m in sizes.split(",")]
+    with Tuner(shape, engine=engine) as tuner:
+        quick = tuner.tune(sizes, down=False)
+        full = tuner.tune(sizes, exhaustive=True, down=False)
+        backend = tuner.backend
+    weights = make_weights(shape)
+    found = {}
+    for m in sizes:
+        timer = LayerTimer(shape, weights, m, backend=backend)
+        measured = head_to_head(
+            timer,
+            {
+                "coarse_to_fine": (quick.batches[m].config, None),
+                "exhaustive": (full.batches[m].config, None),
+            },
+        )
+        found[m] = {k: round(v[0], 2) for k, v in measured.items()}
+        found[m]["tried"] = {
+            "coarse_to_fine": quick.batches[m].candidates_tried,
+            "exhaustive": full.batches[m].candidates_tried,
+        }
+        print(json.dumps({"exhaustive": name, "M": m, **found[m]}), file=log, flush=True)
+        del timer
+        torch.cuda.empty_cache()
+    return {"shape": name, "sizes": found, "wall_s": [quick.wall_s, full.wall_s]}
+
+
+# Relative error (norm) of the engine's layer against the float64 reference, per dtype.
+TOLERANCE = {"bf16": 1e-2, "fp8_w8a8": 3e-2}
+CHECKED_M = (1, 16, 200, 2048)
+
+
+def check_correctness(names, engine, log) -> list[dict]:
+    """The engine's layer (its default config) against tuning.reference at the real shapes;
+    outputs poisoned with NaN first, so that an unwritten row shows."""
+    import torch
+
+    from tuning.backends import load_backend
+    from tuning.reference import moe_reference
+    from tuning.timing import make_weights, random_routing
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    backend = load_backend(engine["engine"], source_dir=engine["source_dir"])
+    rows = []
+    for name in names:
+        shape = shape_of(name)
+        weights = make_weights(shape, seed=7)
+        for m in CHECKED_M:
+            torch.manual_seed(m)
+            x = torch.randn((m, shape.H), device="cuda", dtype=torch.bfloat16)
+            topk_weights, topk_ids = (t[0] for t in random_routing(1, m, shape.E, shape.top_k))
+            out = torch.full_like(x, float("nan"))
+            backend.layer(
+                x,
+                weights,
+                topk_weights,
+                topk_ids,
+                shape=shape,
+                config=backend.default_config(shape, m),
+                out=out,
+            )
+            ref = moe_reference(
+                x, weights.w1, weights.w2, topk_weights, topk_ids, **weights.layer_kwargs(shape)
+            ).float()
+            out = out.float()
+            error = float((out - ref).norm() / ref.norm())
+            unwritten = int((~torch.isfinite(out)).sum())
+            row = {"check": name, "M": m, "rel_error": error, "unwritten": unwritten}
+            row["ok"] = unwritten == 0 and error <= TOLERANCE[shape.dtype]
+            rows.append(row)
+            print(json.dumps(row), file=log, flush=True)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def table(result) -> str:
+    lines = [
+        f"{result['summary']['shape']}: tune {result['summary']['tune_wall_s']} s, "
+        f"kernel {result['summary']['kernel']}",
+        f"{'M':>5} {'default':>9} {'shipped':>9} {'written':>9} {'w/def':>7} {'w/ship':>7} picked",
+    ]
+    for r in result["rows"]:
+        d, s, w = r.get("default_us"), r.get("shipped_us"), r.get("written_us")
+        cells = f"{r['M']:>5} {_n(d):>9} {_n(s):>9} {_n(w):>9} {_x(d, w):>7} {_x(s, w):>7}"
+        lines.append(f"{cells} {r['picked']}")
+    summary = result["summary"]
+    lines.append(
+        f"worst min(default, shipped)/written {summary['worst_vs_best_own']} at M="
+        f"{summary['worst_at_M']}; geomean /default {summary['geomean_vs_default']}, "
+        f"/shipped {summary['geomean_vs_shipped']}"
+    )
+    return "\n".join(lines)
+
+
+def _n(v):
+    return "n/a" if v is None else f"{v:.1f}"
+
+
+def _x(a, b):
+    return "n/a" if not a or not b else f"{a / b:.3f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=("vllm", "sglang"), required=True)
+    parser.add_argument("--source", required=True, help="the engine's package folder")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--plan", default="glm5:bf16,glm5:fp8_block,kimi:bf16,kimi:fp8_block")
+    parser.add_argument("--exhaustive-check", default="")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    engine = {"engine": args.engine, "source_dir": args.source}
+    results = {"plan": [], "exhaustive": [], "correctness": []}
+    plan = list(filter(None, args.plan.split(",")))
+    with open(out / "engine_tune.log", "a") as log:
+        results["correctness"] = check_correctness(plan, engine, log)
+        for name in plan:
+            result = tune_and_compare(name, engine, out, log)
+            results["plan"].append(result)
+            print(table(result), flush=True)
+            (out / "engine_tune.json").write_text(json.dumps(results, indent=1))
+        for spec in filter(None, args.exhaustive_check.split(";")):
+            found = exhaustive_check(spec, engine, log)
+            results["exhaustive"].append(found)
+            print(json.dumps(found), flush=True)
+            (out / "engine_tune.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
