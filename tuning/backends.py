@@ -90,7 +90,7 @@ class KernelBackend:
 
 class BuiltinBackend(KernelBackend):
     """moeops' own kernel (tuning.fused_moe); its launch mirrors the engines' fused_moe_kernel
-    of vLLM 0.6–0.9 and SGLang 0.4 (no swap-AB, one grid over the padded pairs)."""
+    as it was before vLLM 0.32 added swap-AB (one grid over the padded pairs)."""
 
     engine = "builtin"
     version = "moeops"

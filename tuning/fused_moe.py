@@ -1,4 +1,9 @@
-"""The fused Mixture-of-Experts layer as Triton kernels.
+"""The fused Mixture-of-Experts layer as Triton kernels: moeops' builtin kernel.
+
+A tune times the engine's own kernel where the engine is installed (tuning.backends); this one
+is the fallback and the CPU tests' kernel. Its launch mirrors the engines' fused_moe_kernel as it
+was before vLLM 0.32 added swap-AB and BLOCK_SIZE_M 8 (one grid over the padded pairs), and its
+default config is SGLang's older rule (default_config below).
 
 x [M, H] routed to top_k of E experts: sort the M·top_k token–expert pairs by expert and pad each
 expert's segment to BLOCK_SIZE_M (counted over many programs); grouped GEMM 1 gathers x rows and
