@@ -7,6 +7,7 @@ decorated when Triton is first imported, so this module is imported by the kerne
 anything else imports Triton, and loads the module at once.
 """
 
+import contextlib
 import importlib
 import os
 
@@ -31,6 +32,22 @@ def kernel_module():
         else:
             os.environ["TRITON_INTERPRET"] = saved
     return module
+
+
+@contextlib.contextmanager
+def interpreting():
+    """TRITON_INTERPRET set while the block runs (kernels decorated in it are interpreted),
+    without a GPU; restored after."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    if not GPU:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
 
 
 fm = kernel_module()

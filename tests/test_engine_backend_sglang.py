@@ -10,8 +10,6 @@ fp16's tolerance. On a GPU the same tests run the compiled kernels at the GPU's 
 and the gpu tests run SGLang's shipped H200 configs (TMA, swap-AB, PDL) at fp8.
 """
 
-import contextlib
-import os
 import shutil
 from dataclasses import replace
 
@@ -19,7 +17,7 @@ import pytest
 import torch
 
 from tests.engine import engine_source
-from tests.interpreted import GPU
+from tests.interpreted import GPU, interpreting
 from tuning.backends import BackendError, load_backend
 from tuning.engine_source import EngineSourceError, locate_package, top_level_constants
 from tuning.reference import moe_reference, quantize_fp8_per_expert
@@ -62,22 +60,8 @@ def _interpreter(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-@contextlib.contextmanager
-def _interpreting():
-    saved = os.environ.get("TRITON_INTERPRET")
-    if not GPU:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-
-
 def _load(capability, source_dir=None):
-    with _interpreting():
+    with interpreting():
         return load_backend(
             "sglang",
             source_dir=source_dir or engine_source("sglang", VERSION),

