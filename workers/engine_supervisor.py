@@ -1,0 +1,230 @@
+"""The engines a GPU-host worker manages: started from a deployment's launch recipe, found again
+after the worker restarts, stopped, restarted with another recipe (and back when that fails).
+
+What a managed engine is, per deployment, lives in the host's cache folder
+(cache_dir()/engines/<deployment>/): engine.json (process, recipe, GPUs, endpoint, start time)
+and engine.log (the engine's output, appended across starts). The process runs in its own process
+group, so that stopping it stops what it spawned (vLLM's engine core and workers).
+
+    supervisor = EngineSupervisor()
+    supervisor.start(recipe)                  # returns once /health answers, or raises
+    supervisor.restart(new_recipe, previous=recipe)
+    supervisor.stop(recipe.deployment)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from tuning.cache_dir import cache_dir
+from workers.engine_process import STOP_GRACE_S, EngineProcess, EngineStartError
+
+READY_TIMEOUT_S = 900.0
+
+
+class SupervisorError(RuntimeError):
+    """A managed engine could not be started, stopped or restarted; the message says why and,
+    where the engine wrote any, ends with its last log lines."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to start a deployment's engine: argv (no shell), environment, working folder, GPU
+    indices (CUDA_VISIBLE_DEVICES), its endpoint, and where it reads tuned kernel configs
+    (config_env names the variable that points it there: VLLM_TUNED_CONFIG_FOLDER,
+    SGLANG_MOE_CONFIG_DIR)."""
+
+    deployment: int
+    version: int
+    argv: list[str]
+    base_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    gpu_indices: list[int] = field(default_factory=list)
+    config_env: str | None = None
+    config_folder: str | None = None
+    ready_timeout_s: float = READY_TIMEOUT_S
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Recipe:
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+    def process_env(self) -> dict[str, str]:
+        """The engine's environment: the worker's, the recipe's, its GPUs, its config folder."""
+        env = {**os.environ, **{k: str(v) for k, v in self.env.items()}}
+        if self.gpu_indices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpu_indices))
+        if self.config_env and self.config_folder:
+            env[self.config_env] = self.config_folder
+        return env
+
+
+class EngineSupervisor:
+    """Managed engines of this host (see the module docstring). root: the state folder."""
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root) if root is not None else cache_dir() / "engines"
+
+    def _folder(self, deployment: int) -> Path:
+        return self.root / str(int(deployment))
+
+    def log_path(self, deployment: int) -> Path:
+        return self._folder(deployment) / "engine.log"
+
+    def log_tail(self, deployment: int, lines: int = 30) -> str:
+        """The last lines of the deployment's engine log ("" when it has none)."""
+        return EngineProcess(["true"], log_path=self.log_path(deployment)).log_tail(lines)
+
+    def state(self, deployment: int) -> dict | None:
+        """The deployment's engine as recorded, when its process still runs; else None."""
+        path = self._folder(deployment) / "engine.json"
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return state if _runs(state) else None
+
+    def running(self) -> list[dict]:
+        """Every managed engine still running on this host (a worker's start finds them)."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for folder in sorted(self.root.iterdir()):
+            if folder.name.isdigit() and (state := self.state(int(folder.name))) is not None:
+                found.append(state)
+        return found
+
+    def start(self, recipe: Recipe, *, on_wait: Callable[[float], None] | None = None) -> dict:
+        """Start the recipe's engine and wait for its /health; returns its state.
+
+        Raises SupervisorError when the deployment's engine already runs, when another
+        managed engine holds one of its GPUs, or when the engine exits or never answers (it is
+        stopped then).
+        """
+        if self.state(recipe.deployment) is not None:
+            raise SupervisorError(f"deployment {recipe.deployment}'s engine already runs")
+        for other in self.running():
+            shared = set(other["recipe"]["gpu_indices"]) & set(recipe.gpu_indices)
+            if shared:
+                gpus = ", ".join(map(str, sorted(shared)))
+                raise SupervisorError(
+                    f"GPU {gpus} is held by deployment {other['recipe']['deployment']}'s engine"
+                )
+        folder = self._folder(recipe.deployment)
+        folder.mkdir(parents=True, exist_ok=True)
+        process = EngineProcess(
+            recipe.argv, log_path=self.log_path(recipe.deployment), env=recipe.process_env(),
+            cwd=recipe.cwd,
+        )  # fmt: skip
+        with open(process.log_path, "a") as log:
+            log.write(f"\n== moeops: starting recipe v{recipe.version}: {recipe.argv}\n")
+        try:
+            process.start()
+        except OSError as exc:
+            raise SupervisorError(f"the engine could not be started: {exc}") from None
+        state = {
+            "pid": process.pid,
+            "started_at": time.time(),
+            "create_time": psutil.Process(process.pid).create_time(),
+            "recipe": asdict(recipe),
+        }
+        (folder / "engine.json").write_text(json.dumps(state, indent=1))
+        try:
+            state["ready_after_s"] = process.wait_healthy(
+                recipe.base_url, timeout_s=recipe.ready_timeout_s, on_wait=on_wait
+            )
+        except EngineStartError as exc:
+            self.stop(recipe.deployment)
+            raise SupervisorError(str(exc)) from None
+        (folder / "engine.json").write_text(json.dumps(state, indent=1))
+        return state
+
+    def stop(self, deployment: int, grace_s: float = STOP_GRACE_S) -> bool:
+        """SIGTERM the engine's process group, SIGKILL after grace_s; whether one was running."""
+        path = self._folder(deployment) / "engine.json"
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        was_running = _runs(state)
+        if was_running:
+            _stop_group(state["pid"], grace_s)
+        path.unlink(missing_ok=True)
+        return was_running
+
+    def restart(
+        self,
+        recipe: Recipe,
+        *,
+        previous: Recipe | None = None,
+        on_wait: Callable[[float], None] | None = None,
+    ) -> dict:
+        """Stop the deployment's engine and start recipe's. When it fails to come up, previous
+        (if given) is started again and SupervisorError says why recipe failed."""
+        self.stop(recipe.deployment)
+        try:
+            return self.start(recipe, on_wait=on_wait)
+        except SupervisorError as failed:
+            if previous is None:
+                raise
+            try:
+                self.start(previous, on_wait=on_wait)
+            except SupervisorError as also:
+                raise SupervisorError(
+                    f"{failed}\nand the previous recipe (v{previous.version}) did not come back "
+                    f"either: {also}"
+                ) from None
+            raise SupervisorError(
+                f"{failed}\nthe previous recipe (v{previous.version}) runs again"
+            ) from None
+
+
+def _runs(state: dict) -> bool:
+    """Whether the recorded process still runs (the same process: its start time matches)."""
+    try:
+        process = psutil.Process(state["pid"])
+        return (
+            abs(process.create_time() - state.get("create_time", 0)) < 1.0
+            and process.status() != psutil.STATUS_ZOMBIE
+        )
+    except (psutil.NoSuchProcess, KeyError, TypeError):
+        return False
+
+
+def _stop_group(pid: int, grace_s: float) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _group_alive(pid):
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        # what ignored SIGTERM, and the group's stragglers
+        os.killpg(pid, signal.SIGKILL)
+    _reap(pid)
+
+
+def _group_alive(pid: int) -> bool:
+    """Whether the group's leader still runs (a zombie leader, once reaped, does not)."""
+    _reap(pid)
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _reap(pid: int) -> None:
+    # an engine this process started stays a zombie until it is waited for
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
