@@ -310,3 +310,120 @@ def test_it_lists_tuning_runs(world):
     assert world.read_only.get("/api/v1/tuning-runs?host=rtx-pro-6000").json()["count"] == 1
     assert world.read_only.get("/api/v1/tuning-runs?status=running").json()["count"] == 0
     assert world.read_only.get(f"/api/v1/tuning-runs/{TUNING['uuid']}").json()["E"] == 256
+
+
+# --------------------------------------------------------------------------- the kernel timed
+
+VLLM_SOURCE = "8f71154b" + "0" * 56
+VLLM_KERNEL = {
+    "kernel_engine": "vllm",
+    "kernel_version": "0.32.0",
+    "kernel_source_sha256": VLLM_SOURCE,
+}
+
+
+def test_it_records_the_kernel_a_tune_timed_and_where_each_config_comes_from(world):
+    created = world.host_worker.post("/api/v1/tuning-runs", {**TUNING, "engine": "vllm"}).json()
+    assert (created["engine"], created["kernel_engine"], created["kernel_note"]) == ("vllm", "", "")
+    ref = TUNING["uuid"]
+    note = "vLLM 0.32.0's own kernel"
+    world.host_worker.patch(
+        f"/api/v1/tuning-runs/{ref}", {"status": "running", **VLLM_KERNEL, "kernel_note": note}
+    )
+    timings = [
+        {"batch_size": 1, "tuned_us": 30.0, "default_us": 30.0, "picked": "default"},
+        {
+            "batch_size": 64,
+            "tuned_us": 600.0,
+            "default_us": 900.0,
+            "shipped_us": 750.0,
+            "picked": "tuned",
+        },
+    ]
+    assert (
+        world.host_worker.post(f"/api/v1/tuning-runs/{ref}/timings", {"timings": timings})
+    ).status_code == 201
+
+    body = world.read_only.get(f"/api/v1/tuning-runs/{ref}").json()
+    assert {key: body[key] for key in VLLM_KERNEL} == VLLM_KERNEL
+    assert (body["engine"], body["kernel_note"]) == ("vllm", note)
+    one, sixty_four = body["timings"]
+    assert (one["picked"], one["shipped_us"], one["shipped_speedup"]) == ("default", None, None)
+    assert (sixty_four["picked"], sixty_four["shipped_us"]) == ("tuned", 750.0)
+    assert sixty_four["shipped_speedup"] == pytest.approx(750.0 / 600.0)
+    assert TuningTiming.objects.get(batch_size=64).picked == "tuned"
+
+
+def test_a_config_records_its_kernel_beside_the_engines_file_not_in_it(world):
+    body = {
+        "device_name": "NVIDIA H200",
+        "E": 256,
+        "N": 256,
+        "triton_version": "3.7.1",
+        "entries": {"1": ENTRY, "16": ENTRY},
+        "source": "tuned",
+        **VLLM_KERNEL,
+    }
+    first = world.host_worker.post("/api/v1/kernel-configs", body)
+    assert first.status_code == 201
+    assert {key: first.json()[key] for key in VLLM_KERNEL} == VLLM_KERNEL
+    file = world.read_only.get(f"/api/v1/kernel-configs/{first.json()['id']}/file")
+    assert json.loads(file.content) == {"triton_version": "3.7.1", "1": ENTRY, "16": ENTRY}
+    # the same entries again: the same version; tuned on another kernel: a version of its own
+    assert world.host_worker.post("/api/v1/kernel-configs", body).status_code == 200
+    builtin = {**body, "kernel_engine": "builtin", "kernel_version": "moeops"}
+    other = world.host_worker.post("/api/v1/kernel-configs", builtin)
+    assert (other.status_code, other.json()["version"]) == (201, 2)
+    imported = _import(world.owner, MI300X).json()
+    assert (imported["kernel_engine"], imported["kernel_source_sha256"]) == ("", "")
+
+
+BAD_KERNEL_FIELDS = [
+    ("kernel_engine", "tensorrt"),
+    ("kernel_version", "0.32 beta"),
+    ("kernel_version", "v" * 101),
+    ("kernel_source_sha256", "8f71154b"),
+    ("kernel_source_sha256", VLLM_SOURCE.upper()),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_KERNEL_FIELDS)
+def test_it_rejects_a_wrong_kernel_of_a_config_and_names_the_field(world, field, value):
+    body = {"device_name": "NVIDIA H200", "E": 256, "N": 256, "entries": {"1": ENTRY}}
+    response = world.host_worker.post("/api/v1/kernel-configs", {**body, field: value})
+    assert response.status_code == 422
+    assert response.json()["message"].startswith(f"{field}:")
+    assert not KernelConfig.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [*BAD_KERNEL_FIELDS, ("kernel_note", "x" * 301), ("kernel_engine", None)],
+)
+def test_it_rejects_a_wrong_kernel_of_a_tuning_run_and_names_the_field(world, field, value):
+    world.host_worker.post("/api/v1/tuning-runs", TUNING)
+    response = world.host_worker.patch(f"/api/v1/tuning-runs/{TUNING['uuid']}", {field: value})
+    assert response.status_code == 422
+    assert field in response.json()["message"]
+    assert TuningRun.objects.get().kernel_engine == ""
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("picked", "best"), ("picked", None), ("shipped_us", -1.0)]
+)
+def test_it_rejects_a_wrong_timing_and_names_the_field(world, field, value):
+    world.host_worker.post("/api/v1/tuning-runs", TUNING)
+    timing = {"batch_size": 1, "tuned_us": 30.0, field: value}
+    response = world.host_worker.post(
+        f"/api/v1/tuning-runs/{TUNING['uuid']}/timings", {"timings": [timing]}
+    )
+    assert response.status_code == 422
+    assert field in response.json()["message"]
+    assert not TuningTiming.objects.exists()
+
+
+def test_it_rejects_a_tuning_run_asking_for_an_unknown_engine(world):
+    response = world.host_worker.post("/api/v1/tuning-runs", {**TUNING, "engine": "trtllm"})
+    assert response.status_code == 422
+    assert response.json()["message"].startswith("engine:")
+    assert not TuningRun.objects.exists()

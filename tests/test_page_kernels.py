@@ -137,3 +137,67 @@ def test_a_down_config_carries_a_badge_and_only_its_sglang_file(client, configs)
     sglang = client.get(f"/kernels/{down.pk}/sglang.json")
     assert name in sglang["Content-Disposition"]
     assert json.loads(sglang.content)["64"] == _entry(32)
+
+
+VLLM_SOURCE = "8f71154b" + "0" * 56
+
+
+def _tune_with_timings(config, **kernel):
+    tuning = TuningRun.objects.create(
+        E=256, N=256, hidden_size=6144, topk=8, status="succeeded", result=config, **kernel
+    )
+    rows = (
+        (1, 20.0, 20.0, None, "default"),
+        (64, 560.0, 800.0, 700.0, "tuned"),
+        (1024, 900.0, 1000.0, 900.0, "shipped"),
+    )
+    for m, tuned, default, shipped, picked in rows:
+        TuningTiming.objects.create(
+            run=tuning,
+            batch_size=m,
+            tuned_us=tuned,
+            default_us=default,
+            shipped_us=shipped,
+            picked=picked,
+        )
+    return tuning
+
+
+def test_it_shows_the_kernel_a_config_was_tuned_on_and_each_configs_source(
+    client, configs, django_assert_max_num_queries
+):
+    _, v2 = configs
+    kernel = {"kernel_engine": "vllm", "kernel_version": "0.32.0"}
+    KernelConfig.objects.filter(pk=v2.pk).update(**kernel, kernel_source_sha256=VLLM_SOURCE)
+    _tune_with_timings(v2, engine="vllm", **kernel, kernel_source_sha256=VLLM_SOURCE)
+
+    with django_assert_max_num_queries(7):
+        html = client.get(f"/kernels/{v2.pk}/").content.decode()
+
+    source = f'<code title="sha256 {VLLM_SOURCE}">8f71154b…</code>'
+    assert f"<dt>Tuned on</dt><dd>vLLM 0.32.0&#x27;s own kernel · source {source}" in html
+    table = html.split("<tbody>")[-1].split("</tbody>")[0]
+    rows = table.split("<tr>")[1:]
+    # M=64: the search's best, 800 / 560 µs over the default, 700 / 560 over the shipped entry
+    assert "the search&#x27;s best" in rows[1] and "1.43×" in rows[1] and "1.25×" in rows[1]
+    assert "the engine&#x27;s default" in rows[0]
+    assert "the engine&#x27;s shipped file" in rows[2]
+    traces = {t["name"]: t for t in pb.figure(html, "timings-data")["data"]}
+    assert traces["shipped config"]["x"] == [64, 1024]
+    assert traces["shipped config"]["y"] == [700.0, 900.0]
+
+
+def test_the_builtin_kernel_is_named_and_an_imported_files_is_not_recorded(client, configs):
+    v1, v2 = configs
+    KernelConfig.objects.filter(pk=v2.pk).update(kernel_engine="builtin", kernel_version="moeops")
+    builtin = client.get(f"/kernels/{v2.pk}/").content.decode()
+    assert "moeops&#x27; builtin kernel (the engines&#x27; launch before vLLM 0.32)" in builtin
+    imported = client.get(f"/kernels/{v1.pk}/").content.decode()
+    assert '<dt>Tuned on</dt><dd><span class="muted">not recorded</span>' in imported
+    # the engines' files stay in their exact format: nothing of the kernel in them
+    assert set(json.loads(client.get(f"/kernels/{v2.pk}/vllm.json").content)) == {
+        "triton_version",
+        "1",
+        "64",
+        "4096",
+    }

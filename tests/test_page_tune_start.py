@@ -1,3 +1,7 @@
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from moeops.kernels.models import TuningRun, TuningTiming
@@ -105,3 +109,120 @@ def test_the_tune_page_shows_progress_then_timings(client, deployment, sent):
     assert traces["hardware floor"]["y"] == [18.0, 490.0]
     assert "1.50×" in html  # 30 / 20 µs
     assert "82%" in html  # floor 490 / tuned 600 µs
+
+
+HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf_configs"
+
+
+def _tune_form(html):
+    return html.split('id="tune"')[1].split("</form>")[0]
+
+
+@pytest.mark.parametrize(
+    ("engine", "options"),
+    [
+        ("sglang", [("sglang", "the engine&#x27;s own (SGLang)"), ("builtin", None)]),
+        ("vllm", [("vllm", "the engine&#x27;s own (vLLM)"), ("builtin", None)]),
+        # moeops reads vLLM's and SGLang's kernels only
+        ("other", [("builtin", None)]),
+    ],
+)
+def test_the_kernel_is_the_engines_own_by_default(
+    client, sent, django_capture_on_commit_callbacks, engine, options
+):
+    pb.sign_in(client)
+    deployment = pb.deployment(engine=engine)
+    form = _tune_form(client.get(deployment.get_absolute_url()).content.decode())
+    values = re.findall(
+        r'<option value="(\w+)"', form.split('name="kernel"')[1].split("</select>")[0]
+    )
+    assert values == [value for value, _ in options]
+    if options[0][1]:
+        assert f'<option value="{engine}" selected>{options[0][1]}</option>' in form
+    assert "falls back to moeops' builtin kernel" in form
+    assert "Tune anyway" not in form
+
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(f"/deployments/{deployment.pk}/tune/", {"dtype": "bf16", "batch_sizes": "1"})
+
+    tuning = TuningRun.objects.get()
+    assert tuning.engine == options[0][0]
+    [(_, _, kwargs)] = sent
+    assert (kwargs["engine"], kwargs["force"], kwargs["quantization"]) == (options[0][0], False, "")
+
+
+def test_the_builtin_kernel_can_be_asked_for(
+    client, deployment, sent, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(
+            f"/deployments/{deployment.pk}/tune/",
+            {"dtype": "bf16", "batch_sizes": "1", "kernel": "builtin"},
+        )
+    assert TuningRun.objects.get().engine == "builtin"
+    [(_, _, kwargs)] = sent
+    assert kwargs["engine"] == "builtin"
+    refused = client.post(
+        f"/deployments/{deployment.pk}/tune/",
+        {"dtype": "bf16", "batch_sizes": "1", "kernel": "vllm"},
+    )
+    # an SGLang deployment's own kernel is SGLang's
+    assert refused.status_code == 400
+    assert "Select a valid choice" in _tune_form(refused.content.decode())
+
+
+def _fp4_deployment(**fields):
+    config = json.loads((HF_CONFIGS / "nvidia-kimi-k2.5-nvfp4_config.json").read_text())
+    return pb.deployment(model_row=pb.model("Kimi-K2.5-NVFP4", config), **fields)
+
+
+@pytest.mark.parametrize(
+    ("make", "quantization"),
+    [
+        (_fp4_deployment, "nvfp4"),
+        # the deployment's own flag names the weights too
+        (lambda: pb.deployment(quantization="modelopt_fp4"), "modelopt_fp4"),
+    ],
+)
+def test_fp4_experts_are_refused_unless_tuned_anyway(
+    client, sent, django_capture_on_commit_callbacks, make, quantization
+):
+    pb.sign_in(client)
+    deployment = make()
+    reason = f"{quantization} experts run on SGLang&#x27;s and vLLM&#x27;s FP4 MoE kernels"
+    page = _tune_form(client.get(deployment.get_absolute_url()).content.decode())
+    assert f'<p class="notice">{reason}' in page
+    assert "(CUTLASS, FlashInfer, TRT-LLM), which read no Triton config" in page
+
+    refused = client.post(
+        f"/deployments/{deployment.pk}/tune/", {"dtype": "bf16", "batch_sizes": "1"}
+    )
+
+    assert refused.status_code == 400
+    form = _tune_form(refused.content.decode())
+    field = form.split("Tune anyway")[1].split("</label>")[0]
+    assert 'name="tune_anyway"' in field and reason in field and "errorlist" in field
+    assert not TuningRun.objects.exists()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        forced = client.post(
+            f"/deployments/{deployment.pk}/tune/",
+            {"dtype": "bf16", "batch_sizes": "1", "tune_anyway": "on"},
+        )
+
+    assert forced.status_code == 302
+    [(_, _, kwargs)] = sent
+    assert (kwargs["force"], kwargs["quantization"]) == (True, quantization)
+
+
+def test_a_queued_tune_says_which_kernel_it_asked_for_and_the_fallback(
+    client, deployment, sent, django_assert_max_num_queries
+):
+    client.post(f"/deployments/{deployment.pk}/tune/", {"dtype": "bf16", "batch_sizes": "1,64"})
+    tuning = TuningRun.objects.get()
+
+    with django_assert_max_num_queries(5):
+        html = client.get(f"/tunes/{tuning.uuid}/").content.decode()
+
+    assert "<dt>Kernel</dt><dd>SGLang&#x27;s own kernel asked for" in html
+    assert "the worker times moeops' builtin kernel" in html

@@ -54,6 +54,7 @@ def fake_tune(
     resume_path,
     compile_workers,
     compile_shard,
+    engine=None,
 ):
     """tuning.tuner.tune in a worker process, on synthetic timings: the real Tuner (search,
     chunks, log, resume, timeline) over FakeMeasurements. Records in $SPREAD_TEST_RECORD_DIR

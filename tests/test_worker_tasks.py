@@ -1,6 +1,8 @@
 """The tasks' library ends (kernel tune, engine check) against a live server, and the check,
 GPUs-now and probe tasks through a real Celery worker (tests/stack.py)."""
 
+import json
+import re
 import sys
 import time
 
@@ -15,7 +17,10 @@ from moeops.celery import send_host_task
 from moeops.fleet.models import Deployment, GPUReading, HealthCheck
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import KernelConfig, TuningRun
+from tests.engine import ensure_installed
 from tests.test_telemetry import FakeNVML, h200
+from tuning.backends import load_backend
+from tuning.engine_source import locate_package
 from tuning.search import KernelShape
 from tuning.tune_results import BatchResult, TuneResult
 from workers import kernel_tune
@@ -36,13 +41,17 @@ ENTRY = {
 
 class FakeTuner:
     """tuning.spread.spread_tune's signature, with made-up timings of a tune that never ran on
-    a GPU."""
+    a GPU; the kernel it names is the one the real backend of its engine spec loads."""
 
     def __init__(self):
         self.calls = []
+        self.engines = []
 
-    def __call__(self, shape, batch_sizes, gpu_indices, *, progress_callback, log_dir):
+    def __call__(self, shape, batch_sizes, gpu_indices, *, progress_callback, log_dir, engine):
         self.calls.append((shape, list(batch_sizes), list(gpu_indices), log_dir))
+        self.engines.append(engine)
+        spec = engine or {"engine": "builtin"}
+        kernel = load_backend(spec["engine"], source_dir=spec.get("source_dir"), capability=90)
         for done, m in enumerate(batch_sizes, 1):
             progress_callback(done, len(batch_sizes), f"M={m}")
         batches = {
@@ -59,6 +68,11 @@ class FakeTuner:
         # at M=1024 GEMM 2 got a config of its own: 1100 µs with it, 1120 µs with the shared one
         batches[1024].down_config = dict(ENTRY)
         batches[1024].shared_config_us = 1120.0
+        # the engine ships a file; at M=1 the search's best did not beat the engine's default
+        for b in batches.values():
+            b.shipped_us = 160.0 + b.M
+        if 1 in batches:
+            batches[1].picked, batches[1].default_us = "default", batches[1].tuned_us
         return TuneResult(
             shape=shape,
             device_name="NVIDIA H200",
@@ -67,6 +81,7 @@ class FakeTuner:
             ceilings={"bandwidth_tbps": 4.24, "bf16_tflops": 689.0, "fp8_tflops": None},
             batches=batches,
             wall_s=12.5,
+            kernel=kernel.describe(),
         )
 
 
@@ -116,11 +131,144 @@ def test_a_tune_stores_its_config_timings_and_result(tune_client, tmp_path):
     )
     # the stored config is the one both GEMMs use: its time, not the time with a down config
     assert timings[1024].tuned_us == 1120.0
+    # the engine's shipped file's entry, timed head to head; where the written config comes from
+    assert (timings[64].shipped_us, timings[64].picked) == (224.0, "tuned")
+    assert (timings[1].tuned_us, timings[1].default_us, timings[1].picked) == (
+        101.0,
+        101.0,
+        "default",
+    )
+    # asked for nothing else, the worker times moeops' builtin kernel and says so
+    assert tuner.engines == [None]
+    assert (tuning_run.kernel_engine, tuning_run.kernel_note) == (
+        "builtin",
+        "moeops' builtin kernel, as asked",
+    )
+    assert (config.kernel_engine, config.kernel_version) == ("builtin", "moeops")
+    assert config.kernel_source_sha256 == tuning_run.kernel_source_sha256
+    assert re.fullmatch(r"[0-9a-f]{64}", config.kernel_source_sha256)
     # GEMM 2's own config at M=1024 travels as SGLang's _down file
     down = KernelConfig.objects.get(down_moe=True)
     assert (down.source, down.version, down.entries) == ("tuned", 1, {"1024": ENTRY})
     assert down.file_name("sglang") == "E=256,N=256,device_name=NVIDIA_H200_down.json"
     assert KernelConfig.objects.count() == 2
+
+
+def _tune(client, tuning_run, tuner, **kwargs):
+    return kernel_tune.tune_kernel(
+        str(tuning_run.uuid),
+        client=client,
+        E=8,
+        N=64,
+        hidden_size=128,
+        topk=2,
+        batch_sizes=[1, 64, 1024],
+        spread=tuner,
+        **kwargs,
+    )
+
+
+def _page(path):
+    browser = Client()
+    user, _ = User.objects.get_or_create(username="reader")
+    browser.force_login(user)
+    return browser.get(path).content.decode()
+
+
+def test_a_tune_times_the_engines_own_kernel_where_it_is_installed(tune_client, monkeypatch):
+    host, client = tune_client
+    python = ensure_installed()
+    monkeypatch.setenv("MOEOPS_VLLM_PYTHON", str(python))
+    package = locate_package("vllm", python=str(python))
+    tuning_run, _ = kernel_services.tuning_run_create(
+        host=host, E=8, N=64, hidden_size=128, topk=2, engine="vllm"
+    )
+    tuner = FakeTuner()
+    during = []
+
+    def spread(*args, **kwargs):
+        # the tune page names the kernel while the tune runs
+        fields = ("kernel_engine", "kernel_version", "kernel_note")
+        during.append(TuningRun.objects.values_list(*fields).get(pk=tuning_run.pk))
+        return tuner(*args, **kwargs)
+
+    assert _tune(client, tuning_run, spread, engine="vllm") == "succeeded"
+
+    assert tuner.engines == [{"engine": "vllm", "source_dir": str(package.package_dir)}]
+    assert during == [("vllm", "0.32.0", "vLLM 0.32.0's own kernel")]
+    tuning_run.refresh_from_db()
+    source = load_backend("vllm", python=str(python), capability=90).source_sha256
+    kernel = ("vllm", "0.32.0", source)
+    assert (
+        tuning_run.kernel_engine,
+        tuning_run.kernel_version,
+        tuning_run.kernel_source_sha256,
+    ) == kernel
+    assert tuning_run.kernel_fallback == ""
+    # the config and SGLang's _down file record the kernel beside the file, not in it
+    for config in KernelConfig.objects.all():
+        assert (config.kernel_engine, config.kernel_version, config.kernel_source_sha256) == kernel
+        assert set(json.loads(config.engine_file_text("sglang"))) == set(config.entries)
+    vllm_file = json.loads(tuning_run.result.engine_file_text("vllm"))
+    assert set(vllm_file) == {"triton_version", "1", "64", "1024"}
+    label = (
+        f'vLLM 0.32.0&#x27;s own kernel · source <code title="sha256 {source}">{source[:8]}…</code>'
+    )
+    assert label in _page(f"/tunes/{tuning_run.uuid}/")
+    assert label in _page(f"/kernels/{tuning_run.result_id}/")
+
+
+@pytest.mark.parametrize(
+    ("engine", "note"),
+    [
+        ("sglang", "builtin: sglang is not installed on this host (set MOEOPS_SGLANG_PYTHON)"),
+        ("other", "builtin: the deployment's engine (other) is neither vLLM nor SGLang"),
+    ],
+)
+def test_without_the_engine_on_the_host_the_builtin_kernel_is_timed_and_why_is_said(
+    tune_client, monkeypatch, engine, note
+):
+    host, client = tune_client
+    monkeypatch.delenv("MOEOPS_SGLANG_PYTHON", raising=False)
+    tuning_run, _ = kernel_services.tuning_run_create(
+        host=host, E=8, N=64, hidden_size=128, topk=2, engine=engine
+    )
+    tuner = FakeTuner()
+
+    assert _tune(client, tuning_run, tuner, engine=engine) == "succeeded"
+
+    assert tuner.engines == [None]
+    tuning_run.refresh_from_db()
+    assert (tuning_run.kernel_engine, tuning_run.kernel_version) == ("builtin", "moeops")
+    assert tuning_run.kernel_note == tuning_run.kernel_fallback == note
+    assert tuning_run.result.kernel_engine == "builtin"
+    html = _page(f"/tunes/{tuning_run.uuid}/")
+    builtin = "moeops&#x27; builtin kernel (the engines&#x27; launch before vLLM 0.32)"
+    assert f"{builtin} · source" in html
+    assert note.replace("'", "&#x27;") in html
+
+
+def test_an_fp4_tune_fails_saying_why_unless_forced(tune_client):
+    host, client = tune_client
+    refused, _ = kernel_services.tuning_run_create(host=host, E=8, N=64, hidden_size=128, topk=2)
+    tuner = FakeTuner()
+
+    assert _tune(client, refused, tuner, quantization="nvfp4") == "failed"
+
+    assert tuner.calls == []
+    refused.refresh_from_db()
+    assert refused.status == "failed"
+    assert (
+        "nvfp4 experts run on" in refused.error and "CUTLASS, FlashInfer, TRT-LLM" in refused.error
+    )
+    assert refused.error.endswith("Tune anyway to tune it all the same.")
+    assert refused.telemetry_detail == "the tune was refused before it started"
+    forced, _ = kernel_services.tuning_run_create(host=host, E=8, N=64, hidden_size=128, topk=2)
+
+    assert _tune(client, forced, tuner, quantization="nvfp4", force=True) == "succeeded"
+
+    assert len(tuner.calls) == 1
+    assert forced.timings.count() == 3
 
 
 @pytest.mark.parametrize("gpu_indices", [[3], [0, 2, 3]])

@@ -185,6 +185,18 @@ def kernel_dtype(quantization: str) -> str | None:
     return None
 
 
+def triton_config_unread(quantization: str) -> str | None:
+    """Why the engines read no fused-MoE Triton config for MoE weights of this quantization
+    (FP4: nvfp4, mxfp4), or None where a tuned file is what they load."""
+    quantization = (quantization or "").lower()
+    if "fp4" not in quantization:
+        return None
+    return (
+        f"{quantization} experts run on SGLang's and vLLM's FP4 MoE kernels (CUTLASS, "
+        "FlashInfer, TRT-LLM), which read no Triton config: a tuned file would not be used."
+    )
+
+
 def parse_config_file_name(name: str) -> ConfigFileName:
     """Split a kernel-config file name (optionally `triton_X_Y_Z/` in front) into its parts."""
     path = PurePosixPath(name.replace("\\", "/"))

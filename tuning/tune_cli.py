@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tuning.backends import ENGINES, BackendError
-from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
+from tuning.config_files import TUNED_BATCH_SIZES, parse_ints, triton_config_unread
 from tuning.search import KernelShape
 from tuning.tune_results import (
     TuningLogError,
@@ -193,14 +193,8 @@ def fp4_refusal(args: argparse.Namespace) -> str | None:
     from tuning.moe_params import moe_params
 
     params = moe_params(Path(args.model_config).read_text(), tp=args.tp, ep=args.ep)
-    quantization = (params.quantization or "").lower()
-    if "fp4" not in quantization:
-        return None
-    return (
-        f"{args.model_config} holds {quantization} experts, which SGLang and vLLM run through "
-        "their FP4 MoE kernels (CUTLASS, FlashInfer, TRT-LLM): those read no Triton config, so "
-        "a tuned file would not be used."
-    )
+    reason = triton_config_unread(params.quantization)
+    return f"{args.model_config}: {reason}" if reason else None
 
 
 def engine_spec(engine: str | None, style: str, source_dir: str | None) -> dict | None:

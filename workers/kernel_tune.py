@@ -1,12 +1,15 @@
 """A fused-MoE kernel tune as a GPU-host worker runs it, over the REST API; no Celery needed.
 
-`tune_kernel(tuning_run_uuid, client=..., E=, N=, hidden_size=, topk=, ...)` claims the tuning
-run, tunes with tuning.spread, one process per GPU of the tune, also for one (resuming from
-local logs when the task is delivered again), while one NVML sampler records every GPU of the
-tune and pushes the samples in batches, reports progress, and pushes the tuned config
-(the API serves it under the engines' exact file names), the per-batch-size timings (tuned,
-default and floor µs) and the final status. Where GEMM 2 got configs of its own, SGLang's
-`_down` file is pushed too, as a kernel config of its own.
+`tune_kernel(tuning_run_uuid, client=..., E=, N=, hidden_size=, topk=, engine=, ...)` claims
+the tuning run, resolves whose kernel to time (the deployment's engine's own where its package
+is installed on this host, else moeops' builtin one, and says which and why), tunes with
+tuning.spread, one process per GPU of the tune, also for one (resuming from local logs when the
+task is delivered again), while one NVML sampler records every GPU of the tune and pushes the
+samples in batches, reports progress, and pushes the written config (the API serves it under
+the engines' exact file names) with the kernel it was tuned on, the per-batch-size timings
+(written, default, shipped and floor µs, and which config was written) and the final status.
+Where GEMM 2 got configs of its own, SGLang's `_down` file is pushed too, as a kernel config of
+its own.
 """
 
 import functools
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 
 from tuning.cache_dir import cache_dir
+from tuning.config_files import triton_config_unread
 from workers.client import ApiError, Conflict, Unreachable
 from workers.telemetry import TelemetryPusher
 
@@ -31,7 +35,7 @@ def _log_dir():
     return Path(os.getenv("MOEOPS_TUNE_DIR") or cache_dir() / "tuning")
 
 
-def _default_spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_dir):
+def _default_spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_dir, engine):
     from tuning.spread import spread_tune
 
     return spread_tune(
@@ -40,7 +44,59 @@ def _default_spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_d
         gpu_indices,
         log_dir=log_dir,
         progress_callback=progress_callback,
+        engine=engine,
     )
+
+
+def kernel_for(engine):
+    """(spec, record): whose kernel this host times for a tune that asks for engine's.
+
+    engine: the deployment's engine as recorded ("vllm", "sglang", "other") or "builtin". The
+    engine's own kernel where its package is found here (tuning.engine_source.locate_package;
+    spec: tuning.spread.spread_tune's engine), else moeops' builtin one (spec None). record: the
+    tuning run's kernel_engine, kernel_version and kernel_note (which kernel, and why).
+    """
+    from tuning.engine_source import (
+        ENGINE_PYTHON_ENV,
+        ENGINE_TITLES,
+        EngineSourceError,
+        locate_package,
+    )
+
+    if engine == "builtin":
+        return None, _builtin_record("moeops' builtin kernel, as asked")
+    if engine not in ENGINE_PYTHON_ENV:
+        known = " nor ".join(ENGINE_TITLES.values())
+        return None, _builtin_record(
+            f"builtin: the deployment's engine ({engine}) is neither {known}"
+        )
+    try:
+        package = locate_package(engine)
+    except EngineSourceError as exc:
+        log.warning("timing moeops' builtin kernel: %s", exc)
+        env = ENGINE_PYTHON_ENV[engine]
+        python = os.getenv(env)
+        where = f"for {python} ({env})" if python else f"on this host (set {env})"
+        return None, _builtin_record(f"builtin: {engine} is not installed {where}")
+    record = {
+        "kernel_engine": engine,
+        "kernel_version": package.version,
+        "kernel_note": f"{package.title}'s own kernel",
+    }
+    return {"engine": engine, "source_dir": str(package.package_dir)}, record
+
+
+def _builtin_record(note):
+    from tuning.backends import BuiltinBackend
+
+    kernel = BuiltinBackend().describe()
+    return {
+        "kernel_engine": kernel["engine"],
+        "kernel_version": kernel["version"],
+        "kernel_source_sha256": kernel["source_sha256"],
+        # the API keeps a sentence of at most 300 characters; a long Python path may pass that
+        "kernel_note": note[:300],
+    }
 
 
 def _claim(client, tuning_run_uuid):
@@ -60,14 +116,18 @@ def _claim(client, tuning_run_uuid):
 def timing_rows(result):
     """The API's timing rows (µs) from a tuning.tune_results.TuneResult.
 
-        tuned_us is the time of the main config when both GEMMs use it (as vLLM runs it); SGLang
+    tuned_us is the written config's time when both GEMMs use it (as vLLM runs it); SGLang
     with the `_down` file beside it may run faster at the sizes that have a GEMM-2 config.
+    picked: where the written config comes from ("tuned", "default", "shipped"); default_us
+    and shipped_us: the engine's own configs, timed head to head with it.
     """
     return [
         {
             "batch_size": m,
             "tuned_us": b.tuned_us if b.shared_config_us is None else b.shared_config_us,
             "default_us": b.default_us,
+            "shipped_us": b.shipped_us,
+            "picked": b.picked,
             "floor_us": b.floor_us,
             "config": b.config,
             "candidates_tried": b.candidates_tried,
@@ -89,6 +149,9 @@ def tune_kernel(
     batch_sizes=None,
     gpu_indices=None,
     device_name="",
+    engine="builtin",
+    quantization="",
+    force=False,
     spread=_default_spread,
     nvml=None,
     telemetry_hz=1.0,
@@ -96,6 +159,10 @@ def tune_kernel(
     """Tune one shape (E experts per rank, N per-shard intermediate, hidden_size, topk) on
     gpu_indices (CUDA indices; default [0]), one process per GPU; returns the tuning run's final
     status.
+
+    engine: whose kernel is asked for (kernel_for); quantization: the deployment's weights',
+    whose FP4 experts run on kernels that read no Triton config, so their tune fails saying so
+    unless force.
 
     spread: tuning.spread.spread_tune's signature (tests pass fakes). Also one GPU tunes in a
     process of its own: a Celery worker's process is daemonic and may not start the tune's
@@ -111,6 +178,17 @@ def tune_kernel(
     claimed = _claim(client, tuning_run_uuid)
     if isinstance(claimed, str):
         return claimed
+    refusal = triton_config_unread(quantization)
+    if refusal and not force:
+        client.update_tuning_run(
+            tuning_run_uuid,
+            status="failed",
+            error=f"{refusal} Tune anyway to tune it all the same.",
+            telemetry_status="not_collected",
+            telemetry_detail="the tune was refused before it started",
+        )
+        return "failed"
+    spec, kernel = kernel_for(engine)
     shape = KernelShape(
         E=E,
         N=N,
@@ -143,16 +221,19 @@ def tune_kernel(
         with telemetry:
             # said now, as a sweep says it: the tune page tells why its charts stay empty while
             # the tune runs, not only once it has ended
-            _push_advisory(client, tuning_run_uuid, _telemetry_fields(telemetry))
+            _push_advisory(client, tuning_run_uuid, {**kernel, **_telemetry_fields(telemetry)})
             result = spread(
                 shape,
                 batch_sizes or TUNED_BATCH_SIZES,
                 gpu_indices,
                 progress_callback=progress,
                 log_dir=log_dir / tuning_run_uuid,
+                engine=spec,
             )
         if device_name and device_name != result.device_name:
             log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)
+        # the timed kernel's own record: the engine's source hash is known once it is loaded
+        kernel.update(_kernel_fields(result.kernel))
         config = _store_config(client, tuning_run_uuid, shape, result, result.entries())
         down_entries = result.down_entries()
         if down_entries:
@@ -163,7 +244,11 @@ def tune_kernel(
         raise
     except Exception as exc:
         client.update_tuning_run(
-            tuning_run_uuid, status="failed", error=f"{exc!r}", **_telemetry_fields(telemetry)
+            tuning_run_uuid,
+            status="failed",
+            error=f"{exc!r}",
+            **kernel,
+            **_telemetry_fields(telemetry),
         )
         raise
     client.update_tuning_run(
@@ -172,6 +257,7 @@ def tune_kernel(
         result=config["id"],
         wall_s=result.wall_s,
         progress={"done": 1, "total": 1, "message": "done"},
+        **kernel,
         **_telemetry_fields(telemetry),
     )
     return "succeeded"
@@ -192,6 +278,15 @@ def _telemetry_fields(telemetry):
     return {"telemetry_status": sampler.status, "telemetry_detail": sampler.detail}
 
 
+def _kernel_fields(kernel):
+    """The API's kernel_* fields from tuning.backends.KernelBackend.describe()'s dict."""
+    return {
+        "kernel_engine": kernel.get("engine") or "builtin",
+        "kernel_version": kernel.get("version") or "",
+        "kernel_source_sha256": kernel.get("source_sha256") or "",
+    }
+
+
 def _store_config(client, tuning_run_uuid, shape, result, entries, *, down_moe=False):
     # sent now, never spooled: the tuning run needs the config's id
     body = {
@@ -205,5 +300,6 @@ def _store_config(client, tuning_run_uuid, shape, result, entries, *, down_moe=F
         "entries": {str(m): entry for m, entry in entries.items()},
         "source": "tuned",
         "provenance": f"tuned by moeops (tuning run {tuning_run_uuid}, {result.search})",
+        **_kernel_fields(result.kernel),
     }
     return client.request("POST", "/kernel-configs", body=body).json()

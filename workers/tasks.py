@@ -82,10 +82,12 @@ def run_sweep(self, run_uuid, **parameters):
     soft_time_limit=TUNE_SOFT_LIMIT_S,
     time_limit=TUNE_SOFT_LIMIT_S + HARD_MARGIN_S,
 )
-def tune_kernel(self, tuning_run_uuid, **shape):
-    """Tune the fused-MoE kernel for a shape on this host's GPU; shape as kernel_tune takes it."""
+def tune_kernel(self, tuning_run_uuid, **parameters):
+    """Tune the fused-MoE kernel for a shape on this host's GPU(s); parameters (the shape, the
+    engine whose kernel is asked for, the weights' quantization, force) as kernel_tune takes
+    them."""
     with _host_client(self) as client:
-        outcome = kernel_tune.tune_kernel(tuning_run_uuid, client=client, **shape)
+        outcome = kernel_tune.tune_kernel(tuning_run_uuid, client=client, **parameters)
     return outcome
 
 

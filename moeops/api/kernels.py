@@ -29,7 +29,15 @@ from moeops.api.paging import Page
 from moeops.api.responses import stored
 from moeops.api.runs import TelemetryIn, TelemetrySampleOut, TelemetryStatus
 from moeops.kernels import services
-from moeops.kernels.models import CONFIG_SOURCES, TUNING_STATUSES, KernelConfig, TuningRun
+from moeops.kernels.models import (
+    CONFIG_SOURCES,
+    KERNEL_ENGINES,
+    PICKS,
+    REQUESTED_KERNELS,
+    TUNING_STATUSES,
+    KernelConfig,
+    TuningRun,
+)
 from moeops.runs import services as run_services
 from tuning import config_files
 
@@ -47,6 +55,12 @@ DeviceName = Annotated[
 TritonVersion = Annotated[str, StringConstraints(max_length=20, pattern=r"^[\w.+-]*$")]
 Size = Annotated[int, Field(ge=1, le=2_147_483_647)]
 BlockShape = Annotated[list[Size], Field(min_length=2, max_length=2)]
+# the kernel timings were taken on (tuning.backends.KernelBackend.describe); "": not recorded
+KernelEngine = Literal[("", *(key for key, _ in KERNEL_ENGINES))]
+KernelVersion = Annotated[str, StringConstraints(max_length=100, pattern=r"^[\w.+-]*$")]
+SourceSha256 = Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")]
+RequestedKernel = Literal[tuple(key for key, _ in REQUESTED_KERNELS)]
+Pick = Literal[("", *(key for key, _ in PICKS))]
 
 
 # --------------------------------------------------------------------------- kernel configs
@@ -73,6 +87,9 @@ class KernelConfigIn(In):
     )
     source: ConfigSource = "manual"
     provenance: text(300) = ""
+    kernel_engine: KernelEngine = Field("", description="the kernel it was tuned on: builtin, …")
+    kernel_version: KernelVersion = Field("", description="that engine's version")
+    kernel_source_sha256: SourceSha256 = Field("", description="hash of that kernel's code")
 
 
 class KernelConfigOut(Schema):
@@ -89,6 +106,9 @@ class KernelConfigOut(Schema):
     version: int
     original_file_name: str
     provenance: str
+    kernel_engine: str
+    kernel_version: str
+    kernel_source_sha256: str
     created: dt.datetime
     file_names: dict[str, str] = Field(
         description="the name each engine looks up (style → name); vLLM has no _down files"
@@ -183,6 +203,13 @@ class TuningRunIn(In):
     dtype: KernelDtype = "bf16"
     block_shape: BlockShape | None = None
     batch_sizes: list[Size] = Field([], max_length=1024)
+    engine: RequestedKernel = Field(
+        "builtin", description="whose kernel is asked for: the deployment's engine's or builtin"
+    )
+    kernel_engine: KernelEngine = ""
+    kernel_version: KernelVersion = ""
+    kernel_source_sha256: SourceSha256 = ""
+    kernel_note: text(300) = ""
     status: TuningStatus = "queued"
 
 
@@ -198,14 +225,23 @@ class TuningRunPatch(Patch):
     telemetry_detail: text(300) | None = Field(
         None, description="why no GPU samples were recorded (NVML not importable, no GPU, …)"
     )
+    kernel_engine: KernelEngine | None = Field(None, description="the kernel the worker timed")
+    kernel_version: KernelVersion | None = None
+    kernel_source_sha256: SourceSha256 | None = None
+    kernel_note: text(300) | None = Field(
+        None, description="which kernel and why (e.g. builtin: the engine is not installed)"
+    )
 
 
 class TimingIn(In):
-    """One batch size M: tuned, default-config and floor times (µs) of one fused-MoE layer."""
+    """One batch size M: the written config's, the engine's default and shipped configs' and the
+    floor's times (µs) of one fused-MoE layer; picked: where the written config comes from."""
 
     batch_size: Size
-    tuned_us: float | None = Field(None, ge=0)
+    tuned_us: float | None = Field(None, ge=0, description="the written config's")
     default_us: float | None = Field(None, ge=0)
+    shipped_us: float | None = Field(None, ge=0, description="the engine's shipped file's entry")
+    picked: Pick = Field("", description="tuned (the search's), default or shipped")
     floor_us: float | None = Field(None, ge=0)
     grouped_mm_us: float | None = Field(None, ge=0)
     config: JsonObject | None = None
@@ -225,6 +261,7 @@ class TimingsIn(In):
 
 class TimingOut(Schema, TimingIn):
     speedup: float | None = Field(None, description="default_us / tuned_us")
+    shipped_speedup: float | None = Field(None, description="shipped_us / tuned_us")
     floor_fraction: float | None = Field(None, description="floor_us / tuned_us")
 
 
@@ -241,6 +278,11 @@ class TuningRunOut(Schema):
     dtype: str
     block_shape: list[int] | None
     batch_sizes: list[Any]
+    engine: str
+    kernel_engine: str
+    kernel_version: str
+    kernel_source_sha256: str
+    kernel_note: str
     status: str
     progress: dict[str, Any]
     result: int | None
@@ -334,7 +376,7 @@ def tuning_run_get(request, ref: str):
 @router.patch("/tuning-runs/{ref}", auth=WRITE, response=TuningRunDetail)
 def tuning_run_patch(request, ref: str, payload: TuningRunPatch):
     """Status by compare-and-set (409 on an illegal move), progress, result config, wall_s,
-    telemetry status and why it is not "recorded"."""
+    telemetry status and why it is not "recorded", the kernel the worker timed and why."""
     tuning_run = lookups.get_tuning_run(ref)
     require_write(request, tuning_run.host)
     fields = payload.model_dump(exclude_unset=True)

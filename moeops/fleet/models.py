@@ -252,6 +252,11 @@ class Deployment(models.Model):
     def moe_shape(self):
         return self.model.shape_for(tp=self.tp, ep=self.ep)
 
+    @property
+    def weight_quantization(self):
+        """The MoE weights' quantization: the deployment's (its engine's flag), else the model's."""
+        return self.quantization or self.model.quantization
+
     def launch_summary(self):
         """The launch arguments as (flag, value) pairs, known ones first."""
         pairs = [("tp", self.tp), ("ep", self.ep)]

@@ -18,11 +18,14 @@ def sweep_start(*, deployment, parameters, label=""):
     return run
 
 
-def tuning_start(*, deployment, dtype, batch_sizes):
+def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=False):
     """Create a queued TuningRun for the deployment's MoE shape and GPU; enqueue `tune_kernel`.
 
     The shape is the per-rank one at the deployment's tp/ep (E experts per rank, N the
     intermediate size after silu-and-mul); block fp8 takes the model's weight block shape.
+    engine: whose kernel is asked for, the deployment's engine or "builtin" (the worker falls
+    back to builtin where the engine is not installed); force: tune FP4 experts all the same
+    (the worker refuses them otherwise, as their kernels read no Triton config).
     Raises ValueError when the model's shape cannot be read at that tp/ep.
     """
     shape = deployment.moe_shape()
@@ -45,6 +48,7 @@ def tuning_start(*, deployment, dtype, batch_sizes):
             dtype=dtype,
             block_shape=block_shape,
             batch_sizes=list(batch_sizes),
+            engine=engine,
         )
         kwargs = {
             "tuning_run_uuid": str(tuning.uuid),
@@ -57,6 +61,9 @@ def tuning_start(*, deployment, dtype, batch_sizes):
             "batch_sizes": tuning.batch_sizes,
             "device_name": tuning.device_name,
             "gpu_indices": deployment.gpu_indices(),
+            "engine": engine,
+            "quantization": deployment.weight_quantization,
+            "force": force,
         }
         run_enqueue(run=tuning, task="tune_kernel", host=deployment.host, kwargs=kwargs)
     return tuning

@@ -8,7 +8,8 @@ from moeops.fleet.models import ENGINES, GPU, VIRTUALIZATION_KINDS, Deployment, 
 from moeops.insights.models import PLAN_STATUSES, Note
 from moeops.kernels.models import KernelConfig
 from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, SweepRun
-from tuning.config_files import TUNED_BATCH_SIZES
+from tuning.config_files import TUNED_BATCH_SIZES, triton_config_unread
+from tuning.engine_source import ENGINE_TITLES
 
 DEFAULT_LEVELS = "32,64,128,256,512,1024"
 TUNE_DTYPES = (("bf16", "bf16"), ("fp8_w8a8", "fp8 w8a8"))
@@ -120,10 +121,17 @@ class SweepForm(forms.Form):
 
 
 class TuneForm(forms.Form):
+    """A kernel tune of the deployment's MoE shape. kernel: the deployment's engine's own (vLLM,
+    SGLang) or moeops' builtin one; the FP4 experts' reason (fp4_reason) refuses the tune unless
+    tune_anyway."""
+
     dtype = forms.ChoiceField(choices=TUNE_DTYPES)
     batch_sizes = forms.CharField(
         initial=",".join(map(str, TUNED_BATCH_SIZES)), help_text="Batch sizes M to tune."
     )
+    # left out: the default, as for a form posted before the choice existed
+    kernel = forms.ChoiceField(required=False)
+    tune_anyway = forms.BooleanField(required=False, label="Tune anyway")
 
     def __init__(self, *args, deployment, **kwargs):
         super().__init__(*args, **kwargs)
@@ -131,9 +139,21 @@ class TuneForm(forms.Form):
         # block-fp8 checkpoints run the fp8 w8a8 kernel; the others are tuned in bf16
         if deployment.model.quantization == "fp8":
             self.fields["dtype"].initial = "fp8_w8a8"
+        kernels = [("builtin", "moeops' builtin kernel")]
+        if deployment.engine in ENGINE_TITLES:
+            own = (deployment.engine, f"the engine's own ({deployment.get_engine_display()})")
+            kernels.insert(0, own)
+        self.fields["kernel"].choices = kernels
+        self.fields["kernel"].initial = kernels[0][0]
+        self.fp4_reason = triton_config_unread(deployment.weight_quantization)
+        if not self.fp4_reason:
+            del self.fields["tune_anyway"]
 
     def clean_batch_sizes(self):
         return _int_list(self.cleaned_data["batch_sizes"], field_name="batch sizes")
+
+    def clean_kernel(self):
+        return self.cleaned_data["kernel"] or self.fields["kernel"].initial
 
     def clean(self):
         cleaned = super().clean()
@@ -141,6 +161,10 @@ class TuneForm(forms.Form):
             raise forms.ValidationError(
                 f"The MoE shape of {self.deployment.model} does not split over "
                 f"tp={self.deployment.tp}, ep={self.deployment.ep}."
+            )
+        if self.fp4_reason and not cleaned.get("tune_anyway"):
+            self.add_error(
+                "tune_anyway", f"{self.fp4_reason} Tick “Tune anyway” to tune it all the same."
             )
         return cleaned
 

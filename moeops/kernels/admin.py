@@ -20,6 +20,9 @@ class KernelConfigForm(forms.ModelForm):
             "source",
             "original_file_name",
             "provenance",
+            "kernel_engine",
+            "kernel_version",
+            "kernel_source_sha256",
         )
 
     def clean_entries(self):

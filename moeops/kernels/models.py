@@ -6,6 +6,7 @@ from django.db import models, transaction
 
 from moeops.runs.models import TELEMETRY_STATUSES
 from tuning import config_files
+from tuning.engine_source import ENGINE_TITLES
 
 CONFIG_SOURCES = (("tuned", "Tuned by moeops"), ("imported", "Imported file"), ("manual", "Manual"))
 
@@ -20,6 +21,24 @@ KERNEL_DTYPES = (
 )
 UNNAMED_DTYPES = ("bf16", "fp16")
 
+# Whose fused-MoE kernel timings were taken on (tuning.backends.ENGINES).
+KERNEL_ENGINES = (("builtin", "moeops' builtin"), ("vllm", "vLLM"), ("sglang", "SGLang"))
+BUILTIN_KERNEL = "moeops' builtin kernel (the engines' launch before vLLM 0.32)"
+# What a tune asks for: the deployment's engine's own kernel (its engine as recorded) or builtin.
+REQUESTED_KERNELS = (
+    ("vllm", "vLLM's own"),
+    ("sglang", "SGLang's own"),
+    ("other", "the deployment's engine's own"),
+    ("builtin", "moeops' builtin"),
+)
+# Where a tune's written config comes from at a batch size: the search replaces the engine's own
+# config only when faster head to head by more than the noise.
+PICKS = (
+    ("tuned", "the search's best"),
+    ("default", "the engine's default"),
+    ("shipped", "the engine's shipped file"),
+)
+
 TUNING_STATUSES = (
     ("queued", "Queued"),
     ("running", "Running"),
@@ -29,7 +48,33 @@ TUNING_STATUSES = (
 )
 
 
-class KernelConfig(models.Model):
+class TimedKernel(models.Model):
+    """Which fused-MoE kernel the timings were taken on (tuning.backends.KernelBackend.describe):
+    a file tuned on one engine version's kernel need not be the best for another's launch."""
+
+    kernel_engine = models.CharField(
+        max_length=20, choices=KERNEL_ENGINES, blank=True, help_text="blank: not recorded"
+    )
+    kernel_version = models.CharField(max_length=100, blank=True)
+    kernel_source_sha256 = models.CharField(
+        max_length=64, blank=True, help_text="hash of the kernel code that was timed"
+    )
+
+    class Meta:
+        abstract = True
+
+    @property
+    def kernel_label(self):
+        """ "vLLM 0.32.0's own kernel", moeops' builtin kernel, or "" when not recorded."""
+        if self.kernel_engine == "builtin":
+            return BUILTIN_KERNEL
+        if not self.kernel_engine:
+            return ""
+        title = ENGINE_TITLES.get(self.kernel_engine, self.kernel_engine)
+        return " ".join(filter(None, (title, self.kernel_version))) + "'s own kernel"
+
+
+class KernelConfig(TimedKernel):
     """One version of a config file for (device, E, N, dtype, block shape, down); versions are
     kept. A `down_moe` config is SGLang's `_down` file: GEMM 2's own configs beside GEMM 1's."""
 
@@ -121,8 +166,10 @@ class KernelConfig(models.Model):
         return self
 
 
-class TuningRun(models.Model):
-    """One tune of the fused-MoE kernel for a shape on a host's GPU(s)."""
+class TuningRun(TimedKernel):
+    """One tune of the fused-MoE kernel for a shape on a host's GPU(s): engine is the kernel
+    asked for, kernel_* the one the worker timed and kernel_note which and why (the worker falls
+    back to the builtin kernel where the engine is not installed on its host)."""
 
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     host = models.ForeignKey(
@@ -139,6 +186,8 @@ class TuningRun(models.Model):
     dtype = models.CharField(max_length=20, choices=KERNEL_DTYPES, default="bf16")
     block_shape = models.JSONField(null=True, blank=True)
     batch_sizes = models.JSONField(default=list, blank=True)
+    engine = models.CharField(max_length=20, choices=REQUESTED_KERNELS, default="builtin")
+    kernel_note = models.CharField(max_length=300, blank=True)
     status = models.CharField(max_length=20, choices=TUNING_STATUSES, default="queued")
     progress = models.JSONField(default=dict, blank=True)
     result = models.ForeignKey(
@@ -160,14 +209,26 @@ class TuningRun(models.Model):
     def __str__(self):
         return f"tune E={self.E} N={self.N} {self.dtype} on {self.device_name or '?'}"
 
+    @property
+    def kernel_fallback(self):
+        """Why the worker timed the builtin kernel instead of the engine's asked for, or ""."""
+        if self.engine == "builtin" or self.kernel_engine != "builtin":
+            return ""
+        return self.kernel_note
+
 
 class TuningTiming(models.Model):
-    """Per batch size: the tuned config's time, the default config's, and the hardware floor."""
+    """Per batch size: the written config's time (tuned_us) and where it comes from (picked),
+    the engine's default and shipped configs' times, and the hardware floor."""
 
     run = models.ForeignKey(TuningRun, models.CASCADE, related_name="timings")
     batch_size = models.PositiveIntegerField()
     tuned_us = models.FloatField(null=True, blank=True)
     default_us = models.FloatField(null=True, blank=True)
+    shipped_us = models.FloatField(
+        null=True, blank=True, help_text="the engine's shipped file's entry; none without a file"
+    )
+    picked = models.CharField(max_length=20, choices=PICKS, blank=True)
     floor_us = models.FloatField(null=True, blank=True)
     grouped_mm_us = models.FloatField(null=True, blank=True)
     config = models.JSONField(null=True, blank=True)
@@ -187,6 +248,12 @@ class TuningTiming(models.Model):
         if not self.tuned_us or not self.default_us:
             return None
         return self.default_us / self.tuned_us
+
+    @property
+    def shipped_speedup(self):
+        if not self.tuned_us or not self.shipped_us:
+            return None
+        return self.shipped_us / self.tuned_us
 
     @property
     def floor_fraction(self):

@@ -62,13 +62,17 @@ def kernel_config_store(
     source="manual",
     original_file_name="",
     provenance="",
+    kernel_engine="",
+    kernel_version="",
+    kernel_source_sha256="",
 ):
     """(KernelConfig, created): a new version of the (device, E, N, dtype, block, down) series.
 
-    down_moe: SGLang's `_down` file (GEMM 2's configs), a series of its own.
+    down_moe: SGLang's `_down` file (GEMM 2's configs), a series of its own. kernel_*: the
+    kernel it was tuned on (engine, version, source hash), kept beside the file, never in it.
 
     entries: {batch size: kernel parameters}. When the newest version already holds the same
-    entries and Triton version, that version is returned (created False).
+    entries, Triton version and kernel, that version is returned (created False).
     """
     if dtype not in DTYPES:
         raise ValidationError({"dtype": f"must be one of {', '.join(DTYPES)}, got {dtype!r}"})
@@ -89,6 +93,9 @@ def kernel_config_store(
         source=source,
         original_file_name=original_file_name,
         provenance=provenance,
+        kernel_engine=kernel_engine,
+        kernel_version=kernel_version,
+        kernel_source_sha256=kernel_source_sha256,
     )
     with transaction.atomic():
         series = KernelConfig.objects.select_for_update().filter(
@@ -102,7 +109,7 @@ def kernel_config_store(
         if (
             newest is not None
             and _canonical(newest.entries) == _canonical(stored)
-            and newest.triton_version == config.triton_version
+            and _tuned_on(newest) == _tuned_on(config)
         ):
             return newest, False
         config.save_new_version()
@@ -111,6 +118,16 @@ def kernel_config_store(
 
 def _canonical(entries):
     return json.dumps(entries, sort_keys=True)
+
+
+def _tuned_on(config):
+    # the same entries tuned with another Triton or kernel are another record of them
+    return (
+        config.triton_version,
+        config.kernel_engine,
+        config.kernel_version,
+        config.kernel_source_sha256,
+    )
 
 
 def tuning_run_create(*, run_uuid=None, host=None, deployment=None, **fields):
@@ -160,7 +177,8 @@ def _tuning_transition(tuning_run, status):
 def tuning_timings_record(*, tuning_run, timings):
     """Store per-batch-size timings once each; returns (created, already stored) counts.
 
-    timings: dicts of TuningTiming fields (tuned_us, default_us, floor_us in µs).
+    timings: dicts of TuningTiming fields (tuned_us, default_us, shipped_us, floor_us in µs;
+    picked).
     """
     with transaction.atomic():
         TuningRun.objects.select_for_update().filter(pk=tuning_run.pk).first()

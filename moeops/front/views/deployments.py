@@ -237,6 +237,8 @@ def tune_start(request, pk):
         deployment=deployment,
         dtype=form.cleaned_data["dtype"],
         batch_sizes=form.cleaned_data["batch_sizes"],
+        engine=form.cleaned_data["kernel"],
+        force=form.cleaned_data.get("tune_anyway", False),
     )
     messages.success(request, f"Kernel tune queued on {deployment.host.queue_name}.")
     return redirect("tuning-detail", uuid=tuning.uuid)
