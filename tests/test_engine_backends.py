@@ -144,6 +144,19 @@ def test_two_vllm_versions_are_two_kernels():
     assert older.source_sha256 != newer.source_sha256
 
 
+def test_a_kernel_loaded_compiled_first_is_interpreted_when_asked(monkeypatch):
+    # another test (or a worker) may load the same engine code for compiling first
+    source = _vllm_package("0.32.0").package_dir
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    compiled = load_backend("vllm", source_dir=source, capability=90)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpreted = load_backend("vllm", source_dir=source, capability=90)
+
+    assert type(compiled.source.module.fused_moe_kernel).__name__ == "JITFunction"
+    assert type(interpreted.source.module.fused_moe_kernel).__name__ == "InterpretedFunction"
+    assert compiled.source_sha256 == interpreted.source_sha256
+
+
 def test_a_launcher_with_an_unknown_parameter_fails_naming_version_and_parameter(tmp_path):
     source = _vllm_package("0.32.0").package_dir
     copy = tmp_path / "vllm"

@@ -289,7 +289,10 @@ def load_functions(
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(body)
         partial.replace(path)
-    name = f"moeops_engine_kernels_{stem}"
+    # Triton decides at decoration whether a kernel is compiled or interpreted, so a module
+    # imported under the other mode is a different module
+    interpreted = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+    name = f"moeops_engine_kernels_{stem}" + ("_interpreted" if interpreted else "")
     module = sys.modules.get(name)
     if module is None:
         spec = importlib.util.spec_from_file_location(name, path)
