@@ -252,6 +252,27 @@ def test_queueing_holds_back_when_the_queue_is_not_behind_the_cap():
     )
 
 
+def test_queueing_below_the_cap_with_the_kv_cache_to_spare_is_still_the_cap():
+    levels = [Level(4, 500.0), Level(8, 600.0)]
+    # one output length: the 4 running requests finish in one step and the gauges read 3 or 0
+    # running with 4 waiting until the next step; the KV cache is nearly empty
+    engine = [EngineSample(1.0, 8, 3, 4, 0.02), EngineSample(2.0, 8, 0, 5, 0.0)]
+
+    [p] = analysis.queueing(
+        RunData(levels=levels, engine_samples=engine, max_running_requests=4, engine="vllm")
+    )
+
+    assert (p.severity, p.evidence["levels_above_cap"]) == ("info", [8])
+    # the same queue with the cache full is the cache's
+    engine = [EngineSample(1.0, 8, 3, 4, 0.97)]
+    assert (
+        analysis.queueing(
+            RunData(levels=levels, engine_samples=engine, max_running_requests=4, engine="vllm")
+        )
+        == []
+    )
+
+
 def test_queueing_falls_back_on_the_configuration_when_the_samples_never_show_a_queue():
     levels = [Level(4, 500.0, max_concurrent_requests=96), Level(8, 600.0)]
     # the gauges read 0 between steps (vLLM 0.32 on CPU): offered 8 against a cap of 4

@@ -39,6 +39,7 @@ IDLE_POWER_FRACTION = 0.25
 # Queueing: the engine's running count within this fraction of the cap counts as "at the cap"
 # (scrapes land between scheduler steps, when a finished request has just left the batch).
 CAP_FULL_FRACTION = 0.95
+KV_CACHE_FULL = 0.9
 
 # Regression: a level whose output throughput is more than this fraction below the previous
 # comparable run's.
@@ -104,6 +105,7 @@ class EngineSample:
     level_concurrency: int | None = None
     running: float | None = None
     queued: float | None = None
+    kv_cache_usage: float | None = None
 
 
 @dataclass(frozen=True)
@@ -474,8 +476,9 @@ def queueing(data: RunData) -> list[Proposal]:
     fires on samples with queued > 0 and running at the cap. Without engine samples it fires
     ("info") only when a level's achieved (else target) concurrency exceeded the cap, which
     queues the excess by construction of a continuous-batching engine; so does a run whose
-    samples show no queue at all (vLLM's gauges read 0 between some of its steps). A queue while
-    the running count is below the cap is the KV cache running short: no finding.
+    samples show no queue at the cap (vLLM's gauges read 0 between some of its steps). A queue
+    below the cap with the KV cache full (or, where the engine does not report its cache, any
+    queue below the cap) is the cache running short: no finding.
     """
     cap, cap_source = running_cap(data)
     if not cap:
@@ -496,9 +499,7 @@ def queueing(data: RunData) -> list[Proposal]:
         "engine_samples": len(data.engine_samples),
     }
     plan = [f"Raise {flag} above {cap} and re-sweep"]
-    # a queue below the cap is the KV cache running short, not the cap
-    queued_below_cap = any((s.queued or 0) > 0 and s not in at_cap for s in data.engine_samples)
-    if data.engine_samples and not at_cap and queued_below_cap:
+    if not at_cap and any(_kv_cache_short(s) for s in data.engine_samples):
         return []
     if at_cap:
         concurrency = [lv.concurrency for lv in levels]
@@ -574,8 +575,8 @@ def queueing(data: RunData) -> list[Proposal]:
                 f"The engine runs at most {cap} requests at once; the sweep offered up to "
                 f"{max(offered.values())}, so the rest waited in its queue. "
                 + (
-                    "The engine's samples did not catch the queue (its gauges read between "
-                    "scheduler steps)."
+                    "The engine's samples did not catch the queue at the cap (its gauges read "
+                    "between scheduler steps)."
                     if data.engine_samples
                     else "No engine samples were recorded to show the queue itself."
                 )
@@ -584,6 +585,18 @@ def queueing(data: RunData) -> list[Proposal]:
             plan=plan,
         )
     ]
+
+
+def _kv_cache_short(sample) -> bool:
+    """A queue below the cap with the KV cache (nearly) full: the cache, not the cap, holds
+    requests back. Where the engine reports its cache usage that decides: the running count
+    alone misleads, since requests of one length finish in the same step and the gauges can
+    read below the cap between steps while the cap is what queues."""
+    if not (sample.queued or 0) > 0:
+        return False
+    if sample.kv_cache_usage is not None:
+        return sample.kv_cache_usage >= KV_CACHE_FULL
+    return True
 
 
 def running_cap(data: RunData) -> tuple[int | None, str | None]:

@@ -151,7 +151,7 @@ def _gather(run, deployment) -> analysis.RunData:
         engine_samples=[
             analysis.EngineSample(*row)
             for row in run.engine_samples.order_by("ts").values_list(
-                "ts", "level_concurrency", "running", "queued"
+                "ts", "level_concurrency", "running", "queued", "kv_cache_usage"
             )
         ],
         engine=_engine(run, deployment),
