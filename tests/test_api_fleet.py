@@ -60,6 +60,19 @@ def test_it_names_the_missing_key_of_a_config(world):
     assert not ModelSpec.objects.filter(name="Qwen3").exists()
 
 
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("num_hidden_layers", 2**31), ("num_hidden_layers", 10**6), ("hidden_size", 2**31)],
+)
+def test_it_rejects_a_model_size_no_gpu_could_hold(world, key, value):
+    config = {**_hf_config("glm-5-fp8_config.json"), key: value}
+    response = world.owner.post("/api/v1/models", {"name": "huge", "config": config})
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(f"config: {key} must be at most ")
+    assert not ModelSpec.objects.filter(name="huge").exists()
+
+
 def test_it_reads_a_separate_quant_config(world):
     body = {
         "name": "GLM-5-NVFP4",
@@ -209,6 +222,34 @@ def test_it_checks_the_cells_of_a_probe_snapshot(world):
     response = world.outsider.post("/api/v1/hosts/h200-lab/topology", {"snapshot": snapshot})
     assert response.status_code == 422
     assert response.json()["message"].startswith("snapshot.links.matrix.0.0")
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "named"),
+    [
+        ("gpus", float("nan"), "snapshot.gpus.0: Value error, extra.deep: must not be NaN"),
+        ("nics", float("inf"), "snapshot.nics.0: Value error, extra.deep: must not be NaN"),
+        ("affinity", "a\x00b", "snapshot.affinity.0: Value error, extra.deep: must not contain"),
+        ("pcie", "\ud800", "snapshot.gpus.0.pcie: Value error, extra.deep: must be valid"),
+    ],
+)
+def test_it_rejects_json_postgresql_cannot_store_in_a_snapshots_extra_keys(
+    world, where, value, named
+):
+    snapshot = copy.deepcopy(_probe())
+    snapshot["nics"] = [{"name": "NIC0", "device": "mlx5_0"}]
+    part = {
+        "gpus": snapshot["gpus"][0],
+        "nics": snapshot["nics"][0],
+        "affinity": snapshot["affinity"][0],
+        "pcie": snapshot["gpus"][0]["pcie"],
+    }[where]
+    part["extra"] = {"deep": value}
+    body = json.dumps({"snapshot": snapshot}).encode()
+    response = world.host_worker.post("/api/v1/hosts/rtx-pro-6000/topology", raw=body)
+    assert response.status_code == 422
+    assert response.json()["message"].startswith(named)
+    assert not TopologySnapshot.objects.exists()
 
 
 def test_host_token_records_topology_of_its_host_only(world):

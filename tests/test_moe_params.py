@@ -337,3 +337,32 @@ def test_it_reads_config_json_quantization_when_the_quant_config_is_empty(empty)
 def test_it_rejects_a_quant_config_that_is_not_an_object():
     with pytest.raises(MoEConfigError, match="quant config must be a JSON object, got list"):
         moe_params(load("glm-5-fp8_config.json"), quant_config=[1])
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("num_hidden_layers", 2**31),
+        ("num_hidden_layers", 10**7),
+        ("hidden_size", 2**31),
+        ("moe_intermediate_size", 2**31),
+        ("n_routed_experts", 2**31),
+        ("num_experts_per_tok", 2**31),
+    ],
+)
+def test_it_rejects_a_size_no_gpu_could_hold_at_once(key, value):
+    config = load("glm-5-fp8_config.json")
+    config[key] = value
+
+    with pytest.raises(MoEConfigError, match=f"^{key} .*at most"):
+        moe_params(config)
+
+
+def test_it_counts_moe_layers_without_walking_them():
+    config = load("glm-5-fp8_config.json")
+    config.update(num_hidden_layers=4096, first_k_dense_replace=3, moe_layer_freq=2)
+    assert moe_params(config).num_moe_layers == len(range(4, 4096, 2))
+    qwen = load("qwen3-30b-a3b_config.json")
+    qwen.update(num_hidden_layers=4096, decoder_sparse_step=3, mlp_only_layers=[2, 3, 5, 9000])
+    assert moe_params(qwen).num_moe_layers == 4096 // 3 - 2

@@ -22,6 +22,14 @@ HIDDEN_KEYS = ("hidden_size", "d_model")
 # Llama 4's intermediate_size is the experts' size; its dense layers use intermediate_size_mlp.
 INTERMEDIATE_KEYS = ("moe_intermediate_size", "intermediate_size", "ffn_config.ffn_hidden_size")
 LAYERS_KEYS = ("num_hidden_layers", "n_layers", "num_layers")
+# Upper bounds of a model's sizes, each far above every published model (in brackets). At the
+# bounds one expert (3·H·I weights, 4 bits at best) still fits one GPU: 3 · 2^17 · 2^17 / 2 bytes
+# = 24 GiB of an H200's 141 GB; larger sizes are typos, and would overflow the 32-bit columns.
+MAX_EXPERTS = 1 << 14  # 384 (Kimi K2), 512 (Qwen3-Next)
+MAX_HIDDEN_SIZE = 1 << 17  # 7,168 (DeepSeek-V3), 16,384 (Llama 3.1 405B)
+MAX_INTERMEDIATE_SIZE = 1 << 17  # 2,048 (DeepSeek-V3), 16,384 (Mixtral 8x22B)
+MAX_LAYERS = 1 << 12  # 61 (DeepSeek-V3), 126 (Llama 3.1 405B)
+MAX_VOCAB_SIZE = 1 << 24  # 163,840 (Kimi K2), 262,144 (Gemma 3)
 
 
 class MoEConfigError(ValueError):
@@ -85,15 +93,17 @@ def moe_params(
         )
     if isinstance(num_experts, int) and num_experts <= 1:
         raise MoEConfigError(f"not a Mixture-of-Experts config: {experts_key} is {num_experts}")
-    num_experts = _positive_int(experts_key, num_experts)
-    topk = _required(sections, TOPK_KEYS, "top-k")
+    num_experts = _positive_int(experts_key, num_experts, MAX_EXPERTS)
+    topk = _required(sections, TOPK_KEYS, "top-k", MAX_EXPERTS)
     if topk > num_experts:
         raise MoEConfigError(f"top-k {topk} is larger than the {num_experts} experts")
-    hidden_size = _required(sections, HIDDEN_KEYS, "hidden size")
-    intermediate = _required(sections, INTERMEDIATE_KEYS, "MoE intermediate size")
+    hidden_size = _required(sections, HIDDEN_KEYS, "hidden size", MAX_HIDDEN_SIZE)
+    intermediate = _required(
+        sections, INTERMEDIATE_KEYS, "MoE intermediate size", MAX_INTERMEDIATE_SIZE
+    )
 
     experts_per_rank, n = _shard(num_experts, intermediate, tp, ep)
-    num_layers = _optional_int(sections, LAYERS_KEYS)
+    num_layers = _optional_int(sections, LAYERS_KEYS, MAX_LAYERS)
     if quant_config:
         quantization, block_shape = _quantization(_as_object(quant_config, "quant config"))
     else:
@@ -130,7 +140,7 @@ def vocab_size(config: dict | str | bytes) -> int | None:
     text_config = config.get("text_config")
     sections = [text_config, config] if isinstance(text_config, dict) else [config]
     key, value = _first(sections, ("vocab_size", "padded_vocab_size"))
-    if key is None or isinstance(value, bool) or not isinstance(value, int) or value < 2:
+    if key is None or not _is_int(value) or not 2 <= value <= MAX_VOCAB_SIZE:
         return None
     return value
 
@@ -169,24 +179,29 @@ def _num_moe_layers(sections: list[dict], num_layers: int | None) -> int | None:
         return None
     _, moe_layers = _first(sections, ("moe_layers",))
     if isinstance(moe_layers, list):
-        return len(moe_layers)
+        return min(len(moe_layers), num_layers)
     _, step = _first(sections, ("interleave_moe_layer_step",))
-    if isinstance(step, int) and step >= 1:
+    if _is_int(step) and step >= 1:
         # Llama 4: layers step-1, 2·step-1, … are MoE.
         return num_layers // step
     _, first_dense = _first(sections, ("first_k_dense_replace",))
     _, freq = _first(sections, ("moe_layer_freq",))
-    if isinstance(first_dense, int):
+    if _is_int(first_dense):
         # DeepSeek/GLM/Kimi: layer i is MoE when i >= first_k_dense_replace and i % freq == 0.
-        freq = freq if isinstance(freq, int) and freq >= 1 else 1
-        return sum(1 for i in range(num_layers) if i >= first_dense and i % freq == 0)
+        freq = freq if _is_int(freq) and freq >= 1 else 1
+        return len(range(-(-max(first_dense, 0) // freq) * freq, num_layers, freq))
     _, sparse_step = _first(sections, ("decoder_sparse_step",))
-    if isinstance(sparse_step, int) and sparse_step >= 1:
+    if _is_int(sparse_step) and sparse_step >= 1:
         # Qwen2/3-MoE: layer i is MoE when (i + 1) % step == 0 and i is not in mlp_only_layers.
         _, dense = _first(sections, ("mlp_only_layers",))
-        dense = set(dense) if isinstance(dense, list) else set()
-        return sum(1 for i in range(num_layers) if (i + 1) % sparse_step == 0 and i not in dense)
+        dense = {i for i in dense if _is_int(i)} if isinstance(dense, list) else set()
+        dense_moe = sum(1 for i in dense if 0 <= i < num_layers and (i + 1) % sparse_step == 0)
+        return num_layers // sparse_step - dense_moe
     return num_layers
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _quantization_of_config(sections: list[dict]) -> tuple[str | None, tuple[int, int] | None]:
@@ -238,7 +253,8 @@ def _block(value) -> tuple[int, int] | None:
             bn, bk = (int(v) for v in value)
         except (TypeError, ValueError):
             return None
-        return (bn, bk) if bn > 0 and bk > 0 else None
+        sizes_fit = 0 < bn <= MAX_HIDDEN_SIZE and 0 < bk <= MAX_HIDDEN_SIZE
+        return (bn, bk) if sizes_fit else None
     return None
 
 
@@ -261,21 +277,26 @@ def _first(sections: list[dict], keys: tuple[str, ...]):
     return None, None
 
 
-def _required(sections: list[dict], keys: tuple[str, ...], what: str) -> int:
+def _required(sections: list[dict], keys: tuple[str, ...], what: str, maximum: int) -> int:
     key, value = _first(sections, keys)
     if key is None:
         raise MoEConfigError(f"missing {what}: none of " + ", ".join(keys) + " is set")
-    return _positive_int(key, value)
+    return _positive_int(key, value, maximum)
 
 
-def _optional_int(sections: list[dict], keys: tuple[str, ...]) -> int | None:
+def _optional_int(sections: list[dict], keys: tuple[str, ...], maximum: int) -> int | None:
     key, value = _first(sections, keys)
-    return None if key is None else _positive_int(key, value)
+    return None if key is None else _positive_int(key, value, maximum)
 
 
-def _positive_int(key: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _positive_int(key: str, value, maximum: int) -> int:
+    if not _is_int(value) or value < 1:
         raise MoEConfigError(f"{key} must be a positive integer, got {json.dumps(value)}")
+    if value > maximum:
+        raise MoEConfigError(
+            f"{key} must be at most {maximum:,} (no model that runs on GPUs comes near), "
+            f"got {value}"
+        )
     return value
 
 

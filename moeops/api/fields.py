@@ -1,7 +1,6 @@
 """Constrained payload types: what PostgreSQL and SQLite both store without an error."""
 
 import datetime as dt
-import math
 from typing import Annotated, Any, ClassVar
 
 from ninja import Schema
@@ -14,42 +13,13 @@ from pydantic import (
     model_validator,
 )
 
-# Largest value of the integer columns (PositiveIntegerField is a 32-bit column on PostgreSQL).
-MAX_INT = 2_147_483_647
-MAX_SMALL_INT = 32_767
-MAX_BIG_INT = 9_223_372_036_854_775_807
-MAX_JSON_DEPTH = 64
-
-
-def _storable_text(value: str) -> str:
-    # PostgreSQL text and jsonb hold neither U+0000 nor lone surrogates (not UTF-8).
-    if "\x00" in value:
-        raise ValueError("must not contain the NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (it holds a lone surrogate)") from None
-    return value
-
-
-def _storable_json(value: Any) -> Any:
-    """Reject what jsonb refuses: NUL or lone surrogates, NaN/Infinity, deep nesting."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise ValueError(f"is nested deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(item, str):
-            _storable_text(item)
-        elif isinstance(item, float) and not math.isfinite(item):
-            raise ValueError("must not contain NaN or Infinity")
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                _storable_text(key)
-                stack.append((child, depth + 1))
-        elif isinstance(item, list):
-            stack.extend((child, depth + 1) for child in item)
-    return value
+from moeops.storable import (
+    MAX_BIG_INT,
+    MAX_INT,
+    MAX_SMALL_INT,
+    storable_json,
+    storable_text,
+)
 
 
 def text(max_length: int, min_length: int = 0):
@@ -57,18 +27,18 @@ def text(max_length: int, min_length: int = 0):
     return Annotated[
         str,
         StringConstraints(min_length=min_length, max_length=max_length),
-        AfterValidator(_storable_text),
+        AfterValidator(storable_text),
     ]
 
 
-LongText = Annotated[str, StringConstraints(max_length=1_000_000), AfterValidator(_storable_text)]
+LongText = Annotated[str, StringConstraints(max_length=1_000_000), AfterValidator(storable_text)]
 Name = text(200, min_length=1)
 Slug = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"^[-a-zA-Z0-9_]+$")]
 PosInt = Annotated[int, Field(ge=0, le=MAX_INT)]
 SmallInt = Annotated[int, Field(ge=0, le=MAX_SMALL_INT)]
 BigInt = Annotated[int, Field(ge=0, le=MAX_BIG_INT)]
-JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
-JsonList = Annotated[list[Any], AfterValidator(_storable_json)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(storable_json)]
+JsonList = Annotated[list[Any], AfterValidator(storable_json)]
 
 
 class In(BaseModel):

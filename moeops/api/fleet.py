@@ -45,6 +45,7 @@ from moeops.fleet.models import (
     Host,
     ModelSpec,
 )
+from moeops.storable import storable_json
 from workers.topology import parse_nvidia_smi_topo
 
 router = Router(tags=["fleet"])
@@ -311,9 +312,15 @@ def gpu_reading_list(request, ref: str):
 
 
 class LooseIn(In):
-    """A part of a probe snapshot: known keys are checked, others kept."""
+    """A part of a probe snapshot: known keys are checked, others kept as jsonb can store them."""
 
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _storable_extras(self):
+        # keys the schema does not name skip the field types' checks (Any), not jsonb's
+        storable_json(self.model_extra or {})
+        return self
 
 
 Cell = text(100) | None
