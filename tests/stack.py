@@ -247,6 +247,23 @@ class SweepStack:
             + self.worker.log()[-6000:]
         )
 
+    def wait_for_findings(self, run, keys, timeout=60):
+        """The deployment's findings {(kind, key): Finding} once those of keys exist: the
+        analysis runs after the run's final status commits, so a test that saw the status
+        may look before the findings are written."""
+        from moeops.insights.models import Finding
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                rows = Finding.objects.filter(deployment_id=run.deployment_id)
+                found = {(f.kind, f.key): f for f in rows}
+            except OperationalError:
+                found = {}
+            if set(keys) <= set(found) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.2)
+
     def spooled(self):
         """Pushes waiting in the worker's spool folder."""
         return sorted(Path(self.spool_dir).glob("*.json"))

@@ -169,7 +169,9 @@ def test_a_sweep_of_the_real_engine_records_what_it_measured(vllm_stack):
     samples = list(run.engine_samples.filter(level_concurrency=8))
     assert samples and all(s.running is not None and s.running <= 4 for s in samples)
 
-    findings = {(f.kind, f.key): f for f in run.deployment.findings.all()}
+    findings = vllm_stack.wait_for_findings(
+        run, [("queueing", "running-cap"), ("engine_mismatch", "version")]
+    )
     queueing = findings[("queueing", "running-cap")]
     assert queueing.evidence["cap"] == 4
     assert queueing.evidence["cap_source"] == (
