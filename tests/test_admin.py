@@ -146,3 +146,28 @@ def test_health_checks_and_gpu_readings_are_listed_but_not_edited(admin):
     shown = admin.get(f"/admin/fleet/healthcheck/{check.pk}/change/")
     assert shown.status_code == 200 and 'name="status"' not in shown.content.decode()
     assert admin.get(f"/admin/fleet/gpureading/{reading.pk}/change/").status_code == 200
+
+
+def test_it_rejects_run_parameters_the_schema_refuses(admin):
+    run = pb.run(pb.deployment(), "sweep", parameters={"levels": [32]})
+    fields = {
+        "deployment": run.deployment_id,
+        "label": run.label,
+        "status": run.status,
+        "source": run.source,
+        "progress": "{}",
+        "snapshot": "{}",
+        "telemetry_status": run.telemetry_status,
+        "levels-TOTAL_FORMS": "0",
+        "levels-INITIAL_FORMS": "0",
+    }
+    url = f"/admin/runs/sweeprun/{run.pk}/change/"
+    response = admin.post(url, {**fields, "parameters": json.dumps({"levels": 5})})
+    assert response.status_code == 200
+    assert any(e.startswith("<li>parameters.levels: ") for e in _errors(response)), _errors(
+        response
+    )
+    run.refresh_from_db()
+    assert run.parameters == {"levels": [32]}
+    response = admin.post(url, {**fields, "parameters": json.dumps({"levels": [32, 64]})})
+    assert response.status_code == 302, _errors(response)

@@ -9,7 +9,7 @@ from django.db.models import Q
 from ninja import Query, Router, Schema
 from ninja.errors import HttpError
 from ninja.pagination import paginate
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, WithJsonSchema
 
 from moeops.api import lookups
 from moeops.api.auth import WRITE, require_write
@@ -37,6 +37,7 @@ from moeops.runs.models import (
     TELEMETRY_STATUSES,
     LevelResult,
 )
+from moeops.runs.parameters import RunParameters
 
 router = Router(tags=["runs"])
 
@@ -66,7 +67,7 @@ class RunIn(In):
         None, description="chosen by the client so that a retried create stores one run"
     )
     label: text(200) = ""
-    parameters: JsonObject = Field(
+    parameters: Annotated[JsonObject, WithJsonSchema(RunParameters.model_json_schema())] = Field(
         {}, description="levels, input_len, output_len, prompts_per_level, warmup, …"
     )
     source: Literal["worker", "manual"] = "worker"

@@ -15,6 +15,7 @@ from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapsh
 from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
 from moeops.runs import snapshots
 from moeops.runs.models import LevelResult, SweepRun, TelemetrySample, level_key
+from moeops.runs.parameters import parameters_checked
 
 WRITEUP = "From the write-up 'The Pivot Point' (shared/seed/the-pivot-point.txt)"
 HERE = Path(__file__).resolve().parent
@@ -129,7 +130,7 @@ def _run(deployment, label, snapshot, levels, parameters, kernel_config=None):
     run.source = "manual"
     run.status = "succeeded"
     run.topology_snapshot = snapshot
-    run.parameters = parameters
+    run.parameters = parameters_checked(parameters)
     if not run.snapshot:
         # what the write-up tells of the run; it names no engine version
         run.snapshot = snapshots.initial_snapshot(

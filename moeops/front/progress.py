@@ -7,6 +7,10 @@ def _number(value):
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _listed(value):
+    return value if isinstance(value, list) else []
+
+
 def _clamp(value):
     return min(max(value, 0.0), 1.0)
 
@@ -33,7 +37,9 @@ def sweep_progress(run, now=None):
     """
     now = time.time() if now is None else now
     p = run.progress or {}
-    levels_total = _number(p.get("levels_total")) or len(run.parameters.get("levels") or []) or None
+    # runs imported before the parameters' schema hold a count under "levels", not a list
+    levels = (run.parameters or {}).get("levels")
+    levels_total = _number(p.get("levels_total")) or len(_listed(levels)) or None
     level_index = _number(p.get("level_index"))
     done, total = _number(p.get("requests_done")), _number(p.get("requests_total"))
 

@@ -1,6 +1,9 @@
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 
 from moeops.runs.models import EngineSample, LevelResult, SweepRun, TelemetrySample
+from moeops.runs.parameters import parameters_checked
 
 
 class LevelResultInline(admin.TabularInline):
@@ -19,8 +22,18 @@ class LevelResultInline(admin.TabularInline):
     show_change_link = True
 
 
+class SweepRunForm(forms.ModelForm):
+    def clean_parameters(self):
+        try:
+            return parameters_checked(self.cleaned_data["parameters"])
+        except ValidationError as exc:
+            lines = [f"{key}: {'; '.join(msgs)}" for key, msgs in exc.message_dict.items()]
+            raise forms.ValidationError(lines) from None
+
+
 @admin.register(SweepRun)
 class SweepRunAdmin(admin.ModelAdmin):
+    form = SweepRunForm
     list_display = ("display_label", "deployment", "status", "source", "created")
     list_filter = ("status", "source", "deployment")
     search_fields = ("label", "uuid")

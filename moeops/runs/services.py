@@ -22,6 +22,7 @@ from moeops.runs.models import (
     TelemetrySample,
     level_key,
 )
+from moeops.runs.parameters import parameters_checked
 from tuning.moe_params import vocab_size
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ def run_create(
     """(SweepRun, created); a run_uuid seen before returns that run (a retried create).
 
     The run's snapshot records the deployment, topology and load as they are now."""
+    # one schema for every path that writes parameters: ValidationError naming the key
+    parameters = parameters_checked(parameters)
     if run_uuid is not None:
         existing = SweepRun.objects.filter(uuid=run_uuid).first()
         if existing is not None:
@@ -114,20 +117,16 @@ def _check_sweep(deployment, parameters):
         raise ValidationError(
             {"endpoint_url": f"deployment {deployment.name!r} has no endpoint URL to sweep"}
         )
-    levels = parameters.get("levels")
-    if not isinstance(levels, list) or not levels or not all(map(_count, levels)):
+    parameters = parameters_checked(parameters)
+    if parameters.get("levels") is None:
         raise ValidationError(
             {"parameters.levels": "a sweep needs a list of concurrencies, each at least 1"}
         )
     for key in ("input_len", "output_len"):
-        if not _count(parameters.get(key)):
+        if parameters.get(key) is None:
             raise ValidationError(
                 {f"parameters.{key}": "a sweep needs a token count of at least 1"}
             )
-
-
-def _count(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def run_enqueue(*, run, task, host, kwargs):
@@ -343,12 +342,10 @@ def run_import(*, deployment, fmt, text, label="", file_name="", provenance=""):
     if existing is not None:
         return existing, False
     now = timezone.now()
-    parameters = {
-        "format": fmt,
-        "file_name": file_name,
-        "import_sha256": digest,
-        "levels": len(levels),
-    }
+    # the file's levels are its rows; "levels" is a sweep's list of concurrencies, not a count
+    parameters = parameters_checked(
+        {"format": fmt, "file_name": file_name, "import_sha256": digest}
+    )
     snapshot = snapshots.initial_snapshot(
         deployment=deployment, parameters={}, topology=None, source="import"
     )

@@ -1,0 +1,87 @@
+"""The one schema of a sweep run's parameters, checked on every path that writes them: the API,
+sweeps started from the page or the API (run_start), imported result files, the admin and the
+example data. Pages, the worker and the analysis then read these keys with these types."""
+
+from typing import Annotated, Any, Literal
+
+from django.core.exceptions import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ValidationError as SchemaError
+
+from moeops.storable import MAX_INT, storable_json
+
+# One sweep's numbers stay far below what a worker can hold in memory: a prompt of 2^24 tokens is
+# beyond every context window (Llama 4 Scout: 10 M), a level of 2^24 requests beyond any bench.
+MAX_TOKENS = 1 << 24
+MAX_REQUESTS = 1 << 24
+MAX_LEVELS = 1024
+
+Concurrency = Annotated[int, Field(strict=True, ge=1, le=MAX_INT)]
+Tokens = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]
+Requests = Annotated[int, Field(strict=True, ge=0, le=MAX_REQUESTS)]
+Positive = Annotated[float, Field(gt=0, le=1e9)]
+
+
+class RunParameters(BaseModel):
+    """A run's parameters: the load of a sweep (levels, lengths in tokens, rates in req/s, SLOs
+    in ms), what run_start adds from the deployment (base_url, model, gpu_indices, vocab_size),
+    and for imports the file's format and SHA-256. Other keys are kept as jsonb stores them."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    levels: list[Concurrency] | None = Field(
+        None, min_length=1, max_length=MAX_LEVELS, description="concurrencies, one level each"
+    )
+    input_len: Tokens | None = Field(None, description="prompt tokens per request")
+    output_len: Tokens | None = Field(None, description="output tokens per request")
+    prompts_per_level: Annotated[int, Field(strict=True, ge=1, le=MAX_REQUESTS)] | None = None
+    warmup: Requests | None = Field(None, description="requests sent before each level")
+    endpoint: Literal["completions", "chat"] | None = None
+    request_rate: Positive | None = Field(None, description="req/s; null: unlimited")
+    processes: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None
+    timeout_s: Positive | None = None
+    slo_ttft_ms: Positive | None = None
+    slo_tpot_ms: Positive | None = None
+    slo_e2el_ms: Positive | None = None
+    base_url: Annotated[str, Field(max_length=200)] | None = None
+    model: Annotated[str, Field(max_length=200)] | None = None
+    gpu_indices: list[Annotated[int, Field(strict=True, ge=0, le=1023)]] | None = Field(
+        None, max_length=1024
+    )
+    vocab_size: Annotated[int, Field(strict=True, ge=2, le=MAX_INT)] | None = None
+    moe_kernel: Literal["default", "tuned"] | None = Field(
+        None, description="the kernel a run without a config file on record ran"
+    )
+    format: Literal["sglang", "vllm"] | None = Field(None, description="an imported file's")
+    file_name: Annotated[str, Field(max_length=300)] | None = None
+    import_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+    @model_validator(mode="after")
+    def _checked(self):
+        if self.levels is not None and len(set(self.levels)) != len(self.levels):
+            raise ValueError("levels: each concurrency once")
+        # every value, the named keys' strings and the others alike, as jsonb stores it
+        storable_json(self.model_dump(exclude_unset=True))
+        return self
+
+
+def parameters_checked(parameters: Any) -> dict:
+    """The parameters as RunParameters reads them (the keys given, nothing added); raises
+    ValidationError naming the first wrong key ("parameters.levels": …)."""
+    if parameters is None:
+        return {}
+    try:
+        checked = RunParameters.model_validate(parameters)
+    except SchemaError as exc:
+        error = exc.errors()[0]
+        loc = [str(part) for part in error["loc"]]
+        message = error["msg"].removeprefix("Value error, ")
+        if not loc and ": " in message:
+            # the model's own checks name their key in front of the message
+            key, message = message.split(": ", 1)
+            loc = [key]
+        if len(loc) > 1:
+            message = f"{'.'.join(loc[1:])}: {message}"
+        field = f"parameters.{loc[0]}" if loc else "parameters"
+        raise ValidationError({field: message}) from None
+    return checked.model_dump(exclude_unset=True)
