@@ -548,6 +548,13 @@ def test_regression_holds_back_within_ten_percent_or_without_a_previous_run():
     assert analysis.regression(RunData(levels=[Level(128, 500.0)])) == []
 
 
+def test_regression_leaves_out_levels_whose_every_request_failed():
+    before = [Level(128, 1000.0, completed=100), Level(256, 0.0, completed=0, failed=100)]
+    now = [Level(128, 0.0, completed=0, failed=100), Level(256, 1200.0, completed=100)]
+
+    assert analysis.regression(RunData(levels=now, previous=previous(before))) == []
+
+
 def test_runs_are_comparable_only_with_the_same_levels_and_lengths():
     base = {"levels": [128, 256], "input_len": 1024, "output_len": 1024}
 

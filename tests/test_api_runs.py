@@ -199,6 +199,23 @@ def test_it_names_the_field_of_a_bad_level(world):
     assert response.json()["message"].startswith("completed:")
 
 
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"output_throughput": -500.0}, "output_throughput: must be at least 0"),
+        ({"duration": -3.0}, "duration: must be at least 0"),
+        ({"mean_ttft_ms": 1e308}, "mean_ttft_ms: must be at most 1e+09"),
+        ({"started_at": 1.7e9 + 60, "finished_at": 1.7e9}, "finished_at: must not be before"),
+    ],
+)
+def test_it_rejects_level_metrics_no_level_can_have(world, fields, named):
+    run = world.run(status="running")
+    response = world.host_worker.post(f"/api/v1/runs/{run.pk}/levels", {**LEVEL, **fields})
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(named)
+    assert not LevelResult.objects.exists()
+
+
 # --------------------------------------------------------------------------- telemetry
 
 

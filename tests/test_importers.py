@@ -150,3 +150,19 @@ def test_it_rejects_bad_objects(text, problem):
 def test_it_rejects_an_unknown_format():
     with pytest.raises(ResultFileError, match="format must be one of sglang, vllm"):
         parse_results("{}", "trtllm")
+
+
+def test_it_rejects_level_metrics_no_level_can_have():
+    [obj] = [json.loads(line) for line in (RESULTS / SGLANG_AGG).read_text().splitlines()]
+    bad = [
+        {**obj, "output_throughput": -500},
+        {**obj, "max_concurrency": 16, "duration": -3},
+        {**obj, "max_concurrency": 32, "mean_ttft_ms": 1e308},
+    ]
+    with pytest.raises(ResultFileError) as caught:
+        parse_results("\n".join(json.dumps(o) for o in bad), "sglang")
+    assert caught.value.problems == [
+        "line 1: output_throughput must be at least 0, got -500.0",
+        "line 2: duration must be at least 0, got -3.0",
+        "line 3: mean_ttft_ms must be at most 1e+09, got 1e+308",
+    ]

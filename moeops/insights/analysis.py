@@ -88,6 +88,11 @@ class Level:
     def timed(self):
         return self.started_at is not None and self.finished_at is not None
 
+    @property
+    def all_failed(self):
+        """Every request of the level failed: it measured the error, not the engine."""
+        return self.completed == 0 and bool(self.failed)
+
 
 @dataclass(frozen=True)
 class GpuSample:
@@ -927,6 +932,10 @@ def _flag(name):
 # -- regression ------------------------------------------------------------------------------
 
 
+def _measured(levels):
+    return [level for level in levels if not level.all_failed]
+
+
 def comparable_key(parameters: dict) -> tuple | None:
     """What two runs must share to be compared: levels, input and output length; None if unset."""
     levels = parameters.get("levels")
@@ -937,11 +946,12 @@ def comparable_key(parameters: dict) -> tuple | None:
 
 
 def regression(data: RunData) -> list[Proposal]:
-    """A level's output throughput more than 10% below the previous comparable run's."""
+    """A level's output throughput more than 10% below the previous comparable run's; a level
+    whose every request failed, in either run, is no throughput to compare."""
     previous = data.previous
     if previous is None:
         return []
-    now, before = dict(_curve(data.levels)), dict(_curve(previous.levels))
+    now, before = dict(_curve(_measured(data.levels))), dict(_curve(_measured(previous.levels)))
     concurrency = sorted(set(now) & set(before))
     drops = {c: 1 - now[c] / before[c] for c in concurrency if before[c] > 0}
     worst = [c for c, drop in drops.items() if drop > REGRESSION_DROP]
@@ -1093,7 +1103,7 @@ def failed_requests(data: RunData) -> list[Proposal]:
     The engine's own message comes first, verbatim (the load generator's all_failed_with), so
     that "Token id 25531 is out of vocabulary" is read before any chart.
     """
-    dead = [lv for lv in data.levels if lv.completed == 0 and lv.failed]
+    dead = [lv for lv in data.levels if lv.all_failed]
     if not dead:
         return []
     first = min(dead, key=lambda lv: lv.concurrency or 0)

@@ -16,6 +16,7 @@ import json
 import math
 from collections import Counter
 
+from moeops.runs.levels import level_problems
 from moeops.runs.models import LATENCY_KEYS, level_key
 from reports import engine as engine_reports
 
@@ -199,6 +200,10 @@ def _level(obj, fmt):
             if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT:
                 level[field] = value
     level.setdefault("failed", 0)
+    problems = level_problems(level)
+    if problems:
+        name, problem = next(iter(problems.items()))
+        raise ValueError(f"{name} {problem}")
     level["errors"] = _error_counts(obj.get("errors"))
     level["raw"] = _jsonable(obj)
     return level

@@ -13,6 +13,7 @@ from kombu.exceptions import OperationalError
 from moeops.celery import send_host_task
 from moeops.insights import services as insights_services
 from moeops.runs import importers, snapshots
+from moeops.runs.levels import level_problems
 from moeops.runs.models import (
     FINISHED_STATUSES,
     EngineSample,
@@ -235,11 +236,15 @@ def run_cancel(*, run):
 def level_record(*, run, **fields):
     """(LevelResult, created) keyed by (run, concurrency, request rate); a repeat stores nothing.
 
-    fields are LevelResult fields; request_rate None or inf means unlimited.
+    fields are LevelResult fields; request_rate None or inf means unlimited. Raises
+    ValidationError naming a metric no level can have (negative, absurd, finished before started).
     """
     rate = fields.get("request_rate")
     if rate is not None and rate == float("inf"):
         fields["request_rate"] = rate = None
+    problems = level_problems(fields)
+    if problems:
+        raise ValidationError(problems)
     key = level_key(fields.get("concurrency"), rate)
     existing = run.levels.filter(key=key).first()
     if existing is not None:

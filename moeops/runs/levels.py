@@ -1,0 +1,42 @@
+"""What a level's numbers may be, for every path that stores one (the API, the worker through it,
+imported result files): rates, durations and latencies finite, not negative and below
+MAX_METRIC in their unit, and a level that does not finish before it starts."""
+
+import math
+
+from moeops.runs.models import LEVEL_KEYS
+
+# No level of any deployment reaches 10^9 tok/s, req/s, s or ms; a larger number is a broken
+# client, and would print as a 300-digit figure in a finding's title.
+MAX_METRIC = 1e9
+# LevelResult's counts (completed, tokens, …) are integer columns, checked as such.
+COUNT_FIELDS = (
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "max_concurrent_requests",
+)
+METRIC_FIELDS = ("request_rate", *(key for key in LEVEL_KEYS if key not in COUNT_FIELDS))
+
+
+def level_problems(fields: dict) -> dict[str, str]:
+    """{field: what is wrong} of a level's LevelResult fields (empty when it may be stored);
+    request_rate None is unlimited, started_at and finished_at are epoch s."""
+    problems = {}
+    for name in METRIC_FIELDS:
+        value = fields.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            problems[name] = f"must be a number, got {value!r}"
+        elif not math.isfinite(value):
+            problems[name] = f"must be finite, got {value!r}"
+        elif value < 0:
+            problems[name] = f"must be at least 0, got {float(value)!r}"
+        elif value > MAX_METRIC:
+            problems[name] = f"must be at most {MAX_METRIC:.0e}, got {float(value)!r}"
+    started, finished = fields.get("started_at"), fields.get("finished_at")
+    if started is not None and finished is not None and finished < started:
+        problems["finished_at"] = f"must not be before started_at ({finished} < {started})"
+    return problems
