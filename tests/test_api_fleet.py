@@ -199,6 +199,18 @@ def test_it_parses_nvidia_smi_topo_text(world):
     assert TopologySnapshot.objects.get().raw_text == matrix
 
 
+def test_it_rejects_p2p_text_sent_as_the_link_matrix(world):
+    p2p = (TOPOLOGY / "p2p_2x5090_gns.txt").read_text()
+    response = world.host_worker.post(
+        "/api/v1/hosts/rtx-pro-6000/topology", {"nvidia_smi_topo": p2p}
+    )
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(
+        "nvidia_smi_topo: topology matrix, line 1: this is `nvidia-smi topo -p2p` output"
+    )
+    assert not TopologySnapshot.objects.exists()
+
+
 def test_it_names_the_line_of_malformed_topo_text(world):
     body = {"nvidia_smi_topo": "\tGPU0\tGPU1\nGPU0\t X \tPHB\nGPU7\tPHB\t X \n"}
     response = world.host_worker.post("/api/v1/hosts/rtx-pro-6000/topology", body)

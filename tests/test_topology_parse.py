@@ -22,6 +22,16 @@ SNAPSHOT_KEYS = {
 }
 
 
+# `nvidia-smi topo -p2p r` on 2× NVIDIA L4 whose chipset does not support P2P, as published
+# (stas00/ml-engineering, network/README.md), without and with its legend
+L4_CNS = "$ nvidia-smi topo -p2p r\n        GPU0    GPU1\n GPU0   X       CNS\n GPU1   CNS     X\n"
+L4_CNS_LEGEND = L4_CNS + (
+    "\nLegend:\n\n  X    = Self\n  OK   = Status Ok\n  CNS  = Chipset not supported\n"
+    "  GNS  = GPU not supported\n  TNS  = Topology not supported\n  NS   = Not supported\n"
+    "  U    = Unknown\n"
+)
+
+
 def fixture(name):
     return (FIXTURES / name).read_text()
 
@@ -173,6 +183,37 @@ def test_it_reads_p2p_matrices_per_kind():
     assert snapshot["p2p"]["nvlink"] is None and snapshot["p2p"]["atomics"] is None
 
 
+def test_it_reads_real_p2p_output_of_a_chipset_without_p2p():
+    snapshot = parse_nvidia_smi_topo(
+        fixture("topo_m_2x5090_phb_tabs.txt"), {"read": L4_CNS, "write": L4_CNS_LEGEND}
+    )
+
+    assert snapshot["p2p"]["read"]["matrix"] == [["X", "CNS"], ["CNS", "X"]]
+    assert snapshot["p2p"]["write"]["matrix"] == [["X", "CNS"], ["CNS", "X"]]
+
+
+def test_it_reads_every_code_of_both_legends():
+    links = ["X", "SYS", "NODE", "PHB", "PXB", "PIX", "NV12"]
+    statuses = ["X", "OK", "CNS", "GNS", "TNS", "NS", "U"]
+    header = "\t" + "\t".join(f"GPU{i}" for i in range(7)) + "\n"
+
+    def square(codes):
+        # row i holds code i in every column but its own, where X is
+        rows = [
+            f"GPU{i}\t" + "\t".join("X" if i == j else codes[max(i, j)] for j in range(7))
+            for i in range(7)
+        ]
+        return header + "\n".join(rows) + "\n"
+
+    snapshot = parse_nvidia_smi_topo(square(links), {"atomics": square(statuses)})
+
+    assert {c for row in snapshot["links"]["matrix"] for c in row} == set(links)
+    assert {c for row in snapshot["p2p"]["atomics"]["matrix"] for c in row} == {
+        *statuses[:-1],
+        "unknown",
+    }
+
+
 def test_it_records_an_unknown_p2p_status_as_unknown():
     text = " \tGPU0\tGPU1\t\n GPU0\tX\tU\t\n GPU1\tNS\tX\t\n"
 
@@ -241,15 +282,43 @@ def test_it_names_the_line_of_a_row_with_missing_cells():
     assert str(error).startswith("topology matrix, line 5: ")
 
 
-def test_it_names_the_line_of_an_unknown_link_type():
+def test_it_keeps_a_link_type_its_legend_lacks_verbatim():
     text = fixture("topo_m_4gpu_pcie_phb.txt").replace(
         "GPU2    PHB     PHB      X      PHB", "GPU2    PHB     PHB      X      QPI", 1
+    )
+
+    assert cell(parse_nvidia_smi_topo(text), "GPU2", "GPU3") == "QPI"
+
+
+def test_it_names_a_cell_that_is_no_link_type():
+    text = fixture("topo_m_4gpu_pcie_phb.txt").replace(
+        "GPU2    PHB     PHB      X      PHB", "GPU2    PHB     PHB      X      0-15", 1
     )
 
     error = parse_error(text)
 
     assert error.line_number == 4
-    assert "unknown link type 'QPI' in GPU2 row, column GPU3" in str(error)
+    assert "'0-15' in GPU2 row, column GPU3 is no link type" in str(error)
+
+
+@pytest.mark.parametrize("name", ["p2p_2x5090_gns.txt", "p2p_2x3090_ok.txt", "L4_CNS"])
+def test_it_rejects_p2p_output_sent_as_the_link_matrix(name):
+    text = L4_CNS if name == "L4_CNS" else fixture(name)
+
+    error = parse_error(text)
+
+    assert error.source == "topology matrix"
+    assert "this is `nvidia-smi topo -p2p` output (P2P statuses such as" in str(error)
+    assert "send it as a P2P matrix" in str(error)
+
+
+def test_it_rejects_link_matrix_output_sent_as_p2p():
+    matrix = "        GPU0    GPU1\nGPU0     X      PHB\nGPU1    PHB      X\n"
+
+    error = parse_error(fixture("topo_m_2x5090_phb_tabs.txt"), {"read": matrix})
+
+    assert error.source == "p2p read"
+    assert "this is `nvidia-smi topo -m` output (link types such as PHB)" in str(error)
 
 
 def test_it_names_the_line_where_the_matrix_stops_short():
@@ -313,13 +382,21 @@ def test_it_names_stray_text_after_the_matrix():
     assert error.line_number == len(text.splitlines())
 
 
-def test_it_names_the_p2p_text_and_line_at_fault():
+def test_it_keeps_a_p2p_status_its_legend_lacks_verbatim():
     p2p = " \tGPU0\tGPU1\t\n GPU0\tX\tMAYBE\t\n GPU1\tOK\tX\t\n"
+
+    snapshot = parse_nvidia_smi_topo(fixture("topo_m_2x5090_phb_tabs.txt"), {"nvlink": p2p})
+
+    assert snapshot["p2p"]["nvlink"]["matrix"] == [["X", "MAYBE"], ["OK", "X"]]
+
+
+def test_it_names_the_p2p_text_and_line_at_fault():
+    p2p = " \tGPU0\tGPU1\t\n GPU0\tX\t1.5\t\n GPU1\tOK\tX\t\n"
 
     error = parse_error(fixture("topo_m_2x5090_phb_tabs.txt"), {"nvlink": p2p})
 
     assert error.source == "p2p nvlink"
-    assert str(error) == ("p2p nvlink, line 2: unknown P2P status 'MAYBE' in GPU0 row, column GPU1")
+    assert str(error) == "p2p nvlink, line 2: '1.5' in GPU0 row, column GPU1 is no P2P status"
 
 
 def test_it_rejects_p2p_text_from_another_host():

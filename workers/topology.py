@@ -25,7 +25,9 @@ A snapshot is a plain dict (JSON) with exactly these top-level keys:
 
 Whatever cannot be read is None or "unknown", never guessed. Link cells use nvidia-smi's
 codes (X, PIX, PXB, PHB, NODE, SYS, NV<n>; "same board" for two GPUs on one card); P2P
-cells use its codes too (OK, CNS, GNS, TNS, NS, DR) with "unknown" for unknown.
+cells use its codes too (OK, CNS, GNS, TNS, NS, DR) with "unknown" for unknown. A code
+neither legend documents (a newer driver's) is kept verbatim; the parser tells `topo -m`
+text from `topo -p2p` text by the codes it holds and refuses one sent for the other.
 
 This module imports nothing heavy at import time: the web tier imports the pure functions
 `parse_nvidia_smi_topo`, `diff_snapshots` and `snapshot_fingerprint`; pynvml is imported
@@ -67,10 +69,15 @@ _ATTRIBUTE_COLUMNS = (
     ("NUMA Affinity", "numa"),
     ("GPU NUMA ID", "gpu_numa"),
 )
-# SOC is what drivers before 2017 printed for SYS; other codes a driver prints are in its legend.
-_LINK_CODES = {"X", "SYS", "SOC", "NODE", "PHB", "PXB", "PIX"}
+# `nvidia-smi topo -m`'s legend (NV# is NV1, NV2, …); SOC is what drivers before 2017 printed
+# for SYS.
+_LINK_CODES = {"X", "SYS", "SOC", "NODE", "PHB", "PXB", "PIX", "NV#"}
 _NVLINK_CELL = re.compile(r"NV\d+\Z")
+# `nvidia-smi topo -p2p`'s legend; DR (disabled by regkey) is printed by newer drivers only.
 _P2P_CODES = {"X", "OK", "CNS", "GNS", "TNS", "NS", "DR", "U"}
+# A code either legend may add later (C2C, …) is kept; a cell of another shape is text that
+# slipped into the matrix (an affinity value, a number), so the row is wrong.
+_CODE = re.compile(r"[A-Za-z][A-Za-z0-9#]{0,15}\Z")
 _LEGEND_ENTRY = re.compile(r"\s*(\S+)\s*=\s*\S")
 _NIC_LEGEND_ENTRY = re.compile(r"\s*(NIC\d+):\s*(\S+)\s*\Z")
 _GPU_LABEL = re.compile(r"GPU\d+\Z")
@@ -161,7 +168,6 @@ def _parse_matrix(lines: list[str]) -> dict:
     while end < len(lines) and lines[end].strip() and lines[end].strip() != "Legend:":
         end += 1
     legend, nic_devices = _parse_legends(lines, end, labels)
-    allowed = _LINK_CODES | legend
 
     rows: dict[str, list[str]] = {}
     affinity = []
@@ -181,9 +187,9 @@ def _parse_matrix(lines: list[str]) -> dict:
                 line_number,
             )
         for column, cell in zip(labels, cells, strict=True):
-            if cell not in allowed and not _NVLINK_CELL.match(cell):
+            if not _CODE.match(cell):
                 raise TopologyParseError(
-                    f"unknown link type {cell!r} in {label} row, column {column}", line_number
+                    f"{cell!r} in {label} row, column {column} is no link type", line_number
                 )
         if cells[labels.index(label)] != "X":
             raise TopologyParseError(
@@ -214,6 +220,14 @@ def _parse_matrix(lines: list[str]) -> dict:
             f"the matrix has rows for {len(rows)} of {len(labels)} devices; "
             f"missing {', '.join(missing)}",
             end + 1,
+        )
+    links, statuses = _codes_found(rows.values(), legend)
+    if statuses and not links and not attributes:
+        raise TopologyParseError(
+            f"this is `nvidia-smi topo -p2p` output (P2P statuses such as "
+            f"{', '.join(statuses[:3])}), not the link matrix of `nvidia-smi topo -m`; send it "
+            f"as a P2P matrix",
+            header_index + 1,
         )
     nics = [
         {"name": label, "device": nic_devices.get(label, None if label[:3] == "NIC" else label)}
@@ -266,11 +280,31 @@ def _parse_legends(lines: list[str], start: int, labels: list[str]) -> tuple[set
     return codes, nic_devices
 
 
+def _codes_found(rows, legend: set[str]) -> tuple[list[str], list[str]]:
+    """(link types, P2P statuses) that the cells and the legend hold, the diagonal's X aside:
+    the two outputs share no other code, which tells them apart."""
+    codes = {cell for row in rows for cell in row} | legend
+    links = sorted(c for c in codes if c != "X" and (c in _LINK_CODES or _NVLINK_CELL.match(c)))
+    statuses = sorted(c for c in codes if c != "X" and c in _P2P_CODES)
+    return links, statuses
+
+
+def _not_p2p(found: list[str], line_number: int, source: str) -> TopologyParseError:
+    return TopologyParseError(
+        f"this is `nvidia-smi topo -m` output ({found}), not `nvidia-smi topo -p2p`; send it "
+        f"as the topology matrix",
+        line_number,
+        source,
+    )
+
+
 def _parse_p2p(lines: list[str], kind: str, gpu_labels: list[str]) -> dict:
     source = f"p2p {kind}"
     header_index = _first_content_line(lines)
     if header_index == len(lines):
         raise TopologyParseError("no `nvidia-smi topo -p2p` matrix in the text", 1, source)
+    if any(title in lines[header_index] for title, _ in _ATTRIBUTE_COLUMNS):
+        raise _not_p2p("affinity columns", header_index + 1, source)
     labels = lines[header_index].split()
     if not labels or labels[0] != "GPU0" or not all(_GPU_LABEL.match(label) for label in labels):
         raise TopologyParseError(
@@ -302,7 +336,6 @@ def _parse_p2p(lines: list[str], kind: str, gpu_labels: list[str]) -> dict:
                 source,
             )
         legend.add(entry.group(1))
-    allowed = _P2P_CODES | legend
 
     rows: dict[str, list[str]] = {}
     for index in range(header_index + 1, end):
@@ -322,13 +355,13 @@ def _parse_p2p(lines: list[str], kind: str, gpu_labels: list[str]) -> dict:
                 source,
             )
         for column, cell in zip(labels, cells, strict=True):
-            if cell not in allowed:
+            if not _CODE.match(cell):
                 raise TopologyParseError(
-                    f"unknown P2P status {cell!r} in {label} row, column {column}",
+                    f"{cell!r} in {label} row, column {column} is no P2P status",
                     line_number,
                     source,
                 )
-        rows[label] = ["unknown" if cell == "U" else cell for cell in cells]
+        rows[label] = cells
     missing = [label for label in labels if label not in rows]
     if missing:
         raise TopologyParseError(
@@ -337,6 +370,10 @@ def _parse_p2p(lines: list[str], kind: str, gpu_labels: list[str]) -> dict:
             end + 1,
             source,
         )
+    links, statuses = _codes_found(rows.values(), legend)
+    if links and not statuses:
+        raise _not_p2p(f"link types such as {', '.join(links[:3])}", header_index + 1, source)
+    rows = {label: ["unknown" if c == "U" else c for c in cells] for label, cells in rows.items()}
     return {"labels": labels, "matrix": [rows[label] for label in labels]}
 
 
