@@ -264,6 +264,28 @@ def test_outsider_cannot_touch_another_hosts_tuning_run(world):
     assert world.outsider.post("/api/v1/tuning-runs", {**TUNING, "uuid": None}).status_code == 403
 
 
+def test_it_rejects_a_tuning_run_for_a_deployment_of_another_host(world):
+    # the outsider's token is bound to h200-lab; glm-5-sglang runs on rtx-pro-6000
+    body = {**TUNING, "uuid": None, "host": "h200-lab"}
+    response = world.outsider.post("/api/v1/tuning-runs", body)
+    assert response.status_code == 403
+    assert response.json()["detail"].endswith("may not write host 'rtx-pro-6000'")
+    response = world.owner.post("/api/v1/tuning-runs", body)
+    assert response.status_code == 400
+    assert response.json()["detail"] == (
+        "host: deployment 'glm-5-sglang' runs on host 'rtx-pro-6000', not 'h200-lab'"
+    )
+    assert not TuningRun.objects.exists()
+
+
+def test_it_rejects_a_retried_tuning_run_of_another_host(world):
+    assert world.host_worker.post("/api/v1/tuning-runs", TUNING).status_code == 201
+    body = {**TUNING, "host": "h200-lab", "deployment": "glm-5-h200"}
+    response = world.outsider.post("/api/v1/tuning-runs", body)
+    assert response.status_code == 409
+    assert TuningRun.objects.get().host.name == "rtx-pro-6000"
+
+
 def test_it_records_why_a_tuning_run_has_no_telemetry(world):
     world.host_worker.post("/api/v1/tuning-runs", {**TUNING, "status": "running"})
     ref = TUNING["uuid"]

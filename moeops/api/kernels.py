@@ -340,12 +340,13 @@ class TuningRunFilter(CreatedRange):
 def tuning_run_create(request, payload: TuningRunIn):
     """Create a tuning run; with a `uuid` seen before, the existing run (200)."""
     fields = payload.model_dump()
-    deployment = host = None
+    deployment = None
+    host = lookups.get_host(fields["host"]) if fields["host"] is not None else None
     if fields["deployment"] is not None:
         deployment = lookups.get_deployment(fields["deployment"])
-        host = deployment.host
-    if fields["host"] is not None:
-        host = lookups.get_host(fields["host"])
+        # the deployment's host is whose data this is, as for sweeps
+        require_write(request, deployment.host)
+        host = host or deployment.host
     require_write(request, host)
     for key in ("uuid", "host", "deployment"):
         fields.pop(key)

@@ -131,17 +131,36 @@ def _tuned_on(config):
 
 
 def tuning_run_create(*, run_uuid=None, host=None, deployment=None, **fields):
-    """(TuningRun, created); a run_uuid seen before returns that run (a retried create)."""
+    """(TuningRun, created); a run_uuid seen before returns that run (a retried create).
+
+    A deployment's tune runs on the deployment's host: another host raises ValidationError
+    naming host; a run_uuid of another host's or deployment's tune raises TuningConflict."""
+    if deployment is not None and host is not None and deployment.host_id != host.pk:
+        raise ValidationError(
+            {
+                "host": f"deployment {deployment.name!r} runs on host "
+                f"{deployment.host.name!r}, not {host.name!r}"
+            }
+        )
     if run_uuid is not None:
         existing = TuningRun.objects.filter(uuid=run_uuid).first()
         if existing is not None:
-            return existing, False
+            return _same_owner(existing, host, deployment), False
         fields["uuid"] = run_uuid
     try:
         with transaction.atomic():
             return TuningRun.objects.create(host=host, deployment=deployment, **fields), True
     except IntegrityError:
-        return TuningRun.objects.get(uuid=run_uuid), False
+        return _same_owner(TuningRun.objects.get(uuid=run_uuid), host, deployment), False
+
+
+def _same_owner(tuning_run, host, deployment):
+    # a retry may leave out what the first create named, never name another
+    if (host is not None and tuning_run.host_id != host.pk) or (
+        deployment is not None and tuning_run.deployment_id != deployment.pk
+    ):
+        raise TuningConflict(f"tuning run {tuning_run.uuid} belongs to another host or deployment")
+    return tuning_run
 
 
 def tuning_run_update(*, tuning_run, status=None, **fields):
