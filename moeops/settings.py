@@ -161,6 +161,11 @@ CELERY_BROKER_URL = REDIS_URL
 # Web-side tasks (analysis) run inline when asked, e.g. by tests without a broker.
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
 
+# What a deployment's endpoint may name besides its host's own name (the worker fetches it):
+# host names (".lab.example": any name under lab.example), addresses and networks (10.0.0.0/8).
+MOEOPS_ENDPOINT_ALLOWLIST = envlist(
+    "MOEOPS_ENDPOINT_ALLOWLIST", ["localhost", "127.0.0.0/8", "::1"]
+)
 # Seconds between the health checks of every deployment that has an endpoint URL (Celery
 # beat); 0 turns them off.
 MOEOPS_HEALTH_CHECK_INTERVAL_S = envint("MOEOPS_HEALTH_CHECK_INTERVAL_S", 300, minimum=0)

@@ -30,8 +30,8 @@ KIMI_CONFIG = {
 }
 
 
-def sign_in(client, username="alice"):
-    user = User.objects.create_user(username, password=f"pw-{username}-123")
+def sign_in(client, username="alice", staff=False):
+    user = User.objects.create_user(username, password=f"pw-{username}-123", is_staff=staff)
     client.force_login(user)
     return user
 

@@ -80,7 +80,8 @@ def page(browser, live_server):
 
 @pytest.fixture
 def member(db):
-    return User.objects.create_user("dana", password=PASSWORD)
+    # staff: the deployment form sets an endpoint address, which only staff may choose
+    return User.objects.create_user("dana", password=PASSWORD, is_staff=True)
 
 
 def _shot(page, name):

@@ -48,6 +48,11 @@ class ScriptedServer:
         self.bodies.append(body)
         if mode == "http500":
             return web.json_response({"object": "error", "message": "boom"}, status=500)
+        if mode == "not_an_engine":
+            # what another service on the endpoint's address answers: its own page or JSON
+            if n % 2:
+                return web.Response(status=403, text="<h1>admin console</h1> token=s3cret")
+            return web.json_response({"message": "token=s3cret"}, status=403)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         if mode == "garbage":
@@ -217,6 +222,14 @@ def test_it_counts_http_errors_and_a_missing_done(scripted):
     assert errors["errors"] == {"http_500": 4}
     nodone = asyncio.run(loadgen.run_level(_client(scripted.url + "/nodone"), _level()))
     assert nodone["errors"] == {"missing_done": 4}
+
+
+def test_it_keeps_only_the_status_line_of_an_answer_that_is_no_engines(scripted):
+    refused = asyncio.run(loadgen.run_level(_client(scripted.url + "/not_an_engine"), _level()))
+    assert refused["errors"] == {"http_403": 4}
+    assert refused["error_samples"] == {"http_403": "Forbidden"}
+    engine = asyncio.run(loadgen.run_level(_client(scripted.url + "/http500"), _level()))
+    assert engine["error_samples"] == {"http_500": "boom"}
 
 
 def test_it_counts_timeouts_and_refused_connections(scripted, free_port):

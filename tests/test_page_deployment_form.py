@@ -8,7 +8,8 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def fleet(client):
-    pb.sign_in(client)
+    # staff: the forms below set endpoint addresses, which only staff may choose
+    pb.sign_in(client, staff=True)
     return pb.model(), pb.host(), pb.host("other", gpus=2)
 
 

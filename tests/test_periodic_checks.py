@@ -21,6 +21,7 @@ def test_it_sends_one_check_per_deployment_with_an_endpoint(
     redis_url, monkeypatch, settings, django_capture_on_commit_callbacks
 ):
     settings.MOEOPS_HEALTH_CHECK_INTERVAL_S = 120
+    settings.MOEOPS_ENDPOINT_ALLOWLIST = ["127.0.0.1", "10.0.0.0/8"]
     queues.send_to(monkeypatch, redis_url)
     h200, b200 = pb.host("h200-x8"), pb.host("b200-x8", gpu_name="NVIDIA B200")
     queues.clear(redis_url, h200.queue_name, b200.queue_name)

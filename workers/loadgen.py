@@ -578,21 +578,24 @@ def _error_event_message(error) -> str:
     return str(error)[:ERROR_MESSAGE_CHARS]
 
 
-def server_error_message(body: bytes) -> str:
+def server_error_message(body: bytes, reason_phrase: str) -> str:
     """The engine's own words for a refused request: the message of its OpenAI-style error
-    body ({"error": {"message"}} or {"message"}), else the body's start as text."""
+    body ({"error": {"message"}}, or vLLM's and SGLang's {"object": "error", "message"}).
+    Any other answer is not an engine's (a proxy, another service at the endpoint's address):
+    only its status line's reason phrase is kept, never its body."""
     try:
         obj = json.loads(body)
     except ValueError:
         obj = None
     if isinstance(obj, dict):
         error = obj.get("error")
-        message = error.get("message") if isinstance(error, dict) else obj.get("message")
-        if isinstance(error, str) and not message:
-            message = error
-        if message:
-            return str(message)[:ERROR_MESSAGE_CHARS]
-    return body[:ERROR_MESSAGE_CHARS].decode("utf-8", "replace")
+        if isinstance(error, dict):
+            message = error.get("message")
+        else:
+            message = obj.get("message") if obj.get("object") == "error" else None
+        if isinstance(message, str) and message:
+            return message[:ERROR_MESSAGE_CHARS]
+    return reason_phrase
 
 
 async def send_request(
@@ -614,9 +617,8 @@ async def send_request(
         ):
             in_body = True
             if response.status_code != 200:
-                raise _StreamFailure(
-                    f"http_{response.status_code}", server_error_message(await response.aread())
-                )
+                message = server_error_message(await response.aread(), response.reason_phrase)
+                raise _StreamFailure(f"http_{response.status_code}", message)
             async for data in response.aiter_raw():
                 parser.feed(data, time.perf_counter())
         if not parser.done:

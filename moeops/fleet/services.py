@@ -8,6 +8,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from moeops.celery import send_host_task
+from moeops.fleet.endpoints import endpoint_change_refusal, endpoint_refusal
 from moeops.fleet.models import (
     GPU,
     HEALTH_STATUSES,
@@ -140,14 +141,17 @@ def topology_record(*, host, snapshot, source=None, raw_text="", captured_at=Non
         return row, True, diff_snapshots(previous.as_snapshot(), row.as_snapshot())
 
 
-def deployment_create(*, name, model, host, gpu_indexes=(), **fields):
+def deployment_create(*, name, model, host, gpu_indexes=(), user=None, **fields):
     """(Deployment, created); an existing deployment of that name is returned unchanged.
 
-    gpu_indexes picks GPUs of the host; an index the host lacks raises GPU.DoesNotExist.
+    gpu_indexes picks GPUs of the host; an index the host lacks raises GPU.DoesNotExist. An
+    endpoint_url that fleet.endpoints refuses (user: who sets it; None: an API token) raises
+    ValidationError naming endpoint_url.
     """
     existing = Deployment.objects.filter(name=name).first()
     if existing is not None:
         return existing, False
+    _check_endpoint(host=host, url=fields.get("endpoint_url", ""), current="", user=user)
     with transaction.atomic():
         gpus = [host.gpus.get(index=index) for index in gpu_indexes]
         try:
@@ -159,12 +163,21 @@ def deployment_create(*, name, model, host, gpu_indexes=(), **fields):
     return deployment, True
 
 
-def deployment_update(*, deployment, **fields):
+def deployment_update(*, deployment, user=None, **fields):
     """Set the given fields (launch arguments, endpoint, a status such as stopped, …).
 
     A health status (healthy, degraded, failed) with its status_detail is a check reported
-    through the API: health_check_record keeps it in the history and sets the status.
+    through the API: health_check_record keeps it in the history and sets the status. An
+    endpoint_url that fleet.endpoints refuses (user: who sets it; None: an API token) raises
+    ValidationError naming endpoint_url.
     """
+    if "endpoint_url" in fields:
+        _check_endpoint(
+            host=deployment.host,
+            url=fields["endpoint_url"],
+            current=deployment.endpoint_url,
+            user=user,
+        )
     with transaction.atomic():
         if fields.get("status") in HEALTH:
             health_check_record(
@@ -178,6 +191,12 @@ def deployment_update(*, deployment, **fields):
         if fields:
             deployment.save(update_fields=[*fields, "updated"])
     return deployment
+
+
+def _check_endpoint(*, host, url, current, user):
+    refusal = endpoint_change_refusal(host=host, url=url, current=current, user=user)
+    if refusal:
+        raise ValidationError({"endpoint_url": refusal})
 
 
 def health_check_record(
@@ -251,14 +270,19 @@ def deployment_check_enqueue(*, deployment, trigger, expires_s=None):
     """Send `workers.check_deployment` for the deployment to its host's queue once the current
     transaction commits; returns the task's kwargs.
 
-    Raises ValidationError naming endpoint_url when the deployment has none, and kombu's
-    OperationalError when the broker cannot be reached (at once where no transaction is open,
-    as in a view or a task). expires_s: a check no worker started by then is dropped (s).
+    Raises ValidationError naming endpoint_url when the deployment has none or one that
+    fleet.endpoints refuses, and kombu's OperationalError when the broker cannot be reached
+    (at once where no transaction is open, as in a view or a task). expires_s: a check no
+    worker started by then is dropped (s).
     """
     if not deployment.endpoint_url:
         raise ValidationError(
             {"endpoint_url": f"deployment {deployment.name!r} has no endpoint URL to check"}
         )
+    # an endpoint stored before the allow-list, or since taken off it, is not fetched
+    refusal = endpoint_refusal(host=deployment.host, url=deployment.endpoint_url)
+    if refusal:
+        raise ValidationError({"endpoint_url": refusal})
     kwargs = {
         "deployment": deployment.pk,
         "base_url": deployment.endpoint_url,

@@ -4,6 +4,7 @@ import datetime as dt
 
 from django import forms
 
+from moeops.fleet.endpoints import endpoint_change_refusal
 from moeops.fleet.models import ENGINES, GPU, VIRTUALIZATION_KINDS, Deployment, Host, ModelSpec
 from moeops.insights.models import PLAN_STATUSES, Note
 from moeops.kernels.models import KernelConfig
@@ -70,12 +71,24 @@ class DeploymentForm(forms.ModelForm):
             "endpoint_url": "The OpenAI-compatible server the host's worker sweeps.",
         }
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
+        # who saves: only staff may point the deployment at a new endpoint address
+        self.user = user
         self.fields["model"].queryset = ModelSpec.objects.order_by("name")
         self.fields["host"].queryset = Host.objects.order_by("name")
         self.fields["gpus"].queryset = GPU.objects.select_related("host").order_by("host", "index")
         self.fields["gpus"].label_from_instance = lambda gpu: f"{gpu.host.name} · GPU{gpu.index}"
+
+    def clean_endpoint_url(self):
+        url = self.cleaned_data["endpoint_url"]
+        host = self.cleaned_data.get("host")
+        if host is not None:
+            current = self.instance.endpoint_url
+            refusal = endpoint_change_refusal(host=host, url=url, current=current, user=self.user)
+            if refusal:
+                raise forms.ValidationError(refusal[:1].upper() + refusal[1:] + ".")
+        return url
 
     def clean(self):
         cleaned = super().clean()

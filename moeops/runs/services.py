@@ -11,6 +11,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from moeops.celery import send_host_task
+from moeops.fleet.endpoints import endpoint_refusal
 from moeops.insights import services as insights_services
 from moeops.runs import importers, snapshots
 from moeops.runs.levels import level_problems
@@ -118,6 +119,10 @@ def _check_sweep(deployment, parameters):
         raise ValidationError(
             {"endpoint_url": f"deployment {deployment.name!r} has no endpoint URL to sweep"}
         )
+    # an endpoint stored before the allow-list, or since taken off it, is not swept
+    refusal = endpoint_refusal(host=deployment.host, url=deployment.endpoint_url)
+    if refusal:
+        raise ValidationError({"endpoint_url": refusal})
     parameters = parameters_checked(parameters)
     if parameters.get("levels") is None:
         raise ValidationError(

@@ -93,7 +93,7 @@ def deployments(request):
 
 @login_required
 def deployment_create(request):
-    form = DeploymentForm(request.POST or None)
+    form = DeploymentForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         fields = dict(form.cleaned_data)
         gpus = fields.pop("gpus")
@@ -110,7 +110,7 @@ def deployment_create(request):
 @login_required
 def deployment_edit(request, pk):
     deployment = _get_deployment_for_user(request.user, pk)
-    form = DeploymentForm(request.POST or None, instance=deployment)
+    form = DeploymentForm(request.POST or None, instance=deployment, user=request.user)
     if request.method == "POST" and form.is_valid():
         form.save()
         messages.success(request, "Deployment saved.")

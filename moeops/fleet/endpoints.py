@@ -1,0 +1,70 @@
+"""Which addresses a deployment's endpoint may name. The host's worker fetches that URL (health
+checks, sweeps, /metrics), so an endpoint is a request the worker makes on someone's word: it
+may name only the host itself (its name, or an address in MOEOPS_ENDPOINT_ALLOWLIST, loopback by
+default) and only staff may point a deployment at a new address."""
+
+import ipaddress
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+
+def endpoint_refusal(*, host, url):
+    """Why the worker of `host` may not be sent to `url`, or "" when it may (an empty URL may)."""
+    if not url:
+        return ""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port out of range raises here
+    except ValueError as exc:
+        return f"{url!r} is not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s) URL with a host"
+    name = parts.hostname.rstrip(".").lower()
+    if name == host.name.lower() or _allowed(name):
+        return ""
+    return (
+        f"{parts.hostname} is neither host {host.name} nor in MOEOPS_ENDPOINT_ALLOWLIST "
+        f"({', '.join(settings.MOEOPS_ENDPOINT_ALLOWLIST) or 'empty'})"
+    )
+
+
+def _allowed(name):
+    """Whether a host name or IP address is in MOEOPS_ENDPOINT_ALLOWLIST: names (".lab.example"
+    for every name under lab.example), addresses and networks (10.0.0.0/8)."""
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        address = None
+    for entry in settings.MOEOPS_ENDPOINT_ALLOWLIST:
+        entry = entry.lower()
+        if address is not None:
+            try:
+                if address in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                pass
+        elif name == entry or (entry.startswith(".") and name.endswith(entry)):
+            return True
+    return False
+
+
+def _origin(url):
+    try:
+        parts = urlsplit(url)
+        return parts.scheme, (parts.hostname or "").rstrip(".").lower(), parts.port
+    except ValueError:
+        return url
+
+
+def endpoint_change_refusal(*, host, url, current="", user=None):
+    """Why `user` may not set a deployment of `host` from endpoint `current` to `url`, or "".
+
+    A new address (scheme, host name or port) is staff's to set; user None is an API token,
+    which an admin issued. Whoever sets it, and whenever it is saved, the address must pass
+    endpoint_refusal."""
+    if not url or _origin(url) == _origin(current):
+        return endpoint_refusal(host=host, url=url)
+    if user is not None and not (user.is_active and user.is_staff):
+        return "only staff may point a deployment at a new endpoint address"
+    return endpoint_refusal(host=host, url=url)

@@ -1,0 +1,116 @@
+"""What a deployment's endpoint may name (moeops.fleet.endpoints): the host's worker fetches it,
+so only the host itself or MOEOPS_ENDPOINT_ALLOWLIST, and only staff choose a new address."""
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.test import Client
+
+from moeops.fleet import services as fleet_services
+from moeops.fleet.models import Deployment
+from moeops.fleet.tasks import check_deployments
+from moeops.runs import services as run_services
+from moeops.runs.models import SweepRun
+from tests.api_base import make_world
+
+METADATA = "http://169.254.169.254/latest/meta-data/"
+
+
+@pytest.fixture
+def world(db):
+    world = make_world()
+    world.deployment.endpoint_url = "http://127.0.0.1:30000"
+    world.deployment.save()
+    return world
+
+
+def _browser(staff):
+    browser = Client()
+    browser.force_login(User.objects.create_user("staff" if staff else "member", is_staff=staff))
+    return browser
+
+
+def _edit(browser, deployment, endpoint_url):
+    form = {
+        "name": deployment.name,
+        "model": deployment.model_id,
+        "host": deployment.host_id,
+        "engine": deployment.engine,
+        "tp": deployment.tp,
+        "ep": deployment.ep,
+        "launch_args": "{}",
+        "allreduce_fusion": "unknown",
+        "endpoint_url": endpoint_url,
+        "status": deployment.status,
+    }
+    return browser.post(f"/deployments/{deployment.pk}/edit/", form)
+
+
+def test_it_rejects_an_endpoint_that_is_neither_the_host_nor_allowed(world):
+    body = {"name": "probe", "model": "GLM-5", "host": "rtx-pro-6000", "endpoint_url": METADATA}
+    response = world.owner.post("/api/v1/deployments", body)
+    assert response.status_code == 400
+    assert response.json()["detail"] == (
+        "endpoint_url: 169.254.169.254 is neither host rtx-pro-6000 nor in "
+        "MOEOPS_ENDPOINT_ALLOWLIST (localhost, 127.0.0.0/8, ::1)"
+    )
+    assert not Deployment.objects.filter(name="probe").exists()
+    patch = world.host_worker.patch("/api/v1/deployments/glm-5-sglang", {"endpoint_url": METADATA})
+    assert patch.status_code == 400
+    world.deployment.refresh_from_db()
+    assert world.deployment.endpoint_url == "http://127.0.0.1:30000"
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://127.0.0.1:30000", True),
+        ("http://localhost:8000/v1", True),
+        ("http://[::1]:8000", True),
+        ("http://rtx-pro-6000:8000", True),
+        ("http://RTX-PRO-6000.:8000", True),
+        ("http://10.1.2.3:8000", True),
+        ("http://gpu7.lab.example:8000", True),
+        ("http://lab.example.evil:8000", False),
+        ("http://10.0.0.1@169.254.169.254/", False),
+        ("http://h200-lab:8000", False),
+        ("file:///etc/passwd", False),
+        ("http://127.0.0.1:99999", False),
+    ],
+)
+def test_it_allows_the_host_and_the_allow_list_only(world, settings, url, allowed):
+    settings.MOEOPS_ENDPOINT_ALLOWLIST = ["localhost", "127.0.0.0/8", "::1", "10.0.0.0/8"]
+    settings.MOEOPS_ENDPOINT_ALLOWLIST += [".lab.example"]
+    response = world.owner.patch("/api/v1/deployments/glm-5-sglang", {"endpoint_url": url})
+    assert (response.status_code == 200) is allowed, response.json()
+
+
+def test_only_staff_point_a_deployment_at_a_new_address(world):
+    member, staff = _browser(staff=False), _browser(staff=True)
+    response = _edit(member, world.deployment, "http://127.0.0.1:6379")
+    assert response.status_code == 200
+    assert "Only staff may point a deployment at a new endpoint address." in response.text
+    world.deployment.refresh_from_db()
+    assert world.deployment.endpoint_url == "http://127.0.0.1:30000"
+    # the address it has, or none, a member may keep or clear
+    assert _edit(member, world.deployment, "http://127.0.0.1:30000/").status_code == 302
+    assert _edit(staff, world.deployment, "http://127.0.0.1:30001").status_code == 302
+    world.deployment.refresh_from_db()
+    assert world.deployment.endpoint_url == "http://127.0.0.1:30001"
+    response = _edit(staff, world.deployment, METADATA)
+    assert "169.254.169.254 is neither host rtx-pro-6000" in response.text
+
+
+def test_an_endpoint_stored_before_the_rule_is_neither_swept_nor_checked(world):
+    Deployment.objects.filter(pk=world.deployment.pk).update(endpoint_url=METADATA)
+    world.deployment.refresh_from_db()
+    with pytest.raises(ValidationError) as caught:
+        run_services.run_start(
+            deployment=world.deployment,
+            parameters={"levels": [8], "input_len": 8, "output_len": 8},
+        )
+    assert list(caught.value.message_dict) == ["endpoint_url"]
+    assert not SweepRun.objects.exists()
+    with pytest.raises(ValidationError):
+        fleet_services.deployment_check_enqueue(deployment=world.deployment, trigger="manual")
+    assert check_deployments() == []
