@@ -8,7 +8,16 @@ from moeops.kernels.models import KernelConfig
 from moeops.runs.models import LevelResult, SweepRun, TelemetrySample
 from moeops.wsgi import application
 from tests.api_base import make_world, wsgi_in_test_transaction
-from workers.client import ApiError, Conflict, MoeopsClient, NotFound, Unreachable
+from workers.client import (
+    SPOOL_GIVE_UP_S,
+    SPOOL_MAX_BACKOFF_S,
+    SPOOL_MAX_FAILURES,
+    ApiError,
+    Conflict,
+    MoeopsClient,
+    NotFound,
+    Unreachable,
+)
 
 ENTRY = {
     "BLOCK_SIZE_M": 16,
@@ -28,6 +37,7 @@ class Switchable(httpx.BaseTransport):
         self.down = False
         self.fail_with = []  # statuses to answer before reaching the app
         self.retry_after = "2"  # the Retry-After header (s) of those answers
+        self.poison = {}  # path → the status every request to it gets (a push the app fails)
         self.requests = []
 
     def handle_request(self, request):
@@ -38,6 +48,8 @@ class Switchable(httpx.BaseTransport):
             status = self.fail_with.pop(0)
             headers = {"Retry-After": self.retry_after}
             return httpx.Response(status, headers=headers, json={"detail": "busy"})
+        if request.url.path in self.poison:
+            return httpx.Response(self.poison[request.url.path], json={"detail": "poison"})
         return self.app.handle_request(request)
 
 
@@ -58,13 +70,20 @@ def sleeps():
 
 
 @pytest.fixture
-def client(world, transport, sleeps, tmp_path):
+def clock():
+    """The spool's clock (UTC epoch s), moved by the test."""
+    return [1.7e9]
+
+
+@pytest.fixture
+def client(world, transport, sleeps, clock, tmp_path):
     with MoeopsClient(
         "http://testserver",
         world.host_token,
         spool_dir=tmp_path / "spool",
         transport=transport,
         sleep=sleeps.append,
+        clock=lambda: clock[0],
     ) as client:
         yield client
 
@@ -184,20 +203,77 @@ def test_a_new_push_waits_behind_the_spool(client, transport, world):
     assert not client.spool.entries()
 
 
-def test_a_refused_spooled_push_is_set_aside(client, transport, world, tmp_path):
+def _replay_until_settled(client, clock, times=SPOOL_MAX_FAILURES):
+    """Replay as often as the spool's backoff lets a failing push be tried `times` times."""
+    for _ in range(times):
+        clock[0] += SPOOL_MAX_BACKOFF_S
+        client.replay_spool()
+
+
+def test_a_refused_spooled_push_is_set_aside_after_its_refusals(
+    client, transport, world, clock, tmp_path
+):
     finished = world.run(status="failed")
     queued = world.run()
     transport.down = True
     client.update_run(str(finished.uuid), status="running")
     client.update_run(str(queued.uuid), status="running")
     transport.down = False
-    assert client.replay_spool() == (1, 0)
-    rejected = sorted((tmp_path / "spool" / "rejected").iterdir())
-    assert len(rejected) == 2
-    reason = [p for p in rejected if p.suffix == ".txt"][0].read_text()
-    assert reason.startswith("409: ")
+    # the refused push waits its backoff and does not hold back the other run's
+    assert client.replay_spool() == (1, 1)
     queued.refresh_from_db()
     assert queued.status == "running"
+    assert client.replay_spool() == (0, 1)
+    _replay_until_settled(client, clock, SPOOL_MAX_FAILURES - 1)
+    assert client.spool.entries() == [] and client.spool.rejected_count() == 1
+    reason = next((tmp_path / "spool" / "rejected").glob("*.txt")).read_text()
+    assert reason.startswith("409: ") and f"({SPOOL_MAX_FAILURES} failures since" in reason
+
+
+def test_a_push_that_always_gets_a_5xx_does_not_block_the_rest(client, transport, world, clock):
+    poisoned, other = world.run(status="running"), world.run(status="running")
+    transport.down = True
+    client.post_level(str(poisoned.uuid), {"concurrency": 8, "output_throughput": 1.0})
+    client.update_run(str(poisoned.uuid), status="succeeded")
+    client.post_level(str(other.uuid), {"concurrency": 8, "output_throughput": 2.0})
+    client.update_run(str(other.uuid), status="succeeded")
+    transport.down = False
+    transport.poison[f"/api/v1/runs/{poisoned.uuid}/levels"] = 500
+
+    assert client.replay_spool() == (2, 2)
+    other.refresh_from_db()
+    assert other.status == "succeeded" and other.levels.count() == 1
+    # the poisoned run's status waits behind its level, the order the analysis needs
+    poisoned.refresh_from_db()
+    assert poisoned.status == "running"
+    # a new push of another run goes through at once
+    client.post_engine_samples(str(other.uuid), [{"ts": 1.7e9, "running": 1.0}], batch_id="e")
+    assert other.engine_samples.count() == 1
+
+    # failing for less than SPOOL_GIVE_UP_S keeps it; then it is moved aside and the rest goes
+    _replay_until_settled(client, clock)
+    assert client.spool.rejected_count() == 0
+    clock[0] += SPOOL_GIVE_UP_S
+    client.replay_spool()
+    assert client.spool.rejected_count() == 1 and client.spool.entries() == []
+    poisoned.refresh_from_db()
+    assert poisoned.status == "succeeded" and poisoned.levels.count() == 0
+
+
+def test_a_web_tier_that_fails_everything_marks_no_push(client, transport, world, clock):
+    run = world.run(status="running")
+    transport.down = True
+    client.post_level(str(run.uuid), {"concurrency": 8, "output_throughput": 1.0})
+    transport.down = False
+    # the health check fails too: the web tier is down, not the push
+    transport.poison = {"/api/v1/health": 502, f"/api/v1/runs/{run.uuid}/levels": 502}
+    for _ in range(SPOOL_MAX_FAILURES + 1):
+        assert client.replay_spool() == (0, 1)
+        clock[0] += SPOOL_GIVE_UP_S
+    [entry] = client.spool.entries()
+    assert "failures" not in json.loads(entry.read_bytes())
+    transport.poison = {}
+    assert client.replay_spool() == (1, 0)
 
 
 def test_the_spool_outlives_the_worker_process(world, transport, tmp_path):

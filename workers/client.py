@@ -4,9 +4,11 @@ Configured by MOEOPS_URL (e.g. http://127.0.0.1:8000) and MOEOPS_TOKEN (a host's
 Every request is retried with exponential backoff on connection errors, 5xx and 429. Pushes
 of results (runs, levels, telemetry, topology, health checks, GPU readings, kernel configs,
 tuning runs) that still cannot reach the web tier are written to a spool folder
-(MOEOPS_SPOOL_DIR, default spool/ in tuning.cache_dir) and replayed in order before the next
-push, or by `replay_spool()`; the API's idempotency keys (run, check and reading UUIDs, level
-keys, batch ids) make a replay store once.
+(MOEOPS_SPOOL_DIR, default spool/ in tuning.cache_dir) and replayed before the next push, or by
+`replay_spool()`; the API's idempotency keys (run, check and reading UUIDs, level keys, batch
+ids) make a replay store once. Pushes of one resource (a run, a tune, a host, …) keep their
+order; a push the API keeps failing is retried with backoff and then moved to spool/rejected/,
+and holds back only the later pushes of its own resource.
 
     client = MoeopsClient()
     run = client.create_run("glm-5-sglang", label="sweep")
@@ -36,6 +38,16 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 # The API takes up to 100,000 samples a request; 5,000 keeps a request near 1 MB.
 TELEMETRY_BATCH = 5000
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# A spooled push the API refuses (4xx) this many times is moved aside; one that fails (5xx) is
+# moved aside once it has failed this many times and for SPOOL_GIVE_UP_S, while the web tier
+# answers its health check (a web tier that is down fails every push, through no push's fault).
+SPOOL_MAX_FAILURES = 5
+SPOOL_GIVE_UP_S = 3600.0
+# A failed push waits SPOOL_BACKOFF_S, doubling with each failure up to SPOOL_MAX_BACKOFF_S.
+SPOOL_BACKOFF_S = 10.0
+SPOOL_MAX_BACKOFF_S = 600.0
+# One replay stops after this many failed pushes in a row: more are the web tier's trouble.
+SPOOL_FAILURES_PER_REPLAY = 3
 
 
 class ApiError(Exception):
@@ -88,13 +100,42 @@ def _message(response):
     return str(body)[:300]
 
 
-class Spool:
-    """Pushes waiting for the web tier: one JSON file each, replayed oldest first."""
+def _stream(record):
+    """The resource a spooled push writes, whose pushes keep their order: the path's collection
+    and id (/runs/<uuid>/levels → runs <uuid>), a create's id being the uuid its body carries."""
+    parts = str(record.get("path", "")).strip("/").split("/")
+    body = record.get("body")
+    ref = parts[1] if len(parts) > 1 else body.get("uuid") if isinstance(body, dict) else None
+    return parts[0], ref
 
-    def __init__(self, folder):
+
+class Spool:
+    """Pushes waiting for the web tier: one JSON file each, replayed oldest first.
+
+    A push that fails is retried with backoff (clock: UTC epoch s) and moved to rejected/
+    after max_failures refusals (4xx), or failures (5xx) lasting give_up_s.
+    """
+
+    def __init__(
+        self,
+        folder,
+        *,
+        max_failures=SPOOL_MAX_FAILURES,
+        give_up_s=SPOOL_GIVE_UP_S,
+        backoff_s=SPOOL_BACKOFF_S,
+        max_backoff_s=SPOOL_MAX_BACKOFF_S,
+        clock=time.time,
+    ):
         self.folder = Path(folder)
         self.rejected = self.folder / "rejected"
+        self.max_failures = max_failures
+        self.give_up_s = give_up_s
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.clock = clock
         self._count = 0
+        # entry name → its stream, so that a push reads each waiting file once
+        self._streams = {}
 
     @contextlib.contextmanager
     def locked(self):
@@ -127,10 +168,51 @@ class Spool:
         return self.folder / name
 
     def reject(self, entry, reason):
-        """Keep a push the API refused (4xx) aside, with the reason, out of the queue."""
+        """Keep a push aside, with the reason, out of the queue (spool/rejected/)."""
         self.rejected.mkdir(parents=True, exist_ok=True)
         os.replace(entry, self.rejected / entry.name)
         (self.rejected / f"{entry.stem}.reason.txt").write_text(reason + "\n")
+
+    def rejected_count(self):
+        """How many pushes were moved aside (what the host's heartbeat reports)."""
+        return len(list(self.rejected.glob("*.json"))) if self.rejected.is_dir() else 0
+
+    def stream(self, entry, record=None):
+        """The resource the entry's push writes (_stream), None for an unreadable entry."""
+        if entry.name not in self._streams:
+            if record is None:
+                try:
+                    record = json.loads(entry.read_bytes())
+                except (OSError, ValueError):
+                    return None
+            self._streams[entry.name] = _stream(record)
+        return self._streams[entry.name]
+
+    def holds(self, stream):
+        """Whether a push of that resource still waits (a new one must go behind it)."""
+        return any(self.stream(entry) == stream for entry in self.entries())
+
+    def due(self, record):
+        return (record.get("retry_at") or 0) <= self.clock()
+
+    def failed(self, entry, record, reason, *, refused):
+        """Count a failed replay of the entry (refused: a 4xx); move it aside when it has
+        failed enough, else rewrite it to wait its backoff. Returns whether it was moved."""
+        now = self.clock()
+        failures = record.get("failures", 0) + 1
+        since = record.get("failing_since") or now
+        if failures >= self.max_failures and (refused or now - since >= self.give_up_s):
+            self.reject(entry, f"{reason} ({failures} failures since {since:.0f})")
+            return True
+        delay = min(self.backoff_s * 2 ** (failures - 1), self.max_backoff_s)
+        record.update(failures=failures, failing_since=since, retry_at=now + delay, error=reason)
+        temporary = self.folder / f".{entry.name}.tmp"
+        with open(temporary, "wb") as out:
+            out.write(_encode(record))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, entry)
+        return False
 
 
 class MoeopsClient:
@@ -154,6 +236,7 @@ class MoeopsClient:
         timeout_s=60.0,
         transport=None,
         sleep=time.sleep,
+        clock=time.time,
     ):
         base_url = (base_url or os.getenv("MOEOPS_URL") or DEFAULT_URL).rstrip("/")
         token = token if token is not None else os.getenv("MOEOPS_TOKEN", "")
@@ -165,7 +248,7 @@ class MoeopsClient:
             base_url=f"{base_url}/api/v1", headers=headers, timeout=timeout_s, transport=transport
         )
         folder = spool_dir or os.getenv("MOEOPS_SPOOL_DIR") or cache_dir() / "spool"
-        self.spool = Spool(folder) if spool else None
+        self.spool = Spool(folder, clock=clock) if spool else None
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -232,11 +315,13 @@ class MoeopsClient:
         """
         if self.spool is None:
             return self.request(method, path, body=body).json()
+        reachable = True
         if self.spool.entries():
-            self.replay_spool()
+            _, _, reachable = self._replay()
         with self.spool.locked():
-            # keep the order: nothing overtakes pushes that are still waiting
-            if not self.spool.entries():
+            # keep the order of one resource's pushes: none overtakes one still waiting; and
+            # while the web tier does not answer, a push waits without its retries' delays
+            if reachable and not self.spool.holds(_stream({"path": path, "body": body})):
                 try:
                     return self.request(method, path, body=body).json()
                 except Unreachable as exc:
@@ -245,34 +330,70 @@ class MoeopsClient:
         return {"spooled": True}
 
     def replay_spool(self):
-        """Send spooled pushes oldest first; stop at the first that still cannot get through.
+        """Send the spooled pushes that are due, oldest first; returns (sent, still waiting).
 
-        A push the API refuses (4xx, e.g. a status move that is no longer legal) is moved to
-        spool/rejected/ with the reason, so that it cannot block the ones behind it.
-        Returns (sent, still waiting).
+        A push that fails waits its backoff and holds back the later pushes of its resource
+        only; after Spool.max_failures refusals (4xx), or failures (5xx) for Spool.give_up_s
+        while the web tier answers its health check, it is moved to spool/rejected/ with the
+        reason. No answer at all (or a 429, or a health check that fails) ends the replay:
+        the web tier, not a push, is at fault.
         """
+        sent, waiting, _ = self._replay()
+        return sent, waiting
+
+    def _replay(self):
+        """(sent, still waiting, whether the web tier answered)."""
         if self.spool is None:
-            return 0, 0
-        sent = 0
+            return 0, 0, True
+        sent = failed_in_a_row = 0
+        reachable = True
         with self.spool.locked():
-            entries = self.spool.entries()
-            for entry in entries:
+            held = set()
+            for entry in self.spool.entries():
                 try:
                     record = json.loads(entry.read_bytes())
                 except ValueError:
                     self.spool.reject(entry, "not a readable spool entry")
                     continue
+                stream = self.spool.stream(entry, record)
+                if stream in held or not self.spool.due(record):
+                    held.add(stream)
+                    continue
                 try:
                     self.request(record["method"], record["path"], body=record["body"], retries=0)
-                except Unreachable:
-                    break
+                except Unreachable as exc:
+                    if exc.status in (None, 429) or not self._healthy():
+                        reachable = False
+                        break
+                    moved = self._spool_failed(entry, record, exc, refused=False)
+                    failed_in_a_row += 1
                 except ApiError as exc:
-                    log.warning("moeops API refused spooled %s: %s", entry.name, exc)
-                    self.spool.reject(entry, str(exc))
+                    moved = self._spool_failed(entry, record, exc, refused=True)
+                    failed_in_a_row += 1
+                else:
+                    entry.unlink()
+                    sent += 1
+                    failed_in_a_row = 0
                     continue
-                entry.unlink()
-                sent += 1
-            return sent, len(self.spool.entries())
+                if not moved:
+                    held.add(stream)
+                if failed_in_a_row >= SPOOL_FAILURES_PER_REPLAY:
+                    break
+            return sent, len(self.spool.entries()), reachable
+
+    def _spool_failed(self, entry, record, exc, *, refused):
+        moved = self.spool.failed(entry, record, str(exc), refused=refused)
+        what = "moved aside" if moved else "to be retried"
+        log.warning("moeops API failed spooled %s (%s): %s", entry.name, what, exc)
+        return moved
+
+    def _healthy(self):
+        """Whether the web tier answers its health check: then a 5xx is the push's own."""
+        try:
+            self.request("GET", "/health", retries=0)
+        except ApiError:
+            return False
+        return True
 
     # ------------------------------------------------------------------ runs
 
