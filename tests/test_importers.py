@@ -138,8 +138,8 @@ def test_it_rejects_a_repeated_level():
         ('{"output_throughput": "fast"}\n', "line 1: output_throughput is not a number"),
         ('{"output_throughput": 5, "completed": -1}\n', "line 1: completed is not a count"),
         ('{"output_throughput": 5, "max_concurrency": 1.5}\n', "max_concurrency is not an integer"),
-        ('{"output_throughput": 5, "tag": "a\\u0000b"}\n', "NUL character or invalid Unicode"),
-        ('{"output_throughput": 5, "tag": "\\ud800"}\n', "NUL character or invalid Unicode"),
+        ('{"output_throughput": 5, "tag": "a\\u0000b"}\n', "line 1: tag: must not contain the NUL"),
+        ('{"output_throughput": 5, "x": {"\\ud800": 1}}\n', "line 1: x: must be valid Unicode"),
     ],
 )
 def test_it_rejects_bad_objects(text, problem):

@@ -18,6 +18,7 @@ from collections import Counter
 
 from moeops.runs.levels import level_problems
 from moeops.runs.models import LATENCY_KEYS, level_key
+from moeops.storable import MAX_INT, storable_json
 from reports import engine as engine_reports
 
 FORMATS = ("sglang", "vllm")
@@ -58,7 +59,6 @@ INT_FIELDS = (
     "total_output_tokens",
     "max_concurrent_requests",
 )
-MAX_INT = 2_147_483_647
 # What a result file says of how it was made, kept in the imported run's snapshot.
 FILE_FACT_KEYS = (
     "backend",
@@ -139,25 +139,6 @@ def _jsonable(value):
     return value
 
 
-def _unstorable(value):
-    """True when a string or key holds NUL or a lone surrogate (jsonb refuses both)."""
-    if isinstance(value, str):
-        return "\x00" in value or not value.isascii() and not _encodes(value)
-    if isinstance(value, dict):
-        return any(_unstorable(k) or _unstorable(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_unstorable(item) for item in value)
-    return False
-
-
-def _encodes(text):
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _error_counts(errors):
     """vLLM saves one error string per request ("" for success); count them by text."""
     if isinstance(errors, dict):
@@ -226,8 +207,12 @@ def parse_results(text, fmt):
     for number, obj, error in objects:
         if error is None and not isinstance(obj, dict):
             error = "not a JSON object"
-        if error is None and _unstorable(obj):
-            error = "holds a NUL character or invalid Unicode"
+        if error is None:
+            try:
+                # as jsonb keeps it: non-finite numbers as words, strings without NUL, …
+                storable_json(_jsonable(obj))
+            except ValueError as exc:
+                error = str(exc)
         if error is None:
             try:
                 level = _level(obj, fmt)
