@@ -3,6 +3,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/moeops
+# make run PORT=8001 STANDIN_PORT=30001: the web app's and the stand-in engine's ports
+PORT ?= 8000
+STANDIN_PORT ?= 30000
 
 .PHONY: install run test test-gpu lint test-sqlite test-postgres _pytest-sqlite _pytest-postgres browser-deps engine clean
 
@@ -17,7 +20,7 @@ install: $(STAMP)
 run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py load_example_data
-	$(PY) manage.py runlocal
+	$(PY) manage.py runlocal --port $(PORT) --standin-port $(STANDIN_PORT)
 
 # Debian's Chromium for the browser tests; Playwright's own browser download cannot work here.
 browser-deps:

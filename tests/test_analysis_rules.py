@@ -59,6 +59,35 @@ def test_plateau_fires_on_the_write_up_curve():
     assert p.plan == ["Find the bottleneck behind the throughput plateau"]
 
 
+def test_a_plateau_at_the_engines_cap_says_so_and_proposes_the_queue_caps_change():
+    data = RunData(levels=write_up_levels(), max_running_requests=64, engine="sglang")
+    [plateau] = analysis.plateau(data)
+    [queueing] = analysis.queueing(data)
+
+    assert plateau.title.endswith(", at the engine's cap (--max-running-requests 64)")
+    assert "starts at or above the engine's running-request cap" in plateau.text
+    assert (plateau.evidence["running_cap"], plateau.evidence["at_running_cap"]) == (64, True)
+    # word for word the queue-cap finding's item, first: one action serves both
+    assert (
+        plateau.plan[0] == queueing.plan[0] == "Raise --max-running-requests above 64 and re-sweep"
+    )
+
+
+def test_a_plateau_below_the_cap_proposes_no_cap_change():
+    levels = [Level(32, 400.0), Level(64, 410.0), Level(128, 420.0)]
+    [p] = analysis.plateau(RunData(levels=levels, max_running_requests=256, engine="vllm"))
+
+    assert "cap" not in p.title
+    assert p.evidence["at_running_cap"] is False
+    assert p.plan == ["Find the bottleneck behind the throughput plateau"]
+
+
+def test_a_level_the_sweep_stopped_inside_is_left_out_of_the_curve():
+    levels = [Level(32, 400.0), Level(64, 800.0), Level(128, 810.0, partial=True)]
+
+    assert analysis.plateau(RunData(levels=levels)) == []
+
+
 def test_plateau_holds_back_on_a_curve_that_keeps_scaling():
     levels = [Level(32, 400.0), Level(64, 700.0), Level(128, 1200.0), Level(256, 2000.0)]
 

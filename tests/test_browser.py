@@ -5,21 +5,32 @@ test-artifacts/ (gitignored) for a person to look at.
 """
 
 import datetime as dt
+import io
+import json
 import os
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.utils import timezone
 
-from moeops.examples import load_example_data
+from moeops.examples import load_example_data, load_standin_deployment
+from moeops.fleet.models import Deployment
+from moeops.fleet.services import health_check_record
+from moeops.insights.models import Finding
+from moeops.kernels.models import TuningRun
 from moeops.kernels.services import kernel_config_import
 from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, SweepRun, level_key
 from tests import page_base as pb
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+# the README's screenshots: the first screen of a page, to keep the files small
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+RESULTS = Path(__file__).parent / "fixtures" / "results"
 KERNEL_FILE = (
     Path(__file__).parent
     / "fixtures"
@@ -87,6 +98,11 @@ def member(db):
 def _shot(page, name):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def _doc_shot(page, name):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
 
 
 def _log_in(page, member):
@@ -323,14 +339,14 @@ def test_every_page_renders_the_write_up(page, member):
         _shot(page, name)
 
     page.goto(page.base + "/compare/")
-    page.click("a:has-text('By model')")
+    page.click("a:has-text('Before / after kernel tuning')")
     names = [t["name"] for t in _traces(page, "cmp-peaks")]
     assert names == ["peak output tok/s"]
-    _shot(page, "14-compare-by-model")
+    _shot(page, "14-compare-before-after")
     page.goto(page.base + "/compare/")
-    page.click("a:has-text('By topology')")
-    page.wait_for_url("**group=topology*")
-    _shot(page, "15-compare-by-topology")
+    # the write-up's two models ran on two topologies: no pair varies one alone
+    assert page.locator("span.button.disabled:has-text('By topology')").count() == 1
+    _shot(page, "15-compare-presets")
 
     page.goto(page.base + deployment.get_absolute_url())
     with page.expect_navigation():
@@ -377,3 +393,255 @@ def test_host_page_draws_link_and_p2p_heatmaps(page, member):
     page.goto(page.base + "/hosts/rtx5090-x2/")
     assert _traces(page, "topo-p2p-read")[0]["n"] == 2
     _shot(page, "23-host-2x5090-p2p")
+
+
+# --- issue 19: what the UI claims is true at a glance ----------------------------------------
+
+
+def _analyzed_example():
+    """The example data as `make run` loads it: the write-up's runs analyzed."""
+    call_command("load_example_data", stdout=io.StringIO())
+    return Deployment.objects.get(name="GLM-5-NVFP4 on 8× RTX PRO 6000")
+
+
+def _standin_run(deployment, label="small sweep from the UI", peak=2606.0):
+    levels = [
+        {"concurrency": c, "output_throughput": peak * f, "median_tpot_ms": 10.0 * f}
+        for c, f in ((8, 0.3), (64, 1.0))
+    ]
+    return pb.run(deployment, label, levels=levels, snapshot={"engine": {"engine": "standin"}})
+
+
+def test_the_dashboard_marks_the_standin_and_says_no_check_has_run(page, member):
+    deployment = _analyzed_example()
+    standin = _standin_run(load_standin_deployment())
+    _log_in(page, member)
+    glm_row = page.locator("table.data").first.locator("tr", has_text=deployment.name)
+    assert glm_row.locator(".status").inner_text() == "not checked yet"
+    recent = page.locator("table.compact tr", has_text=standin.label)
+    assert recent.locator(".badge.standin").inner_text() == "stand-in"
+    # the headline first: a critical or warning finding leads the open findings
+    first = page.locator(".finding-line").first
+    assert first.locator(".badge.severity").inner_text() in ("Critical", "Warning")
+    favicon = page.get_attribute("link[rel=icon]", "href")
+    assert page.request.get(page.base + favicon).status == 200
+    _doc_shot(page, "dashboard")
+
+
+def test_compare_leaves_the_standin_out_unless_asked(page, member):
+    glm = _analyzed_example()
+    standin = _standin_run(load_standin_deployment())
+    sweep = glm.runs.get()
+    _log_in(page, member)
+    page.goto(f"{page.base}/compare/?run={sweep.uuid}&run={standin.uuid}")
+    notice = page.inner_text("#standin-left-out")
+    assert notice.startswith("1 stand-in run left out (small sweep from the UI)")
+    assert [t["name"] for t in _traces(page, "cmp-peaks")] == ["peak output tok/s"]
+    assert page.locator("#compare-table tbody tr").count() == 1
+    page.click("#standin-left-out a")
+    page.wait_for_url("**standin=1*")
+    names = page.evaluate("() => document.getElementById('cmp-peaks').data[0].y")
+    assert "GLM-5-NVFP4 · small sweep from the UI [stand-in]" in names
+    row = page.locator("#compare-table tr", has_text="small sweep from the UI")
+    assert row.locator(".badge.standin").inner_text() == "stand-in"
+    # a host with no GPU has no per-GPU figure
+    assert row.locator("td").nth(12).inner_text() == "n/a"
+    banner = page.inner_text("#differs-in")
+    assert "differs in: model" in banner
+
+
+def test_a_preset_compares_one_factor_and_states_the_headline(page, member):
+    _analyzed_example()
+    _log_in(page, member)
+    page.goto(page.base + "/compare/")
+    assert page.locator("span.button.disabled", has_text="By model").count() == 1
+    assert "By model: No two runs differ in the model alone." in page.inner_text(".presets")
+    page.click("a:has-text('Before / after kernel tuning')")
+    page.wait_for_selector("#differs-in")
+    banner = page.inner_text("#differs-in")
+    assert "7.25× peak output throughput" in banner
+    assert "differs in: kernel config" in banner
+    _doc_shot(page, "compare-preset")
+
+
+def test_the_glm5_page_leads_with_what_matters(page, member):
+    deployment = _analyzed_example()
+    _log_in(page, member)
+    page.goto(page.base + deployment.get_absolute_url())
+    titles = page.eval_on_selector_all("#findings article h3", "els => els.map(e => e.innerText)")
+    severities = page.eval_on_selector_all(
+        "#findings article .badge.severity", "els => els.map(e => e.innerText)"
+    )
+    assert severities == sorted(severities, key=["Critical", "Warning", "Info"].index)
+    # the plateau is the engine's cap: it says so, first, and proposes the cap's change
+    assert titles[0] == (
+        "Throughput plateaus from concurrency 128 (806 tok/s), at the engine's cap "
+        "(--max-running-requests 64)"
+    )
+    plan = page.eval_on_selector_all(
+        "form.plan-item input[name=title]", "els => els.map(e => e.value)"
+    )
+    assert plan.count("Raise --max-running-requests above 64 and re-sweep") == 1
+    idle = Finding.objects.get(deployment=deployment, kind="idle_gpus")
+    page.wait_for_function(
+        "id => document.getElementById(id) && document.getElementById(id).layout",
+        arg=f"evidence-{idle.pk}",
+    )
+    span = page.evaluate(f"() => document.getElementById('evidence-{idle.pk}').layout.yaxis.range")
+    assert span == [0, 100]
+    peaks = page.evaluate("() => document.getElementById('peaks-chart').data[0].type")
+    assert peaks == "bar"
+    _doc_shot(page, "deployment-glm5")
+
+
+def test_the_run_page_offers_a_log_ttft_axis_and_marks_a_partial_level(page, member):
+    deployment = pb.deployment()
+    levels = [
+        {
+            "concurrency": c,
+            "output_throughput": t,
+            "median_tpot_ms": 20.0 * i,
+            "median_ttft_ms": 10.0**i,
+            "p99_ttft_ms": 3 * 10.0**i,
+        }
+        for i, (c, t) in enumerate(((32, 400.0), (64, 700.0), (128, 806.0)), 1)
+    ]
+    run = pb.run(deployment, "cancelled at 128", levels=levels, status="cancelled")
+    LevelResult.objects.filter(run=run, concurrency=128).update(
+        completed=37, raw={"stopped": True, "num_prompts": 128}
+    )
+    _log_in(page, member)
+    page.goto(f"{page.base}/runs/{run.uuid}/")
+    assert page.locator("table.levels tr.partial .badge.partial").inner_text() == "partial"
+    assert "the 37 of 128 requests finished by then are kept" in page.inner_text(".partial-note")
+    _traces(page, "ttft")
+    page.locator("#ttft .updatemenu-button", has_text="log").click()
+    page.wait_for_function("() => document.getElementById('ttft').layout.yaxis.type === 'log'")
+    _doc_shot(page, "run")
+
+
+def test_a_starting_run_waits_in_one_placeholder_then_draws(page, member):
+    run = pb.run(pb.deployment(), "starting", status="running")
+    _log_in(page, member)
+    page.goto(f"{page.base}/runs/{run.uuid}/")
+    assert page.is_visible("#waiting-first-level")
+    assert page.locator(".chart-grid section:visible").count() == 0
+    LevelResult.objects.create(
+        run=run, key=level_key(32, None), concurrency=32, output_throughput=400.0
+    )
+    page.wait_for_selector("#waiting-first-level", state="hidden")
+    assert page.is_visible("#throughput")
+    # the charts still without data stay out of sight
+    assert not page.is_visible("#gpu-util")
+
+
+def test_the_sweep_form_has_presets_and_estimates_their_duration(page, member):
+    deployment = load_standin_deployment()
+    health_check_record(
+        deployment=deployment,
+        status="healthy",
+        trigger="periodic",
+        engine="standin",
+        max_running_requests=64,
+    )
+    _log_in(page, member)
+    page.goto(page.base + deployment.get_absolute_url())
+    page.click("summary:has-text('Run sweep')")
+    assert page.input_value("input[name=levels]") == "8,16,32,64,128"
+    estimate = page.inner_text("#sweep-estimate")
+    assert estimate.startswith("Estimated duration: ≈ 1 min 04 s (from the stand-in")
+    page.click("button:has-text('full')")
+    assert page.input_value("input[name=levels]") == "32,64,128,256,512,1024"
+    page.wait_for_function(
+        "() => document.getElementById('sweep-estimate').innerText.includes('≈ 43 min')"
+    )
+    page.click("button:has-text('quick (≈ 1 min on the stand-in)')")
+    page.wait_for_function(
+        "() => document.getElementById('sweep-estimate').innerText.includes('≈ 1 min 04 s')"
+    )
+
+
+def test_a_tune_is_refused_before_it_is_queued_saying_why(page, member):
+    deployment = load_standin_deployment()
+    _log_in(page, member)
+    page.goto(page.base + deployment.get_absolute_url())
+    page.click("summary:has-text('Tune MoE kernel')")
+    assert page.inner_text("#tune-preflight") == (
+        "Host local has no GPU recorded (its worker's probe found none), and a kernel tune "
+        "times the kernel on a CUDA GPU."
+    )
+    assert page.is_disabled("button:has-text('Start tune')")
+
+
+def test_a_failed_tune_reads_as_a_sentence_and_can_be_cancelled_when_queued(page, member):
+    deployment = pb.deployment()
+    failed = TuningRun.objects.create(
+        host=deployment.host,
+        deployment=deployment,
+        device_name="NVIDIA H200",
+        E=256,
+        N=256,
+        hidden_size=6144,
+        topk=8,
+        status="failed",
+        error="RuntimeError: GPU 0 (batch sizes 1) exited with 1: AttributeError: module "
+        "'torch._C' has no attribute '_cuda_setDevice'",
+    )
+    queued = TuningRun.objects.create(
+        host=deployment.host, deployment=deployment, E=256, N=256, hidden_size=6144, topk=8
+    )
+    _log_in(page, member)
+    page.goto(f"{page.base}/tunes/{failed.uuid}/")
+    assert page.inner_text("h1").startswith("tune E=256 N=256 bf16 on h200-x8 (NVIDIA H200)")
+    assert page.inner_text(".error-sentence").startswith("This host cannot run CUDA")
+    assert not page.is_visible(".error-detail pre")
+    page.click(".error-detail summary")
+    assert "_cuda_setDevice" in page.inner_text(".error-detail pre")
+    page.goto(f"{page.base}/tunes/{queued.uuid}/")
+    with page.expect_navigation():
+        page.click("button:has-text('Cancel tune')")
+    assert "Cancelled before the worker started it." in page.inner_text(".messages")
+    assert page.inner_text("h1 .status") == "Cancelled"
+
+
+def test_a_deployment_of_a_pasted_config_is_checked_before_it_is_saved(page, member):
+    pb.host("h200")
+    _log_in(page, member)
+    page.goto(page.base + "/deployments/new/")
+    page.fill("input[name=name]", "Kimi K2 on h200")
+    page.fill("input[name=new_model_name]", "moonshotai/Kimi-K2-Instruct")
+    page.fill("textarea[name=config_text]", json.dumps(pb.KIMI_CONFIG))
+    page.select_option("select[name=host]", label="h200")
+    page.fill("input[name=tp]", "7")
+    page.click("button:has-text('Create deployment')")
+    page.wait_for_selector(".has-error")
+    assert "The MoE shape does not split over tp=7, ep=1" in page.inner_text(".field.has-error")
+    # what was typed is all still there
+    assert json.loads(page.input_value("textarea[name=config_text]")) == pb.KIMI_CONFIG
+    assert page.input_value("input[name=name]") == "Kimi K2 on h200"
+    page.fill("input[name=tp]", "8")
+    page.click("button:has-text('Create deployment')")
+    page.wait_for_selector("h1:has-text('Kimi K2 on h200')")
+    assert "E=384, N=256" in page.content()
+
+
+def test_result_and_kernel_files_upload_from_their_pages(page, member):
+    deployment = pb.deployment()
+    _log_in(page, member)
+    page.goto(page.base + deployment.get_absolute_url())
+    page.click("summary:has-text('Upload a result file')")
+    page.select_option("#result-upload select[name=format]", "vllm")
+    page.set_input_files(
+        "#result-upload input[name=file]", str(RESULTS / "vllm_bench_serve_0.11.json")
+    )
+    with page.expect_navigation():
+        page.click("#result-upload button:has-text('Import')")
+    assert "Imported vllm_bench_serve_0.11.json: 1 levels." in page.inner_text(".messages")
+    assert page.locator("table.levels tbody tr").count() == 1
+
+    page.goto(page.base + "/kernels/")
+    page.click("summary:has-text('Upload a config file')")
+    page.set_input_files("#kernel-upload input[name=file]", str(KERNEL_FILE))
+    with page.expect_navigation():
+        page.click("#kernel-upload button:has-text('Upload')")
+    assert page.inner_text(".messages").startswith("Stored E=128,N=2048")

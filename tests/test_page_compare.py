@@ -1,10 +1,13 @@
 import csv
 import io
+import re
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 from moeops.examples import load_example_data
+from moeops.runs import snapshots
+from moeops.runs.models import SweepRun
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -70,9 +73,29 @@ def test_pareto_plots_per_gpu_against_per_user(client, pair):
     # per user 1000 / TPOT ms; per GPU over the deployment's 8 GPUs
     assert line["x"] == [50.0, 40.0, 25.0]
     assert line["y"] == [50.0, 87.5, 100.75]
-    assert line["text"] == ["c=32", "c=64", "c=128"]
+    assert line["customdata"] == ["c=32", "c=64", "c=128"]
     # "after" is twice as fast at the same interactivity: it alone is the front
     assert traces["Pareto front"]["y"] == [201.5, 175.0, 100.0]
+
+
+def test_pareto_labels_do_not_overlap(client, pair):
+    before, after, _ = pair
+    runs = [before, after]
+    for i in range(4):
+        # runs a few percent apart: their points sit on each other
+        runs.append(pb.run(before.deployment, f"again {i}", levels=_levels(1 + i / 50)))
+    html = _page(client, *runs)
+    traces = [t for t in pb.figure(html, "cmp-pareto-data")["data"] if t["name"] != "Pareto front"]
+    points = [(x, y) for t in traces for x, y in zip(t["x"], t["y"], strict=True)]
+    span_x = max(x for x, _ in points) - min(x for x, _ in points)
+    span_y = max(y for _, y in points) - min(y for _, y in points)
+    labelled = [
+        (x, y) for t in traces for x, y, text in zip(t["x"], t["y"], t["text"], strict=True) if text
+    ]
+    assert len(labelled) < len(points)
+    for i, (x, y) in enumerate(labelled):
+        for px, py in labelled[:i]:
+            assert abs(x - px) / span_x >= 0.08 or abs(y - py) / span_y >= 0.06
 
 
 def test_the_selection_order_and_table_follow_the_url(client, pair):
@@ -97,22 +120,142 @@ def test_grouping_colors_by_group(client, pair):
     assert [t["line"]["dash"] for t in traces[:2]] == ["solid", "dash"]
 
 
-def test_presets_pick_before_after_model_and_topology(client, pair):
-    before, after, other = pair
-    html = client.get("/compare/").content.decode()
-    hrefs = {
-        name: href.replace("&amp;", "&")
-        for name, href in (
-            ("kernel", html.split("Before / after kernel tuning")[0].rsplit('href="', 1)[1]),
-            ("model", html.split(">By model<")[0].rsplit('href="', 1)[1]),
-            ("topology", html.split(">By topology (VM vs container)<")[0].rsplit('href="', 1)[1]),
-        )
+def _preset(html, name):
+    """The selection of a preset's link, or None when the preset has no pair."""
+    head = html.split('<div class="presets">')[1].split("</div>")[0]
+    link = re.search(rf'<a class="button" href="([^"]+)">{re.escape(name)}</a>', head)
+    if link is None:
+        return None
+    return parse_qs(urlparse(link[1].replace("&amp;", "&")).query)
+
+
+def _measured_run(deployment, label, scale=1.0, kernel=None, topology=None):
+    snapshot = pb.measured(deployment, kernel_config=kernel)
+    if topology is not None:
+        snapshot["topology"] = snapshots.topology_record(topology)
+    return pb.run(deployment, label, levels=_levels(scale), snapshot=snapshot)
+
+
+@pytest.fixture
+def one_factor_pairs(client):
+    """Runs that pair up one factor at a time, and runs that differ in several at once."""
+    pb.sign_in(client)
+    host = pb.host("h200")
+    glm = pb.deployment("glm", pb.model("GLM-5"), host)
+    kimi = pb.deployment("kimi", pb.model("Kimi K2", pb.KIMI_CONFIG), host)
+    default = {"state": "engine_default", "reason": "none where the engine looks"}
+    vm, lxc = pb.snapshot(host, "vm", "kvm"), pb.snapshot(host, "container", "lxc")
+    runs = {
+        "glm default": _measured_run(glm, "glm default", 1.0, default, lxc),
+        "glm tuned": _measured_run(glm, "glm tuned", 7.25, "tuned", lxc),
+        "kimi default": _measured_run(kimi, "kimi default", 1.5, default, lxc),
+        "glm on the vm": _measured_run(glm, "glm on the vm", 0.8, default, vm),
+        # newest, and differs from every other run in more than one factor
+        "kimi tuned on the vm": _measured_run(kimi, "kimi tuned on the vm", 5, "tuned", vm),
     }
-    picked = {k: parse_qs(urlparse(v.split('"')[0]).query) for k, v in hrefs.items()}
-    assert picked["kernel"]["run"] == [str(before.uuid), str(after.uuid)]
-    assert picked["kernel"]["group"] == ["kernel"]
-    assert set(picked["model"]["run"]) == {str(other.uuid), str(after.uuid)}
-    assert set(picked["topology"]["run"]) == {str(other.uuid), str(after.uuid)}
+    return runs
+
+
+def test_presets_pick_pairs_that_differ_in_their_factor_alone(client, one_factor_pairs):
+    runs = {name: str(run.uuid) for name, run in one_factor_pairs.items()}
+    html = client.get("/compare/").content.decode()
+    kernel = _preset(html, "Before / after kernel tuning")
+    assert kernel["run"] == [runs["glm default"], runs["glm tuned"]]
+    assert kernel["group"] == ["kernel"]
+    assert _preset(html, "By model")["run"] == [runs["glm default"], runs["kimi default"]]
+    # glm tuned and kimi default also differ from glm on the vm in their kernel or model
+    topology = _preset(html, "By topology (VM vs container)")["run"]
+    assert topology == [runs["glm default"], runs["glm on the vm"]]
+
+
+def test_a_preset_without_a_pair_says_so(client):
+    pb.sign_in(client)
+    load_example_data()
+    html = client.get("/compare/").content.decode()
+    # the write-up's GLM-5 ran on LXC, its Kimi K2 on KVM: no pair varies one of them alone
+    assert _preset(html, "By model") is None
+    assert _preset(html, "By topology (VM vs container)") is None
+    assert "By model: No two runs differ in the model alone." in html
+    assert "By topology (VM vs container): No two runs differ in the topology alone." in html
+    kernel = _preset(html, "Before / after kernel tuning")["run"]
+    kimi = SweepRun.objects.filter(label__contains="MoE kernel tuning").order_by("created")
+    assert kernel == [str(run.uuid) for run in kimi]
+
+
+def test_the_kimi_pair_states_its_headline_and_what_differs(client):
+    pb.sign_in(client)
+    load_example_data()
+    kimi = SweepRun.objects.filter(label__contains="MoE kernel tuning").order_by("created")
+    html = _page(client, *kimi, group="kernel")
+    banner = html.split('id="differs-in"')[1].split("</section>")[0]
+    assert '<span class="headline">7.25× peak output throughput</span>' in banner
+    assert '<span class="factors">differs in: kernel config</span>' in banner
+    assert html.index('id="differs-in"') < html.index('id="compare-table"')
+
+
+def test_the_banner_lists_every_factor_a_comparison_varies(client, one_factor_pairs):
+    html = _page(client, one_factor_pairs["glm default"], one_factor_pairs["kimi tuned on the vm"])
+    banner = html.split('id="differs-in"')[1].split("</section>")[0]
+    assert "differs in: model, kernel config, topology" in banner
+    assert "5× peak output throughput" in banner
+
+
+def test_stand_in_runs_are_left_out_unless_asked(client, pair):
+    before, _, _ = pair
+    standin = pb.run(
+        before.deployment,
+        "small sweep from the UI",
+        levels=_levels(3.0),
+        snapshot={"engine": {"engine": "standin"}},
+    )
+    html = _page(client, before, standin)
+    assert "1 stand-in run left out (small sweep from the UI)" in html
+    assert [t["name"] for t in pb.figure(html, "cmp-throughput-data")["data"]] == ["GLM-5 · before"]
+    assert f'value="{standin.uuid}"' not in html.split("Add runs")[1]
+    rows = list(
+        csv.DictReader(
+            io.StringIO(
+                client.get(
+                    f"/compare/levels.csv?run={before.uuid}&run={standin.uuid}"
+                ).content.decode()
+            )
+        )
+    )
+    assert {row["run"] for row in rows} == {"before"}
+
+    html = client.get(f"/compare/?run={before.uuid}&run={standin.uuid}&standin=1").content.decode()
+    names = [t["name"] for t in pb.figure(html, "cmp-throughput-data")["data"]]
+    assert names == ["GLM-5 · before", "GLM-5 · small sweep from the UI [stand-in]"]
+    table = html.split('id="compare-table"')[1].split("</table>")[0]
+    assert table.count('<span class="badge standin">stand-in</span>') == 1
+    response = client.get(f"/compare/levels.csv?run={before.uuid}&run={standin.uuid}&standin=1")
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert {(row["run"], row["stand_in"]) for row in rows} == {
+        ("before", "no"),
+        ("small sweep from the UI", "yes"),
+    }
+
+
+def test_per_gpu_figures_are_na_on_a_host_without_gpus(client, pair):
+    before, _, _ = pair
+    cpu_box = pb.deployment("on a cpu box", pb.model("GLM-5 copy"), pb.host("local", gpus=0))
+    run = pb.run(cpu_box, "cpu", levels=_levels(1.0))
+    html = _page(client, before, run)
+    table = html.split('id="compare-table"')[1].split("</table>")[0]
+    row = table.split(">cpu</a>")[1].split("</tr>")[0]
+    assert '<td class="num"><span class="muted" title="no GPUs recorded for the host">none' in row
+    assert ">n/a</td>" in row
+    pareto = [t["name"] for t in pb.figure(html, "cmp-pareto-data")["data"]]
+    assert "GLM-5 copy · cpu" not in pareto
+    assert "Per GPU n/a, no GPUs recorded for the host: cpu" in html
+
+
+def test_ttft_offers_a_log_axis(client, pair):
+    before, after, _ = pair
+    layout = pb.figure(_page(client, before, after), "cmp-ttft-data")["layout"]
+    [menu] = layout["updatemenus"]
+    assert [b["label"] for b in menu["buttons"]] == ["linear", "log"]
+    assert menu["buttons"][1]["args"][0]["yaxis.type"] == "log"
 
 
 def test_peaks_chart_includes_runs_without_a_concurrency(client):

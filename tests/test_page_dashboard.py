@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from moeops.examples import load_example_data
@@ -65,6 +67,64 @@ def test_the_write_up_reads_at_a_glance(client):
     assert ">912<" in html  # peak of the write-up's sweep
     assert ">5,800<" in html  # Kimi K2 after tuning, its latest run
     assert "FlashInfer allreduce fusion is unsupported on SM120" in html
+
+
+def test_stand_in_runs_are_badged_in_the_recent_runs_and_the_latest_peak(client):
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    pb.run(
+        deployment,
+        "small sweep from the UI",
+        levels=[{"concurrency": 64, "output_throughput": 2606.0}],
+        snapshot={"engine": {"engine": "standin"}},
+    )
+    html = client.get("/").content.decode()
+    deployments, recent = html.split("Recent runs")
+    assert '2,606 <span class="badge standin"' in deployments
+    row = recent.split(">small sweep from the UI</a>")[1].split("</td>")[0]
+    assert '<span class="badge standin">stand-in</span>' in row
+
+
+def test_open_findings_lead_with_severity_and_are_said_once(client):
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    runs = [pb.run(deployment, f"r{i}") for i in range(3)]
+    for run in runs:
+        Finding.objects.create(
+            deployment=deployment,
+            run=run,
+            kind="other",
+            key="no-gpu-evidence",
+            severity="info",
+            title="No GPU evidence for this run",
+        )
+    Finding.objects.create(
+        deployment=deployment, kind="plateau", key="t", severity="warning", title="Flat from 64"
+    )
+    Finding.objects.create(
+        deployment=deployment,
+        kind="plateau",
+        key="c",
+        severity="warning",
+        title="Flat, charted",
+        evidence={"chart": {"type": "line", "x": [1], "series": []}},
+    )
+    Finding.objects.create(
+        deployment=deployment, kind="failed_requests", severity="critical", title="All failed"
+    )
+    panel = (
+        client.get("/").content.decode().split("<h2>Open findings</h2>")[1].split("</section>")[0]
+    )
+    titles = re.findall(r'#finding-\d+">([^<]+)</a>', panel)
+    assert titles == ["All failed", "Flat, charted", "Flat from 64", "No GPU evidence for this run"]
+
+
+def test_healthy_needs_a_check(client):
+    pb.sign_in(client)
+    pb.deployment(status="healthy")
+    html = client.get("/").content.decode()
+    assert '<span class="status status-unknown">not checked yet</span>' in html
+    assert "status-healthy" not in html
 
 
 def test_a_fleet_of_deployments_costs_no_extra_queries(client, django_assert_max_num_queries):

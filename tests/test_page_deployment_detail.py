@@ -1,6 +1,8 @@
 import datetime as dt
+import io
 
 import pytest
+from django.core.management import call_command
 
 from moeops.examples import load_example_data
 from moeops.insights.models import Finding
@@ -25,6 +27,13 @@ def example(client):
     return load_example_data()
 
 
+@pytest.fixture
+def analyzed(example):
+    """The example data as `make run` shows it: its runs analyzed."""
+    call_command("load_example_data", stdout=io.StringIO())
+    return example
+
+
 def test_it_shows_model_shape_host_engine_and_health(client, example):
     html = client.get(example.get_absolute_url()).content.decode()
     assert "E=256, N=256" in html  # GLM-5 per rank at TP8
@@ -35,10 +44,100 @@ def test_it_shows_model_shape_host_engine_and_health(client, example):
     assert "GPUs at 0% utilization" in html
 
 
-def test_runs_over_time_chart_has_one_point_per_run(client, example):
+def test_healthy_is_said_only_after_a_real_check(client, example):
+    from moeops.fleet.services import health_check_record
+
+    head = client.get(example.get_absolute_url()).content.decode().split("</h1>")[0]
+    # the write-up says the server is healthy; no check of moeops' has said so
+    assert '<span class="status status-unknown">not checked yet</span>' in head
+    assert "Healthy" not in head
+    health_check_record(deployment=example, status="healthy", trigger="manual")
+    head = client.get(example.get_absolute_url()).content.decode().split("</h1>")[0]
+    assert '<span class="status status-healthy">Healthy</span>' in head
+
+
+def test_the_peak_per_run_chart_is_a_bar_per_run_oldest_first(client, example):
+    later = pb.run(example, "later", levels=[{"concurrency": 64, "output_throughput": 700.0}])
     html = client.get(example.get_absolute_url()).content.decode()
-    fig = pb.figure(html, "peaks-chart-data")
-    assert fig["data"][0]["y"] == [912.0]
+    [bars] = pb.figure(html, "peaks-chart-data")["data"]
+    assert bars["type"] == "bar"
+    assert bars["y"] == [912.0, 700.0]
+    assert bars["x"][1] == str(later.uuid)
+    layout = pb.figure(html, "peaks-chart-data")["layout"]
+    assert layout["xaxis"]["ticktext"] == ["Concurrency sweep (write-up)", "later"]
+
+
+def test_stand_in_runs_are_marked_in_the_list_and_the_charts(client, example):
+    run = pb.run(
+        example,
+        "from the stand-in",
+        levels=[{"concurrency": 64, "output_throughput": 2606.0}],
+        snapshot={"engine": {"engine": "standin"}},
+    )
+    html = client.get(example.get_absolute_url()).content.decode()
+    row = html.split(f'href="/runs/{run.uuid}/">from the stand-in</a>')[1].split("</tr>")[0]
+    assert '<span class="badge standin">stand-in</span>' in row
+    names = [t["name"] for t in pb.figure(html, "throughput-figure")["data"]]
+    assert "from the stand-in [stand-in]" in names
+    bars = pb.figure(html, "peaks-chart-data")
+    assert "from the stand-in [stand-in]" in bars["layout"]["xaxis"]["ticktext"]
+
+
+def test_findings_lead_with_severity_then_evidence(client, analyzed):
+    html = client.get(analyzed.get_absolute_url()).content.decode()
+    panel = html.split('id="findings"')[1]
+    order = [part.split("</h3>")[0] for part in panel.split("<h3>")[1:]]
+    # the write-up's sweep: the plateau (warning, charted) before the human's SM120 warning
+    # (no chart), both before every info
+    assert order[0].startswith("Throughput plateaus from concurrency 128")
+    assert order[1] == "FlashInfer allreduce fusion is unsupported on SM120"
+    severities = [
+        part.split('<span class="badge severity">')[1].split("<")[0]
+        for part in panel.split('<article class="finding')[1:]
+    ]
+    assert severities == sorted(severities, key=["Critical", "Warning", "Info"].index)
+
+
+def test_the_plateau_finding_proposes_the_queue_caps_change(client, analyzed):
+    html = client.get(analyzed.get_absolute_url()).content.decode()
+    assert "(806 tok/s), at the engine&#x27;s cap (--max-running-requests 64)</h3>" in html
+    assert "so the cap is what the plateau coincides with" in html
+    titles = list(analyzed.plan_items.values_list("title", flat=True))
+    assert titles.count("Raise --max-running-requests above 64 and re-sweep") == 1
+
+
+def test_a_finding_said_in_several_runs_is_shown_once(client, example):
+    runs = [pb.run(example, f"r{i}") for i in range(3)]
+    for run in runs:
+        Finding.objects.create(
+            deployment=example,
+            run=run,
+            kind="other",
+            key="no-gpu-evidence",
+            severity="info",
+            title="No GPU evidence for this run",
+        )
+    html = client.get(example.get_absolute_url()).content.decode()
+    panel = html.split('id="findings"')[1].split('id="plan"')[0]
+    assert panel.count("<h3>No GPU evidence for this run</h3>") == 1
+    also = panel.split('class="muted small also">')[1].split("</p>")[0]
+    assert also.startswith("The same in 2 other runs:")
+    assert also.count('href="/runs/') == 2
+
+
+def test_evidence_numbers_are_rounded_to_what_they_mean(client, analyzed):
+    html = client.get(analyzed.get_absolute_url()).content.decode()
+    evidence = html.split("Throughput plateaus from concurrency 128")[1].split("</details>")[0]
+    assert "<dt>gain_per_doubling</dt><dd><code>+9.1%, +3.8%</code></dd>" in evidence
+    assert "<dt>plateau_throughput</dt><dd><code>806 tok/s</code></dd>" in evidence
+    assert "<dt>threshold</dt><dd><code>10%</code></dd>" in evidence
+
+
+def test_percentage_evidence_charts_run_from_0_to_100(client, analyzed):
+    idle = Finding.objects.get(deployment=analyzed, kind="idle_gpus")
+    html = client.get(analyzed.get_absolute_url()).content.decode()
+    layout = pb.figure(html, f"evidence-{idle.pk}-data")["layout"]
+    assert layout["yaxis"]["range"] == [0, 100]
 
 
 def test_findings_have_state_buttons_and_charted_evidence(client, example):
@@ -92,9 +191,35 @@ def test_heatmap_evidence_is_drawn_with_its_codes(client, example):
 def test_it_offers_sweep_and_tune_forms(client, example):
     html = client.get(example.get_absolute_url()).content.decode()
     assert f'action="/deployments/{example.pk}/sweep/"' in html
-    assert 'name="levels" value="32,64,128,256,512,1024"' in html
+    # the quick preset first; the full one a click away
+    assert 'name="levels" value="8,16,32,64,128"' in html
+    assert ">quick (≈ 1 min on the stand-in)</button>" in html
+    assert 'data-levels="32,64,128,256,512,1024"' in html and ">full</button>" in html
     assert f'action="/deployments/{example.pk}/tune/"' in html
     assert "none — the engine runs its default config" in html
+
+
+def test_the_sweep_form_estimates_from_the_newest_measured_tpot(client, example):
+    pb.run(
+        example,
+        "measured",
+        levels=[
+            {"concurrency": c, "output_throughput": 1.0, "median_tpot_ms": tpot}
+            for c, tpot in ((8, 10.0), (64, 20.0))
+        ],
+    )
+    html = client.get(example.get_absolute_url()).content.decode()
+    line = html.split('id="sweep-estimate"')[1].split("</p>")[0]
+    # 8..128 at most 64 at once, 128 prompts + 8 warm-up of 128 tokens, at 10..20 ms a token
+    assert "Estimated duration: ≈ 1 min" in line
+    assert "(from the TPOT of measured, at most 64 requests at once)" in line
+
+
+def test_without_a_measured_run_the_sweep_form_says_why_there_is_no_estimate(client):
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    assert "No estimated duration: no sweep of this deployment measured its TPOT yet." in html
 
 
 def test_it_links_the_kernel_configs_on_record_for_its_shape(client, example):
@@ -120,8 +245,8 @@ def test_runs_without_concurrency_levels_draw_no_empty_chart(client, example):
     assert 'id="throughput-figure"' not in html
     assert "No run has levels by concurrency" in html
     peaks = pb.figure(html, "peaks-chart-data")["data"][0]
-    assert sorted(peaks["y"]) == [800.0, 5800.0]
-    assert peaks["mode"] == "lines+markers+text"
+    assert peaks["y"] == [800.0, 5800.0]
+    assert peaks["text"] == ["800", "5,800"]
 
 
 @pytest.fixture
@@ -163,6 +288,7 @@ def test_the_edit_notice_costs_no_extra_query(client, measured, django_assert_ma
     deployment.save()
     for i in range(10):
         pb.run(deployment, label=f"more {i}", snapshot=measured.snapshot)
-    with django_assert_max_num_queries(14):
+    # 14, and 2 for the sweep form's estimate (the newest measured run's levels)
+    with django_assert_max_num_queries(16):
         html = client.get(deployment.get_absolute_url()).content.decode()
     assert "engine_version 0.32.0 → 0.33.0" in html

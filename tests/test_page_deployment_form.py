@@ -1,7 +1,13 @@
-import pytest
+import json
+from pathlib import Path
 
-from moeops.fleet.models import Deployment
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from moeops.fleet.models import Deployment, ModelSpec
 from tests import page_base as pb
+
+HF_CONFIG = Path(__file__).parent / "fixtures" / "hf_configs" / "glm-5-fp8_config.json"
 
 pytestmark = pytest.mark.django_db
 
@@ -16,7 +22,7 @@ def fleet(client):
 def _form(model, host, **extra):
     return {
         "name": "GLM-5 on h200",
-        "model": model.pk,
+        "model": model.pk if model else "",
         "host": host.pk,
         "engine": "sglang",
         "tp": "8",
@@ -70,6 +76,107 @@ def test_it_edits_launch_arguments(client, fleet):
     assert deployment.launch_args == {"--cuda-graph-max-bs": 256}
 
 
-def test_the_form_links_to_the_model_admin(client, fleet):
+def test_the_form_takes_a_new_models_config_json_without_the_admin(client, fleet):
     html = client.get("/deployments/new/").content.decode()
-    assert "/admin/fleet/modelspec/add/" in html
+    assert "/admin/fleet/modelspec/add/" not in html
+    assert 'enctype="multipart/form-data"' in html
+    assert 'name="config_text"' in html and 'name="config_file"' in html
+
+
+def _new_model(host, **extra):
+    return _form(None, host, **extra)
+
+
+def test_a_pasted_config_json_registers_the_model_with_the_deployment(client, fleet):
+    _, host, _ = fleet
+    config = {**pb.KIMI_CONFIG}
+    response = client.post(
+        "/deployments/new/",
+        _new_model(
+            host, name="kimi", new_model_name="moonshotai/Kimi-K2", config_text=json.dumps(config)
+        ),
+    )
+    deployment = Deployment.objects.get(name="kimi")
+    assert response["Location"] == deployment.get_absolute_url()
+    assert deployment.model.name == "moonshotai/Kimi-K2"
+    assert deployment.model.config_json == config and deployment.model.num_experts == 384
+    assert deployment.moe_shape()["experts_per_rank"] == 384
+
+
+def test_an_uploaded_config_json_registers_the_model(client, fleet):
+    _, host, _ = fleet
+    upload = SimpleUploadedFile("config.json", HF_CONFIG.read_bytes(), "application/json")
+    client.post(
+        "/deployments/new/",
+        _new_model(host, name="glm", new_model_name="zai-org/GLM-5-FP8", config_file=upload),
+    )
+    model = Deployment.objects.get(name="glm").model
+    assert model.name == "zai-org/GLM-5-FP8"
+    assert model.config_json == json.loads(HF_CONFIG.read_text())
+    assert (model.num_experts, model.moe_intermediate_size) == (256, 2048)
+
+
+def test_tp_is_checked_against_the_shape_before_saving(client, fleet):
+    model, host, _ = fleet
+    response = client.post("/deployments/new/", _form(model, host, tp="7"))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "The MoE shape does not split over tp=7, ep=1" in html
+    assert "moe_intermediate_size 2048 is not divisible by the MoE tensor-parallel size 7" in html
+    assert not Deployment.objects.exists()
+
+
+def test_ep_that_does_not_divide_the_experts_is_refused_on_ep(client, fleet):
+    model, host, _ = fleet
+    response = client.post("/deployments/new/", _form(model, host, tp="3", ep="3"))
+    html = response.content.decode()
+    ep_field = html.split('name="ep"')[1].split("</div>")[0]
+    assert "num_experts 256 is not divisible by ep 3" in ep_field
+    assert not Deployment.objects.exists()
+
+
+def test_a_config_identical_to_a_model_on_record_reuses_it(client, fleet):
+    model, host, _ = fleet
+    response = client.post(
+        "/deployments/new/",
+        _new_model(host, new_model_name="GLM-5 again", config_text=json.dumps(pb.GLM5_CONFIG)),
+        follow=True,
+    )
+    deployment = Deployment.objects.get()
+    assert deployment.model == model
+    assert ModelSpec.objects.count() == 1
+    assert "is the one of “GLM-5”, on record already" in response.content.decode()
+
+
+def test_a_taken_model_name_with_another_config_keeps_what_was_typed(client, fleet):
+    _, host, _ = fleet
+    upload = SimpleUploadedFile("config.json", json.dumps(pb.KIMI_CONFIG).encode())
+    response = client.post(
+        "/deployments/new/",
+        _new_model(host, name="my kimi", new_model_name="GLM-5", config_file=upload, tp="4"),
+    )
+    html = response.content.decode()
+    assert "A model named “GLM-5” is on record with another config.json" in html
+    # the upload's text is back in the textarea, the rest as typed
+    textarea = html.split('name="config_text"')[1].split("</textarea>")[0]
+    assert "&quot;n_routed_experts&quot;: 384" in textarea
+    assert 'name="name" value="my kimi"' in html and 'name="tp" value="4"' in html
+    assert not Deployment.objects.exists() and ModelSpec.objects.count() == 1
+
+
+def test_a_config_that_is_not_moe_is_refused_on_the_config(client, fleet):
+    _, host, _ = fleet
+    response = client.post(
+        "/deployments/new/",
+        _new_model(host, new_model_name="llama", config_text='{"hidden_size": 4096}'),
+    )
+    assert "config.json: not a Mixture-of-Experts config" in response.content.decode()
+    assert not ModelSpec.objects.filter(name="llama").exists()
+
+
+def test_neither_a_model_nor_a_config_says_what_to_give(client, fleet):
+    _, host, _ = fleet
+    response = client.post("/deployments/new/", _new_model(host))
+    assert "Pick a model on record, or paste or upload its config.json." in (
+        response.content.decode()
+    )

@@ -4,7 +4,7 @@ import io
 import pytest
 
 from moeops.front import series
-from moeops.runs.models import EngineSample, LevelResult, level_key
+from moeops.runs.models import EngineSample, LevelResult, TelemetrySample, level_key
 from reports import engine as reports
 from tests import page_base as pb
 
@@ -131,9 +131,111 @@ def test_a_finished_run_names_the_charts_it_has_no_data_for(client, sweep):
     html = client.get(f"/runs/{sweep.uuid}/").content.decode()
     assert 'id="gpu-util-data"' not in html and 'id="engine-data"' not in html
     assert (
-        "Not recorded for this run: GPU utilization, GPU power, engine running/queued requests."
-        in html
+        "Not recorded for this run: GPU utilization, GPU power, GPU memory, SM clock, "
+        "engine running/queued requests, engine KV-cache use." in html
     )
+
+
+def test_memory_clock_and_kv_cache_series_are_drawn_when_stored(client, sweep):
+    TelemetrySample.objects.bulk_create(
+        TelemetrySample(
+            run=sweep,
+            gpu_index=g,
+            ts=1_800_000_000.0 + s,
+            gpu_util=90.0,
+            mem_used_mib=90_000.0 + s,
+            mem_total_mib=143_771.0,
+            sm_clock_mhz=1980.0 - s,
+        )
+        for s in range(10)
+        for g in range(2)
+    )
+    EngineSample.objects.bulk_create(
+        EngineSample(run=sweep, ts=1_800_000_000.0 + s, running=64, queued=0, kv_cache_usage=0.5)
+        for s in range(10)
+    )
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    memory = pb.figure(html, "gpu-memory-data")
+    assert [t["name"] for t in memory["data"]] == ["GPU0", "GPU1"]
+    assert memory["data"][0]["y"][0] == 90_000.0
+    assert memory["layout"]["yaxis"]["range"][1] >= 143_771.0
+    clock = pb.figure(html, "gpu-clock-data")
+    assert clock["data"][1]["y"][-1] == 1971.0
+    kv = pb.figure(html, "kv-cache-data")
+    assert kv["data"][0]["y"] == [50.0] * 10
+    assert kv["layout"]["yaxis"]["range"] == [0, 100]
+    assert pb.figure(html, "gpu-util-data")["layout"]["yaxis"]["range"] == [0, 100]
+    # a power chart without power samples draws no empty GPU traces
+    assert 'id="gpu-power-data"' not in html
+
+
+def test_the_ttft_chart_offers_a_log_axis(client, sweep):
+    layout = pb.figure(client.get(f"/runs/{sweep.uuid}/").content.decode(), "ttft-data")["layout"]
+    [menu] = layout["updatemenus"]
+    assert [b["label"] for b in menu["buttons"]] == ["linear", "log"]
+    assert menu["buttons"][1]["args"][0]["yaxis.type"] == "log"
+
+
+def test_a_starting_run_shows_one_placeholder_not_empty_charts(client, sweep):
+    sweep.levels.all().delete()
+    sweep.status = "running"
+    sweep.save()
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    waiting = html.split('id="waiting-first-level"')[1].split("</p>")[0]
+    assert "hidden" not in waiting.split(">")[0]
+    assert "Waiting for the first level" in waiting
+    # the charts are there to fill in, each hidden while it has no data
+    assert html.count('<section hidden><div id="') == 10
+    assert 'class="chart hide-empty"' in html
+
+
+def test_a_level_the_cancel_cut_short_is_kept_and_marked(client, sweep):
+    LevelResult.objects.create(
+        run=sweep,
+        key=level_key(256, None),
+        concurrency=256,
+        completed=37,
+        failed=1,
+        output_throughput=850.0,
+        raw={"stopped": True, "num_prompts": 256},
+    )
+    sweep.status = "cancelled"
+    sweep.save()
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    row = html.split('<tr class="partial">')[1].split("</tr>")[0]
+    assert '256 <span class="badge partial">partial</span>' in row
+    assert (
+        "Concurrency 256: the sweep stopped inside this level (cancelled); the 38 of 256 "
+        "requests finished by then are kept." in html
+    )
+    rows = list(
+        csv.DictReader(io.StringIO(client.get(f"/runs/{sweep.uuid}/levels.csv").content.decode()))
+    )
+    assert [row["partial"] for row in rows] == ["no", "no", "yes"]
+
+
+def test_a_worker_error_reads_as_a_sentence_with_the_detail_folded(client, sweep):
+    sweep.status = "failed"
+    sweep.error = "ConnectError: [Errno 111] Connection refused"
+    sweep.save()
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    box = html.split('<div class="error-box" role="alert">')[1].split("</div>")[0]
+    assert '<p class="error-sentence">The sweep failed: [Errno 111] Connection refused.</p>' in box
+    assert "<summary>Details</summary><pre>ConnectError: [Errno 111] Connection refused</pre>" in (
+        box
+    )
+
+
+def test_per_gpu_figures_are_na_on_a_host_without_gpus(client):
+    pb.sign_in(client)
+    deployment = pb.deployment("on a cpu box", host_row=pb.host("local", gpus=0))
+    run = pb.run(deployment, "cpu", levels=LEVELS)
+    html = client.get(f"/runs/{run.uuid}/").content.decode()
+    header = html.split("<thead>")[1].split("</thead>")[0]
+    column = [h.split("<")[0] for h in header.split('<th class="num">')[1:]].index("output per GPU")
+    first_row = html.split("<tbody>")[1].split("</tr>")[0]
+    cells = [c.split("</td>")[0] for c in first_row.split('<td class="num">')[1:]]
+    assert cells[column] == "n/a"
 
 
 def test_one_nvidia_smi_reading_is_drawn_as_bars_per_gpu(client, sweep):
@@ -332,6 +434,14 @@ def test_a_stand_in_run_is_marked_as_not_a_measurement(client, sweep):
     assert '<span class="badge standin">stand-in</span>' in title
     assert "it is a test double" in html and "not measurements of an engine" in html
     assert "not applicable" in html and "the stand-in engine runs no kernels" in html
+    # every chart series and the export say so too
+    throughput = pb.figure(html, "throughput-data")
+    assert [t["name"] for t in throughput["data"]] == ["output [stand-in]", "total [stand-in]"]
+    assert throughput["layout"]["title"]["text"].endswith("stand-in engine, not a measurement")
+    rows = list(
+        csv.DictReader(io.StringIO(client.get(f"/runs/{sweep.uuid}/levels.csv").content.decode()))
+    )
+    assert {row["stand_in"] for row in rows} == {"yes"}
 
 
 def test_a_measured_run_costs_no_extra_queries(client, measured, django_assert_max_num_queries):

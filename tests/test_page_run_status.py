@@ -86,7 +86,10 @@ def test_status_endpoint_reports_progress_and_figures(client, live):
         "itl",
         "gpu-util",
         "gpu-power",
+        "gpu-memory",
+        "gpu-clock",
         "engine",
+        "kv-cache",
     }
     assert "figures" not in client.get(f"/runs/{live.uuid}/status.json").json()
 

@@ -149,3 +149,15 @@ def test_the_kernel_filter_reads_the_config_in_effect_first(client, runs, query,
     assert {r.kernel_config_state() for r in SweepRun.objects.all() if f">{r}</a>" in html} == {
         query.split("=")[1]
     }
+
+
+def test_a_stand_in_run_is_badged_in_the_list(client):
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    standin = pb.run(deployment, "from the stand-in", snapshot={"engine": {"engine": "standin"}})
+    pb.run(deployment, "real")
+    html = client.get("/runs/").content.decode()
+    row = html.split(f'href="/runs/{standin.uuid}/">from the stand-in</a>')[1].split("</td>")[0]
+    assert '<span class="badge standin">stand-in</span>' in row
+    real = html.split(">real</a>")[1].split("</td>")[0]
+    assert "standin" not in real

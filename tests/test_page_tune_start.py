@@ -25,7 +25,8 @@ def sent(monkeypatch):
 @pytest.fixture
 def deployment(client):
     pb.sign_in(client)
-    return pb.deployment()
+    deployment = pb.deployment()
+    return deployment
 
 
 def test_it_queues_a_tune_for_the_per_rank_shape(
@@ -224,5 +225,62 @@ def test_a_queued_tune_says_which_kernel_it_asked_for_and_the_fallback(
     with django_assert_max_num_queries(5):
         html = client.get(f"/tunes/{tuning.uuid}/").content.decode()
 
+    # the title names the host the tune runs on, and the GPU it tunes for
+    assert "<h1>tune E=256 N=256 bf16 on h200-x8 (NVIDIA H200)" in html
+    assert f'action="/tunes/{tuning.uuid}/cancel/"' in html
     assert "<dt>Kernel</dt><dd>SGLang&#x27;s own kernel asked for" in html
     assert "the worker times moeops' builtin kernel" in html
+
+
+def _refused(client, deployment):
+    response = client.post(
+        f"/deployments/{deployment.pk}/tune/", {"dtype": "bf16", "batch_sizes": "1"}
+    )
+    assert response.status_code == 400
+    assert not TuningRun.objects.exists()
+    return _tune_form(response.content.decode())
+
+
+def test_a_host_without_gpus_is_refused_in_one_sentence(client, sent):
+    pb.sign_in(client)
+    deployment = pb.deployment(host_row=pb.host("local", gpus=0))
+    page = _tune_form(client.get(deployment.get_absolute_url()).content.decode())
+    sentence = (
+        "Host local has no GPU recorded (its worker&#x27;s probe found none), and a kernel tune "
+        "times the kernel on a CUDA GPU."
+    )
+    assert f'<p class="notice" id="tune-preflight">{sentence}</p>' in page
+    assert sentence in _refused(client, deployment)
+    assert sent == []
+
+
+def test_a_host_whose_probe_found_no_cuda_is_refused(client, sent):
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    pb.snapshot(deployment.host, "bare_metal", "", source="probe", cuda_version="")
+    assert "Host h200-x8&#x27;s worker found no CUDA driver when it probed the host" in _refused(
+        client, deployment
+    )
+
+
+def test_a_tune_that_failed_in_its_worker_reads_as_a_sentence(client, deployment):
+    tuning = TuningRun.objects.create(
+        host=deployment.host,
+        deployment=deployment,
+        E=256,
+        N=256,
+        hidden_size=6144,
+        topk=8,
+        status="failed",
+        # as tune_kernel stored it before it wrote "Name: message"
+        error='SpreadTuneError("GPU 0 (batch sizes 1, 2) exited with 1: AttributeError: module '
+        "'torch._C' has no attribute '_cuda_setDevice' (see /tmp/t/gpu0.stderr.txt). 0 batch "
+        'sizes are kept in /tmp/t: run again to tune only the missing ones")',
+    )
+    html = client.get(f"/tunes/{tuning.uuid}/").content.decode()
+    box = html.split('<div class="error-box" role="alert">')[1].split("</div>")[0]
+    sentence = box.split('<p class="error-sentence">')[1].split("</p>")[0]
+    assert sentence.startswith("This host cannot run CUDA: its PyTorch finds no CUDA GPU")
+    assert "SpreadTuneError" not in sentence
+    detail = box.split("<pre>")[1].split("</pre>")[0]
+    assert "_cuda_setDevice" in detail

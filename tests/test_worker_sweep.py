@@ -141,23 +141,30 @@ def test_without_nvml_the_run_says_why_and_has_no_samples(world):
     assert run.engine_samples.exists()
 
 
-def test_a_cancel_stops_at_the_next_request_and_keeps_finished_levels(world):
+def test_a_cancel_stops_at_the_next_request_and_keeps_every_finished_request(world):
     deployment, client = world
-    run = _run(deployment, levels=(4, 8, 16), output_len=64)
+    # 16 then 4 streams, 32 prompts each: the second level runs 8 waves of ~0.6 s
+    run = _run(deployment, levels=(16, 4, 8), output_len=64, prompts_per_level=32)
     outcome = {}
     thread = threading.Thread(target=lambda: outcome.update(status=_sweep(run, client)))
     thread.start()
     deadline = time.monotonic() + 30
-    while not run.levels.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while time.monotonic() < deadline:
+        progress = SweepRun.objects.get(pk=run.pk).progress
+        if progress.get("concurrency") == 4 and progress.get("requests_done"):
+            break
+        time.sleep(0.05)
     services.run_cancel(run=SweepRun.objects.get(pk=run.pk))
     thread.join(30)
 
     run.refresh_from_db()
     assert outcome["status"] == run.status == "cancelled"
-    stored = [lv.concurrency for lv in run.levels.order_by("concurrency")]
-    # the level running at the cancel is dropped, the finished ones stay
-    assert stored[0] == 4 and 16 not in stored
+    levels = {lv.concurrency: lv for lv in run.levels.all()}
+    # the finished level stays whole; the one the cancel cut short keeps its finished requests
+    assert set(levels) == {16, 4}
+    assert levels[16].completed == 32 and not levels[16].is_partial
+    assert levels[4].is_partial and levels[4].requests_planned() == 32
+    assert 0 < levels[4].completed < 32 and levels[4].output_throughput > 0
 
 
 def test_a_redelivered_run_skips_the_levels_already_stored(world):

@@ -573,3 +573,64 @@ def _wait_for_checks(stack, count):
         return rows if len(rows) >= count else None
 
     return _wait_for(stack, f"{count} health checks", checks)
+
+
+def test_a_tune_cancelled_from_the_page_stops_at_its_next_progress_report(tune_client):
+    host, client = tune_client
+    tuning_run, _ = kernel_services.tuning_run_create(
+        host=host, E=256, N=256, hidden_size=6144, topk=8
+    )
+    reported = []
+
+    def cancelled_midway(shape, batch_sizes, gpu_indices, *, progress_callback, **kwargs):
+        progress_callback(1, 4, "M=1")
+        reported.append(1)
+        # someone presses Cancel tune on the page while the tune runs
+        kernel_services.tuning_run_cancel(tuning_run=TuningRun.objects.get(pk=tuning_run.pk))
+        progress_callback(4, 4, "M=1024")
+        reported.append(4)
+        raise AssertionError("the tune went on after it was cancelled")
+
+    outcome = kernel_tune.tune_kernel(
+        str(tuning_run.uuid),
+        client=client,
+        E=256,
+        N=256,
+        hidden_size=6144,
+        topk=8,
+        batch_sizes=[1, 1024],
+        spread=cancelled_midway,
+    )
+
+    assert outcome == "cancelled"
+    assert reported == [1]
+    tuning_run.refresh_from_db()
+    assert tuning_run.status == "cancelled" and tuning_run.error == ""
+    assert not KernelConfig.objects.exists()
+
+
+def test_a_failed_tune_stores_its_error_as_name_and_message_not_a_repr(tune_client):
+    host, client = tune_client
+    tuning_run, _ = kernel_services.tuning_run_create(
+        host=host, E=256, N=256, hidden_size=6144, topk=8
+    )
+
+    def no_cuda(*args, **kwargs):
+        raise RuntimeError("GPU 0 exited with 1: AttributeError: no attribute '_cuda_setDevice'")
+
+    with pytest.raises(RuntimeError):
+        kernel_tune.tune_kernel(
+            str(tuning_run.uuid),
+            client=client,
+            E=256,
+            N=256,
+            hidden_size=6144,
+            topk=8,
+            spread=no_cuda,
+        )
+
+    tuning_run.refresh_from_db()
+    assert tuning_run.status == "failed"
+    assert tuning_run.error == (
+        "RuntimeError: GPU 0 exited with 1: AttributeError: no attribute '_cuda_setDevice'"
+    )

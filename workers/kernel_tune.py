@@ -30,6 +30,10 @@ PROGRESS_INTERVAL_S = 2.0
 SAMPLES_INTERVAL_S = 5.0
 
 
+class TuneCancelled(Exception):
+    """Someone cancelled the tune from the page: its processes stop (the tuning log stays)."""
+
+
 def _log_dir():
     # tuning logs survive a worker restart, so that a re-delivered tune resumes
     return Path(os.getenv("MOEOPS_TUNE_DIR") or cache_dir() / "tuning")
@@ -205,7 +209,7 @@ def tune_kernel(
             return
         last_report = time.monotonic()
         body = {"progress": {"done": done, "total": total, "message": message}}
-        _push_advisory(client, tuning_run_uuid, body)
+        _stop_if_cancelled(_push_advisory(client, tuning_run_uuid, body))
 
     log_dir = _log_dir()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -221,7 +225,8 @@ def tune_kernel(
         with telemetry:
             # said now, as a sweep says it: the tune page tells why its charts stay empty while
             # the tune runs, not only once it has ended
-            _push_advisory(client, tuning_run_uuid, {**kernel, **_telemetry_fields(telemetry)})
+            started = {**kernel, **_telemetry_fields(telemetry)}
+            _stop_if_cancelled(_push_advisory(client, tuning_run_uuid, started))
             result = spread(
                 shape,
                 batch_sizes or TUNED_BATCH_SIZES,
@@ -242,11 +247,17 @@ def tune_kernel(
     except Unreachable:
         # the task tries again later; the tuning log makes the next attempt resume
         raise
+    except TuneCancelled:
+        log.info(
+            "tuning run %s: cancelled from the page; its processes are stopped", tuning_run_uuid
+        )
+        return "cancelled"
     except Exception as exc:
         client.update_tuning_run(
             tuning_run_uuid,
             status="failed",
-            error=f"{exc!r}",
+            # the page turns this into a sentence with the whole text as its detail
+            error=f"{type(exc).__name__}: {exc}",
             **kernel,
             **_telemetry_fields(telemetry),
         )
@@ -265,11 +276,20 @@ def tune_kernel(
 
 def _push_advisory(client, tuning_run_uuid, body):
     """PATCH what the tune page shows while the tune runs (progress, telemetry status): one
-    attempt, never spooled, a failure logged; the final status push carries what matters."""
+    attempt, never spooled, a failure logged; the final status push carries what matters.
+    Returns the tuning run as the API answered, or None when the push failed."""
     try:
-        client.request("PATCH", f"/tuning-runs/{tuning_run_uuid}", body=body, retries=0)
+        response = client.request("PATCH", f"/tuning-runs/{tuning_run_uuid}", body=body, retries=0)
     except ApiError as exc:
         log.warning("tuning run %s: push failed: %s", tuning_run_uuid, exc)
+        return None
+    return response.json()
+
+
+def _stop_if_cancelled(run):
+    # raised inside tuning.spread's progress relay, which then kills the GPU processes
+    if run is not None and run.get("status") == "cancelled":
+        raise TuneCancelled
 
 
 def _telemetry_fields(telemetry):

@@ -4,8 +4,9 @@
 and engine /metrics samplers, runs each level with the load generator, pushes each level as it
 finishes and the samples in batches, reports progress about once a second, stops at the next
 request boundary once the run's `cancel_requested` is set, and ends the run succeeded, cancelled
-or failed; finished levels are always kept. A run delivered again (its worker died) resumes: the
-levels already stored are skipped, so none is stored twice.
+or failed; finished levels are always kept, and so are the finished requests of the level the
+stop cut short (stored as a level whose raw result says "stopped"). A run delivered again (its
+worker died) resumes: the levels already stored are skipped, so none is stored twice.
 """
 
 import asyncio
@@ -365,6 +366,11 @@ def _run_levels(
         )
         samples.tag(None)
         if result["stopped"]:
+            if result["completed"] or result["failed"]:
+                # the requests that finished before the stop are measurements too: the level
+                # is kept, marked by raw's "stopped" (and "num_prompts", what it was to send)
+                samples.flush()
+                client.post_level(run_uuid, level_payload(result))
             break
         samples.flush()
         client.post_level(run_uuid, level_payload(result))

@@ -200,6 +200,15 @@ class TopologySnapshot(models.Model):
         }
 
 
+def gpu_count(used, on_host, tp, ep):
+    """GPUs a deployment's per-GPU figures divide by: the `used` ones it records, else its
+    largest parallel size on a host with GPUs recorded; None on a host with none (a CPU box
+    serving the stand-in), where per-GPU figures are n/a."""
+    if used:
+        return used
+    return max(tp, ep) if on_host else None
+
+
 class Deployment(models.Model):
     """One model served by one engine on (some GPUs of) one host."""
 
@@ -246,8 +255,8 @@ class Deployment(models.Model):
         return sorted(gpu.index for gpu in self.gpus.all())
 
     def num_gpus(self):
-        """GPUs the deployment uses: the ones recorded, else its largest parallel size."""
-        return self.gpus.count() or max(self.tp, self.ep)
+        """GPUs the deployment's per-GPU figures divide by (gpu_count), or None."""
+        return gpu_count(self.gpus.count(), self.host.gpus.count(), self.tp, self.ep)
 
     def moe_shape(self):
         return self.model.shape_for(tp=self.tp, ep=self.ep)

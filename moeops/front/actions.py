@@ -1,11 +1,12 @@
-"""Writes the browser UI starts that no app service covers: kernel tunes sent to a host's
-worker, and the plan's order. Sweeps start through moeops.runs.services.run_start, which the
-API's POST /runs shares.
+"""Writes the browser UI starts that no app service covers: a deployment with its new model,
+kernel tunes sent to a host's worker, and the plan's order. Sweeps start through
+moeops.runs.services.run_start, which the API's POST /runs shares.
 """
 
 from django.db import transaction
 from django.db.models import Max
 
+from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Deployment
 from moeops.insights.models import PlanItem
 from moeops.kernels.services import tuning_run_create
@@ -16,6 +17,47 @@ def sweep_start(*, deployment, parameters, label=""):
     """A queued SweepRun of the deployment whose sweep is sent to its host (see run_start)."""
     run, _ = run_start(deployment=deployment, parameters=parameters, label=label)
     return run
+
+
+_UNREAD = object()
+
+
+def tuning_preflight(*, deployment, has_gpus=None, topology=_UNREAD) -> str:
+    """Why a tune of the deployment cannot run on its host now, in one sentence, or "".
+
+    Asked before a tune is enqueued: a tune sent to a host without a CUDA GPU fails in its
+    worker. has_gpus (the host has GPUs recorded) and topology (its current snapshot, or None)
+    where the caller has them.
+    """
+    host = deployment.host
+    if has_gpus is None:
+        has_gpus = host.gpus.exists()
+    if topology is _UNREAD:
+        topology = host.current_topology()
+    if not has_gpus:
+        return (
+            f"Host {host.name} has no GPU recorded (its worker's probe found none), and a "
+            "kernel tune times the kernel on a CUDA GPU."
+        )
+    if topology is not None and topology.source == "probe" and not topology.cuda_version:
+        return (
+            f"Host {host.name}'s worker found no CUDA driver when it probed the host, and a "
+            "kernel tune needs CUDA."
+        )
+    return ""
+
+
+def deployment_create(*, model=None, new_model=None, gpu_indexes=(), **fields):
+    """(Deployment, created) of a model on record or, with new_model {"name", "config"}, of
+    that model registered from its config.json in the same transaction (fleet.services)."""
+    with transaction.atomic():
+        if new_model is not None:
+            model, _ = fleet_services.model_register(
+                name=new_model["name"],
+                config=new_model["config"],
+                provenance="config.json given in the new-deployment form",
+            )
+        return fleet_services.deployment_create(model=model, gpu_indexes=gpu_indexes, **fields)
 
 
 def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=False):

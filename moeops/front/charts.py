@@ -30,7 +30,9 @@ PALETTE = (
 CONCURRENCY_AXIS = {"title": {"text": "concurrency"}, "type": "log", "dtick": 0.30103}
 # Above this many points a line reads better without a marker on every point.
 MARKER_LIMIT = 60
-LABELLED_RUNS = 4
+# Pareto labels closer than this to one already placed (fraction of each axis's span, about
+# a "c=128" label's size on a half-width chart) are left to the hover.
+LABEL_GAP = (0.08, 0.06)
 
 
 def figure(traces, title, xaxis, yaxis, **layout):
@@ -74,6 +76,56 @@ def _line(name, points, **extra):
     }
 
 
+STANDIN_MARK = " [stand-in]"
+
+
+def run_name(run):
+    """A run as a chart names it: its label, marked when the stand-in engine answered it."""
+    return run.display_label() + (STANDIN_MARK if run.is_standin else "")
+
+
+def mark_standin(fig):
+    """The figure of a stand-in run: every series and the title say so."""
+    for trace in fig["data"]:
+        trace["name"] = (trace.get("name") or "") + STANDIN_MARK
+    title = fig["layout"].get("title") or {}
+    if title.get("text"):
+        title["text"] += " · stand-in engine, not a measurement"
+    return fig
+
+
+def _log_toggle():
+    """Buttons that switch the y axis between linear and log (a TTFT that queues spans orders
+    of magnitude across a sweep)."""
+    return [
+        {
+            "type": "buttons",
+            "direction": "right",
+            # top left: the top right is plotly's own mode bar
+            "x": 0,
+            "xanchor": "left",
+            "y": 1.02,
+            "yanchor": "bottom",
+            "pad": {"t": 0, "r": 0},
+            "showactive": True,
+            "active": 0,
+            "font": {"size": 11},
+            "buttons": [
+                {
+                    "label": "linear",
+                    "method": "relayout",
+                    "args": [{"yaxis.type": "linear", "yaxis.autorange": True}],
+                },
+                {
+                    "label": "log",
+                    "method": "relayout",
+                    "args": [{"yaxis.type": "log", "yaxis.autorange": True}],
+                },
+            ],
+        }
+    ]
+
+
 def throughput_vs_concurrency(runs):
     """Output tok/s vs concurrency, one line per run (levels without a concurrency are left out)."""
     traces = []
@@ -82,7 +134,7 @@ def throughput_vs_concurrency(runs):
         if points:
             traces.append(
                 _line(
-                    run.display_label(),
+                    run_name(run),
                     points,
                     hovertemplate="concurrency %{x}<br>%{y:.0f} tok/s"
                     "<extra>%{fullData.name}</extra>",
@@ -113,7 +165,8 @@ def run_throughput(levels):
 
 
 def run_latency(levels, metric, title):
-    """p50 and p99 of one latency metric (ttft, tpot, itl, e2el; ms) vs concurrency."""
+    """p50 and p99 of one latency metric (ttft, tpot, itl, e2el; ms) vs concurrency; TTFT
+    with a linear/log switch."""
     traces = []
     for stat, name, dash in (("median", "p50", "solid"), ("p99", "p99", "dash")):
         points = _level_points(levels, f"{stat}_{metric}_ms")
@@ -126,7 +179,10 @@ def run_latency(levels, metric, title):
                     hovertemplate="c=%{x}<br>%{y:,.1f} ms<extra>" + name + "</extra>",
                 )
             )
-    return figure(traces, title, CONCURRENCY_AXIS, {"title": {"text": "ms"}, "rangemode": "tozero"})
+    extra = {"updatemenus": _log_toggle()} if metric == "ttft" else {}
+    return figure(
+        traces, title, CONCURRENCY_AXIS, {"title": {"text": "ms"}, "rangemode": "tozero"}, **extra
+    )
 
 
 def _band_shapes(bands):
@@ -201,6 +257,8 @@ def _gpu_traces(series, key, unit, fmt):
     traces = []
     for gpu_index in sorted(series.groups):
         group = series.groups[gpu_index]
+        if all(v is None for v in group[key]):
+            continue
         points = list(zip(group["t"], group[key], strict=True))
         traces.append(
             {
@@ -254,9 +312,12 @@ def _reading_title(title, series):
     return f"{title}: one reading per GPU at {when} UTC"
 
 
-def _gpu_figure(series, bands, key, unit, title, yaxis, shapes=None, annotations=None):
-    """Per-GPU `key` over time, or one bar per GPU when the samples are a single reading."""
+def _gpu_figure(series, bands, key, unit, title, yaxis, shapes=None, annotations=None, fmt=".0f"):
+    """Per-GPU `key` over time, or one bar per GPU when the samples are a single reading; no
+    trace for a GPU without values of `key`."""
     limits = {} if shapes is None else {"shapes": shapes, "annotations": annotations}
+    if not any(v is not None for g in series.groups.values() for v in g[key]):
+        return figure([], title, {"type": "date"}, yaxis)
     if _single_reading(series):
         return figure(
             _reading_bars(series, key, unit),
@@ -267,7 +328,7 @@ def _gpu_figure(series, bands, key, unit, title, yaxis, shapes=None, annotations
             showlegend=False,
         )
     return figure(
-        _gpu_traces(series, key, unit, ".0f"),
+        _gpu_traces(series, key, unit, fmt),
         title + _bucket_note(series),
         {"type": "date", "title": {"text": "time (UTC)"}},
         yaxis,
@@ -277,8 +338,22 @@ def _gpu_figure(series, bands, key, unit, title, yaxis, shapes=None, annotations
 
 def gpu_utilization(series, bands):
     """GPU utilization (%) over time, one line per GPU, levels as shaded bands."""
-    yaxis = {"title": {"text": "utilization %"}, "range": [0, 105]}
+    yaxis = {"title": {"text": "utilization %"}, "range": [0, 100]}
     return _gpu_figure(series, bands, "util", "%", "GPU utilization", yaxis)
+
+
+def gpu_memory(series, bands):
+    """GPU memory used (MiB) over time per GPU, up to the GPUs' total memory."""
+    total = series.extra.get("mem_total_mib")
+    top = max((v for g in series.groups.values() for v in g["mem_max"] if v is not None), default=0)
+    yaxis = {"title": {"text": "MiB"}, "range": [0, max(total or 0, top, 1) * 1.05]}
+    return _gpu_figure(series, bands, "mem", "MiB", "GPU memory used", yaxis, fmt=",.0f")
+
+
+def gpu_clock(series, bands):
+    """SM clock (MHz) over time per GPU: a clock that drops under load is power or heat."""
+    yaxis = {"title": {"text": "MHz"}, "rangemode": "tozero"}
+    return _gpu_figure(series, bands, "clock", "MHz", "SM clock", yaxis, fmt=",.0f")
 
 
 def gpu_power(series, bands):
@@ -332,37 +407,62 @@ def engine_queue(series, bands, max_running_requests=None):
     )
 
 
-def peaks_over_time(runs):
-    """Peak output tok/s of each run (its `peak` annotation) against when it was created."""
-    points = sorted(
-        (run.created, run.peak, run.display_label()) for run in runs if run.peak is not None
-    )
+def kv_cache_use(series, bands):
+    """The engine's KV-cache use (% of its cache) over time."""
     traces = []
-    if points:
+    group = series.groups.get(None)
+    if group and any(v is not None for v in group["kv_mean"]):
+        x = [epoch_to_plotly(t) for t in group["t"]]
+        y = [None if v is None else 100.0 * v for v in group["kv_mean"]]
         traces.append(
             {
                 "type": "scatter",
-                "name": "peak output tok/s",
-                "x": [created.isoformat() for created, _, _ in points],
-                "y": [peak for _, peak, _ in points],
-                "text": [label for _, _, label in points],
-                # a few runs are named on the chart; more would cover each other
-                "mode": "lines+markers+text" if len(points) <= LABELLED_RUNS else "lines+markers",
-                "textposition": "middle right",
-                "textfont": {"size": 10, "color": "#667085"},
-                "hovertemplate": "%{text}<br>%{y:,.0f} tok/s<extra></extra>",
-                "marker": {"size": 8},
+                "mode": _mode(x),
+                "name": "KV cache",
+                "x": x,
+                "y": y,
+                "hovertemplate": "%{y:.0f} % of the KV cache<extra></extra>",
             }
         )
-    xaxis = {"type": "date", "tickformat": "%b %d"}
-    if points and (points[-1][0] - points[0][0]) < dt.timedelta(days=1):
-        # runs of one day (or one run) on a date axis of milliseconds read as noise
-        middle = points[0][0] + (points[-1][0] - points[0][0]) / 2
-        xaxis["range"] = [
-            (middle - dt.timedelta(days=1)).isoformat(),
-            (middle + dt.timedelta(days=1)).isoformat(),
-        ]
-        xaxis["dtick"] = 86_400_000  # one tick a day (ms)
+    return figure(
+        traces,
+        "Engine: KV-cache use" + _bucket_note(series),
+        {"type": "date", "title": {"text": "time (UTC)"}},
+        {"title": {"text": "% of the KV cache"}, "range": [0, 100]},
+        **_time_layout(bands),
+    )
+
+
+def peaks_per_run(runs):
+    """Each run's peak output tok/s (its `peak` annotation) as a bar, oldest run first; the
+    stand-in's bars grey and marked."""
+    shown = sorted((run for run in runs if run.peak is not None), key=lambda r: (r.created, r.pk))
+    traces = []
+    if shown:
+        traces.append(
+            {
+                "type": "bar",
+                "name": "peak output tok/s",
+                # one category per run, even where two runs share a label
+                "x": [str(run.uuid) for run in shown],
+                "y": [run.peak for run in shown],
+                "customdata": [run_name(run) for run in shown],
+                "text": [f"{run.peak:,.0f}" for run in shown],
+                "textposition": "outside",
+                "cliponaxis": False,
+                "marker": {"color": ["#98a2b3" if run.is_standin else "#3056d3" for run in shown]},
+                "hovertemplate": "%{customdata}<br>%{y:,.0f} tok/s<extra></extra>",
+            }
+        )
+    xaxis = {
+        "type": "category",
+        "tickmode": "array",
+        "tickvals": [str(run.uuid) for run in shown],
+        "ticktext": [
+            _short(run.display_label()) + (STANDIN_MARK if run.is_standin else "") for run in shown
+        ],
+        "automargin": True,
+    }
     return figure(
         traces,
         "Peak output throughput per run",
@@ -371,6 +471,10 @@ def peaks_over_time(runs):
         margin={"l": 55, "r": 15, "t": 35, "b": 35},
         showlegend=False,
     )
+
+
+def _short(label, limit=28):
+    return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
 # --- compare -------------------------------------------------------------------------------
@@ -384,8 +488,9 @@ def _legend(style):
     return fields
 
 
-def compare_vs_concurrency(runs, styles, key, title, ytitle, fmt=",.0f"):
-    """One metric of each run's levels vs concurrency; styles[run.pk] gives name and color."""
+def compare_vs_concurrency(runs, styles, key, title, ytitle, fmt=",.0f", log_toggle=False):
+    """One metric of each run's levels vs concurrency; styles[run.pk] gives name and color;
+    log_toggle adds a linear/log switch of the y axis."""
     traces = []
     for run in runs:
         points = _level_points(run.levels.all(), key)
@@ -401,8 +506,13 @@ def compare_vs_concurrency(runs, styles, key, title, ytitle, fmt=",.0f"):
                     hovertemplate="c=%{x}<br>%{y:" + fmt + "}<extra>%{fullData.name}</extra>",
                 )
             )
+    extra = {"updatemenus": _log_toggle()} if log_toggle else {}
     return figure(
-        traces, title, CONCURRENCY_AXIS, {"title": {"text": ytitle}, "rangemode": "tozero"}
+        traces,
+        title,
+        CONCURRENCY_AXIS,
+        {"title": {"text": ytitle}, "rangemode": "tozero"},
+        **extra,
     )
 
 
@@ -441,15 +551,16 @@ def pareto(runs, styles, num_gpus):
                 **_legend(style),
                 "x": [x for _, x, _ in points],
                 "y": [y for _, _, y in points],
-                "text": [f"c={c}" for c, _, _ in points],
+                "customdata": [f"c={c}" for c, _, _ in points],
                 "textposition": "top center",
                 "textfont": {"size": 9, "color": "#667085"},
                 "line": {"color": style["color"], "dash": style["dash"]},
                 "marker": {"color": style["color"]},
-                "hovertemplate": "%{text}<br>%{x:.1f} tok/s per user<br>%{y:,.0f} tok/s per GPU"
-                "<extra>%{fullData.name}</extra>",
+                "hovertemplate": "%{customdata}<br>%{x:.1f} tok/s per user<br>"
+                "%{y:,.0f} tok/s per GPU<extra>%{fullData.name}</extra>",
             }
         )
+    _place_labels(traces)
     front = pareto_front(everything)
     if len(front) > 1:
         traces.append(
@@ -469,6 +580,28 @@ def pareto(runs, styles, num_gpus):
         {"title": {"text": "tok/s per user (1000 / median TPOT)"}, "rangemode": "tozero"},
         {"title": {"text": "output tok/s per GPU"}, "rangemode": "tozero"},
     )
+
+
+def _place_labels(traces):
+    """Each trace's "text": its point's label (customdata) where no label placed before lies
+    within LABEL_GAP of it, else "" (the hover still names it); the first trace's first."""
+    xs = [x for t in traces for x in t["x"]]
+    ys = [y for t in traces for y in t["y"]]
+    if not xs:
+        return
+    span_x = (max(xs) - min(xs)) or 1.0
+    span_y = (max(ys) - min(ys)) or 1.0
+    placed = []
+    for trace in traces:
+        trace["text"] = []
+        for x, y, label in zip(trace["x"], trace["y"], trace["customdata"], strict=True):
+            near = any(
+                abs(x - px) / span_x < LABEL_GAP[0] and abs(y - py) / span_y < LABEL_GAP[1]
+                for px, py in placed
+            )
+            trace["text"].append("" if near else label)
+            if not near:
+                placed.append((x, y))
 
 
 def peak_bars(runs, styles):
@@ -629,11 +762,15 @@ def evidence_figure(evidence, title):
         xaxis |= {"type": "log", "dtick": 0.30103}
     elif not numeric or spec.get("type") == "bar":
         xaxis |= {"type": "category"}
+    yaxis = {"title": {"text": spec.get("y_label", "")}, "rangemode": "tozero"}
+    if "%" in spec.get("y_label", ""):
+        # a percentage reads against its whole: 14 % must not fill the chart
+        yaxis["range"] = [0, 100]
     return figure(
         traces,
         title,
         xaxis,
-        {"title": {"text": spec.get("y_label", "")}, "rangemode": "tozero"},
+        yaxis,
         height=280,
         margin={"l": 55, "r": 15, "t": 35, "b": 40},
         legend={"orientation": "h", "y": -0.35},

@@ -57,9 +57,16 @@ LEVEL_COLUMNS = (
 )
 
 
+# What a per-GPU figure reads on a host with no GPUs recorded (the stand-in on a CPU box).
+NO_GPUS = "n/a"
+
+
 def level_value(level, column, num_gpus):
-    """The column's value for one LevelResult; per-GPU throughput divides by num_gpus."""
+    """The column's value for one LevelResult; per-GPU throughput divides by num_gpus (None:
+    no GPUs recorded, NO_GPUS)."""
     if column.key == "output_throughput_per_gpu":
+        if num_gpus is None:
+            return NO_GPUS if level.output_throughput is not None else None
         return level.throughput_per_gpu(num_gpus)
     if column.key == "interactivity":
         return level.interactivity

@@ -1,19 +1,43 @@
 """The browser UI's forms: deployments, sweeps, tunes, plan items, notes, run filters."""
 
 import datetime as dt
+import json
 
 from django import forms
+from django.conf import settings
 
 from moeops.fleet.endpoints import endpoint_change_refusal
 from moeops.fleet.models import ENGINES, GPU, VIRTUALIZATION_KINDS, Deployment, Host, ModelSpec
+from moeops.front.templatetags.moeops_format import duration
 from moeops.insights.models import PLAN_STATUSES, Note
 from moeops.kernels.models import KernelConfig
+from moeops.runs import estimate
 from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, SweepRun
 from tuning.config_files import TUNED_BATCH_SIZES, triton_config_unread
 from tuning.engine_source import ENGINE_TITLES
+from tuning.moe_params import MoEConfigError, moe_params
 
-DEFAULT_LEVELS = "32,64,128,256,512,1024"
 TUNE_DTYPES = (("bf16", "bf16"), ("fp8_w8a8", "fp8 w8a8"))
+# The sweep form's presets: a first sweep that teaches in a minute (it crosses the stand-in's
+# cap of 64, so it shows the plateau and the queue), and the write-up's full sweep.
+SWEEP_PRESETS = {
+    "quick": {
+        "title": "quick (≈ 1 min on the stand-in)",
+        "levels": "8,16,32,64,128",
+        "input_len": 128,
+        "output_len": 128,
+        "prompts_per_level": 128,
+        "warmup": 8,
+    },
+    "full": {
+        "title": "full",
+        "levels": "32,64,128,256,512,1024",
+        "input_len": 1024,
+        "output_len": 1024,
+        "prompts_per_level": 1024,
+        "warmup": 8,
+    },
+}
 
 
 def _int_list(text, *, field_name):
@@ -30,8 +54,26 @@ def _int_list(text, *, field_name):
 
 
 class DeploymentForm(forms.ModelForm):
+    """A deployment of a model on record, or (new deployments) of a model given by its
+    config.json, pasted or uploaded: a config identical to one on record reuses that model.
+    TP and EP are checked against the model's MoE shape before anything is saved; new_model
+    is then {"name", "config"} for the view to register, reused_model the model reused."""
+
     # engines on a team's network are plain http more often than not
     endpoint_url = forms.URLField(required=False, assume_scheme="http", label="Endpoint URL")
+    new_model_name = forms.CharField(
+        max_length=200,
+        required=False,
+        label="New model's name",
+        help_text="For a model not in the list, e.g. its Hugging Face repo id.",
+    )
+    config_text = forms.CharField(
+        required=False,
+        label="Its config.json",
+        widget=forms.Textarea(attrs={"rows": 5, "class": "mono", "spellcheck": "false"}),
+        help_text="Paste it, or upload it below; the MoE shape is read from it.",
+    )
+    config_file = forms.FileField(required=False, label="…or upload config.json")
 
     class Meta:
         model = Deployment
@@ -71,14 +113,25 @@ class DeploymentForm(forms.ModelForm):
             "endpoint_url": "The OpenAI-compatible server the host's worker sweeps.",
         }
 
+    NEW_MODEL_FIELDS = ("new_model_name", "config_text", "config_file")
+
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
         # who saves: only staff may point the deployment at a new endpoint address
         self.user = user
+        self.new_model = self.reused_model = None
         self.fields["model"].queryset = ModelSpec.objects.order_by("name")
         self.fields["host"].queryset = Host.objects.order_by("name")
         self.fields["gpus"].queryset = GPU.objects.select_related("host").order_by("host", "index")
         self.fields["gpus"].label_from_instance = lambda gpu: f"{gpu.host.name} · GPU{gpu.index}"
+        if self.instance.pk:
+            for name in self.NEW_MODEL_FIELDS:
+                del self.fields[name]
+        else:
+            self.fields["model"].required = False
+            self.fields["model"].empty_label = "— a new model, from its config.json below —"
+            order = ["name", "model", *self.NEW_MODEL_FIELDS]
+            self.order_fields(order + [f for f in self.fields if f not in order])
 
     def clean_endpoint_url(self):
         url = self.cleaned_data["endpoint_url"]
@@ -97,18 +150,109 @@ class DeploymentForm(forms.ModelForm):
             strangers = [gpu for gpu in gpus if gpu.host_id != host.pk]
             if strangers:
                 self.add_error("gpus", f"Pick GPUs of {host.name} only.")
+        config = None
+        if not self.instance.pk:
+            config = self._clean_model(cleaned)
+        self._check_split(cleaned, config)
         return cleaned
+
+    def _config_text(self, cleaned):
+        """The pasted config.json, or the uploaded one's text, which is then kept in the
+        textarea so that an error elsewhere does not lose it."""
+        upload = cleaned.get("config_file")
+        if upload is None:
+            return (cleaned.get("config_text") or "").strip()
+        try:
+            text = upload.read().decode("utf-8")
+        except UnicodeDecodeError:
+            self.add_error("config_file", "config.json must be UTF-8 text.")
+            return ""
+        self.data = self.data.copy()
+        self.data["config_text"] = text
+        return text.strip()
+
+    def _clean_model(self, cleaned):
+        """The new model's config (a dict) when one is given, else None; sets new_model or
+        reused_model (and cleaned["model"] to it)."""
+        text, picked = self._config_text(cleaned), cleaned.get("model")
+        if text and picked:
+            self.add_error("config_text", "Pick a model on record or give a config.json, not both.")
+            return None
+        if not text:
+            if not picked and "model" not in self.errors:
+                self.add_error(
+                    "model", "Pick a model on record, or paste or upload its config.json."
+                )
+            return None
+        try:
+            config = json.loads(text)
+            if not isinstance(config, dict):
+                raise ValueError(f"a JSON object, not {type(config).__name__}")
+            moe_params(config)
+        except ValueError as exc:
+            self.add_error("config_text", f"config.json: {exc}")
+            return None
+        same = _same_model(config)
+        if same is not None:
+            cleaned["model"] = self.reused_model = same
+            return None
+        name = (cleaned.get("new_model_name") or "").strip()
+        if not name:
+            self.add_error("new_model_name", "Name the new model (e.g. its Hugging Face repo id).")
+        elif ModelSpec.objects.filter(name=name).exists():
+            self.add_error(
+                "new_model_name",
+                f"A model named “{name}” is on record with another config.json: pick it "
+                "above, or name this one differently.",
+            )
+        else:
+            self.new_model = {"name": name, "config": config}
+        return config
+
+    def _check_split(self, cleaned, config):
+        """TP and EP against the MoE shape (of the model picked, or of the config given)."""
+        tp, ep, model = cleaned.get("tp"), cleaned.get("ep"), cleaned.get("model")
+        if tp is None or ep is None or (model is None and config is None):
+            return
+        quant = None
+        if config is None:
+            config, quant = model.config_json, model.quant_config_json
+        try:
+            moe_params(config, tp=tp, ep=ep, quant_config=quant)
+        except MoEConfigError as exc:
+            field = "ep" if str(exc).startswith("num_experts") else "tp"
+            self.add_error(field, f"The MoE shape does not split over tp={tp}, ep={ep}: {exc}.")
+
+
+def _same_model(config):
+    """The ModelSpec on record whose config.json is this one (and no separate quant config)."""
+    params = moe_params(config)
+    candidates = ModelSpec.objects.filter(
+        num_experts=params.num_experts,
+        hidden_size=params.hidden_size,
+        moe_intermediate_size=params.moe_intermediate_size,
+        quant_config_json__isnull=True,
+    )
+    return next((m for m in candidates if m.config_json == config), None)
 
 
 class SweepForm(forms.Form):
     label = forms.CharField(max_length=200, required=False)
     levels = forms.CharField(
-        initial=DEFAULT_LEVELS, help_text="Concurrency levels, comma-separated."
+        initial=SWEEP_PRESETS["quick"]["levels"], help_text="Concurrency levels, comma-separated."
     )
-    input_len = forms.IntegerField(label="Input length (tokens)", min_value=1, initial=1024)
-    output_len = forms.IntegerField(label="Output length (tokens)", min_value=1, initial=1024)
-    prompts_per_level = forms.IntegerField(min_value=1, initial=1024)
-    warmup = forms.IntegerField(label="Warm-up requests", min_value=0, initial=8)
+    input_len = forms.IntegerField(
+        label="Input length (tokens)", min_value=1, initial=SWEEP_PRESETS["quick"]["input_len"]
+    )
+    output_len = forms.IntegerField(
+        label="Output length (tokens)", min_value=1, initial=SWEEP_PRESETS["quick"]["output_len"]
+    )
+    prompts_per_level = forms.IntegerField(
+        min_value=1, initial=SWEEP_PRESETS["quick"]["prompts_per_level"]
+    )
+    warmup = forms.IntegerField(
+        label="Warm-up requests", min_value=0, initial=SWEEP_PRESETS["quick"]["warmup"]
+    )
     endpoint = forms.ChoiceField(
         choices=(("completions", "completions"), ("chat", "chat")), initial="completions"
     )
@@ -131,6 +275,30 @@ class SweepForm(forms.Form):
     def parameters(self):
         keys = ("levels", "input_len", "output_len", "prompts_per_level", "warmup", "endpoint")
         return {key: self.cleaned_data[key] for key in keys}
+
+    def estimate(self):
+        """ "Estimated duration: ≈ …" of the sweep as the form stands (valid or not)."""
+        pace, why = estimate.deployment_pace(self.deployment)
+        if pace is None:
+            return f"No estimated duration: {why}."
+        if self.is_bound:
+            self.is_valid()
+            data = self.cleaned_data
+        else:
+            data = {name: self[name].initial for name in self.fields}
+            data["levels"] = _int_list(data["levels"], field_name="levels")
+        keys = ("levels", "prompts_per_level", "output_len", "warmup")
+        if any(data.get(key) is None for key in keys):
+            return "No estimated duration until levels, prompts and lengths are valid."
+        seconds = estimate.sweep_seconds(
+            pace,
+            levels=data["levels"],
+            prompts_per_level=data["prompts_per_level"],
+            output_len=data["output_len"],
+            warmup=data["warmup"],
+        )
+        cap = f", at most {pace.cap} requests at once" if pace.cap else ""
+        return f"Estimated duration: ≈ {duration(seconds)} (from {pace.basis}{cap})."
 
 
 class TuneForm(forms.Form):
@@ -180,6 +348,58 @@ class TuneForm(forms.Form):
                 "tune_anyway", f"{self.fp4_reason} Tick “Tune anyway” to tune it all the same."
             )
         return cleaned
+
+
+def _uploaded_text(upload):
+    """An uploaded file's text; ValidationError past the API's body limit or when not UTF-8."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if upload.size > limit:
+        raise forms.ValidationError(
+            f"The file is larger than {limit:,} bytes (MOEOPS_MAX_BODY_BYTES), as the API refuses."
+        )
+    try:
+        return upload.read().decode("utf-8")
+    except UnicodeDecodeError:
+        raise forms.ValidationError("The file is not UTF-8 text.") from None
+
+
+class ResultFileForm(forms.Form):
+    """A benchmark result file for a deployment, imported as POST /api/v1/runs/import does."""
+
+    format = forms.ChoiceField(
+        choices=(
+            ("sglang", "SGLang bench_serving (JSONL)"),
+            ("vllm", "vLLM bench serve --save-result (JSON)"),
+        )
+    )
+    file = forms.FileField(label="Result file")
+    label = forms.CharField(max_length=200, required=False)
+
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
+        self.text = _uploaded_text(upload)
+        return upload
+
+
+class KernelConfigFileForm(forms.Form):
+    """An engine's fused-MoE config file, stored as POST /api/v1/kernel-configs/import does:
+    its name says the shape, device and dtype."""
+
+    file = forms.FileField(label="Config file")
+    file_name = forms.CharField(
+        max_length=300,
+        required=False,
+        help_text="The engine's file name, when the upload was renamed (e.g. "
+        "E=256,N=256,device_name=NVIDIA_H200.json).",
+    )
+
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
+        self.text = _uploaded_text(upload)
+        return upload
+
+    def engine_file_name(self):
+        return self.cleaned_data.get("file_name") or self.cleaned_data["file"].name
 
 
 class PlanItemForm(forms.Form):

@@ -63,27 +63,24 @@ def _bucketed(qs, bounds, group_field, aggregates, buckets):
 
 
 def gpu_series(run, buckets=BUCKETS):
-    """Per GPU: GPU utilization (%) and power (W), mean/min/max per time bucket.
+    """Per GPU: utilization (%), power (W), memory used (MiB) and SM clock (MHz), mean/min/max
+    per time bucket.
 
     run: a SweepRun or a kernels TuningRun (both own samples as `telemetry`).
-    `extra["power_limit_w"]` is the highest enforced power limit seen (W), or None.
+    `extra["power_limit_w"]` is the highest enforced power limit seen (W), `extra
+    ["mem_total_mib"]` the largest GPU memory (MiB), each None when not recorded.
     """
     qs = run.telemetry.all()
-    bounds = _bounds(qs, power_limit_w=Max("power_limit_w"))
-    return _bucketed(
-        qs,
-        bounds,
-        "gpu_index",
-        {
-            "util": Avg("gpu_util"),
-            "util_min": Min("gpu_util"),
-            "util_max": Max("gpu_util"),
-            "power": Avg("power_w"),
-            "power_min": Min("power_w"),
-            "power_max": Max("power_w"),
-        },
-        buckets,
-    )
+    bounds = _bounds(qs, power_limit_w=Max("power_limit_w"), mem_total_mib=Max("mem_total_mib"))
+    aggregates = {}
+    for name, column in (
+        ("util", "gpu_util"),
+        ("power", "power_w"),
+        ("mem", "mem_used_mib"),
+        ("clock", "sm_clock_mhz"),
+    ):
+        aggregates |= {name: Avg(column), f"{name}_min": Min(column), f"{name}_max": Max(column)}
+    return _bucketed(qs, bounds, "gpu_index", aggregates, buckets)
 
 
 def engine_series(run, buckets=BUCKETS):

@@ -83,6 +83,8 @@ class Level:
     failed: int = 0
     # "HTTP 400: <the engine's message>" when every request of the level failed for one reason
     all_failed_with: str | None = None
+    # the sweep stopped inside the level: its numbers cover only the requests finished by then
+    partial: bool = False
 
     @property
     def timed(self):
@@ -246,18 +248,33 @@ def plateau(data: RunData) -> list[Proposal]:
     if start == len(gains) - 1:
         # only the sweep's last step is flat: one more level tells a plateau from noise
         plan.insert(0, f"Sweep above concurrency {top_c} to confirm the plateau")
+    title = f"Throughput plateaus from concurrency {at_c} ({at_t:.0f} tok/s)"
+    text = (
+        f"Output throughput grows {_pct(step_gain)} per doubling of concurrency after "
+        f"{at_c} ({at_t:.0f} → {curve[start + 1][1]:.0f} tok/s) and reaches only "
+        f"{top_t:.0f} tok/s at {top_c}: more concurrent requests no longer buy "
+        f"throughput, so something other than the offered load limits it."
+    )
+    cap, cap_source = running_cap(data)
+    # from the cap on the engine runs no more requests at once: the rest queue
+    at_cap = bool(cap) and at_c >= cap
+    if at_cap:
+        flag = _cap_flag(data)
+        title += f", at the engine's cap ({flag} {cap})"
+        text += (
+            f" The flat part starts at or above the engine's running-request cap ({flag} {cap}, "
+            f"{cap_source}): beyond {cap} concurrent requests the engine only queues the rest, "
+            "so the cap is what the plateau coincides with; raise it first."
+        )
+        # the queue-cap finding's plan item, word for word: one action serves both
+        plan.insert(0, _raise_cap_plan(flag, cap))
     return [
         Proposal(
             kind="plateau",
             key="throughput",
             severity="warning",
-            title=f"Throughput plateaus from concurrency {at_c} ({at_t:.0f} tok/s)",
-            text=(
-                f"Output throughput grows {_pct(step_gain)} per doubling of concurrency after "
-                f"{at_c} ({at_t:.0f} → {curve[start + 1][1]:.0f} tok/s) and reaches only "
-                f"{top_t:.0f} tok/s at {top_c}: more concurrent requests no longer buy "
-                f"throughput, so something other than the offered load limits it."
-            ),
+            title=title,
+            text=text,
             evidence={
                 "concurrency": concurrency,
                 "output_throughput": throughput,
@@ -265,6 +282,8 @@ def plateau(data: RunData) -> list[Proposal]:
                 "plateau_at": at_c,
                 "plateau_throughput": at_t,
                 "threshold": PLATEAU_GAIN,
+                "running_cap": cap,
+                "at_running_cap": at_cap,
                 "chart": _line(
                     concurrency,
                     "concurrency",
@@ -281,7 +300,9 @@ def _curve(levels):
     best = {}
     for level in levels:
         unlimited = level.request_rate is None or math.isinf(level.request_rate)
-        if unlimited and level.concurrency and level.output_throughput is not None:
+        # a level stopped part-way ran down its last requests at less than its concurrency
+        whole = not level.partial
+        if unlimited and whole and level.concurrency and level.output_throughput is not None:
             best[level.concurrency] = level.output_throughput
     return sorted(best.items())
 
@@ -489,7 +510,7 @@ def queueing(data: RunData) -> list[Proposal]:
     if not cap:
         return []
     levels = sorted((lv for lv in data.levels if lv.concurrency), key=lambda lv: lv.concurrency)
-    flag = "--max-num-seqs" if data.engine == "vllm" else "--max-running-requests"
+    flag = _cap_flag(data)
     tested = max((lv.concurrency for lv in levels), default=None)
     at_cap = [
         s
@@ -503,7 +524,7 @@ def queueing(data: RunData) -> list[Proposal]:
         "tested_concurrency": tested,
         "engine_samples": len(data.engine_samples),
     }
-    plan = [f"Raise {flag} above {cap} and re-sweep"]
+    plan = [_raise_cap_plan(flag, cap)]
     if not at_cap and any(_kv_cache_short(s) for s in data.engine_samples):
         return []
     if at_cap:
@@ -602,6 +623,17 @@ def _kv_cache_short(sample) -> bool:
     if sample.kv_cache_usage is not None:
         return sample.kv_cache_usage >= KV_CACHE_FULL
     return True
+
+
+def _cap_flag(data):
+    """The engine's flag for its running-request cap."""
+    return "--max-num-seqs" if data.engine == "vllm" else "--max-running-requests"
+
+
+def _raise_cap_plan(flag, cap):
+    """The plan item that raises the running-request cap: the queue-cap and the plateau
+    findings propose it in these words, so that one item (and one engine action) serves both."""
+    return f"Raise {flag} above {cap} and re-sweep"
 
 
 def running_cap(data: RunData) -> tuple[int | None, str | None]:

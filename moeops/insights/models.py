@@ -3,6 +3,7 @@
 import nh3
 from django.conf import settings
 from django.db import models
+from django.db.models import Case, Value, When
 from django.utils.text import slugify
 from markdown_it import MarkdownIt
 
@@ -52,6 +53,27 @@ class Note(models.Model):
             self.slug = slugify(self.title)[:200] or "note"
 
 
+# Most severe first (FindingQuerySet.by_importance).
+SEVERITY_ORDER = ("critical", "warning", "info")
+
+
+class FindingQuerySet(models.QuerySet):
+    def by_importance(self):
+        """The one order findings are listed in: dismissed ones last, then by severity
+        (critical, warning, info), then by evidence (one with a chart of what was measured
+        before one with none), then newest first."""
+        return self.annotate(
+            dismissed_rank=Case(When(state="dismissed", then=Value(1)), default=Value(0)),
+            severity_rank=Case(
+                *(When(severity=s, then=Value(i)) for i, s in enumerate(SEVERITY_ORDER)),
+                default=Value(len(SEVERITY_ORDER)),
+            ),
+            evidence_rank=Case(
+                When(evidence__chart__type__isnull=False, then=Value(0)), default=Value(1)
+            ),
+        ).order_by("dismissed_rank", "severity_rank", "evidence_rank", "-created", "-id")
+
+
 class Finding(models.Model):
     """One observation about a deployment (or one of its runs) with its numbers as evidence."""
 
@@ -77,6 +99,8 @@ class Finding(models.Model):
     provenance = models.CharField(max_length=300, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
+
+    objects = FindingQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created", "-id"]

@@ -239,6 +239,7 @@ def _levels(run):
             completed=level.completed,
             failed=level.failed,
             all_failed_with=level.all_failed_with(),
+            partial=level.is_partial,
         )
         for level in run.levels.all()
     ]

@@ -207,7 +207,12 @@ class TuningRun(TimedKernel):
         ordering = ["-created", "-id"]
 
     def __str__(self):
-        return f"tune E={self.E} N={self.N} {self.dtype} on {self.device_name or '?'}"
+        # the host names where it runs; the GPU what it tunes for
+        if self.host_id is None:
+            where = self.device_name or "no host"
+        else:
+            where = f"{self.host.name} ({self.device_name or 'no GPU recorded'})"
+        return f"tune E={self.E} N={self.N} {self.dtype} on {where}"
 
     @property
     def kernel_fallback(self):

@@ -175,6 +175,15 @@ def tuning_run_update(*, tuning_run, status=None, **fields):
     return tuning_run
 
 
+def tuning_run_cancel(*, tuning_run):
+    """Cancel a queued or running tune. A running tune's worker reads the status with its next
+    progress push and stops its GPU processes; what it tuned stays in its log on the host.
+    Raises TuningConflict when the tune has finished."""
+    with transaction.atomic():
+        _tuning_transition(tuning_run, "cancelled")
+    return tuning_run
+
+
 def _tuning_transition(tuning_run, status):
     if status not in RUN_TRANSITIONS.get(tuning_run.status, ()):
         raise TuningConflict(

@@ -91,6 +91,15 @@ TUNED_KERNEL = Q(snapshot__kernel_config__state="file", snapshot__kernel_config_
     & (Q(kernel_config__isnull=False) | Q(parameters__moe_kernel="tuned"))
 )
 
+# SweepRun.is_standin as a filter: the stand-in engine (a test double) answered the run.
+STANDIN = Q(snapshot__engine__engine="standin")
+
+
+def without_standin(runs):
+    """A SweepRun queryset less the stand-in's runs; a subquery, as NOT over a JSON key that a
+    run lacks is NULL and would drop that run too."""
+    return runs.exclude(pk__in=SweepRun.objects.filter(STANDIN).values("pk"))
+
 
 class SweepRun(models.Model):
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
@@ -267,6 +276,19 @@ class LevelResult(models.Model):
         (reason,) = self.errors
         samples = raw.get("error_samples") if isinstance(raw.get("error_samples"), dict) else {}
         return describe_failure(reason, samples.get(reason))
+
+    @property
+    def is_partial(self):
+        """Whether the sweep stopped inside this level (cancelled, out of time): it holds the
+        requests that finished before the stop, fewer than the level was to send."""
+        raw = self.raw if isinstance(self.raw, dict) else {}
+        return bool(raw.get("stopped"))
+
+    def requests_planned(self):
+        """How many measured requests the level was to send, or None when not recorded."""
+        raw = self.raw if isinstance(self.raw, dict) else {}
+        planned = raw.get("num_prompts")
+        return planned if isinstance(planned, int) and not isinstance(planned, bool) else None
 
     def throughput_per_gpu(self, num_gpus):
         """Output tok/s per GPU."""

@@ -249,6 +249,71 @@ def snapshot_diff(a: dict, b: dict) -> dict:
     return {"changes": changes, "unknown": unknown}
 
 
+# The factor a difference between two snapshots varies, as people name it; sections not listed
+# here are one factor each (SECTION_FACTORS), keys in NOT_FACTORS vary none.
+KEY_FACTORS = {
+    ("deployment", "model"): "model",
+    ("deployment", "engine"): "engine",
+    ("engine", "engine"): "engine",
+    ("deployment", "engine_version"): "engine version",
+    ("engine", "version"): "engine version",
+    ("deployment", "tp"): "parallelism",
+    ("deployment", "ep"): "parallelism",
+    ("deployment", "max_running_requests"): "running-request cap",
+    ("engine", "max_running_requests"): "running-request cap",
+    ("engine", "max_model_len"): "max model length",
+    ("deployment", "quantization"): "quantization",
+    ("deployment", "attention_backend"): "attention backend",
+    ("deployment", "allreduce_fusion"): "allreduce fusion",
+    ("engine", "allreduce_fusion"): "allreduce fusion",
+    ("deployment", "launch_args"): "launch arguments",
+    ("deployment", "host"): "host",
+    ("deployment", "gpus"): "GPUs",
+    ("moeops", "version"): "moeops version",
+    ("moeops", "client host"): "client host",
+}
+SECTION_FACTORS = {
+    "args": "launch arguments",
+    "env": "engine environment",
+    "kernel_config": "kernel config",
+    "topology": "topology",
+    "load": "load",
+}
+# Keys that name a thing rather than configure it, or follow from another factor: a kernel
+# file's name follows from the model's shape and the GPU.
+NOT_FACTORS = {
+    ("deployment", "name"),
+    ("deployment", "endpoint_url"),
+    ("deployment", "served_model_name"),
+    ("kernel_config", "file_name"),
+}
+# Factors that change how a run was taken, not what the engine did.
+INCIDENTAL_FACTORS = ("moeops version", "client host")
+
+
+def differing_factors(diff: dict) -> list[str]:
+    """The factors a snapshot_diff varies ("model", "kernel config", …), each once, in the
+    order of SECTIONS; names and what follows from another factor left out."""
+    factors = []
+    for change in diff["changes"]:
+        where = (change["section"], change["key"])
+        if where in NOT_FACTORS:
+            continue
+        factor = KEY_FACTORS.get(where) or SECTION_FACTORS.get(change["section"])
+        if factor and factor not in factors:
+            factors.append(factor)
+    return factors
+
+
+def _recipe_keys(recipe: dict) -> dict:
+    """A recipe record as comparable keys: each flag, each variable (env NAME), the kernel
+    configs; its version number is left out (it says that something changed, not what)."""
+    keys = dict(recipe.get("flags") or {})
+    keys.update({f"env {k}": v for k, v in (recipe.get("env") or {}).items()})
+    keys["kernel configs"] = ", ".join(recipe.get("kernel_configs") or []) or "none"
+    return keys
+
+
 def describe_change(change: dict) -> str:
     """One change as a short phrase: "engine version 0.31.0 → 0.32.0"."""
     section = {"args": "", "env": "", "engine": "engine ", "deployment": "recorded "}.get(

@@ -3,6 +3,8 @@
 from django import template
 from django.utils.html import format_html, json_script
 
+from reports.failures import explain_error
+
 register = template.Library()
 
 
@@ -42,4 +44,72 @@ def chart(fig, element_id, data_id=None, css_class="chart"):
         css_class,
         data_id,
         json_script(fig, data_id),
+    )
+
+
+@register.simple_tag
+def error_parts(text, what="run"):
+    """{"sentence", "detail"} of a worker's error (reports.failures.explain_error)."""
+    sentence, detail = explain_error(text, what)
+    return {"sentence": sentence, "detail": detail}
+
+
+def _evidence_number(key, value):
+    key = key.lower()
+    if key.endswith("percent") or key.endswith("_pct"):
+        return f"{value:,.0f}%"
+    if "fraction" in key:
+        return f"{value:.0%}"
+    # shares of a whole: a gain of 0.0906 per doubling is "+9.1%"
+    if "gain" in key:
+        return f"{value:+.1%}"
+    if "drop" in key:
+        return f"{value:.1%}"
+    if key == "threshold":
+        return f"{value:.0%}"
+    if key.endswith("_w"):
+        return f"{value:,.0f} W"
+    if key.endswith("_ms"):
+        return f"{value:,.1f} ms"
+    if "throughput" in key:
+        return f"{value:,.0f} tok/s"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+@register.filter
+def evidence_text(value, key=""):
+    """A finding's evidence value as people read it, rounded to what it means: fractions as
+    %, W, ms and tok/s by their key, other numbers to 3 significant digits; lists and dicts
+    item by item."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float):
+        return _evidence_number(key, value)
+    if isinstance(value, list):
+        return ", ".join(evidence_text(item, key) for item in value)
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {evidence_text(v, k)}" for k, v in value.items())
+    return str(value)
+
+
+# Statuses that only a health check can tell (fleet.models.HEALTH_STATUSES).
+CHECKED_STATUSES = ("healthy", "degraded", "failed")
+
+
+@register.simple_tag
+def deployment_status(deployment):
+    """The deployment's status badge: a health status only once a check has set it (an example
+    or a hand edit saying "healthy" without one reads "not checked yet")."""
+    if deployment.status in CHECKED_STATUSES and deployment.status_checked_at is None:
+        return format_html('<span class="status status-{}">{}</span>', "unknown", "not checked yet")
+    return format_html(
+        '<span class="status status-{}">{}</span>',
+        deployment.status,
+        deployment.get_status_display(),
     )

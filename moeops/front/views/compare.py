@@ -10,14 +10,23 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 
+from moeops.fleet.models import gpu_count
 from moeops.front import charts
-from moeops.front.columns import LEVEL_COLUMNS, level_rows
+from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
 from moeops.front.forms import RunFilterForm
 from moeops.runs import snapshots
-from moeops.runs.models import LevelResult, SweepRun, kernel_state
+from moeops.runs.models import LevelResult, SweepRun, kernel_state, without_standin
 
 MAX_SELECTED = 50
 CANDIDATES = 60
+# The newest runs the presets look for a pair in (every pair's snapshots are compared).
+PRESET_RUNS = 60
+# Each preset: its name, the one factor its pair may differ in, and the grouping it opens with.
+PRESETS = (
+    ("Before / after kernel tuning", "kernel config", "kernel"),
+    ("By model", "model", "model"),
+    ("By topology (VM vs container)", "topology", "topology"),
+)
 GROUPS = (
     ("run", "each run"),
     ("model", "model"),
@@ -53,10 +62,27 @@ def _selected_runs(uuids):
         run.uuid: run
         for run in _runs_qs()
         .filter(uuid__in=uuids)
-        .annotate(gpu_count=Count("deployment__gpus", distinct=True))
+        .annotate(
+            gpu_count=Count("deployment__gpus", distinct=True),
+            host_gpu_count=Count("deployment__host__gpus", distinct=True),
+        )
         .prefetch_related(Prefetch("levels", LevelResult.objects.order_by("concurrency", "id")))
     }
     return [runs[u] for u in uuids if u in runs]
+
+
+def _with_standin(request):
+    """Whether stand-in runs are compared: only when asked (?standin=1), as their numbers come
+    from a test double."""
+    return request.GET.get("standin") == "1"
+
+
+def _compared_runs(request):
+    """(runs compared, stand-in runs of the selection left out)."""
+    selected = _selected_runs(_selected_uuids(request))
+    if _with_standin(request):
+        return selected, []
+    return [r for r in selected if not r.is_standin], [r for r in selected if r.is_standin]
 
 
 def _group_of(run, group):
@@ -81,8 +107,9 @@ def _styles(runs, group):
         key = _group_of(run, group)
         colors.setdefault(key, charts.PALETTE[len(colors) % len(charts.PALETTE)])
         n = counts[key] = counts.get(key, -1) + 1
+        standin = " [stand-in]" if run.is_standin else ""
         styles[run.pk] = {
-            "name": f"{run.deployment.model.name} · {run.display_label()}",
+            "name": f"{run.deployment.model.name} · {run.display_label()}{standin}",
             "group": key,
             "group_title": key if group != "run" else None,
             "color": colors[key],
@@ -92,82 +119,105 @@ def _styles(runs, group):
 
 
 def _gpus(run):
-    return run.gpu_count or max(run.deployment.tp, run.deployment.ep)
+    deployment = run.deployment
+    return gpu_count(run.gpu_count, run.host_gpu_count, deployment.tp, deployment.ep)
 
 
-def _compare_url(uuids, group):
+def _compare_url(uuids, group, standin=False):
     query = [("run", str(u)) for u in uuids] + [("group", group)]
+    if standin:
+        query.append(("standin", "1"))
     return f"{reverse('compare')}?{urlencode(query)}"
 
 
+def _pair_for(rows, factor):
+    """The newest pair of rows (older first) whose snapshots differ in `factor` alone, or None.
+
+    Before/after kernel tuning takes a pair of one deployment whose kernel states differ,
+    default first, and whose snapshots differ in nothing else (also where they record no
+    kernel config: runs before snapshots, imports marked moe_kernel).
+    """
+    for i, newer in enumerate(rows):
+        for older in rows[i + 1 :]:
+            diff = snapshots.snapshot_diff(older["snapshot"], newer["snapshot"])
+            varied = [
+                f
+                for f in snapshots.differing_factors(diff)
+                if f not in snapshots.INCIDENTAL_FACTORS
+            ]
+            if factor != "kernel config":
+                if varied == [factor]:
+                    return [older["uuid"], newer["uuid"]]
+                continue
+            states = {older["kernel"], newer["kernel"]}
+            same = older["deployment_id"] == newer["deployment_id"]
+            if same and states == {"default", "tuned"} and set(varied) <= {factor}:
+                pair = sorted((older, newer), key=lambda row: row["kernel"] != "default")
+                return [row["uuid"] for row in pair]
+    return None
+
+
 def _presets():
-    """The three standing comparisons, each as the URL of its selection (None: no such runs)."""
+    """The standing comparisons: (name, URL of its pair or None, why there is none).
+
+    Each pair differs in its preset's factor alone, as the runs' snapshots recorded them; runs
+    of the stand-in are left out."""
+    runs = SweepRun.objects.filter(status="succeeded", levels__output_throughput__isnull=False)
     rows = list(
-        SweepRun.objects.filter(status="succeeded", levels__output_throughput__isnull=False)
-        .values(
-            "uuid",
-            "deployment_id",
-            "deployment__model__name",
-            "topology_snapshot__virtualization",
-            "kernel_config_id",
-            "parameters__moe_kernel",
-            "snapshot__kernel_config",
-        )
+        without_standin(runs)
+        .values("uuid", "deployment_id", "kernel_config_id", "parameters__moe_kernel", "snapshot")
         .distinct()
-        .order_by("-created", "-id")[:500]
+        .order_by("-created", "-id")[:PRESET_RUNS]
     )
-    before_after = None
-    by_deployment = {}
     for row in rows:
-        state = kernel_state(
-            row["snapshot__kernel_config"], row["kernel_config_id"], row["parameters__moe_kernel"]
+        row["kernel"] = kernel_state(
+            (row["snapshot"] or {}).get("kernel_config"),
+            row["kernel_config_id"],
+            row["parameters__moe_kernel"],
         )
-        by_deployment.setdefault(row["deployment_id"], {}).setdefault(state, row["uuid"])
-    for states in by_deployment.values():
-        if len(states) == 2:
-            before_after = [states["default"], states["tuned"]]
-            break
-
-    def latest_per(key):
-        picked = {}
-        for row in rows:
-            if row[key] is not None:
-                picked.setdefault(row[key], row["uuid"])
-        return list(picked.values()) if len(picked) > 1 else None
-
-    by_model = latest_per("deployment__model__name")
-    by_topology = latest_per("topology_snapshot__virtualization")
-    return [
-        ("Before / after kernel tuning", before_after and _compare_url(before_after, "kernel")),
-        ("By model", by_model and _compare_url(by_model, "model")),
-        ("By topology (VM vs container)", by_topology and _compare_url(by_topology, "topology")),
-    ]
+    presets = []
+    for name, factor, group in PRESETS:
+        pair = _pair_for(rows, factor)
+        missing = "" if pair else f"No two runs differ in the {factor} alone."
+        presets.append((name, pair and _compare_url(pair, group), missing))
+    return presets
 
 
 def _summary(run):
     levels = list(run.levels.all())
     per_user = [level.interactivity for level in levels if level.interactivity is not None]
     gpus = _gpus(run)
+    per_gpu = run.peak / gpus if run.peak is not None and gpus else None
     return {
         "run": run,
         "levels": [level.concurrency for level in levels],
         "peak": run.peak,
-        "peak_per_gpu": run.peak / gpus if run.peak is not None and gpus else None,
+        "peak_per_gpu": NO_GPUS if gpus is None and run.peak is not None else per_gpu,
         "best_per_user": max(per_user, default=None),
         "kernel": run.kernel_config_state(),
         "gpus": gpus,
     }
 
 
+def _headline(baseline, run):
+    """ "7.25× peak output throughput" of run against the baseline, or None without peaks."""
+    if not baseline.peak or run.peak is None:
+        return None
+    return f"{run.peak / baseline.peak:.3g}× peak output throughput"
+
+
 def _what_changed(runs):
     """Each run after the first against the first (the baseline), from their snapshots:
-    [{"run", "sections": [(section title, [(key, a, b)])] in snapshots.SECTIONS order,
-    "unknown": [what one of them did not record]}]; [] for fewer than two runs."""
+    [{"run", "factors": [what differs], "incidental": [factors of how it was taken],
+    "headline": the peak ratio, "sections": [(section title, [(key, a, b)])] in
+    snapshots.SECTIONS order, "unknown": [what one of them did not record]}]; [] for fewer
+    than two runs."""
     if len(runs) < 2:
         return []
     baseline, out = runs[0], []
     for run in runs[1:]:
         diff = snapshots.snapshot_diff(baseline.snapshot, run.snapshot)
+        factors = snapshots.differing_factors(diff)
         by_section = {}
         for change in diff["changes"]:
             by_section.setdefault(change["section"], []).append(
@@ -180,7 +230,16 @@ def _what_changed(runs):
         sections = [
             (title, by_section[key]) for key, title in snapshots.SECTIONS if key in by_section
         ]
-        out.append({"run": run, "sections": sections, "unknown": diff["unknown"]})
+        out.append(
+            {
+                "run": run,
+                "factors": [f for f in factors if f not in snapshots.INCIDENTAL_FACTORS],
+                "incidental": [f for f in factors if f in snapshots.INCIDENTAL_FACTORS],
+                "headline": _headline(baseline, run),
+                "sections": sections,
+                "unknown": diff["unknown"],
+            }
+        )
     return out
 
 
@@ -191,12 +250,15 @@ def compare(request):
     group = request.GET.get("group", "run")
     if group not in dict(GROUPS):
         group = "run"
-    selected = _selected_runs(uuids)
+    with_standin = _with_standin(request)
+    selected, left_out = _compared_runs(request)
     styles = _styles(selected, group)
     gpus = {run.pk: _gpus(run) for run in selected}
-    candidates = (
-        form.filter(_runs_qs()).exclude(uuid__in=uuids).order_by("-created", "-id")[:CANDIDATES]
-    )
+    candidates = form.filter(_runs_qs()).exclude(uuid__in=uuids)
+    if not with_standin:
+        candidates = without_standin(candidates)
+    query = request.GET.copy()
+    query["standin"] = "0" if with_standin else "1"
     ctx = {
         "nav": "compare",
         "form": form,
@@ -204,21 +266,27 @@ def compare(request):
         "groups": GROUPS,
         "selected": [_summary(run) for run in selected],
         "what_changed": _what_changed(selected),
-        "candidates": candidates,
+        "left_out": left_out,
+        "with_standin": with_standin,
+        "standin_toggle": f"{reverse('compare')}?{query.urlencode()}",
+        "candidates": candidates.order_by("-created", "-id")[:CANDIDATES],
         "presets": _presets(),
         "csv_query": request.GET.urlencode(),
+        # per-GPU figures divide by GPUs; a host with none recorded has none to divide by
+        "no_gpus": [run for run in selected if gpus[run.pk] is None],
     }
+    per_gpu = [run for run in selected if gpus[run.pk] is not None]
     figures = {
         "cmp-peaks": charts.peak_bars(selected, styles),
         "cmp-throughput": charts.compare_vs_concurrency(
             selected, styles, "output_throughput", "Output throughput vs concurrency", "tok/s"
         ),
-        "cmp-pareto": charts.pareto(selected, styles, gpus),
+        "cmp-pareto": charts.pareto(per_gpu, styles, gpus),
         "cmp-tpot": charts.compare_vs_concurrency(
             selected, styles, "median_tpot_ms", "p50 TPOT vs concurrency", "ms", ",.1f"
         ),
         "cmp-ttft": charts.compare_vs_concurrency(
-            selected, styles, "p99_ttft_ms", "p99 TTFT vs concurrency", "ms", ",.0f"
+            selected, styles, "p99_ttft_ms", "p99 TTFT vs concurrency", "ms", ",.0f", True
         ),
     }
     ctx["peaks"] = figures.pop("cmp-peaks")
@@ -232,18 +300,19 @@ def compare(request):
 @login_required
 def compare_csv(request):
     """Every level of the selected runs, one row each, with the run's facets in front."""
-    selected = _selected_runs(_selected_uuids(request))
+    selected, _ = _compared_runs(request)
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="moeops-compare.csv"'
     writer = csv.writer(response)
-    facets = ["run_uuid", "run", "deployment", "model", "host", "virtualization", "engine"]
-    facets += ["kernel_config", "created"]
+    facets = ["run_uuid", "run", "stand_in", "deployment", "model", "host", "virtualization"]
+    facets += ["engine", "kernel_config", "created"]
     writer.writerow(facets + [c.csv_header for c in LEVEL_COLUMNS])
     for run in selected:
         snapshot = run.topology_snapshot
         front = [
             run.uuid,
             run.display_label(),
+            "yes" if run.is_standin else "no",
             run.deployment.name,
             run.deployment.model.name,
             run.deployment.host.name,

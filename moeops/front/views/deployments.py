@@ -5,6 +5,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Max, OuterRef, Prefetch, Q, Subquery, prefetch_related_objects
+from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
@@ -13,17 +14,30 @@ from kombu.exceptions import OperationalError
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Deployment
 from moeops.front import actions, charts
-from moeops.front.forms import DeploymentForm, PlanItemForm, SweepForm, TuneForm
+from moeops.front.forms import (
+    SWEEP_PRESETS,
+    DeploymentForm,
+    PlanItemForm,
+    ResultFileForm,
+    SweepForm,
+    TuneForm,
+)
 from moeops.front.progress import sweep_progress, tuning_progress
+from moeops.front.templatetags.moeops_format import evidence_text
 from moeops.insights.models import FINDING_STATES, Finding, PlanItem
 from moeops.insights.services import finding_set_state
 from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.runs import services as run_services
 from moeops.runs import snapshots
+from moeops.runs.importers import ResultFileError
 from moeops.runs.models import LevelResult, SweepRun
 
 ACTIVE = ("queued", "running")
 # Checks the deployment page lists, newest first.
 RECENT_CHECKS = 10
+# The dashboard's open findings: this many, each said once, from the most important ones.
+DASHBOARD_FINDINGS = 8
+DASHBOARD_FINDINGS_SCANNED = 80
 
 
 def _get_deployment_for_user(user, pk):
@@ -60,7 +74,7 @@ def _deployment_rows():
 def _active_runs(runs=SweepRun.objects, tunings=TuningRun.objects):
     """Queued and running sweeps and tunes, each with its progress."""
     runs = runs.filter(status__in=ACTIVE).select_related("deployment")
-    tunings = tunings.filter(status__in=ACTIVE).select_related("deployment")
+    tunings = tunings.filter(status__in=ACTIVE).select_related("deployment", "host")
     active = [(run, sweep_progress(run)) for run in runs.order_by("created")]
     active_tunes = [(t, tuning_progress(t, t.timings.count())) for t in tunings.order_by("created")]
     return active, active_tunes
@@ -75,9 +89,11 @@ def dashboard(request):
         "deployments": deployments,
         "active": active,
         "active_tunes": active_tunes,
-        "findings": Finding.objects.filter(state="open")
-        .select_related("deployment", "run")
-        .order_by("-created")[:8],
+        "findings": said_once(
+            Finding.objects.filter(state="open")
+            .select_related("deployment", "run")
+            .by_importance()[:DASHBOARD_FINDINGS_SCANNED]
+        )[:DASHBOARD_FINDINGS],
         "recent_runs": SweepRun.objects.select_related("deployment")
         .annotate(peak=Max("levels__output_throughput"))
         .order_by("-created", "-id")[:8],
@@ -93,13 +109,21 @@ def deployments(request):
 
 @login_required
 def deployment_create(request):
-    form = DeploymentForm(request.POST or None, user=request.user)
+    form = DeploymentForm(request.POST or None, request.FILES or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         fields = dict(form.cleaned_data)
         gpus = fields.pop("gpus")
-        deployment, _ = fleet_services.deployment_create(
-            gpu_indexes=[gpu.index for gpu in gpus], **fields
+        for name in DeploymentForm.NEW_MODEL_FIELDS:
+            fields.pop(name)
+        deployment, _ = actions.deployment_create(
+            new_model=form.new_model, gpu_indexes=[gpu.index for gpu in gpus], **fields
         )
+        if form.reused_model is not None:
+            messages.info(
+                request,
+                f"That config.json is the one of “{form.reused_model}”, on record already: "
+                "the deployment uses it.",
+            )
         messages.success(request, f"Deployment “{deployment.name}” created.")
         return redirect(deployment)
     return render(
@@ -120,13 +144,31 @@ def deployment_edit(request, pk):
 
 
 def findings_with_figures(findings):
-    """Findings with .figure (their evidence charted, or None) for the findings panel."""
+    """Findings with .figure (their evidence charted, or None) and .numbers (evidence as
+    (key, text)) for the findings panel."""
     findings = list(findings)
     for finding in findings:
         finding.figure = charts.evidence_figure(finding.evidence, finding.get_kind_display())
         finding.chart_id = f"evidence-{finding.pk}"
-        finding.numbers = [(k, v) for k, v in (finding.evidence or {}).items() if k != "chart"]
+        finding.numbers = [
+            (k, evidence_text(v, k)) for k, v in (finding.evidence or {}).items() if k != "chart"
+        ]
     return findings
+
+
+def said_once(findings):
+    """Findings (in their order) with those that say the same thing (kind, key, title, state)
+    as one before them folded into it: the first keeps .also, the others' runs."""
+    first, shown = {}, []
+    for finding in findings:
+        said = (finding.kind, finding.key, finding.title, finding.state)
+        if said in first:
+            first[said].also.append(finding)
+            continue
+        finding.also = []
+        first[said] = finding
+        shown.append(finding)
+    return shown
 
 
 def _edited_since(deployment, runs):
@@ -141,7 +183,10 @@ def _edited_since(deployment, runs):
     return {"run": run, "edits": [(e["key"], show(e["a"]), show(e["b"])) for e in edits]}
 
 
-def _deployment_page(request, deployment, *, sweep_form=None, tune_form=None, status=200):
+def _deployment_page(
+    request, deployment, *, sweep_form=None, tune_form=None, upload_form=None, status=200
+):
+    sweep_form = sweep_form or SweepForm(deployment=deployment)
     runs = list(
         SweepRun.objects.filter(deployment=deployment)
         .prefetch_related(Prefetch("levels", LevelResult.objects.order_by("concurrency")))
@@ -163,6 +208,7 @@ def _deployment_page(request, deployment, *, sweep_form=None, tune_form=None, st
         SweepRun.objects.filter(deployment=deployment),
         TuningRun.objects.filter(deployment=deployment),
     )
+    topology = deployment.host.current_topology()
     ctx = {
         "nav": "deployments",
         "deployment": deployment,
@@ -171,22 +217,29 @@ def _deployment_page(request, deployment, *, sweep_form=None, tune_form=None, st
         "edited_since": _edited_since(deployment, runs),
         "shape": shape,
         "gpus": gpus,
-        "topology": deployment.host.current_topology(),
+        "topology": topology,
         "kernel_configs": kernel_configs,
         "tunings": deployment.tuning_runs.select_related("result").order_by("-created")[:5],
         "active": active,
         "active_tunes": active_tunes,
         "findings": findings_with_figures(
-            deployment.findings.select_related("note", "run").order_by("state", "-created")
+            said_once(deployment.findings.select_related("note", "run").by_importance())
         ),
         "finding_states": FINDING_STATES,
         "plan_items": deployment.plan_items.select_related("note"),
         "plan_form": PlanItemForm(),
         "plan_statuses": PlanItem._meta.get_field("status").choices,
-        "sweep_form": sweep_form or SweepForm(deployment=deployment),
+        "sweep_form": sweep_form,
+        "sweep_presets": SWEEP_PRESETS,
+        "upload_form": upload_form or ResultFileForm(),
+        "sweep_estimate": sweep_form.estimate(),
         "tune_form": tune_form or TuneForm(deployment=deployment),
+        # the GPUs shown are the host's: the deployment's own, else all of the host's
+        "tune_refusal": actions.tuning_preflight(
+            deployment=deployment, has_gpus=bool(gpus), topology=topology
+        ),
         "throughput_chart": charts.throughput_vs_concurrency(reversed(runs)),
-        "peaks_chart": charts.peaks_over_time(runs),
+        "peaks_chart": charts.peaks_per_run(runs),
     }
     return render(request, "front/deployment_detail.html", ctx, status=status)
 
@@ -228,10 +281,50 @@ def sweep_start(request, pk):
 
 @login_required
 @require_POST
+def result_upload(request, pk):
+    """Import a benchmark result file as a finished run of the deployment (the API's service)."""
+    deployment = _get_deployment_for_user(request.user, pk)
+    form = ResultFileForm(request.POST, request.FILES)
+    if form.is_valid():
+        upload = form.cleaned_data["file"]
+        try:
+            run, created = run_services.run_import(
+                deployment=deployment,
+                fmt=form.cleaned_data["format"],
+                text=form.text,
+                label=form.cleaned_data["label"],
+                file_name=upload.name,
+                provenance=f"uploaded {upload.name} on the deployment page",
+            )
+        except ResultFileError as exc:
+            for problem in exc.problems:
+                form.add_error("file", problem)
+        else:
+            if created:
+                messages.success(request, f"Imported {upload.name}: {run.levels.count()} levels.")
+            else:
+                messages.info(request, f"{upload.name} was imported before: here is that run.")
+            return redirect("run-detail", uuid=run.uuid)
+    return _deployment_page(request, deployment, upload_form=form, status=400)
+
+
+@login_required
+def sweep_estimate(request, pk):
+    """The sweep form's estimated duration for the load in the query, as JSON {"text"}."""
+    deployment = _get_deployment_for_user(request.user, pk)
+    return JsonResponse({"text": SweepForm(request.GET, deployment=deployment).estimate()})
+
+
+@login_required
+@require_POST
 def tune_start(request, pk):
     deployment = _get_deployment_for_user(request.user, pk)
     form = TuneForm(request.POST, deployment=deployment)
     if not form.is_valid():
+        return _deployment_page(request, deployment, tune_form=form, status=400)
+    refusal = actions.tuning_preflight(deployment=deployment)
+    if refusal:
+        form.add_error(None, refusal)
         return _deployment_page(request, deployment, tune_form=form, status=400)
     tuning = actions.tuning_start(
         deployment=deployment,

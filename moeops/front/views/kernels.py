@@ -2,11 +2,16 @@
 
 import math
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.http import Http404, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
 from moeops.front import charts
+from moeops.front.forms import KernelConfigFileForm
+from moeops.kernels import services
 from moeops.kernels.models import KernelConfig, TuningRun
 from tuning import config_files
 
@@ -60,12 +65,48 @@ def _versions(config):
     return [c for c in same if c.block_shape == config.block_shape]
 
 
+def _kernels_page(request, upload_form=None, status=200):
+    configs = list(KernelConfig.objects.order_by("device_name", "E", "N", "dtype", "-version"))
+    tunings = TuningRun.objects.select_related("deployment", "host", "result").order_by("-created")[
+        :20
+    ]
+    ctx = {
+        "nav": "kernels",
+        "configs": configs,
+        "tunings": tunings,
+        "upload_form": upload_form or KernelConfigFileForm(),
+    }
+    return render(request, "front/kernels.html", ctx, status=status)
+
+
 @login_required
 def kernels(request):
-    configs = list(KernelConfig.objects.order_by("device_name", "E", "N", "dtype", "-version"))
-    tunings = TuningRun.objects.select_related("deployment", "result").order_by("-created")[:20]
-    ctx = {"nav": "kernels", "configs": configs, "tunings": tunings}
-    return render(request, "front/kernels.html", ctx)
+    return _kernels_page(request)
+
+
+@login_required
+@require_POST
+def kernel_upload(request):
+    """Store an engine's config file as POST /api/v1/kernel-configs/import does."""
+    form = KernelConfigFileForm(request.POST, request.FILES)
+    if form.is_valid():
+        name = form.engine_file_name()
+        try:
+            config, created = services.kernel_config_import(
+                file_name=name, text=form.text, provenance=f"uploaded {name} on the kernels page"
+            )
+        except ValidationError as exc:
+            for field, problems in exc.message_dict.items():
+                target = "file_name" if field == "file_name" else "file"
+                for problem in problems:
+                    form.add_error(target, f"{field}: {problem}")
+        else:
+            if created:
+                messages.success(request, f"Stored {config}.")
+            else:
+                messages.info(request, f"{name} holds the newest version on record: {config}.")
+            return redirect("kernel-detail", pk=config.pk)
+    return _kernels_page(request, form, status=400)
 
 
 @login_required

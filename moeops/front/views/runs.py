@@ -18,6 +18,7 @@ from moeops.front.forms import RunFilterForm
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.views.deployments import findings_with_figures
 from moeops.insights.models import FINDING_STATES
+from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
@@ -31,10 +32,13 @@ CHART_NAMES = {
     "itl": "ITL",
     "gpu-util": "GPU utilization",
     "gpu-power": "GPU power",
+    "gpu-memory": "GPU memory",
+    "gpu-clock": "SM clock",
     "engine": "engine running/queued requests",
+    "kv-cache": "engine KV-cache use",
 }
 LEVEL_CHARTS = ("throughput", "ttft", "tpot", "itl")
-TIME_CHARTS = ("gpu-util", "gpu-power", "engine")
+TIME_CHARTS = ("gpu-util", "gpu-power", "gpu-memory", "gpu-clock", "engine", "kv-cache")
 
 
 def _get_run_for_user(user, uuid):
@@ -73,15 +77,22 @@ def run_figures(run, levels):
     gpu = series.gpu_series(run)
     engine = series.engine_series(run)
     bands = series.level_bands(run, levels)
-    return {
+    figures = {
         "throughput": charts.run_throughput(levels),
         "ttft": charts.run_latency(levels, "ttft", "TTFT (time to first token)"),
         "tpot": charts.run_latency(levels, "tpot", "TPOT (time per output token)"),
         "itl": charts.run_latency(levels, "itl", "ITL (inter-token latency)"),
         "gpu-util": charts.gpu_utilization(gpu, bands),
         "gpu-power": charts.gpu_power(gpu, bands),
+        "gpu-memory": charts.gpu_memory(gpu, bands),
+        "gpu-clock": charts.gpu_clock(gpu, bands),
         "engine": charts.engine_queue(engine, bands, _running_cap(run)),
+        "kv-cache": charts.kv_cache_use(engine, bands),
     }
+    if run.is_standin:
+        for fig in figures.values():
+            charts.mark_standin(fig)
+    return figures
 
 
 def _running_cap(run):
@@ -136,7 +147,8 @@ def run_detail(request, uuid):
     rows = level_rows(levels, num_gpus)
     shown = filled_columns(rows)
     figures = run_figures(run, levels)
-    # a running sweep's empty charts fill in; a finished one's stay empty, so they are named
+    # a running sweep's empty charts fill in (hidden until they do); a finished one's stay
+    # empty, so they are named
     drawn = {k for k, fig in figures.items() if fig["data"] or not run.is_finished}
     ctx = {
         "nav": "runs",
@@ -153,7 +165,9 @@ def run_detail(request, uuid):
         "level_charts": [(k, figures[k]) for k in LEVEL_CHARTS if k in drawn],
         "time_charts": [(k, figures[k]) for k in TIME_CHARTS if k in drawn],
         "missing_charts": [CHART_NAMES[k] for k in CHART_NAMES if k not in drawn],
-        "findings": findings_with_figures(run.findings.select_related("note")),
+        "waiting": not run.is_finished and not any(fig["data"] for fig in figures.values()),
+        "partial_levels": [level for level in levels if level.is_partial],
+        "findings": findings_with_figures(run.findings.select_related("note").by_importance()),
         "finding_states": FINDING_STATES,
         "failures": [(level, level.errors) for level in levels if level.errors],
         # the engine's own words first: a level where nothing succeeded has no numbers to show
@@ -188,11 +202,13 @@ def run_levels_csv(request, uuid):
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}-levels.csv"'
     writer = csv.writer(response)
-    writer.writerow([c.csv_header for c in LEVEL_COLUMNS] + ["errors"])
+    writer.writerow([c.csv_header for c in LEVEL_COLUMNS] + ["errors", "partial", "stand_in"])
+    standin = "yes" if run.is_standin else "no"
     for level, values in level_rows(_levels(run), run.deployment.num_gpus()):
         writer.writerow(
             ["" if v is None else v for v in values]
             + [json.dumps(level.errors) if level.errors else ""]
+            + ["yes" if level.is_partial else "no", standin]
         )
     return response
 
@@ -209,7 +225,11 @@ def run_cancel(request, uuid):
         if run.status == "cancelled":
             messages.success(request, "Cancelled before the worker started it.")
         else:
-            messages.success(request, "Cancel requested: the sweep stops at the next request.")
+            messages.success(
+                request,
+                "Cancel requested: the sweep stops at the next request; every request and "
+                "level finished by then is kept.",
+            )
     return redirect("run-detail", uuid=run.uuid)
 
 
@@ -260,3 +280,24 @@ def tuning_status(request, uuid):
     if request.GET.get("figures"):
         payload["figures"] = tuning_figures(tuning, timings)
     return JsonResponse(payload)
+
+
+@login_required
+@require_POST
+def tuning_cancel(request, uuid):
+    tuning = _get_tuning_for_user(request.user, uuid)
+    was = tuning.status
+    try:
+        kernel_services.tuning_run_cancel(tuning_run=tuning)
+    except kernel_services.TuningConflict:
+        messages.error(request, f"Nothing to cancel: the tune is {tuning.get_status_display()}.")
+    else:
+        if was == "queued":
+            messages.success(request, "Cancelled before the worker started it.")
+        else:
+            messages.success(
+                request,
+                "Cancelled: the worker stops the tune's GPU processes at its next progress "
+                "report; what it tuned so far stays in its log on the host.",
+            )
+    return redirect("tuning-detail", uuid=tuning.uuid)

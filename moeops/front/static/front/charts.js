@@ -3,8 +3,27 @@
 (function () {
   var config = {responsive: true, displaylogo: false};
 
+  // A chart marked hide-empty stays hidden (its section too) until it has data; the page's
+  // one "waiting for the first level" line shows while none has.
+  function showWaiting() {
+    var waiting = document.getElementById("waiting-first-level");
+    if (!waiting) { return; }
+    var drawn = document.querySelector("section:not([hidden]) > .hide-empty");
+    waiting.hidden = Boolean(drawn);
+  }
+
   function render(el, fig) {
-    if (!fig.data || fig.data.length === 0) {
+    var empty = !fig.data || fig.data.length === 0;
+    if (el.classList.contains("hide-empty")) {
+      var box = el.closest("section") || el;
+      box.hidden = empty;
+      if (empty) {
+        if (el.classList.contains("js-plotly-plot")) { Plotly.purge(el); }
+        showWaiting();
+        return;
+      }
+    }
+    if (empty) {
       if (el.classList.contains("js-plotly-plot")) { Plotly.purge(el); }
       el.classList.add("chart-empty");
       el.textContent = el.dataset.empty || "No data to chart yet.";
@@ -15,6 +34,7 @@
       el.textContent = "";
     }
     Plotly.react(el, fig.data, fig.layout, config);
+    showWaiting();
   }
 
   function draw(el) {

@@ -9,3 +9,33 @@
     });
   });
 })();
+
+// The sweep form: a preset fills the load fields; any change asks the server for the
+// estimated duration (one formula, moeops.runs.estimate).
+(function () {
+  var form = document.getElementById("sweep-form");
+  var line = document.getElementById("sweep-estimate");
+  if (!form || !line) { return; }
+  var timer = null;
+  function refresh() {
+    var query = new URLSearchParams(new FormData(form));
+    query.delete("csrfmiddlewaretoken");
+    fetch(line.dataset.estimateUrl + "?" + query.toString(), {credentials: "same-origin"})
+      .then(function (response) { return response.ok ? response.json() : null; })
+      .then(function (body) { if (body) { line.textContent = body.text; } });
+  }
+  function later() {
+    window.clearTimeout(timer);
+    timer = window.setTimeout(refresh, 250);
+  }
+  form.addEventListener("input", later);
+  form.querySelectorAll("[data-sweep-preset]").forEach(function (button) {
+    button.addEventListener("click", function () {
+      ["levels", "input_len", "output_len", "prompts_per_level", "warmup"].forEach(function (name) {
+        var field = form.elements[name];
+        if (field) { field.value = button.dataset[name]; }
+      });
+      refresh();
+    });
+  });
+})();

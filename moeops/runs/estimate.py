@@ -1,0 +1,80 @@
+"""How long a sweep will take, before it starts: from the decode pace this deployment's engine
+showed in its newest sweep, else, where the stand-in engine answers it, from the stand-in's own
+step time.
+
+A continuous-batching engine runs at most `cap` requests at once; a level of concurrency c sends
+its prompts in waves of min(c, cap) requests, each wave taking output_len decode steps. Prefill
+and the client's own overhead are left out, so the estimate is a lower bound of about the right
+size (the stand-in's quick preset: 55 s estimated, about a minute measured).
+"""
+
+import bisect
+import math
+from dataclasses import dataclass
+
+from moeops.runs.models import SweepRun
+from workers.standin import StandinConfig
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Seconds per decode step by running requests: points (running, s), ascending; `basis`
+    says where they come from, for the page."""
+
+    points: tuple[tuple[int, float], ...]
+    cap: int | None
+    basis: str
+
+    def step_s(self, running):
+        """The step time at `running` requests (s): interpolated between the points in
+        log2(running), the nearest end outside them."""
+        xs = [math.log2(c) for c, _ in self.points]
+        x = math.log2(max(running, 1))
+        i = bisect.bisect_left(xs, x)
+        if i == 0:
+            return self.points[0][1]
+        if i == len(xs):
+            return self.points[-1][1]
+        (x0, y0), (x1, y1) = (xs[i - 1], self.points[i - 1][1]), (xs[i], self.points[i][1])
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def sweep_seconds(pace, *, levels, prompts_per_level, output_len, warmup=0):
+    """Seconds a sweep of these levels (concurrencies) takes at `pace`."""
+    total = 0.0
+    for concurrency in levels:
+        running = min(concurrency, pace.cap) if pace.cap else concurrency
+        waves = math.ceil(prompts_per_level / running) + math.ceil(warmup / running)
+        total += waves * output_len * pace.step_s(running)
+    return total
+
+
+def _cap(deployment):
+    check = deployment.health_checks.exclude(max_running_requests=None).first()
+    return (check and check.max_running_requests) or deployment.max_running_requests
+
+
+def deployment_pace(deployment):
+    """The deployment's Pace, or (None, why there is none)."""
+    runs = (
+        SweepRun.objects.filter(deployment=deployment, levels__median_tpot_ms__isnull=False)
+        .distinct()
+        .order_by("-created", "-id")
+    )
+    run = runs.first()
+    if run is not None:
+        points = sorted(
+            (level.concurrency, level.median_tpot_ms / 1000)
+            for level in run.levels.exclude(median_tpot_ms=None).exclude(concurrency=None)
+        )
+        if points:
+            cap = run.reported_running_cap() or _cap(deployment)
+            return Pace(tuple(points), cap, f"the TPOT of {run.display_label()}"), ""
+    check = deployment.health_checks.first()
+    if check is not None and check.engine == "standin":
+        standin = StandinConfig()
+        cap = check.max_running_requests or standin.max_running_requests
+        sizes = sorted({2**i for i in range(cap.bit_length()) if 2**i <= cap} | {cap})
+        points = tuple((b, standin.step_seconds(b)) for b in sizes)
+        return Pace(points, cap, "the stand-in engine's step time"), ""
+    return None, "no sweep of this deployment measured its TPOT yet"

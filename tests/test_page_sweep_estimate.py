@@ -1,0 +1,73 @@
+import pytest
+
+from moeops.fleet.services import health_check_record
+from tests import page_base as pb
+
+pytestmark = pytest.mark.django_db
+QUICK = {
+    "levels": "8,16,32,64,128",
+    "input_len": 128,
+    "output_len": 128,
+    "prompts_per_level": 128,
+    "warmup": 8,
+}
+
+
+@pytest.fixture
+def standin(client):
+    """A deployment whose last health check found the stand-in engine, cap 64."""
+    pb.sign_in(client)
+    deployment = pb.deployment("GLM-5 (stand-in)", host_row=pb.host("local", gpus=0))
+    health_check_record(
+        deployment=deployment,
+        status="healthy",
+        trigger="periodic",
+        engine="standin",
+        max_running_requests=64,
+    )
+    return deployment
+
+
+def _estimate(client, deployment, **load):
+    return client.get(f"/deployments/{deployment.pk}/sweep/estimate/", load).json()["text"]
+
+
+def test_the_quick_preset_takes_about_a_minute_on_the_standin(client, standin):
+    # 8 to 128 at most 64 at once: 16+8+4+2+2 waves and 5 warm-up waves of 128 steps at
+    # 8 ms + 0.25 ms per running request
+    assert _estimate(client, standin, **QUICK) == (
+        "Estimated duration: ≈ 1 min 04 s (from the stand-in engine's step time, at most 64 "
+        "requests at once)."
+    )
+
+
+def test_the_full_preset_takes_most_of_an_hour_on_the_standin(client, standin):
+    text = _estimate(
+        client,
+        standin,
+        levels="32,64,128,256,512,1024",
+        input_len=1024,
+        output_len=1024,
+        prompts_per_level=1024,
+        warmup=8,
+    )
+    assert text.startswith("Estimated duration: ≈ 43 min")
+
+
+def test_the_estimate_follows_the_newest_measured_run(client, standin):
+    pb.run(
+        standin,
+        "measured",
+        levels=[{"concurrency": 64, "output_throughput": 1.0, "median_tpot_ms": 100.0}],
+    )
+    # 2 waves of 64 at 100 ms a token, 10 tokens each
+    text = _estimate(client, standin, levels="64", prompts_per_level=128, output_len=10, warmup=0)
+    assert text == (
+        "Estimated duration: ≈ 2 s (from the TPOT of measured, at most 64 requests at once)."
+    )
+
+
+def test_an_invalid_load_says_what_is_missing(client, standin):
+    assert _estimate(client, standin, levels="eight") == (
+        "No estimated duration until levels, prompts and lengths are valid."
+    )
