@@ -3,7 +3,7 @@
 from reports.failures import explain_error
 
 SPREAD_REPR = (
-    "SpreadTuneError(\"GPU 0 (batch sizes 1, 2, 4) exited with 1: AttributeError: module "
+    'SpreadTuneError("GPU 0 (batch sizes 1, 2, 4) exited with 1: AttributeError: module '
     "'torch._C' has no attribute '_cuda_setDevice' (see /var/t/gpu0.stderr.txt). 0 batch sizes "
     'are kept in /var/t: run again to tune only the missing ones")'
 )
