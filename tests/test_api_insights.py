@@ -97,3 +97,16 @@ def test_it_keeps_notes_in_markdown(world):
     assert world.read_only.get(f"/api/v1/notes/{note['slug']}").json()["title"] == body["title"]
     assert world.read_only.get("/api/v1/notes").json()["count"] == 1
     assert Note.objects.count() == 1
+
+
+def test_findings_are_listed_most_important_first(world):
+    for title, severity in (
+        ("an info", "info"),
+        ("a critical", "critical"),
+        ("a warning", "warning"),
+    ):
+        world.owner.post("/api/v1/findings", {**FINDING, "title": title, "severity": severity})
+    dismissed = world.owner.post("/api/v1/findings", {**FINDING, "title": "dismissed"}).json()
+    world.owner.patch(f"/api/v1/findings/{dismissed['id']}", {"state": "dismissed"})
+    titles = [f["title"] for f in world.owner.get("/api/v1/findings").json()["items"]]
+    assert titles == ["a critical", "a warning", "an info", "dismissed"]

@@ -106,7 +106,8 @@ class FindingFilter(CreatedRange):
 
 
 def _findings():
-    return Finding.objects.select_related("note")
+    # the pages' order: most important first (FindingQuerySet.by_importance)
+    return Finding.objects.select_related("note").by_importance()
 
 
 @router.post("/findings", auth=WRITE, response={201: FindingOut})
@@ -125,6 +126,8 @@ def finding_create(request, payload: FindingIn):
 @router.get("/findings", response=list[FindingOut])
 @paginate(Page)
 def finding_list(request, filters: Query[FindingFilter]):
+    """Findings as the pages list them: dismissed last, then by severity, a charted finding
+    before one without, newest first."""
     return matching(
         in_range(_findings(), filters),
         filters,
