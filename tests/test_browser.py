@@ -269,8 +269,13 @@ def test_a_sweep_against_the_standin_engine_runs_to_the_end_in_the_browser(
     run = SweepRun.objects.get(deployment=deployment)
     assert run.status == "succeeded", run.error
     assert page.locator("table.levels tbody tr").count() == 3
-    assert {t["name"]: t["n"] for t in _traces(page, "throughput")}["output"] == 3
-    assert {t["name"] for t in _traces(page, "engine")} == {"running", "queued"}
+    # the stand-in answered: every series says so
+    assert {t["name"]: t["n"] for t in _traces(page, "throughput")}["output [stand-in]"] == 3
+    assert {t["name"] for t in _traces(page, "engine")} == {
+        "running [stand-in]",
+        "queued [stand-in]",
+    }
+    assert page.inner_text("h1 .badge.standin") == "stand-in"
     _shot(page, "25-standin-sweep-finished")
 
 
