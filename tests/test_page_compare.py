@@ -212,6 +212,7 @@ def test_stand_in_runs_are_left_out_unless_asked(client, pair):
     assert "1 stand-in run left out (small sweep from the UI)" in html
     assert [t["name"] for t in pb.figure(html, "cmp-throughput-data")["data"]] == ["GLM-5 · before"]
     assert f'value="{standin.uuid}"' not in html.split("Add runs")[1]
+    assert "Runs of the stand-in engine are not listed" in html
     rows = list(
         csv.DictReader(
             io.StringIO(
