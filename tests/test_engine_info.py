@@ -4,6 +4,8 @@ real server info as its benchmark files embed it, the stand-in, and config folde
 the engines lay them out."""
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,51 @@ def test_nothing_answering_is_said_plainly(free_port):
 
     assert identity["reachable"] is False
     assert "Connection refused" in identity["error"] or "ConnectError" in identity["error"]
+
+
+@pytest.fixture
+def vllm_whose_server_info_fails():
+    """A vLLM-like server on a free port whose /server_info answers what the test sets."""
+    answer = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/v1/models":
+                status, body = 200, json.dumps({"data": [{"id": "m", "owned_by": "vllm"}]})
+            elif self.path == "/version":
+                status, body = 200, json.dumps({"version": "0.11.0"})
+            elif self.path.startswith("/server_info"):
+                status, body = answer["status"], answer["body"]
+            else:
+                status, body = 404, json.dumps({"detail": "Not Found"})
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", answer
+    server.shutdown()
+    thread.join()
+
+
+def test_a_failing_server_info_keeps_the_engines_words_or_only_the_status_line(
+    vllm_whose_server_info_fails,
+):
+    url, answer = vllm_whose_server_info_fails
+    # an answer that is not the engine's (a proxy's page): its body is not kept
+    answer.update(status=502, body="<html><body>upstream 10.0.0.7:8000 token=s3cr3t</body></html>")
+    (note,) = identify_engine(url)["notes"]
+    assert note == "vLLM's /server_info answered 502: Bad Gateway"
+
+    # the engine's own OpenAI-style error is its words
+    answer.update(status=500, body=json.dumps({"error": {"message": "EngineCore died"}}))
+    (note,) = identify_engine(url)["notes"]
+    assert note == "vLLM's /server_info answered 500: EngineCore died"
 
 
 def _package(tmp_path, engine, triton="3.7.1"):

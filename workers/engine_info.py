@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from reports import engine as reports
 from tuning.config_files import ConfigFileError, config_file_name, sglang_folder
 from tuning.engine_source import EngineSourceError, locate_package
+from workers.loadgen import server_error_message
 
 METRIC_PREFIXES = ("vllm:", "sglang:")
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 for moeops to read its /server_info"
@@ -70,15 +71,11 @@ def _metric_names(text: str) -> tuple[list[str], dict]:
 
 
 def _reason(response) -> str:
+    """Why a non-200 answer failed, as the load generator keeps it: the engine's own error
+    message, else only the status line's reason phrase (never another service's body)."""
     if isinstance(response, str):
         return response
-    body = _json(response)
-    if body is not None:
-        error = body.get("error")
-        message = error.get("message") if isinstance(error, dict) else body.get("message")
-        if message:
-            return str(message)[:300]
-    return response.text[:300]
+    return server_error_message(response.content, response.reason_phrase)
 
 
 def identify_engine(base_url: str, *, timeout_s: float = 10.0) -> dict:
