@@ -6,7 +6,7 @@ GPU-host tasks belong to the `workers` app; the web side enqueues them by name w
 
 import os
 
-from celery import Celery
+from celery import Celery, chain
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "moeops.settings")
 
@@ -31,3 +31,14 @@ def send_host_task(name, host, *, args=(), kwargs=None, **options):
     return app.send_task(
         f"workers.{name}", args=args, kwargs=kwargs or {}, queue=host.queue_name, **options
     )
+
+
+def send_host_chain(host, steps, **options):
+    """Enqueue GPU-host tasks as one Celery chain on the host's queue: each runs when the one
+    before it returned, none after one that raised. steps: [(name, kwargs)] of `workers.<name>`
+    tasks."""
+    signatures = [
+        app.signature(f"workers.{name}", kwargs=kwargs, queue=host.queue_name, immutable=True)
+        for name, kwargs in steps
+    ]
+    return chain(*signatures).apply_async(**options)

@@ -83,6 +83,7 @@ INSTALLED_APPS = [
     "moeops.runs",
     "moeops.kernels",
     "moeops.insights",
+    "moeops.engines",
     "moeops.api",
     "moeops.front",
 ]
@@ -175,6 +176,17 @@ if MOEOPS_HEALTH_CHECK_INTERVAL_S:
         "task": "moeops.fleet.tasks.check_deployments",
         "schedule": float(MOEOPS_HEALTH_CHECK_INTERVAL_S),
     }
+# A host's worker sends a heartbeat every MOEOPS_HEARTBEAT_S (workers/heartbeat.py); one not
+# heard from for MOEOPS_WORKER_STALE_S is gone: work for its host says so instead of waiting.
+MOEOPS_WORKER_STALE_S = envint("MOEOPS_WORKER_STALE_S", 120, minimum=1)
+# A running sweep whose own heartbeat (pushed every few seconds) is older than this, or a
+# running tune or engine action whose host's worker is gone, has lost its worker: it is failed
+# (Celery would hand its task out again only after the broker's visibility timeout, hours).
+MOEOPS_RUN_STALE_S = envint("MOEOPS_RUN_STALE_S", 300, minimum=1)
+CELERY_BEAT_SCHEDULE["fail-stale-runs"] = {
+    "task": "moeops.engines.tasks.fail_stale_work",
+    "schedule": 60.0,
+}
 # beat remembers when each schedule last ran in this file
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 

@@ -20,6 +20,8 @@ class Queued:
     task: str
     kwargs: dict
     headers: dict
+    # callbacks, errbacks and the rest of a chain, as Celery's protocol 2 embeds them
+    embed: dict
 
 
 def send_to(monkeypatch, broker_url):
@@ -36,8 +38,8 @@ def queued(redis_url, queue):
     out = []
     for raw in reversed(messages):
         message = json.loads(raw)
-        _, kwargs, _ = json.loads(base64.b64decode(message["body"]))
-        out.append(Queued(message["headers"]["task"], kwargs, message["headers"]))
+        _, kwargs, embed = json.loads(base64.b64decode(message["body"]))
+        out.append(Queued(message["headers"]["task"], kwargs, message["headers"], embed or {}))
     return out
 
 

@@ -55,12 +55,14 @@ def test_every_task_has_its_stable_name_and_time_limits():
         "workers.gpus_now",
         "workers.probe_host",
         "workers.replay_spool",
+        "workers.engine_action",
     }
     for name in (
         "workers.run_sweep",
         "workers.tune_kernel",
         "workers.check_deployment",
         "workers.gpus_now",
+        "workers.engine_action",
     ):
         soft, hard, acks_late = tasks[name]
         assert 0 < soft < hard
@@ -69,9 +71,15 @@ def test_every_task_has_its_stable_name_and_time_limits():
 
 def test_a_sweep_outlives_no_visibility_timeout():
     # Redis would hand a sweep still running to a second worker once this timeout passed
-    from workers.celery import HARD_MARGIN_S, SWEEP_SOFT_LIMIT_S, VISIBILITY_TIMEOUT_S
+    from workers.celery import (
+        ACTION_SOFT_LIMIT_S,
+        HARD_MARGIN_S,
+        SWEEP_SOFT_LIMIT_S,
+        VISIBILITY_TIMEOUT_S,
+    )
 
     assert VISIBILITY_TIMEOUT_S > SWEEP_SOFT_LIMIT_S + HARD_MARGIN_S
+    assert VISIBILITY_TIMEOUT_S > ACTION_SOFT_LIMIT_S + HARD_MARGIN_S
 
 
 def test_the_worker_sets_up_no_django_even_with_django_settings_in_its_environment():

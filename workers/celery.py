@@ -14,7 +14,7 @@ import os
 import socket
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutdown
 
 # httpx logs every request at INFO: thousands per sweep level
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -26,6 +26,9 @@ HOST_QUEUE = f"host.{HOST_NAME}"
 SWEEP_SOFT_LIMIT_S = 6 * 3600
 TUNE_SOFT_LIMIT_S = 3 * 3600
 CHECK_SOFT_LIMIT_S = 120
+# A restart waits for the engine's /health (a recipe allows up to 2 h), then perhaps for the
+# previous recipe's; below the visibility timeout like every task here.
+ACTION_SOFT_LIMIT_S = 5 * 3600
 HARD_MARGIN_S = 120
 
 # Redis hands an unacked task to another worker after this long; it must outlast the longest
@@ -59,7 +62,25 @@ app.conf.update(
 )
 
 
+_heartbeat = []
+
+
 @worker_ready.connect
 def _probe_on_start(sender, **kwargs):
     # a worker that starts may be on new hardware or a new virtualization layer: record it
     app.send_task("workers.probe_host", queue=HOST_QUEUE)
+
+
+@worker_ready.connect
+def _start_heartbeat(sender, **kwargs):
+    from workers.heartbeat import HEARTBEAT_S, Heartbeat
+
+    if HEARTBEAT_S > 0:
+        _heartbeat.append(Heartbeat(HOST_NAME, HOST_QUEUE))
+        _heartbeat[-1].start()
+
+
+@worker_shutdown.connect
+def _stop_heartbeat(sender, **kwargs):
+    for beat in _heartbeat:
+        beat.stop()

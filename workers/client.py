@@ -517,6 +517,21 @@ class MoeopsClient:
         body = {**reading, "uuid": str(reading_uuid or uuid.uuid4())}
         return self._push("POST", f"/hosts/{host}/gpu-readings", body)
 
+    def post_heartbeat(self, host, status):
+        """The worker is alive (status: worker, managed engines, spool); one attempt, never
+        spooled: a late heartbeat says nothing."""
+        return self.request("POST", f"/hosts/{host}/heartbeat", body=status, retries=0).json()
+
+    # ------------------------------------------------------------------ engine actions
+
+    def report_action(self, action, *, status=None, **fields):
+        """An engine action's steps, observed engine, log tail, error and status (running,
+        sweeping, succeeded, failed); status moves are compare-and-set (Conflict)."""
+        body = {key: value for key, value in fields.items() if value is not None}
+        if status is not None:
+            body["status"] = status
+        return self._push("PATCH", f"/engine-actions/{action}", body)
+
     # ------------------------------------------------------------------ kernels
 
     def push_kernel_config(self, file_name, content):

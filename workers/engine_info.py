@@ -190,8 +190,9 @@ def kernel_config_in_effect(
     shape: {"E", "N", "device_name", "dtype", "block_shape"} of the deployment, or None. vLLM
     reads VLLM_TUNED_CONFIG_FOLDER first (as the engine reports it in reported_env, else this
     worker's environment), then the configs folder of its package; SGLang reads
-    SGLANG_MOE_CONFIG_DIR (else its package folder)/configs/triton_<its Triton>/, then the other
-    Triton folders newest first. package: locate_engine_package's answer (located when None).
+    SGLANG_MOE_CONFIG_DIR (reported_env's, else this worker's; else its package
+    folder)/configs/triton_<its Triton>/, then the other Triton folders newest first.
+    package: locate_engine_package's answer (located when None).
 
     Returns {"state": "file" | "engine_default" | "not_applicable" | "unknown",
     "file_name", "path", "sha256", "folder" (which of the engine's folders), "shipped" (the
@@ -244,7 +245,7 @@ def kernel_config_in_effect(
             shipped = Path(package["package_dir"]) / CONFIG_FOLDERS["vllm"]
             candidates.append(("vLLM's own configs folder", shipped / name, True))
     else:
-        root = os.getenv("SGLANG_MOE_CONFIG_DIR")
+        root = env.get("SGLANG_MOE_CONFIG_DIR") or os.getenv("SGLANG_MOE_CONFIG_DIR")
         configs = None
         if root:
             configs = Path(root) / "configs"

@@ -9,8 +9,9 @@ import contextlib
 import logging
 import time
 
-from workers import engine_check, kernel_tune, sweep, telemetry, topology
+from workers import engine_action, engine_check, kernel_tune, sweep, telemetry, topology
 from workers.celery import (
+    ACTION_SOFT_LIMIT_S,
     CHECK_SOFT_LIMIT_S,
     HARD_MARGIN_S,
     HOST_NAME,
@@ -89,6 +90,24 @@ def tune_kernel(self, tuning_run_uuid, **parameters):
     with _host_client(self) as client:
         outcome = kernel_tune.tune_kernel(tuning_run_uuid, client=client, **parameters)
     return outcome
+
+
+@app.task(
+    name="workers.engine_action",
+    bind=True,
+    max_retries=None,
+    soft_time_limit=ACTION_SOFT_LIMIT_S,
+    time_limit=ACTION_SOFT_LIMIT_S + HARD_MARGIN_S,
+    # a failed action is reported and ends its chain: an expected outcome, not a crash
+    throws=(engine_action.ActionFailed,),
+)
+def run_engine_action(self, action_uuid, **payload):
+    """Restart the deployment's managed engine with a new launch recipe (kernel configs
+    written, the change checked, the previous recipe back when it fails); payload as
+    workers.engine_action.run_action takes it. Raises ActionFailed, so that the chain's
+    re-sweep does not run, when the action failed."""
+    with _host_client(self) as client:
+        return engine_action.run_action(action_uuid, payload, client=client, host_name=HOST_NAME)
 
 
 @app.task(

@@ -166,7 +166,13 @@ class HostOut(Schema):
     name: str
     description: str
     queue_name: str
+    worker_seen_at: dt.datetime | None = Field(description="the worker's last heartbeat")
+    worker_alive: bool = Field(description="a heartbeat arrived within MOEOPS_WORKER_STALE_S")
     created: dt.datetime
+
+    @staticmethod
+    def resolve_worker_alive(obj):
+        return obj.worker_alive()
 
 
 class GPUIn(In):
@@ -542,6 +548,7 @@ class DeploymentOut(Schema):
     launch_args: dict[str, Any]
     endpoint_url: str
     served_model_name: str
+    management: str = Field(description="managed: moeops starts and stops the engine")
     status: str
     status_detail: str
     status_checked_at: dt.datetime | None

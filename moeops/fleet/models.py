@@ -3,8 +3,11 @@ their health checks and the hosts' GPU readings."""
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 from django.urls import reverse
+from django.utils import timezone
+from django.utils.timesince import timesince
 
 from reports import engine as engine_reports
 from tuning.moe_params import MoEConfigError, moe_params
@@ -36,6 +39,13 @@ VIRTUALIZATION_KINDS = (
     ("vm", "Virtual machine"),
     ("container", "Container"),
     ("unknown", "Unknown"),
+)
+
+# Whether moeops starts and stops the deployment's engine (from its launch recipe, through the
+# host's worker) or only measures an engine someone else runs.
+MANAGEMENT = (
+    ("external", "External: moeops never touches the engine"),
+    ("managed", "Managed: moeops starts and stops the engine"),
 )
 
 TOPOLOGY_SOURCES = (
@@ -101,6 +111,14 @@ class Host(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     description = models.CharField(max_length=300, blank=True)
     provenance = models.CharField(max_length=300, blank=True)
+    worker_seen_at = models.DateTimeField(
+        null=True, blank=True, help_text="The host's worker's last heartbeat; empty: never seen."
+    )
+    worker_status = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="What the last heartbeat said: the worker, its managed engines, its spool.",
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -112,6 +130,33 @@ class Host(models.Model):
     @property
     def queue_name(self):
         return f"host.{self.name}"
+
+    def worker_alive(self, now=None):
+        """Whether the host's worker sent a heartbeat within MOEOPS_WORKER_STALE_S."""
+        if self.worker_seen_at is None:
+            return False
+        now = now or timezone.now()
+        return (now - self.worker_seen_at).total_seconds() <= settings.MOEOPS_WORKER_STALE_S
+
+    def worker_absence(self):
+        """A sentence saying why work sent to this host would wait, or "" when its worker is
+        alive."""
+        if self.worker_alive():
+            return ""
+        if self.worker_seen_at is None:
+            return (
+                f"No worker of host {self.name} has been seen: start one with "
+                f"`celery -A workers worker -Q {self.queue_name}` (README: Adding a GPU host)."
+            )
+        return (
+            f"The worker of host {self.name} was last seen "
+            f"{timesince(self.worker_seen_at)} ago; what is sent to it waits until it is back."
+        )
+
+    def managed_engine(self, deployment_id):
+        """The managed engine of that deployment as the last heartbeat reported it, or None."""
+        engines = (self.worker_status or {}).get("engines") or []
+        return next((e for e in engines if e.get("deployment") == deployment_id), None)
 
     def current_topology(self):
         return self.topology_snapshots.order_by("-captured_at", "-id").first()
@@ -228,6 +273,7 @@ class Deployment(models.Model):
         default=dict, blank=True, help_text="Other launch arguments, flag → value."
     )
     endpoint_url = models.URLField(blank=True)
+    management = models.CharField(max_length=20, choices=MANAGEMENT, default="external")
     served_model_name = models.CharField(max_length=200, blank=True)
     status = models.CharField(max_length=20, choices=DEPLOYMENT_STATUSES, default="planned")
     status_detail = models.CharField(max_length=300, blank=True)
@@ -249,6 +295,18 @@ class Deployment(models.Model):
     def request_model_name(self):
         """The model name that requests to its engine carry: the served name, else the model's."""
         return self.served_model_name or self.model.name
+
+    @property
+    def is_managed(self):
+        return self.management == "managed"
+
+    def recipe_in_force(self):
+        """The launch recipe version an engine action last brought up, or None."""
+        return (
+            self.launch_recipes.filter(applied_at__isnull=False)
+            .order_by("-applied_at", "-version")
+            .first()
+        )
 
     def gpu_indices(self):
         """NVML indices of the GPUs it uses, ascending ([] when none are recorded)."""

@@ -334,3 +334,12 @@ def _same_host(reading, host):
     if reading.host_id != host.pk:
         raise AlreadyExists(f"GPU reading {reading.uuid} belongs to another host")
     return reading
+
+
+def host_heartbeat_record(*, host, status):
+    """The host's worker is alive: its last-seen time is now and status what it says of itself
+    (worker, managed engines, spool). Returns the host."""
+    now = timezone.now()
+    Host.objects.filter(pk=host.pk).update(worker_seen_at=now, worker_status=status)
+    host.worker_seen_at, host.worker_status = now, status
+    return host

@@ -27,6 +27,12 @@ def _timing(status, fraction, started, finished, now):
     return elapsed, eta
 
 
+def _queued_text(host):
+    """What a queued run waits for: its host's worker, or why that worker is not there."""
+    absence = host.worker_absence() if host is not None else ""
+    return f"queued: {absence}" if absence else "queued, waiting for the host's worker"
+
+
 def sweep_progress(run, now=None):
     """The progress of a SweepRun as plain values for the page and the status endpoint.
 
@@ -65,7 +71,7 @@ def sweep_progress(run, now=None):
             level = min(level, int(levels_total))
     parts = []
     if run.status == "queued":
-        parts.append("queued, waiting for the host's worker")
+        parts.append(_queued_text(run.deployment.host))
     elif level is not None:
         parts.append(f"level {level} of {levels_total or '?'}")
         concurrency = _number(p.get("concurrency"))
@@ -118,7 +124,7 @@ def tuning_progress(tuning_run, timings_count=0, now=None):
     if tuning_run.finished_at and tuning_run.status in ("succeeded", "failed", "cancelled"):
         finished = tuning_run.finished_at.timestamp()
     elapsed, eta = _timing(tuning_run.status, fraction, started, finished, now)
-    text = "queued, waiting for the host's worker" if tuning_run.status == "queued" else ""
+    text = _queued_text(tuning_run.host) if tuning_run.status == "queued" else ""
     if tuning_run.status == "running" and total:
         text = f"{int(done)} of {int(total)} done"
         if _number(p.get("batch_size")) is not None:

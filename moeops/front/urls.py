@@ -1,6 +1,6 @@
 from django.urls import path
 
-from moeops.front.views import compare, deployments, hosts, kernels, notes, runs
+from moeops.front.views import compare, deployments, engines, hosts, kernels, notes, runs
 
 urlpatterns = [
     path("", deployments.dashboard, name="dashboard"),
@@ -18,6 +18,9 @@ urlpatterns = [
     path("deployments/<int:pk>/tune/", deployments.tune_start, name="tune-start"),
     path("deployments/<int:pk>/results/", deployments.result_upload, name="result-upload"),
     path("deployments/<int:pk>/plan/", deployments.plan_add, name="plan-add"),
+    path("deployments/<int:pk>/recipe/", engines.recipe_edit, name="recipe-edit"),
+    path("deployments/<int:pk>/actions/", engines.action_start, name="engine-action-start"),
+    path("actions/<uuid:uuid>/", engines.action_detail, name="engine-action"),
     path("plan/<int:pk>/", deployments.plan_item, name="plan-item"),
     path("findings/<int:pk>/state/", deployments.finding_state, name="finding-state"),
     path("runs/", runs.runs, name="runs"),

@@ -3,8 +3,10 @@ compare-and-set, levels, telemetry (of sweeps and kernel tunes), imported files.
 
 import hashlib
 import logging
+import time
 from operator import itemgetter
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -44,10 +46,12 @@ def run_create(
     kernel_config=None,
     topology_snapshot=None,
     provenance="",
+    recipe=None,
 ):
     """(SweepRun, created); a run_uuid seen before returns that run (a retried create).
 
-    The run's snapshot records the deployment, topology and load as they are now."""
+    The run's snapshot records the deployment, topology and load as they are now, and the
+    launch recipe its engine runs (recipe; default: the one in force, for a managed one)."""
     # one schema for every path that writes parameters: ValidationError naming the key
     parameters = parameters_checked(parameters)
     if run_uuid is not None:
@@ -67,6 +71,7 @@ def run_create(
             parameters=parameters or {},
             topology=topology_snapshot,
             source=source,
+            recipe=recipe,
         ),
     }
     if run_uuid is not None:
@@ -90,14 +95,7 @@ def run_start(*, deployment, parameters, label="", run_uuid=None, topology_snaps
     fields: as run_create takes them. Raises ValidationError naming the field when the
     deployment has no endpoint URL or levels, input_len or output_len is missing.
     """
-    _check_sweep(deployment, parameters)
-    parameters = {
-        **parameters,
-        "base_url": deployment.endpoint_url,
-        "model": deployment.request_model_name,
-        "gpu_indices": deployment.gpu_indices(),
-        "vocab_size": vocab_size(deployment.model.config_json),
-    }
+    parameters = sweep_parameters(deployment=deployment, load=parameters)
     with transaction.atomic():
         run, created = run_create(
             deployment=deployment,
@@ -112,6 +110,24 @@ def run_start(*, deployment, parameters, label="", run_uuid=None, topology_snaps
             kwargs = {"run_uuid": str(run.uuid), **parameters}
             run_enqueue(run=run, task="run_sweep", host=deployment.host, kwargs=kwargs)
     return run, created
+
+
+# What a sweep's parameters take from the deployment rather than from the load asked for.
+DEPLOYMENT_PARAMETERS = ("base_url", "model", "gpu_indices", "vocab_size")
+
+
+def sweep_parameters(*, deployment, load):
+    """The parameters of a sweep of the deployment with this load (levels, input_len, …): the
+    load checked (ValidationError naming the field) and what comes from the deployment added
+    (its endpoint, request model name, GPUs and its model's vocabulary)."""
+    _check_sweep(deployment, load)
+    return {
+        **{k: v for k, v in load.items() if k not in DEPLOYMENT_PARAMETERS},
+        "base_url": deployment.endpoint_url,
+        "model": deployment.request_model_name,
+        "gpu_indices": deployment.gpu_indices(),
+        "vocab_size": vocab_size(deployment.model.config_json),
+    }
 
 
 def _check_sweep(deployment, parameters):
@@ -187,7 +203,31 @@ def run_transition(*, run, status, error=""):
         setattr(run, key, value)
     if status in FINISHED_STATUSES:
         insights_services.enqueue_analysis(run)
+        # imported here: engine actions create runs through this module
+        from moeops.engines.services import engine_action_run_finished
+
+        engine_action_run_finished(run=run)
     return run
+
+
+def run_heartbeat_age(run, now_epoch):
+    """s since the run's worker last pushed its progress heartbeat (an epoch), or None."""
+    beat = (run.progress or {}).get("heartbeat")
+    if not isinstance(beat, int | float) or isinstance(beat, bool):
+        return None
+    return max(now_epoch - beat, 0.0)
+
+
+def run_heartbeat_stale(run, now_epoch, limit_s):
+    """Whether a running run's worker is gone: no heartbeat for limit_s (s), counting from its
+    start when it never sent one."""
+    if run.status != "running":
+        return False
+    age = run_heartbeat_age(run, now_epoch)
+    if age is None:
+        started = run.started_at.timestamp() if run.started_at else None
+        age = now_epoch - started if started is not None else None
+    return age is not None and age > limit_s
 
 
 def run_update(*, run, status=None, error="", **fields):
@@ -225,10 +265,21 @@ def run_record_observed(*, run, observed):
 
 
 def run_cancel(*, run):
-    """A queued run is cancelled at once; a running one is asked to stop (cancel_requested)."""
+    """A queued run is cancelled at once; a running one is asked to stop (cancel_requested),
+    or cancelled at once when its worker is gone (no heartbeat for MOEOPS_RUN_STALE_S)."""
     if run.status == "queued":
         try:
             return run_transition(run=run, status="cancelled")
+        except RunConflict:
+            pass
+    limit = settings.MOEOPS_RUN_STALE_S
+    if run.status == "running" and run_heartbeat_stale(run, time.time(), limit):
+        try:
+            return run_transition(
+                run=run,
+                status="cancelled",
+                error="Cancelled while its worker was gone (no heartbeat); finished levels kept.",
+            )
         except RunConflict:
             pass
     if run.status == "running":

@@ -24,6 +24,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from moeops import __version__
+from reports import launch
 from tuning.config_files import kernel_dtype
 
 # The parts of a snapshot the worker adds once the engine has answered.
@@ -151,9 +152,25 @@ def kernel_shape(deployment) -> dict | None:
     return out
 
 
-def initial_snapshot(*, deployment, parameters, topology, source) -> dict:
-    """What the web tier records when a run is created."""
+def recipe_record(recipe) -> dict | None:
+    """The launch recipe a managed engine runs: its version, flags (reports.launch.flags),
+    environment and the kernel configs its folder holds."""
+    if recipe is None:
+        return None
     return {
+        "version": recipe.version,
+        "flags": launch.flags(recipe.argv),
+        "env": dict(recipe.env),
+        "kernel_configs": sorted(str(config) for config in recipe.kernel_configs.all()),
+    }
+
+
+def initial_snapshot(*, deployment, parameters, topology, source, recipe=None) -> dict:
+    """What the web tier records when a run is created. recipe: the launch recipe the engine
+    will run (default: the one in force for a managed deployment)."""
+    if recipe is None and deployment.is_managed:
+        recipe = deployment.recipe_in_force()
+    snapshot = {
         "recorded_at": timezone.now().timestamp(),
         "moeops_version": moeops_version(),
         "source": source,
@@ -162,6 +179,9 @@ def initial_snapshot(*, deployment, parameters, topology, source) -> dict:
         "load": load_record(parameters or {}),
         "kernel_shape": kernel_shape(deployment),
     }
+    if recipe is not None:
+        snapshot["recipe"] = recipe_record(recipe)
+    return snapshot
 
 
 def deployment_edits(snapshot: dict, deployment) -> list[dict]:
@@ -184,6 +204,7 @@ SECTIONS = (
     ("args", "Launch arguments (as the engine reported them)"),
     ("env", "Engine environment"),
     ("deployment", "Deployment (as recorded)"),
+    ("recipe", "Launch recipe (managed engine)"),
     ("kernel_config", "Kernel config in effect"),
     ("topology", "Topology"),
     ("load", "Load"),
@@ -230,6 +251,9 @@ def snapshot_diff(a: dict, b: dict) -> dict:
     changes += _changes(
         "deployment", a.get("deployment") or {}, b.get("deployment") or {}, DEPLOYMENT_KEYS
     )
+    ra, rb = a.get("recipe"), b.get("recipe")
+    if ra and rb:
+        changes += _changes("recipe", _recipe_keys(ra), _recipe_keys(rb))
     ka, kb = a.get("kernel_config"), b.get("kernel_config")
     if ka and kb:
         changes += _changes("kernel_config", ka, kb, KERNEL_KEYS)
@@ -276,6 +300,7 @@ SECTION_FACTORS = {
     "args": "launch arguments",
     "env": "engine environment",
     "kernel_config": "kernel config",
+    "recipe": "launch recipe",
     "topology": "topology",
     "load": "load",
 }

@@ -11,6 +11,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from kombu.exceptions import OperationalError
 
+from moeops.engines.models import EngineAction
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Deployment
 from moeops.front import actions, charts
@@ -24,6 +25,7 @@ from moeops.front.forms import (
 )
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.templatetags.moeops_format import evidence_text
+from moeops.front.views import engines
 from moeops.insights.models import FINDING_STATES, Finding, PlanItem
 from moeops.insights.services import finding_set_state
 from moeops.kernels.models import KernelConfig, TuningRun
@@ -73,7 +75,7 @@ def _deployment_rows():
 
 def _active_runs(runs=SweepRun.objects, tunings=TuningRun.objects):
     """Queued and running sweeps and tunes, each with its progress."""
-    runs = runs.filter(status__in=ACTIVE).select_related("deployment")
+    runs = runs.filter(status__in=ACTIVE).select_related("deployment__host")
     tunings = tunings.filter(status__in=ACTIVE).select_related("deployment", "host")
     active = [(run, sweep_progress(run)) for run in runs.order_by("created")]
     active_tunes = [(t, tuning_progress(t, t.timings.count())) for t in tunings.order_by("created")]
@@ -209,6 +211,12 @@ def _deployment_page(
         TuningRun.objects.filter(deployment=deployment),
     )
     topology = deployment.host.current_topology()
+    with_actions = Prefetch(
+        "engine_actions", EngineAction.objects.select_related("before_run", "after_run")
+    )
+    plan_items = list(
+        deployment.plan_items.select_related("note", "finding").prefetch_related(with_actions)
+    )
     ctx = {
         "nav": "deployments",
         "deployment": deployment,
@@ -226,7 +234,7 @@ def _deployment_page(
             said_once(deployment.findings.select_related("note", "run").by_importance())
         ),
         "finding_states": FINDING_STATES,
-        "plan_items": deployment.plan_items.select_related("note"),
+        "plan_items": plan_items,
         "plan_form": PlanItemForm(),
         "plan_statuses": PlanItem._meta.get_field("status").choices,
         "sweep_form": sweep_form,
@@ -241,6 +249,7 @@ def _deployment_page(
         "throughput_chart": charts.throughput_vs_concurrency(reversed(runs)),
         "peaks_chart": charts.peaks_per_run(runs),
     }
+    ctx.update(engines.panel_context(deployment, plan_items))
     return render(request, "front/deployment_detail.html", ctx, status=status)
 
 

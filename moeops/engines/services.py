@@ -1,0 +1,540 @@
+"""Writes to managed engines: launch recipe versions, engine actions (started here, reported by
+the host's worker, finished when their re-sweep does), and failing the work whose worker is gone.
+
+An action is one Celery chain on the deployment's host queue (`send_host_chain`):
+`workers.engine_action` (write the recipe's kernel configs, restart the engine with the recipe,
+the previous one again when it does not come up, check what the engine reports) and, when the
+deployment has a finished sweep to repeat, `workers.run_sweep` with that sweep's load into a run
+created here. The chain stops when the restart fails; the run is then cancelled.
+"""
+
+import logging
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+from kombu.exceptions import OperationalError
+
+from moeops.celery import send_host_chain
+from moeops.engines.models import ACTION_FINISHED, EngineAction, LaunchRecipe
+from moeops.fleet.models import Deployment
+from moeops.insights.models import PlanItem
+from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.runs import services as run_services
+from moeops.runs import snapshots
+from moeops.runs.models import SweepRun
+from reports.engine import CAP_FLAGS
+from reports.launch import FlagError, set_flags
+from tuning.config_files import ConfigFileError
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT = ("queued", "running", "sweeping")
+
+
+class ActionConflict(Exception):
+    """The action cannot move there from where it is (compare-and-set)."""
+
+
+# --------------------------------------------------------------------------- recipes
+
+
+def _require_staff(user):
+    # who changes how an engine starts is on record, and only staff may
+    if user is not None and not (user.is_active and user.is_staff):
+        raise PermissionDenied("only staff may change how a managed engine starts")
+
+
+def _check_recipe(deployment, argv, env, gpu_indices, ready_timeout_s):
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
+        raise ValidationError({"argv": "the engine's command as a list of non-empty strings"})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ValidationError({"env": "variables as name → text value"})
+    if not isinstance(gpu_indices, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in gpu_indices
+    ):
+        raise ValidationError({"gpu_indices": "GPU indices as a list of integers ≥ 0"})
+    known = {gpu.index for gpu in deployment.host.gpus.all()}
+    missing = sorted(set(gpu_indices) - known) if known else []
+    if missing:
+        raise ValidationError(
+            {"gpu_indices": f"host {deployment.host.name} has no GPU {missing[0]}"}
+        )
+    if not 1 <= ready_timeout_s <= 2 * 3600:
+        raise ValidationError({"ready_timeout_s": "between 1 s and 2 h"})
+
+
+def recipe_create(
+    *,
+    deployment,
+    argv,
+    author,
+    env=None,
+    cwd="",
+    gpu_indices=None,
+    config_folder="",
+    ready_timeout_s=900.0,
+    kernel_configs=(),
+    reason="",
+    based_on=None,
+):
+    """The deployment's next launch recipe version (it runs from the next restart on).
+
+    author: the staff member who changes it (None: an API token with write access to the
+    deployment, checked by the caller). gpu_indices default to the deployment's GPUs. Raises
+    PermissionDenied for a non-staff author and ValidationError naming the field.
+    """
+    _require_staff(author)
+    env = {} if env is None else env
+    gpu_indices = deployment.gpu_indices() if gpu_indices is None else gpu_indices
+    _check_recipe(deployment, argv, env, gpu_indices, ready_timeout_s)
+    with transaction.atomic():
+        # the deployment's row serializes version numbers
+        Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
+        last = deployment.launch_recipes.aggregate(v=Max("version"))["v"] or 0
+        recipe = LaunchRecipe.objects.create(
+            deployment=deployment,
+            version=last + 1,
+            argv=list(argv),
+            env=dict(env),
+            cwd=cwd,
+            gpu_indices=list(gpu_indices),
+            config_folder=config_folder,
+            ready_timeout_s=ready_timeout_s,
+            reason=reason,
+            author=author,
+            based_on=based_on,
+        )
+        recipe.kernel_configs.set(kernel_configs)
+    return recipe
+
+
+def recipe_in_force(deployment):
+    """The version an action last brought up, or None."""
+    return deployment.recipe_in_force()
+
+
+def recipe_newest(deployment):
+    return deployment.launch_recipes.order_by("-version").first()
+
+
+def _derived(base, *, author, reason, **changes):
+    """A new version of base's recipe with changes (argv, kernel_configs, …), based on base."""
+    fields = {
+        "argv": base.argv,
+        "env": base.env,
+        "cwd": base.cwd,
+        "gpu_indices": base.gpu_indices,
+        "config_folder": base.config_folder,
+        "ready_timeout_s": base.ready_timeout_s,
+        "kernel_configs": list(base.kernel_configs.all()),
+        **changes,
+    }
+    return recipe_create(
+        deployment=base.deployment, author=author, reason=reason, based_on=base, **fields
+    )
+
+
+# --------------------------------------------------------------------------- actions
+
+
+def _kernel_files(recipe, engine):
+    """The files the recipe's config folder holds: [{"file_name", "text"}] in the engine's
+    format and name."""
+    return [
+        {"file_name": config.file_name(engine), "text": config.engine_file_text(engine)}
+        for config in recipe.kernel_configs.order_by("pk")
+    ]
+
+
+def _worker_recipe(recipe, deployment):
+    """The recipe as workers.engine_supervisor.Recipe takes it."""
+    return {
+        "deployment": deployment.pk,
+        "version": recipe.version,
+        "argv": recipe.argv,
+        "base_url": deployment.endpoint_url,
+        "env": recipe.env,
+        "cwd": recipe.cwd or None,
+        "gpu_indices": recipe.gpu_indices,
+        "config_env": recipe.config_env,
+        "config_folder": recipe.config_folder or None,
+        "ready_timeout_s": recipe.ready_timeout_s,
+        "kernel_files": _kernel_files(recipe, deployment.engine),
+    }
+
+
+def _check_config(kernel_config, deployment):
+    """ValidationError unless the engine would load kernel_config for the deployment's shape."""
+    shape = snapshots.kernel_shape(deployment)
+    if shape is None or shape.get("dtype") is None:
+        reason = (shape or {}).get("reason") or "its MoE shape cannot be read"
+        raise ValidationError({"kernel_config": f"{deployment} loads no kernel config: {reason}"})
+    try:
+        name = kernel_config.file_name(deployment.engine)
+    except ConfigFileError as exc:
+        raise ValidationError({"kernel_config": str(exc)}) from None
+    wanted = KernelConfig(
+        device_name=shape["device_name"] or "",
+        E=shape["E"],
+        N=shape["N"],
+        dtype=shape["dtype"],
+        block_shape=shape["block_shape"],
+        down_moe=kernel_config.down_moe,
+    ).file_name(deployment.engine)
+    if name != wanted:
+        raise ValidationError(
+            {"kernel_config": f"{deployment}'s engine loads {wanted}, not {name}"}
+        )
+
+
+def _new_recipe(*, deployment, kind, user, changes, kernel_config):
+    """(recipe to bring up, the one in force) for an action of this kind."""
+    in_force = recipe_in_force(deployment)
+    newest = recipe_newest(deployment)
+    base = in_force or newest
+    if base is None:
+        raise ValidationError(
+            {"recipe": f"{deployment} has no launch recipe yet: a staff member adds one"}
+        )
+    if kind == "restart":
+        return newest, in_force
+    if kind == "restart_with_args":
+        if not isinstance(changes, dict) or not changes:
+            raise ValidationError({"changes": "which flags to change, e.g. --max-num-seqs: 64"})
+        try:
+            argv = set_flags(base.argv, changes)
+        except FlagError as exc:
+            raise ValidationError({"changes": str(exc)}) from None
+        if argv == base.argv:
+            raise ValidationError({"changes": f"recipe v{base.version} already runs with that"})
+        flags = ", ".join(f"{flag} {value}" for flag, value in changes.items())
+        return _derived(base, author=user, reason=f"restart with {flags}", argv=argv), in_force
+    if kind == "apply_config":
+        if kernel_config is None:
+            raise ValidationError({"kernel_config": "which kernel config to apply"})
+        _check_config(kernel_config, deployment)
+        name = kernel_config.file_name(deployment.engine)
+        configs = [c for c in base.kernel_configs.all() if c.file_name(deployment.engine) != name]
+        return (
+            _derived(
+                base,
+                author=user,
+                reason=f"apply {kernel_config}",
+                kernel_configs=[*configs, kernel_config],
+            ),
+            in_force,
+        )
+    if kind == "revert":
+        target = in_force.based_on if in_force is not None else None
+        if target is None:
+            raise ValidationError({"kind": "no earlier recipe was in force: nothing to revert to"})
+        content = {
+            "argv": target.argv,
+            "env": target.env,
+            "cwd": target.cwd,
+            "gpu_indices": target.gpu_indices,
+            "config_folder": target.config_folder,
+            "ready_timeout_s": target.ready_timeout_s,
+            "kernel_configs": list(target.kernel_configs.all()),
+        }
+        reason = f"revert to v{target.version}"
+        return _derived(in_force, author=user, reason=reason, **content), in_force
+    raise ValidationError({"kind": f"unknown action {kind!r}"})
+
+
+def _last_sweep(deployment):
+    """The deployment's newest finished sweep by a worker, whose load a re-sweep repeats."""
+    return (
+        SweepRun.objects.filter(deployment=deployment, source="worker", status="succeeded")
+        .order_by("-created", "-id")
+        .first()
+    )
+
+
+def engine_action_start(
+    *,
+    deployment,
+    kind,
+    user,
+    source="page",
+    changes=None,
+    kernel_config=None,
+    plan_item=None,
+    resweep=True,
+):
+    """A queued EngineAction of a managed deployment, its chain sent to the host's worker once
+    committed.
+
+    kind: restart (the newest recipe), restart_with_args (changes: flag → value on the recipe in
+    force), apply_config (kernel_config into the engine's config folder), revert (the recipe in
+    force before the current one). Each but restart makes a new recipe version. With resweep,
+    the deployment's newest finished sweep is repeated with the same load afterwards (its run
+    created queued here, linked as after_run). plan_item is set in progress (done when the
+    re-sweep succeeds). user: staff, or None for an API token with write access.
+
+    Raises PermissionDenied for non-staff and ValidationError naming the field: an external
+    deployment, a host whose worker is gone, an action already in flight, a bad change.
+    """
+    _require_staff(user)
+    if not deployment.is_managed:
+        raise ValidationError(
+            {"deployment": f"{deployment} is external: moeops never starts or stops its engine"}
+        )
+    absence = deployment.host.worker_absence()
+    if absence:
+        raise ValidationError({"host": absence})
+    with transaction.atomic():
+        Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
+        busy = deployment.engine_actions.filter(status__in=IN_FLIGHT).first()
+        if busy is not None:
+            raise ValidationError(
+                {"deployment": f"{busy.title()} is still {busy.get_status_display().lower()}"}
+            )
+        recipe, previous = _new_recipe(
+            deployment=deployment,
+            kind=kind,
+            user=user,
+            changes=changes,
+            kernel_config=kernel_config,
+        )
+        before = _last_sweep(deployment) if resweep else None
+        action = EngineAction.objects.create(
+            deployment=deployment,
+            kind=kind,
+            recipe=recipe,
+            previous_recipe=previous,
+            changes=dict(changes or {}) if kind == "restart_with_args" else {},
+            kernel_config=kernel_config if kind == "apply_config" else None,
+            plan_item=plan_item,
+            before_run=before,
+            requested_by=user,
+            source=source,
+        )
+        steps = [("engine_action", _action_kwargs(action, recipe, previous, deployment))]
+        if before is not None:
+            after, parameters = _resweep(action, before, deployment)
+            steps.append(("run_sweep", {"run_uuid": str(after.uuid), **parameters}))
+        if plan_item is not None:
+            PlanItem.objects.filter(pk=plan_item.pk).update(status="in_progress")
+        _enqueue(action, deployment.host, steps)
+    return action
+
+
+def _action_kwargs(action, recipe, previous, deployment):
+    return {
+        "action_uuid": str(action.uuid),
+        "host": deployment.host.name,
+        "engine": deployment.engine,
+        "model": deployment.request_model_name,
+        "kind": action.kind,
+        "recipe": _worker_recipe(recipe, deployment),
+        "previous": _worker_recipe(previous, deployment) if previous is not None else None,
+        "changes": action.changes,
+        "kernel_shape": snapshots.kernel_shape(deployment),
+        "resweep": action.before_run_id is not None,
+    }
+
+
+def _resweep(action, before, deployment):
+    """The queued run that repeats before's load after the action, and its sweep's parameters."""
+    load = {k: v for k, v in before.parameters.items() if k not in ("run_uuid",)}
+    parameters = run_services.sweep_parameters(deployment=deployment, load=load)
+    after, _ = run_services.run_create(
+        deployment=deployment,
+        label=f"after: {action.title()}",
+        parameters=parameters,
+        source="worker",
+        topology_snapshot=deployment.host.current_topology(),
+        recipe=action.recipe,
+    )
+    EngineAction.objects.filter(pk=action.pk).update(after_run=after)
+    action.after_run = after
+    return after, parameters
+
+
+def _enqueue(action, host, steps):
+    pk = action.pk
+
+    def send():
+        try:
+            send_host_chain(host, steps)
+        except OperationalError as exc:
+            log.warning("could not enqueue engine action %s on %s: %s", pk, host.queue_name, exc)
+            failed = EngineAction.objects.get(pk=pk)
+            _fail(failed, f"Could not reach the broker to enqueue the action: {exc}")
+
+    transaction.on_commit(send)
+
+
+def _move(action, status, **fields):
+    """Compare-and-set action.status to status; the same status again is a no-op."""
+    if action.status == status:
+        if fields:
+            EngineAction.objects.filter(pk=action.pk).update(**fields)
+        return action
+    if not action.can_move_to(status):
+        raise ActionConflict(f"action {action.uuid} is {action.status}; it cannot become {status}")
+    now = timezone.now()
+    changes = {"status": status, **fields}
+    if status == "running":
+        changes["started_at"] = now
+    if status in ACTION_FINISHED:
+        changes["finished_at"] = now
+    moved = EngineAction.objects.filter(pk=action.pk, status=action.status).update(**changes)
+    if moved != 1:
+        action.refresh_from_db()
+        raise ActionConflict(f"action {action.uuid} changed meanwhile: it is now {action.status}")
+    for key, value in changes.items():
+        setattr(action, key, value)
+    return action
+
+
+def _fail(action, error, **fields):
+    """End the action failed: its recipe did not come up, its re-sweep is cancelled, its plan
+    item is pending again (nothing was applied)."""
+    with transaction.atomic():
+        _move(action, "failed", error=error, **fields)
+        if action.recipe.applied_at is None:
+            LaunchRecipe.objects.filter(pk=action.recipe_id).update(failed_at=timezone.now())
+        if action.after_run_id:
+            run = SweepRun.objects.get(pk=action.after_run_id)
+            if run.status == "queued":
+                run_services.run_transition(
+                    run=run, status="cancelled", error=f"the engine action failed: {error}"
+                )
+        if action.plan_item_id:
+            PlanItem.objects.filter(pk=action.plan_item_id).update(status="pending")
+    return action
+
+
+def engine_action_report(*, action, status=None, steps=None, observed=None, error="", log_tail=""):
+    """What the worker reports of an action: its steps so far, what the engine said after the
+    restart (observed), its last log lines, and a status: running; sweeping or succeeded once
+    the recipe is up (sweeping when a re-sweep follows); failed with the error. Raises
+    ActionConflict for a move the action cannot make (e.g. a finished action)."""
+    fields = {}
+    if steps is not None:
+        fields["steps"] = steps
+    if observed is not None:
+        fields["observed"] = observed
+    if log_tail:
+        fields["log_tail"] = log_tail
+    with transaction.atomic():
+        action = EngineAction.objects.select_for_update().select_related("recipe").get(pk=action.pk)
+        if status == "failed":
+            return _fail(action, error or "the worker reported the action failed", **fields)
+        if status in ("sweeping", "succeeded"):
+            if status == "sweeping" and action.after_run_id is None:
+                raise ActionConflict(f"action {action.uuid} has no re-sweep to wait for")
+            LaunchRecipe.objects.filter(pk=action.recipe_id).update(
+                applied_at=timezone.now(), failed_at=None
+            )
+            if status == "succeeded" and action.plan_item_id:
+                PlanItem.objects.filter(pk=action.plan_item_id).update(status="completed")
+        if status is not None:
+            return _move(action, status, **fields)
+        if action.is_finished:
+            raise ActionConflict(f"action {action.uuid} is {action.status}")
+        EngineAction.objects.filter(pk=action.pk).update(**fields)
+        for key, value in fields.items():
+            setattr(action, key, value)
+    return action
+
+
+def engine_action_run_finished(*, run):
+    """The re-sweep of an action finished: the action succeeds with it (its plan item done) or
+    fails naming how the sweep ended. Called by run_transition for every finished run."""
+    action = EngineAction.objects.filter(after_run=run, status="sweeping").first()
+    if action is None:
+        return None
+    steps = [
+        {**step, "status": "done" if run.status == "succeeded" else "failed",
+         "detail": f"{run.display_label()}: {run.get_status_display().lower()}"}
+        if step.get("name") == "re-sweep" else step
+        for step in action.steps
+    ]  # fmt: skip
+    EngineAction.objects.filter(pk=action.pk).update(steps=steps)
+    if run.status == "succeeded":
+        if action.plan_item_id:
+            PlanItem.objects.filter(pk=action.plan_item_id).update(status="completed")
+        return _move(action, "succeeded")
+    detail = f": {run.error}" if run.error else ""
+    return _fail(action, f"the engine came up, but its re-sweep ended {run.status}{detail}")
+
+
+def cap_changes(deployment, cap):
+    """The restart_with_args changes that set the engine's running-request cap to cap, or None
+    for an engine moeops knows no cap flag of."""
+    flag = CAP_FLAGS.get(deployment.engine)
+    return {flag: str(int(cap))} if flag else None
+
+
+# --------------------------------------------------------------------------- lost workers
+
+
+def stale_work_fail(*, now=None):
+    """Fail the work whose worker is gone; returns how many of each were failed.
+
+    A running sweep whose own heartbeat is older than MOEOPS_RUN_STALE_S (its worker pushes one
+    every few seconds); a running tune, or an action not finished, whose host's worker has sent
+    no heartbeat for MOEOPS_RUN_STALE_S. Without this a task whose worker died waits for the
+    broker's visibility timeout (hours) to be handed out again.
+    """
+    now = now or timezone.now()
+    limit = settings.MOEOPS_RUN_STALE_S
+    epoch = now.timestamp()
+    failed = {"runs": 0, "tunes": 0, "actions": 0}
+    for run in SweepRun.objects.filter(status="running"):
+        if not run_services.run_heartbeat_stale(run, epoch, limit):
+            continue
+        age = run_services.run_heartbeat_age(run, epoch)
+        try:
+            run_services.run_transition(
+                run=run,
+                status="failed",
+                error=f"The worker stopped sending heartbeats {_ago(age)}: it was lost "
+                "mid-sweep. Finished levels are kept.",
+            )
+            failed["runs"] += 1
+        except run_services.RunConflict:
+            pass
+    for tune in TuningRun.objects.filter(status="running").select_related("host"):
+        if tune.host is not None and _host_gone(tune.host, now, limit):
+            moved = TuningRun.objects.filter(pk=tune.pk, status="running").update(
+                status="failed",
+                error=f"The worker of host {tune.host.name} stopped sending heartbeats "
+                f"{_ago((now - tune.host.worker_seen_at).total_seconds())}: the tune was lost.",
+                finished_at=now,
+            )
+            failed["tunes"] += moved
+    actions = EngineAction.objects.filter(status__in=("queued", "running")).select_related(
+        "deployment__host", "recipe"
+    )
+    for action in actions:
+        host = action.deployment.host
+        seen = host.worker_seen_at
+        started = action.started_at or action.created
+        if (now - started).total_seconds() > limit and _host_gone(host, now, limit):
+            since = _ago((now - seen).total_seconds()) if seen else "ever"
+            try:
+                _fail(action, f"The worker of host {host.name} stopped sending heartbeats {since}.")
+                failed["actions"] += 1
+            except ActionConflict:
+                pass
+    return failed
+
+
+def _host_gone(host, now, limit):
+    return host.worker_seen_at is not None and (now - host.worker_seen_at).total_seconds() > limit
+
+
+def _ago(seconds):
+    if seconds is None:
+        return "long ago"
+    minutes = seconds / 60
+    return f"{seconds:.0f} s ago" if minutes < 2 else f"{minutes:.0f} min ago"

@@ -1,0 +1,171 @@
+"""The worker's end of an engine action (workers.engine_action) against the live web tier, with
+the stand-in engine as the managed engine in real processes: a restart with a changed argument
+checked against what the engine reports, a recipe that cannot start and the previous one back,
+and the heartbeat that lists the managed engines."""
+
+import sys
+
+import httpx
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from moeops.api.models import ApiToken
+from moeops.engines import services
+from moeops.engines.models import EngineAction
+from moeops.fleet.models import Deployment, Host
+from tests import queues
+from tests.api_base import GLM5_CONFIG
+from workers.client import MoeopsClient
+from workers.engine_action import ActionFailed, run_action
+from workers.engine_supervisor import EngineSupervisor
+from workers.heartbeat import worker_status
+
+pytestmark = pytest.mark.timeout(180)
+
+HOST = "managed-h1"
+
+
+@pytest.fixture
+def managed(live_server, transactional_db, free_port, tmp_path, monkeypatch, redis_url):
+    queues.send_to(monkeypatch, redis_url)
+    queues.clear(redis_url, f"host.{HOST}")
+    from moeops.fleet.models import ModelSpec
+
+    model = ModelSpec(name="GLM-5", config_json=GLM5_CONFIG)
+    model.fill_shape()
+    model.save()
+    host = Host.objects.create(name=HOST, worker_seen_at=timezone.now())
+    port = free_port()
+    deployment = Deployment.objects.create(
+        name="glm-5 managed",
+        model=model,
+        host=host,
+        engine="sglang",
+        management="managed",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        tp=8,
+    )
+    staff = User.objects.create_user("ops", is_staff=True)
+    argv = [sys.executable, "-m", "workers.standin", "--port", str(port)]
+    services.recipe_create(
+        deployment=deployment, argv=[*argv, "--max-running-requests", "16"], author=staff
+    )
+    _, token = ApiToken.issue(name="worker", host=host)
+    supervisor = EngineSupervisor(tmp_path / "engines")
+    with MoeopsClient(live_server.url, token, spool_dir=tmp_path / "spool") as client:
+        world = {
+            "deployment": deployment,
+            "staff": staff,
+            "client": client,
+            "supervisor": supervisor,
+            "redis": redis_url,
+        }
+        _act(world, "restart")
+        yield world
+    for state in supervisor.running():
+        supervisor.stop(state["recipe"]["deployment"], grace_s=5)
+
+
+def _act(world, kind, **fields):
+    """Start the action on the web side, then run its chain's first task as the worker does."""
+    action = services.engine_action_start(
+        deployment=world["deployment"], kind=kind, user=world["staff"], **fields
+    )
+    [sent] = queues.queued(world["redis"], f"host.{HOST}")
+    queues.clear(world["redis"], f"host.{HOST}")
+    try:
+        outcome = run_action(
+            sent.kwargs["action_uuid"],
+            sent.kwargs,
+            client=world["client"],
+            host_name=HOST,
+            supervisor=world["supervisor"],
+        )
+    except ActionFailed as exc:
+        outcome = f"failed: {exc}"
+    return EngineAction.objects.get(pk=action.pk), outcome
+
+
+def _cap(deployment):
+    info = httpx.get(deployment.endpoint_url + "/get_server_info", timeout=5).json()
+    return info["max_running_requests"]
+
+
+def test_a_restart_with_a_changed_argument_is_checked_against_the_engine(managed):
+    deployment = managed["deployment"]
+    pid_before = managed["supervisor"].state(deployment.pk)["pid"]
+
+    action, outcome = _act(managed, "restart_with_args", changes={"--max-running-requests": "8"})
+
+    assert outcome == "succeeded" and action.status == "succeeded", action.error
+    assert [s["name"] for s in action.steps] == ["stop", "kernel configs", "start", "check"]
+    assert all(s["status"] == "done" for s in action.steps)
+    assert action.steps[-1]["detail"].startswith("the engine reports max_running_requests = 8")
+    assert action.observed["max_running_requests"] == 8
+    assert _cap(deployment) == 8
+    state = managed["supervisor"].state(deployment.pk)
+    assert state["recipe"]["version"] == 2 and state["pid"] != pid_before
+    assert services.recipe_in_force(deployment) == action.recipe
+    assert "starting recipe v2" in action.log_tail
+
+
+def test_a_recipe_that_cannot_start_fails_with_its_log_and_the_previous_one_is_back(managed):
+    deployment = managed["deployment"]
+
+    action, outcome = _act(managed, "restart_with_args", changes={"--no-such-flag": "1"})
+
+    assert outcome.startswith("failed: the engine exited with status 2")
+    assert action.status == "failed"
+    assert "unrecognized arguments: --no-such-flag 1" in action.error
+    assert "unrecognized arguments" in action.log_tail
+    names = [(s["name"], s["status"]) for s in action.steps]
+    assert names == [
+        ("stop", "done"),
+        ("kernel configs", "done"),
+        ("start", "failed"),
+        ("revert", "done"),
+    ]
+    assert action.steps[-1]["detail"].startswith("the previous recipe runs again")
+    assert _cap(deployment) == 16
+    assert managed["supervisor"].state(deployment.pk)["recipe"]["version"] == 1
+    action.recipe.refresh_from_db()
+    assert action.recipe.failed_at is not None
+    assert services.recipe_in_force(deployment).version == 1
+
+
+def test_a_recipe_of_another_host_is_not_run(managed):
+    deployment = managed["deployment"]
+    action = services.engine_action_start(
+        deployment=deployment, kind="restart", user=managed["staff"]
+    )
+    [sent] = queues.queued(managed["redis"], f"host.{HOST}")
+
+    with pytest.raises(ActionFailed, match="reached the worker of other-host"):
+        run_action(
+            str(action.uuid),
+            sent.kwargs,
+            client=managed["client"],
+            host_name="other-host",
+            supervisor=managed["supervisor"],
+        )
+    action.refresh_from_db()
+    assert action.status == "failed"
+    assert managed["supervisor"].state(deployment.pk)["recipe"]["version"] == 1
+
+
+def test_the_heartbeat_lists_the_managed_engines_with_their_log(managed):
+    deployment = managed["deployment"]
+
+    spool = managed["client"].spool
+    spool.reject(spool.append("POST", "/runs", {"uuid": "x"}), "400: parameters.levels")
+    status = worker_status(f"host.{HOST}", supervisor=managed["supervisor"], spool=spool)
+    assert status["spool"] == {"waiting": 0, "rejected": 1}
+    managed["client"].post_heartbeat(HOST, status)
+
+    host = Host.objects.get(name=HOST)
+    engine = host.managed_engine(deployment.pk)
+    assert engine["version"] == 1 and engine["base_url"] == deployment.endpoint_url
+    assert "starting recipe v1" in engine["log_tail"]
+    assert host.worker_alive()
+    assert host.worker_status["spool"]["rejected"] == 1

@@ -1,0 +1,386 @@
+"""Launch recipes and engine actions on the web side: who may change them, what an action makes
+(a recipe version, a queued re-sweep, the chain on the host's queue), how the worker's reports
+and the re-sweep's end move it, and the work failed when its worker is gone."""
+
+import time
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.utils import timezone
+
+from moeops.engines import services
+from moeops.engines.models import EngineAction
+from moeops.insights.models import PlanItem
+from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.runs import services as run_services
+from moeops.runs.models import SweepRun
+from tests import queues
+from tests.api_base import make_world
+
+QUEUE = "host.rtx-pro-6000"
+ARGV = ["vllm", "serve", "/models/glm-5", "--port", "8000", "--max-num-seqs", "4"]
+ENTRY = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+LOAD = {"levels": [4, 8], "input_len": 32, "output_len": 64, "prompts_per_level": 96}
+
+
+@pytest.fixture
+def world(db):
+    world = make_world()
+    deployment = world.deployment
+    deployment.engine = "vllm"
+    deployment.management = "managed"
+    deployment.endpoint_url = "http://127.0.0.1:8000"
+    deployment.save()
+    deployment.gpus.set(world.host.gpus.all())
+    world.staff = User.objects.create_user("ops", password="pw", is_staff=True)
+    world.member = User.objects.create_user("member", password="pw")
+    _alive(world.host)
+    return world
+
+
+def _alive(host):
+    host.worker_seen_at = timezone.now()
+    host.save(update_fields=["worker_seen_at"])
+
+
+@pytest.fixture
+def broker(monkeypatch, redis_url):
+    queues.send_to(monkeypatch, redis_url)
+    queues.clear(redis_url, QUEUE)
+    yield redis_url
+    queues.clear(redis_url, QUEUE)
+
+
+def _recipe(world, **fields):
+    return services.recipe_create(
+        deployment=world.deployment, argv=ARGV, author=world.staff, **fields
+    )
+
+
+def _finished_sweep(world):
+    return SweepRun.objects.create(
+        deployment=world.deployment,
+        status="succeeded",
+        parameters={**LOAD, "base_url": "http://old:1", "vocab_size": 151552},
+    )
+
+
+def _in_force(recipe):
+    recipe.applied_at = timezone.now()
+    recipe.save(update_fields=["applied_at"])
+    return recipe
+
+
+def test_only_staff_change_a_recipe_and_each_change_is_a_new_version(world):
+    with pytest.raises(PermissionDenied):
+        services.recipe_create(deployment=world.deployment, argv=ARGV, author=world.member)
+    first = _recipe(world)
+    second = _recipe(world, env={"VLLM_SERVER_DEV_MODE": "1"}, reason="report its arguments")
+
+    assert (first.version, second.version) == (1, 2)
+    assert second.gpu_indices == [0, 1] and second.author == world.staff
+    assert first.env == {}
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"argv": "vllm serve /models/glm-5"}, "argv"),
+        ({"argv": ["vllm", ""]}, "argv"),
+        ({"env": {"PORT": 8000}}, "env"),
+        ({"gpu_indices": [0, 7]}, "gpu_indices"),
+        ({"ready_timeout_s": 0}, "ready_timeout_s"),
+    ],
+)
+def test_a_bad_recipe_names_its_field_and_stores_nothing(world, fields, field):
+    with pytest.raises(ValidationError) as raised:
+        services.recipe_create(
+            deployment=world.deployment, author=world.staff, **{"argv": ARGV, **fields}
+        )
+    assert field in raised.value.message_dict
+    assert not world.deployment.launch_recipes.exists()
+
+
+def test_restart_with_args_makes_a_version_a_resweep_and_a_chain_on_the_hosts_queue(
+    world, broker, django_capture_on_commit_callbacks
+):
+    in_force = _in_force(_recipe(world))
+    before = _finished_sweep(world)
+    item = PlanItem.objects.create(deployment=world.deployment, title="Raise --max-num-seqs")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        action = services.engine_action_start(
+            deployment=world.deployment,
+            kind="restart_with_args",
+            user=world.staff,
+            changes={"--max-num-seqs": "16"},
+            plan_item=item,
+        )
+
+    recipe = action.recipe
+    assert (recipe.version, recipe.based_on, action.previous_recipe) == (2, in_force, in_force)
+    assert recipe.argv == [*ARGV[:-1], "16"] and recipe.reason == "restart with --max-num-seqs 16"
+    assert action.title() == "Restart with --max-num-seqs 16"
+    after = action.after_run
+    assert (after.status, action.before_run) == ("queued", before)
+    assert {k: after.parameters[k] for k in LOAD} == LOAD
+    assert after.parameters["base_url"] == "http://127.0.0.1:8000"
+    assert after.snapshot["recipe"]["flags"]["--max-num-seqs"] == "16"
+    item.refresh_from_db()
+    assert item.status == "in_progress"
+
+    [sent] = queues.queued(broker, QUEUE)
+    assert sent.task == "workers.engine_action"
+    assert sent.kwargs["recipe"]["argv"][-1] == "16"
+    assert sent.kwargs["previous"]["version"] == 1
+    assert (sent.kwargs["host"], sent.kwargs["resweep"]) == ("rtx-pro-6000", True)
+    # the re-sweep rides in the chain: it runs only after the restart returned
+    [link] = sent.embed["chain"]
+    assert (link["task"], link["options"]["queue"]) == ("workers.run_sweep", QUEUE)
+    assert link["kwargs"]["run_uuid"] == str(after.uuid)
+
+
+@pytest.mark.parametrize(
+    ("setup", "kind", "changes", "field", "words"),
+    [
+        ("external", "restart", None, "deployment", "is external"),
+        ("no_worker", "restart", None, "host", "No worker of host rtx-pro-6000"),
+        ("no_recipe", "restart", None, "recipe", "has no launch recipe"),
+        ("recipe", "restart_with_args", {"--max-num-seqs": "4"}, "changes", "already runs"),
+        ("recipe", "restart_with_args", {"max-num-seqs": "8"}, "changes", "not a long flag"),
+        ("recipe", "revert", None, "kind", "nothing to revert to"),
+    ],
+)
+def test_an_action_that_cannot_start_says_why_and_writes_nothing(
+    world, setup, kind, changes, field, words
+):
+    if setup == "external":
+        world.deployment.management = "external"
+        world.deployment.save()
+    if setup == "no_worker":
+        world.host.worker_seen_at = None
+        world.host.save()
+    if setup != "no_recipe":
+        _in_force(_recipe(world))
+    recipes = world.deployment.launch_recipes.count()
+
+    with pytest.raises(ValidationError) as raised:
+        services.engine_action_start(
+            deployment=world.deployment, kind=kind, user=world.staff, changes=changes
+        )
+
+    assert words in " ".join(raised.value.message_dict[field])
+    assert world.deployment.launch_recipes.count() == recipes
+    assert not EngineAction.objects.exists() and not SweepRun.objects.exists()
+
+
+def test_a_second_action_waits_for_the_first(world, broker):
+    _in_force(_recipe(world))
+    services.engine_action_start(deployment=world.deployment, kind="restart", user=world.staff)
+    with pytest.raises(ValidationError) as raised:
+        services.engine_action_start(deployment=world.deployment, kind="restart", user=world.staff)
+    assert "is still queued" in raised.value.message_dict["deployment"][0]
+
+
+def test_a_kernel_config_for_another_shape_is_refused(world):
+    _in_force(_recipe(world))
+    other = KernelConfig.objects.create(
+        device_name="NVIDIA H200", E=256, N=256, dtype="bf16", entries={"1": {}}
+    )
+    with pytest.raises(ValidationError) as raised:
+        services.engine_action_start(
+            deployment=world.deployment, kind="apply_config", user=world.staff, kernel_config=other
+        )
+    message = raised.value.message_dict["kernel_config"][0]
+    assert "device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition" in message
+    assert "not E=256,N=256,device_name=NVIDIA_H200.json" in message
+
+
+def _apply(world, broker):
+    _in_force(_recipe(world))
+    _finished_sweep(world)
+    config = KernelConfig.objects.create(
+        device_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        E=256,
+        N=256,
+        dtype="bf16",
+        triton_version="3.7.1",
+        entries={"1": ENTRY},
+    )
+    item = PlanItem.objects.create(deployment=world.deployment, title="Install a tuned config")
+    action = services.engine_action_start(
+        deployment=world.deployment,
+        kind="apply_config",
+        user=world.staff,
+        kernel_config=config,
+        plan_item=item,
+    )
+    return action, config, item
+
+
+def test_the_workers_reports_and_the_resweep_carry_an_action_to_the_end(world, broker):
+    action, config, item = _apply(world, broker)
+    assert list(action.recipe.kernel_configs.all()) == [config]
+
+    services.engine_action_report(action=action, status="running", steps=[{"name": "stop"}])
+    resweep = {"name": "re-sweep", "status": "queued", "detail": "next on this worker"}
+    services.engine_action_report(
+        action=action, status="sweeping", log_tail="ready", steps=[{"name": "stop"}, resweep]
+    )
+    action.refresh_from_db()
+    action.recipe.refresh_from_db()
+    assert action.status == "sweeping" and action.recipe.applied_at is not None
+    assert services.recipe_in_force(world.deployment) == action.recipe
+
+    after = action.after_run
+    run_services.run_transition(run=after, status="running")
+    run_services.run_transition(run=after, status="succeeded")
+
+    action.refresh_from_db()
+    item.refresh_from_db()
+    assert (action.status, item.status) == ("succeeded", "completed")
+    assert action.steps[-1] == {**resweep, "status": "done", "detail": f"{after}: succeeded"}
+    assert action.finished_at is not None
+    with pytest.raises(services.ActionConflict):
+        services.engine_action_report(action=action, status="running")
+
+
+def test_a_failed_restart_cancels_the_resweep_and_applies_nothing(world, broker):
+    action, _, item = _apply(world, broker)
+    previous = action.previous_recipe
+
+    services.engine_action_report(action=action, status="running")
+    services.engine_action_report(
+        action=action, status="failed", error="the engine exited with status 2", log_tail="usage:"
+    )
+
+    action.refresh_from_db()
+    item.refresh_from_db()
+    action.after_run.refresh_from_db()
+    assert (action.status, action.error, action.log_tail) == (
+        "failed",
+        "the engine exited with status 2",
+        "usage:",
+    )
+    assert action.after_run.status == "cancelled"
+    assert "the engine action failed" in action.after_run.error
+    assert item.status == "pending"
+    assert action.recipe.failed_at is not None
+    assert services.recipe_in_force(world.deployment) == previous
+
+
+def test_revert_brings_back_what_was_in_force_before_as_a_new_version(world, broker):
+    first = _in_force(_recipe(world))
+    action = services.engine_action_start(
+        deployment=world.deployment,
+        kind="restart_with_args",
+        user=world.staff,
+        changes={"--max-num-seqs": "16"},
+    )
+    services.engine_action_report(action=action, status="running")
+    services.engine_action_report(action=action, status="succeeded")
+
+    revert = services.engine_action_start(
+        deployment=world.deployment, kind="revert", user=world.staff
+    )
+
+    assert revert.recipe.argv == first.argv and revert.recipe.version == 3
+    assert revert.recipe.based_on == action.recipe == revert.previous_recipe
+    assert revert.title() == "Revert to recipe v3" and revert.recipe.reason == "revert to v1"
+
+
+def test_the_api_starts_actions_for_people_not_for_a_hosts_worker(world, broker):
+    _in_force(_recipe(world))
+    path = "/api/v1/deployments/glm-5-sglang/actions"
+    body = {"kind": "restart_with_args", "changes": {"--max-num-seqs": "64"}}
+
+    refused = world.host_worker.post(path, body)
+    assert refused.status_code == 403
+    assert "host's worker token" in refused.json()["detail"]
+    bad = world.owner.post(path, {"kind": "restart_with_args", "changes": {"max-num-seqs": "1"}})
+    assert bad.status_code == 400 and "changes" in bad.json()["detail"]
+
+    started = world.owner.post(path, body)
+    assert started.status_code == 202, started.json()
+    action = started.json()
+    assert (action["status"], action["recipe_version"], action["source"]) == ("queued", 2, "api")
+    assert action["title"] == "Restart with --max-num-seqs 64"
+
+    report = {"status": "running", "steps": [{"name": "stop", "status": "done"}]}
+    assert (
+        world.outsider.patch(f"/api/v1/engine-actions/{action['uuid']}", report).status_code == 403
+    )
+    reported = world.host_worker.patch(f"/api/v1/engine-actions/{action['uuid']}", report)
+    assert reported.status_code == 200 and reported.json()["steps"][0]["name"] == "stop"
+    backwards = world.host_worker.patch(
+        f"/api/v1/engine-actions/{action['uuid']}", {"status": "sweeping"}
+    )
+    assert backwards.status_code == 409  # no re-sweep: there was no finished sweep to repeat
+
+
+def test_a_heartbeat_marks_the_worker_alive_and_keeps_what_it_says(world, settings):
+    world.host.worker_seen_at = None
+    world.host.save()
+    engine = {"deployment": world.deployment.pk, "version": 3, "pid": 4242, "log_tail": "ready"}
+    body = {"worker": {"host": "gpu-1", "pid": 7}, "engines": [engine], "spool": {"waiting": 2}}
+
+    assert world.outsider.post("/api/v1/hosts/rtx-pro-6000/heartbeat", body).status_code == 403
+    answer = world.host_worker.post("/api/v1/hosts/rtx-pro-6000/heartbeat", body)
+
+    assert answer.status_code == 200
+    world.host.refresh_from_db()
+    assert world.host.worker_alive() and world.host.worker_absence() == ""
+    assert world.host.managed_engine(world.deployment.pk)["pid"] == 4242
+    assert world.owner.get("/api/v1/hosts/rtx-pro-6000").json()["worker_alive"] is True
+    settings.MOEOPS_WORKER_STALE_S = 1
+    world.host.worker_seen_at = timezone.now() - timezone.timedelta(minutes=3)
+    assert "was last seen 3\xa0minutes ago" in world.host.worker_absence()
+
+
+def test_work_whose_worker_is_gone_is_failed_and_the_rest_left_alone(world, settings):
+    settings.MOEOPS_RUN_STALE_S = 300
+    now = time.time()
+    lost = world.run(status="running", progress={"heartbeat": now - 400, "levels_done": 1})
+    busy = world.run(status="running", progress={"heartbeat": now - 5})
+    world.host.worker_seen_at = timezone.now() - timezone.timedelta(seconds=400)
+    world.host.save()
+    tune = TuningRun.objects.create(
+        host=world.host, E=32, N=256, hidden_size=6144, topk=8, status="running"
+    )
+    other = TuningRun.objects.create(
+        host=world.other_host, E=32, N=256, hidden_size=6144, topk=8, status="running"
+    )
+
+    assert services.stale_work_fail() == {"runs": 1, "tunes": 1, "actions": 0}
+
+    lost.refresh_from_db()
+    busy.refresh_from_db()
+    tune.refresh_from_db()
+    other.refresh_from_db()
+    assert lost.status == "failed" and "stopped sending heartbeats 7 min ago" in lost.error
+    assert busy.status == "running"
+    assert tune.status == "failed" and "host rtx-pro-6000 stopped sending heartbeats" in tune.error
+    # a host never seen has no heartbeat to go stale
+    assert other.status == "running"
+
+
+def test_cancel_ends_a_run_whose_worker_is_gone_at_once(world, settings):
+    settings.MOEOPS_RUN_STALE_S = 60
+    lost = world.run(status="running", progress={"heartbeat": time.time() - 120})
+    alive = world.run(status="running", progress={"heartbeat": time.time()})
+
+    run_services.run_cancel(run=lost)
+    run_services.run_cancel(run=alive)
+
+    lost.refresh_from_db()
+    alive.refresh_from_db()
+    assert lost.status == "cancelled" and "worker was gone" in lost.error
+    assert (alive.status, alive.cancel_requested) == ("running", True)

@@ -1,0 +1,57 @@
+"""reports.launch: an engine's command line changed flag by flag, and the engine's own report of
+the values it runs with."""
+
+import pytest
+
+from reports import launch
+
+VLLM = ["python", "-m", "vllm", "serve", "/models/glm-5", "--port", "8000", "--max-num-seqs=4"]
+
+
+def test_a_flag_is_replaced_where_it_is_given_and_added_where_it_is_not():
+    changed = launch.set_flags(VLLM, {"--max-num-seqs": "16", "--enforce-eager": ""})
+
+    assert changed == [*VLLM[:-1], "--max-num-seqs", "16", "--enforce-eager"]
+    assert VLLM[-1] == "--max-num-seqs=4"  # a new list
+    assert launch.flag_value(changed, "--max-num-seqs") == "16"
+    assert launch.flag_value(changed, "--enforce-eager") == ""
+    assert launch.flag_value(changed, "--tp") is None
+
+
+def test_none_removes_a_flag_and_its_value():
+    argv = ["sglang", "--tp", "8", "--max-running-requests", "64", "--trust-remote-code"]
+    assert launch.set_flags(argv, {"--max-running-requests": None}) == [
+        "sglang",
+        "--tp",
+        "8",
+        "--trust-remote-code",
+    ]
+
+
+@pytest.mark.parametrize("flag", ["max-num-seqs", "-n", "--", "--a=b", 7])
+def test_a_flag_that_is_not_a_long_flag_is_refused(flag):
+    with pytest.raises(launch.FlagError, match="not a long flag"):
+        launch.set_flags(VLLM, {flag: "1"})
+
+
+def test_flags_lists_a_command_line_flag_by_flag():
+    argv = ["vllm", "serve", "--port", "8000", "--enforce-eager", "--max-num-seqs=4", "extra"]
+    assert launch.flags(argv) == {
+        "command": "vllm serve",
+        "--port": "8000",
+        "--enforce-eager": "",
+        "--max-num-seqs": "4",
+        "arguments": "extra",
+    }
+
+
+def test_the_engines_report_is_found_under_its_own_name():
+    vllm = {"scheduler_config.max_num_seqs": 16, "model_config.max_model_len": 1024}
+    sglang = {"max_running_requests": 64, "enable_flashinfer_allreduce_fusion": False}
+
+    assert launch.reported(vllm, "--max-num-seqs") == 16
+    assert launch.reported(sglang, "--max-running-requests") == 64
+    assert launch.reported(vllm, "--max-running-requests") is None
+    assert launch.same_value(16, "16") and not launch.same_value(16, "8")
+    assert launch.same_value(False, "false") and not launch.same_value(False, "true")
+    assert launch.same_value("auto", "auto")

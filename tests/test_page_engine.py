@@ -1,0 +1,231 @@
+"""The managed-engine panel of the deployment page, the launch recipe form (staff only), the
+actions started from the page and a plan item's cap change, and the action's own page."""
+
+import pytest
+from django.utils import timezone
+
+from moeops.engines import services
+from moeops.engines.models import EngineAction
+from moeops.fleet.models import Deployment
+from moeops.insights.models import Finding, PlanItem
+from moeops.runs.models import SweepRun
+from tests import page_base, queues
+
+QUEUE = "host.h200-x8"
+
+
+@pytest.fixture
+def deployment(db):
+    host = page_base.host(gpus=2)
+    host.worker_seen_at = timezone.now()
+    host.save()
+    row = Deployment.objects.create(
+        name="glm-5-vllm",
+        model=page_base.model(),
+        host=host,
+        engine="vllm",
+        tp=8,
+        endpoint_url="http://127.0.0.1:8000",
+    )
+    row.gpus.set(host.gpus.all())
+    return row
+
+
+@pytest.fixture
+def staff(client):
+    user = page_base.sign_in(client, "ops")
+    user.is_staff = True
+    user.save()
+    return user
+
+
+@pytest.fixture
+def broker(monkeypatch, redis_url):
+    queues.send_to(monkeypatch, redis_url)
+    queues.clear(redis_url, QUEUE)
+    yield redis_url
+    queues.clear(redis_url, QUEUE)
+
+
+RECIPE = {
+    "management": "managed",
+    "argv": "vllm\nserve\n/models/glm-5\n--port\n8000\n--max-num-seqs\n4\n",
+    "env": "VLLM_SERVER_DEV_MODE=1",
+    "cwd": "",
+    "gpu_indices": "0, 1",
+    "config_folder": "",
+    "ready_timeout_s": "900",
+    "reason": "first recipe",
+}
+
+
+def test_an_external_deployment_says_moeops_never_touches_its_engine(client, deployment):
+    page_base.sign_in(client)
+    html = client.get(deployment.get_absolute_url()).content.decode()
+
+    assert "External: moeops measures this engine but never starts" in html
+    assert "Give it a launch recipe" not in html  # a member, not staff
+
+
+def test_only_staff_write_a_recipe_and_it_makes_the_deployment_managed(client, deployment):
+    member = page_base.sign_in(client, "member")
+    url = f"/deployments/{deployment.pk}/recipe/"
+    assert client.post(url, RECIPE).status_code == 302  # to the admin login
+    assert not deployment.launch_recipes.exists()
+
+    member.is_staff = True
+    member.save()
+    answer = client.post(url, RECIPE)
+
+    assert answer.status_code == 302 and answer["Location"].endswith("#engine")
+    [recipe] = deployment.launch_recipes.all()
+    assert recipe.argv[-2:] == ["--max-num-seqs", "4"] and recipe.author == member
+    assert recipe.env == {"VLLM_SERVER_DEV_MODE": "1"} and recipe.gpu_indices == [0, 1]
+    deployment.refresh_from_db()
+    assert deployment.is_managed
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    assert "Launch recipe v1" in html
+    assert "vllm serve /models/glm-5 --port 8000 --max-num-seqs 4" in html
+    assert "not started by moeops yet" in html
+
+
+def test_a_bad_recipe_keeps_what_was_typed_and_names_the_field(client, deployment, staff):
+    answer = client.post(
+        f"/deployments/{deployment.pk}/recipe/", {**RECIPE, "env": "NOT A VARIABLE"}
+    )
+
+    assert answer.status_code == 400
+    html = answer.content.decode()
+    assert "“NOT A VARIABLE” is not NAME=value" in html
+    assert "/models/glm-5" in html
+    assert not deployment.launch_recipes.exists()
+
+
+def test_an_action_from_the_page_opens_its_page(
+    client, deployment, staff, broker, django_capture_on_commit_callbacks
+):
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    SweepRun.objects.create(
+        deployment=deployment, status="succeeded", parameters={"levels": [4], "input_len": 8,
+                                                               "output_len": 8}
+    )  # fmt: skip
+
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = client.post(
+            f"/deployments/{deployment.pk}/actions/",
+            {"kind": "restart_with_args", "flag": "--max-num-seqs", "value": "16"},
+        )
+
+    action = EngineAction.objects.get()
+    assert answer["Location"] == action.get_absolute_url()
+    html = client.get(action.get_absolute_url()).content.decode()
+    assert "Restart with --max-num-seqs 16" in html
+    assert '<meta http-equiv="refresh"' in html  # follows the action while it runs
+    assert "Waiting for the host's worker to take the action." in html
+    assert [q.task for q in queues.queued(broker, QUEUE)] == ["workers.engine_action"]
+
+
+def test_an_action_the_host_cannot_take_is_refused_with_a_sentence(client, deployment, staff):
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    deployment.host.worker_seen_at = None
+    deployment.host.save()
+
+    answer = client.post(f"/deployments/{deployment.pk}/actions/", {"kind": "restart"}, follow=True)
+
+    html = answer.content.decode()
+    assert "No worker of host h200-x8 has been seen" in html
+    assert not EngineAction.objects.exists()
+
+
+def test_the_queue_cap_plan_item_offers_the_restart_that_raises_the_cap(client, deployment, staff):
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    finding = Finding.objects.create(
+        deployment=deployment,
+        kind="queueing",
+        key="running-cap",
+        title="Requests queue behind --max-num-seqs 4",
+        evidence={"cap": 4, "flag": "--max-num-seqs", "tested_concurrency": 8},
+    )
+    PlanItem.objects.create(
+        deployment=deployment, finding=finding, title="Raise --max-num-seqs above 4 and re-sweep"
+    )
+
+    html = client.get(deployment.get_absolute_url()).content.decode()
+
+    assert "Restart with --max-num-seqs 8 and re-sweep" in html
+
+
+def test_the_action_page_shows_its_steps_error_and_log(client, deployment, staff, broker):
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    deployment.refresh_from_db()
+    action = services.engine_action_start(deployment=deployment, kind="restart", user=staff)
+    services.engine_action_report(
+        action=action,
+        status="running",
+        steps=[{"name": "start", "status": "failed", "detail": "exited with status 2"}],
+    )
+    services.engine_action_report(
+        action=action,
+        status="failed",
+        error="the engine exited with status 2 before it was healthy",
+        log_tail="vllm: error: unrecognized arguments: --no-such-flag",
+    )
+
+    html = client.get(action.get_absolute_url()).content.decode()
+
+    assert "the engine exited with status 2 before it was healthy" in html
+    assert "unrecognized arguments: --no-such-flag" in html
+    assert "exited with status 2" in html and '<meta http-equiv="refresh"' not in html
+
+
+def test_the_plan_item_moves_with_its_action_and_links_its_runs(
+    client, deployment, staff, broker, django_capture_on_commit_callbacks
+):
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    deployment.refresh_from_db()
+    started = services.engine_action_start(deployment=deployment, kind="restart", user=staff)
+    services.engine_action_report(action=started, status="running")
+    services.engine_action_report(action=started, status="succeeded")
+    SweepRun.objects.create(
+        deployment=deployment,
+        status="succeeded",
+        parameters={"levels": [4], "input_len": 8, "output_len": 8},
+    )
+    finding = Finding.objects.create(
+        deployment=deployment,
+        kind="queueing",
+        key="running-cap",
+        title="Requests queue behind --max-num-seqs 4",
+        evidence={"cap": 4, "flag": "--max-num-seqs", "tested_concurrency": 8},
+    )
+    item = PlanItem.objects.create(deployment=deployment, finding=finding, title="Raise the cap")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(
+            f"/deployments/{deployment.pk}/actions/",
+            {"kind": "restart_with_args", "flag": "--max-num-seqs", "value": "8",
+             "plan_item": item.pk},
+        )  # fmt: skip
+
+    item.refresh_from_db()
+    action = item.engine_actions.get()
+    assert item.status == "in_progress" and action.changes == {"--max-num-seqs": "8"}
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    compare = f"?run={action.before_run.uuid}&amp;run={action.after_run.uuid}"
+    assert "Restart with --max-num-seqs 8</a>" in html and compare in html
+
+
+def test_the_host_page_says_when_its_worker_was_seen_and_what_its_spool_refused(client, deployment):
+    page_base.sign_in(client)
+    host = deployment.host
+    host.worker_status = {"spool": {"waiting": 0, "rejected": 3}}
+    host.save()
+
+    html = client.get(f"/hosts/{host.name}/").content.decode()
+    assert "worker seen 0\xa0minutes ago" in html and "3 rejected pushes" in html
+
+    host.worker_seen_at = None
+    host.save()
+    html = client.get(f"/hosts/{host.name}/").content.decode()
+    assert "No worker of host h200-x8 has been seen" in html
+    assert "never" in client.get("/hosts/").content.decode()

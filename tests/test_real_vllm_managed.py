@@ -1,0 +1,243 @@
+"""The loop on a real engine: moeops starts a managed vLLM (its CPU build, the tiny MoE of
+tests/engine) from a launch recipe through a real GPU-host Celery worker, restarts it with a
+changed --max-num-seqs and re-sweeps, applies a kernel config from the deployment page in
+Chromium and follows it to the comparison, and brings the previous recipe back when a new one
+cannot start. Each restart of vLLM takes about a minute on 2 cores, so the loop is one test."""
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from django.contrib.auth.models import User
+
+from moeops.engines import services
+from moeops.engines.models import EngineAction
+from moeops.fleet.models import Host, ModelSpec
+from moeops.kernels.models import KernelConfig
+from moeops.runs import snapshots
+from moeops.runs.models import SweepRun
+from tests.engine import (
+    ENGINE_ENV,
+    MODEL_DIR,
+    PYTHON,
+    SERVED_MODEL,
+    TUNED_DEVICE,
+    TUNED_FILE,
+    VllmServer,
+    ensure_model,
+)
+from tests.engine.plugin import TUNED_CONFIG
+from tests.test_browser import PASSWORD, _log_in, _shot, browser, page  # noqa: F401
+from workers.engine_info import identify_engine
+from workers.engine_supervisor import EngineSupervisor
+
+pytest_plugins = ["tests.stack"]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.engine,
+    pytest.mark.browser,
+    pytest.mark.timeout(1500),
+]
+
+SM120 = {"name": TUNED_DEVICE, "compute_capability": "12.0", "power_limit_w": 600.0}
+ACTION_TIMEOUT_S = 600
+# the heartbeat timeout of this test (s): minutes in production
+RUN_STALE_S = 8
+
+
+@pytest.fixture
+def managed(make_sweep_stack, free_port, tmp_path):
+    ensure_model()
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    model = ModelSpec.objects.create(name="tiny-moe (random weights)", config_json=config)
+    port = free_port()
+    cache = tmp_path / "cache"
+    stack = make_sweep_stack(
+        engine_url=f"http://127.0.0.1:{port}",
+        model=model,
+        gpus=[SM120],
+        deployment_fields={
+            "engine": "vllm",
+            "management": "managed",
+            "max_running_requests": None,
+            "served_model_name": SERVED_MODEL,
+        },
+        MOEOPS_VLLM_PYTHON=str(PYTHON),
+        MOEOPS_CACHE_DIR=str(cache),
+        MOEOPS_HEARTBEAT_S="1",
+    )
+    staff = User.objects.create_user("ops", password=PASSWORD, is_staff=True)
+    server = VllmServer(log_path=tmp_path / "unused.log", port=port, max_num_seqs=4)
+    services.recipe_create(
+        deployment=stack.deployment,
+        argv=server.argv(),
+        env=ENGINE_ENV,
+        cwd=str(MODEL_DIR.parent),
+        ready_timeout_s=ACTION_TIMEOUT_S,
+        author=staff,
+        reason="the tiny MoE with --max-num-seqs 4",
+    )
+    _wait(lambda: Host.objects.get(pk=stack.host.pk).worker_alive(), "the worker's heartbeat")
+    stack.host.refresh_from_db()
+    stack.staff = staff
+    stack.engines = EngineSupervisor(cache / "engines")
+    yield stack
+    stack.engines.stop(stack.deployment.pk, grace_s=20)
+
+
+def _wait(check, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{what} did not come within {timeout} s")
+
+
+def _finished(stack, action):
+    deadline = time.monotonic() + ACTION_TIMEOUT_S
+    while time.monotonic() < deadline:
+        action = EngineAction.objects.get(pk=action.pk)
+        if action.is_finished:
+            return action
+        time.sleep(1)
+    raise AssertionError(
+        f"{action.title()} still {action.status}: {action.steps}\n" + stack.worker.log()[-4000:]
+    )
+
+
+def _act(stack, kind, **fields):
+    stack.deployment.refresh_from_db()
+    action = services.engine_action_start(
+        deployment=stack.deployment, kind=kind, user=stack.staff, **fields
+    )
+    return _finished(stack, action)
+
+
+def _environ(pid):
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(part.decode().split("=", 1) for part in raw if b"=" in part)
+
+
+def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_recipe(
+    managed,
+    page,  # noqa: F811
+    settings,
+):
+    settings.MOEOPS_RUN_STALE_S = RUN_STALE_S
+    deployment = managed.deployment
+
+    first = _act(managed, "restart")
+    assert first.status == "succeeded", (first.error, first.steps)
+    assert first.after_run is None  # nothing was swept before: nothing to repeat
+    assert first.observed["max_running_requests"] == 4
+
+    before = managed.wait_for_run(
+        managed.start_sweep([4], input_len=32, output_len=32, prompts_per_level=16), timeout=300
+    )
+    assert before.status == "succeeded", before.error
+
+    # restart with changed arguments, re-sweep with the same load, runs linked
+    raised = _act(managed, "restart_with_args", changes={"--max-num-seqs": "16"})
+    assert raised.status == "succeeded", (raised.error, raised.steps)
+    assert "the engine reports max_num_seqs = 16" in raised.observed["checks"][0]
+    after = raised.after_run
+    assert (raised.before_run, after.status) == (before, "succeeded")
+    assert [lv.failed for lv in after.levels.all()] == [0]
+    diff = snapshots.snapshot_diff(before.snapshot, after.snapshot)
+    by_section = {}
+    for change in diff["changes"]:
+        by_section.setdefault(change["section"], []).append(
+            (change["key"], change["a"], change["b"])
+        )
+    assert by_section["args"] == [("scheduler_config.max_num_seqs", 4, 16)]
+    assert by_section["recipe"] == [("--max-num-seqs", "4", "16")]
+    assert (
+        "env" not in by_section and "kernel_config" not in by_section and "load" not in by_section
+    )
+
+    # apply a kernel config from the deployment page, follow the action to the comparison
+    config = KernelConfig.objects.create(
+        device_name=TUNED_DEVICE,
+        E=8,
+        N=64,
+        dtype="bf16",
+        triton_version=TUNED_CONFIG["triton_version"],
+        entries={"1": TUNED_CONFIG["1"]},
+        source="tuned",
+    )
+    pid_before = managed.engines.state(deployment.pk)["pid"]
+    _log_in(page, managed.staff)
+    page.goto(page.base + deployment.get_absolute_url())
+    page.select_option("#apply-config select[name=kernel_config]", str(config.pk))
+    _shot(page, "engine-panel")
+    page.click("#apply-config button[type=submit]")
+    page.wait_for_selector("h1:has-text('Apply')")
+    page.wait_for_selector("#compare-link", timeout=ACTION_TIMEOUT_S * 1000)
+    _shot(page, "engine-action-succeeded")
+    page.click("#compare-link")
+    page.wait_for_selector("#what-changed")
+    compare = page.locator("#what-changed").inner_text()
+    differs = page.locator("#differs-in").inner_text()
+    _shot(page, "engine-action-compare")
+
+    applied = EngineAction.objects.get(kind="apply_config")
+    assert applied.status == "succeeded", (applied.error, applied.steps)
+    assert applied.before_run == after and applied.after_run.status == "succeeded"
+    folder = managed.engines.root / str(deployment.pk) / "kernel-configs"
+    written = folder / TUNED_FILE
+    assert json.loads(written.read_text()) == json.loads(config.engine_file_text("vllm"))
+    state = managed.engines.state(deployment.pk)
+    assert state["pid"] != pid_before
+    assert _environ(state["pid"])["VLLM_TUNED_CONFIG_FOLDER"] == str(folder)
+    kernel = applied.after_run.snapshot["kernel_config"]
+    assert (kernel["state"], kernel["path"], kernel["folder"]) == (
+        "file",
+        str(written),
+        "VLLM_TUNED_CONFIG_FOLDER",
+    )
+    assert applied.after_run.kernel_config_state() == "tuned"
+    assert after.kernel_config_state() == "default"
+    # the recipe put a kernel config where the engine reads it: its folder's variable, the
+    # recipe's configs and the config the engine loads are the one change
+    factors = differs.split("differs in: ", 1)[1].split(", ")
+    assert sorted(factors) == ["engine environment", "kernel config", "launch recipe"]
+    assert "state: engine_default → file" in compare
+    assert "Launch recipe (managed engine)" in compare and "kernel configs: none →" in compare
+
+    # a recipe that cannot start: the old engine is back, the action says why
+    broken = _act(managed, "restart_with_args", changes={"--no-such-flag": "1"})
+    assert broken.status == "failed"
+    assert "unrecognized arguments: --no-such-flag" in broken.error
+    assert broken.steps[-1]["name"] == "revert" and broken.steps[-1]["status"] == "done"
+    assert broken.after_run.status == "cancelled"
+    back = identify_engine(deployment.endpoint_url)
+    assert back["args"]["scheduler_config.max_num_seqs"] == 16
+    assert services.recipe_in_force(deployment) == applied.recipe
+    assert httpx.get(deployment.endpoint_url + "/health", timeout=5).status_code == 200
+
+    # the worker dies mid-sweep: the run ends within the heartbeat timeout; a new worker finds
+    # the engine it manages still running
+    run = managed.start_sweep([4, 8], input_len=32, output_len=64, prompts_per_level=400)
+    managed.wait_for_run(run, until=lambda r: r.status == "running" and r.levels.exists())
+    managed.worker.kill()
+    killed = time.monotonic()
+
+    def ended():
+        services.stale_work_fail()
+        return SweepRun.objects.get(pk=run.pk).is_finished
+
+    _wait(ended, "the run's end", timeout=RUN_STALE_S + 30)
+    run.refresh_from_db()
+    assert run.status == "failed" and "stopped sending heartbeats" in run.error
+    assert time.monotonic() - killed < RUN_STALE_S + 30
+    engine = managed.engines.state(deployment.pk)
+    managed.worker.start()
+
+    def reported():
+        found = Host.objects.get(pk=managed.host.pk).managed_engine(deployment.pk) or {}
+        return found.get("pid") == engine["pid"]
+
+    _wait(reported, "the new worker's heartbeat naming the engine")

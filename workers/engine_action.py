@@ -1,0 +1,255 @@
+"""One engine action on the host's worker (`workers.engine_action`): put the recipe's kernel
+configs where the engine reads them, restart the deployment's engine with the recipe, check that
+the engine reports the change, and report every step to the API.
+
+When the new recipe does not come up, or comes up without the change, the previous recipe runs
+again with its own kernel configs and the action ends failed with the engine's last log lines:
+nothing is left half-applied. The action's payload is what moeops.engines.services sends:
+{"host", "engine", "model", "kind", "recipe", "previous", "changes", "kernel_shape", "resweep"},
+recipes as workers.engine_supervisor.Recipe takes them plus their "kernel_files"
+([{"file_name", "text"}]).
+"""
+
+import contextlib
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+from reports import launch
+from tuning.config_files import ConfigFileError, config_file_relpath
+from workers.client import ApiError, Conflict
+from workers.engine_info import identify_engine, kernel_config_in_effect, locate_engine_package
+from workers.engine_supervisor import EngineSupervisor, Recipe, SupervisorError
+
+log = logging.getLogger(__name__)
+
+FINISHED = ("succeeded", "failed")
+# How often the wait for /health is reported (s): an engine may take minutes to load.
+WAIT_REPORT_S = 5.0
+LOG_LINES = 40
+
+
+class ActionFailed(RuntimeError):
+    """The action ended failed (already reported); a chain's later steps must not run."""
+
+
+class _Steps:
+    """The action's steps as the page shows them, pushed to the API at every change."""
+
+    def __init__(self, client, action_uuid, supervisor, deployment):
+        self.client = client
+        self.action = action_uuid
+        self.supervisor = supervisor
+        self.deployment = deployment
+        self.steps: list[dict] = []
+        self._last_wait = 0.0
+
+    def _push(self, **fields):
+        try:
+            return self.client.report_action(
+                self.action,
+                steps=self.steps,
+                log_tail=self.supervisor.log_tail(self.deployment, LOG_LINES) or None,
+                **fields,
+            )
+        except Conflict:
+            raise
+        except ApiError as exc:
+            log.warning("engine action %s: report failed: %s", self.action, exc)
+            return {}
+
+    def begin(self, name, detail=""):
+        self.steps.append({"name": name, "status": "running", "detail": detail, "at": time.time()})
+        return self._push()
+
+    def end(self, detail="", status="done"):
+        self.steps[-1].update(status=status, detail=detail or self.steps[-1]["detail"])
+        self.steps[-1]["ended_at"] = time.time()
+        return self._push()
+
+    def waiting(self, elapsed):
+        if time.monotonic() - self._last_wait >= WAIT_REPORT_S:
+            self._last_wait = time.monotonic()
+            self.steps[-1]["detail"] = f"waiting for /health: {elapsed:.0f} s"
+            self._push()
+
+    def finish(self, status, **fields):
+        return self._push(status=status, **fields)
+
+
+def _recipe(data, folder):
+    """The Recipe to start: its config folder pointed at by the engine's variable only when it
+    holds kernel configs (SGLang's variable replaces the engine's own folder)."""
+    fields = {k: v for k, v in data.items() if k != "kernel_files"}
+    if data.get("kernel_files"):
+        fields["config_folder"] = str(folder)
+    else:
+        fields["config_env"] = fields["config_folder"] = None
+    return Recipe.from_dict(fields)
+
+
+def config_folder(supervisor, data) -> Path:
+    """Where the recipe's kernel configs go: its config_folder, else the deployment's own
+    folder in the worker's cache."""
+    given = data.get("config_folder")
+    return Path(given) if given else supervisor.root / str(data["deployment"]) / "kernel-configs"
+
+
+def _paths(engine, folder, files):
+    """{file name: where the engine reads it} under folder (SGLang: configs/triton_X_Y_Z/)."""
+    if not files:
+        return {}
+    triton = None
+    if engine == "sglang":
+        triton = locate_engine_package("sglang").get("triton")
+        if not triton:
+            raise ActionFailed("SGLang's Triton version is unknown here (set MOEOPS_SGLANG_PYTHON)")
+    root = folder / "configs" if engine == "sglang" else folder
+    try:
+        return {
+            f["file_name"]: root / config_file_relpath(f["file_name"], engine, triton)
+            for f in files
+        }
+    except ConfigFileError as exc:
+        raise ActionFailed(str(exc)) from None
+
+
+def _install(engine, folder, files, remove):
+    """Write files (atomically) and remove the files named in remove that files lacks."""
+    paths = _paths(engine, folder, files)
+    for entry in files:
+        path = paths[entry["file_name"]]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(entry["text"])
+        partial.replace(path)
+    for name, path in _paths(engine, folder, remove).items():
+        if name not in paths:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    return paths
+
+
+def _check_changes(identity, changes):
+    """[(sentence, ok)] per changed flag, as the engine reports it."""
+    out = []
+    for flag, value in (changes or {}).items():
+        got = launch.reported(identity.get("args"), flag)
+        name = launch.arg_name(flag)
+        if got is None:
+            note = "; ".join(identity.get("notes") or []) or "it reports no such argument"
+            out.append((f"{name}: not reported by the engine ({note})", True))
+        elif value is None or launch.same_value(got, value):
+            out.append((f"the engine reports {name} = {got}", True))
+        else:
+            out.append((f"the engine reports {name} = {got}, not {value}", False))
+    return out
+
+
+def _check_config(engine, shape, identity, paths, files, recipe):
+    """(sentence, ok): whether the engine loads the file written for its shape, looking where
+    the engine reports it looks (vLLM's environment in /server_info); an engine that does not
+    report it is taken to run with the recipe's environment, and the sentence says so."""
+    if not files:
+        return "no kernel config written: the engine runs its own", True
+    env = dict(identity.get("env") or {})
+    assumed = ""
+    if recipe.config_env and recipe.config_env not in env:
+        env[recipe.config_env] = recipe.config_folder
+        assumed = f" ({recipe.config_env} as the recipe sets it: the engine does not report it)"
+    found = kernel_config_in_effect(engine=engine, shape=shape, reported_env=env)
+    texts = {f["file_name"]: f["text"] for f in files}
+    wanted = texts.get(found.get("file_name"))
+    if found.get("state") != "file" or wanted is None:
+        return f"the engine does not load the file written: {found.get('reason') or found}", False
+    digest = hashlib.sha256(wanted.encode()).hexdigest()
+    if found.get("path") != str(paths[found["file_name"]]) or found.get("sha256") != digest:
+        return f"the engine would load {found.get('path')}, not the file written", False
+    return f"the engine loads {found['path']} from {found['folder']}{assumed}", True
+
+
+def run_action(action_uuid, payload, *, client, host_name, supervisor=None):
+    """Carry out one engine action (see the module docstring); returns "succeeded" or
+    "sweeping" (a re-sweep follows). Raises ActionFailed once the failure is reported."""
+    supervisor = supervisor or EngineSupervisor()
+    new_data, old_data = payload["recipe"], payload.get("previous")
+    deployment = new_data["deployment"]
+    steps = _Steps(client, action_uuid, supervisor, deployment)
+    if payload.get("host") != host_name:
+        error = f"a recipe of host {payload.get('host')} reached the worker of {host_name}"
+        steps.finish("failed", error=error)
+        raise ActionFailed(error)
+    try:
+        answer = steps.finish("running")
+    except Conflict as exc:
+        raise ActionFailed(f"the action cannot run: {exc}") from None
+    if answer.get("status") in FINISHED:
+        raise ActionFailed(f"the action is already {answer['status']}")
+
+    engine = payload.get("engine", "")
+    new_folder = config_folder(supervisor, new_data)
+    new_files = new_data.get("kernel_files") or []
+    new = _recipe(new_data, new_folder)
+    steps.begin("stop", "stopping the engine")
+    stopped = supervisor.stop(deployment)
+    steps.end("stopped" if stopped else "no engine of this deployment was running")
+    try:
+        steps.begin("kernel configs", f"{len(new_files)} file(s) for {new_folder}")
+        old_files = (old_data or {}).get("kernel_files") or []
+        written = _install(engine, new_folder, new_files, remove=old_files)
+        steps.end(", ".join(map(str, written.values())) or "none: the engine runs its own")
+        steps.begin("start", f"starting recipe v{new.version}")
+        state = supervisor.start(new, on_wait=steps.waiting)
+        steps.end(f"healthy after {state.get('ready_after_s', 0):.0f} s (pid {state['pid']})")
+        steps.begin("check", "asking the engine what it runs with")
+        identity = identify_engine(new.base_url)
+        checks = _check_changes(identity, payload.get("changes"))
+        shape = payload.get("kernel_shape")
+        checks.append(_check_config(engine, shape, identity, written, new_files, new))
+        detail = "; ".join(sentence for sentence, _ in checks)
+        if not all(ok for _, ok in checks):
+            raise ActionFailed(f"the engine came up without the change: {detail}")
+        steps.end(detail)
+    except (SupervisorError, ActionFailed) as exc:
+        if steps.steps[-1]["status"] == "running":
+            steps.end(str(exc).splitlines()[0], status="failed")
+        _bring_back(supervisor, steps, engine, old_data, new_files)
+        steps.finish("failed", error=str(exc))
+        raise ActionFailed(str(exc)) from None
+    observed = {
+        "engine": identity.get("engine"),
+        "version": identity.get("version"),
+        "max_running_requests": identity.get("max_running_requests"),
+        "checks": [sentence for sentence, _ in checks],
+        "pid": state["pid"],
+    }
+    status = "sweeping" if payload.get("resweep") else "succeeded"
+    if status == "sweeping":
+        steps.steps.append(
+            {"name": "re-sweep", "status": "queued", "detail": "next on this worker",
+             "at": time.time()}
+        )  # fmt: skip
+    steps.finish(status, observed=observed)
+    return status
+
+
+def _bring_back(supervisor, steps, engine, old_data, new_files):
+    """After a failed change: the previous recipe runs again with its kernel configs (or, on a
+    first start, the engine stays stopped)."""
+    deployment = steps.deployment
+    supervisor.stop(deployment)
+    if not old_data:
+        steps.begin("revert", "no earlier recipe: the engine stays stopped")
+        steps.end()
+        return
+    folder = config_folder(supervisor, old_data)
+    old_files = old_data.get("kernel_files") or []
+    steps.begin("revert", f"starting the previous recipe v{old_data['version']} again")
+    try:
+        _install(engine, folder, old_files, remove=new_files)
+        state = supervisor.start(_recipe(old_data, folder), on_wait=steps.waiting)
+    except (SupervisorError, ActionFailed) as exc:
+        steps.end(f"it did not come back either: {str(exc).splitlines()[0]}", status="failed")
+        return
+    steps.end(f"the previous recipe runs again (pid {state['pid']})")
