@@ -63,6 +63,15 @@ def host(name="h200-x8", gpus=8, gpu_name="NVIDIA H200", power_limit_w=700.0):
     return row
 
 
+def worker_seen(host_row):
+    """The host's worker sent a heartbeat just now (the host takes work)."""
+    from django.utils import timezone
+
+    host_row.worker_seen_at = timezone.now()
+    host_row.save(update_fields=["worker_seen_at"])
+    return host_row
+
+
 def snapshot(host_row, kind="container", technology="lxc", **fields):
     return TopologySnapshot.objects.create(
         host=host_row,

@@ -222,6 +222,13 @@ def test_without_a_measured_run_the_sweep_form_says_why_there_is_no_estimate(cli
     assert "No estimated duration: no sweep of this deployment measured its TPOT yet." in html
 
 
+def test_a_host_without_a_worker_is_said_before_a_tune(client, example):
+    html = client.get(example.get_absolute_url()).content.decode()
+    sentence = html.split('id="tune-preflight">')[1].split("</p>")[0]
+    assert sentence.startswith("No worker of host rtx-pro-6000-x8 has been seen")
+    assert '<button type="submit" disabled title="No worker of host' in html
+
+
 def test_it_links_the_kernel_configs_on_record_for_its_shape(client, example):
     config = KernelConfig(
         device_name="NVIDIA RTX PRO 6000 Blackwell", E=256, N=256, entries={"1": ENTRY}

@@ -1,8 +1,10 @@
+import datetime as dt
 import json
 import re
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from moeops.kernels.models import TuningRun, TuningTiming
 from moeops.runs import services as run_services
@@ -26,6 +28,7 @@ def sent(monkeypatch):
 def deployment(client):
     pb.sign_in(client)
     deployment = pb.deployment()
+    pb.worker_seen(deployment.host)
     return deployment
 
 
@@ -56,6 +59,7 @@ def test_block_fp8_takes_the_models_weight_block_shape(client, sent):
         "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
     }
     deployment = pb.deployment(model_row=pb.model("GLM-5-FP8", config))
+    pb.worker_seen(deployment.host)
     page = client.get(deployment.get_absolute_url()).content.decode()
     assert '<option value="fp8_w8a8" selected>' in page
     client.post(f"/deployments/{deployment.pk}/tune/", {"dtype": "fp8_w8a8", "batch_sizes": "1"})
@@ -133,6 +137,7 @@ def test_the_kernel_is_the_engines_own_by_default(
 ):
     pb.sign_in(client)
     deployment = pb.deployment(engine=engine)
+    pb.worker_seen(deployment.host)
     form = _tune_form(client.get(deployment.get_absolute_url()).content.decode())
     values = re.findall(
         r'<option value="(\w+)"', form.split('name="kernel"')[1].split("</select>")[0]
@@ -190,6 +195,7 @@ def test_fp4_experts_are_refused_unless_tuned_anyway(
 ):
     pb.sign_in(client)
     deployment = make()
+    pb.worker_seen(deployment.host)
     reason = f"{quantization} experts run on SGLang&#x27;s and vLLM&#x27;s FP4 MoE kernels"
     page = _tune_form(client.get(deployment.get_absolute_url()).content.decode())
     assert f'<p class="notice">{reason}' in page
@@ -244,6 +250,7 @@ def _refused(client, deployment):
 def test_a_host_without_gpus_is_refused_in_one_sentence(client, sent):
     pb.sign_in(client)
     deployment = pb.deployment(host_row=pb.host("local", gpus=0))
+    pb.worker_seen(deployment.host)
     page = _tune_form(client.get(deployment.get_absolute_url()).content.decode())
     sentence = (
         "Host local has no GPU recorded (its worker&#x27;s probe found none), and a kernel tune "
@@ -257,10 +264,21 @@ def test_a_host_without_gpus_is_refused_in_one_sentence(client, sent):
 def test_a_host_whose_probe_found_no_cuda_is_refused(client, sent):
     pb.sign_in(client)
     deployment = pb.deployment()
+    pb.worker_seen(deployment.host)
     pb.snapshot(deployment.host, "bare_metal", "", source="probe", cuda_version="")
     assert "Host h200-x8&#x27;s worker found no CUDA driver when it probed the host" in _refused(
         client, deployment
     )
+
+
+def test_a_host_without_a_live_worker_is_refused(client, sent):
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    form = _refused(client, deployment)
+    assert "No worker of host h200-x8 has been seen: start one with" in form
+    deployment.host.worker_seen_at = timezone.now() - dt.timedelta(hours=2)
+    deployment.host.save()
+    assert "The worker of host h200-x8 was last seen 2\xa0hours ago" in _refused(client, deployment)
 
 
 def test_a_tune_that_failed_in_its_worker_reads_as_a_sentence(client, deployment):

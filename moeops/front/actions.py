@@ -26,8 +26,8 @@ def tuning_preflight(*, deployment, has_gpus=None, topology=_UNREAD) -> str:
     """Why a tune of the deployment cannot run on its host now, in one sentence, or "".
 
     Asked before a tune is enqueued: a tune sent to a host without a CUDA GPU fails in its
-    worker. has_gpus (the host has GPUs recorded) and topology (its current snapshot, or None)
-    where the caller has them.
+    worker, and one sent to a host whose worker is gone waits in its queue. has_gpus (the host
+    has GPUs recorded) and topology (its current snapshot, or None) where the caller has them.
     """
     host = deployment.host
     if has_gpus is None:
@@ -44,7 +44,7 @@ def tuning_preflight(*, deployment, has_gpus=None, topology=_UNREAD) -> str:
             f"Host {host.name}'s worker found no CUDA driver when it probed the host, and a "
             "kernel tune needs CUDA."
         )
-    return ""
+    return host.worker_absence()
 
 
 def deployment_create(*, model=None, new_model=None, gpu_indexes=(), **fields):
