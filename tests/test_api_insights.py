@@ -84,6 +84,22 @@ def test_it_keeps_a_plan(world):
     assert PlanItem.objects.count() == 1
 
 
+def test_plan_items_from_the_api_append_and_move_like_the_pages(world):
+    def add(title, **fields):
+        body = {"deployment": "glm-5-sglang", "title": title, **fields}
+        return world.owner.post("/api/v1/plan-items", body).json()
+
+    first, second = add("raise the cap"), add("tune the kernel")
+    third = add("turn the fusion off", position=0)
+
+    order = [i["title"] for i in world.read_only.get("/api/v1/plan-items").json()["items"]]
+    assert order == ["turn the fusion off", "raise the cap", "tune the kernel"]
+    world.owner.patch(f"/api/v1/plan-items/{third['id']}", {"position": 2})
+    positions = dict(PlanItem.objects.values_list("title", "position"))
+    assert positions == {"raise the cap": 0, "tune the kernel": 1, "turn the fusion off": 2}
+    assert (first["position"], second["position"]) == (0, 1)
+
+
 def test_it_keeps_notes_in_markdown(world):
     body = {"title": "FlashInfer allreduce fusion on SM120", "body": "Unsupported: *off*.<script>"}
     first = world.owner.post("/api/v1/notes", body)

@@ -24,6 +24,7 @@ from moeops.api.fields import (
     text,
 )
 from moeops.api.paging import Page
+from moeops.insights import services
 from moeops.insights.models import (
     FINDING_KINDS,
     FINDING_SOURCES,
@@ -161,7 +162,7 @@ class PlanItemIn(In):
     deployment: text(200, min_length=1) = Field(description="deployment id or name")
     title: text(300, min_length=1)
     status: PlanStatus = "pending"
-    position: PosInt = 0
+    position: PosInt | None = Field(None, description="place in the plan, 0 first; default last")
     finding: PosInt | None = Field(None, description="finding id")
     note: Slug | None = Field(None, description="slug of a note")
     provenance: text(300) = ""
@@ -212,10 +213,16 @@ def plan_item_create(request, payload: PlanItemIn):
         finding = lookups.by_id(deployment.findings.all(), "finding", payload.finding)
     if payload.note is not None:
         note = lookups.by_id_or_name(Note.objects.all(), "note", payload.note, field="slug")
-    fields = payload.model_dump(exclude={"deployment", "finding", "note"})
-    item = PlanItem.objects.create(
-        deployment=deployment, finding=finding, note=note, source="human", **fields
+    item = services.plan_item_add(
+        deployment=deployment,
+        title=payload.title,
+        status=payload.status,
+        finding=finding,
+        note=note,
+        provenance=payload.provenance,
     )
+    if payload.position is not None:
+        services.plan_item_update(item=item, position=payload.position)
     return Status(201, item)
 
 
@@ -230,10 +237,7 @@ def plan_item_list(request, filters: Query[PlanItemFilter]):
 def plan_item_patch(request, ref: str, payload: PlanItemPatch):
     require_write(request)
     item = lookups.by_id(PlanItem.objects.select_related("note"), "plan item", ref)
-    fields = payload.model_dump(exclude_unset=True)
-    for key, value in fields.items():
-        setattr(item, key, value)
-    item.save(update_fields=list(fields))
+    services.plan_item_update(item=item, **payload.model_dump(exclude_unset=True))
     return item
 
 

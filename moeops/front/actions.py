@@ -1,14 +1,11 @@
 """Writes the browser UI starts that no app service covers: a deployment with its new model,
-kernel tunes sent to a host's worker, and the plan's order. Sweeps start through
-moeops.runs.services.run_start, which the API's POST /runs shares.
+and kernel tunes sent to a host's worker. Sweeps start through moeops.runs.services.run_start,
+which the API's POST /runs shares; the plan's writes are moeops.insights.services'.
 """
 
 from django.db import transaction
-from django.db.models import Max
 
 from moeops.fleet import services as fleet_services
-from moeops.fleet.models import Deployment
-from moeops.insights.models import PlanItem
 from moeops.kernels.services import tuning_run_create
 from moeops.runs.services import run_enqueue, run_start
 
@@ -109,32 +106,3 @@ def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=Fals
         }
         run_enqueue(run=tuning, task="tune_kernel", host=deployment.host, kwargs=kwargs)
     return tuning
-
-
-def plan_item_add(*, deployment, title, status="pending", note=None):
-    """Append an item at the end of the deployment's plan."""
-    with transaction.atomic():
-        # the deployment's row serializes concurrent appends (no FOR UPDATE with an aggregate)
-        Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
-        last = PlanItem.objects.filter(deployment=deployment).aggregate(p=Max("position"))["p"]
-        position = 0 if last is None else last + 1
-        return PlanItem.objects.create(
-            deployment=deployment, title=title, status=status, note=note, position=position
-        )
-
-
-def plan_item_move(*, item, offset):
-    """Move an item `offset` places (-1 up, +1 down) and renumber the plan 0…n-1."""
-    with transaction.atomic():
-        items = list(
-            PlanItem.objects.select_for_update()
-            .filter(deployment_id=item.deployment_id)
-            .order_by("position", "id")
-        )
-        index = next(i for i, other in enumerate(items) if other.pk == item.pk)
-        target = min(max(index + offset, 0), len(items) - 1)
-        items.insert(target, items.pop(index))
-        for position, other in enumerate(items):
-            if other.position != position:
-                other.position = position
-                other.save(update_fields=["position"])

@@ -106,22 +106,78 @@ def _finding_upsert(*, deployment, run, proposal):
 
 
 def _plan_propose(*, deployment, finding, titles):
-    position = deployment.plan_items.aggregate(last=Max("position"))["last"]
-    position = -1 if position is None else position
     for title in titles:
         title = title[:300]
         if deployment.plan_items.filter(title=title).exclude(status="completed").exists():
             continue
-        position += 1
-        PlanItem.objects.create(
+        plan_item_add(
             deployment=deployment,
-            finding=finding,
             title=title,
-            position=position,
-            note_id=finding.note_id,
+            finding=finding,
+            note=finding.note,
             source="auto",
             provenance=finding.provenance,
         )
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def plan_item_add(
+    *, deployment, title, status="pending", finding=None, note=None, source="human", provenance=""
+):
+    """Append an item at the end of the deployment's plan (positions 0…n-1, in order)."""
+    with transaction.atomic():
+        # the deployment's row serializes concurrent appends (no FOR UPDATE with an aggregate)
+        Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
+        last = deployment.plan_items.aggregate(last=Max("position"))["last"]
+        return PlanItem.objects.create(
+            deployment=deployment,
+            title=title,
+            status=status,
+            finding=finding,
+            note=note,
+            source=source,
+            provenance=provenance,
+            position=0 if last is None else last + 1,
+        )
+
+
+def plan_item_update(*, item, title=None, status=None, position=None):
+    """Set an item's title and status; a position moves it there within its plan (0 first)."""
+    fields = {k: v for k, v in (("title", title), ("status", status)) if v is not None}
+    with transaction.atomic():
+        if fields:
+            PlanItem.objects.filter(pk=item.pk).update(**fields)
+            for key, value in fields.items():
+                setattr(item, key, value)
+        if position is not None:
+            _plan_reorder(item, lambda items, index: position)
+    return item
+
+
+def plan_item_move(*, item, offset):
+    """Move an item `offset` places (-1 up, +1 down) within its plan."""
+    with transaction.atomic():
+        _plan_reorder(item, lambda items, index: index + offset)
+    return item
+
+
+def _plan_reorder(item, target):
+    """Put item at target(items, its index) (clamped) and renumber the plan 0…n-1."""
+    items = list(
+        PlanItem.objects.select_for_update()
+        .filter(deployment_id=item.deployment_id)
+        .order_by("position", "id")
+    )
+    index = next(i for i, other in enumerate(items) if other.pk == item.pk)
+    place = min(max(target(items, index), 0), len(items) - 1)
+    items.insert(place, items.pop(index))
+    for position, other in enumerate(items):
+        if other.position != position:
+            PlanItem.objects.filter(pk=other.pk).update(position=position)
+        if other.pk == item.pk:
+            item.position = position
 
 
 def _gather(run, deployment) -> analysis.RunData:

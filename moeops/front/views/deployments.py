@@ -27,7 +27,12 @@ from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.templatetags.moeops_format import evidence_text
 from moeops.front.views import engines
 from moeops.insights.models import FINDING_STATES, Finding, PlanItem
-from moeops.insights.services import finding_set_state
+from moeops.insights.services import (
+    finding_set_state,
+    plan_item_add,
+    plan_item_move,
+    plan_item_update,
+)
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
@@ -352,7 +357,7 @@ def plan_add(request, pk):
     deployment = _get_deployment_for_user(request.user, pk)
     form = PlanItemForm(request.POST)
     if form.is_valid():
-        actions.plan_item_add(deployment=deployment, **form.cleaned_data)
+        plan_item_add(deployment=deployment, **form.cleaned_data)
     else:
         messages.error(request, "A plan item needs a title.")
     return redirect(f"{deployment.get_absolute_url()}#plan")
@@ -367,13 +372,11 @@ def plan_item(request, pk):
     if action == "save":
         form = PlanItemForm(request.POST)
         if form.is_valid():
-            item.title = form.cleaned_data["title"]
-            item.status = form.cleaned_data["status"]
-            item.save(update_fields=["title", "status"])
+            plan_item_update(item=item, **form.cleaned_data)
         else:
             messages.error(request, "A plan item needs a title and a status.")
     elif action in ("up", "down"):
-        actions.plan_item_move(item=item, offset=-1 if action == "up" else 1)
+        plan_item_move(item=item, offset=-1 if action == "up" else 1)
     elif action == "delete":
         item.delete()
     return redirect(f"{item.deployment.get_absolute_url()}#plan")
