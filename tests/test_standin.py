@@ -193,8 +193,8 @@ def test_it_carries_1024_concurrent_streams_on_one_core():
 
 
 def test_its_roofline_matches_the_design_numbers_for_glm5_at_tp8():
-    # E=256, N=256 per rank, H=6144, top-8, bf16 on an H200 (DESIGN.md): ≈18 µs at M=1,
-    # ≈0.58 ms once every expert is touched
+    # E=256, N=256 per rank, H=6144, top-8, bf16 on an H200 (docs/metrics.md, "The floor"):
+    # ≈18 µs at M=1, ≈0.58 ms once every expert is touched
     layer = RooflineStepModel(
         num_experts=256,
         experts_per_rank=256,

@@ -1,18 +1,17 @@
 """Compile the MoE layer's Triton kernels for a GPU without touching one: no CUDA context.
 
-The tuner's compile processes (tuning.tuner) fill Triton's on-disk cache ahead of timing. A
-CUDA context per compile process cost seconds of set-up and GPU memory, and their creation
-contended: with 8 compile processes per GPU a tuning process's own context took 2.8 s instead
-of 0.3 s, with 15 per GPU 4.5 s (bench/results/h200x2_spread6*). So they compile against
-`CompileOnlyDriver`, a Triton driver that names the timing process's GPU (its architecture and
-shared-memory limit, `gpu_target()`), and run the layer on CPU tensors of a few experts with
-unset values (tuning.timing.unset_weights): every kernel is compiled exactly as a launch on that
-GPU would compile it, into the same cache entry (Triton's key is the source, the target and the
-options; tensors specialise on dtype and 16-byte alignment, which CPU tensors share with the
-GPU's), and then launches nothing. Launching is left to the timing process, which builds
-Triton's small launcher modules itself on its first launches. (Meta tensors would need no memory
-at all, but their first use imports sympy and their fp8 quantisation runs slowly: the pool took
-10 s to start instead of 6, bench/results/h200x2_spread8_*.)
+The tuner's compile processes (tuning.compile_pool) fill Triton's on-disk cache ahead of timing. A
+CUDA context per compile process would cost seconds of set-up and GPU memory, and contexts opened at
+once slow each other, the tuning process's own among them (docs/decisions.md, "compile processes").
+So they compile against `CompileOnlyDriver`, a Triton driver that names the timing process's GPU
+(its architecture and shared-memory limit, `gpu_target()`), and run the layer on CPU tensors of a
+few experts with unset values (tuning.timing.unset_weights): every kernel is compiled exactly as a
+launch on that GPU would compile it, into the same cache entry (Triton's key is the source, the
+target and the options; tensors specialise on dtype and 16-byte alignment, which CPU tensors share
+with the GPU's), and then launches nothing. Launching is left to the timing process, which builds
+Triton's small launcher modules itself on its first launches. (Meta tensors would need no memory at
+all, but their first use imports sympy and their fp8 quantisation runs slowly, so the pool starts
+later with them.)
 
 Found at compile time: Triton's compile errors and a kernel needing more shared memory than the
 GPU has. Not found: too many registers for the thread count, which only loading the binary on

@@ -10,15 +10,15 @@ expert's segment to BLOCK_SIZE_M (counted over many programs); grouped GEMM 1 ga
 multiplies by w1 [E, 2N, H] (gate and up); silu(gate)·up; grouped GEMM 2 multiplies by w2 [E, H, N]
 and the router weight and scatters each pair to its own row; a last kernel sums the top_k rows of
 every token. (Adding the pairs into a float32 [M, H] with atomics in GEMM 2 instead was slower on
-an H200 from M=1024 up and no faster below: bench/KERNEL_NOTES.md, v3.)
+an H200 from M=1024 up and no faster below: docs/decisions.md, "the engines' layout".)
 
 The structure and the meaning of every config key (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps,
 num_stages) follow the engines' fused-MoE kernel, so that a config tuned on this kernel is a config
 for SGLang's and vLLM's. So do the launches and the arithmetic that decide which tile is fastest,
-because the config files are for the engines: two faster variants were measured and dropped for
-that (bench/KERNEL_NOTES.md): silu-and-mul in GEMM 1's epilogue (-2 % at large M here, but picks up
-to 3.6 % slower in the engines' layer) and one fp8-block weight scale per half tile (-15 to -20 %
-here, picks up to 1.9x slower in the engines' arithmetic). GEMM 2 may have its own config
+because the config files are for the engines: faster variants whose best tiles are not the
+engines' best tiles were dropped for that (docs/decisions.md, "the engines' layout"), among them
+silu-and-mul in GEMM 1's epilogue and one fp8-block weight scale per half tile, each faster here
+and each picking tiles that run slower in the engines' layer. GEMM 2 may have its own config
 (SGLang's `_down` files), which shares BLOCK_SIZE_M with GEMM 1's because both GEMMs read one
 sort-and-pad.
 

@@ -10,26 +10,21 @@ only the missing batch sizes.
 
 Each process compiles with its own pool of compile processes (tuning.compile_pool), started
 while the process sets up; the host's CPUs are shared out between the pools
-(`host_compile_workers`). All
-of them need mostly the same kernels at the start (every size's first round), and they share
-Triton's on-disk cache: process i of n compiles its own share of the compile keys first
-(`--compile-shard i/n`, tuning.compile_pool.compile_order), and by the time it reaches the others'
-share those mostly load from the cache. Compiling the first rounds once per host instead, in a
-precompile process beside the GPU processes, measured slower on 2 H200s with 32 CPUs: 68.3 s on
-one GPU and 51.9 s on two, against 59.1 s and 45.6 s with each process compiling for itself:
-the precompile took 17.4 s for 50 configs (its 31 compile processes starting, by our reading),
-and the GPU processes still started their own pools for the later rounds
-(bench/results/h200x2_spread2_*).
+(`host_compile_workers`). All of them need mostly the same kernels at the start (every size's
+first round), and they share Triton's on-disk cache: process i of n compiles its own share of the
+compile keys first (`--compile-shard i/n`, tuning.compile_pool.compile_order), and by the time it
+reaches the others' share those mostly load from the cache. No process waits for a host-wide
+precompile: that measured slower (docs/decisions.md, "no host precompile").
 
 Where the seconds went: the merged result's `timeline` is {GPU index: ProcessTimeline} of the
 processes that reported one (set-up counted from this process launching it).
 
 Cost rule: tuning batch size M costs about 2 + M / 1024 units (`expected_cost`): a fixed part
 per size (timer and CUDA-graph set-up, compiles, timing the default) plus timing that grows
-with the layer's time, which rises roughly linearly in M once every expert is touched. Fitted on
-the v4 GLM-5 bf16 tune on one H200 (bench/results/kernel_device_h200_v4.log): about 1.8 s per
-size up to M=256, about 4 s per size from M=512 to 4096. The sizes go out longest first, each to
-the GPU with the least expected work so far.
+with the layer's time, which rises roughly linearly in M once every expert is touched. It fits
+a GLM-5 TP8 bf16 tune on one H200: about 1.8 s per size up to M=256, about 4 s per size from
+M=512 to 4096. The sizes go out longest first, each to the GPU with the least expected work so
+far.
 
 GPU indices are those nvidia-smi and NVML show (the processes get CUDA_DEVICE_ORDER=PCI_BUS_ID);
 where this process has CUDA_VISIBLE_DEVICES set, index i is its i-th entry.
@@ -120,9 +115,8 @@ def host_compile_workers(processes: int) -> int:
     process alone gets (tuning.tuner's default).
 
     Compiling is CPU work: the compile processes fork from a server that imported torch and
-    open no CUDA context (tuning.compile_only), so a host's CPUs can all compile. When each
-    imported torch and opened a CUDA context, 4 GPU processes with 15 each spent 25 s setting
-    up against 8 s for one with 16 (bench/results/h200x4_spread_*), and the host got 16 in all.
+    open no CUDA context (tuning.compile_only), so a host's CPUs can all compile without the
+    processes slowing each other's start (docs/decisions.md, "compile processes").
     """
     processes = max(processes, 1)
     per_cpu = (os.cpu_count() or 2) // processes - 1

@@ -1,10 +1,9 @@
 """Concurrency-sweep load generator for OpenAI-compatible engines (SGLang, vLLM, the stand-in).
 
-One level = N streamed requests of fixed input/output length at a fixed concurrency (optionally
-with Poisson arrivals), measured the way `vllm bench serve` measures (DESIGN.md, "Metric
-definitions"); results use its key names. Timestamps are taken with time.perf_counter when the
-raw bytes arrive, before any JSON parsing. Failures are counted per level by reason and never
-stop the sweep.
+One level = N streamed requests of fixed input/output length at a fixed concurrency (optionally with
+Poisson arrivals), measured the way `vllm bench serve` measures (docs/metrics.md); results use its
+key names. Timestamps are taken with time.perf_counter when the raw bytes arrive, before any JSON
+parsing. Failures are counted per level by reason and never stop the sweep.
 
 The HTTP client is an httpx AsyncClient. By default it runs over `HTTP1StreamTransport`, an
 httpx transport that decodes a whole network read of chunked SSE at once: httpx's own transport

@@ -1,4 +1,28 @@
-"""The example data: the figures of the write-up `shared/seed/the-pivot-point.txt`, and only those.
+"""The example data: the figures of the write-up "The Pivot Point", and only those.
+
+The write-up ("The Pivot Point: From Deployment to Optimization in Large-Scale MoE Inference")
+follows the deployment of GLM-5-NVFP4 on 8 NVIDIA RTX PRO 6000 Blackwell GPUs to the moment the
+work turns from "is it working?" to "how do we make it fast?". What it gives, and what is loaded:
+
+- the host: 8 RTX PRO 6000 Blackwell (SM120, 600 W TDP), first in a KVM VM, then moved to an LXC
+  container, which changed the GPU topology and P2P: one host, two topology snapshots (KVM for the
+  earlier Kimi K2 runs, LXC for GLM-5's sweep);
+- GLM-5-NVFP4, 744B parameters and 256 experts, its MoE shape as the write-up reads it from
+  config.json (n_routed_experts 256, num_experts_per_tok 8, moe_intermediate_size 2048,
+  hidden_size 6144): loaded from GLM-5-FP8's config.json (the same architecture) with the
+  quantization of nvidia/GLM-5-NVFP4's hf_quant_config.json, both files in this folder; served by
+  SGLang at TP8 with `--max-running-requests 64`;
+- the server healthy, yet every GPU at 0 % utilization, ~85 W of 600 W, ~94.7 GB used: one
+  telemetry reading of the 8 GPUs;
+- the plateau: 806 tok/s at concurrency 128, 879 at 256, 912 at 512, against a 1,000+ target:
+  the sweep's three levels;
+- an earlier Kimi K2 deployment on the same hardware, from ~800 tok/s to over 5,800 tok/s at
+  high concurrency after tuning the fused-MoE kernel for SM120: two runs, default and tuned
+  kernel (Kimi K2's config.json is the published one, also in this folder);
+- FlashInfer allreduce fusion unsupported on SM120: a finding and an incompatibility rule;
+- the todo list (check the server: done; higher-concurrency benchmarks at 256, 512 and 1024: in
+  progress; tune the fused-MoE kernel for SM120: pending): the deployment's plan;
+- four notes quoting these passages (NOTES).
 
 Everything loaded here is marked with WRITEUP as its provenance. Where the write-up gives no number
 (GPU memory size, UUIDs, link matrices, Kimi K2's concurrency level) the field stays empty.
@@ -17,7 +41,7 @@ from moeops.runs import snapshots
 from moeops.runs.models import LevelResult, SweepRun, TelemetrySample, level_key
 from moeops.runs.parameters import parameters_checked
 
-WRITEUP = "From the write-up 'The Pivot Point' (shared/seed/the-pivot-point.txt)"
+WRITEUP = "From the write-up 'The Pivot Point'"
 HERE = Path(__file__).resolve().parent
 HOST_NAME = "rtx-pro-6000-x8"
 GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell"

@@ -1,7 +1,7 @@
 """Plotly figures as plain dicts (data + layout), rendered in the page by plotly.js.
 
-Units follow DESIGN.md: throughput in tok/s, latencies in ms, power in W, time as UTC epoch s
-(shown as UTC dates).
+Units as docs/metrics.md gives them: throughput in tok/s, latencies in ms, power in W, time as UTC
+epoch s (shown as UTC dates).
 """
 
 import datetime as dt

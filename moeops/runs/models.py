@@ -198,7 +198,7 @@ class SweepRun(models.Model):
 
 
 class LevelResult(models.Model):
-    """One concurrency level of a sweep, with every metric of DESIGN.md (vLLM key names)."""
+    """One concurrency level of a sweep, with every metric of docs/metrics.md (vLLM key names)."""
 
     run = models.ForeignKey(SweepRun, models.CASCADE, related_name="levels")
     key = models.CharField(max_length=60, help_text="level_key(concurrency, request_rate)")
