@@ -2,13 +2,12 @@
 
 import uuid
 
-from django.db.models import Count, Max, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Q
 from django.http import Http404
 
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.kernels.models import KernelConfig, TuningRun
-from moeops.runs.models import LevelResult, SweepRun
+from moeops.runs.models import SweepRun
 
 MAX_ID = 2**63 - 1
 
@@ -71,18 +70,9 @@ def get_deployment(ref):
 
 
 def runs_with_summary():
-    """Runs with their level count and peak output tok/s, for lists and the CLI table.
-
-    Correlated subqueries rather than a GROUP BY over every column (progress and parameters
-    are large JSON), which would also drop the model's ordering.
-    """
-    levels = LevelResult.objects.filter(run=OuterRef("pk")).order_by().values("run")
-    return SweepRun.objects.select_related("deployment", "deployment__host").annotate(
-        level_count=Coalesce(Subquery(levels.annotate(n=Count("id")).values("n")), 0),
-        peak_output_throughput=Subquery(
-            levels.annotate(peak=Max("output_throughput")).values("peak")
-        ),
-    )
+    """Runs with their level count and peak output tok/s (SweepRun.objects.with_summary), for
+    lists and the CLI table."""
+    return SweepRun.objects.select_related("deployment", "deployment__host").with_summary()
 
 
 def get_run(ref, summary=False):

@@ -5,7 +5,8 @@ import math
 import uuid
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Count, Max, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 
 from reports import engine as engine_reports
 from reports.failures import describe_failure
@@ -101,6 +102,20 @@ def without_standin(runs):
     return runs.exclude(pk__in=SweepRun.objects.filter(STANDIN).values("pk"))
 
 
+class SweepRunQuerySet(models.QuerySet):
+    def with_summary(self):
+        """Each run with .peak (its best level's output tok/s; None without levels) and
+        .level_count: the one rule for a run's summary, on every page and in the API.
+
+        Correlated subqueries rather than a GROUP BY over every column (progress and parameters
+        are large JSON), which would also drop the model's ordering."""
+        levels = LevelResult.objects.filter(run=OuterRef("pk")).order_by().values("run")
+        return self.annotate(
+            level_count=Coalesce(Subquery(levels.annotate(n=Count("id")).values("n")), 0),
+            peak=Subquery(levels.annotate(best=Max("output_throughput")).values("best")),
+        )
+
+
 class SweepRun(models.Model):
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     deployment = models.ForeignKey("fleet.Deployment", models.CASCADE, related_name="runs")
@@ -138,6 +153,8 @@ class SweepRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    objects = SweepRunQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created", "-id"]
         # deployment page: the runs of one deployment, newest first
@@ -152,10 +169,6 @@ class SweepRun(models.Model):
 
     def can_move_to(self, status):
         return status in RUN_TRANSITIONS.get(self.status, ())
-
-    def peak_output_throughput(self):
-        """Highest output tok/s over the run's levels, or None without levels."""
-        return self.levels.aggregate(peak=models.Max("output_throughput"))["peak"]
 
     def display_label(self):
         return self.label or f"run {str(self.uuid)[:8]}"

@@ -5,7 +5,7 @@ import uuid as uuidlib
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Max, Prefetch
+from django.db.models import Count, Prefetch
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -54,7 +54,7 @@ def _selected_uuids(request):
 def _runs_qs():
     return SweepRun.objects.select_related(
         "deployment__model", "deployment__host", "topology_snapshot", "kernel_config"
-    ).annotate(peak=Max("levels__output_throughput"))
+    ).with_summary()
 
 
 def _selected_runs(uuids):

@@ -4,7 +4,7 @@ plan)."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Max, OuterRef, Prefetch, Q, Subquery, prefetch_related_objects
+from django.db.models import Count, OuterRef, Prefetch, Q, Subquery, prefetch_related_objects
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -61,7 +61,7 @@ def _with_latest_peak(deployments):
     )
     deployments = list(deployments.annotate(latest_run_id=Subquery(latest)))
     runs = SweepRun.objects.filter(pk__in=[d.latest_run_id for d in deployments if d.latest_run_id])
-    runs = {run.pk: run for run in runs.annotate(peak=Max("levels__output_throughput"))}
+    runs = {run.pk: run for run in runs.with_summary()}
     for d in deployments:
         d.latest_run = runs.get(d.latest_run_id)
         d.latest_peak = d.latest_run.peak if d.latest_run else None
@@ -102,7 +102,7 @@ def dashboard(request):
             .by_importance()[:DASHBOARD_FINDINGS_SCANNED]
         )[:DASHBOARD_FINDINGS],
         "recent_runs": SweepRun.objects.select_related("deployment")
-        .annotate(peak=Max("levels__output_throughput"))
+        .with_summary()
         .order_by("-created", "-id")[:8],
     }
     return render(request, "front/dashboard.html", ctx)
@@ -198,7 +198,7 @@ def _deployment_page(
         SweepRun.objects.filter(deployment=deployment)
         .prefetch_related(Prefetch("levels", LevelResult.objects.order_by("concurrency")))
         .select_related("topology_snapshot", "kernel_config")
-        .annotate(peak=Max("levels__output_throughput"))
+        .with_summary()
         .order_by("-created", "-id")
     )
     shape = deployment.moe_shape()

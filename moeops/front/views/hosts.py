@@ -3,7 +3,7 @@ with what changed."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Max
+from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -84,7 +84,7 @@ def host_detail(request, name):
     runs = (
         SweepRun.objects.filter(topology_snapshot__host=host)
         .select_related("deployment")
-        .annotate(peak=Max("levels__output_throughput"))
+        .with_summary()
         .order_by("-created")
     )
     runs_by_snapshot = {}

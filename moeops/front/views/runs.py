@@ -6,7 +6,6 @@ import json
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Max
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.text import slugify
@@ -63,7 +62,7 @@ def runs(request):
     qs = form.filter(
         SweepRun.objects.select_related(
             "deployment__model", "deployment__host", "topology_snapshot", "kernel_config"
-        ).annotate(peak=Max("levels__output_throughput"), level_count=Count("levels"))
+        ).with_summary()
     ).order_by("-created", "-id")
     page = Paginator(qs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
     query = request.GET.copy()
