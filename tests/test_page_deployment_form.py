@@ -76,6 +76,23 @@ def test_it_edits_launch_arguments(client, fleet):
     assert deployment.launch_args == {"--cuda-graph-max-bs": 256}
 
 
+def test_a_status_set_by_hand_is_a_check_in_the_history_like_the_apis(client, fleet):
+    model, host, _ = fleet
+    deployment = pb.deployment(model_row=model, host_row=host)
+    before = deployment.updated
+
+    client.post(f"/deployments/{deployment.pk}/edit/", _form(model, host, status="healthy"))
+
+    deployment.refresh_from_db()
+    [check] = deployment.health_checks.all()
+    assert (check.status, check.trigger, check.get_trigger_display()) == (
+        "healthy",
+        "edit",
+        "Set by hand",
+    )
+    assert deployment.status_checked_at == check.checked_at and deployment.updated > before
+
+
 def test_the_form_takes_a_new_models_config_json_without_the_admin(client, fleet):
     html = client.get("/deployments/new/").content.decode()
     assert "/admin/fleet/modelspec/add/" not in html

@@ -31,6 +31,7 @@ CHECK_TRIGGERS = (
     ("periodic", "Periodic"),
     ("api", "API"),
 )
+    ("edit", "Set by hand"),
 
 READING_STATUSES = (("recorded", "Recorded"), ("unavailable", "Unavailable"))
 

@@ -163,13 +163,14 @@ def deployment_create(*, name, model, host, gpu_indexes=(), user=None, **fields)
     return deployment, True
 
 
-def deployment_update(*, deployment, user=None, **fields):
-    """Set the given fields (launch arguments, endpoint, a status such as stopped, …).
+def deployment_update(*, deployment, user=None, trigger="api", gpus=None, **fields):
+    """Set the given fields (launch arguments, endpoint, a status such as stopped, …) and, with
+    gpus (GPU rows of its host), the GPUs it uses.
 
     A health status (healthy, degraded, failed) with its status_detail is a check reported
-    through the API: health_check_record keeps it in the history and sets the status. An
-    endpoint_url that fleet.endpoints refuses (user: who sets it; None: an API token) raises
-    ValidationError naming endpoint_url.
+    (trigger: "api", or "edit" from the deployment's form): health_check_record keeps it in
+    the history and sets the status. An endpoint_url that fleet.endpoints refuses (user: who
+    sets it; None: an API token) raises ValidationError naming endpoint_url.
     """
     if "endpoint_url" in fields:
         _check_endpoint(
@@ -184,12 +185,14 @@ def deployment_update(*, deployment, user=None, **fields):
                 deployment=deployment,
                 status=fields.pop("status"),
                 detail=fields.pop("status_detail", ""),
-                trigger="api",
+                trigger=trigger,
             )
         for key, value in fields.items():
             setattr(deployment, key, value)
         if fields:
             deployment.save(update_fields=[*fields, "updated"])
+        if gpus is not None:
+            deployment.gpus.set(gpus)
     return deployment
 
 

@@ -143,9 +143,16 @@ def deployment_edit(request, pk):
     deployment = _get_deployment_for_user(request.user, pk)
     form = DeploymentForm(request.POST or None, instance=deployment, user=request.user)
     if request.method == "POST" and form.is_valid():
-        form.save()
+        # through the service, as the API's PATCH: a status set here is a check in the history
+        changed = {k: form.cleaned_data[k] for k in form.changed_data if k in form.Meta.fields}
+        gpus = changed.pop("gpus", None)
+        # the form has set its cleaned values on `deployment`: the service gets the row as stored
+        stored = Deployment.objects.select_related("host").get(pk=deployment.pk)
+        fleet_services.deployment_update(
+            deployment=stored, user=request.user, trigger="edit", gpus=gpus, **changed
+        )
         messages.success(request, "Deployment saved.")
-        return redirect(deployment)
+        return redirect(stored)
     ctx = {"nav": "deployments", "form": form, "deployment": deployment, "new": False}
     return render(request, "front/deployment_form.html", ctx)
 
@@ -390,10 +397,10 @@ def finding_state(request, pk):
     new, expected = request.POST.get("state"), request.POST.get("expected")
     if new not in dict(FINDING_STATES):
         messages.error(request, "Unknown finding state.")
-    elif finding.state != expected:
+    elif not finding_set_state(
+        finding=finding, state=new, user=request.user, expected=expected or ""
+    ):
         messages.error(request, "Someone changed this finding meanwhile; here is its new state.")
-    else:
-        finding_set_state(finding=finding, state=new, user=request.user)
     back = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
         back = finding.deployment.get_absolute_url()
