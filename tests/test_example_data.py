@@ -83,3 +83,12 @@ def test_loading_twice_changes_nothing():
     first = _counts()
     load_example_data()
     assert _counts() == first
+
+
+def test_loading_again_after_a_provenance_reword_adds_no_snapshot():
+    load_example_data()
+    TopologySnapshot.objects.update(provenance="From the write-up (an older wording)")
+    first = _counts()
+    load_example_data()
+    assert _counts() == first
+    assert set(TopologySnapshot.objects.values_list("provenance", flat=True)) == {WRITEUP}

@@ -123,13 +123,14 @@ def _host():
 
 
 def _snapshot(host, kind, technology, evidence, captured_at):
-    snapshot, _ = TopologySnapshot.objects.get_or_create(
+    # found by what it is, not by its provenance text, so that loading again never adds one
+    snapshot, _ = TopologySnapshot.objects.update_or_create(
         host=host,
         virtualization=kind,
-        provenance=WRITEUP,
+        source="manual",
+        captured_at=captured_at,
         defaults={
-            "captured_at": captured_at,
-            "source": "manual",
+            "provenance": WRITEUP,
             "virtualization_technology": technology,
             "virtualization_evidence": [evidence],
         },
