@@ -127,12 +127,13 @@ def _snapshot(host, kind, technology, evidence, captured_at):
     snapshot, _ = TopologySnapshot.objects.update_or_create(
         host=host,
         virtualization=kind,
+        virtualization_technology=technology,
         source="manual",
-        captured_at=captured_at,
-        defaults={
+        defaults={"provenance": WRITEUP, "virtualization_evidence": [evidence]},
+        create_defaults={
             "provenance": WRITEUP,
-            "virtualization_technology": technology,
             "virtualization_evidence": [evidence],
+            "captured_at": captured_at,
         },
     )
     return snapshot
