@@ -75,17 +75,22 @@ def _beat_config(**env):
     )
 
 
+# beat also fails the work whose worker is gone, every minute, whatever the checks' interval
+STALE_WORK = {"task": "moeops.engines.tasks.fail_stale_work", "schedule": 60.0}
+
+
 def test_beat_checks_every_five_minutes_by_default_and_keeps_its_file_in_var(tmp_path):
     proc = _beat_config(MOEOPS_VAR_DIR=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     conf = json.loads(proc.stdout)
     assert conf["schedule"] == {
-        "check-deployments": {"task": "moeops.fleet.tasks.check_deployments", "schedule": 300.0}
+        "check-deployments": {"task": "moeops.fleet.tasks.check_deployments", "schedule": 300.0},
+        "fail-stale-runs": STALE_WORK,
     }
     assert conf["file"] == str(tmp_path / "celerybeat-schedule")
 
 
-def test_the_interval_comes_from_the_environment_and_zero_turns_it_off(tmp_path):
+def test_the_interval_comes_from_the_environment_and_zero_turns_the_checks_off(tmp_path):
     every_minute = json.loads(
         _beat_config(MOEOPS_VAR_DIR=str(tmp_path), MOEOPS_HEALTH_CHECK_INTERVAL_S="60").stdout
     )
@@ -93,7 +98,7 @@ def test_the_interval_comes_from_the_environment_and_zero_turns_it_off(tmp_path)
     off = json.loads(
         _beat_config(MOEOPS_VAR_DIR=str(tmp_path), MOEOPS_HEALTH_CHECK_INTERVAL_S="0").stdout
     )
-    assert off["schedule"] == {}
+    assert off["schedule"] == {"fail-stale-runs": STALE_WORK}
 
 
 @pytest.mark.parametrize("value", ["-5", "5m"])
