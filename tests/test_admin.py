@@ -61,6 +61,30 @@ def test_it_saves_a_valid_kernel_config_as_version_1(admin):
     assert sorted(KernelConfig.objects.values_list("version", flat=True)) == [1, 2]
 
 
+def test_an_edit_in_the_admin_is_the_next_version_and_the_stored_one_stays(admin):
+    _post_kernel_config(admin, {"1": GOOD_ENTRY})
+    first = KernelConfig.objects.get()
+    faster = {**GOOD_ENTRY, "num_stages": 4}
+    form = {
+        "device_name": "NVIDIA H200",
+        "E": "256",
+        "N": "256",
+        "dtype": "bf16",
+        "block_shape": "null",
+        "triton_version": "3.7.1",
+        "entries": json.dumps({"1": faster}),
+        "source": "manual",
+    }
+
+    response = admin.post(f"/admin/kernels/kernelconfig/{first.pk}/change/", form)
+
+    assert response.status_code == 302
+    first.refresh_from_db()
+    assert first.version == 1 and first.entries == {"1": GOOD_ENTRY}
+    second = KernelConfig.objects.get(version=2)
+    assert second.entries == {"1": faster}
+
+
 @pytest.mark.parametrize(
     "entries, message",
     [

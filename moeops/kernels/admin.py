@@ -2,28 +2,32 @@ from django import forms
 from django.contrib import admin
 
 from moeops.kernels.models import KernelConfig, TuningRun, TuningTiming
+from moeops.kernels.services import kernel_config_store
 from tuning.config_files import ConfigEntryError, validate_entries
+
+# The fields kernel_config_store takes, as the admin's form edits them.
+STORED_FIELDS = (
+    "device_name",
+    "E",
+    "N",
+    "dtype",
+    "block_shape",
+    "down_moe",
+    "triton_version",
+    "entries",
+    "source",
+    "original_file_name",
+    "provenance",
+    "kernel_engine",
+    "kernel_version",
+    "kernel_source_sha256",
+)
 
 
 class KernelConfigForm(forms.ModelForm):
     class Meta:
         model = KernelConfig
-        fields = (
-            "device_name",
-            "E",
-            "N",
-            "dtype",
-            "block_shape",
-            "down_moe",
-            "triton_version",
-            "entries",
-            "source",
-            "original_file_name",
-            "provenance",
-            "kernel_engine",
-            "kernel_version",
-            "kernel_source_sha256",
-        )
+        fields = STORED_FIELDS
 
     def clean_entries(self):
         entries = self.cleaned_data["entries"]
@@ -67,10 +71,11 @@ class KernelConfigAdmin(admin.ModelAdmin):
     readonly_fields = ("version",)
 
     def save_model(self, request, obj, form, change):
-        if change:
-            obj.save()
-        else:
-            obj.save_new_version()
+        # a version is never edited in place (runs and recipes point at it): an edit, like an
+        # addition, is the series' next version, through the service the API uses
+        fields = {name: getattr(obj, name) for name in STORED_FIELDS}
+        stored, _ = kernel_config_store(**fields)
+        obj.pk, obj.version = stored.pk, stored.version
 
 
 class TuningTimingInline(admin.TabularInline):

@@ -149,19 +149,24 @@ class KernelConfig(TimedKernel):
     def sorted_entries(self):
         return sorted(((int(k), v) for k, v in self.entries.items()), key=lambda kv: kv[0])
 
+    def series(self):
+        """The stored versions of its (device, E, N, dtype, block shape, down) series, locked
+        for update (call inside a transaction)."""
+        same = KernelConfig.objects.select_for_update().filter(
+            device_name=self.device_name,
+            E=self.E,
+            N=self.N,
+            dtype=self.dtype,
+            down_moe=self.down_moe,
+        )
+        # block_shape compared in Python: JSON null vs SQL NULL differ between databases
+        return [c for c in same if c.block_shape == self.block_shape]
+
     def save_new_version(self):
-        """Save as the next version of its (device, E, N, dtype, block shape, down) series."""
+        """Save as the next version of its series (never over a stored version)."""
         with transaction.atomic():
-            same = KernelConfig.objects.select_for_update().filter(
-                device_name=self.device_name,
-                E=self.E,
-                N=self.N,
-                dtype=self.dtype,
-                down_moe=self.down_moe,
-            )
-            # block_shape compared in Python: JSON null vs SQL NULL differ between databases
-            same = [c for c in same if c.block_shape == self.block_shape]
-            self.version = max((c.version for c in same), default=0) + 1
+            self.pk = None
+            self.version = max((c.version for c in self.series()), default=0) + 1
             self.save()
         return self
 

@@ -98,14 +98,7 @@ def kernel_config_store(
         kernel_source_sha256=kernel_source_sha256,
     )
     with transaction.atomic():
-        series = KernelConfig.objects.select_for_update().filter(
-            device_name=device_name, E=E, N=N, dtype=dtype, down_moe=down_moe
-        )
-        newest = max(
-            (c for c in series if c.block_shape == block_shape),
-            key=lambda c: c.version,
-            default=None,
-        )
+        newest = max(config.series(), key=lambda c: c.version, default=None)
         if (
             newest is not None
             and _canonical(newest.entries) == _canonical(stored)
