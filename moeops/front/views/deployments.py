@@ -47,7 +47,7 @@ DASHBOARD_FINDINGS = 8
 DASHBOARD_FINDINGS_SCANNED = 80
 
 
-def _get_deployment_for_user(user, pk):
+def _deployment_or_404(pk):
     # Every signed-in member of the team sees every deployment.
     return get_object_or_404(Deployment.objects.select_related("model", "host"), pk=pk)
 
@@ -140,7 +140,7 @@ def deployment_create(request):
 
 @login_required
 def deployment_edit(request, pk):
-    deployment = _get_deployment_for_user(request.user, pk)
+    deployment = _deployment_or_404(pk)
     form = DeploymentForm(request.POST or None, instance=deployment, user=request.user)
     if request.method == "POST" and form.is_valid():
         # through the service, as the API's PATCH: a status set here is a check in the history
@@ -267,14 +267,14 @@ def _deployment_page(
 
 @login_required
 def deployment_detail(request, pk):
-    return _deployment_page(request, _get_deployment_for_user(request.user, pk))
+    return _deployment_page(request, _deployment_or_404(pk))
 
 
 @login_required
 @require_POST
 def deployment_check(request, pk):
     """Send a health check of the deployment to its host's worker."""
-    deployment = _get_deployment_for_user(request.user, pk)
+    deployment = _deployment_or_404(pk)
     try:
         fleet_services.deployment_check_enqueue(deployment=deployment, trigger="manual")
     except ValidationError:
@@ -289,7 +289,7 @@ def deployment_check(request, pk):
 @login_required
 @require_POST
 def sweep_start(request, pk):
-    deployment = _get_deployment_for_user(request.user, pk)
+    deployment = _deployment_or_404(pk)
     form = SweepForm(request.POST, deployment=deployment)
     if not form.is_valid():
         return _deployment_page(request, deployment, sweep_form=form, status=400)
@@ -304,7 +304,7 @@ def sweep_start(request, pk):
 @require_POST
 def result_upload(request, pk):
     """Import a benchmark result file as a finished run of the deployment (the API's service)."""
-    deployment = _get_deployment_for_user(request.user, pk)
+    deployment = _deployment_or_404(pk)
     form = ResultFileForm(request.POST, request.FILES)
     if form.is_valid():
         upload = form.cleaned_data["file"]
@@ -332,14 +332,14 @@ def result_upload(request, pk):
 @login_required
 def sweep_estimate(request, pk):
     """The sweep form's estimated duration for the load in the query, as JSON {"text"}."""
-    deployment = _get_deployment_for_user(request.user, pk)
+    deployment = _deployment_or_404(pk)
     return JsonResponse({"text": SweepForm(request.GET, deployment=deployment).estimate()})
 
 
 @login_required
 @require_POST
 def tune_start(request, pk):
-    deployment = _get_deployment_for_user(request.user, pk)
+    deployment = _deployment_or_404(pk)
     form = TuneForm(request.POST, deployment=deployment)
     if not form.is_valid():
         return _deployment_page(request, deployment, tune_form=form, status=400)
@@ -361,7 +361,7 @@ def tune_start(request, pk):
 @login_required
 @require_POST
 def plan_add(request, pk):
-    deployment = _get_deployment_for_user(request.user, pk)
+    deployment = _deployment_or_404(pk)
     form = PlanItemForm(request.POST)
     if form.is_valid():
         plan_item_add(deployment=deployment, **form.cleaned_data)

@@ -16,7 +16,7 @@ from moeops.runs.models import SweepRun
 from workers.topology import P2P_KINDS, diff_snapshots
 
 
-def _get_host_for_user(user, name):
+def _host_or_404(name):
     return get_object_or_404(Host, name=name)
 
 
@@ -78,7 +78,7 @@ def gpu_rows(gpus, probed):
 
 @login_required
 def host_detail(request, name):
-    host = _get_host_for_user(request.user, name)
+    host = _host_or_404(name)
     snapshots = list(host.topology_snapshots.order_by("-captured_at", "-id"))
     current = snapshots[0] if snapshots else None
     runs = (
@@ -117,7 +117,7 @@ def host_detail(request, name):
 @require_POST
 def gpus_now(request, name):
     """Ask the host's worker to read its GPUs once."""
-    host = _get_host_for_user(request.user, name)
+    host = _host_or_404(name)
     try:
         fleet_services.gpu_reading_enqueue(host=host)
     except OperationalError as exc:

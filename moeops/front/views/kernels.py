@@ -18,7 +18,7 @@ from tuning import config_files
 ENTRY_FIELDS = config_files.REQUIRED_FIELDS
 
 
-def _get_config_for_user(user, pk):
+def _config_or_404(pk):
     return get_object_or_404(KernelConfig, pk=pk)
 
 
@@ -111,7 +111,7 @@ def kernel_upload(request):
 
 @login_required
 def kernel_detail(request, pk):
-    config = _get_config_for_user(request.user, pk)
+    config = _config_or_404(pk)
     fields = _fields_of(config)
     tuning = config.tuning_runs.order_by("-created").first()
     timings = list(tuning.timings.all()) if tuning else []
@@ -143,7 +143,7 @@ def kernel_detail(request, pk):
 @login_required
 def kernel_download(request, pk, style):
     """The engine's config file, named as that engine looks it up."""
-    config = _get_config_for_user(request.user, pk)
+    config = _config_or_404(pk)
     if style not in config.styles:
         raise Http404("no such file for this engine (vLLM has no _down files)")
     response = HttpResponse(config.engine_file_text(style), content_type="application/json")
@@ -173,8 +173,8 @@ def kernel_diff(request):
     rows, fields = [], []
     if request.GET.get("a") and request.GET.get("b"):
         try:
-            a = _get_config_for_user(request.user, int(request.GET["a"]))
-            b = _get_config_for_user(request.user, int(request.GET["b"]))
+            a = _config_or_404(int(request.GET["a"]))
+            b = _config_or_404(int(request.GET["b"]))
         except ValueError:
             raise Http404("not a config id") from None
         fields = _fields_of(a, b)

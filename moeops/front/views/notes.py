@@ -8,7 +8,7 @@ from moeops.front.forms import NoteForm
 from moeops.insights.models import Note
 
 
-def _get_note_for_user(user, slug):
+def _note_or_404(slug):
     return get_object_or_404(Note, slug=slug)
 
 
@@ -19,7 +19,7 @@ def notes(request):
 
 @login_required
 def note_detail(request, slug):
-    note = _get_note_for_user(request.user, slug)
+    note = _note_or_404(slug)
     ctx = {
         "nav": "notes",
         "note": note,
@@ -45,4 +45,4 @@ def note_create(request):
 
 @login_required
 def note_edit(request, slug):
-    return _edit(request, _get_note_for_user(request.user, slug))
+    return _edit(request, _note_or_404(slug))

@@ -40,7 +40,7 @@ LEVEL_CHARTS = ("throughput", "ttft", "tpot", "itl")
 TIME_CHARTS = ("gpu-util", "gpu-power", "gpu-memory", "gpu-clock", "engine", "kv-cache")
 
 
-def _get_run_for_user(user, uuid):
+def _run_or_404(uuid):
     # Every signed-in member of the team sees every run.
     return get_object_or_404(
         SweepRun.objects.select_related(
@@ -50,7 +50,7 @@ def _get_run_for_user(user, uuid):
     )
 
 
-def _get_tuning_for_user(user, uuid):
+def _tuning_or_404(uuid):
     return get_object_or_404(
         TuningRun.objects.select_related("deployment", "host", "result"), uuid=uuid
     )
@@ -140,7 +140,7 @@ def _levels(run):
 
 @login_required
 def run_detail(request, uuid):
-    run = _get_run_for_user(request.user, uuid)
+    run = _run_or_404(uuid)
     levels = _levels(run)
     num_gpus = run.deployment.num_gpus()
     rows = level_rows(levels, num_gpus)
@@ -178,7 +178,7 @@ def run_detail(request, uuid):
 @login_required
 def run_status(request, uuid):
     """The run's status and progress as JSON, polled by the page; ?figures=1 adds the charts."""
-    run = _get_run_for_user(request.user, uuid)
+    run = _run_or_404(uuid)
     payload = {
         "status": run.status,
         "status_display": run.get_status_display(),
@@ -196,7 +196,7 @@ def run_status(request, uuid):
 
 @login_required
 def run_levels_csv(request, uuid):
-    run = _get_run_for_user(request.user, uuid)
+    run = _run_or_404(uuid)
     name = slugify(run.display_label()) or str(run.uuid)
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}-levels.csv"'
@@ -215,7 +215,7 @@ def run_levels_csv(request, uuid):
 @login_required
 @require_POST
 def run_cancel(request, uuid):
-    run = _get_run_for_user(request.user, uuid)
+    run = _run_or_404(uuid)
     try:
         run_services.run_cancel(run=run)
     except run_services.RunConflict as exc:
@@ -244,7 +244,7 @@ def tuning_figures(tuning, timings):
 
 @login_required
 def tuning_detail(request, uuid):
-    tuning = _get_tuning_for_user(request.user, uuid)
+    tuning = _tuning_or_404(uuid)
     timings = list(tuning.timings.all())
     figures = tuning_figures(tuning, timings)
     unfinished = tuning.status in ("queued", "running")
@@ -267,7 +267,7 @@ def tuning_detail(request, uuid):
 
 @login_required
 def tuning_status(request, uuid):
-    tuning = _get_tuning_for_user(request.user, uuid)
+    tuning = _tuning_or_404(uuid)
     timings = list(tuning.timings.all())
     payload = {
         "status": tuning.status,
@@ -284,7 +284,7 @@ def tuning_status(request, uuid):
 @login_required
 @require_POST
 def tuning_cancel(request, uuid):
-    tuning = _get_tuning_for_user(request.user, uuid)
+    tuning = _tuning_or_404(uuid)
     was = tuning.status
     try:
         kernel_services.tuning_run_cancel(tuning_run=tuning)
