@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from reports.topology import diff_snapshots  # noqa: E402
 from tuning.config_files import TUNED_BATCH_SIZES  # noqa: E402
 from tuning.search import KernelShape  # noqa: E402
 from tuning.spread import (  # noqa: E402
@@ -42,7 +43,6 @@ from tuning.spread import (  # noqa: E402
     spread_tune,
 )
 from workers.telemetry import TelemetrySampler  # noqa: E402
-from workers.topology import diff_snapshots  # noqa: E402
 
 GLM5_TP8_BF16 = KernelShape(E=256, N=256, H=6144, top_k=8)
 ONE_GPU_HOST_PROBE = ROOT / "bench" / "results" / "h200_topology_probe.json"

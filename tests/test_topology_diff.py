@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.topology import diff_snapshots, parse_nvidia_smi_topo, snapshot_fingerprint
+from reports.topology import diff_snapshots, parse_nvidia_smi_topo, snapshot_fingerprint
 
 FIXTURES = Path(__file__).parent / "fixtures" / "topology"
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.topology import P2P_KINDS, TopologyParseError, parse_nvidia_smi_topo
+from reports.topology import P2P_KINDS, TopologyParseError, parse_nvidia_smi_topo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "topology"
 SNAPSHOT_KEYS = {

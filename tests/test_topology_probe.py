@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from reports.topology import parse_nvidia_smi_topo
 from workers import topology
-from workers.topology import parse_nvidia_smi_topo, probe
+from workers.topology import probe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "topology"
 NOT_SUPPORTED, INVALID_ARGUMENT, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND = 3, 2, 9, 12

@@ -14,8 +14,8 @@ from moeops.fleet.services import AlreadyExists
 from moeops.kernels.services import TuningConflict
 from moeops.runs.importers import ResultFileError
 from moeops.runs.services import RunConflict
+from reports.topology import TopologyParseError
 from tuning.moe_params import MoEConfigError
-from workers.topology import TopologyParseError
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from moeops.fleet.models import (
     ModelSpec,
 )
 from moeops.storable import storable_json
-from workers.topology import parse_nvidia_smi_topo
+from reports.topology import parse_nvidia_smi_topo
 
 router = Router(tags=["fleet"])
 

@@ -19,7 +19,7 @@ from moeops.fleet.models import (
     ModelSpec,
     TopologySnapshot,
 )
-from workers.topology import diff_snapshots, snapshot_fingerprint
+from reports.topology import diff_snapshots, snapshot_fingerprint
 
 HEALTH = frozenset(key for key, _ in HEALTH_STATUSES)
 
@@ -116,7 +116,7 @@ def _moment(epoch_s):
 
 
 def topology_record(*, host, snapshot, source=None, raw_text="", captured_at=None, provenance=""):
-    """(snapshot row, created, changes) for a snapshot in the JSON shape of workers.topology.
+    """(snapshot row, created, changes) for a snapshot in the JSON shape of reports.topology.
 
     A row is added only when the host differs from its current snapshot; otherwise the
     current row is returned with created False. `changes` lists what differs from the

@@ -125,7 +125,7 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Topology:
-    """A TopologySnapshot's fields, in the JSON shape of workers.topology."""
+    """A TopologySnapshot's fields, in the JSON shape of reports.topology."""
 
     virtualization: str = "unknown"
     technology: str = ""

@@ -13,7 +13,7 @@ from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Host
 from moeops.front import charts
 from moeops.runs.models import SweepRun
-from workers.topology import P2P_KINDS, diff_snapshots
+from reports.topology import P2P_KINDS, diff_snapshots
 
 
 def _host_or_404(name):
