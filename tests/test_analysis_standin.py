@@ -9,7 +9,8 @@ import pytest
 
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.insights import services
-from moeops.runs.models import LEVEL_KEYS, EngineSample, LevelResult, SweepRun, level_key
+from moeops.runs.models import EngineSample, LevelResult, SweepRun, level_key
+from reports.levels import LEVEL_KEYS
 from workers.engine_info import identify_engine
 from workers.engine_metrics import EngineMetricsSampler
 from workers.loadgen import ClientConfig, SweepConfig, run_sweep

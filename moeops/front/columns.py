@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from moeops.runs.models import LATENCY_METRICS, LATENCY_STATS
+from reports.levels import LATENCY_METRICS, LATENCY_STATS
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ import math
 from collections import Counter
 
 from moeops.runs.levels import level_problems
-from moeops.runs.models import LATENCY_KEYS, level_key
+from moeops.runs.models import level_key
 from moeops.storable import MAX_INT, storable_json
 from reports import engine as engine_reports
+from reports.levels import LATENCY_KEYS
 
 FORMATS = ("sglang", "vllm")
 

@@ -4,7 +4,7 @@ MAX_METRIC in their unit, and a level that does not finish before it starts."""
 
 import math
 
-from moeops.runs.models import LEVEL_KEYS
+from reports.levels import LEVEL_KEYS
 
 # No level of any deployment reaches 10^9 tok/s, req/s, s or ms; a larger number is a broken
 # client, and would print as a 300-digit figure in a finding's title.

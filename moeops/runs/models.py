@@ -34,25 +34,6 @@ TELEMETRY_STATUSES = (
     ("not_collected", "Not collected"),
 )
 
-# Latency statistics per level, named as `vllm bench serve` names them (ms).
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
-LATENCY_STATS = ("mean", "median", "std", "p90", "p95", "p99")
-LATENCY_KEYS = tuple(f"{s}_{m}_ms" for m in LATENCY_METRICS for s in LATENCY_STATS)
-# Throughput and count keys of one level, same names as vLLM's result JSON.
-LEVEL_KEYS = (
-    "completed",
-    "failed",
-    "duration",
-    "total_input_tokens",
-    "total_output_tokens",
-    "request_throughput",
-    "output_throughput",
-    "total_token_throughput",
-    "max_output_tokens_per_s",
-    "max_concurrent_requests",
-    "request_goodput",
-) + LATENCY_KEYS
-
 
 def level_key(concurrency, request_rate):
     """The idempotency key of a level within a run: (concurrency, request rate)."""

@@ -1,0 +1,24 @@
+"""What a sweep reports for one level, under the key names of `vllm bench serve`'s result JSON:
+the worker's load generator writes them (workers.loadgen, workers.sweep), the web tier stores
+them as LevelResult fields and reads them from imported files (moeops.runs). Units: counts,
+tokens, s (duration), req/s and tok/s (rates), ms (latencies); docs/metrics.md defines each."""
+
+# Latency statistics per level (ms): time to first token, time per output token, inter-token
+# latency and end-to-end latency, each as mean, median, std and three percentiles.
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+LATENCY_STATS = ("mean", "median", "std", "p90", "p95", "p99")
+LATENCY_KEYS = tuple(f"{s}_{m}_ms" for m in LATENCY_METRICS for s in LATENCY_STATS)
+# Throughput and count keys of one level.
+LEVEL_KEYS = (
+    "completed",
+    "failed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
+    "request_goodput",
+) + LATENCY_KEYS
