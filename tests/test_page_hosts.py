@@ -5,10 +5,8 @@ import pytest
 from django.utils import timezone
 
 from moeops.examples import load_example_data
-from tests import page_base as pb
-from moeops.fleet import services as fleet_services
-from moeops.fleet.models import Host
 from reports.topology import parse_nvidia_smi_topo
+from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
 FIXTURES = Path(__file__).parent / "fixtures" / "topology"

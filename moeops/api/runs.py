@@ -124,10 +124,10 @@ class RunOut(Schema):
     peak_output_throughput: float | None = Field(None, description="tok/s, best level")
 
     @staticmethod
-    @staticmethod
     def resolve_peak_output_throughput(obj):
         return getattr(obj, "peak", None)
 
+    @staticmethod
     def resolve_deployment(obj):
         return obj.deployment_id
 

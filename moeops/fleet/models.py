@@ -30,8 +30,8 @@ CHECK_TRIGGERS = (
     ("manual", "Check now"),
     ("periodic", "Periodic"),
     ("api", "API"),
-)
     ("edit", "Set by hand"),
+)
 
 READING_STATUSES = (("recorded", "Recorded"), ("unavailable", "Unavailable"))
 
