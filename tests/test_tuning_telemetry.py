@@ -12,7 +12,7 @@ from moeops.runs.models import TelemetryBatch, TelemetrySample
 from tests import page_base as pb
 from tests.api_base import make_world
 
-BENCH_RESULTS = Path(__file__).parent.parent / "bench" / "results"
+TELEMETRY = Path(__file__).parent / "fixtures" / "telemetry"
 
 
 @pytest.fixture
@@ -193,12 +193,12 @@ def test_a_finished_tune_without_telemetry_says_why_where_the_charts_would_be(
 
 @pytest.mark.parametrize(
     ("telemetry", "gpus"),
-    [("h200x2_spread_telemetry.jsonl", 2), ("h200x4_spread2_telemetry.jsonl", 4)],
+    [("h200x2_spread_tune.jsonl", 2), ("h200x4_spread_tune.jsonl", 4)],
 )
 def test_the_h200_spread_tune_samples_are_stored_and_charted_per_gpu(
     world, client, telemetry, gpus
 ):
-    lines = (BENCH_RESULTS / telemetry).read_text().splitlines()
+    lines = (TELEMETRY / telemetry).read_text().splitlines()
     samples = [json.loads(line) for line in lines]
     tuning = _tuning(world, status="succeeded")
     response = world.host_worker.post(
