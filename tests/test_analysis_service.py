@@ -404,6 +404,47 @@ def test_idle_gpus_and_queueing_from_samples_tagged_with_levels(h200_deployment)
     assert queueing.severity == "warning" and queueing.evidence["max_queued"] == 64
 
 
+def test_a_resumed_level_is_judged_by_the_samples_of_the_attempt_that_stored_it(h200_deployment):
+    # the worker died in level 128 (attempt 1), whose GPUs then sat idle; the sweep delivered
+    # again ran the level anew (attempt 2) and stored it
+    run = make_run(h200_deployment, [(32, 800.0)], telemetry_status="recorded")
+    LevelResult.objects.create(
+        run=run, key=level_key(128, None), concurrency=128, output_throughput=900.0, attempt=2
+    )
+
+    def gpu(ts, concurrency, util, attempt):
+        return TelemetrySample(
+            run=run,
+            gpu_index=0,
+            ts=ts,
+            level_concurrency=concurrency,
+            gpu_util=util,
+            attempt=attempt,
+        )
+
+    TelemetrySample.objects.bulk_create(
+        [gpu(1.0, 32, 90.0, 1)]
+        + [gpu(2.0 + t, 128, 2.0, 1) for t in range(8)]
+        + [gpu(20.0 + t, 128, 90.0, 2) for t in range(2)]
+    )
+    EngineSample.objects.bulk_create(
+        [EngineSample(run=run, ts=1.0, level_concurrency=32, running=32, queued=0)]
+        + [
+            EngineSample(run=run, ts=2.0 + t, level_concurrency=128, running=64, queued=64)
+            for t in range(3)
+        ]
+        + [EngineSample(run=run, ts=20.0, level_concurrency=128, running=64, queued=64, attempt=2)]
+    )
+
+    services.run_analyze(run=run)
+
+    # the dead attempt's idle samples would have brought the mean to 26 %, below the 30 % line
+    assert not auto(run, kind="idle_gpus").exists()
+    queueing = auto(run, kind="queueing").get()
+    assert queueing.evidence["engine_samples"] == 2
+    assert queueing.evidence["samples_queued_at_cap"] == 1
+
+
 def test_client_bound_from_the_load_generator_s_own_numbers(h200_deployment):
     run = make_run(h200_deployment, [])
     LevelResult.objects.create(

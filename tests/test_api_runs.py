@@ -273,6 +273,23 @@ def test_it_stores_engine_samples_once(world):
     assert listed["items"][0]["queued"] == 448.0
 
 
+def test_samples_keep_the_attempt_of_the_sweep_that_took_them(world):
+    run = world.run(status="running")
+    path = f"/api/v1/runs/{run.pk}/engine-samples"
+    first = [{"ts": 1.7e9, "running": 8.0}]
+    resumed = [{"ts": 1.7e9 + 60, "running": 8.0, "attempt": 2}]
+    world.host_worker.post(path, {"batch_id": "e1", "samples": first})
+    world.host_worker.post(path, {"batch_id": "e2", "samples": resumed})
+
+    assert [s["attempt"] for s in world.read_only.get(path).json()["items"]] == [1, 2]
+    nought = world.host_worker.post(
+        path, {"batch_id": "e3", "samples": [{"ts": 1.7e9, "attempt": 0}]}
+    )
+    assert nought.status_code == 422
+    assert nought.json()["message"].startswith("samples.0.attempt:")
+    assert EngineSample.objects.filter(run=run).count() == 2
+
+
 def test_outsider_cannot_post_telemetry(world):
     run = world.run(status="running")
     response = world.outsider.post(

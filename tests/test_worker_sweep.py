@@ -106,6 +106,7 @@ def test_it_claims_the_run_and_stores_each_level_once(world):
     assert run.status == "succeeded"
     assert [lv.concurrency for lv in run.levels.order_by("concurrency")] == [4, 8]
     assert run.progress["levels_done"] == run.progress["levels_total"] == 2
+    assert run.progress["attempt"] == 1 and {lv.attempt for lv in run.levels.all()} == {1}
     # a second delivery of a finished run does nothing
     assert _sweep(run, client) == "succeeded"
     assert run.levels.count() == 2
@@ -181,6 +182,26 @@ def test_a_redelivered_run_skips_the_levels_already_stored(world):
     assert [lv.concurrency for lv in levels] == [4, 8]
     assert levels[0].pk == kept.pk and levels[0].output_throughput == 1.0
     assert levels[1].completed == 32
+
+
+def test_a_resumed_run_marks_its_levels_and_samples_with_the_next_attempt(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4, 8), gpu_indices=[0], prompts_per_level=48)
+    services.run_transition(run=run, status="running")
+    services.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
+    # the second delivery died in level 8; its heartbeat is long gone
+    SweepRun.objects.filter(pk=run.pk).update(
+        progress={"heartbeat": time.time() - 60, "attempt": 2}
+    )
+
+    assert _sweep(run, client, nvml=FakeNVML([h200()]), telemetry_hz=10) == "succeeded"
+
+    run.refresh_from_db()
+    assert run.progress["attempt"] == 3
+    assert {lv.concurrency: lv.attempt for lv in run.levels.all()} == {4: 1, 8: 3}
+    assert run.telemetry.exists() and run.engine_samples.exists()
+    assert set(run.telemetry.values_list("attempt", flat=True)) == {3}
+    assert set(run.engine_samples.values_list("attempt", flat=True)) == {3}
 
 
 def test_a_run_another_worker_is_sweeping_is_left_alone(world):

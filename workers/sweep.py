@@ -6,12 +6,13 @@ finishes and the samples in batches, reports progress about once a second, stops
 request boundary once the run's `cancel_requested` is set, and ends the run succeeded, cancelled
 or failed; finished levels are always kept, and so are the finished requests of the level the
 stop cut short (stored as a level whose raw result says "stopped"). A run delivered again (its
-worker died) resumes: the levels already stored are skipped, so none is stored twice.
+worker died) resumes: the levels already stored are skipped, so none is stored twice, and the
+levels and samples of each delivery carry its attempt number (1, 2, …), so that the samples the
+dead attempt took of the level it cut short are told apart from those of the level stored.
 """
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import socket
@@ -103,9 +104,11 @@ def sweep_config(parameters):
     )
 
 
-def level_payload(result):
-    """The API's level body from a load-generator result; the whole result travels as raw."""
+def level_payload(result, attempt=1):
+    """The API's level body from a load-generator result, taken by the run's delivery
+    `attempt`; the whole result travels as raw."""
     payload = {k: result[k] for k in LEVEL_FIELDS if result.get(k) is not None}
+    payload["attempt"] = attempt
     payload["raw"] = result
     return payload
 
@@ -119,9 +122,11 @@ def _level_id(concurrency, request_rate):
 class _Progress:
     """Where the sweep is, shared by the level loop (writer) and the reporter (reader)."""
 
-    def __init__(self, levels_total):
+    def __init__(self, levels_total, attempt):
         self._lock = threading.Lock()
+        self.attempt = attempt
         self.state = {
+            "attempt": attempt,
             "level_index": 0,
             "levels_total": levels_total,
             "levels_done": 0,
@@ -140,13 +145,15 @@ class _Progress:
 
 
 class _Samples:
-    """Hands the samplers' readings to the API in batches, each under a fresh batch id."""
+    """Hands the samplers' readings to the API in batches, each under a fresh batch id and
+    each sample marked with the run's delivery `attempt`."""
 
-    def __init__(self, client, run_uuid, telemetry, engine):
+    def __init__(self, client, run_uuid, telemetry, engine, attempt):
         self._client = client
         self._run = run_uuid
         self._telemetry = telemetry
         self._engine = engine
+        self._attempt = attempt
         self._engine_sent = 0
         self._lock = threading.Lock()
 
@@ -154,10 +161,18 @@ class _Samples:
         """Samples taken from now on belong to the level at this concurrency (None: none)."""
         self._telemetry.level_concurrency = self._engine.level_concurrency = concurrency
 
+    def _marked(self, samples):
+        return [{**sample, "attempt": self._attempt} for sample in samples]
+
     def flush(self):
         with self._lock:
-            push_drained(self._telemetry, functools.partial(self._client.post_telemetry, self._run))
-            engine = self._engine.samples[self._engine_sent :]
+            push_drained(
+                self._telemetry,
+                lambda samples, batch_id: self._client.post_telemetry(
+                    self._run, self._marked(samples), batch_id=batch_id
+                ),
+            )
+            engine = self._marked(self._engine.samples[self._engine_sent :])
             self._engine_sent += len(engine)
             if engine:
                 self._client.post_engine_samples(self._run, engine, batch_id=uuid.uuid4().hex)
@@ -224,10 +239,17 @@ def _alive(progress):
     return True
 
 
+def _previous_attempt(progress):
+    # a run swept before attempts were counted was on its first
+    attempt = progress.get("attempt")
+    return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1
+
+
 def _claim(client, run_uuid, stale_after_s):
     """Move the run to running (or take over a running run whose worker died).
 
-    Returns the run (dict), or the outcome string when there is nothing to do here.
+    Returns (the run as a dict, this delivery's attempt: 1, or one more than the attempt
+    taken over), or the outcome string when there is nothing to do here.
     """
     run = client.get_run(run_uuid)
     if run["status"] in FINISHED_STATUSES:
@@ -238,13 +260,10 @@ def _claim(client, run_uuid, stale_after_s):
         if beat is not None and time.time() - beat < stale_after_s and _alive(progress):
             return BUSY
         log.info("sweep %s: resuming a run whose worker stopped", run_uuid)
-        return run
+        return run, _previous_attempt(progress) + 1
     try:
-        return client.update_run(
-            run_uuid,
-            status="running",
-            progress={"heartbeat": time.time(), "worker": _me(), "levels_done": 0},
-        )
+        progress = {"heartbeat": time.time(), "worker": _me(), "levels_done": 0, "attempt": 1}
+        return client.update_run(run_uuid, status="running", progress=progress), 1
     except Conflict:
         # cancelled or claimed meanwhile: read where it is now
         return _claim(client, run_uuid, stale_after_s)
@@ -270,6 +289,7 @@ def run_sweep(
     claimed = _claim(client, run_uuid, stale_after_s)
     if isinstance(claimed, str):
         return claimed
+    claimed, attempt = claimed
     try:
         config = sweep_config(parameters)
     except vocabulary.VocabularyUnknown as exc:
@@ -289,11 +309,11 @@ def run_sweep(
         _level_id(level["concurrency"], level["request_rate"])
         for level in client.get_levels(run_uuid)
     }
-    progress = _Progress(len(levels))
+    progress = _Progress(len(levels), attempt)
     # no GPUs recorded for the deployment: sample every GPU of the host
     telemetry = TelemetrySampler(parameters.get("gpu_indices") or None, hz=telemetry_hz, nvml=nvml)
     engine = EngineMetricsSampler(config.client.base_url)
-    samples = _Samples(client, run_uuid, telemetry, engine)
+    samples = _Samples(client, run_uuid, telemetry, engine, attempt)
     reporter = _Reporter(client, run_uuid, progress, samples, progress_interval_s)
     reporter.cancel_requested = bool(claimed.get("cancel_requested"))
 
@@ -370,10 +390,10 @@ def _run_levels(
                 # the requests that finished before the stop are measurements too: the level
                 # is kept, marked by raw's "stopped" (and "num_prompts", what it was to send)
                 samples.flush()
-                client.post_level(run_uuid, level_payload(result))
+                client.post_level(run_uuid, level_payload(result, progress.attempt))
             break
         samples.flush()
-        client.post_level(run_uuid, level_payload(result))
+        client.post_level(run_uuid, level_payload(result, progress.attempt))
         done += 1
         progress.update(levels_done=done)
         if result["completed"] == 0:

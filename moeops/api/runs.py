@@ -38,6 +38,7 @@ from moeops.runs.models import (
     LevelResult,
 )
 from moeops.runs.parameters import RunParameters
+from moeops.storable import MAX_SMALL_INT
 
 router = Router(tags=["runs"])
 
@@ -320,6 +321,13 @@ def run_cancel(request, ref: str):
 # --------------------------------------------------------------------------- levels
 
 
+# The sweep's delivery that took a level or a sample: 1, then 2, … after each resume.
+Attempt = Annotated[
+    int,
+    Field(ge=1, le=MAX_SMALL_INT, description="the sweep's delivery: 2, … after a resume"),
+]
+
+
 class LevelIn(In):
     """One concurrency level, named as `vllm bench serve` names its result keys (ms, tok/s)."""
 
@@ -366,6 +374,7 @@ class LevelIn(In):
     p99_e2el_ms: float | None = None
     started_at: EpochSeconds | None = None
     finished_at: EpochSeconds | None = None
+    attempt: Attempt = 1
     raw: JsonObject | None = Field(None, description="the original result object, if any")
 
 
@@ -415,6 +424,7 @@ class TelemetrySampleIn(In):
     mem_total_mib: Gauge | None = None
     sm_clock_mhz: Gauge | None = None
     temperature_c: Gauge | None = None
+    attempt: Attempt = 1
 
 
 class TelemetryIn(In):
@@ -430,6 +440,7 @@ class EngineSampleIn(In):
     running: Gauge | None = None
     queued: Gauge | None = None
     kv_cache_usage: Gauge | None = None
+    attempt: Attempt = 1
 
 
 class EngineSamplesIn(In):

@@ -200,15 +200,17 @@ def _gather(run, deployment) -> analysis.RunData:
         telemetry_detail=run.telemetry_detail,
         gpu_samples=[
             analysis.GpuSample(*row)
-            for row in run.telemetry.order_by("ts").values_list(
+            for row in run.samples_of_stored_attempts(run.telemetry)
+            .order_by("ts")
+            .values_list(
                 "gpu_index", "ts", "level_concurrency", "gpu_util", "power_w", "power_limit_w"
             )
         ],
         engine_samples=[
             analysis.EngineSample(*row)
-            for row in run.engine_samples.order_by("ts").values_list(
-                "ts", "level_concurrency", "running", "queued", "kv_cache_usage"
-            )
+            for row in run.samples_of_stored_attempts(run.engine_samples)
+            .order_by("ts")
+            .values_list("ts", "level_concurrency", "running", "queued", "kv_cache_usage")
         ],
         engine=_engine(run, deployment),
         recorded_engine=deployment.engine,

@@ -190,6 +190,21 @@ class SweepRun(models.Model):
             self.parameters.get("moe_kernel"),
         )
 
+    def samples_of_stored_attempts(self, samples):
+        """samples (a queryset of this run's engine or GPU samples) less those a cut-short
+        attempt took of a level that a later attempt stored: a sweep delivered again after its
+        worker died runs that level anew, and the dead attempt's samples of it stay stored
+        (their `attempt` tells them apart) but describe no stored level."""
+        superseded = Q()
+        for concurrency, attempt in self.levels.values_list("concurrency", "attempt"):
+            superseded |= Q(level_concurrency=concurrency) & ~Q(attempt=attempt)
+        return samples.exclude(superseded) if superseded else samples
+
+
+# A sweep delivered again after its worker died resumes where it was: its levels and samples
+# carry the delivery that took them, so a level it ran twice keeps each attempt's samples apart.
+ATTEMPT_HELP = "The sweep's delivery that took it: 1, then 2, … after each resume"
+
 
 class LevelResult(models.Model):
     """One concurrency level of a sweep, with every metric of docs/metrics.md (vLLM key names)."""
@@ -241,6 +256,7 @@ class LevelResult(models.Model):
     p99_e2el_ms = models.FloatField(null=True, blank=True)
     started_at = models.FloatField(null=True, blank=True, help_text="UTC epoch s")
     finished_at = models.FloatField(null=True, blank=True, help_text="UTC epoch s")
+    attempt = models.PositiveSmallIntegerField(default=1, help_text=ATTEMPT_HELP)
     raw = models.JSONField(
         null=True, blank=True, help_text="The original result object, unknown keys included"
     )
@@ -358,6 +374,7 @@ class TelemetrySample(models.Model):
     mem_total_mib = models.FloatField(null=True, blank=True)
     sm_clock_mhz = models.FloatField(null=True, blank=True)
     temperature_c = models.FloatField(null=True, blank=True)
+    attempt = models.PositiveSmallIntegerField(default=1, help_text=ATTEMPT_HELP)
 
     class Meta:
         indexes = [
@@ -383,6 +400,7 @@ class EngineSample(models.Model):
     running = models.FloatField(null=True, blank=True)
     queued = models.FloatField(null=True, blank=True)
     kv_cache_usage = models.FloatField(null=True, blank=True, help_text="fraction 0–1")
+    attempt = models.PositiveSmallIntegerField(default=1, help_text=ATTEMPT_HELP)
 
     class Meta:
         # run page charts read one run's samples in time order
