@@ -1,10 +1,14 @@
 import datetime as dt
+import time
 from pathlib import Path
 
 import pytest
 from django.utils import timezone
+from django.utils.html import escape
 
 from moeops.examples import load_example_data
+from moeops.fleet import services as fleet_services
+from moeops.fleet.models import Host
 from reports.topology import parse_nvidia_smi_topo
 from tests import page_base as pb
 
@@ -95,3 +99,38 @@ def test_gpu_table_takes_the_probe_first_and_the_hosts_rows_for_the_rest(client,
     assert "NVIDIA H200" in gpu0  # the probe could not read the name; the host's row knows it
     assert "00000000:18:00.0" in gpu0 and "Gen5 x16 / Gen1 x16" in gpu0 and ">18<" in gpu0
     assert html.count("NVIDIA H200") >= 8
+
+
+def test_a_worker_cut_off_from_its_broker_is_said_so_even_after_it_went_quiet(client, host):
+    row, _, _ = host
+    error = "Error 111 connecting to 10.0.0.5:6379. Connection refused."
+    broker = {"reachable": False, "url": "redis://10.0.0.5:6379", "error": error}
+    fleet_services.host_heartbeat_record(
+        host=row, status={"broker": {**broker, "since": time.time() - 185}}
+    )
+
+    why = f"redis://10.0.0.5:6379 ({error[:-1]}, for 3\xa0minutes)"
+    absence = row.worker_absence()
+    assert absence == (
+        f"The worker of host h100-x8 is running but cannot reach its broker {why}; "
+        "what is sent to it waits until it can."
+    )
+    assert escape(absence) in client.get("/hosts/h100-x8/").content.decode()
+
+    # its heartbeats stop (it gave up retrying): its last word stays with the host
+    Host.objects.filter(pk=row.pk).update(worker_seen_at=timezone.now() - dt.timedelta(hours=1))
+    row.refresh_from_db()
+    assert row.worker_absence() == (
+        "The worker of host h100-x8 was last seen 1\xa0hour ago; what is sent to it waits until "
+        f"it is back. Its last heartbeat said it could not reach its broker {why}."
+    )
+
+    # back in reach, or a worker that does not say: nothing is wrong
+    for said in ({"broker": {**broker, "reachable": True}}, {}):
+        fleet_services.host_heartbeat_record(host=row, status=said)
+        assert row.worker_absence() == ""
+        html = client.get("/hosts/h100-x8/").content.decode()
+        assert 'id="worker-absent"' not in html and "worker seen 0\xa0minutes ago" in html
+    # a start no date can hold is left out, not a 500
+    fleet_services.host_heartbeat_record(host=row, status={"broker": {**broker, "since": 1e300}})
+    assert f"broker redis://10.0.0.5:6379 ({error[:-1]});" in row.worker_absence()

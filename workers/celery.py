@@ -13,8 +13,8 @@ import logging
 import os
 import socket
 
-from celery import Celery
-from celery.signals import worker_ready, worker_shutdown
+from celery import Celery, bootsteps
+from celery.signals import worker_ready
 
 # httpx logs every request at INFO: thousands per sweep level
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -62,25 +62,30 @@ app.conf.update(
 )
 
 
-_heartbeat = []
-
-
 @worker_ready.connect
 def _probe_on_start(sender, **kwargs):
     # a worker that starts may be on new hardware or a new virtualization layer: record it
     app.send_task("workers.probe_host", queue=HOST_QUEUE)
 
 
-@worker_ready.connect
-def _start_heartbeat(sender, **kwargs):
-    from workers.heartbeat import HEARTBEAT_S, Heartbeat
+class HeartbeatStep(bootsteps.StartStopStep):
+    """The worker's heartbeat (workers.heartbeat) from start to shutdown, in its main process.
 
-    if HEARTBEAT_S > 0:
-        _heartbeat.append(Heartbeat(HOST_NAME, HOST_QUEUE))
-        _heartbeat[-1].start()
+    It starts once the pool's processes are forked (a thread running at a fork can leave a lock
+    held in the child, which then hangs), and before the broker connection, not once the worker
+    is ready: a worker that cannot reach its broker retries 100 times (most of an hour) before
+    it is, and its heartbeat is what tells the web tier why work waits.
+    """
+
+    requires = ("celery.worker.components:Pool",)
+
+    def create(self, worker):
+        from workers.broker import BrokerCheck
+        from workers.heartbeat import HEARTBEAT_S, Heartbeat
+
+        if HEARTBEAT_S <= 0:
+            return None
+        return Heartbeat(HOST_NAME, HOST_QUEUE, broker=BrokerCheck(app))
 
 
-@worker_shutdown.connect
-def _stop_heartbeat(sender, **kwargs):
-    for beat in _heartbeat:
-        beat.stop()
+app.steps["worker"].add(HeartbeatStep)

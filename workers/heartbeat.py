@@ -1,10 +1,12 @@
 """The worker's heartbeat: every MOEOPS_HEARTBEAT_S it tells the web tier that it is alive, which
-managed engines run on its host (found again after a restart) and what waits in its spool.
+managed engines run on its host (found again after a restart), what waits in its spool and
+whether it reaches its broker.
 
 The web tier marks the host's worker alive while heartbeats arrive (`Host.worker_alive`), says
 at once that work for a host without one would wait, and fails the work of a worker that
-stopped sending them (moeops.engines.services.stale_work_fail). Started by workers.celery when
-the worker is ready, in the worker's main process: a task that runs for hours does not stop it.
+stopped sending them (moeops.engines.services.stale_work_fail). Started by workers.celery
+(HeartbeatStep) in the worker's main process before it connects to its broker: neither a broker
+out of reach nor a task that runs for hours stops it.
 """
 
 import logging
@@ -22,10 +24,11 @@ HEARTBEAT_S = float(os.getenv("MOEOPS_HEARTBEAT_S", "30"))
 LOG_LINES = 20
 
 
-def worker_status(queue, supervisor=None, spool=None) -> dict:
+def worker_status(queue, supervisor=None, spool=None, broker=None) -> dict:
     """What a heartbeat says: {"worker": {"host", "pid", "queue"}, "engines": [...], "spool":
-    {"waiting", "rejected"}, "sent_at"}; an engine: {"deployment", "version", "pid",
-    "started_at" (epoch s), "ready_after_s", "argv", "base_url", "log_tail"}."""
+    {"waiting", "rejected"}, "broker": {"reachable", "url", "error", "since"}, "sent_at"}; an
+    engine: {"deployment", "version", "pid", "started_at" (epoch s), "ready_after_s", "argv",
+    "base_url", "log_tail"}. broker: a workers.broker.BrokerCheck."""
     supervisor = supervisor or EngineSupervisor()
     engines = []
     for state in supervisor.running():
@@ -50,22 +53,27 @@ def worker_status(queue, supervisor=None, spool=None) -> dict:
     }
     if spool is not None:
         status["spool"] = {"waiting": len(spool.entries()), "rejected": spool.rejected_count()}
+    if broker is not None:
+        status["broker"] = broker()
     return status
 
 
 class Heartbeat(threading.Thread):
-    """Sends a heartbeat for host every interval_s until stop()."""
+    """Sends a heartbeat for host every interval_s until stop(); broker: as worker_status
+    takes it."""
 
-    def __init__(self, host, queue, interval_s=HEARTBEAT_S):
+    def __init__(self, host, queue, interval_s=HEARTBEAT_S, broker=None):
         super().__init__(name="moeops-heartbeat", daemon=True)
         self.host = host
         self.queue = queue
         self.interval_s = interval_s
+        self.broker = broker
         self._halt = threading.Event()
 
     def beat(self, client):
         try:
-            client.post_heartbeat(self.host, worker_status(self.queue, spool=client.spool))
+            status = worker_status(self.queue, spool=client.spool, broker=self.broker)
+            client.post_heartbeat(self.host, status)
         except ApiError as exc:
             # the web tier may be down: the next beat tries again, a late one says nothing
             log.info("heartbeat of %s not sent: %s", self.host, exc)

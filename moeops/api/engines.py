@@ -41,6 +41,9 @@ class HeartbeatIn(In):
     worker: JsonObject = Field({}, description="host, pid, queue of the worker")
     engines: JsonList = Field([], max_length=64, description="the managed engines running")
     spool: JsonObject = Field({}, description="waiting and rejected pushes")
+    broker: JsonObject = Field(
+        {}, description="whether the worker reaches its Celery broker: reachable, url, error, since"
+    )
     sent_at: float | None = Field(None, ge=0, le=1e11, description="UTC epoch s")
 
 

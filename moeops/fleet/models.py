@@ -2,6 +2,7 @@
 their health checks and the hosts' GPU readings."""
 
 import uuid
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import models
@@ -141,18 +142,42 @@ class Host(models.Model):
 
     def worker_absence(self):
         """A sentence saying why work sent to this host would wait, or "" when its worker is
-        alive."""
+        alive and reaches its broker."""
+        broker = self._broker_out_of_reach()
         if self.worker_alive():
-            return ""
+            if not broker:
+                return ""
+            return (
+                f"The worker of host {self.name} is running but cannot reach its broker "
+                f"{broker}; what is sent to it waits until it can."
+            )
         if self.worker_seen_at is None:
             return (
                 f"No worker of host {self.name} has been seen: start one with "
                 f"`celery -A workers worker -Q {self.queue_name}` (README: Adding a GPU host)."
             )
-        return (
+        gone = (
             f"The worker of host {self.name} was last seen "
             f"{timesince(self.worker_seen_at)} ago; what is sent to it waits until it is back."
         )
+        return (
+            f"{gone} Its last heartbeat said it could not reach its broker {broker}."
+            if broker
+            else gone
+        )
+
+    def _broker_out_of_reach(self):
+        """ "redis://h:6379 (why, for 3 minutes)" when the last heartbeat said the worker could
+        not reach its broker, else "" (it could, or the worker does not say)."""
+        broker = (self.worker_status or {}).get("broker")
+        if not isinstance(broker, dict) or broker.get("reachable") is not False:
+            return ""
+        why = str(broker.get("error") or "no answer").rstrip(".")
+        since = broker.get("since")
+        # UTC epoch s as the heartbeat's sent_at is bounded: a date that datetime can hold
+        if isinstance(since, int | float) and not isinstance(since, bool) and 0 < since <= 1e11:
+            why += f", for {timesince(datetime.fromtimestamp(since, tz=UTC))}"
+        return f"{broker.get('url') or ''} ({why})".lstrip()
 
     def managed_engine(self, deployment_id):
         """The managed engine of that deployment as the last heartbeat reported it, or None."""
@@ -228,7 +253,7 @@ class TopologySnapshot(models.Model):
         return label
 
     def as_snapshot(self):
-        """The snapshot in the JSON shape of workers.topology (for diffs and the API)."""
+        """The snapshot in the JSON shape of reports.topology (for diffs and the API)."""
         return {
             "source": self.source,
             "virtualization": {

@@ -1,0 +1,35 @@
+"""Whether this worker reaches its Celery broker, for its heartbeat to say (the heartbeat goes
+over HTTP, which a broker out of reach leaves standing).
+
+A worker cut off from its broker takes no task while Celery retries the connection (100 times,
+waiting longer each time), and only its own log said so: the web tier showed its queued work as
+waiting for a worker that was, to every appearance, alive.
+"""
+
+import time
+
+from kombu.exceptions import OperationalError
+
+
+class BrokerCheck:
+    """Connects to the app's broker once per call; remembers since when it has failed."""
+
+    def __init__(self, app):
+        self.app = app
+        self._failing_since = None
+
+    def __call__(self) -> dict:
+        """{"reachable": bool, "url" (no credentials), "error" ("" when reachable), "since"
+        (UTC epoch s of the first failed check in a row, None when reachable)}; one connection
+        attempt of at most the app's broker_connection_timeout (s)."""
+        connection = self.app.connection_for_write()
+        url = f"{connection.transport_cls}://{connection.hostname}:{connection.port}"
+        try:
+            connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+        except OperationalError as exc:
+            self._failing_since = self._failing_since or time.time()
+            return {"reachable": False, "url": url, "error": str(exc), "since": self._failing_since}
+        finally:
+            connection.release()
+        self._failing_since = None
+        return {"reachable": True, "url": url, "error": "", "since": None}
