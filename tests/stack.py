@@ -23,7 +23,9 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import httpx
 import psutil
 import pytest
 from celery import Celery
@@ -51,7 +53,8 @@ class WorkerProcess:
         self.log_path = log_path
         self.proc = None
 
-    def start(self, **extra_env):
+    def start(self, wait_ready=True, **extra_env):
+        """Start it; wait_ready: until it logs "ready." (it has reached its broker)."""
         since = len(self.log()) if Path(self.log_path).exists() else 0
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(
@@ -78,7 +81,8 @@ class WorkerProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.wait_for_log("ready.", WORKER_READY_TIMEOUT_S, since=since)
+        if wait_ready:
+            self.wait_for_log("ready.", WORKER_READY_TIMEOUT_S, since=since)
         return self
 
     def log(self):
@@ -117,7 +121,8 @@ class WorkerProcess:
 
 
 class TogglingProxy:
-    """A TCP forwarder to the web tier that can be taken down (connections refused) and back."""
+    """A TCP forwarder (to the web tier, or to Redis) that can be taken down (connections
+    refused, as on a closed port) and back."""
 
     def __init__(self, target_port, port):
         self.target_port = target_port
@@ -211,6 +216,8 @@ class SweepStack:
         worker,
         spool_dir,
         proxy,
+        broker_proxy,
+        standin,
     ):
         self.live_server_url = live_server_url
         self.api_url = api_url
@@ -221,6 +228,8 @@ class SweepStack:
         self.worker = worker
         self.spool_dir = spool_dir
         self.proxy = proxy
+        self.broker_proxy = broker_proxy
+        self.standin = standin
 
     def start_sweep(self, levels, *, input_len=16, output_len=32, label="e2e sweep", **extra):
         """A run created and enqueued by the web tier's own sweep_start."""
@@ -247,6 +256,16 @@ class SweepStack:
             + self.worker.log()[-6000:]
         )
 
+    @staticmethod
+    def wait_until(check, timeout, what="answer"):
+        """check()'s first answer that is not None, asked every 0.2 s for timeout s."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (found := check()) is not None:
+                return found
+            time.sleep(0.2)
+        raise AssertionError(f"no {what} after {timeout} s")
+
     def wait_for_findings(self, run, keys, timeout=60):
         """The deployment's findings {(kind, key): Finding} once those of keys exist: the
         analysis runs after the run's final status commits, so a test that saw the status
@@ -263,6 +282,16 @@ class SweepStack:
             if set(keys) <= set(found) or time.monotonic() > deadline:
                 return found
             time.sleep(0.2)
+
+    def api_get(self, path):
+        """The JSON answer of GET /api/v1<path>, asked with the host's token."""
+        response = httpx.get(
+            f"{self.live_server_url}/api/v1{path}",
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=30,
+        )
+        response.raise_for_status()
+        return response.json()
 
     def spooled(self):
         """Pushes waiting in the worker's spool folder."""
@@ -293,10 +322,13 @@ def _producer(redis_url):
 @pytest.fixture
 def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_db, monkeypatch):
     """make_sweep_stack(max_running_requests=16, standin_args=(), via_proxy=False,
-    engine_url=None, model=None, deployment_fields=None, gpus=(), **worker_env).
+    broker_via_proxy=False, start_worker=True, engine_url=None, model=None,
+    deployment_fields=None, gpus=(), **worker_env).
 
     standin_args go to `python -m workers.standin` (e.g. "--drop-rate", "0.05"); via_proxy puts
-    a TogglingProxy between the worker and the web tier (stack.proxy.down() / .up());
+    a TogglingProxy between the worker and the web tier (stack.proxy.down() / .up()), and
+    broker_via_proxy one between the worker and Redis (stack.broker_proxy; the web tier reaches
+    Redis directly); start_worker=False leaves stack.worker to the test to start;
     engine_url points the deployment at a running engine instead of a new stand-in, model is its
     ModelSpec (default: GLM-5), deployment_fields override the deployment's, gpus are the host's
     GPU rows (dicts of GPU fields; the deployment uses them all); worker_env adds to the
@@ -309,6 +341,8 @@ def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_
         standin_args=(),
         *,
         via_proxy=False,
+        broker_via_proxy=False,
+        start_worker=True,
         engine_url=None,
         model=None,
         deployment_fields=None,
@@ -316,6 +350,7 @@ def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_
         **worker_env,
     ):
         name = f"e2e-{uuid.uuid4().hex[:8]}"
+        standin = None
         if engine_url is None:
             standin_url, standin = spawn_standin(
                 [
@@ -353,10 +388,17 @@ def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_
         if proxy is not None:
             started.append(proxy.close)
         api_url = proxy.url if proxy else live_server.url
+        broker_url, broker_proxy = redis_url, None
+        if broker_via_proxy:
+            broker = urlsplit(redis_url)
+            broker_proxy = TogglingProxy(broker.port, free_port())
+            started.append(broker_proxy.close)
+            netloc = broker.netloc.replace(f":{broker.port}", f":{broker_proxy.port}")
+            broker_url = urlunsplit(broker._replace(netloc=netloc))
         spool_dir = tmp_path / f"spool-{name}"
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("MOEOPS_")},
-            "REDIS_URL": redis_url,
+            "REDIS_URL": broker_url,
             "MOEOPS_HOST": name,
             "MOEOPS_URL": api_url,
             "MOEOPS_TOKEN": token,
@@ -367,7 +409,8 @@ def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_
         }
         worker = WorkerProcess(env, host.queue_name, tmp_path / f"worker-{name}.log")
         started.append(worker.stop)
-        worker.start()
+        if start_worker:
+            worker.start()
         return SweepStack(
             live_server_url=live_server.url,
             api_url=api_url,
@@ -378,6 +421,8 @@ def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_
             worker=worker,
             spool_dir=spool_dir,
             proxy=proxy,
+            broker_proxy=broker_proxy,
+            standin=standin,
         )
 
     monkeypatch.setattr(web_celery, "app", _producer(redis_url))

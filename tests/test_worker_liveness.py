@@ -16,21 +16,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 STALE_S = 4
 
 
-def _until(check, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (found := check()) is not None:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"nothing after {timeout} s")
-
-
 def test_a_killed_worker_ends_its_sweep_within_the_heartbeat_timeout(make_sweep_stack, settings):
     settings.MOEOPS_RUN_STALE_S = STALE_S
     settings.MOEOPS_WORKER_STALE_S = STALE_S
     stack = make_sweep_stack(MOEOPS_HEARTBEAT_S="0.5")
     seen = Host.objects.filter(pk=stack.host.pk, worker_seen_at__isnull=False)
-    host = _until(seen.first, 30)
+    host = stack.wait_until(seen.first, 30)
     assert host.worker_alive() and host.worker_status["worker"]["queue"] == host.queue_name
 
     run = stack.start_sweep([8, 16, 32], output_len=64)
@@ -46,12 +37,14 @@ def test_a_killed_worker_ends_its_sweep_within_the_heartbeat_timeout(make_sweep_
         services.stale_work_fail()
         return SweepRun.objects.filter(pk=run.pk, status="failed").first()
 
-    ended = _until(failed, STALE_S + 20)
+    ended = stack.wait_until(failed, STALE_S + 20)
 
     assert time.monotonic() - killed_at < STALE_S + 20
     assert "The worker stopped sending heartbeats" in ended.error
     assert "Finished levels are kept" in ended.error
     assert ended.levels.count() >= 1
     # the host's worker is gone too, once its own heartbeat is as old
-    gone = _until(lambda: None if Host.objects.get(pk=host.pk).worker_alive() else True, 10)
+    gone = stack.wait_until(
+        lambda: None if Host.objects.get(pk=host.pk).worker_alive() else True, 10
+    )
     assert gone and "was last seen" in Host.objects.get(pk=host.pk).worker_absence()
