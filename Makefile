@@ -37,6 +37,7 @@ engine: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 test-sqlite: install browser-deps engine _pytest-sqlite
 

@@ -30,9 +30,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from localstack.ports import free_port  # noqa: E402
 from workers.client import MoeopsClient  # noqa: E402
 from workers.latency_stats import percentile  # noqa: E402
-from workers.ports import free_port  # noqa: E402
 
 PYTHON = sys.executable
 GPUS = 8

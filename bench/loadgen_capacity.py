@@ -23,8 +23,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from localstack.standin import spawn_standin  # noqa: E402
 from workers import loadgen  # noqa: E402
-from workers.standin import spawn_standin  # noqa: E402
 
 CLIENTS = ("moeops", "moeops-httpx-pool", "aiohttp-iter-any", "aiohttp-lines")
 

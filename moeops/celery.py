@@ -8,6 +8,8 @@ import os
 
 from celery import Celery, chain
 
+from reports.queues import VISIBILITY_TIMEOUT_S
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "moeops.settings")
 
 app = Celery("moeops")
@@ -18,9 +20,9 @@ app.conf.update(
     task_default_queue="web",
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
-    # Same Redis as the GPU-host workers: an unacked sweep must not be re-delivered after
-    # Redis' default hour (workers/celery.py uses the same timeout).
-    broker_transport_options={"visibility_timeout": 21840},
+    # same Redis as the GPU-host workers: an unacked sweep must not be re-delivered after
+    # Redis' default hour
+    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S},
 )
 app.autodiscover_tasks()
 

@@ -35,7 +35,7 @@ def _answers(host, port):
 @pytest.fixture(scope="session")
 def free_port():
     """free_port() -> a TCP port on 127.0.0.1 that nothing listens on right now."""
-    from workers.ports import free_port
+    from localstack.ports import free_port
 
     return free_port
 

@@ -31,12 +31,12 @@ import pytest
 from celery import Celery
 from django.db import OperationalError
 
+from localstack.standin import spawn_standin
 from moeops import celery as web_celery
 from moeops.api.models import ApiToken
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
 from moeops.front import actions
 from moeops.runs.models import FINISHED_STATUSES, SweepRun
-from workers.standin import spawn_standin
 from workers.telemetry import TelemetrySampler
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -325,7 +325,7 @@ def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_
     broker_via_proxy=False, start_worker=True, engine_url=None, model=None,
     deployment_fields=None, gpus=(), **worker_env).
 
-    standin_args go to `python -m workers.standin` (e.g. "--drop-rate", "0.05"); via_proxy puts
+    standin_args go to `python -m localstack.standin` (e.g. "--drop-rate", "0.05"); via_proxy puts
     a TogglingProxy between the worker and the web tier (stack.proxy.down() / .up()), and
     broker_via_proxy one between the worker and Redis (stack.broker_proxy; the web tier reaches
     Redis directly); start_worker=False leaves stack.worker to the test to start;

@@ -7,6 +7,7 @@ plateau and the queue behind the cap the engine reported.
 
 import pytest
 
+from localstack.standin import spawn_standin
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.insights import services
 from moeops.runs.models import EngineSample, LevelResult, SweepRun, level_key
@@ -14,7 +15,6 @@ from reports.levels import LEVEL_KEYS
 from workers.engine_info import identify_engine
 from workers.engine_metrics import EngineMetricsSampler
 from workers.loadgen import ClientConfig, SweepConfig, run_sweep
-from workers.standin import spawn_standin
 
 pytestmark = pytest.mark.django_db
 

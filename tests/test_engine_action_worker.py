@@ -47,7 +47,7 @@ def managed(live_server, transactional_db, free_port, tmp_path, monkeypatch, red
         tp=8,
     )
     staff = User.objects.create_user("ops", is_staff=True)
-    argv = [sys.executable, "-m", "workers.standin", "--port", str(port)]
+    argv = [sys.executable, "-m", "localstack.standin", "--port", str(port)]
     services.recipe_create(
         deployment=deployment, argv=[*argv, "--max-running-requests", "16"], author=staff
     )

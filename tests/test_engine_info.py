@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from localstack.standin import StandinConfig, start_standin_in_thread
 from reports import engine as reports
 from workers.engine_info import identify_engine, kernel_config_in_effect, locate_engine_package
-from workers.standin import StandinConfig, start_standin_in_thread
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engine_metrics"
 AGG = "TonyLi15-sglang-benchmark__agg_n50_in128_out64_c8.jsonl"

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from localstack.standin import StandinConfig, start_standin_in_thread
 from workers import engine_metrics, loadgen
 from workers.engine_metrics import EngineMetricsError, EngineMetricsSampler
-from workers.standin import StandinConfig, start_standin_in_thread
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engine_metrics"
 

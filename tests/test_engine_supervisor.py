@@ -25,7 +25,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 
 
 def standin(deployment, port, *, version=1, gpus=(), cap=16):
-    argv = [sys.executable, "-m", "workers.standin", "--port", str(port)]
+    argv = [sys.executable, "-m", "localstack.standin", "--port", str(port)]
     argv += ["--max-running-requests", str(cap)]
     return Recipe(
         deployment=deployment,

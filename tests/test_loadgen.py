@@ -10,9 +10,9 @@ from aiohttp import web
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
+from localstack.standin import StandinConfig, start_standin_in_thread
 from workers import loadgen
 from workers.loadgen import ClientConfig, LevelConfig, RequestRecord, SweepConfig
-from workers.standin import StandinConfig, start_standin_in_thread
 
 # The scripted stream: first content chunk after TTFT_S, then one every GAP_S.
 TTFT_S = 0.150

@@ -5,16 +5,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from workers import engine_metrics, loadgen
-from workers.engine_metrics import EngineMetricsSampler
-from workers.loadgen import ClientConfig, LevelConfig
-from workers.standin import (
+from localstack.standin import (
     RooflineStepModel,
     StandinConfig,
     roofline_from_config,
     spawn_standin,
     start_standin_in_thread,
 )
+from workers import engine_metrics, loadgen
+from workers.engine_metrics import EngineMetricsSampler
+from workers.loadgen import ClientConfig, LevelConfig
 
 HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf_configs"
 

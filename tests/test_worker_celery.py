@@ -71,15 +71,20 @@ def test_every_task_has_its_stable_name_and_time_limits():
 
 def test_a_sweep_outlives_no_visibility_timeout():
     # Redis would hand a sweep still running to a second worker once this timeout passed
-    from workers.celery import (
+    from moeops.celery import app as web_app
+    from reports.queues import (
         ACTION_SOFT_LIMIT_S,
         HARD_MARGIN_S,
         SWEEP_SOFT_LIMIT_S,
         VISIBILITY_TIMEOUT_S,
     )
+    from workers.celery import app as worker_app
 
     assert VISIBILITY_TIMEOUT_S > SWEEP_SOFT_LIMIT_S + HARD_MARGIN_S
     assert VISIBILITY_TIMEOUT_S > ACTION_SOFT_LIMIT_S + HARD_MARGIN_S
+    # the web side shares the Redis: its timeout applies to the host tasks there too
+    for app in (web_app, worker_app):
+        assert app.conf.broker_transport_options["visibility_timeout"] == VISIBILITY_TIMEOUT_S
 
 
 def test_the_worker_sets_up_no_django_even_with_django_settings_in_its_environment():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from localstack.standin import StandinConfig, start_standin_in_thread
 from moeops.api.models import ApiToken
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.runs import services
@@ -18,7 +19,6 @@ from moeops.runs.models import SweepRun
 from tests.test_telemetry import FakeNVML, h200
 from workers import sweep
 from workers.client import MoeopsClient
-from workers.standin import StandinConfig, start_standin_in_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 CONFIG = Path(__file__).resolve().parent.parent / "moeops/examples/glm-5-fp8_config.json"

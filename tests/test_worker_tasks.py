@@ -12,6 +12,7 @@ from django.contrib.auth.models import User
 from django.db import OperationalError
 from django.test import Client
 
+from localstack.standin import StandinConfig, start_standin_in_thread
 from moeops.api.models import ApiToken
 from moeops.celery import send_host_task
 from moeops.fleet.models import Deployment, GPUReading, HealthCheck
@@ -25,7 +26,6 @@ from tuning.search import KernelShape
 from tuning.tune_results import BatchResult, TuneResult
 from workers import kernel_tune
 from workers.engine_check import check_engine
-from workers.standin import StandinConfig, start_standin_in_thread
 
 pytest_plugins = ["tests.stack"]
 

@@ -16,26 +16,13 @@ import socket
 from celery import Celery, bootsteps
 from celery.signals import worker_ready
 
+from reports.queues import VISIBILITY_TIMEOUT_S, host_queue
+
 # httpx logs every request at INFO: thousands per sweep level
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 HOST_NAME = os.getenv("MOEOPS_HOST") or socket.gethostname().split(".")[0]
-HOST_QUEUE = f"host.{HOST_NAME}"
-
-# Time limits (s): soft raises inside the task so it can end the run as failed; hard kills it.
-SWEEP_SOFT_LIMIT_S = 6 * 3600
-TUNE_SOFT_LIMIT_S = 3 * 3600
-CHECK_SOFT_LIMIT_S = 120
-# A restart waits for the engine's /health (a recipe allows up to 2 h), then perhaps for the
-# previous recipe's; below the visibility timeout like every task here.
-ACTION_SOFT_LIMIT_S = 5 * 3600
-HARD_MARGIN_S = 120
-
-# Redis hands an unacked task to another worker after this long; it must outlast the longest
-# task, or a sweep still running would be delivered a second time.
-VISIBILITY_TIMEOUT_S = int(
-    os.getenv("MOEOPS_VISIBILITY_TIMEOUT", SWEEP_SOFT_LIMIT_S + 2 * HARD_MARGIN_S)
-)
+HOST_QUEUE = host_queue(HOST_NAME)
 
 # no Django fixup: a GPU host has no Django, even where DJANGO_SETTINGS_MODULE is set (make run)
 app = Celery("workers", include=["workers.tasks"], fixups=[])

@@ -21,6 +21,7 @@ import time
 import uuid
 
 from reports.failures import describe_failure
+from reports.levels import LEVEL_KEYS
 from workers import engine_info, loadgen, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler
@@ -36,31 +37,18 @@ HEARTBEAT_STALE_S = 10.0
 
 PROGRESS_INTERVAL_S = 1.0
 SAMPLES_INTERVAL_S = 5.0
-# The keys of a load-generator result that the API stores as LevelResult columns.
+# The keys of a load-generator result that the API stores as LevelResult columns: a level's
+# metrics (reports.levels) and what describes the level and its requests.
 LEVEL_FIELDS = (
     "concurrency",
     "request_rate",
     "input_len",
     "output_len",
-    "completed",
-    "failed",
     "errors",
-    "duration",
-    "total_input_tokens",
-    "total_output_tokens",
     "usage_reported",
-    "request_throughput",
-    "output_throughput",
-    "total_token_throughput",
-    "max_output_tokens_per_s",
-    "max_concurrent_requests",
-    "request_goodput",
     "started_at",
     "finished_at",
-) + tuple(
-    f"{stat}_{metric}_ms"
-    for metric in ("ttft", "tpot", "itl", "e2el")
-    for stat in ("mean", "median", "std", "p90", "p95", "p99")
+    *LEVEL_KEYS,
 )
 
 

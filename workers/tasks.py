@@ -9,17 +9,15 @@ import contextlib
 import logging
 import time
 
-from workers import engine_action, engine_check, kernel_tune, sweep, telemetry, topology
-from workers.celery import (
+from reports.queues import (
     ACTION_SOFT_LIMIT_S,
     CHECK_SOFT_LIMIT_S,
     HARD_MARGIN_S,
-    HOST_NAME,
-    HOST_QUEUE,
     SWEEP_SOFT_LIMIT_S,
     TUNE_SOFT_LIMIT_S,
-    app,
 )
+from workers import engine_action, engine_check, kernel_tune, sweep, telemetry, topology
+from workers.celery import HOST_NAME, HOST_QUEUE, app
 from workers.client import MoeopsClient, Unreachable
 
 log = logging.getLogger(__name__)

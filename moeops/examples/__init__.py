@@ -319,7 +319,7 @@ def load_example_data():
 # --------------------------------------------------------------------------- stand-in (make run)
 
 STANDIN = (
-    "A stand-in engine started by `make run` (python -m workers.standin): a test double that "
+    "A stand-in engine started by `make run` (python -m localstack.standin): a test double that "
     "behaves like a continuous-batching server, not a real engine; its numbers are not data"
 )
 STANDIN_HOST = "local"

@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.timesince import timesince
 
 from reports import engine as engine_reports
+from reports.queues import host_queue
 from tuning.moe_params import MoEConfigError, moe_params
 
 ENGINES = (("sglang", "SGLang"), ("vllm", "vLLM"), ("other", "Other"))
@@ -131,7 +132,7 @@ class Host(models.Model):
 
     @property
     def queue_name(self):
-        return f"host.{self.name}"
+        return host_queue(self.name)
 
     def worker_alive(self, now=None):
         """Whether the host's worker sent a heartbeat within MOEOPS_WORKER_STALE_S."""

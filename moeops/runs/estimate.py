@@ -12,8 +12,8 @@ import bisect
 import math
 from dataclasses import dataclass
 
+from localstack.standin import StandinConfig
 from moeops.runs.models import SweepRun
-from workers.standin import StandinConfig
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from localstack.ports import free_port
 from workers.engine_process import EngineProcess
-from workers.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

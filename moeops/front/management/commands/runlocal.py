@@ -12,6 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from kombu.exceptions import OperationalError
 
+from localstack.ports import free_port
 from moeops.api.models import ApiToken
 from moeops.celery import app as celery_app
 from moeops.examples import (
@@ -21,7 +22,6 @@ from moeops.examples import (
     load_standin_deployment,
 )
 from moeops.fleet.services import deployment_check_enqueue
-from workers.ports import free_port
 
 WORKER_TOKEN_NAME = "make run worker (host local)"
 
@@ -95,7 +95,7 @@ class Command(BaseCommand):
                 worker_env,
             ),
             "standin": (
-                [sys.executable, "-m", "workers.standin", "--port", str(standin_port)]
+                [sys.executable, "-m", "localstack.standin", "--port", str(standin_port)]
                 + ["--max-running-requests", str(STANDIN_MAX_RUNNING_REQUESTS)]
                 + ["--model", STANDIN_MODEL_NAME],
                 env,

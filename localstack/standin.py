@@ -8,7 +8,7 @@ SSE as SGLang and vLLM do, serves /health, /v1/models (owned_by "moeops-standin"
 /get_server_info and /metrics with both engines' metric names, and injects faults on request
 (HTTP 500s, dropped connections, stalls).
 
-    python -m workers.standin --port 30000 --model NAME --max-running-requests 64
+    python -m localstack.standin --port 30000 --model NAME --max-running-requests 64
 
 HTTP/1.1 is served straight from an asyncio.Protocol: one scheduler step writes one event to each
 running stream, cheaply enough for thousands of concurrent streams on one core.
@@ -701,13 +701,13 @@ def start_standin_in_thread(config: StandinConfig, host: str = "127.0.0.1", port
 
 
 def spawn_standin(args: list[str], host: str = "127.0.0.1") -> tuple[str, subprocess.Popen]:
-    """Start `python -m workers.standin` with args on a free port in a subprocess.
+    """Start `python -m localstack.standin` with args on a free port in a subprocess.
 
     Returns (base_url, process); the caller terminates the process.
     """
     root = str(Path(__file__).resolve().parents[1])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.standin", "--host", host, "--port", "0", *args],
+        [sys.executable, "-m", "localstack.standin", "--host", host, "--port", "0", *args],
         stdout=subprocess.PIPE,
         cwd=root,
         text=True,
@@ -721,7 +721,7 @@ def spawn_standin(args: list[str], host: str = "127.0.0.1") -> tuple[str, subpro
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m workers.standin", description="moeops stand-in engine (a test double)."
+        prog="python -m localstack.standin", description="moeops stand-in engine (a test double)."
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
