@@ -13,6 +13,7 @@ from tokenizers.models import WordLevel
 from localstack.standin import StandinConfig, start_standin_in_thread
 from workers import loadgen
 from workers.loadgen import ClientConfig, LevelConfig, RequestRecord, SweepConfig
+from workers.loadgen import cli as loadgen_cli
 
 # The scripted stream: first content chunk after TTFT_S, then one every GAP_S.
 TTFT_S = 0.150
@@ -342,7 +343,7 @@ def test_it_merges_records_from_several_processes():
 def test_the_cli_refuses_to_guess_a_vocabulary_the_server_cannot_tell(scripted, capsys):
     argv = ["--base-url", scripted.url + "/fast", "--model", "m", "--concurrency", "1"]
 
-    assert loadgen.main(argv) == 2
+    assert loadgen_cli.main(argv) == 2
 
     err = capsys.readouterr().err
     assert err.startswith("error: the model's vocabulary is unknown")
@@ -357,14 +358,14 @@ def test_the_cli_takes_the_vocabulary_from_a_tokenizer_file(scripted, tmp_path, 
     argv = ["--base-url", scripted.url + "/fast", "--model", "m", "--concurrency", "1"]
     argv += ["--prompts-per-level", "2", "--output-len", str(CHUNKS), "--tokenizer", str(tmp_path)]
 
-    assert loadgen.main(argv) == 0
+    assert loadgen_cli.main(argv) == 0
 
     assert "a vocabulary of 300 (tokenizer" in capsys.readouterr().err
 
 
 def test_the_cli_writes_vllm_named_results(scripted, tmp_path, capsys):
     out = tmp_path / "levels.json"
-    status = loadgen.main(
+    status = loadgen_cli.main(
         [
             "--base-url",
             scripted.url + "/fast",

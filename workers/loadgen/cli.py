@@ -1,0 +1,149 @@
+"""The command line: `python -m workers.loadgen --base-url URL --model NAME --concurrency 32,64 …`,
+one table row per level."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from workers import vocabulary
+from workers.loadgen.config import ENDPOINT_PATHS, TRANSPORTS, ClientConfig, SweepConfig
+from workers.loadgen.drivers import run_sweep
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+
+# (title, result key, width, decimals) of the CLI's table.
+TABLE_COLUMNS = (
+    ("conc", "concurrency", 5, 0),
+    ("ok", "completed", 6, 0),
+    ("fail", "failed", 5, 0),
+    ("dur s", "duration", 7, 1),
+    ("req/s", "request_throughput", 7, 2),
+    ("out tok/s", "output_throughput", 10, 1),
+    ("peak tok/s", "max_output_tokens_per_s", 10, 1),
+    ("TTFT ms", "mean_ttft_ms", 9, 1),
+    ("p99 TTFT", "p99_ttft_ms", 9, 1),
+    ("TPOT ms", "mean_tpot_ms", 8, 2),
+    ("p99 TPOT", "p99_tpot_ms", 8, 2),
+    ("ITL ms", "mean_itl_ms", 8, 2),
+    ("p99 ITL", "p99_itl_ms", 8, 2),
+)
+
+
+def format_level(result: dict, header: bool) -> str:
+    """One table row for a level result (and the header line above it when header is true).
+
+    A level whose every request failed with one error shows that error, verbatim, first."""
+    cells = []
+    for _, key, width, decimals in TABLE_COLUMNS:
+        value = result.get(key)
+        cells.append("-".rjust(width) if value is None else f"{value:>{width}.{decimals}f}")
+    row = " ".join(cells)
+    if result.get("all_failed_with"):
+        total = result.get("failed")
+        row = (
+            f"{result.get('concurrency')!s:>5} every request failed ({total} of {total}): "
+            f"{result['all_failed_with']}"
+        )
+    else:
+        if result.get("errors"):
+            row += "  " + ", ".join(f"{k}={v}" for k, v in sorted(result["errors"].items()))
+        if not result.get("usage_reported"):
+            row += "  (no usage from the server: token figures left out)"
+    if not header:
+        return row
+    titles = " ".join(title.rjust(width) for title, _, width, _ in TABLE_COLUMNS)
+    return titles + "\n" + row
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.loadgen", description="Concurrency sweep of an OpenAI endpoint."
+    )
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--endpoint", choices=sorted(ENDPOINT_PATHS), default="completions")
+    parser.add_argument("--concurrency", required=True, help="comma-separated, e.g. 32,64,128")
+    parser.add_argument("--input-len", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=1024)
+    parser.add_argument("--prompts-per-level", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=0)
+    parser.add_argument("--request-rate", type=float, default=None, help="req/s, Poisson")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the model's tokenizer.json or folder: prompt token ids are drawn from its vocabulary",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="the model's vocabulary size, when no --tokenizer is at hand",
+    )
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=600.0, help="per request, s")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+    parser.add_argument("--transport", choices=TRANSPORTS, default="fast")
+    parser.add_argument("--slo-ttft-ms", type=float, default=None)
+    parser.add_argument("--slo-tpot-ms", type=float, default=None)
+    parser.add_argument("--slo-e2el-ms", type=float, default=None)
+    parser.add_argument("--output", default=None, help="write the JSON list of levels here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; prints one table row per level, returns the exit status."""
+    args = _parse_args(argv)
+    vocab_size = None
+    if args.endpoint == "completions":
+        try:
+            vocab_size, source = vocabulary.resolve(
+                vocab_size=args.vocab_size,
+                tokenizer=args.tokenizer,
+                base_url=args.base_url,
+                model=args.model,
+            )
+        except vocabulary.VocabularyUnknown as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        # on stderr: stdout is the table, for pipes
+        print(
+            f"prompt token ids drawn from a vocabulary of {vocab_size:,} ({source})",
+            file=sys.stderr,
+        )
+    cfg = SweepConfig(
+        client=ClientConfig(
+            base_url=args.base_url,
+            model=args.model,
+            endpoint=args.endpoint,
+            timeout_s=args.timeout,
+            vocab_size=vocab_size,
+            seed=args.seed,
+            api_key=args.api_key,
+            transport=args.transport,
+        ),
+        concurrencies=tuple(int(c) for c in args.concurrency.split(",") if c.strip()),
+        input_len=args.input_len,
+        output_len=args.output_len,
+        prompts_per_level=args.prompts_per_level,
+        warmup=args.warmup,
+        request_rate=args.request_rate,
+        processes=args.processes,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms,
+        slo_e2el_ms=args.slo_e2el_ms,
+    )
+
+    def on_level_done(i: int, result: dict) -> None:
+        print(format_level(result, header=i == 0), flush=True)
+
+    results = run_sweep(cfg, on_level_done=on_level_done)
+    if args.output:
+        Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    return 0

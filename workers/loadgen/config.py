@@ -1,0 +1,145 @@
+"""What a sweep, a level and the client are configured with, and what one request did."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+TRANSPORTS = ("fast", "httpx")
+# With no --prompts-per-level, each level sends this many requests per concurrent stream, so the
+# steady state outweighs the ramp-up and drain at the level's edges.
+DEFAULT_PROMPTS_PER_STREAM = 4
+# Common one-token English words for chat prompts; with no tokenizer, one word ≈ one token.
+# fmt: off
+CHAT_WORDS = (
+    "the", "of", "and", "to", "in", "is", "it", "you", "that", "he", "was", "for", "on", "are",
+    "as", "with", "his", "they", "at", "be", "this", "have", "from", "or", "one", "had", "by",
+    "word", "but", "not", "what", "all", "were", "we", "when", "your", "can", "said", "there",
+    "use", "an", "each", "which", "she", "do", "how", "their", "if", "will", "up", "other",
+    "about", "out", "many", "then", "them", "these", "so", "some", "her", "would", "make", "like",
+    "him", "into", "time", "has", "look", "two", "more", "write", "go", "see", "number", "no",
+    "way", "could", "people", "my", "than",
+)
+# fmt: on
+
+# The longest server error message kept per failure reason.
+ERROR_MESSAGE_CHARS = 500
+
+OnRequestDone = Callable[[int, int], None]
+ShouldStop = Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where and how to send requests.
+
+    endpoint is "completions" (prompts as token-id lists, exact lengths) or "chat" (text
+    prompts, approximate lengths); timeout_s bounds each request end to end and each wait for
+    bytes (s); vocab_size is the model's vocabulary (workers.vocabulary), from which prompt
+    token ids are drawn, needed by the completions endpoint; transport is "fast"
+    (HTTP1StreamTransport) or "httpx" (httpx's own pool).
+    """
+
+    base_url: str
+    model: str
+    endpoint: str = "completions"
+    timeout_s: float = 600.0
+    vocab_size: int | None = None
+    seed: int = 0
+    api_key: str | None = None
+    transport: str = "fast"
+
+
+@dataclass(frozen=True)
+class LevelConfig:
+    """One concurrency level.
+
+    request_rate is the Poisson arrival rate in req/s, None for "send whenever a stream is
+    free"; processes > 1 splits the level's streams over that many client processes; the slo_*
+    values (ms) turn on request_goodput; index seeds the prompts so each level differs.
+    """
+
+    concurrency: int
+    input_len: int
+    output_len: int
+    num_prompts: int
+    warmup: int = 0
+    request_rate: float | None = None
+    processes: int = 1
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    slo_e2el_ms: float | None = None
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A sweep: one LevelConfig per concurrency, the rest shared.
+
+    prompts_per_level None means DEFAULT_PROMPTS_PER_STREAM × concurrency.
+    """
+
+    client: ClientConfig
+    concurrencies: tuple[int, ...]
+    input_len: int
+    output_len: int
+    prompts_per_level: int | None = None
+    warmup: int = 0
+    request_rate: float | None = None
+    processes: int = 1
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    slo_e2el_ms: float | None = None
+
+    def levels(self) -> list[LevelConfig]:
+        """The sweep's levels in order."""
+        return [
+            LevelConfig(
+                concurrency=c,
+                input_len=self.input_len,
+                output_len=self.output_len,
+                num_prompts=self.prompts_per_level or DEFAULT_PROMPTS_PER_STREAM * c,
+                warmup=self.warmup,
+                request_rate=self.request_rate,
+                processes=self.processes,
+                slo_ttft_ms=self.slo_ttft_ms,
+                slo_tpot_ms=self.slo_tpot_ms,
+                slo_e2el_ms=self.slo_e2el_ms,
+                index=i,
+            )
+            for i, c in enumerate(self.concurrencies)
+        ]
+
+
+@dataclass
+class RequestRecord:
+    """What one request did, in time.perf_counter seconds (one clock for all processes).
+
+    chunk_ts holds the arrival time of each chunk with non-empty content; prompt_tokens and
+    completion_tokens come from the server's usage (None when it sent none); error is the
+    failure reason (None on success) and detail a short message for it.
+    """
+
+    send_ts: float
+    end_ts: float = 0.0
+    chunk_ts: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    detail: str | None = None
+
+    def to_wire(self) -> dict:
+        """JSON-ready form for passing between processes (chunk_ts as base64 float64)."""
+        out = asdict(self)
+        out["chunk_ts"] = base64.b64encode(np.asarray(self.chunk_ts, np.float64)).decode()
+        return out
+
+    @classmethod
+    def from_wire(cls, data: dict) -> RequestRecord:
+        """Inverse of to_wire."""
+        ts = np.frombuffer(base64.b64decode(data["chunk_ts"]), dtype=np.float64)
+        return cls(**{**data, "chunk_ts": ts.tolist()})

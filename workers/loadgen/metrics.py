@@ -1,0 +1,127 @@
+"""A level's figures from its requests' records, as `vllm bench serve` computes them
+(docs/metrics.md): throughputs, latency statistics, goodput, peaks."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from reports.failures import describe_failure
+from workers import latency_stats
+from workers.loadgen.config import LevelConfig, RequestRecord
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------------
+
+
+def summarize_level(records: list[RequestRecord], level: LevelConfig) -> dict:
+    """Level metrics from raw records, with `vllm bench serve` key names.
+
+    Durations in s, latencies in ms, throughput in req/s and tok/s. Token totals and the
+    token-based figures (throughputs, TPOT, peak tok/s) are None unless every completed request
+    reported usage; usage_reported says which case this is.
+    """
+    ok = [r for r in records if r.error is None]
+    failed = [r for r in records if r.error is not None]
+    timed = [r for r in records if not math.isnan(r.send_ts)]
+    start = min((r.send_ts for r in timed), default=0.0)
+    duration = max((r.end_ts for r in timed), default=start) - start
+    usage_reported = bool(ok) and all(
+        r.completion_tokens is not None and r.prompt_tokens is not None for r in ok
+    )
+    ttfts = [r.chunk_ts[0] - r.send_ts for r in ok]
+    e2els = [r.chunk_ts[-1] - r.send_ts for r in ok]
+    itls = [b - a for r in ok for a, b in zip(r.chunk_ts, r.chunk_ts[1:], strict=False)]
+    tpots: list[float] = []
+    if usage_reported:
+        tpots = [
+            (r.chunk_ts[-1] - r.chunk_ts[0]) / (r.completion_tokens - 1)
+            for r in ok
+            if r.completion_tokens > 1
+        ]
+        total_input = sum(r.prompt_tokens for r in ok)
+        total_output = sum(r.completion_tokens for r in ok)
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: None)
+    result: dict = {
+        "concurrency": level.concurrency,
+        "request_rate": level.request_rate,
+        "input_len": level.input_len,
+        "output_len": level.output_len,
+        "num_prompts": level.num_prompts,
+        "warmup": level.warmup,
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(failed),
+        "errors": dict(Counter(r.error for r in failed)),
+        "error_samples": {r.error: r.detail for r in reversed(failed)},
+        "all_failed_with": all_failed_with(records),
+        "usage_reported": usage_reported,
+        "total_input_tokens": total_input if usage_reported else None,
+        "total_output_tokens": total_output if usage_reported else None,
+        "content_chunks": sum(len(r.chunk_ts) for r in ok),
+        "request_throughput": per_s(len(ok)),
+        "output_throughput": per_s(total_output) if usage_reported else None,
+        "total_token_throughput": per_s(total_input + total_output) if usage_reported else None,
+        "max_output_tokens_per_s": _peak_tokens_per_s(ok, start) if usage_reported else None,
+        "max_concurrent_requests": latency_stats.interval_overlap_max(
+            np.array([r.send_ts for r in timed]), np.array([r.end_ts for r in timed]), start
+        ),
+    }
+    slos = {"ttft": level.slo_ttft_ms, "tpot": level.slo_tpot_ms, "e2el": level.slo_e2el_ms}
+    if any(v is not None for v in slos.values()):
+        result["request_goodput"] = per_s(_good_requests(ok, slos, usage_reported))
+    result.update(latency_stats.describe_ms("ttft", ttfts))
+    result.update(latency_stats.describe_ms("tpot", tpots))
+    result.update(latency_stats.describe_ms("itl", itls))
+    result.update(latency_stats.describe_ms("e2el", e2els))
+    return result
+
+
+def all_failed_with(records: list[RequestRecord]) -> str | None:
+    """ "HTTP 400: <the engine's message>" when every request failed for one reason, else
+    None: then the level measured nothing but that error. The message is the one most requests
+    got (they may differ in a number, e.g. which token id was out of vocabulary)."""
+    if not records or any(r.error is None for r in records):
+        return None
+    if len({r.error for r in records}) != 1:
+        return None
+    detail, _ = Counter(r.detail for r in records).most_common(1)[0]
+    return describe_failure(records[0].error, detail)
+
+
+def _peak_tokens_per_s(ok: list[RequestRecord], start: float) -> float:
+    """Most output tokens in one 1 s bucket; a chunk counts for its request's tokens / chunks,
+    so multi-token chunks (speculative decoding, stream intervals) are not undercounted."""
+    times = np.concatenate([np.asarray(r.chunk_ts) for r in ok]) if ok else np.empty(0)
+    weights = (
+        np.concatenate(
+            [np.full(len(r.chunk_ts), r.completion_tokens / len(r.chunk_ts)) for r in ok]
+        )
+        if ok
+        else np.empty(0)
+    )
+    return latency_stats.bucket_max(times, weights, start)
+
+
+def _good_requests(ok: list[RequestRecord], slos: dict, usage_reported: bool) -> int:
+    """Completed requests within every given SLO (ms); a TPOT SLO needs usage to judge."""
+    good = 0
+    for r in ok:
+        ttft_ms = (r.chunk_ts[0] - r.send_ts) * 1000
+        e2el_ms = (r.chunk_ts[-1] - r.send_ts) * 1000
+        if slos["ttft"] is not None and ttft_ms > slos["ttft"]:
+            continue
+        if slos["e2el"] is not None and e2el_ms > slos["e2el"]:
+            continue
+        if slos["tpot"] is not None:
+            if not usage_reported:
+                continue
+            tokens = r.completion_tokens
+            tpot_ms = (e2el_ms - ttft_ms) / (tokens - 1) if tokens > 1 else 0.0
+            if tpot_ms > slos["tpot"]:
+                continue
+        good += 1
+    return good
