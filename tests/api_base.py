@@ -14,16 +14,7 @@ from django.test import Client
 from moeops.api.models import ApiToken
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
 from moeops.runs.models import SweepRun
-
-GLM5_CONFIG = {
-    "architectures": ["GlmMoeDsaForCausalLM"],
-    "model_type": "glm_moe_dsa",
-    "hidden_size": 6144,
-    "moe_intermediate_size": 2048,
-    "n_routed_experts": 256,
-    "num_experts_per_tok": 8,
-    "num_hidden_layers": 78,
-}
+from tests.page_base import GLM5_CONFIG
 
 
 class ApiClient:

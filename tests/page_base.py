@@ -4,30 +4,18 @@ telemetry, and the figures a page embeds (json_script blocks), parsed back."""
 import json
 import re
 import time
+from pathlib import Path
 
 from django.contrib.auth.models import User
 
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
 from moeops.runs.models import LevelResult, SweepRun, TelemetrySample, level_key
 
-GLM5_CONFIG = {
-    "architectures": ["GlmMoeDsaForCausalLM"],
-    "model_type": "glm_moe_dsa",
-    "hidden_size": 6144,
-    "moe_intermediate_size": 2048,
-    "n_routed_experts": 256,
-    "num_experts_per_tok": 8,
-    "num_hidden_layers": 78,
-}
-KIMI_CONFIG = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "kimi_k2",
-    "hidden_size": 7168,
-    "moe_intermediate_size": 2048,
-    "n_routed_experts": 384,
-    "num_experts_per_tok": 8,
-    "num_hidden_layers": 61,
-}
+HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf_configs"
+# The MoE keys of GLM-5's and Kimi K2's config.json (bf16: no quantization block), the shapes
+# most tests need; the whole published files are beside them.
+GLM5_CONFIG = json.loads((HF_CONFIGS / "glm-5_moe-keys.TRIMMED.json").read_text())
+KIMI_CONFIG = json.loads((HF_CONFIGS / "kimi-k2_moe-keys.TRIMMED.json").read_text())
 
 
 def sign_in(client, username="alice", staff=False):
