@@ -7,7 +7,6 @@ test-artifacts/ (gitignored) for a person to look at.
 import datetime as dt
 import io
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -24,70 +23,21 @@ from moeops.kernels.services import kernel_config_import
 from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, SweepRun, level_key
 from tests import page_base as pb
+from tests.browser import PASSWORD, chart_traces, doc_shot, log_in, shot
+from tests.fakes import FIXTURES
 
-CHROMIUM = "/usr/bin/chromium"
-ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = ROOT / "test-artifacts"
-# the README's screenshots (the first screen of a page, to keep the files small), written there
-# only with MOEOPS_DOC_SCREENSHOTS=1 so that a test run leaves the tree as it was
-SCREENSHOTS = ROOT / "docs" / "screenshots"
-RESULTS = Path(__file__).parent / "fixtures" / "results"
+RESULTS = FIXTURES / "results"
 KERNEL_FILE = (
-    Path(__file__).parent
-    / "fixtures"
+    FIXTURES
     / "kernel_configs"
     / "E=128,N=2048,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Workstation_Edition,"
     "dtype=fp8_w8a8,block_shape=[128,128].json"
 )
-PASSWORD = "pw-browser-123"
 # the real sweep path (live server, Redis, GPU-host Celery worker, stand-in engine)
-pytest_plugins = ["tests.stack"]
+pytest_plugins = ["tests.stack", "tests.browser"]
 
 # `make test` installs Debian's chromium; without it these tests fail rather than skip.
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
-    # between page actions are plain synchronous code all the same.
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        yield chromium
-        chromium.close()
-    if previous is None:
-        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    else:
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.fixture
-def page(browser, live_server):
-    context = browser.new_context(viewport={"width": 1440, "height": 1000})
-    context.set_default_timeout(10_000)
-    tab = context.new_page()
-    errors = []
-    tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    tab.base = live_server.url
-    yield tab
-    context.close()
-    assert errors == [], f"JavaScript errors: {errors}"
 
 
 @pytest.fixture
@@ -96,43 +46,11 @@ def member(db):
     return User.objects.create_user("dana", password=PASSWORD, is_staff=True)
 
 
-def _shot(page, name):
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
-def _doc_shot(page, name):
-    folder = SCREENSHOTS if os.getenv("MOEOPS_DOC_SCREENSHOTS") == "1" else ARTIFACTS
-    folder.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(folder / f"{name}.png"))
-
-
-def _log_in(page, member):
-    page.goto(page.base + "/")
-    assert "/accounts/login/" in page.url
-    page.fill("input[name=username]", member.username)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(page.base + "/")
-
-
-def _traces(page, element_id):
-    """The traces plotly drew in one chart: name and point count."""
-    page.wait_for_function(
-        "id => { const el = document.getElementById(id); return el && el.data; }",
-        arg=element_id,
-    )
-    return page.evaluate(
-        "id => document.getElementById(id).data.map(t => ({name: t.name, n: (t.x || []).length}))",
-        element_id,
-    )
-
-
 def test_log_in_and_create_a_deployment(page, member):
     load_example_data()
-    _log_in(page, member)
+    log_in(page, member)
     assert page.locator("h1").inner_text() == "Dashboard"
-    _shot(page, "01-dashboard")
+    shot(page, "01-dashboard")
 
     page.click("text=New deployment")
     page.fill("input[name=name]", "GLM-5 (stand-in)")
@@ -144,12 +62,12 @@ def test_log_in_and_create_a_deployment(page, member):
     page.fill("input[name=served_model_name]", "glm-5")
     for index in range(8):
         page.check(f"text=rtx-pro-6000-x8 · GPU{index}")
-    _shot(page, "02-new-deployment-form")
+    shot(page, "02-new-deployment-form")
     page.click("button:has-text('Create deployment')")
     page.wait_for_selector("h1:has-text('GLM-5 (stand-in)')")
     assert "E=256, N=256" in page.content()
     assert "8 × NVIDIA RTX PRO 6000 Blackwell" in page.content()
-    _shot(page, "03-new-deployment-page")
+    shot(page, "03-new-deployment-page")
 
 
 def test_a_sweep_started_from_the_page_shows_live_progress_to_the_end(page, member, monkeypatch):
@@ -160,7 +78,7 @@ def test_a_sweep_started_from_the_page_shows_live_progress_to_the_end(page, memb
     deployment = load_example_data()
     deployment.endpoint_url = "http://127.0.0.1:30000"
     deployment.save()
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(page.base + deployment.get_absolute_url())
     page.click("summary:has-text('Run sweep')")
     page.fill("input[name=levels]", "32,64,128")
@@ -211,10 +129,10 @@ def test_a_sweep_started_from_the_page_shows_live_progress_to_the_end(page, memb
     )
     page.wait_for_selector(".progress-text:has-text('level 3 of 3')")
     page.wait_for_function("document.getElementById('throughput').data")
-    traces = _traces(page, "throughput")
+    traces = chart_traces(page, "throughput")
     assert {t["name"]: t["n"] for t in traces} == {"output": 2, "total": 2}
-    assert len(_traces(page, "gpu-util")) == 8
-    _shot(page, "04-sweep-running")
+    assert len(chart_traces(page, "gpu-util")) == 8
+    shot(page, "04-sweep-running")
 
     page.click("button:has-text('Cancel run')")
     page.wait_for_selector("text=Cancel requested")
@@ -242,8 +160,11 @@ def test_a_sweep_started_from_the_page_shows_live_progress_to_the_end(page, memb
         page.wait_for_selector("[role=progressbar][aria-valuenow='100']")
     assert page.locator("table.levels tbody tr").count() == 3
     assert page.locator(".progress").count() == 0
-    assert {t["name"]: t["n"] for t in _traces(page, "throughput")} == {"output": 3, "total": 3}
-    _shot(page, "05-sweep-finished")
+    assert {t["name"]: t["n"] for t in chart_traces(page, "throughput")} == {
+        "output": 3,
+        "total": 3,
+    }
+    shot(page, "05-sweep-finished")
 
 
 @pytest.mark.e2e
@@ -252,7 +173,7 @@ def test_a_sweep_against_the_standin_engine_runs_to_the_end_in_the_browser(
     page, member, sweep_stack
 ):
     deployment = sweep_stack.deployment
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(page.base + deployment.get_absolute_url())
     page.click("summary:has-text('Run sweep')")
     page.fill("input[name=levels]", "8,16,64")
@@ -263,7 +184,7 @@ def test_a_sweep_against_the_standin_engine_runs_to_the_end_in_the_browser(
     page.click("button:has-text('Start sweep')")
     page.wait_for_selector(".progress")
     page.wait_for_selector(".progress-text:has-text('level')", timeout=60_000)
-    _shot(page, "24-standin-sweep-running")
+    shot(page, "24-standin-sweep-running")
     # the bar reaches the end, then the page reloads with the finished run
     with page.expect_navigation(timeout=150_000):
         page.wait_for_selector("[role=progressbar][aria-valuenow='100']", timeout=150_000)
@@ -272,13 +193,13 @@ def test_a_sweep_against_the_standin_engine_runs_to_the_end_in_the_browser(
     assert run.status == "succeeded", run.error
     assert page.locator("table.levels tbody tr").count() == 3
     # the stand-in answered: every series says so
-    assert {t["name"]: t["n"] for t in _traces(page, "throughput")}["output [stand-in]"] == 3
-    assert {t["name"] for t in _traces(page, "engine")} == {
+    assert {t["name"]: t["n"] for t in chart_traces(page, "throughput")}["output [stand-in]"] == 3
+    assert {t["name"] for t in chart_traces(page, "engine")} == {
         "running [stand-in]",
         "queued [stand-in]",
     }
     assert page.inner_text("h1 .badge.standin") == "stand-in"
-    _shot(page, "25-standin-sweep-finished")
+    shot(page, "25-standin-sweep-finished")
 
 
 def test_compare_two_runs_shows_both_lines(page, member):
@@ -294,21 +215,21 @@ def test_compare_two_runs_shows_both_lines(page, member):
         levels=[{**level, "output_throughput": 3 * level["output_throughput"]} for level in levels],
         parameters={"moe_kernel": "tuned"},
     )
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(page.base + "/runs/")
     page.check(f"input[value='{before.uuid}']")
     page.check(f"input[value='{after.uuid}']")
     page.click("button:has-text('Compare selected')")
     page.wait_for_url("**/compare/?run=*")
     assert str(before.uuid) in page.url and str(after.uuid) in page.url
-    traces = _traces(page, "cmp-throughput")
+    traces = chart_traces(page, "cmp-throughput")
     assert traces == [
         {"name": "GLM-5 · after tuning", "n": 3},
         {"name": "GLM-5 · before tuning", "n": 3},
     ]
-    pareto = [t["name"] for t in _traces(page, "cmp-pareto")]
+    pareto = [t["name"] for t in chart_traces(page, "cmp-pareto")]
     assert pareto[:2] == ["GLM-5 · after tuning", "GLM-5 · before tuning"]
-    _shot(page, "06-compare-two-runs")
+    shot(page, "06-compare-two-runs")
 
     page.select_option("select[name=group]", "kernel")
     page.wait_for_url("**group=kernel*")
@@ -323,7 +244,7 @@ def test_every_page_renders_the_write_up(page, member):
     config, _ = kernel_config_import(file_name=KERNEL_FILE.name, text=KERNEL_FILE.read_text())
     kimi = SweepRun.objects.get(label__startswith="After MoE kernel tuning")
     glm = deployment.runs.get()
-    _log_in(page, member)
+    log_in(page, member)
     pages = [
         ("07-deployments", "/deployments/"),
         ("08-deployment-glm5", deployment.get_absolute_url()),
@@ -343,17 +264,17 @@ def test_every_page_renders_the_write_up(page, member):
         response = page.goto(page.base + path)
         assert response.status == 200, path
         page.wait_for_load_state("networkidle")
-        _shot(page, name)
+        shot(page, name)
 
     page.goto(page.base + "/compare/")
     page.click("a:has-text('Before / after kernel tuning')")
-    names = [t["name"] for t in _traces(page, "cmp-peaks")]
+    names = [t["name"] for t in chart_traces(page, "cmp-peaks")]
     assert names == ["peak output tok/s"]
-    _shot(page, "14-compare-before-after")
+    shot(page, "14-compare-before-after")
     page.goto(page.base + "/compare/")
     # the write-up's two models ran on two topologies: no pair varies one alone
     assert page.locator("span.button.disabled:has-text('By topology')").count() == 1
-    _shot(page, "15-compare-presets")
+    shot(page, "15-compare-presets")
 
     page.goto(page.base + deployment.get_absolute_url())
     with page.expect_navigation():
@@ -390,16 +311,16 @@ def test_host_page_draws_link_and_p2p_heatmaps(page, member):
         p2p=two["p2p"],
         gpus=two["gpus"],
     )
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(page.base + "/hosts/h100-x8/")
     [links] = page.evaluate(
         "() => document.getElementById('topo-links').data.map(t => ({type: t.type, n: t.y.length}))"
     )
     assert links == {"type": "heatmap", "n": len(parsed["links"]["labels"])}
-    _shot(page, "22-host-8xh100-links")
+    shot(page, "22-host-8xh100-links")
     page.goto(page.base + "/hosts/rtx5090-x2/")
-    assert _traces(page, "topo-p2p-read")[0]["n"] == 2
-    _shot(page, "23-host-2x5090-p2p")
+    assert chart_traces(page, "topo-p2p-read")[0]["n"] == 2
+    shot(page, "23-host-2x5090-p2p")
 
 
 # --- issue 19: what the UI claims is true at a glance ----------------------------------------
@@ -422,7 +343,7 @@ def _standin_run(deployment, label="small sweep from the UI", peak=2606.0):
 def test_the_dashboard_marks_the_standin_and_says_no_check_has_run(page, member):
     deployment = _analyzed_example()
     standin = _standin_run(load_standin_deployment())
-    _log_in(page, member)
+    log_in(page, member)
     glm_row = page.locator("table.data").first.locator("tr", has_text=deployment.name)
     assert glm_row.locator(".status").inner_text() == "not checked yet"
     recent = page.locator("table.compact tr", has_text=standin.label)
@@ -432,18 +353,18 @@ def test_the_dashboard_marks_the_standin_and_says_no_check_has_run(page, member)
     assert first.locator(".badge.severity").inner_text() in ("Critical", "Warning")
     favicon = page.get_attribute("link[rel=icon]", "href")
     assert page.request.get(page.base + favicon).status == 200
-    _doc_shot(page, "dashboard")
+    doc_shot(page, "dashboard")
 
 
 def test_compare_leaves_the_standin_out_unless_asked(page, member):
     glm = _analyzed_example()
     standin = _standin_run(load_standin_deployment())
     sweep = glm.runs.get()
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(f"{page.base}/compare/?run={sweep.uuid}&run={standin.uuid}")
     notice = page.inner_text("#standin-left-out")
     assert notice.startswith("1 stand-in run left out (small sweep from the UI)")
-    assert [t["name"] for t in _traces(page, "cmp-peaks")] == ["peak output tok/s"]
+    assert [t["name"] for t in chart_traces(page, "cmp-peaks")] == ["peak output tok/s"]
     assert page.locator("#compare-table tbody tr").count() == 1
     page.click("#standin-left-out a")
     page.wait_for_url("**standin=1*")
@@ -459,7 +380,7 @@ def test_compare_leaves_the_standin_out_unless_asked(page, member):
 
 def test_a_preset_compares_one_factor_and_states_the_headline(page, member):
     _analyzed_example()
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(page.base + "/compare/")
     assert page.locator("span.button.disabled", has_text="By model").count() == 1
     assert "By model: No two runs differ in the model alone." in page.inner_text(".presets")
@@ -468,12 +389,12 @@ def test_a_preset_compares_one_factor_and_states_the_headline(page, member):
     banner = page.inner_text("#differs-in")
     assert "7.25× peak output throughput" in banner
     assert "differs in: kernel config" in banner
-    _doc_shot(page, "compare-preset")
+    doc_shot(page, "compare-preset")
 
 
 def test_the_glm5_page_leads_with_what_matters(page, member):
     deployment = _analyzed_example()
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(page.base + deployment.get_absolute_url())
     titles = page.eval_on_selector_all("#findings article h3", "els => els.map(e => e.innerText)")
     severities = page.eval_on_selector_all(
@@ -498,7 +419,7 @@ def test_the_glm5_page_leads_with_what_matters(page, member):
     assert span == [0, 100]
     peaks = page.evaluate("() => document.getElementById('peaks-chart').data[0].type")
     assert peaks == "bar"
-    _doc_shot(page, "deployment-glm5")
+    doc_shot(page, "deployment-glm5")
 
 
 def test_the_run_page_offers_a_log_ttft_axis_and_marks_a_partial_level(page, member):
@@ -517,19 +438,19 @@ def test_the_run_page_offers_a_log_ttft_axis_and_marks_a_partial_level(page, mem
     LevelResult.objects.filter(run=run, concurrency=128).update(
         completed=37, raw={"stopped": True, "num_prompts": 128}
     )
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(f"{page.base}/runs/{run.uuid}/")
     assert page.locator("table.levels tr.partial .badge.partial").inner_text() == "partial"
     assert "the 37 of 128 requests finished by then are kept" in page.inner_text(".partial-note")
-    _traces(page, "ttft")
+    chart_traces(page, "ttft")
     page.locator("#ttft .updatemenu-button", has_text="log").click()
     page.wait_for_function("() => document.getElementById('ttft').layout.yaxis.type === 'log'")
-    _doc_shot(page, "run")
+    doc_shot(page, "run")
 
 
 def test_a_starting_run_waits_in_one_placeholder_then_draws(page, member):
     run = pb.run(pb.deployment(), "starting", status="running")
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(f"{page.base}/runs/{run.uuid}/")
     assert page.is_visible("#waiting-first-level")
     assert page.locator(".chart-grid section:visible").count() == 0
@@ -551,7 +472,7 @@ def test_the_sweep_form_has_presets_and_estimates_their_duration(page, member):
         engine="standin",
         max_running_requests=64,
     )
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(page.base + deployment.get_absolute_url())
     page.click("summary:has-text('Run sweep')")
     assert page.input_value("input[name=levels]") == "8,16,32,64,128"
@@ -571,7 +492,7 @@ def test_the_sweep_form_has_presets_and_estimates_their_duration(page, member):
 def test_a_tune_is_refused_before_it_is_queued_saying_why(page, member):
     deployment = load_standin_deployment()
     pb.worker_seen(deployment.host)
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(page.base + deployment.get_absolute_url())
     page.click("summary:has-text('Tune MoE kernel')")
     assert page.inner_text("#tune-preflight") == (
@@ -598,7 +519,7 @@ def test_a_failed_tune_reads_as_a_sentence_and_can_be_cancelled_when_queued(page
     queued = TuningRun.objects.create(
         host=deployment.host, deployment=deployment, E=256, N=256, hidden_size=6144, topk=8
     )
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(f"{page.base}/tunes/{failed.uuid}/")
     assert page.inner_text("h1").startswith("tune E=256 N=256 bf16 on h200-x8 (NVIDIA H200)")
     assert page.inner_text(".error-sentence").startswith("This host cannot run CUDA")
@@ -614,7 +535,7 @@ def test_a_failed_tune_reads_as_a_sentence_and_can_be_cancelled_when_queued(page
 
 def test_a_deployment_of_a_pasted_config_is_checked_before_it_is_saved(page, member):
     pb.host("h200")
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(page.base + "/deployments/new/")
     page.fill("input[name=name]", "Kimi K2 on h200")
     page.fill("input[name=new_model_name]", "moonshotai/Kimi-K2-Instruct")
@@ -635,7 +556,7 @@ def test_a_deployment_of_a_pasted_config_is_checked_before_it_is_saved(page, mem
 
 def test_result_and_kernel_files_upload_from_their_pages(page, member):
     deployment = pb.deployment()
-    _log_in(page, member)
+    log_in(page, member)
     page.goto(page.base + deployment.get_absolute_url())
     page.click("summary:has-text('Upload a result file')")
     page.select_option("#result-upload select[name=format]", "vllm")

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from moeops.fleet.models import GPUReading
-from tests.test_telemetry import FakeNVML, h200
+from tests.fakes import FakeNVML, h200
 from workers.telemetry import DETAIL_LIMIT, read_gpus_now
 
 

@@ -6,7 +6,7 @@ import pytest
 from moeops.fleet import services as fleet_services
 from tests import page_base as pb
 from tests import queues
-from tests.test_telemetry import FakeNVML, h200
+from tests.fakes import FakeNVML, h200
 from workers.telemetry import read_gpus_now
 
 QUEUE = "host.h200-x8"

@@ -18,6 +18,7 @@ from moeops.fleet.models import Host, ModelSpec
 from moeops.kernels.models import KernelConfig
 from moeops.runs import snapshots
 from moeops.runs.models import SweepRun
+from tests.browser import PASSWORD, log_in, shot
 from tests.engine import (
     ENGINE_ENV,
     MODEL_DIR,
@@ -29,11 +30,10 @@ from tests.engine import (
     ensure_model,
 )
 from tests.engine.plugin import TUNED_CONFIG
-from tests.test_browser import PASSWORD, _log_in, _shot, browser, page  # noqa: F401
 from workers.engine_info import identify_engine
 from workers.engine_supervisor import EngineSupervisor
 
-pytest_plugins = ["tests.stack"]
+pytest_plugins = ["tests.stack", "tests.browser"]
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.engine,
@@ -123,7 +123,7 @@ def _environ(pid):
 
 def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_recipe(
     managed,
-    page,  # noqa: F811
+    page,
     settings,
 ):
     settings.MOEOPS_RUN_STALE_S = RUN_STALE_S
@@ -169,19 +169,19 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
         source="tuned",
     )
     pid_before = managed.engines.state(deployment.pk)["pid"]
-    _log_in(page, managed.staff)
+    log_in(page, managed.staff)
     page.goto(page.base + deployment.get_absolute_url())
     page.select_option("#apply-config select[name=kernel_config]", str(config.pk))
-    _shot(page, "engine-panel")
+    shot(page, "engine-panel")
     page.click("#apply-config button[type=submit]")
     page.wait_for_selector("h1:has-text('Apply')")
     page.wait_for_selector("#compare-link", timeout=ACTION_TIMEOUT_S * 1000)
-    _shot(page, "engine-action-succeeded")
+    shot(page, "engine-action-succeeded")
     page.click("#compare-link")
     page.wait_for_selector("#what-changed")
     compare = page.locator("#what-changed").inner_text()
     differs = page.locator("#differs-in").inner_text()
-    _shot(page, "engine-action-compare")
+    shot(page, "engine-action-compare")
 
     applied = EngineAction.objects.get(kind="apply_config")
     assert applied.status == "succeeded", (applied.error, applied.steps)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_tuner import HF_CONFIGS, SHAPE, FakeMeasurements
+from tests.fakes import HF_CONFIGS, SHAPE, FakeMeasurements
 from tuning import spread
 from tuning.__main__ import main as tuning_main
 from tuning.config_files import TUNED_BATCH_SIZES

@@ -2,10 +2,10 @@ import json
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 
+from tests.fakes import FakeNVML, h200
 from workers.telemetry import (
     DETAIL_LIMIT,
     MAX_HZ,
@@ -13,75 +13,6 @@ from workers.telemetry import (
     TelemetryUnavailable,
     open_gpus,
 )
-
-
-class FakeNVMLError(Exception):
-    pass
-
-
-class FakeNVML:
-    """The pynvml functions the sampler calls, over scripted GPUs; counts init/shutdown."""
-
-    NVMLError = FakeNVMLError
-    NVML_CLOCK_SM = 1
-    NVML_TEMPERATURE_GPU = 0
-
-    def __init__(self, gpus, *, init_error=None, unsupported=()):
-        self.gpus = gpus
-        self.init_error = init_error
-        self.unsupported = set(unsupported)
-        self.inits = 0
-        self.shutdowns = 0
-
-    def nvmlInit(self):
-        if self.init_error:
-            raise FakeNVMLError(self.init_error)
-        self.inits += 1
-
-    def nvmlShutdown(self):
-        self.shutdowns += 1
-
-    def nvmlDeviceGetCount(self):
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return self.gpus[index]
-
-    def _get(self, name, handle):
-        if name in self.unsupported:
-            raise FakeNVMLError("Not Supported")
-        return handle[name]
-
-    def nvmlDeviceGetUtilizationRates(self, handle):
-        return self._get("util", handle)
-
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        return self._get("memory", handle)
-
-    def nvmlDeviceGetPowerUsage(self, handle):
-        return self._get("power_mw", handle)
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
-        return self._get("limit_mw", handle)
-
-    def nvmlDeviceGetClockInfo(self, handle, clock):
-        assert clock == self.NVML_CLOCK_SM
-        return self._get("sm_clock", handle)
-
-    def nvmlDeviceGetTemperature(self, handle, sensor):
-        assert sensor == self.NVML_TEMPERATURE_GPU
-        return self._get("temperature", handle)
-
-
-def h200(util=0, power_mw=85_000):
-    return {
-        "util": SimpleNamespace(gpu=util, memory=util // 2),
-        "memory": SimpleNamespace(used=96_000 * 2**20, total=143_771 * 2**20),
-        "power_mw": power_mw,
-        "limit_mw": 700_000,
-        "sm_clock": 1980,
-        "temperature": 41,
-    }
 
 
 def test_it_reads_every_field_in_its_unit():

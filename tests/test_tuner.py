@@ -4,7 +4,6 @@ and its compile pool's start-up, with worker set-ups that need no GPU."""
 import argparse
 import functools
 import json
-import math
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine import ensure_installed
+from tests.fakes import HF_CONFIGS, SHAPE, FakeMeasurements, FakeTimer
 from tuning import compile_only, compile_pool, tune_results, tuner
 from tuning.backends import KernelBackend, ShippedConfigs
 from tuning.bench import BenchRow, format_table
@@ -29,7 +29,6 @@ from tuning.tune_results import (
 )
 from tuning.tuner import DeviceMeasurements, Tuner, round_one_configs
 
-SHAPE = KernelShape(E=256, N=256, H=6144, top_k=8)
 ENTRY = {
     "BLOCK_SIZE_M": 16,
     "BLOCK_SIZE_N": 64,
@@ -38,71 +37,12 @@ ENTRY = {
     "num_warps": 4,
     "num_stages": 3,
 }
-HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf_configs"
 SIZES = [1, 64, 1024, 4096]
 FP8_BLOCK = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
 # How long the slowest worker of a compile pool test takes to set up (s).
 SLOW_SET_UP_S = 1.0
 # An H200 as compiling for it needs it (Triton's device properties, shared memory above all).
 H200 = compile_only.GpuTarget(90, {"max_shared_mem": 232448, "multiprocessor_count": 132})
-
-
-class FakeTimer:
-    def __init__(self, measurements, M):
-        self.measurements = measurements
-        self.M = M
-
-    def time_config(self, config, replays, calls=None, *, down_config=None):
-        """GEMM 1 is fastest with 64-wide N tiles, GEMM 2 with 128 × 256 (N × K) tiles."""
-        down_config = down_config or config
-        self.measurements.timed.append((self.M, dict(config), replays))
-        for c in (config, down_config):
-            if c["BLOCK_SIZE_N"] == 256 and c["num_stages"] == 5:
-                raise RuntimeError("out of resource: shared memory, Required: 262144")
-        return self._gemm_us(config, 64, 128) + 0.5 * self._gemm_us(down_config, 128, 256)
-
-    def _gemm_us(self, config, best_n, best_k):
-        rows = max(1.0, self.M * 8 / 256)
-        padding = math.ceil(rows / config["BLOCK_SIZE_M"]) * config["BLOCK_SIZE_M"] / rows
-        tile = 1 + 0.2 * abs(math.log2(config["BLOCK_SIZE_N"] / best_n))
-        tile += 0.1 * abs(math.log2(config["BLOCK_SIZE_K"] / best_k))
-        return 10.0 * self.M**0.5 * padding * tile * (1 + 0.02 * abs(config["num_stages"] - 3))
-
-
-class FakeMeasurements:
-    """Synthetic µs; compiles fail for 8-warp BLOCK_SIZE_M 16 tiles, launches for some others."""
-
-    device_name = "NVIDIA H200"
-    triton_version = "3.6.0"
-    ceilings = {"bandwidth_tbps": 4.24, "bf16_tflops": 689.0, "fp8_tflops": None}
-    pool_start_s = 2.5
-    seconds = {"import_s": 1.5, "cuda_s": 0.75, "weights_s": 0.25, "ceilings_s": 1.25}
-
-    def __init__(self):
-        self.timed = []
-        self.compiled = []
-        self.closed = False
-
-    def compile(self, configs):
-        self.compiled += [compile_key(c) for c in configs]
-        return [
-            "CompilationError: too many registers"
-            if c["BLOCK_SIZE_M"] == 16 and c["num_warps"] == 8
-            else None
-            for c in configs
-        ]
-
-    def timer(self, M):
-        return FakeTimer(self, M)
-
-    def floor_us(self, M):
-        return 5.0 * M**0.5
-
-    def wait_for_compile_workers(self):
-        return self.pool_start_s
-
-    def close(self):
-        self.closed = True
 
 
 def set_up_on_cpu(folder: Path, shape_data: dict) -> None:

@@ -16,7 +16,7 @@ from moeops.api.models import ApiToken
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.runs import services
 from moeops.runs.models import SweepRun
-from tests.test_telemetry import FakeNVML, h200
+from tests.fakes import FakeNVML, h200
 from workers import sweep
 from workers.client import MoeopsClient
 

@@ -19,7 +19,7 @@ from moeops.fleet.models import Deployment, GPUReading, HealthCheck
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import KernelConfig, TuningRun
 from tests.engine import ensure_installed
-from tests.test_telemetry import FakeNVML, h200
+from tests.fakes import FakeNVML, h200
 from tuning.backends import load_backend
 from tuning.engine_source import locate_package
 from tuning.search import KernelShape

@@ -1,0 +1,142 @@
+"""What the tests share that is not a fixture of pytest's: the fixture files' folders, and the
+fakes of what only a GPU host has (NVML's GPUs, the tuner's GPU measurements). Imports neither
+Django nor a GPU, so that the gpu-marked tests (run with --noconftest) can use it too."""
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+from tuning.search import KernelShape, compile_key
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+HF_CONFIGS = FIXTURES / "hf_configs"
+# GLM-5 at TP8, bf16: the tuner tests' shape
+SHAPE = KernelShape(E=256, N=256, H=6144, top_k=8)
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+class FakeNVML:
+    """The pynvml functions the sampler calls, over scripted GPUs; counts init/shutdown."""
+
+    NVMLError = FakeNVMLError
+    NVML_CLOCK_SM = 1
+    NVML_TEMPERATURE_GPU = 0
+
+    def __init__(self, gpus, *, init_error=None, unsupported=()):
+        self.gpus = gpus
+        self.init_error = init_error
+        self.unsupported = set(unsupported)
+        self.inits = 0
+        self.shutdowns = 0
+
+    def nvmlInit(self):
+        if self.init_error:
+            raise FakeNVMLError(self.init_error)
+        self.inits += 1
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return self.gpus[index]
+
+    def _get(self, name, handle):
+        if name in self.unsupported:
+            raise FakeNVMLError("Not Supported")
+        return handle[name]
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return self._get("util", handle)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return self._get("memory", handle)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return self._get("power_mw", handle)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return self._get("limit_mw", handle)
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        assert clock == self.NVML_CLOCK_SM
+        return self._get("sm_clock", handle)
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return self._get("temperature", handle)
+
+
+def h200(util=0, power_mw=85_000):
+    return {
+        "util": SimpleNamespace(gpu=util, memory=util // 2),
+        "memory": SimpleNamespace(used=96_000 * 2**20, total=143_771 * 2**20),
+        "power_mw": power_mw,
+        "limit_mw": 700_000,
+        "sm_clock": 1980,
+        "temperature": 41,
+    }
+
+
+class FakeTimer:
+    def __init__(self, measurements, M):
+        self.measurements = measurements
+        self.M = M
+
+    def time_config(self, config, replays, calls=None, *, down_config=None):
+        """GEMM 1 is fastest with 64-wide N tiles, GEMM 2 with 128 × 256 (N × K) tiles."""
+        down_config = down_config or config
+        self.measurements.timed.append((self.M, dict(config), replays))
+        for c in (config, down_config):
+            if c["BLOCK_SIZE_N"] == 256 and c["num_stages"] == 5:
+                raise RuntimeError("out of resource: shared memory, Required: 262144")
+        return self._gemm_us(config, 64, 128) + 0.5 * self._gemm_us(down_config, 128, 256)
+
+    def _gemm_us(self, config, best_n, best_k):
+        rows = max(1.0, self.M * 8 / 256)
+        padding = math.ceil(rows / config["BLOCK_SIZE_M"]) * config["BLOCK_SIZE_M"] / rows
+        tile = 1 + 0.2 * abs(math.log2(config["BLOCK_SIZE_N"] / best_n))
+        tile += 0.1 * abs(math.log2(config["BLOCK_SIZE_K"] / best_k))
+        return 10.0 * self.M**0.5 * padding * tile * (1 + 0.02 * abs(config["num_stages"] - 3))
+
+
+class FakeMeasurements:
+    """Synthetic µs; compiles fail for 8-warp BLOCK_SIZE_M 16 tiles, launches for some others."""
+
+    device_name = "NVIDIA H200"
+    triton_version = "3.6.0"
+    ceilings = {"bandwidth_tbps": 4.24, "bf16_tflops": 689.0, "fp8_tflops": None}
+    pool_start_s = 2.5
+    seconds = {"import_s": 1.5, "cuda_s": 0.75, "weights_s": 0.25, "ceilings_s": 1.25}
+
+    def __init__(self):
+        self.timed = []
+        self.compiled = []
+        self.closed = False
+
+    def compile(self, configs):
+        self.compiled += [compile_key(c) for c in configs]
+        return [
+            "CompilationError: too many registers"
+            if c["BLOCK_SIZE_M"] == 16 and c["num_warps"] == 8
+            else None
+            for c in configs
+        ]
+
+    def timer(self, M):
+        return FakeTimer(self, M)
+
+    def floor_us(self, M):
+        return 5.0 * M**0.5
+
+    def wait_for_compile_workers(self):
+        return self.pool_start_s
+
+    def close(self):
+        self.closed = True
