@@ -1,0 +1,197 @@
+import html
+import json
+import re
+
+import pytest
+from django.contrib.auth.models import User
+
+from moeops.fleet import services as fleet_services
+from moeops.fleet.models import ModelSpec
+from moeops.kernels.models import KernelConfig
+from tests import fakes
+from tests import page_base as pb
+
+pytestmark = pytest.mark.django_db
+FIXTURES = fakes.FIXTURES / "hf_configs"
+GOOD_ENTRY = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+
+
+@pytest.fixture
+def admin(client):
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+def _errors(response):
+    """The texts of the form's error lists, unescaped."""
+    page = html.unescape(response.content.decode())
+    return re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', page, re.S)
+
+
+def _post_kernel_config(client, entries):
+    return client.post(
+        "/admin/kernels/kernelconfig/add/",
+        {
+            "device_name": "NVIDIA H200",
+            "E": "256",
+            "N": "256",
+            "dtype": "bf16",
+            "block_shape": "null",
+            "triton_version": "3.7.1",
+            "entries": json.dumps(entries),
+            "source": "manual",
+        },
+    )
+
+
+def test_it_saves_a_valid_kernel_config_as_version_1(admin):
+    response = _post_kernel_config(admin, {"1": GOOD_ENTRY, "64": GOOD_ENTRY})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    config = KernelConfig.objects.get()
+    assert config.version == 1
+    assert sorted(config.entries) == ["1", "64"]
+    _post_kernel_config(admin, {"1": GOOD_ENTRY})
+    assert sorted(KernelConfig.objects.values_list("version", flat=True)) == [1, 2]
+
+
+def test_an_edit_in_the_admin_is_the_next_version_and_the_stored_one_stays(admin):
+    _post_kernel_config(admin, {"1": GOOD_ENTRY})
+    first = KernelConfig.objects.get()
+    faster = {**GOOD_ENTRY, "num_stages": 4}
+    form = {
+        "device_name": "NVIDIA H200",
+        "E": "256",
+        "N": "256",
+        "dtype": "bf16",
+        "block_shape": "null",
+        "triton_version": "3.7.1",
+        "entries": json.dumps({"1": faster}),
+        "source": "manual",
+    }
+
+    response = admin.post(f"/admin/kernels/kernelconfig/{first.pk}/change/", form)
+
+    assert response.status_code == 302
+    first.refresh_from_db()
+    assert first.version == 1 and first.entries == {"1": GOOD_ENTRY}
+    second = KernelConfig.objects.get(version=2)
+    assert second.entries == {"1": faster}
+
+
+@pytest.mark.parametrize(
+    "entries, message",
+    [
+        ({"0": GOOD_ENTRY}, 'batch size "0": not a positive integer'),
+        ({"-4": GOOD_ENTRY}, 'batch size "-4": not a positive integer'),
+        ({"abc": GOOD_ENTRY}, 'batch size "abc": not a positive integer'),
+        ({"64": {**GOOD_ENTRY, "BLOCK_SIZE_M": 48}}, "batch size 64: BLOCK_SIZE_M must be a power"),
+        ({"64": {**GOOD_ENTRY, "BLOCK_SIZE_N": 48}}, "batch size 64: BLOCK_SIZE_N must be a power"),
+        (
+            {"64": {**GOOD_ENTRY, "BLOCK_SIZE_K": 100}},
+            "batch size 64: BLOCK_SIZE_K must be a power",
+        ),
+        ({"64": {**GOOD_ENTRY, "GROUP_SIZE_M": 0}}, "batch size 64: GROUP_SIZE_M must be at least"),
+        ({"64": {**GOOD_ENTRY, "num_warps": 3}}, "batch size 64: num_warps must be one of"),
+        ({"64": {**GOOD_ENTRY, "num_stages": 9}}, "batch size 64: num_stages must be between"),
+        ({"64": {**GOOD_ENTRY, "num_stages": 0}}, "batch size 64: num_stages must be between"),
+    ],
+)
+def test_it_rejects_bad_kernel_config_entries_naming_them(admin, entries, message):
+    response = _post_kernel_config(admin, entries)
+    assert response.status_code == 200
+    errors = _errors(response)
+    assert any(message in e for e in errors), errors
+    assert not KernelConfig.objects.exists()
+
+
+def test_it_fills_the_moe_shape_from_an_uploaded_config(admin):
+    with open(FIXTURES / "kimi-k2-instruct_config.json", "rb") as upload:
+        response = admin.post(
+            "/admin/fleet/modelspec/add/",
+            {"name": "Kimi K2", "config_json": "", "config_file": upload},
+        )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    model = ModelSpec.objects.get()
+    assert (model.num_experts, model.topk, model.hidden_size) == (384, 8, 7168)
+    assert model.quantization == "fp8"
+    assert model.block_shape == [128, 128]
+
+
+def test_it_fills_the_moe_shape_from_pasted_json(admin):
+    config = (FIXTURES / "mixtral-8x7b-v0.1_config.json").read_text()
+    response = admin.post("/admin/fleet/modelspec/add/", {"name": "Mixtral", "config_json": config})
+    assert response.status_code == 302
+    assert ModelSpec.objects.get().num_experts == 8
+
+
+def test_it_names_what_is_missing_in_a_dense_config(admin):
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}
+    response = admin.post(
+        "/admin/fleet/modelspec/add/", {"name": "Llama", "config_json": json.dumps(config)}
+    )
+    assert response.status_code == 200
+    errors = _errors(response)
+    assert any("config.json:" in e and "expert" in e.lower() for e in errors), errors
+    assert not ModelSpec.objects.exists()
+
+
+def test_it_rejects_an_upload_that_is_not_json(admin, tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_bytes(b"\xff\xfe not json")
+    with open(bad, "rb") as upload:
+        response = admin.post(
+            "/admin/fleet/modelspec/add/", {"name": "X", "config_json": "", "config_file": upload}
+        )
+    assert response.status_code == 200
+    assert "not UTF-8" in response.content.decode()
+    assert not ModelSpec.objects.exists()
+
+
+def test_health_checks_and_gpu_readings_are_listed_but_not_edited(admin):
+    deployment = pb.deployment()
+    check, _ = fleet_services.health_check_record(
+        deployment=deployment, status="degraded", trigger="periodic", detail="wrong model"
+    )
+    reading, _ = fleet_services.gpu_reading_record(
+        host=deployment.host, status="unavailable", detail="NVML did not initialise"
+    )
+    checks = admin.get("/admin/fleet/healthcheck/").content.decode()
+    assert "GLM-5 on h200" in checks and "Periodic" in checks
+    readings = admin.get("/admin/fleet/gpureading/").content.decode()
+    assert "NVML did not initialise" in readings
+    assert admin.get("/admin/fleet/healthcheck/add/").status_code == 403
+    shown = admin.get(f"/admin/fleet/healthcheck/{check.pk}/change/")
+    assert shown.status_code == 200 and 'name="status"' not in shown.content.decode()
+    assert admin.get(f"/admin/fleet/gpureading/{reading.pk}/change/").status_code == 200
+
+
+def test_it_rejects_run_parameters_the_schema_refuses(admin):
+    run = pb.run(pb.deployment(), "sweep", parameters={"levels": [32]})
+    fields = {
+        "deployment": run.deployment_id,
+        "label": run.label,
+        "status": run.status,
+        "source": run.source,
+        "progress": "{}",
+        "snapshot": "{}",
+        "telemetry_status": run.telemetry_status,
+        "levels-TOTAL_FORMS": "0",
+        "levels-INITIAL_FORMS": "0",
+    }
+    url = f"/admin/runs/sweeprun/{run.pk}/change/"
+    response = admin.post(url, {**fields, "parameters": json.dumps({"levels": 5})})
+    assert response.status_code == 200
+    assert any(e.startswith("<li>parameters.levels: ") for e in _errors(response)), _errors(
+        response
+    )
+    run.refresh_from_db()
+    assert run.parameters == {"levels": [32]}
+    response = admin.post(url, {**fields, "parameters": json.dumps({"levels": [32, 64]})})
+    assert response.status_code == 302, _errors(response)

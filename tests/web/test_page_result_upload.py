@@ -1,0 +1,75 @@
+"""Result files uploaded on the deployment page: the API's import service, in the browser's
+form (real files written by SGLang's bench_serving and in vLLM's result layout)."""
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from moeops.runs.models import SweepRun
+from tests import page_base as pb
+from tests.fakes import FIXTURES
+
+pytestmark = pytest.mark.django_db
+RESULTS = FIXTURES / "results"
+SGLANG = RESULTS / "TonyLi15-sglang-benchmark__pd_1p2d_n100_in512_out128_c64.jsonl"
+VLLM = RESULTS / "vllm_bench_serve_0.11.json"
+
+
+@pytest.fixture
+def deployment(client):
+    pb.sign_in(client)
+    return pb.deployment()
+
+
+def _upload(client, deployment, path, fmt, **extra):
+    upload = SimpleUploadedFile(path.name, path.read_bytes())
+    return client.post(
+        f"/deployments/{deployment.pk}/results/", {"format": fmt, "file": upload, **extra}
+    )
+
+
+def test_the_page_offers_the_upload(client, deployment):
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    form = html.split('id="result-upload"')[1].split("</form>")[0]
+    assert f'action="/deployments/{deployment.pk}/results/"' in form
+    assert 'enctype="multipart/form-data"' in form
+    assert '<option value="sglang">SGLang bench_serving (JSONL)</option>' in form
+
+
+def test_an_sglang_jsonl_becomes_a_finished_run_with_what_its_server_said(client, deployment):
+    response = _upload(client, deployment, SGLANG, "sglang", label="pd 1p2d")
+    run = SweepRun.objects.get()
+    assert response["Location"] == f"/runs/{run.uuid}/"
+    assert (run.source, run.status, run.label) == ("import", "succeeded", "pd 1p2d")
+    [level] = run.levels.all()
+    assert level.concurrency == 64 and level.output_throughput > 0
+    assert run.snapshot["file"]["file_name"] == SGLANG.name
+    assert run.snapshot["engine"]["engine"] == "sglang"
+    assert run.provenance == f"uploaded {SGLANG.name} on the deployment page"
+
+
+def test_a_vllm_json_is_imported_and_the_same_file_again_opens_its_run(client, deployment):
+    first = _upload(client, deployment, VLLM, "vllm")
+    run = SweepRun.objects.get()
+    assert run.levels.get().output_throughput == pytest.approx(806.161, abs=1e-3)
+    again = _upload(client, deployment, VLLM, "vllm")
+    assert again["Location"] == first["Location"] == f"/runs/{run.uuid}/"
+    assert SweepRun.objects.count() == 1
+
+
+def test_a_broken_file_lists_its_bad_lines_and_stores_nothing(client, deployment):
+    response = _upload(client, deployment, RESULTS / "sglang_broken.jsonl", "sglang")
+    assert response.status_code == 400
+    form = response.content.decode().split('id="result-upload"')[1].split("</form>")[0]
+    assert "<details open>" in form
+    assert "line 2: not JSON" in form
+    assert "line 3: lacks the throughput keys" in form
+    assert not SweepRun.objects.exists()
+
+
+def test_a_file_that_is_not_text_is_refused(client, deployment):
+    upload = SimpleUploadedFile("r.jsonl", b"\xff\xfe\x00binary")
+    response = client.post(
+        f"/deployments/{deployment.pk}/results/", {"format": "sglang", "file": upload}
+    )
+    assert response.status_code == 400
+    assert "The file is not UTF-8 text." in response.content.decode()

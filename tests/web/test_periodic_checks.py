@@ -1,0 +1,106 @@
+"""The periodic health check: beat's schedule from the settings, and the web-side task that
+sends one check per deployment with an endpoint to its host's queue."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from moeops.fleet.tasks import check_deployments
+from tests import page_base as pb
+from tests import queues
+from tests.fakes import ROOT
+
+
+@pytest.mark.django_db
+def test_it_sends_one_check_per_deployment_with_an_endpoint(
+    redis_url, monkeypatch, settings, django_capture_on_commit_callbacks
+):
+    settings.MOEOPS_HEALTH_CHECK_INTERVAL_S = 120
+    settings.MOEOPS_ENDPOINT_ALLOWLIST = ["127.0.0.1", "10.0.0.0/8"]
+    queues.send_to(monkeypatch, redis_url)
+    h200, b200 = pb.host("h200-x8"), pb.host("b200-x8", gpu_name="NVIDIA B200")
+    queues.clear(redis_url, h200.queue_name, b200.queue_name)
+    glm = pb.deployment("GLM-5 on h200", host_row=h200)
+    kimi = pb.deployment(
+        "Kimi K2 on b200",
+        model_row=pb.model("Kimi K2", pb.KIMI_CONFIG),
+        host_row=b200,
+        engine="vllm",
+        endpoint_url="http://10.0.0.8:8000",
+        served_model_name="",
+    )
+    pb.deployment("planned on h200", model_row=glm.model, host_row=h200, endpoint_url="")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        result = check_deployments.delay()
+    assert sorted(result.get()) == sorted([glm.pk, kimi.pk])
+
+    [on_h200] = queues.queued(redis_url, h200.queue_name)
+    [on_b200] = queues.queued(redis_url, b200.queue_name)
+    assert on_h200.task == on_b200.task == "workers.check_deployment"
+    assert on_h200.kwargs == {
+        "deployment": glm.pk,
+        "base_url": "http://127.0.0.1:30000",
+        "model": "glm-5",
+        "engine": "sglang",
+        "trigger": "periodic",
+    }
+    # no served name: requests carry the model's own name, as a sweep's do
+    assert (on_b200.kwargs["model"], on_b200.kwargs["engine"]) == ("Kimi K2", "vllm")
+    assert on_b200.kwargs["trigger"] == "periodic"
+    # a check that no worker started within one interval is dropped
+    assert on_h200.headers["expires"] is not None
+    queues.clear(redis_url, h200.queue_name, b200.queue_name)
+
+
+def _beat_config(**env):
+    """The web-side app's beat settings in a fresh interpreter (settings read the environment)."""
+    code = (
+        "import json; from moeops.celery import app; c = app.conf; "
+        "print(json.dumps({'schedule': c.beat_schedule, 'file': c.beat_schedule_filename}))"
+    )
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MOEOPS_")}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**environ, "DJANGO_SETTINGS_MODULE": "moeops.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+# beat also fails the work whose worker is gone, every minute, whatever the checks' interval
+STALE_WORK = {"task": "moeops.engines.tasks.fail_stale_work", "schedule": 60.0}
+
+
+def test_beat_checks_every_five_minutes_by_default_and_keeps_its_file_in_var(tmp_path):
+    proc = _beat_config(MOEOPS_VAR_DIR=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    conf = json.loads(proc.stdout)
+    assert conf["schedule"] == {
+        "check-deployments": {"task": "moeops.fleet.tasks.check_deployments", "schedule": 300.0},
+        "fail-stale-runs": STALE_WORK,
+    }
+    assert conf["file"] == str(tmp_path / "celerybeat-schedule")
+
+
+def test_the_interval_comes_from_the_environment_and_zero_turns_the_checks_off(tmp_path):
+    every_minute = json.loads(
+        _beat_config(MOEOPS_VAR_DIR=str(tmp_path), MOEOPS_HEALTH_CHECK_INTERVAL_S="60").stdout
+    )
+    assert every_minute["schedule"]["check-deployments"]["schedule"] == 60.0
+    off = json.loads(
+        _beat_config(MOEOPS_VAR_DIR=str(tmp_path), MOEOPS_HEALTH_CHECK_INTERVAL_S="0").stdout
+    )
+    assert off["schedule"] == {"fail-stale-runs": STALE_WORK}
+
+
+@pytest.mark.parametrize("value", ["-5", "5m"])
+def test_an_interval_that_is_no_count_of_seconds_is_refused(tmp_path, value):
+    proc = _beat_config(MOEOPS_VAR_DIR=str(tmp_path), MOEOPS_HEALTH_CHECK_INTERVAL_S=value)
+    assert proc.returncode != 0
+    assert "ImproperlyConfigured: MOEOPS_HEALTH_CHECK_INTERVAL_S must be" in proc.stderr

@@ -1,0 +1,192 @@
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from moeops.kernels.models import KernelConfig
+from moeops.runs.models import LevelResult, SweepRun
+from moeops.wsgi import application
+from tests.api_base import make_world, wsgi_in_test_transaction
+from tests.fakes import FIXTURES, ROOT
+from workers import cli
+
+SGLANG_AGG = FIXTURES / "results" / "TonyLi15-sglang-benchmark__agg_n50_in128_out64_c8.jsonl"
+RTX_FP8 = (
+    "E=128,N=2048,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Workstation_Edition,"
+    "dtype=fp8_w8a8,block_shape=[128,128].json"
+)
+
+
+@pytest.fixture
+def world(db, monkeypatch):
+    monkeypatch.setenv("MOEOPS_URL", "http://testserver")
+    with wsgi_in_test_transaction():
+        world = make_world()
+        monkeypatch.setenv("MOEOPS_TOKEN", world.owner_token)
+        yield world
+
+
+def _run(argv, capsys):
+    code = cli.main(argv, transport=httpx.WSGITransport(app=application))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _shell(*args, env=None):
+    environment = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("command", ["import-results", "push-config", "export-config", "runs"])
+def test_every_command_has_help(command):
+    result = _shell(command, "--help")
+    assert result.returncode == 0
+    assert result.stdout.startswith(f"usage: python -m workers.cli {command}")
+
+
+def test_a_usage_error_is_one_line():
+    result = _shell("import-results", "x.jsonl", "--deployment", "d")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "--format" in result.stderr
+
+
+def test_it_says_when_no_token_is_set():
+    env = {key: value for key, value in os.environ.items() if key != "MOEOPS_TOKEN"}
+    result = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "runs", "--deployment", "d"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: MOEOPS_TOKEN is not set")
+
+
+def test_an_unreachable_server_is_one_line():
+    env = {"MOEOPS_URL": "http://127.0.0.1:9", "MOEOPS_TOKEN": "moe_x"}
+    result = _shell("runs", "--deployment", "d", env=env)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: GET http://127.0.0.1:9/api/v1/runs: ConnectError")
+
+
+def test_it_imports_sglang_results(world, capsys):
+    argv = ["import-results", str(SGLANG_AGG), "--format", "sglang", "--deployment", "glm-5-sglang"]
+    code, out, err = _run(argv, capsys)
+    assert (code, err) == (0, "")
+    run = SweepRun.objects.get()
+    assert out == f"1 level(s) in run {run.pk} ({run.uuid}) of glm-5-sglang\n"
+    assert run.label == SGLANG_AGG.name
+    assert LevelResult.objects.get().output_throughput == pytest.approx(710.7638973941176)
+    assert _run(argv, capsys)[0] == 0
+    assert SweepRun.objects.count() == 1
+
+
+def test_it_reports_the_bad_lines_of_a_file(world, capsys):
+    broken = FIXTURES / "results" / "sglang_broken.jsonl"
+    argv = ["import-results", str(broken), "--format", "sglang", "--deployment", "glm-5-sglang"]
+    code, out, err = _run(argv, capsys)
+    assert code == 1 and out == ""
+    assert err.startswith("error: 400: content: line 2: not JSON")
+    assert err.count("\n") == 1
+    assert not SweepRun.objects.exists()
+
+
+def test_it_reports_unreadable_files(world, capsys, tmp_path):
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"tag": "caf\xe9"}\n')
+    code, _, err = _run(
+        ["import-results", str(latin), "--format", "vllm", "--deployment", "x"], capsys
+    )
+    assert code == 1 and err == f"error: {latin}: not UTF-8 text (byte 12)\n"
+    code, _, err = _run(["push-config", str(tmp_path / "nope.json")], capsys)
+    assert code == 1 and err == f"error: {tmp_path / 'nope.json'}: no such file\n"
+
+
+def test_it_pushes_and_exports_a_config(world, capsys, tmp_path):
+    code, out, _ = _run(["push-config", str(FIXTURES / "kernel_configs" / RTX_FP8)], capsys)
+    assert code == 0
+    config = KernelConfig.objects.get()
+    assert out.startswith(f"kernel config {config.pk}: NVIDIA RTX PRO 6000")
+    code, out, _ = _run(
+        ["export-config", str(config.pk), "--style", "vllm", "--out", str(tmp_path)], capsys
+    )
+    assert code == 0
+    written = tmp_path / RTX_FP8
+    assert out == f"{written}\n"
+    assert written.read_text() == (FIXTURES / "kernel_configs" / RTX_FP8).read_text()
+    code, out, _ = _run(
+        ["export-config", str(config.pk), "--style", "sglang", "--out", str(tmp_path)], capsys
+    )
+    sglang = tmp_path / "triton_3_6_0" / RTX_FP8.replace("[128,128]", "[128, 128]")
+    assert out == f"{sglang}\n"
+    assert "triton_version" not in json.loads(sglang.read_text())
+
+
+def test_it_reads_the_triton_version_from_an_sglang_folder(world, capsys, tmp_path):
+    folder = tmp_path / "triton_3_4_0"
+    folder.mkdir()
+    name = "E=128,N=1024,device_name=AMD_Instinct_MI300X.json"
+    shutil.copy(FIXTURES / "kernel_configs" / name, folder / name)
+    assert _run(["push-config", str(folder / name)], capsys)[0] == 0
+    config = KernelConfig.objects.get()
+    assert config.triton_version == "3.4.0"
+    assert config.original_file_name == f"triton_3_4_0/{name}"
+
+
+def test_it_refuses_a_config_with_a_wrong_name(world, capsys, tmp_path):
+    wrong = tmp_path / "tuned.json"
+    wrong.write_text("{}")
+    code, _, err = _run(["push-config", str(wrong)], capsys)
+    assert code == 1
+    assert err.startswith("error: 400: file_name: 'tuned.json' is not a fused-MoE config file name")
+
+
+def test_it_lists_runs_as_a_table(world, capsys):
+    _run(
+        ["import-results", str(SGLANG_AGG), "--format", "sglang", "--deployment", "glm-5-sglang"],
+        capsys,
+    )
+    world.run(label="queued sweep")
+    world.run(deployment=world.other_deployment, label="elsewhere")
+    code, out, _ = _run(["runs", "--deployment", "glm-5-sglang"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "ID",
+        "UUID",
+        "STATUS",
+        "SOURCE",
+        "LEVELS",
+        "PEAK",
+        "TOK/S",
+        "CREATED",
+        "LABEL",
+    ]
+    assert len(lines) == 3
+    assert "queued sweep" in lines[1] and lines[1].split()[2:5] == ["queued", "worker", "0"]
+    assert lines[2].split()[2:6] == ["succeeded", "import", "1", "710.8"]
+    code, out, _ = _run(["runs", "--deployment", "glm-5-sglang", "--limit", "1"], capsys)
+    assert out.splitlines()[-1] == "(1 of 2 runs; --limit shows more)"
+
+
+def test_an_unknown_deployment_is_one_line(world, capsys):
+    code, _, err = _run(["runs", "--deployment", "nope"], capsys)
+    assert code == 0
+    argv = ["import-results", str(SGLANG_AGG), "--format", "sglang", "--deployment", "nope"]
+    code, _, err = _run(argv, capsys)
+    assert code == 1 and err == "error: 404: deployment 'nope' not found\n"

@@ -1,0 +1,260 @@
+"""workers.sweep.run_sweep without Celery: a live Django server, the real REST client and an
+in-process stand-in engine; NVML is the fake of tests/fakes.py where a test needs GPUs."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from localstack.standin import StandinConfig, start_standin_in_thread
+from moeops.api.models import ApiToken
+from moeops.fleet.models import Deployment, Host, ModelSpec
+from moeops.runs import services
+from moeops.runs.models import SweepRun
+from tests.fakes import ROOT, FakeNVML, h200
+from workers import sweep
+from workers.client import MoeopsClient
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
+CONFIG = ROOT / "moeops/examples/glm-5-fp8_config.json"
+
+
+@pytest.fixture
+def standin():
+    url, stop = start_standin_in_thread(StandinConfig(model="m", max_running_requests=16))
+    yield url
+    stop()
+
+
+@pytest.fixture
+def world(live_server, standin, tmp_path):
+    host = Host.objects.create(name="gpu-1")
+    _, token = ApiToken.issue(name="worker", host=host)
+    model = ModelSpec.objects.create(name="GLM-5", config_json=json.loads(CONFIG.read_text()))
+    deployment = Deployment.objects.create(
+        name="glm", model=model, host=host, endpoint_url=standin, served_model_name="m"
+    )
+    client = MoeopsClient(
+        live_server.url, token, spool_dir=tmp_path / "spool", retries=1, backoff_s=0.05
+    )
+    yield deployment, client
+    client.close()
+
+
+def _run(deployment, levels=(4, 8), **extra):
+    parameters = {
+        "base_url": deployment.endpoint_url,
+        "model": "m",
+        "levels": list(levels),
+        "input_len": 8,
+        "output_len": 16,
+        "vocab_size": 154880,
+        **extra,
+    }
+    run, _ = services.run_create(deployment=deployment, parameters=parameters)
+    return run
+
+
+def _sweep(run, client, **kwargs):
+    return sweep.run_sweep(str(run.uuid), run.parameters, client=client, **kwargs)
+
+
+def test_a_run_without_a_vocabulary_the_server_cannot_tell_fails_saying_what_to_give(world):
+    deployment, client = world
+    run = _run(deployment, vocab_size=None)
+
+    assert _sweep(run, client) == "failed"
+
+    run.refresh_from_db()
+    assert run.levels.count() == 0
+    assert "the model's vocabulary is unknown" in run.error
+    assert "--tokenizer PATH" in run.error
+
+
+def test_it_records_what_the_engine_said_of_itself_once(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4,))
+    recorded_before = run.snapshot["deployment"]
+
+    assert _sweep(run, client) == "succeeded"
+
+    run.refresh_from_db()
+    engine = run.snapshot["engine"]
+    assert (engine["engine"], engine["max_running_requests"]) == ("standin", 16)
+    assert engine["args_source"] == "/get_server_info"
+    assert run.snapshot["kernel_config"]["state"] == "not_applicable"
+    assert run.snapshot["client"]["host"] == socket.gethostname()
+    assert run.snapshot["deployment"] == recorded_before
+    # a second report (a resumed sweep) does not rewrite the first
+    assert not services.run_record_observed(run=run, observed={"engine": {"engine": "vllm"}})
+    run.refresh_from_db()
+    assert run.snapshot["engine"]["engine"] == "standin"
+
+
+def test_it_claims_the_run_and_stores_each_level_once(world):
+    deployment, client = world
+    run = _run(deployment)
+
+    assert _sweep(run, client) == "succeeded"
+
+    run.refresh_from_db()
+    assert run.status == "succeeded"
+    assert [lv.concurrency for lv in run.levels.order_by("concurrency")] == [4, 8]
+    assert run.progress["levels_done"] == run.progress["levels_total"] == 2
+    assert run.progress["attempt"] == 1 and {lv.attempt for lv in run.levels.all()} == {1}
+    # a second delivery of a finished run does nothing
+    assert _sweep(run, client) == "succeeded"
+    assert run.levels.count() == 2
+
+
+def test_gpu_telemetry_is_stored_tagged_with_its_level(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4, 8), gpu_indices=[1], prompts_per_level=48)
+    nvml = FakeNVML([h200(), h200(util=93, power_mw=580_000)])
+
+    assert _sweep(run, client, nvml=nvml, telemetry_hz=10) == "succeeded"
+
+    run.refresh_from_db()
+    assert run.telemetry_status == "recorded"
+    samples = list(run.telemetry.order_by("ts"))
+    assert samples and {s.gpu_index for s in samples} == {1}
+    assert {s.level_concurrency for s in samples} >= {4, 8}
+    assert samples[0].power_w == 580.0 and samples[0].power_limit_w == 700.0
+    assert nvml.inits == nvml.shutdowns == 1
+
+
+def test_without_nvml_the_run_says_why_and_has_no_samples(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4,))
+    nvml = FakeNVML([], init_error="Driver Not Loaded")
+
+    _sweep(run, client, nvml=nvml)
+
+    run.refresh_from_db()
+    assert run.telemetry_status == "unavailable"
+    assert run.telemetry_detail == "NVML did not initialise: Driver Not Loaded"
+    assert not run.telemetry.exists()
+    assert run.engine_samples.exists()
+
+
+def test_a_cancel_stops_at_the_next_request_and_keeps_every_finished_request(world):
+    deployment, client = world
+    # 16 then 4 streams, 32 prompts each: the second level runs 8 waves of ~0.6 s
+    run = _run(deployment, levels=(16, 4, 8), output_len=64, prompts_per_level=32)
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(status=_sweep(run, client)))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        progress = SweepRun.objects.get(pk=run.pk).progress
+        if progress.get("concurrency") == 4 and progress.get("requests_done"):
+            break
+        time.sleep(0.05)
+    services.run_cancel(run=SweepRun.objects.get(pk=run.pk))
+    thread.join(30)
+
+    run.refresh_from_db()
+    assert outcome["status"] == run.status == "cancelled"
+    levels = {lv.concurrency: lv for lv in run.levels.all()}
+    # the finished level stays whole; the one the cancel cut short keeps its finished requests
+    assert set(levels) == {16, 4}
+    assert levels[16].completed == 32 and not levels[16].is_partial
+    assert levels[4].is_partial and levels[4].requests_planned() == 32
+    assert 0 < levels[4].completed < 32 and levels[4].output_throughput > 0
+
+
+def test_a_redelivered_run_skips_the_levels_already_stored(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4, 8))
+    services.run_transition(run=run, status="running")
+    kept, _ = services.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
+    # its worker's last heartbeat is long gone
+    SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time() - 60})
+
+    assert _sweep(run, client) == "succeeded"
+
+    levels = list(run.levels.order_by("concurrency"))
+    assert [lv.concurrency for lv in levels] == [4, 8]
+    assert levels[0].pk == kept.pk and levels[0].output_throughput == 1.0
+    assert levels[1].completed == 32
+
+
+def test_a_resumed_run_marks_its_levels_and_samples_with_the_next_attempt(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4, 8), gpu_indices=[0], prompts_per_level=48)
+    services.run_transition(run=run, status="running")
+    services.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
+    # the second delivery died in level 8; its heartbeat is long gone
+    SweepRun.objects.filter(pk=run.pk).update(
+        progress={"heartbeat": time.time() - 60, "attempt": 2}
+    )
+
+    assert _sweep(run, client, nvml=FakeNVML([h200()]), telemetry_hz=10) == "succeeded"
+
+    run.refresh_from_db()
+    assert run.progress["attempt"] == 3
+    assert {lv.concurrency: lv.attempt for lv in run.levels.all()} == {4: 1, 8: 3}
+    assert run.telemetry.exists() and run.engine_samples.exists()
+    assert set(run.telemetry.values_list("attempt", flat=True)) == {3}
+    assert set(run.engine_samples.values_list("attempt", flat=True)) == {3}
+
+
+def test_a_run_another_worker_is_sweeping_is_left_alone(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4,))
+    services.run_transition(run=run, status="running")
+    SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time()})
+
+    assert _sweep(run, client) == sweep.BUSY
+    assert not run.levels.exists()
+
+
+def test_a_cancelled_queued_run_is_not_swept(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4,))
+    services.run_cancel(run=run)
+
+    assert _sweep(run, client) == "cancelled"
+    assert not run.levels.exists()
+
+
+def test_an_engine_that_fails_every_request_fails_the_run_with_the_evidence(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4, 8), base_url="http://127.0.0.1:9")
+
+    assert _sweep(run, client) == "failed"
+
+    run.refresh_from_db()
+    assert run.status == "failed"
+    assert "every request at concurrency 4 failed" in run.error
+    (level,) = run.levels.all()
+    assert level.completed == 0 and level.failed == 16
+    assert set(level.errors) == {"connect_error"}
+
+
+def test_a_sweep_out_of_time_ends_failed_keeping_its_levels(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4, 8))
+
+    assert _sweep(run, client, deadline=time.monotonic()) == "failed"
+
+    run.refresh_from_db()
+    assert "ran out of time" in run.error
+    assert not run.levels.exists()
+
+
+def test_a_run_whose_worker_process_died_on_this_host_is_taken_over_at_once(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4,))
+    services.run_transition(run=run, status="running")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    worker = {"host": socket.gethostname(), "pid": dead.pid}
+    SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time(), "worker": worker})
+
+    assert _sweep(run, client) == "succeeded"
+    assert run.levels.count() == 1
