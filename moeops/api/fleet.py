@@ -300,7 +300,7 @@ def gpu_reading_record(request, ref: str, payload: GPUReadingIn):
         host=host,
         status=payload.status,
         detail=payload.detail,
-        gpus=[gpu.model_dump(exclude={"level_concurrency"}) for gpu in payload.gpus],
+        gpus=[gpu.model_dump(exclude={"level_concurrency", "attempt"}) for gpu in payload.gpus],
         taken_at=payload.taken_at,
         reading_uuid=payload.uuid,
     )
