@@ -190,6 +190,9 @@ class RunData:
     quantization: str = ""
     # (device_name, E, N, dtype, block_shape tuple or None) of the kernel configs on record
     kernel_configs: set = field(default_factory=set)
+    # whether the deployment's newest run measured a tuned kernel config in effect (its
+    # snapshot, moeops.runs.models.kernel_state), whether or not moeops holds the file
+    newest_run_tuned: bool = False
     topology: Topology | None = None
     previous: PreviousRun | None = None
     rules: list[Rule] = field(default_factory=list)
@@ -656,7 +659,8 @@ def _max_of(samples, attr):
 
 
 def no_tuned_kernel(data: RunData) -> list[Proposal]:
-    """No KernelConfig on record for the deployment's device, per-rank E and N, and dtype.
+    """No KernelConfig on record for the deployment's device, per-rank E and N, and dtype, while
+    the deployment's newest run did not measure a tuned config in effect either.
 
     dtype follows the weights: none/bf16 -> "bf16", fp16 -> "fp16", fp8 -> "fp8_w8a8" (with the
     model's block shape); FP4 weights (nvfp4, mxfp4) run through the engines' FP4 kernels, which
@@ -664,7 +668,8 @@ def no_tuned_kernel(data: RunData) -> list[Proposal]:
     """
     shape = data.moe_shape
     names = list(dict.fromkeys(gpu.name for gpu in data.gpus if gpu.name))
-    if not shape or not names:
+    if not shape or not names or data.newest_run_tuned:
+        # a tuned file the engine loads is the point, whether or not moeops holds it
         return []
     quantization = (data.quantization or "").lower()
     E, N = shape["experts_per_rank"], shape["N"]

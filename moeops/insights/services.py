@@ -224,6 +224,7 @@ def _gather(run, deployment) -> analysis.RunData:
         moe_shape=deployment.moe_shape(),
         quantization=deployment.quantization or deployment.model.quantization,
         kernel_configs=kernel_configs,
+        newest_run_tuned=_newest_run_tuned(deployment),
         topology=_topology(run.topology_snapshot),
         previous=_previous_comparable(run),
         rules=[
@@ -267,6 +268,11 @@ def _launch(run, deployment):
     if observed.get("max_running_requests"):
         launch["max_running_requests"] = observed["max_running_requests"]
     return launch
+
+
+def _newest_run_tuned(deployment):
+    newest = deployment.runs.order_by("-created", "-id").first()
+    return newest is not None and newest.kernel_config_state() == "tuned"
 
 
 def _topology(snapshot):

@@ -386,6 +386,13 @@ def test_no_tuned_kernel_holds_back_when_a_config_is_on_record():
     assert analysis.no_tuned_kernel(data) == []
 
 
+def test_no_tuned_kernel_holds_back_when_the_newest_run_measured_a_tuned_file():
+    # Kimi K2 after tuning (the write-up): the engine loaded a tuned file moeops does not hold
+    data = RunData(gpus=eight_gpus("NVIDIA H200"), moe_shape=GLM5_TP8_SHAPE, newest_run_tuned=True)
+
+    assert analysis.no_tuned_kernel(data) == []
+
+
 def test_no_tuned_kernel_matches_fp8_by_block_shape():
     shape = {**GLM5_TP8_SHAPE, "quantization": "fp8", "block_shape": [128, 128]}
     per_tensor = {("NVIDIA H200", 256, 256, "fp8_w8a8", None)}
