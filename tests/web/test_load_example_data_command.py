@@ -31,7 +31,6 @@ def test_running_it_twice_adds_no_findings():
 
 def test_the_kimi_k2_deployment_tuned_in_the_write_up_is_not_told_to_tune():
     _load()
-    missing = Finding.objects.filter(kind="no_tuned_kernel").values_list("deployment__name", "state")
-    # GLM-5 ran the engine's defaults; Kimi K2's newest run measured the write-up's tuned file
-    assert [name for name, _ in missing if "Kimi" in name] == []
-    assert any("GLM-5" in name for name, _ in missing)
+    kimi = Finding.objects.filter(deployment__name__icontains="kimi")
+    # its newest run measured the write-up's tuned file in effect, which moeops does not hold
+    assert kimi.exists() and not kimi.filter(kind="no_tuned_kernel").exists()
