@@ -170,6 +170,11 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
     )
     pid_before = managed.engines.state(deployment.pk)["pid"]
     log_in(page, managed.staff)
+    # the comparison the restart opens shows the changed argument, as the engine reported it
+    page.goto(page.base + f"/compare/?run={before.uuid}&run={after.uuid}")
+    changed = page.locator("#what-changed").inner_text()
+    assert "scheduler_config.max_num_seqs: 4 → 16" in changed
+    assert "--max-num-seqs: 4 → 16" in changed
     page.goto(page.base + deployment.get_absolute_url())
     page.select_option("#apply-config select[name=kernel_config]", str(config.pk))
     shot(page, "engine-panel")

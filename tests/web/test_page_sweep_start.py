@@ -98,3 +98,15 @@ def test_it_needs_post_and_login(client, deployment):
     client.logout()
     assert client.post(f"/deployments/{deployment.pk}/sweep/", FORM).status_code == 302
     assert not SweepRun.objects.exists()
+
+
+def test_the_sweep_form_says_when_the_hosts_worker_is_gone(client):
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    sentence = html.split('id="sweep-preflight">')[1].split("</p>")[0]
+    assert sentence.startswith("No worker of host h200-x8 has been seen: start one with")
+
+    pb.worker_seen(deployment.host)
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    assert 'id="sweep-preflight"' not in html

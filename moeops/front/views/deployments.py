@@ -253,6 +253,8 @@ def _deployment_page(
         "sweep_presets": SWEEP_PRESETS,
         "upload_form": upload_form or ResultFileForm(),
         "sweep_estimate": sweep_form.estimate(),
+        # a sweep may wait for its worker in the queue, but the person starting it is told
+        "sweep_waits": deployment.host.worker_absence(),
         "tune_form": tune_form or TuneForm(deployment=deployment),
         # the GPUs shown are the host's: the deployment's own, else all of the host's
         "tune_refusal": actions.tuning_preflight(
