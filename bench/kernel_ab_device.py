@@ -2,11 +2,12 @@
 
     git show REV:tuning/fused_moe.py > bench/ab_base_fused_moe.py   (here; git ignores it,
     so the device call names it in carry)
-    python3 bench/kernel_ab_device.py --base bench/ab_base_fused_moe.py \
+    python3 bench/kernel_ab_device.py --base bench/ab_base_fused_moe.py --configs DIR \
         [--plan glm5:fp8_block,kimi:fp8_block,glm5:bf16] [--sizes 64,256,1024,2048,4096]
 
-Per shape, batch size M and config (the tuned one from results/h200_fused_moe_configs, SGLang's
-files with their _down files; the default; in fp8 block "wide", the tuned tile two weight-scale
+Per shape, batch size M and config (the tuned one from DIR, SGLang's files with their _down
+files as `python -m tuning tune --style sglang --out DIR` writes them under triton_X_Y_Z/; the
+default; in fp8 block "wide", the tuned tile two weight-scale
 blocks wide in both GEMMs): the base module's fused_moe and the current one
 on the same inputs and weights, each timed three times in turn (tuning.timing.LayerTimer: CUDA
 graphs of 4 calls, fresh routing per replay); prints the median µs of each, current/base, and
@@ -27,7 +28,6 @@ from kernel_device import DTYPES, SHAPES  # noqa: E402
 from tuning.config_files import config_file_name, entry_for_batch, loads_config  # noqa: E402
 from tuning.search import KernelShape  # noqa: E402
 
-CONFIGS = Path(__file__).resolve().parent / "results" / "h200_fused_moe_configs" / "triton_3_6_0"
 REPEATS = 3
 
 
@@ -47,7 +47,7 @@ def load_base(path: str):
     return module
 
 
-def cases(plan: str, sizes: list[int], folder: Path = CONFIGS, kinds=("tuned", "default", "wide")):
+def cases(plan: str, sizes: list[int], folder: Path, kinds=("tuned", "default", "wide")):
     """(label, shape, M, kind, config, down_config) for every plan item, size and config kind;
     tuned configs from the SGLang files in folder."""
     from tuning.fused_moe import default_config
@@ -82,7 +82,9 @@ def main() -> int:
     parser.add_argument("--plan", default="glm5:fp8_block,kimi:fp8_block,glm5:bf16")
     parser.add_argument("--sizes", default="64,256,1024,2048,4096")
     parser.add_argument("--replays", type=int, default=30)
-    parser.add_argument("--configs", default=str(CONFIGS), help="folder of SGLang config files")
+    parser.add_argument(
+        "--configs", required=True, help="folder of SGLang config files (its triton_X_Y_Z/)"
+    )
     parser.add_argument("--kinds", default="tuned,default,wide", help="config kinds to time")
     parser.add_argument("--profile", action="store_true", help="one layer per case, for ncu")
     args = parser.parse_args()
