@@ -94,18 +94,6 @@ class LaunchRecipe(models.Model):
         """argv as one line, for people (never run through a shell)."""
         return " ".join(_quoted(part) for part in self.argv)
 
-    def content(self):
-        """What starting it depends on, for comparing two versions."""
-        return {
-            "argv": self.argv,
-            "env": self.env,
-            "cwd": self.cwd,
-            "gpu_indices": self.gpu_indices,
-            "config_folder": self.config_folder,
-            "kernel_configs": sorted(c.pk for c in self.kernel_configs.all()),
-            "ready_timeout_s": self.ready_timeout_s,
-        }
-
 
 def _quoted(part):
     return part if part and all(c.isalnum() or c in "-_./=:,+@" for c in part) else repr(part)

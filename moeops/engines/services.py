@@ -25,7 +25,6 @@ from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.models import SweepRun
-from reports.engine import CAP_FLAGS
 from reports.launch import FlagError, set_flags
 from tuning.config_files import ConfigFileError
 
@@ -113,27 +112,26 @@ def recipe_create(
     return recipe
 
 
-def recipe_in_force(deployment):
-    """The version an action last brought up, or None."""
-    return deployment.recipe_in_force()
-
-
 def recipe_newest(deployment):
     return deployment.launch_recipes.order_by("-version").first()
 
 
+def _content(recipe):
+    """What starting a recipe depends on, as recipe_create takes it."""
+    return {
+        "argv": recipe.argv,
+        "env": recipe.env,
+        "cwd": recipe.cwd,
+        "gpu_indices": recipe.gpu_indices,
+        "config_folder": recipe.config_folder,
+        "ready_timeout_s": recipe.ready_timeout_s,
+        "kernel_configs": list(recipe.kernel_configs.all()),
+    }
+
+
 def _derived(base, *, author, reason, **changes):
     """A new version of base's recipe with changes (argv, kernel_configs, …), based on base."""
-    fields = {
-        "argv": base.argv,
-        "env": base.env,
-        "cwd": base.cwd,
-        "gpu_indices": base.gpu_indices,
-        "config_folder": base.config_folder,
-        "ready_timeout_s": base.ready_timeout_s,
-        "kernel_configs": list(base.kernel_configs.all()),
-        **changes,
-    }
+    fields = {**_content(base), **changes}
     return recipe_create(
         deployment=base.deployment, author=author, reason=reason, based_on=base, **fields
     )
@@ -194,7 +192,7 @@ def _check_config(kernel_config, deployment):
 
 def _new_recipe(*, deployment, kind, user, changes, kernel_config):
     """(recipe to bring up, the one in force) for an action of this kind."""
-    in_force = recipe_in_force(deployment)
+    in_force = deployment.recipe_in_force()
     newest = recipe_newest(deployment)
     base = in_force or newest
     if base is None:
@@ -233,17 +231,8 @@ def _new_recipe(*, deployment, kind, user, changes, kernel_config):
         target = in_force.based_on if in_force is not None else None
         if target is None:
             raise ValidationError({"kind": "no earlier recipe was in force: nothing to revert to"})
-        content = {
-            "argv": target.argv,
-            "env": target.env,
-            "cwd": target.cwd,
-            "gpu_indices": target.gpu_indices,
-            "config_folder": target.config_folder,
-            "ready_timeout_s": target.ready_timeout_s,
-            "kernel_configs": list(target.kernel_configs.all()),
-        }
         reason = f"revert to v{target.version}"
-        return _derived(in_force, author=user, reason=reason, **content), in_force
+        return _derived(in_force, author=user, reason=reason, **_content(target)), in_force
     raise ValidationError({"kind": f"unknown action {kind!r}"})
 
 
@@ -465,13 +454,6 @@ def engine_action_run_finished(*, run):
         return _move(action, "succeeded")
     detail = f": {run.error}" if run.error else ""
     return _fail(action, f"the engine came up, but its re-sweep ended {run.status}{detail}")
-
-
-def cap_changes(deployment, cap):
-    """The restart_with_args changes that set the engine's running-request cap to cap, or None
-    for an engine moeops knows no cap flag of."""
-    flag = CAP_FLAGS.get(deployment.engine)
-    return {flag: str(int(cap))} if flag else None
 
 
 # --------------------------------------------------------------------------- lost workers

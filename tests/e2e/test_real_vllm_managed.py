@@ -220,7 +220,7 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
     assert broken.after_run.status == "cancelled"
     back = identify_engine(deployment.endpoint_url)
     assert back["args"]["scheduler_config.max_num_seqs"] == 16
-    assert services.recipe_in_force(deployment) == applied.recipe
+    assert deployment.recipe_in_force() == applied.recipe
     assert httpx.get(deployment.endpoint_url + "/health", timeout=5).status_code == 200
 
     # the worker dies mid-sweep: the run ends within the heartbeat timeout; a new worker finds

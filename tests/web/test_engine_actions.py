@@ -238,7 +238,7 @@ def test_the_workers_reports_and_the_resweep_carry_an_action_to_the_end(world, b
     action.refresh_from_db()
     action.recipe.refresh_from_db()
     assert action.status == "sweeping" and action.recipe.applied_at is not None
-    assert services.recipe_in_force(world.deployment) == action.recipe
+    assert world.deployment.recipe_in_force() == action.recipe
 
     after = action.after_run
     run_services.run_transition(run=after, status="running")
@@ -274,7 +274,7 @@ def test_a_failed_restart_cancels_the_resweep_and_applies_nothing(world, broker)
     assert "the engine action failed" in action.after_run.error
     assert item.status == "pending"
     assert action.recipe.failed_at is not None
-    assert services.recipe_in_force(world.deployment) == previous
+    assert world.deployment.recipe_in_force() == previous
 
 
 def test_revert_brings_back_what_was_in_force_before_as_a_new_version(world, broker):

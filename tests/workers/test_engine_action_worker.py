@@ -106,7 +106,7 @@ def test_a_restart_with_a_changed_argument_is_checked_against_the_engine(managed
     assert _cap(deployment) == 8
     state = managed["supervisor"].state(deployment.pk)
     assert state["recipe"]["version"] == 2 and state["pid"] != pid_before
-    assert services.recipe_in_force(deployment) == action.recipe
+    assert deployment.recipe_in_force() == action.recipe
     assert "starting recipe v2" in action.log_tail
 
 
@@ -131,7 +131,7 @@ def test_a_recipe_that_cannot_start_fails_with_its_log_and_the_previous_one_is_b
     assert managed["supervisor"].state(deployment.pk)["recipe"]["version"] == 1
     action.recipe.refresh_from_db()
     assert action.recipe.failed_at is not None
-    assert services.recipe_in_force(deployment).version == 1
+    assert deployment.recipe_in_force().version == 1
 
 
 def test_a_recipe_of_another_host_is_not_run(managed):

@@ -16,6 +16,7 @@ from moeops.fleet.models import Deployment
 from moeops.front.engine_forms import ApplyConfigForm, ArgsForm, RecipeForm
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig
+from moeops.runs.snapshots import kernel_shape
 from reports import launch
 from reports.engine import CAP_FLAGS
 
@@ -50,8 +51,6 @@ def cap_proposal(item, deployment):
 
 def _kernel_configs(deployment):
     """The kernel configs the deployment's engine would load for its shape, newest first."""
-    from moeops.runs.snapshots import kernel_shape
-
     shape = kernel_shape(deployment)
     if not shape or not shape.get("device_name") or shape.get("dtype") is None:
         return KernelConfig.objects.none()
