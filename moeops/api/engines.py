@@ -13,7 +13,7 @@ from pydantic import Field
 
 from moeops.api import lookups
 from moeops.api.auth import WRITE, require_write
-from moeops.api.fields import In, JsonList, JsonObject, LongText, PosInt, text
+from moeops.api.fields import In, JsonObject, LongText, PosInt, text
 from moeops.engines import services
 from moeops.engines.models import ACTION_KINDS, EngineAction
 from moeops.fleet import services as fleet_services
@@ -39,7 +39,7 @@ def _require_person(request):
 
 class HeartbeatIn(In):
     worker: JsonObject = Field({}, description="host, pid, queue of the worker")
-    engines: JsonList = Field([], max_length=64, description="the managed engines running")
+    engines: list[JsonObject] = Field([], max_length=64, description="the managed engines running")
     spool: JsonObject = Field({}, description="waiting and rejected pushes")
     broker: JsonObject = Field(
         {}, description="whether the worker reaches its Celery broker: reachable, url, error, since"

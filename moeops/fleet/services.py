@@ -220,8 +220,9 @@ def health_check_record(
     """(HealthCheck, created): one check of the deployment's engine, kept in its history.
 
     The one place that a check sets the deployment's status, status_detail and
-    status_checked_at; only the newest check does, so that a check replayed late from a
-    worker's spool joins the history without undoing a newer one. up: the engine answered
+    status_checked_at (not a status set by hand, trigger "edit"); only the newest check does,
+    so that a check replayed late from a worker's spool joins the history without undoing a
+    newer one. up: the engine answered
     (default: the status is not failed); checked_at: UTC epoch s (default now); latency_ms in
     ms. A check_uuid seen before returns that check (a retried push).
     """
@@ -256,7 +257,9 @@ def health_check_record(
         if not deployment.health_checks.filter(checked_at__gt=when).exists():
             deployment.status = status
             deployment.status_detail = detail
-            deployment.status_checked_at = when
+            # a status set by hand is on record, but nothing checked the engine
+            if trigger != "edit":
+                deployment.status_checked_at = when
             deployment.save(
                 update_fields=["status", "status_detail", "status_checked_at", "updated"]
             )

@@ -62,6 +62,12 @@ def _bucketed(qs, bounds, group_field, aggregates, buckets):
     return series
 
 
+def _stored_attempts(run, samples):
+    """A sweep's samples less a cut-short attempt's (as the analysis reads them); a tune's all."""
+    keep = getattr(run, "samples_of_stored_attempts", None)
+    return keep(samples) if keep is not None else samples
+
+
 def gpu_series(run, buckets=BUCKETS):
     """Per GPU: utilization (%), power (W), memory used (MiB) and SM clock (MHz), mean/min/max
     per time bucket.
@@ -70,7 +76,7 @@ def gpu_series(run, buckets=BUCKETS):
     `extra["power_limit_w"]` is the highest enforced power limit seen (W), `extra
     ["mem_total_mib"]` the largest GPU memory (MiB), each None when not recorded.
     """
-    qs = run.telemetry.all()
+    qs = _stored_attempts(run, run.telemetry.all())
     bounds = _bounds(qs, power_limit_w=Max("power_limit_w"), mem_total_mib=Max("mem_total_mib"))
     aggregates = {}
     for name, column in (
@@ -85,7 +91,7 @@ def gpu_series(run, buckets=BUCKETS):
 
 def engine_series(run, buckets=BUCKETS):
     """The engine's running and queued requests (mean and max per bucket), KV-cache use (0–1)."""
-    qs = EngineSample.objects.filter(run=run)
+    qs = _stored_attempts(run, EngineSample.objects.filter(run=run))
     return _bucketed(
         qs,
         _bounds(qs),

@@ -74,7 +74,10 @@ class KernelConfigAdmin(admin.ModelAdmin):
         # a version is never edited in place (runs and recipes point at it): an edit, like an
         # addition, is the series' next version, through the service the API uses
         fields = {name: getattr(obj, name) for name in STORED_FIELDS}
-        stored, _ = kernel_config_store(**fields)
+        stored, created = kernel_config_store(**fields)
+        if not created and change and form.changed_data:
+            # the same entries with other facts (provenance, source …): still the next version
+            stored = obj.save_new_version()
         obj.pk, obj.version = stored.pk, stored.version
 
 

@@ -5,7 +5,7 @@ step time.
 A continuous-batching engine runs at most `cap` requests at once; a level of concurrency c sends
 its prompts in waves of min(c, cap) requests, each wave taking output_len decode steps. Prefill
 and the client's own overhead are left out, so the estimate is a lower bound of about the right
-size (the stand-in's quick preset: 55 s estimated, about a minute measured).
+size.
 """
 
 import bisect
@@ -70,7 +70,7 @@ def deployment_pace(deployment):
         if points:
             cap = run.reported_running_cap() or _cap(deployment)
             return Pace(tuple(points), cap, f"the TPOT of {run.display_label()}"), ""
-    check = deployment.health_checks.first()
+    check = deployment.health_checks.exclude(trigger="edit").first()
     if check is not None and check.engine == "standin":
         standin = StandinConfig()
         cap = check.max_running_requests or standin.max_running_requests

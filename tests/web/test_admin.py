@@ -84,6 +84,12 @@ def test_an_edit_in_the_admin_is_the_next_version_and_the_stored_one_stays(admin
     second = KernelConfig.objects.get(version=2)
     assert second.entries == {"1": faster}
 
+    # the same entries with another provenance are still the next version, not nothing
+    form = {**form, "provenance": "re-tuned on the lent H200"}
+    admin.post(f"/admin/kernels/kernelconfig/{second.pk}/change/", form)
+    third = KernelConfig.objects.get(version=3)
+    assert (third.entries, third.provenance) == ({"1": faster}, "re-tuned on the lent H200")
+
 
 @pytest.mark.parametrize(
     "entries, message",

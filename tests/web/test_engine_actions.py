@@ -384,3 +384,11 @@ def test_cancel_ends_a_run_whose_worker_is_gone_at_once(world, settings):
     alive.refresh_from_db()
     assert lost.status == "cancelled" and "worker was gone" in lost.error
     assert (alive.status, alive.cancel_requested) == ("running", True)
+
+
+def test_a_heartbeat_whose_engines_are_not_objects_is_refused(world):
+    body = {"worker": {"host": "gpu-1"}, "engines": ["not an engine"]}
+
+    answer = world.host_worker.post("/api/v1/hosts/rtx-pro-6000/heartbeat", body)
+
+    assert answer.status_code == 422 and "engines" in answer.content.decode()

@@ -90,7 +90,10 @@ def test_a_status_set_by_hand_is_a_check_in_the_history_like_the_apis(client, fl
         "edit",
         "Set by hand",
     )
-    assert deployment.status_checked_at == check.checked_at and deployment.updated > before
+    # on record, but nothing checked the engine: the page still says "not checked yet"
+    assert deployment.status_checked_at is None and deployment.updated > before
+    head = client.get(deployment.get_absolute_url()).content.decode().split("</h1>")[0]
+    assert "not checked yet" in head
 
 
 def test_the_form_takes_a_new_models_config_json_without_the_admin(client, fleet):

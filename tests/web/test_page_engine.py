@@ -229,3 +229,27 @@ def test_the_host_page_says_when_its_worker_was_seen_and_what_its_spool_refused(
     html = client.get(f"/hosts/{host.name}/").content.decode()
     assert "No worker of host h200-x8 has been seen" in html
     assert "never" in client.get("/hosts/").content.decode()
+
+
+def test_the_engine_panel_costs_no_query_per_action(
+    client, deployment, staff, django_assert_num_queries
+):
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    deployment.refresh_from_db()
+
+    def act():
+        action = services.engine_action_start(deployment=deployment, kind="restart", user=staff)
+        services.engine_action_report(action=action, status="running")
+        services.engine_action_report(action=action, status="succeeded")
+
+    act()
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as one:
+        client.get(deployment.get_absolute_url())
+    for _ in range(4):
+        act()
+    with django_assert_num_queries(len(one.captured_queries)):
+        html = client.get(deployment.get_absolute_url()).content.decode()
+    assert html.count("Restart with the newest recipe</a>") == 5

@@ -224,7 +224,8 @@ def _deployment_page(
     )
     topology = deployment.host.current_topology()
     with_actions = Prefetch(
-        "engine_actions", EngineAction.objects.select_related("before_run", "after_run")
+        "engine_actions",
+        EngineAction.objects.select_related("before_run", "after_run", "recipe", "kernel_config"),
     )
     plan_items = list(
         deployment.plan_items.select_related("note", "finding").prefetch_related(with_actions)

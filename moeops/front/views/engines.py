@@ -59,7 +59,9 @@ def _kernel_configs(deployment):
     )
     if deployment.engine != "sglang":
         configs = configs.filter(down_moe=False)
-    return configs.order_by("-created", "-version")
+    # block_shape compared in Python (JSON null vs SQL NULL), as KernelConfig.series does
+    loaded = [c.pk for c in configs if c.block_shape == shape["block_shape"]]
+    return KernelConfig.objects.filter(pk__in=loaded).order_by("-created", "-version")
 
 
 def panel_context(deployment, plan_items):
@@ -74,7 +76,9 @@ def panel_context(deployment, plan_items):
     engine = deployment.host.managed_engine(deployment.pk)
     cap_flag = CAP_FLAGS.get(deployment.engine, "")
     current_cap = launch.flag_value(in_force.argv, cap_flag) if in_force and cap_flag else None
-    actions = deployment.engine_actions.select_related("recipe", "after_run", "before_run")
+    actions = deployment.engine_actions.select_related(
+        "recipe", "after_run", "before_run", "requested_by", "kernel_config"
+    )
     return {
         "recipe": in_force or newest,
         "recipe_pending": newest if newest and newest != in_force else None,
