@@ -261,8 +261,12 @@ class SweepStack:
         """check()'s first answer that is not None, asked every 0.2 s for timeout s."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if (found := check()) is not None:
-                return found
+            try:
+                if (found := check()) is not None:
+                    return found
+            except OperationalError:
+                # SQLite's shared-cache test database: a table the server writes is locked
+                pass
             time.sleep(0.2)
         raise AssertionError(f"no {what} after {timeout} s")
 
@@ -272,16 +276,19 @@ class SweepStack:
         may look before the findings are written."""
         from moeops.insights.models import Finding
 
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                rows = Finding.objects.filter(deployment_id=run.deployment_id)
-                found = {(f.kind, f.key): f for f in rows}
-            except OperationalError:
-                found = {}
-            if set(keys) <= set(found) or time.monotonic() > deadline:
-                return found
-            time.sleep(0.2)
+        def found():
+            rows = Finding.objects.filter(deployment_id=run.deployment_id)
+            return {(f.kind, f.key): f for f in rows}
+
+        def complete():
+            now = found()
+            return now if set(keys) <= set(now) else None
+
+        try:
+            return self.wait_until(complete, timeout)
+        except AssertionError:
+            # what there is: the test's own assertion then names the finding that is missing
+            return found()
 
     def api_get(self, path):
         """The JSON answer of GET /api/v1<path>, asked with the host's token."""

@@ -25,7 +25,8 @@ class BrokerCheck:
         connection = self.app.connection_for_write()
         url = f"{connection.transport_cls}://{connection.hostname}:{connection.port}"
         try:
-            connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+            # max_retries counts retries after the first attempt: 0 is one attempt
+            connection.ensure_connection(max_retries=0, interval_start=0, interval_step=0)
         except OperationalError as exc:
             self._failing_since = self._failing_since or time.time()
             return {"reachable": False, "url": url, "error": str(exc), "since": self._failing_since}

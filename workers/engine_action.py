@@ -11,6 +11,7 @@ recipes as workers.engine_supervisor.Recipe takes them plus their "kernel_files"
 """
 
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from reports import launch
 from tuning.config_files import ConfigFileError, config_file_relpath
-from workers.client import ApiError, Conflict
+from workers.client import ApiError
 from workers.engine_info import identify_engine, kernel_config_in_effect, locate_engine_package
 from workers.engine_supervisor import EngineSupervisor, Recipe, SupervisorError
 
@@ -35,7 +36,8 @@ class ActionFailed(RuntimeError):
 
 
 class _Steps:
-    """The action's steps as the page shows them, pushed to the API at every change."""
+    """The action's steps as the page shows them. A step's progress is advisory (one attempt,
+    never spooled: the next push says more); a status move is spooled, so that it arrives."""
 
     def __init__(self, client, action_uuid, supervisor, deployment):
         self.client = client
@@ -45,37 +47,37 @@ class _Steps:
         self.steps: list[dict] = []
         self._last_wait = 0.0
 
-    def _push(self, **fields):
+    def _body(self, **fields):
+        tail = self.supervisor.log_tail(self.deployment, LOG_LINES)
+        return {"steps": self.steps, **({"log_tail": tail} if tail else {}), **fields}
+
+    def _advise(self):
         try:
-            return self.client.report_action(
-                self.action,
-                steps=self.steps,
-                log_tail=self.supervisor.log_tail(self.deployment, LOG_LINES) or None,
-                **fields,
+            self.client.request(
+                "PATCH", f"/engine-actions/{self.action}", body=self._body(), retries=0
             )
-        except Conflict:
-            raise
         except ApiError as exc:
-            log.warning("engine action %s: report failed: %s", self.action, exc)
-            return {}
+            log.info("engine action %s: progress not sent: %s", self.action, exc)
 
     def begin(self, name, detail=""):
         self.steps.append({"name": name, "status": "running", "detail": detail, "at": time.time()})
-        return self._push()
+        self._advise()
 
     def end(self, detail="", status="done"):
         self.steps[-1].update(status=status, detail=detail or self.steps[-1]["detail"])
         self.steps[-1]["ended_at"] = time.time()
-        return self._push()
+        self._advise()
 
     def waiting(self, elapsed):
         if time.monotonic() - self._last_wait >= WAIT_REPORT_S:
             self._last_wait = time.monotonic()
             self.steps[-1]["detail"] = f"waiting for /health: {elapsed:.0f} s"
-            self._push()
+            self._advise()
 
     def finish(self, status, **fields):
-        return self._push(status=status, **fields)
+        """Move the action to status with its steps (spooled while the web tier is away)."""
+        body = self._body(**fields)
+        return self.client.report_action(self.action, status=status, **body)
 
 
 def _recipe(data, folder):
@@ -96,13 +98,14 @@ def config_folder(supervisor, data) -> Path:
     return Path(given) if given else supervisor.root / str(data["deployment"]) / "kernel-configs"
 
 
-def _paths(engine, folder, files):
-    """{file name: where the engine reads it} under folder (SGLang: configs/triton_X_Y_Z/)."""
+def _paths(engine, folder, files, package):
+    """{file name: where the engine reads it} under folder (SGLang: configs/triton_X_Y_Z/, for
+    the Triton of package: locate_engine_package's answer)."""
     if not files:
         return {}
     triton = None
     if engine == "sglang":
-        triton = locate_engine_package("sglang").get("triton")
+        triton = package().get("triton")
         if not triton:
             raise ActionFailed("SGLang's Triton version is unknown here (set MOEOPS_SGLANG_PYTHON)")
     root = folder / "configs" if engine == "sglang" else folder
@@ -115,16 +118,16 @@ def _paths(engine, folder, files):
         raise ActionFailed(str(exc)) from None
 
 
-def _install(engine, folder, files, remove):
+def _install(engine, folder, files, remove, package):
     """Write files (atomically) and remove the files named in remove that files lacks."""
-    paths = _paths(engine, folder, files)
+    paths = _paths(engine, folder, files, package)
     for entry in files:
         path = paths[entry["file_name"]]
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         partial.write_text(entry["text"])
         partial.replace(path)
-    for name, path in _paths(engine, folder, remove).items():
+    for name, path in _paths(engine, folder, remove, package).items():
         if name not in paths:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -147,7 +150,7 @@ def _check_changes(identity, changes):
     return out
 
 
-def _check_config(engine, shape, identity, paths, files, recipe):
+def _check_config(engine, shape, identity, paths, files, recipe, package):
     """(sentence, ok): whether the engine loads the file written for its shape, looking where
     the engine reports it looks (vLLM's environment in /server_info); an engine that does not
     report it is taken to run with the recipe's environment, and the sentence says so."""
@@ -158,7 +161,7 @@ def _check_config(engine, shape, identity, paths, files, recipe):
     if recipe.config_env and recipe.config_env not in env:
         env[recipe.config_env] = recipe.config_folder
         assumed = f" ({recipe.config_env} as the recipe sets it: the engine does not report it)"
-    found = kernel_config_in_effect(engine=engine, shape=shape, reported_env=env)
+    found = kernel_config_in_effect(engine=engine, shape=shape, reported_env=env, package=package())
     texts = {f["file_name"]: f["text"] for f in files}
     wanted = texts.get(found.get("file_name"))
     if found.get("state") != "file" or wanted is None:
@@ -182,12 +185,15 @@ def run_action(action_uuid, payload, *, client, host_name, supervisor=None):
         raise ActionFailed(error)
     try:
         answer = steps.finish("running")
-    except Conflict as exc:
+    except ApiError as exc:
+        # refused (finished meanwhile, another host's token, gone): the engine is not touched
         raise ActionFailed(f"the action cannot run: {exc}") from None
     if answer.get("status") in FINISHED:
         raise ActionFailed(f"the action is already {answer['status']}")
 
     engine = payload.get("engine", "")
+    # where the engine is installed (its Python is asked once per action)
+    package = functools.cache(lambda: locate_engine_package(engine))
     new_folder = config_folder(supervisor, new_data)
     new_files = new_data.get("kernel_files") or []
     new = _recipe(new_data, new_folder)
@@ -197,7 +203,7 @@ def run_action(action_uuid, payload, *, client, host_name, supervisor=None):
     try:
         steps.begin("kernel configs", f"{len(new_files)} file(s) for {new_folder}")
         old_files = (old_data or {}).get("kernel_files") or []
-        written = _install(engine, new_folder, new_files, remove=old_files)
+        written = _install(engine, new_folder, new_files, remove=old_files, package=package)
         steps.end(", ".join(map(str, written.values())) or "none: the engine runs its own")
         steps.begin("start", f"starting recipe v{new.version}")
         state = supervisor.start(new, on_wait=steps.waiting)
@@ -206,17 +212,21 @@ def run_action(action_uuid, payload, *, client, host_name, supervisor=None):
         identity = identify_engine(new.base_url)
         checks = _check_changes(identity, payload.get("changes"))
         shape = payload.get("kernel_shape")
-        checks.append(_check_config(engine, shape, identity, written, new_files, new))
+        checks.append(_check_config(engine, shape, identity, written, new_files, new, package))
         detail = "; ".join(sentence for sentence, _ in checks)
         if not all(ok for _, ok in checks):
             raise ActionFailed(f"the engine came up without the change: {detail}")
         steps.end(detail)
-    except (SupervisorError, ActionFailed) as exc:
+    except Exception as exc:
+        # whatever stopped the change (the engine, a file, the time limit), nothing stays half
+        # applied: the previous recipe comes back and the action ends failed, saying why
+        error = str(exc) if isinstance(exc, SupervisorError | ActionFailed) else _said(exc)
         if steps.steps[-1]["status"] == "running":
-            steps.end(str(exc).splitlines()[0], status="failed")
-        _bring_back(supervisor, steps, engine, old_data, new_files)
-        steps.finish("failed", error=str(exc))
-        raise ActionFailed(str(exc)) from None
+            steps.end(_first_line(error), status="failed")
+        _bring_back(supervisor, steps, engine, old_data, new_files, package)
+        with contextlib.suppress(ApiError):
+            steps.finish("failed", error=error)
+        raise ActionFailed(error) from None
     observed = {
         "engine": identity.get("engine"),
         "version": identity.get("version"),
@@ -234,7 +244,15 @@ def run_action(action_uuid, payload, *, client, host_name, supervisor=None):
     return status
 
 
-def _bring_back(supervisor, steps, engine, old_data, new_files):
+def _said(exc):
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _first_line(text):
+    return (text.splitlines() or [""])[0]
+
+
+def _bring_back(supervisor, steps, engine, old_data, new_files, package):
     """After a failed change: the previous recipe runs again with its kernel configs (or, on a
     first start, the engine stays stopped)."""
     deployment = steps.deployment
@@ -247,9 +265,9 @@ def _bring_back(supervisor, steps, engine, old_data, new_files):
     old_files = old_data.get("kernel_files") or []
     steps.begin("revert", f"starting the previous recipe v{old_data['version']} again")
     try:
-        _install(engine, folder, old_files, remove=new_files)
+        _install(engine, folder, old_files, remove=new_files, package=package)
         state = supervisor.start(_recipe(old_data, folder), on_wait=steps.waiting)
-    except (SupervisorError, ActionFailed) as exc:
-        steps.end(f"it did not come back either: {str(exc).splitlines()[0]}", status="failed")
+    except Exception as exc:
+        steps.end(f"it did not come back either: {_first_line(_said(exc))}", status="failed")
         return
     steps.end(f"the previous recipe runs again (pid {state['pid']})")

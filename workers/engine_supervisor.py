@@ -1,5 +1,5 @@
 """The engines a GPU-host worker manages: started from a deployment's launch recipe, found again
-after the worker restarts, stopped, restarted with another recipe (and back when that fails).
+after the worker restarts, stopped.
 
 What a managed engine is, per deployment, lives in the host's cache folder
 (cache_dir()/engines/<deployment>/): engine.json (process, recipe, GPUs, endpoint, start time)
@@ -8,8 +8,10 @@ group, so that stopping it stops what it spawned (vLLM's engine core and workers
 
     supervisor = EngineSupervisor()
     supervisor.start(recipe)                  # returns once /health answers, or raises
-    supervisor.restart(new_recipe, previous=recipe)
     supervisor.stop(recipe.deployment)
+
+A restart with another recipe, and the previous one back when it fails, is an engine action's
+(workers.engine_action), which writes the recipes' kernel configs in between.
 """
 
 from __future__ import annotations
@@ -161,32 +163,6 @@ class EngineSupervisor:
             _stop_group(state["pid"], grace_s)
         path.unlink(missing_ok=True)
         return was_running
-
-    def restart(
-        self,
-        recipe: Recipe,
-        *,
-        previous: Recipe | None = None,
-        on_wait: Callable[[float], None] | None = None,
-    ) -> dict:
-        """Stop the deployment's engine and start recipe's. When it fails to come up, previous
-        (if given) is started again and SupervisorError says why recipe failed."""
-        self.stop(recipe.deployment)
-        try:
-            return self.start(recipe, on_wait=on_wait)
-        except SupervisorError as failed:
-            if previous is None:
-                raise
-            try:
-                self.start(previous, on_wait=on_wait)
-            except SupervisorError as also:
-                raise SupervisorError(
-                    f"{failed}\nand the previous recipe (v{previous.version}) did not come back "
-                    f"either: {also}"
-                ) from None
-            raise SupervisorError(
-                f"{failed}\nthe previous recipe (v{previous.version}) runs again"
-            ) from None
 
 
 def _runs(state: dict) -> bool:

@@ -77,6 +77,10 @@ class Heartbeat(threading.Thread):
         except ApiError as exc:
             # the web tier may be down: the next beat tries again, a late one says nothing
             log.info("heartbeat of %s not sent: %s", self.host, exc)
+        except Exception:
+            # a beat that cannot be made must not end the thread: without heartbeats the web
+            # tier takes the worker for gone and fails its work
+            log.exception("heartbeat of %s failed", self.host)
 
     def run(self):
         with MoeopsClient(timeout_s=10.0) as client:

@@ -30,6 +30,7 @@ from tests.engine import (
     ensure_model,
 )
 from tests.engine.plugin import TUNED_CONFIG
+from tests.stack import SweepStack
 from workers.engine_info import identify_engine
 from workers.engine_supervisor import EngineSupervisor
 
@@ -88,12 +89,7 @@ def managed(make_sweep_stack, free_port, tmp_path):
 
 
 def _wait(check, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{what} did not come within {timeout} s")
+    SweepStack.wait_until(lambda: True if check() else None, timeout, what)
 
 
 def _finished(stack, action):

@@ -79,43 +79,6 @@ def test_one_managed_engine_per_gpu(supervisor, free_port):
     assert sorted(s["recipe"]["deployment"] for s in supervisor.running()) == [1, 3]
 
 
-def test_a_restart_with_other_arguments_runs_them(supervisor, free_port):
-    port = free_port()
-    old = standin(4, port, cap=16)
-    supervisor.start(old)
-
-    supervisor.restart(standin(4, port, version=2, cap=64), previous=old)
-
-    assert _cap(old.base_url) == 64
-    assert supervisor.state(4)["recipe"]["version"] == 2
-
-
-def test_a_recipe_that_cannot_start_brings_the_previous_one_back(supervisor, free_port):
-    port = free_port()
-    old = standin(5, port, cap=16)
-    supervisor.start(old)
-    broken = Recipe(
-        deployment=5,
-        version=2,
-        argv=[
-            sys.executable,
-            "-c",
-            "import sys; print('unknown flag --max-num-seqz'); sys.exit(2)",
-        ],
-        base_url=old.base_url,
-        ready_timeout_s=30,
-    )
-
-    with pytest.raises(SupervisorError) as failed:
-        supervisor.restart(broken, previous=old)
-
-    message = str(failed.value)
-    assert "exited with status 2" in message and "unknown flag --max-num-seqz" in message
-    assert "the previous recipe (v1) runs again" in message
-    assert _cap(old.base_url) == 16
-    assert supervisor.state(5)["recipe"]["version"] == 1
-
-
 def test_the_engine_gets_its_gpus_and_its_config_folder(supervisor, free_port, tmp_path):
     port, seen = free_port(), tmp_path / "env.json"
     names = ["CUDA_VISIBLE_DEVICES", "VLLM_TUNED_CONFIG_FOLDER", "RECIPE_FLAG"]
