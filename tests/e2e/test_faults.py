@@ -224,11 +224,10 @@ def test_an_engine_stopped_mid_level_fails_the_sweep_at_the_next_level(make_swee
     assert (levels[8].completed, levels[8].failed) == (32, 0)
     cut = levels[32]
     assert cut.completed > 0 and cut.failed > 0 and cut.completed + cut.failed == 128
-    # the 32 requests in flight broke (mid-stream, or before their answer began); the requests
-    # sent after found nothing listening
+    # the streams in flight broke mid-body (at most the 32 of the level); the requests sent
+    # after met a kept-alive connection the dead engine had closed, or nothing listening
     assert set(cut.errors) <= {"stream_dropped", "connection_closed", "connect_error"}
-    in_flight = cut.errors.get("stream_dropped", 0) + cut.errors.get("connection_closed", 0)
-    assert sum(cut.errors.values()) == cut.failed and in_flight <= 32
+    assert sum(cut.errors.values()) == cut.failed and cut.errors.get("stream_dropped", 0) <= 32
     assert (levels[64].completed, levels[64].failed, levels[64].errors) == (
         0,
         256,
