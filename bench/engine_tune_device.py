@@ -22,6 +22,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -89,6 +90,7 @@ def tune_and_compare(name, engine, out, log):
         shape=name,
         kernel=result.kernel,
         tune_wall_s=round(wall, 1),
+        timeline={k: round(v, 1) for k, v in asdict(result.timeline).items()},
         files=[str(p) for p in paths],
     )
     return {"summary": summary, "rows": rows, "tune": result.to_dict()}
@@ -201,6 +203,7 @@ def table(result) -> str:
     lines = [
         f"{result['summary']['shape']}: tune {result['summary']['tune_wall_s']} s, "
         f"kernel {result['summary']['kernel']}",
+        f"where the seconds went: {result['summary']['timeline']}",
         f"{'M':>5} {'default':>9} {'shipped':>9} {'written':>9} {'w/def':>7} {'w/ship':>7} picked",
     ]
     for r in result["rows"]:

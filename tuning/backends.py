@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 
 from tuning.config_files import TRITON_LAUNCH_DEFAULTS, validate_entries
+from tuning.search import compile_key, config_key
 
 ENGINES = ("builtin", "vllm", "sglang")
 
@@ -73,6 +74,11 @@ class KernelBackend:
     def default_config(self, shape, M: int) -> dict:
         """The config the engine uses at batch size M when it finds no file."""
         raise NotImplementedError
+
+    def compile_key(self, config: dict) -> tuple:
+        """What one compiled kernel of this backend stands for: the engines' kernels take every
+        field of a config, GROUP_SIZE_M too, as a compile-time constant."""
+        return config_key(config)
 
     def shipped_configs(self, shape, device_name: str, *, down=False) -> ShippedConfigs | None:
         """The engine's own config file for this shape and GPU (down: its file for GEMM 2,
@@ -135,6 +141,10 @@ class BuiltinBackend(KernelBackend):
 
         block = list(shape.block_shape) if shape.block_shape else None
         return default_config(M, shape.E, shape.N, shape.H, shape.top_k, shape.dtype, block)
+
+    def compile_key(self, config: dict) -> tuple:
+        """GROUP_SIZE_M is a run-time argument of moeops' kernel: one compile serves them all."""
+        return compile_key(config)
 
 
 def read_shipped(path) -> ShippedConfigs | None:

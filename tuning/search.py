@@ -136,6 +136,44 @@ def search_space(
     return configs
 
 
+# The axes a neighbourhood step moves along, one at a time, to the next value either side.
+AXES = {
+    "BLOCK_SIZE_M": BLOCK_SIZES_M,
+    "BLOCK_SIZE_N": BLOCK_SIZES_N,
+    "BLOCK_SIZE_K": BLOCK_SIZES_K,
+    "GROUP_SIZE_M": GROUP_SIZES_M,
+    "num_warps": NUM_WARPS,
+    "num_stages": NUM_STAGES,
+}
+
+
+def neighbours(
+    config: dict,
+    shape: KernelShape,
+    *,
+    fixed: Iterable[str] = (),
+    shared_memory: int = SM90_SHARED_MEMORY,
+) -> list[dict[str, int]]:
+    """The viable configs one step from config along one axis (AXES; not the `fixed` ones).
+
+    A step goes to the next grid value either side, also from a value off the grid (an engine's
+    shipped BLOCK_SIZE_M 8, say), and may leave the batch size's pruned space: the pruning is a
+    guess about where the best lies, and the best of the engine's own may sit at its edge.
+    """
+    found = []
+    for name, grid in AXES.items():
+        if name in fixed:
+            continue
+        values = sorted({*grid, config[name]})
+        at = values.index(config[name])
+        for step in (-1, 1):
+            if 0 <= at + step < len(values) and values[at + step] in grid:
+                moved = {**config, name: values[at + step]}
+                if is_viable(moved, shape, shared_memory):
+                    found.append(config_of(config_key(moved)))
+    return found
+
+
 def down_search_space(
     shape: KernelShape, up_config: dict, shared_memory: int = SM90_SHARED_MEMORY
 ) -> list[dict[str, int]]:
@@ -183,9 +221,16 @@ class CoarseToFineSearch:
     Round 1: every viable (BM, BN, BK) tile with one warps/stages guess and GROUP_SIZE_M 16.
     Round 2: the best `keep_tiles` tiles with every viable warps × stages.
     Round 3: the best `keep_configs` configs with every GROUP_SIZE_M.
+    Rounds 4 and 5: every untimed neighbour (one step along one axis) of the best `keep_leaders`;
+    round 5 only when round 4 found a new best. The rounds before move each axis over its whole
+    grid but only around a few tiles, so a joint step they leave out (a tile with other warps,
+    the engine's shipped entry with another GROUP_SIZE_M) is found here.
     Final: the best `finalists` re-timed with `final_replays` replays; the fastest wins.
     seeds: configs that round 1 times too (tuning.tuner gives the engine's own).
     """
+
+    # what a neighbourhood step leaves alone (DownProjectionSearch: GEMM 1's BLOCK_SIZE_M)
+    fixed_axes: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -198,10 +243,13 @@ class CoarseToFineSearch:
         final_replays: int = 20,
         keep_tiles: int = 4,
         keep_configs: int = 2,
+        keep_leaders: int = 2,
         finalists: int = 3,
         seeds: Iterable[dict] = (),
     ):
         self.M = M
+        self.shape = shape
+        self.shared_memory = shared_memory
         self.space = search_space(M, shape, shared_memory)
         # configs timed in the first round beside it (the engine's default and shipped ones):
         # they may lie outside the space, and win all the same
@@ -212,8 +260,20 @@ class CoarseToFineSearch:
         self.final_replays = final_replays
         self.keep_tiles = keep_tiles
         self.keep_configs = keep_configs
+        self.keep_leaders = keep_leaders
         self.finalists = finalists
-        self._rounds = iter((self._tiles, self._warps_and_stages, self._group_sizes, self._final))
+        self._rounds = iter(
+            (
+                self._tiles,
+                self._warps_and_stages,
+                self._group_sizes,
+                self._neighbourhood,
+                self._neighbourhood,
+                self._final,
+            )
+        )
+        # the best config when the last neighbourhood round was proposed
+        self._climbed_from: ConfigKey | None = None
         self._final_round = False
         self.done = False
 
@@ -281,6 +341,20 @@ class CoarseToFineSearch:
         ]
         return Proposal(configs, self.refine_replays)
 
+    def _neighbourhood(self) -> Proposal:
+        ranked = self.state.ranked()
+        if not ranked or ranked[0] == self._climbed_from:
+            return Proposal([], self.refine_replays)
+        self._climbed_from = ranked[0]
+        configs: dict[ConfigKey, dict[str, int]] = {}
+        for key in ranked[: self.keep_leaders]:
+            for config in neighbours(
+                config_of(key), self.shape, fixed=self.fixed_axes, shared_memory=self.shared_memory
+            ):
+                if config_key(config) not in self.state.times:
+                    configs.setdefault(config_key(config), config)
+        return Proposal(list(configs.values()), self.refine_replays)
+
     def _final(self) -> Proposal:
         self._final_round = True
         finalists = self.state.ranked()[: self.finalists]
@@ -291,9 +365,12 @@ class DownProjectionSearch(CoarseToFineSearch):
     """GEMM 2's own config (SGLang's `_down` file) at batch size M, GEMM 1's config fixed.
 
     CoarseToFineSearch's rounds over down_search_space (tiles differ only in BLOCK_SIZE_N and
-    BLOCK_SIZE_K), with `keep_tiles` 2; the final re-times the finalists beside up_config itself,
-    so that a down config only wins by beating GEMM 2 run with GEMM 1's config.
+    BLOCK_SIZE_K), with `keep_tiles` 2 and BLOCK_SIZE_M fixed in the neighbourhood rounds; the
+    final re-times the finalists beside up_config itself, so that a down config only wins by
+    beating GEMM 2 run with GEMM 1's config.
     """
+
+    fixed_axes = ("BLOCK_SIZE_M",)
 
     def __init__(
         self,

@@ -51,16 +51,19 @@ class ProcessTimeline:
     """Where one tuning process's seconds went (s). setup_s: building the Tuner (imports,
     weights; in tuning.spread's processes counted from their launch); tune_s: Tuner.tune
     (waiting for the compile processes to start, measuring the ceilings, searching); compile_s:
-    the part of tune_s spent waiting on compiles. pool_start_s: from the compile processes'
-    creation, first thing in the set-up, until all had started; it overlaps setup_s and, where
-    longer, the start of tune_s. Parts of setup_s: import_s (torch, Triton, the kernel), cuda_s
-    (this process's CUDA context), weights_s; of tune_s: ceilings_s (measuring them; 0 when read
-    from the cache).
+    the part of tune_s spent waiting on compiles; timing_s: the part spent timing configs on the
+    GPU (a kernel's first launch in this process included), `timings` of them. pool_start_s:
+    from the compile processes' creation, first thing in the set-up, until all had started; it
+    overlaps setup_s and, where longer, the start of tune_s. Parts of setup_s: import_s (torch,
+    Triton, the kernel), cuda_s (this process's CUDA context), weights_s; of tune_s: ceilings_s
+    (measuring them; 0 when read from the cache).
     """
 
     setup_s: float = 0.0
     pool_start_s: float = 0.0
     compile_s: float = 0.0
+    timing_s: float = 0.0
+    timings: int = 0
     tune_s: float = 0.0
     import_s: float = 0.0
     cuda_s: float = 0.0

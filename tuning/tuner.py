@@ -24,7 +24,6 @@ from tuning.search import (
     DownProjectionSearch,
     ExhaustiveSearch,
     KernelShape,
-    compile_key,
     config_key,
     config_of,
 )
@@ -34,8 +33,9 @@ ProgressCallback = Callable[[int, int, str], None]
 # Batch sizes searched side by side: their compiles share one parallel batch.
 CHUNK_BATCH_SIZES = 6
 FINAL_REPLAYS = 20
-# Rounds of a DownProjectionSearch: tiles, warps and stages, group sizes, final.
-DOWN_ROUNDS = 4
+# Rounds of a CoarseToFineSearch (and a DownProjectionSearch): tiles, warps and stages, group
+# sizes, two neighbourhoods, final.
+SEARCH_ROUNDS = 6
 
 
 class DeviceMeasurements:
@@ -171,6 +171,9 @@ class Tuner:
         # start-up runs on meanwhile; the ceilings come with the tune)
         self.setup_s = time.monotonic() - started
         self.compile_s = 0.0
+        # seconds timing configs on the GPU (their first launch here included) and how many
+        self.timing_s = 0.0
+        self.timings = 0
         self._compile_errors: dict[tuple, str | None] = {}
 
     def __enter__(self) -> Tuner:
@@ -200,7 +203,7 @@ class Tuner:
         chunk of batch sizes. result.timeline: a ProcessTimeline.
         """
         started = time.monotonic()
-        compile_before = self.compile_s
+        compile_before, timing_before, timings_before = self.compile_s, self.timing_s, self.timings
         batch_sizes = sorted(set(batch_sizes))
         backend = self.backend
         # vLLM reads one config for both GEMMs: no down search for it
@@ -227,7 +230,7 @@ class Tuner:
         remaining = [m for m in batch_sizes if m not in result.batches]
         search_class = _search_class(exhaustive)
         # rounds per M, each reported once, one report per finished search, one per final
-        steps = (2 if exhaustive else 4) + 1 + (DOWN_ROUNDS + 1 if down else 0) + 1
+        steps = (2 if exhaustive else SEARCH_ROUNDS) + 1 + (SEARCH_ROUNDS + 1 if down else 0) + 1
         total = len(remaining) * steps
         step = 0
 
@@ -276,6 +279,8 @@ class Tuner:
             # by now they have started: the first compile waited for them
             pool_start_s=self.measurements.wait_for_compile_workers(),
             compile_s=self.compile_s - compile_before,
+            timing_s=self.timing_s - timing_before,
+            timings=self.timings - timings_before,
             tune_s=time.monotonic() - started,
             **self.measurements.seconds,
         )
@@ -371,7 +376,10 @@ class Tuner:
             down = shipped_down.entry_for(M) if shipped_down is not None else None
             candidates["shipped"] = (shipped.entry_for(M), down)
         self._compile(c for pair in candidates.values() for c in pair if c is not None)
+        started = time.monotonic()
         measured = head_to_head(timer, candidates)
+        self.timing_s += time.monotonic() - started
+        self.timings += HEAD_TO_HEAD_ROUNDS * len(candidates)
         picked = pick(measured)
         if picked is None:
             raise RuntimeError(f"M={M}: no config ran, not even the engine's default")
@@ -385,7 +393,7 @@ class Tuner:
     def _compile(self, configs: Iterable[dict]) -> None:
         todo = {}
         for config in configs:
-            key = compile_key(config)
+            key = self.backend.compile_key(config)
             if key not in self._compile_errors and key not in todo:
                 todo[key] = config
         if todo:
@@ -402,10 +410,12 @@ class Tuner:
     def _time_configs(self, timer, configs, replays, up_config=None):
         """{key: µs or None}, {key: error} of configs; beside up_config they are GEMM 2's."""
         times, errors = {}, {}
+        started = time.monotonic()
         for config in configs:
             key = config_key(config)
-            error = self._compile_errors.get(compile_key(config))
+            error = self._compile_errors.get(self.backend.compile_key(config))
             if error is None:
+                self.timings += 1
                 try:
                     # screening rounds capture 2 calls per graph, the final rounds 4
                     calls = 4 if replays >= FINAL_REPLAYS else 2
@@ -420,6 +430,7 @@ class Tuner:
                     error = one_line(exc)
             times[key] = None
             errors[key] = error
+        self.timing_s += time.monotonic() - started
         return times, errors
 
 
@@ -471,7 +482,7 @@ def round_one_configs(
     for m in sorted(set(batch_sizes)):
         proposal = search_class(m, shape).propose()
         for config in [*(proposal.configs if proposal else []), backend.default_config(shape, m)]:
-            configs.setdefault(compile_key(config), config)
+            configs.setdefault(backend.compile_key(config), config)
     return list(configs.values())
 
 

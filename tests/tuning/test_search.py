@@ -17,6 +17,8 @@ from tuning.search import (
     config_key,
     config_of,
     down_search_space,
+    is_viable,
+    neighbours,
     search_space,
     shared_memory_bytes,
 )
@@ -121,6 +123,90 @@ def test_the_final_round_re_times_the_finalists_with_more_replays():
     assert rounds[-1].replays == 25 and len(rounds[-1].configs) == 3
     assert all(p.replays < 25 for p in rounds[:-1])
     assert search.best[1] == 10.0
+
+
+def test_a_neighbour_is_one_grid_step_along_one_axis():
+    config = config_of((16, 128, 128, 32, 4, 3))
+
+    found = neighbours(config, GLM5_FP8_BLOCK)
+
+    moved = [{name for name in config if n[name] != config[name]} for n in found]
+    assert all(len(names) == 1 for names in moved)
+    assert {config_key(n) for n in found} == {
+        (32, 128, 128, 32, 4, 3),
+        (16, 64, 128, 32, 4, 3),
+        (16, 256, 128, 32, 4, 3),
+        # BLOCK_SIZE_K 256 would straddle two fp8 weight-scale blocks of 128
+        (16, 128, 64, 32, 4, 3),
+        (16, 128, 128, 16, 4, 3),
+        (16, 128, 128, 64, 4, 3),
+        (16, 128, 128, 32, 8, 3),
+        (16, 128, 128, 32, 4, 2),
+        (16, 128, 128, 32, 4, 4),
+    }
+    assert all(is_viable(n, GLM5_FP8_BLOCK) for n in found)
+
+
+def test_a_value_off_the_grid_steps_onto_it_and_fixed_axes_stay():
+    # vLLM ships BLOCK_SIZE_M 8 entries; the grid starts at 16
+    shipped = config_of((8, 64, 128, 1, 4, 4))
+
+    found = neighbours(shipped, GLM5_FP8_BLOCK)
+    kept_m = neighbours(shipped, GLM5_FP8_BLOCK, fixed=("BLOCK_SIZE_M",))
+
+    assert {n["BLOCK_SIZE_M"] for n in found} == {8, 16}
+    assert all(n["BLOCK_SIZE_M"] == 8 for n in kept_m) and len(kept_m) == len(found) - 1
+
+
+def _peak_beside(seed, steps):
+    """µs: 100 everywhere, the seed 90, then each config of `steps` (one step apart in turn)
+    faster still: a climb from the seed that rounds 1–3 cannot see."""
+    times = {config_key(seed): 90.0}
+    for i, config in enumerate(steps):
+        times[config_key(config)] = 80.0 - 10 * i
+    return lambda config: times.get(config_key(config), 100.0)
+
+
+def test_the_neighbourhood_climbs_from_the_engines_entry_while_it_finds_better():
+    seed = config_of((16, 64, 128, 1, 4, 4))
+    # rounds 2 and 3 vary stages and warps at GROUP_SIZE_M 16 only, groups around the leaders
+    one = {**seed, "num_stages": 5}
+    two = {**one, "num_warps": 8}
+    search = CoarseToFineSearch(24, GLM5_FP8_BLOCK, seeds=[seed], keep_leaders=1)
+
+    _run(search, _peak_beside(seed, [one, two]))
+
+    assert search.best[0] == two
+
+
+def test_the_second_neighbourhood_round_is_left_out_when_the_first_found_nothing():
+    seed = config_of((16, 64, 128, 1, 4, 4))
+    search = CoarseToFineSearch(24, GLM5_FP8_BLOCK, seeds=[seed], keep_leaders=1)
+    cost = _peak_beside(seed, [])
+    rounds = []
+    while (proposal := search.propose()) is not None:
+        rounds.append(proposal)
+        search.observe({config_key(c): cost(c) for c in proposal.configs}, {})
+
+    # tiles, warps and stages, group sizes, one neighbourhood, final
+    assert len(rounds) == 5
+    assert {config_key(c) for c in rounds[3].configs} == {
+        config_key(n) for n in neighbours(seed, GLM5_FP8_BLOCK)
+    } - {config_key(c) for r in rounds[:3] for c in r.configs}
+    assert search.best[0] == seed
+
+
+def test_the_down_search_climbs_with_gemm_1s_block_size_m():
+    up = config_of((32, 64, 128, 16, 4, 3))
+    seed = config_of((32, 128, 128, 1, 4, 4))
+    better = {**seed, "num_stages": 5}
+    search = DownProjectionSearch(256, GLM5_FP8_BLOCK, up, seeds=[seed], keep_leaders=1)
+    cost = _peak_beside(seed, [better])
+
+    _run(search, cost)
+
+    assert search.best[0] == better
+    assert all(k[0] == 32 for k in search.state.times)
 
 
 def test_kernel_shape_round_trips_through_json_fields():

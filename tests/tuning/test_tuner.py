@@ -15,11 +15,18 @@ import pytest
 from tests.engine import ensure_installed
 from tests.fakes import HF_CONFIGS, SHAPE, FakeMeasurements, FakeTimer
 from tuning import compile_only, compile_pool, tune_results, tuner
-from tuning.backends import KernelBackend, ShippedConfigs
+from tuning.backends import BuiltinBackend, KernelBackend, ShippedConfigs
 from tuning.bench import BenchRow, format_table
 from tuning.compile_pool import CompilePool, compile_order, compile_owner
 from tuning.config_files import config_file_name, loads_config, parse_ints
-from tuning.search import CoarseToFineSearch, KernelShape, compile_key, config_key, search_space
+from tuning.search import (
+    CoarseToFineSearch,
+    KernelShape,
+    compile_key,
+    config_key,
+    neighbours,
+    search_space,
+)
 from tuning.tune_cli import add_arguments, shape_from_args
 from tuning.tune_results import (
     TuneResult,
@@ -815,11 +822,18 @@ def _search_best_us(M):
     return result.batches[M].tuned_us
 
 
+def _alone(config, us):
+    """Scripted µs: config at us, every neighbour of it far slower (a peak of its own)."""
+    scripted = {config_key(n): us * 10 for n in neighbours(config, SHAPE)}
+    scripted[config_key(config)] = us
+    return scripted
+
+
 def test_the_engines_shipped_entries_and_default_enter_the_search():
     backend = ScriptedBackend(DEFAULT, SHIPPED)
     # the shipped entry, a tile outside the search space, is faster than anything the space has
     best = _search_best_us(64)
-    measurements = ScriptedMeasurements(backend, {config_key(SHIPPED): best * 0.5})
+    measurements = ScriptedMeasurements(backend, _alone(SHIPPED, best * 0.5))
 
     batch = Tuner(SHAPE, measurements).tune([64], down=False).batches[64]
 
@@ -832,8 +846,8 @@ def test_a_tuned_config_only_replaces_the_engines_when_faster_beyond_the_noise()
     backend = ScriptedBackend(DEFAULT, SHIPPED)
     best = _search_best_us(64)
     # the engine's shipped entry 0.5 % slower than the search's pick, timings ±2 %: a tie
-    close = ScriptedMeasurements(backend, {config_key(SHIPPED): best * 1.005}, noise=0.02)
-    far = ScriptedMeasurements(backend, {config_key(SHIPPED): best * 1.2}, noise=0.02)
+    close = ScriptedMeasurements(backend, _alone(SHIPPED, best * 1.005), noise=0.02)
+    far = ScriptedMeasurements(backend, _alone(SHIPPED, best * 1.2), noise=0.02)
 
     tie = Tuner(SHAPE, close).tune([64], down=False).batches[64]
     win = Tuner(SHAPE, far).tune([64], down=False).batches[64]
@@ -841,6 +855,53 @@ def test_a_tuned_config_only_replaces_the_engines_when_faster_beyond_the_noise()
     assert (tie.picked, tie.config) == ("shipped", SHIPPED)
     assert win.picked == "tuned" and win.tuned_us < win.shipped_us
     assert win.default_us is not None and win.search_us == win.tuned_us
+
+
+class RecordingMeasurements(ScriptedMeasurements):
+    """Records, in order, each config sent to the compile processes and each one timed."""
+
+    def __init__(self, backend):
+        super().__init__(backend, {})
+        self.events = []
+
+    def compile(self, configs, batch_sizes=(None,)):
+        self.events += [("compiled", config_key(c)) for c in configs]
+        return super().compile(configs, batch_sizes)
+
+    def timer(self, M):
+        timer = super().timer(M)
+        time_config = timer.time_config
+
+        def recorded(config, replays, calls=None, *, down_config=None):
+            self.events.append(("timed", config_key(down_config or config)))
+            return time_config(config, replays, calls, down_config=down_config)
+
+        timer.time_config = recorded
+        return timer
+
+
+def test_an_engines_kernel_is_compiled_ahead_for_every_group_size_it_is_timed_with():
+    # GROUP_SIZE_M is a compile-time constant of the engines' kernels, a run-time one of ours
+    engine = RecordingMeasurements(ScriptedBackend(DEFAULT, SHIPPED))
+    builtin = RecordingMeasurements(BuiltinBackend())
+
+    Tuner(SHAPE, engine).tune([64, 256])
+    Tuner(SHAPE, builtin).tune([64, 256])
+
+    def compiled_before_timed(events, key_of):
+        compiled = set()
+        for what, key in events:
+            if what == "compiled":
+                compiled.add(key_of(key))
+            elif key_of(key) not in compiled:
+                return False
+        return True
+
+    assert compiled_before_timed(engine.events, lambda key: key)
+    assert compiled_before_timed(builtin.events, lambda key: key[:3] + key[4:])
+    # one compile serves every GROUP_SIZE_M of the builtin kernel: not compiled again
+    builtin_compiled = [key for what, key in builtin.events if what == "compiled"]
+    assert len({k[:3] + k[4:] for k in builtin_compiled}) == len(builtin_compiled)
 
 
 def test_the_result_names_the_kernel_it_was_tuned_on():
