@@ -43,7 +43,7 @@ def shape_of(name: str) -> KernelShape:
     return KernelShape(**SHAPES[shape_name], dtype=dtype, block_shape=block)
 
 
-def tune_and_compare(name, engine, out, log):
+def tune_and_compare(name, engine, out, log, sizes=TUNED_BATCH_SIZES):
     import torch
 
     from tuning.timing import LayerTimer, make_weights
@@ -53,7 +53,7 @@ def tune_and_compare(name, engine, out, log):
     shape = shape_of(name)
     started = time.monotonic()
     with Tuner(shape, engine=engine) as tuner:
-        result = tuner.tune(TUNED_BATCH_SIZES)
+        result = tuner.tune(sizes)
         backend = tuner.backend
     wall = time.monotonic() - started
     style = engine["engine"]
@@ -65,7 +65,7 @@ def tune_and_compare(name, engine, out, log):
     down_entries = result.down_entries() or None
     weights = make_weights(shape)
     rows = []
-    for m in TUNED_BATCH_SIZES:
+    for m in sizes:
         timer = LayerTimer(shape, weights, m, backend=backend)
         down = entry_for_batch(down_entries, m) if down_entries else None
         candidates = {
@@ -234,6 +234,11 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--plan", default="glm5:bf16,glm5:fp8_block,kimi:bf16,kimi:fp8_block")
     parser.add_argument("--exhaustive-check", default="")
+    parser.add_argument(
+        "--sizes",
+        default=",".join(map(str, TUNED_BATCH_SIZES)),
+        help="batch sizes to tune and compare (default: the 18 of the engines' files)",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -243,7 +248,8 @@ def main() -> int:
     with open(out / "engine_tune.log", "a") as log:
         results["correctness"] = check_correctness(plan, engine, log)
         for name in plan:
-            result = tune_and_compare(name, engine, out, log)
+            sizes = [int(m) for m in args.sizes.split(",")]
+            result = tune_and_compare(name, engine, out, log, sizes)
             results["plan"].append(result)
             print(table(result), flush=True)
             (out / "engine_tune.json").write_text(json.dumps(results, indent=1))

@@ -120,7 +120,7 @@ class FakeMeasurements:
         self.compiled = []
         self.closed = False
 
-    def compile(self, configs):
+    def compile(self, configs, batch_sizes=(None,)):
         self.compiled += [compile_key(c) for c in configs]
         return [
             "CompilationError: too many registers"
@@ -128,6 +128,13 @@ class FakeMeasurements:
             else None
             for c in configs
         ]
+
+    def start_compiles(self, configs, batch_sizes=(None,)):
+        # compiled at once: the handles are the errors
+        return self.compile(configs, batch_sizes)
+
+    def finish_compiles(self, handles):
+        return list(handles)
 
     def timer(self, M):
         return FakeTimer(self, M)

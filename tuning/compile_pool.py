@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import replace
 
+from tuning.backends import LOAD_IMPORTS
 from tuning.compile_only import GpuTarget
 from tuning.search import KernelShape, compile_key
 
@@ -50,7 +51,8 @@ class CompilePool:
         # workers forked from one server that imported torch, not each importing it (spawn);
         # not forked from here, which may hold threads or a CUDA context
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(COMPILE_WORKER_PRELOAD)
+        engine = (backend or {}).get("engine")
+        context.set_forkserver_preload([*COMPILE_WORKER_PRELOAD, *LOAD_IMPORTS.get(engine, ())])
         # a start-up task waits here until every worker holds one: one task per worker, so
         # that all have started when all these tasks are done
         started = context.Barrier(workers)
@@ -124,35 +126,41 @@ class CompilePool:
         self, configs: list[dict], target: GpuTarget, batch_sizes=(None,)
     ) -> list[str | None]:
         """Per config None, or why it failed to compile for target (at any of batch_sizes)."""
-        if self.per_batch_size:
-            errors = [None] * len(configs)
-            # with no batch size to compile at, the timing process compiles at the first launch
-            for M in (m for m in batch_sizes if m is not None):
-                for i, error in enumerate(self._compile(configs, target, M)):
-                    errors[i] = errors[i] or error
-            return errors
-        return self._compile(configs, target, None)
+        return self.collect(self.submit(configs, target, batch_sizes))
 
-    def _compile(self, configs: list[dict], target: GpuTarget, M) -> list[str | None]:
-        from concurrent.futures import TimeoutError as FutureTimeout
+    def submit(self, configs: list[dict], target: GpuTarget, batch_sizes=(None,)) -> list:
+        """Start compiling configs for target (an engine's kernel: at each of batch_sizes); per
+        config a handle for collect(). The timing process goes on timing what is compiled."""
         from concurrent.futures.process import BrokenProcessPool
 
-        order = compile_order(configs, self._shard)
+        sizes = tuple(m for m in batch_sizes if m is not None) if self.per_batch_size else (None,)
         self._wait_for_starter()
-        if self.broken or not self._started:
-            # the timing process compiles each at its first launch
+        # with no batch size to compile an engine's kernel at, or no workers, the timing
+        # process compiles each config at its first launch
+        if not sizes or self.broken or not self._started:
             return [None] * len(configs)
         try:
             futures = {
-                i: self._executor.submit(_compile_in_worker, configs[i], target, M) for i in order
+                i: self._executor.submit(_compile_in_worker, configs[i], target, sizes)
+                for i in compile_order(configs, self._shard)
             }
         except BrokenProcessPool:
             # the workers died earlier (in their set-up, say): the timing process compiles all
             return [None] * len(configs)
+        return [futures[i] for i in range(len(configs))]
+
+    def collect(self, handles: list) -> list[str | None]:
+        """Wait for the compiles submit() started: per handle None, or why it failed."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+        from concurrent.futures.process import BrokenProcessPool
+
         errors: list[str | None] = []
-        for i in range(len(configs)):
+        for future in handles:
+            if future is None:
+                errors.append(None)
+                continue
             try:
-                errors.append(futures[i].result(timeout=COMPILE_TIMEOUT_S))
+                errors.append(future.result(timeout=COMPILE_TIMEOUT_S))
             except FutureTimeout:
                 errors.append(f"compile took over {COMPILE_TIMEOUT_S} s")
             except BrokenProcessPool:
@@ -160,11 +168,13 @@ class CompilePool:
                 errors.append(None)
             except Exception as exc:
                 errors.append(one_line(exc))
+        if self.broken is not None:
+            return [None] * len(handles)
         failed = {e for e in errors if e is not None}
-        if len(configs) > 1 and len(failed) == 1 and None not in errors:
+        if len(handles) > 1 and len(failed) == 1 and None not in errors:
             # every config failing alike is the workers' failure, not the configs'
             self._give_up(f"compile processes failed ({failed.pop()})")
-            return [None] * len(configs)
+            return [None] * len(handles)
         return errors
 
     def close(self) -> None:
@@ -261,9 +271,11 @@ def _set_up_compile_worker(shape_data: dict) -> None:
     )
 
 
-def _compile_in_worker(config: dict, target: GpuTarget, M: int | None = None) -> str | None:
-    """Compile the layer's kernels with config for target (an engine's: at batch size M);
-    None, or why they failed."""
+def _compile_in_worker(
+    config: dict, target: GpuTarget, sizes: tuple[int | None, ...] = (None,)
+) -> str | None:
+    """Compile the layer's kernels with config for target (an engine's: at each batch size of
+    sizes); None, or why they failed."""
     from triton.runtime import driver
 
     from tuning.compile_only import compile_only_driver
@@ -275,7 +287,8 @@ def _compile_in_worker(config: dict, target: GpuTarget, M: int | None = None) ->
             driver.set_active(compile_only_driver(target))
             w["target"] = target
         if "backend" in w:
-            _launch_engine_layer(w, config, target, M)
+            for M in sizes:
+                _launch_engine_layer(w, config, target, M)
             return None
         fused_moe(
             w["x"],

@@ -221,10 +221,10 @@ class CoarseToFineSearch:
     Round 1: every viable (BM, BN, BK) tile with one warps/stages guess and GROUP_SIZE_M 16.
     Round 2: the best `keep_tiles` tiles with every viable warps × stages.
     Round 3: the best `keep_configs` configs with every GROUP_SIZE_M.
-    Rounds 4 and 5: every untimed neighbour (one step along one axis) of the best `keep_leaders`;
-    round 5 only when round 4 found a new best. The rounds before move each axis over its whole
-    grid but only around a few tiles, so a joint step they leave out (a tile with other warps,
-    the engine's shipped entry with another GROUP_SIZE_M) is found here.
+    Then up to `climbs` rounds: every untimed neighbour (one step along one axis) of the best
+    `keep_leaders`, each round only while the one before found a new best. The rounds before move
+    each axis over its whole grid but only around a few tiles, so a joint step they leave out (a
+    tile with other warps, the engine's shipped entry with another GROUP_SIZE_M) is found here.
     Final: the best `finalists` re-timed with `final_replays` replays; the fastest wins.
     seeds: configs that round 1 times too (tuning.tuner gives the engine's own).
     """
@@ -244,6 +244,7 @@ class CoarseToFineSearch:
         keep_tiles: int = 4,
         keep_configs: int = 2,
         keep_leaders: int = 2,
+        climbs: int = 2,
         finalists: int = 3,
         seeds: Iterable[dict] = (),
     ):
@@ -262,13 +263,13 @@ class CoarseToFineSearch:
         self.keep_configs = keep_configs
         self.keep_leaders = keep_leaders
         self.finalists = finalists
+        self.climbs = climbs
         self._rounds = iter(
             (
                 self._tiles,
                 self._warps_and_stages,
                 self._group_sizes,
-                self._neighbourhood,
-                self._neighbourhood,
+                *[self._neighbourhood] * climbs,
                 self._final,
             )
         )
@@ -364,10 +365,12 @@ class CoarseToFineSearch:
 class DownProjectionSearch(CoarseToFineSearch):
     """GEMM 2's own config (SGLang's `_down` file) at batch size M, GEMM 1's config fixed.
 
-    CoarseToFineSearch's rounds over down_search_space (tiles differ only in BLOCK_SIZE_N and
-    BLOCK_SIZE_K), with `keep_tiles` 2 and BLOCK_SIZE_M fixed in the neighbourhood rounds; the
-    final re-times the finalists beside up_config itself, so that a down config only wins by
-    beating GEMM 2 run with GEMM 1's config.
+    Over down_search_space (tiles differ only in BLOCK_SIZE_N and BLOCK_SIZE_K): the tiles
+    round, then up to `climbs` neighbourhood rounds with BLOCK_SIZE_M fixed, then the final,
+    which re-times the finalists beside up_config itself, so that a down config only wins by
+    beating GEMM 2 run with GEMM 1's config. Its space is a fifth of GEMM 1's, and the climb
+    from the best tiles and the engine's `_down` entries covers the warps, stages and group
+    sizes that CoarseToFineSearch's rounds 2 and 3 sweep, in fewer timings.
     """
 
     fixed_axes = ("BLOCK_SIZE_M",)
@@ -379,12 +382,13 @@ class DownProjectionSearch(CoarseToFineSearch):
         up_config: dict,
         *,
         shared_memory: int = SM90_SHARED_MEMORY,
-        keep_tiles: int = 2,
+        climbs: int = 3,
         **kwargs,
     ):
-        super().__init__(M, shape, shared_memory=shared_memory, keep_tiles=keep_tiles, **kwargs)
+        super().__init__(M, shape, shared_memory=shared_memory, climbs=climbs, **kwargs)
         self.up_config = config_of(config_key(up_config))
         self.space = down_search_space(shape, up_config, shared_memory)
+        self._rounds = iter((self._tiles, *[self._neighbourhood] * climbs, self._final))
 
     @property
     def shared_us(self) -> float | None:

@@ -6,7 +6,10 @@ open over several tunes of one shape; the CLI is tuning.tune_cli, several GPUs t
 Compiles run ahead of timing in a pool of processes (tuning.compile_pool), which start first
 thing when the Tuner is built. The GPU's ceilings are measured once, or read from this GPU's
 cache (tuning.timing.cached_ceilings). Each chunk of batch sizes first compiles
-`round_one_configs` (the first round of its searches and the default configs) in one batch.
+`round_one_configs` (the first round of its searches) and the engine's own configs in one batch;
+then each round's configs are compiled batch size by batch size, and one batch size's are timed
+while the next one's compile. The next chunk's first batch compiles while this chunk's
+head-to-heads are timed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 from tuning.compile_pool import CompilePool, default_workers, one_line
 from tuning.config_files import TUNED_BATCH_SIZES
@@ -33,9 +37,10 @@ ProgressCallback = Callable[[int, int, str], None]
 # Batch sizes searched side by side: their compiles share one parallel batch.
 CHUNK_BATCH_SIZES = 6
 FINAL_REPLAYS = 20
-# Rounds of a CoarseToFineSearch (and a DownProjectionSearch): tiles, warps and stages, group
-# sizes, two neighbourhoods, final.
+# Rounds of a CoarseToFineSearch at most: tiles, warps and stages, group sizes, two
+# neighbourhoods, final; of a DownProjectionSearch: tiles, three neighbourhoods, final.
 SEARCH_ROUNDS = 6
+DOWN_ROUNDS = 5
 
 
 class DeviceMeasurements:
@@ -127,12 +132,18 @@ class DeviceMeasurements:
         then (0 without workers)."""
         return self._pool.wait_started() if self._pool is not None else 0.0
 
-    def compile(self, configs: list[dict], batch_sizes=(None,)) -> list[str | None]:
-        """Compile configs ahead of timing (an engine's kernel: at each of batch_sizes); per
-        config None or why it failed."""
+    def start_compiles(self, configs: list[dict], batch_sizes=(None,)) -> list:
+        """Start compiling configs ahead of timing (an engine's kernel: at each of
+        batch_sizes); per config a handle for finish_compiles."""
         if self._pool is None:
             return [None] * len(configs)
-        return self._pool.compile(configs, self.target, batch_sizes)
+        return self._pool.submit(configs, self.target, batch_sizes)
+
+    def finish_compiles(self, handles: list) -> list[str | None]:
+        """Wait for compiles start_compiles began; per handle None or why it failed."""
+        if self._pool is None:
+            return [None] * len(handles)
+        return self._pool.collect(handles)
 
     def timer(self, M: int):
         """A tuning.timing.LayerTimer at batch size M (time_config(config, replays) -> µs)."""
@@ -175,6 +186,8 @@ class Tuner:
         self.timing_s = 0.0
         self.timings = 0
         self._compile_errors: dict[tuple, str | None] = {}
+        # compiles started and not yet waited for: {compile key: handle}
+        self._compiling: dict[tuple, object] = {}
 
     def __enter__(self) -> Tuner:
         return self
@@ -230,7 +243,7 @@ class Tuner:
         remaining = [m for m in batch_sizes if m not in result.batches]
         search_class = _search_class(exhaustive)
         # rounds per M, each reported once, one report per finished search, one per final
-        steps = (2 if exhaustive else SEARCH_ROUNDS) + 1 + (SEARCH_ROUNDS + 1 if down else 0) + 1
+        steps = (2 if exhaustive else SEARCH_ROUNDS) + 1 + (DOWN_ROUNDS + 1 if down else 0) + 1
         total = len(remaining) * steps
         step = 0
 
@@ -240,16 +253,16 @@ class Tuner:
             if progress_callback is not None:
                 progress_callback(min(step, total), total, message)
 
-        for first in range(0, len(remaining), CHUNK_BATCH_SIZES):
-            chunk = remaining[first : first + CHUNK_BATCH_SIZES]
+        chunks = [
+            remaining[first : first + CHUNK_BATCH_SIZES]
+            for first in range(0, len(remaining), CHUNK_BATCH_SIZES)
+        ]
+        for i, chunk in enumerate(chunks):
             self._chunk = chunk
             timers = {m: self.measurements.timer(m) for m in chunk}
             own = {m: self._engine_configs(m, shipped) for m in chunk}
             searches = {m: search_class(m, self.shape, seeds=own[m]) for m in chunk}
-            self._compile(
-                round_one_configs(self.shape, chunk, exhaustive=exhaustive, backend=backend)
-            )
-            self._compile(c for configs in own.values() for c in configs)
+            self._compile(self._first_compiles(chunk, shipped, exhaustive), chunk)
             self._run_searches(searches, timers, report)
             for m in chunk:
                 result.batches[m] = self._finish(m, searches[m])
@@ -267,6 +280,11 @@ class Tuner:
                 for m in chunk:
                     _finish_down(result.batches[m], down_searches[m])
                     report(f"M={m}: {result.batches[m].tuned_us:.1f} µs with its down config")
+            if i + 1 < len(chunks):
+                # the next chunk's first batch compiles while this one's head-to-heads are timed
+                self._start_compiles(
+                    self._first_compiles(chunks[i + 1], shipped, exhaustive), chunks[i + 1]
+                )
             for m in chunk:
                 self._head_to_head(result.batches[m], timers[m], shipped, shipped_down)
                 report(f"M={m}: {result.batches[m].picked} {result.batches[m].tuned_us:.1f} µs")
@@ -287,6 +305,12 @@ class Tuner:
         if progress_callback is not None:
             progress_callback(total, total, "done")
         return result
+
+    def _first_compiles(self, chunk, shipped, exhaustive) -> list[dict]:
+        """What a chunk compiles before its first timing: its searches' first round and the
+        engine's own configs."""
+        configs = round_one_configs(self.shape, chunk, exhaustive=exhaustive, backend=self.backend)
+        return configs + [c for m in chunk for c in self._engine_configs(m, shipped)]
 
     def time_configs(
         self,
@@ -319,8 +343,11 @@ class Tuner:
             proposals = {m: p for m, p in proposals.items() if p is not None}
             if not proposals:
                 return
-            self._compile(c for p in proposals.values() for c in p.configs)
+            # one batch size's compiles after another: each is timed while the next compile
+            for proposal in proposals.values():
+                self._start_compiles(proposal.configs, self._chunk)
             for m, proposal in proposals.items():
+                self._finish_compiles(proposal.configs)
                 up_config = up_configs[m] if up_configs else None
                 times, errors = self._time_configs(
                     timers[m], proposal.configs, proposal.replays, up_config
@@ -390,22 +417,39 @@ class Tuner:
         batch.default_us = _rounded(measured.get("default"))
         batch.shipped_us = _rounded(measured.get("shipped"))
 
-    def _compile(self, configs: Iterable[dict]) -> None:
+    def _compile(self, configs: Iterable[dict], batch_sizes=None) -> None:
+        """Compile configs (at batch_sizes, default this chunk's) and wait for them."""
+        configs = list(configs)
+        self._start_compiles(configs, batch_sizes)
+        self._finish_compiles(configs)
+
+    def _start_compiles(self, configs: Iterable[dict], batch_sizes=None) -> None:
+        """Start compiling, in the compile processes, whichever of configs is neither compiled
+        nor compiling; an engine's kernel specialises on the batch size: compiled at
+        batch_sizes (default this chunk's)."""
         todo = {}
         for config in configs:
             key = self.backend.compile_key(config)
-            if key not in self._compile_errors and key not in todo:
-                todo[key] = config
-        if todo:
+            if key not in self._compile_errors and key not in self._compiling:
+                todo.setdefault(key, config)
+        if not todo:
+            return
+        if self.backend.engine == "builtin":
+            sizes = (None,)
+        else:
+            sizes = tuple(batch_sizes or getattr(self, "_chunk", ())) or (None,)
+        handles = self.measurements.start_compiles(list(todo.values()), sizes)
+        self._compiling.update(zip(todo, handles, strict=True))
+
+    def _finish_compiles(self, configs: Iterable[dict]) -> None:
+        """Wait for the compiles of configs started earlier; their errors are then known."""
+        keys = dict.fromkeys(self.backend.compile_key(c) for c in configs)
+        keys = [key for key in keys if key in self._compiling]
+        if keys:
             started = time.monotonic()
-            if self.backend.engine == "builtin":
-                errors = self.measurements.compile(list(todo.values()))
-            else:
-                # an engine's kernel specialises on the batch size: compiled at the chunk's
-                sizes = tuple(getattr(self, "_chunk", ())) or (None,)
-                errors = self.measurements.compile(list(todo.values()), sizes)
+            errors = self.measurements.finish_compiles([self._compiling.pop(k) for k in keys])
             self.compile_s += time.monotonic() - started
-            self._compile_errors.update(zip(todo, errors, strict=True))
+            self._compile_errors.update(zip(keys, errors, strict=True))
 
     def _time_configs(self, timer, configs, replays, up_config=None):
         """{key: µs or None}, {key: error} of configs; beside up_config they are GEMM 2's."""
@@ -488,15 +532,25 @@ def round_one_configs(
 
 # Rounds of the head-to-head between the search's pick and the engine's own configs.
 HEAD_TO_HEAD_ROUNDS = 5
-# The search's pick replaces the engine's own configs only when faster by more than this, or by
-# more than the rounds' own spread when that is larger: a file must never make the engine slower.
+# The search's pick replaces the engine's own configs only when faster in every round and by
+# more than this in the median of the rounds' ratios: a file must never make the engine slower.
+# Each round times the candidates back to back, so what slows a whole round (clocks, the host)
+# slows them alike and cancels in the ratio, where it would swamp a comparison of medians.
 MIN_GAIN = 0.01
 
 
-def head_to_head(timer, candidates: dict) -> dict:
-    """{name: (median µs, spread)} of candidates {name: (config, down_config or None)}, each
-    timed HEAD_TO_HEAD_ROUNDS times in turns (order reversed every other round); spread is
-    (max − min) / median of a candidate's rounds. A candidate that fails is left out."""
+class Measured(NamedTuple):
+    """A candidate's head-to-head: median µs, (max − min) / median, and µs per round."""
+
+    us: float
+    spread: float
+    rounds: list[float]
+
+
+def head_to_head(timer, candidates: dict) -> dict[str, Measured]:
+    """{name: Measured} of candidates {name: (config, down_config or None)}, each timed
+    HEAD_TO_HEAD_ROUNDS times in turns (order reversed every other round). A candidate that
+    fails is left out."""
     rounds: dict[str, list[float]] = {name: [] for name in candidates}
     names = list(candidates)
     for r in range(HEAD_TO_HEAD_ROUNDS):
@@ -512,22 +566,23 @@ def head_to_head(timer, candidates: dict) -> dict:
     for name, times in rounds.items():
         if times:
             middle = statistics.median(times)
-            measured[name] = (middle, (max(times) - min(times)) / middle)
+            measured[name] = Measured(middle, (max(times) - min(times)) / middle, times)
     return measured
 
 
-def pick(measured: dict) -> str | None:
+def pick(measured: dict[str, Measured]) -> str | None:
     """Which candidate's config to write: "tuned" only when faster than the best of the engine's
-    own ("default", "shipped") by more than MIN_GAIN and the spread of both; else that best."""
+    own ("default", "shipped") in every round, by more than MIN_GAIN in the median ratio; else
+    that best."""
     own = {name: m for name, m in measured.items() if name != "tuned"}
     if not own:
         return "tuned" if "tuned" in measured else None
-    best = min(own, key=lambda name: own[name][0])
+    best = min(own, key=lambda name: own[name].us)
     if "tuned" not in measured:
         return best
-    (tuned_us, tuned_spread), (own_us, own_spread) = measured["tuned"], own[best]
-    margin = max(MIN_GAIN, tuned_spread, own_spread)
-    return "tuned" if tuned_us < own_us * (1 - margin) else best
+    ratios = [t / o for t, o in zip(measured["tuned"].rounds, own[best].rounds, strict=True)]
+    faster = max(ratios) < 1 and statistics.median(ratios) < 1 - MIN_GAIN
+    return "tuned" if faster else best
 
 
 def _rounded(measured) -> float | None:

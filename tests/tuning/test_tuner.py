@@ -5,6 +5,7 @@ import argparse
 import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from tuning import compile_only, compile_pool, tune_results, tuner
 from tuning.backends import BuiltinBackend, KernelBackend, ShippedConfigs
 from tuning.bench import BenchRow, format_table
 from tuning.compile_pool import CompilePool, compile_order, compile_owner
-from tuning.config_files import config_file_name, loads_config, parse_ints
+from tuning.config_files import TUNED_BATCH_SIZES, config_file_name, loads_config, parse_ints
 from tuning.search import (
     CoarseToFineSearch,
     KernelShape,
@@ -805,9 +806,6 @@ class ScriptedMeasurements(FakeMeasurements):
         super().__init__()
         self.backend, self.scripted, self.noise = backend, scripted, noise
 
-    def compile(self, configs, batch_sizes=(None,)):
-        return super().compile(configs)
-
     def timer(self, M):
         return ScriptedTimer(self, M)
 
@@ -858,22 +856,27 @@ def test_a_tuned_config_only_replaces_the_engines_when_faster_beyond_the_noise()
 
 
 class RecordingMeasurements(ScriptedMeasurements):
-    """Records, in order, each config sent to the compile processes and each one timed."""
+    """Records, in order, each config whose compile was waited for and each one timed."""
 
     def __init__(self, backend):
         super().__init__(backend, {})
         self.events = []
 
-    def compile(self, configs, batch_sizes=(None,)):
-        self.events += [("compiled", config_key(c)) for c in configs]
-        return super().compile(configs, batch_sizes)
+    def start_compiles(self, configs, batch_sizes=(None,)):
+        errors = super().start_compiles(configs, batch_sizes)
+        self.events += [("started", config_key(c), batch_sizes) for c in configs]
+        return [(config_key(c), e) for c, e in zip(configs, errors, strict=True)]
+
+    def finish_compiles(self, handles):
+        self.events += [("compiled", key) for key, _ in handles]
+        return [error for _, error in handles]
 
     def timer(self, M):
         timer = super().timer(M)
         time_config = timer.time_config
 
         def recorded(config, replays, calls=None, *, down_config=None):
-            self.events.append(("timed", config_key(down_config or config)))
+            self.events.append(("timed", config_key(down_config or config), M))
             return time_config(config, replays, calls, down_config=down_config)
 
         timer.time_config = recorded
@@ -890,18 +893,32 @@ def test_an_engines_kernel_is_compiled_ahead_for_every_group_size_it_is_timed_wi
 
     def compiled_before_timed(events, key_of):
         compiled = set()
-        for what, key in events:
+        for what, key, *_ in events:
             if what == "compiled":
                 compiled.add(key_of(key))
-            elif key_of(key) not in compiled:
+            elif what == "timed" and key_of(key) not in compiled:
                 return False
         return True
 
     assert compiled_before_timed(engine.events, lambda key: key)
     assert compiled_before_timed(builtin.events, lambda key: key[:3] + key[4:])
     # one compile serves every GROUP_SIZE_M of the builtin kernel: not compiled again
-    builtin_compiled = [key for what, key in builtin.events if what == "compiled"]
+    builtin_compiled = [key for what, key, *_ in builtin.events if what == "compiled"]
     assert len({k[:3] + k[4:] for k in builtin_compiled}) == len(builtin_compiled)
+
+
+def test_the_next_chunks_first_compiles_start_before_this_chunks_last_timings():
+    measurements = RecordingMeasurements(ScriptedBackend(DEFAULT, SHIPPED))
+    first_chunk = list(TUNED_BATCH_SIZES[: tuner.CHUNK_BATCH_SIZES])
+    later = 4096
+
+    Tuner(SHAPE, measurements).tune([*first_chunk, later], down=False)
+
+    events = measurements.events
+    # an engine's kernel is compiled at the sizes it is timed at: the later chunk's are its own
+    started = [i for i, (what, _, *at) in enumerate(events) if what == "started" and later in at[0]]
+    timed = [i for i, (what, _, *at) in enumerate(events) if what == "timed" and at[0] != later]
+    assert started[0] < timed[-1]
 
 
 def test_the_result_names_the_kernel_it_was_tuned_on():
@@ -914,19 +931,35 @@ def test_the_result_names_the_kernel_it_was_tuned_on():
     assert TuneResult.from_dict(result.to_dict()).kernel == result.kernel
 
 
+def _measured(*rounds):
+    middle = statistics.median(rounds)
+    return tuner.Measured(middle, (max(rounds) - min(rounds)) / middle, list(rounds))
+
+
 @pytest.mark.parametrize(
     ("measured", "picked"),
     [
-        ({"tuned": (90.0, 0.01), "default": (100.0, 0.01)}, "tuned"),
-        ({"tuned": (99.5, 0.0), "default": (100.0, 0.0)}, "default"),
-        ({"tuned": (95.0, 0.08), "default": (100.0, 0.01)}, "default"),
-        ({"tuned": (90.0, 0.01), "default": (100.0, 0.01), "shipped": (90.5, 0.01)}, "shipped"),
-        ({"default": (100.0, 0.0)}, "default"),
-        ({"tuned": (100.0, 0.0)}, "tuned"),
+        ({"tuned": _measured(90, 91, 90), "default": _measured(100, 101, 100)}, "tuned"),
+        # 0.5 % faster: within MIN_GAIN
+        ({"tuned": _measured(99.5, 99.5, 99.5), "default": _measured(100, 100, 100)}, "default"),
+        # faster in the median, slower in one round: noise
+        ({"tuned": _measured(95, 95, 99), "default": _measured(100, 100, 98)}, "default"),
+        # a slow round slows both: 4 % faster in every round, though the spread is 20 %
+        ({"tuned": _measured(96, 115, 96), "default": _measured(100, 120, 100)}, "tuned"),
+        (
+            {
+                "tuned": _measured(90, 90, 90),
+                "default": _measured(100, 100, 100),
+                "shipped": _measured(90.5, 90.5, 90.5),
+            },
+            "shipped",
+        ),
+        ({"default": _measured(100, 100, 100)}, "default"),
+        ({"tuned": _measured(100, 100, 100)}, "tuned"),
         ({}, None),
     ],
 )
-def test_pick_keeps_the_engines_own_config_on_a_tie(measured, picked):
+def test_pick_keeps_the_engines_own_config_unless_faster_in_every_round(measured, picked):
     assert tuner.pick(measured) == picked
 
 
