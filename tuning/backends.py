@@ -24,10 +24,6 @@ from tuning.config_files import TRITON_LAUNCH_DEFAULTS, validate_entries
 from tuning.search import compile_key, config_key
 
 ENGINES = ("builtin", "vllm", "sglang")
-# What loading an engine's kernel module imports besides torch and Triton, per engine: SGLang's
-# fused-MoE module decorates functions with torch.compile, which imports dynamo and inductor
-# (some 2 s a process). The compile processes' server imports them once before forking them.
-LOAD_IMPORTS = {"sglang": ("torch._dynamo", "torch._inductor.compile_fx")}
 
 
 class BackendError(RuntimeError):

@@ -15,7 +15,6 @@ import zlib
 from collections.abc import Callable
 from dataclasses import replace
 
-from tuning.backends import LOAD_IMPORTS
 from tuning.compile_only import GpuTarget
 from tuning.search import KernelShape, compile_key
 
@@ -51,8 +50,7 @@ class CompilePool:
         # workers forked from one server that imported torch, not each importing it (spawn);
         # not forked from here, which may hold threads or a CUDA context
         context = multiprocessing.get_context("forkserver")
-        engine = (backend or {}).get("engine")
-        context.set_forkserver_preload([*COMPILE_WORKER_PRELOAD, *LOAD_IMPORTS.get(engine, ())])
+        context.set_forkserver_preload(COMPILE_WORKER_PRELOAD)
         # a start-up task waits here until every worker holds one: one task per worker, so
         # that all have started when all these tasks are done
         started = context.Barrier(workers)
