@@ -6,10 +6,10 @@ open over several tunes of one shape; the CLI is tuning.tune_cli, several GPUs t
 Compiles run ahead of timing in a pool of processes (tuning.compile_pool), which start first
 thing when the Tuner is built. The GPU's ceilings are measured once, or read from this GPU's
 cache (tuning.timing.cached_ceilings). Each chunk of batch sizes first compiles
-`round_one_configs` (the first round of its searches) and the engine's own configs in one batch;
-then each round's configs are compiled batch size by batch size, and one batch size's are timed
-while the next one's compile. The next chunk's first batch compiles while this chunk's
-head-to-heads are timed.
+`round_one_configs` (the first round of its searches) and the engine's own configs; every
+round's configs are compiled batch size by batch size (an engine's kernel at the size it is
+timed at), and one batch size's are timed while the next one's compile. The next chunk's first
+round compiles while this chunk's head-to-heads are timed.
 """
 
 from __future__ import annotations
@@ -258,11 +258,14 @@ class Tuner:
             for first in range(0, len(remaining), CHUNK_BATCH_SIZES)
         ]
         for i, chunk in enumerate(chunks):
-            self._chunk = chunk
             timers = {m: self.measurements.timer(m) for m in chunk}
             own = {m: self._engine_configs(m, shipped) for m in chunk}
             searches = {m: search_class(m, self.shape, seeds=own[m]) for m in chunk}
-            self._compile(self._first_compiles(chunk, shipped, exhaustive), chunk)
+            first_compiles = self._first_compiles(chunk, shipped, exhaustive)
+            for m, configs in first_compiles.items():
+                self._start_compiles(configs, m)
+            for m, configs in first_compiles.items():
+                self._finish_compiles(configs, m)
             self._run_searches(searches, timers, report)
             for m in chunk:
                 result.batches[m] = self._finish(m, searches[m])
@@ -282,9 +285,8 @@ class Tuner:
                     report(f"M={m}: {result.batches[m].tuned_us:.1f} µs with its down config")
             if i + 1 < len(chunks):
                 # the next chunk's first batch compiles while this one's head-to-heads are timed
-                self._start_compiles(
-                    self._first_compiles(chunks[i + 1], shipped, exhaustive), chunks[i + 1]
-                )
+                for m, configs in self._first_compiles(chunks[i + 1], shipped, exhaustive).items():
+                    self._start_compiles(configs, m)
             for m in chunk:
                 self._head_to_head(result.batches[m], timers[m], shipped, shipped_down)
                 report(f"M={m}: {result.batches[m].picked} {result.batches[m].tuned_us:.1f} µs")
@@ -306,11 +308,14 @@ class Tuner:
             progress_callback(total, total, "done")
         return result
 
-    def _first_compiles(self, chunk, shipped, exhaustive) -> list[dict]:
-        """What a chunk compiles before its first timing: its searches' first round and the
-        engine's own configs."""
-        configs = round_one_configs(self.shape, chunk, exhaustive=exhaustive, backend=self.backend)
-        return configs + [c for m in chunk for c in self._engine_configs(m, shipped)]
+    def _first_compiles(self, chunk, shipped, exhaustive) -> dict[int, list[dict]]:
+        """What a chunk compiles before its first timing, per batch size: its search's first
+        round and the engine's own configs (round_one_configs, size by size)."""
+        return {
+            m: round_one_configs(self.shape, [m], exhaustive=exhaustive, backend=self.backend)
+            + self._engine_configs(m, shipped)
+            for m in chunk
+        }
 
     def time_configs(
         self,
@@ -322,8 +327,7 @@ class Tuner:
         """µs per layer of each config at batch size M (None where it fails), same routing;
         down_configs: GEMM 2's config beside each (None: the config itself)."""
         down_configs = down_configs or [None] * len(configs)
-        self._chunk = [M]
-        self._compile([*configs, *(d for d in down_configs if d is not None)])
+        self._compile([*configs, *(d for d in down_configs if d is not None)], M)
         timer = self.measurements.timer(M)
         times = []
         for config, down_config in zip(configs, down_configs, strict=True):
@@ -344,10 +348,10 @@ class Tuner:
             if not proposals:
                 return
             # one batch size's compiles after another: each is timed while the next compile
-            for proposal in proposals.values():
-                self._start_compiles(proposal.configs, self._chunk)
             for m, proposal in proposals.items():
-                self._finish_compiles(proposal.configs)
+                self._start_compiles(proposal.configs, m)
+            for m, proposal in proposals.items():
+                self._finish_compiles(proposal.configs, m)
                 up_config = up_configs[m] if up_configs else None
                 times, errors = self._time_configs(
                     timers[m], proposal.configs, proposal.replays, up_config
@@ -402,7 +406,7 @@ class Tuner:
         if shipped is not None:
             down = shipped_down.entry_for(M) if shipped_down is not None else None
             candidates["shipped"] = (shipped.entry_for(M), down)
-        self._compile(c for pair in candidates.values() for c in pair if c is not None)
+        self._compile((c for pair in candidates.values() for c in pair if c is not None), M)
         started = time.monotonic()
         measured = head_to_head(timer, candidates)
         self.timing_s += time.monotonic() - started
@@ -417,39 +421,40 @@ class Tuner:
         batch.default_us = _rounded(measured.get("default"))
         batch.shipped_us = _rounded(measured.get("shipped"))
 
-    def _compile(self, configs: Iterable[dict], batch_sizes=None) -> None:
-        """Compile configs (at batch_sizes, default this chunk's) and wait for them."""
-        configs = list(configs)
-        self._start_compiles(configs, batch_sizes)
-        self._finish_compiles(configs)
+    def _compile_id(self, config: dict, M: int) -> tuple:
+        """What one compile stands for: the backend's compile key, and for an engine's kernel,
+        which specialises on the batch size (its sizes are not exempt from Triton's
+        specialisation), the batch size it is timed at."""
+        return self.backend.compile_key(config), None if self.backend.engine == "builtin" else M
 
-    def _start_compiles(self, configs: Iterable[dict], batch_sizes=None) -> None:
-        """Start compiling, in the compile processes, whichever of configs is neither compiled
-        nor compiling; an engine's kernel specialises on the batch size: compiled at
-        batch_sizes (default this chunk's)."""
+    def _compile(self, configs: Iterable[dict], M: int) -> None:
+        """Compile configs for batch size M and wait for them."""
+        configs = list(configs)
+        self._start_compiles(configs, M)
+        self._finish_compiles(configs, M)
+
+    def _start_compiles(self, configs: Iterable[dict], M: int) -> None:
+        """Start compiling for batch size M, in the compile processes, whichever of configs is
+        neither compiled nor compiling."""
         todo = {}
         for config in configs:
-            key = self.backend.compile_key(config)
-            if key not in self._compile_errors and key not in self._compiling:
-                todo.setdefault(key, config)
-        if not todo:
-            return
-        if self.backend.engine == "builtin":
-            sizes = (None,)
-        else:
-            sizes = tuple(batch_sizes or getattr(self, "_chunk", ())) or (None,)
-        handles = self.measurements.start_compiles(list(todo.values()), sizes)
-        self._compiling.update(zip(todo, handles, strict=True))
+            compile_id = self._compile_id(config, M)
+            if compile_id not in self._compile_errors and compile_id not in self._compiling:
+                todo.setdefault(compile_id, config)
+        if todo:
+            handles = self.measurements.start_compiles(list(todo.values()), (M,))
+            self._compiling.update(zip(todo, handles, strict=True))
 
-    def _finish_compiles(self, configs: Iterable[dict]) -> None:
-        """Wait for the compiles of configs started earlier; their errors are then known."""
-        keys = dict.fromkeys(self.backend.compile_key(c) for c in configs)
-        keys = [key for key in keys if key in self._compiling]
-        if keys:
+    def _finish_compiles(self, configs: Iterable[dict], M: int) -> None:
+        """Wait for the compiles of configs for batch size M started earlier; their errors are
+        then known."""
+        ids = dict.fromkeys(self._compile_id(c, M) for c in configs)
+        ids = [compile_id for compile_id in ids if compile_id in self._compiling]
+        if ids:
             started = time.monotonic()
-            errors = self.measurements.finish_compiles([self._compiling.pop(k) for k in keys])
+            errors = self.measurements.finish_compiles([self._compiling.pop(i) for i in ids])
             self.compile_s += time.monotonic() - started
-            self._compile_errors.update(zip(keys, errors, strict=True))
+            self._compile_errors.update(zip(ids, errors, strict=True))
 
     def _time_configs(self, timer, configs, replays, up_config=None):
         """{key: µs or None}, {key: error} of configs; beside up_config they are GEMM 2's."""
@@ -457,7 +462,7 @@ class Tuner:
         started = time.monotonic()
         for config in configs:
             key = config_key(config)
-            error = self._compile_errors.get(self.backend.compile_key(config))
+            error = self._compile_errors.get(self._compile_id(config, timer.M))
             if error is None:
                 self.timings += 1
                 try:

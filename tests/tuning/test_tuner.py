@@ -865,11 +865,11 @@ class RecordingMeasurements(ScriptedMeasurements):
     def start_compiles(self, configs, batch_sizes=(None,)):
         errors = super().start_compiles(configs, batch_sizes)
         self.events += [("started", config_key(c), batch_sizes) for c in configs]
-        return [(config_key(c), e) for c, e in zip(configs, errors, strict=True)]
+        return [(config_key(c), batch_sizes, e) for c, e in zip(configs, errors, strict=True)]
 
     def finish_compiles(self, handles):
-        self.events += [("compiled", key) for key, _ in handles]
-        return [error for _, error in handles]
+        self.events += [("compiled", key, sizes) for key, sizes, _ in handles]
+        return [error for *_, error in handles]
 
     def timer(self, M):
         timer = super().timer(M)
@@ -883,25 +883,28 @@ class RecordingMeasurements(ScriptedMeasurements):
         return timer
 
 
-def test_an_engines_kernel_is_compiled_ahead_for_every_group_size_it_is_timed_with():
-    # GROUP_SIZE_M is a compile-time constant of the engines' kernels, a run-time one of ours
+def test_an_engines_kernel_is_compiled_ahead_for_every_group_size_and_batch_size_it_is_timed_at():
+    # GROUP_SIZE_M is a compile-time constant of the engines' kernels, a run-time one of ours;
+    # and their kernels specialise on the batch size, ours does not
     engine = RecordingMeasurements(ScriptedBackend(DEFAULT, SHIPPED))
     builtin = RecordingMeasurements(BuiltinBackend())
 
     Tuner(SHAPE, engine).tune([64, 256])
     Tuner(SHAPE, builtin).tune([64, 256])
 
-    def compiled_before_timed(events, key_of):
+    def compiled_before_timed(events, key_of, with_size):
         compiled = set()
-        for what, key, *_ in events:
+        for what, key, at in events:
             if what == "compiled":
-                compiled.add(key_of(key))
-            elif what == "timed" and key_of(key) not in compiled:
+                compiled |= {(key_of(key), m if with_size else None) for m in at}
+            elif what == "timed" and (key_of(key), at if with_size else None) not in compiled:
                 return False
         return True
 
-    assert compiled_before_timed(engine.events, lambda key: key)
-    assert compiled_before_timed(builtin.events, lambda key: key[:3] + key[4:])
+    assert compiled_before_timed(engine.events, lambda key: key, with_size=True)
+    assert compiled_before_timed(builtin.events, lambda key: key[:3] + key[4:], with_size=False)
+    # each compile for the one size it is timed at, never for the others of its chunk
+    assert all(len(at) == 1 for what, _, at in engine.events if what == "started")
     # one compile serves every GROUP_SIZE_M of the builtin kernel: not compiled again
     builtin_compiled = [key for what, key, *_ in builtin.events if what == "compiled"]
     assert len({k[:3] + k[4:] for k in builtin_compiled}) == len(builtin_compiled)
