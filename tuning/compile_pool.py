@@ -222,6 +222,9 @@ def _start_compile_worker(
         os.environ.pop("TRITON_CACHE_DIR", None)
     else:
         os.environ["TRITON_CACHE_DIR"] = cache
+    # no GPU: a compile process opens no CUDA context, whatever its set-up asks of torch (an
+    # engine backend asks for the GPU's capability; each launch names the target's instead)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     set_up(shape_data)
     _WORKER["started"] = started
 

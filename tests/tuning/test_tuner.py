@@ -70,6 +70,11 @@ def note_the_imports(folder: Path, shape_data: dict) -> None:
     (folder / f"imports-{os.getpid()}").write_text(json.dumps(found))
 
 
+def note_the_gpus(folder: Path, shape_data: dict) -> None:
+    """A compile worker's set-up that writes the GPUs torch lets it see."""
+    (folder / f"gpus-{os.getpid()}").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+
+
 def set_up_that_fails(shape_data: dict) -> None:
     raise RuntimeError("out of memory")
 
@@ -525,6 +530,18 @@ def test_compile_workers_start_with_torch_imported_once_for_all(tmp_path):
     found = [json.loads(p.read_text()) for p in tmp_path.glob("imports-*")]
     # forked from the server that imported them; spawned workers would import them each
     assert found == [compile_pool.COMPILE_WORKER_PRELOAD] * 3
+
+
+def test_compile_workers_see_no_gpu(tmp_path, monkeypatch):
+    # a CUDA context per compile process costs seconds and memory, and slows the timing one's
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    pool = CompilePool(SHAPE, 2, set_up=functools.partial(note_the_gpus, tmp_path))
+    try:
+        pool.wait_started()
+    finally:
+        pool.close()
+
+    assert [p.read_text() for p in tmp_path.glob("gpus-*")] == ["", ""]
 
 
 SLOW_SERVER_IMPORT_S = 3.0
