@@ -533,7 +533,7 @@ def test_compile_workers_start_with_torch_imported_once_for_all(tmp_path):
 
 
 def test_compile_workers_see_no_gpu(tmp_path, monkeypatch):
-    # a CUDA context per compile process costs seconds and memory, and slows the timing one's
+    # CUDA started in each compile process costs seconds and slows the timing process's own
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     pool = CompilePool(SHAPE, 2, set_up=functools.partial(note_the_gpus, tmp_path))
     try:
