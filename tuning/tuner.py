@@ -261,11 +261,10 @@ class Tuner:
             timers = {m: self.measurements.timer(m) for m in chunk}
             own = {m: self._engine_configs(m, shipped) for m in chunk}
             searches = {m: search_class(m, self.shape, seeds=own[m]) for m in chunk}
-            first_compiles = self._first_compiles(chunk, shipped, exhaustive)
-            for m, configs in first_compiles.items():
+            # (most started during the chunk before, if any) the first round waits for these
+            # size by size: one size is timed while the next compiles
+            for m, configs in self._first_compiles(chunk, shipped, exhaustive).items():
                 self._start_compiles(configs, m)
-            for m, configs in first_compiles.items():
-                self._finish_compiles(configs, m)
             self._run_searches(searches, timers, report)
             for m in chunk:
                 result.batches[m] = self._finish(m, searches[m])
