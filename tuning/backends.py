@@ -75,10 +75,11 @@ class KernelBackend:
         """The config the engine uses at batch size M when it finds no file."""
         raise NotImplementedError
 
-    def compile_key(self, config: dict) -> tuple:
-        """What one compiled kernel of this backend stands for: the engines' kernels take every
-        field of a config, GROUP_SIZE_M too, as a compile-time constant."""
-        return config_key(config)
+    def compile_key(self, config: dict, M: int | None) -> tuple:
+        """What one compile of config for batch size M stands for. The engines' kernels take
+        every field of a config, GROUP_SIZE_M too, as a compile-time constant, and specialise on
+        the batch size (their sizes are not exempt from Triton's specialisation)."""
+        return config_key(config), M
 
     def shipped_configs(self, shape, device_name: str, *, down=False) -> ShippedConfigs | None:
         """The engine's own config file for this shape and GPU (down: its file for GEMM 2,
@@ -142,9 +143,10 @@ class BuiltinBackend(KernelBackend):
         block = list(shape.block_shape) if shape.block_shape else None
         return default_config(M, shape.E, shape.N, shape.H, shape.top_k, shape.dtype, block)
 
-    def compile_key(self, config: dict) -> tuple:
-        """GROUP_SIZE_M is a run-time argument of moeops' kernel: one compile serves them all."""
-        return compile_key(config)
+    def compile_key(self, config: dict, M: int | None) -> tuple:
+        """GROUP_SIZE_M is a run-time argument of moeops' kernel, and its sizes are exempt from
+        specialisation: one compile serves every group size and batch size."""
+        return compile_key(config), None
 
 
 def read_shipped(path) -> ShippedConfigs | None:

@@ -263,7 +263,6 @@ class CoarseToFineSearch:
         self.keep_configs = keep_configs
         self.keep_leaders = keep_leaders
         self.finalists = finalists
-        self.climbs = climbs
         self._rounds = iter(
             (
                 self._tiles,

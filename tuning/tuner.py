@@ -186,7 +186,7 @@ class Tuner:
         self.timing_s = 0.0
         self.timings = 0
         self._compile_errors: dict[tuple, str | None] = {}
-        # compiles started and not yet waited for: {compile key: handle}
+        # compiles started and not yet waited for: {backend's compile key: handle}
         self._compiling: dict[tuple, object] = {}
 
     def __enter__(self) -> Tuner:
@@ -420,12 +420,6 @@ class Tuner:
         batch.default_us = _rounded(measured.get("default"))
         batch.shipped_us = _rounded(measured.get("shipped"))
 
-    def _compile_id(self, config: dict, M: int) -> tuple:
-        """What one compile stands for: the backend's compile key, and for an engine's kernel,
-        which specialises on the batch size (its sizes are not exempt from Triton's
-        specialisation), the batch size it is timed at."""
-        return self.backend.compile_key(config), None if self.backend.engine == "builtin" else M
-
     def _compile(self, configs: Iterable[dict], M: int) -> None:
         """Compile configs for batch size M and wait for them."""
         configs = list(configs)
@@ -437,9 +431,9 @@ class Tuner:
         neither compiled nor compiling."""
         todo = {}
         for config in configs:
-            compile_id = self._compile_id(config, M)
-            if compile_id not in self._compile_errors and compile_id not in self._compiling:
-                todo.setdefault(compile_id, config)
+            key = self.backend.compile_key(config, M)
+            if key not in self._compile_errors and key not in self._compiling:
+                todo.setdefault(key, config)
         if todo:
             handles = self.measurements.start_compiles(list(todo.values()), (M,))
             self._compiling.update(zip(todo, handles, strict=True))
@@ -447,13 +441,13 @@ class Tuner:
     def _finish_compiles(self, configs: Iterable[dict], M: int) -> None:
         """Wait for the compiles of configs for batch size M started earlier; their errors are
         then known."""
-        ids = dict.fromkeys(self._compile_id(c, M) for c in configs)
-        ids = [compile_id for compile_id in ids if compile_id in self._compiling]
-        if ids:
+        keys = dict.fromkeys(self.backend.compile_key(c, M) for c in configs)
+        keys = [key for key in keys if key in self._compiling]
+        if keys:
             started = time.monotonic()
-            errors = self.measurements.finish_compiles([self._compiling.pop(i) for i in ids])
+            errors = self.measurements.finish_compiles([self._compiling.pop(k) for k in keys])
             self.compile_s += time.monotonic() - started
-            self._compile_errors.update(zip(ids, errors, strict=True))
+            self._compile_errors.update(zip(keys, errors, strict=True))
 
     def _time_configs(self, timer, configs, replays, up_config=None):
         """{key: µs or None}, {key: error} of configs; beside up_config they are GEMM 2's."""
@@ -461,7 +455,7 @@ class Tuner:
         started = time.monotonic()
         for config in configs:
             key = config_key(config)
-            error = self._compile_errors.get(self._compile_id(config, timer.M))
+            error = self._compile_errors.get(self.backend.compile_key(config, timer.M))
             if error is None:
                 self.timings += 1
                 try:
@@ -530,7 +524,7 @@ def round_one_configs(
     for m in sorted(set(batch_sizes)):
         proposal = search_class(m, shape).propose()
         for config in [*(proposal.configs if proposal else []), backend.default_config(shape, m)]:
-            configs.setdefault(backend.compile_key(config), config)
+            configs.setdefault(backend.compile_key(config, m), config)
     return list(configs.values())
 
 
