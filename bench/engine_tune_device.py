@@ -4,22 +4,25 @@ On a GPU host, in one call: for each shape and dtype of --plan, a tune with --en
 engine's kernel read from --source, launched as that engine version launches it), then a
 head-to-head at the 18 batch sizes of the written file's entry, the engine's default config and
 the engine's shipped file's entry, all in the engine's kernel (tuning.tuner.head_to_head: five
-rounds in turns, CUDA graphs, fresh routing per replay; medians). --exhaustive-check SHAPE@M,..
+rounds in turns, CUDA graphs, fresh routing per replay; µs are medians, ratios the median of the
+rounds' paired ratios). --exhaustive-check SHAPE@M,..
 also searches those sizes exhaustively in the engine's kernel and compares with the tune's pick.
 
     python3 bench/engine_tune_device.py --engine vllm --source DIR --out OUT \\
         --plan glm5:bf16,glm5:fp8_block,kimi:bf16,kimi:fp8_block \\
         --exhaustive-check glm5:fp8_block@16,256,2048
 
-Prints per shape the table (µs; written/default and written/shipped; which config was written:
-the search's, or the engine's own when the search did not beat it by more than the noise), the
-worst ratio, the geometric means and the tune's wall time; writes OUT/engine_tune.json, the
+Prints per shape the table (µs; default/written and shipped/written, above 1 where the written
+file is faster; which config was written: the search's, or the engine's own when the search did
+not beat it by more than the noise), the worst min(default, shipped)/written, the geometric means
+and the tune's wall time; writes OUT/engine_tune.json (with each candidate's rounds), the
 tuned files under OUT/configs and the log OUT/engine_tune.log.
 """
 
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -79,8 +82,10 @@ def tune_and_compare(name, engine, out, log, sizes=TUNED_BATCH_SIZES):
             )
         measured = head_to_head(timer, candidates)
         row = {"M": m, "picked": result.batches[m].picked}
-        row.update({f"{k}_us": round(v[0], 2) for k, v in measured.items()})
-        row.update({f"{k}_spread": round(v[1], 4) for k, v in measured.items()})
+        row.update({f"{k}_us": round(v.us, 2) for k, v in measured.items()})
+        row.update({f"{k}_spread": round(v.spread, 4) for k, v in measured.items()})
+        row.update({f"{k}_rounds": [round(t, 2) for t in v.rounds] for k, v in measured.items()})
+        row.update(paired_ratios(measured))
         rows.append(row)
         del timer
         torch.cuda.empty_cache()
@@ -96,22 +101,39 @@ def tune_and_compare(name, engine, out, log, sizes=TUNED_BATCH_SIZES):
     return {"summary": summary, "rows": rows, "tune": result.to_dict()}
 
 
+def paired_ratios(measured) -> dict:
+    """default/written, shipped/written and min(default, shipped)/written, each the median over
+    the head-to-head's rounds of that round's ratio. A round times the candidates back to back, so
+    what drifts over seconds (the GPU's clocks after a heavy tune, say) cancels in a round's
+    ratio where a ratio of medians would keep it."""
+    if "written" not in measured:
+        return {}
+    written = measured["written"].rounds
+    own = {k: measured[k].rounds for k in ("default", "shipped") if k in measured}
+    ratios = {
+        f"{k}_ratio": statistics.median(o / w for o, w in zip(rounds, written, strict=True))
+        for k, rounds in own.items()
+    }
+    if own:
+        best = [min(times) for times in zip(*own.values(), strict=True)]
+        ratios["best_own_ratio"] = statistics.median(
+            o / w for o, w in zip(best, written, strict=True)
+        )
+    return {k: round(v, 4) for k, v in ratios.items()}
+
+
 def _summary(rows):
     def geomean(key):
-        ratios = [r[key] / r["written_us"] for r in rows if r.get(key) and r.get("written_us")]
+        ratios = [r[key] for r in rows if r.get(key)]
         return round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4) if ratios else None
 
-    worst = []
-    for r in rows:
-        own = [r[k] for k in ("default_us", "shipped_us") if r.get(k)]
-        if own and r.get("written_us"):
-            worst.append((min(own) / r["written_us"], r["M"]))
+    worst = [(r["best_own_ratio"], r["M"]) for r in rows if r.get("best_own_ratio")]
     low = min(worst) if worst else (None, None)
     return {
         "worst_vs_best_own": round(low[0], 4) if low[0] else None,
         "worst_at_M": low[1],
-        "geomean_vs_default": geomean("default_us"),
-        "geomean_vs_shipped": geomean("shipped_us"),
+        "geomean_vs_default": geomean("default_ratio"),
+        "geomean_vs_shipped": geomean("shipped_ratio"),
     }
 
 
@@ -208,7 +230,8 @@ def table(result) -> str:
     ]
     for r in result["rows"]:
         d, s, w = r.get("default_us"), r.get("shipped_us"), r.get("written_us")
-        cells = f"{r['M']:>5} {_n(d):>9} {_n(s):>9} {_n(w):>9} {_x(d, w):>7} {_x(s, w):>7}"
+        ratios = f"{_r(r.get('default_ratio')):>7} {_r(r.get('shipped_ratio')):>7}"
+        cells = f"{r['M']:>5} {_n(d):>9} {_n(s):>9} {_n(w):>9} {ratios}"
         lines.append(f"{cells} {r['picked']}")
     summary = result["summary"]
     lines.append(
@@ -223,8 +246,8 @@ def _n(v):
     return "n/a" if v is None else f"{v:.1f}"
 
 
-def _x(a, b):
-    return "n/a" if not a or not b else f"{a / b:.3f}"
+def _r(ratio):
+    return "n/a" if ratio is None else f"{ratio:.3f}"
 
 
 def main() -> int:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -298,6 +300,41 @@ def load_functions(
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        with _torch_compile_at_first_call():
+            spec.loader.exec_module(module)
     source_hash = hashlib.sha256("".join(functions.values()).encode()).hexdigest()
     return LoadedSource(package.engine, package.version, module, source_hash, functions)
+
+
+@contextlib.contextmanager
+def _torch_compile_at_first_call():
+    """While it lasts, `torch.compile(fn)` compiles fn at its first call, not at once.
+
+    An engine decorates helpers with `@torch.compile` at module level (SGLang's fused-MoE runner
+    does four), and applying the decorator imports dynamo and inductor: seconds in each of a
+    tune's compile processes, which start all together, though the layers moeops runs never
+    call those helpers. Called, a helper is compiled by torch.compile with the same options.
+    """
+    import torch
+
+    real = torch.compile
+
+    def compile_later(model=None, **options):
+        if model is None:
+            return lambda fn: compile_later(fn, **options)
+        compiled = None
+
+        @functools.wraps(model)
+        def compiled_at_first_call(*args, **kwargs):
+            nonlocal compiled
+            if compiled is None:
+                compiled = real(model, **options)
+            return compiled(*args, **kwargs)
+
+        return compiled_at_first_call
+
+    torch.compile = compile_later
+    try:
+        yield
+    finally:
+        torch.compile = real

@@ -11,7 +11,10 @@ and the gpu tests run SGLang's shipped H200 configs (TMA, swap-AB, PDL) at fp8.
 """
 
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +22,13 @@ import torch
 from tests.engine import engine_source
 from tests.interpreted import GPU, interpreting
 from tuning.backends import BackendError, load_backend
-from tuning.engine_source import EngineSourceError, locate_package, top_level_constants
+from tuning.engine_source import (
+    EnginePackage,
+    EngineSourceError,
+    load_functions,
+    locate_package,
+    top_level_constants,
+)
 from tuning.reference import moe_reference, quantize_fp8_per_expert
 from tuning.search import KernelShape
 from tuning.timing import MoEWeights
@@ -47,7 +56,8 @@ DOWN = {
     "num_warps": 4,
     "num_stages": 3,
 }
-# torch's inductor, imported by SGLang's @torch.compile helpers, uses a deprecated torch.jit API
+# torch's inductor, which compiles SGLang's @torch.compile top-k sum when an sm_80 layer test first
+# calls it, uses a deprecated torch.jit API
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
 GLM5_FP8 = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
 GLM5_FP8_TP4 = KernelShape(E=256, N=512, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
@@ -372,6 +382,43 @@ def test_top_level_constants_are_read_without_running_the_module():
         top_level_constants(text, ["NAME"], where="m.py")
     with pytest.raises(EngineSourceError, match="defines no constant 'SIZE'"):
         top_level_constants(text, ["SIZE"], where="m.py")
+
+
+def test_loading_sglang_imports_no_dynamo_for_its_torch_compile_helpers():
+    # in a process of its own: this one may have imported dynamo already
+    source = engine_source("sglang", VERSION)
+    script = (
+        "import sys\n"
+        "from tuning.backends import load_backend\n"
+        f"load_backend('sglang', source_dir={str(source)!r}, capability=90)\n"
+        "print('torch._dynamo' in sys.modules, 'torch._inductor' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["False", "False"]
+
+
+def test_an_engine_helper_under_torch_compile_is_compiled_when_first_called(tmp_path):
+    from torch._dynamo.utils import counters
+
+    (tmp_path / "ops.py").write_text(
+        "@torch.compile(backend='eager', dynamic=False)\n"
+        "def scaled_sum(x, scale):\n"
+        "    return x.sum(dim=1) * scale\n"
+    )
+    package = EnginePackage("sglang", tmp_path, "0.0.1")
+    loaded = load_functions(package, {"ops.py": ["scaled_sum"]}, "import torch\n", {"torch"})
+    frames = counters["frames"]["ok"]
+
+    assert loaded.scaled_sum(torch.arange(6.0).reshape(2, 3), 2.0).tolist() == [6.0, 24.0]
+    assert counters["frames"]["ok"] == frames + 1
 
 
 def test_the_package_found_beside_its_dist_info_is_0_5_23():
