@@ -221,8 +221,9 @@ class CoarseToFineSearch:
     Round 1: every viable (BM, BN, BK) tile with one warps/stages guess and GROUP_SIZE_M 16.
     Round 2: the best `keep_tiles` tiles with every viable warps × stages.
     Round 3: the best `keep_configs` configs with every GROUP_SIZE_M.
-    Then up to `climbs` rounds: every untimed neighbour (one step along one axis) of the best
-    `keep_leaders`, each round only while the one before found a new best. The rounds before move
+    Then up to `climbs` rounds: every untimed neighbour (one step along one axis) of
+    `keep_leaders` leaders (the fastest and the fastest of the other kind, seed or own find: see
+    _leaders), each round only while the one before found a new best. The rounds before move
     each axis over its whole grid but only around a few tiles, so a joint step they leave out (a
     tile with other warps, the engine's shipped entry with another GROUP_SIZE_M) is found here.
     Final: the best `finalists` re-timed with `final_replays` replays; the fastest wins.
@@ -347,13 +348,26 @@ class CoarseToFineSearch:
             return Proposal([], self.refine_replays)
         self._climbed_from = ranked[0]
         configs: dict[ConfigKey, dict[str, int]] = {}
-        for key in ranked[: self.keep_leaders]:
+        for key in self._leaders(ranked):
             for config in neighbours(
                 config_of(key), self.shape, fixed=self.fixed_axes, shared_memory=self.shared_memory
             ):
                 if config_key(config) not in self.state.times:
                     configs.setdefault(config_key(config), config)
         return Proposal(list(configs.values()), self.refine_replays)
+
+    def _leaders(self, ranked: list[ConfigKey]) -> list[ConfigKey]:
+        """The `keep_leaders` configs a climb starts from: the fastest, then the fastest of the
+        other kind (the seeds, or the search's own finds), then the next fastest. The engine's
+        shipped entries enter at every batch size and often lead together; climbing only around
+        them leaves the search's own best tile's neighbours untimed."""
+        seeds = {config_key(c) for c in self.seeds}
+        leaders = ranked[:1]
+        other = next((k for k in ranked[1:] if (k in seeds) != (ranked[0] in seeds)), None)
+        if other is not None:
+            leaders.append(other)
+        leaders += [k for k in ranked if k not in leaders]
+        return leaders[: self.keep_leaders]
 
     def _final(self) -> Proposal:
         self._final_round = True

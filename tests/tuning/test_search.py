@@ -196,6 +196,26 @@ def test_the_second_neighbourhood_round_is_left_out_when_the_first_found_nothing
     assert search.best[0] == seed
 
 
+def test_the_climb_leaves_from_the_searchs_own_best_when_the_engines_entries_lead():
+    shipped = [config_of((16, 64, 128, 1, 4, 4)), config_of((16, 64, 128, 32, 4, 4))]
+    search = CoarseToFineSearch(24, GLM5_FP8_BLOCK, seeds=shipped)
+    rounds = [search.propose()]
+    own = next(c for c in rounds[0].configs if c["BLOCK_SIZE_N"] == 256)
+    times = {config_key(shipped[0]): 50.0, config_key(shipped[1]): 51.0, config_key(own): 60.0}
+    while len(rounds) < 4:
+        search.observe(
+            {config_key(c): times.get(config_key(c), 100.0) for c in rounds[-1].configs}, {}
+        )
+        rounds.append(search.propose())
+
+    climbed = {config_key(c) for c in rounds[3].configs}
+    beside_shipped = {config_key(n) for c in shipped for n in neighbours(c, GLM5_FP8_BLOCK)}
+    beside_own = {config_key(n) for n in neighbours(own, GLM5_FP8_BLOCK)} - beside_shipped
+    timed = {config_key(c) for r in rounds[:3] for c in r.configs}
+    assert beside_own - timed and beside_own - timed <= climbed
+    assert climbed & beside_shipped
+
+
 def test_the_down_search_climbs_with_gemm_1s_block_size_m():
     up = config_of((32, 64, 128, 16, 4, 3))
     seed = config_of((32, 128, 128, 1, 4, 4))
