@@ -22,6 +22,8 @@ COMPILE_TIMEOUT_S = 300
 # What the compile pool's server process imports once, before forking the workers from it (the
 # heavy imports; the server skips silently what it cannot import).
 COMPILE_WORKER_PRELOAD = ["torch", "triton"]
+# how a compile process whose set-up failed answers every compile
+SET_UP_FAILED = "compile processes could not set up: "
 
 
 class CompilePool:
@@ -91,9 +93,11 @@ class CompilePool:
             self._started = []
 
     def _give_up(self, reason: str) -> None:
-        """No more compiles in the workers (reason: why); the timing process compiles."""
-        self.broken = reason
-        print(f"{reason}; compiling in the tuning process", file=sys.stderr)
+        """No more compiles in the workers (reason: why, said once); the timing process
+        compiles."""
+        if self.broken is None:
+            self.broken = reason
+            print(f"{reason}; compiling in the tuning process, which is slower", file=sys.stderr)
 
     def _wait_for_starter(self) -> None:
         if self.broken is None:
@@ -114,8 +118,11 @@ class CompilePool:
                     (f.result(timeout=COMPILE_TIMEOUT_S) for f in self._started),
                     default=time.time(),
                 )
-            except (FutureTimeout, BrokenProcessPool):
-                # died: compile() leaves the compiles to the timing process; slow: they queue
+            except FutureTimeout:
+                # slow: the compiles queue behind their start
+                ready_at = time.time()
+            except BrokenProcessPool:
+                self._give_up("compile processes died setting up")
                 ready_at = time.time()
             self._start_s = ready_at - self._created_at
         return self._start_s
@@ -143,7 +150,7 @@ class CompilePool:
                 for i in compile_order(configs, self._shard)
             }
         except BrokenProcessPool:
-            # the workers died earlier (in their set-up, say): the timing process compiles all
+            self._give_up("compile processes died")
             return [None] * len(configs)
         return [futures[i] for i in range(len(configs))]
 
@@ -162,10 +169,13 @@ class CompilePool:
             except FutureTimeout:
                 errors.append(f"compile took over {COMPILE_TIMEOUT_S} s")
             except BrokenProcessPool:
-                # the timing process compiles whatever the workers could not
+                self._give_up("compile processes died")
                 errors.append(None)
             except Exception as exc:
                 errors.append(one_line(exc))
+        set_up = next((e for e in errors if e and e.startswith(SET_UP_FAILED)), None)
+        if set_up is not None:
+            self._give_up(set_up)
         if self.broken is not None:
             return [None] * len(handles)
         failed = {e for e in errors if e is not None}
@@ -225,7 +235,12 @@ def _start_compile_worker(
     # no GPU: a compile process opens no CUDA context, whatever its set-up asks of torch (an
     # engine backend asks for the GPU's capability; each launch names the target's instead)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    set_up(shape_data)
+    try:
+        set_up(shape_data)
+    except Exception as exc:
+        # every compile answers with it, and the pool says so: a worker dying here would leave
+        # the pool broken with no word of why
+        _WORKER["set_up_error"] = SET_UP_FAILED + one_line(exc)
     _WORKER["started"] = started
 
 
@@ -283,6 +298,8 @@ def _compile_in_worker(
     from tuning.fused_moe import fused_moe
 
     w = _WORKER
+    if "set_up_error" in w:
+        return w["set_up_error"]
     try:
         if w.get("target") != target:
             driver.set_active(compile_only_driver(target))

@@ -707,7 +707,9 @@ def test_a_daemonic_process_compiles_without_a_pool():
     assert results.get(timeout=5) == [None, None]
 
 
-def test_a_compile_pool_whose_workers_cannot_start_leaves_the_compiles_to_the_timer():
+def test_a_compile_pool_whose_workers_cannot_start_says_so_and_leaves_the_compiles_to_the_timer(
+    capfd,
+):
     pool = CompilePool(SHAPE, 2, set_up=set_up_that_fails)
     try:
         assert pool.wait_started() >= 0
@@ -715,6 +717,10 @@ def test_a_compile_pool_whose_workers_cannot_start_leaves_the_compiles_to_the_ti
         assert pool.compile([ENTRY, {**ENTRY, "num_warps": 8}], H200) == [None, None]
     finally:
         pool.close()
+
+    assert pool.broken == "compile processes could not set up: RuntimeError: out of memory"
+    said = capfd.readouterr().err
+    assert said.count(f"{pool.broken}; compiling in the tuning process, which is slower") == 1
 
 
 def test_each_process_of_a_host_compiles_its_own_share_of_the_keys_first():
