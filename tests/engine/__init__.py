@@ -221,6 +221,9 @@ class VllmServer:
             "1024",
             "--max-num-seqs",
             str(self.max_num_seqs),
+            # no torch.compile of the model: on 2 cores it adds 10–35 s to every start, and
+            # nothing the tests check (the server, its metrics, what it reports) depends on it
+            "-O0",
             *self.extra_args,
         )
 
