@@ -44,33 +44,23 @@ test-sqlite: install browser-deps engine _pytest-sqlite
 # Runs the tests that touch the database again on PostgreSQL, when one answers.
 test-postgres: install _pytest-postgres
 
-# Both databases side by side: the tests that touch the database run again on PostgreSQL when one
-# answers, and the real engine's managed loop (6 of its minutes, mostly vLLM restarting) runs in
-# that pass instead of SQLite's, which has the other engine tests; so the two take about as long
-# each. PostgreSQL's output follows.
-PG_ANSWERS = [ -n "$$DATABASE_URL" ] || pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null \
-	|| $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null
+# Both databases side by side: the suites mostly wait (servers starting, sweeps running, timeouts),
+# so together they take about as long as the SQLite one alone. PostgreSQL's output follows.
 test: lint browser-deps engine
 	@mkdir -p var
-	@if $(PG_ANSWERS); then \
-		MOEOPS_ENGINE_LOOP_HERE=1 $(MAKE) --no-print-directory _pytest-postgres \
-			> var/test-postgres.log 2>&1 & pg=$$!; \
-		$(MAKE) --no-print-directory _pytest-sqlite SQLITE_MARKS="not gpu and not engine_loop"; \
-		sqlite=$$?; wait $$pg; postgres=$$?; cat var/test-postgres.log; \
-	else \
-		echo "PostgreSQL not reachable on 127.0.0.1:5432 and DATABASE_URL unset: SQLite only"; \
-		$(MAKE) --no-print-directory _pytest-sqlite; sqlite=$$?; postgres=0; \
-	fi; \
+	@$(MAKE) --no-print-directory _pytest-postgres > var/test-postgres.log 2>&1 & pg=$$!; \
+	$(MAKE) --no-print-directory _pytest-sqlite; sqlite=$$?; \
+	wait $$pg; postgres=$$?; cat var/test-postgres.log; \
 	echo "== SQLite: exit $$sqlite, PostgreSQL: exit $$postgres =="; \
 	test $$sqlite -eq 0 && test $$postgres -eq 0
 
-SQLITE_MARKS ?= not gpu
 _pytest-sqlite:
 	@echo "== SQLite =="
-	env -u DATABASE_URL $(VENV)/bin/pytest -m "$(SQLITE_MARKS)"
+	env -u DATABASE_URL $(VENV)/bin/pytest -m "not gpu"
 
 _pytest-postgres:
-	@if $(PG_ANSWERS); then \
+	@if [ -n "$$DATABASE_URL" ] || pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null \
+		|| $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
 		echo "== PostgreSQL =="; \
 		DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} MOEOPS_DB_TESTS_ONLY=1 $(VENV)/bin/pytest -m "not gpu"; \
 	else echo "PostgreSQL not reachable on 127.0.0.1:5432 and DATABASE_URL unset: SQLite only"; fi

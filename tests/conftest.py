@@ -12,16 +12,13 @@ def pytest_collection_modifyitems(config, items):
     # The PostgreSQL pass of `make test` re-runs only what touches the database.
     if os.getenv("MOEOPS_DB_TESTS_ONLY") != "1":
         return
-    # The real engine's tests run once: two more vLLM servers beside the first pass's would only
-    # slow both down on a 2-core machine. make test runs the managed loop (engine_loop) here and
-    # the rest in the SQLite pass, so that the two passes take about as long each.
-    loop_here = os.getenv("MOEOPS_ENGINE_LOOP_HERE") == "1"
+    # The real engine's tests run once, in the SQLite pass: two more vLLM servers beside the
+    # first pass's would only slow both down on a 2-core machine.
     keep, drop = [], []
     for item in items:
         uses_db = item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames)
         engine = item.get_closest_marker("engine")
-        loop = item.get_closest_marker("engine_loop")
-        (keep if uses_db and (not engine or loop and loop_here) else drop).append(item)
+        (keep if uses_db and not engine else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -38,7 +38,6 @@ pytest_plugins = ["tests.stack", "tests.browser"]
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.engine,
-    pytest.mark.engine_loop,
     pytest.mark.browser,
     pytest.mark.timeout(1500),
 ]
