@@ -3,6 +3,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/moeops
+POSTGRES_ANSWERS = [ -n "$$DATABASE_URL" ] || pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null \
+	|| $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null
 # make run PORT=8001 STANDIN_PORT=30001: the web app's and the stand-in engine's ports
 PORT ?= 8000
 STANDIN_PORT ?= 30000
@@ -45,12 +47,18 @@ test-sqlite: install browser-deps engine _pytest-sqlite
 test-postgres: install _pytest-postgres
 
 # Both databases side by side: the suites mostly wait (servers starting, sweeps running, timeouts),
-# so together they take about as long as the SQLite one alone. PostgreSQL's output follows.
+# so together they take about as long as the SQLite one alone. The browser and fault suites then
+# run once, on PostgreSQL; the engine's tests once, on SQLite. PostgreSQL's output follows.
 test: lint browser-deps engine
 	@mkdir -p var
-	@$(MAKE) --no-print-directory _pytest-postgres > var/test-postgres.log 2>&1 & pg=$$!; \
-	$(MAKE) --no-print-directory _pytest-sqlite; sqlite=$$?; \
-	wait $$pg; postgres=$$?; cat var/test-postgres.log; \
+	@if $(POSTGRES_ANSWERS); then \
+		$(MAKE) --no-print-directory _pytest-postgres > var/test-postgres.log 2>&1 & pg=$$!; \
+		MOEOPS_SQLITE_BESIDE_POSTGRES=1 $(MAKE) --no-print-directory _pytest-sqlite; sqlite=$$?; \
+		wait $$pg; postgres=$$?; cat var/test-postgres.log; \
+	else \
+		echo "PostgreSQL not reachable on 127.0.0.1:5432 and DATABASE_URL unset: SQLite only"; \
+		$(MAKE) --no-print-directory _pytest-sqlite; sqlite=$$?; postgres=0; \
+	fi; \
 	echo "== SQLite: exit $$sqlite, PostgreSQL: exit $$postgres =="; \
 	test $$sqlite -eq 0 && test $$postgres -eq 0
 
@@ -59,8 +67,7 @@ _pytest-sqlite:
 	env -u DATABASE_URL $(VENV)/bin/pytest -m "not gpu"
 
 _pytest-postgres:
-	@if [ -n "$$DATABASE_URL" ] || pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null \
-		|| $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
+	@if $(POSTGRES_ANSWERS); then \
 		echo "== PostgreSQL =="; \
 		DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} MOEOPS_DB_TESTS_ONLY=1 $(VENV)/bin/pytest -m "not gpu"; \
 	else echo "PostgreSQL not reachable on 127.0.0.1:5432 and DATABASE_URL unset: SQLite only"; fi

@@ -9,16 +9,25 @@ DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_serv
 
 
 def pytest_collection_modifyitems(config, items):
-    # The PostgreSQL pass of `make test` re-runs only what touches the database.
-    if os.getenv("MOEOPS_DB_TESTS_ONLY") != "1":
+    db_only = os.getenv("MOEOPS_DB_TESTS_ONLY") == "1"
+    beside_postgres = os.getenv("MOEOPS_SQLITE_BESIDE_POSTGRES") == "1"
+    if not (db_only or beside_postgres):
         return
-    # The real engine's tests run once, in the SQLite pass: two more vLLM servers beside the
-    # first pass's would only slow both down on a 2-core machine.
     keep, drop = [], []
     for item in items:
         uses_db = item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames)
         engine = item.get_closest_marker("engine")
-        (keep if uses_db and not engine else drop).append(item)
+        if db_only:
+            # The PostgreSQL pass of `make test` re-runs only what touches the database. The
+            # real engine's tests run once, in the SQLite pass: two more vLLM servers beside the
+            # first pass's would only slow both down on a 2-core machine.
+            kept = uses_db and not engine
+        else:
+            # The SQLite pass beside a PostgreSQL one leaves the browser and fault suites to it:
+            # they check pages and processes, not the database, and twice they cost 4 minutes.
+            whole_stack = item.get_closest_marker("browser") or item.get_closest_marker("faults")
+            kept = not (whole_stack and uses_db and not engine)
+        (keep if kept else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -222,7 +222,13 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
     # the worker dies mid-sweep: the run ends within the heartbeat timeout; a new worker finds
     # the engine it manages still running
     run = managed.start_sweep([4, 8], input_len=32, output_len=64, prompts_per_level=400)
-    managed.wait_for_run(run, until=lambda r: r.status == "running" and r.levels.exists())
+
+    def mid_level(r):
+        # requests answered in the first level: the sweep is under way, its level unfinished
+        # (waiting for a finished level took some 35 s of the 400 prompts)
+        return r.status == "running" and r.progress.get("requests_done", 0) > 0
+
+    managed.wait_for_run(run, until=mid_level)
     managed.worker.kill()
     killed = time.monotonic()
 
