@@ -171,12 +171,14 @@ def _poison(spool, run, refusals):
 
 
 def test_a_poison_push_is_moved_aside_and_holds_back_no_other_result(make_sweep_stack, client):
-    stack = make_sweep_stack(MOEOPS_HEARTBEAT_S="0.5")
-    # two pushes an older sweep of this host left in its spool, which the API refuses
+    stack = make_sweep_stack(start_worker=False, MOEOPS_HEARTBEAT_S="0.5")
+    # two pushes an older sweep of this host left in its spool, which the API refuses; laid
+    # before the worker starts, since its start-up probe pushes and so replays the spool
     older = [run_services.run_create(deployment=stack.deployment)[0] for _ in range(2)]
     spool = Spool(stack.spool_dir, clock=lambda: time.time() - 3600)
     spent = _poison(spool, older[0], refusals=4)
     fresh = _poison(spool, older[1], refusals=0)
+    stack.worker.start()
 
     run = stack.start_sweep([8, 16], output_len=32)
     run = stack.wait_for_run(run)
