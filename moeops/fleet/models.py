@@ -299,7 +299,9 @@ class Deployment(models.Model):
     launch_args = models.JSONField(
         default=dict, blank=True, help_text="Other launch arguments, flag → value."
     )
-    endpoint_url = models.URLField(blank=True)
+    # a CharField: Django's URL check refuses a bare host name (http://rtx-pro-6000:8000), which
+    # is how a team's engines are mostly addressed; fleet.endpoints decides what may be named
+    endpoint_url = models.CharField(max_length=200, blank=True)
     management = models.CharField(max_length=20, choices=MANAGEMENT, default="external")
     served_model_name = models.CharField(max_length=200, blank=True)
     status = models.CharField(max_length=20, choices=DEPLOYMENT_STATUSES, default="planned")

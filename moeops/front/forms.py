@@ -53,14 +53,26 @@ def _int_list(text, *, field_name):
     return sorted(set(values))
 
 
+class EndpointField(forms.CharField):
+    """An engine's URL. Engines on a team's network are plain http more often than not, so a URL
+    without a scheme gets http://; the host may be a bare name (rtx-pro-6000), which Django's
+    URLField refuses. Which addresses may be named is fleet.endpoints' rule (clean_endpoint_url).
+    """
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value and "://" not in value:
+            value = f"http://{value}"
+        return value
+
+
 class DeploymentForm(forms.ModelForm):
     """A deployment of a model on record, or (new deployments) of a model given by its
     config.json, pasted or uploaded: a config identical to one on record reuses that model.
     TP and EP are checked against the model's MoE shape before anything is saved; new_model
     is then {"name", "config"} for the view to register, reused_model the model reused."""
 
-    # engines on a team's network are plain http more often than not
-    endpoint_url = forms.URLField(required=False, assume_scheme="http", label="Endpoint URL")
+    endpoint_url = EndpointField(required=False, label="Endpoint URL")
     new_model_name = forms.CharField(
         max_length=200,
         required=False,

@@ -101,6 +101,30 @@ def test_only_staff_point_a_deployment_at_a_new_address(world):
     assert "169.254.169.254 is neither host rtx-pro-6000" in response.text
 
 
+@pytest.mark.parametrize(
+    ("typed", "stored"),
+    [
+        ("http://rtx-pro-6000:8000", "http://rtx-pro-6000:8000"),
+        ("rtx-pro-6000:8000/v1", "http://rtx-pro-6000:8000/v1"),
+        ("https://RTX-PRO-6000:8443", "https://RTX-PRO-6000:8443"),
+    ],
+)
+def test_the_form_takes_the_host_by_its_bare_name(world, typed, stored):
+    # the host's own name has no dot: Django's URL check refused it where the API took it
+    response = _edit(_browser(staff=True), world.deployment, typed)
+    assert response.status_code == 302, response.text
+    world.deployment.refresh_from_db()
+    assert world.deployment.endpoint_url == stored
+
+
+def test_the_form_names_what_is_wrong_with_an_endpoint_that_is_no_url(world):
+    response = _edit(_browser(staff=True), world.deployment, "http://rtx-pro-6000:99999")
+    assert response.status_code == 200
+    assert "is not a URL (Port out of range 0-65535)" in response.text
+    world.deployment.refresh_from_db()
+    assert world.deployment.endpoint_url == "http://127.0.0.1:30000"
+
+
 def test_an_endpoint_stored_before_the_rule_is_neither_swept_nor_checked(world):
     Deployment.objects.filter(pk=world.deployment.pk).update(endpoint_url=METADATA)
     world.deployment.refresh_from_db()
