@@ -432,6 +432,13 @@ class MoeopsClient:
             body["status"] = status
         return self._push("PATCH", f"/runs/{run}", body)
 
+    def take_over_run(self, run, attempt, progress):
+        """Take a running run whose worker is gone over as `attempt` (raises Conflict when
+        another delivery took it first). Sent now or never: a takeover that waited in the spool
+        would come too late to mean anything."""
+        body = {"takeover": attempt, "progress": progress}
+        return self.request("PATCH", f"/runs/{run}", body=body).json()
+
     def post_observed(self, run, observed):
         """What the sweep saw of the engine at its start, into the run's snapshot (set once)."""
         return self._push("POST", f"/runs/{run}/snapshot", observed)

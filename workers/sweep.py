@@ -247,8 +247,15 @@ def _claim(client, run_uuid, stale_after_s):
         beat = progress.get("heartbeat")
         if beat is not None and time.time() - beat < stale_after_s and _alive(progress):
             return BUSY
+        attempt = _previous_attempt(progress) + 1
+        progress = {**progress, "heartbeat": time.time(), "worker": _me()}
+        try:
+            run = client.take_over_run(run_uuid, attempt, progress)
+        except Conflict:
+            # another delivery found the worker gone too and took the run first
+            return _claim(client, run_uuid, stale_after_s)
         log.info("sweep %s: resuming a run whose worker stopped", run_uuid)
-        return run, _previous_attempt(progress) + 1
+        return run, attempt
     try:
         progress = {"heartbeat": time.time(), "worker": _me(), "levels_done": 0, "attempt": 1}
         return client.update_run(run_uuid, status="running", progress=progress), 1

@@ -83,6 +83,13 @@ class RunIn(In):
     )
 
 
+# The sweep's delivery that took a level or a sample: 1, then 2, … after each resume.
+Attempt = Annotated[
+    int,
+    Field(ge=1, le=MAX_SMALL_INT, description="the sweep's delivery: 2, … after a resume"),
+]
+
+
 class RunPatch(Patch):
     status: RunStatus | None = Field(
         None, description="compare-and-set: queued→running→succeeded|failed|cancelled"
@@ -94,6 +101,12 @@ class RunPatch(Patch):
     telemetry_status: TelemetryStatus | None = None
     telemetry_detail: text(300) | None = None
     label: text(200) | None = None
+    takeover: Attempt | None = Field(
+        None,
+        description="a resumed delivery takes the running run over as this attempt: "
+        "compare-and-set on the attempt before it (409 when another delivery took it first); "
+        "progress is then the run's new progress",
+    )
 
 
 class RunOut(Schema):
@@ -319,13 +332,6 @@ def run_cancel(request, ref: str):
 
 
 # --------------------------------------------------------------------------- levels
-
-
-# The sweep's delivery that took a level or a sample: 1, then 2, … after each resume.
-Attempt = Annotated[
-    int,
-    Field(ge=1, le=MAX_SMALL_INT, description="the sweep's delivery: 2, … after a resume"),
-]
 
 
 class LevelIn(In):

@@ -9,6 +9,7 @@ from operator import itemgetter
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -230,9 +231,34 @@ def run_heartbeat_stale(run, now_epoch, limit_s):
     return age is not None and age > limit_s
 
 
-def run_update(*, run, status=None, error="", **fields):
-    """Status (compare-and-set) and progress, telemetry status, label … in one transaction."""
+def run_take_over(*, run, attempt, progress):
+    """A new delivery of a running run whose worker is gone takes it over as `attempt`, by
+    compare-and-set on the attempt it follows: of two deliveries that found the same worker
+    gone, one takes the run and the other gets RunConflict (and then finds the run busy).
+    progress: what the run's progress becomes, its attempt set to `attempt`."""
+    follows = Q(progress__attempt=attempt - 1)
+    if attempt == 2:
+        # a run swept before attempts were counted was on its first
+        follows |= Q(progress__attempt__isnull=True)
+    progress = {**progress, "attempt": attempt}
+    taken = SweepRun.objects.filter(follows, pk=run.pk, status="running").update(progress=progress)
+    if taken != 1:
+        run.refresh_from_db()
+        raise RunConflict(
+            f"run {run.pk} cannot be taken over as attempt {attempt}: it is {run.status}, "
+            f"attempt {(run.progress or {}).get('attempt', 1)}"
+        )
+    run.progress = progress
+    return run
+
+
+def run_update(*, run, status=None, error="", takeover=None, **fields):
+    """Status (compare-and-set) and progress, telemetry status, label … in one transaction.
+    takeover: the attempt a resumed delivery takes the running run over as (run_take_over,
+    with the progress given)."""
     with transaction.atomic():
+        if takeover is not None:
+            run_take_over(run=run, attempt=takeover, progress=fields.pop("progress", None) or {})
         if status is not None:
             run_transition(run=run, status=status, error=error)
         elif error:

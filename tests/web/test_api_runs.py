@@ -99,6 +99,28 @@ def test_it_stores_progress_without_touching_the_status(world):
     assert run.telemetry_status == "recorded"
 
 
+@pytest.mark.parametrize("before", [{"attempt": 1, "heartbeat": 1.0}, {"heartbeat": 1.0}])
+def test_a_takeover_is_granted_to_one_delivery_only(world, before):
+    run = world.run(status="running")
+    SweepRun.objects.filter(pk=run.pk).update(progress=before)
+    body = {"takeover": 2, "progress": {"heartbeat": 2.0, "worker": {"pid": 7}}}
+    first = world.host_worker.patch(f"/api/v1/runs/{run.uuid}", body)
+    assert first.status_code == 200
+    assert first.json()["progress"] == {"heartbeat": 2.0, "worker": {"pid": 7}, "attempt": 2}
+    # a second delivery that read the same gone worker asks for the same attempt: refused
+    second = world.host_worker.patch(f"/api/v1/runs/{run.uuid}", {**body, "progress": {}})
+    assert second.status_code == 409
+    assert second.json()["detail"] == (
+        f"run {run.pk} cannot be taken over as attempt 2: it is running, attempt 2"
+    )
+    run.refresh_from_db()
+    assert run.progress["worker"] == {"pid": 7}
+    # nor is a finished run taken over
+    world.host_worker.patch(f"/api/v1/runs/{run.uuid}", {"status": "succeeded"})
+    third = world.host_worker.patch(f"/api/v1/runs/{run.uuid}", {**body, "takeover": 3})
+    assert third.status_code == 409 and "it is succeeded" in third.json()["detail"]
+
+
 def test_it_rejects_null_for_a_field_that_cannot_be_empty(world):
     run = world.run()
     response = world.host_worker.patch(f"/api/v1/runs/{run.pk}", {"label": None})

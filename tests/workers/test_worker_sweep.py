@@ -203,6 +203,35 @@ def test_a_resumed_run_marks_its_levels_and_samples_with_the_next_attempt(world)
     assert set(run.engine_samples.values_list("attempt", flat=True)) == {3}
 
 
+def test_of_two_deliveries_that_found_the_worker_gone_one_takes_the_run_over(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4,))
+    services.run_transition(run=run, status="running")
+    SweepRun.objects.filter(pk=run.pk).update(
+        progress={"heartbeat": time.time() - 60, "attempt": 1}
+    )
+    stale = client.get_run(str(run.uuid))
+    other = {"host": "another-host", "pid": 1}
+    reads = []
+
+    def get_run(ref):
+        # the other delivery takes the run over between this one's first read and its write
+        reads.append(ref)
+        if len(reads) == 1:
+            progress = {"heartbeat": time.time(), "worker": other}
+            services.run_take_over(run=run, attempt=2, progress=progress)
+            return stale
+        return MoeopsClient.get_run(client, ref)
+
+    client.get_run = get_run
+    assert _sweep(run, client) == sweep.BUSY
+
+    run.refresh_from_db()
+    assert len(reads) == 2
+    assert (run.progress["attempt"], run.progress["worker"]) == (2, other)
+    assert not run.levels.exists()
+
+
 def test_a_run_another_worker_is_sweeping_is_left_alone(world):
     deployment, client = world
     run = _run(deployment, levels=(4,))
