@@ -5,6 +5,8 @@ STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/moeops
 POSTGRES_ANSWERS = [ -n "$$DATABASE_URL" ] || pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null \
 	|| $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null
+# make test's passes list their slowest tests: the 20-minute budget is watched from CI's log
+DURATIONS ?= --durations=15
 # make run PORT=8001 STANDIN_PORT=30001: the web app's and the stand-in engine's ports
 PORT ?= 8000
 STANDIN_PORT ?= 30000
@@ -64,12 +66,12 @@ test: lint browser-deps engine
 
 _pytest-sqlite:
 	@echo "== SQLite =="
-	env -u DATABASE_URL $(VENV)/bin/pytest -m "not gpu"
+	env -u DATABASE_URL $(VENV)/bin/pytest -m "not gpu" $(DURATIONS)
 
 _pytest-postgres:
 	@if $(POSTGRES_ANSWERS); then \
 		echo "== PostgreSQL =="; \
-		DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} MOEOPS_DB_TESTS_ONLY=1 $(VENV)/bin/pytest -m "not gpu"; \
+		DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} MOEOPS_DB_TESTS_ONLY=1 $(VENV)/bin/pytest -m "not gpu" $(DURATIONS); \
 	else echo "PostgreSQL not reachable on 127.0.0.1:5432 and DATABASE_URL unset: SQLite only"; fi
 
 # The gpu-marked tests, on a machine with a CUDA GPU. Neither they nor their files need Django
