@@ -144,7 +144,7 @@ class Host(models.Model):
     def worker_absence(self):
         """A sentence saying why work sent to this host would wait, or "" when its worker is
         alive and reaches its broker."""
-        broker = self._broker_out_of_reach()
+        broker = self.broker_out_of_reach()
         if self.worker_alive():
             if not broker:
                 return ""
@@ -167,7 +167,7 @@ class Host(models.Model):
             else gone
         )
 
-    def _broker_out_of_reach(self):
+    def broker_out_of_reach(self):
         """ "redis://h:6379 (why, for 3 minutes)" when the last heartbeat said the worker could
         not reach its broker, else "" (it could, or the worker does not say)."""
         broker = (self.worker_status or {}).get("broker")

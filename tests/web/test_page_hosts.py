@@ -134,3 +134,19 @@ def test_a_worker_cut_off_from_its_broker_is_said_so_even_after_it_went_quiet(cl
     # a start no date can hold is left out, not a 500
     fleet_services.host_heartbeat_record(host=row, status={"broker": {**broker, "since": 1e300}})
     assert f"broker redis://10.0.0.5:6379 ({error[:-1]});" in row.worker_absence()
+
+
+def test_the_hosts_list_shows_a_worker_cut_off_from_its_broker_as_absent(client, host):
+    row, _, _ = host
+    broker = {"reachable": False, "url": "redis://10.0.0.5:6379", "error": "Connection refused"}
+    fleet_services.host_heartbeat_record(host=row, status={"broker": broker})
+
+    html = client.get("/hosts/").content.decode()
+    cell = html.split("<tbody>")[1].split("</tr>")[0].split("</td>")[3]
+    assert f'title="{escape(row.worker_absence())}"' in cell
+    assert "status-failed" in cell and "status-healthy" not in cell
+    assert "0\xa0minutes ago" in cell and "broker out of reach" in cell
+
+    fleet_services.host_heartbeat_record(host=row, status={"broker": {**broker, "reachable": True}})
+    cell = client.get("/hosts/").content.decode().split("<tbody>")[1].split("</td>")[3]
+    assert "status-healthy" in cell and "title=" not in cell and "broker" not in cell
