@@ -78,6 +78,17 @@ def _int(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _cap(value):
+    """value when it can be a running-request cap: a positive integer (JSON's true is not 1)."""
+    return value if _int(value) is not None and value > 0 else None
+
+
+def reported_running_cap(identity: dict) -> int | None:
+    """The running-request cap (requests run at once) an identity dict reports, such as a run's
+    snapshot "engine"; None when it reports none."""
+    return _cap(identity.get("max_running_requests"))
+
+
 def nested_int(node, key):
     """The first integer under key, looking into SGLang's internal_states and a prefill/decode
     router's decode[] before prefill[] (the decode side caps the running batch)."""
@@ -122,14 +133,14 @@ def identity(
         "notes": list(notes),
     }
     for key in CAP_KEYS.get(engine, ()):
-        cap = _int(args.get(key))
-        if cap is not None and cap > 0:
+        cap = _cap(args.get(key))
+        if cap is not None:
             out["max_running_requests"] = cap
             out["max_running_requests_source"] = f"{args_source} {key}"
             break
     else:
-        nested = nested_int(server_info, "max_running_requests") if server_info else None
-        if nested is not None and nested > 0:
+        nested = _cap(nested_int(server_info, "max_running_requests")) if server_info else None
+        if nested is not None:
             out["max_running_requests"] = nested
             out["max_running_requests_source"] = f"{args_source} max_running_requests"
     for key in ALLREDUCE_FUSION_KEYS.get(engine, ()):

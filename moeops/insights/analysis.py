@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from statistics import fmean
 
 from moeops.runs.telemetry import no_gpu_samples_text
+from reports.engine import CAP_FLAGS, reported_running_cap
 from reports.engine import label as engine_label
 from tuning.config_files import file_device_name, kernel_dtype
 
@@ -630,7 +631,8 @@ def _kv_cache_short(sample) -> bool:
 
 def _cap_flag(data):
     """The engine's flag for its running-request cap."""
-    return "--max-num-seqs" if data.engine == "vllm" else "--max-running-requests"
+    # the stand-in takes SGLang's spelling, and so does an engine moeops does not know
+    return CAP_FLAGS.get(data.engine, CAP_FLAGS["sglang"])
 
 
 def _raise_cap_plan(flag, cap):
@@ -641,8 +643,8 @@ def _raise_cap_plan(flag, cap):
 
 def running_cap(data: RunData) -> tuple[int | None, str | None]:
     """(cap, where it came from): what the engine reported first, then the deployment."""
-    reported = data.observed.get("max_running_requests")
-    if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
+    reported = reported_running_cap(data.observed)
+    if reported:
         source = data.observed.get("max_running_requests_source") or "the engine"
         return reported, f"reported by the engine ({source})"
     if data.max_running_requests:

@@ -179,8 +179,7 @@ class SweepRun(models.Model):
 
     def reported_running_cap(self):
         """The running-request cap the engine reported at the start of the sweep, or None."""
-        cap = self.observed_engine.get("max_running_requests")
-        return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+        return engine_reports.reported_running_cap(self.observed_engine)
 
     def kernel_config_state(self):
         """ "tuned" or "default" from the kernel config in effect (snapshot) or on record."""
