@@ -4,9 +4,9 @@ It is never a source of real numbers. It behaves like SGLang/vLLM from the outsi
 sweeps, the demo and the tests run without a GPU: at most max_running_requests decode together,
 the rest queue; each decode step takes step_ms_base + step_ms_per_req × batch (or a time derived
 from an MoE roofline), so throughput rises with concurrency and plateaus at the cap. It streams
-SSE as SGLang and vLLM do, serves /health, /v1/models (owned_by "moeops-standin"),
-/get_server_info and /metrics with both engines' metric names, and injects faults on request
-(HTTP 500s, dropped connections, stalls).
+SSE as SGLang and vLLM do, serves /health, /v1/models (owned_by STANDIN_OWNER, by which the
+worker tells a stand-in apart), /get_server_info and /metrics with both engines' metric names,
+and injects faults on request (HTTP 500s, dropped connections, stalls).
 
     python -m localstack.standin --port 30000 --model NAME --max-running-requests 64
 
@@ -31,7 +31,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-OWNED_BY = "moeops-standin"
+from reports.engine import STANDIN_OWNER
+
 # What the tokens say; ids cycle through these words.
 TOKEN_WORDS = (
     " the",
@@ -414,7 +415,7 @@ class _HTTPConnection(asyncio.Protocol):
     def _head(self, status: int, content_type: str, extra: str) -> bytes:
         return (
             f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
-            f"server: {OWNED_BY}\r\ncontent-type: {content_type}\r\n{extra}"
+            f"server: {STANDIN_OWNER}\r\ncontent-type: {content_type}\r\n{extra}"
             f"connection: {'keep-alive' if self.keep_alive else 'close'}\r\n\r\n"
         ).encode()
 
@@ -506,7 +507,7 @@ class StandinServer:
                     "id": model,
                     "object": "model",
                     "created": int(self.started_at),
-                    "owned_by": OWNED_BY,
+                    "owned_by": STANDIN_OWNER,
                     "root": model,
                 }
             ],
@@ -515,7 +516,7 @@ class StandinServer:
     def server_info(self) -> dict:
         cfg = self.config
         return {
-            "engine": OWNED_BY,
+            "engine": STANDIN_OWNER,
             # a test double has no release of its own to report
             "version": None,
             "model_path": cfg.model,

@@ -13,6 +13,7 @@
 
 import math
 
+# The stand-in engine's owned_by in /v1/models: it serves it, the worker recognises it by it.
 STANDIN_OWNER = "moeops-standin"
 ENGINE_LABELS = {"sglang": "SGLang", "vllm": "vLLM", "standin": "stand-in", "other": "Other"}
 # Values that differ at every start of the same engine with the same arguments.
