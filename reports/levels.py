@@ -6,7 +6,8 @@ tokens, s (duration), req/s and tok/s (rates), ms (latencies); docs/metrics.md d
 # Latency statistics per level (ms): time to first token, time per output token, inter-token
 # latency and end-to-end latency, each as mean, median, std and three percentiles.
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
-LATENCY_STATS = ("mean", "median", "std", "p90", "p95", "p99")
+LATENCY_PERCENTILES = (90, 95, 99)
+LATENCY_STATS = ("mean", "median", "std", *(f"p{p}" for p in LATENCY_PERCENTILES))
 LATENCY_KEYS = tuple(f"{s}_{m}_ms" for m in LATENCY_METRICS for s in LATENCY_STATS)
 # Throughput and count keys of one level.
 LEVEL_KEYS = (

@@ -8,8 +8,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-# The percentiles every latency summary reports, next to mean, median and std.
-PERCENTILES = (90, 95, 99)
+from reports.levels import LATENCY_PERCENTILES, LATENCY_STATS
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -22,16 +21,15 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def describe(values: Iterable[float]) -> dict[str, float | None]:
     """Summary of values in their own unit.
 
-    Returns {"mean", "median", "std", "p90", "p95", "p99"}; every value is None when there are
-    no values (never a made-up 0).
+    Returns {"mean", "median", "std", "p90", "p95", "p99"} (reports.levels.LATENCY_STATS, what
+    the web tier stores); every value is None when there are no values (never a made-up 0).
     """
     arr = np.fromiter(values, dtype=np.float64)
-    keys = ["mean", "median", "std", *(f"p{p}" for p in PERCENTILES)]
     if arr.size == 0:
-        return dict.fromkeys(keys)
-    pcts = np.percentile(arr, [50, *PERCENTILES])
+        return dict.fromkeys(LATENCY_STATS)
+    pcts = np.percentile(arr, [50, *LATENCY_PERCENTILES])
     out = {"mean": float(arr.mean()), "median": float(pcts[0]), "std": float(arr.std())}
-    out.update({f"p{p}": float(v) for p, v in zip(PERCENTILES, pcts[1:], strict=True)})
+    out.update({f"p{p}": float(v) for p, v in zip(LATENCY_PERCENTILES, pcts[1:], strict=True)})
     return out
 
 
