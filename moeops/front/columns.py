@@ -56,6 +56,8 @@ LEVEL_COLUMNS = (
     ),
 )
 
+# which delivery of the sweep stored the level: a column only on the page of a resumed run
+ATTEMPT_COLUMN = Column("attempt", "attempt", "")
 
 # What a per-GPU figure reads on a host with no GPUs recorded (the stand-in on a CPU box).
 NO_GPUS = "n/a"

@@ -189,6 +189,15 @@ class SweepRun(models.Model):
             self.parameters.get("moe_kernel"),
         )
 
+    def attempts(self, levels):
+        """How many deliveries swept the run: 1, then 2, … after each resume. The attempt its
+        progress is at (run_take_over sets it), or a later one that a stored level names (each
+        push replaces the progress whole, and one without an attempt forgets it). levels: the
+        run's LevelResults."""
+        at = (self.progress or {}).get("attempt")
+        at = at if isinstance(at, int) and not isinstance(at, bool) else 1
+        return max([at, *(level.attempt for level in levels)])
+
     def samples_of_stored_attempts(self, samples):
         """samples (a queryset of this run's engine or GPU samples) less those a cut-short
         attempt took of a level that a later attempt stored: a sweep delivered again after its

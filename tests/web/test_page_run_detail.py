@@ -447,3 +447,46 @@ def test_a_stand_in_run_is_marked_as_not_a_measurement(client, sweep):
 def test_a_measured_run_costs_no_extra_queries(client, measured, django_assert_max_num_queries):
     with django_assert_max_num_queries(16):
         assert client.get(f"/runs/{measured.uuid}/").status_code == 200
+
+
+def test_a_resumed_sweep_says_which_attempt_ran_each_level(
+    client, sweep, django_assert_max_num_queries
+):
+    # its worker died inside level 32; the sweep delivered again ran that level anew
+    resumed = pb.run(
+        sweep.deployment,
+        label="resumed",
+        levels=[{"concurrency": c, "request_throughput": c / 3, "attempt": a}
+                for c, a in ((8, 1), (16, 1), (32, 2))],
+        progress={"attempt": 2},
+    )  # fmt: skip
+    pb.telemetry(resumed, gpus=8, seconds=600)
+    with django_assert_max_num_queries(16):
+        html = client.get(f"/runs/{resumed.uuid}/").content.decode()
+    assert (
+        "Resumed: 2 attempts (its worker stopped and another delivery took over); "
+        "levels 8 and 16 ran in attempt 1, level 32 in attempt 2."
+    ) in html
+    table = html.split('<table class="data levels">')[1].split("</table>")[0]
+    head, body = table.split("<tbody>")
+    assert ">attempt<" in head
+    rows = [row.split("</td>") for row in body.split("</tr>")[:3]]
+    assert [row[1].split(">")[-1] for row in rows] == ["1", "1", "2"]
+    # the columns after it keep their own digits: request throughput has two
+    assert ">2.67<" in body
+
+    # a third delivery that has stored no level yet is named too
+    resumed.status, resumed.progress = "running", {"attempt": 3}
+    resumed.save()
+    html = client.get(f"/runs/{resumed.uuid}/").content.decode()
+    assert (
+        "Resumed: 3 attempts (twice its worker stopped and another delivery took over); "
+        "levels 8 and 16 ran in attempt 1, level 32 in attempt 2, none yet in attempt 3."
+    ) in html
+
+
+def test_a_sweep_of_one_attempt_shows_no_attempts(client, sweep):
+    sweep.progress = {"attempt": 1}
+    sweep.save()
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    assert "Resumed" not in html and ">attempt<" not in html

@@ -8,11 +8,12 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import pluralize
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
 from moeops.front import charts, series
-from moeops.front.columns import LEVEL_COLUMNS, filled_columns, level_rows
+from moeops.front.columns import ATTEMPT_COLUMN, LEVEL_COLUMNS, filled_columns, level_rows
 from moeops.front.forms import RunFilterForm
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.views.deployments import findings_with_figures
@@ -138,13 +139,50 @@ def _levels(run):
     return list(run.levels.order_by("concurrency", "request_rate", "id"))
 
 
+def _level_name(level):
+    if level.concurrency is not None:
+        return str(level.concurrency)
+    return f"{level.request_rate:g} req/s" if level.request_rate is not None else level.key
+
+
+def _and(names):
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _resumed(run, levels, attempts):
+    """ "Resumed: 2 attempts (…); levels 8 and 16 ran in attempt 1, level 32 in attempt 2."
+    for a run swept in more than one delivery, else ""."""
+    if attempts < 2:
+        return ""
+    parts, ran = [], "ran "
+    for attempt in range(1, attempts + 1):
+        names = [_level_name(level) for level in levels if level.attempt == attempt]
+        if names:
+            parts.append(f"level{pluralize(names)} {_and(names)} {ran}in attempt {attempt}")
+            ran = ""
+        else:
+            # an attempt cut short before it stored a level, or the one sweeping now
+            yet = " yet" if attempt == attempts and not run.is_finished else ""
+            parts.append(f"none{yet} in attempt {attempt}")
+    resumes = {2: "", 3: "twice "}.get(attempts, f"{attempts - 1} times ")
+    return (
+        f"Resumed: {attempts} attempts ({resumes}its worker stopped and another delivery took "
+        f"over); {', '.join(parts)}."
+    )
+
+
 @login_required
 def run_detail(request, uuid):
     run = _run_or_404(uuid)
     levels = _levels(run)
     num_gpus = run.deployment.num_gpus()
-    rows = level_rows(levels, num_gpus)
-    shown = filled_columns(rows)
+    attempts = run.attempts(levels)
+    columns = LEVEL_COLUMNS
+    if attempts > 1:
+        # after the level's concurrency and rate, which say which level it is
+        columns = (*LEVEL_COLUMNS[:2], ATTEMPT_COLUMN, *LEVEL_COLUMNS[2:])
+    rows = level_rows(levels, num_gpus, columns)
+    shown = filled_columns(rows, columns)
     figures = run_figures(run, levels)
     # a running sweep's empty charts fill in (hidden until they do); a finished one's stay
     # empty, so they are named
@@ -156,11 +194,12 @@ def run_detail(request, uuid):
         "measured": _measured(run),
         "progress": sweep_progress(run),
         "num_gpus": num_gpus,
-        "columns": [LEVEL_COLUMNS[i] for i in shown],
+        "resumed": _resumed(run, levels, attempts),
+        "columns": [columns[i] for i in shown],
         "rows": [
-            (level, [(values[i], LEVEL_COLUMNS[i].digits) for i in shown]) for level, values in rows
+            (level, [(values[i], columns[i].digits) for i in shown]) for level, values in rows
         ],
-        "hidden_columns": [c.label for i, c in enumerate(LEVEL_COLUMNS) if i not in shown],
+        "hidden_columns": [c.label for i, c in enumerate(columns) if i not in shown],
         "level_charts": [(k, figures[k]) for k in LEVEL_CHARTS if k in drawn],
         "time_charts": [(k, figures[k]) for k in TIME_CHARTS if k in drawn],
         "missing_charts": [CHART_NAMES[k] for k in CHART_NAMES if k not in drawn],
