@@ -22,15 +22,20 @@ def _check(flag, value):
         raise FlagError(f"{flag}: the value must be text, not {type(value).__name__}")
 
 
+def _takes_value(argv: list[str], index: int) -> bool:
+    """Whether the flag at argv[index] takes the next part as its value: the flag is no switch
+    and a next part is there that is not a flag itself."""
+    following = argv[index + 1] if index + 1 < len(argv) else None
+    return argv[index] not in SWITCHES and following is not None and not following.startswith("--")
+
+
 def flag_value(argv: list[str], flag: str) -> str | None:
     """The value argv gives flag (the last one, as argparse takes it); None when absent, ""
     for a switch."""
     found = None
     for index, part in enumerate(argv):
         if part == flag:
-            following = argv[index + 1] if index + 1 < len(argv) else None
-            takes = flag not in SWITCHES and following is not None
-            found = following if takes and not following.startswith("--") else ""
+            found = argv[index + 1] if _takes_value(argv, index) else ""
         elif part.startswith(flag + "="):
             found = part[len(flag) + 1 :]
     return found
@@ -51,9 +56,8 @@ def flags(argv: list[str]) -> dict[str, str]:
             flag, _, value = part.partition("=")
             out[flag] = value
         elif part.startswith("--"):
-            following = argv[index + 1] if index + 1 < len(argv) else None
-            if part not in SWITCHES and following is not None and not following.startswith("--"):
-                out[part] = following
+            if _takes_value(argv, index):
+                out[part] = argv[index + 1]
                 index += 1
             else:
                 out[part] = ""
@@ -73,9 +77,7 @@ def set_flags(argv: list[str], changes: dict[str, str | None]) -> list[str]:
         while index < len(out):
             part = out[index]
             if part == flag:
-                following = out[index + 1] if index + 1 < len(out) else None
-                skip = flag not in SWITCHES and following is not None
-                index += 2 if skip and not following.startswith("--") else 1
+                index += 2 if _takes_value(out, index) else 1
                 continue
             if part.startswith(flag + "="):
                 index += 1

@@ -45,6 +45,27 @@ def test_flags_lists_a_command_line_flag_by_flag():
     }
 
 
+def test_a_flag_before_another_flag_or_at_the_end_takes_no_value_and_a_switch_none_at_all():
+    argv = ["sglang", "--enable-lora", "--tp", "8", "--enforce-eager", "model", "--last"]
+
+    assert launch.flag_value(argv, "--enable-lora") == launch.flag_value(argv, "--last") == ""
+    assert launch.flags(argv) == {
+        "command": "sglang",
+        "--enable-lora": "",
+        "--tp": "8",
+        "--enforce-eager": "",
+        "--last": "",
+        "arguments": "model",
+    }
+    assert launch.set_flags(argv, {"--enable-lora": None, "--enforce-eager": None}) == [
+        "sglang",
+        "--tp",
+        "8",
+        "model",
+        "--last",
+    ]
+
+
 def test_the_engines_report_is_found_under_its_own_name():
     vllm = {"scheduler_config.max_num_seqs": 16, "model_config.max_model_len": 1024}
     sglang = {"max_running_requests": 64, "enable_flashinfer_allreduce_fusion": False}
