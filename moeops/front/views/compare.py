@@ -107,9 +107,8 @@ def _styles(runs, group):
         key = _group_of(run, group)
         colors.setdefault(key, charts.PALETTE[len(colors) % len(charts.PALETTE)])
         n = counts[key] = counts.get(key, -1) + 1
-        standin = " [stand-in]" if run.is_standin else ""
         styles[run.pk] = {
-            "name": f"{run.deployment.model.name} · {run.display_label()}{standin}",
+            "name": f"{run.deployment.model.name} · {charts.run_name(run)}",
             "group": key,
             "group_title": key if group != "run" else None,
             "color": colors[key],
