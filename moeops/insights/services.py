@@ -217,7 +217,8 @@ def _gather(run, deployment) -> analysis.RunData:
         observed=run.observed_engine,
         tp=deployment.tp,
         ep=deployment.ep,
-        max_running_requests=deployment.max_running_requests,
+        # as the run recorded it: a deployment edited since does not change what it ran under
+        max_running_requests=run.recorded_running_cap(),
         launch=_launch(run, deployment),
         gpus=[analysis.Gpu(g.index, g.name, g.compute_capability, g.power_limit_w) for g in gpus],
         used_gpu_indexes=[g.index for g in used] or None,

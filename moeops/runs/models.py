@@ -181,6 +181,14 @@ class SweepRun(models.Model):
         """The running-request cap the engine reported at the start of the sweep, or None."""
         return engine_reports.reported_running_cap(self.observed_engine)
 
+    def recorded_running_cap(self):
+        """The deployment's running-request cap as the run recorded it at its start (its
+        snapshot): the cap it ran under whatever the deployment says since. A run stored before
+        snapshots has only the deployment's."""
+        if not self.snapshot:
+            return self.deployment.max_running_requests
+        return (self.snapshot.get("deployment") or {}).get("max_running_requests")
+
     def kernel_config_state(self):
         """ "tuned" or "default" from the kernel config in effect (snapshot) or on record."""
         return kernel_state(

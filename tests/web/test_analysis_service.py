@@ -404,6 +404,27 @@ def test_idle_gpus_and_queueing_from_samples_tagged_with_levels(h200_deployment)
     assert queueing.severity == "warning" and queueing.evidence["max_queued"] == 64
 
 
+def test_the_queue_finding_names_the_cap_the_run_ran_under_not_the_deployment_s_since(
+    h200_deployment,
+):
+    snapshot = {"deployment": {"max_running_requests": 64}}
+    run = make_run(h200_deployment, [(32, 800.0), (128, 900.0)], snapshot=snapshot)
+    EngineSample.objects.bulk_create(
+        [EngineSample(run=run, ts=2.0, level_concurrency=128, running=64, queued=64)]
+    )
+    # the cap was raised after the sweep (as its finding asked)
+    Deployment.objects.filter(pk=h200_deployment.pk).update(max_running_requests=256)
+    run = SweepRun.objects.get(pk=run.pk)
+
+    services.run_analyze(run=run)
+
+    queueing = auto(run, kind="queueing").get()
+    assert (queueing.evidence["cap"], queueing.evidence["cap_source"]) == (64, "deployment")
+    titles = set(PlanItem.objects.filter(finding=queueing).values_list("title", flat=True))
+    assert "Raise --max-running-requests above 64 and re-sweep" in titles
+    assert run.recorded_running_cap() == 64
+
+
 def test_a_resumed_level_is_judged_by_the_samples_of_the_attempt_that_stored_it(h200_deployment):
     # the worker died in level 128 (attempt 1), whose GPUs then sat idle; the sweep delivered
     # again ran the level anew (attempt 2) and stored it

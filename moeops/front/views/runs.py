@@ -96,13 +96,9 @@ def run_figures(run, levels):
 
 
 def _running_cap(run):
-    """The running-request cap the run ran under: as the engine reported it, else as its
-    snapshot recorded the deployment, else (runs before snapshots) as the deployment says."""
-    if not run.snapshot:
-        return run.deployment.max_running_requests
-    return run.reported_running_cap() or (run.snapshot.get("deployment") or {}).get(
-        "max_running_requests"
-    )
+    """The running-request cap the run ran under: as the engine reported it, else as the run
+    recorded its deployment (what the analysis's findings name too)."""
+    return run.reported_running_cap() or run.recorded_running_cap()
 
 
 def _shown(value):
