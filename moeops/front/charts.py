@@ -639,6 +639,9 @@ def peak_bars(runs, styles):
 # --- kernels -------------------------------------------------------------------------------
 
 
+BATCH_AXIS = {"title": {"text": "batch size M"}, "type": "log", "dtick": 0.30103}
+
+
 def kernel_timings(timings):
     """Per batch size M: the written config's, the engine's default and shipped configs' and the
     floor's time of one MoE layer (µs), log axes."""
@@ -665,8 +668,39 @@ def kernel_timings(timings):
     return figure(
         traces,
         "One MoE layer: written config vs the engine's own vs floor",
-        {"title": {"text": "batch size M"}, "type": "log", "dtick": 0.30103},
+        BATCH_AXIS,
         {"title": {"text": "µs"}, "type": "log"},
+    )
+
+
+def kernel_speedups(timings):
+    """Per batch size M: how many times faster the written config runs than the engine's default
+    config and its shipped file's entry, as the tune timed them (1× where it wrote the engine's
+    own): the gains the µs chart's log axis squeezes into one line."""
+    traces = []
+    series = (
+        ("speedup", "vs the engine's default", "#b54708"),
+        ("shipped_speedup", "vs the engine's shipped file", "#6941c6"),
+    )
+    for attr, name, color in series:
+        points = [(t.batch_size, getattr(t, attr)) for t in timings if getattr(t, attr)]
+        if points:
+            traces.append(
+                _line(
+                    name,
+                    points,
+                    line={"color": color},
+                    marker={"color": color},
+                    hovertemplate="M=%{x}<br>%{y:.3f}×<extra>" + name + "</extra>",
+                )
+            )
+    even = {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 1, "y1": 1}
+    return figure(
+        traces,
+        "Written config's speed-up over the engine's own",
+        BATCH_AXIS,
+        {"title": {"text": "× (above 1: faster)"}, "tickformat": ".2f"},
+        shapes=[{**even, "line": {"color": "#101828", "dash": "dot", "width": 1}}],
     )
 
 

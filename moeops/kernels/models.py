@@ -73,6 +73,18 @@ class TimedKernel(models.Model):
         title = ENGINE_TITLES.get(self.kernel_engine, self.kernel_engine)
         return " ".join(filter(None, (title, self.kernel_version))) + "'s own kernel"
 
+    def untimed_in(self, engine):
+        """Why nothing is known of how fast this runs in `engine`'s kernel (vllm, sglang): a
+        sentence when it was timed in another kernel, whose best tiles are not that engine's;
+        "" when it was timed there or where it was timed is not recorded (an imported file)."""
+        if not self.kernel_engine or self.kernel_engine == engine:
+            return ""
+        title = ENGINE_TITLES.get(engine, engine)
+        return (
+            f"Tuned in {self.kernel_label}, never timed in {title}'s: it may run slower "
+            f"there than {title}'s own configs; tune with {title}'s kernel for {title}."
+        )
+
 
 class KernelConfig(TimedKernel):
     """One version of a config file for (device, E, N, dtype, block shape, down); versions are

@@ -185,6 +185,35 @@ def test_it_shows_the_kernel_a_config_was_tuned_on_and_each_configs_source(
     traces = {t["name"]: t for t in pb.figure(html, "timings-data")["data"]}
     assert traces["shipped config"]["x"] == [64, 1024]
     assert traces["shipped config"]["y"] == [700.0, 900.0]
+    # the gains, which the µs chart's log axis squeezes, drawn as speed-ups over 1×
+    speedups = pb.figure(html, "speedups-data")
+    traces = {t["name"]: (t["x"], t["y"]) for t in speedups["data"]}
+    assert traces == {
+        "vs the engine's default": ([1, 64, 1024], [1.0, 800 / 560, 1000 / 900]),
+        "vs the engine's shipped file": ([64, 1024], [700 / 560, 1.0]),
+    }
+    assert speedups["layout"]["shapes"][0]["y0"] == 1
+
+
+def test_a_config_tuned_in_one_engines_kernel_is_not_offered_as_timed_for_the_other(
+    client, configs
+):
+    v1, v2 = configs
+    KernelConfig.objects.filter(pk=v2.pk).update(kernel_engine="vllm", kernel_version="0.33.0")
+    html = client.get(f"/kernels/{v2.pk}/").content.decode()
+    warning = (
+        "Tuned in vLLM 0.33.0&#x27;s own kernel, never timed in SGLang&#x27;s: it may run "
+        "slower there than SGLang&#x27;s own configs; tune with SGLang&#x27;s kernel for SGLang."
+    )
+    assert f'<span class="small untimed">{warning}</span>' in html
+    assert f'class="button" href="/kernels/{v2.pk}/sglang.json" download title="{warning}"' in html
+    assert f'class="button primary" href="/kernels/{v2.pk}/vllm.json" download>' in html
+    # the builtin kernel is neither engine's; an imported file's kernel is not known
+    KernelConfig.objects.filter(pk=v2.pk).update(kernel_engine="builtin", kernel_version="")
+    builtin = client.get(f"/kernels/{v2.pk}/").content.decode()
+    assert builtin.count('<span class="small untimed">Tuned in moeops&#x27; builtin kernel') == 2
+    imported = client.get(f"/kernels/{v1.pk}/").content.decode()
+    assert "untimed" not in imported and imported.count('class="button primary"') == 2
 
 
 def test_the_builtin_kernel_is_named_and_an_imported_files_is_not_recorded(client, configs):

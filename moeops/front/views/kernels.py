@@ -130,11 +130,14 @@ def kernel_detail(request, pk):
         "tuning": tuning,
         "timings": timings,
         "figure": charts.kernel_timings(timings),
+        "speedups": charts.kernel_speedups(timings),
         "versions": versions,
         "previous": older[0] if older else None,
         "vllm_name": config.file_name("vllm") if "vllm" in config.styles else None,
         "sglang_name": config.file_name("sglang"),
         "sglang_path": sglang_path,
+        "vllm_untimed": config.untimed_in("vllm"),
+        "sglang_untimed": config.untimed_in("sglang"),
         "runs": config.runs.select_related("deployment").order_by("-created")[:10],
     }
     return render(request, "front/kernel_detail.html", ctx)

@@ -272,6 +272,7 @@ def tuning_figures(tuning, timings):
     gpu = series.gpu_series(tuning)
     return {
         "timings": charts.kernel_timings(timings),
+        "speedups": charts.kernel_speedups(timings),
         "gpu-util": charts.gpu_utilization(gpu, []),
         "gpu-power": charts.gpu_power(gpu, []),
     }
