@@ -573,3 +573,17 @@ def test_result_and_kernel_files_upload_from_their_pages(page, member):
     with page.expect_navigation():
         page.click("#kernel-upload button:has-text('Upload')")
     assert page.inner_text(".messages").startswith("Stored E=128,N=2048")
+
+
+def test_the_h200_tune_of_the_examples_draws_the_tuned_default_and_shipped_timings(page, member):
+    call_command("load_example_data", stdout=io.StringIO())
+    tuning = TuningRun.objects.get(host__name="h200-bench")
+    log_in(page, member)
+    page.goto(page.base + f"/kernels/{tuning.result_id}/")
+    traces = {t["name"]: t["n"] for t in chart_traces(page, "timings")}
+    assert traces == {"tuned": 18, "default config": 18, "shipped config": 18, "hardware floor": 18}
+    tuned_on = page.locator("dt:has-text('Tuned on') + dd").inner_text()
+    assert tuned_on.startswith("vLLM 0.33.0's own kernel · source 8f71154b")
+    # the README's picture: the timings against vLLM's own configs, under the files
+    page.locator("h2:has-text('Timings')").evaluate("h => window.scrollTo(0, h.offsetTop - 8)")
+    doc_shot(page, "kernel-h200")

@@ -1,9 +1,13 @@
+import json
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 
 from moeops.insights.models import Finding
+from moeops.kernels.models import KernelConfig, TuningRun
+from tests import page_base as pb
+from tests.fakes import ROOT
 
 pytestmark = pytest.mark.django_db
 
@@ -34,3 +38,25 @@ def test_the_kimi_k2_deployment_tuned_in_the_write_up_is_not_told_to_tune():
     kimi = Finding.objects.filter(deployment__name__icontains="kimi")
     # its newest run measured the write-up's tuned file in effect, which moeops does not hold
     assert kimi.exists() and not kimi.filter(kind="no_tuned_kernel").exists()
+
+
+def test_it_loads_the_h200_tune_of_the_device_table_once(client):
+    _load()
+    _load()
+    tune = json.loads((ROOT / "moeops/examples/h200_vllm_glm5_fp8_block_tune.json").read_text())
+    (tuning,) = TuningRun.objects.all()
+    config = KernelConfig.objects.get()
+    assert (tuning.status, tuning.result, config.source) == ("succeeded", config, "tuned")
+    assert config.kernel_label == tuning.kernel_label == "vLLM 0.33.0's own kernel"
+    assert config.entries["24"] == tune["batches"]["24"]["config"]
+    timings = {t.batch_size: t for t in tuning.timings.all()}
+    assert len(timings) == 18 and timings[24].picked == tune["batches"]["24"]["picked"]
+    assert (timings[24].tuned_us, timings[24].shipped_us) == (
+        tune["batches"]["24"]["tuned_us"],
+        tune["batches"]["24"]["shipped_us"],
+    )
+    # the written entry is never slower than vLLM's own where the tune timed them
+    assert all(t.tuned_us <= min(t.default_us, t.shipped_us) for t in timings.values())
+    pb.sign_in(client)
+    page = client.get(f"/kernels/{config.pk}/").content.decode()
+    assert "vLLM 0.33.0&#x27;s own kernel" in page and "never timed in SGLang" in page

@@ -1,14 +1,15 @@
 from django.core.management.base import BaseCommand
 
 from moeops.examples import load_example_data
+from moeops.examples.h200_tune import load_h200_tune
 from moeops.insights.services import run_analyze
 from moeops.runs.models import SweepRun
 
 
 class Command(BaseCommand):
     help = (
-        "Load the example data of the write-up and analyze its runs "
-        "(idempotent: running it again changes nothing)."
+        "Load the example data of the write-up and analyze its runs, and one H200 kernel tune of "
+        "moeops' own (idempotent: running it again changes nothing)."
     )
 
     def handle(self, *args, **options):
@@ -17,7 +18,8 @@ class Command(BaseCommand):
         # The diagnosis reads the write-up's runs like any other run (plateau, queueing, …).
         for run in SweepRun.objects.filter(provenance__startswith="From the write-up"):
             findings += len(run_analyze(run=run))
+        tuning = load_h200_tune()
         self.stdout.write(
             f"Example data loaded: {deployment.name} and the write-up's figures "
-            f"({findings} findings from the analysis)."
+            f"({findings} findings from the analysis), and {tuning} in vLLM's own kernel."
         )
