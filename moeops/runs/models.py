@@ -183,11 +183,11 @@ class SweepRun(models.Model):
 
     def recorded_running_cap(self):
         """The deployment's running-request cap as the run recorded it at its start (its
-        snapshot): the cap it ran under whatever the deployment says since. A run stored before
-        snapshots has only the deployment's."""
-        if not self.snapshot:
-            return self.deployment.max_running_requests
-        return (self.snapshot.get("deployment") or {}).get("max_running_requests")
+        snapshot): the cap it ran under whatever the deployment says since. Where the run
+        recorded none (a run before snapshots, or a cap first filled in after the sweep), the
+        deployment's own."""
+        recorded = (self.snapshot or {}).get("deployment") or {}
+        return recorded.get("max_running_requests") or self.deployment.max_running_requests
 
     def kernel_config_state(self):
         """ "tuned" or "default" from the kernel config in effect (snapshot) or on record."""
