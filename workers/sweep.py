@@ -22,6 +22,7 @@ import uuid
 
 from reports.failures import describe_failure
 from reports.levels import LEVEL_KEYS
+from reports.progress import attempt_of
 from workers import engine_info, loadgen, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
 # The outcome when another worker is still sweeping this run (its heartbeat is fresh).
 BUSY = "busy"
+# The outcome when another delivery took the run over while this one swept it.
+TAKEN_OVER = "taken over"
 # A running run whose last heartbeat is older than this (s) has lost its worker.
 HEARTBEAT_STALE_S = 10.0
 
@@ -169,12 +172,14 @@ class _Samples:
 class _Reporter(threading.Thread):
     """Pushes progress every PROGRESS_INTERVAL_S and samples every SAMPLES_INTERVAL_S.
 
-    The run the API returns after each progress push refreshes `cancel_requested`.
+    The run the API returns after each progress push refreshes `cancel_requested`; a push the
+    API refuses because another delivery took the run over sets `taken_over` and ends the thread.
     """
 
     def __init__(self, client, run_uuid, progress, samples, interval_s):
         super().__init__(name="sweep-reporter", daemon=True)
         self.cancel_requested = False
+        self.taken_over = False
         self._client = client
         self._run = run_uuid
         self._progress = progress
@@ -190,6 +195,11 @@ class _Reporter(threading.Thread):
                 # progress is advisory: one attempt, never spooled (the next tick sends a newer one)
                 run = self._client.request("PATCH", f"/runs/{self._run}", body=body, retries=0)
                 self.cancel_requested = bool(run.json().get("cancel_requested"))
+            except Conflict as exc:
+                # this worker was thought gone and another delivery sweeps the run now
+                log.warning("sweep %s: taken over by another delivery: %s", self._run, exc)
+                self.taken_over = True
+                return
             except ApiError as exc:
                 log.info("sweep %s: progress push failed: %s", self._run, exc)
                 continue
@@ -227,41 +237,47 @@ def _alive(progress):
     return True
 
 
-def _previous_attempt(progress):
-    # a run swept before attempts were counted was on its first
-    attempt = progress.get("attempt")
-    return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1
+# How often a claim may find the run moved under it before the delivery looks again later.
+CLAIM_TRIES = 3
 
 
 def _claim(client, run_uuid, stale_after_s):
     """Move the run to running (or take over a running run whose worker died).
 
     Returns (the run as a dict, this delivery's attempt: 1, or one more than the attempt
-    taken over), or the outcome string when there is nothing to do here.
+    taken over), or the outcome string when there is nothing to do here (BUSY when the run
+    moved under the claim CLAIM_TRIES times).
     """
-    run = client.get_run(run_uuid)
-    if run["status"] in FINISHED_STATUSES:
-        return run["status"]
-    if run["status"] == "running":
+    # marks this claim's own write: a write whose answer was lost and whose retry the API
+    # refused (409) is recognised as this claim's, not another delivery's
+    claim = uuid.uuid4().hex
+    for _ in range(CLAIM_TRIES):
+        run = client.get_run(run_uuid)
         progress = run.get("progress") or {}
-        beat = progress.get("heartbeat")
-        if beat is not None and time.time() - beat < stale_after_s and _alive(progress):
-            return BUSY
-        attempt = _previous_attempt(progress) + 1
-        progress = {**progress, "heartbeat": time.time(), "worker": _me()}
+        if run["status"] in FINISHED_STATUSES:
+            return run["status"]
+        if run["status"] == "running" and progress.get("claim") == claim:
+            return run, attempt_of(progress)
         try:
-            run = client.take_over_run(run_uuid, attempt, progress)
+            if run["status"] != "running":
+                mine = {**_claimed(claim), "levels_done": 0, "attempt": 1}
+                return client.update_run(run_uuid, status="running", progress=mine), 1
+            beat = progress.get("heartbeat")
+            if beat is not None and time.time() - beat < stale_after_s and _alive(progress):
+                return BUSY
+            attempt = attempt_of(progress) + 1
+            taken = client.take_over_run(run_uuid, attempt, {**progress, **_claimed(claim)})
+            log.info("sweep %s: resuming a run whose worker stopped", run_uuid)
+            return taken, attempt
         except Conflict:
-            # another delivery found the worker gone too and took the run first
-            return _claim(client, run_uuid, stale_after_s)
-        log.info("sweep %s: resuming a run whose worker stopped", run_uuid)
-        return run, attempt
-    try:
-        progress = {"heartbeat": time.time(), "worker": _me(), "levels_done": 0, "attempt": 1}
-        return client.update_run(run_uuid, status="running", progress=progress), 1
-    except Conflict:
-        # cancelled or claimed meanwhile: read where it is now
-        return _claim(client, run_uuid, stale_after_s)
+            # cancelled, claimed or taken over meanwhile (or this claim's own write, its
+            # answer lost): read where it is now
+            continue
+    return BUSY
+
+
+def _claimed(claim):
+    return {"heartbeat": time.time(), "worker": _me(), "claim": claim}
 
 
 def run_sweep(
@@ -313,7 +329,10 @@ def run_sweep(
     reporter.cancel_requested = bool(claimed.get("cancel_requested"))
 
     def cancelled():
-        return reporter.cancel_requested
+        return reporter.cancel_requested or reporter.taken_over
+
+    def taken_over():
+        return reporter.taken_over
 
     def out_of_time():
         return deadline is not None and time.monotonic() >= deadline
@@ -334,7 +353,14 @@ def run_sweep(
             reporter.start()
             running.callback(reporter.stop)
             status, error = _run_levels(
-                client, run_uuid, config, levels, stored, progress, samples, cancelled, out_of_time
+                client,
+                run_uuid,
+                config,
+                levels,
+                stored,
+                progress,
+                samples,
+                (cancelled, out_of_time, taken_over),
             )
     except Unreachable:
         # the task tries again later and resumes from the stored levels
@@ -346,13 +372,14 @@ def run_sweep(
     finally:
         if status is not None:
             _finish(client, run_uuid, status, error, progress.snapshot())
-    return status
+    return status or TAKEN_OVER
 
 
-def _run_levels(
-    client, run_uuid, config, levels, stored, progress, samples, cancelled, out_of_time
-):
-    """Run the levels not stored yet, pushing each; returns (final status, error)."""
+def _run_levels(client, run_uuid, config, levels, stored, progress, samples, stops):
+    """Run the levels not stored yet, pushing each; returns (final status, error), or (None,
+    "") when another delivery took the run over: its levels and its end are that delivery's.
+    stops: the callables (cancelled, out_of_time, taken_over)."""
+    cancelled, out_of_time, taken_over = stops
 
     def should_stop():
         return cancelled() or out_of_time()
@@ -380,6 +407,8 @@ def _run_levels(
             )
         )
         samples.tag(None)
+        if taken_over():
+            return None, ""
         if result["stopped"]:
             if result["completed"] or result["failed"]:
                 # the requests that finished before the stop are measurements too: the level
@@ -400,6 +429,8 @@ def _run_levels(
                 f"every request at concurrency {level.concurrency} failed: {cause}. "
                 "The sweep stopped there."
             )
+    if taken_over():
+        return None, ""
     if done == len(levels):
         return "succeeded", ""
     if cancelled():

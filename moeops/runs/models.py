@@ -10,6 +10,7 @@ from django.db.models.functions import Coalesce
 
 from reports import engine as engine_reports
 from reports.failures import describe_failure
+from reports.progress import attempt_of
 
 RUN_STATUSES = (
     ("queued", "Queued"),
@@ -202,9 +203,7 @@ class SweepRun(models.Model):
         progress is at (run_take_over sets it), or a later one that a stored level names (each
         push replaces the progress whole, and one without an attempt forgets it). levels: the
         run's LevelResults."""
-        at = (self.progress or {}).get("attempt")
-        at = at if isinstance(at, int) and not isinstance(at, bool) else 1
-        return max([at, *(level.attempt for level in levels)])
+        return max([attempt_of(self.progress), *(level.attempt for level in levels)])
 
     def samples_of_stored_attempts(self, samples):
         """samples (a queryset of this run's engine or GPU samples) less those a cut-short

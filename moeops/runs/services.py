@@ -9,7 +9,6 @@ from operator import itemgetter
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -28,6 +27,7 @@ from moeops.runs.models import (
     level_key,
 )
 from moeops.runs.parameters import parameters_checked
+from reports.progress import attempt_of
 from tuning.moe_params import vocab_size
 
 log = logging.getLogger(__name__)
@@ -235,30 +235,55 @@ def run_take_over(*, run, attempt, progress):
     """A new delivery of a running run whose worker is gone takes it over as `attempt`, by
     compare-and-set on the attempt it follows: of two deliveries that found the same worker
     gone, one takes the run and the other gets RunConflict (and then finds the run busy).
-    progress: what the run's progress becomes, its attempt set to `attempt`."""
-    follows = Q(progress__attempt=attempt - 1)
-    if attempt == 2:
-        # a run swept before attempts were counted was on its first
-        follows |= Q(progress__attempt__isnull=True)
-    progress = {**progress, "attempt": attempt}
-    taken = SweepRun.objects.filter(follows, pk=run.pk, status="running").update(progress=progress)
-    if taken != 1:
-        run.refresh_from_db()
-        raise RunConflict(
-            f"run {run.pk} cannot be taken over as attempt {attempt}: it is {run.status}, "
-            f"attempt {(run.progress or {}).get('attempt', 1)}"
-        )
+    progress: what the run's progress becomes (its heartbeat at least), its attempt set to
+    `attempt`. Raises ValidationError naming progress without a heartbeat: a run taken over
+    with none would look abandoned to the next delivery at once."""
+    if not isinstance((progress or {}).get("heartbeat"), int | float):
+        raise ValidationError({"progress": "a takeover carries the new worker's heartbeat"})
+    with transaction.atomic():
+        locked = SweepRun.objects.select_for_update().get(pk=run.pk)
+        follows = attempt_of(locked.progress)
+        if locked.status != "running" or follows != attempt - 1:
+            run.refresh_from_db()
+            raise RunConflict(
+                f"run {run.pk} cannot be taken over as attempt {attempt}: it is "
+                f"{locked.status}, attempt {follows}"
+            )
+        progress = {**progress, "attempt": attempt}
+        SweepRun.objects.filter(pk=run.pk).update(progress=progress)
     run.progress = progress
     return run
+
+
+def _progress_update(run, progress):
+    """Store a run's progress unless it is of an attempt older than the run's: the pushes of a
+    delivery that was taken over (a slow worker's, or one left waiting in a spool) raise
+    RunConflict instead of moving the run back to their attempt."""
+    attempt = (progress or {}).get("attempt")
+    if attempt is not None and attempt_of(progress) != attempt:
+        raise ValidationError({"progress": "attempt must be a positive integer"})
+    with transaction.atomic():
+        locked = SweepRun.objects.select_for_update().get(pk=run.pk)
+        current = attempt_of(locked.progress)
+        if attempt is not None and attempt < current:
+            raise RunConflict(
+                f"run {run.pk} was taken over as attempt {current}; the progress of attempt "
+                f"{attempt} is refused"
+            )
+        SweepRun.objects.filter(pk=run.pk).update(progress=progress)
+    run.progress = progress
 
 
 def run_update(*, run, status=None, error="", takeover=None, **fields):
     """Status (compare-and-set) and progress, telemetry status, label … in one transaction.
     takeover: the attempt a resumed delivery takes the running run over as (run_take_over,
-    with the progress given)."""
+    with the progress given); else a progress of an attempt older than the run's is refused
+    (RunConflict), the status change with it."""
     with transaction.atomic():
         if takeover is not None:
-            run_take_over(run=run, attempt=takeover, progress=fields.pop("progress", None) or {})
+            run_take_over(run=run, attempt=takeover, progress=fields.pop("progress", None))
+        elif "progress" in fields:
+            _progress_update(run, fields.pop("progress"))
         if status is not None:
             run_transition(run=run, status=status, error=error)
         elif error:

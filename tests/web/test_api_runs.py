@@ -103,12 +103,14 @@ def test_it_stores_progress_without_touching_the_status(world):
 def test_a_takeover_is_granted_to_one_delivery_only(world, before):
     run = world.run(status="running")
     SweepRun.objects.filter(pk=run.pk).update(progress=before)
+    url = f"/api/v1/runs/{run.uuid}"
     body = {"takeover": 2, "progress": {"heartbeat": 2.0, "worker": {"pid": 7}}}
-    first = world.host_worker.patch(f"/api/v1/runs/{run.uuid}", body)
+    first = world.host_worker.patch(url, body)
     assert first.status_code == 200
     assert first.json()["progress"] == {"heartbeat": 2.0, "worker": {"pid": 7}, "attempt": 2}
     # a second delivery that read the same gone worker asks for the same attempt: refused
-    second = world.host_worker.patch(f"/api/v1/runs/{run.uuid}", {**body, "progress": {}})
+    other = {"takeover": 2, "progress": {"heartbeat": 3.0, "worker": {"pid": 8}}}
+    second = world.host_worker.patch(url, other)
     assert second.status_code == 409
     assert second.json()["detail"] == (
         f"run {run.pk} cannot be taken over as attempt 2: it is running, attempt 2"
@@ -116,9 +118,40 @@ def test_a_takeover_is_granted_to_one_delivery_only(world, before):
     run.refresh_from_db()
     assert run.progress["worker"] == {"pid": 7}
     # nor is a finished run taken over
-    world.host_worker.patch(f"/api/v1/runs/{run.uuid}", {"status": "succeeded"})
-    third = world.host_worker.patch(f"/api/v1/runs/{run.uuid}", {**body, "takeover": 3})
+    world.host_worker.patch(url, {"status": "succeeded"})
+    third = world.host_worker.patch(url, {**body, "takeover": 3})
     assert third.status_code == 409 and "it is succeeded" in third.json()["detail"]
+
+
+def test_a_takeover_must_carry_the_new_workers_heartbeat(world):
+    run = world.run(status="running")
+    response = world.host_worker.patch(f"/api/v1/runs/{run.uuid}", {"takeover": 2})
+    assert response.status_code == 400
+    assert response.json()["detail"] == "progress: a takeover carries the new worker's heartbeat"
+    run.refresh_from_db()
+    assert run.progress == {}
+
+
+def test_the_progress_of_a_delivery_taken_over_is_refused_with_its_status(world):
+    run = world.run(status="running")
+    SweepRun.objects.filter(pk=run.pk).update(progress={"attempt": 3, "heartbeat": 9.0})
+    url = f"/api/v1/runs/{run.uuid}"
+    # attempt 2's worker, slow but alive, or its push left in a spool, ends the run: refused
+    stale = world.host_worker.patch(
+        url, {"status": "failed", "progress": {"attempt": 2, "heartbeat": 5.0}}
+    )
+    assert stale.status_code == 409
+    assert stale.json()["detail"] == (
+        f"run {run.pk} was taken over as attempt 3; the progress of attempt 2 is refused"
+    )
+    run.refresh_from_db()
+    assert (run.status, run.progress["attempt"]) == ("running", 3)
+    # the current attempt's and a progress without an attempt are stored
+    assert world.host_worker.patch(url, {"progress": {"attempt": 3}}).status_code == 200
+    assert world.host_worker.patch(url, {"progress": {"level_index": 2}}).status_code == 200
+    bad = world.host_worker.patch(url, {"progress": {"attempt": "3"}})
+    assert bad.status_code == 400
+    assert bad.json()["detail"] == "progress: attempt must be a positive integer"
 
 
 def test_it_rejects_null_for_a_field_that_cannot_be_empty(world):

@@ -232,6 +232,50 @@ def test_of_two_deliveries_that_found_the_worker_gone_one_takes_the_run_over(wor
     assert not run.levels.exists()
 
 
+def test_a_takeover_whose_answer_was_lost_is_recognised_as_this_deliverys(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4,))
+    services.run_transition(run=run, status="running")
+    SweepRun.objects.filter(pk=run.pk).update(
+        progress={"heartbeat": time.time() - 60, "attempt": 1}
+    )
+
+    def take_over_run(ref, attempt, progress):
+        # the takeover is stored, but its answer is lost and the retry is refused (409)
+        MoeopsClient.take_over_run(client, ref, attempt, progress)
+        return MoeopsClient.take_over_run(client, ref, attempt, progress)
+
+    client.take_over_run = take_over_run
+    assert _sweep(run, client) == "succeeded"
+
+    run.refresh_from_db()
+    assert run.progress["attempt"] == 2 and [lv.attempt for lv in run.levels.all()] == [2]
+
+
+def test_a_delivery_taken_over_mid_level_stops_and_leaves_the_run_be(world, monkeypatch):
+    deployment, client = world
+    run = _run(deployment, levels=(4, 8), prompts_per_level=400, output_len=64)
+    run_level = sweep.loadgen.run_level
+
+    def taken_over_then_run(*args, **kwargs):
+        # the worker was thought gone: another delivery takes the run over as attempt 2
+        progress = {"heartbeat": time.time(), "worker": {"host": "another-host", "pid": 1}}
+        services.run_take_over(run=run, attempt=2, progress=progress)
+        return run_level(*args, **kwargs)
+
+    monkeypatch.setattr(sweep.loadgen, "run_level", taken_over_then_run)
+    started = time.monotonic()
+    assert _sweep(run, client, progress_interval_s=0.05) == sweep.TAKEN_OVER
+
+    # its next progress push was refused: it stopped the level at once, stored none of it
+    # and left the run's end to the delivery that took it over
+    assert time.monotonic() - started < 5
+    run.refresh_from_db()
+    assert (run.status, run.progress["attempt"]) == ("running", 2)
+    assert run.progress["worker"]["host"] == "another-host"
+    assert not run.levels.exists()
+
+
 def test_a_run_another_worker_is_sweeping_is_left_alone(world):
     deployment, client = world
     run = _run(deployment, levels=(4,))
