@@ -2,6 +2,7 @@
 
 import datetime as dt
 import json
+import re
 
 from django import forms
 from django.conf import settings
@@ -61,7 +62,7 @@ class EndpointField(forms.CharField):
 
     def to_python(self, value):
         value = super().to_python(value)
-        if value and "://" not in value:
+        if value and not re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*://", value):
             value = f"http://{value}"
         return value
 
@@ -72,7 +73,12 @@ class DeploymentForm(forms.ModelForm):
     TP and EP are checked against the model's MoE shape before anything is saved; new_model
     is then {"name", "config"} for the view to register, reused_model the model reused."""
 
-    endpoint_url = EndpointField(required=False, label="Endpoint URL")
+    endpoint_url = EndpointField(
+        required=False,
+        label="Endpoint URL",
+        help_text="The OpenAI-compatible server the host's worker sweeps, e.g. "
+        "http://gpu-host:8000 (http:// is assumed).",
+    )
     new_model_name = forms.CharField(
         max_length=200,
         required=False,
@@ -117,12 +123,10 @@ class DeploymentForm(forms.ModelForm):
             "tp": "TP",
             "ep": "EP",
             "launch_args": "Other launch arguments (JSON)",
-            "endpoint_url": "Endpoint URL",
         }
         help_texts = {
             "gpus": "Leave empty to count the GPUs as max(tp, ep).",
             "launch_args": 'flag → value, e.g. {"--cuda-graph-max-bs": 256}',
-            "endpoint_url": "The OpenAI-compatible server the host's worker sweeps.",
         }
 
     NEW_MODEL_FIELDS = ("new_model_name", "config_text", "config_file")

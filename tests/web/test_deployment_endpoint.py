@@ -107,10 +107,11 @@ def test_only_staff_point_a_deployment_at_a_new_address(world):
         ("http://rtx-pro-6000:8000", "http://rtx-pro-6000:8000"),
         ("rtx-pro-6000:8000/v1", "http://rtx-pro-6000:8000/v1"),
         ("https://RTX-PRO-6000:8443", "https://RTX-PRO-6000:8443"),
+        ("rtx-pro-6000:8000/?next=http://x", "http://rtx-pro-6000:8000/?next=http://x"),
     ],
 )
 def test_the_form_takes_the_host_by_its_bare_name(world, typed, stored):
-    # the host's own name has no dot: Django's URL check refused it where the API took it
+    # a host's own name often has no dot, and an engine's URL is often typed without http://
     response = _edit(_browser(staff=True), world.deployment, typed)
     assert response.status_code == 302, response.text
     world.deployment.refresh_from_db()
