@@ -14,7 +14,6 @@ from pathlib import Path
 
 from django.db import transaction
 
-from moeops.fleet.models import GPU, Host
 from moeops.kernels.services import (
     kernel_config_store,
     tuning_run_create,
@@ -23,7 +22,6 @@ from moeops.kernels.services import (
 )
 
 TUNE_FILE = Path(__file__).resolve().parent / "h200_vllm_glm5_fp8_block_tune.json"
-HOST_NAME = "h200-bench"
 # one tuning run however often the examples are loaded (tuning_run_create returns it again)
 TUNING_UUID = uuid.UUID("5d1f0e6c-4b1e-4f7e-9a53-0c2d7b1a9e01")
 TIMING_FIELDS = (
@@ -39,24 +37,12 @@ TIMING_FIELDS = (
 
 @transaction.atomic
 def load_h200_tune():
-    """The H200 host, the tuned config and its tuning run with its timings; returns the
-    tuning run. Loading it again changes nothing."""
+    """The tuned config and its tuning run with its timings; returns the tuning run. Loading it
+    again changes nothing. The run names its GPU, not a host: the H200 it ran on is no host of
+    this moeops (no worker takes work there)."""
     tune = json.loads(TUNE_FILE.read_text())
     provenance = tune["provenance"]
     shape, kernel, batches = tune["shape"], tune["kernel"], tune["batches"]
-    host, _ = Host.objects.update_or_create(
-        name=HOST_NAME,
-        defaults={
-            "description": "1× NVIDIA H200 (SM90, 700 W) lent for moeops' kernel benchmarks; "
-            "no worker runs here",
-            "provenance": provenance,
-        },
-    )
-    GPU.objects.update_or_create(
-        host=host,
-        index=0,
-        defaults={"name": tune["device_name"], "compute_capability": "9.0", "power_limit_w": 700.0},
-    )
     timed_on = {
         "kernel_engine": kernel["engine"],
         "kernel_version": kernel["version"],
@@ -76,7 +62,6 @@ def load_h200_tune():
     )
     tuning, created = tuning_run_create(
         run_uuid=TUNING_UUID,
-        host=host,
         device_name=tune["device_name"],
         E=shape["E"],
         N=shape["N"],

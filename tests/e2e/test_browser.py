@@ -14,6 +14,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from moeops.examples import load_example_data, load_standin_deployment
+from moeops.examples.h200_tune import TUNING_UUID
 from moeops.fleet.models import Deployment
 from moeops.fleet.services import health_check_record
 from moeops.insights.models import Finding
@@ -577,7 +578,7 @@ def test_result_and_kernel_files_upload_from_their_pages(page, member):
 
 def test_the_h200_tune_of_the_examples_draws_the_tuned_default_and_shipped_timings(page, member):
     call_command("load_example_data", stdout=io.StringIO())
-    tuning = TuningRun.objects.get(host__name="h200-bench")
+    tuning = TuningRun.objects.get(uuid=TUNING_UUID)
     log_in(page, member)
     page.goto(page.base + f"/kernels/{tuning.result_id}/")
     traces = {t["name"]: t["n"] for t in chart_traces(page, "timings")}

@@ -60,3 +60,6 @@ def test_it_loads_the_h200_tune_of_the_device_table_once(client):
     pb.sign_in(client)
     page = client.get(f"/kernels/{config.pk}/").content.decode()
     assert "vLLM 0.33.0&#x27;s own kernel" in page and "never timed in SGLang" in page
+    # the H200 is no host of this moeops: nothing can be sent there
+    assert tuning.host is None and str(tuning) == "tune E=256 N=256 fp8_w8a8 on NVIDIA H200"
+    assert "NVIDIA H200" in client.get(f"/tunes/{tuning.uuid}/").content.decode()
