@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
 PG_URL ?= postgres://postgres@127.0.0.1:5432/moeops
 POSTGRES_ANSWERS = [ -n "$$DATABASE_URL" ] || pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null \
 	|| $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null
-# make test's passes list their slowest tests: the 20-minute budget is watched from CI's log
+# make test's passes list their slowest tests, so CI's log shows what keeps it from 20 minutes
 DURATIONS ?= --durations=15
 # make run PORT=8001 STANDIN_PORT=30001: the web app's and the stand-in engine's ports
 PORT ?= 8000
