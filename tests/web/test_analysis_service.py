@@ -425,6 +425,21 @@ def test_the_queue_finding_names_the_cap_the_run_ran_under_not_the_deployment_s_
     assert run.recorded_running_cap() == 64
 
 
+def test_a_cap_first_filled_in_after_the_sweep_is_the_one_the_queue_finding_names(
+    h200_deployment,
+):
+    snapshot = {"deployment": {"max_running_requests": None}}
+    run = make_run(h200_deployment, [(32, 800.0), (128, 900.0)], snapshot=snapshot)
+    EngineSample.objects.bulk_create(
+        [EngineSample(run=run, ts=2.0, level_concurrency=128, running=64, queued=64)]
+    )
+
+    services.run_analyze(run=run)
+
+    queueing = auto(run, kind="queueing").get()
+    assert (queueing.evidence["cap"], queueing.evidence["cap_source"]) == (64, "deployment")
+
+
 def test_a_resumed_level_is_judged_by_the_samples_of_the_attempt_that_stored_it(h200_deployment):
     # the worker died in level 128 (attempt 1), whose GPUs then sat idle; the sweep delivered
     # again ran the level anew (attempt 2) and stored it
