@@ -3,6 +3,7 @@ import json
 from django import forms
 from django.contrib import admin
 
+from moeops.fleet.endpoints import endpoint_refusal
 from moeops.fleet.models import (
     GPU,
     Deployment,
@@ -109,8 +110,22 @@ class TopologySnapshotAdmin(admin.ModelAdmin):
     date_hierarchy = "captured_at"
 
 
+class DeploymentAdminForm(forms.ModelForm):
+    """The deployment's fields, its endpoint held to the rule the pages and the API keep: the
+    host's worker fetches that URL (fleet.endpoints). The admin makes its Meta."""
+
+    def clean_endpoint_url(self):
+        url = self.cleaned_data["endpoint_url"]
+        host = self.cleaned_data.get("host")
+        refusal = endpoint_refusal(host=host, url=url) if host is not None else ""
+        if refusal:
+            raise forms.ValidationError(refusal[:1].upper() + refusal[1:] + ".")
+        return url
+
+
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
+    form = DeploymentAdminForm
     list_display = ("name", "model", "host", "engine", "tp", "ep", "status")
     list_filter = ("engine", "status", "host")
     search_fields = ("name", "served_model_name")

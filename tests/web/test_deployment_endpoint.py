@@ -2,6 +2,7 @@
 so only the host itself or MOEOPS_ENDPOINT_ALLOWLIST, and only staff choose a new address."""
 
 import pytest
+from django.contrib.admin import site
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.test import Client
@@ -139,3 +140,30 @@ def test_an_endpoint_stored_before_the_rule_is_neither_swept_nor_checked(world):
     with pytest.raises(ValidationError):
         fleet_services.deployment_check_enqueue(deployment=world.deployment, trigger="manual")
     assert check_deployments() == []
+
+
+def test_the_admin_holds_the_endpoint_to_the_same_rule(world, rf, admin_user):
+    request = rf.get("/admin/")
+    request.user = admin_user
+    form_class = site._registry[Deployment].get_form(request, world.deployment)
+    form_data = {
+        "name": world.deployment.name,
+        "model": world.deployment.model_id,
+        "host": world.deployment.host_id,
+        "engine": world.deployment.engine,
+        "tp": 1,
+        "ep": 1,
+        "launch_args": "{}",
+        "management": "external",
+        "status": world.deployment.status,
+    }
+    refused = form_class({**form_data, "endpoint_url": METADATA}, instance=world.deployment)
+    assert not refused.is_valid()
+    assert refused.errors["endpoint_url"] == [
+        "169.254.169.254 is neither host rtx-pro-6000 nor in MOEOPS_ENDPOINT_ALLOWLIST "
+        "(localhost, 127.0.0.0/8, ::1)."
+    ]
+    bare = form_class(
+        {**form_data, "endpoint_url": "http://rtx-pro-6000:8000"}, instance=world.deployment
+    )
+    assert bare.is_valid(), bare.errors
