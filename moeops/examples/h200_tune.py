@@ -43,38 +43,34 @@ def load_h200_tune():
     tune = json.loads(TUNE_FILE.read_text())
     provenance = tune["provenance"]
     shape, kernel, batches = tune["shape"], tune["kernel"], tune["batches"]
-    timed_on = {
+    # what the config and its tuning run both record: the GPU, the shape, the kernel timed
+    recorded = {
+        "device_name": tune["device_name"],
+        "E": shape["E"],
+        "N": shape["N"],
+        "dtype": shape["dtype"],
+        "block_shape": shape["block_shape"],
         "kernel_engine": kernel["engine"],
         "kernel_version": kernel["version"],
         "kernel_source_sha256": kernel["source_sha256"],
     }
     config, _ = kernel_config_store(
-        device_name=tune["device_name"],
-        E=shape["E"],
-        N=shape["N"],
-        dtype=shape["dtype"],
-        block_shape=shape["block_shape"],
         triton_version=tune["triton_version"],
         entries={m: batch["config"] for m, batch in batches.items()},
         source="tuned",
         provenance=provenance,
-        **timed_on,
+        **recorded,
     )
     tuning, created = tuning_run_create(
         run_uuid=TUNING_UUID,
-        device_name=tune["device_name"],
-        E=shape["E"],
-        N=shape["N"],
         hidden_size=shape["H"],
         topk=shape["top_k"],
-        dtype=shape["dtype"],
-        block_shape=shape["block_shape"],
         batch_sizes=sorted(int(m) for m in batches),
         engine=kernel["engine"],
         kernel_note=f"vLLM {kernel['version']}'s own kernel, read from its wheel",
         telemetry_status="not_collected",
         telemetry_detail="the benchmark kept no GPU telemetry of this tune",
-        **timed_on,
+        **recorded,
     )
     if created:
         tuning_run_update(tuning_run=tuning, status="running")

@@ -260,7 +260,8 @@ def _progress_update(run, progress):
     delivery that was taken over (a slow worker's, or one left waiting in a spool) raise
     RunConflict instead of moving the run back to their attempt."""
     attempt = (progress or {}).get("attempt")
-    if attempt is not None and attempt_of(progress) != attempt:
+    # JSON's true equals 1 in Python: refused like any other attempt that is no integer
+    if attempt is not None and (isinstance(attempt, bool) or attempt_of(progress) != attempt):
         raise ValidationError({"progress": "attempt must be a positive integer"})
     with transaction.atomic():
         locked = SweepRun.objects.select_for_update().get(pk=run.pk)

@@ -149,9 +149,10 @@ def test_the_progress_of_a_delivery_taken_over_is_refused_with_its_status(world)
     # the current attempt's and a progress without an attempt are stored
     assert world.host_worker.patch(url, {"progress": {"attempt": 3}}).status_code == 200
     assert world.host_worker.patch(url, {"progress": {"level_index": 2}}).status_code == 200
-    bad = world.host_worker.patch(url, {"progress": {"attempt": "3"}})
-    assert bad.status_code == 400
-    assert bad.json()["detail"] == "progress: attempt must be a positive integer"
+    for bad_attempt in ("3", True, 0):
+        bad = world.host_worker.patch(url, {"progress": {"attempt": bad_attempt}})
+        assert bad.status_code == 400
+        assert bad.json()["detail"] == "progress: attempt must be a positive integer"
 
 
 def test_it_rejects_null_for_a_field_that_cannot_be_empty(world):

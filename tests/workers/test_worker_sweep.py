@@ -183,15 +183,19 @@ def test_a_redelivered_run_skips_the_levels_already_stored(world):
     assert levels[1].completed == 32
 
 
+def _left_by_a_gone_worker(run, attempt=1):
+    """The run running as `attempt`, whose worker's heartbeat is long gone."""
+    services.run_transition(run=run, status="running")
+    progress = {"heartbeat": time.time() - 60, "attempt": attempt}
+    SweepRun.objects.filter(pk=run.pk).update(progress=progress)
+
+
 def test_a_resumed_run_marks_its_levels_and_samples_with_the_next_attempt(world):
     deployment, client = world
     run = _run(deployment, levels=(4, 8), gpu_indices=[0], prompts_per_level=48)
-    services.run_transition(run=run, status="running")
+    # the second delivery died in level 8, after the first had stored level 4
+    _left_by_a_gone_worker(run, attempt=2)
     services.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
-    # the second delivery died in level 8; its heartbeat is long gone
-    SweepRun.objects.filter(pk=run.pk).update(
-        progress={"heartbeat": time.time() - 60, "attempt": 2}
-    )
 
     assert _sweep(run, client, nvml=FakeNVML([h200()]), telemetry_hz=10) == "succeeded"
 
@@ -206,10 +210,7 @@ def test_a_resumed_run_marks_its_levels_and_samples_with_the_next_attempt(world)
 def test_of_two_deliveries_that_found_the_worker_gone_one_takes_the_run_over(world):
     deployment, client = world
     run = _run(deployment, levels=(4,))
-    services.run_transition(run=run, status="running")
-    SweepRun.objects.filter(pk=run.pk).update(
-        progress={"heartbeat": time.time() - 60, "attempt": 1}
-    )
+    _left_by_a_gone_worker(run)
     stale = client.get_run(str(run.uuid))
     other = {"host": "another-host", "pid": 1}
     reads = []
@@ -235,10 +236,7 @@ def test_of_two_deliveries_that_found_the_worker_gone_one_takes_the_run_over(wor
 def test_a_takeover_whose_answer_was_lost_is_recognised_as_this_deliverys(world):
     deployment, client = world
     run = _run(deployment, levels=(4,))
-    services.run_transition(run=run, status="running")
-    SweepRun.objects.filter(pk=run.pk).update(
-        progress={"heartbeat": time.time() - 60, "attempt": 1}
-    )
+    _left_by_a_gone_worker(run)
 
     def take_over_run(ref, attempt, progress):
         # the takeover is stored, but its answer is lost and the retry is refused (409)
