@@ -11,7 +11,7 @@ DURATIONS ?= --durations=15
 PORT ?= 8000
 STANDIN_PORT ?= 30000
 
-.PHONY: install run test test-gpu lint test-sqlite test-postgres _pytest-sqlite _pytest-postgres browser-deps engine clean
+.PHONY: install run test check test-gpu lint test-sqlite test-postgres _pytest-sqlite _pytest-postgres browser-deps engine clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -42,6 +42,11 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+
+# Day to day: lint and the tests that start no engine, browser or whole stack (SQLite).
+UNIT := not gpu and not e2e and not browser and not engine and not faults
+check: lint
+	env -u DATABASE_URL $(VENV)/bin/pytest -q -m "$(UNIT)" $(DURATIONS)
 
 test-sqlite: install browser-deps engine _pytest-sqlite
 
