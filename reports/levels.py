@@ -3,6 +3,10 @@ the worker's load generator writes them (workers.loadgen, workers.sweep), the we
 them as LevelResult fields and reads them from imported files (moeops.runs). Units: counts,
 tokens, s (duration), req/s and tok/s (rates), ms (latencies); docs/metrics.md defines each."""
 
+# A level with no prompts_per_level sends this many requests per concurrent stream, so that the
+# steady state outweighs the ramp-up and drain at the level's edges (workers.loadgen).
+DEFAULT_PROMPTS_PER_STREAM = 4
+
 # Latency statistics per level (ms): time to first token, time per output token, inter-token
 # latency and end-to-end latency, each as mean, median, std and three percentiles.
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")

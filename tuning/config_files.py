@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from tuning.moe_params import MAX_EXPERTS, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE
+
 # The batch sizes both engines' tuners sweep by default (benchmark_moe.py, common_utils.py).
 TUNED_BATCH_SIZES = (
     1,
@@ -69,6 +71,9 @@ _NAME = re.compile(
     r"(?P<down>_down)?\.json"
 )
 _TRITON_FOLDER = re.compile(r"triton_(\w+)")
+# What a file may name, as the model's sizes bound them (tuning.moe_params): E experts per rank,
+# N the per-rank intermediate size, block sizes as the weights' block shape.
+SHAPE_BOUNDS = {"E": MAX_EXPERTS, "N": MAX_INTERMEDIATE_SIZE, "block_shape": MAX_HIDDEN_SIZE}
 
 
 class ConfigFileError(ValueError):
@@ -117,6 +122,32 @@ class ConfigFileName:
         )
 
 
+def shape_problems(E, N, block_shape=None) -> dict[str, str]:
+    """{"E" | "N" | "block_shape": why} for each part no engine names a file with; {} when all
+    fit. The one bound of a config's shape, whether it comes from a file name or from fields."""
+    problems = {}
+    for label, value in (("E", E), ("N", N)):
+        bound = SHAPE_BOUNDS[label]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+            problems[label] = f"must be an integer from 1 to {bound:,}, got {_show(value)}"
+    if block_shape is not None:
+        bound = SHAPE_BOUNDS["block_shape"]
+        sizes = list(block_shape) if isinstance(block_shape, list | tuple) else None
+        if not sizes or len(sizes) != 2 or not all(_size(v, bound) for v in sizes):
+            problems["block_shape"] = (
+                f"must be [block_n, block_k], each from 1 to {bound:,}, got {_show(block_shape)}"
+            )
+    return problems
+
+
+def _said(problems: dict[str, str]) -> str:
+    return "; ".join(f"{label} {why}" for label, why in problems.items())
+
+
+def _size(value, bound: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and 1 <= value <= bound
+
+
 def file_device_name(device_name: str) -> str:
     """The device part of an engine file name: the NVML name with spaces → "_"."""
     return device_name.strip().replace(" ", "_")
@@ -148,9 +179,9 @@ def config_file_name(
     """
     if style not in STYLES:
         raise ConfigFileError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
-    for label, value in (("E", E), ("N", N)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigFileError(f"{label} must be a positive integer, got {value!r}")
+    problems = shape_problems(E, N)
+    if problems:
+        raise ConfigFileError(_said(problems))
     if style == "vllm" and (per_channel_quant or down_moe):
         raise ConfigFileError("per_channel_quant and down_moe are parts of SGLang names only")
     device = file_device_name(device_name)
@@ -209,6 +240,10 @@ def parse_config_file_name(name: str) -> ConfigFileName:
     block_shape = None
     if match["bn"] is not None:
         block_shape = (int(match["bn"]), int(match["bk"]))
+    E, N = int(match["E"]), int(match["N"])
+    problems = shape_problems(E, N, block_shape)
+    if problems:
+        raise ConfigFileError(f"{path.name!r}: {_said(problems)}")
     device = match["device"]
     style = None
     # vLLM files every H200 variant as NVIDIA_H200, so another H200 name is SGLang's.
@@ -219,8 +254,8 @@ def parse_config_file_name(name: str) -> ConfigFileName:
         style = "vllm"
     folder = _TRITON_FOLDER.fullmatch(path.parent.name)
     return ConfigFileName(
-        E=int(match["E"]),
-        N=int(match["N"]),
+        E=E,
+        N=N,
         device_name=device,
         dtype=match["dtype"],
         block_shape=block_shape,

@@ -30,6 +30,10 @@ MAX_HIDDEN_SIZE = 1 << 17  # 7,168 (DeepSeek-V3), 16,384 (Llama 3.1 405B)
 MAX_INTERMEDIATE_SIZE = 1 << 17  # 2,048 (DeepSeek-V3), 16,384 (Mixtral 8x22B)
 MAX_LAYERS = 1 << 12  # 61 (DeepSeek-V3), 126 (Llama 3.1 405B)
 MAX_VOCAB_SIZE = 1 << 24  # 163,840 (Kimi K2), 262,144 (Gemma 3)
+# The longest names a model's row keeps (its architecture and model_type columns): class names
+# such as "KimiK25ForConditionalGeneration" (31) and types such as "qwen3_moe" are far shorter.
+MAX_ARCHITECTURE_CHARS = 200
+MAX_MODEL_TYPE_CHARS = 100
 
 
 class MoEConfigError(ValueError):
@@ -109,12 +113,10 @@ def moe_params(
     else:
         quantization, block_shape = _quantization_of_config(sections)
 
-    architectures = config.get("architectures")
+    _vocab_size(sections)
     return MoEParams(
-        architecture=architectures[0]
-        if isinstance(architectures, list) and architectures
-        else None,
-        model_type=config.get("model_type"),
+        architecture=_architecture(config.get("architectures")),
+        model_type=_name("model_type", config.get("model_type"), MAX_MODEL_TYPE_CHARS),
         num_experts=num_experts,
         experts_per_rank=experts_per_rank,
         topk=topk,
@@ -139,9 +141,43 @@ def vocab_size(config: dict | str | bytes) -> int | None:
         return None
     text_config = config.get("text_config")
     sections = [text_config, config] if isinstance(text_config, dict) else [config]
-    key, value = _first(sections, ("vocab_size", "padded_vocab_size"))
-    if key is None or not _is_int(value) or not 2 <= value <= MAX_VOCAB_SIZE:
+    try:
+        return _vocab_size(sections)
+    except MoEConfigError:
         return None
+
+
+def _vocab_size(sections: list[dict]) -> int | None:
+    key, value = _first(sections, ("vocab_size", "padded_vocab_size"))
+    if key is None:
+        return None
+    if not _is_int(value) or not 2 <= value <= MAX_VOCAB_SIZE:
+        raise MoEConfigError(
+            f"{key} must be an integer from 2 to {MAX_VOCAB_SIZE:,}, got {json.dumps(value)}"
+        )
+    return value
+
+
+def _architecture(architectures) -> str | None:
+    """The first of config.json's `architectures` (class names), or None when there is none."""
+    if architectures is None:
+        return None
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise MoEConfigError(
+            f"architectures must be a list of class names, got {json.dumps(architectures)}"
+        )
+    if not architectures:
+        return None
+    return _name("architectures[0]", architectures[0], MAX_ARCHITECTURE_CHARS)
+
+
+def _name(key: str, value, max_chars: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise MoEConfigError(f"{key} must be a string, got {json.dumps(value)}")
+    if len(value) > max_chars:
+        raise MoEConfigError(f"{key} must be at most {max_chars} characters, got {len(value)}")
     return value
 
 
@@ -224,7 +260,7 @@ def _quantization(qc: dict) -> tuple[str | None, tuple[int, int] | None]:
     if isinstance(algo, str) and method in (None, "modelopt"):
         return algo.lower(), None
     if isinstance(method, str):
-        return method.lower(), _block(qc.get("weight_block_size"))
+        return method.lower(), _block("weight_block_size", qc.get("weight_block_size"))
     return None, None
 
 
@@ -234,7 +270,7 @@ def _compressed_tensors(qc: dict) -> tuple[str | None, tuple[int, int] | None]:
     if not isinstance(weights, dict):
         return "compressed-tensors", None
     bits, kind, group = weights.get("num_bits"), weights.get("type"), weights.get("group_size")
-    block = _block(weights.get("block_structure"))
+    block = _block("block_structure", weights.get("block_structure"))
     if kind == "float" and bits == 8:
         return "fp8", block
     if kind == "float" and bits == 4:
@@ -245,17 +281,21 @@ def _compressed_tensors(qc: dict) -> tuple[str | None, tuple[int, int] | None]:
     return "compressed-tensors", block
 
 
-def _block(value) -> tuple[int, int] | None:
-    if isinstance(value, str) and "x" in value:
-        value = value.split("x")
-    if isinstance(value, list | tuple) and len(value) == 2:
-        try:
-            bn, bk = (int(v) for v in value)
-        except (TypeError, ValueError):
-            return None
-        sizes_fit = 0 < bn <= MAX_HIDDEN_SIZE and 0 < bk <= MAX_HIDDEN_SIZE
-        return (bn, bk) if sizes_fit else None
-    return None
+def _block(key: str, value) -> tuple[int, int] | None:
+    """[block_n, block_k] of a weight block size (a list, or text such as "128x128"), None when
+    not given; MoEConfigError naming `key` for anything else (the kernel divides by both)."""
+    if value is None:
+        return None
+    sizes = value.split("x") if isinstance(value, str) else value
+    if isinstance(sizes, list | tuple) and len(sizes) == 2:
+        if isinstance(value, str):
+            sizes = [int(v) if v.isascii() and v.isdigit() else None for v in sizes]
+        if all(_is_int(v) and 0 < v <= MAX_HIDDEN_SIZE for v in sizes):
+            return sizes[0], sizes[1]
+    raise MoEConfigError(
+        f"{key} must be two sizes [block_n, block_k], each from 1 to {MAX_HIDDEN_SIZE:,}, "
+        f"got {json.dumps(value)}"
+    )
 
 
 def _lookup(section: dict, dotted: str):

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import sys
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -24,23 +25,44 @@ class BodyError(ValueError):
     """The body is not UTF-8 JSON; the message says where."""
 
 
-def _first_undecodable(obj, path="body"):
-    """Path of the first string or key holding bytes that were not UTF-8, or None."""
-    if isinstance(obj, str):
-        return path if any("\udc80" <= ch <= "\udcff" for ch in obj) else None
+def _first_path(obj, bad, path="body"):
+    """Path of the first value (or key) of a parsed body for which bad() holds, or None."""
+    if bad(obj):
+        return path
     if isinstance(obj, dict):
         for key, value in obj.items():
-            if _first_undecodable(key) is not None:
+            if bad(key):
                 return f"{path} (a key)"
-            found = _first_undecodable(value, f"{path}.{key}")
+            found = _first_path(value, bad, f"{path}.{key}")
             if found:
                 return found
     if isinstance(obj, list):
         for i, value in enumerate(obj):
-            found = _first_undecodable(value, f"{path}.{i}")
+            found = _first_path(value, bad, f"{path}.{i}")
             if found:
                 return found
     return None
+
+
+def _undecodable(value):
+    # bytes that were not UTF-8, kept as lone surrogates by the surrogateescape decoding
+    return isinstance(value, str) and any("\udc80" <= ch <= "\udcff" for ch in value)
+
+
+# stands for an integer of the body with more digits than int() reads
+_LONG_NUMBER = object()
+
+
+def _long_number_error(body):
+    """The BodyError naming the field of the first integer past Python's digit limit."""
+    limit = sys.get_int_max_str_digits()
+    data = json.loads(
+        body, parse_int=lambda t: int(t) if len(t.lstrip("-")) <= limit else _LONG_NUMBER
+    )
+    where = _first_path(data, lambda value: value is _LONG_NUMBER) or "body"
+    return BodyError(
+        f"{where}: an integer of more than {limit:,} digits, more than numbers in a body may have"
+    )
 
 
 class StrictUtf8Parser(Parser):
@@ -65,8 +87,12 @@ class StrictUtf8Parser(Parser):
             raise BodyError(
                 f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
             ) from None
+        except ValueError:
+            # int() refuses more digits than sys.get_int_max_str_digits (4,300), a guard against
+            # quadratic-time conversion; found again with a parse that keeps such numbers aside
+            raise _long_number_error(body) from None
         if not clean:
-            where = _first_undecodable(data) or "body"
+            where = _first_path(data, _undecodable) or "body"
             raise BodyError(f"{where}: not valid UTF-8")
         return data
 

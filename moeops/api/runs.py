@@ -9,7 +9,7 @@ from django.db.models import Q
 from ninja import Query, Router, Schema
 from ninja.errors import HttpError
 from ninja.pagination import paginate
-from pydantic import AfterValidator, Field, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from moeops.api import lookups
 from moeops.api.auth import WRITE, require_write
@@ -37,7 +37,7 @@ from moeops.runs.models import (
     TELEMETRY_STATUSES,
     LevelResult,
 )
-from moeops.runs.parameters import RunParameters
+from moeops.runs.parameters import Concurrency, RunParameters
 from moeops.storable import MAX_SMALL_INT
 
 router = Router(tags=["runs"])
@@ -49,6 +49,15 @@ ResultFormat = Literal[FORMATS]
 MAX_SAMPLES = 100_000
 
 
+def _rate_given(value):
+    # the one word a rate may be: "inf", as Python and vLLM's --request-rate spell unlimited
+    if value == "inf":
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, int | float | None):
+        raise ValueError('must be a number of req/s, or "inf" for unlimited')
+    return value
+
+
 def _rate(value):
     # inf (JSON Infinity or "inf") means unlimited, stored as null
     if value is not None and math.isnan(value):
@@ -56,7 +65,12 @@ def _rate(value):
     return None if value is None or math.isinf(value) else value
 
 
-RequestRate = Annotated[float | None, Field(ge=0, allow_inf_nan=True), AfterValidator(_rate)]
+# a rate of 0 req/s would send nothing
+RequestRate = Annotated[
+    Annotated[float, Field(gt=0, allow_inf_nan=True)] | None,
+    BeforeValidator(_rate_given),
+    AfterValidator(_rate),
+]
 
 
 # --------------------------------------------------------------------------- runs
@@ -335,9 +349,15 @@ def run_cancel(request, ref: str):
 
 
 class LevelIn(In):
-    """One concurrency level, named as `vllm bench serve` names its result keys (ms, tok/s)."""
+    """One concurrency level, named as `vllm bench serve` names its result keys (ms, tok/s).
 
-    concurrency: PosInt | None = None
+    Strict: a count must be a JSON integer and a figure a JSON number, so that true or "5" is
+    refused rather than stored as 1 or 5.
+    """
+
+    model_config = ConfigDict(strict=True)
+
+    concurrency: Concurrency | None = None
     request_rate: RequestRate = Field(None, description="req/s; null or inf = unlimited")
     input_len: PosInt | None = None
     output_len: PosInt | None = None
@@ -385,6 +405,9 @@ class LevelIn(In):
 
 
 class LevelOut(Schema, LevelIn):
+    # read from stored rows, whose types the write already held to LevelIn's
+    model_config = ConfigDict(strict=False)
+
     id: int
     run: int
     key: str

@@ -4,13 +4,22 @@ may name only the host itself (its name, or an address in MOEOPS_ENDPOINT_ALLOWL
 default) and only staff may point a deployment at a new address."""
 
 import ipaddress
+import re
 from urllib.parse import urlsplit
 
 from django.conf import settings
 
+# A DNS name: labels of letters, digits, "-" (and "_", which some lab names hold), dot-separated.
+HOST_NAME = re.compile(
+    r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*"
+)
+
 
 def endpoint_refusal(*, host, url):
-    """Why the worker of `host` may not be sent to `url`, or "" when it may (an empty URL may)."""
+    """Why the worker of `host` may not be sent to `url`, or "" when it may (an empty URL may).
+
+    `url` is the engine server's base URL (scheme, host, port): a path, query or fragment is
+    refused, as is a host part that is no host name or address."""
     if not url:
         return ""
     try:
@@ -21,12 +30,28 @@ def endpoint_refusal(*, host, url):
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{url!r} is not an http(s) URL with a host"
     name = parts.hostname.rstrip(".").lower()
-    if name == host.name.lower() or _allowed(name):
-        return ""
-    return (
-        f"{parts.hostname} is neither host {host.name} nor in MOEOPS_ENDPOINT_ALLOWLIST "
-        f"({', '.join(settings.MOEOPS_ENDPOINT_ALLOWLIST) or 'empty'})"
-    )
+    if not _is_address(name) and not HOST_NAME.fullmatch(name):
+        return f"{parts.hostname!r} is neither a host name nor an IP address"
+    if name != host.name.lower() and not _allowed(name):
+        return (
+            f"{parts.hostname} is neither host {host.name} nor in MOEOPS_ENDPOINT_ALLOWLIST "
+            f"({', '.join(settings.MOEOPS_ENDPOINT_ALLOWLIST) or 'empty'})"
+        )
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        # the worker adds /v1/models, /health, /metrics to it: a path would be said twice
+        return (
+            f"the endpoint is the server's base URL, without /v1 or another path: "
+            f"{parts.scheme}://{parts.netloc}"
+        )
+    return ""
+
+
+def _is_address(name):
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _allowed(name):

@@ -12,7 +12,12 @@ from django.utils.timesince import timesince
 
 from reports import engine as engine_reports
 from reports.queues import host_queue
-from tuning.moe_params import MoEConfigError, moe_params
+from tuning.moe_params import (
+    MAX_ARCHITECTURE_CHARS,
+    MAX_MODEL_TYPE_CHARS,
+    MoEConfigError,
+    moe_params,
+)
 
 ENGINES = (("sglang", "SGLang"), ("vllm", "vLLM"), ("other", "Other"))
 
@@ -67,8 +72,8 @@ class ModelSpec(models.Model):
     quant_config_json = models.JSONField(
         null=True, blank=True, help_text="A separate hf_quant_config.json (ModelOpt), if any."
     )
-    architecture = models.CharField(max_length=200, blank=True)
-    model_type = models.CharField(max_length=100, blank=True)
+    architecture = models.CharField(max_length=MAX_ARCHITECTURE_CHARS, blank=True)
+    model_type = models.CharField(max_length=MAX_MODEL_TYPE_CHARS, blank=True)
     num_experts = models.PositiveIntegerField(null=True, blank=True)
     topk = models.PositiveIntegerField(null=True, blank=True)
     hidden_size = models.PositiveIntegerField(null=True, blank=True)

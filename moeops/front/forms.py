@@ -6,6 +6,7 @@ import re
 
 from django import forms
 from django.conf import settings
+from django.core.exceptions import NON_FIELD_ERRORS
 
 from moeops.fleet.endpoints import endpoint_change_refusal
 from moeops.fleet.models import ENGINES, GPU, VIRTUALIZATION_KINDS, Deployment, Host, ModelSpec
@@ -14,6 +15,7 @@ from moeops.insights.models import PLAN_STATUSES, Note
 from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
 from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, SweepRun
+from moeops.runs.parameters import parameters_checked
 from tuning.config_files import TUNED_BATCH_SIZES, triton_config_unread
 from tuning.engine_source import ENGINE_TITLES
 from tuning.moe_params import MoEConfigError, moe_params
@@ -51,7 +53,13 @@ def _int_list(text, *, field_name):
         raise forms.ValidationError(f"{field_name}: give at least one")
     if any(v < 1 for v in values):
         raise forms.ValidationError(f"{field_name}: every value must be at least 1")
-    return sorted(set(values))
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise forms.ValidationError(
+            f"{field_name}: give each value once ({', '.join(map(str, repeated))} is given "
+            "more than once)"
+        )
+    return sorted(values)
 
 
 class EndpointField(forms.CharField):
@@ -277,20 +285,40 @@ class SweepForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.deployment = deployment
 
+    LOAD = ("levels", "input_len", "output_len", "prompts_per_level", "warmup", "endpoint")
+
     def clean_levels(self):
         return _int_list(self.cleaned_data["levels"], field_name="levels")
 
     def clean(self):
         cleaned = super().clean()
+        try:
+            parameters_checked(self.parameters())
+        except forms.ValidationError as exc:
+            self.add_parameter_errors(exc)
         if not self.deployment.endpoint_url:
             raise forms.ValidationError(
                 "This deployment has no endpoint URL to send requests to; edit it first."
             )
         return cleaned
 
+    def add_parameter_errors(self, exc):
+        """Put a ValidationError of the run's parameters ("parameters.levels": …) on the field
+        it names; what names no field of the form (the sweep's total, the endpoint) on the
+        form."""
+        for key, problems in exc.message_dict.items():
+            field = key.removeprefix("parameters.")
+            for problem in problems:
+                if field in self.fields:
+                    # "0: …" is the place in the list, which the form's text does not show
+                    problem = re.sub(r"^\d+: ", "", problem)
+                    self.add_error(field, forms.ValidationError(f"{field}: {problem}"))
+                else:
+                    self.add_error(None, forms.ValidationError(problem, code="load"))
+
     def parameters(self):
-        keys = ("levels", "input_len", "output_len", "prompts_per_level", "warmup", "endpoint")
-        return {key: self.cleaned_data[key] for key in keys}
+        """The load as the run's parameters: what the form's fields hold (those that parsed)."""
+        return {key: self.cleaned_data[key] for key in self.LOAD if key in self.cleaned_data}
 
     def estimate(self):
         """ "Estimated duration: ≈ …" of the sweep as the form stands (valid or not)."""
@@ -304,7 +332,7 @@ class SweepForm(forms.Form):
             data = {name: self[name].initial for name in self.fields}
             data["levels"] = _int_list(data["levels"], field_name="levels")
         keys = ("levels", "prompts_per_level", "output_len", "warmup")
-        if any(data.get(key) is None for key in keys):
+        if any(data.get(key) is None for key in keys) or self.has_error(NON_FIELD_ERRORS, "load"):
             return "No estimated duration until levels, prompts and lengths are valid."
         seconds = estimate.sweep_seconds(
             pace,

@@ -3,7 +3,7 @@ from django.contrib import admin
 
 from moeops.kernels.models import KernelConfig, TuningRun, TuningTiming
 from moeops.kernels.services import kernel_config_store
-from tuning.config_files import ConfigEntryError, validate_entries
+from tuning.config_files import ConfigEntryError, shape_problems, validate_entries
 
 # The fields kernel_config_store takes, as the admin's form edits them.
 STORED_FIELDS = (
@@ -40,17 +40,15 @@ class KernelConfigForm(forms.ModelForm):
 
     def clean_block_shape(self):
         shape = self.cleaned_data.get("block_shape")
-        if shape in (None, ""):
-            return None
-        if (
-            not isinstance(shape, list)
-            or len(shape) != 2
-            or not all(isinstance(v, int) and v > 0 for v in shape)
-        ):
-            raise forms.ValidationError(
-                "block_shape must be two positive integers, e.g. [128, 128]"
-            )
-        return shape
+        return None if shape in (None, "") else shape
+
+    def clean(self):
+        cleaned = super().clean()
+        if "E" in cleaned and "N" in cleaned and "block_shape" in cleaned:
+            problems = shape_problems(cleaned["E"], cleaned["N"], cleaned["block_shape"])
+            for field, why in problems.items():
+                self.add_error(field, f"{field} {why}")
+        return cleaned
 
 
 @admin.register(KernelConfig)

@@ -72,10 +72,14 @@ def kernel_config_store(
     kernel it was tuned on (engine, version, source hash), kept beside the file, never in it.
 
     entries: {batch size: kernel parameters}. When the newest version already holds the same
-    entries, Triton version and kernel, that version is returned (created False).
+    entries, Triton version and kernel, that version is returned (created False). Raises
+    ValidationError naming dtype, E, N, block_shape (config_files.shape_problems) or entries.
     """
     if dtype not in DTYPES:
         raise ValidationError({"dtype": f"must be one of {', '.join(DTYPES)}, got {dtype!r}"})
+    problems = config_files.shape_problems(E, N, block_shape)
+    if problems:
+        raise ValidationError(problems)
     try:
         checked = config_files.validate_entries(entries)
     except config_files.ConfigEntryError as exc:

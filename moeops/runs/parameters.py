@@ -9,14 +9,23 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic import ValidationError as SchemaError
 
 from moeops.storable import MAX_INT, storable_json
+from reports.levels import DEFAULT_PROMPTS_PER_STREAM
+from reports.queues import SWEEP_SOFT_LIMIT_S
 
 # One sweep's numbers stay far below what a worker can hold in memory: a prompt of 2^24 tokens is
 # beyond every context window (Llama 4 Scout: 10 M), a level of 2^24 requests beyond any bench.
 MAX_TOKENS = 1 << 24
 MAX_REQUESTS = 1 << 24
 MAX_LEVELS = 1024
+# Each request in flight holds one TCP connection, and so one port of the client's address.
+MAX_CONCURRENCY = 1 << 16
+# What a sweep may send in all (prompt and output tokens of every request, warm-up included):
+# at 1,000,000 tok/s, more than one deployment serves, a worker sends 21.6 G tokens in the 6 h a
+# sweep may run; the form's full preset sends 12.7 M.
+SWEEP_TOKENS_PER_S = 1_000_000
+MAX_SWEEP_TOKENS = SWEEP_SOFT_LIMIT_S * SWEEP_TOKENS_PER_S
 
-Concurrency = Annotated[int, Field(strict=True, ge=1, le=MAX_INT)]
+Concurrency = Annotated[int, Field(strict=True, ge=1, le=MAX_CONCURRENCY)]
 Tokens = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]
 Requests = Annotated[int, Field(strict=True, ge=0, le=MAX_REQUESTS)]
 Positive = Annotated[float, Field(gt=0, le=1e9)]
@@ -58,11 +67,37 @@ class RunParameters(BaseModel):
 
     @model_validator(mode="after")
     def _checked(self):
-        if self.levels is not None and len(set(self.levels)) != len(self.levels):
-            raise ValueError("levels: each concurrency once")
+        if self.levels is not None:
+            repeated = sorted({c for c in self.levels if self.levels.count(c) > 1})
+            if repeated:
+                raise ValueError(
+                    f"levels: each concurrency once ({', '.join(map(str, repeated))} is given "
+                    "more than once)"
+                )
+        tokens = self.sweep_tokens()
+        if tokens is not None and tokens > MAX_SWEEP_TOKENS:
+            # no "key: " in front: the bound is on the product of several keys
+            raise ValueError(
+                f"a sweep may send at most {MAX_SWEEP_TOKENS:,} tokens, levels × (prompts per "
+                f"level + warm-up) × (input + output tokens), as much as a worker sends in the "
+                f"{SWEEP_SOFT_LIMIT_S // 3600} h a sweep may run even at {SWEEP_TOKENS_PER_S:,} "
+                f"tok/s; this one would send {tokens:,}"
+            )
         # every value, the named keys' strings and the others alike, as jsonb stores it
         storable_json(self.model_dump(exclude_unset=True))
         return self
+
+    def sweep_tokens(self) -> int | None:
+        """Prompt and output tokens the sweep sends in all, warm-up included; None without
+        levels and lengths (an imported run's parameters)."""
+        if self.levels is None or self.input_len is None or self.output_len is None:
+            return None
+        requests = sum(
+            (self.prompts_per_level or DEFAULT_PROMPTS_PER_STREAM * concurrency)
+            + (self.warmup or 0)
+            for concurrency in self.levels
+        )
+        return requests * (self.input_len + self.output_len)
 
 
 def parameters_checked(parameters: Any) -> dict:

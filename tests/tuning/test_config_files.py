@@ -19,6 +19,7 @@ from tuning.config_files import (
     nvml_device_name,
     parse_config_file_name,
     sglang_folder,
+    shape_problems,
     triton_version_of,
     validate_entries,
 )
@@ -101,7 +102,8 @@ def test_it_refuses_sglang_only_parts_in_a_vllm_name():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ((0, 256, "NVIDIA H200"), "E must be a positive integer"),
+        ((0, 256, "NVIDIA H200"), "E must be an integer from 1 to 16,384, got 0"),
+        ((256, 2**17 + 1, "NVIDIA H200"), "N must be an integer from 1 to 131,072, got 131073"),
         ((256, 256, "NVIDIA H200", "fp8-w8a8"), "not a dtype part"),
         ((256, 256, "NVIDIA H200", None, [128]), r"block_shape must be \[block_n, block_k\]"),
         ((256, 256, "  "), "not a device name"),
@@ -159,6 +161,31 @@ def test_it_recognises_an_h200_variant_as_an_sglang_name():
 def test_it_rejects_names_the_engines_do_not_write(name):
     with pytest.raises(ConfigFileError, match="is not a fused-MoE config file name"):
         parse_config_file_name(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "E=99999999999999999999,N=64,device_name=NVIDIA_H200.json",
+            "E must be an integer from 1 to 16,384, got 99999999999999999999",
+        ),
+        (
+            "E=8,N=1099511627776,device_name=NVIDIA_H200.json",
+            "N must be an integer from 1 to 131,072, got 1099511627776",
+        ),
+        ("E=0,N=64,device_name=NVIDIA_H200.json", "E must be an integer from 1 to 16,384, got 0"),
+        (
+            "E=8,N=64,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[0,0].json",
+            "block_shape must be [block_n, block_k], each from 1 to 131,072, got [0, 0]",
+        ),
+    ],
+)
+def test_it_bounds_the_shape_a_name_gives_as_the_fields_are_bounded(name, message):
+    with pytest.raises(ConfigFileError) as caught:
+        parse_config_file_name(name)
+    assert str(caught.value) == f"{name!r}: {message}"
+    assert shape_problems(16384, 2**17, [128, 128]) == {}
 
 
 def test_it_names_the_sglang_folder_per_triton_version():

@@ -366,3 +366,44 @@ def test_it_counts_moe_layers_without_walking_them():
     qwen = load("qwen3-30b-a3b_config.json")
     qwen.update(num_hidden_layers=4096, decoder_sparse_step=3, mlp_only_layers=[2, 3, 5, 9000])
     assert moe_params(qwen).num_moe_layers == 4096 // 3 - 2
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        (
+            "architectures",
+            [{"a": 1}],
+            'architectures must be a list of class names, got [{"a": 1}]',
+        ),
+        ("architectures", "DeepseekV3ForCausalLM", "architectures must be a list of class names"),
+        ("architectures", ["X" * 201], "architectures[0] must be at most 200 characters, got 201"),
+        ("model_type", 5, "model_type must be a string, got 5"),
+        ("model_type", "x" * 101, "model_type must be at most 100 characters, got 101"),
+        ("vocab_size", -5, "vocab_size must be an integer from 2 to 16,777,216, got -5"),
+        ("vocab_size", "129280", 'vocab_size must be an integer from 2 to 16,777,216, got "129'),
+    ],
+)
+def test_it_rejects_names_and_sizes_a_model_row_cannot_hold(key, value, message):
+    config = {**load("deepseek-v3_config.json"), key: value}
+
+    with pytest.raises(MoEConfigError) as caught:
+        moe_params(config)
+    assert str(caught.value).startswith(message)
+
+
+@pytest.mark.parametrize("block", [[0, 0], "ab", [128], [128, 128.5], [True, 128], "0x128"])
+def test_it_rejects_a_weight_block_size_that_is_no_block(block):
+    config = load("deepseek-v3_config.json")
+    config["quantization_config"]["weight_block_size"] = block
+
+    with pytest.raises(MoEConfigError, match=r"^weight_block_size must be two sizes"):
+        moe_params(config)
+
+
+def test_it_reads_a_block_size_written_as_text_and_no_block_at_all():
+    config = load("deepseek-v3_config.json")
+    config["quantization_config"]["weight_block_size"] = "128x64"
+    assert moe_params(config).block_shape == (128, 64)
+    config["quantization_config"]["weight_block_size"] = None
+    assert moe_params(config).block_shape is None

@@ -35,7 +35,7 @@ def _errors(response):
     return re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', page, re.S)
 
 
-def _post_kernel_config(client, entries):
+def _post_kernel_config(client, entries, **fields):
     return client.post(
         "/admin/kernels/kernelconfig/add/",
         {
@@ -47,8 +47,18 @@ def _post_kernel_config(client, entries):
             "triton_version": "3.7.1",
             "entries": json.dumps(entries),
             "source": "manual",
+            **fields,
         },
     )
+
+
+def test_it_bounds_a_kernel_configs_shape_as_the_api_does(admin):
+    response = _post_kernel_config(admin, {"1": GOOD_ENTRY}, E="99999999999", block_shape="[0, 0]")
+    assert response.status_code == 200
+    errors = " ".join(_errors(response))
+    assert "E must be an integer from 1 to 16,384, got 99999999999" in errors
+    assert "block_shape must be [block_n, block_k], each from 1 to 131,072" in errors
+    assert not KernelConfig.objects.exists()
 
 
 def test_it_saves_a_valid_kernel_config_as_version_1(admin):

@@ -36,6 +36,23 @@ def test_it_names_the_field_holding_bytes_that_are_not_utf8(world):
     assert not SweepRun.objects.exclude(pk=run.pk).exists()
 
 
+def test_it_names_the_field_of_an_integer_with_more_digits_than_python_reads(world):
+    run = world.run(status="running")
+    level = f'{{"concurrency": 8, "errors": {{}}, "output_throughput": {"9" * 5000}}}'
+    response = world.host_worker.post(f"/api/v1/runs/{run.pk}/levels", raw=level.encode())
+    assert response.status_code == 400
+    assert response.json()["detail"] == (
+        "body.output_throughput: an integer of more than 4,300 digits, more than numbers in a "
+        "body may have"
+    )
+    nested = (
+        f'{{"batch_id": "b", "samples": [{{"gpu_index": 0, "ts": 1}}, {{"ts": -{"1" * 4301}}}]}}'
+    )
+    response = world.owner.post(f"/api/v1/runs/{run.pk}/telemetry", raw=nested.encode())
+    assert response.json()["detail"].startswith("body.samples.1.ts: an integer of more than")
+    assert run.levels.count() == 0 and not TelemetrySample.objects.exists()
+
+
 def test_it_rejects_latin1_bodies(world):
     response = world.owner.post("/api/v1/runs", raw="{\xe9}".encode("latin-1"))
     assert response.status_code == 400

@@ -72,6 +72,34 @@ def test_it_rejects_a_model_size_no_gpu_could_hold(world, key, value):
     assert not ModelSpec.objects.filter(name="huge").exists()
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("architectures", [{"a": 1}], "config: architectures must be a list of class names"),
+        ("architectures", ["X" * 201], "config: architectures[0] must be at most 200 characters"),
+        ("model_type", 5, "config: model_type must be a string"),
+        ("model_type", "x" * 101, "config: model_type must be at most 100 characters"),
+        ("vocab_size", -5, "config: vocab_size must be an integer from 2 to"),
+    ],
+)
+def test_it_stores_no_model_whose_config_a_row_cannot_hold(world, key, value, named):
+    config = {**_hf_config("kimi-k2-instruct_config.json"), key: value}
+    response = world.owner.post("/api/v1/models", {"name": "odd", "config": config})
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(named)
+    assert ModelSpec.objects.count() == 1
+
+
+@pytest.mark.parametrize("block", [[0, 0], "ab"])
+def test_it_stores_no_model_whose_weight_block_size_is_no_block(world, block):
+    config = _hf_config("kimi-k2-instruct_config.json")
+    config["quantization_config"]["weight_block_size"] = block
+    response = world.owner.post("/api/v1/models", {"name": "odd", "config": config})
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("config: weight_block_size must be two sizes")
+    assert ModelSpec.objects.count() == 1
+
+
 def test_it_reads_a_separate_quant_config(world):
     body = {
         "name": "GLM-5-NVFP4",

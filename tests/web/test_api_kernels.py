@@ -154,6 +154,26 @@ def test_it_names_what_is_wrong_with_a_config_file(world):
     assert not KernelConfig.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "named"),
+    [
+        ("E=99999999999999999999,N=64,device_name=NVIDIA_H200.json", "E must be an integer"),
+        (f"E={2**40},N=64,device_name=NVIDIA_H200.json", "E must be an integer from 1 to 16,384"),
+        ("E=8,N=64,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[0,0].json", "block_shape"),
+    ],
+)
+def test_it_bounds_the_shape_of_a_file_name_as_it_bounds_the_fields(world, name, named):
+    response = _import(world.owner, name, json.dumps({"1": ENTRY}))
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert detail.startswith(f"file_name: {name!r}: ") and named in detail
+    fields = {"device_name": "NVIDIA H200", "E": 2**20, "N": 64, "entries": {"1": ENTRY}}
+    by_fields = world.owner.post("/api/v1/kernel-configs", fields)
+    assert by_fields.status_code == 400
+    assert by_fields.json()["detail"] == ("E: must be an integer from 1 to 16,384, got 1048576")
+    assert not KernelConfig.objects.exists()
+
+
 def test_it_stores_a_config_from_its_fields(world):
     body = {
         "device_name": "NVIDIA H200",

@@ -100,6 +100,36 @@ def test_levels_must_be_a_list_of_concurrencies(world, broker, levels):
     assert response.json()["detail"].startswith("parameters.levels: ")
 
 
+@pytest.mark.parametrize(
+    ("parameters", "named"),
+    [
+        (
+            {"levels": [2147483647], "input_len": 2**24, "output_len": 2**24},
+            "parameters.levels: 0: Input should be less than or equal to 65536",
+        ),
+        (
+            {"levels": [1024], "input_len": 2**24, "output_len": 2**24, "prompts_per_level": 2**24},
+            "parameters: a sweep may send at most 21,600,000,000 tokens, levels × (prompts per "
+            "level + warm-up) × (input + output tokens), as much as a worker sends in the 6 h a "
+            "sweep may run even at 1,000,000 tok/s; this one would send 562,949,953,421,312",
+        ),
+        (
+            # no prompts_per_level: the worker sends 4 per concurrent stream
+            {"levels": [65536], "input_len": 2**24, "output_len": 2**24},
+            "parameters: a sweep may send at most 21,600,000,000 tokens",
+        ),
+    ],
+)
+def test_a_sweep_no_worker_could_finish_is_refused_naming_the_bound(
+    world, broker, parameters, named
+):
+    response = world.owner.post("/api/v1/runs", _start(parameters=parameters))
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(named), response.json()
+    assert not SweepRun.objects.exists()
+    assert queues.queued(broker, QUEUE) == []
+
+
 def test_a_start_needs_the_deployments_endpoint_and_a_worker_source(world, broker):
     response = world.owner.post("/api/v1/runs", _start(deployment="glm-5-h200"))
     assert response.status_code == 400

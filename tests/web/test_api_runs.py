@@ -271,6 +271,49 @@ def test_it_rejects_level_metrics_no_level_can_have(world, fields, named):
     assert not LevelResult.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"concurrency": 0}, "concurrency: Input should be greater than or equal to 1"),
+        ({"request_rate": 0}, "request_rate: Input should be greater than 0"),
+        ({"request_rate": "5"}, 'request_rate: Value error, must be a number of req/s, or "inf"'),
+        ({"output_throughput": "5"}, "output_throughput: Input should be a valid number"),
+        ({"completed": True}, "completed: Input should be a valid integer"),
+        ({"completed": 1024.0}, "completed: Input should be a valid integer"),
+        ({"usage_reported": "yes"}, "usage_reported: Input should be a valid boolean"),
+        ({"attempt": True}, "attempt: Input should be a valid integer"),
+    ],
+)
+def test_it_refuses_loose_values_in_a_level(world, fields, named):
+    run = world.run(status="running")
+    response = world.host_worker.post(f"/api/v1/runs/{run.pk}/levels", {**LEVEL, **fields})
+    assert response.status_code == 422
+    assert response.json()["message"].startswith(named), response.json()["message"]
+    assert not LevelResult.objects.exists()
+
+
+def test_a_level_as_the_worker_sends_it_is_stored(world):
+    run = world.run(status="running")
+    level = {
+        **LEVEL,
+        "request_rate": 4,
+        "input_len": 1024,
+        "output_len": 128,
+        "usage_reported": True,
+        "request_throughput": 6,
+        "max_concurrent_requests": 128,
+        "errors": {"timeout": 2},
+        "started_at": 1_764_000_000,
+        "finished_at": 1_764_000_163.2,
+        "attempt": 1,
+        "raw": {"num_prompts": 1024, "request_rate": None},
+    }
+    response = world.host_worker.post(f"/api/v1/runs/{run.pk}/levels", level)
+    assert response.status_code == 201, response.json()
+    stored = LevelResult.objects.get()
+    assert (stored.request_rate, stored.completed, stored.request_throughput) == (4.0, 1024, 6.0)
+
+
 # --------------------------------------------------------------------------- telemetry
 
 

@@ -1,6 +1,8 @@
 """What a deployment's endpoint may name (moeops.fleet.endpoints): the host's worker fetches it,
 so only the host itself or MOEOPS_ENDPOINT_ALLOWLIST, and only staff choose a new address."""
 
+import html
+
 import pytest
 from django.contrib.admin import site
 from django.contrib.auth.models import User
@@ -66,7 +68,8 @@ def test_it_rejects_an_endpoint_that_is_neither_the_host_nor_allowed(world):
     ("url", "allowed"),
     [
         ("http://127.0.0.1:30000", True),
-        ("http://localhost:8000/v1", True),
+        ("http://localhost:8000/", True),
+        ("http://localhost:8000/v1", False),
         ("http://[::1]:8000", True),
         ("http://rtx-pro-6000:8000", True),
         ("http://RTX-PRO-6000.:8000", True),
@@ -106,9 +109,8 @@ def test_only_staff_point_a_deployment_at_a_new_address(world):
     ("typed", "stored"),
     [
         ("http://rtx-pro-6000:8000", "http://rtx-pro-6000:8000"),
-        ("rtx-pro-6000:8000/v1", "http://rtx-pro-6000:8000/v1"),
+        ("rtx-pro-6000:8000/", "http://rtx-pro-6000:8000/"),
         ("https://RTX-PRO-6000:8443", "https://RTX-PRO-6000:8443"),
-        ("rtx-pro-6000:8000/?next=http://x", "http://rtx-pro-6000:8000/?next=http://x"),
     ],
 )
 def test_the_form_takes_the_host_by_its_bare_name(world, typed, stored):
@@ -123,6 +125,52 @@ def test_the_form_names_what_is_wrong_with_an_endpoint_that_is_no_url(world):
     response = _edit(_browser(staff=True), world.deployment, "http://rtx-pro-6000:99999")
     assert response.status_code == 200
     assert "is not a URL (Port out of range 0-65535)" in response.text
+    world.deployment.refresh_from_db()
+    assert world.deployment.endpoint_url == "http://127.0.0.1:30000"
+
+
+@pytest.mark.parametrize(
+    ("typed", "shown"),
+    [
+        (
+            "http://127.0.0.1:18100/v1",
+            "The endpoint is the server's base URL, without /v1 or another path: "
+            "http://127.0.0.1:18100.",
+        ),
+        ("rtx-pro-6000:8000/?next=http://x", "without /v1 or another path"),
+        ("not a url at all", "'not a url at all' is neither a host name nor an IP address."),
+    ],
+)
+def test_the_form_refuses_a_path_or_text_that_is_no_url_saying_what_to_give(world, typed, shown):
+    response = _edit(_browser(staff=True), world.deployment, typed)
+    assert response.status_code == 200
+    assert shown in html.unescape(response.text)
+    assert "MOEOPS_ENDPOINT_ALLOWLIST" not in response.text
+    world.deployment.refresh_from_db()
+    assert world.deployment.endpoint_url == "http://127.0.0.1:30000"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "http://127.0.0.1:18100/v1",
+            "endpoint_url: the endpoint is the server's base URL, without /v1 or another path: "
+            "http://127.0.0.1:18100",
+        ),
+        (
+            "http://not a url at all",
+            "endpoint_url: 'not a url at all' is neither a host name nor an IP address",
+        ),
+    ],
+)
+def test_the_api_refuses_a_path_or_text_that_is_no_url(world, url, shown):
+    body = {"name": "probe", "model": "GLM-5", "host": "rtx-pro-6000", "endpoint_url": url}
+    created = world.owner.post("/api/v1/deployments", body)
+    assert (created.status_code, created.json()["detail"]) == (400, shown)
+    patched = world.owner.patch("/api/v1/deployments/glm-5-sglang", {"endpoint_url": url})
+    assert (patched.status_code, patched.json()["detail"]) == (400, shown)
+    assert Deployment.objects.count() == 2
     world.deployment.refresh_from_db()
     assert world.deployment.endpoint_url == "http://127.0.0.1:30000"
 
@@ -162,6 +210,13 @@ def test_the_admin_holds_the_endpoint_to_the_same_rule(world, rf, admin_user):
     assert refused.errors["endpoint_url"] == [
         "169.254.169.254 is neither host rtx-pro-6000 nor in MOEOPS_ENDPOINT_ALLOWLIST "
         "(localhost, 127.0.0.0/8, ::1)."
+    ]
+    with_path = form_class(
+        {**form_data, "endpoint_url": "http://rtx-pro-6000:8000/v1"}, instance=world.deployment
+    )
+    assert with_path.errors["endpoint_url"] == [
+        "The endpoint is the server's base URL, without /v1 or another path: "
+        "http://rtx-pro-6000:8000."
     ]
     bare = form_class(
         {**form_data, "endpoint_url": "http://rtx-pro-6000:8000"}, instance=world.deployment

@@ -194,6 +194,27 @@ def test_a_config_that_is_not_moe_is_refused_on_the_config(client, fleet):
     assert not ModelSpec.objects.filter(name="llama").exists()
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("model_type", 5, "config.json: model_type must be a string, got 5"),
+        ("architectures", ["X" * 201], "config.json: architectures[0] must be at most 200"),
+        ("vocab_size", -5, "config.json: vocab_size must be an integer from 2 to 16,777,216"),
+    ],
+)
+def test_a_config_a_model_row_cannot_hold_is_refused_on_the_config(
+    client, fleet, key, value, named
+):
+    _, host, _ = fleet
+    config = {**pb.KIMI_CONFIG, key: value}
+    response = client.post(
+        "/deployments/new/",
+        _new_model(host, new_model_name="odd", config_text=json.dumps(config)),
+    )
+    assert named in response.content.decode()
+    assert (ModelSpec.objects.count(), Deployment.objects.count()) == (1, 0)
+
+
 def test_neither_a_model_nor_a_config_says_what_to_give(client, fleet):
     _, host, _ = fleet
     response = client.post("/deployments/new/", _new_model(host))

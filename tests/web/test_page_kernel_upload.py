@@ -69,3 +69,18 @@ def test_bad_entries_are_refused_as_the_api_refuses_them(client, member, tmp_pat
     assert response.status_code == 400
     assert "content: " in response.content.decode()
     assert not KernelConfig.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "E=99999999999999999999,N=64,device_name=NVIDIA_H200.json",
+        "E=128,N=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[0,0].json",
+    ],
+)
+def test_a_name_whose_shape_no_engine_writes_is_refused_on_the_name(client, member, name):
+    response = _upload(client, FP8, file_name=name)
+    assert response.status_code == 400
+    form = response.content.decode().split('id="kernel-upload"')[1].split("</form>")[0]
+    assert "file_name: " in form and "must be" in form
+    assert not KernelConfig.objects.exists()

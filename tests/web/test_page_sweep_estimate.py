@@ -71,3 +71,17 @@ def test_an_invalid_load_says_what_is_missing(client, standin):
     assert _estimate(client, standin, levels="eight") == (
         "No estimated duration until levels, prompts and lengths are valid."
     )
+
+
+@pytest.mark.parametrize(
+    "load",
+    [
+        {"levels": "99999999999"},
+        {"prompts_per_level": 100000000000},
+        {"input_len": 2**24, "output_len": 2**24, "prompts_per_level": 2**20},
+    ],
+)
+def test_a_load_no_worker_could_finish_gets_no_estimate(client, standin, load):
+    assert _estimate(client, standin, **{**QUICK, **load}) == (
+        "No estimated duration until levels, prompts and lengths are valid."
+    )

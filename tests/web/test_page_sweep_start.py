@@ -1,6 +1,9 @@
+import html
+
 import pytest
 from kombu.exceptions import OperationalError
 
+from moeops.fleet.models import Deployment
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from tests import page_base as pb
@@ -9,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 FORM = {
     "label": "c32-1024",
-    "levels": "1024, 32,64,64",
+    "levels": "1024, 32,64",
     "input_len": "1024",
     "output_len": "256",
     "prompts_per_level": "512",
@@ -82,6 +85,37 @@ def test_it_rejects_bad_levels_on_the_deployment_page(client, deployment, sent):
     assert response.status_code == 400
     assert "levels: whole numbers separated by commas" in response.content.decode()
     assert not SweepRun.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("levels", "99999999999", "levels: Input should be less than or equal to 65536"),
+        ("levels", "1,1,1,2", "levels: give each value once (1 is given more than once)"),
+        (
+            "prompts_per_level",
+            "100000000000",
+            "prompts_per_level: Input should be less than or equal to 16777216",
+        ),
+        ("input_len", str(2**24), "a sweep may send at most 21,600,000,000 tokens"),
+    ],
+)
+def test_it_shows_why_a_load_is_refused_and_stores_nothing(
+    client, deployment, sent, field, value, shown
+):
+    form = {**FORM, "prompts_per_level": str(2**20), field: value}
+    response = client.post(f"/deployments/{deployment.pk}/sweep/", form)
+    assert response.status_code == 400
+    assert shown in html.unescape(response.content.decode())
+    assert not SweepRun.objects.exists() and sent == []
+
+
+def test_an_endpoint_the_allow_list_refuses_is_shown_not_a_500(client, deployment, sent):
+    Deployment.objects.filter(pk=deployment.pk).update(endpoint_url="http://169.254.169.254")
+    response = client.post(f"/deployments/{deployment.pk}/sweep/", FORM)
+    assert response.status_code == 400
+    assert "169.254.169.254 is neither host" in response.content.decode()
+    assert not SweepRun.objects.exists() and sent == []
 
 
 def test_it_rejects_a_deployment_without_an_endpoint(client, deployment, sent):

@@ -8,11 +8,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from reports.levels import DEFAULT_PROMPTS_PER_STREAM
+
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 TRANSPORTS = ("fast", "httpx")
-# With no --prompts-per-level, each level sends this many requests per concurrent stream, so the
-# steady state outweighs the ramp-up and drain at the level's edges.
-DEFAULT_PROMPTS_PER_STREAM = 4
 # Common one-token English words for chat prompts; with no tokenizer, one word ≈ one token.
 # fmt: off
 CHAT_WORDS = (

@@ -296,9 +296,14 @@ def sweep_start(request, pk):
     form = SweepForm(request.POST, deployment=deployment)
     if not form.is_valid():
         return _deployment_page(request, deployment, sweep_form=form, status=400)
-    run = actions.sweep_start(
-        deployment=deployment, parameters=form.parameters(), label=form.cleaned_data["label"]
-    )
+    try:
+        run = actions.sweep_start(
+            deployment=deployment, parameters=form.parameters(), label=form.cleaned_data["label"]
+        )
+    except ValidationError as exc:
+        # what the service checks beyond the form: the endpoint against the allow-list
+        form.add_parameter_errors(exc)
+        return _deployment_page(request, deployment, sweep_form=form, status=400)
     messages.success(request, f"Sweep queued on {deployment.host.queue_name}.")
     return redirect("run-detail", uuid=run.uuid)
 
