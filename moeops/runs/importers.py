@@ -18,7 +18,7 @@ from collections import Counter
 
 from moeops.runs.levels import level_problems
 from moeops.runs.models import level_key
-from moeops.storable import MAX_INT, storable_json
+from moeops.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
 from reports import engine as engine_reports
 from reports.levels import LATENCY_KEYS
 
@@ -91,7 +91,7 @@ def _objects(text, fmt):
     if fmt == "vllm":
         try:
             whole = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             whole = None
         if isinstance(whole, dict):
             return [(1, whole, None)]
@@ -101,7 +101,9 @@ def _objects(text, fmt):
             continue
         try:
             found.append((number, json.loads(line), None))
-        except (ValueError, RecursionError) as exc:
+        except RecursionError:
+            found.append((number, None, "not JSON (nested too deep to read)"))
+        except ValueError as exc:
             found.append((number, None, f"not JSON ({exc})"))
     return found
 
@@ -110,16 +112,25 @@ def _number(value):
     """A finite float from a number or a numeric string, else None."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int | float):
-        value = float(value)
-    elif isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    else:
+    try:
+        value = float(value) if isinstance(value, int | float | str) else None
+    except (ValueError, OverflowError):
+        # OverflowError: an integer of hundreds of digits, beyond any float
         return None
-    return value if math.isfinite(value) else None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _shown(value):
+    """A file's value for a message, cut to 40 characters (a bad number may have hundreds)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}… ({len(text)} characters)"
+
+
+def _not_a_number(value):
+    """Why _number(value) is None, as the end of a sentence that starts with the key."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"is too large a number: {_shown(value)}"
+    return f"is not a number: {_shown(value)}"
 
 
 def _first(obj, keys):
@@ -129,14 +140,17 @@ def _first(obj, keys):
     return None, None
 
 
-def _jsonable(value):
-    """The object as jsonb stores it: non-finite numbers become the words the file used."""
+def _jsonable(value, depth=0):
+    """The object as jsonb stores it: non-finite numbers become the words the file used.
+    Raises ValueError for nesting deeper than MAX_JSON_DEPTH (before Python's recursion limit)."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"the object is nested deeper than {MAX_JSON_DEPTH} levels")
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):
-        return {key: _jsonable(item) for key, item in value.items()}
+        return {key: _jsonable(item, depth + 1) for key, item in value.items()}
     if isinstance(value, list):
-        return [_jsonable(item) for item in value]
+        return [_jsonable(item, depth + 1) for item in value]
     return value
 
 
@@ -158,10 +172,10 @@ def _level(obj, fmt):
             continue
         number = _number(value)
         if number is None:
-            raise ValueError(f"{key} is not a number: {value!r}")
+            raise ValueError(f"{key} {_not_a_number(value)}")
         if field in INT_FIELDS:
             if number < 0 or number > MAX_INT or number != int(number):
-                raise ValueError(f"{key} is not a count: {value!r}")
+                raise ValueError(f"{key} is not a count: {_shown(value)}")
             number = int(number)
         level[field] = number
     missing = [field for field in REQUIRED if field not in level]
@@ -170,12 +184,15 @@ def _level(obj, fmt):
     concurrency = obj.get("max_concurrency")
     if concurrency is not None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-            raise ValueError(f"max_concurrency is not an integer: {concurrency!r}")
+            raise ValueError(f"max_concurrency is not an integer: {_shown(concurrency)}")
         if not 0 < concurrency <= MAX_INT:
-            raise ValueError(f"max_concurrency is out of range: {concurrency!r}")
+            raise ValueError(f"max_concurrency is out of range: {_shown(concurrency)}")
     level["concurrency"] = concurrency
+    rate = obj.get("request_rate")
+    if isinstance(rate, int) and not isinstance(rate, bool) and _number(rate) is None:
+        raise ValueError(f"request_rate {_not_a_number(rate)}")
     # None = unlimited: inf, "inf", Infinity; also SGLang's "trace" (timestamps replayed)
-    level["request_rate"] = _number(obj.get("request_rate"))
+    level["request_rate"] = _number(rate)
     if fmt == "sglang" and str(obj.get("dataset_name", "")).startswith("random"):
         for field, key in (("input_len", "random_input_len"), ("output_len", "random_output_len")):
             value = obj.get(key)

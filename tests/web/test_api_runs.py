@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from moeops.runs.models import EngineSample, LevelResult, SweepRun, TelemetrySample
@@ -410,3 +412,49 @@ def test_host_token_imports_only_for_its_host(world):
     response = _import(world.host_worker, SGLANG_AGG, "sglang", deployment="glm-5-h200")
     assert response.status_code == 403
     assert _import(world.host_worker, SGLANG_AGG, "sglang").status_code == 201
+
+
+AGG_OBJECT = json.loads((RESULTS / SGLANG_AGG).read_text())
+# Files that crashed the importer: a number beyond any float, nesting beyond Python's recursion.
+UNREADABLE = [
+    ("sglang", json.dumps({**AGG_OBJECT, "output_throughput": 10**400}), "output_throughput"),
+    ("sglang", json.dumps({**AGG_OBJECT, "request_rate": 10**400}), "request_rate"),
+    ("vllm", json.dumps({**AGG_OBJECT, "completed": 10**400}), "completed"),
+    ("vllm", "[" * 5000 + "]" * 5000, "not JSON (nested too deep to read)"),
+    (
+        "sglang",
+        json.dumps({**AGG_OBJECT, "x": json.loads('{"a":' * 900 + "1" + "}" * 900)}),
+        "nested",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fmt", "content", "named"), UNREADABLE)
+def test_a_file_python_cannot_read_whole_is_a_400_naming_its_line(world, fmt, content, named):
+    body = {"format": fmt, "deployment": "glm-5-sglang", "content": content}
+    response = world.owner.post("/api/v1/runs/import", body)
+    assert response.status_code == 400
+    [problem] = response.json()["problems"]
+    assert problem.startswith("line 1: ") and named in problem
+    assert len(problem) < 200
+    assert not SweepRun.objects.exists() and not LevelResult.objects.exists()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in RESULTS.glob("*.json*")))
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.9, 0.999])
+def test_a_truncated_real_file_is_refused_or_imported_whole(world, name, fraction):
+    text = (RESULTS / name).read_text()
+    body = {
+        "format": "vllm" if name.startswith("vllm") else "sglang",
+        "deployment": "glm-5-sglang",
+        "content": text[: int(len(text) * fraction)],
+        "accept_mismatch": True,
+    }
+    response = world.owner.post("/api/v1/runs/import", body)
+    if response.status_code == 201:
+        run = SweepRun.objects.get()
+        assert run.levels.count() == response.json()["levels"] > 0
+    else:
+        assert response.status_code == 400, response.text
+        assert response.json()["problems"][0].startswith("line ")
+        assert not SweepRun.objects.exists() and not LevelResult.objects.exists()

@@ -1,6 +1,8 @@
 """Result files uploaded on the deployment page: the API's import service, in the browser's
 form (real files written by SGLang's bench_serving and in vLLM's result layout)."""
 
+import json
+
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
@@ -73,3 +75,34 @@ def test_a_file_that_is_not_text_is_refused(client, deployment):
     )
     assert response.status_code == 400
     assert "The file is not UTF-8 text." in response.content.decode()
+
+
+AGG = RESULTS / "TonyLi15-sglang-benchmark__agg_n50_in128_out64_c8.jsonl"
+AGG_OBJECT = json.loads(AGG.read_text())
+
+
+@pytest.mark.parametrize(
+    ("fmt", "content", "named"),
+    [
+        ("sglang", json.dumps({**AGG_OBJECT, "output_throughput": 10**400}), "output_throughput"),
+        ("sglang", json.dumps({**AGG_OBJECT, "request_rate": 10**400}), "request_rate"),
+        ("vllm", json.dumps({**AGG_OBJECT, "completed": 10**400}), "completed"),
+        ("vllm", "[" * 5000 + "]" * 5000, "not JSON (nested too deep to read)"),
+        (
+            "sglang",
+            json.dumps({**AGG_OBJECT, "x": json.loads('{"a":' * 900 + "1" + "}" * 900)}),
+            "nested",
+        ),
+    ],
+)
+def test_a_file_python_cannot_read_whole_is_refused_naming_its_line(
+    client, deployment, fmt, content, named
+):
+    upload = SimpleUploadedFile("r.jsonl", content.encode())
+    response = client.post(
+        f"/deployments/{deployment.pk}/results/", {"format": fmt, "file": upload}
+    )
+    assert response.status_code == 400
+    form = response.content.decode().split('id="result-upload"')[1].split("</form>")[0]
+    assert "line 1: " in form and named in form
+    assert not SweepRun.objects.exists()
