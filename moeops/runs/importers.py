@@ -86,6 +86,15 @@ class ResultFileError(ValueError):
         self.problems = problems
 
 
+class ResultFileMismatch(ValueError):
+    """A file that measured another model, parallelism, GPU count or engine than the deployment
+    it is imported for; `differences` names each ("model", "TP", …)."""
+
+    def __init__(self, sentence, differences):
+        super().__init__(sentence)
+        self.differences = differences
+
+
 def _objects(text, fmt):
     """[(line number, object or None, error)] of the file's JSON objects."""
     if fmt == "vllm":
@@ -265,3 +274,55 @@ def snapshot_parts(levels, fmt, file_name="") -> tuple[dict, dict | None]:
     if fmt == "sglang" and isinstance(info, dict):
         return facts, engine_reports.from_sglang_server_info(info, source="result file")
     return facts, None
+
+
+def _size(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _name(value):
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def stated_facts(levels, fmt) -> dict:
+    """What the file says it measured: {"model", "model_names", "engine", "engine_version",
+    "tp", "ep", "gpu_count"}, None (model_names: []) where it does not say.
+
+    SGLang's server_info gives the model path, served name, parallel sizes and version; the
+    GPUs are tp × pp, times dp unless DP attention runs inside the TP group. vLLM's files name
+    the model the client asked for (model_id) and, in 0.4.0, the version passed to it.
+    """
+    first = levels[0]["raw"] if levels else {}
+    info = first.get("server_info") if fmt == "sglang" else None
+    info = info if isinstance(info, dict) else {}
+    names = [_name(first.get("model_id")), _name(info.get("model_path"))]
+    names.append(_name(info.get("served_model_name")))
+    names = list(dict.fromkeys(n for n in names if n))
+    backend = first.get("backend")
+    engine = "sglang" if info else (backend if backend in ("sglang", "vllm") else None)
+    version = _name(info.get("version")) if info else None
+    if fmt == "vllm" and backend == "vllm" and _name(first.get("version")) not in (None, "N/A"):
+        version = _name(first.get("version"))
+    tp, pp, dp = _size(info.get("tp_size")), _size(info.get("pp_size")), _size(info.get("dp_size"))
+    gpu_count = None
+    if tp:
+        gpu_count = tp * (pp or 1) * (1 if info.get("enable_dp_attention") else (dp or 1))
+    return {
+        "model": names[0] if names else None,
+        "model_names": names,
+        "engine": engine,
+        "engine_version": version,
+        "tp": tp,
+        "ep": _size(info.get("ep_size")),
+        "gpu_count": gpu_count,
+    }
+
+
+def same_model(names, others) -> bool:
+    """Whether two lists of model names (ids, paths, served names) name one model: a pair
+    equal but for case and any organisation or folder before the last "/"."""
+
+    def short(name):
+        return name.rstrip("/").rsplit("/", 1)[-1].lower()
+
+    return bool({short(n) for n in names if n} & {short(n) for n in others if n})

@@ -84,6 +84,17 @@ def without_standin(runs):
     return runs.exclude(pk__in=SweepRun.objects.filter(STANDIN).values("pk"))
 
 
+# SweepRun.other_model as a filter: an imported file that measured another model than its
+# deployment serves (imported all the same, when confirmed).
+OTHER_MODEL = Q(snapshot__file__other_model__isnull=False)
+
+
+def of_the_deployments_model(runs):
+    """A SweepRun queryset less imported files of another model: what a deployment's
+    estimates, headlines and comparisons may read (a subquery, as without_standin)."""
+    return runs.exclude(pk__in=SweepRun.objects.filter(OTHER_MODEL).values("pk"))
+
+
 class SweepRunQuerySet(models.QuerySet):
     def with_summary(self):
         """Each run with .peak (its best level's output tok/s; None without levels) and
@@ -164,6 +175,34 @@ class SweepRun(models.Model):
     def is_standin(self):
         """Whether the stand-in engine (a test double) answered: its numbers are not real."""
         return self.observed_engine.get("engine") == "standin"
+
+    @property
+    def other_model(self):
+        """The model an imported file measured where it is not the deployment's, else None."""
+        return ((self.snapshot or {}).get("file") or {}).get("other_model")
+
+    def origin(self):
+        """(badge, title) of where the run's numbers come from: "imported" (title: its file),
+        "write-up" (the example data), "stand-in" (a test double answered), "measured" (a
+        worker's sweep) or "entered" (by hand)."""
+        snapshot = self.snapshot or {}
+        if self.source == "import":
+            name = (snapshot.get("file") or {}).get("file_name") or "a result file"
+            other = f"; it measured {self.other_model}" if self.other_model else ""
+            return "imported", f"imported from {name}{other}"
+        if snapshot.get("source") == "write-up":
+            return "write-up", self.provenance
+        if self.is_standin:
+            return "stand-in", "from the stand-in engine, a test double"
+        if self.source == "manual":
+            return "entered", "entered by hand"
+        return "measured", "swept by a moeops worker"
+
+    def measured_gpu_count(self):
+        """GPUs the run's per-GPU figures divide by: the count its result file states, else
+        the deployment's (Deployment.num_gpus)."""
+        stated = ((self.snapshot or {}).get("file") or {}).get("stated") or {}
+        return stated.get("gpu_count") or self.deployment.num_gpus()
 
     @property
     def engine_answered(self):

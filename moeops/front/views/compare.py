@@ -15,7 +15,13 @@ from moeops.front import charts
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
 from moeops.front.forms import RunFilterForm
 from moeops.runs import snapshots
-from moeops.runs.models import LevelResult, SweepRun, kernel_state, without_standin
+from moeops.runs.models import (
+    LevelResult,
+    SweepRun,
+    kernel_state,
+    of_the_deployments_model,
+    without_standin,
+)
 
 MAX_SELECTED = 50
 CANDIDATES = 60
@@ -160,10 +166,10 @@ def _presets():
     """The standing comparisons: (name, URL of its pair or None, why there is none).
 
     Each pair differs in its preset's factor alone, as the runs' snapshots recorded them; runs
-    of the stand-in are left out."""
+    of the stand-in, and imported files of another model than their deployment's, are left out."""
     runs = SweepRun.objects.filter(status="succeeded", levels__output_throughput__isnull=False)
     rows = list(
-        without_standin(runs)
+        of_the_deployments_model(without_standin(runs))
         .values("uuid", "deployment_id", "kernel_config_id", "parameters__moe_kernel", "snapshot")
         .distinct()
         .order_by("-created", "-id")[:PRESET_RUNS]
