@@ -210,10 +210,13 @@ class SweepRun(models.Model):
         return self.observed_engine.get("engine") not in (None, "", "unknown")
 
     def engine_label(self):
-        """ "vLLM 0.32.0" as the engine reported itself, else as the deployment recorded it."""
+        """ "vLLM 0.32.0" as the engine reported itself, else as the deployment recorded it;
+        "unknown" for an imported file of another model that names no engine."""
         observed = self.observed_engine if self.engine_answered else {}
         recorded = self.snapshot.get("deployment") or {}
-        name = observed.get("engine") or recorded.get("engine") or self.deployment.engine
+        # the deployment's engine served its own model, not the one another model's file measured
+        fallback = "unknown" if self.other_model else self.deployment.engine
+        name = observed.get("engine") or recorded.get("engine") or fallback
         version = observed.get("version") or recorded.get("engine_version") or ""
         return engine_reports.label({"engine": name, "version": version})
 

@@ -118,3 +118,11 @@ def test_no_compare_preset_pairs_a_file_of_another_model(world):
     )
     by_model = dict((name, url) for name, url, _ in _presets())["By model"]
     assert by_model is None
+
+
+def test_a_vllm_file_of_another_model_naming_no_engine_is_not_labelled_the_deployments(world):
+    text = (RESULTS / "vllm_bench_serve_0.11.json").read_text()  # backend openai-chat
+    run, _ = _import(world.deployment, text, "vllm", accept_mismatch=True)
+    assert run.other_model == "zai-org/GLM-5-FP8"
+    assert run.snapshot["deployment"]["engine"] is None
+    assert run.engine_label() == "unknown"

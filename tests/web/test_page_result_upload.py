@@ -8,7 +8,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from moeops.examples import load_example_data
 from moeops.fleet.models import Deployment
-from moeops.runs.models import SweepRun
+from moeops.runs.models import LevelResult, SweepRun
 from tests import page_base as pb
 from tests.fakes import FIXTURES
 
@@ -159,3 +159,22 @@ def test_a_file_of_another_model_imported_all_the_same_is_badged_and_no_headline
     dashboard = client.get("/").content.decode().split("Recent runs")[0]
     row = dashboard.split("GLM-5-NVFP4 on 8× RTX PRO 6000")[1].split("</tr>")[0]
     assert ">912<" in row and "711" not in row  # the write-up's sweep, not the Qwen file
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json*")), ids=lambda path: path.name)
+def test_a_truncated_real_file_is_refused_or_imported_whole(client, deployment, path):
+    text = path.read_text()
+    upload = SimpleUploadedFile(path.name, text[: len(text) // 2].encode())
+    fmt = "vllm" if path.name.startswith("vllm") else "sglang"
+    response = client.post(
+        f"/deployments/{deployment.pk}/results/",
+        {"format": fmt, "file": upload, "accept_mismatch": "on"},
+    )
+    if response.status_code == 302:
+        run = SweepRun.objects.get()
+        assert run.levels.count() == len(run.levels.values("key").distinct()) > 0
+    else:
+        assert response.status_code == 400
+        form = response.content.decode().split('id="result-upload"')[1].split("</form>")[0]
+        assert "line " in form
+        assert not SweepRun.objects.exists() and not LevelResult.objects.exists()
