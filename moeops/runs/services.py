@@ -581,7 +581,5 @@ def run_import(
             key = level_key(fields["concurrency"], fields["request_rate"])
             rows.append(LevelResult(run=run, key=key, **fields))
         LevelResult.objects.bulk_create(rows)
-        if not other_model:
-            # the rules read the deployment's shape, GPUs and cap: not another model's
-            insights_services.enqueue_analysis(run)
+        insights_services.enqueue_analysis(run)
     return run, True

@@ -8,6 +8,8 @@ import pytest
 
 from moeops.fleet.models import Deployment
 from moeops.front.views.compare import _presets
+from moeops.insights import services as insights
+from moeops.insights.models import Finding
 from moeops.runs import services
 from moeops.runs.estimate import deployment_pace
 from moeops.runs.importers import ResultFileMismatch
@@ -126,3 +128,9 @@ def test_a_vllm_file_of_another_model_naming_no_engine_is_not_labelled_the_deplo
     assert run.other_model == "zai-org/GLM-5-FP8"
     assert run.snapshot["deployment"]["engine"] is None
     assert run.engine_label() == "unknown"
+
+
+def test_a_file_of_another_model_makes_no_finding_of_the_deployment(world):
+    run, _ = _import(world.deployment, accept_mismatch=True)
+    assert insights.run_analyze(run=run) == []
+    assert not Finding.objects.exists()
