@@ -198,11 +198,19 @@ class SweepRun(models.Model):
             return "entered", "entered by hand"
         return "measured", "swept by a moeops worker"
 
+    def model_name(self):
+        """The model the run measured: an imported file's own where it is not the deployment's."""
+        return self.other_model or self.deployment.model.name
+
+    @property
+    def stated_gpu_count(self):
+        """The GPUs an imported file says its engine ran on (SGLang's server_info), or None."""
+        return (((self.snapshot or {}).get("file") or {}).get("stated") or {}).get("gpu_count")
+
     def measured_gpu_count(self):
         """GPUs the run's per-GPU figures divide by: the count its result file states, else
         the deployment's (Deployment.num_gpus)."""
-        stated = ((self.snapshot or {}).get("file") or {}).get("stated") or {}
-        return stated.get("gpu_count") or self.deployment.num_gpus()
+        return self.stated_gpu_count or self.deployment.num_gpus()
 
     @property
     def engine_answered(self):

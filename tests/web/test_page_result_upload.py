@@ -178,3 +178,15 @@ def test_a_truncated_real_file_is_refused_or_imported_whole(client, deployment, 
         form = response.content.decode().split('id="result-upload"')[1].split("</form>")[0]
         assert "line " in form
         assert not SweepRun.objects.exists() and not LevelResult.objects.exists()
+
+
+def test_the_compare_page_names_the_model_and_gpus_the_file_measured(client, deployment):
+    glm5 = _on_the_write_up(client)
+    _upload(client, glm5, AGG, "sglang", accept_mismatch="on")
+    run = SweepRun.objects.get(source="import")
+    html = client.get(f"/compare/?run={run.uuid}").content.decode()
+    row = html.split('id="compare-table"')[1].split("<tbody>")[1].split("</tr>")[0]
+    cells = [cell.split(">", 1)[1].split("</td>")[0] for cell in row.split("<td")[1:]]
+    assert cells[3] == "Qwen/Qwen2.5-3B-Instruct"
+    assert cells[10] == "1"  # GPUs: its server_info's TP1, not the deployment's 8
+    assert cells[11] == cells[12] == "711"

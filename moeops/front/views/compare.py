@@ -93,7 +93,7 @@ def _compared_runs(request):
 
 def _group_of(run, group):
     if group == "model":
-        return run.deployment.model.name
+        return run.model_name()
     if group == "deployment":
         return run.deployment.name
     if group == "topology":
@@ -114,7 +114,7 @@ def _styles(runs, group):
         colors.setdefault(key, charts.PALETTE[len(colors) % len(charts.PALETTE)])
         n = counts[key] = counts.get(key, -1) + 1
         styles[run.pk] = {
-            "name": f"{run.deployment.model.name} · {charts.run_name(run)}",
+            "name": f"{run.model_name()} · {charts.run_name(run)}",
             "group": key,
             "group_title": key if group != "run" else None,
             "color": colors[key],
@@ -124,8 +124,10 @@ def _styles(runs, group):
 
 
 def _gpus(run):
+    """The run's GPUs as its result file states them, else its deployment's (num_gpus)."""
     deployment = run.deployment
-    return gpu_count(run.gpu_count, run.host_gpu_count, deployment.tp, deployment.ep)
+    stated = run.stated_gpu_count
+    return stated or gpu_count(run.gpu_count, run.host_gpu_count, deployment.tp, deployment.ep)
 
 
 def _compare_url(uuids, group, standin=False):
@@ -319,7 +321,7 @@ def compare_csv(request):
             run.display_label(),
             "yes" if run.is_standin else "no",
             run.deployment.name,
-            run.deployment.model.name,
+            run.model_name(),
             run.deployment.host.name,
             snapshot.virtualization_label if snapshot else "",
             run.deployment.get_engine_display(),
