@@ -156,9 +156,16 @@ def test_a_file_of_another_model_imported_all_the_same_is_badged_and_no_headline
     row = listed.split(f">{AGG.name}</a>")[1].split("</td>")[0]
     assert ">imported</span>" in row and "write-up" not in row
 
-    dashboard = client.get("/").content.decode().split("Recent runs")[0]
+    dashboard, recent = client.get("/").content.decode().split("Recent runs")
     row = dashboard.split("GLM-5-NVFP4 on 8× RTX PRO 6000")[1].split("</tr>")[0]
     assert ">912<" in row and "711" not in row  # the write-up's sweep, not the Qwen file
+    assert ">write-up</span>" in row
+    row = recent.split(f">{AGG.name}</a>")[1].split("</td>")[0]
+    assert ">imported</span>" in row and "write-up" not in row
+
+    listed = client.get("/runs/").content.decode().split(f">{AGG.name}</a>")[1].split("</tr>")[0]
+    assert ">imported</span>" in listed
+    assert "<td>Qwen/Qwen2.5-3B-Instruct</td>" in listed
 
 
 @pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json*")), ids=lambda path: path.name)
