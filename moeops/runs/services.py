@@ -524,7 +524,9 @@ def _import_snapshot(deployment, levels, fmt, file_name, stated, other_model):
         snapshot["kernel_shape"] = None
         record["gpus"] = []
     else:
-        record.update({k: v for k, v in stated.items() if k in SERVING_KEYS and v is not None})
+        # the same model keeps the deployment's name for it: compared runs differ in no model
+        serving = {k: v for k, v in stated.items() if k in SERVING_KEYS and k != "model"}
+        record.update({k: v for k, v in serving.items() if v is not None})
         if stated["gpu_count"] and stated["gpu_count"] != len(record["gpus"]):
             record["gpus"] = []
     return snapshot

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from moeops.fleet.models import Deployment
+from moeops.fleet.models import Deployment, ModelSpec
 from moeops.front.views.compare import _presets
 from moeops.insights import services as insights
 from moeops.insights.models import Finding
@@ -78,17 +78,16 @@ def test_confirmed_its_snapshot_holds_what_the_file_measured(world):
 
 
 def test_a_file_of_the_deployments_model_imports_unasked_and_keeps_its_facts(world):
+    model = ModelSpec.objects.create(name="Qwen2.5-3B-Instruct", config_json={})
     qwen = Deployment.objects.create(
-        name="qwen",
-        model=world.model,
-        host=world.host,
-        tp=1,
-        served_model_name="Qwen/Qwen2.5-3B-Instruct",
-        engine_version="0.5.5.post3",
+        name="qwen", model=model, host=world.host, tp=1, engine_version="0.5.5.post3"
     )
     run, created = _import(qwen, file_name="agg.jsonl")
     assert created and run.other_model is None
-    assert run.snapshot["deployment"]["model"] == "Qwen/Qwen2.5-3B-Instruct"
+    # the deployment's name for the model (a compare would otherwise see two models)
+    assert run.snapshot["deployment"]["model"] == "Qwen2.5-3B-Instruct"
+    assert (run.snapshot["deployment"]["tp"], run.snapshot["deployment"]["gpus"]) == (1, [])
+    assert run.snapshot["deployment"]["engine_version"] == "0.5.5.post3"
     assert run.origin() == ("imported", "imported from agg.jsonl")
 
 
