@@ -45,6 +45,7 @@ def import_results(client, args):
         content=content,
         file_name=Path(args.file).name,
         label=args.label,
+        accept_mismatch=args.accept_mismatch,
     )
     run = answer["run"]
     print(f"{answer['levels']} level(s) in run {run['id']} ({run['uuid']}) of {args.deployment}")
@@ -117,6 +118,12 @@ def build_parser():
     command.add_argument("--format", required=True, choices=("sglang", "vllm"))
     command.add_argument("--deployment", required=True, help="deployment name or id")
     command.add_argument("--label", default="", help="label of the run (default: file name)")
+    command.add_argument(
+        "--accept-mismatch",
+        action="store_true",
+        help="import a file that states another model, TP, GPU count or engine than the "
+        "deployment's (refused otherwise)",
+    )
     command.set_defaults(handler=import_results)
 
     command = commands.add_parser(

@@ -474,14 +474,18 @@ class MoeopsClient:
         """Engine /metrics samples (ts, running, queued, kv_cache_usage) under a batch id."""
         return self._post_samples(f"/runs/{run}/engine-samples", samples, batch_id)
 
-    def import_results(self, *, fmt, deployment, content, file_name="", label=""):
-        """Import a SGLang/vLLM result file's text as a run (never spooled: a person waits)."""
+    def import_results(
+        self, *, fmt, deployment, content, file_name="", label="", accept_mismatch=False
+    ):
+        """Import a SGLang/vLLM result file's text as a run (never spooled: a person waits);
+        accept_mismatch: import it even where it states another model, TP, GPUs or engine."""
         body = {
             "format": fmt,
             "deployment": str(deployment),
             "content": content,
             "file_name": file_name,
             "label": label,
+            "accept_mismatch": accept_mismatch,
         }
         return self.request("POST", "/runs/import", body=body).json()
 

@@ -13,7 +13,7 @@ from ninja.parser import Parser
 
 from moeops.fleet.services import AlreadyExists
 from moeops.kernels.services import TuningConflict
-from moeops.runs.importers import ResultFileError
+from moeops.runs.importers import ResultFileError, ResultFileMismatch
 from moeops.runs.services import RunConflict
 from reports.topology import TopologyParseError
 from tuning.moe_params import MoEConfigError
@@ -175,6 +175,14 @@ def bad_result_file(request, exc, api):
     return api.create_response(request, body, status=400)
 
 
+def mismatched_result_file(request, exc, api):
+    body = {
+        "detail": f"content: {exc}; send accept_mismatch: true to import it all the same",
+        "differences": exc.differences,
+    }
+    return api.create_response(request, body, status=409)
+
+
 def server_error(request, exc, api):
     log.exception("API error on %s %s", request.method, request.path)
     return api.create_response(
@@ -197,6 +205,7 @@ def install(api):
         (MoEConfigError, bad_config),
         (TopologyParseError, bad_topology),
         (ResultFileError, bad_result_file),
+        (ResultFileMismatch, mismatched_result_file),
         (Exception, server_error),
     )
     for exc_class, handler in handlers:

@@ -284,6 +284,12 @@ class RunImportIn(In):
     content: LongText = Field(description="the file's text")
     file_name: text(300) = ""
     label: text(200) = ""
+    accept_mismatch: bool = Field(
+        False,
+        description="import a file that states another model, TP, GPU count or engine than "
+        "the deployment's (else 409 naming what differs); a file of another model then feeds "
+        "none of the deployment's estimates, headlines or comparisons",
+    )
 
 
 class RunImported(Schema):
@@ -295,8 +301,9 @@ class RunImported(Schema):
 def run_import(request, payload: RunImportIn):
     """Import a result file as a finished run, one level per object (the same file again: 200).
 
-    A line that is not JSON or lacks the throughput keys is a 400 listing the line numbers;
-    then nothing is stored.
+    A line that is not JSON or lacks the throughput keys is a 400 listing the line numbers; a
+    file that states another model, TP, GPU count or engine than the deployment is a 409 naming
+    each, unless accept_mismatch. Then nothing is stored.
     """
     deployment = lookups.get_deployment(payload.deployment)
     require_write(request, deployment.host)
@@ -306,6 +313,7 @@ def run_import(request, payload: RunImportIn):
         text=payload.content,
         label=payload.label,
         file_name=payload.file_name,
+        accept_mismatch=payload.accept_mismatch,
     )
     run = _run_out(run)
     return stored(created, {"run": run, "levels": run.level_count})

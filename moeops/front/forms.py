@@ -418,6 +418,10 @@ class ResultFileForm(forms.Form):
     )
     file = forms.FileField(label="Result file")
     label = forms.CharField(max_length=200, required=False)
+    accept_mismatch = forms.BooleanField(
+        required=False,
+        label="Import it even where the file measured another model, TP, GPU count or engine",
+    )
 
     def clean_file(self):
         upload = self.cleaned_data["file"]

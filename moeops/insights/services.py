@@ -9,7 +9,7 @@ from moeops.insights import analysis, tasks
 from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, PlanItem
 from moeops.kernels.models import KernelConfig
 from moeops.runs import snapshots
-from moeops.runs.models import FINISHED_STATUSES, SweepRun
+from moeops.runs.models import FINISHED_STATUSES, SweepRun, of_the_deployments_model
 from tuning.config_files import file_device_name
 
 # How far back to look for the previous comparable run of a deployment.
@@ -34,6 +34,9 @@ def run_analyze(*, run) -> list[Finding]:
     """
     if run.status not in FINISHED_STATUSES:
         raise ValueError(f"run {run.uuid} is {run.status}, not finished")
+    if run.other_model:
+        # the rules read the deployment's shape, GPUs and cap: not those of another model
+        return []
     with transaction.atomic():
         # one analysis per deployment at a time: deployment-wide findings are shared by its runs
         deployment = Deployment.objects.select_for_update().get(pk=run.deployment_id)
@@ -272,7 +275,7 @@ def _launch(run, deployment):
 
 
 def _newest_run_tuned(deployment):
-    newest = deployment.runs.order_by("-created", "-id").first()
+    newest = of_the_deployments_model(deployment.runs).order_by("-created", "-id").first()
     return newest is not None and newest.kernel_config_state() == "tuned"
 
 

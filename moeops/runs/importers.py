@@ -18,7 +18,7 @@ from collections import Counter
 
 from moeops.runs.levels import level_problems
 from moeops.runs.models import level_key
-from moeops.storable import MAX_INT, storable_json
+from moeops.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
 from reports import engine as engine_reports
 from reports.levels import LATENCY_KEYS
 
@@ -86,12 +86,21 @@ class ResultFileError(ValueError):
         self.problems = problems
 
 
+class ResultFileMismatch(ValueError):
+    """A file that measured another model, parallelism, GPU count or engine than the deployment
+    it is imported for; `differences` names each ("model", "TP", …)."""
+
+    def __init__(self, sentence, differences):
+        super().__init__(sentence)
+        self.differences = differences
+
+
 def _objects(text, fmt):
     """[(line number, object or None, error)] of the file's JSON objects."""
     if fmt == "vllm":
         try:
             whole = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             whole = None
         if isinstance(whole, dict):
             return [(1, whole, None)]
@@ -101,7 +110,9 @@ def _objects(text, fmt):
             continue
         try:
             found.append((number, json.loads(line), None))
-        except (ValueError, RecursionError) as exc:
+        except RecursionError:
+            found.append((number, None, "not JSON (nested too deep to read)"))
+        except ValueError as exc:
             found.append((number, None, f"not JSON ({exc})"))
     return found
 
@@ -110,16 +121,25 @@ def _number(value):
     """A finite float from a number or a numeric string, else None."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int | float):
-        value = float(value)
-    elif isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    else:
+    try:
+        value = float(value) if isinstance(value, int | float | str) else None
+    except (ValueError, OverflowError):
+        # OverflowError: an integer of hundreds of digits, beyond any float
         return None
-    return value if math.isfinite(value) else None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _shown(value):
+    """A file's value for a message, cut to 40 characters (a bad number may have hundreds)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}… ({len(text)} characters)"
+
+
+def _not_a_number(value):
+    """Why _number(value) is None, as the end of a sentence that starts with the key."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"is too large a number: {_shown(value)}"
+    return f"is not a number: {_shown(value)}"
 
 
 def _first(obj, keys):
@@ -129,14 +149,17 @@ def _first(obj, keys):
     return None, None
 
 
-def _jsonable(value):
-    """The object as jsonb stores it: non-finite numbers become the words the file used."""
+def _jsonable(value, depth=0):
+    """The object as jsonb stores it: non-finite numbers become the words the file used.
+    Raises ValueError for nesting deeper than MAX_JSON_DEPTH (before Python's recursion limit)."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"the object is nested deeper than {MAX_JSON_DEPTH} levels")
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):
-        return {key: _jsonable(item) for key, item in value.items()}
+        return {key: _jsonable(item, depth + 1) for key, item in value.items()}
     if isinstance(value, list):
-        return [_jsonable(item) for item in value]
+        return [_jsonable(item, depth + 1) for item in value]
     return value
 
 
@@ -158,10 +181,10 @@ def _level(obj, fmt):
             continue
         number = _number(value)
         if number is None:
-            raise ValueError(f"{key} is not a number: {value!r}")
+            raise ValueError(f"{key} {_not_a_number(value)}")
         if field in INT_FIELDS:
             if number < 0 or number > MAX_INT or number != int(number):
-                raise ValueError(f"{key} is not a count: {value!r}")
+                raise ValueError(f"{key} is not a count: {_shown(value)}")
             number = int(number)
         level[field] = number
     missing = [field for field in REQUIRED if field not in level]
@@ -170,12 +193,15 @@ def _level(obj, fmt):
     concurrency = obj.get("max_concurrency")
     if concurrency is not None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-            raise ValueError(f"max_concurrency is not an integer: {concurrency!r}")
+            raise ValueError(f"max_concurrency is not an integer: {_shown(concurrency)}")
         if not 0 < concurrency <= MAX_INT:
-            raise ValueError(f"max_concurrency is out of range: {concurrency!r}")
+            raise ValueError(f"max_concurrency is out of range: {_shown(concurrency)}")
     level["concurrency"] = concurrency
+    rate = obj.get("request_rate")
+    if isinstance(rate, int) and not isinstance(rate, bool) and _number(rate) is None:
+        raise ValueError(f"request_rate {_not_a_number(rate)}")
     # None = unlimited: inf, "inf", Infinity; also SGLang's "trace" (timestamps replayed)
-    level["request_rate"] = _number(obj.get("request_rate"))
+    level["request_rate"] = _number(rate)
     if fmt == "sglang" and str(obj.get("dataset_name", "")).startswith("random"):
         for field, key in (("input_len", "random_input_len"), ("output_len", "random_output_len")):
             value = obj.get(key)
@@ -248,3 +274,55 @@ def snapshot_parts(levels, fmt, file_name="") -> tuple[dict, dict | None]:
     if fmt == "sglang" and isinstance(info, dict):
         return facts, engine_reports.from_sglang_server_info(info, source="result file")
     return facts, None
+
+
+def _size(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _name(value):
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def stated_facts(levels, fmt) -> dict:
+    """What the file says it measured: {"model", "model_names", "engine", "engine_version",
+    "tp", "ep", "gpu_count"}, None (model_names: []) where it does not say.
+
+    SGLang's server_info gives the model path, served name, parallel sizes and version; the
+    GPUs are tp × pp, times dp unless DP attention runs inside the TP group. vLLM's files name
+    the model the client asked for (model_id) and, in 0.4.0, the version passed to it.
+    """
+    first = levels[0]["raw"] if levels else {}
+    info = first.get("server_info") if fmt == "sglang" else None
+    info = info if isinstance(info, dict) else {}
+    names = [_name(first.get("model_id")), _name(info.get("model_path"))]
+    names.append(_name(info.get("served_model_name")))
+    names = list(dict.fromkeys(n for n in names if n))
+    backend = first.get("backend")
+    engine = "sglang" if info else (backend if backend in ("sglang", "vllm") else None)
+    version = _name(info.get("version")) if info else None
+    if fmt == "vllm" and backend == "vllm" and _name(first.get("version")) not in (None, "N/A"):
+        version = _name(first.get("version"))
+    tp, pp, dp = _size(info.get("tp_size")), _size(info.get("pp_size")), _size(info.get("dp_size"))
+    gpu_count = None
+    if tp:
+        gpu_count = tp * (pp or 1) * (1 if info.get("enable_dp_attention") else (dp or 1))
+    return {
+        "model": names[0] if names else None,
+        "model_names": names,
+        "engine": engine,
+        "engine_version": version,
+        "tp": tp,
+        "ep": _size(info.get("ep_size")),
+        "gpu_count": gpu_count,
+    }
+
+
+def same_model(names, others) -> bool:
+    """Whether two lists of model names (ids, paths, served names) name one model: a pair
+    equal but for case and any organisation or folder before the last "/"."""
+
+    def short(name):
+        return name.rstrip("/").rsplit("/", 1)[-1].lower()
+
+    return bool({short(n) for n in names if n} & {short(n) for n in others if n})

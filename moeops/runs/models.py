@@ -84,6 +84,17 @@ def without_standin(runs):
     return runs.exclude(pk__in=SweepRun.objects.filter(STANDIN).values("pk"))
 
 
+# SweepRun.other_model as a filter: an imported file that measured another model than its
+# deployment serves (imported all the same, when confirmed).
+OTHER_MODEL = Q(snapshot__file__other_model__isnull=False)
+
+
+def of_the_deployments_model(runs):
+    """A SweepRun queryset less imported files of another model: what a deployment's
+    estimates, headlines and comparisons may read (a subquery, as without_standin)."""
+    return runs.exclude(pk__in=SweepRun.objects.filter(OTHER_MODEL).values("pk"))
+
+
 class SweepRunQuerySet(models.QuerySet):
     def with_summary(self):
         """Each run with .peak (its best level's output tok/s; None without levels) and
@@ -166,15 +177,54 @@ class SweepRun(models.Model):
         return self.observed_engine.get("engine") == "standin"
 
     @property
+    def other_model(self):
+        """The model an imported file measured where it is not the deployment's, else None."""
+        return ((self.snapshot or {}).get("file") or {}).get("other_model")
+
+    def origin(self):
+        """(badge, title) of where the run's numbers come from: "imported" (title: its file),
+        "write-up" (the example data), "stand-in" (a test double answered), "measured" (a
+        worker's sweep) or "entered" (by hand)."""
+        snapshot = self.snapshot or {}
+        if self.source == "import":
+            name = (snapshot.get("file") or {}).get("file_name") or "a result file"
+            other = f"; it measured {self.other_model}" if self.other_model else ""
+            return "imported", f"imported from {name}{other}"
+        if snapshot.get("source") == "write-up":
+            return "write-up", self.provenance
+        if self.is_standin:
+            return "stand-in", "from the stand-in engine, a test double"
+        if self.source == "manual":
+            return "entered", "entered by hand"
+        return "measured", "swept by a moeops worker"
+
+    def model_name(self):
+        """The model the run measured: an imported file's own where it is not the deployment's."""
+        return self.other_model or self.deployment.model.name
+
+    @property
+    def stated_gpu_count(self):
+        """The GPUs an imported file says its engine ran on (SGLang's server_info), or None."""
+        return (((self.snapshot or {}).get("file") or {}).get("stated") or {}).get("gpu_count")
+
+    def measured_gpu_count(self):
+        """GPUs the run's per-GPU figures divide by: the count its result file states, else
+        the deployment's (Deployment.num_gpus)."""
+        return self.stated_gpu_count or self.deployment.num_gpus()
+
+    @property
     def engine_answered(self):
         """Whether the engine said which engine it is (the snapshot's "engine", not unknown)."""
         return self.observed_engine.get("engine") not in (None, "", "unknown")
 
     def engine_label(self):
-        """ "vLLM 0.32.0" as the engine reported itself, else as the deployment recorded it."""
+        """ "vLLM 0.32.0" as the engine reported itself, else as the deployment recorded it;
+        "unknown" for an imported file of another model that names no engine."""
         observed = self.observed_engine if self.engine_answered else {}
         recorded = self.snapshot.get("deployment") or {}
-        name = observed.get("engine") or recorded.get("engine") or self.deployment.engine
+        # the deployment's engine served its own model, not the one another model's file measured
+        fallback = "unknown" if self.other_model else self.deployment.engine
+        name = observed.get("engine") or recorded.get("engine") or fallback
         version = observed.get("version") or recorded.get("engine_version") or ""
         return engine_reports.label({"engine": name, "version": version})
 

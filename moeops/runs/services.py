@@ -27,6 +27,7 @@ from moeops.runs.models import (
     level_key,
 )
 from moeops.runs.parameters import parameters_checked
+from reports import engine as engine_reports
 from reports.progress import attempt_of
 from tuning.moe_params import vocab_size
 
@@ -440,12 +441,109 @@ def engine_samples_record(*, run, batch_id, samples):
     )
 
 
-def run_import(*, deployment, fmt, text, label="", file_name="", provenance=""):
+# The deployment's fields that say how it serves its model: an imported file of another model
+# takes them from what the file states (None where it does not say), never the deployment's.
+SERVING_KEYS = (
+    "model",
+    "engine",
+    "engine_version",
+    "tp",
+    "ep",
+    "max_running_requests",
+    "quantization",
+    "attention_backend",
+    "allreduce_fusion",
+    "launch_args",
+)
+
+
+def _served(model, tp, gpus, engine, version):
+    """ "GLM-5 at TP8 (8 GPUs) on SGLang 0.5.5" of what is known."""
+    text = model or "an unnamed model"
+    if tp:
+        text += f" at TP{tp}"
+    if gpus:
+        text += f" ({gpus} GPU{'s' if gpus != 1 else ''})"
+    if engine:
+        text += f" on {engine_reports.label({'engine': engine, 'version': version or ''})}"
+    return text
+
+
+def _import_mismatch(deployment, stated):
+    """The ResultFileMismatch of a file whose stated facts disagree with the deployment's,
+    else None; a fact either side leaves unsaid is no disagreement."""
+    names = [deployment.model.name, deployment.model.hf_repo_id, deployment.served_model_name]
+    gpus = deployment.num_gpus()
+    differences = []
+    if stated["model_names"] and not importers.same_model(stated["model_names"], names):
+        differences.append("model")
+    if stated["tp"] and stated["tp"] != deployment.tp:
+        differences.append("TP")
+    if stated["gpu_count"] and gpus and stated["gpu_count"] != gpus:
+        differences.append("GPU count")
+    if stated["engine"] and stated["engine"] != deployment.engine:
+        differences.append("engine")
+    else:
+        version, recorded = stated["engine_version"], deployment.engine_version
+        if version and recorded and version != recorded:
+            differences.append("engine version")
+    if not differences:
+        return None
+    measured = _served(
+        *(stated[k] for k in ("model", "tp", "gpu_count", "engine", "engine_version"))
+    )
+    serves = _served(
+        deployment.model.name,
+        deployment.tp,
+        gpus if stated["gpu_count"] else None,
+        deployment.engine,
+        deployment.engine_version,
+    )
+    sentence = (
+        f"the file measured {measured}; the deployment {deployment.name} serves {serves} "
+        f"(they differ in {', '.join(differences)})"
+    )
+    return importers.ResultFileMismatch(sentence, differences)
+
+
+def _import_snapshot(deployment, levels, fmt, file_name, stated, other_model):
+    """The imported run's snapshot: the deployment as recorded, with the model, parallelism,
+    GPU count, engine and version the file states in place of the deployment's."""
+    snapshot = snapshots.initial_snapshot(
+        deployment=deployment, parameters={}, topology=None, source="import"
+    )
+    snapshot["file"], engine = importers.snapshot_parts(levels, fmt, file_name)
+    if engine is not None:
+        snapshot["engine"] = engine
+    snapshot["file"]["stated"] = {k: v for k, v in stated.items() if k != "model_names"}
+    record = snapshot["deployment"]
+    if other_model:
+        snapshot["file"]["other_model"] = stated["model"]
+        record.update({key: stated.get(key) for key in SERVING_KEYS})
+        # the deployment's MoE shape and GPUs are not the other model's
+        snapshot["kernel_shape"] = None
+        record["gpus"] = []
+    else:
+        # the same model keeps the deployment's name for it: compared runs differ in no model
+        serving = {k: v for k, v in stated.items() if k in SERVING_KEYS and k != "model"}
+        record.update({k: v for k, v in serving.items() if v is not None})
+        if stated["gpu_count"] and stated["gpu_count"] != len(record["gpus"]):
+            record["gpus"] = []
+    return snapshot
+
+
+def run_import(
+    *, deployment, fmt, text, label="", file_name="", provenance="", accept_mismatch=False
+):
     """(SweepRun, created) for a benchmark result file; each object becomes one level.
 
-    The run is stored finished, with source "import". The same file imported again for the
-    same deployment returns the first run. Raises importers.ResultFileError listing the bad
-    lines; then nothing is stored.
+    The run is stored finished, with source "import", and its snapshot holds the model,
+    parallelism, GPU count, engine and version the file states. The same file imported again
+    for the same deployment returns the first run. Raises importers.ResultFileError listing the
+    bad lines, or importers.ResultFileMismatch where the file states another model, TP, GPU
+    count or engine than the deployment's (unless accept_mismatch); then nothing is stored. A
+    file of another model, imported all the same, feeds none of the deployment's estimates,
+    headlines or comparisons (models.of_the_deployments_model), nor its findings.
     """
     levels = importers.parse_results(text, fmt)
     digest = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
@@ -454,17 +552,17 @@ def run_import(*, deployment, fmt, text, label="", file_name="", provenance=""):
     ).first()
     if existing is not None:
         return existing, False
+    stated = importers.stated_facts(levels, fmt)
+    mismatch = _import_mismatch(deployment, stated)
+    if mismatch is not None and not accept_mismatch:
+        raise mismatch
+    other_model = mismatch is not None and "model" in mismatch.differences
     now = timezone.now()
     # the file's levels are its rows; "levels" is a sweep's list of concurrencies, not a count
     parameters = parameters_checked(
         {"format": fmt, "file_name": file_name, "import_sha256": digest}
     )
-    snapshot = snapshots.initial_snapshot(
-        deployment=deployment, parameters={}, topology=None, source="import"
-    )
-    snapshot["file"], engine = importers.snapshot_parts(levels, fmt, file_name)
-    if engine is not None:
-        snapshot["engine"] = engine
+    snapshot = _import_snapshot(deployment, levels, fmt, file_name, stated, other_model)
     with transaction.atomic():
         run = SweepRun.objects.create(
             deployment=deployment,

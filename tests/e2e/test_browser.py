@@ -555,7 +555,8 @@ def test_a_deployment_of_a_pasted_config_is_checked_before_it_is_saved(page, mem
 
 
 def test_result_and_kernel_files_upload_from_their_pages(page, member):
-    deployment = pb.deployment()
+    # the model the vLLM file measured (its model_id): imported without a question
+    deployment = pb.deployment(served_model_name="zai-org/GLM-5-FP8")
     log_in(page, member)
     page.goto(page.base + deployment.get_absolute_url())
     page.click("summary:has-text('Upload a result file')")
@@ -566,6 +567,7 @@ def test_result_and_kernel_files_upload_from_their_pages(page, member):
     with page.expect_navigation():
         page.click("#result-upload button:has-text('Import')")
     assert "Imported vllm_bench_serve_0.11.json: 1 levels." in page.inner_text(".messages")
+    assert page.inner_text("h1 .badge.origin") == "imported"
     assert page.locator("table.levels tbody tr").count() == 1
 
     page.goto(page.base + "/kernels/")

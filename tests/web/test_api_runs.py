@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from moeops.runs.models import EngineSample, LevelResult, SweepRun, TelemetrySample
@@ -400,18 +402,19 @@ def test_outsider_cannot_post_telemetry(world):
 # --------------------------------------------------------------------------- imports
 
 
-def _import(client, name, fmt, deployment="glm-5-sglang"):
+def _import(client, name, fmt, deployment="glm-5-sglang", **fields):
     body = {
         "format": fmt,
         "deployment": deployment,
         "content": (RESULTS / name).read_text(),
         "file_name": name,
+        **fields,
     }
     return client.post("/api/v1/runs/import", body)
 
 
 def test_it_imports_a_real_sglang_file(world):
-    response = _import(world.owner, SGLANG_AGG, "sglang")
+    response = _import(world.owner, SGLANG_AGG, "sglang", accept_mismatch=True)
     assert response.status_code == 201
     run = response.json()["run"]
     assert response.json()["levels"] == 1
@@ -425,15 +428,17 @@ def test_it_imports_a_real_sglang_file(world):
 
 
 def test_it_imports_the_same_file_once(world):
-    first = _import(world.owner, "vllm_bench_serve_append.jsonl", "vllm")
-    again = _import(world.owner, "vllm_bench_serve_append.jsonl", "vllm")
+    first = _import(world.owner, "vllm_bench_serve_append.jsonl", "vllm", accept_mismatch=True)
+    again = _import(world.owner, "vllm_bench_serve_append.jsonl", "vllm", accept_mismatch=True)
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json()["run"]["id"] == first.json()["run"]["id"]
     assert LevelResult.objects.count() == 2
 
 
 def test_it_imports_old_vllm_results(world):
-    response = _import(world.owner, "vllm_benchmark_serving_0.4.0.json", "vllm")
+    response = _import(
+        world.owner, "vllm_benchmark_serving_0.4.0.json", "vllm", accept_mismatch=True
+    )
     assert response.status_code == 201
     level = LevelResult.objects.get()
     assert level.request_throughput == pytest.approx(1000 / 151.25)
@@ -452,4 +457,77 @@ def test_it_stores_nothing_of_a_file_with_bad_lines(world):
 def test_host_token_imports_only_for_its_host(world):
     response = _import(world.host_worker, SGLANG_AGG, "sglang", deployment="glm-5-h200")
     assert response.status_code == 403
-    assert _import(world.host_worker, SGLANG_AGG, "sglang").status_code == 201
+    assert _import(world.host_worker, SGLANG_AGG, "sglang", accept_mismatch=True).status_code == 201
+
+
+AGG_OBJECT = json.loads((RESULTS / SGLANG_AGG).read_text())
+# Files that crashed the importer: a number beyond any float, nesting beyond Python's recursion.
+UNREADABLE = [
+    ("sglang", json.dumps({**AGG_OBJECT, "output_throughput": 10**400}), "output_throughput"),
+    ("sglang", json.dumps({**AGG_OBJECT, "request_rate": 10**400}), "request_rate"),
+    ("vllm", json.dumps({**AGG_OBJECT, "completed": 10**400}), "completed"),
+    ("vllm", "[" * 5000 + "]" * 5000, "not JSON (nested too deep to read)"),
+    (
+        "sglang",
+        json.dumps({**AGG_OBJECT, "x": json.loads('{"a":' * 900 + "1" + "}" * 900)}),
+        "nested",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fmt", "content", "named"), UNREADABLE)
+def test_a_file_python_cannot_read_whole_is_a_400_naming_its_line(world, fmt, content, named):
+    body = {"format": fmt, "deployment": "glm-5-sglang", "content": content}
+    response = world.owner.post("/api/v1/runs/import", body)
+    assert response.status_code == 400
+    [problem] = response.json()["problems"]
+    assert problem.startswith("line 1: ") and named in problem
+    assert len(problem) < 200
+    assert not SweepRun.objects.exists() and not LevelResult.objects.exists()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in RESULTS.glob("*.json*")))
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.9, 0.999])
+def test_a_truncated_real_file_is_refused_or_imported_whole(world, name, fraction):
+    text = (RESULTS / name).read_text()
+    body = {
+        "format": "vllm" if name.startswith("vllm") else "sglang",
+        "deployment": "glm-5-sglang",
+        "content": text[: int(len(text) * fraction)],
+        "accept_mismatch": True,
+    }
+    response = world.owner.post("/api/v1/runs/import", body)
+    if response.status_code == 201:
+        run = SweepRun.objects.get()
+        assert run.levels.count() == response.json()["levels"] > 0
+    else:
+        assert response.status_code == 400, response.text
+        assert response.json()["problems"][0].startswith("line ")
+        assert not SweepRun.objects.exists() and not LevelResult.objects.exists()
+
+
+def test_a_file_of_another_model_is_a_409_naming_what_differs_until_confirmed(world):
+    refused = _import(world.owner, SGLANG_AGG, "sglang")
+    assert refused.status_code == 409
+    assert refused.json() == {
+        "detail": "content: the file measured Qwen/Qwen2.5-3B-Instruct at TP1 (1 GPU) on SGLang "
+        "0.5.5.post3; the deployment glm-5-sglang serves GLM-5 at TP8 (8 GPUs) on SGLang (they "
+        "differ in model, TP, GPU count); send accept_mismatch: true to import it all the same",
+        "differences": ["model", "TP", "GPU count"],
+    }
+    assert not SweepRun.objects.exists() and not LevelResult.objects.exists()
+    accepted = _import(world.owner, SGLANG_AGG, "sglang", accept_mismatch=True)
+    assert accepted.status_code == 201
+    run = SweepRun.objects.get()
+    assert run.snapshot["deployment"]["model"] == "Qwen/Qwen2.5-3B-Instruct"
+    assert run.other_model == "Qwen/Qwen2.5-3B-Instruct"
+
+
+def test_a_vllm_file_of_another_model_is_a_409_too(world):
+    refused = _import(world.owner, "vllm_bench_serve_0.11.json", "vllm")
+    assert refused.status_code == 409
+    assert refused.json()["detail"].startswith(
+        "content: the file measured zai-org/GLM-5-FP8; the deployment glm-5-sglang serves GLM-5"
+    )
+    assert refused.json()["differences"] == ["model"]
+    assert not SweepRun.objects.exists()

@@ -1,10 +1,14 @@
 """Result files uploaded on the deployment page: the API's import service, in the browser's
 form (real files written by SGLang's bench_serving and in vLLM's result layout)."""
 
+import json
+
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from moeops.runs.models import SweepRun
+from moeops.examples import load_example_data
+from moeops.fleet.models import Deployment
+from moeops.runs.models import LevelResult, SweepRun
 from tests import page_base as pb
 from tests.fakes import FIXTURES
 
@@ -17,7 +21,8 @@ VLLM = RESULTS / "vllm_bench_serve_0.11.json"
 @pytest.fixture
 def deployment(client):
     pb.sign_in(client)
-    return pb.deployment()
+    # the model the vLLM file measured (its model_id); the SGLang file names none
+    return pb.deployment(served_model_name="zai-org/GLM-5-FP8")
 
 
 def _upload(client, deployment, path, fmt, **extra):
@@ -73,3 +78,122 @@ def test_a_file_that_is_not_text_is_refused(client, deployment):
     )
     assert response.status_code == 400
     assert "The file is not UTF-8 text." in response.content.decode()
+
+
+AGG = RESULTS / "TonyLi15-sglang-benchmark__agg_n50_in128_out64_c8.jsonl"
+AGG_OBJECT = json.loads(AGG.read_text())
+
+
+@pytest.mark.parametrize(
+    ("fmt", "content", "named"),
+    [
+        ("sglang", json.dumps({**AGG_OBJECT, "output_throughput": 10**400}), "output_throughput"),
+        ("sglang", json.dumps({**AGG_OBJECT, "request_rate": 10**400}), "request_rate"),
+        ("vllm", json.dumps({**AGG_OBJECT, "completed": 10**400}), "completed"),
+        ("vllm", "[" * 5000 + "]" * 5000, "not JSON (nested too deep to read)"),
+        (
+            "sglang",
+            json.dumps({**AGG_OBJECT, "x": json.loads('{"a":' * 900 + "1" + "}" * 900)}),
+            "nested",
+        ),
+    ],
+)
+def test_a_file_python_cannot_read_whole_is_refused_naming_its_line(
+    client, deployment, fmt, content, named
+):
+    upload = SimpleUploadedFile("r.jsonl", content.encode())
+    response = client.post(
+        f"/deployments/{deployment.pk}/results/", {"format": fmt, "file": upload}
+    )
+    assert response.status_code == 400
+    form = response.content.decode().split('id="result-upload"')[1].split("</form>")[0]
+    assert "line 1: " in form and named in form
+    assert not SweepRun.objects.exists()
+
+
+# --------------------------------------------------------------------------- another model
+
+
+def _on_the_write_up(client):
+    load_example_data()
+    return Deployment.objects.get(name="GLM-5-NVFP4 on 8× RTX PRO 6000")
+
+
+def test_a_file_of_another_model_is_refused_saying_what_it_measured(client, deployment):
+    glm5 = _on_the_write_up(client)
+    runs = SweepRun.objects.count()
+    response = _upload(client, glm5, AGG, "sglang")
+    assert response.status_code == 400
+    form = response.content.decode().split('id="result-upload"')[1].split("</form>")[0]
+    assert (
+        "Not imported: the file measured Qwen/Qwen2.5-3B-Instruct at TP1 (1 GPU) on SGLang "
+        "0.5.5.post3; the deployment GLM-5-NVFP4 on 8× RTX PRO 6000 serves GLM-5-NVFP4 at TP8 "
+        "(8 GPUs) on SGLang (they differ in model, TP, GPU count)" in form
+    )
+    assert SweepRun.objects.count() == runs
+
+
+def test_a_file_of_another_model_imported_all_the_same_is_badged_and_no_headline(
+    client, deployment
+):
+    glm5 = _on_the_write_up(client)
+    response = _upload(client, glm5, AGG, "sglang", accept_mismatch="on")
+    run = SweepRun.objects.get(source="import")
+    assert response["Location"] == f"/runs/{run.uuid}/"
+
+    page = client.get(response["Location"]).content.decode()
+    title = page.split("<h1>")[1].split("</h1>")[0]
+    assert f'<span class="badge origin" title="imported from {AGG.name}; it measured ' in title
+    assert ">imported</span>" in title and "write-up" not in title
+    sweep = page.split("<h2>Sweep</h2>")[1].split("</section>")[0]
+    assert "<dd>Qwen/Qwen2.5-3B-Instruct" in sweep and "not the deployment's GLM-5-NVFP4" in sweep
+    assert "TP1 " in sweep and "TP8" not in sweep
+    assert "SGLang 0.5.5.post3" in sweep
+    hardware = page.split("<h2>Hardware</h2>")[1].split("</section>")[0]
+    assert "1 GPU " in hardware and "8 GPUs" not in hardware
+
+    listed = client.get(glm5.get_absolute_url()).content.decode().split("<h2>Runs</h2>")[1]
+    row = listed.split(f">{AGG.name}</a>")[1].split("</td>")[0]
+    assert ">imported</span>" in row and "write-up" not in row
+
+    dashboard, recent = client.get("/").content.decode().split("Recent runs")
+    row = dashboard.split("GLM-5-NVFP4 on 8× RTX PRO 6000")[1].split("</tr>")[0]
+    assert ">912<" in row and "711" not in row  # the write-up's sweep, not the Qwen file
+    assert ">write-up</span>" in row
+    row = recent.split(f">{AGG.name}</a>")[1].split("</td>")[0]
+    assert ">imported</span>" in row and "write-up" not in row
+
+    listed = client.get("/runs/").content.decode().split(f">{AGG.name}</a>")[1].split("</tr>")[0]
+    assert ">imported</span>" in listed
+    assert "<td>Qwen/Qwen2.5-3B-Instruct</td>" in listed
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json*")), ids=lambda path: path.name)
+def test_a_truncated_real_file_is_refused_or_imported_whole(client, deployment, path):
+    text = path.read_text()
+    upload = SimpleUploadedFile(path.name, text[: len(text) // 2].encode())
+    fmt = "vllm" if path.name.startswith("vllm") else "sglang"
+    response = client.post(
+        f"/deployments/{deployment.pk}/results/",
+        {"format": fmt, "file": upload, "accept_mismatch": "on"},
+    )
+    if response.status_code == 302:
+        run = SweepRun.objects.get()
+        assert run.levels.count() == len(run.levels.values("key").distinct()) > 0
+    else:
+        assert response.status_code == 400
+        form = response.content.decode().split('id="result-upload"')[1].split("</form>")[0]
+        assert "line " in form
+        assert not SweepRun.objects.exists() and not LevelResult.objects.exists()
+
+
+def test_the_compare_page_names_the_model_and_gpus_the_file_measured(client, deployment):
+    glm5 = _on_the_write_up(client)
+    _upload(client, glm5, AGG, "sglang", accept_mismatch="on")
+    run = SweepRun.objects.get(source="import")
+    html = client.get(f"/compare/?run={run.uuid}").content.decode()
+    row = html.split('id="compare-table"')[1].split("<tbody>")[1].split("</tr>")[0]
+    cells = [cell.split(">", 1)[1].split("</td>")[0] for cell in row.split("<td")[1:]]
+    assert cells[3] == "Qwen/Qwen2.5-3B-Instruct"
+    assert cells[10] == "1"  # GPUs: its server_info's TP1, not the deployment's 8
+    assert cells[11] == cells[12] == "711"

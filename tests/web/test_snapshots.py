@@ -213,7 +213,9 @@ def test_the_regression_finding_names_what_changed_since_the_previous_run(world)
 
 def test_an_imported_sglang_file_records_the_engine_it_embeds(world):
     text = (RESULTS / SGLANG_AGG).read_text()
-    run, _ = services.run_import(deployment=world.deployment, fmt="sglang", text=text)
+    run, _ = services.run_import(
+        deployment=world.deployment, fmt="sglang", text=text, accept_mismatch=True
+    )
 
     assert run.snapshot["source"] == "import"
     assert run.snapshot["file"]["backend"] == "sglang"
@@ -224,7 +226,9 @@ def test_an_imported_sglang_file_records_the_engine_it_embeds(world):
 
 def test_an_imported_vllm_file_records_its_facts_and_no_engine_it_does_not_name(world):
     text = (RESULTS / "vllm_bench_serve_0.11.json").read_text()
-    run, _ = services.run_import(deployment=world.deployment, fmt="vllm", text=text)
+    run, _ = services.run_import(
+        deployment=world.deployment, fmt="vllm", text=text, accept_mismatch=True
+    )
 
     assert "engine" not in run.snapshot
     assert run.snapshot["file"]["format"] == "vllm"

@@ -84,8 +84,13 @@ def test_an_unreachable_server_is_one_line():
     assert result.stderr.startswith("error: GET http://127.0.0.1:9/api/v1/runs: ConnectError")
 
 
-def test_it_imports_sglang_results(world, capsys):
+def test_it_imports_sglang_results_of_another_model_only_when_told_to(world, capsys):
     argv = ["import-results", str(SGLANG_AGG), "--format", "sglang", "--deployment", "glm-5-sglang"]
+    code, out, err = _run(argv, capsys)
+    assert code == 1
+    assert err.startswith("error: 409: content: the file measured Qwen/Qwen2.5-3B-Instruct at TP1")
+    assert not SweepRun.objects.exists()
+    argv.append("--accept-mismatch")
     code, out, err = _run(argv, capsys)
     assert (code, err) == (0, "")
     run = SweepRun.objects.get()
@@ -158,7 +163,8 @@ def test_it_refuses_a_config_with_a_wrong_name(world, capsys, tmp_path):
 
 def test_it_lists_runs_as_a_table(world, capsys):
     _run(
-        ["import-results", str(SGLANG_AGG), "--format", "sglang", "--deployment", "glm-5-sglang"],
+        ["import-results", str(SGLANG_AGG), "--format", "sglang", "--deployment", "glm-5-sglang"]
+        + ["--accept-mismatch"],
         capsys,
     )
     world.run(label="queued sweep")

@@ -15,7 +15,13 @@ from moeops.front import charts
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
 from moeops.front.forms import RunFilterForm
 from moeops.runs import snapshots
-from moeops.runs.models import LevelResult, SweepRun, kernel_state, without_standin
+from moeops.runs.models import (
+    LevelResult,
+    SweepRun,
+    kernel_state,
+    of_the_deployments_model,
+    without_standin,
+)
 
 MAX_SELECTED = 50
 CANDIDATES = 60
@@ -87,7 +93,7 @@ def _compared_runs(request):
 
 def _group_of(run, group):
     if group == "model":
-        return run.deployment.model.name
+        return run.model_name()
     if group == "deployment":
         return run.deployment.name
     if group == "topology":
@@ -108,7 +114,7 @@ def _styles(runs, group):
         colors.setdefault(key, charts.PALETTE[len(colors) % len(charts.PALETTE)])
         n = counts[key] = counts.get(key, -1) + 1
         styles[run.pk] = {
-            "name": f"{run.deployment.model.name} · {charts.run_name(run)}",
+            "name": f"{run.model_name()} · {charts.run_name(run)}",
             "group": key,
             "group_title": key if group != "run" else None,
             "color": colors[key],
@@ -118,8 +124,10 @@ def _styles(runs, group):
 
 
 def _gpus(run):
+    """The run's GPUs as its result file states them, else its deployment's (num_gpus)."""
     deployment = run.deployment
-    return gpu_count(run.gpu_count, run.host_gpu_count, deployment.tp, deployment.ep)
+    stated = run.stated_gpu_count
+    return stated or gpu_count(run.gpu_count, run.host_gpu_count, deployment.tp, deployment.ep)
 
 
 def _compare_url(uuids, group, standin=False):
@@ -160,10 +168,10 @@ def _presets():
     """The standing comparisons: (name, URL of its pair or None, why there is none).
 
     Each pair differs in its preset's factor alone, as the runs' snapshots recorded them; runs
-    of the stand-in are left out."""
+    of the stand-in, and imported files of another model than their deployment's, are left out."""
     runs = SweepRun.objects.filter(status="succeeded", levels__output_throughput__isnull=False)
     rows = list(
-        without_standin(runs)
+        of_the_deployments_model(without_standin(runs))
         .values("uuid", "deployment_id", "kernel_config_id", "parameters__moe_kernel", "snapshot")
         .distinct()
         .order_by("-created", "-id")[:PRESET_RUNS]
@@ -313,7 +321,7 @@ def compare_csv(request):
             run.display_label(),
             "yes" if run.is_standin else "no",
             run.deployment.name,
-            run.deployment.model.name,
+            run.model_name(),
             run.deployment.host.name,
             snapshot.virtualization_label if snapshot else "",
             run.deployment.get_engine_display(),

@@ -36,8 +36,8 @@ from moeops.insights.services import (
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
-from moeops.runs.importers import ResultFileError
-from moeops.runs.models import LevelResult, SweepRun
+from moeops.runs.importers import ResultFileError, ResultFileMismatch
+from moeops.runs.models import LevelResult, SweepRun, of_the_deployments_model
 
 ACTIVE = ("queued", "running")
 # Checks the deployment page lists, newest first.
@@ -53,12 +53,12 @@ def _deployment_or_404(pk):
 
 
 def _with_latest_peak(deployments):
-    """Each deployment with .latest_run and .latest_peak: the newest run that has throughput."""
-    latest = (
-        SweepRun.objects.filter(deployment=OuterRef("pk"), levels__output_throughput__isnull=False)
-        .order_by("-created", "-id")
-        .values("pk")[:1]
+    """Each deployment with .latest_run and .latest_peak: the newest run of its model that has
+    throughput (an imported file of another model is no headline of this deployment)."""
+    runs = SweepRun.objects.filter(
+        deployment=OuterRef("pk"), levels__output_throughput__isnull=False
     )
+    latest = of_the_deployments_model(runs).order_by("-created", "-id").values("pk")[:1]
     deployments = list(deployments.annotate(latest_run_id=Subquery(latest)))
     runs = SweepRun.objects.filter(pk__in=[d.latest_run_id for d in deployments if d.latest_run_id])
     runs = {run.pk: run for run in runs.with_summary()}
@@ -189,7 +189,8 @@ def _edited_since(deployment, runs):
     """{"run", "edits": [(field, then, now)]}: the deployment's recorded fields that changed
     since the newest of `runs` (newest first) whose snapshot recorded it; None when none did
     or nothing changed."""
-    run = next((r for r in runs if r.snapshot.get("deployment")), None)
+    # an import's snapshot holds what its file states, not what the deployment recorded
+    run = next((r for r in runs if r.snapshot.get("deployment") and r.source != "import"), None)
     edits = snapshots.deployment_edits(run.snapshot, deployment) if run else []
     if not edits:
         return None
@@ -208,6 +209,8 @@ def _deployment_page(
         .with_summary()
         .order_by("-created", "-id")
     )
+    # the charts draw this deployment's model; an import of another is listed, not drawn
+    own_runs = [run for run in runs if not run.other_model]
     shape = deployment.moe_shape()
     # prefetched: snapshots.deployment_record reads them again for the edit notice
     prefetch_related_objects([deployment], "gpus")
@@ -261,8 +264,8 @@ def _deployment_page(
         "tune_refusal": actions.tuning_preflight(
             deployment=deployment, has_gpus=bool(gpus), topology=topology
         ),
-        "throughput_chart": charts.throughput_vs_concurrency(reversed(runs)),
-        "peaks_chart": charts.peaks_per_run(runs),
+        "throughput_chart": charts.throughput_vs_concurrency(reversed(own_runs)),
+        "peaks_chart": charts.peaks_per_run(own_runs),
     }
     ctx.update(engines.panel_context(deployment, plan_items))
     return render(request, "front/deployment_detail.html", ctx, status=status)
@@ -324,10 +327,17 @@ def result_upload(request, pk):
                 label=form.cleaned_data["label"],
                 file_name=upload.name,
                 provenance=f"uploaded {upload.name} on the deployment page",
+                accept_mismatch=form.cleaned_data["accept_mismatch"],
             )
         except ResultFileError as exc:
             for problem in exc.problems:
                 form.add_error("file", problem)
+        except ResultFileMismatch as exc:
+            form.add_error(
+                "accept_mismatch",
+                f"Not imported: {exc}. Choose the file again and tick this box to import it "
+                "all the same.",
+            )
         else:
             if created:
                 messages.success(request, f"Imported {upload.name}: {run.levels.count()} levels.")

@@ -171,7 +171,7 @@ def _resumed(run, levels, attempts):
 def run_detail(request, uuid):
     run = _run_or_404(uuid)
     levels = _levels(run)
-    num_gpus = run.deployment.num_gpus()
+    num_gpus = run.measured_gpu_count()
     attempts = run.attempts(levels)
     columns = LEVEL_COLUMNS
     if attempts > 1:
@@ -238,7 +238,7 @@ def run_levels_csv(request, uuid):
     writer = csv.writer(response)
     writer.writerow([c.csv_header for c in LEVEL_COLUMNS] + ["errors", "partial", "stand_in"])
     standin = "yes" if run.is_standin else "no"
-    for level, values in level_rows(_levels(run), run.deployment.num_gpus()):
+    for level, values in level_rows(_levels(run), run.measured_gpu_count()):
         writer.writerow(
             ["" if v is None else v for v in values]
             + [json.dumps(level.errors) if level.errors else ""]
