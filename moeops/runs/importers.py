@@ -112,8 +112,11 @@ def _objects(text, fmt):
             found.append((number, json.loads(line), None))
         except RecursionError:
             found.append((number, None, "not JSON (nested too deep to read)"))
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             found.append((number, None, f"not JSON ({exc})"))
+        except ValueError:
+            # Python's own words here point at sys.set_int_max_str_digits, which no user can set
+            found.append((number, None, "a number has more than 4,300 digits"))
     return found
 
 

@@ -469,6 +469,13 @@ UNREADABLE = [
     ("vllm", "[" * 5000 + "]" * 5000, "not JSON (nested too deep to read)"),
     (
         "sglang",
+        json.dumps({**AGG_OBJECT, "completed": 0}).replace(
+            '"completed": 0', '"completed": ' + "9" * 5000
+        ),
+        "more than 4,300 digits",
+    ),
+    (
+        "sglang",
         json.dumps({**AGG_OBJECT, "x": json.loads('{"a":' * 900 + "1" + "}" * 900)}),
         "nested",
     ),
