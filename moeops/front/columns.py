@@ -59,6 +59,23 @@ LEVEL_COLUMNS = (
 # which delivery of the sweep stored the level: a column only on the page of a resumed run
 ATTEMPT_COLUMN = Column("attempt", "attempt", "")
 
+# The columns a person reads a level by, in this order, first in the run page's table; the rest
+# of LEVEL_COLUMNS follow behind its "All columns" switch (the CSV keeps LEVEL_COLUMNS' order).
+KEY_COLUMNS = (
+    "concurrency",
+    "request_rate",
+    "attempt",
+    "completed",
+    "failed",
+    "output_throughput",
+    "output_throughput_per_gpu",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "p99_e2el_ms",
+)
+
 # What a per-GPU figure reads on a host with no GPUs recorded (the stand-in on a CPU box).
 NO_GPUS = "n/a"
 
@@ -73,6 +90,15 @@ def level_value(level, column, num_gpus):
     if column.key == "interactivity":
         return level.interactivity
     return getattr(level, column.key)
+
+
+def key_columns_first(columns):
+    """columns reordered for the page: KEY_COLUMNS in their order, then the rest as given."""
+    keys = [c for c in columns if c.key in KEY_COLUMNS]
+    return (
+        *sorted(keys, key=lambda c: KEY_COLUMNS.index(c.key)),
+        *(c for c in columns if c.key not in KEY_COLUMNS),
+    )
 
 
 def level_rows(levels, num_gpus, columns=LEVEL_COLUMNS):

@@ -9,11 +9,19 @@ from django.core.paginator import Paginator
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
+from django.template.loader import render_to_string
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
 from moeops.front import charts, series
-from moeops.front.columns import ATTEMPT_COLUMN, LEVEL_COLUMNS, filled_columns, level_rows
+from moeops.front.columns import (
+    ATTEMPT_COLUMN,
+    KEY_COLUMNS,
+    LEVEL_COLUMNS,
+    filled_columns,
+    key_columns_first,
+    level_rows,
+)
 from moeops.front.forms import RunFilterForm
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.views.deployments import findings_with_figures
@@ -167,43 +175,54 @@ def _resumed(run, levels, attempts):
     )
 
 
-@login_required
-def run_detail(request, uuid):
-    run = _run_or_404(uuid)
-    levels = _levels(run)
+def _level_table(run, levels):
+    """The per-level table's context (front/_run_levels.html): the page and its live poll
+    render the same."""
     num_gpus = run.deployment.num_gpus()
     attempts = run.attempts(levels)
     columns = LEVEL_COLUMNS
     if attempts > 1:
         # after the level's concurrency and rate, which say which level it is
         columns = (*LEVEL_COLUMNS[:2], ATTEMPT_COLUMN, *LEVEL_COLUMNS[2:])
+    columns = key_columns_first(columns)
     rows = level_rows(levels, num_gpus, columns)
     shown = filled_columns(rows, columns)
+    return {
+        "run": run,
+        "num_gpus": num_gpus,
+        "resumed": _resumed(run, levels, attempts),
+        "columns": [(columns[i], columns[i].key in KEY_COLUMNS) for i in shown],
+        "more_columns": any(columns[i].key not in KEY_COLUMNS for i in shown),
+        "rows": [
+            (level, [(values[i], columns[i].digits, columns[i].key in KEY_COLUMNS) for i in shown])
+            for level, values in rows
+        ],
+        "hidden_columns": [c.label for i, c in enumerate(columns) if i not in shown],
+        "partial_levels": [level for level in levels if level.is_partial],
+        "failures": [(level, level.errors) for level in levels if level.errors],
+    }
+
+
+@login_required
+def run_detail(request, uuid):
+    run = _run_or_404(uuid)
+    levels = _levels(run)
     figures = run_figures(run, levels)
     # a running sweep's empty charts fill in (hidden until they do); a finished one's stay
     # empty, so they are named
     drawn = {k for k, fig in figures.items() if fig["data"] or not run.is_finished}
     ctx = {
+        **_level_table(run, levels),
         "nav": "runs",
-        "run": run,
         "deployment": run.deployment,
         "measured": _measured(run),
         "progress": sweep_progress(run),
-        "num_gpus": num_gpus,
-        "resumed": _resumed(run, levels, attempts),
-        "columns": [columns[i] for i in shown],
-        "rows": [
-            (level, [(values[i], columns[i].digits) for i in shown]) for level, values in rows
-        ],
-        "hidden_columns": [c.label for i, c in enumerate(columns) if i not in shown],
         "level_charts": [(k, figures[k]) for k in LEVEL_CHARTS if k in drawn],
         "time_charts": [(k, figures[k]) for k in TIME_CHARTS if k in drawn],
         "missing_charts": [CHART_NAMES[k] for k in CHART_NAMES if k not in drawn],
         "waiting": not run.is_finished and not any(fig["data"] for fig in figures.values()),
-        "partial_levels": [level for level in levels if level.is_partial],
         "findings": findings_with_figures(run.findings.select_related("note").by_importance()),
         "finding_states": FINDING_STATES,
-        "failures": [(level, level.errors) for level in levels if level.errors],
         # the engine's own words first: a level where nothing succeeded has no numbers to show
         "all_failed": [(level, why) for level in levels if (why := level.all_failed_with())],
     }
@@ -212,7 +231,8 @@ def run_detail(request, uuid):
 
 @login_required
 def run_status(request, uuid):
-    """The run's status and progress as JSON, polled by the page; ?figures=1 adds the charts."""
+    """The run's status and progress as JSON, polled by the page; ?figures=1 adds the charts
+    and the per-level table (HTML), so that the two never tell different stories."""
     run = _run_or_404(uuid)
     payload = {
         "status": run.status,
@@ -226,6 +246,9 @@ def run_status(request, uuid):
         levels = _levels(run)
         payload["levels"] = len(levels)
         payload["figures"] = run_figures(run, levels)
+        payload["levels_html"] = render_to_string(
+            "front/_run_levels.html", _level_table(run, levels), request
+        )
     return JsonResponse(payload)
 
 
