@@ -6,6 +6,7 @@ import pytest
 from moeops.front import series
 from moeops.runs.models import EngineSample, LevelResult, TelemetrySample, level_key
 from reports import engine as reports
+from reports import launch
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -359,8 +360,8 @@ def test_the_cards_show_what_the_engine_answered_not_the_deployment_now(client, 
 
 def test_the_reported_arguments_are_listed_sorted_under_a_details(client, measured):
     html = client.get(f"/runs/{measured.uuid}/").content.decode()
-    details = html.split("<details>")[1].split("</details>")[0]
-    assert "Launch arguments as the engine reported them" in details
+    details = html.split('<details id="all-args">')[1].split("</details>")[0]
+    assert "Every value the engine reported" in details
     assert "from <code>/server_info</code>" in details
     assert (
         "<tr><td><code>scheduler_config.max_num_seqs</code></td><td><code>4</code></td></tr>"
@@ -373,6 +374,38 @@ def test_the_reported_arguments_are_listed_sorted_under_a_details(client, measur
     assert env == ["VLLM_SERVER_DEV_MODE", "VLLM_TUNED_CONFIG_FOLDER"]
     # JSON values, as the engine sent them
     assert "<td><code>true</code></td>" in details
+
+
+def test_a_managed_runs_arguments_lead_with_what_its_recipe_passed(client, measured):
+    argv = ["vllm", "serve", "zai-org/GLM-5", "--max-num-seqs", "16", "--enforce-eager"]
+    measured.snapshot["recipe"] = {
+        "version": 2,
+        "flags": launch.flags(argv),
+        "env": {"VLLM_TUNED_CONFIG_FOLDER": "/opt/moe-tuned", "VLLM_LOGGING_LEVEL": "DEBUG"},
+        "kernel_configs": [],
+    }
+    measured.save()
+    html = client.get(f"/runs/{measured.uuid}/").content.decode()
+    section = html.split('<section id="engine-reported">')[1].split("<details")[0]
+    assert "launch recipe v2, which moeops started this engine with" in section
+    assert "<code>vllm serve zai-org/GLM-5</code>" in section
+    rows = section.split('<table class="data compact args" id="passed-args">')[1]
+    rows = [row.split("</tr>")[0] for row in rows.split("<tbody>")[1].split("<tr>")[1:]]
+    assert len(rows) == 4
+    # the engine reports 4 running requests where the recipe passed 16: said, not hidden
+    assert "<code>--max-num-seqs</code>" in rows[0] and "<code>4</code>" in rows[0]
+    assert "differs</span>" in rows[0]
+    assert "<code>--enforce-eager</code></td><td><code>(on)</code>" in rows[1]
+    assert "not reported" in rows[1] and "not reported" in rows[2]
+    assert "VLLM_LOGGING_LEVEL" in rows[2] and "differs" not in rows[3]
+    assert "<code>/opt/moe-tuned</code></td><td><code>/opt/moe-tuned</code>" in rows[3]
+
+
+def test_an_engine_moeops_did_not_start_says_what_passed_is_unknown(client, measured):
+    html = client.get(f"/runs/{measured.uuid}/").content.decode()
+    section = html.split('<section id="engine-reported">')[1].split("<details")[0]
+    assert "moeops did not start this engine" in section
+    assert "passed-args" not in section
 
 
 def test_a_vllm_without_dev_mode_says_why_its_arguments_are_missing(client):

@@ -31,6 +31,7 @@ from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from moeops.runs.telemetry import no_gpu_samples_text
+from reports import launch
 
 RUNS_PER_PAGE = 50
 CHART_NAMES = {
@@ -114,6 +115,23 @@ def _shown(value):
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _passed(recipe, observed):
+    """[(flag or NAME, value passed, value the engine reported or None, whether they agree)] of
+    the launch recipe a managed engine was started with: its flags, then its environment."""
+    args, env = observed.get("args") or {}, observed.get("env") or {}
+    rows = []
+    for flag, value in (recipe.get("flags") or {}).items():
+        if flag.startswith("--"):
+            reported = launch.reported(args, flag)
+            agree = reported is None or launch.same_value(reported, value)
+            rows.append((flag, value, None if reported is None else _shown(reported), agree))
+    for name, value in sorted((recipe.get("env") or {}).items()):
+        reported = env.get(name)
+        agree = reported is None or _shown(reported) == value
+        rows.append((name, value, None if reported is None else _shown(reported), agree))
+    return rows
+
+
 def _measured(run):
     """What the run's snapshot says it measured, for the run page's cards; {} for a run that
     predates snapshots. The engine, version and cap are as the engine answered when it did."""
@@ -132,6 +150,8 @@ def _measured(run):
         "client": snapshot.get("client"),
         "moeops_version": snapshot.get("moeops_version"),
         "file": snapshot.get("file"),
+        "recipe": snapshot.get("recipe"),
+        "passed": _passed(snapshot["recipe"], observed) if snapshot.get("recipe") else [],
         "args": [(k, _shown(v)) for k, v in sorted((observed.get("args") or {}).items())],
         "args_source": observed.get("args_source"),
         "env": [(k, _shown(v)) for k, v in sorted((observed.get("env") or {}).items())],
