@@ -1,5 +1,6 @@
 import csv
 import io
+import re
 
 import pytest
 
@@ -114,6 +115,45 @@ def test_gpu_charts_are_bucketed_with_power_limit_and_level_bands(client, sweep)
     assert [s["y0"] for s in limit] == [700.0]
     assert power["layout"]["yaxis"]["range"][1] >= 700.0
     assert "power limit 700 W" in [a["text"] for a in power["layout"]["annotations"]]
+
+
+def test_the_level_table_gives_each_levels_mean_gpu_utilization(client, sweep):
+    # 2 GPUs: at 20 and 40 % through concurrency 64, 60 and 80 % through 128
+    t0 = pb.telemetry(
+        sweep,
+        gpus=2,
+        seconds=200,
+        t0=1_800_000_000.0,
+        util=lambda g, s: (20.0 if s < 100 else 60.0) + 20.0 * g,
+    )
+    levels = list(sweep.levels.order_by("concurrency"))
+    for level, (start, end) in zip(levels, [(0, 99), (100, 199)], strict=True):
+        level.started_at, level.finished_at = t0 + start, t0 + end
+        level.save()
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    table = html.split('<table class="data levels">')[1].split("</table>")[0]
+    heads = re.findall(r'<th class="num( more)?">([^<]+)<', table)
+    key = [label for more, label in heads if not more]
+    assert key == [
+        "concurrency",
+        "completed",
+        "failed",
+        "output throughput",
+        "output per GPU",
+        "p50 TTFT",
+        "p99 TTFT",
+        "p50 TPOT",
+        "p99 TPOT",
+        "GPU util",
+    ]
+    # the rest follow, behind "All columns"
+    assert [label for _, label in heads][: len(key)] == key
+    assert "duration" in [label for more, label in heads if more]
+    column = [label for _, label in heads].index("GPU util")
+    cells = [
+        re.findall(r"<td [^>]*>([^<]*)<", row) for row in table.split("<tbody>")[1].split("<tr")[1:]
+    ]
+    assert [row[column] for row in cells] == ["30", "70"]
 
 
 def test_engine_chart_shows_running_and_queued_against_the_cap(client, sweep):

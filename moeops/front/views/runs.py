@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 from moeops.front import charts, series
 from moeops.front.columns import (
     ATTEMPT_COLUMN,
+    GPU_UTIL_COLUMN,
     KEY_COLUMNS,
     LEVEL_COLUMNS,
     filled_columns,
@@ -81,11 +82,10 @@ def runs(request):
     return render(request, "front/runs.html", ctx)
 
 
-def run_figures(run, levels):
-    """Every chart of the run page, by element id; the status endpoint sends the same."""
-    gpu = series.gpu_series(run)
+def run_figures(run, levels, gpu, bands):
+    """Every chart of the run page, by element id; gpu: series.gpu_series(run), bands:
+    series.level_bands(run, levels)."""
     engine = series.engine_series(run)
-    bands = series.level_bands(run, levels)
     figures = {
         "throughput": charts.run_throughput(levels),
         "ttft": charts.run_latency(levels, "ttft", "TTFT (time to first token)"),
@@ -195,17 +195,17 @@ def _resumed(run, levels, attempts):
     )
 
 
-def _level_table(run, levels):
-    """The per-level table's context (front/_run_levels.html): the page and its live poll
-    render the same."""
+def _level_table(run, levels, gpu_util):
+    """The per-level table's context (front/_run_levels.html); gpu_util: {concurrency: mean
+    GPU utilization %} (series.level_means)."""
     num_gpus = run.deployment.num_gpus()
     attempts = run.attempts(levels)
-    columns = LEVEL_COLUMNS
+    columns = (*LEVEL_COLUMNS, GPU_UTIL_COLUMN)
     if attempts > 1:
         # after the level's concurrency and rate, which say which level it is
-        columns = (*LEVEL_COLUMNS[:2], ATTEMPT_COLUMN, *LEVEL_COLUMNS[2:])
+        columns = (*columns[:2], ATTEMPT_COLUMN, *columns[2:])
     columns = key_columns_first(columns)
-    rows = level_rows(levels, num_gpus, columns)
+    rows = level_rows(levels, num_gpus, columns, gpu_util)
     shown = filled_columns(rows, columns)
     return {
         "run": run,
@@ -223,16 +223,24 @@ def _level_table(run, levels):
     }
 
 
+def _figures_and_table(run, levels):
+    """The run's charts and its per-level table's context: the page and its live poll show the
+    same, from one read of the GPU samples."""
+    gpu, bands = series.gpu_series(run), series.level_bands(run, levels)
+    figures = run_figures(run, levels, gpu, bands)
+    return figures, _level_table(run, levels, series.level_means(gpu, bands, "util"))
+
+
 @login_required
 def run_detail(request, uuid):
     run = _run_or_404(uuid)
     levels = _levels(run)
-    figures = run_figures(run, levels)
+    figures, table = _figures_and_table(run, levels)
     # a running sweep's empty charts fill in (hidden until they do); a finished one's stay
     # empty, so they are named
     drawn = {k for k, fig in figures.items() if fig["data"] or not run.is_finished}
     ctx = {
-        **_level_table(run, levels),
+        **table,
         "nav": "runs",
         "deployment": run.deployment,
         "measured": _measured(run),
@@ -265,10 +273,8 @@ def run_status(request, uuid):
     if request.GET.get("figures"):
         levels = _levels(run)
         payload["levels"] = len(levels)
-        payload["figures"] = run_figures(run, levels)
-        payload["levels_html"] = render_to_string(
-            "front/_run_levels.html", _level_table(run, levels), request
-        )
+        payload["figures"], table = _figures_and_table(run, levels)
+        payload["levels_html"] = render_to_string("front/_run_levels.html", table, request)
     return JsonResponse(payload)
 
 
