@@ -99,6 +99,7 @@ def test_a_live_run_shows_its_levels_in_the_table_and_the_charts_alike(page, mem
         LevelResult.objects.create(run=run, key=level_key(level["concurrency"], None), **level)
     page.wait_for_selector("#levels table.levels")
     page.wait_for_function("() => document.getElementById('throughput').data")
+    page.locator("label", has_text="All columns").click()
     for level in LEVELS[1:]:
         LevelResult.objects.create(run=run, key=level_key(level["concurrency"], None), **level)
     page.wait_for_function("() => document.querySelectorAll('#levels tbody tr').length === 3")
@@ -109,6 +110,8 @@ def test_a_live_run_shows_its_levels_in_the_table_and_the_charts_alike(page, mem
     assert concurrencies == ["32", "64", "128"]
     assert [t["n"] for t in chart_traces(page, "throughput")] == [3, 3]
     assert "No levels finished yet" not in page.inner_text("#levels")
+    # the table redrawn by the poll keeps "All columns" as it was ticked
+    assert page.is_checked("#all-columns") and page.is_visible("#levels th:has-text('duration')")
     run.refresh_from_db()
     assert run.status == "running"
     # before the screenshot: a full-page shot resizes the window, which redraws every chart

@@ -211,11 +211,12 @@ def _level_table(run, levels, gpu_util):
         "run": run,
         "num_gpus": num_gpus,
         "resumed": _resumed(run, levels, attempts),
-        "columns": [(columns[i], columns[i].key in KEY_COLUMNS) for i in shown],
+        "columns": [columns[i] for i in shown],
+        # key_columns_first put them first
+        "key_columns": sum(columns[i].key in KEY_COLUMNS for i in shown),
         "more_columns": any(columns[i].key not in KEY_COLUMNS for i in shown),
         "rows": [
-            (level, [(values[i], columns[i].digits, columns[i].key in KEY_COLUMNS) for i in shown])
-            for level, values in rows
+            (level, [(values[i], columns[i].digits) for i in shown]) for level, values in rows
         ],
         "hidden_columns": [c.label for i, c in enumerate(columns) if i not in shown],
         "partial_levels": [level for level in levels if level.is_partial],
