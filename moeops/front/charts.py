@@ -94,36 +94,45 @@ def mark_standin(fig):
     return fig
 
 
-def _log_toggle():
-    """Buttons that switch the y axis between linear and log (a TTFT that queues spans orders
-    of magnitude across a sweep)."""
-    return [
-        {
-            "type": "buttons",
-            "direction": "right",
-            # top left: the top right is plotly's own mode bar
-            "x": 0,
-            "xanchor": "left",
-            "y": 1.02,
-            "yanchor": "bottom",
-            "pad": {"t": 0, "r": 0},
-            "showactive": True,
-            "active": 0,
-            "font": {"size": 11},
-            "buttons": [
-                {
-                    "label": "linear",
-                    "method": "relayout",
-                    "args": [{"yaxis.type": "linear", "yaxis.autorange": True}],
-                },
-                {
-                    "label": "log",
-                    "method": "relayout",
-                    "args": [{"yaxis.type": "log", "yaxis.autorange": True}],
-                },
-            ],
-        }
-    ]
+# A chart with the linear/log switch: the title at the top of a taller top margin, the switch in
+# a row of its own between title and plot, so a long title (a stand-in's) never runs under it.
+TOGGLE_MARGIN_TOP = 80
+
+
+def _log_toggle(title):
+    """Layout fields of a chart titled `title` with buttons that switch the y axis between
+    linear and log (a TTFT that queues spans orders of magnitude across a sweep)."""
+    return {
+        "title": {"text": title, "yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 10}},
+        "margin": {**LAYOUT["margin"], "t": TOGGLE_MARGIN_TOP},
+        "updatemenus": [
+            {
+                "type": "buttons",
+                "direction": "right",
+                # left, just above the plot: the top right is plotly's own mode bar
+                "x": 0,
+                "xanchor": "left",
+                "y": 1.02,
+                "yanchor": "bottom",
+                "pad": {"t": 0, "r": 0},
+                "showactive": True,
+                "active": 0,
+                "font": {"size": 11},
+                "buttons": [
+                    {
+                        "label": "linear",
+                        "method": "relayout",
+                        "args": [{"yaxis.type": "linear", "yaxis.autorange": True}],
+                    },
+                    {
+                        "label": "log",
+                        "method": "relayout",
+                        "args": [{"yaxis.type": "log", "yaxis.autorange": True}],
+                    },
+                ],
+            }
+        ],
+    }
 
 
 def throughput_vs_concurrency(runs):
@@ -179,10 +188,10 @@ def run_latency(levels, metric, title):
                     hovertemplate="c=%{x}<br>%{y:,.1f} ms<extra>" + name + "</extra>",
                 )
             )
-    extra = {"updatemenus": _log_toggle()} if metric == "ttft" else {}
-    return figure(
-        traces, title, CONCURRENCY_AXIS, {"title": {"text": "ms"}, "rangemode": "tozero"}, **extra
-    )
+    fig = figure(traces, title, CONCURRENCY_AXIS, {"title": {"text": "ms"}, "rangemode": "tozero"})
+    if metric == "ttft":
+        fig["layout"].update(_log_toggle(title))
+    return fig
 
 
 def _band_shapes(bands):
@@ -506,14 +515,12 @@ def compare_vs_concurrency(runs, styles, key, title, ytitle, fmt=",.0f", log_tog
                     hovertemplate="c=%{x}<br>%{y:" + fmt + "}<extra>%{fullData.name}</extra>",
                 )
             )
-    extra = {"updatemenus": _log_toggle()} if log_toggle else {}
-    return figure(
-        traces,
-        title,
-        CONCURRENCY_AXIS,
-        {"title": {"text": ytitle}, "rangemode": "tozero"},
-        **extra,
+    fig = figure(
+        traces, title, CONCURRENCY_AXIS, {"title": {"text": ytitle}, "rangemode": "tozero"}
     )
+    if log_toggle:
+        fig["layout"].update(_log_toggle(title))
+    return fig
 
 
 def pareto_front(points):

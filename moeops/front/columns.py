@@ -59,13 +59,36 @@ LEVEL_COLUMNS = (
 # which delivery of the sweep stored the level: a column only on the page of a resumed run
 ATTEMPT_COLUMN = Column("attempt", "attempt", "")
 
+# the mean GPU utilization while the level ran, from the run's GPU samples: a page-only column
+GPU_UTIL_COLUMN = Column("gpu_util", "GPU util", "%")
+
+# The columns a person reads a level by, in this order, first in the run page's table; the rest
+# of LEVEL_COLUMNS follow behind its "All columns" switch (the CSV keeps LEVEL_COLUMNS' order).
+KEY_COLUMNS = (
+    "concurrency",
+    "request_rate",
+    "attempt",
+    "completed",
+    "failed",
+    "output_throughput",
+    "output_throughput_per_gpu",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "p99_e2el_ms",
+    "gpu_util",
+)
+
 # What a per-GPU figure reads on a host with no GPUs recorded (the stand-in on a CPU box).
 NO_GPUS = "n/a"
 
 
-def level_value(level, column, num_gpus):
+def level_value(level, column, num_gpus, gpu_util=None):
     """The column's value for one LevelResult; per-GPU throughput divides by num_gpus (None:
-    no GPUs recorded, NO_GPUS)."""
+    no GPUs recorded, NO_GPUS); GPU util from gpu_util ({concurrency: %})."""
+    if column.key == "gpu_util":
+        return (gpu_util or {}).get(level.concurrency)
     if column.key == "output_throughput_per_gpu":
         if num_gpus is None:
             return NO_GPUS if level.output_throughput is not None else None
@@ -75,9 +98,20 @@ def level_value(level, column, num_gpus):
     return getattr(level, column.key)
 
 
-def level_rows(levels, num_gpus, columns=LEVEL_COLUMNS):
+def key_columns_first(columns):
+    """columns reordered for the page: KEY_COLUMNS in their order, then the rest as given."""
+    keys = [c for c in columns if c.key in KEY_COLUMNS]
+    return (
+        *sorted(keys, key=lambda c: KEY_COLUMNS.index(c.key)),
+        *(c for c in columns if c.key not in KEY_COLUMNS),
+    )
+
+
+def level_rows(levels, num_gpus, columns=LEVEL_COLUMNS, gpu_util=None):
     """[(level, [values…])] in column order."""
-    return [(level, [level_value(level, c, num_gpus) for c in columns]) for level in levels]
+    return [
+        (level, [level_value(level, c, num_gpus, gpu_util) for c in columns]) for level in levels
+    ]
 
 
 def filled_columns(rows, columns=LEVEL_COLUMNS):

@@ -128,3 +128,20 @@ def level_bands(run, levels):
         )
         bands = [(row["level_concurrency"], row["start"], row["end"]) for row in rows]
     return sorted(bands, key=lambda band: band[1])
+
+
+def level_means(series, bands, key):
+    """{concurrency: mean of `key` (e.g. "util", %) over every GPU's buckets whose time falls in
+    the level's band}, for the levels with a band and a value; a bucket is counted once per GPU
+    whatever its number of samples."""
+    means = {}
+    for concurrency, start, end in bands:
+        values = [
+            value
+            for group in series.groups.values()
+            for t, value in zip(group["t"], group[key], strict=True)
+            if value is not None and start <= t <= end
+        ]
+        if concurrency is not None and values:
+            means[concurrency] = sum(values) / len(values)
+    return means

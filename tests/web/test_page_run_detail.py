@@ -1,11 +1,13 @@
 import csv
 import io
+import re
 
 import pytest
 
 from moeops.front import series
 from moeops.runs.models import EngineSample, LevelResult, TelemetrySample, level_key
 from reports import engine as reports
+from reports import launch
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -113,6 +115,44 @@ def test_gpu_charts_are_bucketed_with_power_limit_and_level_bands(client, sweep)
     assert [s["y0"] for s in limit] == [700.0]
     assert power["layout"]["yaxis"]["range"][1] >= 700.0
     assert "power limit 700 W" in [a["text"] for a in power["layout"]["annotations"]]
+
+
+def test_the_level_table_gives_each_levels_mean_gpu_utilization(client, sweep):
+    # 2 GPUs: at 20 and 40 % through concurrency 64, 60 and 80 % through 128
+    t0 = pb.telemetry(
+        sweep,
+        gpus=2,
+        seconds=200,
+        t0=1_800_000_000.0,
+        util=lambda g, s: (20.0 if s < 100 else 60.0) + 20.0 * g,
+    )
+    levels = list(sweep.levels.order_by("concurrency"))
+    for level, (start, end) in zip(levels, [(0, 99), (100, 199)], strict=True):
+        level.started_at, level.finished_at = t0 + start, t0 + end
+        level.save()
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    table = html.split('<table class="data levels">')[1].split("</table>")[0]
+    heads = re.findall(r'<th class="num">([^<]+)<', table)
+    # past the key columns, a column shows only with "All columns" ticked
+    [past] = re.findall(r"nth-child\(n\+(\d+)\)", html)
+    assert heads[: int(past) - 1] == [
+        "concurrency",
+        "completed",
+        "failed",
+        "output throughput",
+        "output per GPU",
+        "p50 TTFT",
+        "p99 TTFT",
+        "p50 TPOT",
+        "p99 TPOT",
+        "GPU util",
+    ]
+    assert "duration" in heads[int(past) - 1 :]
+    column = heads.index("GPU util")
+    cells = [
+        re.findall(r"<td [^>]*>([^<]*)<", row) for row in table.split("<tbody>")[1].split("<tr")[1:]
+    ]
+    assert [row[column] for row in cells] == ["30", "70"]
 
 
 def test_engine_chart_shows_running_and_queued_against_the_cap(client, sweep):
@@ -359,8 +399,8 @@ def test_the_cards_show_what_the_engine_answered_not_the_deployment_now(client, 
 
 def test_the_reported_arguments_are_listed_sorted_under_a_details(client, measured):
     html = client.get(f"/runs/{measured.uuid}/").content.decode()
-    details = html.split("<details>")[1].split("</details>")[0]
-    assert "Launch arguments as the engine reported them" in details
+    details = html.split('<details id="all-args">')[1].split("</details>")[0]
+    assert "Every value the engine reported" in details
     assert "from <code>/server_info</code>" in details
     assert (
         "<tr><td><code>scheduler_config.max_num_seqs</code></td><td><code>4</code></td></tr>"
@@ -373,6 +413,38 @@ def test_the_reported_arguments_are_listed_sorted_under_a_details(client, measur
     assert env == ["VLLM_SERVER_DEV_MODE", "VLLM_TUNED_CONFIG_FOLDER"]
     # JSON values, as the engine sent them
     assert "<td><code>true</code></td>" in details
+
+
+def test_a_managed_runs_arguments_lead_with_what_its_recipe_passed(client, measured):
+    argv = ["vllm", "serve", "zai-org/GLM-5", "--max-num-seqs", "16", "--enforce-eager"]
+    measured.snapshot["recipe"] = {
+        "version": 2,
+        "flags": launch.flags(argv),
+        "env": {"VLLM_TUNED_CONFIG_FOLDER": "/opt/moe-tuned", "VLLM_LOGGING_LEVEL": "DEBUG"},
+        "kernel_configs": [],
+    }
+    measured.save()
+    html = client.get(f"/runs/{measured.uuid}/").content.decode()
+    section = html.split('<section id="engine-reported">')[1].split("<details")[0]
+    assert "launch recipe v2, which moeops started this engine with" in section
+    assert "<code>vllm serve zai-org/GLM-5</code>" in section
+    rows = section.split('<table class="data compact args" id="passed-args">')[1]
+    rows = [row.split("</tr>")[0] for row in rows.split("<tbody>")[1].split("<tr>")[1:]]
+    assert len(rows) == 4
+    # the engine reports 4 running requests where the recipe passed 16: said, not hidden
+    assert "<code>--max-num-seqs</code>" in rows[0] and "<code>4</code>" in rows[0]
+    assert "differs</span>" in rows[0]
+    assert "<code>--enforce-eager</code></td><td><code>(on)</code>" in rows[1]
+    assert "not reported" in rows[1] and "not reported" in rows[2]
+    assert "VLLM_LOGGING_LEVEL" in rows[2] and "differs" not in rows[3]
+    assert "<code>/opt/moe-tuned</code></td><td><code>/opt/moe-tuned</code>" in rows[3]
+
+
+def test_an_engine_moeops_did_not_start_says_what_passed_is_unknown(client, measured):
+    html = client.get(f"/runs/{measured.uuid}/").content.decode()
+    section = html.split('<section id="engine-reported">')[1].split("<details")[0]
+    assert "moeops did not start this engine" in section
+    assert "passed-args" not in section
 
 
 def test_a_vllm_without_dev_mode_says_why_its_arguments_are_missing(client):

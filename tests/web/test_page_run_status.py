@@ -94,6 +94,26 @@ def test_status_endpoint_reports_progress_and_figures(client, live):
     assert "figures" not in client.get(f"/runs/{live.uuid}/status.json").json()
 
 
+def test_the_status_sends_the_level_table_of_the_levels_it_charts(
+    client, live, django_assert_max_num_queries
+):
+    url = f"/runs/{live.uuid}/status.json?figures=1"
+    assert "No levels finished yet" in client.get(url).json()["levels_html"]
+    for concurrency, tok_s in ((32, 300.0), (64, 512.0)):
+        live.levels.create(
+            key=f"c={concurrency},r=inf", concurrency=concurrency, output_throughput=tok_s
+        )
+    with django_assert_max_num_queries(11):
+        state = client.get(url).json()
+    table = state["levels_html"]
+    assert "No levels finished yet" not in table
+    assert table.count("<tr") == 3 and ">300<" in table and ">512<" in table
+    assert state["figures"]["throughput"]["data"][0]["x"] == [32, 64]
+    # the page renders the same table
+    page = client.get(f"/runs/{live.uuid}/").content.decode()
+    assert table.strip() in page
+
+
 def test_the_run_page_of_a_running_sweep_polls_its_status(client, live):
     html = client.get(f"/runs/{live.uuid}/").content.decode()
     assert f'data-progress-url="/runs/{live.uuid}/status.json"' in html

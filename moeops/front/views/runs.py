@@ -9,11 +9,20 @@ from django.core.paginator import Paginator
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
+from django.template.loader import render_to_string
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
 from moeops.front import charts, series
-from moeops.front.columns import ATTEMPT_COLUMN, LEVEL_COLUMNS, filled_columns, level_rows
+from moeops.front.columns import (
+    ATTEMPT_COLUMN,
+    GPU_UTIL_COLUMN,
+    KEY_COLUMNS,
+    LEVEL_COLUMNS,
+    filled_columns,
+    key_columns_first,
+    level_rows,
+)
 from moeops.front.forms import RunFilterForm
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.views.deployments import findings_with_figures
@@ -23,6 +32,7 @@ from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from moeops.runs.telemetry import no_gpu_samples_text
+from reports import launch
 
 RUNS_PER_PAGE = 50
 CHART_NAMES = {
@@ -72,11 +82,10 @@ def runs(request):
     return render(request, "front/runs.html", ctx)
 
 
-def run_figures(run, levels):
-    """Every chart of the run page, by element id; the status endpoint sends the same."""
-    gpu = series.gpu_series(run)
+def run_figures(run, levels, gpu, bands):
+    """Every chart of the run page, by element id; gpu: series.gpu_series(run), bands:
+    series.level_bands(run, levels)."""
     engine = series.engine_series(run)
-    bands = series.level_bands(run, levels)
     figures = {
         "throughput": charts.run_throughput(levels),
         "ttft": charts.run_latency(levels, "ttft", "TTFT (time to first token)"),
@@ -106,6 +115,23 @@ def _shown(value):
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _passed(recipe, observed):
+    """[(flag or NAME, value passed, value the engine reported or None, whether they agree)] of
+    the launch recipe a managed engine was started with: its flags, then its environment."""
+    args, env = observed.get("args") or {}, observed.get("env") or {}
+    rows = []
+    for flag, value in (recipe.get("flags") or {}).items():
+        if flag.startswith("--"):
+            reported = launch.reported(args, flag)
+            agree = reported is None or launch.same_value(reported, value)
+            rows.append((flag, value, None if reported is None else _shown(reported), agree))
+    for name, value in sorted((recipe.get("env") or {}).items()):
+        reported = env.get(name)
+        agree = reported is None or _shown(reported) == value
+        rows.append((name, value, None if reported is None else _shown(reported), agree))
+    return rows
+
+
 def _measured(run):
     """What the run's snapshot says it measured, for the run page's cards; {} for a run that
     predates snapshots. The engine, version and cap are as the engine answered when it did."""
@@ -124,6 +150,8 @@ def _measured(run):
         "client": snapshot.get("client"),
         "moeops_version": snapshot.get("moeops_version"),
         "file": snapshot.get("file"),
+        "recipe": snapshot.get("recipe"),
+        "passed": _passed(snapshot["recipe"], observed) if snapshot.get("recipe") else [],
         "args": [(k, _shown(v)) for k, v in sorted((observed.get("args") or {}).items())],
         "args_source": observed.get("args_source"),
         "env": [(k, _shown(v)) for k, v in sorted((observed.get("env") or {}).items())],
@@ -167,43 +195,63 @@ def _resumed(run, levels, attempts):
     )
 
 
-@login_required
-def run_detail(request, uuid):
-    run = _run_or_404(uuid)
-    levels = _levels(run)
+def _level_table(run, levels, gpu_util):
+    """The per-level table's context (front/_run_levels.html); gpu_util: {concurrency: mean
+    GPU utilization %} (series.level_means)."""
     num_gpus = run.measured_gpu_count()
     attempts = run.attempts(levels)
-    columns = LEVEL_COLUMNS
+    columns = (*LEVEL_COLUMNS, GPU_UTIL_COLUMN)
     if attempts > 1:
         # after the level's concurrency and rate, which say which level it is
-        columns = (*LEVEL_COLUMNS[:2], ATTEMPT_COLUMN, *LEVEL_COLUMNS[2:])
-    rows = level_rows(levels, num_gpus, columns)
+        columns = (*columns[:2], ATTEMPT_COLUMN, *columns[2:])
+    columns = key_columns_first(columns)
+    rows = level_rows(levels, num_gpus, columns, gpu_util)
     shown = filled_columns(rows, columns)
-    figures = run_figures(run, levels)
-    # a running sweep's empty charts fill in (hidden until they do); a finished one's stay
-    # empty, so they are named
-    drawn = {k for k, fig in figures.items() if fig["data"] or not run.is_finished}
-    ctx = {
-        "nav": "runs",
+    return {
         "run": run,
-        "deployment": run.deployment,
-        "measured": _measured(run),
-        "progress": sweep_progress(run),
         "num_gpus": num_gpus,
         "resumed": _resumed(run, levels, attempts),
         "columns": [columns[i] for i in shown],
+        # key_columns_first put them first
+        "key_columns": sum(columns[i].key in KEY_COLUMNS for i in shown),
+        "more_columns": any(columns[i].key not in KEY_COLUMNS for i in shown),
         "rows": [
             (level, [(values[i], columns[i].digits) for i in shown]) for level, values in rows
         ],
         "hidden_columns": [c.label for i, c in enumerate(columns) if i not in shown],
+        "partial_levels": [level for level in levels if level.is_partial],
+        "failures": [(level, level.errors) for level in levels if level.errors],
+    }
+
+
+def _figures_and_table(run, levels):
+    """The run's charts and its per-level table's context: the page and its live poll show the
+    same, from one read of the GPU samples."""
+    gpu, bands = series.gpu_series(run), series.level_bands(run, levels)
+    figures = run_figures(run, levels, gpu, bands)
+    return figures, _level_table(run, levels, series.level_means(gpu, bands, "util"))
+
+
+@login_required
+def run_detail(request, uuid):
+    run = _run_or_404(uuid)
+    levels = _levels(run)
+    figures, table = _figures_and_table(run, levels)
+    # a running sweep's empty charts fill in (hidden until they do); a finished one's stay
+    # empty, so they are named
+    drawn = {k for k, fig in figures.items() if fig["data"] or not run.is_finished}
+    ctx = {
+        **table,
+        "nav": "runs",
+        "deployment": run.deployment,
+        "measured": _measured(run),
+        "progress": sweep_progress(run),
         "level_charts": [(k, figures[k]) for k in LEVEL_CHARTS if k in drawn],
         "time_charts": [(k, figures[k]) for k in TIME_CHARTS if k in drawn],
         "missing_charts": [CHART_NAMES[k] for k in CHART_NAMES if k not in drawn],
         "waiting": not run.is_finished and not any(fig["data"] for fig in figures.values()),
-        "partial_levels": [level for level in levels if level.is_partial],
         "findings": findings_with_figures(run.findings.select_related("note").by_importance()),
         "finding_states": FINDING_STATES,
-        "failures": [(level, level.errors) for level in levels if level.errors],
         # the engine's own words first: a level where nothing succeeded has no numbers to show
         "all_failed": [(level, why) for level in levels if (why := level.all_failed_with())],
     }
@@ -212,7 +260,8 @@ def run_detail(request, uuid):
 
 @login_required
 def run_status(request, uuid):
-    """The run's status and progress as JSON, polled by the page; ?figures=1 adds the charts."""
+    """The run's status and progress as JSON, polled by the page; ?figures=1 adds the charts
+    and the per-level table (HTML), so that the two never tell different stories."""
     run = _run_or_404(uuid)
     payload = {
         "status": run.status,
@@ -225,7 +274,8 @@ def run_status(request, uuid):
     if request.GET.get("figures"):
         levels = _levels(run)
         payload["levels"] = len(levels)
-        payload["figures"] = run_figures(run, levels)
+        payload["figures"], table = _figures_and_table(run, levels)
+        payload["levels_html"] = render_to_string("front/_run_levels.html", table, request)
     return JsonResponse(payload)
 
 

@@ -2,6 +2,15 @@
 // moeopsCharts.update(elementId, figure) redraws one in place (live progress).
 (function () {
   var config = {responsive: true, displaylogo: false};
+  // plotly follows the window's size only; a chart whose box changes otherwise (a chart beside
+  // it in the grid shown or hidden as a live run fills in) is resized to its box
+  var resizes = window.ResizeObserver ? new ResizeObserver(function (entries) {
+    entries.forEach(function (entry) {
+      if (entry.target.classList.contains("js-plotly-plot") && entry.contentRect.width > 0) {
+        Plotly.Plots.resize(entry.target);
+      }
+    });
+  }) : null;
 
   // A chart marked hide-empty stays hidden (its section too) until it has data; the page's
   // one "waiting for the first level" line shows while none has.
@@ -34,6 +43,7 @@
       el.textContent = "";
     }
     Plotly.react(el, fig.data, fig.layout, config);
+    if (resizes) { resizes.observe(el); }
     showWaiting();
   }
 

@@ -50,6 +50,21 @@
         window.moeopsCharts.update(key, state.figures[key]);
       });
     }
+    if (typeof state.levels_html === "string") { showLevels(state.levels_html); }
+  }
+
+  // The run page's per-level table, as the server renders it with the charts of the same poll;
+  // redrawn only when it changed (a redraw would reset its scroll), keeping "All columns".
+  var shownLevels = null;
+  function showLevels(html) {
+    var table = document.getElementById("levels-table");
+    if (!table || html === shownLevels) { return; }
+    var all = document.getElementById("all-columns");
+    var ticked = Boolean(all && all.checked);
+    table.innerHTML = html;
+    all = document.getElementById("all-columns");
+    if (all) { all.checked = ticked; }
+    shownLevels = html;
   }
 
   function poll(box) {
