@@ -23,7 +23,7 @@ from tuning.timing import MoEWeights
 DEVICE = "cuda" if GPU else "cpu"
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 TOLERANCE = {"fp32": 1e-5, "fp16": 3e-3}
-VLLM_VERSIONS = ("0.32.0", "0.33.0")
+VLLM_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
 
 
 @pytest.fixture(autouse=True)
