@@ -30,6 +30,7 @@ version and the name.
 from __future__ import annotations
 
 import inspect
+import json
 from types import SimpleNamespace
 
 import torch
@@ -322,10 +323,56 @@ class VllmBackend(KernelBackend):
 
     def shipped_configs(self, shape, device_name: str, *, down=False):
         if down:
-            # vLLM runs GEMM 2 with GEMM 1's config: it has no such file
+            # on the path moeops runs, vLLM runs GEMM 2 with GEMM 1's config (shipped_down)
             return None
         path = self.package.package_dir / CONFIGS / self.file_name(shape, device_name)
         return read_shipped(path)
+
+    def down_file_name(self, shape, device_name: str) -> str | None:
+        """The `_down` file this vLLM looks up for shape beside the up file (get_moe_configs
+        with down_moe: the up file's name ending `_down.json`), None before 0.34."""
+        if not self.sorted_launch:
+            return None
+        return self.file_name(shape, device_name).removesuffix(".json") + "_down.json"
+
+    def shipped_down(self, shape, device_name: str) -> dict[int, dict] | None:
+        """{M: entry} of this vLLM's own `_down` file for shape, None where it ships none. An
+        entry may be only `{"USE_TMA": false}` (the sorted-A path off at that batch size)."""
+        name = self.down_file_name(shape, device_name)
+        path = self.package.package_dir / CONFIGS / name if name else None
+        if path is None or not path.exists():
+            return None
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"vLLM's own config file {path} cannot be read: {exc}") from None
+        data.pop("triton_version", None)
+        return {int(m): entry for m, entry in data.items()}
+
+    def sorted_a_refusal(
+        self, shape, *, deep_gemm_e8m0: bool, expert_parallel: bool = False
+    ) -> str | None:
+        """Why a tune for this deployment would write a file that is not what vLLM runs (None:
+        it is): this vLLM takes its sorted-A path for GEMM 2 there (sorted_a_path), reading a
+        `_down` file beside GEMM 1's BLOCK_SIZE_M, and moeops times only the default path."""
+        if not self.sorted_launch:
+            return None
+        why_not = sorted_a_path(
+            shape,
+            capability=self.capability,
+            deep_gemm_e8m0=deep_gemm_e8m0,
+            expert_parallel=expert_parallel,
+        )
+        if why_not is not None:
+            return None
+        return (
+            f"vLLM {self.version} runs GEMM 2 of this deployment on its sorted-A TMA path "
+            "(DeepGEMM with E8M0 scales, fp8 block [128, 128], compute capability 9.0, "
+            f"H {shape.H} >= {SORTED_A_MIN_HIDDEN}) wherever its _down file's entry says "
+            '"USE_TMA": true, and moeops does not tune that path yet: a file timed on the '
+            "default path would not be what the engine runs there. Tune without "
+            "VLLM_USE_DEEP_GEMM_E8M0, or keep vLLM's own files."
+        )
 
 
 def tma_b_applies(shape, capability: int | None) -> bool:
