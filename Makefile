@@ -83,7 +83,8 @@ _pytest-postgres:
 # (hence no conftest, whose fixtures start the web side), so a GPU host's own Python with torch,
 # Triton, pytest and hypothesis runs them too: make test-gpu GPU_PYTHON=python3
 GPU_PYTHON ?= $(PY)
-GPU_TESTS := tests/tuning/test_fused_moe.py tests/tuning/test_gpu_tuning.py tests/tuning/test_engine_backend_sglang.py
+GPU_TESTS := tests/tuning/test_fused_moe.py tests/tuning/test_gpu_tuning.py tests/tuning/test_engine_backend_sglang.py \
+	tests/tuning/test_vllm_tma_gpu.py
 test-gpu: $(if $(filter $(PY),$(GPU_PYTHON)),install)
 	$(GPU_PYTHON) -m pytest -p no:cacheprovider --noconftest -m gpu $(GPU_TESTS)
 

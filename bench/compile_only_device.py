@@ -6,8 +6,11 @@ CUDA context in its processes; then this process launches the layer on the GPU w
 config that compiled. Prints per shape the configs, the compile failures, the pool's seconds,
 the kernels in Triton's cache, those the launches compiled (none: every launch found its
 kernels in the cache) and the slowest first launch. Exits 1 when a launch compiled anything.
+With --engine vllm --source DIR, the engine's kernel instead (tuning.backends), compiled at each
+of the batch sizes as a tune compiles it: vLLM 0.34's TMA variants (USE_TMA true and false)
+among them, whose path the launcher picks by where B lives.
 
-    python3 bench/compile_only_device.py
+    python3 bench/compile_only_device.py [--engine vllm --source DIR]
 """
 
 import os
@@ -54,33 +57,45 @@ def launch_layer(shape, weights, x, topk_weights, topk_ids, config) -> None:
     torch.cuda.synchronize()
 
 
-def check(name: str, shape: KernelShape, cache: Path) -> bool:
+def check(name: str, shape: KernelShape, cache: Path, engine: dict | None = None) -> bool:
     import torch
 
     from tuning import timing
+    from tuning.backends import load_backend
     from tuning.compile_only import gpu_target
     from tuning.compile_pool import CompilePool, default_workers
     from tuning.tuner import round_one_configs
 
-    configs = round_one_configs(shape, [1, 64, 1024])
+    backend = load_backend(engine["engine"], source_dir=engine["source_dir"]) if engine else None
+    # an engine's kernel specialises on the batch size: one size, compiled and launched at it
+    sizes = [64] if engine else [1, 64, 1024]
+    configs = round_one_configs(shape, sizes, backend=backend)
     started = time.monotonic()
-    pool = CompilePool(shape, default_workers())
+    pool = CompilePool(shape, default_workers(), backend=engine)
     try:
-        errors = pool.compile(configs, gpu_target())
+        errors = pool.compile(configs, gpu_target(), tuple(sizes))
     finally:
         pool.close()
     pool_s = time.monotonic() - started
     before = kernel_binaries(cache)
-    small = replace(shape, E=shape.top_k)
+    small = shape if engine else replace(shape, E=shape.top_k)
     weights = timing.make_weights(small)
-    topk_weights, topk_ids = timing.random_routing(1, 16, small.E, small.top_k)
-    x = torch.randn((16, shape.H), device="cuda", dtype=timing.activation_dtype(shape))
+    M = sizes[0] if engine else 16
+    topk_weights, topk_ids = timing.random_routing(1, M, small.E, small.top_k)
+    x = torch.randn((M, shape.H), device="cuda", dtype=timing.activation_dtype(shape))
     slowest = 0.0
     for config, error in zip(configs, errors, strict=True):
         if error is not None:
             continue
         launched = time.monotonic()
-        launch_layer(small, weights, x, topk_weights[0], topk_ids[0], config)
+        if backend is None:
+            launch_layer(small, weights, x, topk_weights[0], topk_ids[0], config)
+        else:
+            out = torch.empty_like(x)
+            backend.layer(
+                x, weights, topk_weights[0], topk_ids[0], shape=shape, config=config, out=out
+            )
+            torch.cuda.synchronize()
         slowest = max(slowest, time.monotonic() - launched)
     added = sorted(p.name for p in kernel_binaries(cache) - before)
     failed = [e for e in errors if e is not None]
@@ -167,7 +182,14 @@ def main() -> int:
         if "--explain" in sys.argv:
             explain_fp8_block_miss()
             return 0
-        ok = [check(name, shape, Path(folder)) for name, shape in SHAPES.items()]
+        engine = None
+        if "--engine" in sys.argv:
+            engine = {
+                "engine": sys.argv[sys.argv.index("--engine") + 1],
+                "source_dir": sys.argv[sys.argv.index("--source") + 1],
+            }
+        shapes = {"GLM-5 fp8 block": SHAPES["GLM-5 fp8 block"]} if engine else SHAPES
+        ok = [check(name, shape, Path(folder), engine) for name, shape in shapes.items()]
     print("every launch found its kernels in the cache" if all(ok) else "a launch compiled")
     return 0 if all(ok) else 1
 

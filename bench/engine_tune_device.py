@@ -5,12 +5,15 @@ engine's kernel read from --source, launched as that engine version launches it)
 head-to-head at the 18 batch sizes of the written file's entry, the engine's default config and
 the engine's shipped file's entry, all in the engine's kernel (tuning.tuner.head_to_head: five
 rounds in turns, CUDA graphs, fresh routing per replay; µs are medians, ratios the median of the
-rounds' paired ratios). --exhaustive-check SHAPE@M,..
-also searches those sizes exhaustively in the engine's kernel and compares with the tune's pick.
+rounds' paired ratios). --earlier SHAPE=JSON,.. adds to a shape's head-to-head the file an
+earlier run of this bench wrote (tuned in another engine version's kernel, say).
+--exhaustive-check SHAPE@M,.. also searches those sizes exhaustively in the engine's kernel
+and compares with the tune's pick.
 
     python3 bench/engine_tune_device.py --engine vllm --source DIR --out OUT \\
         --plan glm5:bf16,glm5:fp8_block,kimi:bf16,kimi:fp8_block \\
-        --exhaustive-check glm5:fp8_block@16,256,2048
+        --exhaustive-check glm5:fp8_block@16,256,2048 \\
+        --earlier glm5:fp8_block=bench/results/engine_tune_h200/vllm_glm5_fp8_block.json
 
 Prints per shape the table (µs; default/written and shipped/written, above 1 where the written
 file is faster; which config was written: the search's, or the engine's own when the search did
@@ -46,7 +49,13 @@ def shape_of(name: str) -> KernelShape:
     return KernelShape(**SHAPES[shape_name], dtype=dtype, block_shape=block)
 
 
-def tune_and_compare(name, engine, out, log, sizes=TUNED_BATCH_SIZES):
+def earlier_entries(path) -> dict[int, dict]:
+    """{M: entry} of the file an earlier run of this bench wrote (its first plan item's)."""
+    batches = json.loads(Path(path).read_text())["plan"][0]["tune"]["batches"]
+    return {int(m): batch["config"] for m, batch in batches.items()}
+
+
+def tune_and_compare(name, engine, out, log, sizes=TUNED_BATCH_SIZES, earlier=None):
     import torch
 
     from tuning.timing import LayerTimer, make_weights
@@ -80,6 +89,8 @@ def tune_and_compare(name, engine, out, log, sizes=TUNED_BATCH_SIZES):
                 shipped.entry_for(m),
                 shipped_down.entry_for(m) if shipped_down else None,
             )
+        if earlier:
+            candidates["earlier"] = (entry_for_batch(earlier, m), None)
         measured = head_to_head(timer, candidates)
         row = {"M": m, "picked": result.batches[m].picked}
         row.update({f"{k}_us": round(v.us, 2) for k, v in measured.items()})
@@ -110,15 +121,21 @@ def paired_ratios(measured) -> dict:
         return {}
     written = measured["written"].rounds
     own = {k: measured[k].rounds for k in ("default", "shipped") if k in measured}
+    others = {**own, **({"earlier": measured["earlier"].rounds} if "earlier" in measured else {})}
     ratios = {
         f"{k}_ratio": statistics.median(o / w for o, w in zip(rounds, written, strict=True))
-        for k, rounds in own.items()
+        for k, rounds in others.items()
     }
     if own:
         best = [min(times) for times in zip(*own.values(), strict=True)]
         ratios["best_own_ratio"] = statistics.median(
             o / w for o, w in zip(best, written, strict=True)
         )
+        if "earlier" in measured:
+            # above 1 where the earlier file beats the engine's own; below, it slows the engine
+            ratios["earlier_vs_best_own"] = statistics.median(
+                o / e for o, e in zip(best, measured["earlier"].rounds, strict=True)
+            )
     return {k: round(v, 4) for k, v in ratios.items()}
 
 
@@ -129,12 +146,21 @@ def _summary(rows):
 
     worst = [(r["best_own_ratio"], r["M"]) for r in rows if r.get("best_own_ratio")]
     low = min(worst) if worst else (None, None)
-    return {
+    summary = {
         "worst_vs_best_own": round(low[0], 4) if low[0] else None,
         "worst_at_M": low[1],
         "geomean_vs_default": geomean("default_ratio"),
         "geomean_vs_shipped": geomean("shipped_ratio"),
     }
+    if any("earlier_ratio" in r for r in rows):
+        earlier = min((r["earlier_vs_best_own"], r["M"]) for r in rows)
+        summary.update(
+            geomean_written_vs_earlier=geomean("earlier_ratio"),
+            geomean_earlier_vs_best_own=geomean("earlier_vs_best_own"),
+            worst_earlier_vs_best_own=round(earlier[0], 4),
+            worst_earlier_at_M=earlier[1],
+        )
+    return summary
 
 
 def exhaustive_check(spec, engine, log):
@@ -226,12 +252,15 @@ def table(result) -> str:
         f"{result['summary']['shape']}: tune {result['summary']['tune_wall_s']} s, "
         f"kernel {result['summary']['kernel']}",
         f"where the seconds went: {result['summary']['timeline']}",
-        f"{'M':>5} {'default':>9} {'shipped':>9} {'written':>9} {'w/def':>7} {'w/ship':>7} picked",
+        f"{'M':>5} {'default':>9} {'shipped':>9} {'written':>9} {'w/def':>7} {'w/ship':>7} "
+        f"{'earlier':>9} {'w/earl':>7} {'e/own':>7} picked",
     ]
     for r in result["rows"]:
         d, s, w = r.get("default_us"), r.get("shipped_us"), r.get("written_us")
         ratios = f"{_r(r.get('default_ratio')):>7} {_r(r.get('shipped_ratio')):>7}"
-        cells = f"{r['M']:>5} {_n(d):>9} {_n(s):>9} {_n(w):>9} {ratios}"
+        earlier = f"{_n(r.get('earlier_us')):>9} {_r(r.get('earlier_ratio')):>7}"
+        earlier += f" {_r(r.get('earlier_vs_best_own')):>7}"
+        cells = f"{r['M']:>5} {_n(d):>9} {_n(s):>9} {_n(w):>9} {ratios} {earlier}"
         lines.append(f"{cells} {r['picked']}")
     summary = result["summary"]
     lines.append(
@@ -258,6 +287,11 @@ def main() -> int:
     parser.add_argument("--plan", default="glm5:bf16,glm5:fp8_block,kimi:bf16,kimi:fp8_block")
     parser.add_argument("--exhaustive-check", default="")
     parser.add_argument(
+        "--earlier",
+        default="",
+        help="SHAPE=JSON,..: an earlier run's engine_tune.json, its file timed beside SHAPE's",
+    )
+    parser.add_argument(
         "--sizes",
         default=",".join(map(str, TUNED_BATCH_SIZES)),
         help="batch sizes to tune and compare (default: the 18 of the engines' files)",
@@ -268,11 +302,13 @@ def main() -> int:
     engine = {"engine": args.engine, "source_dir": args.source}
     results = {"plan": [], "exhaustive": [], "correctness": []}
     plan = list(filter(None, args.plan.split(",")))
+    earlier = dict(item.split("=", 1) for item in filter(None, args.earlier.split(",")))
     with open(out / "engine_tune.log", "a") as log:
         results["correctness"] = check_correctness(plan, engine, log)
         for name in plan:
             sizes = [int(m) for m in args.sizes.split(",")]
-            result = tune_and_compare(name, engine, out, log, sizes)
+            files = earlier_entries(earlier[name]) if name in earlier else None
+            result = tune_and_compare(name, engine, out, log, sizes, files)
             results["plan"].append(result)
             print(table(result), flush=True)
             (out / "engine_tune.json").write_text(json.dumps(results, indent=1))

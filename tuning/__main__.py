@@ -1,4 +1,5 @@
-"""`python -m tuning params|filename|tune|bench …`: one subcommand per module of the package."""
+"""`python -m tuning params|filename|tune|bench|engine-diff …`: one subcommand per module of the
+package."""
 
 import argparse
 import importlib
@@ -10,6 +11,7 @@ SUBCOMMANDS = {
     "filename": "tuning.config_files",
     "tune": "tuning.tune_cli",
     "bench": "tuning.bench",
+    "engine-diff": "tuning.engine_diff",
 }
 
 

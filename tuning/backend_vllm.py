@@ -16,6 +16,11 @@ of block_shape[1] columns, or one dynamic scale per tensor: tuning.fused_moe's k
 (bf16, fp8 per tensor and fp8 block, silu): quantise, align, GEMM 1, silu-and-mul, quantise,
 GEMM 2 with the router weights, sum; one config for both GEMMs.
 
+vLLM 0.34's launcher reads B through a TMA tensor descriptor for fp8 block on SM90 and SM100
+unless the entry says `"USE_TMA": false`; the search tries both (`search_switches`). Its
+sorted-A path for GEMM 2, the only reader of a `_down` file, is not run here: `sorted_a_path`
+says for which deployments vLLM takes it, and a tune for such a deployment is refused.
+
 The names those functions use from the rest of vLLM are provided by `stand_ins` below
 (platform, environment, logger, ops, small math helpers). A vLLM whose functions use another
 name, or whose launcher takes another parameter, fails to load with a sentence naming the
@@ -25,6 +30,7 @@ version and the name.
 from __future__ import annotations
 
 import inspect
+import json
 from types import SimpleNamespace
 
 import torch
@@ -48,7 +54,8 @@ WANTED = {
     UTILS: ["enable_swap_ab", "resolve_moe_use_td", "warn_if_moe_use_td_ineffective"],
     ALIGN: ["moe_align_block_size"],
 }
-# The launcher's parameters this backend passes (vLLM 0.32 and 0.33).
+# The launcher's parameters this backend knows (vLLM 0.32 and 0.33; 0.34 adds SORTED_PARAMETERS,
+# which it leaves at their default, False: the default path).
 LAUNCHER_PARAMETERS = (
     "A",
     "B",
@@ -71,6 +78,7 @@ LAUNCHER_PARAMETERS = (
     "block_shape",
     "B_bias",
 )
+SORTED_PARAMETERS = ("A_is_sorted", "C_is_sorted")
 PREAMBLE = """
 import functools
 from typing import Any
@@ -109,6 +117,9 @@ class _Platform:
 
     def is_device_capability(self, capability: int) -> bool:
         return self.capability == capability
+
+    def is_device_capability_family(self, capability: int, device_id: int = 0) -> bool:
+        return self.capability is not None and self.capability // 10 == capability // 10
 
     def has_device_capability(self, capability: int) -> bool:
         return self.capability is not None and self.capability >= capability
@@ -151,6 +162,26 @@ class _Ops:
         )
 
 
+def _set_triton_allocator(device):
+    """vLLM's set_triton_allocator: Triton's scratch memory from torch on device."""
+    import triton
+
+    def alloc_fn(size: int, alignment: int, stream: int | None):
+        return torch.empty(size, device=device, dtype=torch.int8)
+
+    triton.set_allocator(alloc_fn)
+
+
+class _CompiledForGpu(torch.Tensor):
+    """A compile process's CPU weights, answering `.device` as the timing process's GPU: vLLM
+    0.34 takes its TMA path only for a B on CUDA, and the kernel the compile process caches must
+    be the one the timing process launches (else each is compiled there, one after another)."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
 def _unavailable(name):
     def call(*args, **kwargs):
         raise BackendError(f"moeops' vllm backend does not run vLLM's {name}")
@@ -166,7 +197,7 @@ stand_ins = SimpleNamespace(
     next_power_of_2=lambda n: 1 << (n - 1).bit_length() if n > 0 else 1,
     round_up=lambda x, y: ((x + y - 1) // y) * y,
     should_moe_wna16_use_cuda=_unavailable("wna16 kernels"),
-    set_triton_allocator=_unavailable("tensor-descriptor path"),
+    set_triton_allocator=_set_triton_allocator,
     get_device_name_as_file_name=lambda: stand_ins.device_file_name,
     device_file_name="",
 )
@@ -187,7 +218,10 @@ class VllmBackend(KernelBackend):
         self.source = load_functions(package, WANTED, PREAMBLE, provided)
         self.source_sha256 = self.source.sha256
         launcher = inspect.signature(self.source.invoke_fused_moe_triton_kernel).parameters
-        unknown = [p for p in launcher if p not in LAUNCHER_PARAMETERS]
+        # the sorted-A parameters come together, with the launcher's TMA read of B (0.34)
+        self.sorted_launch = all(p in launcher for p in SORTED_PARAMETERS)
+        known = LAUNCHER_PARAMETERS + (SORTED_PARAMETERS if self.sorted_launch else ())
+        unknown = [p for p in launcher if p not in known]
         missing = [p for p in LAUNCHER_PARAMETERS if p not in launcher]
         if unknown or missing:
             what = f"takes a parameter {unknown[0]!r}" if unknown else f"lacks {missing[0]!r}"
@@ -195,6 +229,14 @@ class VllmBackend(KernelBackend):
                 f"vLLM {self.version}'s invoke_fused_moe_triton_kernel {what}, which moeops' "
                 "vllm backend does not know"
             )
+        self.reads_use_tma = '"USE_TMA"' in self.source.functions["invoke_fused_moe_triton_kernel"]
+
+    def search_switches(self, shape) -> dict:
+        """USE_TMA (true first, the launcher's default) where this vLLM reads it and its TMA
+        path applies to shape on this GPU (tma_b_applies)."""
+        if self.reads_use_tma and tma_b_applies(shape, self.capability):
+            return {"USE_TMA": (True, False)}
+        return {}
 
     def _platform(self):
         stand_ins.current_platform.capability = self.capability
@@ -224,6 +266,9 @@ class VllmBackend(KernelBackend):
         fp8 = shape.dtype == "fp8_w8a8"
         block = list(shape.block_shape) if shape.block_shape else None
         scales = _scales_mode(shape.dtype, block)
+        w1, w2 = weights.w1, weights.w2
+        if launch_only and w1.device.type == "cpu":
+            w1, w2 = w1.as_subclass(_CompiledForGpu), w2.as_subclass(_CompiledForGpu)
         w1_scale, w2_scale = weights.w1_scale, weights.w2_scale
         if fp8 and block is None:
             w1_scale, w2_scale = w1_scale.reshape(-1).float(), w2_scale.reshape(-1).float()
@@ -247,12 +292,12 @@ class VllmBackend(KernelBackend):
             topk_ids, config, M, top_k, E, None, block_shape=block, ignore_invalid_experts=True
         )
         vllm.invoke_fused_moe_triton_kernel(
-            a1, weights.w1, cache1, a1_scale, w1_scale, topk_weights, sorted_ids, expert_ids,
+            a1, w1, cache1, a1_scale, w1_scale, topk_weights, sorted_ids, expert_ids,
             num_padded, False, top_k, config, **flags,
         )  # fmt: skip
         a2, a2_scale = _silu_and_mul(cache1.view(-1, two_n), scales, block)
         vllm.invoke_fused_moe_triton_kernel(
-            a2, weights.w2, cache3, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids,
+            a2, w2, cache3, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids,
             num_padded, True, 1, config, **flags,
         )  # fmt: skip
         if launch_only:
@@ -278,10 +323,115 @@ class VllmBackend(KernelBackend):
 
     def shipped_configs(self, shape, device_name: str, *, down=False):
         if down:
-            # vLLM runs GEMM 2 with GEMM 1's config: it has no such file
+            # on the path moeops runs, vLLM runs GEMM 2 with GEMM 1's config (shipped_down)
             return None
         path = self.package.package_dir / CONFIGS / self.file_name(shape, device_name)
         return read_shipped(path)
+
+    def down_file_name(self, shape, device_name: str) -> str | None:
+        """The `_down` file this vLLM looks up for shape beside the up file (get_moe_configs
+        with down_moe: the up file's name ending `_down.json`), None before 0.34."""
+        if not self.sorted_launch:
+            return None
+        return self.file_name(shape, device_name).removesuffix(".json") + "_down.json"
+
+    def shipped_down(self, shape, device_name: str) -> dict[int, dict] | None:
+        """{M: entry} of this vLLM's own `_down` file for shape, None where it ships none. An
+        entry may be only `{"USE_TMA": false}` (the sorted-A path off at that batch size)."""
+        name = self.down_file_name(shape, device_name)
+        path = self.package.package_dir / CONFIGS / name if name else None
+        if path is None or not path.exists():
+            return None
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"vLLM's own config file {path} cannot be read: {exc}") from None
+        data.pop("triton_version", None)
+        return {int(m): entry for m, entry in data.items()}
+
+    def sorted_a_refusal(
+        self, shape, *, deep_gemm_e8m0: bool, expert_parallel: bool = False
+    ) -> str | None:
+        """Why a tune for this deployment would write a file that is not what vLLM runs (None:
+        it is): this vLLM takes its sorted-A path for GEMM 2 there (sorted_a_path), reading a
+        `_down` file beside GEMM 1's BLOCK_SIZE_M, and moeops times only the default path."""
+        if not self.sorted_launch:
+            return None
+        why_not = sorted_a_path(
+            shape,
+            capability=self.capability,
+            deep_gemm_e8m0=deep_gemm_e8m0,
+            expert_parallel=expert_parallel,
+        )
+        if why_not is not None:
+            return None
+        return (
+            f"vLLM {self.version} runs GEMM 2 of this deployment on its sorted-A TMA path "
+            "(DeepGEMM with E8M0 scales, fp8 block [128, 128], compute capability 9.0, "
+            f"H {shape.H} >= {SORTED_A_MIN_HIDDEN}) wherever its _down file's entry says "
+            '"USE_TMA": true, and moeops does not tune that path yet: a file timed on the '
+            "default path would not be what the engine runs there. Tune without "
+            "VLLM_USE_DEEP_GEMM_E8M0, or keep vLLM's own files."
+        )
+
+
+def tma_b_applies(shape, capability: int | None) -> bool:
+    """Whether vLLM 0.34's invoke_fused_moe_triton_kernel reads B through a TMA descriptor for
+    shape on a GPU of compute capability `capability` (90 for sm_90), unless the entry says
+    `"USE_TMA": false`. The launcher decides inline; this mirrors the part of it that depends
+    on the shape and GPU (fp8 w8a8 with both block sizes set, a CUDA GPU of the SM90 or SM100
+    family). The part that depends on the config (N and K divisible by the tile, B contiguous
+    on the GPU) it checks at each launch, and then reads B by pointers as before."""
+    return (
+        shape.dtype == "fp8_w8a8"
+        and shape.block_shape is not None
+        and all(shape.block_shape)
+        and capability is not None
+        and capability // 10 in (9, 10)
+    )
+
+
+# vLLM 0.34's least hidden size for its sorted-A path (TritonExperts.apply: w2.size(1) >= 4096)
+SORTED_A_MIN_HIDDEN = 4096
+
+
+def sorted_a_path(
+    shape, *, capability: int | None, deep_gemm_e8m0: bool, expert_parallel: bool = False
+) -> str | None:
+    """Why vLLM 0.34 runs GEMM 2 with GEMM 1's config for shape on a deployment, or None where
+    it takes its sorted-A TMA path, the only one that reads a `_down` file (then at each batch
+    size whose `_down` entry says `"USE_TMA": true`: sorted_a_entry).
+
+    TritonExperts.apply decides inline; this mirrors the conditions that depend on the shape
+    and the deployment: fp8 w8a8 with block [128, 128], DeepGEMM in use with E8M0 scales
+    (`is_deep_gemm_e8m0_used()`: DeepGEMM present and VLLM_USE_DEEP_GEMM_E8M0 on), no expert
+    map (expert parallelism), a GPU of compute capability exactly 9.0, H ≥ 4096 and N (one
+    rank's intermediate size) a multiple of 128. deep_gemm_e8m0, expert_parallel: the
+    deployment's, from its recipe's environment and flags.
+    """
+    if shape.dtype != "fp8_w8a8" or list(shape.block_shape or ()) != [128, 128]:
+        return "only fp8 w8a8 with block [128, 128] takes it"
+    if not deep_gemm_e8m0:
+        return "the deployment does not run DeepGEMM with E8M0 scales (VLLM_USE_DEEP_GEMM_E8M0)"
+    if expert_parallel:
+        return "the deployment runs expert parallelism (an expert map)"
+    if capability != 90:
+        return "only a GPU of compute capability 9.0 (H100, H200) takes it"
+    if shape.H < SORTED_A_MIN_HIDDEN:
+        return f"H {shape.H} is under {SORTED_A_MIN_HIDDEN}"
+    if shape.N % 128:
+        return f"N {shape.N} is not a multiple of 128"
+    return None
+
+
+def sorted_a_entry(down_entry: dict | None, up_config: dict, H: int) -> bool:
+    """Whether vLLM 0.34 takes the sorted-A path at a batch size where the deployment allows it
+    (sorted_a_path): its `_down` entry there says `"USE_TMA": true` (absent means false, so an
+    entry of only `{"USE_TMA": false}` turns the path off), GEMM 1's BLOCK_SIZE_M is a multiple
+    of 16 and H a multiple of the `_down` entry's BLOCK_SIZE_N. Mirrors TritonExperts.apply."""
+    if not down_entry or not down_entry.get("USE_TMA", False):
+        return False
+    return up_config["BLOCK_SIZE_M"] % 16 == 0 and H % down_entry["BLOCK_SIZE_N"] == 0
 
 
 def _compute_type(dtype):

@@ -75,6 +75,11 @@ class KernelBackend:
         """The config the engine uses at batch size M when it finds no file."""
         raise NotImplementedError
 
+    def search_switches(self, shape) -> dict:
+        """{name: values, the engine's default first} of the launch switches a config entry may
+        set for shape, which the search tries beside the grid (vLLM 0.34's USE_TMA); {}: none."""
+        return {}
+
     def compile_key(self, config: dict, M: int | None) -> tuple:
         """What one compile of config for batch size M stands for. The engines' kernels take
         every field of a config, GROUP_SIZE_M too, as a compile-time constant, and specialise on

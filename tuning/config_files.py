@@ -58,7 +58,8 @@ REQUIRED_FIELDS = (
 # shipped files have such entries).
 TRITON_LAUNCH_DEFAULTS = {"num_warps": 4, "num_stages": 3}
 # Extra fields the engines' tuners write: ROCm's waves_per_eu, matrix_instr_nonkdim and kpack,
-# vLLM's SPLIT_K, SGLang's USE_TMA (down-projection configs); in their sort_config order.
+# vLLM's SPLIT_K, USE_TMA (SGLang's down-projection configs, vLLM 0.34's TMA read of B); in
+# their sort_config order.
 OPTIONAL_FIELDS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack", "SPLIT_K", "USE_TMA")
 NUM_WARPS = (1, 2, 4, 8, 16)
 NUM_STAGES = range(1, 9)
@@ -175,7 +176,8 @@ def config_file_name(
     every H200 variant (e.g. "NVIDIA H200 NVL") under NVIDIA_H200. dtype is the engine's dtype
     string ("fp8_w8a8", "int8_w8a16", …); None and bf16/fp16 add no dtype part. block_shape is
     [block_n, block_k] (omitted when absent or containing 0, as the engines do).
-    per_channel_quant and down_moe exist only in SGLang's names.
+    per_channel_quant and down_moe exist only in SGLang's names (vLLM 0.34 reads a `_down`
+    file only on a path moeops does not tune, so moeops names none for vLLM).
     """
     if style not in STYLES:
         raise ConfigFileError(f"style must be one of {', '.join(STYLES)}, got {style!r}")

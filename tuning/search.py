@@ -21,7 +21,11 @@ NUM_WARPS = (4, 8)
 NUM_STAGES = (2, 3, 4, 5)
 # Shared memory one block may opt into on sm90 (H100, H200): 227 KiB.
 SM90_SHARED_MEMORY = 232448
-ConfigKey = tuple[int, int, int, int, int, int]
+# Launch switches an engine's config entry may carry beyond the grid (vLLM 0.34's USE_TMA, which
+# picks how B is read): a config key holds them after the six grid fields, as 0 or 1.
+SWITCHES = ("USE_TMA",)
+# (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages[, switches])
+ConfigKey = tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -69,16 +73,26 @@ class KernelShape:
 
 
 def config_key(config: dict) -> ConfigKey:
-    """A config entry as a hashable tuple, in the config files' field order."""
-    return tuple(int(config[name]) for name in REQUIRED_FIELDS)
+    """A config entry as a hashable tuple, in the config files' field order, then the switches
+    it sets (SWITCHES)."""
+    key = tuple(int(config[name]) for name in REQUIRED_FIELDS)
+    return key + tuple(int(config[name]) for name in SWITCHES if name in config)
 
 
-def config_of(key: ConfigKey) -> dict[str, int]:
+def config_of(key: ConfigKey) -> dict:
     """Inverse of config_key."""
-    return dict(zip(REQUIRED_FIELDS, key, strict=True))
+    config = dict(zip(REQUIRED_FIELDS, key[: len(REQUIRED_FIELDS)], strict=True))
+    switches = key[len(REQUIRED_FIELDS) :]
+    config.update((name, bool(value)) for name, value in zip(SWITCHES, switches, strict=False))
+    return config
 
 
-def compile_key(config: dict) -> tuple[int, int, int, int, int]:
+def _tile(key: ConfigKey) -> tuple[int, ...]:
+    """A config's tile (BLOCK_SIZE_M, N, K) and its switches: what round 1 tries one of each."""
+    return key[:3] + key[len(REQUIRED_FIELDS) :]
+
+
+def compile_key(config: dict) -> tuple[int, ...]:
     """What the compiled kernel depends on: GROUP_SIZE_M is a run-time argument of ours."""
     key = config_key(config)
     return key[:3] + key[4:]
@@ -120,9 +134,10 @@ def is_viable(config: dict, shape: KernelShape, shared_memory: int = SM90_SHARED
 
 
 def search_space(
-    M: int, shape: KernelShape, shared_memory: int = SM90_SHARED_MEMORY
-) -> list[dict[str, int]]:
-    """Every viable config for batch size M: the engines' grid pruned by M and resources."""
+    M: int, shape: KernelShape, shared_memory: int = SM90_SHARED_MEMORY, switches=None
+) -> list[dict]:
+    """Every viable config for batch size M: the engines' grid pruned by M and resources, with
+    each value of each switch ({name: values}, the engine's default first) where given."""
     configs = []
     for bm in block_sizes_m(M, shape.E, shape.top_k):
         for bn in BLOCK_SIZES_N:
@@ -132,8 +147,22 @@ def search_space(
                         for stages in NUM_STAGES:
                             config = config_of((bm, bn, bk, group, warps, stages))
                             if is_viable(config, shape, shared_memory):
-                                configs.append(config)
+                                configs += with_switches(config, switches)
     return configs
+
+
+def with_switches(config: dict, switches) -> list[dict]:
+    """config once per combination of the switches' values ({name: values}; none: config)."""
+    found = [config]
+    for name, values in (switches or {}).items():
+        found = [{**c, name: value} for c in found for value in values]
+    return found
+
+
+def switched(config: dict, switches) -> dict:
+    """config with each switch it leaves unset at the engine's default (the first value)."""
+    defaults = {name: values[0] for name, values in (switches or {}).items()}
+    return config_of(config_key({**defaults, **config}))
 
 
 # The axes a neighbourhood step moves along, one at a time, to the next value either side.
@@ -153,15 +182,17 @@ def neighbours(
     *,
     fixed: Iterable[str] = (),
     shared_memory: int = SM90_SHARED_MEMORY,
-) -> list[dict[str, int]]:
-    """The viable configs one step from config along one axis (AXES; not the `fixed` ones).
+    switches=None,
+) -> list[dict]:
+    """The viable configs one step from config along one axis (AXES and the switches
+    {name: values}; not the `fixed` ones).
 
     A step goes to the next grid value either side, also from a value off the grid (an engine's
     shipped BLOCK_SIZE_M 8, say), and may leave the batch size's pruned space: the pruning is a
     guess about where the best lies, and the best of the engine's own may sit at its edge.
     """
     found = []
-    for name, grid in AXES.items():
+    for name, grid in {**AXES, **(switches or {})}.items():
         if name in fixed:
             continue
         values = sorted({*grid, config[name]})
@@ -218,7 +249,8 @@ class SearchState:
 class CoarseToFineSearch:
     """Tiles first, then warps and stages around the best tiles, then GROUP_SIZE_M, then a final.
 
-    Round 1: every viable (BM, BN, BK) tile with one warps/stages guess and GROUP_SIZE_M 16.
+    Round 1: every viable (BM, BN, BK) tile with one warps/stages guess and GROUP_SIZE_M 16 (with
+    switches, every tile at each of their values: how B is read is a tile's matter).
     Round 2: the best `keep_tiles` tiles with every viable warps × stages.
     Round 3: the best `keep_configs` configs with every GROUP_SIZE_M.
     Then up to `climbs` rounds: every untimed neighbour (one step along one axis) of
@@ -248,14 +280,16 @@ class CoarseToFineSearch:
         climbs: int = 2,
         finalists: int = 3,
         seeds: Iterable[dict] = (),
+        switches: dict | None = None,
     ):
         self.M = M
         self.shape = shape
         self.shared_memory = shared_memory
-        self.space = search_space(M, shape, shared_memory)
+        self.switches = switches or {}
+        self.space = search_space(M, shape, shared_memory, self.switches)
         # configs timed in the first round beside it (the engine's default and shipped ones):
         # they may lie outside the space, and win all the same
-        self.seeds = [config_of(config_key(c)) for c in seeds]
+        self.seeds = [switched(c, self.switches) for c in seeds]
         self.state = SearchState()
         self.screen_replays = screen_replays
         self.refine_replays = refine_replays
@@ -310,9 +344,9 @@ class CoarseToFineSearch:
         return len(self.state.times)
 
     def _tiles(self) -> Proposal:
-        tiles: dict[tuple[int, int, int], dict[str, int]] = {}
+        tiles: dict[tuple[int, ...], dict] = {}
         for config in self.space:
-            tile = (config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"])
+            tile = _tile(config_key(config))
             if tile not in tiles or _guess_rank(config) < _guess_rank(tiles[tile]):
                 tiles[tile] = config
         return Proposal(_with_seeds(list(tiles.values()), self.seeds), self.screen_replays)
@@ -320,13 +354,13 @@ class CoarseToFineSearch:
     def _warps_and_stages(self) -> Proposal:
         best_tiles = []
         for key in self.state.ranked():
-            if key[:3] not in best_tiles:
-                best_tiles.append(key[:3])
+            if _tile(key) not in best_tiles:
+                best_tiles.append(_tile(key))
         best_tiles = best_tiles[: self.keep_tiles]
         configs = [
             c
             for c in self.space
-            if config_key(c)[:3] in best_tiles
+            if _tile(config_key(c)) in best_tiles
             and c["GROUP_SIZE_M"] == 16
             and config_key(c) not in self.state.times
         ]
@@ -350,7 +384,11 @@ class CoarseToFineSearch:
         configs: dict[ConfigKey, dict[str, int]] = {}
         for key in self._leaders(ranked):
             for config in neighbours(
-                config_of(key), self.shape, fixed=self.fixed_axes, shared_memory=self.shared_memory
+                config_of(key),
+                self.shape,
+                fixed=self.fixed_axes,
+                shared_memory=self.shared_memory,
+                switches=self.switches,
             ):
                 if config_key(config) not in self.state.times:
                     configs.setdefault(config_key(config), config)

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tuning.backends import ENGINES, BackendError
+from tuning.backends import ENGINES, BackendError, current_capability
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints, triton_config_unread
 from tuning.search import KernelShape
 from tuning.tune_results import (
@@ -100,6 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip the search for GEMM 2's own configs (SGLang's _down file)",
     )
     parser.add_argument(
+        "--deep-gemm-e8m0",
+        action="store_true",
+        help="the deployment runs vLLM with DeepGEMM and VLLM_USE_DEEP_GEMM_E8M0=1 (vLLM 0.34"
+        " then runs GEMM 2 on a path of its own for fp8 block [128, 128] on the H100/H200)",
+    )
+    parser.add_argument(
         "--compile-workers",
         type=int,
         help="parallel compile processes (default: CPUs − 1, at most 32; with --gpus, per GPU"
@@ -145,6 +151,14 @@ def run(args: argparse.Namespace) -> int:
     if refusal and not args.force:
         print(f"error: {refusal} --force tunes it all the same.", file=sys.stderr)
         return 2
+    try:
+        unread = deployment_refusal(args, shape, current_capability())
+    except BackendError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if unread:
+        print(f"error: {unread}", file=sys.stderr)
+        return 2
     if args.gpus:
         from tuning import spread
 
@@ -184,6 +198,23 @@ def run(args: argparse.Namespace) -> int:
         print(path)
     print_summary(result)
     return 0
+
+
+def deployment_refusal(
+    args: argparse.Namespace, shape: KernelShape, capability: int | None
+) -> str | None:
+    """Why the engine would not run what this tune times on the deployment (vLLM's sorted-A
+    path for GEMM 2, VllmBackend.sorted_a_refusal) on GPUs of capability (90; None: no GPU),
+    or None."""
+    spec = args.engine_spec
+    if spec is None or spec["engine"] != "vllm" or not args.deep_gemm_e8m0:
+        return None
+    from tuning.backends import load_backend
+
+    backend = load_backend("vllm", source_dir=spec["source_dir"], capability=capability)
+    return backend.sorted_a_refusal(
+        shape, deep_gemm_e8m0=args.deep_gemm_e8m0, expert_parallel=args.ep > 1
+    )
 
 
 def fp4_refusal(args: argparse.Namespace) -> str | None:

@@ -260,7 +260,10 @@ class Tuner:
         for i, chunk in enumerate(chunks):
             timers = {m: self.measurements.timer(m) for m in chunk}
             own = {m: self._engine_configs(m, shipped) for m in chunk}
-            searches = {m: search_class(m, self.shape, seeds=own[m]) for m in chunk}
+            switches = backend.search_switches(self.shape)
+            searches = {
+                m: search_class(m, self.shape, seeds=own[m], switches=switches) for m in chunk
+            }
             # (most started during the chunk before, if any) the first round waits for these
             # size by size: one size is timed while the next compiles
             for m, configs in self._first_compiles(chunk, shipped, exhaustive).items():
@@ -521,8 +524,9 @@ def round_one_configs(
         backend = BuiltinBackend()
     search_class = _search_class(exhaustive)
     configs: dict[tuple, dict[str, int]] = {}
+    switches = backend.search_switches(shape)
     for m in sorted(set(batch_sizes)):
-        proposal = search_class(m, shape).propose()
+        proposal = search_class(m, shape, switches=switches).propose()
         for config in [*(proposal.configs if proposal else []), backend.default_config(shape, m)]:
             configs.setdefault(backend.compile_key(config, m), config)
     return list(configs.values())

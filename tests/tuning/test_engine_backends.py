@@ -23,7 +23,7 @@ from tuning.timing import MoEWeights
 DEVICE = "cuda" if GPU else "cpu"
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 TOLERANCE = {"fp32": 1e-5, "fp16": 3e-3}
-VLLM_VERSIONS = ("0.32.0", "0.33.0")
+VLLM_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
 
 
 @pytest.fixture(autouse=True)
@@ -212,3 +212,180 @@ def test_free_names_are_the_globals_a_function_reads_annotations_included():
     )
 
     assert free_names(source) == {"Any", "DEFAULT", "Thing", "List", "offset", "helper"}
+
+
+# vLLM 0.34: the launcher's sorted-A parameters, its TMA read of B, and the rule for its `_down`
+# file (tuning.backend_vllm)
+GLM5_FP8 = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
+
+
+@pytest.fixture(scope="module")
+def vllm034():
+    with interpreting():
+        return load_backend("vllm", source_dir=engine_source("vllm", "0.34.0"), capability=90)
+
+
+def test_vllm_034_loads_knowing_its_sorted_launch_and_its_tma_switch(vllm034):
+    older = load_backend("vllm", source_dir=engine_source("vllm", "0.33.0"), capability=90)
+
+    assert vllm034.version == "0.34.0"
+    assert vllm034.sorted_launch and vllm034.reads_use_tma
+    assert not older.sorted_launch and not older.reads_use_tma
+    assert vllm034.source_sha256 != older.source_sha256
+
+
+@pytest.mark.parametrize(
+    ("shape", "capability", "searched"),
+    [
+        (GLM5_FP8, 90, True),
+        (GLM5_FP8, 100, True),
+        # neither Ada nor consumer Blackwell: not of the SM90 or SM100 family
+        (GLM5_FP8, 89, False),
+        (GLM5_FP8, 120, False),
+        (GLM5_FP8, None, False),
+        # fp8 per tensor and bf16 read B by pointers
+        (KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8"), 90, False),
+        (KernelShape(E=256, N=256, H=6144, top_k=8), 90, False),
+    ],
+)
+def test_use_tma_is_searched_where_vllm_034_reads_b_by_tma(vllm034, shape, capability, searched):
+    vllm034.capability = capability
+    try:
+        switches = vllm034.search_switches(shape)
+    finally:
+        vllm034.capability = 90
+
+    assert switches == ({"USE_TMA": (True, False)} if searched else {})
+
+
+def test_vllm_033_is_searched_without_use_tma_which_its_kernel_would_refuse():
+    older = load_backend("vllm", source_dir=engine_source("vllm", "0.33.0"), capability=90)
+
+    assert older.search_switches(GLM5_FP8) == {}
+
+
+@pytest.mark.parametrize("use_tma", [True, False])
+def test_vllm_034s_layer_takes_an_entry_with_use_tma_where_its_pointer_path_runs(vllm034, use_tma):
+    # fp32 in the interpreter: no TMA there, the launcher pops the key and reads B by pointers
+    shape = KernelShape(E=16, N=32, H=64, top_k=2, dtype="fp32")
+    config = {**SMALL, "num_warps": 4, "num_stages": 2, "USE_TMA": use_tma}
+
+    _check(vllm034, 7, shape, config)
+
+
+def test_vllm_034_names_its_down_file_beside_the_up_file_and_ships_glm5s(vllm034):
+    older = load_backend("vllm", source_dir=engine_source("vllm", "0.33.0"), capability=90)
+    up = "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128]"
+
+    assert vllm034.file_name(GLM5_FP8, "NVIDIA H200") == f"{up}.json"
+    assert vllm034.down_file_name(GLM5_FP8, "NVIDIA H200") == f"{up}_down.json"
+    assert older.down_file_name(GLM5_FP8, "NVIDIA H200") is None
+    down = vllm034.shipped_down(GLM5_FP8, "NVIDIA H200")
+    assert sorted(down) == [512, 1024, 3072, 4096]
+    # the path off at 512 and 4096, on at 1024 and 3072
+    assert down[512] == {"USE_TMA": False} and down[4096] == {"USE_TMA": False}
+    assert down[1024]["USE_TMA"] is True and down[1024]["BLOCK_SIZE_N"] == 128
+    assert vllm034.shipped_down(KernelShape(E=8, N=64, H=128, top_k=2), "NVIDIA H200") is None
+
+
+def _sorted_a(shape=GLM5_FP8, **deployment):
+    from tuning.backend_vllm import sorted_a_path
+
+    return sorted_a_path(
+        shape, **{"capability": 90, "deep_gemm_e8m0": True, "expert_parallel": False, **deployment}
+    )
+
+
+def test_vllm_034_takes_the_sorted_a_path_for_glm5_fp8_with_deep_gemm_e8m0_on_the_h200():
+    assert _sorted_a() is None
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"shape": KernelShape(E=256, N=256, H=6144, top_k=8)}, "block [128, 128]"),
+        (
+            {"shape": KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8")},
+            "block [128, 128]",
+        ),
+        (
+            {
+                "shape": KernelShape(
+                    E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(64, 128)
+                )
+            },
+            "block [128, 128]",
+        ),
+        ({"deep_gemm_e8m0": False}, "VLLM_USE_DEEP_GEMM_E8M0"),
+        ({"expert_parallel": True}, "expert parallelism"),
+        ({"capability": 100}, "compute capability 9.0"),
+        ({"capability": None}, "compute capability 9.0"),
+        (
+            {
+                "shape": KernelShape(
+                    E=256, N=256, H=2048, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128)
+                )
+            },
+            "H 2048 is under 4096",
+        ),
+        (
+            {
+                "shape": KernelShape(
+                    E=256, N=192, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128)
+                )
+            },
+            "N 192 is not a multiple of 128",
+        ),
+    ],
+)
+def test_each_condition_of_vllm_034s_sorted_a_path_turns_it_off(change, reason):
+    assert reason in _sorted_a(**change)
+
+
+@pytest.mark.parametrize(
+    ("down_entry", "up_block_m", "taken"),
+    [
+        ({"USE_TMA": False}, 64, False),
+        (None, 64, False),
+        # an entry that does not say USE_TMA leaves the path off
+        ({"BLOCK_SIZE_N": 128}, 64, False),
+        ({"USE_TMA": True, "BLOCK_SIZE_N": 128}, 64, True),
+        ({"USE_TMA": True, "BLOCK_SIZE_N": 128}, 8, False),
+        # 6144 is no multiple of 4096's tile
+        ({"USE_TMA": True, "BLOCK_SIZE_N": 4096}, 64, False),
+    ],
+)
+def test_a_down_entry_takes_the_path_only_saying_use_tma_true(down_entry, up_block_m, taken):
+    from tuning.backend_vllm import sorted_a_entry
+
+    up = {"BLOCK_SIZE_M": up_block_m, "BLOCK_SIZE_N": 128}
+
+    assert sorted_a_entry(down_entry, up, 6144) is taken
+
+
+def test_a_tune_for_a_deployment_on_the_sorted_a_path_is_refused_in_a_sentence(vllm034):
+    refusal = vllm034.sorted_a_refusal(GLM5_FP8, deep_gemm_e8m0=True)
+
+    assert refusal.startswith("vLLM 0.34.0 runs GEMM 2 of this deployment on its sorted-A")
+    assert "_down file" in refusal and "VLLM_USE_DEEP_GEMM_E8M0" in refusal
+    assert vllm034.sorted_a_refusal(GLM5_FP8, deep_gemm_e8m0=False) is None
+    older = load_backend("vllm", source_dir=engine_source("vllm", "0.33.0"), capability=90)
+    assert older.sorted_a_refusal(GLM5_FP8, deep_gemm_e8m0=True) is None
+
+
+def test_the_tune_cli_refuses_a_deep_gemm_e8m0_deployment_before_tuning(
+    tmp_path, capsys, monkeypatch
+):
+    from tests.fakes import HF_CONFIGS
+    from tuning import tune_cli
+    from tuning.__main__ import main
+
+    monkeypatch.setattr(tune_cli, "current_capability", lambda: 90)
+    argv = ["tune", "--model-config", str(HF_CONFIGS / "glm-5-fp8_config.json"), "--tp", "8"]
+    argv += ["--out", str(tmp_path), "--engine", "vllm"]
+    argv += ["--engine-source", str(engine_source("vllm", "0.34.0")), "--deep-gemm-e8m0"]
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: vLLM 0.34.0 runs GEMM 2 of this deployment on its sorted-A" in err
+    assert "Traceback" not in err and not list(tmp_path.iterdir())

@@ -275,3 +275,60 @@ def test_the_down_search_re_times_gemm_1s_config_in_its_final():
 
     assert UP in rounds[-1].configs
     assert search.best == (UP, 19.0) and search.shared_us == 19.0
+
+
+TMA = {"USE_TMA": (True, False)}
+
+
+def test_a_switch_is_part_of_a_configs_key_and_round_trips():
+    config = config_of((16, 128, 128, 1, 4, 3))
+    with_tma, without = {**config, "USE_TMA": True}, {**config, "USE_TMA": False}
+
+    assert len({config_key(config), config_key(with_tma), config_key(without)}) == 3
+    assert config_of(config_key(without)) == without
+    assert config_of(config_key(config)) == config
+
+
+def test_with_a_switch_every_config_of_the_space_comes_with_each_value():
+    plain = search_space(256, GLM5_FP8_BLOCK)
+    switched = search_space(256, GLM5_FP8_BLOCK, switches=TMA)
+
+    assert len(switched) == 2 * len(plain)
+    assert {config_key(c)[:6] for c in switched} == {config_key(c) for c in plain}
+    assert {c["USE_TMA"] for c in switched} == {True, False}
+
+
+def test_round_one_times_each_tile_with_and_without_tma_and_the_seeds_at_the_default():
+    # the engine's default entry has no USE_TMA: its launcher then reads B by TMA
+    seed = config_of((16, 64, 128, 1, 4, 4))
+    search = CoarseToFineSearch(256, GLM5_FP8_BLOCK, switches=TMA, seeds=[seed])
+
+    first = search.propose().configs
+
+    tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["BLOCK_SIZE_K"], c["USE_TMA"]) for c in first}
+    with_tma = {t[:3] for t in tiles if t[3]}
+    without = {t[:3] for t in tiles if not t[3]}
+    assert without and with_tma == without
+    assert {**seed, "USE_TMA": True} in first
+
+
+def test_a_neighbour_step_flips_the_switch():
+    config = {**config_of((16, 128, 128, 32, 4, 3)), "USE_TMA": True}
+
+    found = neighbours(config, GLM5_FP8_BLOCK, switches=TMA)
+
+    assert {**config, "USE_TMA": False} in found
+    assert all("USE_TMA" in c for c in found)
+
+
+def test_the_search_finds_the_switch_value_that_wins():
+    base = _landscape(256)
+
+    def cost(config):
+        # the pointer read wins by 10 % on this landscape
+        return base(config) * (0.9 if config["USE_TMA"] is False else 1.0)
+
+    search = CoarseToFineSearch(256, GLM5_FP8_BLOCK, switches=TMA)
+    _run(search, cost)
+
+    assert search.best[0]["USE_TMA"] is False

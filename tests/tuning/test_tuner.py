@@ -878,6 +878,46 @@ def test_a_tuned_config_only_replaces_the_engines_when_faster_beyond_the_noise()
     assert win.default_us is not None and win.search_us == win.tuned_us
 
 
+class SwitchedBackend(ScriptedBackend):
+    """An engine whose entries may say USE_TMA (vLLM 0.34 on fp8 block)."""
+
+    def search_switches(self, shape):
+        return {"USE_TMA": (True, False)}
+
+
+class PointerReadFaster(ScriptedMeasurements):
+    """FakeTimer's µs, 20 % less for an entry saying `"USE_TMA": false`."""
+
+    def timer(self, M):
+        timer = super().timer(M)
+        time_config = timer.time_config
+
+        def timed(config, replays, calls=None, *, down_config=None):
+            us = time_config(config, replays, calls, down_config=down_config)
+            return us * (0.8 if config.get("USE_TMA") is False else 1.0)
+
+        timer.time_config = timed
+        return timer
+
+
+def test_a_backends_switch_is_searched_and_written_where_it_wins(tmp_path):
+    backend = SwitchedBackend(DEFAULT)
+
+    result = Tuner(SHAPE, PointerReadFaster(backend, {})).tune([64, 1024], down=False)
+
+    assert all(batch.config["USE_TMA"] is False for batch in result.batches.values())
+    assert all(batch.picked == "tuned" for batch in result.batches.values())
+    (path,) = tune_results.write_config_files(result, tmp_path, "vllm")
+    _, entries = loads_config(path.read_text())
+    assert entries[64]["USE_TMA"] is False
+
+
+def test_a_backend_without_switches_writes_no_use_tma():
+    result = Tuner(SHAPE, ScriptedMeasurements(ScriptedBackend(DEFAULT), {})).tune([64], down=False)
+
+    assert "USE_TMA" not in result.batches[64].config
+
+
 class RecordingMeasurements(ScriptedMeasurements):
     """Records, in order, each config whose compile was waited for and each one timed."""
 
