@@ -308,7 +308,8 @@ def run_update(*, run, status=None, error="", takeover=None, **fields):
     push that finished it again (RunConflict for anything else it would change)."""
     with transaction.atomic():
         locked = SweepRun.objects.select_for_update().get(pk=run.pk)
-        if locked.is_finished:
+        # a takeover of a finished run is refused by run_take_over, in its own words
+        if locked.is_finished and takeover is None:
             changed = [k for k, v in fields.items() if k != "label" and getattr(locked, k) != v]
             if error and error != locked.error:
                 changed.append("error")

@@ -250,8 +250,9 @@ def test_a_push_that_always_gets_a_5xx_does_not_block_the_rest(client, transport
     poisoned.refresh_from_db()
     assert poisoned.status == "running"
     # a new push of another run goes through at once
-    client.post_engine_samples(str(other.uuid), [{"ts": 1.7e9, "running": 1.0}], batch_id="e")
-    assert other.engine_samples.count() == 1
+    third = world.run(status="running")
+    client.post_engine_samples(str(third.uuid), [{"ts": 1.7e9, "running": 1.0}], batch_id="e")
+    assert third.engine_samples.count() == 1
 
     # failing for less than SPOOL_GIVE_UP_S keeps it; then it is moved aside and the rest goes
     _replay_until_settled(client, clock)
