@@ -22,7 +22,7 @@ import uuid
 
 from reports.failures import describe_failure
 from reports.levels import LEVEL_KEYS
-from reports.progress import attempt_of
+from reports.progress import HEARTBEAT_STALE_S, attempt_of
 from workers import engine_info, loadgen, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler
@@ -35,8 +35,6 @@ FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
 BUSY = "busy"
 # The outcome when another delivery took the run over while this one swept it.
 TAKEN_OVER = "taken over"
-# A running run whose last heartbeat is older than this (s) has lost its worker.
-HEARTBEAT_STALE_S = 10.0
 
 PROGRESS_INTERVAL_S = 1.0
 SAMPLES_INTERVAL_S = 5.0

@@ -7,7 +7,6 @@ import logging
 import time
 from operator import itemgetter
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -28,7 +27,7 @@ from moeops.runs.models import (
     level_key,
 )
 from moeops.runs.parameters import parameters_checked
-from reports.progress import attempt_of
+from reports.progress import HEARTBEAT_STALE_S, attempt_of
 from tuning.moe_params import vocab_size
 
 log = logging.getLogger(__name__)
@@ -353,19 +352,20 @@ def run_record_observed(*, run, observed):
 
 def run_cancel(*, run):
     """A queued run is cancelled at once; a running one is asked to stop (cancel_requested),
-    or cancelled at once when its worker is gone (no heartbeat for MOEOPS_RUN_STALE_S)."""
+    or cancelled at once when its worker is gone: no progress heartbeat for HEARTBEAT_STALE_S
+    (the rule a new delivery takes a run over by; a sweeping worker sends one every second)."""
     if run.status == "queued":
         try:
             return run_transition(run=run, status="cancelled")
         except RunConflict:
             pass
-    limit = settings.MOEOPS_RUN_STALE_S
-    if run.status == "running" and run_heartbeat_stale(run, time.time(), limit):
+    if run.status == "running" and run_heartbeat_stale(run, time.time(), HEARTBEAT_STALE_S):
         try:
             return run_transition(
                 run=run,
                 status="cancelled",
-                error="Cancelled while its worker was gone (no heartbeat); finished levels kept.",
+                error=f"Cancelled while its worker was gone (no heartbeat for "
+                f"{HEARTBEAT_STALE_S:.0f} s); finished levels kept.",
             )
         except RunConflict:
             pass
