@@ -121,8 +121,8 @@ class SpoolRecord(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False)
 
     method: Literal["POST", "PATCH", "PUT", "DELETE"]
-    # the API path the push goes to: visible ASCII, as the client writes it
-    path: str = Field(pattern=r"^/[\x21-\x7e]*$", max_length=2000)
+    # the API path the push goes to (a deployment's or host's name may hold spaces)
+    path: str = Field(pattern=r"^/[^\x00-\x1f\x7f]*$", max_length=2000)
     body: dict[str, Any]
     spooled_at: _Epoch | None = None
     failures: int = Field(0, ge=0, le=1_000_000)

@@ -372,6 +372,7 @@ POISON_NAME = "01796307891654025847-99999-000001.json"
         (json.dumps({**GOOD_ENTRY, "method": "GET"}), "method: Input should be 'POST'"),
         (json.dumps({**GOOD_ENTRY, "path": 7}), "path: Input should be a valid string"),
         (json.dumps({**GOOD_ENTRY, "path": "runs/x"}), "path: String should match"),
+        (json.dumps({**GOOD_ENTRY, "path": "/runs/x\n"}), "path: String should match"),
         (json.dumps({**GOOD_ENTRY, "body": "x"}), "body: Input should be a valid dictionary"),
         (json.dumps({**GOOD_ENTRY, "failures": "2"}), "failures: Input should be a valid integer"),
         (json.dumps({**GOOD_ENTRY, "failures": True}), "failures: Input should be a valid integer"),
@@ -402,6 +403,18 @@ def test_a_spool_file_that_holds_no_push_is_moved_aside_and_the_rest_goes_on(
     # the heartbeat counts it, as the host page shows
     status = worker_status("host.x", supervisor=EngineSupervisor(tmp_path), spool=client.spool)
     assert status["spool"] == {"waiting": 0, "rejected": 1}
+
+
+def test_a_push_to_a_path_with_a_name_in_it_reads_as_an_entry(client):
+    entry = client.spool.append("PATCH", "/deployments/GLM-5 on gpu 1 ü", {"status": "stopped"})
+
+    record = client.spool.read(entry)
+
+    assert (record.method, record.path, record.body) == (
+        "PATCH",
+        "/deployments/GLM-5 on gpu 1 ü",
+        {"status": "stopped"},
+    )
 
 
 def test_a_poison_entry_behind_a_waiting_push_holds_back_nothing(client, transport, world):
