@@ -5,6 +5,10 @@ A run's progress is the JSON object its worker pushes; "attempt" is the delivery
 then 2, … each time a new delivery takes the run over from a worker that stopped.
 """
 
+# A sweeping worker pushes its progress heartbeat every second: a run silent for this long (s)
+# has lost its worker. A new delivery then takes it over, and a cancel ends it at once.
+HEARTBEAT_STALE_S = 10.0
+
 
 def attempt_of(progress) -> int:
     """The attempt a progress object is of: a run swept before attempts were counted (no

@@ -8,7 +8,8 @@ tuning runs) that still cannot reach the web tier are written to a spool folder
 `replay_spool()`; the API's idempotency keys (run, check and reading UUIDs, level keys, batch
 ids) make a replay store once. Pushes of one resource (a run, a tune, a host, …) keep their
 order; a push the API keeps failing is retried with backoff and then moved to spool/rejected/,
-and holds back only the later pushes of its own resource.
+and holds back only the later pushes of its own resource. A push refused with 409 (a finished
+run takes no more results) and a file that holds no push (SpoolRecord) are moved there at once.
 
     client = MoeopsClient()
     run = client.create_run("glm-5-sglang", label="sweep")
@@ -27,8 +28,10 @@ import time
 import uuid
 from email.message import Message
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuning.cache_dir import cache_dir
 
@@ -100,13 +103,52 @@ def _message(response):
     return str(body)[:300]
 
 
-def _stream(record):
-    """The resource a spooled push writes, whose pushes keep their order: the path's collection
-    and id (/runs/<uuid>/levels → runs <uuid>), a create's id being the uuid its body carries."""
-    parts = str(record.get("path", "")).strip("/").split("/")
-    body = record.get("body")
+def _stream(path, body):
+    """The resource a push writes, whose pushes keep their order: the path's collection and id
+    (/runs/<uuid>/levels → runs <uuid>), a create's id being the uuid its body carries."""
+    parts = path.strip("/").split("/")
     ref = parts[1] if len(parts) > 1 else body.get("uuid") if isinstance(body, dict) else None
     return parts[0], ref
+
+
+# An epoch (s) or a count as a spool entry may hold: finite, and small enough to compute with.
+_Epoch = Annotated[float, Field(ge=0, le=1e11)]
+
+
+class SpoolRecord(BaseModel):
+    """One spooled push as its file holds it; anything else in a spool file is not an entry."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+
+    method: Literal["POST", "PATCH", "PUT", "DELETE"]
+    # the API path the push goes to (a deployment's or host's name may hold spaces)
+    path: str = Field(pattern=r"^/[^\x00-\x1f\x7f]*$", max_length=2000)
+    body: dict[str, Any]
+    spooled_at: _Epoch | None = None
+    failures: int = Field(0, ge=0, le=1_000_000)
+    failing_since: _Epoch | None = None
+    retry_at: _Epoch | None = None
+    error: str = ""
+
+
+class NotAnEntry(ValueError):
+    """A spool file that does not hold a push (the message says why)."""
+
+
+def _spool_record(raw):
+    """The SpoolRecord a spool file's bytes hold; raises NotAnEntry naming what is wrong."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise NotAnEntry(f"not JSON: {str(exc)[:200] or type(exc).__name__}") from None
+    if not isinstance(data, dict):
+        raise NotAnEntry(f"a JSON {type(data).__name__}, not an object")
+    try:
+        return SpoolRecord.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "entry"
+        raise NotAnEntry(f"{field}: {first['msg']}") from None
 
 
 class Spool:
@@ -159,13 +201,21 @@ class Spool:
         self._count += 1
         name = f"{time.time_ns():020d}-{os.getpid()}-{self._count:06d}.json"
         record = {"method": method, "path": path, "body": body, "spooled_at": time.time()}
-        temporary = self.folder / f".{name}.tmp"
+        self._write(self.folder / name, record)
+        return self.folder / name
+
+    def _write(self, entry, record):
+        temporary = self.folder / f".{entry.name}.tmp"
         with open(temporary, "wb") as out:
             out.write(_encode(record))
             out.flush()
             os.fsync(out.fileno())
-        os.replace(temporary, self.folder / name)
-        return self.folder / name
+        os.replace(temporary, entry)
+
+    def read(self, entry):
+        """The entry's SpoolRecord; raises NotAnEntry (the reason) for a file that holds none,
+        which the replay then moves aside."""
+        return _spool_record(entry.read_bytes())
 
     def reject(self, entry, reason):
         """Keep a push aside, with the reason, out of the queue (spool/rejected/)."""
@@ -182,10 +232,10 @@ class Spool:
         if entry.name not in self._streams:
             if record is None:
                 try:
-                    record = json.loads(entry.read_bytes())
-                except (OSError, ValueError):
+                    record = self.read(entry)
+                except (OSError, NotAnEntry):
                     return None
-            self._streams[entry.name] = _stream(record)
+            self._streams[entry.name] = _stream(record.path, record.body)
         return self._streams[entry.name]
 
     def holds(self, stream):
@@ -193,25 +243,27 @@ class Spool:
         return any(self.stream(entry) == stream for entry in self.entries())
 
     def due(self, record):
-        return (record.get("retry_at") or 0) <= self.clock()
+        return (record.retry_at or 0) <= self.clock()
 
     def failed(self, entry, record, reason, *, refused):
-        """Count a failed replay of the entry (refused: a 4xx); move it aside when it has
-        failed enough, else rewrite it to wait its backoff. Returns whether it was moved."""
+        """Count a failed replay of the entry's SpoolRecord (refused: a 4xx); move it aside when
+        it has failed enough, else rewrite it to wait its backoff. Returns whether it was moved."""
         now = self.clock()
-        failures = record.get("failures", 0) + 1
-        since = record.get("failing_since") or now
+        failures = record.failures + 1
+        since = record.failing_since or now
         if failures >= self.max_failures and (refused or now - since >= self.give_up_s):
             self.reject(entry, f"{reason} ({failures} failures since {since:.0f})")
             return True
-        delay = min(self.backoff_s * 2 ** (failures - 1), self.max_backoff_s)
-        record.update(failures=failures, failing_since=since, retry_at=now + delay, error=reason)
-        temporary = self.folder / f".{entry.name}.tmp"
-        with open(temporary, "wb") as out:
-            out.write(_encode(record))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, entry)
+        delay = min(self.backoff_s * 2 ** min(failures - 1, 32), self.max_backoff_s)
+        updated = record.model_copy(
+            update={
+                "failures": failures,
+                "failing_since": since,
+                "retry_at": now + delay,
+                "error": reason,
+            }
+        )
+        self._write(entry, updated.model_dump(exclude_defaults=True))
         return False
 
 
@@ -321,7 +373,7 @@ class MoeopsClient:
         with self.spool.locked():
             # keep the order of one resource's pushes: none overtakes one still waiting; and
             # while the web tier does not answer, a push waits without its retries' delays
-            if reachable and not self.spool.holds(_stream({"path": path, "body": body})):
+            if reachable and not self.spool.holds(_stream(path, body)):
                 try:
                     return self.request(method, path, body=body).json()
                 except Unreachable as exc:
@@ -335,7 +387,8 @@ class MoeopsClient:
         A push that fails waits its backoff and holds back the later pushes of its resource
         only; after Spool.max_failures refusals (4xx), or failures (5xx) for Spool.give_up_s
         while the web tier answers its health check, it is moved to spool/rejected/ with the
-        reason. No answer at all (or a 429, or a health check that fails) ends the replay:
+        reason, and so are at once a push refused with 409 (final) and a file that holds no
+        push. No answer at all (or a 429, or a health check that fails) ends the replay:
         the web tier, not a push, is at fault.
         """
         sent, waiting, _ = self._replay()
@@ -351,22 +404,28 @@ class MoeopsClient:
             held = set()
             for entry in self.spool.entries():
                 try:
-                    record = json.loads(entry.read_bytes())
-                except ValueError:
-                    self.spool.reject(entry, "not a readable spool entry")
+                    record = self.spool.read(entry)
+                except NotAnEntry as exc:
+                    log.warning("spool entry %s is not a push, moved aside: %s", entry.name, exc)
+                    self.spool.reject(entry, f"not a spool entry: {exc}")
                     continue
                 stream = self.spool.stream(entry, record)
                 if stream in held or not self.spool.due(record):
                     held.add(stream)
                     continue
                 try:
-                    self.request(record["method"], record["path"], body=record["body"], retries=0)
+                    self.request(record.method, record.path, body=record.body, retries=0)
                 except Unreachable as exc:
                     if exc.status in (None, 429) or not self._healthy():
                         reachable = False
                         break
                     moved = self._spool_failed(entry, record, exc, refused=False)
                     failed_in_a_row += 1
+                except Conflict as exc:
+                    # the resource moved on (a finished run takes no more results): final
+                    log.warning("moeops API refused spooled %s as final: %s", entry.name, exc)
+                    self.spool.reject(entry, f"{exc} (final: not retried)")
+                    continue
                 except ApiError as exc:
                     moved = self._spool_failed(entry, record, exc, refused=True)
                     failed_in_a_row += 1

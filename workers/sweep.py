@@ -22,7 +22,7 @@ import uuid
 
 from reports.failures import describe_failure
 from reports.levels import LEVEL_KEYS
-from reports.progress import attempt_of
+from reports.progress import HEARTBEAT_STALE_S, attempt_of
 from workers import engine_info, loadgen, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler
@@ -33,10 +33,10 @@ log = logging.getLogger(__name__)
 FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
 # The outcome when another worker is still sweeping this run (its heartbeat is fresh).
 BUSY = "busy"
-# The outcome when another delivery took the run over while this one swept it.
+# The outcome when the API refused this delivery's pushes (409) while it swept: another
+# delivery took the run over, or the run was ended meanwhile (cancelled while its worker seemed
+# gone); either way the run's end is not this delivery's.
 TAKEN_OVER = "taken over"
-# A running run whose last heartbeat is older than this (s) has lost its worker.
-HEARTBEAT_STALE_S = 10.0
 
 PROGRESS_INTERVAL_S = 1.0
 SAMPLES_INTERVAL_S = 5.0
@@ -157,16 +157,20 @@ class _Samples:
 
     def flush(self):
         with self._lock:
-            push_drained(
-                self._telemetry,
-                lambda samples, batch_id: self._client.post_telemetry(
-                    self._run, self._marked(samples), batch_id=batch_id
-                ),
-            )
-            engine = self._marked(self._engine.samples[self._engine_sent :])
-            self._engine_sent += len(engine)
-            if engine:
-                self._client.post_engine_samples(self._run, engine, batch_id=uuid.uuid4().hex)
+            try:
+                push_drained(
+                    self._telemetry,
+                    lambda samples, batch_id: self._client.post_telemetry(
+                        self._run, self._marked(samples), batch_id=batch_id
+                    ),
+                )
+                engine = self._marked(self._engine.samples[self._engine_sent :])
+                self._engine_sent += len(engine)
+                if engine:
+                    self._client.post_engine_samples(self._run, engine, batch_id=uuid.uuid4().hex)
+            except Conflict as exc:
+                # the run was ended meanwhile: it takes no more samples, a retry would not help
+                log.warning("sweep %s: samples refused: %s", self._run, exc)
 
 
 class _Reporter(threading.Thread):
@@ -196,8 +200,8 @@ class _Reporter(threading.Thread):
                 run = self._client.request("PATCH", f"/runs/{self._run}", body=body, retries=0)
                 self.cancel_requested = bool(run.json().get("cancel_requested"))
             except Conflict as exc:
-                # this worker was thought gone and another delivery sweeps the run now
-                log.warning("sweep %s: taken over by another delivery: %s", self._run, exc)
+                # this worker was thought gone: another delivery sweeps the run, or it was ended
+                log.warning("sweep %s: progress refused, stopping: %s", self._run, exc)
                 self.taken_over = True
                 return
             except ApiError as exc:
@@ -366,6 +370,10 @@ def run_sweep(
         # the task tries again later and resumes from the stored levels
         status = None
         raise
+    except Conflict as exc:
+        # a level or the progress refused: the run was ended or taken over meanwhile
+        log.warning("sweep %s: results refused, stopping: %s", run_uuid, exc)
+        status = None
     except Exception as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}"
         raise

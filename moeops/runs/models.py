@@ -269,6 +269,8 @@ class SweepRun(models.Model):
 # A sweep delivered again after its worker died resumes where it was: its levels and samples
 # carry the delivery that took them, so a level it ran twice keeps each attempt's samples apart.
 ATTEMPT_HELP = "The sweep's delivery that took it: 1, then 2, … after each resume"
+# A write sent again under its key is a repeat only with the same body (services.body_sha256).
+BODY_SHA256_HELP = "SHA-256 of the body stored under this key; empty when stored before hashing"
 
 
 class LevelResult(models.Model):
@@ -325,6 +327,7 @@ class LevelResult(models.Model):
     raw = models.JSONField(
         null=True, blank=True, help_text="The original result object, unknown keys included"
     )
+    body_sha256 = models.CharField(max_length=64, blank=True, help_text=BODY_SHA256_HELP)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -401,6 +404,7 @@ class TelemetryBatch(models.Model):
     batch_id = models.CharField(max_length=100)
     kind = models.CharField(max_length=20, default="gpu")
     count = models.PositiveIntegerField(default=0)
+    body_sha256 = models.CharField(max_length=64, blank=True, help_text=BODY_SHA256_HELP)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

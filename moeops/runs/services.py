@@ -2,11 +2,11 @@
 compare-and-set, levels, telemetry (of sweeps and kernel tunes), imported files."""
 
 import hashlib
+import json
 import logging
 import time
 from operator import itemgetter
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -28,7 +28,7 @@ from moeops.runs.models import (
 )
 from moeops.runs.parameters import parameters_checked
 from reports import engine as engine_reports
-from reports.progress import attempt_of
+from reports.progress import HEARTBEAT_STALE_S, attempt_of
 from tuning.moe_params import vocab_size
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,30 @@ log = logging.getLogger(__name__)
 
 class RunConflict(Exception):
     """The run cannot do that from where it is (e.g. a finished run asked to run again)."""
+
+
+def _closed_to(run, what):
+    """Raise RunConflict when the run (a locked row) is finished: it takes no more `what`."""
+    if run.is_finished:
+        raise RunConflict(f"run {run.uuid} is {run.status}: a finished run takes no more {what}")
+
+
+def body_sha256(body):
+    """The hash a keyed write stores with what it stored (canonical JSON of the validated body),
+    so that the same key sent again with another body is told from a repeat."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def _same_body(stored, digest, what):
+    """The row a key names, when it was stored from the same body (a repeat); RunConflict
+    naming the key when not. A row stored before bodies were hashed counts as a repeat."""
+    if stored.body_sha256 and stored.body_sha256 != digest:
+        raise RunConflict(
+            f"{what} is already stored with another body: a key is stored once, "
+            "send it again only with the same body"
+        )
+    return stored
 
 
 def run_create(
@@ -280,8 +304,17 @@ def run_update(*, run, status=None, error="", takeover=None, **fields):
     """Status (compare-and-set) and progress, telemetry status, label … in one transaction.
     takeover: the attempt a resumed delivery takes the running run over as (run_take_over,
     with the progress given); else a progress of an attempt older than the run's is refused
-    (RunConflict), the status change with it."""
+    (RunConflict), the status change with it. A finished run takes only a new label, or the
+    push that finished it again (RunConflict for anything else it would change)."""
     with transaction.atomic():
+        locked = SweepRun.objects.select_for_update().get(pk=run.pk)
+        # a takeover of a finished run is refused by run_take_over, in its own words
+        if locked.is_finished and takeover is None:
+            changed = [k for k, v in fields.items() if k != "label" and getattr(locked, k) != v]
+            if error and error != locked.error:
+                changed.append("error")
+            if changed:
+                _closed_to(locked, f"writes ({', '.join(changed)})")
         if takeover is not None:
             run_take_over(run=run, attempt=takeover, progress=fields.pop("progress", None))
         elif "progress" in fields:
@@ -311,6 +344,7 @@ def run_record_observed(*, run, observed):
             if k in snapshots.OBSERVED_KEYS and v is not None and k not in snapshot
         }
         if added:
+            _closed_to(locked, "snapshot parts")
             snapshot.update(added)
             SweepRun.objects.filter(pk=run.pk).update(snapshot=snapshot)
         run.snapshot = snapshot
@@ -319,19 +353,20 @@ def run_record_observed(*, run, observed):
 
 def run_cancel(*, run):
     """A queued run is cancelled at once; a running one is asked to stop (cancel_requested),
-    or cancelled at once when its worker is gone (no heartbeat for MOEOPS_RUN_STALE_S)."""
+    or cancelled at once when its worker is gone: no progress heartbeat for HEARTBEAT_STALE_S
+    (the rule a new delivery takes a run over by; a sweeping worker sends one every second)."""
     if run.status == "queued":
         try:
             return run_transition(run=run, status="cancelled")
         except RunConflict:
             pass
-    limit = settings.MOEOPS_RUN_STALE_S
-    if run.status == "running" and run_heartbeat_stale(run, time.time(), limit):
+    if run.status == "running" and run_heartbeat_stale(run, time.time(), HEARTBEAT_STALE_S):
         try:
             return run_transition(
                 run=run,
                 status="cancelled",
-                error="Cancelled while its worker was gone (no heartbeat); finished levels kept.",
+                error=f"Cancelled while its worker was gone (no heartbeat for "
+                f"{HEARTBEAT_STALE_S:.0f} s); finished levels kept.",
             )
         except RunConflict:
             pass
@@ -343,10 +378,13 @@ def run_cancel(*, run):
 
 
 def level_record(*, run, **fields):
-    """(LevelResult, created) keyed by (run, concurrency, request rate); a repeat stores nothing.
+    """(LevelResult, created) keyed by (run, concurrency, request rate); a repeat (the same key
+    and body) stores nothing, even once the run has finished.
 
     fields are LevelResult fields; request_rate None or inf means unlimited. Raises
-    ValidationError naming a metric no level can have (negative, absurd, finished before started).
+    ValidationError naming a metric no level can have (negative, absurd, finished before
+    started), and RunConflict for a key stored with another body or a new level of a finished
+    run.
     """
     rate = fields.get("request_rate")
     if rate is not None and rate == float("inf"):
@@ -355,14 +393,21 @@ def level_record(*, run, **fields):
     if problems:
         raise ValidationError(problems)
     key = level_key(fields.get("concurrency"), rate)
-    existing = run.levels.filter(key=key).first()
-    if existing is not None:
-        return existing, False
-    try:
-        with transaction.atomic():
-            return LevelResult.objects.create(run=run, key=key, **fields), True
-    except IntegrityError:
-        return run.levels.get(key=key), False
+    digest = body_sha256(fields)
+    what = f"level {key} of run {run.uuid}"
+    with transaction.atomic():
+        # the run's row is locked so that it cannot finish between the check and the insert
+        locked = SweepRun.objects.select_for_update().get(pk=run.pk)
+        existing = run.levels.filter(key=key).first()
+        if existing is not None:
+            return _same_body(existing, digest, what), False
+        _closed_to(locked, "levels")
+        try:
+            with transaction.atomic():
+                level = LevelResult.objects.create(run=run, key=key, body_sha256=digest, **fields)
+        except IntegrityError:
+            return _same_body(run.levels.get(key=key), digest, what), False
+    return level, True
 
 
 # The columns that say whose a sample is: a sweep run's or a tuning run's.
@@ -400,19 +445,28 @@ def _insert_samples(model, owner_column, owner_id, samples):
 
 
 def _batch_record(*, owner, batch_id, kind, model, samples):
-    """owner: {"run": SweepRun} or {"tuning_run": TuningRun}."""
+    """owner: {"run": SweepRun} or {"tuning_run": TuningRun}. A repeat (the same batch id and
+    samples) stores nothing; RunConflict for a batch id stored with other samples, or a new
+    batch of a finished sweep run."""
     ((field, obj),) = owner.items()
     key = {**owner, "kind": kind, "batch_id": batch_id}
-    existing = TelemetryBatch.objects.filter(**key).first()
-    if existing is not None:
-        return existing, False
-    try:
-        with transaction.atomic():
-            batch = TelemetryBatch.objects.create(**key, count=len(samples))
-            _insert_samples(model, f"{field}_id", obj.pk, samples)
-    except IntegrityError:
-        # the same batch arrived twice at once; the other request stored it
-        return TelemetryBatch.objects.get(**key), False
+    digest = body_sha256(samples)
+    what = f"{kind} sample batch {batch_id!r}"
+    with transaction.atomic():
+        # a sweep run's row is locked so that it cannot finish between the check and the insert
+        locked = SweepRun.objects.select_for_update().get(pk=obj.pk) if field == "run" else None
+        existing = TelemetryBatch.objects.filter(**key).first()
+        if existing is not None:
+            return _same_body(existing, digest, what), False
+        if locked is not None:
+            _closed_to(locked, "samples")
+        try:
+            with transaction.atomic():
+                batch = TelemetryBatch.objects.create(**key, count=len(samples), body_sha256=digest)
+                _insert_samples(model, f"{field}_id", obj.pk, samples)
+        except IntegrityError:
+            # the same batch arrived twice at once; the other request stored it
+            return _same_body(TelemetryBatch.objects.get(**key), digest, what), False
     return batch, True
 
 
@@ -581,7 +635,7 @@ def run_import(
         for level in levels:
             fields = {k: v for k, v in level.items() if k != "line"}
             key = level_key(fields["concurrency"], fields["request_rate"])
-            rows.append(LevelResult(run=run, key=key, **fields))
+            rows.append(LevelResult(run=run, key=key, body_sha256=body_sha256(fields), **fields))
         LevelResult.objects.bulk_create(rows)
         insights_services.enqueue_analysis(run)
     return run, True

@@ -125,6 +125,8 @@ def test_a_sweep_started_from_the_page_shows_live_progress_to_the_end(page, memb
             "requests_done": 10,
             "requests_total": 100,
             "concurrency": 128,
+            # the worker's heartbeat is fresh: a cancel goes through its flag
+            "heartbeat": timezone.now().timestamp(),
         },
     )
     page.wait_for_selector(".progress-text:has-text('level 3 of 3')")

@@ -165,8 +165,7 @@ def _poison(spool, run, refusals):
     an hour ago (spool's clock), so that it is due now."""
     entry = spool.append("POST", f"/runs/{run.uuid}/levels", {"concurrency": 8, "duration": -3})
     for _ in range(refusals):
-        record = json.loads(entry.read_bytes())
-        spool.failed(entry, record, "400: duration: must not be negative", refused=True)
+        spool.failed(entry, spool.read(entry), "400: duration: must not be negative", refused=True)
     return entry
 
 

@@ -1,4 +1,5 @@
 import datetime as dt
+import time
 
 import pytest
 from django.utils import timezone
@@ -123,6 +124,8 @@ def test_the_run_page_of_a_running_sweep_polls_its_status(client, live):
 
 
 def test_cancel_asks_a_running_sweep_to_stop(client, live):
+    # its worker beats (a run silent for 10 s has lost its worker, and is cancelled at once)
+    SweepRun.objects.filter(pk=live.pk).update(progress={"heartbeat": time.time()})
     response = client.post(f"/runs/{live.uuid}/cancel/")
     assert response.status_code == 302
     live.refresh_from_db()

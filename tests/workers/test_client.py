@@ -18,6 +18,8 @@ from workers.client import (
     NotFound,
     Unreachable,
 )
+from workers.engine_supervisor import EngineSupervisor
+from workers.heartbeat import worker_status
 
 ENTRY = {
     "BLOCK_SIZE_M": 16,
@@ -213,10 +215,11 @@ def _replay_until_settled(client, clock, times=SPOOL_MAX_FAILURES):
 def test_a_refused_spooled_push_is_set_aside_after_its_refusals(
     client, transport, world, clock, tmp_path
 ):
-    finished = world.run(status="failed")
+    running = world.run(status="running")
     queued = world.run()
     transport.down = True
-    client.update_run(str(finished.uuid), status="running")
+    # a negative duration: the API refuses the level (400)
+    client.post_level(str(running.uuid), {"concurrency": 8, "duration": -3})
     client.update_run(str(queued.uuid), status="running")
     transport.down = False
     # the refused push waits its backoff and does not hold back the other run's
@@ -227,7 +230,7 @@ def test_a_refused_spooled_push_is_set_aside_after_its_refusals(
     _replay_until_settled(client, clock, SPOOL_MAX_FAILURES - 1)
     assert client.spool.entries() == [] and client.spool.rejected_count() == 1
     reason = next((tmp_path / "spool" / "rejected").glob("*.txt")).read_text()
-    assert reason.startswith("409: ") and f"({SPOOL_MAX_FAILURES} failures since" in reason
+    assert reason.startswith("400: ") and f"({SPOOL_MAX_FAILURES} failures since" in reason
 
 
 def test_a_push_that_always_gets_a_5xx_does_not_block_the_rest(client, transport, world, clock):
@@ -247,8 +250,9 @@ def test_a_push_that_always_gets_a_5xx_does_not_block_the_rest(client, transport
     poisoned.refresh_from_db()
     assert poisoned.status == "running"
     # a new push of another run goes through at once
-    client.post_engine_samples(str(other.uuid), [{"ts": 1.7e9, "running": 1.0}], batch_id="e")
-    assert other.engine_samples.count() == 1
+    third = world.run(status="running")
+    client.post_engine_samples(str(third.uuid), [{"ts": 1.7e9, "running": 1.0}], batch_id="e")
+    assert third.engine_samples.count() == 1
 
     # failing for less than SPOOL_GIVE_UP_S keeps it; then it is moved aside and the rest goes
     _replay_until_settled(client, clock)
@@ -347,3 +351,91 @@ def test_a_token_from_the_environment_is_used(world, transport, monkeypatch):
     with MoeopsClient(spool=False, transport=transport) as client:
         assert client.list_runs()["count"] == 0
     assert ApiToken.objects.get(name="owner").last_used is not None
+
+
+# A spooled push as the client writes it, to be spoiled one field at a time.
+GOOD_ENTRY = {"method": "POST", "path": "/runs/x/levels", "body": {}, "spooled_at": 1.7e9}
+# The name a worker's spool file has: older than any push of the test, so replayed first.
+POISON_NAME = "01796307891654025847-99999-000001.json"
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("[]", "a JSON list, not an object"),
+        ('"a push"', "a JSON str, not an object"),
+        ("{", "not JSON: "),
+        ("[" * 100_000 + "]" * 100_000, "not JSON: "),
+        (json.dumps({"path": "/runs/x/levels", "body": {}}), "method: Field required"),
+        (json.dumps({**GOOD_ENTRY, "retry_at": "soon"}), "retry_at: Input should be a valid"),
+        (json.dumps({**GOOD_ENTRY, "method": 5}), "method: Input should be 'POST'"),
+        (json.dumps({**GOOD_ENTRY, "method": "GET"}), "method: Input should be 'POST'"),
+        (json.dumps({**GOOD_ENTRY, "path": 7}), "path: Input should be a valid string"),
+        (json.dumps({**GOOD_ENTRY, "path": "runs/x"}), "path: String should match"),
+        (json.dumps({**GOOD_ENTRY, "path": "/runs/x\n"}), "path: String should match"),
+        (json.dumps({**GOOD_ENTRY, "body": "x"}), "body: Input should be a valid dictionary"),
+        (json.dumps({**GOOD_ENTRY, "failures": "2"}), "failures: Input should be a valid integer"),
+        (json.dumps({**GOOD_ENTRY, "failures": True}), "failures: Input should be a valid integer"),
+        (json.dumps({**GOOD_ENTRY, "failures": 10**30}), "failures: Input should be less than"),
+        (json.dumps({**GOOD_ENTRY, "error": ["x"]}), "error: Input should be a valid string"),
+        (json.dumps(GOOD_ENTRY)[:-1] + ', "retry_at": 1' + "0" * 400 + "}", "retry_at: "),
+        (json.dumps(GOOD_ENTRY)[:-1] + ', "failing_since": 1e400}', "failing_since: "),
+        (json.dumps(GOOD_ENTRY)[:-1] + ', "retry_at": NaN}', "retry_at: "),
+    ],
+)
+def test_a_spool_file_that_holds_no_push_is_moved_aside_and_the_rest_goes_on(
+    client, world, tmp_path, text, reason
+):
+    run = world.run(status="running")
+    poison = tmp_path / "spool" / POISON_NAME
+    poison.parent.mkdir()
+    poison.write_text(text)
+
+    # a push replays the spool first: the poison is moved aside, the push goes through
+    answer = client.post_level(str(run.uuid), {"concurrency": 8, "output_throughput": 1.0})
+
+    assert answer["key"] == "c=8,r=inf" and run.levels.count() == 1
+    assert client.spool.entries() == [] and not poison.exists()
+    rejected = tmp_path / "spool" / "rejected"
+    assert (rejected / POISON_NAME).read_text() == text
+    kept = (rejected / POISON_NAME.replace(".json", ".reason.txt")).read_text()
+    assert kept.startswith(f"not a spool entry: {reason}")
+    # the heartbeat counts it, as the host page shows
+    status = worker_status("host.x", supervisor=EngineSupervisor(tmp_path), spool=client.spool)
+    assert status["spool"] == {"waiting": 0, "rejected": 1}
+
+
+def test_a_push_to_a_path_with_a_name_in_it_reads_as_an_entry(client):
+    entry = client.spool.append("PATCH", "/deployments/GLM-5 on gpu 1 ü", {"status": "stopped"})
+
+    record = client.spool.read(entry)
+
+    assert (record.method, record.path, record.body) == (
+        "PATCH",
+        "/deployments/GLM-5 on gpu 1 ü",
+        {"status": "stopped"},
+    )
+
+
+def test_a_poison_entry_behind_a_waiting_push_holds_back_nothing(client, transport, world):
+    run = world.run(status="running")
+    transport.down = True
+    client.post_level(str(run.uuid), {"concurrency": 8, "output_throughput": 1.0})
+    client.spool.folder.joinpath(POISON_NAME).write_text("[]")
+    transport.down = False
+
+    assert client.replay_spool() == (1, 0)
+    assert run.levels.count() == 1 and client.spool.rejected_count() == 1
+
+
+def test_a_spooled_push_refused_with_409_is_moved_aside_at_once(client, transport, world):
+    finished = world.run(status="failed")
+    transport.down = True
+    client.update_run(str(finished.uuid), status="running")
+    transport.down = False
+
+    # a finished run stays finished, so a retry would be refused alike: not retried
+    assert client.replay_spool() == (0, 0)
+    assert client.spool.rejected_count() == 1
+    reason = next(client.spool.rejected.glob("*.txt")).read_text()
+    assert reason.startswith("409: ") and "(final: not retried)" in reason

@@ -274,6 +274,32 @@ def test_a_delivery_taken_over_mid_level_stops_and_leaves_the_run_be(world, monk
     assert not run.levels.exists()
 
 
+def test_a_delivery_whose_run_was_cancelled_as_gone_stops_and_stores_nothing_more(
+    world, monkeypatch
+):
+    deployment, client = world
+    run = _run(deployment, levels=(4, 8), prompts_per_level=400, output_len=64)
+    run_level = sweep.loadgen.run_level
+
+    def cancelled_then_run(*args, **kwargs):
+        # the worker's heartbeat looked stale to a cancel, which ended the run at once
+        running = SweepRun.objects.get(pk=run.pk)
+        services.run_transition(run=running, status="cancelled", error="cancelled as gone")
+        return run_level(*args, **kwargs)
+
+    monkeypatch.setattr(sweep.loadgen, "run_level", cancelled_then_run)
+    started = time.monotonic()
+    assert _sweep(run, client, progress_interval_s=0.05) == sweep.TAKEN_OVER
+
+    # its progress, its cut level and its samples are refused (409): it stops at once, with
+    # nothing spooled to retry, and the run stays as the cancel left it
+    assert time.monotonic() - started < 5
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("cancelled", "cancelled as gone")
+    assert not run.levels.exists() and not run.engine_samples.exists()
+    assert client.spool.entries() == []
+
+
 def test_a_run_another_worker_is_sweeping_is_left_alone(world):
     deployment, client = world
     run = _run(deployment, levels=(4,))
