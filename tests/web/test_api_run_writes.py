@@ -83,7 +83,12 @@ def test_a_finished_run_takes_no_progress_nor_snapshot_part(world):
 
 def test_an_imported_run_takes_no_level(world):
     text = (FIXTURES / "results" / "vllm_bench_serve_append.jsonl").read_text()
-    body = {"format": "vllm", "deployment": "glm-5-sglang", "content": text}
+    body = {
+        "format": "vllm",
+        "deployment": "glm-5-sglang",
+        "content": text,
+        "accept_mismatch": True,
+    }
     run = world.owner.post("/api/v1/runs/import", body).json()["run"]
 
     new = world.owner.post(f"/api/v1/runs/{run['uuid']}/levels", {**LEVEL, "concurrency": 3})
