@@ -18,8 +18,9 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from moeops.celery import send_host_chain
-from moeops.engines.models import ACTION_FINISHED, EngineAction, LaunchRecipe
+from moeops.engines.models import ACTION_FINISHED, ACTION_IN_FLIGHT, EngineAction, LaunchRecipe
 from moeops.fleet.models import Deployment
+from moeops.insights import services as insights_services
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
@@ -29,8 +30,6 @@ from reports.launch import FlagError, set_flags
 from tuning.config_files import ConfigFileError
 
 log = logging.getLogger(__name__)
-
-IN_FLIGHT = ("queued", "running", "sweeping")
 
 
 class ActionConflict(Exception):
@@ -279,7 +278,7 @@ def engine_action_start(
         raise ValidationError({"host": absence})
     with transaction.atomic():
         Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
-        busy = deployment.engine_actions.filter(status__in=IN_FLIGHT).first()
+        busy = deployment.engine_actions.filter(status__in=ACTION_IN_FLIGHT).first()
         if busy is not None:
             raise ValidationError(
                 {"deployment": f"{busy.title()} is still {busy.get_status_display().lower()}"}
@@ -423,16 +422,28 @@ def engine_action_report(*, action, status=None, steps=None, observed=None, erro
             LaunchRecipe.objects.filter(pk=action.recipe_id).update(
                 applied_at=timezone.now(), failed_at=None
             )
-            if status == "succeeded" and action.plan_item_id:
-                PlanItem.objects.filter(pk=action.plan_item_id).update(status="completed")
         if status is not None:
-            return _move(action, status, **fields)
+            _move(action, status, **fields)
+            if status == "succeeded":
+                _plan_done(action)
+            elif status == "sweeping":
+                # the change is in force from now: items another path waited for are done
+                insights_services.plan_items_settle(deployment=action.deployment)
+            return action
         if action.is_finished:
             raise ActionConflict(f"action {action.uuid} is {action.status}")
         EngineAction.objects.filter(pk=action.pk).update(**fields)
         for key, value in fields.items():
             setattr(action, key, value)
     return action
+
+
+def _plan_done(action):
+    """A succeeded action: its own plan item is done by it, and so is every other whose change
+    it put in force."""
+    if action.plan_item_id:
+        PlanItem.objects.filter(pk=action.plan_item_id).update(status="completed", done_by=action)
+    insights_services.plan_items_settle(deployment=action.deployment)
 
 
 def engine_action_run_finished(*, run):
@@ -449,9 +460,9 @@ def engine_action_run_finished(*, run):
     ]  # fmt: skip
     EngineAction.objects.filter(pk=action.pk).update(steps=steps)
     if run.status == "succeeded":
-        if action.plan_item_id:
-            PlanItem.objects.filter(pk=action.plan_item_id).update(status="completed")
-        return _move(action, "succeeded")
+        _move(action, "succeeded")
+        _plan_done(action)
+        return action
     detail = f": {run.error}" if run.error else ""
     return _fail(action, f"the engine came up, but its re-sweep ended {run.status}{detail}")
 

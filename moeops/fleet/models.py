@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.timesince import timesince
 
 from reports import engine as engine_reports
+from reports import launch
 from reports.queues import host_queue
 from tuning.moe_params import MoEConfigError, moe_params
 
@@ -336,6 +337,24 @@ class Deployment(models.Model):
             .order_by("-applied_at", "-version")
             .first()
         )
+
+    def running_cap_in_force(self, flag):
+        """(cap, action): the running-request cap the managed engine runs with now and the
+        engine action that brought it up. The cap is what the engine reported after that action,
+        else what the recipe in force sets flag to; (None, None) when no recipe is in force."""
+        recipe = self.recipe_in_force()
+        if recipe is None:
+            return None, None
+        action = (
+            recipe.actions.filter(status__in=("sweeping", "succeeded"))
+            .order_by("-created", "-id")
+            .first()
+        )
+        cap = engine_reports.reported_running_cap(action.observed or {}) if action else None
+        if cap is None:
+            value = launch.flag_value(recipe.argv, flag)
+            cap = int(value) if value and value.isdigit() else None
+        return cap, action
 
     def gpu_indices(self):
         """NVML indices of the GPUs it uses, ascending ([] when none are recorded)."""
