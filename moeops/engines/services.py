@@ -13,7 +13,7 @@ import logging
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -334,7 +334,7 @@ def _resweep(action, before, deployment):
     parameters = run_services.sweep_parameters(deployment=deployment, load=load)
     after, _ = run_services.run_create(
         deployment=deployment,
-        label=f"after: {action.title()}",
+        label=_resweep_label(action, deployment),
         parameters=parameters,
         source="worker",
         topology_snapshot=deployment.host.current_topology(),
@@ -343,6 +343,22 @@ def _resweep(action, before, deployment):
     EngineAction.objects.filter(pk=action.pk).update(after_run=after)
     action.after_run = after
     return after, parameters
+
+
+def _resweep_label(action, deployment):
+    """The re-sweep's name: the change it measures, once ("Restart with --max-num-seqs 32
+    (recipe v3)"), numbered when a run of the deployment already has it (the same recipe
+    restarted again), so that no two runs share a name."""
+    version = action.recipe.version
+    if action.kind == "restart":
+        name = f"Restart with recipe v{version}"
+    else:
+        name = f"{action.title()} (recipe v{version})"
+    name = name[:190]
+    taken = SweepRun.objects.filter(
+        Q(label=name) | Q(label__startswith=f"{name} #"), deployment=deployment
+    ).count()
+    return f"{name} #{taken + 1}" if taken else name
 
 
 def _enqueue(action, host, steps):

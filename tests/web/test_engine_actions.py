@@ -497,3 +497,43 @@ def test_the_analysis_re_proposing_a_change_in_force_marks_it_done_once(world, b
 
     [item] = PlanItem.objects.filter(title=title)
     assert (item.status, item.done_by) == ("completed", action)
+
+
+# -- the names of re-sweeps -----------------------------------------------------------------------
+
+
+def _act(world, **fields):
+    """An action carried to its end: restarted, re-swept, succeeded."""
+    action = services.engine_action_start(deployment=world.deployment, user=world.staff, **fields)
+    services.engine_action_report(action=action, status="running")
+    services.engine_action_report(action=action, status="sweeping")
+    run_services.run_transition(run=action.after_run, status="running")
+    run_services.run_transition(run=action.after_run, status="succeeded")
+    action.refresh_from_db()
+    return action
+
+
+def test_a_re_sweep_is_named_once_after_the_change_it_measures(world, broker):
+    _in_force(_recipe(world))
+    _finished_sweep(world)
+
+    first = _act(world, kind="restart_with_args", changes={"--max-num-seqs": "16"})
+    second = _act(world, kind="restart_with_args", changes={"--max-num-seqs": "32"})
+
+    # the second re-sweeps after the first's re-sweep: its name carries none of that history
+    assert second.before_run == first.after_run
+    assert first.after_run.label == "Restart with --max-num-seqs 16 (recipe v2)"
+    assert second.after_run.label == "Restart with --max-num-seqs 32 (recipe v3)"
+
+
+def test_two_re_sweeps_of_the_same_recipe_get_two_names(world, broker):
+    _in_force(_recipe(world))
+    _finished_sweep(world)
+
+    labels = [_act(world, kind="restart").after_run.label for _ in range(3)]
+
+    assert labels == [
+        "Restart with recipe v1",
+        "Restart with recipe v1 #2",
+        "Restart with recipe v1 #3",
+    ]
