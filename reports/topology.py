@@ -9,10 +9,15 @@ A snapshot is a plain dict (JSON) with exactly these top-level keys:
     virtualization  {"kind": "bare_metal" | "vm" | "container" | "unknown",
                      "technology": "kvm" | "lxc" | "docker" | ... | None,
                      "evidence": ["/run/systemd/container: lxc", ...],
-                     "layers": [{"kind": "vm", "technology": "kvm"},
-                                {"kind": "container", "technology": "lxc"}]}
-                    `kind`/`technology` name the layer a user sees (the innermost); `layers`
-                    lists every virtualization layer found, outermost first ([] on bare metal).
+                     "layers": [{"kind": "vm", "technology": "firecracker",
+                                 "hypervisor": "kvm"},
+                                {"kind": "container", "technology": "docker"}]}
+                    `kind`/`technology` name the innermost layer (the one a process runs in);
+                    `layers` lists every virtualization layer found, outermost first ([] on
+                    bare metal, and in snapshots older than it, which name one layer only). A
+                    VM layer's `technology` is its VMM where DMI or ACPI names one, and its
+                    optional `hypervisor` the hypervisor under it (kvm). A VM layer anywhere,
+                    not only the innermost, is what puts the GPUs behind a virtual PCIe tree.
     driver_version  "580.82.07" | None
     cuda_version    "13.0" | None
     gpus            [{"index", "name", "uuid", "pci_bus_id", "compute_capability" ("9.0"),
@@ -42,6 +47,55 @@ import json
 import re
 
 P2P_KINDS = ("read", "write", "nvlink", "atomics")
+# What a person calls each kind of virtualization (a snapshot's "kind").
+VIRTUALIZATION_WORDS = {
+    "bare_metal": "Bare metal",
+    "vm": "Virtual machine",
+    "container": "Container",
+    "unknown": "Unknown",
+}
+# A layer named inside a sentence: "container (docker) in a VM (kvm, firecracker)".
+_LAYER_NOUNS = {"vm": "a VM", "container": "a container"}
+
+
+def _layers(virtualization: dict) -> list[dict]:
+    layers = virtualization.get("layers") if isinstance(virtualization, dict) else None
+    return [layer for layer in layers or [] if isinstance(layer, dict)]
+
+
+def _technologies(layer: dict) -> str:
+    """ "(kvm, firecracker)": the hypervisor, then the technology, each once; "" for none."""
+    names = [layer.get("hypervisor"), layer.get("technology")]
+    names = [name for name in dict.fromkeys(names) if isinstance(name, str) and name]
+    return f" ({', '.join(names)})" if names else ""
+
+
+def virtualization_words(virtualization: dict) -> str:
+    """A snapshot's virtualization for people, innermost layer first: "Container (docker) in a
+    VM (kvm, firecracker)", "Virtual machine (kvm)", "Bare metal". A snapshot that names no
+    layers (an older one, `nvidia-smi` text) reads from its kind and technology alone."""
+    virtualization = virtualization if isinstance(virtualization, dict) else {}
+    layers = _layers(virtualization)
+    if not layers:
+        kind = virtualization.get("kind") or "unknown"
+        return VIRTUALIZATION_WORDS.get(kind, kind) + _technologies(virtualization)
+    inner, *outer = reversed(layers)
+    kind = inner.get("kind") or "unknown"
+    words = VIRTUALIZATION_WORDS.get(kind, kind) + _technologies(inner)
+    for layer in outer:
+        kind = layer.get("kind") or "unknown"
+        words += f" in {_LAYER_NOUNS.get(kind, kind)}{_technologies(layer)}"
+    return words
+
+
+def vm_layer(virtualization: dict) -> dict | None:
+    """The VM layer the GPUs sit in ({"kind": "vm", "technology", ...}), however deep it lies
+    (a container in a VM is in a VM), or None; a snapshot without layers answers by its kind."""
+    virtualization = virtualization if isinstance(virtualization, dict) else {}
+    layers = _layers(virtualization)
+    if not layers and virtualization.get("kind") == "vm":
+        return {"kind": "vm", "technology": virtualization.get("technology")}
+    return next((layer for layer in layers if layer.get("kind") == "vm"), None)
 
 
 class TopologyParseError(ValueError):

@@ -373,6 +373,7 @@ class NIC(LooseIn):
 class Layer(LooseIn):
     kind: text(50) | None = None
     technology: text(50) | None = None
+    hypervisor: text(50) | None = None
 
 
 class Virtualization(LooseIn):
@@ -437,6 +438,7 @@ class TopologyOut(Schema):
     virtualization: str
     virtualization_technology: str
     virtualization_evidence: list[Any]
+    virtualization_layers: list[Any] = Field(description="every layer, outermost first")
     driver_version: str
     cuda_version: str
     gpus: list[Any]

@@ -96,6 +96,7 @@ def _snapshot_row(host, snapshot, *, source, raw_text, captured_at, provenance):
         virtualization=virtualization.get("kind") or "unknown",
         virtualization_technology=virtualization.get("technology") or "",
         virtualization_evidence=virtualization.get("evidence") or [],
+        virtualization_layers=virtualization.get("layers") or [],
         driver_version=snapshot.get("driver_version") or "",
         cuda_version=snapshot.get("cuda_version") or "",
         gpus=snapshot.get("gpus") or [],

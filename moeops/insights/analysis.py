@@ -24,6 +24,7 @@ from statistics import fmean
 from moeops.runs.telemetry import no_gpu_samples_text
 from reports.engine import CAP_FLAGS, reported_running_cap
 from reports.engine import label as engine_label
+from reports.topology import virtualization_words, vm_layer
 from tuning.config_files import file_device_name, kernel_dtype
 
 # Plateau: a step of the sweep that adds less than this much output throughput per doubling of
@@ -132,6 +133,7 @@ class Topology:
 
     virtualization: str = "unknown"
     technology: str = ""
+    layers: list = field(default_factory=list)
     links: dict | None = None
     p2p: dict | None = None
     affinity: list = field(default_factory=list)
@@ -796,8 +798,15 @@ def topology(data: RunData) -> list[Proposal]:
     if snap is None:
         return []
     proposals = []
-    if snap.virtualization == "vm":
-        technology = f" ({snap.technology})" if snap.technology else ""
+    virtualization = {
+        "kind": snap.virtualization,
+        "technology": snap.technology or None,
+        "layers": snap.layers,
+    }
+    # a VM under a container still puts the GPUs behind the hypervisor's PCIe tree
+    vm = vm_layer(virtualization)
+    if vm is not None:
+        technology = f" ({vm['technology']})" if vm.get("technology") else ""
         proposals.append(
             Proposal(
                 kind="topology",
@@ -813,6 +822,7 @@ def topology(data: RunData) -> list[Proposal]:
                 evidence={
                     "virtualization": snap.virtualization,
                     "technology": snap.technology or None,
+                    "layers": virtualization_words(virtualization),
                     "chart": None,
                 },
             )

@@ -316,6 +316,7 @@ def _topology(snapshot):
     return analysis.Topology(
         virtualization=snapshot.virtualization,
         technology=snapshot.virtualization_technology,
+        layers=snapshot.virtualization_layers,
         links=snapshot.links,
         p2p=snapshot.p2p,
         affinity=snapshot.affinity,

@@ -1,4 +1,5 @@
 import datetime as dt
+import json
 import time
 
 import pytest
@@ -150,3 +151,26 @@ def test_the_hosts_list_shows_a_worker_cut_off_from_its_broker_as_absent(client,
     fleet_services.host_heartbeat_record(host=row, status={"broker": {**broker, "reachable": True}})
     cell = client.get("/hosts/").content.decode().split("<tbody>")[1].split("</td>")[3]
     assert "status-healthy" in cell and "title=" not in cell and "broker" not in cell
+
+
+def test_a_container_in_a_vm_shows_both_layers_and_what_the_vm_means_for_p2p(client):
+    pb.sign_in(client)
+    row = pb.host("local", gpus=1)
+    probed = json.loads((FIXTURES / "probe_1xh200_firecracker.json").read_text())
+    fleet_services.topology_record(host=row, snapshot=probed)
+
+    html = client.get("/hosts/local/").content.decode()
+
+    assert '<strong id="virtualization">Container (docker) in a VM (firecracker)</strong>' in html
+    assert "The GPUs are passed through to a VM" in html
+    assert "Container (docker) in a VM (firecracker)" in client.get("/hosts/").content.decode()
+
+
+def test_a_snapshot_stored_with_one_virtualization_value_still_reads(client, host):
+    row, old, _ = host
+    old.delete()  # the current one: a container of one layer, stored before layers were kept
+
+    html = client.get(f"/hosts/{row.name}/").content.decode()
+
+    assert '<strong id="virtualization">Container (lxc)</strong>' in html
+    assert "passed through to a VM" not in html
