@@ -174,3 +174,51 @@ def test_a_snapshot_stored_with_one_virtualization_value_still_reads(client, hos
 
     assert '<strong id="virtualization">Container (lxc)</strong>' in html
     assert "passed through to a VM" not in html
+
+
+def test_the_host_page_imports_pasted_topo_text_as_a_snapshot(client):
+    pb.sign_in(client)
+    row = pb.host("h100-x8")
+    text = (FIXTURES / "topo_m_8xh100_nv18_8nics.txt").read_text()
+
+    answer = client.post(
+        "/hosts/h100-x8/topology/", {"matrix_text": text, "p2p_kind": "read", "p2p_text": ""}
+    )
+
+    assert answer.status_code == 302 and answer["Location"] == "/hosts/h100-x8/#topology"
+    current = row.current_topology()
+    assert current.source == "nvidia-smi" and current.raw_text == text
+    assert current.nics[7] == {"name": "NIC7", "device": "mlx5_7"}
+    assert current.provenance == "pasted by alice"
+
+
+def test_the_host_page_refuses_topo_text_cut_off_in_its_legend_with_a_sentence(client):
+    pb.sign_in(client)
+    row = pb.host("h100-x8")
+    text = (FIXTURES / "topo_m_8xh100_nv18_8nics.txt").read_text().split("NIC Legend:")[0]
+
+    answer = client.post(
+        "/hosts/h100-x8/topology/", {"matrix_text": text, "p2p_kind": "read", "p2p_text": ""}
+    )
+
+    assert answer.status_code == 400
+    html = answer.content.decode()
+    assert escape("no NIC legend: nothing says which device NIC0…NIC7 are") in html
+    assert "Traceback" not in html and "TopologyParseError" not in html
+    assert not row.topology_snapshots.exists()
+
+
+def test_the_host_page_names_the_p2p_text_at_fault(client):
+    pb.sign_in(client)
+    row = pb.host("rtx-5090-x2")
+    text = (FIXTURES / "topo_m_2x5090_phb_tabs.txt").read_text()
+    wrong = (FIXTURES / "topo_m_4gpu_pcie_phb.txt").read_text()
+
+    answer = client.post(
+        "/hosts/rtx-5090-x2/topology/",
+        {"matrix_text": text, "p2p_kind": "write", "p2p_text": wrong},
+    )
+
+    assert answer.status_code == 400
+    assert "p2p write" in answer.content.decode()
+    assert not row.topology_snapshots.exists()
