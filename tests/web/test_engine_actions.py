@@ -435,6 +435,8 @@ def test_a_cap_raised_by_another_action_marks_the_plan_item_done_by_that_action(
 
     item.refresh_from_db()
     assert (item.status, item.done_by) == ("completed", action)
+    [listed] = world.read_only.get("/api/v1/plan-items").json()["items"]
+    assert (listed["status"], listed["done_by"]) == ("completed", str(action.uuid))
 
 
 def test_a_recipe_edit_brought_up_by_a_restart_marks_the_plan_item_done(world, broker):
