@@ -814,7 +814,8 @@ def topology(data: RunData) -> list[Proposal]:
                 severity="info",
                 title=f"GPUs passed through to a virtual machine{technology}",
                 text=(
-                    "Inside a VM the GPUs sit on the hypervisor's virtual PCIe tree: P2P and the "
+                    f"The GPUs ran in: {virtualization_words(virtualization)}. Inside a VM the "
+                    "GPUs sit on the hypervisor's virtual PCIe tree: P2P and the "
                     "link types the guest sees depend on the pass-through setup, not only the "
                     "hardware. The write-up's move from a KVM VM to an LXC container changed the "
                     "GPU topology and P2P; compare runs by the topology they ran on."
@@ -822,7 +823,7 @@ def topology(data: RunData) -> list[Proposal]:
                 evidence={
                     "virtualization": snap.virtualization,
                     "technology": snap.technology or None,
-                    "layers": virtualization_words(virtualization),
+                    "layers": snap.layers,
                     "chart": None,
                 },
             )

@@ -531,7 +531,8 @@ def test_a_container_in_a_vm_is_told_its_gpus_are_passed_through_to_the_vm(h200_
 
     [finding] = auto(run, kind="topology", key="vm-passthrough")
     assert finding.title == "GPUs passed through to a virtual machine (firecracker)"
-    assert finding.evidence["layers"] == "Container (docker) in a VM (firecracker)"
+    assert finding.text.startswith("The GPUs ran in: Container (docker) in a VM (firecracker).")
+    assert [layer["kind"] for layer in finding.evidence["layers"]] == ["vm", "container"]
 
 
 # -- task, on-commit enqueue, command ----------------------------------------------------------
