@@ -289,3 +289,18 @@ def test_the_action_page_names_its_two_runs_once_each(client, deployment, staff,
         "Before: <a" in html and "Restart with --max-num-seqs 8 (recipe v2)</a> · after: <a" in html
     )
     assert "Restart with --max-num-seqs 16 (recipe v3)</a>" in html
+
+
+def test_the_panel_names_the_cap_the_engine_reported_after_its_restart(client, deployment, staff):
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    deployment.refresh_from_db()
+    action = services.engine_action_start(deployment=deployment, kind="restart", user=staff)
+    services.engine_action_report(action=action, status="running")
+    # the recipe passes 4; the engine said it runs 8 (what runs is what the engine reports)
+    services.engine_action_report(
+        action=action, status="succeeded", observed={"max_running_requests": 8}
+    )
+
+    html = client.get(deployment.get_absolute_url()).content.decode()
+
+    assert "now --max-num-seqs 8</span>" in html

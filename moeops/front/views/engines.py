@@ -17,7 +17,6 @@ from moeops.front.engine_forms import ApplyConfigForm, ArgsForm, RecipeForm
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig
 from moeops.runs.snapshots import kernel_shape
-from reports import launch
 from reports.engine import CAP_FLAGS
 
 RECENT_ACTIONS = 5
@@ -54,7 +53,8 @@ def panel_context(deployment, plan_items):
     newest = services.recipe_newest(deployment)
     engine = deployment.host.managed_engine(deployment.pk)
     cap_flag = CAP_FLAGS.get(deployment.engine, "")
-    current_cap = launch.flag_value(in_force.argv, cap_flag) if in_force and cap_flag else None
+    # the one reading of the cap in force that also settles the plan's items
+    current_cap = deployment.running_cap_in_force(cap_flag)[0] if cap_flag else None
     actions = deployment.engine_actions.select_related(
         "recipe", "after_run", "before_run", "requested_by", "kernel_config"
     )
