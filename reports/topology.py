@@ -9,10 +9,15 @@ A snapshot is a plain dict (JSON) with exactly these top-level keys:
     virtualization  {"kind": "bare_metal" | "vm" | "container" | "unknown",
                      "technology": "kvm" | "lxc" | "docker" | ... | None,
                      "evidence": ["/run/systemd/container: lxc", ...],
-                     "layers": [{"kind": "vm", "technology": "kvm"},
-                                {"kind": "container", "technology": "lxc"}]}
-                    `kind`/`technology` name the layer a user sees (the innermost); `layers`
-                    lists every virtualization layer found, outermost first ([] on bare metal).
+                     "layers": [{"kind": "vm", "technology": "firecracker",
+                                 "hypervisor": "kvm"},
+                                {"kind": "container", "technology": "docker"}]}
+                    `kind`/`technology` name the innermost layer (the one a process runs in);
+                    `layers` lists every virtualization layer found, outermost first ([] on
+                    bare metal, and in snapshots older than it, which name one layer only). A
+                    VM layer's `technology` is its VMM where DMI or ACPI names one, and its
+                    optional `hypervisor` the hypervisor under it (kvm). A VM layer anywhere,
+                    not only the innermost, is what puts the GPUs behind a virtual PCIe tree.
     driver_version  "580.82.07" | None
     cuda_version    "13.0" | None
     gpus            [{"index", "name", "uuid", "pci_bus_id", "compute_capability" ("9.0"),
@@ -42,6 +47,55 @@ import json
 import re
 
 P2P_KINDS = ("read", "write", "nvlink", "atomics")
+# What a person calls each kind of virtualization (a snapshot's "kind").
+VIRTUALIZATION_WORDS = {
+    "bare_metal": "Bare metal",
+    "vm": "Virtual machine",
+    "container": "Container",
+    "unknown": "Unknown",
+}
+# A layer named inside a sentence: "container (docker) in a VM (kvm, firecracker)".
+_LAYER_NOUNS = {"vm": "a VM", "container": "a container"}
+
+
+def _layers(virtualization: dict) -> list[dict]:
+    layers = virtualization.get("layers") if isinstance(virtualization, dict) else None
+    return [layer for layer in layers or [] if isinstance(layer, dict)]
+
+
+def _technologies(layer: dict) -> str:
+    """ "(kvm, firecracker)": the hypervisor, then the technology, each once; "" for none."""
+    names = [layer.get("hypervisor"), layer.get("technology")]
+    names = [name for name in dict.fromkeys(names) if isinstance(name, str) and name]
+    return f" ({', '.join(names)})" if names else ""
+
+
+def virtualization_words(virtualization: dict) -> str:
+    """A snapshot's virtualization for people, innermost layer first: "Container (docker) in a
+    VM (kvm, firecracker)", "Virtual machine (kvm)", "Bare metal". A snapshot that names no
+    layers (an older one, `nvidia-smi` text) reads from its kind and technology alone."""
+    virtualization = virtualization if isinstance(virtualization, dict) else {}
+    layers = _layers(virtualization)
+    if not layers:
+        kind = virtualization.get("kind") or "unknown"
+        return VIRTUALIZATION_WORDS.get(kind, kind) + _technologies(virtualization)
+    inner, *outer = reversed(layers)
+    kind = inner.get("kind") or "unknown"
+    words = VIRTUALIZATION_WORDS.get(kind, kind) + _technologies(inner)
+    for layer in outer:
+        kind = layer.get("kind") or "unknown"
+        words += f" in {_LAYER_NOUNS.get(kind, kind)}{_technologies(layer)}"
+    return words
+
+
+def vm_layer(virtualization: dict) -> dict | None:
+    """The VM layer the GPUs sit in ({"kind": "vm", "technology", ...}), however deep it lies
+    (a container in a VM is in a VM), or None; a snapshot without layers answers by its kind."""
+    virtualization = virtualization if isinstance(virtualization, dict) else {}
+    layers = _layers(virtualization)
+    if not layers and virtualization.get("kind") == "vm":
+        return {"kind": "vm", "technology": virtualization.get("technology")}
+    return next((layer for layer in layers if layer.get("kind") == "vm"), None)
 
 
 class TopologyParseError(ValueError):
@@ -67,6 +121,13 @@ _ATTRIBUTE_COLUMNS = (
 # for SYS.
 _LINK_CODES = {"X", "SYS", "SOC", "NODE", "PHB", "PXB", "PIX", "NV#"}
 _NVLINK_CELL = re.compile(r"NV\d+\Z")
+# The entries of a whole `topo -m` legend, as each generation prints it (a newer driver's may
+# add more): one that lacks any of these was cut off.
+_WHOLE_LEGENDS = (
+    ("X", "SYS", "NODE", "PHB", "PXB", "PIX", "NV#"),
+    ("X", "SOC", "PHB", "PXB", "PIX"),
+)
+_NIC_LABEL = re.compile(r"NIC\d+\Z")
 # `nvidia-smi topo -p2p`'s legend; DR (disabled by regkey) is printed by newer drivers only.
 _P2P_CODES = {"X", "OK", "CNS", "GNS", "TNS", "NS", "DR", "U"}
 # A code either legend may add later (C2C, …) is kept; a cell of another shape is text that
@@ -223,6 +284,7 @@ def _parse_matrix(lines: list[str]) -> dict:
             f"as a P2P matrix",
             header_index + 1,
         )
+    _check_whole_legends(lines, end, labels, legend, nic_devices)
     nics = [
         {"name": label, "device": nic_devices.get(label, None if label[:3] == "NIC" else label)}
         for label in labels
@@ -272,6 +334,43 @@ def _parse_legends(lines: list[str], start: int, labels: list[str]) -> tuple[set
             }[section]
             raise TopologyParseError(f"expected {expected}, found {stripped!r}", index + 1)
     return codes, nic_devices
+
+
+def _check_whole_legends(lines, start, labels, legend, nic_devices) -> None:
+    """Refuse text cut off inside its legends: stored, a cut NIC legend would read as every NIC's
+    device changed to unknown. Text pasted without any legend is whole (its link codes say
+    what they are) unless it names NICs by number, which only the NIC legend resolves."""
+    last = max((i for i in range(start, len(lines)) if lines[i].strip()), default=start - 1) + 1
+    if any(lines[i].strip() == "Legend:" for i in range(start, len(lines))):
+        # measured against the generation whose entries it has; one that has none past X
+        # (a legend of codes moeops does not know) is judged by having any at all
+        cut = [
+            [code for code in whole if code not in legend]
+            for whole in _WHOLE_LEGENDS
+            if legend & set(whole[1:])
+        ]
+        if not legend - {"X"} or (cut and all(cut)):
+            missing = min(cut, key=len) if cut else list(_WHOLE_LEGENDS[0][1:])
+            raise TopologyParseError(
+                f"the legend is cut off: it lacks {', '.join(missing)}; send the whole output "
+                f"of `nvidia-smi topo -m`",
+                last,
+            )
+    numbered = [label for label in labels if _NIC_LABEL.match(label)]
+    unnamed = [label for label in numbered if label not in nic_devices]
+    if unnamed:
+        said = "no NIC legend" if len(unnamed) == len(numbered) else "the NIC legend is cut off"
+        raise TopologyParseError(
+            f"{said}: nothing says which device {_span(unnamed)} "
+            f"{'is' if len(unnamed) == 1 else 'are'} (NIC0: mlx5_0); send the whole output of "
+            f"`nvidia-smi topo -m`",
+            last,
+        )
+
+
+def _span(labels: list[str]) -> str:
+    """ "NIC3" or "NIC3…NIC7": the labels, first and last."""
+    return labels[0] if len(labels) == 1 else f"{labels[0]}…{labels[-1]}"
 
 
 def _codes_found(rows, legend: set[str]) -> tuple[list[str], list[str]]:

@@ -428,7 +428,11 @@ def _classify_virtualization(root: Path, nvml_modes: list[str], live: bool, evid
         technology = (vmm + hypervisor + [None])[0]
         if technology == "qemu" and "kvm" in hypervisor:
             technology = "kvm"
-        layers.append({"kind": "vm", "technology": technology})
+        layer = {"kind": "vm", "technology": technology}
+        # a VMM named by DMI or ACPI runs on a hypervisor: Firecracker on kvm
+        if hypervisor and hypervisor[0] != technology:
+            layer["hypervisor"] = hypervisor[0]
+        layers.append(layer)
     if containers:
         layers.append({"kind": "container", "technology": next(filter(None, containers), None)})
     if layers:

@@ -46,7 +46,6 @@ from moeops.fleet.models import (
     ModelSpec,
 )
 from moeops.storable import storable_json
-from reports.topology import parse_nvidia_smi_topo
 
 router = Router(tags=["fleet"])
 
@@ -373,6 +372,7 @@ class NIC(LooseIn):
 class Layer(LooseIn):
     kind: text(50) | None = None
     technology: text(50) | None = None
+    hypervisor: text(50) | None = None
 
 
 class Virtualization(LooseIn):
@@ -437,6 +437,7 @@ class TopologyOut(Schema):
     virtualization: str
     virtualization_technology: str
     virtualization_evidence: list[Any]
+    virtualization_layers: list[Any] = Field(description="every layer, outermost first")
     driver_version: str
     cuda_version: str
     gpus: list[Any]
@@ -466,18 +467,21 @@ def topology_record(request, ref: str, payload: TopologyIn):
     host = lookups.get_host(ref)
     require_write(request, host)
     if payload.snapshot is not None:
-        snapshot, raw_text = payload.snapshot.model_dump(), ""
+        row, created, changes = services.topology_record(
+            host=host,
+            snapshot=payload.snapshot.model_dump(),
+            captured_at=payload.captured_at,
+            provenance=payload.provenance,
+        )
     else:
         p2p = payload.nvidia_smi_p2p.model_dump(exclude_none=True) if payload.nvidia_smi_p2p else {}
-        snapshot = parse_nvidia_smi_topo(payload.nvidia_smi_topo, p2p)
-        raw_text = payload.nvidia_smi_topo
-    row, created, changes = services.topology_record(
-        host=host,
-        snapshot=snapshot,
-        raw_text=raw_text,
-        captured_at=payload.captured_at,
-        provenance=payload.provenance,
-    )
+        row, created, changes = services.topology_import(
+            host=host,
+            matrix_text=payload.nvidia_smi_topo,
+            p2p_texts=p2p,
+            captured_at=payload.captured_at,
+            provenance=payload.provenance,
+        )
     return stored(created, {"snapshot": row, "created": created, "changes": changes})
 
 

@@ -185,6 +185,9 @@ class PlanItemOut(Schema):
     source: str
     provenance: str
     created: dt.datetime
+    done_by: str | None = Field(
+        description="uuid of the engine action that put its change in force"
+    )
 
     @staticmethod
     def resolve_deployment(obj):
@@ -193,6 +196,10 @@ class PlanItemOut(Schema):
     @staticmethod
     def resolve_finding(obj):
         return obj.finding_id
+
+    @staticmethod
+    def resolve_done_by(obj):
+        return str(obj.done_by.uuid) if obj.done_by_id else None
 
     @staticmethod
     def resolve_note(obj):
@@ -229,14 +236,14 @@ def plan_item_create(request, payload: PlanItemIn):
 @router.get("/plan-items", response=list[PlanItemOut])
 @paginate(Page)
 def plan_item_list(request, filters: Query[PlanItemFilter]):
-    queryset = in_range(PlanItem.objects.select_related("note"), filters)
+    queryset = in_range(PlanItem.objects.select_related("note", "done_by"), filters)
     return matching(queryset, filters, deployment="deployment__name", status="status")
 
 
 @router.patch("/plan-items/{ref}", auth=WRITE, response=PlanItemOut)
 def plan_item_patch(request, ref: str, payload: PlanItemPatch):
     require_write(request)
-    item = lookups.by_id(PlanItem.objects.select_related("note"), "plan item", ref)
+    item = lookups.by_id(PlanItem.objects.select_related("note", "done_by"), "plan item", ref)
     services.plan_item_update(item=item, **payload.model_dump(exclude_unset=True))
     return item
 

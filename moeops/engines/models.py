@@ -26,6 +26,7 @@ ACTION_STATUSES = (
     ("failed", "Failed"),
 )
 ACTION_FINISHED = ("succeeded", "failed")
+ACTION_IN_FLIGHT = ("queued", "running", "sweeping")
 # An action moves only along these edges (compare-and-set); the worker reports the first two.
 ACTION_TRANSITIONS = {
     "queued": ("running", "failed"),

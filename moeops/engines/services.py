@@ -13,13 +13,14 @@ import logging
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from moeops.celery import send_host_chain
-from moeops.engines.models import ACTION_FINISHED, EngineAction, LaunchRecipe
+from moeops.engines.models import ACTION_FINISHED, ACTION_IN_FLIGHT, EngineAction, LaunchRecipe
 from moeops.fleet.models import Deployment
+from moeops.insights import services as insights_services
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
@@ -29,8 +30,6 @@ from reports.launch import FlagError, set_flags
 from tuning.config_files import ConfigFileError
 
 log = logging.getLogger(__name__)
-
-IN_FLIGHT = ("queued", "running", "sweeping")
 
 
 class ActionConflict(Exception):
@@ -279,7 +278,7 @@ def engine_action_start(
         raise ValidationError({"host": absence})
     with transaction.atomic():
         Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
-        busy = deployment.engine_actions.filter(status__in=IN_FLIGHT).first()
+        busy = deployment.engine_actions.filter(status__in=ACTION_IN_FLIGHT).first()
         if busy is not None:
             raise ValidationError(
                 {"deployment": f"{busy.title()} is still {busy.get_status_display().lower()}"}
@@ -335,7 +334,7 @@ def _resweep(action, before, deployment):
     parameters = run_services.sweep_parameters(deployment=deployment, load=load)
     after, _ = run_services.run_create(
         deployment=deployment,
-        label=f"after: {action.title()}",
+        label=_resweep_label(action, deployment),
         parameters=parameters,
         source="worker",
         topology_snapshot=deployment.host.current_topology(),
@@ -344,6 +343,22 @@ def _resweep(action, before, deployment):
     EngineAction.objects.filter(pk=action.pk).update(after_run=after)
     action.after_run = after
     return after, parameters
+
+
+def _resweep_label(action, deployment):
+    """The re-sweep's name: the change it measures, once ("Restart with --max-num-seqs 32
+    (recipe v3)"), numbered when a run of the deployment already has it (the same recipe
+    restarted again), so that no two runs share a name."""
+    version = action.recipe.version
+    if action.kind == "restart":
+        name = f"Restart with recipe v{version}"
+    else:
+        name = f"{action.title()} (recipe v{version})"
+    name = name[:190]
+    taken = SweepRun.objects.filter(
+        Q(label=name) | Q(label__startswith=f"{name} #"), deployment=deployment
+    ).count()
+    return f"{name} #{taken + 1}" if taken else name
 
 
 def _enqueue(action, host, steps):
@@ -423,16 +438,28 @@ def engine_action_report(*, action, status=None, steps=None, observed=None, erro
             LaunchRecipe.objects.filter(pk=action.recipe_id).update(
                 applied_at=timezone.now(), failed_at=None
             )
-            if status == "succeeded" and action.plan_item_id:
-                PlanItem.objects.filter(pk=action.plan_item_id).update(status="completed")
         if status is not None:
-            return _move(action, status, **fields)
+            _move(action, status, **fields)
+            if status == "succeeded":
+                _plan_done(action)
+            elif status == "sweeping":
+                # the change is in force from now: items another path waited for are done
+                insights_services.plan_items_settle(deployment=action.deployment)
+            return action
         if action.is_finished:
             raise ActionConflict(f"action {action.uuid} is {action.status}")
         EngineAction.objects.filter(pk=action.pk).update(**fields)
         for key, value in fields.items():
             setattr(action, key, value)
     return action
+
+
+def _plan_done(action):
+    """A succeeded action: its own plan item is done by it, and so is every other whose change
+    it put in force."""
+    if action.plan_item_id:
+        PlanItem.objects.filter(pk=action.plan_item_id).update(status="completed", done_by=action)
+    insights_services.plan_items_settle(deployment=action.deployment)
 
 
 def engine_action_run_finished(*, run):
@@ -449,9 +476,9 @@ def engine_action_run_finished(*, run):
     ]  # fmt: skip
     EngineAction.objects.filter(pk=action.pk).update(steps=steps)
     if run.status == "succeeded":
-        if action.plan_item_id:
-            PlanItem.objects.filter(pk=action.plan_item_id).update(status="completed")
-        return _move(action, "succeeded")
+        _move(action, "succeeded")
+        _plan_done(action)
+        return action
     detail = f": {run.error}" if run.error else ""
     return _fail(action, f"the engine came up, but its re-sweep ended {run.status}{detail}")
 

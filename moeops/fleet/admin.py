@@ -3,7 +3,9 @@ import json
 from django import forms
 from django.contrib import admin
 
+from moeops.fleet import services
 from moeops.fleet.endpoints import endpoint_refusal
+from moeops.fleet.forms import TopologyTextForm
 from moeops.fleet.models import (
     GPU,
     Deployment,
@@ -13,6 +15,7 @@ from moeops.fleet.models import (
     ModelSpec,
     TopologySnapshot,
 )
+from reports.topology import TopologyParseError, parse_nvidia_smi_topo
 from tuning.moe_params import MoEConfigError
 
 SHAPE_FIELDS = (
@@ -103,11 +106,57 @@ class HostAdmin(admin.ModelAdmin):
     inlines = [GPUInline]
 
 
+class TopologySnapshotAddForm(TopologyTextForm, forms.ModelForm):
+    """A snapshot from `nvidia-smi topo` text, parsed before anything is stored."""
+
+    class Meta:
+        model = TopologySnapshot
+        fields = ("host", "provenance")
+
+    def clean(self):
+        data = super().clean()
+        if not self.errors:
+            try:
+                parse_nvidia_smi_topo(**self.import_fields())
+            except TopologyParseError as error:
+                self.add_parse_error(error)
+        return data
+
+
 @admin.register(TopologySnapshot)
 class TopologySnapshotAdmin(admin.ModelAdmin):
+    """Snapshots are the host's history: one is added from `nvidia-smi topo` text through the
+    same parser and service as the API and the host page, and never edited by hand."""
+
     list_display = ("host", "captured_at", "virtualization", "virtualization_technology", "source")
     list_filter = ("virtualization", "source", "host")
     date_hierarchy = "captured_at"
+    add_form = TopologySnapshotAddForm
+
+    def get_form(self, request, obj=None, **kwargs):
+        if obj is None:
+            kwargs["form"] = self.add_form
+            kwargs["fields"] = ("host", "matrix_text", "p2p_kind", "p2p_text", "provenance")
+        return super().get_form(request, obj, **kwargs)
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        row, created, changes = services.topology_import(
+            host=form.cleaned_data["host"],
+            provenance=form.cleaned_data["provenance"],
+            **form.import_fields(),
+        )
+        # the admin's message and log name the row the service stored (or kept)
+        for field in TopologySnapshot._meta.concrete_fields:
+            setattr(obj, field.attname, getattr(row, field.attname))
+        if not created:
+            self.message_user(
+                request, "Nothing changed from the host's current snapshot: none was added."
+            )
+        elif changes:
+            self.message_user(request, "Changed: " + "; ".join(changes))
 
 
 class DeploymentAdminForm(forms.ModelForm):

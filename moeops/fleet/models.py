@@ -11,7 +11,9 @@ from django.utils import timezone
 from django.utils.timesince import timesince
 
 from reports import engine as engine_reports
+from reports import launch
 from reports.queues import host_queue
+from reports.topology import VIRTUALIZATION_WORDS, virtualization_words, vm_layer
 from tuning.moe_params import (
     MAX_ARCHITECTURE_CHARS,
     MAX_MODEL_TYPE_CHARS,
@@ -42,12 +44,7 @@ CHECK_TRIGGERS = (
 
 READING_STATUSES = (("recorded", "Recorded"), ("unavailable", "Unavailable"))
 
-VIRTUALIZATION_KINDS = (
-    ("bare_metal", "Bare metal"),
-    ("vm", "Virtual machine"),
-    ("container", "Container"),
-    ("unknown", "Unknown"),
-)
+VIRTUALIZATION_KINDS = tuple(VIRTUALIZATION_WORDS.items())
 
 # Whether moeops starts and stops the deployment's engine (from its launch recipe, through the
 # host's worker) or only measures an engine someone else runs.
@@ -232,6 +229,8 @@ class TopologySnapshot(models.Model):
     )
     virtualization_technology = models.CharField(max_length=50, blank=True)
     virtualization_evidence = models.JSONField(default=list, blank=True)
+    # every layer, outermost first (reports.topology); [] in rows older than it
+    virtualization_layers = models.JSONField(default=list, blank=True)
     driver_version = models.CharField(max_length=50, blank=True)
     cuda_version = models.CharField(max_length=50, blank=True)
     gpus = models.JSONField(default=list, blank=True)
@@ -253,10 +252,13 @@ class TopologySnapshot(models.Model):
 
     @property
     def virtualization_label(self):
-        label = self.get_virtualization_display()
-        if self.virtualization_technology:
-            return f"{label} ({self.virtualization_technology})"
-        return label
+        """ "Container (docker) in a VM (kvm, firecracker)", "Virtual machine (kvm)"."""
+        return virtualization_words(self.as_snapshot()["virtualization"])
+
+    @property
+    def vm_layer(self):
+        """The VM layer its GPUs sit in (however deep), or None: it decides P2P and links."""
+        return vm_layer(self.as_snapshot()["virtualization"])
 
     def as_snapshot(self):
         """The snapshot in the JSON shape of reports.topology (for diffs and the API)."""
@@ -266,6 +268,7 @@ class TopologySnapshot(models.Model):
                 "kind": self.virtualization,
                 "technology": self.virtualization_technology or None,
                 "evidence": self.virtualization_evidence,
+                "layers": self.virtualization_layers,
             },
             "driver_version": self.driver_version or None,
             "cuda_version": self.cuda_version or None,
@@ -341,6 +344,24 @@ class Deployment(models.Model):
             .order_by("-applied_at", "-version")
             .first()
         )
+
+    def running_cap_in_force(self, flag):
+        """(cap, action): the running-request cap the managed engine runs with now and the
+        engine action that brought it up. The cap is what the engine reported after that action,
+        else what the recipe in force sets flag to; (None, None) when no recipe is in force."""
+        recipe = self.recipe_in_force()
+        if recipe is None:
+            return None, None
+        action = (
+            recipe.actions.filter(status__in=("sweeping", "succeeded"))
+            .order_by("-created", "-id")
+            .first()
+        )
+        cap = engine_reports.reported_running_cap(action.observed or {}) if action else None
+        if cap is None:
+            value = launch.flag_value(recipe.argv, flag)
+            cap = int(value) if value and value.isdigit() else None
+        return cap, action
 
     def gpu_indices(self):
         """NVML indices of the GPUs it uses, ascending ([] when none are recorded)."""

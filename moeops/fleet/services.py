@@ -19,7 +19,7 @@ from moeops.fleet.models import (
     ModelSpec,
     TopologySnapshot,
 )
-from reports.topology import diff_snapshots, snapshot_fingerprint
+from reports.topology import diff_snapshots, parse_nvidia_smi_topo, snapshot_fingerprint
 
 HEALTH = frozenset(key for key, _ in HEALTH_STATUSES)
 
@@ -96,6 +96,7 @@ def _snapshot_row(host, snapshot, *, source, raw_text, captured_at, provenance):
         virtualization=virtualization.get("kind") or "unknown",
         virtualization_technology=virtualization.get("technology") or "",
         virtualization_evidence=virtualization.get("evidence") or [],
+        virtualization_layers=virtualization.get("layers") or [],
         driver_version=snapshot.get("driver_version") or "",
         cuda_version=snapshot.get("cuda_version") or "",
         gpus=snapshot.get("gpus") or [],
@@ -139,6 +140,21 @@ def topology_record(*, host, snapshot, source=None, raw_text="", captured_at=Non
             return previous, False, []
         row.save()
         return row, True, diff_snapshots(previous.as_snapshot(), row.as_snapshot())
+
+
+def topology_import(*, host, matrix_text, p2p_texts=None, captured_at=None, provenance=""):
+    """topology_record of the text `nvidia-smi topo -m` printed and, by kind ("read", "write",
+    "nvlink", "atomics"), what `topo -p2p r|w|n|a` printed; the API, the admin and the host page
+    all import through it. Raises reports.topology.TopologyParseError naming the line of text
+    that is malformed or cut off, before anything is stored."""
+    snapshot = parse_nvidia_smi_topo(matrix_text, p2p_texts or {})
+    return topology_record(
+        host=host,
+        snapshot=snapshot,
+        raw_text=matrix_text,
+        captured_at=captured_at,
+        provenance=provenance,
+    )
 
 
 def deployment_create(*, name, model, host, gpu_indexes=(), user=None, **fields):

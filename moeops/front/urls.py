@@ -41,6 +41,7 @@ urlpatterns = [
     path("hosts/", hosts.hosts, name="hosts"),
     path("hosts/<slug:name>/", hosts.host_detail, name="host-detail"),
     path("hosts/<slug:name>/gpus-now/", hosts.gpus_now, name="host-gpus-now"),
+    path("hosts/<slug:name>/topology/", hosts.topology_upload, name="host-topology-upload"),
     path("notes/", notes.notes, name="notes"),
     path("notes/new/", notes.note_create, name="note-create"),
     path("notes/<slug:slug>/", notes.note_detail, name="note-detail"),

@@ -24,6 +24,7 @@ from statistics import fmean
 from moeops.runs.telemetry import no_gpu_samples_text
 from reports.engine import CAP_FLAGS, reported_running_cap
 from reports.engine import label as engine_label
+from reports.topology import virtualization_words, vm_layer
 from tuning.config_files import file_device_name, kernel_dtype
 
 # Plateau: a step of the sweep that adds less than this much output throughput per doubling of
@@ -41,6 +42,8 @@ IDLE_POWER_FRACTION = 0.25
 # (scrapes land between scheduler steps, when a finished request has just left the batch).
 CAP_FULL_FRACTION = 0.95
 KV_CACHE_FULL = 0.9
+# Findings whose plan item "Raise <flag> above <cap>" changes the engine's running-request cap.
+CAP_FINDINGS = ("queueing", "plateau")
 
 # Regression: a level whose output throughput is more than this fraction below the previous
 # comparable run's.
@@ -130,6 +133,7 @@ class Topology:
 
     virtualization: str = "unknown"
     technology: str = ""
+    layers: list = field(default_factory=list)
     links: dict | None = None
     p2p: dict | None = None
     affinity: list = field(default_factory=list)
@@ -262,6 +266,22 @@ def plateau(data: RunData) -> list[Proposal]:
     cap, cap_source = running_cap(data)
     # from the cap on the engine runs no more requests at once: the rest queue
     at_cap = bool(cap) and at_c >= cap
+    evidence = {
+        "concurrency": concurrency,
+        "output_throughput": throughput,
+        "gain_per_doubling": [_round(g) for g in gains],
+        "plateau_at": at_c,
+        "plateau_throughput": at_t,
+        "threshold": PLATEAU_GAIN,
+        "running_cap": cap,
+        "at_running_cap": at_cap,
+        "chart": _line(
+            concurrency,
+            "concurrency",
+            "output tok/s",
+            [("output throughput", throughput)],
+        ),
+    }
     if at_cap:
         flag = _cap_flag(data)
         title += f", at the engine's cap ({flag} {cap})"
@@ -272,6 +292,10 @@ def plateau(data: RunData) -> list[Proposal]:
         )
         # the queue-cap finding's plan item, word for word: one action serves both
         plan.insert(0, _raise_cap_plan(flag, cap))
+        # and its cap evidence, from which the item's change (and its button) is read
+        evidence.update(
+            {"cap": cap, "cap_source": cap_source, "flag": flag, "tested_concurrency": top_c}
+        )
     return [
         Proposal(
             kind="plateau",
@@ -279,22 +303,7 @@ def plateau(data: RunData) -> list[Proposal]:
             severity="warning",
             title=title,
             text=text,
-            evidence={
-                "concurrency": concurrency,
-                "output_throughput": throughput,
-                "gain_per_doubling": [_round(g) for g in gains],
-                "plateau_at": at_c,
-                "plateau_throughput": at_t,
-                "threshold": PLATEAU_GAIN,
-                "running_cap": cap,
-                "at_running_cap": at_cap,
-                "chart": _line(
-                    concurrency,
-                    "concurrency",
-                    "output tok/s",
-                    [("output throughput", throughput)],
-                ),
-            },
+            evidence=evidence,
             plan=plan,
         )
     ]
@@ -641,6 +650,43 @@ def _raise_cap_plan(flag, cap):
     return f"Raise {flag} above {cap} and re-sweep"
 
 
+@dataclass(frozen=True)
+class CapChange:
+    """The change a plan item that raises the running-request cap proposes: flag above cap
+    (requests run at once), to target."""
+
+    flag: str
+    cap: int
+    target: int
+
+    def in_force(self, running_cap: int | None) -> bool:
+        """Whether an engine running with running_cap has the change."""
+        return running_cap is not None and running_cap > self.cap
+
+
+def cap_change(title: str, kind: str, evidence: dict, engine: str = "") -> CapChange | None:
+    """The cap change of the plan item titled `title` whose finding (kind, evidence) names the
+    engine's cap, or None: the item _raise_cap_plan words for it, to the largest concurrency the
+    sweep offered, else twice the cap. engine: the deployment's, for the flag of a finding that
+    names none."""
+    if kind not in CAP_FINDINGS:
+        return None
+    flag = evidence.get("flag") or CAP_FLAGS.get(engine)
+    cap, tested = evidence.get("cap"), evidence.get("tested_concurrency")
+    if not isinstance(flag, str) or not flag.startswith("--"):
+        return None
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+        return None
+    if title != _raise_cap_plan(flag, cap):
+        return None
+    target = (
+        tested
+        if isinstance(tested, int) and not isinstance(tested, bool) and tested > cap
+        else 2 * cap
+    )
+    return CapChange(flag, cap, target)
+
+
 def running_cap(data: RunData) -> tuple[int | None, str | None]:
     """(cap, where it came from): what the engine reported first, then the deployment."""
     reported = reported_running_cap(data.observed)
@@ -752,8 +798,15 @@ def topology(data: RunData) -> list[Proposal]:
     if snap is None:
         return []
     proposals = []
-    if snap.virtualization == "vm":
-        technology = f" ({snap.technology})" if snap.technology else ""
+    virtualization = {
+        "kind": snap.virtualization,
+        "technology": snap.technology or None,
+        "layers": snap.layers,
+    }
+    # a VM under a container still puts the GPUs behind the hypervisor's PCIe tree
+    vm = vm_layer(virtualization)
+    if vm is not None:
+        technology = f" ({vm['technology']})" if vm.get("technology") else ""
         proposals.append(
             Proposal(
                 kind="topology",
@@ -761,7 +814,8 @@ def topology(data: RunData) -> list[Proposal]:
                 severity="info",
                 title=f"GPUs passed through to a virtual machine{technology}",
                 text=(
-                    "Inside a VM the GPUs sit on the hypervisor's virtual PCIe tree: P2P and the "
+                    f"The GPUs ran in: {virtualization_words(virtualization)}. Inside a VM the "
+                    "GPUs sit on the hypervisor's virtual PCIe tree: P2P and the "
                     "link types the guest sees depend on the pass-through setup, not only the "
                     "hardware. The write-up's move from a KVM VM to an LXC container changed the "
                     "GPU topology and P2P; compare runs by the topology they ran on."
@@ -769,6 +823,7 @@ def topology(data: RunData) -> list[Proposal]:
                 evidence={
                     "virtualization": snap.virtualization,
                     "technology": snap.technology or None,
+                    "layers": snap.layers,
                     "chart": None,
                 },
             )

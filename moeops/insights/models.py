@@ -7,6 +7,8 @@ from django.db.models import Case, Value, When
 from django.utils.text import slugify
 from markdown_it import MarkdownIt
 
+from moeops.insights.analysis import cap_change
+
 FINDING_KINDS = (
     ("plateau", "Throughput plateau"),
     ("idle_gpus", "Idle GPUs under load"),
@@ -126,6 +128,10 @@ class PlanItem(models.Model):
     )
     source = models.CharField(max_length=10, choices=FINDING_SOURCES, default="human")
     provenance = models.CharField(max_length=300, blank=True)
+    # the engine action that put the item's change in force (it may carry out another item)
+    done_by = models.ForeignKey(
+        "engines.EngineAction", models.SET_NULL, null=True, blank=True, related_name="+"
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -133,6 +139,15 @@ class PlanItem(models.Model):
 
     def __str__(self):
         return self.title
+
+    def cap_change(self):
+        """The analysis.CapChange this item proposes (its finding names the engine's cap), or
+        None."""
+        if self.finding is None:
+            return None
+        return cap_change(
+            self.title, self.finding.kind, self.finding.evidence or {}, self.deployment.engine
+        )
 
 
 class IncompatibilityRule(models.Model):

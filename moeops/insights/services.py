@@ -4,6 +4,7 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from moeops.engines.models import ACTION_IN_FLIGHT
 from moeops.fleet.models import Deployment
 from moeops.insights import analysis, tasks
 from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, PlanItem
@@ -51,6 +52,7 @@ def run_analyze(*, run) -> list[Finding]:
             for finding in rows:
                 if (finding.kind, finding.key) not in kept[scope]:
                     finding.delete()
+        plan_items_settle(deployment=deployment)
     return findings
 
 
@@ -111,7 +113,9 @@ def _finding_upsert(*, deployment, run, proposal):
 def _plan_propose(*, deployment, finding, titles):
     for title in titles:
         title = title[:300]
-        if deployment.plan_items.filter(title=title).exclude(status="completed").exists():
+        same = deployment.plan_items.filter(title=title).select_related("finding", "deployment")
+        # an item of these words still to do, or one done whose change is still in force
+        if any(item.status != "completed" or _in_force(item) for item in same):
             continue
         plan_item_add(
             deployment=deployment,
@@ -144,6 +148,36 @@ def plan_item_add(
             provenance=provenance,
             position=0 if last is None else last + 1,
         )
+
+
+def plan_items_settle(*, deployment):
+    """Mark done, with the engine action that brought it up, every item of the deployment's plan
+    whose change is in force (however it got there: its own action, another one, a recipe
+    edit), save those an action in flight still carries out. Returns the items marked done."""
+    done = []
+    items = (
+        deployment.plan_items.exclude(status="completed")
+        # an action in flight still carries the item out: it is done when that action ends
+        .exclude(engine_actions__status__in=ACTION_IN_FLIGHT)
+        .select_related("finding", "deployment")
+    )
+    for item in items:
+        action = _in_force(item)
+        if action:
+            PlanItem.objects.filter(pk=item.pk).update(status="completed", done_by=action)
+            item.status, item.done_by = "completed", action
+            done.append(item)
+    return done
+
+
+def _in_force(item):
+    """The engine action that put item's change in force, or None (the one rule for whether a
+    plan item's change is in force: the deployment's recipe in force and its engine's report)."""
+    change = item.cap_change()
+    if change is None:
+        return None
+    cap, action = item.deployment.running_cap_in_force(change.flag)
+    return action if action is not None and change.in_force(cap) else None
 
 
 def plan_item_update(*, item, title=None, status=None, position=None):
@@ -285,6 +319,7 @@ def _topology(snapshot):
     return analysis.Topology(
         virtualization=snapshot.virtualization,
         technology=snapshot.virtualization_technology,
+        layers=snapshot.virtualization_layers,
         links=snapshot.links,
         p2p=snapshot.p2p,
         affinity=snapshot.affinity,

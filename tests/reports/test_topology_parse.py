@@ -446,3 +446,48 @@ def test_the_parse_command_names_the_file_and_line_of_an_error(tmp_path):
 
     assert done.returncode == 2
     assert done.stderr.startswith(f"{broken}: topology matrix, line 2: GPU0 row has 1 cells")
+
+
+def _cuts_inside_the_legends(name):
+    """The fixture's text cut after each line from its "Legend:" on, short of its last entry."""
+    lines = fixture(name).splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.strip() == "Legend:")
+    last = max(i for i, line in enumerate(lines) if line.strip())
+    return ["".join(lines[: end + 1]) for end in range(start, last)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        *_cuts_inside_the_legends("topo_m_8xh100_nv18_8nics.txt"),
+        *_cuts_inside_the_legends("topo_m_6xk80_soc_legend.txt"),
+        *_cuts_inside_the_legends("topo_m_4gpu_pcie_phb.txt"),
+    ],
+)
+def test_it_refuses_text_cut_off_inside_its_legend(text):
+    error = parse_error(text)
+
+    assert error.source == "topology matrix"
+    assert "cut off" in error.message or "no NIC legend" in error.message
+    assert "send the whole output of `nvidia-smi topo -m`" in error.message
+
+
+def test_a_cut_nic_legend_names_the_nics_it_leaves_unnamed():
+    text = fixture("topo_m_8xh100_nv18_8nics.txt").split("  NIC3: mlx5_3")[0]
+
+    error = parse_error(text)
+
+    assert error.message.startswith(
+        "the NIC legend is cut off: nothing says which device NIC3…NIC7 are (NIC0: mlx5_0)"
+    )
+
+
+def test_numbered_nics_without_any_legend_are_refused_and_named_nics_are_not():
+    text = fixture("topo_m_8xh100_nv18_8nics.txt").split("Legend:")[0]
+
+    assert parse_error(text).message.startswith(
+        "no NIC legend: nothing says which device NIC0…NIC7 are"
+    )
+    # a paste without its legend whose header names the devices themselves is whole
+    named = parse_nvidia_smi_topo(fixture("topo_m_8gpu_pcie_mlx5_tabs.txt"))
+    assert named["nics"] == [{"name": "mlx5_0", "device": "mlx5_0"}]

@@ -211,3 +211,55 @@ def test_it_rejects_run_parameters_the_schema_refuses(admin):
     assert run.parameters == {"levels": [32]}
     response = admin.post(url, {**fields, "parameters": json.dumps({"levels": [32, 64]})})
     assert response.status_code == 302, _errors(response)
+
+
+# -- topology snapshots --------------------------------------------------------------------------
+
+TOPOLOGY = fakes.FIXTURES / "topology"
+
+
+def _post_topology(client, host, matrix_text, **fields):
+    return client.post(
+        "/admin/fleet/topologysnapshot/add/",
+        {"host": host.pk, "matrix_text": matrix_text, "p2p_kind": "read", "p2p_text": "",
+         "provenance": "pasted by hand", **fields},
+    )  # fmt: skip
+
+
+def test_a_snapshot_added_in_the_admin_is_parsed_as_the_api_parses_it(admin):
+    host = pb.host("h100-x8")
+    probed = pb.snapshot(host, "container", "lxc")
+    text = (TOPOLOGY / "topo_m_2x5090_phb_tabs.txt").read_text()
+    p2p = (TOPOLOGY / "p2p_2x5090_gns.txt").read_text()
+
+    answer = _post_topology(admin, host, text, p2p_text=p2p)
+
+    assert answer.status_code == 302
+    current = host.current_topology()
+    assert current != probed and current.source == "nvidia-smi"
+    assert current.links["matrix"][0][1] == "PHB" and current.p2p["read"]["matrix"][0][1] == "GNS"
+    assert current.raw_text == text and current.provenance == "pasted by hand"
+
+
+def test_a_topology_cut_off_in_its_legend_is_refused_in_the_admin(admin):
+    host = pb.host("h100-x8")
+    probed = pb.snapshot(host, "container", "lxc")
+    text = (TOPOLOGY / "topo_m_8xh100_nv18_8nics.txt").read_text().split("  NIC2: mlx5_2")[0]
+
+    answer = _post_topology(admin, host, text)
+
+    assert answer.status_code == 200
+    [error] = _errors(answer)
+    assert "the NIC legend is cut off: nothing says which device NIC2…NIC7 are" in error
+    assert host.current_topology() == probed
+
+
+def test_a_stored_snapshot_is_not_edited_in_the_admin(admin):
+    snapshot = pb.snapshot(pb.host("h100-x8"), "container", "lxc")
+
+    page = admin.get(f"/admin/fleet/topologysnapshot/{snapshot.pk}/change/")
+    admin.post(f"/admin/fleet/topologysnapshot/{snapshot.pk}/change/", {"virtualization": "vm"})
+
+    assert page.status_code == 200 and "Save" not in page.content.decode()
+    snapshot.refresh_from_db()
+    assert snapshot.virtualization == "container"

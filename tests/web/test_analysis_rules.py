@@ -73,6 +73,21 @@ def test_a_plateau_at_the_engines_cap_says_so_and_proposes_the_queue_caps_change
     )
 
 
+def test_a_plateau_at_the_stand_in_s_reported_cap_carries_the_cap_its_plan_item_changes():
+    levels = [Level(4, 400.0), Level(8, 790.0), Level(16, 800.0), Level(32, 805.0)]
+    observed = {"engine": "standin", "max_running_requests": 8}
+    [p] = analysis.plateau(RunData(levels=levels, engine="standin", observed=observed))
+
+    assert p.evidence["cap"] == 8 and p.evidence["flag"] == "--max-running-requests"
+    assert p.evidence["tested_concurrency"] == 32
+    # the plan item's change, read from its finding as the page reads it: raise to 32
+    assert analysis.cap_change(p.plan[0], "plateau", p.evidence) == analysis.CapChange(
+        "--max-running-requests", 8, 32
+    )
+    # the plateau's other items change no cap
+    assert analysis.cap_change(p.plan[-1], "plateau", p.evidence) is None
+
+
 def test_a_plateau_below_the_cap_proposes_no_cap_change():
     levels = [Level(32, 400.0), Level(64, 410.0), Level(128, 420.0)]
     [p] = analysis.plateau(RunData(levels=levels, max_running_requests=256, engine="vllm"))

@@ -1,6 +1,7 @@
 """run_analyze on the database: the write-up's data, re-analysis, people's states, plan items."""
 
 import io
+import json
 from datetime import timedelta
 
 import pytest
@@ -9,13 +10,16 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from moeops.examples import load_example_data
+from moeops.fleet import services as fleet_services
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
 from moeops.insights import services, tasks
 from moeops.insights.models import Finding, IncompatibilityRule, PlanItem
 from moeops.kernels.models import KernelConfig
 from moeops.runs.models import EngineSample, LevelResult, SweepRun, TelemetrySample, level_key
+from tests import fakes
 
 pytestmark = pytest.mark.django_db
+FIXTURES = fakes.FIXTURES
 
 MIXTRAL = {
     "architectures": ["MixtralForCausalLM"],
@@ -516,6 +520,19 @@ def test_topology_from_the_run_s_snapshot(h200_deployment):
         "vm-passthrough",
         "p2p",
     }
+
+
+def test_a_container_in_a_vm_is_told_its_gpus_are_passed_through_to_the_vm(h200_deployment):
+    probed = json.loads((FIXTURES / "topology/probe_1xh200_firecracker.json").read_text())
+    snapshot, _, _ = fleet_services.topology_record(host=h200_deployment.host, snapshot=probed)
+    run = make_run(h200_deployment, [(32, 800.0)], topology_snapshot=snapshot)
+
+    services.run_analyze(run=run)
+
+    [finding] = auto(run, kind="topology", key="vm-passthrough")
+    assert finding.title == "GPUs passed through to a virtual machine (firecracker)"
+    assert finding.text.startswith("The GPUs ran in: Container (docker) in a VM (firecracker).")
+    assert [layer["kind"] for layer in finding.evidence["layers"]] == ["vm", "container"]
 
 
 # -- task, on-commit enqueue, command ----------------------------------------------------------

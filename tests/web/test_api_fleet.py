@@ -247,6 +247,21 @@ def test_it_names_the_line_of_malformed_topo_text(world):
     assert not TopologySnapshot.objects.exists()
 
 
+def test_topo_text_cut_off_inside_its_legend_is_refused_not_stored_as_a_change(world):
+    path = "/api/v1/hosts/rtx-pro-6000/topology"
+    whole = (TOPOLOGY / "topo_m_8xh100_nv18_8nics.txt").read_text()
+    assert world.host_worker.post(path, {"nvidia_smi_topo": whole}).status_code == 201
+    cut = whole.split("  PIX  = ")[0]  # cut inside the link legend, NIC legend and all gone
+
+    response = world.host_worker.post(path, {"nvidia_smi_topo": cut})
+
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(
+        "nvidia_smi_topo: topology matrix, line 25: the legend is cut off: it lacks PIX, NV#"
+    )
+    assert TopologySnapshot.objects.count() == 1
+
+
 def test_it_wants_exactly_one_kind_of_topology(world):
     path = "/api/v1/hosts/rtx-pro-6000/topology"
     neither = world.host_worker.post(path, {})

@@ -11,10 +11,11 @@ from django.utils import timezone
 
 from moeops.engines import services
 from moeops.engines.models import EngineAction
-from moeops.insights.models import PlanItem
+from moeops.insights import services as insights_services
+from moeops.insights.models import Finding, PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
-from moeops.runs.models import SweepRun
+from moeops.runs.models import LevelResult, SweepRun, level_key
 from tests import queues
 from tests.api_base import make_world
 
@@ -392,3 +393,149 @@ def test_a_heartbeat_whose_engines_are_not_objects_is_refused(world):
     answer = world.host_worker.post("/api/v1/hosts/rtx-pro-6000/heartbeat", body)
 
     assert answer.status_code == 422 and "engines" in answer.content.decode()
+
+
+# -- plan items whose change is in force --------------------------------------------------------
+
+
+def _cap_item(world, cap=4):
+    """The queue-cap finding's plan item, as the analysis proposes it."""
+    finding = Finding.objects.create(
+        deployment=world.deployment,
+        kind="queueing",
+        key="running-cap",
+        title=f"Requests queue behind --max-num-seqs {cap}",
+        evidence={"cap": cap, "flag": "--max-num-seqs", "tested_concurrency": 8},
+    )
+    return PlanItem.objects.create(
+        deployment=world.deployment,
+        finding=finding,
+        title=f"Raise --max-num-seqs above {cap} and re-sweep",
+    )
+
+
+def test_a_cap_raised_by_another_action_marks_the_plan_item_done_by_that_action(world, broker):
+    _in_force(_recipe(world))
+    _finished_sweep(world)
+    item = _cap_item(world)
+
+    # the panel's restart, not the item's button: the action carries out no plan item
+    action = services.engine_action_start(
+        deployment=world.deployment,
+        kind="restart_with_args",
+        user=world.staff,
+        changes={"--max-num-seqs": "32"},
+    )
+    services.engine_action_report(action=action, status="running")
+    item.refresh_from_db()
+    assert item.status == "pending"  # the engine does not run it yet
+    services.engine_action_report(
+        action=action, status="sweeping", observed={"engine": "vllm", "max_running_requests": 32}
+    )
+
+    item.refresh_from_db()
+    assert (item.status, item.done_by) == ("completed", action)
+    [listed] = world.read_only.get("/api/v1/plan-items").json()["items"]
+    assert (listed["status"], listed["done_by"]) == ("completed", str(action.uuid))
+
+
+def test_a_recipe_edit_brought_up_by_a_restart_marks_the_plan_item_done(world, broker):
+    _in_force(_recipe(world))
+    item = _cap_item(world)
+    services.recipe_create(deployment=world.deployment, argv=[*ARGV[:-1], "16"], author=world.staff)
+    item.refresh_from_db()
+    assert item.status == "pending"  # a recipe not brought up is not in force
+
+    action = services.engine_action_start(
+        deployment=world.deployment, kind="restart", user=world.staff
+    )
+    services.engine_action_report(action=action, status="running")
+    # the engine said nothing of its cap: the recipe in force decides
+    services.engine_action_report(action=action, status="succeeded", observed={})
+
+    item.refresh_from_db()
+    assert (item.status, item.done_by) == ("completed", action)
+
+
+def test_a_cap_the_engine_reports_below_the_change_leaves_the_plan_item_to_do(world, broker):
+    _in_force(_recipe(world))
+    item = _cap_item(world)
+    services.recipe_create(deployment=world.deployment, argv=[*ARGV[:-1], "16"], author=world.staff)
+    action = services.engine_action_start(
+        deployment=world.deployment, kind="restart", user=world.staff
+    )
+    services.engine_action_report(action=action, status="running")
+    services.engine_action_report(
+        action=action, status="succeeded", observed={"max_running_requests": 4}
+    )
+
+    item.refresh_from_db()
+    assert (item.status, item.done_by) == ("pending", None)
+
+
+def test_the_analysis_re_proposing_a_change_in_force_marks_it_done_once(world, broker):
+    _in_force(_recipe(world))
+    action = services.engine_action_start(
+        deployment=world.deployment,
+        kind="restart_with_args",
+        user=world.staff,
+        changes={"--max-num-seqs": "32"},
+    )
+    services.engine_action_report(action=action, status="running")
+    services.engine_action_report(action=action, status="succeeded", observed={})
+    title = "Raise --max-num-seqs above 4 and re-sweep"
+
+    # two older runs at a cap of 4, analysed after the change (a late or repeated analysis)
+    for _ in range(2):
+        run = _finished_sweep(world)
+        run.snapshot = {"engine": {"engine": "vllm", "max_running_requests": 4}}
+        run.save()
+        for concurrency in (4, 8):
+            LevelResult.objects.create(
+                run=run, key=level_key(concurrency, None), concurrency=concurrency,
+                output_throughput=100.0 * concurrency,
+            )  # fmt: skip
+        insights_services.run_analyze(run=run)
+
+    [item] = PlanItem.objects.filter(title=title)
+    assert (item.status, item.done_by) == ("completed", action)
+
+
+# -- the names of re-sweeps -----------------------------------------------------------------------
+
+
+def _act(world, **fields):
+    """An action carried to its end: restarted, re-swept, succeeded."""
+    action = services.engine_action_start(deployment=world.deployment, user=world.staff, **fields)
+    services.engine_action_report(action=action, status="running")
+    services.engine_action_report(action=action, status="sweeping")
+    run_services.run_transition(run=action.after_run, status="running")
+    run_services.run_transition(run=action.after_run, status="succeeded")
+    action.refresh_from_db()
+    return action
+
+
+def test_a_re_sweep_is_named_once_after_the_change_it_measures(world, broker):
+    _in_force(_recipe(world))
+    _finished_sweep(world)
+
+    first = _act(world, kind="restart_with_args", changes={"--max-num-seqs": "16"})
+    second = _act(world, kind="restart_with_args", changes={"--max-num-seqs": "32"})
+
+    # the second re-sweeps after the first's re-sweep: its name carries none of that history
+    assert second.before_run == first.after_run
+    assert first.after_run.label == "Restart with --max-num-seqs 16 (recipe v2)"
+    assert second.after_run.label == "Restart with --max-num-seqs 32 (recipe v3)"
+
+
+def test_two_re_sweeps_of_the_same_recipe_get_two_names(world, broker):
+    _in_force(_recipe(world))
+    _finished_sweep(world)
+
+    labels = [_act(world, kind="restart").after_run.label for _ in range(3)]
+
+    assert labels == [
+        "Restart with recipe v1",
+        "Restart with recipe v1 #2",
+        "Restart with recipe v1 #3",
+    ]

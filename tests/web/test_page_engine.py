@@ -1,6 +1,8 @@
 """The managed-engine panel of the deployment page, the launch recipe form (staff only), the
 actions started from the page and a plan item's cap change, and the action's own page."""
 
+import re
+
 import pytest
 from django.utils import timezone
 
@@ -8,6 +10,7 @@ from moeops.engines import services
 from moeops.engines.models import EngineAction
 from moeops.fleet.models import Deployment
 from moeops.insights.models import Finding, PlanItem
+from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from tests import page_base, queues
 
@@ -253,3 +256,51 @@ def test_the_engine_panel_costs_no_query_per_action(
     with django_assert_num_queries(len(one.captured_queries)):
         html = client.get(deployment.get_absolute_url()).content.decode()
     assert html.count("Restart with the newest recipe</a>") == 5
+
+
+def test_the_action_page_names_its_two_runs_once_each(client, deployment, staff, broker):
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    deployment.refresh_from_db()
+    SweepRun.objects.create(
+        deployment=deployment,
+        status="succeeded",
+        source="worker",
+        parameters={"levels": [4], "input_len": 8, "output_len": 8},
+    )
+    actions = []
+    for value in ("8", "16"):
+        action = services.engine_action_start(
+            deployment=deployment,
+            kind="restart_with_args",
+            user=staff,
+            changes={"--max-num-seqs": value},
+        )
+        services.engine_action_report(action=action, status="running")
+        services.engine_action_report(action=action, status="sweeping")
+        run_services.run_transition(run=action.after_run, status="running")
+        run_services.run_transition(run=action.after_run, status="succeeded")
+        actions.append(action)
+
+    html = client.get(actions[1].get_absolute_url()).content.decode()
+
+    text = re.sub(r"<[^>]+>", "", html)
+    assert "Before: after:" not in text and "after: after:" not in text
+    assert (
+        "Before: <a" in html and "Restart with --max-num-seqs 8 (recipe v2)</a> · after: <a" in html
+    )
+    assert "Restart with --max-num-seqs 16 (recipe v3)</a>" in html
+
+
+def test_the_panel_names_the_cap_the_engine_reported_after_its_restart(client, deployment, staff):
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    deployment.refresh_from_db()
+    action = services.engine_action_start(deployment=deployment, kind="restart", user=staff)
+    services.engine_action_report(action=action, status="running")
+    # the recipe passes 4; the engine said it runs 8 (what runs is what the engine reports)
+    services.engine_action_report(
+        action=action, status="succeeded", observed={"max_running_requests": 8}
+    )
+
+    html = client.get(deployment.get_absolute_url()).content.decode()
+
+    assert "now --max-num-seqs 8</span>" in html

@@ -1,4 +1,5 @@
 import datetime as dt
+import json
 import time
 
 import pytest
@@ -150,3 +151,74 @@ def test_the_hosts_list_shows_a_worker_cut_off_from_its_broker_as_absent(client,
     fleet_services.host_heartbeat_record(host=row, status={"broker": {**broker, "reachable": True}})
     cell = client.get("/hosts/").content.decode().split("<tbody>")[1].split("</td>")[3]
     assert "status-healthy" in cell and "title=" not in cell and "broker" not in cell
+
+
+def test_a_container_in_a_vm_shows_both_layers_and_what_the_vm_means_for_p2p(client):
+    pb.sign_in(client)
+    row = pb.host("local", gpus=1)
+    probed = json.loads((FIXTURES / "probe_1xh200_firecracker.json").read_text())
+    fleet_services.topology_record(host=row, snapshot=probed)
+
+    html = client.get("/hosts/local/").content.decode()
+
+    assert '<strong id="virtualization">Container (docker) in a VM (firecracker)</strong>' in html
+    assert "The GPUs are passed through to a VM" in html
+    assert "Container (docker) in a VM (firecracker)" in client.get("/hosts/").content.decode()
+
+
+def test_a_snapshot_stored_with_one_virtualization_value_still_reads(client, host):
+    row, old, _ = host
+    old.delete()  # the current one: a container of one layer, stored before layers were kept
+
+    html = client.get(f"/hosts/{row.name}/").content.decode()
+
+    assert '<strong id="virtualization">Container (lxc)</strong>' in html
+    assert "passed through to a VM" not in html
+
+
+def test_the_host_page_imports_pasted_topo_text_as_a_snapshot(client):
+    pb.sign_in(client)
+    row = pb.host("h100-x8")
+    text = (FIXTURES / "topo_m_8xh100_nv18_8nics.txt").read_text()
+
+    answer = client.post(
+        "/hosts/h100-x8/topology/", {"matrix_text": text, "p2p_kind": "read", "p2p_text": ""}
+    )
+
+    assert answer.status_code == 302 and answer["Location"] == "/hosts/h100-x8/#topology"
+    current = row.current_topology()
+    assert current.source == "nvidia-smi" and current.raw_text == text
+    assert current.nics[7] == {"name": "NIC7", "device": "mlx5_7"}
+    assert current.provenance == "pasted by alice"
+
+
+def test_the_host_page_refuses_topo_text_cut_off_in_its_legend_with_a_sentence(client):
+    pb.sign_in(client)
+    row = pb.host("h100-x8")
+    text = (FIXTURES / "topo_m_8xh100_nv18_8nics.txt").read_text().split("NIC Legend:")[0]
+
+    answer = client.post(
+        "/hosts/h100-x8/topology/", {"matrix_text": text, "p2p_kind": "read", "p2p_text": ""}
+    )
+
+    assert answer.status_code == 400
+    html = answer.content.decode()
+    assert escape("no NIC legend: nothing says which device NIC0…NIC7 are") in html
+    assert "Traceback" not in html and "TopologyParseError" not in html
+    assert not row.topology_snapshots.exists()
+
+
+def test_the_host_page_names_the_p2p_text_at_fault(client):
+    pb.sign_in(client)
+    row = pb.host("rtx-5090-x2")
+    text = (FIXTURES / "topo_m_2x5090_phb_tabs.txt").read_text()
+    wrong = (FIXTURES / "topo_m_4gpu_pcie_phb.txt").read_text()
+
+    answer = client.post(
+        "/hosts/rtx-5090-x2/topology/",
+        {"matrix_text": text, "p2p_kind": "write", "p2p_text": wrong},
+    )
+
+    assert answer.status_code == 400
+    assert "p2p write" in answer.content.decode()
+    assert not row.topology_snapshots.exists()

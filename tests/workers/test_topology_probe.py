@@ -500,6 +500,24 @@ def test_it_names_firecracker_from_its_acpi_tables(tmp_path):
     assert "clocksource: kvm-clock available" in found["evidence"]
 
 
+def test_a_container_in_a_firecracker_vm_keeps_both_layers_and_the_hypervisor(tmp_path):
+    header = b"DSDT" + b"\x53\x17\x00\x00" + b"\x02\x77" + b"FIRECK" + b"FCVMDSDT"
+    (tmp_path / "sys/firmware/acpi/tables").mkdir(parents=True)
+    (tmp_path / "sys/firmware/acpi/tables/DSDT").write_bytes(header + b"\x00" * 12)
+    write(
+        tmp_path, "sys/devices/system/clocksource/clocksource0/available_clocksource", "kvm-clock"
+    )
+    write(tmp_path, ".dockerenv", "")
+
+    found = virtualization(tmp_path)
+
+    assert (found["kind"], found["technology"]) == ("container", "docker")
+    assert found["layers"] == [
+        {"kind": "vm", "technology": "firecracker", "hypervisor": "kvm"},
+        {"kind": "container", "technology": "docker"},
+    ]
+
+
 def test_it_names_kvm_from_the_kvm_clock_source(tmp_path):
     write(
         tmp_path,

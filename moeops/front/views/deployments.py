@@ -231,7 +231,9 @@ def _deployment_page(
         EngineAction.objects.select_related("before_run", "after_run", "recipe", "kernel_config"),
     )
     plan_items = list(
-        deployment.plan_items.select_related("note", "finding").prefetch_related(with_actions)
+        deployment.plan_items.select_related(
+            "note", "finding", "done_by__recipe", "done_by__before_run", "done_by__after_run"
+        ).prefetch_related(with_actions)
     )
     ctx = {
         "nav": "deployments",

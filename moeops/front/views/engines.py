@@ -17,36 +17,14 @@ from moeops.front.engine_forms import ApplyConfigForm, ArgsForm, RecipeForm
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig
 from moeops.runs.snapshots import kernel_shape
-from reports import launch
 from reports.engine import CAP_FLAGS
 
 RECENT_ACTIONS = 5
-# Findings whose plan item is a change of the engine's running-request cap.
-CAP_FINDINGS = ("queueing", "plateau")
 
 
 def _deployment(pk):
     # every signed-in member sees every deployment; who may act is the services' rule
     return get_object_or_404(Deployment.objects.select_related("model", "host"), pk=pk)
-
-
-def cap_proposal(item, deployment):
-    """(flag, value) of the cap change a plan item proposes (its finding names the engine's
-    cap): the largest concurrency the sweep offered, else twice the cap; None otherwise."""
-    finding = item.finding
-    if finding is None or finding.kind not in CAP_FINDINGS:
-        return None
-    evidence = finding.evidence or {}
-    # the flag the finding names (the analysis knows the engine that answered), else the one
-    # of the engine on record
-    flag = evidence.get("flag") or CAP_FLAGS.get(deployment.engine)
-    if not isinstance(flag, str) or not flag.startswith("--"):
-        return None
-    cap, tested = evidence.get("cap"), evidence.get("tested_concurrency")
-    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-        return None
-    target = tested if isinstance(tested, int) and tested > cap else 2 * cap
-    return flag, str(target)
 
 
 def _kernel_configs(deployment):
@@ -65,17 +43,18 @@ def _kernel_configs(deployment):
 
 
 def panel_context(deployment, plan_items):
-    """What the deployment page's engine panel shows; plan_items get .cap_change. An external
-    deployment's panel only says so (no query)."""
+    """What the deployment page's engine panel shows; plan_items get .restart (the cap change
+    their button makes). An external deployment's panel only says so (no query)."""
     for item in plan_items:
-        item.cap_change = cap_proposal(item, deployment) if deployment.is_managed else None
+        item.restart = item.cap_change() if deployment.is_managed else None
     if not deployment.is_managed:
         return {}
     in_force = deployment.recipe_in_force()
     newest = services.recipe_newest(deployment)
     engine = deployment.host.managed_engine(deployment.pk)
     cap_flag = CAP_FLAGS.get(deployment.engine, "")
-    current_cap = launch.flag_value(in_force.argv, cap_flag) if in_force and cap_flag else None
+    # the one reading of the cap in force that also settles the plan's items
+    current_cap = deployment.running_cap_in_force(cap_flag)[0] if cap_flag else None
     actions = deployment.engine_actions.select_related(
         "recipe", "after_run", "before_run", "requested_by", "kernel_config"
     )

@@ -10,10 +10,11 @@ from django.views.decorators.http import require_POST
 from kombu.exceptions import OperationalError
 
 from moeops.fleet import services as fleet_services
+from moeops.fleet.forms import TopologyTextForm
 from moeops.fleet.models import Host
 from moeops.front import charts
 from moeops.runs.models import SweepRun
-from reports.topology import P2P_KINDS, diff_snapshots
+from reports.topology import P2P_KINDS, TopologyParseError, diff_snapshots
 
 
 def _host_or_404(name):
@@ -78,7 +79,36 @@ def gpu_rows(gpus, probed):
 
 @login_required
 def host_detail(request, name):
+    return _host_page(request, _host_or_404(name))
+
+
+@login_required
+@require_POST
+def topology_upload(request, name):
+    """A snapshot from pasted `nvidia-smi topo -m` (and `-p2p`) text, through the parser and the
+    service the API uses; text that does not parse is refused with a sentence on the form."""
     host = _host_or_404(name)
+    form = TopologyTextForm(request.POST)
+    if form.is_valid():
+        try:
+            _, created, changes = fleet_services.topology_import(
+                host=host, provenance=f"pasted by {request.user}", **form.import_fields()
+            )
+        except TopologyParseError as error:
+            form.add_parse_error(error)
+        else:
+            if not created:
+                messages.info(request, "Nothing changed from the current snapshot: none added.")
+            else:
+                messages.success(
+                    request,
+                    "Topology snapshot added" + (f": {'; '.join(changes)}." if changes else "."),
+                )
+            return redirect(reverse("host-detail", args=[host.name]) + "#topology")
+    return _host_page(request, host, topology_form=form, status=400)
+
+
+def _host_page(request, host, topology_form=None, status=200):
     snapshots = list(host.topology_snapshots.order_by("-captured_at", "-id"))
     current = snapshots[0] if snapshots else None
     runs = (
@@ -109,8 +139,9 @@ def host_detail(request, name):
         ],
         "deployments": host.deployments.select_related("model"),
         "reading": host.gpu_readings.first(),
+        "topology_form": topology_form or TopologyTextForm(),
     }
-    return render(request, "front/host_detail.html", ctx)
+    return render(request, "front/host_detail.html", ctx, status=status)
 
 
 @login_required
