@@ -32,7 +32,7 @@ ACTION_TRANSITIONS = {
     "running": ("sweeping", "succeeded", "failed"),
     "sweeping": ("succeeded", "failed"),
 }
-ACTION_SOURCES = (("page", "Deployment page"), ("api", "API"))
+ACTION_SOURCES = (("page", "Deployment page"), ("api", "API"), ("make_run", "make run"))
 
 
 class LaunchRecipe(models.Model):
