@@ -79,6 +79,10 @@ class RunLocal:
         assert os.getsid(pid) == pid != os.getsid(self.proc.pid)
         return deployment, psutil.Process(pid)
 
+    def redis_port(self):
+        """The embedded Redis's port, as make run printed it."""
+        return int(re.search(r"broker: redis://127.0.0.1:(\d+)/", self.output())[1])
+
     def worker(self):
         """The GPU-host worker's main process (a child of runlocal)."""
         for child in psutil.Process(self.proc.pid).children():
@@ -209,3 +213,18 @@ def test_sigterm_to_tests_engine_serve_stops_its_vllm(tmp_path, free_port):
         for proc in vllm:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
+
+
+def test_the_embedded_broker_dying_stops_everything_saying_so(runlocal):
+    run, under = runlocal
+    run.standin_healthy()
+    under.extend(psutil.Process(run.proc.pid).children(recursive=True))
+    redis = next(
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if f":{run.redis_port()}" in " ".join(p.info["cmdline"] or [])
+    )
+    redis.kill()
+    run.proc.wait(60)
+    assert f"the embedded Redis (pid {redis.pid}) is gone: stopping everything." in run.output()
+    assert [p.pid for p in under if not _gone(p)] == []

@@ -247,15 +247,21 @@ class Command(BaseCommand):
                 redis_server.shutdown()
 
     def _watch(self, children, spared, deployment):
-        """Until a process that is not restarted dies: a Celery process that dies is started
-        again (unless it died right after its start). The stand-in starts once the host's
-        worker is seen."""
+        """Until a process that is not restarted dies, or the embedded Redis: a Celery process
+        that dies is started again (unless it died right after its start). The stand-in starts
+        once the host's worker is seen."""
         standin_started = False
         while True:
             time.sleep(0.5)
             if not standin_started:
                 standin_started = self._start_standin(deployment)
             _reap_orphans({c.proc.pid for c in children} | spared)
+            for pid in spared:
+                if not psutil.pid_exists(pid):
+                    self.stderr.write(
+                        f"the embedded Redis (pid {pid}) is gone: stopping everything."
+                    )
+                    return
             for child in children:
                 if child.proc.poll() is None:
                     continue
