@@ -3,6 +3,7 @@ and what moeops did to it (engine actions: restart with changed arguments, apply
 revert), each action a chain of steps on the host's worker, every step recorded."""
 
 import uuid
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.db import models
@@ -33,7 +34,7 @@ ACTION_TRANSITIONS = {
     "running": ("sweeping", "succeeded", "failed"),
     "sweeping": ("succeeded", "failed"),
 }
-ACTION_SOURCES = (("page", "Deployment page"), ("api", "API"))
+ACTION_SOURCES = (("page", "Deployment page"), ("api", "API"), ("make_run", "make run"))
 
 
 class LaunchRecipe(models.Model):
@@ -164,6 +165,16 @@ class EngineAction(models.Model):
 
     def get_absolute_url(self):
         return reverse("engine-action", args=[self.uuid])
+
+    def compare_url(self):
+        """Compare of the run before the action and its re-sweep ("" without both). Stand-in
+        runs are compared too: this pair is what the action measured, asked for by name."""
+        if self.before_run is None or self.after_run is None:
+            return ""
+        query = [("run", str(self.before_run.uuid)), ("run", str(self.after_run.uuid))]
+        if self.before_run.is_standin or self.after_run.is_standin:
+            query.append(("standin", "1"))
+        return f"{reverse('compare')}?{urlencode(query)}"
 
     @property
     def is_finished(self):

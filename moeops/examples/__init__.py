@@ -29,17 +29,21 @@ Everything loaded here is marked with WRITEUP as its provenance. Where the write
 """
 
 import json
+import sys
 import time
 from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from moeops.engines.services import recipe_create, recipe_newest
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
 from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
 from moeops.runs import snapshots
 from moeops.runs.models import LevelResult, SweepRun, TelemetrySample, level_key
 from moeops.runs.parameters import parameters_checked
+from reports.launch import set_flags
 
 WRITEUP = "From the write-up 'The Pivot Point'"
 HERE = Path(__file__).resolve().parent
@@ -319,19 +323,32 @@ def load_example_data():
 # --------------------------------------------------------------------------- stand-in (make run)
 
 STANDIN = (
-    "A stand-in engine started by `make run` (python -m localstack.standin): a test double that "
-    "behaves like a continuous-batching server, not a real engine; its numbers are not data"
+    "A stand-in engine started from its launch recipe by the worker `make run` starts (python -m "
+    "localstack.standin): a test double that behaves like a continuous-batching server, not a real "
+    "engine; its numbers are not data"
 )
 STANDIN_HOST = "local"
 STANDIN_DEPLOYMENT = "GLM-5 (stand-in)"
 STANDIN_MODEL_NAME = "glm-5-standin"
 STANDIN_MAX_RUNNING_REQUESTS = 64
+# s the worker waits for the stand-in's /health (it answers within a second or two)
+STANDIN_READY_TIMEOUT_S = 60.0
+
+
+def standin_argv(port):
+    """The stand-in's command, run by this Python from the clone (the recipe's working folder)."""
+    return [
+        sys.executable, "-m", "localstack.standin", "--port", str(port),
+        "--max-running-requests", str(STANDIN_MAX_RUNNING_REQUESTS), "--model", STANDIN_MODEL_NAME,
+    ]  # fmt: skip
 
 
 @transaction.atomic
 def load_standin_deployment(port=30000):
-    """The host "local" (this machine's worker) and the deployment "GLM-5 (stand-in)" that
-    points at the stand-in engine on 127.0.0.1:port, so that a new user can sweep something.
+    """The host "local" (this machine's worker) and the managed deployment "GLM-5 (stand-in)":
+    its launch recipe starts the stand-in engine on 127.0.0.1:port, so that a new user can sweep
+    something and restart it with changed arguments. A recipe already there (a cap changed from
+    the page) is kept; only the port and the Python are brought up to this start's.
 
     Not write-up data: everything here carries the STANDIN provenance. Returns the deployment.
     """
@@ -351,6 +368,7 @@ def load_standin_deployment(port=30000):
         "max_running_requests": STANDIN_MAX_RUNNING_REQUESTS,
         "endpoint_url": f"http://127.0.0.1:{port}",
         "served_model_name": STANDIN_MODEL_NAME,
+        "management": "managed",
         "provenance": STANDIN,
     }
     # the status is the worker's health check to keep, once it has run
@@ -363,4 +381,18 @@ def load_standin_deployment(port=30000):
             "status_detail": "a stand-in engine for trying moeops out; not a real server",
         },
     )
+    newest = recipe_newest(deployment)
+    argv = standin_argv(port)
+    if newest is not None:
+        argv = set_flags([sys.executable, *newest.argv[1:]], {"--port": str(port)})
+    if newest is None or newest.argv != argv or newest.cwd != str(settings.BASE_DIR):
+        recipe_create(
+            deployment=deployment,
+            argv=argv,
+            author=None,
+            cwd=str(settings.BASE_DIR),
+            ready_timeout_s=STANDIN_READY_TIMEOUT_S,
+            reason="make run's stand-in on port " + str(port),
+            based_on=newest,
+        )
     return deployment

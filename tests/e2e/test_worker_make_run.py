@@ -68,8 +68,11 @@ def test_make_run_brings_up_both_workers_and_the_standin_and_a_ui_sweep_finishes
         start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
-    api = httpx.Client(base_url=f"{base}/api/v1", headers={"Authorization": f"Bearer {token}"})
-    web = httpx.Client(base_url=base, follow_redirects=True)
+    # on a busy machine the web server's first answers may take their time
+    api = httpx.Client(
+        base_url=f"{base}/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+    web = httpx.Client(base_url=base, follow_redirects=True, timeout=30)
     try:
         output = lambda: (tmp_path / "runlocal.log").read_text()  # noqa: E731
         login = _wait("the admin login", lambda: re.search(r"login: (\S+) / (\S+)", output()), 90)

@@ -19,6 +19,7 @@ import argparse
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -259,6 +260,10 @@ class VllmServer:
             self.process.stop(grace_s=20)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.engine", description=__doc__.split("\n")[0]
@@ -280,13 +285,18 @@ def main(argv=None) -> int:
             port=args.port,
             max_num_seqs=args.max_num_seqs,
             extra_args=args.extra,
-        ).start()
-        print(f"starting vLLM on {server.url} (log: {server.log_path}) …", flush=True)
-        server.wait()
-        print(f"ready after {server.ready_after_s:.0f} s; serving {SERVED_MODEL!r}", flush=True)
+        )
+        # vLLM runs in a process group of its own: SIGTERM, like Ctrl-C, must stop it here
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
+            server.start()
+            print(f"starting vLLM on {server.url} (log: {server.log_path}) …", flush=True)
+            server.wait()
+            print(f"ready after {server.ready_after_s:.0f} s; serving {SERVED_MODEL!r}", flush=True)
             server.process.proc.wait()
         except KeyboardInterrupt:
+            pass
+        finally:
             server.stop()
         return 0
     except EngineUnavailable as exc:

@@ -218,6 +218,28 @@ def test_the_plan_item_moves_with_its_action_and_links_its_runs(
     assert "Restart with --max-num-seqs 8</a>" in html and compare in html
 
 
+def test_before_after_links_ask_for_the_standin_runs_they_name(client, deployment, staff):
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    standin = {"engine": {"engine": "standin"}}
+    before = page_base.run(deployment, "before", snapshot=standin)
+    after = page_base.run(deployment, "after", snapshot=standin)
+    EngineAction.objects.create(
+        deployment=deployment,
+        kind="restart",
+        status="succeeded",
+        recipe=deployment.launch_recipes.get(),
+        before_run=before,
+        after_run=after,
+    )
+    link = f"?run={before.uuid}&amp;run={after.uuid}&amp;standin=1"
+    action = EngineAction.objects.get()
+    for page in (action.get_absolute_url(), deployment.get_absolute_url(), f"/runs/{after.uuid}/"):
+        assert link in client.get(page).content.decode(), page
+    # the compare page then shows both (stand-in runs are left out unless asked)
+    html = client.get(f"/compare/{link.replace('&amp;', '&')}").content.decode()
+    assert 'id="standin-left-out"' not in html
+
+
 def test_the_host_page_says_when_its_worker_was_seen_and_what_its_spool_refused(client, deployment):
     page_base.sign_in(client)
     host = deployment.host
