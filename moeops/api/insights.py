@@ -3,9 +3,7 @@
 import datetime as dt
 from typing import Any, Literal
 
-from django.db import IntegrityError, transaction
 from ninja import Query, Router, Schema, Status
-from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import Field
 
@@ -18,12 +16,13 @@ from moeops.api.fields import (
     LongText,
     Patch,
     PosInt,
-    Slug,
     in_range,
     matching,
+    slug,
     text,
 )
 from moeops.api.paging import Page
+from moeops.api.responses import stored
 from moeops.insights import services
 from moeops.insights.models import (
     FINDING_KINDS,
@@ -44,6 +43,7 @@ FindingState = Literal[tuple(key for key, _ in FINDING_STATES)]
 FindingSource = Literal[tuple(key for key, _ in FINDING_SOURCES)]
 Severity = Literal[tuple(key for key, _ in SEVERITIES)]
 PlanStatus = Literal[tuple(key for key, _ in PLAN_STATUSES)]
+NoteSlug = slug(services.NOTE_SLUG_MAX_LENGTH)
 
 
 # --------------------------------------------------------------------------- findings
@@ -120,8 +120,7 @@ def finding_create(request, payload: FindingIn):
     if payload.run is not None:
         run = lookups.by_id_or_uuid(deployment.runs.all(), "run", payload.run)
     fields = payload.model_dump(exclude={"deployment", "run"})
-    finding = Finding.objects.create(deployment=deployment, run=run, source="human", **fields)
-    return Status(201, finding)
+    return Status(201, services.finding_create(deployment=deployment, run=run, **fields))
 
 
 @router.get("/findings", response=list[FindingOut])
@@ -164,7 +163,7 @@ class PlanItemIn(In):
     status: PlanStatus = "pending"
     position: PosInt | None = Field(None, description="place in the plan, 0 first; default last")
     finding: PosInt | None = Field(None, description="finding id")
-    note: Slug | None = Field(None, description="slug of a note")
+    note: NoteSlug | None = Field(None, description="slug of a note")
     provenance: text(300) = ""
 
 
@@ -246,7 +245,7 @@ def plan_item_patch(request, ref: str, payload: PlanItemPatch):
 
 class NoteIn(In):
     title: text(200, min_length=1)
-    slug: Slug | None = Field(None, description="default: from the title")
+    slug: NoteSlug | None = Field(None, description="default: from the title")
     body: LongText = Field("", description="Markdown")
     provenance: text(300) = ""
 
@@ -270,19 +269,9 @@ class NoteOut(Schema):
 def note_create(request, payload: NoteIn):
     """Add a note; the same slug with the same title and body is the existing note (200)."""
     require_write(request)
-    note = Note(**payload.model_dump(exclude={"slug"}), slug=payload.slug or "")
-    note.set_slug()
-    existing = Note.objects.filter(slug=note.slug).first()
-    if existing is None:
-        try:
-            with transaction.atomic():
-                note.save()
-            return Status(201, note)
-        except IntegrityError:
-            existing = Note.objects.get(slug=note.slug)
-    if (existing.title, existing.body) != (note.title, note.body):
-        raise HttpError(409, f"slug: a different note {note.slug!r} exists")
-    return Status(200, existing)
+    fields = payload.model_dump(exclude={"slug"})
+    note, created = services.note_create(**fields, slug=payload.slug or "")
+    return stored(created, note)
 
 
 @router.get("/notes", response=list[NoteOut])

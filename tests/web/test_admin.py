@@ -7,6 +7,7 @@ from django.contrib.auth.models import User
 
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import ModelSpec
+from moeops.insights.models import Note
 from moeops.kernels.models import KernelConfig
 from tests import fakes
 from tests import page_base as pb
@@ -211,3 +212,23 @@ def test_it_rejects_run_parameters_the_schema_refuses(admin):
     assert run.parameters == {"levels": [32]}
     response = admin.post(url, {**fields, "parameters": json.dumps({"levels": [32, 64]})})
     assert response.status_code == 302, _errors(response)
+
+
+def test_it_refuses_a_note_under_the_slug_of_the_create_page(admin):
+    response = admin.post(
+        "/admin/insights/note/add/", {"title": "New", "slug": "new", "body": "", "provenance": ""}
+    )
+    assert response.status_code == 200
+    assert _errors(response) == ["<li>“new” is reserved; pick another slug.</li>"]
+    assert not Note.objects.exists()
+
+
+def test_it_saves_a_note_from_the_admin(admin):
+    fields = {"title": "SM120", "slug": "sm120", "body": "off", "provenance": "admin"}
+    response = admin.post("/admin/insights/note/add/", fields)
+    assert response.status_code == 302
+    note = Note.objects.get()
+    assert (note.slug, note.body, note.provenance) == ("sm120", "off", "admin")
+    admin.post(f"/admin/insights/note/{note.pk}/change/", {**fields, "body": "on"})
+    note.refresh_from_db()
+    assert note.body == "on"
