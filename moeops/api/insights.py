@@ -8,7 +8,7 @@ from ninja.pagination import paginate
 from pydantic import Field
 
 from moeops.api import lookups
-from moeops.api.auth import WRITE, require_write
+from moeops.api.auth import PersonOnly
 from moeops.api.fields import (
     CreatedRange,
     In,
@@ -111,10 +111,9 @@ def _findings():
     return Finding.objects.select_related("note").by_importance()
 
 
-@router.post("/findings", auth=WRITE, response={201: FindingOut})
+@router.post("/findings", auth=PersonOnly(), response={201: FindingOut})
 def finding_create(request, payload: FindingIn):
     """Record a finding by a person (analysis after each run adds the automatic ones)."""
-    require_write(request)
     deployment = lookups.get_deployment(payload.deployment)
     run = None
     if payload.run is not None:
@@ -145,10 +144,9 @@ def finding_get(request, ref: str):
     return lookups.by_id(_findings(), "finding", ref)
 
 
-@router.patch("/findings/{ref}", auth=WRITE, response=FindingOut)
+@router.patch("/findings/{ref}", auth=PersonOnly(), response=FindingOut)
 def finding_patch(request, ref: str, payload: FindingPatch):
     """Confirm, dismiss or reopen a finding; re-analysis keeps the state a person set."""
-    require_write(request)
     finding = lookups.by_id(_findings(), "finding", ref)
     finding_set_state(finding=finding, state=payload.state, user=None)
     return finding
@@ -203,9 +201,8 @@ class PlanItemFilter(CreatedRange):
     status: PlanStatus | None = None
 
 
-@router.post("/plan-items", auth=WRITE, response={201: PlanItemOut})
+@router.post("/plan-items", auth=PersonOnly(), response={201: PlanItemOut})
 def plan_item_create(request, payload: PlanItemIn):
-    require_write(request)
     deployment = lookups.get_deployment(payload.deployment)
     finding = note = None
     if payload.finding is not None:
@@ -232,9 +229,8 @@ def plan_item_list(request, filters: Query[PlanItemFilter]):
     return matching(queryset, filters, deployment="deployment__name", status="status")
 
 
-@router.patch("/plan-items/{ref}", auth=WRITE, response=PlanItemOut)
+@router.patch("/plan-items/{ref}", auth=PersonOnly(), response=PlanItemOut)
 def plan_item_patch(request, ref: str, payload: PlanItemPatch):
-    require_write(request)
     item = lookups.by_id(PlanItem.objects.select_related("note"), "plan item", ref)
     services.plan_item_update(item=item, **payload.model_dump(exclude_unset=True))
     return item
@@ -265,10 +261,9 @@ class NoteOut(Schema):
         return obj.html()
 
 
-@router.post("/notes", auth=WRITE, response={200: NoteOut, 201: NoteOut})
+@router.post("/notes", auth=PersonOnly(), response={200: NoteOut, 201: NoteOut})
 def note_create(request, payload: NoteIn):
     """Add a note; the same slug with the same title and body is the existing note (200)."""
-    require_write(request)
     fields = payload.model_dump(exclude={"slug"})
     note, created = services.note_create(**fields, slug=payload.slug or "")
     return stored(created, note)
