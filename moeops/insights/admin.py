@@ -5,6 +5,7 @@ from moeops.insights import services
 from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
 
 NOTE_FIELDS = ("title", "slug", "body", "provenance")
+PLAN_ITEM_FIELDS = ("deployment", "title", "status", "finding", "note", "source", "provenance")
 
 
 class NoteAdminForm(forms.ModelForm):
@@ -40,6 +41,16 @@ class FindingAdmin(admin.ModelAdmin):
     list_display = ("title", "deployment", "kind", "severity", "state", "source", "created")
     list_filter = ("kind", "severity", "state", "source")
     search_fields = ("title", "text")
+    readonly_fields = ("state_changed_by", "state_changed_at")
+
+    def save_model(self, request, obj, form, change):
+        # a state changed here is on record with who changed it, as from the pages
+        state = obj.state
+        if change and "state" in form.changed_data:
+            obj.state = form.initial["state"]
+        super().save_model(request, obj, form, change)
+        if state != obj.state:
+            services.finding_set_state(finding=obj, state=state, user=request.user)
 
 
 @admin.register(PlanItem)
@@ -47,6 +58,27 @@ class PlanItemAdmin(admin.ModelAdmin):
     list_display = ("title", "deployment", "status", "position")
     list_filter = ("status", "deployment")
     list_editable = ("status", "position")
+
+    def save_model(self, request, obj, form, change):
+        # the service keeps a plan's positions 0…n-1: a new item goes last, a position moves it
+        position = obj.position if "position" in form.changed_data else None
+        if change:
+            if position is not None:
+                obj.position = form.initial["position"]
+            super().save_model(request, obj, form, change)
+        else:
+            fields = {name: getattr(obj, name) for name in PLAN_ITEM_FIELDS}
+            item = services.plan_item_add(**fields)
+            obj.pk, obj.position, obj.created = item.pk, item.position, item.created
+        if position is not None:
+            services.plan_item_update(item=obj, position=position)
+
+    def delete_model(self, request, obj):
+        services.plan_item_delete(item=obj)
+
+    def delete_queryset(self, request, queryset):
+        for item in queryset:
+            services.plan_item_delete(item=item)
 
 
 @admin.register(IncompatibilityRule)
