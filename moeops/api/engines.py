@@ -12,7 +12,7 @@ from ninja.errors import HttpError
 from pydantic import Field
 
 from moeops.api import lookups
-from moeops.api.auth import WRITE, require_write
+from moeops.api.auth import HostWrite, PersonOnly, require_host
 from moeops.api.fields import In, JsonObject, LongText, PosInt, text
 from moeops.engines import services
 from moeops.engines.models import ACTION_KINDS, EngineAction
@@ -27,14 +27,8 @@ ActionKind = Literal[tuple(key for key, _ in ACTION_KINDS)]
 ReportedStatus = Literal["running", "sweeping", "succeeded", "failed"]
 
 
-def _require_person(request):
-    """Actions and recipes are people's decisions: a host's worker token may not make them."""
-    token = request.auth
-    if token.host_id is not None:
-        raise HttpError(
-            403, f"token {token.name!r} is a host's worker token: it may not change engines"
-        )
-    require_write(request)
+# Actions and recipes are people's decisions: a host's worker reports on them, never makes them.
+PEOPLE_ONLY = PersonOnly(refusal="is a host's worker token: it may not change engines")
 
 
 class HeartbeatIn(In):
@@ -52,11 +46,11 @@ class HeartbeatOut(Schema):
     worker_seen_at: dt.datetime
 
 
-@router.post("/hosts/{ref}/heartbeat", auth=WRITE, response=HeartbeatOut)
+@router.post("/hosts/{ref}/heartbeat", auth=HostWrite(), response=HeartbeatOut)
 def heartbeat(request, ref: str, payload: HeartbeatIn):
     """The host's worker is alive; what it says of itself replaces the last heartbeat's."""
     host = lookups.get_host(ref)
-    require_write(request, host)
+    require_host(request, host)
     fleet_services.host_heartbeat_record(host=host, status=payload.model_dump())
     return {"host": host.name, "worker_seen_at": host.worker_seen_at}
 
@@ -106,10 +100,9 @@ class RecipeOut(Schema):
         return obj.based_on.version if obj.based_on_id else None
 
 
-@router.post("/deployments/{ref}/launch-recipes", auth=WRITE, response={201: RecipeOut})
+@router.post("/deployments/{ref}/launch-recipes", auth=PEOPLE_ONLY, response={201: RecipeOut})
 def recipe_create(request, ref: str, payload: RecipeIn):
     """A new launch recipe version for the deployment; it runs from the next restart on."""
-    _require_person(request)
     deployment = lookups.get_deployment(ref)
     fields = payload.model_dump(exclude={"manage"})
     with transaction.atomic():
@@ -199,11 +192,10 @@ def _actions():
     )
 
 
-@router.post("/deployments/{ref}/actions", auth=WRITE, response={202: ActionOut})
+@router.post("/deployments/{ref}/actions", auth=PEOPLE_ONLY, response={202: ActionOut})
 def action_start(request, ref: str, payload: ActionIn):
     """Start an engine action on a managed deployment (202): a chain on its host's worker that
     restarts the engine and re-sweeps; follow it at /engine-actions/{uuid}."""
-    _require_person(request)
     deployment = lookups.get_deployment(ref)
     config = plan_item = None
     if payload.kernel_config is not None:
@@ -248,12 +240,12 @@ class ActionReport(In):
     log_tail: LongText = ""
 
 
-@router.patch("/engine-actions/{ref}", auth=WRITE, response=ActionOut)
+@router.patch("/engine-actions/{ref}", auth=HostWrite(), response=ActionOut)
 def action_report(request, ref: str, payload: ActionReport):
     """The host's worker reports an action's steps and status (compare-and-set: 409 for a move
     the action cannot make)."""
     action = lookups.by_id_or_uuid(_actions(), "engine action", ref)
-    require_write(request, action.deployment.host)
+    require_host(request, action.deployment.host)
     try:
         services.engine_action_report(action=action, **payload.model_dump(exclude_unset=True))
     except services.ActionConflict as exc:

@@ -12,6 +12,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 
 from moeops.fleet.services import AlreadyExists
+from moeops.insights.services import NoteConflict
 from moeops.kernels.services import TuningConflict
 from moeops.runs.importers import ResultFileError, ResultFileMismatch
 from moeops.runs.services import RunConflict
@@ -199,6 +200,7 @@ def install(api):
         (Http404, not_found),
         (RequestDataTooBig, too_big),
         (AlreadyExists, conflict),
+        (NoteConflict, conflict),
         (RunConflict, conflict),
         (TuningConflict, conflict),
         (ModelValidationError, bad_model_fields),

@@ -33,7 +33,16 @@ def text(max_length: int, min_length: int = 0):
 
 LongText = Annotated[str, StringConstraints(max_length=1_000_000), AfterValidator(storable_text)]
 Name = text(200, min_length=1)
-Slug = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"^[-a-zA-Z0-9_]+$")]
+
+
+def slug(max_length: int):
+    """A string that fits a SlugField(max_length)."""
+    return Annotated[
+        str, StringConstraints(min_length=1, max_length=max_length, pattern=r"^[-a-zA-Z0-9_]+$")
+    ]
+
+
+Slug = slug(100)
 PosInt = Annotated[int, Field(ge=0, le=MAX_INT)]
 SmallInt = Annotated[int, Field(ge=0, le=MAX_SMALL_INT)]
 BigInt = Annotated[int, Field(ge=0, le=MAX_BIG_INT)]

@@ -11,7 +11,7 @@ from ninja.pagination import paginate
 from pydantic import ConfigDict, Field, model_validator
 
 from moeops.api import lookups
-from moeops.api.auth import WRITE, require_write
+from moeops.api.auth import HostWrite, PersonOnly, require_host
 from moeops.api.fields import (
     CreatedRange,
     EpochSeconds,
@@ -125,10 +125,9 @@ class ModelDetail(ModelOut):
         return obj.quant_config_json
 
 
-@router.post("/models", auth=WRITE, response={200: ModelDetail, 201: ModelDetail})
+@router.post("/models", auth=PersonOnly(), response={200: ModelDetail, 201: ModelDetail})
 def model_create(request, payload: ModelIn):
     """Register a model from its raw config.json; answers with the MoE shape read from it."""
-    require_write(request)
     model, created = services.model_register(
         name=payload.name,
         config=payload.config,
@@ -211,10 +210,9 @@ class GPUsRecorded(Schema):
     gpus: list[GPUOut]
 
 
-@router.post("/hosts", auth=WRITE, response={200: HostOut, 201: HostOut})
+@router.post("/hosts", auth=PersonOnly(), response={200: HostOut, 201: HostOut})
 def host_create(request, payload: HostIn):
     """Register a GPU host (idempotent by name); its worker listens on `host.<name>`."""
-    require_write(request)
     host, created = services.host_register(**payload.model_dump())
     return stored(created, host)
 
@@ -235,11 +233,11 @@ def gpu_list(request, ref: str):
     return lookups.get_host(ref).gpus.all()
 
 
-@router.post("/hosts/{ref}/gpus", auth=WRITE, response={200: GPUsRecorded, 201: GPUsRecorded})
+@router.post("/hosts/{ref}/gpus", auth=HostWrite(), response={200: GPUsRecorded, 201: GPUsRecorded})
 def gpu_record(request, ref: str, payload: GPUsIn):
     """Create or update the host's GPUs by index."""
     host = lookups.get_host(ref)
-    require_write(request, host)
+    require_host(request, host)
     created, updated = services.gpus_record(
         host=host, gpus=[gpu.model_dump() for gpu in payload.gpus]
     )
@@ -279,22 +277,22 @@ class GPUReadingOut(Schema):
         return obj.host.name
 
 
-@router.post("/hosts/{ref}/gpus-now", auth=WRITE, response={202: HostTaskQueued})
+@router.post("/hosts/{ref}/gpus-now", auth=HostWrite(), response={202: HostTaskQueued})
 def gpus_now(request, ref: str):
     """Ask the host's worker to read its GPUs once (`workers.gpus_now`); the reading arrives at
     /hosts/{ref}/gpu-readings."""
     host = lookups.get_host(ref)
-    require_write(request, host)
+    require_host(request, host)
     return _queued("workers.gpus_now", host, lambda: services.gpu_reading_enqueue(host=host))
 
 
 @router.post(
-    "/hosts/{ref}/gpu-readings", auth=WRITE, response={200: GPUReadingOut, 201: GPUReadingOut}
+    "/hosts/{ref}/gpu-readings", auth=HostWrite(), response={200: GPUReadingOut, 201: GPUReadingOut}
 )
 def gpu_reading_record(request, ref: str, payload: GPUReadingIn):
     """Store a reading of the host's GPUs (201); a uuid seen before answers that reading (200)."""
     host = lookups.get_host(ref)
-    require_write(request, host)
+    require_host(request, host)
     reading, created = services.gpu_reading_record(
         host=host,
         status=payload.status,
@@ -460,12 +458,14 @@ class TopologyRecorded(Schema):
 
 
 @router.post(
-    "/hosts/{ref}/topology", auth=WRITE, response={200: TopologyRecorded, 201: TopologyRecorded}
+    "/hosts/{ref}/topology",
+    auth=HostWrite(),
+    response={200: TopologyRecorded, 201: TopologyRecorded},
 )
 def topology_record(request, ref: str, payload: TopologyIn):
     """Store a topology snapshot when the host changed (201), else return the current one (200)."""
     host = lookups.get_host(ref)
-    require_write(request, host)
+    require_host(request, host)
     if payload.snapshot is not None:
         row, created, changes = services.topology_record(
             host=host,
@@ -584,10 +584,9 @@ def _deployments():
     return Deployment.objects.select_related("model", "host").prefetch_related("gpus")
 
 
-@router.post("/deployments", auth=WRITE, response={200: DeploymentOut, 201: DeploymentOut})
+@router.post("/deployments", auth=PersonOnly(), response={200: DeploymentOut, 201: DeploymentOut})
 def deployment_create(request, payload: DeploymentIn):
     """Register a deployment (idempotent by name: an existing one is returned unchanged)."""
-    require_write(request)
     fields = payload.model_dump()
     model = lookups.get_model(fields.pop("model"))
     host = lookups.get_host(fields.pop("host"))
@@ -619,11 +618,11 @@ def deployment_get(request, ref: str):
     return lookups.by_id_or_name(_deployments(), "deployment", ref)
 
 
-@router.patch("/deployments/{ref}", auth=WRITE, response=DeploymentOut)
+@router.patch("/deployments/{ref}", auth=HostWrite(), response=DeploymentOut)
 def deployment_patch(request, ref: str, payload: DeploymentPatch):
     """Change launch details or record a health check (status, status_detail)."""
     deployment = lookups.get_deployment(ref)
-    require_write(request, deployment.host)
+    require_host(request, deployment.host)
     fields = payload.model_dump(exclude_unset=True)
     if not fields:
         raise HttpError(400, "body: nothing to change")
@@ -631,12 +630,12 @@ def deployment_patch(request, ref: str, payload: DeploymentPatch):
     return _deployments().get(pk=deployment.pk)
 
 
-@router.post("/deployments/{ref}/check", auth=WRITE, response={202: HostTaskQueued})
+@router.post("/deployments/{ref}/check", auth=HostWrite(), response={202: HostTaskQueued})
 def deployment_check(request, ref: str):
     """Ask the host's worker to check the deployment's engine now (`workers.check_deployment`);
     the check arrives in /deployments/{ref}/health-checks and sets the status."""
     deployment = lookups.get_deployment(ref)
-    require_write(request, deployment.host)
+    require_host(request, deployment.host)
     return _queued(
         "workers.check_deployment",
         deployment.host,
@@ -688,14 +687,14 @@ class HealthCheckOut(Schema):
 
 @router.post(
     "/deployments/{ref}/health-checks",
-    auth=WRITE,
+    auth=HostWrite(),
     response={200: HealthCheckOut, 201: HealthCheckOut},
 )
 def health_check_record(request, ref: str, payload: HealthCheckIn):
     """Add a check to the deployment's history (201); the newest check sets its status. A uuid
     seen before answers that check (200)."""
     deployment = lookups.get_deployment(ref)
-    require_write(request, deployment.host)
+    require_host(request, deployment.host)
     fields = payload.model_dump(exclude={"uuid", "models"})
     check, created = services.health_check_record(
         deployment=deployment, check_uuid=payload.uuid, served_models=payload.models, **fields

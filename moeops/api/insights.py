@@ -3,14 +3,12 @@
 import datetime as dt
 from typing import Any, Literal
 
-from django.db import IntegrityError, transaction
 from ninja import Query, Router, Schema, Status
-from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import Field
 
 from moeops.api import lookups
-from moeops.api.auth import WRITE, require_write
+from moeops.api.auth import PersonOnly
 from moeops.api.fields import (
     CreatedRange,
     In,
@@ -18,12 +16,13 @@ from moeops.api.fields import (
     LongText,
     Patch,
     PosInt,
-    Slug,
     in_range,
     matching,
+    slug,
     text,
 )
 from moeops.api.paging import Page
+from moeops.api.responses import stored
 from moeops.insights import services
 from moeops.insights.models import (
     FINDING_KINDS,
@@ -44,6 +43,7 @@ FindingState = Literal[tuple(key for key, _ in FINDING_STATES)]
 FindingSource = Literal[tuple(key for key, _ in FINDING_SOURCES)]
 Severity = Literal[tuple(key for key, _ in SEVERITIES)]
 PlanStatus = Literal[tuple(key for key, _ in PLAN_STATUSES)]
+NoteSlug = slug(services.NOTE_SLUG_MAX_LENGTH)
 
 
 # --------------------------------------------------------------------------- findings
@@ -111,17 +111,15 @@ def _findings():
     return Finding.objects.select_related("note").by_importance()
 
 
-@router.post("/findings", auth=WRITE, response={201: FindingOut})
+@router.post("/findings", auth=PersonOnly(), response={201: FindingOut})
 def finding_create(request, payload: FindingIn):
     """Record a finding by a person (analysis after each run adds the automatic ones)."""
-    require_write(request)
     deployment = lookups.get_deployment(payload.deployment)
     run = None
     if payload.run is not None:
         run = lookups.by_id_or_uuid(deployment.runs.all(), "run", payload.run)
     fields = payload.model_dump(exclude={"deployment", "run"})
-    finding = Finding.objects.create(deployment=deployment, run=run, source="human", **fields)
-    return Status(201, finding)
+    return Status(201, services.finding_create(deployment=deployment, run=run, **fields))
 
 
 @router.get("/findings", response=list[FindingOut])
@@ -146,10 +144,9 @@ def finding_get(request, ref: str):
     return lookups.by_id(_findings(), "finding", ref)
 
 
-@router.patch("/findings/{ref}", auth=WRITE, response=FindingOut)
+@router.patch("/findings/{ref}", auth=PersonOnly(), response=FindingOut)
 def finding_patch(request, ref: str, payload: FindingPatch):
     """Confirm, dismiss or reopen a finding; re-analysis keeps the state a person set."""
-    require_write(request)
     finding = lookups.by_id(_findings(), "finding", ref)
     finding_set_state(finding=finding, state=payload.state, user=None)
     return finding
@@ -164,7 +161,7 @@ class PlanItemIn(In):
     status: PlanStatus = "pending"
     position: PosInt | None = Field(None, description="place in the plan, 0 first; default last")
     finding: PosInt | None = Field(None, description="finding id")
-    note: Slug | None = Field(None, description="slug of a note")
+    note: NoteSlug | None = Field(None, description="slug of a note")
     provenance: text(300) = ""
 
 
@@ -211,9 +208,8 @@ class PlanItemFilter(CreatedRange):
     status: PlanStatus | None = None
 
 
-@router.post("/plan-items", auth=WRITE, response={201: PlanItemOut})
+@router.post("/plan-items", auth=PersonOnly(), response={201: PlanItemOut})
 def plan_item_create(request, payload: PlanItemIn):
-    require_write(request)
     deployment = lookups.get_deployment(payload.deployment)
     finding = note = None
     if payload.finding is not None:
@@ -240,9 +236,8 @@ def plan_item_list(request, filters: Query[PlanItemFilter]):
     return matching(queryset, filters, deployment="deployment__name", status="status")
 
 
-@router.patch("/plan-items/{ref}", auth=WRITE, response=PlanItemOut)
+@router.patch("/plan-items/{ref}", auth=PersonOnly(), response=PlanItemOut)
 def plan_item_patch(request, ref: str, payload: PlanItemPatch):
-    require_write(request)
     item = lookups.by_id(PlanItem.objects.select_related("note", "done_by"), "plan item", ref)
     services.plan_item_update(item=item, **payload.model_dump(exclude_unset=True))
     return item
@@ -253,7 +248,7 @@ def plan_item_patch(request, ref: str, payload: PlanItemPatch):
 
 class NoteIn(In):
     title: text(200, min_length=1)
-    slug: Slug | None = Field(None, description="default: from the title")
+    slug: NoteSlug | None = Field(None, description="default: from the title")
     body: LongText = Field("", description="Markdown")
     provenance: text(300) = ""
 
@@ -273,23 +268,12 @@ class NoteOut(Schema):
         return obj.html()
 
 
-@router.post("/notes", auth=WRITE, response={200: NoteOut, 201: NoteOut})
+@router.post("/notes", auth=PersonOnly(), response={200: NoteOut, 201: NoteOut})
 def note_create(request, payload: NoteIn):
     """Add a note; the same slug with the same title and body is the existing note (200)."""
-    require_write(request)
-    note = Note(**payload.model_dump(exclude={"slug"}), slug=payload.slug or "")
-    note.set_slug()
-    existing = Note.objects.filter(slug=note.slug).first()
-    if existing is None:
-        try:
-            with transaction.atomic():
-                note.save()
-            return Status(201, note)
-        except IntegrityError:
-            existing = Note.objects.get(slug=note.slug)
-    if (existing.title, existing.body) != (note.title, note.body):
-        raise HttpError(409, f"slug: a different note {note.slug!r} exists")
-    return Status(200, existing)
+    fields = payload.model_dump(exclude={"slug"})
+    note, created = services.note_create(**fields, slug=payload.slug or "")
+    return stored(created, note)
 
 
 @router.get("/notes", response=list[NoteOut])

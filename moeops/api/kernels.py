@@ -13,7 +13,7 @@ from ninja.pagination import paginate
 from pydantic import Field, StringConstraints, model_validator
 
 from moeops.api import lookups
-from moeops.api.auth import WRITE, require_write
+from moeops.api.auth import AnyWrite, HostWrite, require_host
 from moeops.api.fields import (
     CreatedRange,
     In,
@@ -129,7 +129,7 @@ class KernelConfigFilter(CreatedRange):
 
 
 @router.post(
-    "/kernel-configs/import", auth=WRITE, response={200: KernelConfigOut, 201: KernelConfigOut}
+    "/kernel-configs/import", auth=AnyWrite(), response={200: KernelConfigOut, 201: KernelConfigOut}
 )
 def kernel_config_import(request, payload: KernelConfigImportIn):
     """Import an SGLang/vLLM config file by its name and content; an unchanged file is 200.
@@ -142,7 +142,9 @@ def kernel_config_import(request, payload: KernelConfigImportIn):
     return stored(created, config)
 
 
-@router.post("/kernel-configs", auth=WRITE, response={200: KernelConfigOut, 201: KernelConfigOut})
+@router.post(
+    "/kernel-configs", auth=AnyWrite(), response={200: KernelConfigOut, 201: KernelConfigOut}
+)
 def kernel_config_create(request, payload: KernelConfigIn):
     """Store a config from its fields; a new version unless the newest one is identical (200)."""
     config, created = services.kernel_config_store(**payload.model_dump())
@@ -336,7 +338,9 @@ class TuningRunFilter(CreatedRange):
     status: TuningStatus | None = None
 
 
-@router.post("/tuning-runs", auth=WRITE, response={200: TuningRunDetail, 201: TuningRunDetail})
+@router.post(
+    "/tuning-runs", auth=HostWrite(), response={200: TuningRunDetail, 201: TuningRunDetail}
+)
 def tuning_run_create(request, payload: TuningRunIn):
     """Create a tuning run; with a `uuid` seen before, the existing run (200)."""
     fields = payload.model_dump()
@@ -345,9 +349,9 @@ def tuning_run_create(request, payload: TuningRunIn):
     if fields["deployment"] is not None:
         deployment = lookups.get_deployment(fields["deployment"])
         # the deployment's host is whose data this is, as for sweeps
-        require_write(request, deployment.host)
+        require_host(request, deployment.host)
         host = host or deployment.host
-    require_write(request, host)
+    require_host(request, host)
     for key in ("uuid", "host", "deployment"):
         fields.pop(key)
     tuning_run, created = services.tuning_run_create(
@@ -374,12 +378,12 @@ def tuning_run_get(request, ref: str):
     return lookups.get_tuning_run(ref)
 
 
-@router.patch("/tuning-runs/{ref}", auth=WRITE, response=TuningRunDetail)
+@router.patch("/tuning-runs/{ref}", auth=HostWrite(), response=TuningRunDetail)
 def tuning_run_patch(request, ref: str, payload: TuningRunPatch):
     """Status by compare-and-set (409 on an illegal move), progress, result config, wall_s,
     telemetry status and why it is not "recorded", the kernel the worker timed and why."""
     tuning_run = lookups.get_tuning_run(ref)
-    require_write(request, tuning_run.host)
+    require_host(request, tuning_run.host)
     fields = payload.model_dump(exclude_unset=True)
     if fields.get("result") is not None:
         fields["result"] = lookups.get_kernel_config(fields["result"])
@@ -388,12 +392,14 @@ def tuning_run_patch(request, ref: str, payload: TuningRunPatch):
 
 
 @router.post(
-    "/tuning-runs/{ref}/timings", auth=WRITE, response={200: TimingsRecorded, 201: TimingsRecorded}
+    "/tuning-runs/{ref}/timings",
+    auth=HostWrite(),
+    response={200: TimingsRecorded, 201: TimingsRecorded},
 )
 def tuning_timings_record(request, ref: str, payload: TimingsIn):
     """Store per-batch-size timings; a batch size already stored is kept as it was."""
     tuning_run = lookups.get_tuning_run(ref)
-    require_write(request, tuning_run.host)
+    require_host(request, tuning_run.host)
     created, existing = services.tuning_timings_record(
         tuning_run=tuning_run, timings=[t.model_dump() for t in payload.timings]
     )
@@ -401,12 +407,14 @@ def tuning_timings_record(request, ref: str, payload: TimingsIn):
 
 
 @router.post(
-    "/tuning-runs/{ref}/telemetry", auth=WRITE, response={200: TuningBatchOut, 201: TuningBatchOut}
+    "/tuning-runs/{ref}/telemetry",
+    auth=HostWrite(),
+    response={200: TuningBatchOut, 201: TuningBatchOut},
 )
 def tuning_telemetry_record(request, ref: str, payload: TelemetryIn):
     """Store a batch of GPU samples of the tune (every GPU it runs on) once per batch_id."""
     tuning_run = lookups.get_tuning_run(ref)
-    require_write(request, tuning_run.host)
+    require_host(request, tuning_run.host)
     batch, created = run_services.telemetry_record(
         tuning_run=tuning_run,
         batch_id=payload.batch_id,

@@ -12,7 +12,7 @@ from ninja.pagination import paginate
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from moeops.api import lookups
-from moeops.api.auth import WRITE, require_write
+from moeops.api.auth import HostWrite, require_host
 from moeops.api.fields import (
     BigInt,
     CreatedRange,
@@ -188,12 +188,12 @@ def _run_out(run):
     return lookups.get_run(run.pk, summary=True)
 
 
-@router.post("/runs", auth=WRITE, response={200: RunOut, 201: RunOut})
+@router.post("/runs", auth=HostWrite(), response={200: RunOut, 201: RunOut})
 def run_create(request, payload: RunIn):
     """Create a queued run, and with `start` send its sweep to the host's worker; with a `uuid`
     seen before, the existing run (200)."""
     deployment = lookups.get_deployment(payload.deployment)
-    require_write(request, deployment.host)
+    require_host(request, deployment.host)
     kernel_config = topology = None
     if payload.kernel_config is not None:
         kernel_config = lookups.get_kernel_config(payload.kernel_config)
@@ -297,7 +297,7 @@ class RunImported(Schema):
     levels: int
 
 
-@router.post("/runs/import", auth=WRITE, response={200: RunImported, 201: RunImported})
+@router.post("/runs/import", auth=HostWrite(), response={200: RunImported, 201: RunImported})
 def run_import(request, payload: RunImportIn):
     """Import a result file as a finished run, one level per object (the same file again: 200).
 
@@ -306,7 +306,7 @@ def run_import(request, payload: RunImportIn):
     each, unless accept_mismatch. Then nothing is stored.
     """
     deployment = lookups.get_deployment(payload.deployment)
-    require_write(request, deployment.host)
+    require_host(request, deployment.host)
     run, created = services.run_import(
         deployment=deployment,
         fmt=payload.format,
@@ -325,30 +325,30 @@ def run_get(request, ref: str):
     return lookups.get_run(ref, summary=True)
 
 
-@router.patch("/runs/{ref}", auth=WRITE, response=RunOut)
+@router.patch("/runs/{ref}", auth=HostWrite(), response=RunOut)
 def run_patch(request, ref: str, payload: RunPatch):
     """Status by compare-and-set (409 on an illegal move such as succeeded → running), progress."""
     run = lookups.get_run(ref)
-    require_write(request, run.deployment.host)
+    require_host(request, run.deployment.host)
     services.run_update(run=run, **payload.model_dump(exclude_unset=True))
     return _run_out(run)
 
 
-@router.post("/runs/{ref}/snapshot", auth=WRITE, response={200: RunOut, 201: RunOut})
+@router.post("/runs/{ref}/snapshot", auth=HostWrite(), response={200: RunOut, 201: RunOut})
 def run_record_observed(request, ref: str, payload: ObservedIn):
     """Add what the worker observed to the run's snapshot: 201 when something was added, 200
     when every part was already recorded (a snapshot is written once and never rewritten)."""
     run = lookups.get_run(ref)
-    require_write(request, run.deployment.host)
+    require_host(request, run.deployment.host)
     added = services.run_record_observed(run=run, observed=payload.model_dump(exclude_none=True))
     return stored(added, _run_out(run))
 
 
-@router.post("/runs/{ref}/cancel", auth=WRITE, response=RunOut)
+@router.post("/runs/{ref}/cancel", auth=HostWrite(), response=RunOut)
 def run_cancel(request, ref: str):
     """A queued run is cancelled; a running one gets cancel_requested for its worker."""
     run = lookups.get_run(ref)
-    require_write(request, run.deployment.host)
+    require_host(request, run.deployment.host)
     services.run_cancel(run=run)
     return _run_out(run)
 
@@ -427,11 +427,11 @@ class LevelOut(Schema, LevelIn):
         return obj.run_id
 
 
-@router.post("/runs/{ref}/levels", auth=WRITE, response={200: LevelOut, 201: LevelOut})
+@router.post("/runs/{ref}/levels", auth=HostWrite(), response={200: LevelOut, 201: LevelOut})
 def level_record(request, ref: str, payload: LevelIn):
     """Store a level once per (run, concurrency, request rate): 201 the first time, 200 after."""
     run = lookups.get_run(ref)
-    require_write(request, run.deployment.host)
+    require_host(request, run.deployment.host)
     level, created = services.level_record(run=run, **payload.model_dump())
     return stored(created, level)
 
@@ -504,11 +504,11 @@ class EngineSampleOut(Schema, EngineSampleIn):
     ts: float
 
 
-@router.post("/runs/{ref}/telemetry", auth=WRITE, response={200: BatchOut, 201: BatchOut})
+@router.post("/runs/{ref}/telemetry", auth=HostWrite(), response={200: BatchOut, 201: BatchOut})
 def telemetry_record(request, ref: str, payload: TelemetryIn):
     """Store a batch of GPU samples once per batch_id (thousands per request)."""
     run = lookups.get_run(ref)
-    require_write(request, run.deployment.host)
+    require_host(request, run.deployment.host)
     batch, created = services.telemetry_record(
         run=run, batch_id=payload.batch_id, samples=[s.__dict__ for s in payload.samples]
     )
@@ -522,11 +522,13 @@ def telemetry_list(request, ref: str):
     return lookups.get_run(ref).telemetry.order_by("ts", "gpu_index", "id")
 
 
-@router.post("/runs/{ref}/engine-samples", auth=WRITE, response={200: BatchOut, 201: BatchOut})
+@router.post(
+    "/runs/{ref}/engine-samples", auth=HostWrite(), response={200: BatchOut, 201: BatchOut}
+)
 def engine_samples_record(request, ref: str, payload: EngineSamplesIn):
     """Store a batch of engine /metrics samples once per batch_id."""
     run = lookups.get_run(ref)
-    require_write(request, run.deployment.host)
+    require_host(request, run.deployment.host)
     batch, created = services.engine_samples_record(
         run=run, batch_id=payload.batch_id, samples=[s.__dict__ for s in payload.samples]
     )

@@ -12,6 +12,7 @@ from moeops.fleet.endpoints import endpoint_change_refusal
 from moeops.fleet.models import ENGINES, GPU, VIRTUALIZATION_KINDS, Deployment, Host, ModelSpec
 from moeops.front.templatetags.moeops_format import duration
 from moeops.insights.models import PLAN_STATUSES, Note
+from moeops.insights.services import note_slug, note_taken_refusal
 from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
 from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, SweepRun
@@ -470,16 +471,16 @@ class NoteForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
-        self.instance.title = cleaned.get("title") or ""
-        self.instance.slug = cleaned.get("slug") or ""
-        self.instance.set_slug()
-        clash = Note.objects.filter(slug=self.instance.slug).exclude(pk=self.instance.pk)
-        if self.instance.slug == "new":
-            # /notes/new/ is the page that creates a note
-            self.add_error("slug", "“new” is reserved; pick another slug.")
-        elif clash.exists():
-            self.add_error("slug", f"A note with the slug “{self.instance.slug}” exists.")
-        cleaned["slug"] = self.instance.slug
+        try:
+            slug = note_slug(title=cleaned.get("title") or "", slug=cleaned.get("slug") or "")
+        except forms.ValidationError as exc:
+            self.add_error(None, exc)
+            return cleaned
+        refusal = note_taken_refusal(slug=slug, note=self.instance)
+        if refusal:
+            self.add_error("slug", refusal)
+        # the model's own checks (blank, unique) see the slug the note will have
+        cleaned["slug"] = self.instance.slug = slug
         return cleaned
 
 

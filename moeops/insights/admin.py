@@ -1,13 +1,39 @@
+from django import forms
 from django.contrib import admin
 
+from moeops.insights import services
 from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
+
+NOTE_FIELDS = ("title", "slug", "body", "provenance")
+PLAN_ITEM_FIELDS = ("deployment", "title", "status", "finding", "note", "source", "provenance")
+
+
+class NoteAdminForm(forms.ModelForm):
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("slug"):
+            try:
+                services.note_slug(title=cleaned.get("title") or "", slug=cleaned["slug"])
+            except forms.ValidationError as exc:
+                self.add_error(None, exc)
+        return cleaned
 
 
 @admin.register(Note)
 class NoteAdmin(admin.ModelAdmin):
+    form = NoteAdminForm
+    fields = NOTE_FIELDS
     list_display = ("title", "slug", "updated")
     prepopulated_fields = {"slug": ("title",)}
     search_fields = ("title", "body")
+
+    def save_model(self, request, obj, form, change):
+        fields = {name: getattr(obj, name) for name in NOTE_FIELDS}
+        if change:
+            services.note_update(note=obj, **fields)
+            return
+        note, _ = services.note_create(**fields)
+        obj.pk, obj.created, obj.updated = note.pk, note.created, note.updated
 
 
 @admin.register(Finding)
@@ -15,6 +41,16 @@ class FindingAdmin(admin.ModelAdmin):
     list_display = ("title", "deployment", "kind", "severity", "state", "source", "created")
     list_filter = ("kind", "severity", "state", "source")
     search_fields = ("title", "text")
+    readonly_fields = ("state_changed_by", "state_changed_at")
+
+    def save_model(self, request, obj, form, change):
+        # a state changed here is on record with who changed it, as from the pages
+        state = obj.state
+        if change and "state" in form.changed_data:
+            obj.state = form.initial["state"]
+        super().save_model(request, obj, form, change)
+        if state != obj.state:
+            services.finding_set_state(finding=obj, state=state, user=request.user)
 
 
 @admin.register(PlanItem)
@@ -22,6 +58,27 @@ class PlanItemAdmin(admin.ModelAdmin):
     list_display = ("title", "deployment", "status", "position")
     list_filter = ("status", "deployment")
     list_editable = ("status", "position")
+
+    def save_model(self, request, obj, form, change):
+        # the service keeps a plan's positions 0…n-1: a new item goes last, a position moves it
+        position = obj.position if "position" in form.changed_data else None
+        if change:
+            if position is not None:
+                obj.position = form.initial["position"]
+            super().save_model(request, obj, form, change)
+        else:
+            fields = {name: getattr(obj, name) for name in PLAN_ITEM_FIELDS}
+            item = services.plan_item_add(**fields)
+            obj.pk, obj.position, obj.created = item.pk, item.position, item.created
+        if position is not None:
+            services.plan_item_update(item=obj, position=position)
+
+    def delete_model(self, request, obj):
+        services.plan_item_delete(item=obj)
+
+    def delete_queryset(self, request, queryset):
+        for item in queryset:
+            services.plan_item_delete(item=item)
 
 
 @admin.register(IncompatibilityRule)

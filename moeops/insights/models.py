@@ -4,7 +4,6 @@ import nh3
 from django.conf import settings
 from django.db import models
 from django.db.models import Case, Value, When
-from django.utils.text import slugify
 from markdown_it import MarkdownIt
 
 from moeops.insights.analysis import cap_change
@@ -49,10 +48,6 @@ class Note(models.Model):
     def html(self):
         """The body rendered to HTML and sanitized (notes are written by people)."""
         return nh3.clean(_markdown.render(self.body))
-
-    def set_slug(self):
-        if not self.slug:
-            self.slug = slugify(self.title)[:200] or "note"
 
 
 # Most severe first (FindingQuerySet.by_importance).

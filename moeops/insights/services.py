@@ -1,13 +1,15 @@
 """Diagnosis writes: analyze a finished run into findings and proposed plan items."""
 
-from django.db import transaction
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
+from django.utils.text import slugify
 
 from moeops.engines.models import ACTION_IN_FLIGHT
 from moeops.fleet.models import Deployment
 from moeops.insights import analysis, tasks
-from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, PlanItem
+from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, Note, PlanItem
 from moeops.kernels.models import KernelConfig
 from moeops.runs import snapshots
 from moeops.runs.models import FINISHED_STATUSES, SweepRun, of_the_deployments_model
@@ -15,6 +17,13 @@ from tuning.config_files import file_device_name
 
 # How far back to look for the previous comparable run of a deployment.
 PREVIOUS_RUNS_SCANNED = 200
+# /notes/new/ is the page that creates a note: a note under that slug could never be opened
+RESERVED_NOTE_SLUGS = frozenset({"new"})
+NOTE_SLUG_MAX_LENGTH = Note._meta.get_field("slug").max_length
+
+
+class NoteConflict(Exception):
+    """A different note is stored under the slug."""
 
 
 def enqueue_analysis(run):
@@ -78,6 +87,11 @@ def finding_set_state(*, finding, state, user, expected=None) -> bool:
     for name, value in changes.items():
         setattr(finding, name, value)
     return True
+
+
+def finding_create(*, deployment, run=None, **fields) -> Finding:
+    """Record a finding made by a person (analysis adds the automatic ones)."""
+    return Finding.objects.create(deployment=deployment, run=run, source="human", **fields)
 
 
 def _finding_upsert(*, deployment, run, proposal):
@@ -193,11 +207,71 @@ def plan_item_update(*, item, title=None, status=None, position=None):
     return item
 
 
+def plan_item_delete(*, item):
+    """Remove an item from its plan; the others keep their order."""
+    item.delete()
+
+
 def plan_item_move(*, item, offset):
     """Move an item `offset` places (-1 up, +1 down) within its plan."""
     with transaction.atomic():
         _plan_reorder(item, lambda items, index: index + offset)
     return item
+
+
+# --------------------------------------------------------------------------- notes
+
+
+def note_slug(*, title, slug="") -> str:
+    """The slug a note goes under: `slug`, else one made from the title. ValidationError naming
+    the slug when it is reserved or too long; the form, the API and the admin all go by it."""
+    slug = slug or slugify(title)[:NOTE_SLUG_MAX_LENGTH] or "note"
+    if slug in RESERVED_NOTE_SLUGS:
+        raise ValidationError({"slug": f"“{slug}” is reserved; pick another slug."})
+    if len(slug) > NOTE_SLUG_MAX_LENGTH:
+        raise ValidationError(
+            {"slug": f"at most {NOTE_SLUG_MAX_LENGTH} characters, not {len(slug)}."}
+        )
+    return slug
+
+
+def note_taken_refusal(*, slug, note=None) -> str:
+    """Why `slug` may not be given to `note` (None: a new note), or "" when it is free."""
+    if Note.objects.filter(slug=slug).exclude(pk=note.pk if note else None).exists():
+        return f"A note with the slug “{slug}” exists."
+    return ""
+
+
+def note_create(*, title, slug="", body="", provenance="") -> tuple[Note, bool]:
+    """Add a note under note_slug(); returns (note, created). The same slug with the same title
+    and body is the existing note (created False); NoteConflict when a different one has it."""
+    slug = note_slug(title=title, slug=slug)
+    note = Note(title=title, slug=slug, body=body, provenance=provenance)
+    existing = Note.objects.filter(slug=note.slug).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                note.save()
+            return note, True
+        except IntegrityError:
+            existing = Note.objects.get(slug=note.slug)
+    if (existing.title, existing.body) != (note.title, note.body):
+        raise NoteConflict(f"slug: a different note {note.slug!r} exists")
+    return existing, False
+
+
+def note_update(*, note, title, slug="", body, provenance=None) -> Note:
+    """Change a note's title, slug (note_slug()) and body; ValidationError naming the slug
+    when it is reserved or another note has it."""
+    slug = note_slug(title=title, slug=slug)
+    refusal = note_taken_refusal(slug=slug, note=note)
+    if refusal:
+        raise ValidationError({"slug": refusal})
+    note.title, note.slug, note.body = title, slug, body
+    if provenance is not None:
+        note.provenance = provenance
+    note.save()
+    return note
 
 
 def _plan_reorder(item, target):

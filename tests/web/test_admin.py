@@ -7,6 +7,8 @@ from django.contrib.auth.models import User
 
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import ModelSpec
+from moeops.insights.models import Note
+from moeops.insights.services import finding_create, plan_item_add
 from moeops.kernels.models import KernelConfig
 from tests import fakes
 from tests import page_base as pb
@@ -263,3 +265,55 @@ def test_a_stored_snapshot_is_not_edited_in_the_admin(admin):
     assert page.status_code == 200 and "Save" not in page.content.decode()
     snapshot.refresh_from_db()
     assert snapshot.virtualization == "container"
+
+
+def test_it_refuses_a_note_under_the_slug_of_the_create_page(admin):
+    response = admin.post(
+        "/admin/insights/note/add/", {"title": "New", "slug": "new", "body": "", "provenance": ""}
+    )
+    assert response.status_code == 200
+    assert _errors(response) == ["<li>“new” is reserved; pick another slug.</li>"]
+    assert not Note.objects.exists()
+
+
+def test_it_saves_a_note_from_the_admin(admin):
+    fields = {"title": "SM120", "slug": "sm120", "body": "off", "provenance": "admin"}
+    response = admin.post("/admin/insights/note/add/", fields)
+    assert response.status_code == 302
+    note = Note.objects.get()
+    assert (note.slug, note.body, note.provenance) == ("sm120", "off", "admin")
+    admin.post(f"/admin/insights/note/{note.pk}/change/", {**fields, "body": "on"})
+    note.refresh_from_db()
+    assert note.body == "on"
+
+
+def _plan(deployment):
+    return list(deployment.plan_items.order_by("position").values_list("title", "position"))
+
+
+def test_a_plan_item_added_or_moved_in_the_admin_keeps_the_plan_in_order(admin):
+    deployment = pb.deployment()
+    for title in ("first", "second"):
+        plan_item_add(deployment=deployment, title=title)
+    fields = {"deployment": deployment.pk, "title": "third", "status": "pending"}
+    fields |= {"position": 0, "source": "human", "provenance": ""}
+    assert admin.post("/admin/insights/planitem/add/", fields).status_code == 302
+    assert _plan(deployment) == [("first", 0), ("second", 1), ("third", 2)]
+    third = deployment.plan_items.get(title="third")
+    admin.post(f"/admin/insights/planitem/{third.pk}/change/", {**fields, "position": 0})
+    assert _plan(deployment) == [("third", 0), ("first", 1), ("second", 2)]
+    admin.post(f"/admin/insights/planitem/{third.pk}/delete/", {"post": "yes"})
+    assert [title for title, _ in _plan(deployment)] == ["first", "second"]
+
+
+def test_a_finding_state_set_in_the_admin_is_on_record(admin):
+    finding = finding_create(deployment=pb.deployment(), kind="other", title="x")
+    fields = {"deployment": finding.deployment_id, "kind": "other", "key": "", "title": "x"}
+    fields |= {"severity": "warning", "text": "", "evidence": "{}", "source": "human"}
+    fields |= {"state": "dismissed", "provenance": ""}
+    response = admin.post(f"/admin/insights/finding/{finding.pk}/change/", fields)
+    assert response.status_code == 302, _errors(response)
+    finding.refresh_from_db()
+    assert finding.state == "dismissed"
+    assert finding.state_changed_by.username == "root"
+    assert finding.state_changed_at is not None

@@ -1,5 +1,6 @@
 import datetime as dt
 import re
+from inspect import getsource
 from io import StringIO
 
 import pytest
@@ -9,6 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from moeops.api.api import api
+from moeops.api.auth import READ, HostWrite, WriteScope
 from moeops.api.models import ApiToken
 from moeops.runs.models import SweepRun
 from tests.api_base import ApiClient, make_world
@@ -25,6 +27,53 @@ def _operations():
     for path, methods in schema["paths"].items():
         for method in methods:
             yield method, re.sub(r"\{\w+\}", "1", path)
+
+
+# Routes anyone may call, and why.
+OPEN_ROUTES = {("GET", "/health"): "liveness probes carry no token"}
+OPEN_URLS = {
+    "openapi-json": "the schema tells a client how to authenticate before it holds a token",
+    "openapi-view": "the docs page shows that schema",
+    "api-root": "/api/v1/ itself answers 404 naming the docs page",
+}
+WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+def _routes():
+    """(method, path, operation) of every route of the API, with the auth it runs under."""
+    for bound in api._get_bound_routers():
+        for path, view in bound.path_operations.items():
+            for operation in view.operations:
+                for method in operation.methods:
+                    yield (
+                        method,
+                        "/" + "/".join(p.strip("/") for p in (bound.prefix, path) if p.strip("/")),
+                        operation,
+                    )
+
+
+def _scope_problem(method, path, operation):
+    """Why a route's declared scope is wrong, or "" when it is right."""
+    auth = list(operation.auth_callbacks)
+    if not auth:
+        return "" if (method, path) in OPEN_ROUTES else "no auth and not in OPEN_ROUTES"
+    if method in WRITE_METHODS:
+        if len(auth) != 1 or not isinstance(auth[0], WriteScope):
+            return "a write with no write scope in its auth="
+        if isinstance(auth[0], HostWrite) and "require_host(" not in getsource(operation.view_func):
+            return "HostWrite, but the handler never checks the object's host with require_host()"
+        return ""
+    return "" if auth == READ else "a read not under READ"
+
+
+def test_every_route_declares_its_scope():
+    routes = list(_routes())
+    assert len(routes) > 60
+    problems = [(m, p, _scope_problem(m, p, op)) for m, p, op in routes]
+    assert [problem for problem in problems if problem[2]] == []
+    # nothing the API serves escapes the walk: its URLs are the routes' and the open ones
+    named = {getattr(op, "url_name", None) or op.view_func.__name__ for _, _, op in routes}
+    assert {url.name for url in api.urls[0]} == named | set(OPEN_URLS)
 
 
 def test_health_needs_no_token(world):
@@ -97,7 +146,16 @@ def test_the_schema_and_docs_are_served(world):
     assert schema.status_code == 200
     body = schema.json()
     assert body["info"]["title"] == "moeops"
-    assert body["components"]["securitySchemes"]["TokenAuth"]["scheme"] == "bearer"
+    schemes = body["components"]["securitySchemes"]
+    for scope in ("ReadScope", "HostWrite", "AnyWrite", "PersonOnly"):
+        assert schemes[scope]["scheme"] == "bearer", scope
+    assert schemes["SessionRead"]["in"] == "cookie"
+    # each operation names the scope it needs
+    assert body["paths"]["/api/v1/runs"]["post"]["security"] == [{"HostWrite": []}]
+    assert body["paths"]["/api/v1/runs"]["get"]["security"] == [
+        {"ReadScope": []},
+        {"SessionRead": []},
+    ]
     assert "/api/v1/runs/{ref}/telemetry" in body["paths"]
     docs = world.anonymous.get("/api/v1/docs")
     assert docs.status_code == 200

@@ -115,6 +115,25 @@ def test_it_keeps_notes_in_markdown(world):
     assert Note.objects.count() == 1
 
 
+def test_it_refuses_a_note_under_the_slug_of_the_create_page(world):
+    # /notes/new/ creates a note: one stored under "new" could never be opened
+    for body in ({"title": "New"}, {"title": "Anything", "slug": "new"}):
+        response = world.owner.post("/api/v1/notes", body)
+        assert response.status_code == 400, body
+        assert response.json()["detail"] == "slug: “new” is reserved; pick another slug."
+    assert not Note.objects.exists()
+
+
+def test_a_note_slug_may_be_as_long_as_the_pages_allow(world):
+    long = "a" * 200
+    response = world.owner.post("/api/v1/notes", {"title": "Long", "slug": long})
+    assert response.status_code == 201
+    assert world.read_only.get(f"/api/v1/notes/{long}").json()["title"] == "Long"
+    too_long = world.owner.post("/api/v1/notes", {"title": "Long", "slug": long + "a"})
+    assert too_long.status_code == 422
+    assert too_long.json()["message"].startswith("slug: ")
+
+
 def test_findings_are_listed_most_important_first(world):
     for title, severity in (
         ("an info", "info"),

@@ -30,6 +30,7 @@ from moeops.insights.models import FINDING_STATES, Finding, PlanItem
 from moeops.insights.services import (
     finding_set_state,
     plan_item_add,
+    plan_item_delete,
     plan_item_move,
     plan_item_update,
 )
@@ -405,7 +406,7 @@ def plan_item(request, pk):
     elif action in ("up", "down"):
         plan_item_move(item=item, offset=-1 if action == "up" else 1)
     elif action == "delete":
-        item.delete()
+        plan_item_delete(item=item)
     return redirect(f"{item.deployment.get_absolute_url()}#plan")
 
 

@@ -5,6 +5,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 
 from moeops.front.forms import NoteForm
+from moeops.insights import services
 from moeops.insights.models import Note
 
 
@@ -32,7 +33,11 @@ def note_detail(request, slug):
 def _edit(request, note):
     form = NoteForm(request.POST or None, instance=note)
     if request.method == "POST" and form.is_valid():
-        note = form.save()
+        fields = {name: form.cleaned_data[name] for name in ("title", "slug", "body")}
+        if note.pk is None:
+            note, _ = services.note_create(**fields)
+        else:
+            note = services.note_update(note=note, **fields)
         messages.success(request, "Note saved.")
         return redirect("note-detail", slug=note.slug)
     return render(request, "front/note_form.html", {"nav": "notes", "form": form, "note": note})
