@@ -91,7 +91,7 @@ def kernel_for(engine):
 
 
 def _builtin_record(note):
-    from tuning.backends import BuiltinBackend
+    from tuning.backend_builtin import BuiltinBackend
 
     kernel = BuiltinBackend().describe()
     return {
@@ -299,7 +299,7 @@ def _telemetry_fields(telemetry):
 
 
 def _kernel_fields(kernel):
-    """The API's kernel_* fields from tuning.backends.KernelBackend.describe()'s dict."""
+    """The API's kernel_* fields from tuning.kernel_backend.KernelBackend.describe()'s dict."""
     return {
         "kernel_engine": kernel.get("engine") or "builtin",
         "kernel_version": kernel.get("version") or "",

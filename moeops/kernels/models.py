@@ -49,7 +49,7 @@ TUNING_STATUSES = (
 
 
 class TimedKernel(models.Model):
-    """Which fused-MoE kernel the timings were taken on (tuning.backends.KernelBackend.describe):
+    """Which fused-MoE kernel the timings were taken on (tuning.kernel_backend.KernelBackend.describe):
     a file tuned on one engine version's kernel need not be the best for another's launch."""
 
     kernel_engine = models.CharField(
