@@ -18,9 +18,8 @@ default-config rule and shipped config files:
 from __future__ import annotations
 
 from tuning.backend_builtin import BuiltinBackend
+from tuning.engines import ENGINES
 from tuning.kernel_backend import BackendError, KernelBackend
-
-ENGINES = ("builtin", "vllm", "sglang")
 
 
 def load_backend(

@@ -60,12 +60,8 @@ def kernel_for(engine):
     spec: tuning.spread.spread_tune's engine), else moeops' builtin one (spec None). record: the
     tuning run's kernel_engine, kernel_version and kernel_note (which kernel, and why).
     """
-    from tuning.engine_source import (
-        ENGINE_PYTHON_ENV,
-        ENGINE_TITLES,
-        EngineSourceError,
-        locate_package,
-    )
+    from tuning.engine_source import ENGINE_PYTHON_ENV, EngineSourceError, locate_package
+    from tuning.engines import ENGINE_TITLES
 
     if engine == "builtin":
         return None, _builtin_record("moeops' builtin kernel, as asked")
