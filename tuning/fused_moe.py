@@ -15,9 +15,9 @@ The structure and the meaning of every config key (BLOCK_SIZE_M/N/K, GROUP_SIZE_
 num_stages) follow the engines' fused-MoE kernel, so that a config tuned on this kernel is a config
 for SGLang's and vLLM's. So do the launches and the arithmetic that decide which tile is fastest,
 because the config files are for the engines: a variant that is faster here but picks tiles the
-engines run slower does not belong here (docs/decisions.md #4). GEMM 2 may have its own config
-(SGLang's `_down` files), which shares BLOCK_SIZE_M with GEMM 1's because both GEMMs read one
-sort-and-pad.
+engines run slower does not belong here (docs/decisions.md, "the engines' layout"). GEMM 2 may
+have its own config (SGLang's `_down` files), which shares BLOCK_SIZE_M with GEMM 1's because both
+GEMMs read one sort-and-pad.
 
 dtypes: "bf16" (also "fp16" and "fp32", mainly for the CPU interpreter), and "fp8_w8a8": float8
 e4m3 weights and activations, either with per-expert weight scales and one dynamic scale per
