@@ -154,9 +154,9 @@ def explain_fp8_block_miss() -> None:
     for kernel in kernels:
         kernel.device_caches.clear()
     # a compile process: no GPU, small E, unset CPU tensors
-    compile_pool._set_up_compile_worker(shape.as_dict())
+    compile_pool.set_up_compile_worker(shape.as_dict())
     driver.set_active(compile_only_driver(target))
-    error = compile_pool._compile_in_worker(config, target)
+    error = compile_pool.compile_in_worker(config, target)
     print(f"compile-only: {error or 'compiled'}")
     triton.knobs.runtime.jit_cache_hook = None
     for name, launches in launched.items():

@@ -385,20 +385,21 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
     from tuning.timing import LayerTimer, routed_experts
 
     fm = importlib.import_module("tuning.fused_moe")
+    ops = importlib.import_module("tuning.moe_ops")
     config = batch.config
     down = batch.down_config or config
-    scales = fm._scales_mode(shape.dtype, shape.block_shape)
+    scales = ops.scales_mode(shape.dtype, shape.block_shape)
     block_shape = list(shape.block_shape) if shape.block_shape else None
     timer = LayerTimer(shape, weights, m)
     pairs = m * shape.top_k
     bm = config["BLOCK_SIZE_M"]
-    blocks = [fm.sort_and_pad(timer.topk_ids[j], shape.E, bm) for j in range(timer.calls)]
-    a1 = [fm._quantize_activations(x, scales, block_shape) for x in timer.x]
+    blocks = [ops.sort_and_pad(timer.topk_ids[j], shape.E, bm) for j in range(timer.calls)]
+    a1 = [ops.quantize_activations(x, scales, block_shape) for x in timer.x]
     h = [
         torch.randn((pairs, 2 * shape.N), dtype=torch.bfloat16, device="cuda")
         for _ in range(timer.calls)
     ]
-    a2 = [fm._silu_and_mul(t, scales, block_shape) for t in h]
+    a2 = [ops.silu_and_mul(t, scales, block_shape) for t in h]
     y = [torch.empty((pairs, shape.H), dtype=torch.bfloat16, device="cuda") for _ in h]
     w1s, w2s = weights.w1_scale, weights.w2_scale
     if scales == 1:
@@ -406,7 +407,7 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
 
     def gemm1(j):
         a, a_scale = a1[j]
-        fm._expert_gemm(
+        fm.expert_gemm(
             a,
             weights.w1,
             h[j],
@@ -422,7 +423,7 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
 
     def gemm2(j):
         a, a_scale = a2[j]
-        fm._expert_gemm(
+        fm.expert_gemm(
             a,
             weights.w2,
             y[j],
@@ -437,7 +438,7 @@ def _breakdown_at(m, weights, shape, batch) -> dict:
         )
 
     def align(j):
-        fm.sort_and_pad(timer.topk_ids[j], shape.E, bm)
+        ops.sort_and_pad(timer.topk_ids[j], shape.E, bm)
 
     parts = {
         "sort_and_pad": timer.time_layer(align, 20),

@@ -1,10 +1,11 @@
-"""tuning.fused_moe with its kernels in Triton's interpreter, on a machine without a GPU.
+"""tuning.moe_ops and tuning.fused_moe with their kernels in Triton's interpreter, on a machine
+without a GPU.
 
 TRITON_INTERPRET is read when a kernel is decorated, so it is set while the module (re)loads;
 test modules that run kernels set it again while their tests run (Triton reads it at run time
 too, e.g. importing its Gluon frontend). Triton's own library kernels (tl.cdiv, …) are
 decorated when Triton is first imported, so this module is imported by the kernel tests before
-anything else imports Triton, and loads the module at once.
+anything else imports Triton, and loads the modules at once.
 """
 
 import contextlib
@@ -16,22 +17,35 @@ import torch
 GPU = torch.cuda.is_available()
 
 
-def kernel_module():
-    """tuning.fused_moe: compiled on a GPU, interpreted without one (reloaded if need be)."""
+def kernel_modules():
+    """tuning.moe_ops and tuning.fused_moe: compiled on a GPU, interpreted without one (reloaded
+    if need be, moe_ops first so that fused_moe binds its interpreted kernels)."""
     if GPU:
-        return importlib.import_module("tuning.fused_moe")
+        return importlib.import_module("tuning.moe_ops"), importlib.import_module(
+            "tuning.fused_moe"
+        )
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
+        ops = importlib.import_module("tuning.moe_ops")
+        if not _interpreted(ops._activation_kernel):
+            ops = importlib.reload(ops)
         module = importlib.import_module("tuning.fused_moe")
-        if type(module._expert_gemm_kernel).__name__ != "InterpretedFunction":
+        if (
+            not _interpreted(module._expert_gemm_kernel)
+            or module.sort_and_pad is not ops.sort_and_pad
+        ):
             module = importlib.reload(module)
     finally:
         if saved is None:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = saved
-    return module
+    return ops, module
+
+
+def _interpreted(kernel) -> bool:
+    return type(kernel).__name__ == "InterpretedFunction"
 
 
 @contextlib.contextmanager
@@ -50,4 +64,4 @@ def interpreting():
             os.environ["TRITON_INTERPRET"] = saved
 
 
-fm = kernel_module()
+ops, fm = kernel_modules()

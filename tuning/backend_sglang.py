@@ -22,7 +22,7 @@ sm_90: swap-AB, PDL), SGLang's runtime flags at their defaults (no deterministic
 mode, no fused sum all-reduce, no symmetric memory, no LoRA, no MoE padding), and the compiled
 ops done with their semantics: `sgl_kernel.moe_align_block_size` by moeops' sort-and-pad
 kernels writing SGLang's buffers, silu-and-mul and the fp8 quantisation of activations (per
-token group, or one dynamic scale per tensor) by tuning.fused_moe's kernels, and sgl_kernel's
+token group, or one dynamic scale per tensor) by tuning.moe_ops, and sgl_kernel's
 `moe_sum_reduce` by SGLang's own Triton `moe_sum_reduce_triton`. The config the layer times
 stands in for `try_get_optimal_moe_config`. A SGLang whose functions use another name, or whose
 launcher or sequence takes another parameter, fails to load with a sentence naming the version
@@ -39,8 +39,8 @@ import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
-from tuning.backends import BackendError, KernelBackend, read_shipped
 from tuning.engine_source import EnginePackage, load_functions, top_level_constants
+from tuning.kernel_backend import BackendError, KernelBackend, read_shipped
 
 KERNELS = "kernels/ops/moe/fused_moe_triton_kernels.py"
 SMALL_ALIGN = "kernels/ops/moe/moe_align_small_numel.py"
@@ -336,7 +336,7 @@ class SglangStandIns:
         pad_sorted_token_ids=False,
         ignore_invalid_expert=False,
     ):
-        from tuning.fused_moe import sort_and_pad
+        from tuning.moe_ops import sort_and_pad
 
         # num_experts counts SGLang's bucket for the filtered id -1, which one rank never routes to
         sorted_token_ids.fill_(topk_ids.numel())
@@ -358,13 +358,13 @@ class SglangStandIns:
         num_tokens_post_padded=None,
         num_valid_tokens=0,
     ):
-        from tuning.fused_moe import _launch_activation
+        from tuning.moe_ops import launch_activation
 
         # rows the filter would skip are computed too; GEMM 2 never uses them
         n = input.shape[-1] // 2
         if out is None:
             out = input.new_empty(*input.shape[:-1], n)
-        _launch_activation(input, out, None, n, silu_and_mul=True, group=None)
+        launch_activation(input, out, None, n, silu_and_mul=True, group=None)
         return out
 
     def per_token_group_quant(self, input, output_q=None, output_s=None, group_size=128, **rows):
@@ -380,18 +380,18 @@ class SglangStandIns:
     def scaled_fp8_quant(
         self, input, scale=None, num_token_padding=None, use_per_token_if_dynamic=False
     ):
-        from tuning.fused_moe import FP8_DTYPE, FP8_MAX, _quantize_per_tensor
+        from tuning.moe_ops import FP8_DTYPE, FP8_MAX, quantize_per_tensor
 
         if num_token_padding or use_per_token_if_dynamic:
             raise BackendError("moeops' sglang backend quantises fp8 per tensor only")
         if scale is None:
-            return _quantize_per_tensor(input)
+            return quantize_per_tensor(input)
         return (input.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
     def _group_quant(self, x, group_size):
-        from tuning.fused_moe import _SCALES_BLOCK, _quantize_activations
+        from tuning.moe_ops import SCALES_BLOCK, quantize_activations
 
-        return _quantize_activations(x.contiguous(), _SCALES_BLOCK, [group_size, group_size])
+        return quantize_activations(x.contiguous(), SCALES_BLOCK, [group_size, group_size])
 
 
 class SglangBackend(KernelBackend):
@@ -537,14 +537,14 @@ class SglangBackend(KernelBackend):
     def default_config(self, shape, M: int) -> dict:
         """SGLang's get_default_config, with Triton's launch defaults (4 warps, 3 stages) where
         its rule names none."""
-        from tuning.fused_moe import _full_config
+        from tuning.moe_ops import full_config
 
         self._platform()
         block = list(shape.block_shape) if shape.block_shape else None
         config = self.source.get_default_config(
             M, shape.E, shape.N, shape.H, shape.top_k, self._dtype(shape), False, block
         )
-        return _full_config(config)
+        return full_config(config)
 
     def file_name(self, shape, device_name: str, *, down: bool = False) -> str:
         """The file name this SGLang looks up for shape on device_name (down: GEMM 2's)."""

@@ -11,7 +11,7 @@ path for tiny batches), the default-config rule `get_default_config` and the con
 What vLLM runs as compiled extensions is done here with the same semantics, graph-safe:
 `ops.moe_align_block_size` (moeops' sort-and-pad kernels writing vLLM's buffers, padding slots
 holding the pair count), silu-and-mul and the fp8 quantisation of activations (per token group
-of block_shape[1] columns, or one dynamic scale per tensor: tuning.fused_moe's kernels) and
+of block_shape[1] columns, or one dynamic scale per tensor: tuning.moe_ops) and
 `ops.moe_sum` (a sum over the top-k rows). The layer runs as vLLM's `fused_experts_impl` runs it
 (bf16, fp8 per tensor and fp8 block, silu): quantise, align, GEMM 1, silu-and-mul, quantise,
 GEMM 2 with the router weights, sum; one config for both GEMMs.
@@ -35,8 +35,8 @@ from types import SimpleNamespace
 
 import torch
 
-from tuning.backends import BackendError, KernelBackend, read_shipped
 from tuning.engine_source import EnginePackage, load_functions
+from tuning.kernel_backend import BackendError, KernelBackend, read_shipped
 
 FUSED_MOE = "model_executor/layers/fused_moe/fused_moe.py"
 UTILS = "model_executor/layers/fused_moe/utils.py"
@@ -153,7 +153,7 @@ class _Ops:
     ):
         if expert_map is not None or scatter_idx is not None:
             raise BackendError("moeops times one rank's experts: no expert map, no scatter index")
-        from tuning.fused_moe import sort_and_pad
+        from tuning.moe_ops import sort_and_pad
 
         # padding slots hold the pair count, which the kernel masks out
         sorted_ids.fill_(topk_ids.numel())
@@ -256,7 +256,7 @@ class VllmBackend(KernelBackend):
     ):
         if down_config is not None and down_config != config:
             raise BackendError("vLLM reads one config for both GEMMs: it has no _down files")
-        from tuning.fused_moe import _quantize_activations, _scales_mode, _silu_and_mul
+        from tuning.moe_ops import quantize_activations, scales_mode, silu_and_mul
 
         self._platform()
         vllm = self.source
@@ -265,7 +265,7 @@ class VllmBackend(KernelBackend):
         top_k = topk_ids.shape[1]
         fp8 = shape.dtype == "fp8_w8a8"
         block = list(shape.block_shape) if shape.block_shape else None
-        scales = _scales_mode(shape.dtype, block)
+        scales = scales_mode(shape.dtype, block)
         w1, w2 = weights.w1, weights.w2
         if launch_only and w1.device.type == "cpu":
             w1, w2 = w1.as_subclass(_CompiledForGpu), w2.as_subclass(_CompiledForGpu)
@@ -287,7 +287,7 @@ class VllmBackend(KernelBackend):
             "block_shape": block,
             "B_bias": None,
         }
-        a1, a1_scale = _quantize_activations(x, scales, block)
+        a1, a1_scale = quantize_activations(x, scales, block)
         sorted_ids, expert_ids, num_padded = vllm._prepare_expert_assignment(
             topk_ids, config, M, top_k, E, None, block_shape=block, ignore_invalid_experts=True
         )
@@ -295,7 +295,7 @@ class VllmBackend(KernelBackend):
             a1, w1, cache1, a1_scale, w1_scale, topk_weights, sorted_ids, expert_ids,
             num_padded, False, top_k, config, **flags,
         )  # fmt: skip
-        a2, a2_scale = _silu_and_mul(cache1.view(-1, two_n), scales, block)
+        a2, a2_scale = silu_and_mul(cache1.view(-1, two_n), scales, block)
         vllm.invoke_fused_moe_triton_kernel(
             a2, w2, cache3, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids,
             num_padded, True, 1, config, **flags,

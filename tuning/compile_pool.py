@@ -59,7 +59,7 @@ class CompilePool:
         # the workers compile into the cache this process reads now, whatever the server's was
         cache = os.environ.get("TRITON_CACHE_DIR")
         shape_data = {**shape.as_dict(), "backend": backend}
-        initargs = (set_up or _set_up_compile_worker, shape_data, cache, started)
+        initargs = (set_up or set_up_compile_worker, shape_data, cache, started)
         self.per_batch_size = backend is not None
         self._created_at = time.time()
         self._start_s: float | None = None
@@ -146,7 +146,7 @@ class CompilePool:
             return [None] * len(configs)
         try:
             futures = {
-                i: self._executor.submit(_compile_in_worker, configs[i], target, sizes)
+                i: self._executor.submit(compile_in_worker, configs[i], target, sizes)
                 for i in compile_order(configs, self._shard)
             }
         except BrokenProcessPool:
@@ -250,7 +250,9 @@ def _compile_worker_started() -> float:
     return time.time()
 
 
-def _set_up_compile_worker(shape_data: dict) -> None:
+def set_up_compile_worker(shape_data: dict) -> None:
+    """A compile process's state for shape_data (KernelShape.as_dict(), with "backend": the
+    engine spec or None): the backend, and operands that give the launches their shapes."""
     import torch
 
     from tuning import timing
@@ -287,7 +289,7 @@ def _set_up_compile_worker(shape_data: dict) -> None:
     )
 
 
-def _compile_in_worker(
+def compile_in_worker(
     config: dict, target: GpuTarget, sizes: tuple[int | None, ...] = (None,)
 ) -> str | None:
     """Compile the layer's kernels with config for target (an engine's: at each batch size of

@@ -17,8 +17,9 @@ import ast
 import hashlib
 import sys
 
-from tuning.backends import BackendError, load_backend
+from tuning.backends import load_backend
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
+from tuning.kernel_backend import BackendError
 
 # The kernel and its launcher, by engine (the names the backends take from the engine's files).
 KERNELS = {"vllm": ("fused_moe_kernel", "invoke_fused_moe_triton_kernel")}

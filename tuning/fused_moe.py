@@ -1,26 +1,23 @@
 """The fused Mixture-of-Experts layer as Triton kernels: moeops' builtin kernel.
 
 A tune times the engine's own kernel where the engine is installed (tuning.backends); this one
-is the fallback and the CPU tests' kernel. Its launch mirrors the engines' fused_moe_kernel as it
-was before vLLM 0.32 added swap-AB and BLOCK_SIZE_M 8 (one grid over the padded pairs), and its
-default config is SGLang's older rule (default_config below).
+is the fallback and the CPU tests' kernel. Its launch is the engines' fused_moe_kernel without
+swap-AB or BLOCK_SIZE_M 8 (one grid over the padded pairs), and its default config is SGLang's
+older rule (default_config below).
 
 x [M, H] routed to top_k of E experts: sort the M·top_k token–expert pairs by expert and pad each
-expert's segment to BLOCK_SIZE_M (counted over many programs); grouped GEMM 1 gathers x rows and
+expert's segment to BLOCK_SIZE_M (tuning.moe_ops.sort_and_pad); grouped GEMM 1 gathers x rows and
 multiplies by w1 [E, 2N, H] (gate and up); silu(gate)·up; grouped GEMM 2 multiplies by w2 [E, H, N]
 and the router weight and scatters each pair to its own row; a last kernel sums the top_k rows of
-every token. (Adding the pairs into a float32 [M, H] with atomics in GEMM 2 instead was slower on
-an H200 from M=1024 up and no faster below: docs/decisions.md, "the engines' layout".)
+every token.
 
 The structure and the meaning of every config key (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps,
 num_stages) follow the engines' fused-MoE kernel, so that a config tuned on this kernel is a config
 for SGLang's and vLLM's. So do the launches and the arithmetic that decide which tile is fastest,
-because the config files are for the engines: faster variants whose best tiles are not the
-engines' best tiles were dropped for that (docs/decisions.md, "the engines' layout"), among them
-silu-and-mul in GEMM 1's epilogue and one fp8-block weight scale per half tile, each faster here
-and each picking tiles that run slower in the engines' layer. GEMM 2 may have its own config
-(SGLang's `_down` files), which shares BLOCK_SIZE_M with GEMM 1's because both GEMMs read one
-sort-and-pad.
+because the config files are for the engines: a variant that is faster here but picks tiles the
+engines run slower does not belong here (docs/decisions.md, "the engines' layout"). GEMM 2 may
+have its own config (SGLang's `_down` files), which shares BLOCK_SIZE_M with GEMM 1's because both
+GEMMs read one sort-and-pad.
 
 dtypes: "bf16" (also "fp16" and "fp32", mainly for the CPU interpreter), and "fp8_w8a8": float8
 e4m3 weights and activations, either with per-expert weight scales and one dynamic scale per
@@ -30,23 +27,23 @@ token and group of bk columns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from tuning.config_files import REQUIRED_FIELDS, TRITON_LAUNCH_DEFAULTS
+from tuning.config_files import REQUIRED_FIELDS
+from tuning.moe_ops import (
+    FP8_DTYPE,
+    SCALES_BLOCK,
+    SCALES_TENSOR,
+    full_config,
+    quantize_activations,
+    scales_mode,
+    silu_and_mul,
+    sort_and_pad,
+)
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0
 UNQUANTIZED_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_FP8_MAX = tl.constexpr(FP8_MAX)
-_SCALES_NONE, _SCALES_TENSOR, _SCALES_BLOCK = 0, 1, 2
-# Pairs one program of sort-and-pad counts and places; up to one chunk, one program does it all.
-PAIR_CHUNK = 1024
-# Chunk rows the single program of sort-and-pad sums at a time (a [16, experts] tile).
-_CHUNK_ROWS = 16
 
 
 @triton.jit(do_not_specialize=["num_m_blocks", "group_size_m"])
@@ -138,159 +135,6 @@ def _expert_gemm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n < N)[None, :])
 
 
-@triton.jit(do_not_specialize=["num_pairs"])
-def _count_experts_kernel(
-    topk_ids_ptr,
-    chunk_counts_ptr,
-    num_pairs,
-    EXPERT_BINS: tl.constexpr,
-    PAIR_CHUNK: tl.constexpr,
-):
-    """chunk_counts[chunk, expert] = pairs of this program's chunk routed to expert."""
-    chunk = tl.program_id(0)
-    counts = _chunk_histogram(topk_ids_ptr, chunk, num_pairs, EXPERT_BINS, PAIR_CHUNK)
-    tl.store(chunk_counts_ptr + chunk * EXPERT_BINS + tl.arange(0, EXPERT_BINS), counts)
-
-
-@triton.jit(do_not_specialize=["num_pairs", "num_chunks"])
-def _expert_blocks_kernel(
-    topk_ids_ptr,
-    chunk_counts_ptr,
-    chunk_cursor_ptr,
-    sorted_pair_ids_ptr,
-    block_experts_ptr,
-    block_rows_ptr,
-    num_padded_ptr,
-    num_pairs,
-    num_chunks,
-    num_experts,
-    BLOCK_SIZE_M: tl.constexpr,
-    EXPERT_BINS: tl.constexpr,
-    PAIR_CHUNK: tl.constexpr,
-    CHUNK_ROWS: tl.constexpr,
-    SINGLE_CHUNK: tl.constexpr,
-):
-    """One program: expert totals, padded segments, each M-block's expert and rows, and each
-    chunk's first slot per expert (chunk_cursor). SINGLE_CHUNK: also counts and places the pairs."""
-    experts = tl.arange(0, EXPERT_BINS)
-    if SINGLE_CHUNK:
-        counts = _chunk_histogram(topk_ids_ptr, 0, num_pairs, EXPERT_BINS, PAIR_CHUNK)
-    else:
-        counts = tl.zeros((EXPERT_BINS,), dtype=tl.int32)
-        for first in range(0, num_chunks, CHUNK_ROWS):
-            tile = _chunk_counts_tile(chunk_counts_ptr, first, num_chunks, EXPERT_BINS, CHUNK_ROWS)
-            counts += tl.sum(tile, 0)
-    counts = tl.where(experts < num_experts, counts, 0)
-    num_blocks = tl.cdiv(counts, BLOCK_SIZE_M)
-    starts = tl.cumsum(num_blocks, 0) - num_blocks
-    tl.store(num_padded_ptr, tl.sum(num_blocks, 0) * BLOCK_SIZE_M)
-    for j in range(0, tl.max(num_blocks, 0)):
-        owned = j < num_blocks
-        rows = tl.minimum(counts - j * BLOCK_SIZE_M, BLOCK_SIZE_M)
-        tl.store(block_experts_ptr + starts + j, experts, mask=owned)
-        tl.store(block_rows_ptr + starts + j, rows, mask=owned)
-    # a chunk's pairs of an expert follow those of the earlier chunks in the expert's segment
-    cursor = starts * BLOCK_SIZE_M
-    if SINGLE_CHUNK:
-        tl.store(chunk_cursor_ptr + experts, cursor)
-        # the placing atomics below read cursors other threads of this program stored
-        tl.debug_barrier()
-        _place_chunk(topk_ids_ptr, chunk_cursor_ptr, sorted_pair_ids_ptr, 0, num_pairs, PAIR_CHUNK)
-    else:
-        for first in range(0, num_chunks, CHUNK_ROWS):
-            tile = _chunk_counts_tile(chunk_counts_ptr, first, num_chunks, EXPERT_BINS, CHUNK_ROWS)
-            chunks = first + tl.arange(0, CHUNK_ROWS)
-            tl.store(
-                chunk_cursor_ptr + chunks[:, None] * EXPERT_BINS + experts[None, :],
-                tl.cumsum(tile, 0) - tile + cursor[None, :],
-                mask=chunks[:, None] < num_chunks,
-            )
-            cursor += tl.sum(tile, 0)
-
-
-@triton.jit(do_not_specialize=["num_pairs"])
-def _place_pairs_kernel(
-    topk_ids_ptr,
-    chunk_cursor_ptr,
-    sorted_pair_ids_ptr,
-    num_pairs,
-    EXPERT_BINS: tl.constexpr,
-    PAIR_CHUNK: tl.constexpr,
-):
-    """Write each pair of this program's chunk into the next free slot of its expert's segment."""
-    chunk = tl.program_id(0)
-    _place_chunk(
-        topk_ids_ptr,
-        chunk_cursor_ptr + chunk * EXPERT_BINS,
-        sorted_pair_ids_ptr,
-        chunk,
-        num_pairs,
-        PAIR_CHUNK,
-    )
-
-
-@triton.jit
-def _chunk_histogram(topk_ids_ptr, chunk, num_pairs, EXPERT_BINS, PAIR_CHUNK):
-    """Per-expert pair counts [EXPERT_BINS] of one chunk of pairs."""
-    offs = chunk * PAIR_CHUNK + tl.arange(0, PAIR_CHUNK)
-    # the tail of the last chunk lands in a spare bin past the experts
-    ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=EXPERT_BINS - 1)
-    return tl.histogram(ids.to(tl.int32), EXPERT_BINS)
-
-
-@triton.jit
-def _chunk_counts_tile(chunk_counts_ptr, first, num_chunks, EXPERT_BINS, CHUNK_ROWS):
-    """Rows first … first + CHUNK_ROWS − 1 of chunk_counts (zeros past the last chunk)."""
-    chunks = first + tl.arange(0, CHUNK_ROWS)
-    experts = tl.arange(0, EXPERT_BINS)
-    return tl.load(
-        chunk_counts_ptr + chunks[:, None] * EXPERT_BINS + experts[None, :],
-        mask=chunks[:, None] < num_chunks,
-        other=0,
-    )
-
-
-@triton.jit
-def _place_chunk(topk_ids_ptr, cursor_ptr, sorted_pair_ids_ptr, chunk, num_pairs, PAIR_CHUNK):
-    """sorted_pair_ids[cursor[expert]++] = pair, for every pair of one chunk."""
-    offs = chunk * PAIR_CHUNK + tl.arange(0, PAIR_CHUNK)
-    mask = offs < num_pairs
-    ids = tl.load(topk_ids_ptr + offs, mask=mask, other=0)
-    slots = tl.atomic_add(cursor_ptr + ids, 1, mask=mask, sem="relaxed")
-    tl.store(sorted_pair_ids_ptr + slots, offs, mask=mask)
-
-
-@triton.jit
-def _activation_kernel(
-    in_ptr,
-    out_ptr,
-    scale_ptr,
-    n_cols,
-    stride_in,
-    stride_out,
-    stride_scale,
-    SILU_AND_MUL: tl.constexpr,
-    QUANTIZE: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
-    GROUPS: tl.constexpr,
-):
-    """out[row] = silu(in[row, :n]) · in[row, n:] (or in[row]), fp8 with one scale per group."""
-    row = tl.program_id(0).to(tl.int64)
-    groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
-    cols = groups[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]
-    mask = cols < n_cols
-    in_row = in_ptr + row * stride_in
-    value = tl.load(in_row + cols, mask=mask, other=0.0).to(tl.float32)
-    if SILU_AND_MUL:
-        up = tl.load(in_row + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-        value = value * tl.sigmoid(value) * up
-    if QUANTIZE:
-        scale = tl.maximum(tl.max(tl.abs(value), 1), 1e-10) / _FP8_MAX
-        value = tl.clamp(value / scale[:, None], -_FP8_MAX, _FP8_MAX)
-        tl.store(scale_ptr + row * stride_scale + groups, scale, mask=groups * GROUP_SIZE < n_cols)
-    tl.store(out_ptr + row * stride_out + cols, value.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 @triton.jit
 def _sum_topk_kernel(
     y_ptr,
@@ -324,97 +168,6 @@ def _grouped_tile(pid, num_pid_m, num_pid_n, group_size_m):
     return pid_m, pid_n
 
 
-@dataclass(frozen=True)
-class ExpertBlocks:
-    """Token–expert pairs sorted by expert, each expert's segment padded to block_size_m.
-
-    A pair is token·top_k + slot. sorted_pair_ids [max_padded] int32 (padding slots hold stale
-    values; block_rows says how many leading slots of a block are real); block_experts and
-    block_rows [num_m_blocks] int32, valid for blocks below num_padded; num_padded [1] int32 on
-    the device, so that the launch sizes never wait for the host (graph capture).
-    """
-
-    sorted_pair_ids: torch.Tensor
-    block_experts: torch.Tensor
-    block_rows: torch.Tensor
-    num_padded: torch.Tensor
-    num_m_blocks: int
-    block_size_m: int
-
-
-def sort_and_pad(
-    topk_ids: torch.Tensor,
-    num_experts: int,
-    block_size_m: int,
-    *,
-    pair_chunk: int = PAIR_CHUNK,
-    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-) -> ExpertBlocks:
-    """Group the M·top_k pairs of topk_ids [M, top_k] (ids in [0, E)) by expert, padded to blocks.
-
-    No host synchronisation. Up to pair_chunk pairs (a power of two), one launch; beyond, three:
-    per-chunk expert counts over many programs, one program for the prefix sums, and the
-    placing over many programs. Buffers are sized for the worst case,
-    M·top_k + min(M·top_k, E)·(block_size_m − 1) slots; out = (sorted_pair_ids, block_experts,
-    num_padded) are the caller's buffers instead, at least that large (the engines' own sizes).
-    """
-    ids = topk_ids.reshape(-1)
-    num_pairs = ids.numel()
-    max_padded = num_pairs + min(num_pairs, num_experts) * (block_size_m - 1)
-    num_chunks = triton.cdiv(num_pairs, pair_chunk)
-    bins = triton.next_power_of_2(num_experts + 1)
-    device = topk_ids.device
-    if out is None:
-        num_m_blocks = triton.cdiv(max_padded, block_size_m)
-        sorted_pair_ids = torch.empty(num_m_blocks * block_size_m, dtype=torch.int32, device=device)
-        block_experts = torch.empty(num_m_blocks, dtype=torch.int32, device=device)
-        num_padded = torch.empty(1, dtype=torch.int32, device=device)
-    else:
-        sorted_pair_ids, block_experts, num_padded = out
-        num_m_blocks = block_experts.numel()
-        if sorted_pair_ids.numel() < max_padded or num_m_blocks * block_size_m < max_padded:
-            raise ValueError(f"the buffers hold fewer than the {max_padded} slots needed")
-    block_rows = torch.empty(num_m_blocks, dtype=torch.int32, device=device)
-    chunk_cursor = torch.empty((num_chunks, bins), dtype=torch.int32, device=device)
-    single = num_chunks == 1
-    chunk_counts = chunk_cursor if single else torch.empty_like(chunk_cursor)
-    if not single:
-        _count_experts_kernel[(num_chunks,)](
-            ids, chunk_counts, num_pairs, EXPERT_BINS=bins, PAIR_CHUNK=pair_chunk, num_warps=4
-        )
-    _expert_blocks_kernel[(1,)](
-        ids,
-        chunk_counts,
-        chunk_cursor,
-        sorted_pair_ids,
-        block_experts,
-        block_rows,
-        num_padded,
-        num_pairs,
-        num_chunks,
-        num_experts,
-        BLOCK_SIZE_M=block_size_m,
-        EXPERT_BINS=bins,
-        PAIR_CHUNK=pair_chunk,
-        CHUNK_ROWS=_CHUNK_ROWS,
-        SINGLE_CHUNK=single,
-        num_warps=8,
-    )
-    if not single:
-        _place_pairs_kernel[(num_chunks,)](
-            ids,
-            chunk_cursor,
-            sorted_pair_ids,
-            num_pairs,
-            EXPERT_BINS=bins,
-            PAIR_CHUNK=pair_chunk,
-            num_warps=4,
-        )
-    return ExpertBlocks(
-        sorted_pair_ids, block_experts, block_rows, num_padded, num_m_blocks, block_size_m
-    )
-
-
 def default_config(
     M: int,
     E: int,
@@ -429,7 +182,7 @@ def default_config(
     M tokens, E experts, N intermediate per shard, H hidden; N, H and top_k do not change it.
     """
     if dtype == "fp8_w8a8" and block_shape:
-        return _full_config(
+        return full_config(
             {
                 "BLOCK_SIZE_M": 64,
                 "BLOCK_SIZE_N": block_shape[0],
@@ -441,7 +194,7 @@ def default_config(
         )
     if dtype == "fp8_w8a8":
         if M <= E:
-            return _full_config(
+            return full_config(
                 {
                     "BLOCK_SIZE_M": 64,
                     "BLOCK_SIZE_N": 128,
@@ -450,7 +203,7 @@ def default_config(
                     "num_stages": 4,
                 }
             )
-        return _full_config(
+        return full_config(
             {
                 "BLOCK_SIZE_M": 128,
                 "BLOCK_SIZE_N": 256,
@@ -461,10 +214,10 @@ def default_config(
             }
         )
     if M <= E:
-        return _full_config(
+        return full_config(
             {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
         )
-    return _full_config(
+    return full_config(
         {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8}
     )
 
@@ -500,14 +253,14 @@ def fused_moe(
     N = two_n // 2
     top_k = topk_ids.shape[1]
     _check_operands(x, w1, w2, topk_weights, topk_ids, dtype, block_shape, w1_scale, w2_scale)
-    config = _full_config(config or default_config(M, E, N, H, top_k, dtype, block_shape))
-    down_config = config if down_config is None else _full_config(down_config)
+    config = full_config(config or default_config(M, E, N, H, top_k, dtype, block_shape))
+    down_config = config if down_config is None else full_config(down_config)
     for entry in (config, down_config):
         _check_config(entry, dtype, block_shape)
     if down_config["BLOCK_SIZE_M"] != config["BLOCK_SIZE_M"]:
         raise ValueError("down_config must keep config's BLOCK_SIZE_M: both GEMMs share one sort")
-    scales = _scales_mode(dtype, block_shape)
-    if scales == _SCALES_TENSOR:
+    scales = scales_mode(dtype, block_shape)
+    if scales == SCALES_TENSOR:
         w1_scale, w2_scale = w1_scale.reshape(-1).float(), w2_scale.reshape(-1).float()
     if out is None:
         out = torch.empty_like(x)
@@ -515,16 +268,16 @@ def fused_moe(
         return out
     blocks = sort_and_pad(topk_ids, E, config["BLOCK_SIZE_M"])
     num_pairs = M * top_k
-    a1, a1_scale = _quantize_activations(x, scales, block_shape)
+    a1, a1_scale = quantize_activations(x, scales, block_shape)
     h = torch.empty((num_pairs, two_n), dtype=x.dtype, device=x.device)
-    _expert_gemm(a1, w1, h, blocks, config, scales, block_shape, a1_scale, w1_scale, top_k, None)
-    a2, a2_scale = _silu_and_mul(h, scales, block_shape)
+    expert_gemm(a1, w1, h, blocks, config, scales, block_shape, a1_scale, w1_scale, top_k, None)
+    a2, a2_scale = silu_and_mul(h, scales, block_shape)
     y = (
         out.view(M, 1, H)
         if top_k == 1
         else torch.empty((M, top_k, H), dtype=x.dtype, device=x.device)
     )
-    _expert_gemm(
+    expert_gemm(
         a2,
         w2,
         y.view(num_pairs, H),
@@ -545,15 +298,15 @@ def fused_moe(
     return out
 
 
-def _expert_gemm(
+def expert_gemm(
     a, b, c, blocks, config, scales, block_shape, a_scale, b_scale, pairs_per_a_row, topk_weights
 ):
     """Launch the grouped GEMM c[pair] = a[pair // pairs_per_a_row] @ b[expert]ᵀ."""
     _, n, k = b.shape
     block_n, block_k = config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
-    group_n, group_k = block_shape if scales == _SCALES_BLOCK else (1, 1)
-    a_scale_strides = a_scale.stride() if scales == _SCALES_BLOCK else (0, 0)
-    b_scale_strides = b_scale.stride() if scales == _SCALES_BLOCK else (0, 0, 0)
+    group_n, group_k = block_shape if scales == SCALES_BLOCK else (1, 1)
+    a_scale_strides = a_scale.stride() if scales == SCALES_BLOCK else (0, 0)
+    b_scale_strides = b_scale.stride() if scales == SCALES_BLOCK else (0, 0, 0)
     grid = (blocks.num_m_blocks * triton.cdiv(n, block_n),)
     _expert_gemm_kernel[grid](
         a,
@@ -591,76 +344,6 @@ def _expert_gemm(
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
-
-
-def _silu_and_mul(h, scales, block_shape):
-    """silu(h[:, :N]) · h[:, N:] for h [P, 2N]; fp8 and its scales when scales say so."""
-    rows, two_n = h.shape
-    n = two_n // 2
-    if scales == _SCALES_BLOCK:
-        group = block_shape[1]
-        act = torch.empty((rows, n), dtype=FP8_DTYPE, device=h.device)
-        act_scale = torch.empty((rows, triton.cdiv(n, group)), dtype=torch.float32, device=h.device)
-        _launch_activation(h, act, act_scale, n, silu_and_mul=True, group=group)
-        return act, act_scale
-    act = torch.empty((rows, n), dtype=h.dtype, device=h.device)
-    _launch_activation(h, act, None, n, silu_and_mul=True, group=None)
-    if scales == _SCALES_TENSOR:
-        return _quantize_per_tensor(act)
-    return act, None
-
-
-def _quantize_activations(x, scales, block_shape):
-    """x as the first GEMM reads it: itself, or fp8 and its scale(s)."""
-    if scales == _SCALES_TENSOR:
-        return _quantize_per_tensor(x)
-    if scales == _SCALES_BLOCK:
-        rows, cols = x.shape
-        group = block_shape[1]
-        xq = torch.empty((rows, cols), dtype=FP8_DTYPE, device=x.device)
-        x_scale = torch.empty(
-            (rows, triton.cdiv(cols, group)), dtype=torch.float32, device=x.device
-        )
-        _launch_activation(x, xq, x_scale, cols, silu_and_mul=False, group=group)
-        return xq, x_scale
-    return x, None
-
-
-def _launch_activation(src, dst, scale, n_cols, *, silu_and_mul, group):
-    """Row-wise activation kernel over n_cols output columns; fp8 with group scales if group."""
-    group_size = group or min(128, triton.next_power_of_2(n_cols))
-    groups = max(1, min(8, triton.next_power_of_2(triton.cdiv(n_cols, group_size))))
-    grid = (src.shape[0], triton.cdiv(n_cols, group_size * groups))
-    _activation_kernel[grid](
-        src,
-        dst,
-        dst if scale is None else scale,
-        n_cols,
-        src.stride(0),
-        dst.stride(0),
-        0 if scale is None else scale.stride(0),
-        SILU_AND_MUL=silu_and_mul,
-        QUANTIZE=group is not None,
-        GROUP_SIZE=group_size,
-        GROUPS=groups,
-    )
-
-
-def _quantize_per_tensor(t):
-    """t as float8 e4m3 with one dynamic scale [1] (float32) for the whole tensor."""
-    scale = (t.abs().amax().float().clamp(min=1e-10) / FP8_MAX).reshape(1)
-    return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
-
-
-def _scales_mode(dtype, block_shape):
-    if dtype == "fp8_w8a8":
-        return _SCALES_BLOCK if block_shape else _SCALES_TENSOR
-    return _SCALES_NONE
-
-
-def _full_config(config: dict) -> dict[str, int]:
-    """A config entry with Triton's launch defaults (4 warps, 3 stages) filled in."""
-    return {**TRITON_LAUNCH_DEFAULTS, **{k: int(v) for k, v in config.items()}}
 
 
 def _check_config(config, dtype, block_shape):

@@ -14,17 +14,16 @@ while the process sets up; the host's CPUs are shared out between the pools
 first round), and they share Triton's on-disk cache: process i of n compiles its own share of the
 compile keys first (`--compile-shard i/n`, tuning.compile_pool.compile_order), and by the time it
 reaches the others' share those mostly load from the cache. No process waits for a host-wide
-precompile: that measured slower (docs/decisions.md, "no host precompile").
+precompile, which is slower (docs/decisions.md, "no host precompile").
 
 Where the seconds went: the merged result's `timeline` is {GPU index: ProcessTimeline} of the
 processes that reported one (set-up counted from this process launching it).
 
 Cost rule: tuning batch size M costs about 2 + M / 1024 units (`expected_cost`): a fixed part
 per size (timer and CUDA-graph set-up, compiles, timing the default) plus timing that grows
-with the layer's time, which rises roughly linearly in M once every expert is touched. It fits
-a GLM-5 TP8 bf16 tune on one H200: about 1.8 s per size up to M=256, about 4 s per size from
-M=512 to 4096. The sizes go out longest first, each to the GPU with the least expected work so
-far.
+with the layer's time, which rises roughly linearly in M once every expert is touched (the fit:
+docs/decisions.md, "shared out by expected cost"). The sizes go out longest first, each to the
+GPU with the least expected work so far.
 
 GPU indices are those nvidia-smi and NVML show (the processes get CUDA_DEVICE_ORDER=PCI_BUS_ID);
 where this process has CUDA_VISIBLE_DEVICES set, index i is its i-th entry.
@@ -105,7 +104,8 @@ class SpreadTuneError(RuntimeError):
 
 
 def expected_cost(M: int) -> float:
-    """Expected cost of tuning batch size M, in units of about 0.9 s on an H200 (module doc)."""
+    """Expected cost of tuning batch size M, in units of the cost rule (module doc): only the
+    ratios between sizes matter."""
     return 2.0 + M / 1024
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from tuning.cache_dir import cache_dir
-from tuning.fused_moe import FP8_DTYPE
+from tuning.moe_ops import FP8_DTYPE
 from tuning.reference import quantize_fp8_blocks, quantize_fp8_per_expert
 from tuning.search import KernelShape
 
@@ -138,7 +138,7 @@ class LayerTimer:
         routing_sets: int = 32,
         seed: int = 0,
     ):
-        from tuning.backends import BuiltinBackend
+        from tuning.backend_builtin import BuiltinBackend
 
         self.shape = shape
         self.weights = weights

@@ -7,8 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from tuning.backends import ENGINES, BackendError, current_capability
+from tuning.backends import current_capability
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints, triton_config_unread
+from tuning.engines import ENGINES
+from tuning.kernel_backend import BackendError
 from tuning.search import KernelShape
 from tuning.tune_results import (
     TuningLogError,

@@ -77,7 +77,7 @@ class TuneResult:
 
     ceilings: the measured bandwidth_tbps, bf16_tflops and fp8_tflops behind floor_us.
     search: "coarse-to-fine" or "exhaustive". wall_s: seconds the tune took. kernel: whose
-    kernel was timed (tuning.backends: engine, version, source_sha256).
+    kernel was timed (tuning.kernel_backend: engine, version, source_sha256).
     timeline: where this run's seconds went: a ProcessTimeline from Tuner.tune, per GPU index
     its process's from tuning.spread.spread_tune; not in the log, None when read from one.
     """

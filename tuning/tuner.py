@@ -368,7 +368,7 @@ class Tuner:
         say otherwise."""
         backend = getattr(self.measurements, "backend", None)
         if backend is None:
-            from tuning.backends import BuiltinBackend
+            from tuning.backend_builtin import BuiltinBackend
 
             backend = BuiltinBackend()
         return backend
@@ -519,7 +519,7 @@ def round_one_configs(
     Tuner.tune compiles it per chunk, so that the defaults go through the compile pool with the
     first round."""
     if backend is None:
-        from tuning.backends import BuiltinBackend
+        from tuning.backend_builtin import BuiltinBackend
 
         backend = BuiltinBackend()
     search_class = _search_class(exhaustive)

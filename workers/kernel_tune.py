@@ -60,12 +60,8 @@ def kernel_for(engine):
     spec: tuning.spread.spread_tune's engine), else moeops' builtin one (spec None). record: the
     tuning run's kernel_engine, kernel_version and kernel_note (which kernel, and why).
     """
-    from tuning.engine_source import (
-        ENGINE_PYTHON_ENV,
-        ENGINE_TITLES,
-        EngineSourceError,
-        locate_package,
-    )
+    from tuning.engine_source import ENGINE_PYTHON_ENV, EngineSourceError, locate_package
+    from tuning.engines import ENGINE_TITLES
 
     if engine == "builtin":
         return None, _builtin_record("moeops' builtin kernel, as asked")
@@ -91,7 +87,7 @@ def kernel_for(engine):
 
 
 def _builtin_record(note):
-    from tuning.backends import BuiltinBackend
+    from tuning.backend_builtin import BuiltinBackend
 
     kernel = BuiltinBackend().describe()
     return {
@@ -299,7 +295,7 @@ def _telemetry_fields(telemetry):
 
 
 def _kernel_fields(kernel):
-    """The API's kernel_* fields from tuning.backends.KernelBackend.describe()'s dict."""
+    """The API's kernel_* fields from tuning.kernel_backend.KernelBackend.describe()'s dict."""
     return {
         "kernel_engine": kernel.get("engine") or "builtin",
         "kernel_version": kernel.get("version") or "",

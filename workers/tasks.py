@@ -9,19 +9,22 @@ import contextlib
 import logging
 import time
 
-from reports.queues import (
-    ACTION_SOFT_LIMIT_S,
-    CHECK_SOFT_LIMIT_S,
-    HARD_MARGIN_S,
-    SWEEP_SOFT_LIMIT_S,
-    TUNE_SOFT_LIMIT_S,
-)
+from reports.queues import SWEEP_SOFT_LIMIT_S
 from workers import engine_action, engine_check, kernel_tune, sweep, telemetry, topology
 from workers.celery import HOST_NAME, HOST_QUEUE, app
 from workers.client import MoeopsClient, Unreachable
 
 log = logging.getLogger(__name__)
 
+# Time limits (s): soft raises inside the task so it can end its run as failed; hard kills it.
+# Every hard limit ends before the broker's visibility timeout (reports.queues) would hand the
+# task to another worker. A sweep's soft limit is in reports.queues: the web tier reads it too.
+TUNE_SOFT_LIMIT_S = 3 * 3600
+CHECK_SOFT_LIMIT_S = 120
+# A restart waits for the engine's /health (a recipe allows up to 2 h), then perhaps for the
+# previous recipe's.
+ACTION_SOFT_LIMIT_S = 5 * 3600
+HARD_MARGIN_S = 120
 # The web tier unreachable before a task could start: try again later, this many times.
 UNREACHABLE_RETRIES = 20
 UNREACHABLE_BACKOFF_MAX_S = 600

@@ -55,7 +55,7 @@ DeviceName = Annotated[
 TritonVersion = Annotated[str, StringConstraints(max_length=20, pattern=r"^[\w.+-]*$")]
 Size = Annotated[int, Field(ge=1, le=2_147_483_647)]
 BlockShape = Annotated[list[Size], Field(min_length=2, max_length=2)]
-# the kernel timings were taken on (tuning.backends.KernelBackend.describe); "": not recorded
+# the kernel timings were taken on (tuning.kernel_backend.KernelBackend.describe); "": not recorded
 KernelEngine = Literal[("", *(key for key, _ in KERNEL_ENGINES))]
 KernelVersion = Annotated[str, StringConstraints(max_length=100, pattern=r"^[\w.+-]*$")]
 SourceSha256 = Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")]

@@ -18,7 +18,7 @@ from moeops.runs import estimate
 from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, SweepRun
 from moeops.runs.parameters import parameters_checked
 from tuning.config_files import TUNED_BATCH_SIZES, triton_config_unread
-from tuning.engine_source import ENGINE_TITLES
+from tuning.engines import ENGINE_TITLES
 from tuning.moe_params import MoEConfigError, moe_params
 
 TUNE_DTYPES = (("bf16", "bf16"), ("fp8_w8a8", "fp8 w8a8"))

@@ -6,7 +6,7 @@ from django.db import models, transaction
 
 from moeops.runs.models import TELEMETRY_STATUSES
 from tuning import config_files
-from tuning.engine_source import ENGINE_TITLES
+from tuning.engines import ENGINE_TITLES
 
 CONFIG_SOURCES = (("tuned", "Tuned by moeops"), ("imported", "Imported file"), ("manual", "Manual"))
 
@@ -21,7 +21,7 @@ KERNEL_DTYPES = (
 )
 UNNAMED_DTYPES = ("bf16", "fp16")
 
-# Whose fused-MoE kernel timings were taken on (tuning.backends.ENGINES).
+# Whose fused-MoE kernel timings were taken on (tuning.engines.ENGINES).
 KERNEL_ENGINES = (("builtin", "moeops' builtin"), ("vllm", "vLLM"), ("sglang", "SGLang"))
 BUILTIN_KERNEL = "moeops' builtin kernel (the engines' launch before vLLM 0.32)"
 # What a tune asks for: the deployment's engine's own kernel (its engine as recorded) or builtin.
@@ -49,8 +49,9 @@ TUNING_STATUSES = (
 
 
 class TimedKernel(models.Model):
-    """Which fused-MoE kernel the timings were taken on (tuning.backends.KernelBackend.describe):
-    a file tuned on one engine version's kernel need not be the best for another's launch."""
+    """Which fused-MoE kernel the timings were taken on
+    (tuning.kernel_backend.KernelBackend.describe): a file tuned on one engine version's kernel
+    need not be the best for another's launch."""
 
     kernel_engine = models.CharField(
         max_length=20, choices=KERNEL_ENGINES, blank=True, help_text="blank: not recorded"

@@ -417,7 +417,8 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 
 def test_importing_the_package_loads_no_torch_triton_or_django():
     result = run_python(
-        "import sys, tuning, tuning.moe_params, tuning.config_files, tuning.__main__\n"
+        "import sys, tuning, tuning.moe_params, tuning.config_files, tuning.engines\n"
+        "import tuning.__main__\n"
         "tuning.__main__.build_parser()\n"
         "print(sorted(m for m in ('torch', 'triton', 'django') if m in sys.modules))"
     )

@@ -21,7 +21,7 @@ import torch
 
 from tests.engine import engine_source
 from tests.interpreted import GPU, interpreting
-from tuning.backends import BackendError, load_backend
+from tuning.backends import load_backend
 from tuning.engine_source import (
     EnginePackage,
     EngineSourceError,
@@ -29,6 +29,7 @@ from tuning.engine_source import (
     locate_package,
     top_level_constants,
 )
+from tuning.kernel_backend import BackendError
 from tuning.reference import moe_reference, quantize_fp8_per_expert
 from tuning.search import KernelShape
 from tuning.timing import MoEWeights

@@ -14,8 +14,9 @@ import torch
 
 from tests.engine import engine_source, ensure_installed
 from tests.interpreted import GPU, interpreting
-from tuning.backends import BackendError, load_backend
+from tuning.backends import load_backend
 from tuning.engine_source import EngineSourceError, free_names, locate_package
+from tuning.kernel_backend import BackendError
 from tuning.reference import moe_reference
 from tuning.search import KernelShape
 from tuning.timing import MoEWeights

@@ -2,10 +2,10 @@
 
 Without a GPU the kernels run in Triton's interpreter at small shapes, in fp32/fp16 (its bf16
 dot is wrong). Its float→fp8 conversion is wrong too (a rounding carry into the exponent is
-lost: 126.8 becomes 64, not 128), so the fp8 paths are tested here piecewise: the scaled GEMMs on
-operands quantised by PyTorch, the in-kernel quantisation on exactly representable values, and
-the per-tensor layer whose activations PyTorch quantises. The whole fp8 layer at the real shapes
-runs on the GPU (gpu tests below, and bench/kernel_device.py).
+lost: 126.8 becomes 64, not 128), so the fp8 paths are tested piecewise: the scaled GEMMs on
+operands quantised by PyTorch here, the in-kernel quantisation on exactly representable values
+in test_moe_ops.py, and the per-tensor layer whose activations PyTorch quantises here. The whole
+fp8 layer at the real shapes runs on the GPU (gpu tests below, and bench/kernel_device.py).
 """
 
 import json
@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.interpreted import fm
+from tests.interpreted import fm, ops
 from tuning.config_files import REQUIRED_FIELDS
 from tuning.reference import (
     moe_reference,
@@ -121,7 +121,7 @@ def test_it_handles_experts_with_no_tokens():
 @pytest.mark.parametrize(("M", "top_k"), [(150, 8), (400, 3)])
 def test_it_matches_the_reference_past_one_sort_chunk(M, top_k):
     """More than PAIR_CHUNK pairs: sort-and-pad counts and places over several programs."""
-    assert M * top_k > fm.PAIR_CHUNK
+    assert M * top_k > ops.PAIR_CHUNK
     x, w1, w2, topk_weights, topk_ids = _layer(M, 8, 16, 32, top_k, "fp32", seed=M)
 
     out = _poisoned_run(x, w1, w2, topk_weights, topk_ids, config=SMALL, dtype="fp32")
@@ -153,36 +153,6 @@ def test_gemm_2_must_share_block_size_m():
 
 
 @pytest.mark.parametrize(
-    ("block_m", "pair_chunk"),
-    # one chunk (one launch); 8 chunks; 31 chunks, more than one prefix-sum tile of 16 rows
-    [(16, 1024), (32, 1024), (64, 1024), (16, 16), (32, 4), (64, 16)],
-)
-def test_sort_and_pad_puts_every_pair_once_in_its_experts_blocks(block_m, pair_chunk):
-    generator = torch.Generator().manual_seed(block_m)
-    E, top_k = 12, 3
-    topk_ids = torch.stack([torch.randperm(E, generator=generator)[:top_k] for _ in range(41)])
-    # experts 0 and 1 get no pairs
-    topk_ids = torch.where(topk_ids < 2, 2 + topk_ids.sum(1, keepdim=True) % 10, topk_ids)
-    counts = torch.bincount(topk_ids.reshape(-1), minlength=E)
-    assert counts[:2].sum() == 0
-
-    blocks = fm.sort_and_pad(topk_ids.to(torch.int32).to(DEVICE), E, block_m, pair_chunk=pair_chunk)
-
-    padded = int(blocks.num_padded[0])
-    assert padded == int(sum((c + block_m - 1) // block_m * block_m for c in counts.tolist()))
-    assert blocks.num_m_blocks * block_m >= padded
-    seen = []
-    flat = topk_ids.reshape(-1)
-    for b in range(padded // block_m):
-        rows = int(blocks.block_rows[b])
-        pairs = blocks.sorted_pair_ids[b * block_m : b * block_m + rows].tolist()
-        assert 1 <= rows <= block_m
-        assert all(int(flat[p]) == int(blocks.block_experts[b]) for p in pairs)
-        seen += pairs
-    assert sorted(seen) == list(range(flat.numel()))
-
-
-@pytest.mark.parametrize(
     ("block_shape", "block_n"),
     # a tile's columns within one weight-scale block (block_n 16), across two or four of them
     [(None, 32), ([16, 32], 16), ([16, 32], 32), ([16, 32], 64)],
@@ -199,14 +169,14 @@ def test_fp8_gemm_applies_the_scales_like_the_reference(block_shape, block_n):
     else:
         w1q, w1_scale = quantize_fp8_per_expert(w1)
         x_scale = (x.abs().amax() / 448).reshape(1)
-        xq = (x / x_scale).clamp(-448, 448).to(fm.FP8_DTYPE)
+        xq = (x / x_scale).clamp(-448, 448).to(ops.FP8_DTYPE)
         x_dequant = xq.double() * x_scale.double()
         scales = 1
-    config = fm._full_config({**SMALL, "BLOCK_SIZE_N": block_n})
-    blocks = fm.sort_and_pad(topk_ids, E, config["BLOCK_SIZE_M"])
+    config = ops.full_config({**SMALL, "BLOCK_SIZE_N": block_n})
+    blocks = ops.sort_and_pad(topk_ids, E, config["BLOCK_SIZE_M"])
     h = torch.full((M * top_k, 2 * N), float("nan"), dtype=torch.float32, device=DEVICE)
 
-    fm._expert_gemm(xq, w1q, h, blocks, config, scales, block_shape, x_scale, w1_scale, top_k, None)
+    fm.expert_gemm(xq, w1q, h, blocks, config, scales, block_shape, x_scale, w1_scale, top_k, None)
 
     for pair, expert in enumerate(topk_ids.reshape(-1).tolist()):
         if block_shape:
@@ -221,31 +191,6 @@ def test_fp8_gemm_applies_the_scales_like_the_reference(block_shape, block_n):
             w = w1q[expert].double() * float(w1_scale[expert])
         expected = x_dequant[pair // top_k] @ w.T
         assert torch.allclose(h[pair].double(), expected, rtol=1e-5, atol=1e-5)
-
-
-def test_group_quantisation_matches_the_reference_on_representable_values():
-    """Values on the fp8 grid, each group holding ±448·2⁻³: the kernel must reproduce both
-    the scales and the values exactly (no rounding, which the interpreter gets wrong)."""
-    generator = torch.Generator().manual_seed(7)
-    grid = torch.randint(-120, 120, (6, 96), generator=generator).to(fm.FP8_DTYPE).float()
-    grid[:, ::32] = 448.0
-    x = (grid / 8).to(torch.float16).to(DEVICE)
-
-    xq, x_scale = fm._quantize_activations(x, 2, [32, 32])
-
-    ref_q, ref_scale = quantize_fp8_token_groups(x, 32)
-    assert torch.equal(x_scale, ref_scale)
-    assert torch.equal(xq.float(), ref_q.float())
-
-
-def test_silu_and_mul_matches_torch():
-    h = torch.randn((7, 96), generator=torch.Generator().manual_seed(2)).to(DEVICE)
-
-    act, scale = fm._silu_and_mul(h, 0, None)
-
-    expected = torch.nn.functional.silu(h[:, :48]) * h[:, 48:]
-    assert scale is None
-    assert torch.allclose(act, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_per_tensor_fp8_layer_matches_the_reference():
@@ -281,7 +226,7 @@ def test_it_rejects_operands_that_disagree():
     with pytest.raises(ValueError, match="needs x, w1 and w2"):
         fm.fused_moe(x, w1, w2, topk_weights, topk_ids, dtype="bf16")
     with pytest.raises(ValueError, match="must divide the scale block"):
-        fm._check_config(fm._full_config({**SMALL, "BLOCK_SIZE_K": 256}), "fp8_w8a8", [128, 128])
+        fm._check_config(ops.full_config({**SMALL, "BLOCK_SIZE_K": 256}), "fp8_w8a8", [128, 128])
 
 
 WIDE = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 8}
@@ -324,8 +269,9 @@ def _cache_keys_hashing_first(first: str) -> dict:
     """The kernels' Triton cache keys, computed in a fresh process, first's before the others'."""
     code = (
         "import importlib, json, sys;"
-        "fm = importlib.import_module('tuning.fused_moe');"
-        "print(json.dumps({n: getattr(fm, n).cache_key for n in sys.argv[1:]}))"
+        "mods = [importlib.import_module(m) for m in ('tuning.moe_ops', 'tuning.fused_moe')];"
+        "kernel = lambda n: next(getattr(m, n) for m in mods if hasattr(m, n));"
+        "print(json.dumps({n: kernel(n).cache_key for n in sys.argv[1:]}))"
     )
     order = [first] + [name for name in KERNELS if name != first]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

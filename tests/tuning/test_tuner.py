@@ -16,10 +16,11 @@ import pytest
 from tests.engine import ensure_installed
 from tests.fakes import HF_CONFIGS, SHAPE, FakeMeasurements, FakeTimer
 from tuning import compile_only, compile_pool, tune_results, tuner
-from tuning.backends import BuiltinBackend, KernelBackend, ShippedConfigs
+from tuning.backend_builtin import BuiltinBackend
 from tuning.bench import BenchRow, format_table
 from tuning.compile_pool import CompilePool, compile_order, compile_owner
 from tuning.config_files import TUNED_BATCH_SIZES, config_file_name, loads_config, parse_ints
+from tuning.kernel_backend import KernelBackend, ShippedConfigs
 from tuning.search import (
     CoarseToFineSearch,
     KernelShape,
@@ -663,7 +664,7 @@ def set_up_a_driver_that_does_not_fit(shape_data: dict) -> None:
         raise TypeError("Can't instantiate abstract class CompileOnlyDriver")
 
     compile_only.compile_only_driver = no_driver
-    compile_pool._set_up_compile_worker(shape_data)
+    compile_pool.set_up_compile_worker(shape_data)
 
 
 def test_a_pool_that_cannot_build_its_driver_leaves_the_compiles_to_the_timer(tmp_path, capsys):
