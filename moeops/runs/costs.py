@@ -21,10 +21,10 @@ def _no_power_reason(run):
     return f"no GPU power samples for this run ({why})"
 
 
-def level_costs(run, levels):
-    """{level key: LevelCost} of a SweepRun's levels (one query for the power samples)."""
+def level_costs(run, levels, num_gpus):
+    """{level key: LevelCost} of a SweepRun's levels (one query for the power samples);
+    num_gpus: run.measured_gpu_count(), which the callers have at hand."""
     host = run.deployment.host
-    num_gpus = run.measured_gpu_count()
     power = run.level_power(levels)
     no_power = _no_power_reason(run)
     costs = {}

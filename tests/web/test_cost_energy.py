@@ -9,11 +9,12 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth.models import User
 
+from moeops.api.models import ApiToken
 from moeops.front.columns import ABSENT
 from moeops.runs.costs import level_costs
 from moeops.runs.models import TelemetrySample
 from tests import page_base as pb
-from tests.api_base import make_world
+from tests.api_base import ApiClient, make_world
 
 pytestmark = pytest.mark.django_db
 
@@ -70,7 +71,7 @@ SECOND_COST = 20 / 10.8
 
 
 def test_it_computes_each_levels_cost_and_energy_from_its_window(priced_run):
-    costs = level_costs(priced_run, list(priced_run.levels.all()))
+    costs = level_costs(priced_run, list(priced_run.levels.all()), 8)
     first, second = costs["c=8,r=inf"], costs["c=16,r=inf"]
     assert first.energy.value == pytest.approx(FIRST_J, rel=1e-12)
     assert second.energy.value == pytest.approx(SECOND_J, rel=1e-12)
@@ -101,7 +102,7 @@ def test_without_a_price_or_samples_the_figures_are_absent_with_the_reason(clien
     run = pb.run(pb.deployment(), levels=LEVELS[:1], telemetry_status="unavailable")
     run.telemetry_detail = "NVML could not be loaded"
     run.save()
-    cost = level_costs(run, list(run.levels.all()))["c=8,r=inf"]
+    cost = level_costs(run, list(run.levels.all()), 8)["c=8,r=inf"]
     assert (cost.cost.value, cost.cost.reason) == (None, "the host has no price per GPU-hour")
     assert cost.energy.value is None
     assert cost.energy.reason == "no GPU power samples for this run (NVML could not be loaded)"
@@ -176,3 +177,30 @@ def test_the_admin_refuses_a_bad_price_naming_the_field(client, price):
     assert list(errors) == ["price_per_gpu_hour"], errors
     host.refresh_from_db()
     assert host.price_per_gpu_hour is None
+
+
+def test_the_api_lists_each_levels_cost_and_energy(priced_run):
+    _, token = ApiToken.issue(name="viewer", read_only=True)
+    levels = ApiClient(token).get(f"/api/v1/runs/{priced_run.uuid}/levels").json()
+    first = levels[0]
+    assert first["cost_per_million_output_tokens"]["value"] == pytest.approx(FIRST_COST)
+    assert first["cost_per_million_output_tokens"]["unit"] == "USD per 1M output tokens"
+    assert first["energy_per_output_token"] == {
+        "value": pytest.approx(FIRST_J),
+        "unit": "J",
+        "absent_because": "",
+    }
+
+
+def test_the_api_says_why_a_levels_figures_are_absent():
+    world = make_world()
+    run = world.run(status="succeeded", telemetry_status="not_collected")
+    pb.LevelResult.objects.create(run=run, key="c=8,r=inf", concurrency=8, output_throughput=9.0)
+    (level,) = world.read_only.get(f"/api/v1/runs/{run.uuid}/levels").json()
+    assert level["cost_per_million_output_tokens"]["value"] is None
+    assert level["cost_per_million_output_tokens"]["absent_because"] == (
+        "the host has no price per GPU-hour"
+    )
+    assert level["energy_per_output_token"]["absent_because"] == (
+        "no GPU power samples for this run (not collected)"
+    )

@@ -204,7 +204,7 @@ def _level_table(run, levels, gpu_util):
     GPU utilization %} (series.level_means)."""
     num_gpus = run.measured_gpu_count()
     attempts = run.attempts(levels)
-    costs = level_costs(run, levels)
+    costs = level_costs(run, levels, num_gpus)
     columns = (*LEVEL_COLUMNS, GPU_UTIL_COLUMN, *cost_columns(run.deployment.host.currency))
     if attempts > 1:
         # after the level's concurrency and rate, which say which level it is
@@ -298,9 +298,9 @@ def run_levels_csv(request, uuid):
         + ["cost_absent_because", "energy_absent_because", "errors", "partial", "stand_in"]
     )
     standin = "yes" if run.is_standin else "no"
-    levels = _levels(run)
-    costs = level_costs(run, levels)
-    for level, values in level_rows(levels, run.measured_gpu_count(), columns, costs=costs):
+    levels, num_gpus = _levels(run), run.measured_gpu_count()
+    costs = level_costs(run, levels, num_gpus)
+    for level, values in level_rows(levels, num_gpus, columns, costs=costs):
         cost = costs[level.key]
         writer.writerow(
             ["" if v is None or v == ABSENT else v for v in values]
