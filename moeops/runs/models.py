@@ -255,13 +255,19 @@ class SweepRun(models.Model):
         run's LevelResults."""
         return max([attempt_of(self.progress), *(level.attempt for level in levels)])
 
-    def samples_of_stored_attempts(self, samples):
+    def samples_of_stored_attempts(self, samples, levels=None):
         """samples (a queryset of this run's engine or GPU samples) less those a cut-short
         attempt took of a level that a later attempt stored: a sweep delivered again after its
         worker died runs that level anew, and the dead attempt's samples of it stay stored
-        (their `attempt` tells them apart) but describe no stored level."""
+        (their `attempt` tells them apart) but describe no stored level. levels: the run's
+        LevelResults where the caller has them (else they are read)."""
+        stored = (
+            [(level.concurrency, level.attempt) for level in levels]
+            if levels is not None
+            else self.levels.values_list("concurrency", "attempt")
+        )
         superseded = Q()
-        for concurrency, attempt in self.levels.values_list("concurrency", "attempt"):
+        for concurrency, attempt in stored:
             superseded |= Q(level_concurrency=concurrency) & ~Q(attempt=attempt)
         return samples.exclude(superseded) if superseded else samples
 
@@ -281,7 +287,9 @@ class SweepRun(models.Model):
             whens.append(When(window, then=Value(level.key)))
         if not whens:
             return {}
-        samples = self.samples_of_stored_attempts(self.telemetry.filter(power_w__isnull=False))
+        samples = self.samples_of_stored_attempts(
+            self.telemetry.filter(power_w__isnull=False), levels
+        )
         rows = (
             samples.annotate(level=Case(*whens, output_field=CharField()))
             .filter(level__isnull=False)

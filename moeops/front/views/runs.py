@@ -89,7 +89,7 @@ def runs(request):
 def run_figures(run, levels, gpu, bands):
     """Every chart of the run page, by element id; gpu: series.gpu_series(run), bands:
     series.level_bands(run, levels)."""
-    engine = series.engine_series(run)
+    engine = series.engine_series(run, levels=levels)
     figures = {
         "throughput": charts.run_throughput(levels),
         "ttft": charts.run_latency(levels, "ttft", "TTFT (time to first token)"),
@@ -233,7 +233,7 @@ def _level_table(run, levels, gpu_util):
 def _figures_and_table(run, levels):
     """The run's charts and its per-level table's context: the page and its live poll show the
     same, from one read of the GPU samples."""
-    gpu, bands = series.gpu_series(run), series.level_bands(run, levels)
+    gpu, bands = series.gpu_series(run, levels=levels), series.level_bands(run, levels)
     figures = run_figures(run, levels, gpu, bands)
     return figures, _level_table(run, levels, series.level_means(gpu, bands, "util"))
 
