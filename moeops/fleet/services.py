@@ -20,6 +20,7 @@ from moeops.fleet.models import (
     SLOProfile,
     TopologySnapshot,
 )
+from reports.levels import LATENCY_METRICS
 from reports.topology import diff_snapshots, snapshot_fingerprint
 
 HEALTH = frozenset(key for key, _ in HEALTH_STATUSES)

@@ -204,3 +204,12 @@ def test_the_api_says_why_a_levels_figures_are_absent():
     assert level["energy_per_output_token"]["absent_because"] == (
         "no GPU power samples for this run (not collected)"
     )
+
+
+def test_the_host_page_shows_the_price_or_that_there_is_none(client):
+    host = pb.host(gpus=1)
+    pb.sign_in(client)
+    assert "no price per GPU-hour" in client.get(f"/hosts/{host.name}/").content.decode()
+    host.price_per_gpu_hour, host.currency = Decimal("3.1"), "EUR"
+    host.save()
+    assert "3.10 EUR per GPU-hour" in client.get(f"/hosts/{host.name}/").content.decode()

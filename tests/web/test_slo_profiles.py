@@ -143,3 +143,11 @@ def test_a_profile_judges_a_stored_level():
     verdict = profile.judge(level)
     assert verdict.met and verdict.binding.metric == "tpot" and verdict.binding.margin_ms == 3.0
     assert not profile.judge(level, upper={"p99_tpot_ms": 51.0}).met
+
+
+def test_the_deployment_page_names_its_default_profile(client):
+    profile, _ = services.slo_profile_create(**PROFILE)
+    deployment = pb.deployment(default_slo_profile=profile)
+    pb.sign_in(client)
+    page = client.get(f"/deployments/{deployment.pk}/").content.decode()
+    assert "TTFT p99 ≤ 500 ms, TPOT p99 ≤ 50 ms, failed ≤ 1 %" in page
