@@ -80,11 +80,10 @@ def host_update(*, host, **fields):
     return host
 
 
-SLO_PROFILE_FIELDS = tuple(
-    f"{metric}_{part}"
-    for metric in ("ttft", "tpot", "itl", "e2el")
-    for part in ("percentile", "ms")
-) + ("max_failed_percent",)
+SLO_PROFILE_FIELDS = (
+    *(f"{metric}_{part}" for metric in LATENCY_METRICS for part in ("percentile", "ms")),
+    "max_failed_percent",
+)
 
 
 def slo_profile_create(*, name, **fields):

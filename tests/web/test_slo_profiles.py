@@ -65,7 +65,10 @@ def test_the_api_refuses_a_bad_profile_naming_the_field(world, fields, field):
     response = world.owner.post("/api/v1/slo-profiles", fields)
     assert response.status_code == 400, response.content
     detail = response.json()["detail"]
-    assert (field if field != "__all__" else "at least one limit") in detail
+    if field == "__all__":
+        assert detail == "A profile needs at least one limit (TTFT, TPOT, ITL or E2E latency)."
+    else:
+        assert detail.startswith(f"{field}: ")
     assert not SLOProfile.objects.exists()
 
 
