@@ -5,7 +5,7 @@ import logging
 import sys
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import NON_FIELD_ERRORS, RequestDataTooBig
 from django.core.exceptions import ValidationError as ModelValidationError
 from django.http import Http404
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -152,7 +152,11 @@ def conflict(request, exc, api):
 def bad_model_fields(request, exc, api):
     """A service's ValidationError: {field: [messages]} → one line per field."""
     if hasattr(exc, "message_dict"):
-        lines = [f"{field}: {'; '.join(msgs)}" for field, msgs in exc.message_dict.items()]
+        # a rule over several fields (a model's clean) says which in its sentence
+        lines = [
+            "; ".join(msgs) if field == NON_FIELD_ERRORS else f"{field}: {'; '.join(msgs)}"
+            for field, msgs in exc.message_dict.items()
+        ]
     else:
         lines = exc.messages
     return api.create_response(request, {"detail": "; ".join(lines)}, status=400)

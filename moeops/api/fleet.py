@@ -1,6 +1,7 @@
 """Models (config.json → MoE shape), hosts, GPUs, topology snapshots, deployments."""
 
 import datetime as dt
+from decimal import Decimal
 from typing import Any, Literal
 from uuid import UUID
 
@@ -44,6 +45,7 @@ from moeops.fleet.models import (
     Deployment,
     Host,
     ModelSpec,
+    SLOProfile,
 )
 from moeops.storable import storable_json
 
@@ -159,10 +161,23 @@ class HostIn(In):
     provenance: text(300) = ""
 
 
+class HostPatch(Patch):
+    description: text(300) | None = None
+    # the Host's validators (services.host_update) refuse a negative or too long a number
+    price_per_gpu_hour: Decimal | None = Field(
+        None, description="what one GPU costs for an hour, in currency; null: unknown"
+    )
+    currency: text(3) | None = Field(None, description="ISO 4217 code, as USD")
+
+    NULLABLE = ("price_per_gpu_hour",)
+
+
 class HostOut(Schema):
     id: int
     name: str
     description: str
+    price_per_gpu_hour: float | None = Field(description="in currency; null: unknown")
+    currency: str
     queue_name: str
     worker_seen_at: dt.datetime | None = Field(description="the worker's last heartbeat")
     worker_alive: bool = Field(description="a heartbeat arrived within MOEOPS_WORKER_STALE_S")
@@ -226,6 +241,17 @@ def host_list(request, filters: Query[CreatedRange]):
 @router.get("/hosts/{ref}", response=HostOut)
 def host_get(request, ref: str):
     return lookups.get_host(ref)
+
+
+@router.patch("/hosts/{ref}", auth=HostWrite(), response=HostOut)
+def host_patch(request, ref: str, payload: HostPatch):
+    """Change a host's description or its price per GPU-hour and currency."""
+    host = lookups.get_host(ref)
+    require_host(request, host)
+    fields = payload.model_dump(exclude_unset=True)
+    if not fields:
+        raise HttpError(400, "body: nothing to change")
+    return services.host_update(host=host, **fields)
 
 
 @router.get("/hosts/{ref}/gpus", response=list[GPUOut])
@@ -507,6 +533,7 @@ class DeploymentFields(In):
     served_model_name: text(200) = ""
     status: DeploymentStatus = "planned"
     status_detail: text(300) = ""
+    default_slo_profile: text(200) | None = Field(None, description="SLO profile id or name")
 
 
 class DeploymentIn(DeploymentFields):
@@ -521,7 +548,7 @@ class DeploymentIn(DeploymentFields):
 
 
 class DeploymentPatch(Patch):
-    NULLABLE = ("max_running_requests", "allreduce_fusion")
+    NULLABLE = ("max_running_requests", "allreduce_fusion", "default_slo_profile")
 
     engine_version: text(100) | None = None
     max_running_requests: PosInt | None = None
@@ -533,6 +560,9 @@ class DeploymentPatch(Patch):
     served_model_name: text(200) | None = None
     status: DeploymentStatus | None = None
     status_detail: text(300) | None = None
+    default_slo_profile: text(200) | None = Field(
+        None, description="SLO profile id or name; null: none"
+    )
 
 
 class DeploymentOut(Schema):
@@ -556,6 +586,7 @@ class DeploymentOut(Schema):
     status: str
     status_detail: str
     status_checked_at: dt.datetime | None
+    default_slo_profile: str | None = Field(description="the SLO profile's name")
     provenance: str
     created: dt.datetime
     updated: dt.datetime
@@ -563,6 +594,11 @@ class DeploymentOut(Schema):
     @staticmethod
     def resolve_model(obj):
         return obj.model.name
+
+    @staticmethod
+    def resolve_default_slo_profile(obj):
+        profile = obj.default_slo_profile
+        return profile.name if profile else None
 
     @staticmethod
     def resolve_host(obj):
@@ -581,13 +617,24 @@ class DeploymentFilter(CreatedRange):
 
 
 def _deployments():
-    return Deployment.objects.select_related("model", "host").prefetch_related("gpus")
+    return Deployment.objects.select_related(
+        "model", "host", "default_slo_profile"
+    ).prefetch_related("gpus")
+
+
+def _with_profile(fields):
+    """fields with default_slo_profile (an id or name) as its SLOProfile row (404 if none)."""
+    if fields.get("default_slo_profile") is not None:
+        fields["default_slo_profile"] = lookups.by_id_or_name(
+            SLOProfile.objects.all(), "SLO profile", fields["default_slo_profile"]
+        )
+    return fields
 
 
 @router.post("/deployments", auth=PersonOnly(), response={200: DeploymentOut, 201: DeploymentOut})
 def deployment_create(request, payload: DeploymentIn):
     """Register a deployment (idempotent by name: an existing one is returned unchanged)."""
-    fields = payload.model_dump()
+    fields = _with_profile(payload.model_dump())
     model = lookups.get_model(fields.pop("model"))
     host = lookups.get_host(fields.pop("host"))
     try:
@@ -623,7 +670,7 @@ def deployment_patch(request, ref: str, payload: DeploymentPatch):
     """Change launch details or record a health check (status, status_detail)."""
     deployment = lookups.get_deployment(ref)
     require_host(request, deployment.host)
-    fields = payload.model_dump(exclude_unset=True)
+    fields = _with_profile(payload.model_dump(exclude_unset=True))
     if not fields:
         raise HttpError(400, "body: nothing to change")
     services.deployment_update(deployment=deployment, **fields)
@@ -708,3 +755,95 @@ def health_check_list(request, ref: str, filters: Query[CreatedRange]):
     """The deployment's checks, newest first; the date range applies to checked_at."""
     deployment = lookups.get_deployment(ref)
     return in_range(deployment.health_checks.select_related("deployment"), filters, "checked_at")
+
+
+# --------------------------------------------------------------------------- SLO profiles
+
+
+class SLOProfileFields(In):
+    """Each limit is a percentile (p50, p90, p95, p99) and a limit in ms; leave both out for
+    none. The profile's own rule (SLOProfile.clean) refuses what is wrong, naming the field."""
+
+    ttft_percentile: text(3) = ""
+    ttft_ms: float | None = Field(None, description="TTFT limit (ms)")
+    tpot_percentile: text(3) = ""
+    tpot_ms: float | None = Field(None, description="TPOT limit (ms)")
+    itl_percentile: text(3) = ""
+    itl_ms: float | None = Field(None, description="ITL limit (ms)")
+    e2el_percentile: text(3) = ""
+    e2el_ms: float | None = Field(None, description="E2E latency limit (ms)")
+    max_failed_percent: float = Field(1.0, description="largest share of failed requests (%)")
+
+
+class SLOProfileIn(SLOProfileFields):
+    name: Name
+
+
+class SLOProfilePatch(Patch):
+    NULLABLE = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+
+    name: Name | None = None
+    ttft_percentile: text(3) | None = None
+    ttft_ms: float | None = None
+    tpot_percentile: text(3) | None = None
+    tpot_ms: float | None = None
+    itl_percentile: text(3) | None = None
+    itl_ms: float | None = None
+    e2el_percentile: text(3) | None = None
+    e2el_ms: float | None = None
+    max_failed_percent: float | None = None
+
+
+class SLOProfileOut(Schema):
+    id: int
+    name: str
+    ttft_percentile: str
+    ttft_ms: float | None
+    tpot_percentile: str
+    tpot_ms: float | None
+    itl_percentile: str
+    itl_ms: float | None
+    e2el_percentile: str
+    e2el_ms: float | None
+    max_failed_percent: float
+    summary: str
+    created: dt.datetime
+    updated: dt.datetime
+
+    @staticmethod
+    def resolve_summary(obj):
+        return obj.summary()
+
+
+# An SLO is a team's decision: a host's worker token may not write one.
+SLO_WRITE = PersonOnly(refusal="is a host's worker token: it may not change SLO profiles")
+
+
+@router.post("/slo-profiles", auth=SLO_WRITE, response={200: SLOProfileOut, 201: SLOProfileOut})
+def slo_profile_create(request, payload: SLOProfileIn):
+    """Create an SLO profile (the same name with the same limits again: 200; other limits: 409)."""
+    profile, created = services.slo_profile_create(**payload.model_dump())
+    return stored(created, profile)
+
+
+@router.get("/slo-profiles", response=list[SLOProfileOut])
+@paginate(Page)
+def slo_profile_list(request, filters: Query[CreatedRange]):
+    return in_range(SLOProfile.objects.all(), filters)
+
+
+@router.get("/slo-profiles/{ref}", response=SLOProfileOut)
+def slo_profile_get(request, ref: str):
+    """An SLO profile by id or name."""
+    return lookups.by_id_or_name(SLOProfile.objects.all(), "SLO profile", ref)
+
+
+@router.patch("/slo-profiles/{ref}", auth=SLO_WRITE, response=SLOProfileOut)
+def slo_profile_patch(request, ref: str, payload: SLOProfilePatch):
+    """Change an SLO profile's name or limits; a limit set to null is taken off (with its
+    percentile set to "")."""
+    profile = lookups.by_id_or_name(SLOProfile.objects.all(), "SLO profile", ref)
+    fields = payload.model_dump(exclude_unset=True)
+    if not fields:
+        raise HttpError(400, "body: nothing to change")
+    return services.slo_profile_update(profile=profile, **fields)

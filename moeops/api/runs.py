@@ -30,6 +30,7 @@ from moeops.api.fields import (
 from moeops.api.paging import Page
 from moeops.api.responses import stored
 from moeops.runs import services, snapshots
+from moeops.runs.costs import level_costs
 from moeops.runs.importers import FORMATS
 from moeops.runs.models import (
     RUN_SOURCES,
@@ -436,9 +437,43 @@ def level_record(request, ref: str, payload: LevelIn):
     return stored(created, level)
 
 
-@router.get("/runs/{ref}/levels", response=list[LevelOut])
+class DerivedFigure(Schema):
+    """A figure derived from what is recorded (docs/metrics.md), or null with the reason."""
+
+    value: float | None
+    unit: str
+    absent_because: str = Field(description="why value is null; empty when it is not")
+
+    @staticmethod
+    def resolve_absent_because(obj):
+        return obj.reason
+
+
+class LevelWithCostOut(LevelOut):
+    cost_per_million_output_tokens: DerivedFigure = Field(
+        description="in the host's currency per 10⁶ output tokens"
+    )
+    energy_per_output_token: DerivedFigure = Field(description="J per output token")
+
+    @staticmethod
+    def resolve_cost_per_million_output_tokens(obj):
+        return obj.costs.cost
+
+    @staticmethod
+    def resolve_energy_per_output_token(obj):
+        return obj.costs.energy
+
+
+@router.get("/runs/{ref}/levels", response=list[LevelWithCostOut])
 def level_list(request, ref: str):
-    return LevelResult.objects.filter(run=lookups.get_run(ref))
+    """The run's levels, each with its cost per million output tokens and energy per output
+    token (or why either is absent)."""
+    run = lookups.get_run(ref)
+    levels = list(LevelResult.objects.filter(run=run))
+    costs = level_costs(run, levels, run.measured_gpu_count())
+    for level in levels:
+        level.costs = costs[level.key]
+    return levels
 
 
 # --------------------------------------------------------------------------- telemetry

@@ -13,6 +13,7 @@ from moeops.fleet.models import (
     HealthCheck,
     Host,
     ModelSpec,
+    SLOProfile,
     TopologySnapshot,
 )
 from reports.topology import TopologyParseError, parse_nvidia_smi_topo
@@ -101,7 +102,7 @@ class GPUInline(admin.TabularInline):
 
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
-    list_display = ("name", "description", "created")
+    list_display = ("name", "description", "price_per_gpu_hour", "currency", "created")
     search_fields = ("name",)
     inlines = [GPUInline]
 
@@ -179,6 +180,15 @@ class DeploymentAdmin(admin.ModelAdmin):
     list_filter = ("engine", "status", "host")
     search_fields = ("name", "served_model_name")
     filter_horizontal = ("gpus",)
+
+
+@admin.register(SLOProfile)
+class SLOProfileAdmin(admin.ModelAdmin):
+    """Saved through SLOProfile.clean (the admin's form runs full_clean): the pages' and the
+    API's rule."""
+
+    list_display = ("name", "summary", "updated")
+    search_fields = ("name",)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

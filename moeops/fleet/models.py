@@ -5,6 +5,8 @@ import uuid
 from datetime import UTC, datetime
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
@@ -12,7 +14,16 @@ from django.utils.timesince import timesince
 
 from reports import engine as engine_reports
 from reports import launch
+from reports.levels import LATENCY_METRICS
 from reports.queues import host_queue
+from reports.slo import (
+    DEFAULT_MAX_FAILED_PERCENT,
+    METRIC_LABELS,
+    SLO_PERCENTILES,
+    judge,
+    profile_problems,
+    stat_key,
+)
 from reports.topology import VIRTUALIZATION_WORDS, virtualization_words, vm_layer
 from tuning.moe_params import (
     MAX_ARCHITECTURE_CHARS,
@@ -110,11 +121,31 @@ class ModelSpec(models.Model):
             return None
 
 
+# What a GPU-hour may cost: up to 99,999,999.9999 in any currency, which no cloud reaches.
+PRICE_DIGITS, PRICE_DECIMALS = 12, 4
+
+
 class Host(models.Model):
     """A GPU host; its worker listens on the Celery queue `host.<name>`."""
 
     name = models.SlugField(max_length=100, unique=True)
     description = models.CharField(max_length=300, blank=True)
+    price_per_gpu_hour = models.DecimalField(
+        max_digits=PRICE_DIGITS,
+        decimal_places=PRICE_DECIMALS,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="What one GPU of this host costs for an hour, in `currency`; empty: unknown.",
+    )
+    currency = models.CharField(
+        max_length=3,
+        blank=True,
+        validators=[
+            RegexValidator(r"^[A-Z]{3}\Z", "Give an ISO 4217 code: three capitals, as USD.")
+        ],
+        help_text="ISO 4217 code of the price (USD, EUR, …).",
+    )
     provenance = models.CharField(max_length=300, blank=True)
     worker_seen_at = models.DateTimeField(
         null=True, blank=True, help_text="The host's worker's last heartbeat; empty: never seen."
@@ -131,6 +162,11 @@ class Host(models.Model):
 
     def __str__(self):
         return self.name
+
+    def clean(self):
+        # a price without its currency would print as a bare number next to another host's
+        if self.price_per_gpu_hour is not None and not self.currency:
+            raise ValidationError({"currency": "Give the currency of the price, as USD."})
 
     @property
     def queue_name(self):
@@ -289,6 +325,73 @@ def gpu_count(used, on_host, tp, ep):
     return max(tp, ep) if on_host else None
 
 
+PERCENTILE_CHOICES = tuple((p, p) for p in SLO_PERCENTILES)
+
+
+def _limit_fields(label):
+    percentile = models.CharField(
+        max_length=3, choices=PERCENTILE_CHOICES, blank=True, help_text=f"{label} percentile"
+    )
+    limit = models.FloatField(null=True, blank=True, help_text=f"{label} limit (ms); empty: none")
+    return percentile, limit
+
+
+class SLOProfile(models.Model):
+    """A named set of latency limits, each at a percentile, and the largest share of failed
+    requests: what a level must meet (reports.slo judges it)."""
+
+    name = models.CharField(max_length=200, unique=True)
+    ttft_percentile, ttft_ms = _limit_fields("TTFT")
+    tpot_percentile, tpot_ms = _limit_fields("TPOT")
+    itl_percentile, itl_ms = _limit_fields("ITL")
+    e2el_percentile, e2el_ms = _limit_fields("E2E latency")
+    max_failed_percent = models.FloatField(
+        default=DEFAULT_MAX_FAILED_PERCENT, help_text="Largest share of failed requests (%)"
+    )
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "SLO profile"
+
+    def __str__(self):
+        return self.name
+
+    def get_absolute_url(self):
+        return reverse("slo-profile-edit", args=[self.pk])
+
+    def limits(self):
+        """{metric: (percentile, ms or None)} as reports.slo takes them."""
+        return {
+            metric: (getattr(self, f"{metric}_percentile"), getattr(self, f"{metric}_ms"))
+            for metric in LATENCY_METRICS
+        }
+
+    def clean(self):
+        problems = profile_problems(self.limits(), self.max_failed_percent)
+        if problems:
+            raise ValidationError(problems)
+
+    def judge(self, level, upper=None):
+        """A LevelResult (or any object with its fields) against this profile: a
+        reports.slo.Judgement; upper: {field: upper bound in ms} judged in place of the point
+        value (an interval's bound)."""
+        limits = self.limits()
+        keys = ["completed", "failed", *(stat_key(m, p) for m, (p, _) in limits.items() if p)]
+        figures = {key: getattr(level, key, None) for key in keys}
+        return judge(limits, self.max_failed_percent, figures, upper)
+
+    def summary(self):
+        """ "TTFT p99 ≤ 500 ms, TPOT p99 ≤ 50 ms, failed ≤ 1 %" for lists and forms."""
+        parts = [
+            f"{METRIC_LABELS[m]} {p} ≤ {ms:g} ms"
+            for m, (p, ms) in self.limits().items()
+            if ms is not None
+        ]
+        return ", ".join([*parts, f"failed ≤ {self.max_failed_percent:g} %"])
+
+
 class Deployment(models.Model):
     """One model served by one engine on (some GPUs of) one host."""
 
@@ -316,6 +419,11 @@ class Deployment(models.Model):
     status_detail = models.CharField(max_length=300, blank=True)
     status_checked_at = models.DateTimeField(null=True, blank=True)
     provenance = models.CharField(max_length=300, blank=True)
+    # a default is a preference for the next search, not a record: deleting the profile
+    # leaves the deployment without one rather than blocking the delete
+    default_slo_profile = models.ForeignKey(
+        SLOProfile, models.SET_NULL, null=True, blank=True, related_name="deployments"
+    )
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 

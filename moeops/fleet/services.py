@@ -17,8 +17,10 @@ from moeops.fleet.models import (
     HealthCheck,
     Host,
     ModelSpec,
+    SLOProfile,
     TopologySnapshot,
 )
+from reports.levels import LATENCY_METRICS
 from reports.topology import diff_snapshots, parse_nvidia_smi_topo, snapshot_fingerprint
 
 HEALTH = frozenset(key for key, _ in HEALTH_STATUSES)
@@ -65,6 +67,53 @@ def host_register(*, name, description="", provenance=""):
     return Host.objects.get_or_create(
         name=name, defaults={"description": description, "provenance": provenance}
     )
+
+
+def host_update(*, host, **fields):
+    """Set the given fields of a host (description, price_per_gpu_hour, currency) through the
+    model's rules (Host.clean, its validators): raises ValidationError naming the field."""
+    for key, value in fields.items():
+        setattr(host, key, value)
+    host.full_clean()
+    if fields:
+        host.save(update_fields=list(fields))
+    return host
+
+
+SLO_PROFILE_FIELDS = (
+    *(f"{metric}_{part}" for metric in LATENCY_METRICS for part in ("percentile", "ms")),
+    "max_failed_percent",
+)
+
+
+def slo_profile_create(*, name, **fields):
+    """(SLOProfile, created). The one rule (SLOProfile.clean, reports.slo.profile_problems)
+    raises ValidationError naming the field; the same name with the same limits is the existing
+    row (idempotent), with other limits AlreadyExists."""
+    profile = SLOProfile(name=name, **fields)
+    existing = SLOProfile.objects.filter(name=name).first()
+    if existing is not None:
+        profile.full_clean(validate_unique=False)
+        if any(getattr(existing, key) != getattr(profile, key) for key in SLO_PROFILE_FIELDS):
+            raise AlreadyExists(f"SLO profile {name!r} exists with other limits")
+        return existing, False
+    profile.full_clean()
+    try:
+        with transaction.atomic():
+            profile.save()
+    except IntegrityError:
+        raise AlreadyExists(f"SLO profile {name!r} exists") from None
+    return profile, True
+
+
+def slo_profile_update(*, profile, **fields):
+    """Set the given fields (name, limits, max_failed_percent) under the same rule as
+    slo_profile_create: raises ValidationError naming the field, and stores nothing then."""
+    for key, value in fields.items():
+        setattr(profile, key, value)
+    profile.full_clean()
+    profile.save()
+    return profile
 
 
 def gpus_record(*, host, gpus):

@@ -62,6 +62,23 @@ ATTEMPT_COLUMN = Column("attempt", "attempt", "")
 # the mean GPU utilization while the level ran, from the run's GPU samples: a page-only column
 GPU_UTIL_COLUMN = Column("gpu_util", "GPU util", "%")
 
+# What a cost or energy cell reads where the figure is absent; the reason is said by the table.
+ABSENT = "n/a"
+
+
+def cost_columns(currency):
+    """The per-level cost and energy columns (moeops.runs.costs), page and CSV only: not key
+    columns. currency: the host's ISO 4217 code, "" when it has no price."""
+    per_million = f"{currency} per 1M output tokens" if currency else "per 1M output tokens"
+    return (
+        Column("cost_per_million_output_tokens", "cost", per_million, 2),
+        Column("energy_per_output_token", "energy per output token", "J", 3),
+    )
+
+
+COST_KEYS = {"cost_per_million_output_tokens": "cost", "energy_per_output_token": "energy"}
+
+
 # The columns a person reads a level by, in this order, first in the run page's table; the rest
 # of LEVEL_COLUMNS follow behind its "All columns" switch (the CSV keeps LEVEL_COLUMNS' order).
 KEY_COLUMNS = (
@@ -84,9 +101,14 @@ KEY_COLUMNS = (
 NO_GPUS = "n/a"
 
 
-def level_value(level, column, num_gpus, gpu_util=None):
+def level_value(level, column, num_gpus, gpu_util=None, costs=None):
     """The column's value for one LevelResult; per-GPU throughput divides by num_gpus (None:
-    no GPUs recorded, NO_GPUS); GPU util from gpu_util ({concurrency: %})."""
+    no GPUs recorded, NO_GPUS); GPU util from gpu_util ({concurrency: %}); cost and energy
+    from costs ({level key: moeops.runs.costs.LevelCost}; ABSENT where a figure is not had)."""
+    if column.key in COST_KEYS:
+        cost = (costs or {}).get(level.key)
+        figure = getattr(cost, COST_KEYS[column.key]) if cost else None
+        return ABSENT if figure is None or figure.value is None else figure.value
     if column.key == "gpu_util":
         return (gpu_util or {}).get(level.concurrency)
     if column.key == "output_throughput_per_gpu":
@@ -107,11 +129,23 @@ def key_columns_first(columns):
     )
 
 
-def level_rows(levels, num_gpus, columns=LEVEL_COLUMNS, gpu_util=None):
+def level_rows(levels, num_gpus, columns=LEVEL_COLUMNS, gpu_util=None, costs=None):
     """[(level, [values…])] in column order."""
     return [
-        (level, [level_value(level, c, num_gpus, gpu_util) for c in columns]) for level in levels
+        (level, [level_value(level, c, num_gpus, gpu_util, costs) for c in columns])
+        for level in levels
     ]
+
+
+def absent_reasons(costs):
+    """[(what, reason)] of the cost and energy figures absent at some level, each reason once
+    ("cost", "the host has no price per GPU-hour")."""
+    reasons = []
+    for cost in costs.values():
+        for what, figure in (("cost", cost.cost), ("energy per output token", cost.energy)):
+            if figure.value is None and (what, figure.reason) not in reasons:
+                reasons.append((what, figure.reason))
+    return reasons
 
 
 def filled_columns(rows, columns=LEVEL_COLUMNS):

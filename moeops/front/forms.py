@@ -9,7 +9,15 @@ from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS
 
 from moeops.fleet.endpoints import endpoint_change_refusal
-from moeops.fleet.models import ENGINES, GPU, VIRTUALIZATION_KINDS, Deployment, Host, ModelSpec
+from moeops.fleet.models import (
+    ENGINES,
+    GPU,
+    VIRTUALIZATION_KINDS,
+    Deployment,
+    Host,
+    ModelSpec,
+    SLOProfile,
+)
 from moeops.front.templatetags.moeops_format import duration
 from moeops.insights.models import PLAN_STATUSES, Note
 from moeops.insights.services import note_slug, note_taken_refusal
@@ -121,6 +129,7 @@ class DeploymentForm(forms.ModelForm):
             "endpoint_url",
             "served_model_name",
             "status",
+            "default_slo_profile",
         )
         widgets = {
             "gpus": forms.CheckboxSelectMultiple,
@@ -132,6 +141,7 @@ class DeploymentForm(forms.ModelForm):
             "tp": "TP",
             "ep": "EP",
             "launch_args": "Other launch arguments (JSON)",
+            "default_slo_profile": "Default SLO profile",
         }
         help_texts = {
             "gpus": "Leave empty to count the GPUs as max(tp, ep).",
@@ -456,6 +466,36 @@ class PlanItemForm(forms.Form):
         max_length=300, widget=forms.TextInput(attrs={"placeholder": "New plan item"})
     )
     status = forms.ChoiceField(choices=PLAN_STATUSES, initial="pending")
+
+
+class SLOProfileForm(forms.ModelForm):
+    """A profile's limits; the model's own rule (SLOProfile.clean) refuses what is wrong."""
+
+    class Meta:
+        model = SLOProfile
+        fields = (
+            "name",
+            "ttft_percentile",
+            "ttft_ms",
+            "tpot_percentile",
+            "tpot_ms",
+            "itl_percentile",
+            "itl_ms",
+            "e2el_percentile",
+            "e2el_ms",
+            "max_failed_percent",
+        )
+        labels = {
+            "ttft_percentile": "TTFT percentile",
+            "ttft_ms": "TTFT limit (ms)",
+            "tpot_percentile": "TPOT percentile",
+            "tpot_ms": "TPOT limit (ms)",
+            "itl_percentile": "ITL percentile",
+            "itl_ms": "ITL limit (ms)",
+            "e2el_percentile": "E2E latency percentile",
+            "e2el_ms": "E2E latency limit (ms)",
+            "max_failed_percent": "Largest share of failed requests (%)",
+        }
 
 
 class NoteForm(forms.ModelForm):

@@ -62,21 +62,23 @@ def _bucketed(qs, bounds, group_field, aggregates, buckets):
     return series
 
 
-def _stored_attempts(run, samples):
-    """A sweep's samples less a cut-short attempt's (as the analysis reads them); a tune's all."""
+def _stored_attempts(run, samples, levels):
+    """A sweep's samples less a cut-short attempt's (as the analysis reads them); a tune's all.
+    levels: the sweep's LevelResults where the caller has them."""
     keep = getattr(run, "samples_of_stored_attempts", None)
-    return keep(samples) if keep is not None else samples
+    return keep(samples, levels) if keep is not None else samples
 
 
-def gpu_series(run, buckets=BUCKETS):
+def gpu_series(run, buckets=BUCKETS, levels=None):
     """Per GPU: utilization (%), power (W), memory used (MiB) and SM clock (MHz), mean/min/max
     per time bucket.
 
-    run: a SweepRun or a kernels TuningRun (both own samples as `telemetry`).
+    run: a SweepRun or a kernels TuningRun (both own samples as `telemetry`); levels: a
+    sweep's LevelResults where the caller has them (they are read otherwise).
     `extra["power_limit_w"]` is the highest enforced power limit seen (W), `extra
     ["mem_total_mib"]` the largest GPU memory (MiB), each None when not recorded.
     """
-    qs = _stored_attempts(run, run.telemetry.all())
+    qs = _stored_attempts(run, run.telemetry.all(), levels)
     bounds = _bounds(qs, power_limit_w=Max("power_limit_w"), mem_total_mib=Max("mem_total_mib"))
     aggregates = {}
     for name, column in (
@@ -89,9 +91,10 @@ def gpu_series(run, buckets=BUCKETS):
     return _bucketed(qs, bounds, "gpu_index", aggregates, buckets)
 
 
-def engine_series(run, buckets=BUCKETS):
-    """The engine's running and queued requests (mean and max per bucket), KV-cache use (0–1)."""
-    qs = _stored_attempts(run, EngineSample.objects.filter(run=run))
+def engine_series(run, buckets=BUCKETS, levels=None):
+    """The engine's running and queued requests (mean and max per bucket), KV-cache use (0–1);
+    levels as gpu_series takes them."""
+    qs = _stored_attempts(run, EngineSample.objects.filter(run=run), levels)
     return _bucketed(
         qs,
         _bounds(qs),

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from moeops.front.views import compare, deployments, engines, hosts, kernels, notes, runs
+from moeops.front.views import compare, deployments, engines, hosts, kernels, notes, runs, slo
 
 urlpatterns = [
     path("", deployments.dashboard, name="dashboard"),
@@ -42,6 +42,9 @@ urlpatterns = [
     path("hosts/<slug:name>/", hosts.host_detail, name="host-detail"),
     path("hosts/<slug:name>/gpus-now/", hosts.gpus_now, name="host-gpus-now"),
     path("hosts/<slug:name>/topology/", hosts.topology_upload, name="host-topology-upload"),
+    path("slo/", slo.slo_profiles, name="slo-profiles"),
+    path("slo/new/", slo.slo_profile_create, name="slo-profile-create"),
+    path("slo/<int:pk>/", slo.slo_profile_edit, name="slo-profile-edit"),
     path("notes/", notes.notes, name="notes"),
     path("notes/new/", notes.note_create, name="note-create"),
     path("notes/<slug:slug>/", notes.note_detail, name="note-detail"),

@@ -5,7 +5,7 @@ import math
 import uuid
 
 from django.db import models
-from django.db.models import Count, Max, OuterRef, Q, Subquery
+from django.db.models import Avg, Case, CharField, Count, Max, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce
 
 from reports import engine as engine_reports
@@ -255,15 +255,52 @@ class SweepRun(models.Model):
         run's LevelResults."""
         return max([attempt_of(self.progress), *(level.attempt for level in levels)])
 
-    def samples_of_stored_attempts(self, samples):
+    def samples_of_stored_attempts(self, samples, levels=None):
         """samples (a queryset of this run's engine or GPU samples) less those a cut-short
         attempt took of a level that a later attempt stored: a sweep delivered again after its
         worker died runs that level anew, and the dead attempt's samples of it stay stored
-        (their `attempt` tells them apart) but describe no stored level."""
+        (their `attempt` tells them apart) but describe no stored level. levels: the run's
+        LevelResults where the caller has them (else they are read)."""
+        stored = (
+            [(level.concurrency, level.attempt) for level in levels]
+            if levels is not None
+            else self.levels.values_list("concurrency", "attempt")
+        )
         superseded = Q()
-        for concurrency, attempt in self.levels.values_list("concurrency", "attempt"):
+        for concurrency, attempt in stored:
             superseded |= Q(level_concurrency=concurrency) & ~Q(attempt=attempt)
         return samples.exclude(superseded) if superseded else samples
+
+    def level_power(self, levels):
+        """{level key: mean total power of the run's GPUs over the level (W)}: each GPU's mean
+        NVML power over the level's window (its started_at–finished_at, else the samples the
+        worker tagged with its concurrency), summed over the GPUs; levels without power
+        samples are left out. One query; levels: the run's LevelResults."""
+        whens = []
+        for level in levels:
+            if level.started_at is not None and level.finished_at is not None:
+                window = Q(ts__gte=level.started_at, ts__lte=level.finished_at)
+            elif level.concurrency is not None:
+                window = Q(level_concurrency=level.concurrency)
+            else:
+                continue
+            whens.append(When(window, then=Value(level.key)))
+        if not whens:
+            return {}
+        samples = self.samples_of_stored_attempts(
+            self.telemetry.filter(power_w__isnull=False), levels
+        )
+        rows = (
+            samples.annotate(level=Case(*whens, output_field=CharField()))
+            .filter(level__isnull=False)
+            .values("level", "gpu_index")
+            .annotate(mean=Avg("power_w"))
+            .order_by()
+        )
+        totals = {}
+        for row in rows:
+            totals[row["level"]] = totals.get(row["level"], 0.0) + row["mean"]
+        return totals
 
 
 # A sweep delivered again after its worker died resumes where it was: its levels and samples

@@ -50,7 +50,9 @@ DASHBOARD_FINDINGS_SCANNED = 80
 
 def _deployment_or_404(pk):
     # Every signed-in member of the team sees every deployment.
-    return get_object_or_404(Deployment.objects.select_related("model", "host"), pk=pk)
+    return get_object_or_404(
+        Deployment.objects.select_related("model", "host", "default_slo_profile"), pk=pk
+    )
 
 
 def _with_latest_peak(deployments):

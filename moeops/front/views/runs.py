@@ -15,10 +15,13 @@ from django.views.decorators.http import require_POST
 
 from moeops.front import charts, series
 from moeops.front.columns import (
+    ABSENT,
     ATTEMPT_COLUMN,
     GPU_UTIL_COLUMN,
     KEY_COLUMNS,
     LEVEL_COLUMNS,
+    absent_reasons,
+    cost_columns,
     filled_columns,
     key_columns_first,
     level_rows,
@@ -30,6 +33,7 @@ from moeops.insights.models import FINDING_STATES
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
+from moeops.runs.costs import level_costs
 from moeops.runs.models import SweepRun
 from moeops.runs.telemetry import no_gpu_samples_text
 from reports import launch
@@ -85,7 +89,7 @@ def runs(request):
 def run_figures(run, levels, gpu, bands):
     """Every chart of the run page, by element id; gpu: series.gpu_series(run), bands:
     series.level_bands(run, levels)."""
-    engine = series.engine_series(run)
+    engine = series.engine_series(run, levels=levels)
     figures = {
         "throughput": charts.run_throughput(levels),
         "ttft": charts.run_latency(levels, "ttft", "TTFT (time to first token)"),
@@ -200,12 +204,13 @@ def _level_table(run, levels, gpu_util):
     GPU utilization %} (series.level_means)."""
     num_gpus = run.measured_gpu_count()
     attempts = run.attempts(levels)
-    columns = (*LEVEL_COLUMNS, GPU_UTIL_COLUMN)
+    costs = level_costs(run, levels, num_gpus)
+    columns = (*LEVEL_COLUMNS, GPU_UTIL_COLUMN, *cost_columns(run.deployment.host.currency))
     if attempts > 1:
         # after the level's concurrency and rate, which say which level it is
         columns = (*columns[:2], ATTEMPT_COLUMN, *columns[2:])
     columns = key_columns_first(columns)
-    rows = level_rows(levels, num_gpus, columns, gpu_util)
+    rows = level_rows(levels, num_gpus, columns, gpu_util, costs)
     shown = filled_columns(rows, columns)
     return {
         "run": run,
@@ -220,6 +225,7 @@ def _level_table(run, levels, gpu_util):
         ],
         "hidden_columns": [c.label for i, c in enumerate(columns) if i not in shown],
         "partial_levels": [level for level in levels if level.is_partial],
+        "absent_figures": absent_reasons(costs),
         "failures": [(level, level.errors) for level in levels if level.errors],
     }
 
@@ -227,7 +233,7 @@ def _level_table(run, levels, gpu_util):
 def _figures_and_table(run, levels):
     """The run's charts and its per-level table's context: the page and its live poll show the
     same, from one read of the GPU samples."""
-    gpu, bands = series.gpu_series(run), series.level_bands(run, levels)
+    gpu, bands = series.gpu_series(run, levels=levels), series.level_bands(run, levels)
     figures = run_figures(run, levels, gpu, bands)
     return figures, _level_table(run, levels, series.level_means(gpu, bands, "util"))
 
@@ -286,11 +292,19 @@ def run_levels_csv(request, uuid):
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}-levels.csv"'
     writer = csv.writer(response)
-    writer.writerow([c.csv_header for c in LEVEL_COLUMNS] + ["errors", "partial", "stand_in"])
+    columns = (*LEVEL_COLUMNS, *cost_columns(run.deployment.host.currency))
+    writer.writerow(
+        [c.csv_header for c in columns]
+        + ["cost_absent_because", "energy_absent_because", "errors", "partial", "stand_in"]
+    )
     standin = "yes" if run.is_standin else "no"
-    for level, values in level_rows(_levels(run), run.measured_gpu_count()):
+    levels, num_gpus = _levels(run), run.measured_gpu_count()
+    costs = level_costs(run, levels, num_gpus)
+    for level, values in level_rows(levels, num_gpus, columns, costs=costs):
+        cost = costs[level.key]
         writer.writerow(
-            ["" if v is None else v for v in values]
+            ["" if v is None or v == ABSENT else v for v in values]
+            + [cost.cost.reason, cost.energy.reason]
             + [json.dumps(level.errors) if level.errors else ""]
             + ["yes" if level.is_partial else "no", standin]
         )

@@ -1,0 +1,41 @@
+"""Cost and energy per output token of each level of a run, from its host's price and its GPU
+power samples (reports.cost does the arithmetic; docs/metrics.md defines both)."""
+
+from dataclasses import dataclass
+
+from reports.cost import Figure, cost_per_million_output_tokens, energy_per_output_token
+
+
+@dataclass(frozen=True)
+class LevelCost:
+    """cost: per 10⁶ output tokens in the host's currency; energy: J per output token."""
+
+    cost: Figure
+    energy: Figure
+
+
+def _no_power_reason(run):
+    if run.telemetry_status == "recorded":
+        return "no GPU power samples over the level"
+    why = run.telemetry_detail or run.get_telemetry_status_display().lower()
+    return f"no GPU power samples for this run ({why})"
+
+
+def level_costs(run, levels, num_gpus):
+    """{level key: LevelCost} of a SweepRun's levels (one query for the power samples);
+    num_gpus: run.measured_gpu_count(), which the callers have at hand."""
+    host = run.deployment.host
+    power = run.level_power(levels)
+    no_power = _no_power_reason(run)
+    costs = {}
+    for level in levels:
+        energy = energy_per_output_token(power.get(level.key), level.output_throughput)
+        if level.key not in power:
+            energy = Figure(None, energy.unit, no_power)
+        costs[level.key] = LevelCost(
+            cost=cost_per_million_output_tokens(
+                host.price_per_gpu_hour, host.currency, num_gpus, level.output_throughput
+            ),
+            energy=energy,
+        )
+    return costs
