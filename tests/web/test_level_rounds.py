@@ -158,8 +158,9 @@ def test_the_run_page_shows_the_median_and_interval_of_a_level_of_rounds(client,
     low, high = t_interval([1200.0, 1000.0, 1100.0])
     assert f'1,100 <span class="ci">({low:,.0f}–{high:,.0f})</span>' in page
     assert "ran up to 3 rounds" in page
-    # the level run once shows its figure alone
+    # the level run once shows its figure alone, and says why
     assert "1,200</td>" in page
+    assert '16 <span class="ci">(one round: no interval)</span>' in page
 
 
 def test_the_run_page_of_single_rounds_shows_no_interval(client, world):

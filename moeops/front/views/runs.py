@@ -33,7 +33,7 @@ from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from moeops.runs.telemetry import no_gpu_samples_text
 from reports import launch
-from reports.intervals import INTERVAL_KEYS
+from reports.intervals import INTERVAL_KEYS, ONE_ROUND
 
 RUNS_PER_PAGE = 50
 CHART_NAMES = {
@@ -221,6 +221,7 @@ def _level_table(run, levels, gpu_util):
             for level, values in rows
         ],
         "rounds": max((level.round_count for level in levels), default=1),
+        "one_round": ONE_ROUND,
         "hidden_columns": [c.label for i, c in enumerate(columns) if i not in shown],
         "partial_levels": [level for level in levels if level.is_partial],
         "failures": [(level, level.errors) for level in levels if level.errors],
