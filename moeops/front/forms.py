@@ -279,6 +279,7 @@ class SweepForm(forms.Form):
     )
     rounds = forms.IntegerField(
         initial=1,
+        required=False,
         help_text=f"Times each level runs in a row (1 to {MAX_ROUNDS}); from 2 on, each level "
         "shows the median of its rounds and a 95 % interval.",
     )
@@ -302,6 +303,11 @@ class SweepForm(forms.Form):
 
     def clean_levels(self):
         return _int_list(self.cleaned_data["levels"], field_name="levels")
+
+    def clean_rounds(self):
+        # left empty: once, as a sweep before rounds
+        rounds = self.cleaned_data["rounds"]
+        return 1 if rounds is None else rounds
 
     def clean(self):
         cleaned = super().clean()
