@@ -7,6 +7,8 @@ import io
 import json
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, LevelRound, SweepRun
@@ -224,3 +226,19 @@ def test_the_sweep_form_refuses_rounds_out_of_bounds(db, client, monkeypatch, va
     assert response.status_code == 400
     assert shown in html.unescape(response.content.decode())
     assert not SweepRun.objects.exists()
+
+
+def test_rounds_cost_the_run_page_no_query(client, world):
+    pb.sign_in(client)
+    once, thrice = world.run(status="running"), world.run(status="running")
+    for concurrency in (8, 16, 32):
+        run_services.level_record(run=once, **{**ROUNDS[0], "concurrency": concurrency})
+        for n in (1, 2, 3):
+            body = {**ROUNDS[n - 1], "concurrency": concurrency}
+            run_services.level_record(run=thrice, round=n, **body)
+    counts = []
+    for run in (once, thrice):
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(f"/runs/{run.uuid}/").status_code == 200
+        counts.append(len(queries))
+    assert counts[0] == counts[1]
