@@ -38,8 +38,9 @@ def sweep_progress(run, now=None):
 
     Reads `run.progress` as the worker writes it: `level_index` (0-based level running),
     `levels_total`, `round` / `rounds` (of a level run several times), `requests_done` /
-    `requests_total` (of the round running), `started_at` (UTC epoch s). Returns a dict: level (1-based), levels_total, requests_done,
-    requests_total, fraction (0–1), elapsed_s, eta_s (s, None when unknown) and text.
+    `requests_total` (of the round running), `started_at` (UTC epoch s). Returns a dict: level
+    (1-based), levels_total, requests_done, requests_total, fraction (0–1), elapsed_s, eta_s
+    (s, None when unknown) and text.
     """
     now = time.time() if now is None else now
     p = run.progress or {}

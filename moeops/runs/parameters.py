@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic import ValidationError as SchemaError
 
 from moeops.storable import MAX_INT, storable_json
+from reports.intervals import MAX_ROUNDS
 from reports.levels import DEFAULT_PROMPTS_PER_STREAM
 from reports.queues import SWEEP_SOFT_LIMIT_S
 
@@ -24,10 +25,6 @@ MAX_CONCURRENCY = 1 << 16
 # sweep may run; the form's full preset sends 12.7 M.
 SWEEP_TOKENS_PER_S = 1_000_000
 MAX_SWEEP_TOKENS = SWEEP_SOFT_LIMIT_S * SWEEP_TOKENS_PER_S
-
-# A level runs at most this many rounds in a row: ten rounds give a t-interval within 1.3× of
-# the normal one (t 2.262 against 1.960), more buy little but time.
-MAX_ROUNDS = 10
 
 Concurrency = Annotated[int, Field(strict=True, ge=1, le=MAX_CONCURRENCY)]
 Tokens = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]
