@@ -7,6 +7,7 @@ import io
 import json
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -242,3 +243,14 @@ def test_rounds_cost_the_run_page_no_query(client, world):
             assert client.get(f"/runs/{run.uuid}/").status_code == 200
         counts.append(len(queries))
     assert counts[0] == counts[1]
+
+
+def test_the_admin_shows_a_levels_rounds_read_only(client, world):
+    client.force_login(User.objects.create_superuser("root", password="pw-root-123"))
+    run = world.run(status="running")
+    for n in (1, 2):
+        level, _ = run_services.level_record(run=run, round=n, **ROUNDS[n - 1])
+    page = client.get(f"/admin/runs/levelresult/{level.pk}/change/")
+    assert page.status_code == 200
+    text = html.unescape(page.content.decode())
+    assert '"output_throughput": 1000.0' in text and 'name="rounds-0-figures"' not in text
