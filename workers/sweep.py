@@ -1,14 +1,15 @@
 """A concurrency sweep as a GPU-host worker runs it, over the REST API; no Celery needed.
 
 `run_sweep(run_uuid, parameters, client=...)` claims the run (queued → running), starts the NVML
-and engine /metrics samplers, runs each level with the load generator, pushes each level as it
-finishes and the samples in batches, reports progress about once a second, stops at the next
-request boundary once the run's `cancel_requested` is set, and ends the run succeeded, cancelled
-or failed; finished levels are always kept, and so are the finished requests of the level the
-stop cut short (stored as a level whose raw result says "stopped"). A run delivered again (its
-worker died) resumes: the levels already stored are skipped, so none is stored twice, and the
-levels and samples of each delivery carry its attempt number (1, 2, …), so that the samples the
-dead attempt took of the level it cut short are told apart from those of the level stored.
+and engine /metrics samplers, runs each level with the load generator (`rounds` times in a row
+when asked), pushes each round of a level as it finishes and the samples in batches, reports
+progress about once a second, stops at the next request boundary once the run's
+`cancel_requested` is set, and ends the run succeeded, cancelled or failed; finished levels are
+always kept, and so are the finished requests of the level the stop cut short (stored as a level
+whose raw result says "stopped"). A run delivered again (its worker died) resumes: the levels
+and rounds already stored are skipped, so none is stored twice, and the levels and samples of
+each delivery carry its attempt number (1, 2, …), so that the samples the dead attempt took of
+the level it cut short are told apart from those of the level stored.
 """
 
 import asyncio
@@ -60,7 +61,7 @@ def sweep_config(parameters):
 
     parameters: base_url, model, levels (concurrencies), input_len and output_len (tokens);
     optional endpoint, prompts_per_level, warmup, request_rate (req/s), processes, vocab_size,
-    timeout_s, slo_ttft_ms, slo_tpot_ms, slo_e2el_ms. Without vocab_size the completions
+    timeout_s, slo_ttft_ms, slo_tpot_ms, slo_e2el_ms, rounds. Without vocab_size the completions
     endpoint asks the server where its model is (workers.vocabulary) and raises
     vocabulary.VocabularyUnknown when it cannot tell.
     """
@@ -85,6 +86,7 @@ def sweep_config(parameters):
         "slo_ttft_ms",
         "slo_tpot_ms",
         "slo_e2el_ms",
+        "rounds",
     )
     return loadgen.SweepConfig(
         client=client,
@@ -95,19 +97,30 @@ def sweep_config(parameters):
     )
 
 
-def level_payload(result, attempt=1):
+def level_payload(result, attempt=1, round_number=1):
     """The API's level body from a load-generator result, taken by the run's delivery
-    `attempt`; the whole result travels as raw."""
+    `attempt` in the level's round `round_number`; the whole result travels as raw."""
     payload = {k: result[k] for k in LEVEL_FIELDS if result.get(k) is not None}
     payload["attempt"] = attempt
+    if round_number > 1:
+        payload["round"] = round_number
     payload["raw"] = result
     return payload
 
 
-def _level_id(concurrency, request_rate):
-    # the API's idempotency key of a level: unlimited rate is None
+def _level_id(concurrency, request_rate, round_number=1):
+    # the API's idempotency key of a level's round: unlimited rate is None
     rate = None if request_rate is None or request_rate == float("inf") else float(request_rate)
-    return concurrency, rate
+    return concurrency, rate, round_number
+
+
+def _stored_rounds(levels):
+    """The (concurrency, rate, round) of every round the API holds, from its levels."""
+    return {
+        _level_id(level["concurrency"], level["request_rate"], n)
+        for level in levels
+        for n in level.get("rounds") or [1]
+    }
 
 
 class _Progress:
@@ -320,10 +333,7 @@ def run_sweep(
         )
         client.post_observed(run_uuid, observed)
     levels = config.levels()
-    stored = {
-        _level_id(level["concurrency"], level["request_rate"])
-        for level in client.get_levels(run_uuid)
-    }
+    stored = _stored_rounds(client.get_levels(run_uuid))
     progress = _Progress(len(levels), attempt)
     # no GPUs recorded for the deployment: sample every GPU of the host
     telemetry = TelemetrySampler(parameters.get("gpu_indices") or None, hz=telemetry_hz, nvml=nvml)
@@ -384,59 +394,73 @@ def run_sweep(
 
 
 def _run_levels(client, run_uuid, config, levels, stored, progress, samples, stops):
-    """Run the levels not stored yet, pushing each; returns (final status, error), or (None,
-    "") when another delivery took the run over: its levels and its end are that delivery's.
-    stops: the callables (cancelled, out_of_time, taken_over)."""
+    """Run the rounds of each level not stored yet, pushing each; returns (final status,
+    error), or (None, "") when another delivery took the run over: its levels and its end are
+    that delivery's. stops: the callables (cancelled, out_of_time, taken_over)."""
     cancelled, out_of_time, taken_over = stops
 
     def should_stop():
         return cancelled() or out_of_time()
 
-    done = len(stored & {_level_id(lv.concurrency, lv.request_rate) for lv in levels})
-    progress.update(levels_done=done)
+    rounds = range(1, config.rounds + 1)
+
+    def level_done(lv):
+        return all(_level_id(lv.concurrency, lv.request_rate, n) in stored for n in rounds)
+
+    done = sum(level_done(lv) for lv in levels)
+    progress.update(levels_done=done, rounds=config.rounds)
     for i, level in enumerate(levels):
-        if _level_id(level.concurrency, level.request_rate) in stored:
+        if level_done(level):
             continue
-        if should_stop():
-            break
-        progress.update(
-            level_index=i,
-            concurrency=level.concurrency,
-            requests_done=0,
-            requests_total=level.num_prompts,
-        )
-        samples.tag(level.concurrency)
-        result = asyncio.run(
-            loadgen.run_level(
-                config.client,
-                level,
-                on_request_done=lambda n, total: progress.update(requests_done=n),
-                should_stop=should_stop,
+        for round_number in rounds:
+            if _level_id(level.concurrency, level.request_rate, round_number) in stored:
+                continue
+            if should_stop():
+                break
+            progress.update(
+                level_index=i,
+                concurrency=level.concurrency,
+                round=round_number,
+                requests_done=0,
+                requests_total=level.num_prompts,
             )
-        )
-        samples.tag(None)
-        if taken_over():
-            return None, ""
-        if result["stopped"]:
-            if result["completed"] or result["failed"]:
-                # the requests that finished before the stop are measurements too: the level
-                # is kept, marked by raw's "stopped" (and "num_prompts", what it was to send)
-                samples.flush()
-                client.post_level(run_uuid, level_payload(result, progress.attempt))
-            break
-        samples.flush()
-        client.post_level(run_uuid, level_payload(result, progress.attempt))
-        done += 1
-        progress.update(levels_done=done)
-        if result["completed"] == 0:
-            cause = result.get("all_failed_with") or ", ".join(
-                f"{describe_failure(reason, result['error_samples'].get(reason))} × {n}"
-                for reason, n in sorted(result["errors"].items())
+            samples.tag(level.concurrency)
+            result = asyncio.run(
+                loadgen.run_level(
+                    config.round_client(round_number),
+                    level,
+                    on_request_done=lambda n, total: progress.update(requests_done=n),
+                    should_stop=should_stop,
+                )
             )
-            return "failed", (
-                f"every request at concurrency {level.concurrency} failed: {cause}. "
-                "The sweep stopped there."
-            )
+            samples.tag(None)
+            if taken_over():
+                return None, ""
+            payload = level_payload(result, progress.attempt, round_number)
+            if result["stopped"]:
+                if result["completed"] or result["failed"]:
+                    # the requests that finished before the stop are measurements too: the
+                    # round is kept, marked by raw's "stopped" (and "num_prompts", what it was
+                    # to send)
+                    samples.flush()
+                    client.post_level(run_uuid, payload)
+                break
+            samples.flush()
+            client.post_level(run_uuid, payload)
+            if result["completed"] == 0:
+                cause = result.get("all_failed_with") or ", ".join(
+                    f"{describe_failure(reason, result['error_samples'].get(reason))} × {n}"
+                    for reason, n in sorted(result["errors"].items())
+                )
+                return "failed", (
+                    f"every request at concurrency {level.concurrency} failed: {cause}. "
+                    "The sweep stopped there."
+                )
+        else:
+            done += 1
+            progress.update(levels_done=done)
+            continue
+        break
     if taken_over():
         return None, ""
     if done == len(levels):

@@ -38,7 +38,7 @@ from moeops.runs.models import (
     TELEMETRY_STATUSES,
     LevelResult,
 )
-from moeops.runs.parameters import Concurrency, RunParameters
+from moeops.runs.parameters import MAX_ROUNDS, Concurrency, RunParameters
 from moeops.storable import MAX_SMALL_INT
 
 router = Router(tags=["runs"])
@@ -410,10 +410,16 @@ class LevelIn(In):
     started_at: EpochSeconds | None = None
     finished_at: EpochSeconds | None = None
     attempt: Attempt = 1
+    round: Annotated[int, Field(ge=1, le=MAX_ROUNDS)] = Field(
+        1, description="1, 2, … of a level that runs several times in a row (parameters.rounds)"
+    )
     raw: JsonObject | None = Field(None, description="the original result object, if any")
 
 
 class LevelOut(Schema, LevelIn):
+    """A level: with several rounds, the median of its rounds' figures (counts summed) and a
+    95 % interval over them (docs/metrics.md)."""
+
     # read from stored rows, whose types the write already held to LevelIn's
     model_config = ConfigDict(strict=False)
 
@@ -421,11 +427,24 @@ class LevelOut(Schema, LevelIn):
     run: int
     key: str
     request_rate: float | None = None
+    round: int = Field(description="the last round stored")
+    rounds: list[int] = Field(description="the rounds stored; [1] for a level run once")
+    intervals: dict[str, tuple[float, float]] = Field(
+        description="figure → [low, high], 95 % over the rounds; empty for one round"
+    )
     created: dt.datetime
 
     @staticmethod
     def resolve_run(obj):
         return obj.run_id
+
+    @staticmethod
+    def resolve_rounds(obj):
+        return [r.round for r in obj.stored_rounds()]
+
+    @staticmethod
+    def resolve_round(obj):
+        return max(r.round for r in obj.stored_rounds())
 
 
 @router.post("/runs/{ref}/levels", auth=HostWrite(), response={200: LevelOut, 201: LevelOut})
@@ -466,10 +485,10 @@ class LevelWithCostOut(LevelOut):
 
 @router.get("/runs/{ref}/levels", response=list[LevelWithCostOut])
 def level_list(request, ref: str):
-    """The run's levels, each with its cost per million output tokens and energy per output
-    token (or why either is absent)."""
+    """The run's levels, each with its rounds, its cost per million output tokens and energy per
+    output token (or why either is absent)."""
     run = lookups.get_run(ref)
-    levels = list(LevelResult.objects.filter(run=run))
+    levels = list(LevelResult.objects.filter(run=run).prefetch_related("rounds"))
     costs = level_costs(run, levels, run.measured_gpu_count())
     for level in levels:
         level.costs = costs[level.key]

@@ -65,6 +65,35 @@ def _level_points(levels, key):
     )
 
 
+def _band(name, levels, key):
+    """The 95 % interval over the rounds of `key` as a filled band around its line (one trace:
+    the upper ends left to right, then the lower ends back), or None without intervals."""
+    ends = sorted(
+        (level.concurrency, *level.interval(key))
+        for level in levels
+        if level.concurrency is not None and level.interval(key) is not None
+    )
+    if not ends:
+        return None
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "name": f"{name} 95 % interval",
+        "x": [c for c, _, _ in ends] + [c for c, _, _ in reversed(ends)],
+        "y": [high for _, _, high in ends] + [low for _, low, _ in reversed(ends)],
+        "fill": "toself",
+        "opacity": 0.2,
+        "line": {"width": 0},
+        "hoverinfo": "skip",
+    }
+
+
+def _with_band(traces, name, levels, key):
+    band = _band(name, levels, key)
+    if band is not None:
+        traces.append(band)
+
+
 def _line(name, points, **extra):
     return {
         "type": "scatter",
@@ -158,13 +187,15 @@ def throughput_vs_concurrency(runs):
 
 
 def run_throughput(levels):
-    """A run's output and total (input + output) tok/s vs concurrency."""
+    """A run's output and total (input + output) tok/s vs concurrency; output tok/s with the
+    band of its 95 % interval where the levels ran several rounds."""
     traces = []
     for key, name in (("output_throughput", "output"), ("total_token_throughput", "total")):
         points = _level_points(levels, key)
         if points:
             hover = "c=%{x}<br>%{y:,.0f} tok/s<extra>" + name + "</extra>"
             traces.append(_line(name, points, hovertemplate=hover))
+            _with_band(traces, name, levels, key)
     return figure(
         traces,
         "Throughput vs concurrency",
@@ -174,8 +205,9 @@ def run_throughput(levels):
 
 
 def run_latency(levels, metric, title):
-    """p50 and p99 of one latency metric (ttft, tpot, itl, e2el; ms) vs concurrency; TTFT
-    with a linear/log switch."""
+    """p50 and p99 of one latency metric (ttft, tpot, itl, e2el; ms) vs concurrency, each with
+    the band of its 95 % interval where the levels ran several rounds; TTFT with a linear/log
+    switch."""
     traces = []
     for stat, name, dash in (("median", "p50", "solid"), ("p99", "p99", "dash")):
         points = _level_points(levels, f"{stat}_{metric}_ms")
@@ -188,6 +220,7 @@ def run_latency(levels, metric, title):
                     hovertemplate="c=%{x}<br>%{y:,.1f} ms<extra>" + name + "</extra>",
                 )
             )
+            _with_band(traces, name, levels, f"{stat}_{metric}_ms")
     fig = figure(traces, title, CONCURRENCY_AXIS, {"title": {"text": "ms"}, "rangemode": "tozero"})
     if metric == "ttft":
         fig["layout"].update(_log_toggle(title))

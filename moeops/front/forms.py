@@ -24,7 +24,7 @@ from moeops.insights.services import note_slug, note_taken_refusal
 from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
 from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, SweepRun
-from moeops.runs.parameters import parameters_checked
+from moeops.runs.parameters import MAX_ROUNDS, parameters_checked
 from tuning.config_files import TUNED_BATCH_SIZES, triton_config_unread
 from tuning.engines import ENGINE_TITLES
 from tuning.moe_params import MoEConfigError, moe_params
@@ -288,6 +288,12 @@ class SweepForm(forms.Form):
     warmup = forms.IntegerField(
         label="Warm-up requests", min_value=0, initial=SWEEP_PRESETS["quick"]["warmup"]
     )
+    rounds = forms.IntegerField(
+        initial=1,
+        required=False,
+        help_text=f"Times each level runs in a row (1 to {MAX_ROUNDS}); from 2 on, each level "
+        "shows the median of its rounds and a 95 % interval.",
+    )
     endpoint = forms.ChoiceField(
         choices=(("completions", "completions"), ("chat", "chat")), initial="completions"
     )
@@ -296,10 +302,23 @@ class SweepForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.deployment = deployment
 
-    LOAD = ("levels", "input_len", "output_len", "prompts_per_level", "warmup", "endpoint")
+    LOAD = (
+        "levels",
+        "input_len",
+        "output_len",
+        "prompts_per_level",
+        "warmup",
+        "rounds",
+        "endpoint",
+    )
 
     def clean_levels(self):
         return _int_list(self.cleaned_data["levels"], field_name="levels")
+
+    def clean_rounds(self):
+        # left empty: once, as a sweep before rounds
+        rounds = self.cleaned_data["rounds"]
+        return 1 if rounds is None else rounds
 
     def clean(self):
         cleaned = super().clean()
@@ -351,6 +370,7 @@ class SweepForm(forms.Form):
             prompts_per_level=data["prompts_per_level"],
             output_len=data["output_len"],
             warmup=data["warmup"],
+            rounds=data.get("rounds") or 1,
         )
         cap = f", at most {pace.cap} requests at once" if pace.cap else ""
         return f"Estimated duration: ≈ {duration(seconds)} (from {pace.basis}{cap})."

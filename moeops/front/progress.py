@@ -37,9 +37,10 @@ def sweep_progress(run, now=None):
     """The progress of a SweepRun as plain values for the page and the status endpoint.
 
     Reads `run.progress` as the worker writes it: `level_index` (0-based level running),
-    `levels_total`, `requests_done` / `requests_total` (of the level running), `started_at`
-    (UTC epoch s). Returns a dict: level (1-based), levels_total, requests_done,
-    requests_total, fraction (0–1), elapsed_s, eta_s (s, None when unknown) and text.
+    `levels_total`, `round` / `rounds` (of a level run several times), `requests_done` /
+    `requests_total` (of the round running), `started_at` (UTC epoch s). Returns a dict: level
+    (1-based), levels_total, requests_done, requests_total, fraction (0–1), elapsed_s, eta_s
+    (s, None when unknown) and text.
     """
     now = time.time() if now is None else now
     p = run.progress or {}
@@ -48,12 +49,15 @@ def sweep_progress(run, now=None):
     levels_total = _number(p.get("levels_total")) or len(_listed(levels)) or None
     level_index = _number(p.get("level_index"))
     done, total = _number(p.get("requests_done")), _number(p.get("requests_total"))
+    rounds = int(_number(p.get("rounds")) or 1)
+    round_number = min(max(int(_number(p.get("round")) or 1), 1), rounds) if rounds > 1 else 1
 
     fraction = None
     if run.status == "succeeded":
         fraction = 1.0
     elif levels_total and level_index is not None:
         within = _clamp(done / total) if done is not None and total else 0.0
+        within = (round_number - 1 + within) / rounds
         fraction = _clamp((level_index + within) / levels_total)
     elif run.status == "queued":
         fraction = 0.0
@@ -77,6 +81,8 @@ def sweep_progress(run, now=None):
         concurrency = _number(p.get("concurrency"))
         if concurrency is not None:
             parts[-1] += f" (concurrency {int(concurrency)})"
+        if rounds > 1:
+            parts.append(f"round {round_number} of {rounds}")
     if done is not None and run.status == "running":
         parts.append(f"{int(done)} of {int(total) if total else '?'} requests")
     return {

@@ -2,7 +2,7 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 
-from moeops.runs.models import EngineSample, LevelResult, SweepRun, TelemetrySample
+from moeops.runs.models import EngineSample, LevelResult, LevelRound, SweepRun, TelemetrySample
 from moeops.runs.parameters import parameters_checked
 
 
@@ -41,10 +41,31 @@ class SweepRunAdmin(admin.ModelAdmin):
     inlines = [LevelResultInline]
 
 
+class LevelRoundInline(admin.TabularInline):
+    """A level's rounds as the worker sent them: read-only, as the level's figures are merged
+    from them when a round is stored (services.level_record)."""
+
+    model = LevelRound
+    extra = 0
+    fields = readonly_fields = ("round", "attempt", "figures", "created")
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(LevelResult)
 class LevelResultAdmin(admin.ModelAdmin):
-    list_display = ("run", "concurrency", "request_rate", "output_throughput", "failed")
+    list_display = (
+        "run",
+        "concurrency",
+        "request_rate",
+        "output_throughput",
+        "failed",
+        "round_count",
+    )
     list_filter = ("run__deployment",)
+    inlines = [LevelRoundInline]
 
 
 @admin.register(TelemetrySample)

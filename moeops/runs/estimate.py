@@ -39,14 +39,15 @@ class Pace:
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def sweep_seconds(pace, *, levels, prompts_per_level, output_len, warmup=0):
-    """Seconds a sweep of these levels (concurrencies) takes at `pace`."""
+def sweep_seconds(pace, *, levels, prompts_per_level, output_len, warmup=0, rounds=1):
+    """Seconds a sweep of these levels (concurrencies), each run `rounds` times, takes at
+    `pace`."""
     total = 0.0
     for concurrency in levels:
         running = min(concurrency, pace.cap) if pace.cap else concurrency
         waves = math.ceil(prompts_per_level / running) + math.ceil(warmup / running)
         total += waves * output_len * pace.step_s(running)
-    return total
+    return total * rounds
 
 
 def _cap(deployment):

@@ -10,6 +10,7 @@ from django.db.models.functions import Coalesce
 
 from reports import engine as engine_reports
 from reports.failures import describe_failure
+from reports.intervals import ROUND_KEYS
 from reports.progress import attempt_of
 
 RUN_STATUSES = (
@@ -364,6 +365,14 @@ class LevelResult(models.Model):
     raw = models.JSONField(
         null=True, blank=True, help_text="The original result object, unknown keys included"
     )
+    round_count = models.PositiveSmallIntegerField(
+        default=1, help_text="Rounds the figures are of (LevelRound); 1: the level ran once"
+    )
+    intervals = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="95 % interval [low, high] over the rounds per figure (reports.intervals)",
+    )
     body_sha256 = models.CharField(max_length=64, blank=True, help_text=BODY_SHA256_HELP)
     created = models.DateTimeField(auto_now_add=True)
 
@@ -417,6 +426,66 @@ class LevelResult(models.Model):
         if not self.median_tpot_ms:
             return None
         return 1000.0 / self.median_tpot_ms
+
+    def own_round(self):
+        """The level as its own round 1 (unsaved LevelRound): a level stored before rounds
+        were, or imported, which has no LevelRound."""
+        return LevelRound(
+            level=self,
+            round=1,
+            figures={key: getattr(self, key) for key in ROUND_KEYS},
+            raw=self.raw,
+            attempt=self.attempt,
+            body_sha256=self.body_sha256,
+        )
+
+    def stored_rounds(self):
+        """The level's rounds in order (prefetch `rounds` to read them in one query); a level
+        without LevelRounds is its own one round."""
+        return list(self.rounds.all()) or [self.own_round()]
+
+    def interval(self, key):
+        """(low, high) of the figure `key` over the level's rounds (reports.intervals), or None:
+        one round has none."""
+        interval = (self.intervals or {}).get(key)
+        return tuple(interval) if interval else None
+
+
+class LevelRound(models.Model):
+    """One round of a level that ran several times in a row, with its own figures; the level
+    (LevelResult) holds their median and interval. A level stored before rounds, or imported,
+    has none: it is its own one round."""
+
+    level = models.ForeignKey(LevelResult, models.CASCADE, related_name="rounds")
+    round = models.PositiveSmallIntegerField(help_text="1, 2, … in the order the level ran them")
+    figures = models.JSONField(help_text="The round's LevelResult fields, raw aside")
+    raw = models.JSONField(null=True, blank=True, help_text="The round's original result")
+    attempt = models.PositiveSmallIntegerField(default=1, help_text=ATTEMPT_HELP)
+    body_sha256 = models.CharField(max_length=64, help_text=BODY_SHA256_HELP)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["level", "round"]
+        constraints = [
+            # idempotent ingestion: one body per (level, round)
+            models.UniqueConstraint(fields=["level", "round"], name="level_round_unique")
+        ]
+
+    def __str__(self):
+        return f"{self.level} round {self.round}"
+
+    def as_level(self):
+        """The round as an unsaved LevelResult of its figures, read as a level is read."""
+        figures = {key: self.figures.get(key) for key in ROUND_KEYS}
+        figures["failed"] = figures["failed"] or 0
+        figures["errors"] = figures["errors"] or {}
+        return LevelResult(
+            run_id=self.level.run_id,
+            key=self.level.key,
+            raw=self.raw,
+            attempt=self.attempt,
+            **figures,
+        )
 
 
 # Telemetry belongs to a sweep run or to a kernel tuning run, never to both or neither.

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic import ValidationError as SchemaError
 
 from moeops.storable import MAX_INT, storable_json
+from reports.intervals import MAX_ROUNDS
 from reports.levels import DEFAULT_PROMPTS_PER_STREAM
 from reports.queues import SWEEP_SOFT_LIMIT_S
 
@@ -45,6 +46,9 @@ class RunParameters(BaseModel):
     output_len: Tokens | None = Field(None, description="output tokens per request")
     prompts_per_level: Annotated[int, Field(strict=True, ge=1, le=MAX_REQUESTS)] | None = None
     warmup: Requests | None = Field(None, description="requests sent before each level")
+    rounds: Annotated[int, Field(strict=True, ge=1, le=MAX_ROUNDS)] | None = Field(
+        None, description="times each level runs in a row (warm-up included); null: once"
+    )
     endpoint: Literal["completions", "chat"] | None = None
     request_rate: Positive | None = Field(None, description="req/s; null: unlimited")
     processes: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None
@@ -78,8 +82,8 @@ class RunParameters(BaseModel):
         if tokens is not None and tokens > MAX_SWEEP_TOKENS:
             # no "key: " in front: the bound is on the product of several keys
             raise ValueError(
-                f"a sweep may send at most {MAX_SWEEP_TOKENS:,} tokens, levels × (prompts per "
-                f"level + warm-up) × (input + output tokens), as much as a worker sends in the "
+                f"a sweep may send at most {MAX_SWEEP_TOKENS:,} tokens, levels × rounds × (prompts "
+                f"per level + warm-up) × (input + output tokens), as much as a worker sends in the "
                 f"{SWEEP_SOFT_LIMIT_S // 3600} h a sweep may run even at {SWEEP_TOKENS_PER_S:,} "
                 f"tok/s; this one would send {tokens:,}"
             )
@@ -88,8 +92,8 @@ class RunParameters(BaseModel):
         return self
 
     def sweep_tokens(self) -> int | None:
-        """Prompt and output tokens the sweep sends in all, warm-up included; None without
-        levels and lengths (an imported run's parameters)."""
+        """Prompt and output tokens the sweep sends in all, warm-up and every round included;
+        None without levels and lengths (an imported run's parameters)."""
         if self.levels is None or self.input_len is None or self.output_len is None:
             return None
         requests = sum(
@@ -97,7 +101,7 @@ class RunParameters(BaseModel):
             + (self.warmup or 0)
             for concurrency in self.levels
         )
-        return requests * (self.input_len + self.output_len)
+        return requests * (self.rounds or 1) * (self.input_len + self.output_len)
 
 
 def parameters_checked(parameters: Any) -> dict:

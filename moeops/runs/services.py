@@ -21,6 +21,7 @@ from moeops.runs.models import (
     FINISHED_STATUSES,
     EngineSample,
     LevelResult,
+    LevelRound,
     SweepRun,
     TelemetryBatch,
     TelemetrySample,
@@ -28,6 +29,7 @@ from moeops.runs.models import (
 )
 from moeops.runs.parameters import parameters_checked
 from reports import engine as engine_reports
+from reports.intervals import ROUND_KEYS, level_of_rounds
 from reports.progress import HEARTBEAT_STALE_S, attempt_of
 from tuning.moe_params import vocab_size
 
@@ -377,9 +379,11 @@ def run_cancel(*, run):
     raise RunConflict(f"run {run.pk} is {run.status}; there is nothing to cancel")
 
 
-def level_record(*, run, **fields):
-    """(LevelResult, created) keyed by (run, concurrency, request rate); a repeat (the same key
-    and body) stores nothing, even once the run has finished.
+def level_record(*, run, round=1, **fields):
+    """(LevelResult, created) keyed by (run, concurrency, request rate) and the round (1, 2, …
+    of a level that runs several times); a repeat (the same key, round and body) stores
+    nothing, even once the run has finished. A new round is stored as a LevelRound and the
+    level's figures become those of all its rounds (reports.intervals.level_of_rounds).
 
     fields are LevelResult fields; request_rate None or inf means unlimited. Raises
     ValidationError naming a metric no level can have (negative, absurd, finished before
@@ -394,19 +398,44 @@ def level_record(*, run, **fields):
         raise ValidationError(problems)
     key = level_key(fields.get("concurrency"), rate)
     digest = body_sha256(fields)
-    what = f"level {key} of run {run.uuid}"
+    what = f"level {key} of run {run.uuid}" + (f", round {round}," if round > 1 else "")
     with transaction.atomic():
         # the run's row is locked so that it cannot finish between the check and the insert
         locked = SweepRun.objects.select_for_update().get(pk=run.pk)
-        existing = run.levels.filter(key=key).first()
-        if existing is not None:
-            return _same_body(existing, digest, what), False
+        level = run.levels.filter(key=key).first()
+        rounds = list(level.rounds.all()) if level is not None else []
+        stored = next((r for r in rounds if r.round == round), None)
+        if stored is not None:
+            _same_body(stored, digest, what)
+            return level, False
+        if level is not None and not rounds and round == 1:
+            # stored before rounds were, or imported: the level is its own round 1
+            return _same_body(level, digest, what), False
         _closed_to(locked, "levels")
+        raw, attempt = fields.pop("raw", None), fields.pop("attempt", 1)
+        figures = {k: v for k, v in fields.items() if k in ROUND_KEYS}
+        if level is not None and not rounds:
+            rounds = [level.own_round()]
+        new = LevelRound(round=round, figures=figures, raw=raw, attempt=attempt, body_sha256=digest)
+        rounds = sorted([*rounds, new], key=lambda r: r.round)
         try:
             with transaction.atomic():
-                level = LevelResult.objects.create(run=run, key=key, body_sha256=digest, **fields)
+                if level is None:
+                    level = LevelResult(run=run, key=key, body_sha256=digest, attempt=attempt)
+                for name, value in level_of_rounds([r.figures for r in rounds]).items():
+                    setattr(level, name, value)
+                level.attempt = max(level.attempt, attempt)
+                level.raw = raw
+                level.round_count = len(rounds)
+                level.save()
+                for r in rounds:
+                    if r.pk is None:
+                        r.level = level
+                        r.save()
         except IntegrityError:
-            return _same_body(run.levels.get(key=key), digest, what), False
+            level = run.levels.get(key=key)
+            _same_body(level.rounds.filter(round=round).first() or level, digest, what)
+            return level, False
     return level, True
 
 

@@ -109,9 +109,10 @@ def test_levels_must_be_a_list_of_concurrencies(world, broker, levels):
         ),
         (
             {"levels": [1024], "input_len": 2**24, "output_len": 2**24, "prompts_per_level": 2**24},
-            "parameters: a sweep may send at most 21,600,000,000 tokens, levels × (prompts per "
-            "level + warm-up) × (input + output tokens), as much as a worker sends in the 6 h a "
-            "sweep may run even at 1,000,000 tok/s; this one would send 562,949,953,421,312",
+            "parameters: a sweep may send at most 21,600,000,000 tokens, levels × rounds × "
+            "(prompts per level + warm-up) × (input + output tokens), as much as a worker sends "
+            "in the 6 h a sweep may run even at 1,000,000 tok/s; this one would send "
+            "562,949,953,421,312",
         ),
         (
             # no prompts_per_level: the worker sends 4 per concurrent stream

@@ -41,6 +41,22 @@ def test_progress_counts_finished_levels_and_requests_of_the_current_one(live):
     assert p["text"] == "level 2 of 4 (concurrency 64), 50 of 100 requests"
 
 
+def test_progress_counts_the_rounds_of_the_level_running(live):
+    live.progress = {
+        "level_index": 1,
+        "levels_total": 4,
+        "round": 2,
+        "rounds": 4,
+        "requests_done": 50,
+        "requests_total": 100,
+        "concurrency": 64,
+    }
+    p = sweep_progress(live, now=1060.0)
+    # one level done, and of the second 1.5 rounds of 4
+    assert p["fraction"] == pytest.approx((1 + 1.5 / 4) / 4)
+    assert p["text"] == "level 2 of 4 (concurrency 64), round 2 of 4, 50 of 100 requests"
+
+
 def test_progress_before_the_worker_reports(live):
     live.status, live.started_at, live.progress = "queued", None, {}
     p = sweep_progress(live, now=0)

@@ -436,3 +436,31 @@ def test_it_stops_every_client_process_at_a_request_boundary():
     assert result["stopped"] is True
     # requests in flight when the stop came still finish and count
     assert 4 <= result["completed"] < 40 and result["failed"] == 0
+
+
+def test_the_cli_runs_each_level_in_rounds_and_prints_the_median_and_interval(
+    scripted, tmp_path, capsys
+):
+    out = tmp_path / "levels.json"
+    argv = ["--base-url", scripted.url + "/fast", "--model", "m", "--concurrency", "1,2"]
+    argv += ["--prompts-per-level", "2", "--output-len", str(CHUNKS), "--vocab-size", "32000"]
+    argv += ["--rounds", "3", "--output", str(out)]
+
+    assert loadgen_cli.main(argv) == 0
+
+    levels = json.loads(out.read_text())
+    assert [(lv["concurrency"], lv["round"]) for lv in levels] == [
+        (1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3),
+    ]  # fmt: skip
+    printed = capsys.readouterr().out
+    assert printed.count("median of 3 rounds") == 2
+    assert printed.count("95 % interval: out tok/s ") == 2
+
+
+def test_the_cli_refuses_rounds_out_of_bounds(capsys):
+    with pytest.raises(SystemExit) as exited:
+        loadgen_cli.main(
+            ["--base-url", "http://x", "--model", "m", "--concurrency", "1", "--rounds", "0"]
+        )
+    assert exited.value.code == 2
+    assert "--rounds: from 1 to 10, got 0" in capsys.readouterr().err

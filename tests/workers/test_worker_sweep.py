@@ -15,6 +15,7 @@ from moeops.api.models import ApiToken
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.runs import services
 from moeops.runs.models import SweepRun
+from reports.intervals import t_interval
 from tests.fakes import ROOT, FakeNVML, h200
 from workers import sweep
 from workers.client import MoeopsClient
@@ -355,3 +356,38 @@ def test_a_run_whose_worker_process_died_on_this_host_is_taken_over_at_once(worl
 
     assert _sweep(run, client) == "succeeded"
     assert run.levels.count() == 1
+
+
+def test_each_level_runs_its_rounds_and_stores_each_with_its_own_figures(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4, 8), rounds=3)
+
+    assert _sweep(run, client) == "succeeded"
+
+    run.refresh_from_db()
+    assert run.progress["levels_done"] == 2 and run.progress["rounds"] == 3
+    for level in run.levels.order_by("concurrency"):
+        rounds = list(level.rounds.all())
+        assert [r.round for r in rounds] == [1, 2, 3] and level.round_count == 3
+        # each round sent the level's own requests: 4 per stream
+        assert [r.figures["completed"] for r in rounds] == [4 * level.concurrency] * 3
+        assert level.completed == 12 * level.concurrency
+        throughputs = [r.figures["output_throughput"] for r in rounds]
+        assert level.output_throughput == sorted(throughputs)[1]
+        assert level.interval("output_throughput") == pytest.approx(t_interval(throughputs))
+
+
+def test_a_redelivered_run_skips_the_rounds_already_stored(world):
+    deployment, client = world
+    run = _run(deployment, levels=(4,), rounds=3)
+    services.run_transition(run=run, status="running")
+    kept, _ = services.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
+    SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time() - 60})
+
+    assert _sweep(run, client) == "succeeded"
+
+    (level,) = run.levels.all()
+    rounds = list(level.rounds.all())
+    assert [r.round for r in rounds] == [1, 2, 3]
+    assert rounds[0].figures["completed"] == 1 and rounds[1].figures["completed"] == 16
+    assert [r.attempt for r in rounds] == [1, 2, 2]

@@ -1,5 +1,6 @@
 """The command line: `python -m workers.loadgen --base-url URL --model NAME --concurrency 32,64 …`,
-one table row per level."""
+one table row per level; with --rounds N, one per round and the level's median with its 95 %
+interval (reports.intervals)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from reports.intervals import MAX_ROUNDS, level_of_rounds
 from workers import vocabulary
 from workers.loadgen.config import ENDPOINT_PATHS, TRANSPORTS, ClientConfig, SweepConfig
 from workers.loadgen.drivers import run_sweep
@@ -61,6 +63,29 @@ def format_level(result: dict, header: bool) -> str:
     return titles + "\n" + row
 
 
+# (title, result key, decimals) of the intervals printed under a level of several rounds.
+INTERVAL_COLUMNS = (
+    ("out tok/s", "output_throughput", 1),
+    ("p99 TTFT ms", "p99_ttft_ms", 1),
+    ("p99 TPOT ms", "p99_tpot_ms", 2),
+    ("p99 ITL ms", "p99_itl_ms", 2),
+)
+
+
+def format_rounds(rounds: list[dict]) -> str:
+    """The median row of a level's rounds and, under it, the 95 % interval of its key figures
+    ("one round: no interval" where a figure has none)."""
+    level = level_of_rounds(rounds)
+    row = format_level({**level, "concurrency": rounds[0].get("concurrency")}, header=False)
+    spans = []
+    for title, key, decimals in INTERVAL_COLUMNS:
+        interval = level["intervals"].get(key)
+        if interval is not None:
+            spans.append(f"{title} {interval[0]:.{decimals}f}–{interval[1]:.{decimals}f}")
+    intervals = ", ".join(spans) if spans else "one round: no interval"
+    return f"{row}  median of {len(rounds)} rounds\n      95 % interval: {intervals}"
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m workers.loadgen", description="Concurrency sweep of an OpenAI endpoint."
@@ -74,6 +99,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts-per-level", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=0)
     parser.add_argument("--request-rate", type=float, default=None, help="req/s, Poisson")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help=f"times each level runs in a row (1 to {MAX_ROUNDS}): the median and a 95 %% interval",
+    )
     parser.add_argument(
         "--tokenizer",
         default=None,
@@ -94,7 +125,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--slo-tpot-ms", type=float, default=None)
     parser.add_argument("--slo-e2el-ms", type=float, default=None)
     parser.add_argument("--output", default=None, help="write the JSON list of levels here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not 1 <= args.rounds <= MAX_ROUNDS:
+        parser.error(f"--rounds: from 1 to {MAX_ROUNDS}, got {args.rounds}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,10 +172,17 @@ def main(argv: list[str] | None = None) -> int:
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
         slo_e2el_ms=args.slo_e2el_ms,
+        rounds=args.rounds,
     )
+    rounds: list[dict] = []
 
     def on_level_done(i: int, result: dict) -> None:
-        print(format_level(result, header=i == 0), flush=True)
+        print(format_level(result, header=i == 0 and len(rounds) == 0), flush=True)
+        rounds.append(result)
+        if len(rounds) == cfg.rounds and cfg.rounds > 1:
+            print(format_rounds(rounds), flush=True)
+        if len(rounds) == cfg.rounds:
+            rounds.clear()
 
     results = run_sweep(cfg, on_level_done=on_level_done)
     if args.output:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -79,7 +79,8 @@ class LevelConfig:
 class SweepConfig:
     """A sweep: one LevelConfig per concurrency, the rest shared.
 
-    prompts_per_level None means DEFAULT_PROMPTS_PER_STREAM × concurrency.
+    prompts_per_level None means DEFAULT_PROMPTS_PER_STREAM × concurrency; rounds: how many
+    times each level runs in a row (round_client gives each its own prompts).
     """
 
     client: ClientConfig
@@ -93,6 +94,13 @@ class SweepConfig:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     slo_e2el_ms: float | None = None
+    rounds: int = 1
+
+    def round_client(self, round_number: int) -> ClientConfig:
+        """The client of round 1, 2, …: round 1 as a sweep of one round, each later round with
+        other prompts (seed + round − 1), as an engine's prefix cache would serve a prompt it
+        has seen faster."""
+        return replace(self.client, seed=self.client.seed + round_number - 1)
 
     def levels(self) -> list[LevelConfig]:
         """The sweep's levels in order."""

@@ -331,9 +331,11 @@ def run_sweep(
     on_progress: Callable[[int, int, int], None] | None = None,
     should_stop: ShouldStop | None = None,
 ) -> list[dict]:
-    """Run every level of the sweep in order; returns the finished levels' results.
+    """Run every level of the sweep in order, each cfg.rounds times in a row; returns the
+    finished results, one per level and round (a result of several rounds carries "round": 1,
+    2, …).
 
-    on_level_start(i, level) and on_level_done(i, result) bracket level i;
+    on_level_start(i, level) and on_level_done(i, result) bracket level i (each round of it);
     on_progress(i, done, total) follows requests within it. When should_stop() turns true the
     level in progress ends at the next request boundary and is not returned; finished levels
     are. Blocking: runs its own event loop.
@@ -353,12 +355,16 @@ def run_sweep(
                 def progress(done: int, total: int, i: int = i) -> None:
                     on_progress(i, done, total)
 
-            result = await run_level(cfg.client, level, on_request_done=progress, should_stop=stop)
-            if result["stopped"]:
-                break
-            results.append(result)
-            if on_level_done is not None:
-                on_level_done(i, result)
+            for round_number in range(1, cfg.rounds + 1):
+                client = cfg.round_client(round_number)
+                result = await run_level(client, level, on_request_done=progress, should_stop=stop)
+                if result["stopped"]:
+                    return results
+                if cfg.rounds > 1:
+                    result["round"] = round_number
+                results.append(result)
+                if on_level_done is not None:
+                    on_level_done(i, result)
         return results
 
     return asyncio.run(sweep())

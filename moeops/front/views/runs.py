@@ -37,6 +37,7 @@ from moeops.runs.costs import level_costs
 from moeops.runs.models import SweepRun
 from moeops.runs.telemetry import no_gpu_samples_text
 from reports import launch
+from reports.intervals import INTERVAL_KEYS, ONE_ROUND
 
 RUNS_PER_PAGE = 50
 CHART_NAMES = {
@@ -221,8 +222,11 @@ def _level_table(run, levels, gpu_util):
         "key_columns": sum(columns[i].key in KEY_COLUMNS for i in shown),
         "more_columns": any(columns[i].key not in KEY_COLUMNS for i in shown),
         "rows": [
-            (level, [(values[i], columns[i].digits) for i in shown]) for level, values in rows
+            (level, [(values[i], columns[i].digits, level.interval(columns[i].key)) for i in shown])
+            for level, values in rows
         ],
+        "rounds": max((level.round_count for level in levels), default=1),
+        "one_round": ONE_ROUND,
         "hidden_columns": [c.label for i, c in enumerate(columns) if i not in shown],
         "partial_levels": [level for level in levels if level.is_partial],
         "absent_figures": absent_reasons(costs),
@@ -287,6 +291,8 @@ def run_status(request, uuid):
 
 @login_required
 def run_levels_csv(request, uuid):
+    """Every round of every level (a level run once is its round 1), and for a level of several
+    rounds a "median" row of the level's figures with their 95 % intervals."""
     run = _run_or_404(uuid)
     name = slugify(run.display_label()) or str(run.uuid)
     response = HttpResponse(content_type="text/csv; charset=utf-8")
@@ -294,20 +300,36 @@ def run_levels_csv(request, uuid):
     writer = csv.writer(response)
     columns = (*LEVEL_COLUMNS, *cost_columns(run.deployment.host.currency))
     writer.writerow(
-        [c.csv_header for c in columns]
+        ["round"]
+        + [c.csv_header for c in columns]
         + ["cost_absent_because", "energy_absent_because", "errors", "partial", "stand_in"]
+        + [f"{key} 95% {end}" for key in INTERVAL_KEYS for end in ("low", "high")]
     )
     standin = "yes" if run.is_standin else "no"
-    levels, num_gpus = _levels(run), run.measured_gpu_count()
+    num_gpus = run.measured_gpu_count()
+    levels = list(
+        run.levels.order_by("concurrency", "request_rate", "id").prefetch_related("rounds")
+    )
     costs = level_costs(run, levels, num_gpus)
-    for level, values in level_rows(levels, num_gpus, columns, costs=costs):
-        cost = costs[level.key]
-        writer.writerow(
-            ["" if v is None or v == ABSENT else v for v in values]
-            + [cost.cost.reason, cost.energy.reason]
-            + [json.dumps(level.errors) if level.errors else ""]
-            + ["yes" if level.is_partial else "no", standin]
-        )
+    for level in levels:
+        rounds = level.stored_rounds()
+        rows = [(str(r.round), r.as_level()) for r in rounds]
+        if len(rounds) > 1:
+            rows.append(("median", level))
+        for round_name, row in rows:
+            # cost and energy are the level's (its power over all its rounds): on its median
+            # row, or on its one round
+            cost = costs[level.key] if row is level or len(rounds) == 1 else None
+            _, values = level_rows([row], num_gpus, columns, costs={level.key: cost})[0]
+            intervals = [row.interval(key) if row is level else None for key in INTERVAL_KEYS]
+            writer.writerow(
+                [round_name]
+                + ["" if v is None or v == ABSENT else v for v in values]
+                + ([cost.cost.reason, cost.energy.reason] if cost else ["", ""])
+                + [json.dumps(row.errors) if row.errors else ""]
+                + ["yes" if row.is_partial else "no", standin]
+                + [v for i in intervals for v in (i or ("", ""))]
+            )
     return response
 
 
