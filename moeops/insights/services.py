@@ -8,7 +8,7 @@ from moeops.engines.models import ACTION_IN_FLIGHT
 from moeops.fleet.models import Deployment
 from moeops.insights import analysis, tasks
 from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, PlanItem
-from moeops.kernels.models import KernelConfig
+from moeops.kernels.models import KernelConfig, config_of_file, kernel_source_of
 from moeops.runs import snapshots
 from moeops.runs.models import FINISHED_STATUSES, SweepRun, of_the_deployments_model
 from tuning.config_files import file_device_name
@@ -229,6 +229,7 @@ def _gather(run, deployment) -> analysis.RunData:
             device_name__in=names | {file_device_name(n) for n in names}, down_moe=False
         ).only("device_name", "E", "N", "dtype", "block_shape")
     }
+    engine = _engine(run, deployment)
     return analysis.RunData(
         run_label=run.display_label(),
         parameters=run.parameters or {},
@@ -249,7 +250,7 @@ def _gather(run, deployment) -> analysis.RunData:
             .order_by("ts")
             .values_list("ts", "level_concurrency", "running", "queued", "kv_cache_usage")
         ],
-        engine=_engine(run, deployment),
+        engine=engine,
         recorded_engine=deployment.engine,
         observed=run.observed_engine,
         tp=deployment.tp,
@@ -263,6 +264,8 @@ def _gather(run, deployment) -> analysis.RunData:
         quantization=deployment.quantization or deployment.model.quantization,
         kernel_configs=kernel_configs,
         newest_run_tuned=_newest_run_tuned(deployment),
+        tuned_file=_tuned_file(run.snapshot, engine),
+        serving_kernel_sha256=kernel_source_of(engine, run.observed_engine.get("version") or ""),
         topology=_topology(run.topology_snapshot),
         previous=_previous_comparable(run),
         rules=[
@@ -306,6 +309,33 @@ def _launch(run, deployment):
     if observed.get("max_running_requests"):
         launch["max_running_requests"] = observed["max_running_requests"]
     return launch
+
+
+def _tuned_in_effect(snapshot):
+    """The snapshot's kernel config when the engine loaded a file that did not ship with it."""
+    in_effect = (snapshot or {}).get("kernel_config") or {}
+    loaded = in_effect.get("state") == "file" and in_effect.get("shipped") is False
+    return in_effect if loaded and in_effect.get("sha256") and in_effect.get("file_name") else None
+
+
+def _tuned_file(snapshot, engine):
+    """The tuned file the engine loaded for the run, as the analysis reads it, or None."""
+    in_effect = _tuned_in_effect(snapshot)
+    if in_effect is None or engine not in ("vllm", "sglang"):
+        return None
+    config = config_of_file(
+        file_name=in_effect["file_name"], sha256=in_effect["sha256"], style=engine
+    )
+    if config is None:
+        return None
+    return analysis.TunedFile(
+        config_id=config.pk,
+        name=str(config),
+        kernel_engine=config.kernel_engine,
+        kernel_version=config.kernel_version,
+        kernel_source_sha256=config.kernel_source_sha256,
+        untimed=config.untimed_in(engine),
+    )
 
 
 def _newest_run_tuned(deployment):
@@ -363,11 +393,21 @@ def _previous_comparable(run):
     for candidate in earlier:
         if analysis.comparable_key(candidate.parameters or {}) == key:
             diff = snapshots.snapshot_diff(candidate.snapshot, run.snapshot)
+            then, now = candidate.observed_engine, run.observed_engine
+            file_then, file_now = (
+                _tuned_in_effect(candidate.snapshot),
+                _tuned_in_effect(run.snapshot),
+            )
             return analysis.PreviousRun(
                 id=candidate.pk,
                 uuid=str(candidate.uuid),
                 label=candidate.label,
                 levels=tuple(_levels(candidate)),
                 changes=tuple(snapshots.describe_change(c) for c in diff["changes"]),
+                engine_version=(
+                    (then.get("version") or "") if then.get("engine") == now.get("engine") else ""
+                ),
+                same_tuned_file=bool(file_then and file_now)
+                and file_then["sha256"] == file_now["sha256"],
             )
     return None

@@ -1,5 +1,6 @@
 """Fused-MoE kernel configs (the files SGLang and vLLM load) and the tuning runs that make them."""
 
+import hashlib
 import uuid
 
 from django.db import models, transaction
@@ -183,6 +184,44 @@ class KernelConfig(TimedKernel):
         return self
 
 
+def config_of_file(*, file_name, sha256, style):
+    """The KernelConfig whose file, as moeops writes it in style (vllm, sglang), is the file
+    named file_name with this SHA-256 (a file an engine loaded); None when moeops holds none.
+    A file whose bytes moeops did not write (hand-edited, reformatted) is not matched."""
+    try:
+        name = config_files.parse_config_file_name(file_name)
+    except config_files.ConfigFileError:
+        return None
+    configs = KernelConfig.objects.filter(
+        device_name=config_files.nvml_device_name(name.device_name),
+        E=name.E,
+        N=name.N,
+        dtype=name.dtype or "bf16",
+        down_moe=name.down_moe,
+    ).order_by("-version")
+    for config in configs:
+        text = config.engine_file_text(style)
+        if hashlib.sha256(text.encode()).hexdigest() == sha256:
+            return config
+    return None
+
+
+def kernel_source_of(engine, version) -> str:
+    """The source hash of engine version's kernel as a tune recorded it, or "" where moeops has
+    never timed that version's kernel."""
+    for model in (TuningRun, KernelConfig):
+        found = (
+            model.objects.filter(kernel_engine=engine, kernel_version=version)
+            .exclude(kernel_source_sha256="")
+            .order_by("-created")
+            .values_list("kernel_source_sha256", flat=True)
+            .first()
+        )
+        if found:
+            return found
+    return ""
+
+
 class TuningRun(TimedKernel):
     """One tune of the fused-MoE kernel for a shape on a host's GPU(s): engine is the kernel
     asked for, kernel_* the one the worker timed and kernel_note which and why (the worker falls
@@ -209,6 +248,10 @@ class TuningRun(TimedKernel):
     progress = models.JSONField(default=dict, blank=True)
     result = models.ForeignKey(
         KernelConfig, models.SET_NULL, null=True, blank=True, related_name="tuning_runs"
+    )
+    # the plan item the tune carries out: its config is applied and re-swept once it succeeds
+    plan_item = models.ForeignKey(
+        "insights.PlanItem", models.SET_NULL, null=True, blank=True, related_name="tuning_runs"
     )
     wall_s = models.FloatField(null=True, blank=True)
     error = models.TextField(blank=True)
