@@ -159,6 +159,13 @@ class KernelConfig(TimedKernel):
         version = self.triton_version or None if style == "vllm" else None
         return config_files.dumps_config(entries, version)
 
+    def timed_in(self):
+        """The kernels its entries were timed in, as labels ("vLLM 0.33.0's own kernel"): the
+        one it was tuned in and those of the tunes that wrote it; [] where none is recorded (an
+        imported file). Reads self.tuning_runs (prefetch them for a list of configs)."""
+        labels = [self.kernel_label, *(tune.kernel_label for tune in self.tuning_runs.all())]
+        return list(dict.fromkeys(label for label in labels if label))
+
     def sorted_entries(self):
         return sorted(((int(k), v) for k, v in self.entries.items()), key=lambda kv: kv[0])
 
