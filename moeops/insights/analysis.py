@@ -178,10 +178,9 @@ class PreviousRun:
     levels: tuple[Level, ...]
     # what differs from that run to this one, as phrases ("engine version 0.31.0 → 0.32.0")
     changes: tuple[str, ...] = ()
-    # the engine version that answered that run, when the same engine answered both
-    engine_version: str = ""
-    # whether both loaded the same tuned file (the snapshots' kernel config, same SHA-256)
-    same_tuned_file: bool = False
+    # {"engine", "from", "to"}: the engine's version changed since that run under the same
+    # tuned kernel file (moeops.runs.snapshots.engine_moved)
+    engine_moved: dict | None = None
 
 
 @dataclass
@@ -825,7 +824,7 @@ def kernel_provenance(data: RunData) -> list[Proposal]:
         return []
     tuned = data.tuned_file
     serving = engine_label({"engine": engine, "version": version})
-    plan = [f"Tune for {serving} and re-sweep"]
+    plan = [retune_title(engine, version)]
     if tuned is not None and tuned.untimed:
         return [
             Proposal(
@@ -876,31 +875,26 @@ def kernel_provenance(data: RunData) -> list[Proposal]:
             )
         ]
     previous = data.previous
-    if (
-        (tuned is None or not tuned.kernel_engine)
-        and previous is not None
-        and previous.same_tuned_file
-        and previous.engine_version
-        and previous.engine_version != version
-    ):
+    moved = previous.engine_moved if previous is not None else None
+    if (tuned is None or not tuned.kernel_engine) and moved:
         before = previous.label or f"run {previous.uuid[:8]}"
         return [
             Proposal(
                 kind="kernel_provenance",
-                key=_key("engine-moved", previous.engine_version, version),
+                key=_key("engine-moved", moved["from"], version),
                 severity="warning",
                 title=(
-                    f"The engine moved from {previous.engine_version} to {version} under the "
+                    f"The engine moved from {moved['from']} to {version} under the "
                     "same tuned kernel file"
                 ),
                 text=(
-                    f"{before} ran {engine_label(engine)} {previous.engine_version} with the same "
+                    f"{before} ran {engine_label(engine)} {moved['from']} with the same "
                     f"tuned kernel file; this run ran {version}. moeops does not know which "
                     "kernel the file was tuned in; it was not tuned in this one: re-tune."
                 ),
                 evidence={
                     "previous_run": {"id": previous.id, "uuid": previous.uuid},
-                    "from_version": previous.engine_version,
+                    "from_version": moved["from"],
                     "to_version": version,
                     "chart": None,
                 },
@@ -908,6 +902,12 @@ def kernel_provenance(data: RunData) -> list[Proposal]:
             )
         ]
     return []
+
+
+def retune_title(engine: str, version: str) -> str:
+    """The plan item that re-tunes a file for the engine version that serves: "Tune for vLLM
+    0.34.0 and re-sweep"."""
+    return f"Tune for {engine_label({'engine': engine, 'version': version})} and re-sweep"
 
 
 # -- topology --------------------------------------------------------------------------------

@@ -311,16 +311,9 @@ def _launch(run, deployment):
     return launch
 
 
-def _tuned_in_effect(snapshot):
-    """The snapshot's kernel config when the engine loaded a file that did not ship with it."""
-    in_effect = (snapshot or {}).get("kernel_config") or {}
-    loaded = in_effect.get("state") == "file" and in_effect.get("shipped") is False
-    return in_effect if loaded and in_effect.get("sha256") and in_effect.get("file_name") else None
-
-
 def _tuned_file(snapshot, engine):
     """The tuned file the engine loaded for the run, as the analysis reads it, or None."""
-    in_effect = _tuned_in_effect(snapshot)
+    in_effect = snapshots.tuned_file_in_effect(snapshot)
     if in_effect is None or engine not in ("vllm", "sglang"):
         return None
     config = config_of_file(
@@ -393,21 +386,12 @@ def _previous_comparable(run):
     for candidate in earlier:
         if analysis.comparable_key(candidate.parameters or {}) == key:
             diff = snapshots.snapshot_diff(candidate.snapshot, run.snapshot)
-            then, now = candidate.observed_engine, run.observed_engine
-            file_then, file_now = (
-                _tuned_in_effect(candidate.snapshot),
-                _tuned_in_effect(run.snapshot),
-            )
             return analysis.PreviousRun(
                 id=candidate.pk,
                 uuid=str(candidate.uuid),
                 label=candidate.label,
                 levels=tuple(_levels(candidate)),
                 changes=tuple(snapshots.describe_change(c) for c in diff["changes"]),
-                engine_version=(
-                    (then.get("version") or "") if then.get("engine") == now.get("engine") else ""
-                ),
-                same_tuned_file=bool(file_then and file_now)
-                and file_then["sha256"] == file_now["sha256"],
+                engine_moved=snapshots.engine_moved(candidate.snapshot, run.snapshot),
             )
     return None

@@ -14,6 +14,7 @@ from moeops.insights import analysis, services
 from moeops.insights.analysis import PreviousRun, RunData, TunedFile
 from moeops.insights.models import Finding
 from moeops.kernels.models import TuningRun
+from moeops.runs import snapshots
 from moeops.runs.models import LevelResult, SweepRun, level_key
 
 # the source hashes of vLLM's fused-MoE kernel as moeops' H200 tunes recorded them
@@ -90,10 +91,10 @@ def test_a_file_tuned_in_another_engine_s_kernel_gets_that_finding_not_this_one(
 
 
 def test_an_engine_version_change_under_the_same_tuned_file_raises_the_re_tune():
+    moved = {"engine": "vllm", "from": "0.33.0", "to": "0.34.0"}
     before = PreviousRun(
-        id=1, uuid="0" * 32, label="before the upgrade", levels=(), engine_version="0.33.0",
-        same_tuned_file=True,
-    )  # fmt: skip
+        id=1, uuid="0" * 32, label="before the upgrade", levels=(), engine_moved=moved
+    )
 
     [p] = analysis.kernel_provenance(serving("0.34.0", previous=before))
     assert p.key == "engine-moved:0.33.0:0.34.0"
@@ -101,14 +102,25 @@ def test_an_engine_version_change_under_the_same_tuned_file_raises_the_re_tune()
     assert "before the upgrade ran vLLM 0.33.0 with the same tuned kernel file" in p.text
 
 
-def test_an_engine_version_change_under_another_file_or_the_same_version_raises_nothing():
-    other_file = PreviousRun(id=1, uuid="0" * 32, label="", levels=(), engine_version="0.33.0")
-    same = PreviousRun(
-        id=1, uuid="0" * 32, label="", levels=(), engine_version="0.34.0", same_tuned_file=True
-    )
+def test_an_engine_version_change_under_another_file_or_the_same_version_is_no_move():
+    tuned = {"state": "file", "file_name": "E=8,N=64.json", "sha256": "a" * 64, "shipped": False}
 
-    assert analysis.kernel_provenance(serving("0.34.0", previous=other_file)) == []
-    assert analysis.kernel_provenance(serving("0.34.0", previous=same)) == []
+    def snap(version, sha="a" * 64):
+        return {
+            "engine": {"engine": "vllm", "version": version},
+            "kernel_config": {**tuned, "sha256": sha},
+        }
+
+    assert snapshots.engine_moved(snap("0.33.0"), snap("0.34.0")) == {
+        "engine": "vllm",
+        "from": "0.33.0",
+        "to": "0.34.0",
+    }
+    assert snapshots.engine_moved(snap("0.33.0"), snap("0.34.0", sha="b" * 64)) is None
+    assert snapshots.engine_moved(snap("0.34.0"), snap("0.34.0")) is None
+    shipped = {**snap("0.33.0"), "kernel_config": {**tuned, "shipped": True}}
+    assert snapshots.engine_moved(shipped, snap("0.34.0")) is None
+    assert analysis.kernel_provenance(serving("0.34.0", previous=None)) == []
 
 
 # -- on the database -------------------------------------------------------------------------
