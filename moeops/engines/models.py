@@ -34,7 +34,12 @@ ACTION_TRANSITIONS = {
     "running": ("sweeping", "succeeded", "failed"),
     "sweeping": ("succeeded", "failed"),
 }
-ACTION_SOURCES = (("page", "Deployment page"), ("api", "API"), ("make_run", "make run"))
+ACTION_SOURCES = (
+    ("page", "Deployment page"),
+    ("api", "API"),
+    ("make_run", "make run"),
+    ("tune", "A plan item's tune, once it succeeded"),
+)
 
 
 class LaunchRecipe(models.Model):

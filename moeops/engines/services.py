@@ -39,7 +39,7 @@ class ActionConflict(Exception):
 # --------------------------------------------------------------------------- recipes
 
 
-def _require_staff(user):
+def require_staff(user):
     # who changes how an engine starts is on record, and only staff may
     if user is not None and not (user.is_active and user.is_staff):
         raise PermissionDenied("only staff may change how a managed engine starts")
@@ -86,7 +86,7 @@ def recipe_create(
     deployment, checked by the caller). gpu_indices default to the deployment's GPUs. Raises
     PermissionDenied for a non-staff author and ValidationError naming the field.
     """
-    _require_staff(author)
+    require_staff(author)
     env = {} if env is None else env
     gpu_indices = deployment.gpu_indices() if gpu_indices is None else gpu_indices
     _check_recipe(deployment, argv, env, gpu_indices, ready_timeout_s)
@@ -268,7 +268,7 @@ def engine_action_start(
     Raises PermissionDenied for non-staff and ValidationError naming the field: an external
     deployment, a host whose worker is gone, an action already in flight, a bad change.
     """
-    _require_staff(user)
+    require_staff(user)
     if not deployment.is_managed:
         raise ValidationError(
             {"deployment": f"{deployment} is external: moeops never starts or stops its engine"}
@@ -460,6 +460,39 @@ def _plan_done(action):
     if action.plan_item_id:
         PlanItem.objects.filter(pk=action.plan_item_id).update(status="completed", done_by=action)
     insights_services.plan_items_settle(deployment=action.deployment)
+
+
+def engine_action_tune_finished(*, tuning_run):
+    """A tune that carries out a plan item (a re-tune for the engine's kernel) finished: on a
+    managed deployment a succeeded tune's config is applied, the engine restarted and re-swept
+    (an apply_config action with the item, source "tune"); an external deployment's item stays
+    in progress for a person to apply it. A tune that failed or was cancelled, or an action that
+    cannot start (its worker gone, another in flight), puts the item back to pending. Returns
+    the action started, or None. Called by tuning_run_update for every finished tune."""
+    item = tuning_run.plan_item
+    if item is None:
+        return None
+    deployment = tuning_run.deployment
+    if tuning_run.status != "succeeded" or tuning_run.result is None:
+        PlanItem.objects.filter(pk=item.pk, status="in_progress").update(status="pending")
+        return None
+    if deployment is None or not deployment.is_managed:
+        return None
+    try:
+        return engine_action_start(
+            deployment=deployment,
+            kind="apply_config",
+            user=None,
+            source="tune",
+            kernel_config=tuning_run.result,
+            plan_item=item,
+        )
+    except ValidationError as exc:
+        log.warning(
+            "the tune %s of plan item %s applies nothing: %s", tuning_run.uuid, item.pk, exc
+        )
+        PlanItem.objects.filter(pk=item.pk).update(status="pending")
+        return None
 
 
 def engine_action_run_finished(*, run):

@@ -5,9 +5,14 @@ which the API's POST /runs shares; the plan's writes are moeops.insights.service
 
 from django.db import transaction
 
+from moeops.engines.services import require_staff
 from moeops.fleet import services as fleet_services
+from moeops.insights.models import PlanItem
+from moeops.kernels.models import TuningRun
 from moeops.kernels.services import tuning_run_create
 from moeops.runs.services import run_enqueue, run_start
+from moeops.runs.snapshots import kernel_shape
+from tuning.config_files import TUNED_BATCH_SIZES
 
 
 def sweep_start(*, deployment, parameters, label=""):
@@ -105,4 +110,50 @@ def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=Fals
             "force": force,
         }
         run_enqueue(run=tuning, task="tune_kernel", host=deployment.host, kwargs=kwargs)
+    return tuning
+
+
+# The findings whose plan item is "Tune for <engine> <version> and re-sweep".
+RETUNE_FINDINGS = ("kernel_provenance",)
+
+
+def plan_item_retunes(item) -> bool:
+    """Whether the item is a re-tune for the engine's kernel that a button can start now (one
+    pending: a tune it started puts it in progress)."""
+    return (
+        item.status == "pending"
+        and item.finding is not None
+        and item.finding.kind in RETUNE_FINDINGS
+        and item.deployment.engine in ("vllm", "sglang")
+    )
+
+
+def plan_item_retune(*, item, user):
+    """Start the re-tune a plan item asks for: the deployment's engine's own kernel at its MoE
+    shape, dtype and GPU, the usual batch sizes. The item is in progress; once the tune succeeds
+    a managed deployment's engine gets the config, restarts and is re-swept
+    (moeops.engines.services.engine_action_tune_finished), so only staff may start it there.
+    Raises PermissionDenied, or ValueError with the sentence that says why not."""
+    deployment = item.deployment
+    if deployment.is_managed:
+        require_staff(user)
+    if not plan_item_retunes(item):
+        raise ValueError(f"Plan item “{item.title}” starts no tune.")
+    shape = kernel_shape(deployment)
+    if shape is None or shape.get("dtype") is None:
+        reason = (shape or {}).get("reason") or "its MoE shape cannot be read"
+        raise ValueError(f"{deployment} loads no kernel config: {reason}.")
+    refusal = tuning_preflight(deployment=deployment)
+    if refusal:
+        raise ValueError(refusal)
+    with transaction.atomic():
+        tuning = tuning_start(
+            deployment=deployment,
+            dtype=shape["dtype"],
+            batch_sizes=TUNED_BATCH_SIZES,
+            engine=deployment.engine,
+        )
+        TuningRun.objects.filter(pk=tuning.pk).update(plan_item=item)
+        PlanItem.objects.filter(pk=item.pk).update(status="in_progress")
+    tuning.plan_item, item.status = item, "in_progress"
     return tuning

@@ -22,6 +22,7 @@ urlpatterns = [
     path("deployments/<int:pk>/actions/", engines.action_start, name="engine-action-start"),
     path("actions/<uuid:uuid>/", engines.action_detail, name="engine-action"),
     path("plan/<int:pk>/", deployments.plan_item, name="plan-item"),
+    path("plan/<int:pk>/retune/", deployments.plan_item_retune, name="plan-retune"),
     path("findings/<int:pk>/state/", deployments.finding_state, name="finding-state"),
     path("runs/", runs.runs, name="runs"),
     path("runs/<uuid:uuid>/", runs.run_detail, name="run-detail"),

@@ -155,6 +155,20 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class TunedFile:
+    """The kernel config on record whose file the engine loaded (the run snapshot's file, matched
+    by its SHA-256) and the kernel it was tuned in; untimed: KernelConfig.untimed_in's sentence
+    when that kernel is another engine's."""
+
+    config_id: int
+    name: str
+    kernel_engine: str = ""
+    kernel_version: str = ""
+    kernel_source_sha256: str = ""
+    untimed: str = ""
+
+
+@dataclass(frozen=True)
 class PreviousRun:
     """The deployment's previous comparable run (see `comparable_key`)."""
 
@@ -164,6 +178,9 @@ class PreviousRun:
     levels: tuple[Level, ...]
     # what differs from that run to this one, as phrases ("engine version 0.31.0 → 0.32.0")
     changes: tuple[str, ...] = ()
+    # {"engine", "from", "to"}: the engine's version changed since that run under the same
+    # tuned kernel file (moeops.runs.snapshots.engine_moved)
+    engine_moved: dict | None = None
 
 
 @dataclass
@@ -198,6 +215,10 @@ class RunData:
     # whether the deployment's newest run measured a tuned kernel config in effect (its
     # snapshot, moeops.runs.models.kernel_state), whether or not moeops holds the file
     newest_run_tuned: bool = False
+    # the tuned file on record that the engine loaded for this run, when moeops holds it
+    tuned_file: TunedFile | None = None
+    # the source hash of the answering engine version's kernel, where moeops has timed it
+    serving_kernel_sha256: str = ""
     topology: Topology | None = None
     previous: PreviousRun | None = None
     rules: list[Rule] = field(default_factory=list)
@@ -785,6 +806,110 @@ def no_tuned_kernel(data: RunData) -> list[Proposal]:
     return proposals
 
 
+# -- kernel provenance -----------------------------------------------------------------------
+
+
+def kernel_provenance(data: RunData) -> list[Proposal]:
+    """The tuned file the engine loaded was tuned in another version of the engine's kernel.
+
+    A file tuned in vLLM 0.33.0's kernel, served by vLLM 0.34.0: 0.34 launches the kernel
+    otherwise (TMA reads of B), and 0.33's best tiles ran 0.92× of 0.34's default at M=2048
+    for GLM-5 fp8 (bench/RESULTS.md). Where both kernels' source hashes are known and equal (a
+    patch release that left the kernel alone) nothing is raised. Without a recorded kernel for
+    the file, an engine version that changed since the previous comparable run under the same
+    tuned file says as much. A file tuned in another engine's kernel: its own finding.
+    """
+    engine, version = data.observed.get("engine"), data.observed.get("version")
+    if engine not in ("vllm", "sglang") or not version:
+        return []
+    tuned = data.tuned_file
+    serving = engine_label({"engine": engine, "version": version})
+    plan = [retune_title(engine, version)]
+    if tuned is not None and tuned.untimed:
+        return [
+            Proposal(
+                kind="kernel_provenance",
+                key=_key("other-engine", tuned.config_id),
+                severity="warning",
+                title=f"{tuned.name} was never timed in {engine_label(engine)}'s kernel",
+                text=f"The engine loaded {tuned.name}. {tuned.untimed}",
+                evidence={"kernel_config": tuned.config_id, "engine": engine, "chart": None},
+                plan=plan,
+            )
+        ]
+    if tuned is not None and tuned.kernel_engine == engine and tuned.kernel_version:
+        if tuned.kernel_version == version:
+            return []
+        same_kernel = tuned.kernel_source_sha256 and (
+            tuned.kernel_source_sha256 == data.serving_kernel_sha256
+        )
+        if same_kernel:
+            return []
+        tuned_on = engine_label({"engine": engine, "version": tuned.kernel_version})
+        return [
+            Proposal(
+                kind="kernel_provenance",
+                key=_key("tuned-on", tuned.config_id, version),
+                severity="warning",
+                title=f"{tuned.name} was tuned for {tuned_on}'s kernel; the engine runs {version}",
+                text=(
+                    f"This file was tuned for {tuned_on}'s kernel; the engine runs {version}, "
+                    "whose launch differs: re-tune. Its best tiles were timed in the other "
+                    f"kernel and may run slower than {serving}'s own default."
+                ),
+                evidence={
+                    "kernel_config": tuned.config_id,
+                    "tuned_on": {
+                        "engine": engine,
+                        "version": tuned.kernel_version,
+                        "kernel_source_sha256": tuned.kernel_source_sha256 or None,
+                    },
+                    "serving": {
+                        "engine": engine,
+                        "version": version,
+                        "kernel_source_sha256": data.serving_kernel_sha256 or None,
+                    },
+                    "chart": None,
+                },
+                plan=plan,
+            )
+        ]
+    previous = data.previous
+    moved = previous.engine_moved if previous is not None else None
+    if (tuned is None or not tuned.kernel_engine) and moved:
+        before = previous.label or f"run {previous.uuid[:8]}"
+        return [
+            Proposal(
+                kind="kernel_provenance",
+                key=_key("engine-moved", moved["from"], version),
+                severity="warning",
+                title=(
+                    f"The engine moved from {moved['from']} to {version} under the "
+                    "same tuned kernel file"
+                ),
+                text=(
+                    f"{before} ran {engine_label(engine)} {moved['from']} with the same "
+                    f"tuned kernel file; this run ran {version}. moeops does not know which "
+                    "kernel the file was tuned in; it was not tuned in this one: re-tune."
+                ),
+                evidence={
+                    "previous_run": {"id": previous.id, "uuid": previous.uuid},
+                    "from_version": moved["from"],
+                    "to_version": version,
+                    "chart": None,
+                },
+                plan=plan,
+            )
+        ]
+    return []
+
+
+def retune_title(engine: str, version: str) -> str:
+    """The plan item that re-tunes a file for the engine version that serves: "Tune for vLLM
+    0.34.0 and re-sweep"."""
+    return f"Tune for {engine_label({'engine': engine, 'version': version})} and re-sweep"
+
+
 # -- topology --------------------------------------------------------------------------------
 
 
@@ -1278,6 +1403,7 @@ RULES = (
     idle_gpus,
     queueing,
     no_tuned_kernel,
+    kernel_provenance,
     topology,
     incompatibilities,
     regression,

@@ -13,6 +13,7 @@ FINDING_KINDS = (
     ("idle_gpus", "Idle GPUs under load"),
     ("queueing", "Requests queued behind max-running-requests"),
     ("no_tuned_kernel", "No tuned kernel config"),
+    ("kernel_provenance", "Kernel config tuned for another kernel"),
     ("topology", "Topology"),
     ("incompatibility", "Known incompatibility"),
     ("regression", "Regression"),

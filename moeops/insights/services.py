@@ -10,7 +10,7 @@ from moeops.engines.models import ACTION_IN_FLIGHT
 from moeops.fleet.models import Deployment
 from moeops.insights import analysis, tasks
 from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, Note, PlanItem
-from moeops.kernels.models import KernelConfig
+from moeops.kernels.models import KernelConfig, config_of_file, kernel_source_of
 from moeops.runs import snapshots
 from moeops.runs.models import FINISHED_STATUSES, SweepRun, of_the_deployments_model
 from tuning.config_files import file_device_name
@@ -303,6 +303,7 @@ def _gather(run, deployment) -> analysis.RunData:
             device_name__in=names | {file_device_name(n) for n in names}, down_moe=False
         ).only("device_name", "E", "N", "dtype", "block_shape")
     }
+    engine = _engine(run, deployment)
     return analysis.RunData(
         run_label=run.display_label(),
         parameters=run.parameters or {},
@@ -323,7 +324,7 @@ def _gather(run, deployment) -> analysis.RunData:
             .order_by("ts")
             .values_list("ts", "level_concurrency", "running", "queued", "kv_cache_usage")
         ],
-        engine=_engine(run, deployment),
+        engine=engine,
         recorded_engine=deployment.engine,
         observed=run.observed_engine,
         tp=deployment.tp,
@@ -337,6 +338,8 @@ def _gather(run, deployment) -> analysis.RunData:
         quantization=deployment.quantization or deployment.model.quantization,
         kernel_configs=kernel_configs,
         newest_run_tuned=_newest_run_tuned(deployment),
+        tuned_file=_tuned_file(run.snapshot, engine),
+        serving_kernel_sha256=kernel_source_of(engine, run.observed_engine.get("version") or ""),
         topology=_topology(run.topology_snapshot),
         previous=_previous_comparable(run),
         rules=[
@@ -380,6 +383,26 @@ def _launch(run, deployment):
     if observed.get("max_running_requests"):
         launch["max_running_requests"] = observed["max_running_requests"]
     return launch
+
+
+def _tuned_file(snapshot, engine):
+    """The tuned file the engine loaded for the run, as the analysis reads it, or None."""
+    in_effect = snapshots.tuned_file_in_effect(snapshot)
+    if in_effect is None or engine not in ("vllm", "sglang"):
+        return None
+    config = config_of_file(
+        file_name=in_effect["file_name"], sha256=in_effect["sha256"], style=engine
+    )
+    if config is None:
+        return None
+    return analysis.TunedFile(
+        config_id=config.pk,
+        name=str(config),
+        kernel_engine=config.kernel_engine,
+        kernel_version=config.kernel_version,
+        kernel_source_sha256=config.kernel_source_sha256,
+        untimed=config.untimed_in(engine),
+    )
 
 
 def _newest_run_tuned(deployment):
@@ -443,5 +466,6 @@ def _previous_comparable(run):
                 label=candidate.label,
                 levels=tuple(_levels(candidate)),
                 changes=tuple(snapshots.describe_change(c) for c in diff["changes"]),
+                engine_moved=snapshots.engine_moved(candidate.snapshot, run.snapshot),
             )
     return None

@@ -1,5 +1,6 @@
 """Fused-MoE kernel configs (the files SGLang and vLLM load) and the tuning runs that make them."""
 
+import hashlib
 import uuid
 
 from django.db import models, transaction
@@ -159,6 +160,13 @@ class KernelConfig(TimedKernel):
         version = self.triton_version or None if style == "vllm" else None
         return config_files.dumps_config(entries, version)
 
+    def timed_in(self):
+        """The kernels its entries were timed in, as labels ("vLLM 0.33.0's own kernel"): the
+        one it was tuned in and those of the tunes that wrote it; [] where none is recorded (an
+        imported file). Reads self.tuning_runs (prefetch them for a list of configs)."""
+        labels = [self.kernel_label, *(tune.kernel_label for tune in self.tuning_runs.all())]
+        return list(dict.fromkeys(label for label in labels if label))
+
     def sorted_entries(self):
         return sorted(((int(k), v) for k, v in self.entries.items()), key=lambda kv: kv[0])
 
@@ -182,6 +190,44 @@ class KernelConfig(TimedKernel):
             self.version = max((c.version for c in self.series()), default=0) + 1
             self.save()
         return self
+
+
+def config_of_file(*, file_name, sha256, style):
+    """The KernelConfig whose file, as moeops writes it in style (vllm, sglang), is the file
+    named file_name with this SHA-256 (a file an engine loaded); None when moeops holds none.
+    A file whose bytes moeops did not write (hand-edited, reformatted) is not matched."""
+    try:
+        name = config_files.parse_config_file_name(file_name)
+    except config_files.ConfigFileError:
+        return None
+    configs = KernelConfig.objects.filter(
+        device_name=config_files.nvml_device_name(name.device_name),
+        E=name.E,
+        N=name.N,
+        dtype=name.dtype or "bf16",
+        down_moe=name.down_moe,
+    ).order_by("-version")
+    for config in configs:
+        text = config.engine_file_text(style)
+        if hashlib.sha256(text.encode()).hexdigest() == sha256:
+            return config
+    return None
+
+
+def kernel_source_of(engine, version) -> str:
+    """The source hash of engine version's kernel as a tune recorded it, or "" where moeops has
+    never timed that version's kernel."""
+    for model in (TuningRun, KernelConfig):
+        found = (
+            model.objects.filter(kernel_engine=engine, kernel_version=version)
+            .exclude(kernel_source_sha256="")
+            .order_by("-created")
+            .values_list("kernel_source_sha256", flat=True)
+            .first()
+        )
+        if found:
+            return found
+    return ""
 
 
 class TuningRun(TimedKernel):
@@ -210,6 +256,10 @@ class TuningRun(TimedKernel):
     progress = models.JSONField(default=dict, blank=True)
     result = models.ForeignKey(
         KernelConfig, models.SET_NULL, null=True, blank=True, related_name="tuning_runs"
+    )
+    # the plan item the tune carries out: its config is applied and re-swept once it succeeds
+    plan_item = models.ForeignKey(
+        "insights.PlanItem", models.SET_NULL, null=True, blank=True, related_name="tuning_runs"
     )
     wall_s = models.FloatField(null=True, blank=True)
     error = models.TextField(blank=True)

@@ -163,12 +163,15 @@ def _same_owner(tuning_run, host, deployment):
 def tuning_run_update(*, tuning_run, status=None, **fields):
     """Status by compare-and-set (same edges as sweep runs), then progress, result, wall_s …"""
     with transaction.atomic():
-        if status is not None and status != tuning_run.status:
+        moved = status is not None and status != tuning_run.status
+        if moved:
             _tuning_transition(tuning_run, status)
         if fields:
             TuningRun.objects.filter(pk=tuning_run.pk).update(**fields)
             for key, value in fields.items():
                 setattr(tuning_run, key, value)
+        if moved and status in FINISHED_STATUSES:
+            _tune_finished(tuning_run)
     return tuning_run
 
 
@@ -178,7 +181,15 @@ def tuning_run_cancel(*, tuning_run):
     Raises TuningConflict when the tune has finished."""
     with transaction.atomic():
         _tuning_transition(tuning_run, "cancelled")
+        _tune_finished(tuning_run)
     return tuning_run
+
+
+def _tune_finished(tuning_run):
+    # imported here: engine actions read kernel configs and tuning runs through this app
+    from moeops.engines.services import engine_action_tune_finished
+
+    engine_action_tune_finished(tuning_run=tuning_run)
 
 
 def _tuning_transition(tuning_run, status):

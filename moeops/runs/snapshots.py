@@ -273,6 +273,28 @@ def snapshot_diff(a: dict, b: dict) -> dict:
     return {"changes": changes, "unknown": unknown}
 
 
+def tuned_file_in_effect(snapshot: dict) -> dict | None:
+    """The snapshot's kernel config when the engine loaded a file that did not ship with it
+    (a tuned one), with its file name and SHA-256; else None."""
+    in_effect = (snapshot or {}).get("kernel_config") or {}
+    loaded = in_effect.get("state") == "file" and in_effect.get("shipped") is False
+    return in_effect if loaded and in_effect.get("sha256") and in_effect.get("file_name") else None
+
+
+def engine_moved(a: dict, b: dict) -> dict | None:
+    """{"engine", "from", "to"} when the same engine answered both snapshots at two versions
+    while the same tuned kernel file (same SHA-256) was in effect: the file was not tuned in
+    b's kernel, whatever it was tuned in. None otherwise."""
+    ea, eb = (a or {}).get("engine") or {}, (b or {}).get("engine") or {}
+    fa, fb = tuned_file_in_effect(a), tuned_file_in_effect(b)
+    moved = ea.get("engine") == eb.get("engine") and ea.get("version") != eb.get("version")
+    if not (moved and ea.get("version") and eb.get("version") and fa and fb):
+        return None
+    if fa["sha256"] != fb["sha256"]:
+        return None
+    return {"engine": eb["engine"], "from": ea["version"], "to": eb["version"]}
+
+
 # The factor a difference between two snapshots varies, as people name it; sections not listed
 # here are one factor each (SECTION_FACTORS), keys in NOT_FACTORS vary none.
 KEY_FACTORS = {

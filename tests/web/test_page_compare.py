@@ -413,3 +413,28 @@ def test_twenty_measured_runs_compare_in_a_bounded_number_of_queries(
     with django_assert_max_num_queries(14):
         html = _page(client, *runs)
     assert html.count("Nothing they recorded differs.") == 19
+
+
+def test_an_engine_upgrade_under_the_same_tuned_file_says_to_re_tune(client, measured):
+    capped, _ = measured
+    deployment = capped.deployment
+    before, after = (
+        pb.run(
+            deployment,
+            f"on {version}",
+            levels=_levels(1.0),
+            snapshot=pb.measured(
+                deployment, engine=pb.vllm_identity(16, version=version), kernel_config="tuned"
+            ),
+        )
+        for version in ("0.33.0", "0.34.0")
+    )
+
+    moved = _page(client, before, after).split('id="what-changed"')[1].split("</section>")[0]
+    same = _page(client, capped, capped).split('id="what-changed"')
+
+    assert (
+        "The engine moved from 0.33.0 to 0.34.0 under the same tuned kernel file, tuned for at "
+        "most one of their kernels: “Tune for vLLM 0.34.0 and re-sweep”." in moved
+    )
+    assert "Tune for" not in "".join(same)

@@ -230,3 +230,19 @@ def test_the_builtin_kernel_is_named_and_an_imported_files_is_not_recorded(clien
         "64",
         "4096",
     }
+
+
+def test_each_file_says_which_engine_kernels_it_was_timed_in(client, configs):
+    from moeops.examples.h200_tune import load_h200_tune
+
+    tuned = load_h200_tune().result
+    imported, _ = configs
+
+    listing = client.get("/kernels/").content.decode()
+    detail = client.get(f"/kernels/{tuned.pk}/").content.decode()
+
+    row = next(r for r in listing.split("<tr>") if f'href="/kernels/{tuned.pk}/"' in r)
+    assert "vLLM 0.33.0&#x27;s own kernel</td>" in row
+    other = next(r for r in listing.split("<tr>") if f'href="/kernels/{imported.pk}/"' in r)
+    assert '<span class="muted">not recorded</span></td>' in other
+    assert "<dt>Timed in</dt><dd>vLLM 0.33.0&#x27;s own kernel " in detail

@@ -14,6 +14,7 @@ from moeops.fleet.models import gpu_count
 from moeops.front import charts
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
 from moeops.front.forms import RunFilterForm
+from moeops.insights.analysis import retune_title
 from moeops.runs import snapshots
 from moeops.runs.models import (
     LevelResult,
@@ -245,9 +246,18 @@ def _what_changed(runs):
                 "headline": _headline(baseline, run),
                 "sections": sections,
                 "unknown": diff["unknown"],
+                "engine_moved": _engine_moved(baseline, run),
             }
         )
     return out
+
+
+def _engine_moved(baseline, run):
+    """snapshots.engine_moved of the pair with the plan item it raises ("retune"), or None."""
+    moved = snapshots.engine_moved(baseline.snapshot, run.snapshot)
+    if moved is None:
+        return None
+    return {**moved, "retune": retune_title(moved["engine"], moved["to"])}
 
 
 @login_required

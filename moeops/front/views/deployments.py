@@ -3,7 +3,7 @@ plan)."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, OuterRef, Prefetch, Q, Subquery, prefetch_related_objects
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -236,8 +236,10 @@ def _deployment_page(
     plan_items = list(
         deployment.plan_items.select_related(
             "note", "finding", "done_by__recipe", "done_by__before_run", "done_by__after_run"
-        ).prefetch_related(with_actions)
+        ).prefetch_related(with_actions, "tuning_runs")
     )
+    for item in plan_items:
+        item.retune = actions.plan_item_retunes(item)
     ctx = {
         "nav": "deployments",
         "deployment": deployment,
@@ -409,6 +411,23 @@ def plan_item(request, pk):
         plan_item_move(item=item, offset=-1 if action == "up" else 1)
     elif action == "delete":
         plan_item_delete(item=item)
+    return redirect(f"{item.deployment.get_absolute_url()}#plan")
+
+
+@login_required
+@require_POST
+def plan_item_retune(request, pk):
+    """Start the tune a plan item asks for (a re-tune for the engine's kernel); its page follows."""
+    item = get_object_or_404(PlanItem.objects.select_related("deployment__host", "finding"), pk=pk)
+    try:
+        tuning = actions.plan_item_retune(item=item, user=request.user)
+    except PermissionDenied as exc:
+        messages.error(request, f"{exc}.")
+    except ValueError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Kernel tune queued on {item.deployment.host.queue_name}.")
+        return redirect("tuning-detail", uuid=tuning.uuid)
     return redirect(f"{item.deployment.get_absolute_url()}#plan")
 
 

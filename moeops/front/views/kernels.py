@@ -5,6 +5,7 @@ import math
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.db.models import Prefetch, prefetch_related_objects
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -66,7 +67,11 @@ def _versions(config):
 
 
 def _kernels_page(request, upload_form=None, status=200):
-    configs = list(KernelConfig.objects.order_by("device_name", "E", "N", "dtype", "-version"))
+    configs = list(
+        KernelConfig.objects.prefetch_related("tuning_runs").order_by(
+            "device_name", "E", "N", "dtype", "-version"
+        )
+    )
     tunings = TuningRun.objects.select_related("deployment", "host", "result").order_by("-created")[
         :20
     ]
@@ -113,7 +118,11 @@ def kernel_upload(request):
 def kernel_detail(request, pk):
     config = _config_or_404(pk)
     fields = _fields_of(config)
-    tuning = config.tuning_runs.order_by("-created").first()
+    # one query for the newest tune and every tune's kernel (KernelConfig.timed_in)
+    prefetch_related_objects(
+        [config], Prefetch("tuning_runs", TuningRun.objects.order_by("-created"))
+    )
+    tuning = next(iter(config.tuning_runs.all()), None)
     timings = list(tuning.timings.all()) if tuning else []
     versions = _versions(config)
     older = [c for c in versions if c.version < config.version]
