@@ -416,44 +416,12 @@ def _parse_p2p(lines: list[str], kind: str, gpu_labels: list[str]) -> dict:
     end = header_index + 1
     while end < len(lines) and lines[end].strip() and lines[end].strip() != "Legend:":
         end += 1
-    legend = set()
-    for index in range(end, len(lines)):
-        stripped = lines[index].strip()
-        if not stripped or stripped == "Legend:":
-            continue
-        entry = _LEGEND_ENTRY.match(lines[index])
-        if not entry:
-            raise TopologyParseError(
-                f"expected a legend entry such as 'OK   = Status Ok', found {stripped!r}",
-                index + 1,
-                source,
-            )
-        legend.add(entry.group(1))
-
+    legend = _p2p_legend(lines, end, source)
     rows: dict[str, list[str]] = {}
     for index in range(header_index + 1, end):
-        line_number = index + 1
-        tokens = lines[index].split()
-        label, cells = tokens[0], tokens[1:]
-        if label not in labels:
-            raise TopologyParseError(
-                f"row label {label!r} is not in the header", line_number, source
-            )
+        label, cells = _p2p_row(lines[index], index + 1, labels, source)
         if label in rows:
-            raise TopologyParseError(f"a second row for {label}", line_number, source)
-        if len(cells) != len(labels):
-            raise TopologyParseError(
-                f"{label} row has {len(cells)} cells, the header names {len(labels)} GPUs",
-                line_number,
-                source,
-            )
-        for column, cell in zip(labels, cells, strict=True):
-            if not _CODE.match(cell):
-                raise TopologyParseError(
-                    f"{cell!r} in {label} row, column {column} is no P2P status",
-                    line_number,
-                    source,
-                )
+            raise TopologyParseError(f"a second row for {label}", index + 1, source)
         rows[label] = cells
     missing = [label for label in labels if label not in rows]
     if missing:
@@ -468,6 +436,44 @@ def _parse_p2p(lines: list[str], kind: str, gpu_labels: list[str]) -> dict:
         raise _not_p2p(f"link types such as {', '.join(links[:3])}", header_index + 1, source)
     rows = {label: ["unknown" if c == "U" else c for c in cells] for label, cells in rows.items()}
     return {"labels": labels, "matrix": [rows[label] for label in labels]}
+
+
+def _p2p_legend(lines: list[str], start: int, source: str) -> set[str]:
+    """The codes the legend of a `topo -p2p` text names, from line index `start` on."""
+    legend = set()
+    for index in range(start, len(lines)):
+        stripped = lines[index].strip()
+        if not stripped or stripped == "Legend:":
+            continue
+        entry = _LEGEND_ENTRY.match(lines[index])
+        if not entry:
+            raise TopologyParseError(
+                f"expected a legend entry such as 'OK   = Status Ok', found {stripped!r}",
+                index + 1,
+                source,
+            )
+        legend.add(entry.group(1))
+    return legend
+
+
+def _p2p_row(line: str, line_number: int, labels: list[str], source: str) -> tuple:
+    """(label, cells) of one row of a `topo -p2p` matrix whose header names `labels`."""
+    tokens = line.split()
+    label, cells = tokens[0], tokens[1:]
+    if label not in labels:
+        raise TopologyParseError(f"row label {label!r} is not in the header", line_number, source)
+    if len(cells) != len(labels):
+        raise TopologyParseError(
+            f"{label} row has {len(cells)} cells, the header names {len(labels)} GPUs",
+            line_number,
+            source,
+        )
+    for column, cell in zip(labels, cells, strict=True):
+        if not _CODE.match(cell):
+            raise TopologyParseError(
+                f"{cell!r} in {label} row, column {column} is no P2P status", line_number, source
+            )
+    return label, cells
 
 
 def unknown_gpu(index: int) -> dict:

@@ -128,55 +128,74 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _Refusal(Exception):
+    """What `run` prints after "error: ", and the status it exits with."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
+
+
 def run(args: argparse.Namespace) -> int:
     """Tune (or merge logs), write the config file, print its path and a summary."""
-    if args.merge:
-        try:
-            result = merge_results(read_log(p) for p in args.merge)
-        except ValueError as exc:
-            print(f"error: --merge: {exc}", file=sys.stderr)
-            return 2
-        for path in write_config_files(result, args.out, args.style):
-            print(path)
-        return 0
+    try:
+        if args.merge:
+            return _merge(args)
+        shape, batch_sizes = _checked(args)
+        if args.gpus:
+            from tuning import spread
+
+            try:
+                gpus = spread.parse_gpus(args.gpus)
+            except ValueError as exc:
+                raise _Refusal(str(exc)) from exc
+            if len(gpus) > 1:
+                return spread.run_cli(args, shape, batch_sizes, gpus)
+            args.device = gpus[0]
+        return _tune_here(args, shape, batch_sizes)
+    except _Refusal as refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return refusal.status
+
+
+def _merge(args: argparse.Namespace) -> int:
+    try:
+        result = merge_results(read_log(p) for p in args.merge)
+    except ValueError as exc:
+        raise _Refusal(f"--merge: {exc}") from exc
+    for path in write_config_files(result, args.out, args.style):
+        print(path)
+    return 0
+
+
+def _checked(args: argparse.Namespace) -> tuple[KernelShape, list[int]]:
+    """(shape, batch sizes) the arguments ask for, or _Refusal saying why they cannot be tuned."""
     if not args.model_config:
-        print("error: --model-config is required (except with --merge)", file=sys.stderr)
-        return 2
+        raise _Refusal("--model-config is required (except with --merge)")
     try:
         shape = shape_from_args(args)
         batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
         refusal = fp4_refusal(args)
         args.engine_spec = engine_spec(args.engine, args.style, args.engine_source)
     except (ValueError, BackendError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise _Refusal(str(exc)) from exc
     if refusal and not args.force:
-        print(f"error: {refusal} --force tunes it all the same.", file=sys.stderr)
-        return 2
+        raise _Refusal(f"{refusal} --force tunes it all the same.")
     try:
         unread = deployment_refusal(args, shape, current_capability())
     except BackendError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise _Refusal(str(exc)) from exc
     if unread:
-        print(f"error: {unread}", file=sys.stderr)
-        return 2
-    if args.gpus:
-        from tuning import spread
+        raise _Refusal(unread)
+    return shape, batch_sizes
 
-        try:
-            gpus = spread.parse_gpus(args.gpus)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        if len(gpus) > 1:
-            return spread.run_cli(args, shape, batch_sizes, gpus)
-        args.device = gpus[0]
+
+def _tune_here(args: argparse.Namespace, shape: KernelShape, batch_sizes: list[int]) -> int:
+    """Tune on this process's one GPU, write the file, print its path and a summary."""
     import torch
 
     if not torch.cuda.is_available():
-        print("error: tuning needs a CUDA GPU", file=sys.stderr)
-        return 1
+        raise _Refusal("tuning needs a CUDA GPU", status=1)
     name = engine_file_name(shape, torch.cuda.get_device_name(args.device), args.style)
     log = Path(args.log) if args.log else Path(args.out) / f"{name}.tuning-log.json"
     if args.fresh and log.exists():
@@ -194,8 +213,7 @@ def run(args: argparse.Namespace) -> int:
             engine=args.engine_spec,
         )
     except TuningLogError as exc:
-        print(f"error: {exc}; --fresh starts the tune over", file=sys.stderr)
-        return 2
+        raise _Refusal(f"{exc}; --fresh starts the tune over") from exc
     for path in write_config_files(result, args.out, args.style):
         print(path)
     print_summary(result)

@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports.topology import P2P_KINDS, TopologyParseError, parse_nvidia_smi_topo, unknown_gpu
@@ -331,6 +332,18 @@ def _detect_virt(flag: str) -> tuple[str | None, str]:
     return answer, f"systemd-detect-virt {flag}: {answer}"
 
 
+@dataclass
+class _VirtSigns:
+    """What the evidence says so far: each reader adds its lines and what they point to."""
+
+    evidence: list
+    in_vm: bool = False
+    vmm: list = field(default_factory=list)  # named by DMI or ACPI tables
+    hypervisor: list = field(default_factory=list)  # systemd-detect-virt, clocksource, Xen
+    containers: list = field(default_factory=list)
+    not_virtualized: bool = False
+
+
 def _classify_virtualization(root: Path, nvml_modes: list[str], live: bool, evidence: list) -> dict:
     """Classify bare metal / VM / container from every kind of evidence, keeping all of it.
 
@@ -338,69 +351,87 @@ def _classify_virtualization(root: Path, nvml_modes: list[str], live: bool, evid
     the hypervisor (kvm from systemd-detect-virt or kvm-clock); QEMU accelerated by KVM is
     reported as kvm, as systemd-detect-virt does.
     """
-    in_vm = False
-    vmm: list[str] = []  # named by DMI or ACPI tables
-    hypervisor: list[str] = []  # named by systemd-detect-virt, the clocksource, /sys/hypervisor
-    containers: list[str | None] = []
-    not_virtualized = False
-
-    for mode in dict.fromkeys(nvml_modes):
-        evidence.append(f"nvml virtualization mode: {mode}")
-        if mode in ("PASSTHROUGH", "VGPU"):
-            in_vm = True
-        elif mode in ("NONE", "HOST_VGPU", "HOST_VSGA"):
-            not_virtualized = True
-
+    signs = _VirtSigns(evidence)
+    _nvml_signs(signs, nvml_modes)
     if live and shutil.which("systemd-detect-virt"):
-        answer, line = _detect_virt("--vm")
-        evidence.append(line)
-        if answer == "none":
-            not_virtualized = True
-        elif answer:
-            hypervisor.append(answer)
-        answer, line = _detect_virt("--container")
-        evidence.append(line)
-        if answer and answer != "none":
-            containers.append(answer)
+        _detect_virt_signs(signs)
+    _container_signs(signs, root)
+    _cpu_signs(signs, root)
+    _firmware_signs(signs, root)
+    layers = _layers(signs)
+    if layers:
+        kind, technology = layers[-1]["kind"], layers[-1]["technology"]
+    else:
+        kind, technology = ("bare_metal" if signs.not_virtualized else "unknown"), None
+    return {"kind": kind, "technology": technology, "evidence": evidence, "layers": layers}
 
+
+def _nvml_signs(signs: _VirtSigns, nvml_modes: list[str]) -> None:
+    for mode in dict.fromkeys(nvml_modes):
+        signs.evidence.append(f"nvml virtualization mode: {mode}")
+        if mode in ("PASSTHROUGH", "VGPU"):
+            signs.in_vm = True
+        elif mode in ("NONE", "HOST_VGPU", "HOST_VSGA"):
+            signs.not_virtualized = True
+
+
+def _detect_virt_signs(signs: _VirtSigns) -> None:
+    answer, line = _detect_virt("--vm")
+    signs.evidence.append(line)
+    if answer == "none":
+        signs.not_virtualized = True
+    elif answer:
+        signs.hypervisor.append(answer)
+    answer, line = _detect_virt("--container")
+    signs.evidence.append(line)
+    if answer and answer != "none":
+        signs.containers.append(answer)
+
+
+def _container_signs(signs: _VirtSigns, root: Path) -> None:
     marker = _read_text(root / "run/systemd/container")
     if marker:
-        evidence.append(f"/run/systemd/container: {marker}")
-        containers.append(marker)
+        signs.evidence.append(f"/run/systemd/container: {marker}")
+        signs.containers.append(marker)
     try:
         environ = (root / "proc/1/environ").read_bytes().split(b"\0")
     except PermissionError:
-        evidence.append("/proc/1/environ: unreadable (permission denied)")
+        signs.evidence.append("/proc/1/environ: unreadable (permission denied)")
         environ = []
     except OSError:
         environ = []
     for variable in environ:
         if variable.startswith(b"container="):
             value = variable.decode(errors="replace").partition("=")[2]
-            evidence.append(f"/proc/1/environ: container={value}")
-            containers.append(value or None)
+            signs.evidence.append(f"/proc/1/environ: container={value}")
+            signs.containers.append(value or None)
     for marker_file, technology in ((".dockerenv", "docker"), ("run/.containerenv", "podman")):
         if (root / marker_file).exists():
-            evidence.append(f"/{marker_file} present")
-            containers.append(technology)
+            signs.evidence.append(f"/{marker_file} present")
+            signs.containers.append(technology)
 
+
+def _cpu_signs(signs: _VirtSigns, root: Path) -> None:
     cpuinfo = _read_text(root / "proc/cpuinfo")
     # x86 lists CPU flags on "flags" lines; ARM has no hypervisor flag to look for
     flag_lines = [line for line in (cpuinfo or "").splitlines() if line.startswith("flags")]
     if any("hypervisor" in line.split() for line in flag_lines):
-        evidence.append("/proc/cpuinfo: hypervisor flag set")
-        in_vm = True
+        signs.evidence.append("/proc/cpuinfo: hypervisor flag set")
+        signs.in_vm = True
     elif flag_lines:
-        evidence.append("/proc/cpuinfo: no hypervisor flag")
-        not_virtualized = True
+        signs.evidence.append("/proc/cpuinfo: no hypervisor flag")
+        signs.not_virtualized = True
 
+
+def _firmware_signs(signs: _VirtSigns, root: Path) -> None:
+    """DMI and ACPI name a VMM; the clocksource and /sys/hypervisor name a hypervisor."""
     dmi = root / "sys/class/dmi/id"
     vendor, product = _read_text(dmi / "sys_vendor"), _read_text(dmi / "product_name")
     if vendor is None and product is None:
-        evidence.append("/sys/class/dmi/id: no sys_vendor or product_name")
+        signs.evidence.append("/sys/class/dmi/id: no sys_vendor or product_name")
     else:
-        evidence.append(f"/sys/class/dmi/id: sys_vendor {vendor!r}, product_name {product!r}")
-        vmm.append(_dmi_hypervisor(vendor or "", product or ""))
+        signs.evidence.append(f"/sys/class/dmi/id: sys_vendor {vendor!r}, product_name {product!r}")
+        signs.vmm.append(_dmi_hypervisor(vendor or "", product or ""))
     for table in ("DSDT", "FACP"):
         try:
             header = (root / "sys/firmware/acpi/tables" / table).read_bytes()[:24]
@@ -408,23 +439,27 @@ def _classify_virtualization(root: Path, nvml_modes: list[str], live: bool, evid
             continue
         oem_id = header[10:16].decode(errors="replace").strip()
         oem_table = header[16:24].decode(errors="replace").strip()
-        evidence.append(f"ACPI {table}: OEM {oem_id} {oem_table}")
-        vmm.append(_ACPI_OEM_VMMS.get(oem_id))
+        signs.evidence.append(f"ACPI {table}: OEM {oem_id} {oem_table}")
+        signs.vmm.append(_ACPI_OEM_VMMS.get(oem_id))
         break
     clocksources = _read_text(
         root / "sys/devices/system/clocksource/clocksource0/available_clocksource"
     )
     if clocksources and "kvm-clock" in clocksources.split():
-        evidence.append("clocksource: kvm-clock available")
-        hypervisor.append("kvm")
+        signs.evidence.append("clocksource: kvm-clock available")
+        signs.hypervisor.append("kvm")
     xen = _read_text(root / "sys/hypervisor/type")
     if xen:
-        evidence.append(f"/sys/hypervisor/type: {xen}")
-        hypervisor.append(xen)
+        signs.evidence.append(f"/sys/hypervisor/type: {xen}")
+        signs.hypervisor.append(xen)
 
-    vmm = [name for name in vmm if name]
+
+def _layers(signs: _VirtSigns) -> list[dict]:
+    """The layers the GPUs sit in, outermost first: a VM, then a container in it."""
+    vmm = [name for name in signs.vmm if name]
+    hypervisor = signs.hypervisor
     layers = []
-    if in_vm or vmm or hypervisor:
+    if signs.in_vm or vmm or hypervisor:
         technology = (vmm + hypervisor + [None])[0]
         if technology == "qemu" and "kvm" in hypervisor:
             technology = "kvm"
@@ -433,13 +468,11 @@ def _classify_virtualization(root: Path, nvml_modes: list[str], live: bool, evid
         if hypervisor and hypervisor[0] != technology:
             layer["hypervisor"] = hypervisor[0]
         layers.append(layer)
-    if containers:
-        layers.append({"kind": "container", "technology": next(filter(None, containers), None)})
-    if layers:
-        kind, technology = layers[-1]["kind"], layers[-1]["technology"]
-    else:
-        kind, technology = ("bare_metal" if not_virtualized else "unknown"), None
-    return {"kind": kind, "technology": technology, "evidence": evidence, "layers": layers}
+    if signs.containers:
+        layers.append(
+            {"kind": "container", "technology": next(filter(None, signs.containers), None)}
+        )
+    return layers
 
 
 def _dmi_hypervisor(vendor: str, product: str) -> str | None:
