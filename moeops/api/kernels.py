@@ -356,6 +356,52 @@ def tuning_run_create(request, payload: TuningRunIn):
     return stored(created, tuning_run)
 
 
+class TuningStartIn(In):
+    uuid: UUID | None = Field(
+        None, description="chosen by the client so that a retried start queues one tune"
+    )
+    dtype: KernelDtype = "bf16"
+    batch_sizes: list[Size] = Field(
+        default_factory=lambda: list(config_files.TUNED_BATCH_SIZES),
+        min_length=1,
+        max_length=1024,
+        description="batch sizes M to tune",
+    )
+    engine: RequestedKernel = Field(
+        "builtin", description="whose kernel is asked for: the deployment's engine's or builtin"
+    )
+    force: bool = Field(
+        False, description="tune FP4 experts all the same (their kernels read no Triton config)"
+    )
+
+    @model_validator(mode="after")
+    def _distinct_batch_sizes(self):
+        if len(self.batch_sizes) != len(set(self.batch_sizes)):
+            raise ValueError("batch_sizes: give each batch size once")
+        return self
+
+
+@router.post(
+    "/deployments/{ref}/tuning-runs",
+    auth=WRITE,
+    response={200: TuningRunDetail, 201: TuningRunDetail},
+)
+def tuning_start(request, ref: str, payload: TuningStartIn):
+    """Queue a tune of the deployment's MoE shape on its host's worker, as the deployment page's
+    Tune does; with a `uuid` seen before, that tune (200), not sent again."""
+    deployment = lookups.get_deployment(ref)
+    require_write(request, deployment.host)
+    tuning_run, created = services.tuning_start(
+        deployment=deployment,
+        dtype=payload.dtype,
+        batch_sizes=payload.batch_sizes,
+        engine=payload.engine,
+        force=payload.force,
+        run_uuid=payload.uuid,
+    )
+    return stored(created, lookups.get_tuning_run(tuning_run.pk))
+
+
 @router.get("/tuning-runs", response=list[TuningRunOut])
 @paginate(Page)
 def tuning_run_list(request, filters: Query[TuningRunFilter]):

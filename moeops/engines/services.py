@@ -24,7 +24,6 @@ from moeops.insights import services as insights_services
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
-from moeops.runs import snapshots
 from moeops.runs.models import SweepRun
 from reports.launch import FlagError, set_flags
 from tuning.config_files import ConfigFileError
@@ -167,7 +166,7 @@ def _worker_recipe(recipe, deployment):
 
 def _check_config(kernel_config, deployment):
     """ValidationError unless the engine would load kernel_config for the deployment's shape."""
-    shape = snapshots.kernel_shape(deployment)
+    shape = deployment.kernel_shape()
     if shape is None or shape.get("dtype") is None:
         reason = (shape or {}).get("reason") or "its MoE shape cannot be read"
         raise ValidationError({"kernel_config": f"{deployment} loads no kernel config: {reason}"})
@@ -175,15 +174,16 @@ def _check_config(kernel_config, deployment):
         name = kernel_config.file_name(deployment.engine)
     except ConfigFileError as exc:
         raise ValidationError({"kernel_config": str(exc)}) from None
-    wanted = KernelConfig(
-        device_name=shape["device_name"] or "",
-        E=shape["E"],
-        N=shape["N"],
-        dtype=shape["dtype"],
-        block_shape=shape["block_shape"],
-        down_moe=kernel_config.down_moe,
-    ).file_name(deployment.engine)
-    if name != wanted:
+    loaded = KernelConfig.objects.for_shape(shape, engine=deployment.engine)
+    if not loaded.filter(pk=kernel_config.pk).exists():
+        wanted = KernelConfig(
+            device_name=shape["device_name"] or "",
+            E=shape["E"],
+            N=shape["N"],
+            dtype=shape["dtype"],
+            block_shape=shape["block_shape"],
+            down_moe=kernel_config.down_moe,
+        ).file_name(deployment.engine)
         raise ValidationError(
             {"kernel_config": f"{deployment}'s engine loads {wanted}, not {name}"}
         )
@@ -323,7 +323,7 @@ def _action_kwargs(action, recipe, previous, deployment):
         "recipe": _worker_recipe(recipe, deployment),
         "previous": _worker_recipe(previous, deployment) if previous is not None else None,
         "changes": action.changes,
-        "kernel_shape": snapshots.kernel_shape(deployment),
+        "kernel_shape": deployment.kernel_shape(),
         "resweep": action.before_run_id is not None,
     }
 

@@ -347,8 +347,8 @@ class SweepForm(forms.Form):
 
 class TuneForm(forms.Form):
     """A kernel tune of the deployment's MoE shape. kernel: the deployment's engine's own (vLLM,
-    SGLang) or moeops' builtin one; the FP4 experts' reason (fp4_reason) refuses the tune unless
-    tune_anyway."""
+    SGLang) or moeops' builtin one; tune_anyway, shown with the FP4 experts' reason
+    (fp4_reason): tune them all the same (kernels.services.tuning_start refuses them else)."""
 
     dtype = forms.ChoiceField(choices=TUNE_DTYPES)
     batch_sizes = forms.CharField(
@@ -380,18 +380,17 @@ class TuneForm(forms.Form):
     def clean_kernel(self):
         return self.cleaned_data["kernel"] or self.fields["kernel"].initial
 
-    def clean(self):
-        cleaned = super().clean()
-        if self.deployment.moe_shape() is None:
-            raise forms.ValidationError(
-                f"The MoE shape of {self.deployment.model} does not split over "
-                f"tp={self.deployment.tp}, ep={self.deployment.ep}."
-            )
-        if self.fp4_reason and not cleaned.get("tune_anyway"):
-            self.add_error(
-                "tune_anyway", f"{self.fp4_reason} Tick “Tune anyway” to tune it all the same."
-            )
-        return cleaned
+    def add_refusal(self, refusal):
+        """Show kernels.services.tuning_start's ValidationError: "force" at the tune-anyway
+        box, the others above the form."""
+        for field, messages in refusal.message_dict.items():
+            for message in messages:
+                if field == "force":
+                    self.add_error(
+                        "tune_anyway", f"{message} Tick “Tune anyway” to tune it all the same."
+                    )
+                else:
+                    self.add_error(None, message)
 
 
 def _uploaded_text(upload):

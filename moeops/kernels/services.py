@@ -1,4 +1,4 @@
-"""Writes to kernel configs and tuning runs."""
+"""Writes to kernel configs and tuning runs, and the start of a tune on a host's worker."""
 
 import json
 
@@ -8,7 +8,9 @@ from django.utils import timezone
 
 from moeops.kernels.models import KERNEL_DTYPES, KernelConfig, TuningRun, TuningTiming
 from moeops.runs.models import FINISHED_STATUSES, RUN_TRANSITIONS
+from moeops.runs.services import run_enqueue
 from tuning import config_files
+from tuning.engine_source import ENGINE_TITLES
 
 DTYPES = tuple(key for key, _ in KERNEL_DTYPES)
 
@@ -149,6 +151,75 @@ def tuning_run_create(*, run_uuid=None, host=None, deployment=None, **fields):
             return TuningRun.objects.create(host=host, deployment=deployment, **fields), True
     except IntegrityError:
         return _same_owner(TuningRun.objects.get(uuid=run_uuid), host, deployment), False
+
+
+def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=False, run_uuid=None):
+    """(TuningRun, created): a queued tune of the deployment's MoE shape on its kernel GPU
+    whose `workers.tune_kernel` is sent to its host once committed; a run_uuid seen before is
+    that tune, not sent again.
+
+    The shape is the per-rank one at the deployment's tp/ep (E experts per rank, N the
+    intermediate size after silu-and-mul); block fp8 takes the model's weight block shape.
+    engine: whose kernel is asked for, the deployment's engine (vLLM, SGLang) or "builtin" (the
+    worker falls back to builtin where the engine is not installed); force: tune FP4 experts all
+    the same (their kernels read no Triton config). Raises ValidationError naming "deployment"
+    when its host cannot run a tune now (Deployment.tune_refusal) or its shape does not split
+    over its tp/ep, "engine" for another engine's kernel, "force" for FP4 experts unforced.
+    """
+    refusal = deployment.tune_refusal()
+    if refusal:
+        raise ValidationError({"deployment": refusal})
+    shape = deployment.moe_shape()
+    if shape is None:
+        raise ValidationError(
+            {
+                "deployment": f"The MoE shape of {deployment.model} does not split over "
+                f"tp={deployment.tp}, ep={deployment.ep}."
+            }
+        )
+    # moeops reads vLLM's and SGLang's kernels only
+    if engine != "builtin" and (engine != deployment.engine or engine not in ENGINE_TITLES):
+        raise ValidationError(
+            {"engine": f"{deployment}'s engine's own kernel or builtin, not {engine}"}
+        )
+    unread = config_files.triton_config_unread(deployment.weight_quantization)
+    if unread and not force:
+        raise ValidationError({"force": unread})
+    gpu = deployment.kernel_gpu()
+    block_shape = shape["block_shape"] if dtype == "fp8_w8a8" else None
+    with transaction.atomic():
+        tuning, created = tuning_run_create(
+            run_uuid=run_uuid,
+            host=deployment.host,
+            deployment=deployment,
+            device_name=gpu.name if gpu else "",
+            E=shape["experts_per_rank"],
+            N=shape["N"],
+            hidden_size=shape["hidden_size"],
+            topk=shape["topk"],
+            dtype=dtype,
+            block_shape=block_shape,
+            batch_sizes=sorted(batch_sizes),
+            engine=engine,
+        )
+        if created:
+            kwargs = {
+                "tuning_run_uuid": str(tuning.uuid),
+                "E": tuning.E,
+                "N": tuning.N,
+                "hidden_size": tuning.hidden_size,
+                "topk": tuning.topk,
+                "dtype": dtype,
+                "block_shape": block_shape,
+                "batch_sizes": tuning.batch_sizes,
+                "device_name": tuning.device_name,
+                "gpu_indices": deployment.gpu_indices(),
+                "engine": engine,
+                "quantization": deployment.weight_quantization,
+                "force": force,
+            }
+            run_enqueue(run=tuning, task="tune_kernel", host=deployment.host, kwargs=kwargs)
+    return tuning, created
 
 
 def _same_owner(tuning_run, host, deployment):
