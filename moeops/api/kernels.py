@@ -10,7 +10,7 @@ from django.utils.http import content_disposition_header
 from ninja import Query, Router, Schema
 from ninja.errors import HttpError
 from ninja.pagination import paginate
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from moeops.api import lookups
 from moeops.api.auth import WRITE, require_write
@@ -374,11 +374,12 @@ class TuningStartIn(In):
         False, description="tune FP4 experts all the same (their kernels read no Triton config)"
     )
 
-    @model_validator(mode="after")
-    def _distinct_batch_sizes(self):
-        if len(self.batch_sizes) != len(set(self.batch_sizes)):
-            raise ValueError("batch_sizes: give each batch size once")
-        return self
+    @field_validator("batch_sizes")
+    @classmethod
+    def _distinct(cls, batch_sizes):
+        if len(batch_sizes) != len(set(batch_sizes)):
+            raise ValueError("give each batch size once")
+        return batch_sizes
 
 
 @router.post(
