@@ -26,6 +26,7 @@ from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from reports.launch import FlagError, set_flags
+from reports.numbers import is_integer
 from tuning.config_files import ConfigFileError
 
 log = logging.getLogger(__name__)
@@ -51,9 +52,7 @@ def _check_recipe(deployment, argv, env, gpu_indices, ready_timeout_s):
         isinstance(k, str) and k and isinstance(v, str) for k, v in env.items()
     ):
         raise ValidationError({"env": "variables as name → text value"})
-    if not isinstance(gpu_indices, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in gpu_indices
-    ):
+    if not isinstance(gpu_indices, list) or not all(is_integer(i) and i >= 0 for i in gpu_indices):
         raise ValidationError({"gpu_indices": "GPU indices as a list of integers ≥ 0"})
     known = {gpu.index for gpu in deployment.host.gpus.all()}
     missing = sorted(set(gpu_indices) - known) if known else []

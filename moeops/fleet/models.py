@@ -12,6 +12,7 @@ from django.utils.timesince import timesince
 
 from reports import engine as engine_reports
 from reports import launch
+from reports.numbers import is_number
 from reports.queues import host_queue
 from reports.topology import VIRTUALIZATION_WORDS, virtualization_words, vm_layer
 from tuning import config_files
@@ -182,7 +183,7 @@ class Host(models.Model):
         why = str(broker.get("error") or "no answer").rstrip(".")
         since = broker.get("since")
         # UTC epoch s as the heartbeat's sent_at is bounded: a date that datetime can hold
-        if isinstance(since, int | float) and not isinstance(since, bool) and 0 < since <= 1e11:
+        if is_number(since) and 0 < since <= 1e11:
             why += f", for {timesince(datetime.fromtimestamp(since, tz=UTC))}"
         return f"{broker.get('url') or ''} ({why})".lstrip()
 
