@@ -16,7 +16,7 @@ from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
 from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, SweepRun
 from moeops.runs.parameters import parameters_checked
-from tuning.config_files import TUNED_BATCH_SIZES, triton_config_unread
+from tuning.config_files import TUNED_BATCH_SIZES, kernel_dtype, triton_config_unread
 from tuning.engine_source import ENGINE_TITLES
 from tuning.moe_params import MoEConfigError, moe_params
 
@@ -361,8 +361,8 @@ class TuneForm(forms.Form):
     def __init__(self, *args, deployment, **kwargs):
         super().__init__(*args, **kwargs)
         self.deployment = deployment
-        # block-fp8 checkpoints run the fp8 w8a8 kernel; the others are tuned in bf16
-        if deployment.model.quantization == "fp8":
+        # fp8 weights run the fp8 w8a8 kernel; the others are tuned in bf16
+        if kernel_dtype(deployment.weight_quantization) == "fp8_w8a8":
             self.fields["dtype"].initial = "fp8_w8a8"
         kernels = [("builtin", "moeops' builtin kernel")]
         if deployment.engine in ENGINE_TITLES:
