@@ -27,14 +27,6 @@ def world(db):
     return world
 
 
-@pytest.fixture
-def broker(monkeypatch, redis_url):
-    queues.send_to(monkeypatch, redis_url)
-    queues.clear(redis_url, QUEUE)
-    yield redis_url
-    queues.clear(redis_url, QUEUE)
-
-
 def test_it_queues_a_tune_and_sends_it_to_the_hosts_worker_after_commit(
     world, broker, django_capture_on_commit_callbacks
 ):
