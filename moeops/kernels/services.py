@@ -178,10 +178,10 @@ def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=Fals
             }
         )
     # moeops reads vLLM's and SGLang's kernels only
-    if engine != "builtin" and (engine != deployment.engine or engine not in ENGINE_TITLES):
-        raise ValidationError(
-            {"engine": f"{deployment}'s engine's own kernel or builtin, not {engine}"}
-        )
+    own = deployment.engine if deployment.engine in ENGINE_TITLES else None
+    if engine not in ("builtin", own):
+        asked = f"{own} (its engine's own) or builtin" if own else "builtin"
+        raise ValidationError({"engine": f"a tune of {deployment} asks for {asked}, not {engine}"})
     unread = config_files.triton_config_unread(deployment.weight_quantization)
     if unread and not force:
         raise ValidationError({"force": unread})

@@ -101,7 +101,12 @@ def test_a_start_sent_again_is_the_same_tune_and_no_second_task(
             "deployment: The MoE shape of GLM-5 does not split over tp=3, ep=1.",
         ),
         # an SGLang deployment's own kernel is SGLang's
-        (lambda w: None, {"engine": "vllm"}, "engine: glm-5-sglang's engine's own kernel or "),
+        (
+            lambda w: None,
+            {"engine": "vllm"},
+            "engine: a tune of glm-5-sglang asks for sglang (its engine's own) or builtin, "
+            "not vllm",
+        ),
     ],
 )
 def test_a_tune_the_host_cannot_run_is_refused_in_a_sentence(world, broker, change, body, detail):
