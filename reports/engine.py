@@ -13,6 +13,8 @@
 
 import math
 
+from reports.numbers import is_integer
+
 # The stand-in engine's owned_by in /v1/models: it serves it, the worker recognises it by it.
 STANDIN_OWNER = "moeops-standin"
 ENGINE_LABELS = {"sglang": "SGLang", "vllm": "vLLM", "standin": "stand-in", "other": "Other"}
@@ -76,7 +78,7 @@ def vllm_env(env: dict) -> dict:
 
 
 def _int(value):
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if is_integer(value) else None
 
 
 def _cap(value):

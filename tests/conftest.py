@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import queues
+
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server", "admin_client"}
 
 
@@ -47,6 +49,16 @@ def free_port():
     from localstack.ports import free_port
 
     return free_port
+
+
+@pytest.fixture
+def broker(monkeypatch, redis_url, request):
+    """The web tier sends to the real Redis; the test module's QUEUE is empty before and after
+    (tests.queues reads it back)."""
+    queues.send_to(monkeypatch, redis_url)
+    queues.clear(redis_url, request.module.QUEUE)
+    yield redis_url
+    queues.clear(redis_url, request.module.QUEUE)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ and a deployment that points at the stand-in. A test module loads the fixtures w
 
     pytest_plugins = ["tests.stack"]
 
-`stack.start_sweep(levels=[8, 16])` goes through the web tier's own `sweep_start` (run row,
+`stack.start_sweep(levels=[8, 16])` goes through the web tier's own `run_start` (run row,
 `transaction.on_commit`, `send_host_task` by name); `stack.wait_for_run(run)` waits until the
 run finishes.
 """
@@ -35,7 +35,7 @@ from localstack.standin import spawn_standin
 from moeops import celery as web_celery
 from moeops.api.models import ApiToken
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
-from moeops.front import actions
+from moeops.runs import services as run_services
 from moeops.runs.models import FINISHED_STATUSES, SweepRun
 from workers.telemetry import TelemetrySampler
 
@@ -232,11 +232,12 @@ class SweepStack:
         self.standin = standin
 
     def start_sweep(self, levels, *, input_len=16, output_len=32, label="e2e sweep", **extra):
-        """A run created and enqueued by the web tier's own sweep_start."""
+        """A run created and enqueued by the web tier's own run_start."""
         parameters = {"levels": list(levels), "input_len": input_len, "output_len": output_len}
-        return actions.sweep_start(
+        run, _ = run_services.run_start(
             deployment=self.deployment, parameters={**parameters, **extra}, label=label
         )
+        return run
 
     def wait_for_run(self, run, timeout=90, until=None):
         """The run refreshed once `until(run)` holds (default: it finished)."""

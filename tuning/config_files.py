@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from reports.numbers import is_integer
 from tuning.moe_params import MAX_EXPERTS, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE
 
 # The batch sizes both engines' tuners sweep by default (benchmark_moe.py, common_utils.py).
@@ -129,7 +130,7 @@ def shape_problems(E, N, block_shape=None) -> dict[str, str]:
     problems = {}
     for label, value in (("E", E), ("N", N)):
         bound = SHAPE_BOUNDS[label]
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+        if not is_integer(value) or not 1 <= value <= bound:
             problems[label] = f"must be an integer from 1 to {bound:,}, got {_show(value)}"
     if block_shape is not None:
         bound = SHAPE_BOUNDS["block_shape"]
@@ -146,7 +147,7 @@ def _said(problems: dict[str, str]) -> str:
 
 
 def _size(value, bound: int) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and 1 <= value <= bound
+    return is_integer(value) and 1 <= value <= bound
 
 
 def file_device_name(device_name: str) -> str:
@@ -379,7 +380,7 @@ def _entry_errors(entry) -> list[str]:
         elif field == "USE_TMA":
             if not isinstance(value, bool):
                 errors.append(f"USE_TMA must be true or false, got {_show(value)}")
-        elif isinstance(value, bool) or not isinstance(value, int):
+        elif not is_integer(value):
             errors.append(f"{field} must be an integer, got {_show(value)}")
         else:
             problem = _value_problem(field, value)

@@ -10,6 +10,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from reports.numbers import is_integer
+
 # First key present wins; DBRX keeps its MoE fields under ffn_config.
 EXPERTS_KEYS = (
     "n_routed_experts",
@@ -151,7 +153,7 @@ def _vocab_size(sections: list[dict]) -> int | None:
     key, value = _first(sections, ("vocab_size", "padded_vocab_size"))
     if key is None:
         return None
-    if not _is_int(value) or not 2 <= value <= MAX_VOCAB_SIZE:
+    if not is_integer(value) or not 2 <= value <= MAX_VOCAB_SIZE:
         raise MoEConfigError(
             f"{key} must be an integer from 2 to {MAX_VOCAB_SIZE:,}, got {json.dumps(value)}"
         )
@@ -191,7 +193,7 @@ def _shard(num_experts: int, intermediate: int, tp: int, ep: int) -> tuple[int, 
     more ranks than tp (EP across data-parallel ranks) the MoE layer is not tensor-split: N = I.
     """
     for name, value in (("tp", tp), ("ep", ep)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_integer(value) or value < 1:
             raise MoEConfigError(f"{name} must be a positive integer, got {value!r}")
     if num_experts % ep:
         raise MoEConfigError(f"num_experts {num_experts} is not divisible by ep {ep}")
@@ -217,27 +219,23 @@ def _num_moe_layers(sections: list[dict], num_layers: int | None) -> int | None:
     if isinstance(moe_layers, list):
         return min(len(moe_layers), num_layers)
     _, step = _first(sections, ("interleave_moe_layer_step",))
-    if _is_int(step) and step >= 1:
+    if is_integer(step) and step >= 1:
         # Llama 4: layers step-1, 2·step-1, … are MoE.
         return num_layers // step
     _, first_dense = _first(sections, ("first_k_dense_replace",))
     _, freq = _first(sections, ("moe_layer_freq",))
-    if _is_int(first_dense):
+    if is_integer(first_dense):
         # DeepSeek/GLM/Kimi: layer i is MoE when i >= first_k_dense_replace and i % freq == 0.
-        freq = freq if _is_int(freq) and freq >= 1 else 1
+        freq = freq if is_integer(freq) and freq >= 1 else 1
         return len(range(-(-max(first_dense, 0) // freq) * freq, num_layers, freq))
     _, sparse_step = _first(sections, ("decoder_sparse_step",))
-    if _is_int(sparse_step) and sparse_step >= 1:
+    if is_integer(sparse_step) and sparse_step >= 1:
         # Qwen2/3-MoE: layer i is MoE when (i + 1) % step == 0 and i is not in mlp_only_layers.
         _, dense = _first(sections, ("mlp_only_layers",))
-        dense = {i for i in dense if _is_int(i)} if isinstance(dense, list) else set()
+        dense = {i for i in dense if is_integer(i)} if isinstance(dense, list) else set()
         dense_moe = sum(1 for i in dense if 0 <= i < num_layers and (i + 1) % sparse_step == 0)
         return num_layers // sparse_step - dense_moe
     return num_layers
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _quantization_of_config(sections: list[dict]) -> tuple[str | None, tuple[int, int] | None]:
@@ -290,7 +288,7 @@ def _block(key: str, value) -> tuple[int, int] | None:
     if isinstance(sizes, list | tuple) and len(sizes) == 2:
         if isinstance(value, str):
             sizes = [int(v) if v.isascii() and v.isdigit() else None for v in sizes]
-        if all(_is_int(v) and 0 < v <= MAX_HIDDEN_SIZE for v in sizes):
+        if all(is_integer(v) and 0 < v <= MAX_HIDDEN_SIZE for v in sizes):
             return sizes[0], sizes[1]
     raise MoEConfigError(
         f"{key} must be two sizes [block_n, block_k], each from 1 to {MAX_HIDDEN_SIZE:,}, "
@@ -330,7 +328,7 @@ def _optional_int(sections: list[dict], keys: tuple[str, ...], maximum: int) -> 
 
 
 def _positive_int(key: str, value, maximum: int) -> int:
-    if not _is_int(value) or value < 1:
+    if not is_integer(value) or value < 1:
         raise MoEConfigError(f"{key} must be a positive integer, got {json.dumps(value)}")
     if value > maximum:
         raise MoEConfigError(

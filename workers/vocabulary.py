@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 from tokenizers import Tokenizer
 
+from reports.numbers import is_integer
 from tuning.moe_params import vocab_size
 
 
@@ -77,7 +78,7 @@ def server_model_folder(base_url: str, model: str, *, timeout_s: float = 10.0) -
 def resolve(*, vocab_size=None, tokenizer=None, base_url=None, model=None) -> tuple[int, str]:
     """(vocabulary size, where it came from); see the module docstring."""
     if vocab_size is not None:
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+        if not is_integer(vocab_size) or vocab_size < 2:
             raise VocabularyUnknown(
                 f"the vocabulary size must be an integer ≥ 2, not {vocab_size!r}"
             )

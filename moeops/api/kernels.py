@@ -10,7 +10,7 @@ from django.utils.http import content_disposition_header
 from ninja import Query, Router, Schema
 from ninja.errors import HttpError
 from ninja.pagination import paginate
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from moeops.api import lookups
 from moeops.api.auth import AnyWrite, HostWrite, require_host
@@ -358,6 +358,53 @@ def tuning_run_create(request, payload: TuningRunIn):
         run_uuid=payload.uuid, host=host, deployment=deployment, **fields
     )
     return stored(created, tuning_run)
+
+
+class TuningStartIn(In):
+    uuid: UUID | None = Field(
+        None, description="chosen by the client so that a retried start queues one tune"
+    )
+    dtype: KernelDtype = "bf16"
+    batch_sizes: list[Size] = Field(
+        default_factory=lambda: list(config_files.TUNED_BATCH_SIZES),
+        min_length=1,
+        max_length=1024,
+        description="batch sizes M to tune",
+    )
+    engine: RequestedKernel = Field(
+        "builtin", description="whose kernel is asked for: the deployment's engine's or builtin"
+    )
+    force: bool = Field(
+        False, description="tune FP4 experts all the same (their kernels read no Triton config)"
+    )
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _distinct(cls, batch_sizes):
+        if len(batch_sizes) != len(set(batch_sizes)):
+            raise ValueError("give each batch size once")
+        return batch_sizes
+
+
+@router.post(
+    "/deployments/{ref}/tuning-runs",
+    auth=HostWrite(),
+    response={200: TuningRunDetail, 201: TuningRunDetail},
+)
+def tuning_start(request, ref: str, payload: TuningStartIn):
+    """Queue a tune of the deployment's MoE shape on its host's worker, as the deployment page's
+    Tune does; with a `uuid` seen before, that tune (200), not sent again."""
+    deployment = lookups.get_deployment(ref)
+    require_host(request, deployment.host)
+    tuning_run, created = services.tuning_start(
+        deployment=deployment,
+        dtype=payload.dtype,
+        batch_sizes=payload.batch_sizes,
+        engine=payload.engine,
+        force=payload.force,
+        run_uuid=payload.uuid,
+    )
+    return stored(created, lookups.get_tuning_run(tuning_run.pk))
 
 
 @router.get("/tuning-runs", response=list[TuningRunOut])

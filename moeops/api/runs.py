@@ -40,6 +40,7 @@ from moeops.runs.models import (
 )
 from moeops.runs.parameters import MAX_ROUNDS, Concurrency, RunParameters
 from moeops.storable import MAX_SMALL_INT
+from reports.numbers import is_number
 
 router = Router(tags=["runs"])
 
@@ -54,7 +55,7 @@ def _rate_given(value):
     # the one word a rate may be: "inf", as Python and vLLM's --request-rate spell unlimited
     if value == "inf":
         return math.inf
-    if isinstance(value, bool) or not isinstance(value, int | float | None):
+    if value is not None and not is_number(value):
         raise ValueError('must be a number of req/s, or "inf" for unlimited')
     return value
 

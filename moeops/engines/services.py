@@ -24,9 +24,9 @@ from moeops.insights import services as insights_services
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
-from moeops.runs import snapshots
 from moeops.runs.models import SweepRun
 from reports.launch import FlagError, set_flags
+from reports.numbers import is_integer
 from tuning.config_files import ConfigFileError
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,7 @@ def _check_recipe(deployment, argv, env, gpu_indices, ready_timeout_s):
         isinstance(k, str) and k and isinstance(v, str) for k, v in env.items()
     ):
         raise ValidationError({"env": "variables as name → text value"})
-    if not isinstance(gpu_indices, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in gpu_indices
-    ):
+    if not isinstance(gpu_indices, list) or not all(is_integer(i) and i >= 0 for i in gpu_indices):
         raise ValidationError({"gpu_indices": "GPU indices as a list of integers ≥ 0"})
     known = {gpu.index for gpu in deployment.host.gpus.all()}
     missing = sorted(set(gpu_indices) - known) if known else []
@@ -167,7 +165,7 @@ def _worker_recipe(recipe, deployment):
 
 def _check_config(kernel_config, deployment):
     """ValidationError unless the engine would load kernel_config for the deployment's shape."""
-    shape = snapshots.kernel_shape(deployment)
+    shape = deployment.kernel_shape()
     if shape is None or shape.get("dtype") is None:
         reason = (shape or {}).get("reason") or "its MoE shape cannot be read"
         raise ValidationError({"kernel_config": f"{deployment} loads no kernel config: {reason}"})
@@ -175,15 +173,16 @@ def _check_config(kernel_config, deployment):
         name = kernel_config.file_name(deployment.engine)
     except ConfigFileError as exc:
         raise ValidationError({"kernel_config": str(exc)}) from None
-    wanted = KernelConfig(
-        device_name=shape["device_name"] or "",
-        E=shape["E"],
-        N=shape["N"],
-        dtype=shape["dtype"],
-        block_shape=shape["block_shape"],
-        down_moe=kernel_config.down_moe,
-    ).file_name(deployment.engine)
-    if name != wanted:
+    loaded = KernelConfig.objects.for_shape(shape, engine=deployment.engine)
+    if not loaded.filter(pk=kernel_config.pk).exists():
+        wanted = KernelConfig(
+            device_name=shape["device_name"] or "",
+            E=shape["E"],
+            N=shape["N"],
+            dtype=shape["dtype"],
+            block_shape=shape["block_shape"],
+            down_moe=kernel_config.down_moe,
+        ).file_name(deployment.engine)
         raise ValidationError(
             {"kernel_config": f"{deployment}'s engine loads {wanted}, not {name}"}
         )
@@ -323,7 +322,7 @@ def _action_kwargs(action, recipe, previous, deployment):
         "recipe": _worker_recipe(recipe, deployment),
         "previous": _worker_recipe(previous, deployment) if previous is not None else None,
         "changes": action.changes,
-        "kernel_shape": snapshots.kernel_shape(deployment),
+        "kernel_shape": deployment.kernel_shape(),
         "resweep": action.before_run_id is not None,
     }
 

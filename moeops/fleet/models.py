@@ -15,6 +15,7 @@ from django.utils.timesince import timesince
 from reports import engine as engine_reports
 from reports import launch
 from reports.levels import LATENCY_METRICS
+from reports.numbers import is_number
 from reports.queues import host_queue
 from reports.slo import (
     DEFAULT_MAX_FAILED_PERCENT,
@@ -25,12 +26,16 @@ from reports.slo import (
     stat_key,
 )
 from reports.topology import VIRTUALIZATION_WORDS, virtualization_words, vm_layer
+from tuning import config_files
 from tuning.moe_params import (
     MAX_ARCHITECTURE_CHARS,
     MAX_MODEL_TYPE_CHARS,
     MoEConfigError,
     moe_params,
 )
+
+# "not read yet" for arguments where None is a value (no topology snapshot)
+_UNREAD = object()
 
 ENGINES = (("sglang", "SGLang"), ("vllm", "vLLM"), ("other", "Other"))
 
@@ -214,7 +219,7 @@ class Host(models.Model):
         why = str(broker.get("error") or "no answer").rstrip(".")
         since = broker.get("since")
         # UTC epoch s as the heartbeat's sent_at is bounded: a date that datetime can hold
-        if isinstance(since, int | float) and not isinstance(since, bool) and 0 < since <= 1e11:
+        if is_number(since) and 0 < since <= 1e11:
             why += f", for {timesince(datetime.fromtimestamp(since, tz=UTC))}"
         return f"{broker.get('url') or ''} ({why})".lstrip()
 
@@ -486,6 +491,60 @@ class Deployment(models.Model):
     def weight_quantization(self):
         """The MoE weights' quantization: the deployment's (its engine's flag), else the model's."""
         return self.quantization or self.model.quantization
+
+    def kernel_gpu(self):
+        """The GPU its MoE kernel is tuned for and loaded on: its first GPU, else its host's
+        first; None on a host with no GPU recorded. Reads prefetched GPUs where there are."""
+        own = sorted(self.gpus.all(), key=lambda gpu: gpu.index)
+        return own[0] if own else next(iter(self.host.gpus.all()), None)
+
+    def kernel_shape(self):
+        """{"E", "N", "device_name", "dtype", "block_shape"} of its MoE layer per rank on its
+        kernel GPU: what names the config file its engine loads; None when the model's shape
+        does not split over its tp/ep. device_name is None on a host with no GPU recorded.
+
+        dtype is None, with a "reason", for weights whose MoE kernels read no Triton config
+        (FP4)."""
+        shape = self.moe_shape()
+        if shape is None:
+            return None
+        gpu = self.kernel_gpu()
+        quantization = (self.weight_quantization or "").lower()
+        dtype = config_files.kernel_dtype(quantization)
+        out = {
+            "E": shape["experts_per_rank"],
+            "N": shape["N"],
+            "device_name": gpu.name if gpu else None,
+            "dtype": dtype,
+            "block_shape": shape.get("block_shape") if dtype == "fp8_w8a8" else None,
+        }
+        if dtype is None:
+            out["reason"] = f"{quantization} MoE weights run on kernels that read no Triton config"
+        return out
+
+    def tune_refusal(self, *, has_gpus=None, topology=_UNREAD):
+        """Why a kernel tune of it cannot run on its host now, in one sentence, or "".
+
+        A tune sent to a host without a CUDA GPU fails in its worker, and one sent to a host
+        whose worker is gone waits in its queue. has_gpus (the host has GPUs recorded) and
+        topology (its current snapshot, or None) where the caller has read them already.
+        """
+        host = self.host
+        if has_gpus is None:
+            has_gpus = host.gpus.exists()
+        if topology is _UNREAD:
+            topology = host.current_topology()
+        if not has_gpus:
+            return (
+                f"Host {host.name} has no GPU recorded (its worker's probe found none), and a "
+                "kernel tune times the kernel on a CUDA GPU."
+            )
+        if topology is not None and topology.source == "probe" and not topology.cuda_version:
+            return (
+                f"Host {host.name}'s worker found no CUDA driver when it probed the host, and a "
+                "kernel tune needs CUDA."
+            )
+        return host.worker_absence()
 
     def launch_summary(self):
         """The launch arguments as (flag, value) pairs, known ones first."""

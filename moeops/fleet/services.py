@@ -206,18 +206,27 @@ def topology_import(*, host, matrix_text, p2p_texts=None, captured_at=None, prov
     )
 
 
-def deployment_create(*, name, model, host, gpu_indexes=(), user=None, **fields):
+def deployment_create(
+    *, name, host, model=None, new_model=None, gpu_indexes=(), user=None, **fields
+):
     """(Deployment, created); an existing deployment of that name is returned unchanged.
 
-    gpu_indexes picks GPUs of the host; an index the host lacks raises GPU.DoesNotExist. An
-    endpoint_url that fleet.endpoints refuses (user: who sets it; None: an API token) raises
-    ValidationError naming endpoint_url.
+    model: one on record, or new_model {"name", "config"}: a model registered from its
+    config.json (model_register) in the same transaction. gpu_indexes picks GPUs of the host;
+    an index the host lacks raises GPU.DoesNotExist. An endpoint_url that fleet.endpoints
+    refuses (user: who sets it; None: an API token) raises ValidationError naming endpoint_url.
     """
     existing = Deployment.objects.filter(name=name).first()
     if existing is not None:
         return existing, False
     _check_endpoint(host=host, url=fields.get("endpoint_url", ""), current="", user=user)
     with transaction.atomic():
+        if new_model is not None:
+            model, _ = model_register(
+                name=new_model["name"],
+                config=new_model["config"],
+                provenance="config.json given in the new-deployment form",
+            )
         gpus = [host.gpus.get(index=index) for index in gpu_indexes]
         try:
             with transaction.atomic():

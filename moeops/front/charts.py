@@ -7,6 +7,8 @@ epoch s (shown as UTC dates).
 import datetime as dt
 import re
 
+from reports.numbers import is_number
+
 LAYOUT = {
     "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
     "legend": {"orientation": "h", "y": -0.25},
@@ -831,7 +833,7 @@ def evidence_figure(evidence, title):
     if not traces:
         return None
     xaxis = {"title": {"text": x_label}}
-    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in x)
+    numeric = all(is_number(v) for v in x)
     if "concurrency" in x_label and numeric and min(x) > 0:
         xaxis |= {"type": "log", "dtick": 0.30103}
     elif not numeric or spec.get("type") == "bar":

@@ -25,7 +25,7 @@ from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
 from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, SweepRun
 from moeops.runs.parameters import MAX_ROUNDS, parameters_checked
-from tuning.config_files import TUNED_BATCH_SIZES, triton_config_unread
+from tuning.config_files import TUNED_BATCH_SIZES, kernel_dtype, triton_config_unread
 from tuning.engines import ENGINE_TITLES
 from tuning.moe_params import MoEConfigError, moe_params
 
@@ -378,8 +378,8 @@ class SweepForm(forms.Form):
 
 class TuneForm(forms.Form):
     """A kernel tune of the deployment's MoE shape. kernel: the deployment's engine's own (vLLM,
-    SGLang) or moeops' builtin one; the FP4 experts' reason (fp4_reason) refuses the tune unless
-    tune_anyway."""
+    SGLang) or moeops' builtin one; tune_anyway, shown with the FP4 experts' reason
+    (fp4_reason): tune them all the same (kernels.services.tuning_start refuses them else)."""
 
     dtype = forms.ChoiceField(choices=TUNE_DTYPES)
     batch_sizes = forms.CharField(
@@ -392,8 +392,8 @@ class TuneForm(forms.Form):
     def __init__(self, *args, deployment, **kwargs):
         super().__init__(*args, **kwargs)
         self.deployment = deployment
-        # block-fp8 checkpoints run the fp8 w8a8 kernel; the others are tuned in bf16
-        if deployment.model.quantization == "fp8":
+        # fp8 weights run the fp8 w8a8 kernel; the others are tuned in bf16
+        if kernel_dtype(deployment.weight_quantization) == "fp8_w8a8":
             self.fields["dtype"].initial = "fp8_w8a8"
         kernels = [("builtin", "moeops' builtin kernel")]
         if deployment.engine in ENGINE_TITLES:
@@ -411,18 +411,17 @@ class TuneForm(forms.Form):
     def clean_kernel(self):
         return self.cleaned_data["kernel"] or self.fields["kernel"].initial
 
-    def clean(self):
-        cleaned = super().clean()
-        if self.deployment.moe_shape() is None:
-            raise forms.ValidationError(
-                f"The MoE shape of {self.deployment.model} does not split over "
-                f"tp={self.deployment.tp}, ep={self.deployment.ep}."
-            )
-        if self.fp4_reason and not cleaned.get("tune_anyway"):
-            self.add_error(
-                "tune_anyway", f"{self.fp4_reason} Tick “Tune anyway” to tune it all the same."
-            )
-        return cleaned
+    def add_refusal(self, refusal):
+        """Show kernels.services.tuning_start's ValidationError: "force" at the tune-anyway
+        box, the others above the form."""
+        for field, messages in refusal.message_dict.items():
+            for message in messages:
+                if field == "force":
+                    self.add_error(
+                        "tune_anyway", f"{message} Tick “Tune anyway” to tune it all the same."
+                    )
+                else:
+                    self.add_error(None, message)
 
 
 def _uploaded_text(upload):

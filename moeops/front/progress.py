@@ -2,9 +2,11 @@
 
 import time
 
+from reports.numbers import is_number
+
 
 def _number(value):
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return value if is_number(value) else None
 
 
 def _listed(value):

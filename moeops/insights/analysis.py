@@ -24,6 +24,7 @@ from statistics import fmean
 from moeops.runs.telemetry import no_gpu_samples_text
 from reports.engine import CAP_FLAGS, reported_running_cap
 from reports.engine import label as engine_label
+from reports.numbers import is_integer, is_number
 from reports.topology import virtualization_words, vm_layer
 from tuning.config_files import file_device_name, kernel_dtype
 
@@ -696,15 +697,11 @@ def cap_change(title: str, kind: str, evidence: dict, engine: str = "") -> CapCh
     cap, tested = evidence.get("cap"), evidence.get("tested_concurrency")
     if not isinstance(flag, str) or not flag.startswith("--"):
         return None
-    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+    if not is_integer(cap) or cap < 1:
         return None
     if title != _raise_cap_plan(flag, cap):
         return None
-    target = (
-        tested
-        if isinstance(tested, int) and not isinstance(tested, bool) and tested > cap
-        else 2 * cap
-    )
+    target = tested if is_integer(tested) and tested > cap else 2 * cap
     return CapChange(flag, cap, target)
 
 
@@ -1245,7 +1242,7 @@ def client_cpu_percent(raw: dict | None, started_at=None, finished_at=None) -> f
 
 
 def _is_number(value):
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 def client_bound(data: RunData) -> list[Proposal]:

@@ -7,6 +7,7 @@ from django.db.models import Case, Value, When
 from markdown_it import MarkdownIt
 
 from moeops.insights.analysis import cap_change
+from tuning.engines import ENGINE_TITLES
 
 FINDING_KINDS = (
     ("plateau", "Throughput plateau"),
@@ -109,6 +110,10 @@ class Finding(models.Model):
         return self.title
 
 
+# The findings whose plan item is "Tune for <engine> <version> and re-sweep".
+RETUNE_FINDINGS = ("kernel_provenance",)
+
+
 class PlanItem(models.Model):
     """One line of a deployment's todo list."""
 
@@ -143,6 +148,16 @@ class PlanItem(models.Model):
             return None
         return cap_change(
             self.title, self.finding.kind, self.finding.evidence or {}, self.deployment.engine
+        )
+
+    def retunes(self):
+        """Whether the item is a re-tune for the engine's kernel that a button can start now
+        (one pending: a tune it started puts it in progress)."""
+        return (
+            self.status == "pending"
+            and self.finding is not None
+            and self.finding.kind in RETUNE_FINDINGS
+            and self.deployment.engine in ENGINE_TITLES
         )
 
 

@@ -335,7 +335,7 @@ def _gather(run, deployment) -> analysis.RunData:
         gpus=[analysis.Gpu(g.index, g.name, g.compute_capability, g.power_limit_w) for g in gpus],
         used_gpu_indexes=[g.index for g in used] or None,
         moe_shape=deployment.moe_shape(),
-        quantization=deployment.quantization or deployment.model.quantization,
+        quantization=deployment.weight_quantization,
         kernel_configs=kernel_configs,
         newest_run_tuned=_newest_run_tuned(deployment),
         tuned_file=_tuned_file(run.snapshot, engine),

@@ -88,6 +88,28 @@ class TimedKernel(models.Model):
         )
 
 
+class KernelConfigQuerySet(models.QuerySet):
+    def for_shape(self, shape, *, engine=None, every_dtype=False):
+        """The configs of a kernel shape (Deployment.kernel_shape(): "device_name", "E", "N",
+        "dtype", "block_shape"): those its engine would load. engine: who loads them (SGLang
+        alone reads the _down files; None: every file); every_dtype: whatever their dtype and
+        block shape. None where the shape names no GPU, or no dtype (FP4) unless every_dtype.
+        """
+        if not shape or not shape.get("device_name"):
+            return self.none()
+        configs = self.filter(device_name=shape["device_name"], E=shape["E"], N=shape["N"])
+        if engine is not None and engine != "sglang":
+            configs = configs.filter(down_moe=False)
+        if every_dtype:
+            return configs
+        if shape.get("dtype") is None:
+            return self.none()
+        # block_shape compared in Python (JSON null vs SQL NULL), as KernelConfig.series does
+        same_dtype = configs.filter(dtype=shape["dtype"])
+        loaded = [c.pk for c in same_dtype if c.block_shape == shape["block_shape"]]
+        return self.filter(pk__in=loaded)
+
+
 class KernelConfig(TimedKernel):
     """One version of a config file for (device, E, N, dtype, block shape, down); versions are
     kept. A `down_moe` config is SGLang's `_down` file: GEMM 2's own configs beside GEMM 1's."""
@@ -107,6 +129,8 @@ class KernelConfig(TimedKernel):
     original_file_name = models.CharField(max_length=300, blank=True)
     provenance = models.CharField(max_length=300, blank=True)
     created = models.DateTimeField(auto_now_add=True)
+
+    objects = KernelConfigQuerySet.as_manager()
 
     class Meta:
         ordering = ["device_name", "E", "N", "dtype", "-version"]

@@ -1,4 +1,4 @@
-"""Writes to kernel configs and tuning runs."""
+"""Writes to kernel configs and tuning runs, and the start of a tune on a host's worker."""
 
 import json
 
@@ -6,9 +6,12 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from moeops.insights.models import PlanItem
 from moeops.kernels.models import KERNEL_DTYPES, KernelConfig, TuningRun, TuningTiming
 from moeops.runs.models import FINISHED_STATUSES, RUN_TRANSITIONS
+from moeops.runs.services import run_enqueue
 from tuning import config_files
+from tuning.engines import ENGINE_TITLES
 
 DTYPES = tuple(key for key, _ in KERNEL_DTYPES)
 
@@ -151,6 +154,75 @@ def tuning_run_create(*, run_uuid=None, host=None, deployment=None, **fields):
         return _same_owner(TuningRun.objects.get(uuid=run_uuid), host, deployment), False
 
 
+def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=False, run_uuid=None):
+    """(TuningRun, created): a queued tune of the deployment's MoE shape on its kernel GPU
+    whose `workers.tune_kernel` is sent to its host once committed; a run_uuid seen before is
+    that tune, not sent again.
+
+    The shape is the per-rank one at the deployment's tp/ep (E experts per rank, N the
+    intermediate size after silu-and-mul); block fp8 takes the model's weight block shape.
+    engine: whose kernel is asked for, the deployment's engine (vLLM, SGLang) or "builtin" (the
+    worker falls back to builtin where the engine is not installed); force: tune FP4 experts all
+    the same (their kernels read no Triton config). Raises ValidationError naming "deployment"
+    when its host cannot run a tune now (Deployment.tune_refusal) or its shape does not split
+    over its tp/ep, "engine" for another engine's kernel, "force" for FP4 experts unforced.
+    """
+    refusal = deployment.tune_refusal()
+    if refusal:
+        raise ValidationError({"deployment": refusal})
+    shape = deployment.moe_shape()
+    if shape is None:
+        raise ValidationError(
+            {
+                "deployment": f"The MoE shape of {deployment.model} does not split over "
+                f"tp={deployment.tp}, ep={deployment.ep}."
+            }
+        )
+    # moeops reads vLLM's and SGLang's kernels only
+    own = deployment.engine if deployment.engine in ENGINE_TITLES else None
+    if engine not in ("builtin", own):
+        asked = f"{own} (its engine's own) or builtin" if own else "builtin"
+        raise ValidationError({"engine": f"a tune of {deployment} asks for {asked}, not {engine}"})
+    unread = config_files.triton_config_unread(deployment.weight_quantization)
+    if unread and not force:
+        raise ValidationError({"force": unread})
+    gpu = deployment.kernel_gpu()
+    block_shape = shape["block_shape"] if dtype == "fp8_w8a8" else None
+    with transaction.atomic():
+        tuning, created = tuning_run_create(
+            run_uuid=run_uuid,
+            host=deployment.host,
+            deployment=deployment,
+            device_name=gpu.name if gpu else "",
+            E=shape["experts_per_rank"],
+            N=shape["N"],
+            hidden_size=shape["hidden_size"],
+            topk=shape["topk"],
+            dtype=dtype,
+            block_shape=block_shape,
+            batch_sizes=sorted(batch_sizes),
+            engine=engine,
+        )
+        if created:
+            kwargs = {
+                "tuning_run_uuid": str(tuning.uuid),
+                "E": tuning.E,
+                "N": tuning.N,
+                "hidden_size": tuning.hidden_size,
+                "topk": tuning.topk,
+                "dtype": dtype,
+                "block_shape": block_shape,
+                "batch_sizes": tuning.batch_sizes,
+                "device_name": tuning.device_name,
+                "gpu_indices": deployment.gpu_indices(),
+                "engine": engine,
+                "quantization": deployment.weight_quantization,
+                "force": force,
+            }
+            run_enqueue(run=tuning, task="tune_kernel", host=deployment.host, kwargs=kwargs)
+    return tuning, created
+
+
 def _same_owner(tuning_run, host, deployment):
     # a retry may leave out what the first create named, never name another
     if (host is not None and tuning_run.host_id != host.pk) or (
@@ -190,6 +262,40 @@ def _tune_finished(tuning_run):
     from moeops.engines.services import engine_action_tune_finished
 
     engine_action_tune_finished(tuning_run=tuning_run)
+
+
+def tuning_start_for_plan_item(*, item, user):
+    """Start the re-tune a plan item asks for (PlanItem.retunes): the deployment's engine's own
+    kernel at its MoE shape, dtype and GPU, the usual batch sizes. The item is in progress; once
+    the tune succeeds a managed deployment's engine gets the config, restarts and is re-swept
+    (moeops.engines.services.engine_action_tune_finished), so only staff may start it there.
+    Raises PermissionDenied, or ValueError with the sentence that says why not."""
+    # imported here, as above
+    from moeops.engines.services import require_staff
+
+    deployment = item.deployment
+    if deployment.is_managed:
+        require_staff(user)
+    if not item.retunes():
+        raise ValueError(f"Plan item “{item.title}” starts no tune.")
+    shape = deployment.kernel_shape()
+    if shape is None or shape.get("dtype") is None:
+        reason = (shape or {}).get("reason") or "its MoE shape cannot be read"
+        raise ValueError(f"{deployment} loads no kernel config: {reason}.")
+    with transaction.atomic():
+        try:
+            tuning, _ = tuning_start(
+                deployment=deployment,
+                dtype=shape["dtype"],
+                batch_sizes=config_files.TUNED_BATCH_SIZES,
+                engine=deployment.engine,
+            )
+        except ValidationError as exc:
+            raise ValueError(" ".join(exc.messages)) from exc
+        TuningRun.objects.filter(pk=tuning.pk).update(plan_item=item)
+        PlanItem.objects.filter(pk=item.pk).update(status="in_progress")
+    tuning.plan_item, item.status = item, "in_progress"
+    return tuning
 
 
 def _tuning_transition(tuning_run, status):

@@ -21,6 +21,7 @@ from moeops.runs.models import level_key
 from moeops.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
 from reports import engine as engine_reports
 from reports.levels import LATENCY_KEYS
+from reports.numbers import is_integer
 
 FORMATS = ("sglang", "vllm")
 
@@ -140,7 +141,7 @@ def _shown(value):
 
 def _not_a_number(value):
     """Why _number(value) is None, as the end of a sentence that starts with the key."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_integer(value):
         return f"is too large a number: {_shown(value)}"
     return f"is not a number: {_shown(value)}"
 
@@ -195,20 +196,20 @@ def _level(obj, fmt):
         raise ValueError(f"lacks the throughput keys ({', '.join(ALIASES[missing[0]])})")
     concurrency = obj.get("max_concurrency")
     if concurrency is not None:
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+        if not is_integer(concurrency):
             raise ValueError(f"max_concurrency is not an integer: {_shown(concurrency)}")
         if not 0 < concurrency <= MAX_INT:
             raise ValueError(f"max_concurrency is out of range: {_shown(concurrency)}")
     level["concurrency"] = concurrency
     rate = obj.get("request_rate")
-    if isinstance(rate, int) and not isinstance(rate, bool) and _number(rate) is None:
+    if is_integer(rate) and _number(rate) is None:
         raise ValueError(f"request_rate {_not_a_number(rate)}")
     # None = unlimited: inf, "inf", Infinity; also SGLang's "trace" (timestamps replayed)
     level["request_rate"] = _number(rate)
     if fmt == "sglang" and str(obj.get("dataset_name", "")).startswith("random"):
         for field, key in (("input_len", "random_input_len"), ("output_len", "random_output_len")):
             value = obj.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT:
+            if is_integer(value) and 0 <= value <= MAX_INT:
                 level[field] = value
     level.setdefault("failed", 0)
     problems = level_problems(level)
@@ -280,7 +281,7 @@ def snapshot_parts(levels, fmt, file_name="") -> tuple[dict, dict | None]:
 
 
 def _size(value):
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if is_integer(value) and value > 0 else None
 
 
 def _name(value):

@@ -5,6 +5,7 @@ MAX_METRIC in their unit, and a level that does not finish before it starts."""
 import math
 
 from reports.levels import LEVEL_KEYS
+from reports.numbers import is_number
 
 # No level of any deployment reaches 10^9 tok/s, req/s, s or ms; a larger number is a broken
 # client, and would print as a 300-digit figure in a finding's title.
@@ -28,7 +29,7 @@ def level_problems(fields: dict) -> dict[str, str]:
         value = fields.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if not is_number(value):
             problems[name] = f"must be a number, got {value!r}"
         elif not math.isfinite(value):
             problems[name] = f"must be finite, got {value!r}"

@@ -11,6 +11,7 @@ from django.db.models.functions import Coalesce
 from reports import engine as engine_reports
 from reports.failures import describe_failure
 from reports.intervals import ROUND_KEYS
+from reports.numbers import is_integer
 from reports.progress import attempt_of
 
 RUN_STATUSES = (
@@ -412,7 +413,7 @@ class LevelResult(models.Model):
         """How many measured requests the level was to send, or None when not recorded."""
         raw = self.raw if isinstance(self.raw, dict) else {}
         planned = raw.get("num_prompts")
-        return planned if isinstance(planned, int) and not isinstance(planned, bool) else None
+        return planned if is_integer(planned) else None
 
     def throughput_per_gpu(self, num_gpus):
         """Output tok/s per GPU."""

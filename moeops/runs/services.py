@@ -30,6 +30,7 @@ from moeops.runs.models import (
 from moeops.runs.parameters import parameters_checked
 from reports import engine as engine_reports
 from reports.intervals import ROUND_KEYS, level_of_rounds
+from reports.numbers import is_number
 from reports.progress import HEARTBEAT_STALE_S, attempt_of
 from tuning.moe_params import vocab_size
 
@@ -241,7 +242,7 @@ def run_transition(*, run, status, error=""):
 def run_heartbeat_age(run, now_epoch):
     """s since the run's worker last pushed its progress heartbeat (an epoch), or None."""
     beat = (run.progress or {}).get("heartbeat")
-    if not isinstance(beat, int | float) or isinstance(beat, bool):
+    if not is_number(beat):
         return None
     return max(now_epoch - beat, 0.0)
 

@@ -25,7 +25,6 @@ from django.utils import timezone
 
 from moeops import __version__
 from reports import launch
-from tuning.config_files import kernel_dtype
 
 # The parts of a snapshot the worker adds once the engine has answered.
 OBSERVED_KEYS = ("engine", "kernel_config", "client")
@@ -129,29 +128,6 @@ def load_record(parameters: dict) -> dict:
     return {k: parameters[k] for k in LOAD_KEYS if parameters.get(k) is not None}
 
 
-def kernel_shape(deployment) -> dict | None:
-    """{"E", "N", "device_name", "dtype", "block_shape"} of the deployment's MoE layer on its
-    first GPU, for finding the config file the engine loads; None when the shape is unknown.
-
-    dtype is None (with a reason) for weights whose MoE kernels read no Triton config (FP4)."""
-    shape = deployment.moe_shape()
-    if shape is None:
-        return None
-    gpu = deployment.gpus.order_by("index").first() or deployment.host.gpus.first()
-    quantization = (deployment.quantization or deployment.model.quantization or "").lower()
-    dtype = kernel_dtype(quantization)
-    out = {
-        "E": shape["experts_per_rank"],
-        "N": shape["N"],
-        "device_name": gpu.name if gpu else None,
-        "dtype": dtype,
-        "block_shape": shape.get("block_shape") if dtype == "fp8_w8a8" else None,
-    }
-    if dtype is None:
-        out["reason"] = f"{quantization} MoE weights run on kernels that read no Triton config"
-    return out
-
-
 def recipe_record(recipe) -> dict | None:
     """The launch recipe a managed engine runs: its version, flags (reports.launch.flags),
     environment and the kernel configs its folder holds."""
@@ -177,7 +153,7 @@ def initial_snapshot(*, deployment, parameters, topology, source, recipe=None) -
         "deployment": deployment_record(deployment),
         "topology": topology_record(topology),
         "load": load_record(parameters or {}),
-        "kernel_shape": kernel_shape(deployment),
+        "kernel_shape": deployment.kernel_shape(),
     }
     if recipe is not None:
         snapshot["recipe"] = recipe_record(recipe)

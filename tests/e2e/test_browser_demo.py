@@ -17,8 +17,8 @@ from moeops.api.models import ApiToken
 from moeops.engines.models import EngineAction
 from moeops.engines.services import engine_action_start
 from moeops.examples import STANDIN_HOST, load_example_data, load_standin_deployment
-from moeops.front import actions
 from moeops.runs.models import FINISHED_STATUSES, SweepRun
+from moeops.runs.services import run_start
 from tests.browser import PASSWORD, log_in, shot
 from tests.stack import SweepStack, WorkerProcess, _producer
 
@@ -140,7 +140,7 @@ def test_a_newcomer_restarts_the_standin_with_a_higher_cap_and_compares(demo, pa
     demo.wait_for_action(EngineAction.objects.get(deployment=deployment))
 
     before = demo.wait_for_run(
-        actions.sweep_start(deployment=deployment, parameters=LOAD, label="first sweep")
+        run_start(deployment=deployment, parameters=LOAD, label="first sweep")[0]
     )
     page.goto(page.base + deployment.get_absolute_url())
     page.fill("#engine input[name=flag]", "--max-running-requests")

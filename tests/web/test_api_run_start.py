@@ -23,14 +23,6 @@ def world(db):
     return world
 
 
-@pytest.fixture
-def broker(monkeypatch, redis_url):
-    queues.send_to(monkeypatch, redis_url)
-    queues.clear(redis_url, QUEUE)
-    yield redis_url
-    queues.clear(redis_url, QUEUE)
-
-
 def _start(**fields):
     return {
         "deployment": "glm-5-sglang",

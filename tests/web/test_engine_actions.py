@@ -52,14 +52,6 @@ def _alive(host):
     host.save(update_fields=["worker_seen_at"])
 
 
-@pytest.fixture
-def broker(monkeypatch, redis_url):
-    queues.send_to(monkeypatch, redis_url)
-    queues.clear(redis_url, QUEUE)
-    yield redis_url
-    queues.clear(redis_url, QUEUE)
-
-
 def _recipe(world, **fields):
     return services.recipe_create(
         deployment=world.deployment, argv=ARGV, author=world.staff, **fields

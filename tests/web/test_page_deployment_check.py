@@ -18,14 +18,6 @@ def deployment(client):
     return pb.deployment()
 
 
-@pytest.fixture
-def broker(monkeypatch, redis_url):
-    queues.send_to(monkeypatch, redis_url)
-    queues.clear(redis_url, QUEUE)
-    yield redis_url
-    queues.clear(redis_url, QUEUE)
-
-
 def _checks(deployment, n):
     start = timezone.now() - dt.timedelta(minutes=n)
     for i in range(n):

@@ -3,7 +3,8 @@ import json
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from moeops.fleet.models import Deployment, ModelSpec
+from moeops.fleet import services as fleet_services
+from moeops.fleet.models import GPU, Deployment, ModelSpec
 from tests import page_base as pb
 from tests.fakes import FIXTURES
 
@@ -221,3 +222,20 @@ def test_neither_a_model_nor_a_config_says_what_to_give(client, fleet):
     assert "Pick a model on record, or paste or upload its config.json." in (
         response.content.decode()
     )
+
+
+def test_the_service_registers_a_new_model_with_the_deployment_or_neither(fleet):
+    _, host, _ = fleet
+    new_model = {"name": "moonshotai/Kimi-K2", "config": pb.KIMI_CONFIG}
+    with pytest.raises(GPU.DoesNotExist):
+        fleet_services.deployment_create(
+            name="kimi", host=host, new_model=new_model, gpu_indexes=[0, 9], tp=8
+        )
+    assert not ModelSpec.objects.filter(name="moonshotai/Kimi-K2").exists()
+
+    deployment, created = fleet_services.deployment_create(
+        name="kimi", host=host, new_model=new_model, gpu_indexes=[0, 1], tp=8
+    )
+    assert created and deployment.model.name == "moonshotai/Kimi-K2"
+    assert deployment.model.provenance == "config.json given in the new-deployment form"
+    assert deployment.gpu_indices() == [0, 1]

@@ -42,14 +42,6 @@ def staff(client):
     return user
 
 
-@pytest.fixture
-def broker(monkeypatch, redis_url):
-    queues.send_to(monkeypatch, redis_url)
-    queues.clear(redis_url, QUEUE)
-    yield redis_url
-    queues.clear(redis_url, QUEUE)
-
-
 RECIPE = {
     "management": "managed",
     "argv": "vllm\nserve\n/models/glm-5\n--port\n8000\n--max-num-seqs\n4\n",

@@ -18,14 +18,6 @@ def host(client):
     return pb.host()
 
 
-@pytest.fixture
-def broker(monkeypatch, redis_url):
-    queues.send_to(monkeypatch, redis_url)
-    queues.clear(redis_url, QUEUE)
-    yield redis_url
-    queues.clear(redis_url, QUEUE)
-
-
 def _record(host, reading):
     fleet_services.gpu_reading_record(
         host=host,

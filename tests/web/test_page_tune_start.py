@@ -66,6 +66,14 @@ def test_block_fp8_takes_the_models_weight_block_shape(client, sent):
     assert TuningRun.objects.get().block_shape == [128, 128]
 
 
+def test_a_deployment_that_quantizes_to_fp8_is_tuned_in_fp8_by_default(client):
+    pb.sign_in(client)
+    # the engine's --quantization fp8 names the weights, as Deployment.weight_quantization says
+    deployment = pb.deployment(quantization="fp8")
+    page = client.get(deployment.get_absolute_url()).content.decode()
+    assert '<option value="fp8_w8a8" selected>' in page
+
+
 def test_a_shape_that_does_not_split_is_refused(client, deployment, sent):
     deployment.tp = 3
     deployment.save()

@@ -12,7 +12,6 @@ from moeops.insights.models import Finding, PlanItem
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
 from moeops.runs.models import SweepRun
-from moeops.runs.snapshots import kernel_shape
 from tests import queues
 from tests.api_base import make_world
 
@@ -75,7 +74,7 @@ def _press(client, world, user="ops"):
 
 def _tuned(tuning):
     """What the worker reports of a tune that wrote a config for the deployment's shape."""
-    shape = kernel_shape(tuning.deployment)
+    shape = tuning.deployment.kernel_shape()
     config, _ = _store(shape)
     kernel_services.tuning_run_update(tuning_run=tuning, status="running")
     kernel_services.tuning_run_update(tuning_run=tuning, status="succeeded", result=config)

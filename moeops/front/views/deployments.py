@@ -14,7 +14,7 @@ from kombu.exceptions import OperationalError
 from moeops.engines.models import EngineAction
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Deployment
-from moeops.front import actions, charts
+from moeops.front import charts
 from moeops.front.forms import (
     SWEEP_PRESETS,
     DeploymentForm,
@@ -34,6 +34,7 @@ from moeops.insights.services import (
     plan_item_move,
     plan_item_update,
 )
+from moeops.kernels import services as kernel_services
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
@@ -125,7 +126,7 @@ def deployment_create(request):
         gpus = fields.pop("gpus")
         for name in DeploymentForm.NEW_MODEL_FIELDS:
             fields.pop(name)
-        deployment, _ = actions.deployment_create(
+        deployment, _ = fleet_services.deployment_create(
             new_model=form.new_model, gpu_indexes=[gpu.index for gpu in gpus], **fields
         )
         if form.reused_model is not None:
@@ -219,11 +220,10 @@ def _deployment_page(
     prefetch_related_objects([deployment], "gpus")
     gpus = sorted(deployment.gpus.all(), key=lambda gpu: gpu.index)
     gpus = gpus or list(deployment.host.gpus.all())
-    kernel_configs = []
-    if shape and gpus:
-        kernel_configs = KernelConfig.objects.filter(
-            device_name=gpus[0].name, E=shape["experts_per_rank"], N=shape["N"]
-        ).order_by("dtype", "-version")
+    # every dtype on record for its shape, not only the one its weights load
+    kernel_configs = KernelConfig.objects.for_shape(
+        deployment.kernel_shape(), every_dtype=True
+    ).order_by("dtype", "-version")
     active, active_tunes = _active_runs(
         SweepRun.objects.filter(deployment=deployment),
         TuningRun.objects.filter(deployment=deployment),
@@ -239,7 +239,7 @@ def _deployment_page(
         ).prefetch_related(with_actions, "tuning_runs")
     )
     for item in plan_items:
-        item.retune = actions.plan_item_retunes(item)
+        item.retune = item.retunes()
     ctx = {
         "nav": "deployments",
         "deployment": deployment,
@@ -268,9 +268,7 @@ def _deployment_page(
         "sweep_waits": deployment.host.worker_absence(),
         "tune_form": tune_form or TuneForm(deployment=deployment),
         # the GPUs shown are the host's: the deployment's own, else all of the host's
-        "tune_refusal": actions.tuning_preflight(
-            deployment=deployment, has_gpus=bool(gpus), topology=topology
-        ),
+        "tune_refusal": deployment.tune_refusal(has_gpus=bool(gpus), topology=topology),
         "throughput_chart": charts.throughput_vs_concurrency(reversed(own_runs)),
         "peaks_chart": charts.peaks_per_run(own_runs),
     }
@@ -307,7 +305,7 @@ def sweep_start(request, pk):
     if not form.is_valid():
         return _deployment_page(request, deployment, sweep_form=form, status=400)
     try:
-        run = actions.sweep_start(
+        run, _ = run_services.run_start(
             deployment=deployment, parameters=form.parameters(), label=form.cleaned_data["label"]
         )
     except ValidationError as exc:
@@ -368,17 +366,17 @@ def tune_start(request, pk):
     form = TuneForm(request.POST, deployment=deployment)
     if not form.is_valid():
         return _deployment_page(request, deployment, tune_form=form, status=400)
-    refusal = actions.tuning_preflight(deployment=deployment)
-    if refusal:
-        form.add_error(None, refusal)
+    try:
+        tuning, _ = kernel_services.tuning_start(
+            deployment=deployment,
+            dtype=form.cleaned_data["dtype"],
+            batch_sizes=form.cleaned_data["batch_sizes"],
+            engine=form.cleaned_data["kernel"],
+            force=form.cleaned_data.get("tune_anyway", False),
+        )
+    except ValidationError as exc:
+        form.add_refusal(exc)
         return _deployment_page(request, deployment, tune_form=form, status=400)
-    tuning = actions.tuning_start(
-        deployment=deployment,
-        dtype=form.cleaned_data["dtype"],
-        batch_sizes=form.cleaned_data["batch_sizes"],
-        engine=form.cleaned_data["kernel"],
-        force=form.cleaned_data.get("tune_anyway", False),
-    )
     messages.success(request, f"Kernel tune queued on {deployment.host.queue_name}.")
     return redirect("tuning-detail", uuid=tuning.uuid)
 
@@ -420,7 +418,7 @@ def plan_item_retune(request, pk):
     """Start the tune a plan item asks for (a re-tune for the engine's kernel); its page follows."""
     item = get_object_or_404(PlanItem.objects.select_related("deployment__host", "finding"), pk=pk)
     try:
-        tuning = actions.plan_item_retune(item=item, user=request.user)
+        tuning = kernel_services.tuning_start_for_plan_item(item=item, user=request.user)
     except PermissionDenied as exc:
         messages.error(request, f"{exc}.")
     except ValueError as exc:

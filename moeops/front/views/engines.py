@@ -16,7 +16,6 @@ from moeops.fleet.models import Deployment
 from moeops.front.engine_forms import ApplyConfigForm, ArgsForm, RecipeForm
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig
-from moeops.runs.snapshots import kernel_shape
 from reports.engine import CAP_FLAGS
 
 RECENT_ACTIONS = 5
@@ -29,17 +28,8 @@ def _deployment(pk):
 
 def _kernel_configs(deployment):
     """The kernel configs the deployment's engine would load for its shape, newest first."""
-    shape = kernel_shape(deployment)
-    if not shape or not shape.get("device_name") or shape.get("dtype") is None:
-        return KernelConfig.objects.none()
-    configs = KernelConfig.objects.filter(
-        device_name=shape["device_name"], E=shape["E"], N=shape["N"], dtype=shape["dtype"]
-    )
-    if deployment.engine != "sglang":
-        configs = configs.filter(down_moe=False)
-    # block_shape compared in Python (JSON null vs SQL NULL), as KernelConfig.series does
-    loaded = [c.pk for c in configs if c.block_shape == shape["block_shape"]]
-    return KernelConfig.objects.filter(pk__in=loaded).order_by("-created", "-version")
+    configs = KernelConfig.objects.for_shape(deployment.kernel_shape(), engine=deployment.engine)
+    return configs.order_by("-created", "-version")
 
 
 def panel_context(deployment, plan_items):
