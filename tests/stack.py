@@ -12,6 +12,7 @@ and a deployment that points at the stand-in. A test module loads the fixtures w
 run finishes.
 """
 
+import contextlib
 import json
 import os
 import selectors
@@ -37,6 +38,7 @@ from moeops.api.models import ApiToken
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
 from moeops.front import actions
 from moeops.runs.models import FINISHED_STATUSES, SweepRun
+from reports.launch import flag_value
 from workers.telemetry import TelemetrySampler
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -442,3 +444,18 @@ def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_
 def sweep_stack(make_sweep_stack):
     """The default stack: stand-in with --max-running-requests 16, worker straight to the web."""
     return make_sweep_stack()
+
+
+def stop_managed_engines(stack, supervisor, port):
+    """Stop every engine a test's worker started, even one its state file no longer names: the
+    worker first (it could start another), then what supervisor's state files name, then any
+    process started to serve port (`--port <port>`), by its process group."""
+    stack.worker.stop()
+    for folder in supervisor.root.glob("*/engine.json"):
+        supervisor.stop(int(folder.parent.name), grace_s=5)
+    for process in psutil.process_iter(["cmdline"]):
+        if flag_value(process.info["cmdline"] or [], "--port") == str(port):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                group = os.getpgid(process.pid)
+                if group != os.getpgrp():
+                    os.killpg(group, signal.SIGKILL)

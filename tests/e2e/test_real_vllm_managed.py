@@ -30,7 +30,7 @@ from tests.engine import (
     ensure_model,
 )
 from tests.engine.plugin import TUNED_CONFIG
-from tests.stack import SweepStack
+from tests.stack import SweepStack, stop_managed_engines
 from workers.engine_info import identify_engine
 from workers.engine_supervisor import EngineSupervisor
 
@@ -85,7 +85,7 @@ def managed(make_sweep_stack, free_port, tmp_path):
     stack.staff = staff
     stack.engines = EngineSupervisor(cache / "engines")
     yield stack
-    stack.engines.stop(stack.deployment.pk, grace_s=20)
+    stop_managed_engines(stack, stack.engines, port)
 
 
 def _wait(check, what, timeout=60):
