@@ -97,7 +97,7 @@ class EngineProcess:
                     tail = self.log_tail()
                     raise EngineStartError(
                         f"the engine exited with status {code} before it was healthy"
-                        f"{_last_line(tail)}; its last log lines:\n{tail}"
+                        f"{_last_line(tail)}\nits last log lines:\n{tail}"
                     )
                 try:
                     if client.get(url).status_code == 200:
@@ -106,7 +106,7 @@ class EngineProcess:
                     pass
                 if elapsed >= timeout_s:
                     raise EngineStartError(
-                        f"{url} did not answer 200 within {timeout_s:.0f} s; "
+                        f"{url} did not answer 200 within {timeout_s:.0f} s\n"
                         f"its last log lines:\n{self.log_tail()}"
                     )
                 if on_wait is not None:

@@ -244,7 +244,7 @@ def _check_answering(process: EngineProcess, port: int) -> None:
     if not process.alive():
         raise EngineStartError(
             f"/health answered, but the engine started (pid {process.pid}) has exited "
-            f"with status {process.proc.returncode}: something else answers on port {port}; "
+            f"with status {process.proc.returncode}: something else answers on port {port}\n"
             f"its last log lines:\n{process.log_tail()}"
         )
     holders = _listeners(port)
@@ -252,7 +252,7 @@ def _check_answering(process: EngineProcess, port: int) -> None:
     if known and not any(_in_group(pid, process.pid) for pid in known):
         raise EngineStartError(
             f"port {port} is held by {_holder(known)}, not by the engine started "
-            f"(pid {process.pid}); its last log lines:\n{process.log_tail()}"
+            f"(pid {process.pid})\nits last log lines:\n{process.log_tail()}"
         )
 
 
