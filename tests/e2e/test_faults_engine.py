@@ -12,65 +12,13 @@ import time
 import httpx
 import psutil
 import pytest
-from django.contrib.auth.models import User
 
 from moeops.engines import services
-from moeops.engines.models import EngineAction
 from moeops.fleet.models import Host
-from tests.stack import SweepStack, stop_managed_engines
-from workers.engine_supervisor import EngineSupervisor
+from tests.stack import SweepStack
 
 pytest_plugins = ["tests.stack"]
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def managed(make_sweep_stack, free_port, tmp_path):
-    """A stand-in deployment made managed: recipe v1 (--max-running-requests 16) on its own
-    port, started by a first restart."""
-    port = free_port()
-    cache = tmp_path / "cache"
-    stack = make_sweep_stack(
-        engine_url=f"http://127.0.0.1:{port}",
-        deployment_fields={"management": "managed"},
-        MOEOPS_CACHE_DIR=str(cache),
-        MOEOPS_HEARTBEAT_S="1",
-    )
-    stack.staff = User.objects.create_user("ops", is_staff=True)
-    stack.port = port
-    stack.engines = EngineSupervisor(cache / "engines")
-    SweepStack.wait_until(
-        lambda: True if Host.objects.get(pk=stack.host.pk).worker_alive() else None,
-        60,
-        "the worker's heartbeat",
-    )
-    services.recipe_create(
-        deployment=stack.deployment,
-        argv=[sys.executable, "-m", "localstack.standin", "--port", str(port)]
-        + ["--max-running-requests", "16"],
-        ready_timeout_s=60,
-        author=stack.staff,
-    )
-    first = _act(stack, "restart")
-    assert first.status == "succeeded", (first.error, first.steps)
-    yield stack
-    stop_managed_engines(stack, stack.engines, port)
-
-
-def _act(stack, kind, wait=True, **fields):
-    stack.deployment.refresh_from_db()
-    action = services.engine_action_start(
-        deployment=stack.deployment, kind=kind, user=stack.staff, resweep=False, **fields
-    )
-    return _finished(action) if wait else action
-
-
-def _finished(action, timeout=90):
-    def done():
-        found = EngineAction.objects.get(pk=action.pk)
-        return found if found.is_finished else None
-
-    return SweepStack.wait_until(done, timeout, "the action's end")
 
 
 def _cap(port):
@@ -79,7 +27,8 @@ def _cap(port):
     ]
 
 
-def test_a_restart_onto_a_port_another_engine_holds_fails_naming_it(managed):
+def test_a_restart_onto_a_port_another_engine_holds_fails_naming_it(managed_standin):
+    managed = managed_standin
     # the managed engine dies; another engine (cap 64) takes its port, as a `serve` left behind
     pid = managed.engines.state(managed.deployment.pk)["pid"]
     os.killpg(pid, signal.SIGKILL)
@@ -91,7 +40,7 @@ def test_a_restart_onto_a_port_another_engine_holds_fails_naming_it(managed):
     try:
         SweepStack.wait_until(lambda: _cap(managed.port) if _try(managed.port) else None, 10)
 
-        action = _act(managed, "restart")
+        action = managed.act("restart")
 
         assert action.status == "failed", action.steps
         assert action.error.startswith(
@@ -121,7 +70,10 @@ def _try(port):
         return False
 
 
-def test_a_pool_process_killed_mid_restart_leaves_one_engine_and_its_state_names_it(managed):
+def test_a_pool_process_killed_mid_restart_leaves_one_engine_and_its_state_names_it(
+    managed_standin,
+):
+    managed = managed_standin
     # a recipe that takes 3 s before it listens: the pool process dies while it waits
     slow = [
         "sh",
@@ -132,7 +84,7 @@ def test_a_pool_process_killed_mid_restart_leaves_one_engine_and_its_state_names
     services.recipe_create(
         deployment=managed.deployment, argv=slow, ready_timeout_s=60, author=managed.staff
     )
-    action = _act(managed, "restart", wait=False)
+    action = managed.act("restart", wait=False)
 
     def starting():
         state = managed.engines.state(managed.deployment.pk)
@@ -143,7 +95,7 @@ def test_a_pool_process_killed_mid_restart_leaves_one_engine_and_its_state_names
         os.kill(pool_pid, signal.SIGKILL)
 
     # Celery hands the action out again: the engine left starting is stopped, one is started
-    action = _finished(action)
+    action = managed.action_end(action)
     assert action.status == "succeeded", (action.error, action.steps)
     state = managed.engines.state(managed.deployment.pk)
     assert state["pid"] != started["pid"]
