@@ -17,7 +17,7 @@ from moeops.fleet.models import Deployment, Host
 from tests import queues
 from tests.api_base import GLM5_CONFIG
 from workers.client import MoeopsClient
-from workers.engine_action import ActionFailed, run_action
+from workers.engine_action import ActionFailed, _check_recipe, run_action
 from workers.engine_supervisor import EngineSupervisor
 from workers.heartbeat import worker_status
 
@@ -169,3 +169,22 @@ def test_the_heartbeat_lists_the_managed_engines_with_their_log(managed):
     assert "starting recipe v1" in engine["log_tail"]
     assert host.worker_alive()
     assert host.worker_status["spool"]["rejected"] == 1
+
+
+def test_the_check_finds_an_engine_that_runs_with_other_numbers_than_its_recipe():
+    # vLLM's /server_info, as identify_engine flattens it, of an engine started otherwise
+    identity = {
+        "args": {
+            "scheduler_config.max_num_seqs": 16,
+            "model_config.max_model_len": 4096,
+            "model_config.enforce_eager": True,
+            "model_config.dtype": "torch.bfloat16",
+        }
+    }
+    argv = ["vllm", "serve", "m", "--max-num-seqs", "16", "--max-model-len", "1024"]
+    argv += ["--enforce-eager", "--dtype", "bfloat16", "--max-num-batched-tokens", "2k"]
+
+    assert _check_recipe(identity, argv, changes={}) == [
+        ("the engine reports max_model_len = 4096, not 1024 as the recipe", False)
+    ]
+    assert _check_recipe(identity, argv, changes={"--max-model-len": "1024"}) == []
