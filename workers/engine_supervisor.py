@@ -210,10 +210,15 @@ def endpoint_port(base_url: str) -> int:
 
 
 def _listeners(port: int) -> list[int | None]:
-    """The processes listening on TCP port on this host (None where the pid cannot be read)."""
+    """The processes listening on TCP port on this host (None where the pid cannot be read;
+    none where the system lets no socket be listed)."""
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return []
     return [
         conn.pid
-        for conn in psutil.net_connections(kind="tcp")
+        for conn in connections
         if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
     ]
 
