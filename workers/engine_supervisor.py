@@ -129,7 +129,7 @@ class EngineSupervisor:
                 raise SupervisorError(
                     f"GPU {gpus} is held by deployment {other['recipe']['deployment']}'s engine"
                 )
-        port = endpoint_port(recipe.base_url)
+        port = _endpoint_port(recipe.base_url)
         _wait_port_free(port)
         folder = self._folder(recipe.deployment)
         folder.mkdir(parents=True, exist_ok=True)
@@ -203,7 +203,7 @@ def _runs(state: dict) -> bool:
         return False
 
 
-def endpoint_port(base_url: str) -> int:
+def _endpoint_port(base_url: str) -> int:
     """The TCP port of an engine's endpoint (80 or 443 where the URL names none)."""
     parts = urlsplit(base_url)
     return parts.port or (443 if parts.scheme == "https" else 80)
