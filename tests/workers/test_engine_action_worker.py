@@ -107,7 +107,8 @@ def test_a_restart_with_a_changed_argument_is_checked_against_the_engine(managed
     state = managed["supervisor"].state(deployment.pk)
     assert state["recipe"]["version"] == 2 and state["pid"] != pid_before
     assert deployment.recipe_in_force() == action.recipe
-    assert "starting recipe v2" in action.log_tail
+    assert action.log_tail.startswith("== moeops: starting recipe v2")
+    assert "recipe v1" not in action.log_tail  # the old engine's start is not this action's
 
 
 def test_a_recipe_that_cannot_start_fails_with_its_log_and_the_previous_one_is_back(managed):
@@ -118,7 +119,9 @@ def test_a_recipe_that_cannot_start_fails_with_its_log_and_the_previous_one_is_b
     assert outcome.startswith("failed: the engine exited with status 2")
     assert action.status == "failed"
     assert "unrecognized arguments: --no-such-flag 1" in action.error
-    assert "unrecognized arguments" in action.log_tail
+    # the failed start's own lines, not the old engine's nor the revert's start
+    assert action.log_tail.startswith("== moeops: starting recipe v2")
+    assert "unrecognized arguments" in action.log_tail and "listening on" not in action.log_tail
     names = [(s["name"], s["status"]) for s in action.steps]
     assert names == [
         ("stop", "done"),
