@@ -7,8 +7,12 @@ reports for that flag among its arguments (vLLM's dotted `scheduler_config.max_n
 SGLang's `max_running_requests`), so that a restart can be checked against the engine itself.
 """
 
+from reports.engine import CAP_FLAGS
+
 # Flags that take no value (present: on).
 SWITCHES = frozenset({"--enforce-eager", "--trust-remote-code", "--disable-log-requests"})
+# Flags whose value is a count moeops knows the form of: the running-request caps.
+COUNT_FLAGS = frozenset(CAP_FLAGS.values())
 
 
 class FlagError(ValueError):
@@ -20,6 +24,21 @@ def _check(flag, value):
         raise FlagError(f"{flag!r} is not a long flag such as --max-num-seqs")
     if value is not None and not isinstance(value, str):
         raise FlagError(f"{flag}: the value must be text, not {type(value).__name__}")
+    check_value(flag, value)
+
+
+def check_value(flag: str, value: str | None) -> None:
+    """Raise FlagError naming flag when value is not one the engine would take, for the flags
+    moeops knows (COUNT_FLAGS: a whole number, 1 or more); an engine refuses it only at start."""
+    whole = value is not None and value.isascii() and value.isdigit() and int(value) >= 1
+    if flag in COUNT_FLAGS and value is not None and not whole:
+        raise FlagError(f"{flag} takes a whole number, 1 or more, not “{value}”")
+
+
+def check_values(argv: list[str]) -> None:
+    """check_value of each flag argv gives that moeops knows the form of."""
+    for flag in sorted(COUNT_FLAGS):
+        check_value(flag, flag_value(argv, flag))
 
 
 def _takes_value(argv: list[str], index: int) -> bool:

@@ -12,6 +12,7 @@ and a deployment that points at the stand-in. A test module loads the fixtures w
 run finishes.
 """
 
+import contextlib
 import json
 import os
 import selectors
@@ -29,14 +30,19 @@ import httpx
 import psutil
 import pytest
 from celery import Celery
+from django.contrib.auth.models import User
 from django.db import OperationalError
 
 from localstack.standin import spawn_standin
 from moeops import celery as web_celery
 from moeops.api.models import ApiToken
+from moeops.engines import services as engine_services
+from moeops.engines.models import EngineAction
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
 from moeops.runs import services as run_services
 from moeops.runs.models import FINISHED_STATUSES, SweepRun
+from reports.launch import flag_value
+from workers.engine_supervisor import EngineSupervisor
 from workers.telemetry import TelemetrySampler
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,6 +264,16 @@ class SweepStack:
         )
 
     @staticmethod
+    def action_end(action, timeout=90):
+        """The engine action refreshed once it finished."""
+
+        def done():
+            found = EngineAction.objects.get(pk=action.pk)
+            return found if found.is_finished else None
+
+        return SweepStack.wait_until(done, timeout, "the engine action's end")
+
+    @staticmethod
     def wait_until(check, timeout, what="answer"):
         """check()'s first answer that is not None, asked every 0.2 s for timeout s."""
         deadline = time.monotonic() + timeout
@@ -443,3 +459,62 @@ def make_sweep_stack(live_server, redis_url, free_port, tmp_path, transactional_
 def sweep_stack(make_sweep_stack):
     """The default stack: stand-in with --max-running-requests 16, worker straight to the web."""
     return make_sweep_stack()
+
+
+def stop_managed_engines(stack, supervisor, port):
+    """Stop every engine a test's worker started, even one its state file no longer names: the
+    worker first (it could start another), then what supervisor's state files name, then any
+    process started to serve port (`--port <port>`), by its process group."""
+    stack.worker.stop()
+    for folder in supervisor.root.glob("*/engine.json"):
+        supervisor.stop(int(folder.parent.name), grace_s=5)
+    for process in psutil.process_iter(["cmdline"]):
+        if flag_value(process.info["cmdline"] or [], "--port") == str(port):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                group = os.getpgid(process.pid)
+                if group != os.getpgrp():
+                    os.killpg(group, signal.SIGKILL)
+
+
+@pytest.fixture
+def managed_standin(make_sweep_stack, free_port, tmp_path):
+    """A stack whose deployment is a managed stand-in: recipe v1 (--max-running-requests 16 on
+    a port of its own) started by a first restart through the worker. Adds to the stack: staff
+    (a staff user), port, engines (the worker's EngineSupervisor) and act(kind, **fields) (an
+    engine action without re-sweep, its end waited for); every engine it started is stopped."""
+    port = free_port()
+    cache = tmp_path / "cache"
+    stack = make_sweep_stack(
+        engine_url=f"http://127.0.0.1:{port}",
+        deployment_fields={"management": "managed"},
+        MOEOPS_CACHE_DIR=str(cache),
+        MOEOPS_HEARTBEAT_S="1",
+    )
+    stack.staff = User.objects.create_user("ops", is_staff=True)
+    stack.port = port
+    stack.engines = EngineSupervisor(cache / "engines")
+    SweepStack.wait_until(
+        lambda: True if Host.objects.get(pk=stack.host.pk).worker_alive() else None,
+        WORKER_READY_TIMEOUT_S,
+        "the worker's heartbeat",
+    )
+
+    def act(kind, wait=True, **fields):
+        stack.deployment.refresh_from_db()
+        action = engine_services.engine_action_start(
+            deployment=stack.deployment, kind=kind, user=stack.staff, resweep=False, **fields
+        )
+        return stack.action_end(action) if wait else action
+
+    stack.act = act
+    engine_services.recipe_create(
+        deployment=stack.deployment,
+        argv=[sys.executable, "-m", "localstack.standin", "--port", str(port)]
+        + ["--max-running-requests", "16"],
+        ready_timeout_s=60,
+        author=stack.staff,
+    )
+    first = act("restart")
+    assert first.status == "succeeded", (first.error, first.steps)
+    yield stack
+    stop_managed_engines(stack, stack.engines, port)

@@ -46,9 +46,20 @@ class _Steps:
         self.deployment = deployment
         self.steps: list[dict] = []
         self._last_wait = 0.0
+        self._kept_tail = None
+
+    def _tail(self):
+        # the log of the action's own start: none before it (the log is the old engine's)
+        if not any(step["name"] == "start" for step in self.steps):
+            return ""
+        return self.supervisor.log_tail(self.deployment, LOG_LINES)
+
+    def keep_log(self):
+        """Show the log of the recipe that failed from now on, not that of the revert's start."""
+        self._kept_tail = self._tail()
 
     def _body(self, **fields):
-        tail = self.supervisor.log_tail(self.deployment, LOG_LINES)
+        tail = self._kept_tail if self._kept_tail is not None else self._tail()
         return {"steps": self.steps, **({"log_tail": tail} if tail else {}), **fields}
 
     def _advise(self):
@@ -150,6 +161,29 @@ def _check_changes(identity, changes):
     return out
 
 
+def _check_recipe(identity, argv, changes):
+    """[(sentence, False)] per other numeric flag or switch of the recipe that the engine
+    reports with another value: what answers is not the engine the recipe started."""
+    out = []
+    for flag, value in launch.flags(argv).items():
+        if not flag.startswith("--") or flag in (changes or {}):
+            continue
+        got = launch.reported(identity.get("args"), flag)
+        numeric = isinstance(got, bool | int | float) and _number_or_switch(value)
+        if numeric and not launch.same_value(got, value):
+            name = launch.arg_name(flag)
+            out.append((f"the engine reports {name} = {got}, not {value} as the recipe", False))
+    return out
+
+
+def _number_or_switch(value):
+    try:
+        float(value or "0")
+    except ValueError:
+        return False
+    return True
+
+
 def _check_config(engine, shape, identity, paths, files, recipe, package):
     """(sentence, ok): whether the engine loads the file written for its shape, looking where
     the engine reports it looks (vLLM's environment in /server_info); an engine that does not
@@ -211,6 +245,7 @@ def run_action(action_uuid, payload, *, client, host_name, supervisor=None):
         steps.begin("check", "asking the engine what it runs with")
         identity = identify_engine(new.base_url)
         checks = _check_changes(identity, payload.get("changes"))
+        checks += _check_recipe(identity, new.argv, payload.get("changes"))
         shape = payload.get("kernel_shape")
         checks.append(_check_config(engine, shape, identity, written, new_files, new, package))
         detail = "; ".join(sentence for sentence, _ in checks)
@@ -223,6 +258,7 @@ def run_action(action_uuid, payload, *, client, host_name, supervisor=None):
         error = str(exc) if isinstance(exc, SupervisorError | ActionFailed) else _said(exc)
         if steps.steps[-1]["status"] == "running":
             steps.end(_first_line(error), status="failed")
+        steps.keep_log()
         _bring_back(supervisor, steps, engine, old_data, new_files, package)
         with contextlib.suppress(ApiError):
             steps.finish("failed", error=error)

@@ -38,6 +38,8 @@ class EngineProcess:
         self.env = env
         self.cwd = cwd
         self.proc: subprocess.Popen | None = None
+        # where this process's output begins in the log (it may hold earlier lines)
+        self._log_from = 0
 
     @property
     def pid(self) -> int | None:
@@ -47,6 +49,7 @@ class EngineProcess:
         """Start the process (returns at once); its output is appended to log_path."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            self._log_from = log.seek(0, os.SEEK_END)
             self.proc = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
@@ -62,11 +65,11 @@ class EngineProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def log_tail(self, lines: int = 30) -> str:
-        """The last lines of the engine's log ("" before it wrote any)."""
+        """The last lines this process wrote to its log ("" before it wrote any)."""
         try:
             with open(self.log_path, "rb") as log:
                 log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - 64 * 1024))
+                log.seek(max(self._log_from, log.tell() - 64 * 1024))
                 text = log.read().decode("utf-8", "replace")
         except FileNotFoundError:
             return ""
@@ -91,9 +94,10 @@ class EngineProcess:
                 elapsed = time.monotonic() - start
                 if not self.alive():
                     code = self.proc.returncode if self.proc is not None else None
+                    tail = self.log_tail()
                     raise EngineStartError(
-                        f"the engine exited with status {code} before it was healthy; "
-                        f"its last log lines:\n{self.log_tail()}"
+                        f"the engine exited with status {code} before it was healthy"
+                        f"{_last_line(tail)}\nits last log lines:\n{tail}"
                     )
                 try:
                     if client.get(url).status_code == 200:
@@ -102,7 +106,7 @@ class EngineProcess:
                     pass
                 if elapsed >= timeout_s:
                     raise EngineStartError(
-                        f"{url} did not answer 200 within {timeout_s:.0f} s; "
+                        f"{url} did not answer 200 within {timeout_s:.0f} s\n"
                         f"its last log lines:\n{self.log_tail()}"
                     )
                 if on_wait is not None:
@@ -123,6 +127,12 @@ class EngineProcess:
         # children the engine spawned (its engine-core and worker processes) go with the group
         _signal_group(self.proc.pid, signal.SIGKILL)
         return self.proc.returncode
+
+
+def _last_line(tail: str) -> str:
+    """ ": <the log's last line>" (where an engine states why it exited), "" for no log."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return f": {lines[-1]}" if lines else ""
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -3,8 +3,10 @@ after the worker restarts, stopped.
 
 What a managed engine is, per deployment, lives in the host's cache folder
 (cache_dir()/engines/<deployment>/): engine.json (process, recipe, GPUs, endpoint, start time)
-and engine.log (the engine's output, appended across starts). The process runs in its own process
-group, so that stopping it stops what it spawned (vLLM's engine core and workers).
+and engine.log (the output of the engine's latest start; the start before it in
+engine.previous.log). The process runs in its own process group, so that stopping it stops what
+it spawned (vLLM's engine core and workers). An engine is called healthy only when the port of its
+endpoint was free before it started and, once /health answers, is held by its process group.
 
     supervisor = EngineSupervisor()
     supervisor.start(recipe)                  # returns once /health answers, or raises
@@ -24,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -31,6 +34,9 @@ from tuning.cache_dir import cache_dir
 from workers.engine_process import STOP_GRACE_S, EngineProcess, EngineStartError
 
 READY_TIMEOUT_S = 900.0
+# How long a port may stay held after its engine was stopped (s): the killed group's sockets
+# close as its processes exit.
+PORT_FREE_WAIT_S = 10.0
 
 
 class SupervisorError(RuntimeError):
@@ -81,6 +87,7 @@ class EngineSupervisor:
         return self.root / str(int(deployment))
 
     def log_path(self, deployment: int) -> Path:
+        """The output of the deployment's latest engine start."""
         return self._folder(deployment) / "engine.log"
 
     def log_tail(self, deployment: int, lines: int = 30) -> str:
@@ -110,8 +117,8 @@ class EngineSupervisor:
         """Start the recipe's engine and wait for its /health; returns its state.
 
         Raises SupervisorError when the deployment's engine already runs, when another
-        managed engine holds one of its GPUs, or when the engine exits or never answers (it is
-        stopped then).
+        managed engine holds one of its GPUs, when another process holds its endpoint's port,
+        or when the engine exits, never answers, or is not what answers (it is stopped then).
         """
         if self.state(recipe.deployment) is not None:
             raise SupervisorError(f"deployment {recipe.deployment}'s engine already runs")
@@ -122,14 +129,18 @@ class EngineSupervisor:
                 raise SupervisorError(
                     f"GPU {gpus} is held by deployment {other['recipe']['deployment']}'s engine"
                 )
+        port = _endpoint_port(recipe.base_url)
+        _wait_port_free(port)
         folder = self._folder(recipe.deployment)
         folder.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_path(recipe.deployment)
+        # each start its own log: a failed start's cause is not buried under an older engine's
+        with contextlib.suppress(FileNotFoundError):
+            log_path.replace(folder / "engine.previous.log")
         process = EngineProcess(
-            recipe.argv, log_path=self.log_path(recipe.deployment), env=recipe.process_env(),
-            cwd=recipe.cwd,
-        )  # fmt: skip
-        with open(process.log_path, "a") as log:
-            log.write(f"\n== moeops: starting recipe v{recipe.version}: {recipe.argv}\n")
+            recipe.argv, log_path=log_path, env=recipe.process_env(), cwd=recipe.cwd
+        )
+        log_path.write_text(f"== moeops: starting recipe v{recipe.version}: {recipe.argv}\n")
         try:
             process.start()
         except OSError as exc:
@@ -137,19 +148,27 @@ class EngineSupervisor:
         state = {
             "pid": process.pid,
             "started_at": time.time(),
-            "create_time": psutil.Process(process.pid).create_time(),
+            "start_after_boot_s": _start_after_boot(process.pid),
             "recipe": asdict(recipe),
         }
-        (folder / "engine.json").write_text(json.dumps(state, indent=1))
+        self._record(recipe.deployment, state)
         try:
             state["ready_after_s"] = process.wait_healthy(
                 recipe.base_url, timeout_s=recipe.ready_timeout_s, on_wait=on_wait
             )
+            _check_answering(process, port)
         except EngineStartError as exc:
             self.stop(recipe.deployment)
             raise SupervisorError(str(exc)) from None
-        (folder / "engine.json").write_text(json.dumps(state, indent=1))
+        self._record(recipe.deployment, state)
         return state
+
+    def _record(self, deployment: int, state: dict) -> None:
+        # whole or not at all: a heartbeat reading it half-written would lose the engine
+        path = self._folder(deployment) / "engine.json"
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(state, indent=1))
+        partial.replace(path)
 
     def stop(self, deployment: int, grace_s: float = STOP_GRACE_S) -> bool:
         """SIGTERM the engine's process group, SIGKILL after grace_s; whether one was running."""
@@ -165,15 +184,87 @@ class EngineSupervisor:
         return was_running
 
 
+def _start_after_boot(pid: int) -> float:
+    """When the process started, in seconds after the host booted. Unlike its start in
+    wall-clock time this does not move when the clock is set, so a state file written before
+    a clock step still names its process after it."""
+    return psutil.Process(pid).create_time() - psutil.boot_time()
+
+
 def _runs(state: dict) -> bool:
     """Whether the recorded process still runs (the same process: its start time matches)."""
     try:
         process = psutil.Process(state["pid"])
         return (
-            abs(process.create_time() - state.get("create_time", 0)) < 1.0
+            abs(_start_after_boot(process.pid) - state["start_after_boot_s"]) < 1.0
             and process.status() != psutil.STATUS_ZOMBIE
         )
     except (psutil.NoSuchProcess, KeyError, TypeError):
+        return False
+
+
+def _endpoint_port(base_url: str) -> int:
+    """The TCP port of an engine's endpoint (80 or 443 where the URL names none)."""
+    parts = urlsplit(base_url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _listeners(port: int) -> list[int | None]:
+    """The processes listening on TCP port on this host (None where the pid cannot be read;
+    none where the system lets no socket be listed)."""
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return []
+    return [
+        conn.pid
+        for conn in connections
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
+    ]
+
+
+def _holder(pids: list[int | None]) -> str:
+    """ "another process (pid 26344: python -m http.server 8000)", as far as it can be told."""
+    for pid in pids:
+        with contextlib.suppress(psutil.Error, TypeError):
+            command = " ".join(psutil.Process(pid).cmdline())[:200]
+            return f"another process (pid {pid}: {command})"
+    return "another process"
+
+
+def _wait_port_free(port: int) -> None:
+    deadline = time.monotonic() + PORT_FREE_WAIT_S
+    while holders := _listeners(port):
+        if time.monotonic() >= deadline:
+            raise SupervisorError(
+                f"port {port} is already in use by {_holder(holders)}: the engine was not "
+                "started, since what answered there would not be it"
+            )
+        time.sleep(0.5)
+
+
+def _check_answering(process: EngineProcess, port: int) -> None:
+    """Raise EngineStartError unless the engine started still runs and its process group holds
+    port (a process of another user, whose pid cannot be read, is not told apart)."""
+    if not process.alive():
+        raise EngineStartError(
+            f"/health answered, but the engine started (pid {process.pid}) has exited "
+            f"with status {process.proc.returncode}: something else answers on port {port}\n"
+            f"its last log lines:\n{process.log_tail()}"
+        )
+    holders = _listeners(port)
+    known = [pid for pid in holders if pid is not None]
+    if known and not any(_in_group(pid, process.pid) for pid in known):
+        raise EngineStartError(
+            f"port {port} is held by {_holder(known)}, not by the engine started "
+            f"(pid {process.pid})\nits last log lines:\n{process.log_tail()}"
+        )
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except ProcessLookupError:
         return False
 
 

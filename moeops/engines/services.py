@@ -25,7 +25,7 @@ from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
-from reports.launch import FlagError, set_flags
+from reports.launch import FlagError, check_values, set_flags
 from reports.numbers import is_integer
 from tuning.config_files import ConfigFileError
 
@@ -48,6 +48,10 @@ def require_staff(user):
 def _check_recipe(deployment, argv, env, gpu_indices, ready_timeout_s):
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
         raise ValidationError({"argv": "the engine's command as a list of non-empty strings"})
+    try:
+        check_values(argv)
+    except FlagError as exc:
+        raise ValidationError({"argv": str(exc)}) from None
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and k and isinstance(v, str) for k, v in env.items()
     ):

@@ -5,6 +5,9 @@ Chromium and follows it to the comparison, and brings the previous recipe back w
 cannot start. Each restart of vLLM takes about a minute on 2 cores, so the loop is one test."""
 
 import json
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,9 +33,10 @@ from tests.engine import (
     ensure_model,
 )
 from tests.engine.plugin import TUNED_CONFIG
-from tests.stack import SweepStack
+from tests.stack import ROOT, SweepStack, stop_managed_engines
+from workers import engine_supervisor
 from workers.engine_info import identify_engine
-from workers.engine_supervisor import EngineSupervisor
+from workers.engine_supervisor import EngineSupervisor, Recipe, SupervisorError
 
 pytest_plugins = ["tests.stack", "tests.browser"]
 pytestmark = [
@@ -85,7 +89,7 @@ def managed(make_sweep_stack, free_port, tmp_path):
     stack.staff = staff
     stack.engines = EngineSupervisor(cache / "engines")
     yield stack
-    stack.engines.stop(stack.deployment.pk, grace_s=20)
+    stop_managed_engines(stack, stack.engines, port)
 
 
 def _wait(check, what, timeout=60):
@@ -248,3 +252,57 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
         return found.get("pid") == engine["pid"]
 
     _wait(reported, "the new worker's heartbeat naming the engine")
+
+
+def test_a_vllm_whose_port_is_taken_is_never_called_healthy(free_port, tmp_path, monkeypatch):
+    ensure_model()
+    port = free_port()
+    server = VllmServer(log_path=tmp_path / "unused.log", port=port, max_num_seqs=4)
+    recipe = Recipe(
+        deployment=1,
+        version=1,
+        argv=server.argv(),
+        base_url=server.url,
+        env=ENGINE_ENV,
+        cwd=str(MODEL_DIR.parent),
+        ready_timeout_s=ACTION_TIMEOUT_S,
+    )
+    engines = EngineSupervisor(tmp_path / "engines")
+    other, answering = _other_server(port)
+    try:
+        # another server answers /health on the port: vLLM is not started
+        with pytest.raises(SupervisorError, match=f"port {port} is already in use by another"):
+            engines.start(recipe)
+        # it took the port after the check: what answers is not the vLLM started
+        monkeypatch.setattr(engine_supervisor, "_wait_port_free", lambda port: None)
+        with pytest.raises(SupervisorError, match=f"port {port} is held by another process"):
+            engines.start(recipe)
+        assert engines.running() == [] and answering()
+    finally:
+        other.kill()
+        other.wait()
+    # a socket that never answers holds it: vLLM exits and says why in the first line
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        with pytest.raises(SupervisorError) as failed:
+            engines.start(recipe)
+    first_line = str(failed.value).splitlines()[0]
+    assert first_line.startswith("the engine exited with status 1 before it was healthy: ")
+    assert "Address already in use" in first_line
+    assert engines.running() == []
+
+
+def _other_server(port):
+    """A stand-in serving on port, and whether it still answers."""
+    argv = [sys.executable, "-m", "localstack.standin", "--port", str(port)]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, cwd=ROOT)
+
+    def answering():
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    SweepStack.wait_until(lambda: True if answering() else None, 30, "the other server")
+    return process, answering

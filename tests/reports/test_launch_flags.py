@@ -76,3 +76,17 @@ def test_the_engines_report_is_found_under_its_own_name():
     assert launch.same_value(16, "16") and not launch.same_value(16, "8")
     assert launch.same_value(False, "false") and not launch.same_value(False, "true")
     assert launch.same_value("auto", "auto")
+
+
+@pytest.mark.parametrize("value", ["lots", "0", "-4", "1.5", "", "１６", None])
+def test_a_cap_flag_takes_a_whole_number_and_says_so_naming_it(value):
+    argv = ["sglang", "--max-running-requests"] + ([value] if value else [])
+    if value is not None:
+        with pytest.raises(launch.FlagError, match="--max-num-seqs takes a whole number"):
+            launch.set_flags(VLLM, {"--max-num-seqs": value})
+        with pytest.raises(launch.FlagError, match="--max-running-requests takes a whole"):
+            launch.check_values(argv)
+    else:
+        assert launch.set_flags(VLLM, {"--max-num-seqs": value}) == VLLM[:-1]
+    launch.check_values([*VLLM[:-1], "--max-num-seqs", "0016"])
+    assert launch.set_flags(VLLM, {"--tp": "lots"})[-2:] == ["--tp", "lots"]  # not a known flag

@@ -91,6 +91,7 @@ def test_only_staff_change_a_recipe_and_each_change_is_a_new_version(world):
         ({"env": {"PORT": 8000}}, "env"),
         ({"gpu_indices": [0, 7]}, "gpu_indices"),
         ({"ready_timeout_s": 0}, "ready_timeout_s"),
+        ({"argv": [*ARGV[:-1], "lots"]}, "argv"),
     ],
 )
 def test_a_bad_recipe_names_its_field_and_stores_nothing(world, fields, field):
@@ -149,6 +150,13 @@ def test_restart_with_args_makes_a_version_a_resweep_and_a_chain_on_the_hosts_qu
         ("no_recipe", "restart", None, "recipe", "has no launch recipe"),
         ("recipe", "restart_with_args", {"--max-num-seqs": "4"}, "changes", "already runs"),
         ("recipe", "restart_with_args", {"max-num-seqs": "8"}, "changes", "not a long flag"),
+        (
+            "recipe",
+            "restart_with_args",
+            {"--max-num-seqs": "lots"},
+            "changes",
+            "--max-num-seqs takes a whole number, 1 or more, not “lots”",
+        ),
         ("recipe", "revert", None, "kind", "nothing to revert to"),
     ],
 )
@@ -300,6 +308,12 @@ def test_the_api_starts_actions_for_people_not_for_a_hosts_worker(world, broker)
     assert "host's worker token" in refused.json()["detail"]
     bad = world.owner.post(path, {"kind": "restart_with_args", "changes": {"max-num-seqs": "1"}})
     assert bad.status_code == 400 and "changes" in bad.json()["detail"]
+    lots = world.owner.post(
+        path, {"kind": "restart_with_args", "changes": {"--max-num-seqs": "lots"}}
+    )
+    assert (
+        lots.status_code == 400 and "--max-num-seqs takes a whole number" in lots.json()["detail"]
+    )
 
     started = world.owner.post(path, body)
     assert started.status_code == 202, started.json()

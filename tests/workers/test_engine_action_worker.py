@@ -17,7 +17,7 @@ from moeops.fleet.models import Deployment, Host
 from tests import queues
 from tests.api_base import GLM5_CONFIG
 from workers.client import MoeopsClient
-from workers.engine_action import ActionFailed, run_action
+from workers.engine_action import ActionFailed, _check_recipe, run_action
 from workers.engine_supervisor import EngineSupervisor
 from workers.heartbeat import worker_status
 
@@ -107,7 +107,8 @@ def test_a_restart_with_a_changed_argument_is_checked_against_the_engine(managed
     state = managed["supervisor"].state(deployment.pk)
     assert state["recipe"]["version"] == 2 and state["pid"] != pid_before
     assert deployment.recipe_in_force() == action.recipe
-    assert "starting recipe v2" in action.log_tail
+    assert action.log_tail.startswith("== moeops: starting recipe v2")
+    assert "recipe v1" not in action.log_tail  # the old engine's start is not this action's
 
 
 def test_a_recipe_that_cannot_start_fails_with_its_log_and_the_previous_one_is_back(managed):
@@ -118,7 +119,9 @@ def test_a_recipe_that_cannot_start_fails_with_its_log_and_the_previous_one_is_b
     assert outcome.startswith("failed: the engine exited with status 2")
     assert action.status == "failed"
     assert "unrecognized arguments: --no-such-flag 1" in action.error
-    assert "unrecognized arguments" in action.log_tail
+    # the failed start's own lines, not the old engine's nor the revert's start
+    assert action.log_tail.startswith("== moeops: starting recipe v2")
+    assert "unrecognized arguments" in action.log_tail and "listening on" not in action.log_tail
     names = [(s["name"], s["status"]) for s in action.steps]
     assert names == [
         ("stop", "done"),
@@ -169,3 +172,22 @@ def test_the_heartbeat_lists_the_managed_engines_with_their_log(managed):
     assert "starting recipe v1" in engine["log_tail"]
     assert host.worker_alive()
     assert host.worker_status["spool"]["rejected"] == 1
+
+
+def test_the_check_finds_an_engine_that_runs_with_other_numbers_than_its_recipe():
+    # vLLM's /server_info, as identify_engine flattens it, of an engine started otherwise
+    identity = {
+        "args": {
+            "scheduler_config.max_num_seqs": 16,
+            "model_config.max_model_len": 4096,
+            "model_config.enforce_eager": True,
+            "model_config.dtype": "torch.bfloat16",
+        }
+    }
+    argv = ["vllm", "serve", "m", "--max-num-seqs", "16", "--max-model-len", "1024"]
+    argv += ["--enforce-eager", "--dtype", "bfloat16", "--max-num-batched-tokens", "2k"]
+
+    assert _check_recipe(identity, argv, changes={}) == [
+        ("the engine reports max_model_len = 4096, not 1024 as the recipe", False)
+    ]
+    assert _check_recipe(identity, argv, changes={"--max-model-len": "1024"}) == []

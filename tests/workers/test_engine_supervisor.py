@@ -2,12 +2,20 @@
 engine as a managed engine, and a small server that reports the environment it was given."""
 
 import json
+import os
+import signal
+import socket
 import sys
+from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
+from workers import engine_supervisor
 from workers.engine_supervisor import EngineSupervisor, Recipe, SupervisorError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -117,3 +125,101 @@ def test_an_engine_that_never_answers_is_stopped_and_said_so(supervisor, free_po
 
     assert "loading weights" in str(failed.value)
     assert supervisor.running() == []
+
+
+def test_an_engine_is_still_found_and_stopped_after_the_clock_is_set(
+    supervisor, free_port, monkeypatch
+):
+    # the kernel's boot time moves with the wall clock: a clock set 5 s forward (NTP, a VM
+    # resumed) moves every process's wall-clock start time by as much
+    recipe = standin(9, free_port())
+    state = supervisor.start(recipe)
+    real_boot_time = psutil._pslinux.boot_time
+    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: real_boot_time() + 5.0)
+
+    assert supervisor.state(9)["pid"] == state["pid"]
+    assert [s["pid"] for s in supervisor.running()] == [state["pid"]]
+    assert supervisor.stop(9, grace_s=5) is True
+    assert not psutil.pid_exists(state["pid"]) or (
+        psutil.Process(state["pid"]).status() == psutil.STATUS_ZOMBIE
+    )
+
+
+@pytest.fixture
+def taken_port(free_port):
+    """A port something else listens on."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", free_port()))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+def test_it_does_not_start_an_engine_on_a_port_another_process_holds(
+    supervisor, taken_port, monkeypatch
+):
+    monkeypatch.setattr(engine_supervisor, "PORT_FREE_WAIT_S", 1.0)
+
+    with pytest.raises(SupervisorError) as refused:
+        supervisor.start(standin(4, taken_port))
+
+    assert str(refused.value).startswith(
+        f"port {taken_port} is already in use by another process (pid {os.getpid()}: "
+    )
+    assert supervisor.running() == [] and not supervisor.log_path(4).exists()
+
+
+# serves /health on the port from a process of its own session (not the engine's group), then
+# waits: as another engine that took the port while this one was loading
+TAKER = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-m", "localstack.standin", "--port", sys.argv[1]],
+                 start_new_session=True, stdout=open(sys.argv[2], "w"))
+time.sleep(600)
+"""
+
+
+def test_an_engine_whose_port_another_process_answers_on_is_not_healthy(
+    supervisor, free_port, tmp_path
+):
+    port = free_port()
+    recipe = Recipe(
+        deployment=5,
+        version=1,
+        argv=[sys.executable, "-c", TAKER, str(port), str(tmp_path / "taker.log")],
+        base_url=f"http://127.0.0.1:{port}",
+        cwd=str(ROOT),
+        ready_timeout_s=30,
+    )
+    try:
+        with pytest.raises(SupervisorError, match=f"port {port} is held by another process"):
+            supervisor.start(recipe)
+        assert supervisor.running() == []
+    finally:
+        for pid in engine_supervisor._listeners(port):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_failed_start_tells_its_own_last_line_not_the_previous_engines(supervisor, free_port):
+    port = free_port()
+    supervisor.start(standin(3, port))
+    supervisor.stop(3, grace_s=5)
+    bad = Recipe(
+        deployment=3,
+        version=2,
+        argv=[sys.executable, "-m", "localstack.standin", "--max-running-requests", "lots"],
+        base_url=f"http://127.0.0.1:{port}",
+        cwd=str(ROOT),
+        ready_timeout_s=30,
+    )
+
+    with pytest.raises(SupervisorError) as failed:
+        supervisor.start(bad)
+
+    first_line, _, rest = str(failed.value).partition("\n")
+    assert first_line == (
+        "the engine exited with status 2 before it was healthy: python -m localstack.standin: "
+        "error: argument --max-running-requests: invalid int value: 'lots'"
+    )
+    assert "usage:" in rest
+    log = supervisor.log_tail(3, lines=200)
+    assert log.startswith("== moeops: starting recipe v2") and "listening on" not in log
