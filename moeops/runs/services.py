@@ -525,22 +525,6 @@ def engine_samples_record(*, run, batch_id, samples):
     )
 
 
-# The deployment's fields that say how it serves its model: an imported file of another model
-# takes them from what the file states (None where it does not say), never the deployment's.
-SERVING_KEYS = (
-    "model",
-    "engine",
-    "engine_version",
-    "tp",
-    "ep",
-    "max_running_requests",
-    "quantization",
-    "attention_backend",
-    "allreduce_fusion",
-    "launch_args",
-)
-
-
 def _served(model, tp, gpus, engine, version):
     """ "GLM-5 at TP8 (8 GPUs) on SGLang 0.5.5" of what is known."""
     text = model or "an unnamed model"
@@ -603,13 +587,13 @@ def _import_snapshot(deployment, levels, fmt, file_name, stated, other_model):
     record = snapshot["deployment"]
     if other_model:
         snapshot["file"]["other_model"] = stated["model"]
-        record.update({key: stated.get(key) for key in SERVING_KEYS})
+        record.update({key: stated.get(key) for key in snapshots.SERVING_KEYS})
         # the deployment's MoE shape and GPUs are not the other model's
         snapshot["kernel_shape"] = None
         record["gpus"] = []
     else:
         # the same model keeps the deployment's name for it: compared runs differ in no model
-        serving = {k: v for k, v in stated.items() if k in SERVING_KEYS and k != "model"}
+        serving = {k: v for k, v in stated.items() if k in snapshots.SERVING_KEYS and k != "model"}
         record.update({k: v for k, v in serving.items() if v is not None})
         if stated["gpu_count"] and stated["gpu_count"] != len(record["gpus"]):
             record["gpus"] = []

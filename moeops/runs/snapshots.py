@@ -43,8 +43,9 @@ LOAD_KEYS = (
     "slo_tpot_ms",
     "slo_e2el_ms",
 )
-DEPLOYMENT_KEYS = (
-    "name",
+# The deployment's fields that say how it serves its model: an imported file of another model
+# takes them from what the file states (None where it does not say), never the deployment's.
+SERVING_KEYS = (
     "model",
     "engine",
     "engine_version",
@@ -55,11 +56,8 @@ DEPLOYMENT_KEYS = (
     "attention_backend",
     "allreduce_fusion",
     "launch_args",
-    "endpoint_url",
-    "served_model_name",
-    "host",
-    "gpus",
 )
+DEPLOYMENT_KEYS = ("name", *SERVING_KEYS, "endpoint_url", "served_model_name", "host", "gpus")
 ENGINE_KEYS = ("engine", "version", "max_running_requests", "max_model_len", "allreduce_fusion")
 KERNEL_KEYS = ("state", "file_name", "sha256", "folder")
 TOPOLOGY_KEYS = ("fingerprint", "virtualization", "driver_version", "cuda_version", "gpus")
