@@ -370,10 +370,6 @@ def _curve_levels(levels):
     return dict(sorted(best.items()))
 
 
-def _curve(levels):
-    return [(c, level.output_throughput) for c, level in _curve_levels(levels).items()]
-
-
 def _within_noise(a, b):
     """Whether two levels' output tok/s are within the noise (their intervals overlap); None
     where either ran one round."""
