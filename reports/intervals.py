@@ -101,3 +101,17 @@ def level_of_rounds(rounds):
             intervals[key] = list(interval)
     fields["intervals"] = intervals
     return fields
+
+
+def overlap(a, b):
+    """Whether two (low, high) intervals share a value: two figures whose 95 % intervals
+    overlap cannot be told apart from the rounds' noise."""
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def with_interval(value, interval, digits=0):
+    """ "1,234 (1,180–1,290)": a figure with its interval, or the figure alone without one."""
+    text = f"{value:,.{digits}f}"
+    if interval is None:
+        return text
+    return f"{text} ({interval[0]:,.{digits}f}–{interval[1]:,.{digits}f})"

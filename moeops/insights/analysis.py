@@ -24,12 +24,16 @@ from statistics import fmean
 from moeops.runs.telemetry import no_gpu_samples_text
 from reports.engine import CAP_FLAGS, reported_running_cap
 from reports.engine import label as engine_label
+from reports.intervals import overlap, with_interval
 from reports.numbers import is_integer, is_number
 from reports.topology import virtualization_words, vm_layer
 from tuning.config_files import file_device_name, kernel_dtype
 
 # Plateau: a step of the sweep that adds less than this much output throughput per doubling of
 # concurrency is flat; 806 -> 879 tok/s (128 -> 256) is +9.1%, so the write-up's curve is flat.
+# Where both levels of a step ran in rounds, the step is flat only if its rise is also within the
+# noise (their 95 % intervals overlap): 1,000 (990–1,010) -> 1,080 (1,070–1,090) at 128 -> 256
+# is +8% but measurably a rise, so no plateau; 1,000 (900–1,100) -> 1,080 (980–1,180) is flat.
 PLATEAU_GAIN = 0.10
 
 # Idle GPUs: mean utilization below this (%) while requests are outstanding; a busy decode loop
@@ -47,7 +51,12 @@ KV_CACHE_FULL = 0.9
 CAP_FINDINGS = ("queueing", "plateau")
 
 # Regression: a level whose output throughput is more than this fraction below the previous
-# comparable run's.
+# comparable run's, and beyond the noise: both levels ran in rounds and this run's 95 % interval
+# lies wholly below the previous run's. 1,234 (1,180–1,290) -> 1,050 (1,010–1,090) is a
+# regression; 1,234 (1,000–1,470) -> 1,050 (850–1,250), a 15 % drop of the medians, is within
+# the noise and says nothing. Where a level has one round (no interval) a drop > 10 % is only a
+# "possible regression" at info severity, as one round cannot tell a drop from noise (real vLLM's
+# rounds spread ±20–40 %); and none where the one-round figure lies inside the other's interval.
 REGRESSION_DROP = 0.10
 # Regression: at most this many of the changes between the two runs are named in the text.
 REGRESSION_CHANGES_SHOWN = 6
@@ -90,6 +99,8 @@ class Level:
     all_failed_with: str | None = None
     # the sweep stopped inside the level: its numbers cover only the requests finished by then
     partial: bool = False
+    # the 95 % interval (low, high) of output tok/s over the level's rounds; None for one round
+    throughput_interval: tuple[float, float] | None = None
 
     @property
     def timed(self):
@@ -255,17 +266,27 @@ def plateau(data: RunData) -> list[Proposal]:
     Uses the levels at unlimited request rate with a concurrency and an output throughput; a
     step's gain is normalized to one doubling of concurrency, so 128 -> 512 counts as two.
     Requiring the flat part to run to the top of the sweep keeps one noisy step low in the
-    curve from being called a plateau.
+    curve from being called a plateau; where a step's levels ran in rounds, it is flat only if
+    their intervals overlap too (PLATEAU_GAIN's example).
     """
-    curve = _curve(data.levels)
+    by_concurrency = _curve_levels(data.levels)
+    curve = [(c, level.output_throughput) for c, level in by_concurrency.items()]
     if len(curve) < 2:
         return []
     gains = [
         _gain_per_doubling(c0, t0, c1, t1)
         for (c0, t0), (c1, t1) in zip(curve, curve[1:], strict=False)
     ]
+    steps = list(by_concurrency.values())
+    noise = [_within_noise(a, b) for a, b in zip(steps, steps[1:], strict=False)]
     start = len(gains)
-    while start > 0 and gains[start - 1] is not None and gains[start - 1] < PLATEAU_GAIN:
+    while (
+        start > 0
+        and gains[start - 1] is not None
+        and gains[start - 1] < PLATEAU_GAIN
+        # a step measured in rounds whose rise is beyond its noise is a rise, however small
+        and noise[start - 1] is not False
+    ):
         start -= 1
     if start == len(gains):
         return []
@@ -285,6 +306,11 @@ def plateau(data: RunData) -> list[Proposal]:
         f"{top_t:.0f} tok/s at {top_c}: more concurrent requests no longer buy "
         f"throughput, so something other than the offered load limits it."
     )
+    if all(noise[start:]):
+        text += (
+            " Every step from there rises within the noise: the levels' 95 % intervals over "
+            "their rounds overlap."
+        )
     cap, cap_source = running_cap(data)
     # from the cap on the engine runs no more requests at once: the rest queue
     at_cap = bool(cap) and at_c >= cap
@@ -292,6 +318,8 @@ def plateau(data: RunData) -> list[Proposal]:
         "concurrency": concurrency,
         "output_throughput": throughput,
         "gain_per_doubling": [_round(g) for g in gains],
+        # per step, whether its rise is within the levels' intervals; None for one round
+        "within_noise": noise,
         "plateau_at": at_c,
         "plateau_throughput": at_t,
         "threshold": PLATEAU_GAIN,
@@ -331,15 +359,24 @@ def plateau(data: RunData) -> list[Proposal]:
     ]
 
 
-def _curve(levels):
+def _curve_levels(levels):
+    """{concurrency: level} of the levels at unlimited rate, whole, with a throughput."""
     best = {}
     for level in levels:
         unlimited = level.request_rate is None or math.isinf(level.request_rate)
         # a level stopped part-way ran down its last requests at less than its concurrency
         whole = not level.partial
         if unlimited and whole and level.concurrency and level.output_throughput is not None:
-            best[level.concurrency] = level.output_throughput
-    return sorted(best.items())
+            best[level.concurrency] = level
+    return dict(sorted(best.items()))
+
+
+def _within_noise(a, b):
+    """Whether two levels' output tok/s are within the noise (their intervals overlap); None
+    where either ran one round."""
+    if a.throughput_interval is None or b.throughput_interval is None:
+        return None
+    return overlap(a.throughput_interval, b.throughput_interval)
 
 
 def _gain_per_doubling(c0, t0, c1, t1):
@@ -1162,15 +1199,22 @@ def comparable_key(parameters: dict) -> tuple | None:
 
 
 def regression(data: RunData) -> list[Proposal]:
-    """A level's output throughput more than 10% below the previous comparable run's; a level
-    whose every request failed, in either run, is no throughput to compare."""
+    """A level's output throughput more than 10% below the previous comparable run's and beyond
+    the noise (REGRESSION_DROP says how); a level whose every request failed, in either run, is
+    no throughput to compare. Drops of levels with one round are only a possible regression."""
     previous = data.previous
     if previous is None:
         return []
-    now, before = dict(_curve(_measured(data.levels))), dict(_curve(_measured(previous.levels)))
-    concurrency = sorted(set(now) & set(before))
+    now_levels = _curve_levels(_measured(data.levels))
+    before_levels = _curve_levels(_measured(previous.levels))
+    concurrency = sorted(set(now_levels) & set(before_levels))
+    now = {c: now_levels[c].output_throughput for c in concurrency}
+    before = {c: before_levels[c].output_throughput for c in concurrency}
     drops = {c: 1 - now[c] / before[c] for c in concurrency if before[c] > 0}
-    worst = [c for c, drop in drops.items() if drop > REGRESSION_DROP]
+    verdicts = {c: _drop_verdict(now_levels[c], before_levels[c], d) for c, d in drops.items()}
+    beyond = [c for c, verdict in verdicts.items() if verdict == "beyond noise"]
+    possible = [c for c, verdict in verdicts.items() if verdict == "possible"]
+    worst = beyond or possible
     if not worst:
         return []
     c = max(worst, key=lambda k: drops[k])
@@ -1183,25 +1227,45 @@ def regression(data: RunData) -> list[Proposal]:
         )
     else:
         changed = " Nothing on record changed between the two runs' snapshots."
+    now_interval = now_levels[c].throughput_interval
+    before_interval = before_levels[c].throughput_interval
+    fell = (
+        f"At concurrency {c} output tok/s fell from {with_interval(before[c], before_interval)} "
+        f"in {before_label} to {with_interval(now[c], now_interval)} in this run (same levels "
+        "and lengths)"
+    )
+    if beyond:
+        title = f"Throughput {drops[c]:.0%} below {before_label} at concurrency {c}"
+        said = (
+            f"{fell}: the 95 % intervals over their rounds do not overlap; {len(beyond)} of "
+            f"{len(concurrency)} levels fell more than {REGRESSION_DROP:.0%} beyond the noise."
+        )
+    else:
+        title = (
+            f"Possible regression: throughput {drops[c]:.0%} below {before_label} at "
+            f"concurrency {c}"
+        )
+        said = (
+            f"{fell}: {_one_round(now_interval, before_interval, before_label)}: cannot tell "
+            "from noise; re-run with rounds ≥ 3."
+        )
     return [
         Proposal(
             kind="regression",
             key=_key("vs", previous.uuid),
-            severity="warning",
-            title=f"Throughput {drops[c]:.0%} below {before_label} at concurrency {c}",
-            text=(
-                f"At concurrency {c} this run reached {now[c]:.0f} tok/s against "
-                f"{before[c]:.0f} tok/s in {before_label} (same levels and lengths); "
-                f"{len(worst)} of {len(concurrency)} levels fell more than "
-                f"{REGRESSION_DROP:.0%}.{changed}"
-            ),
+            severity="warning" if beyond else "info",
+            title=title,
+            text=said + changed,
             evidence={
                 "previous_run": {"id": previous.id, "uuid": previous.uuid, "label": previous.label},
                 "changes": list(previous.changes),
                 "concurrency": concurrency,
                 "output_throughput": [now[k] for k in concurrency],
                 "previous_output_throughput": [before[k] for k in concurrency],
+                "interval": [_interval_list(now_levels[k]) for k in concurrency],
+                "previous_interval": [_interval_list(before_levels[k]) for k in concurrency],
                 "drop": [_round(drops.get(k)) for k in concurrency],
+                "verdict": [verdicts.get(k) for k in concurrency],
                 "threshold": REGRESSION_DROP,
                 "chart": _line(
                     concurrency,
@@ -1216,6 +1280,32 @@ def regression(data: RunData) -> list[Proposal]:
             plan=[f"Find what changed since {before_label} (engine, launch arguments, topology)"],
         )
     ]
+
+
+def _drop_verdict(now, before, drop):
+    """ "beyond noise", "possible" (a drop one round cannot tell from noise) or None."""
+    if drop <= REGRESSION_DROP:
+        return None
+    within = _within_noise(now, before)
+    if within is not None:
+        return None if within else "beyond noise"
+    # one side ran one round: its figure inside the other's interval is within that noise
+    if before.throughput_interval and now.output_throughput >= before.throughput_interval[0]:
+        return None
+    if now.throughput_interval and before.output_throughput <= now.throughput_interval[1]:
+        return None
+    return "possible"
+
+
+def _one_round(now_interval, before_interval, before_label):
+    if now_interval is None and before_interval is None:
+        return "one round each"
+    return "one round in this run" if now_interval is None else f"one round in {before_label}"
+
+
+def _interval_list(level):
+    interval = level.throughput_interval
+    return None if interval is None else [_round(v, 1) for v in interval]
 
 
 # -- client-bound ----------------------------------------------------------------------------

@@ -440,6 +440,7 @@ def _levels(run):
             failed=level.failed,
             all_failed_with=level.all_failed_with(),
             partial=level.is_partial,
+            throughput_interval=level.interval("output_throughput"),
         )
         for level in run.levels.all()
     ]

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from reports.intervals import INTERVAL_KEYS, level_of_rounds, t_interval
+from reports.intervals import INTERVAL_KEYS, level_of_rounds, overlap, t_interval, with_interval
 
 
 def test_the_t_interval_of_three_rounds_is_the_one_computed_by_hand():
@@ -69,3 +69,16 @@ def test_every_latency_percentile_and_output_throughput_get_an_interval():
     assert "output_throughput" in INTERVAL_KEYS
     assert {"median_ttft_ms", "p90_itl_ms", "p95_e2el_ms", "p99_tpot_ms"} <= set(INTERVAL_KEYS)
     assert "mean_ttft_ms" not in INTERVAL_KEYS
+
+
+def test_intervals_that_share_a_value_overlap():
+    assert overlap((1000.0, 1470.0), (850.0, 1250.0))
+    assert overlap((1000.0, 1100.0), (1100.0, 1200.0))
+    assert not overlap((1180.0, 1290.0), (1010.0, 1090.0))
+    assert not overlap((1010.0, 1090.0), (1180.0, 1290.0))
+
+
+def test_a_figure_is_written_with_its_interval_or_alone():
+    assert with_interval(1234.4, (1180.0, 1290.2)) == "1,234 (1,180–1,290)"
+    assert with_interval(47.25, (40.0, 52.5), digits=1) == "47.2 (40.0–52.5)"
+    assert with_interval(1050.0, None) == "1,050"

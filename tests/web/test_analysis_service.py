@@ -2,6 +2,7 @@
 
 import io
 import json
+import statistics
 from datetime import timedelta
 
 import pytest
@@ -16,6 +17,7 @@ from moeops.insights import services, tasks
 from moeops.insights.models import Finding, IncompatibilityRule, PlanItem
 from moeops.kernels.models import KernelConfig
 from moeops.runs.models import EngineSample, LevelResult, SweepRun, TelemetrySample, level_key
+from reports.intervals import t_interval
 from tests import fakes
 
 pytestmark = pytest.mark.django_db
@@ -371,6 +373,38 @@ def test_regression_against_the_previous_comparable_run(h200_deployment):
     assert finding.evidence["previous_run"]["uuid"] == str(previous.uuid)
     assert finding.evidence["drop"] == [0.02, 0.2]
     assert services.run_analyze(run=previous) and not auto(previous, kind="regression").exists()
+
+
+def _with_rounds(run, concurrency, rounds):
+    """The run's level at `concurrency` as its rounds of output tok/s give it: their median and
+    their t-interval, as the level's rounds are stored."""
+    LevelResult.objects.filter(run=run, concurrency=concurrency).update(
+        output_throughput=statistics.median(rounds),
+        intervals={"output_throughput": list(t_interval(rounds))},
+    )
+
+
+def test_regression_from_rounds_fires_only_beyond_the_noise(h200_deployment):
+    now = timezone.now()
+    previous = make_run(h200_deployment, [(32, 0.0)], created=now)
+    run = make_run(h200_deployment, [(32, 0.0)], created=now + timedelta(hours=1))
+    # medians 1,100 -> 950 (-14 %), but rounds spread as real vLLM's do: within the noise
+    _with_rounds(previous, 32, [1200.0, 1000.0, 1100.0])
+    _with_rounds(run, 32, [1050.0, 850.0, 950.0])
+
+    services.run_analyze(run=run)
+    assert not auto(run, kind="regression").exists()
+
+    # the same medians from tight rounds: beyond the noise
+    _with_rounds(previous, 32, [1110.0, 1090.0, 1100.0])
+    _with_rounds(run, 32, [960.0, 940.0, 950.0])
+    services.run_analyze(run=run)
+
+    finding = auto(run, kind="regression").get()
+    assert finding.severity == "warning"
+    assert "fell from 1,100 (1,075–1,125) in" in finding.text
+    assert "to 950 (925–975) in this run" in finding.text
+    assert "the 95 % intervals over their rounds do not overlap" in finding.text
 
 
 def test_no_regression_without_lengths_in_the_parameters(h200_deployment):

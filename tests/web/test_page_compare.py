@@ -193,6 +193,49 @@ def test_the_kimi_pair_states_its_headline_and_what_differs(client):
     assert html.index('id="differs-in"') < html.index('id="compare-table"')
 
 
+def _peak_in_rounds(peak, low, high):
+    return [
+        {"concurrency": 32, "output_throughput": peak / 2},
+        {
+            "concurrency": 64,
+            "output_throughput": peak,
+            "intervals": {"output_throughput": [low, high]},
+        },
+    ]
+
+
+def _banner(client, before_levels, after_levels):
+    pb.sign_in(client)
+    deployment = pb.deployment("glm", pb.model("GLM-5"), pb.host("h200"))
+    before = pb.run(deployment, "before", levels=before_levels)
+    after = pb.run(deployment, "after", levels=after_levels)
+    return _page(client, before, after).split('id="differs-in"')[1].split("</section>")[0]
+
+
+def test_a_headline_within_the_rounds_noise_says_so(client):
+    banner = _banner(
+        client, _peak_in_rounds(1000.0, 850.0, 1150.0), _peak_in_rounds(1100.0, 900.0, 1300.0)
+    )
+    assert '<span class="headline">1.1× peak output throughput</span>' in banner
+    assert (
+        '<span class="noise">within noise (peak 1,100 (900–1,300) against 1,000 (850–1,150) '
+        "tok/s: their 95 % intervals overlap)</span>"
+    ) in banner
+
+
+def test_a_headline_beyond_the_rounds_noise_says_so(client):
+    banner = _banner(
+        client, _peak_in_rounds(1000.0, 980.0, 1020.0), _peak_in_rounds(1100.0, 1080.0, 1120.0)
+    )
+    assert "beyond the noise (peak 1,100 (1,080–1,120) against 1,000 (980–1,020) tok/s" in banner
+    assert "within noise" not in banner
+
+
+def test_a_headline_of_one_round_runs_cannot_tell_from_noise(client):
+    banner = _banner(client, _levels(1.0), _levels(2.0))
+    assert "cannot tell from noise (peak 1,612 against 806 tok/s; one round: no interval)" in banner
+
+
 def test_the_banner_lists_every_factor_a_comparison_varies(client, one_factor_pairs):
     html = _page(client, one_factor_pairs["glm default"], one_factor_pairs["kimi tuned on the vm"])
     banner = html.split('id="differs-in"')[1].split("</section>")[0]

@@ -23,6 +23,7 @@ from moeops.runs.models import (
     of_the_deployments_model,
     without_standin,
 )
+from reports.intervals import overlap, with_interval
 
 MAX_SELECTED = 50
 CANDIDATES = 60
@@ -214,12 +215,37 @@ def _headline(baseline, run):
     return f"{run.peak / baseline.peak:.3g}× peak output throughput"
 
 
+def _peak_level(run):
+    measured = [level for level in run.levels.all() if level.output_throughput is not None]
+    return max(measured, key=lambda level: level.output_throughput, default=None)
+
+
+def _noise(baseline, run):
+    """Whether the two runs' peak output throughputs differ beyond their rounds' noise, in a
+    sentence: "within noise" where their 95 % intervals overlap, "beyond the noise" where not,
+    and that one round cannot tell where either peak has no interval; None without peaks."""
+    before, after = _peak_level(baseline), _peak_level(run)
+    if before is None or after is None:
+        return None
+    before_interval = before.interval("output_throughput")
+    after_interval = after.interval("output_throughput")
+    figures = (
+        f"peak {with_interval(after.output_throughput, after_interval)} against "
+        f"{with_interval(before.output_throughput, before_interval)} tok/s"
+    )
+    if before_interval is None or after_interval is None:
+        return f"cannot tell from noise ({figures}; one round: no interval)"
+    if overlap(before_interval, after_interval):
+        return f"within noise ({figures}: their 95 % intervals overlap)"
+    return f"beyond the noise ({figures}: their 95 % intervals do not overlap)"
+
+
 def _what_changed(runs):
     """Each run after the first against the first (the baseline), from their snapshots:
     [{"run", "factors": [what differs], "incidental": [factors of how it was taken],
-    "headline": the peak ratio, "sections": [(section title, [(key, a, b)])] in
-    snapshots.SECTIONS order, "unknown": [what one of them did not record]}]; [] for fewer
-    than two runs."""
+    "headline": the peak ratio, "noise": whether it is beyond the noise, "sections": [(section
+    title, [(key, a, b)])] in snapshots.SECTIONS order, "unknown": [what one of them did not
+    record]}]; [] for fewer than two runs."""
     if len(runs) < 2:
         return []
     baseline, out = runs[0], []
@@ -244,6 +270,7 @@ def _what_changed(runs):
                 "factors": [f for f in factors if f not in snapshots.INCIDENTAL_FACTORS],
                 "incidental": [f for f in factors if f in snapshots.INCIDENTAL_FACTORS],
                 "headline": _headline(baseline, run),
+                "noise": _noise(baseline, run),
                 "sections": sections,
                 "unknown": diff["unknown"],
                 "engine_moved": _engine_moved(baseline, run),
