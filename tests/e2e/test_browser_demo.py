@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import time
 
 import httpx
 import pytest
@@ -150,8 +149,9 @@ def test_a_newcomer_restarts_the_standin_with_a_higher_cap_and_compares(demo, pa
     action = demo.wait_for_action(EngineAction.objects.filter(kind="restart_with_args").get())
     assert action.before_run == before
     after = demo.wait_for_run(action.after_run)
-    time.sleep(0.5)
-    page.reload()
+    # the action page refreshes itself every 3 s until the action ends (a reload of our own
+    # would race its refresh): the link comes with the refresh that finds it succeeded
+    page.locator("#compare-link").wait_for(timeout=30_000)
     page.click("#compare-link")
     page.wait_for_url("**/compare/**")
     shot(page, "demo-compare-before-after")
