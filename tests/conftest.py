@@ -19,16 +19,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         uses_db = item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames)
         engine = item.get_closest_marker("engine")
+        # The browser and fault suites check pages and processes, not the database: they run
+        # once, in the PostgreSQL pass, which is the shorter one without them.
+        whole_stack = item.get_closest_marker("browser") or item.get_closest_marker("faults")
         if db_only:
             # The PostgreSQL pass of `make test` re-runs only what touches the database. The
             # real engine's tests run once, in the SQLite pass: two more vLLM servers beside the
             # first pass's would only slow both down on a 2-core machine.
-            kept = uses_db and not engine
+            kept = (uses_db or whole_stack) and not engine
         else:
-            # The SQLite pass beside a PostgreSQL one leaves the browser and fault suites to it:
-            # they check pages and processes, not the database, and twice they cost 4 minutes.
-            whole_stack = item.get_closest_marker("browser") or item.get_closest_marker("faults")
-            kept = not (whole_stack and uses_db and not engine)
+            kept = not (whole_stack and not engine)
         (keep if kept else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
