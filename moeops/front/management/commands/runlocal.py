@@ -163,8 +163,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, port, standin_port, **options):
-        # SIGTERM (a supervisor, a test) stops the children too, as Ctrl-C does
+        # SIGTERM (a supervisor, a test) stops the children too, as Ctrl-C does; SIGINT is set
+        # here as well, since a shell starting this in the background hands it on ignored
         signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)
         env = dict(os.environ)
         redis_server = None
         if not env.get("REDIS_URL"):
