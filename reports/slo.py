@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from reports.levels import LATENCY_METRICS
+from reports.numbers import is_number
 
 # The percentiles a limit may name; p50 reads the level's median.
 SLO_PERCENTILES = ("p50", "p90", "p95", "p99")
@@ -23,10 +24,6 @@ def stat_key(metric, percentile):
     """The LevelResult field of a metric at a percentile: ("tpot", "p99") → "p99_tpot_ms"."""
     stat = "median" if percentile == "p50" else percentile
     return f"{stat}_{metric}_ms"
-
-
-def _is_number(value):
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def profile_problems(limits, max_failed_percent):
@@ -50,7 +47,7 @@ def profile_problems(limits, max_failed_percent):
                 f"{label}'s percentile must be one of {', '.join(SLO_PERCENTILES)}, "
                 f"not {percentile!r}."
             )
-        if not _is_number(limit_ms) or not math.isfinite(limit_ms):
+        if not is_number(limit_ms) or not math.isfinite(limit_ms):
             problems[f"{metric}_ms"] = f"{label}'s limit must be a number of ms."
         elif limit_ms <= 0:
             problems[f"{metric}_ms"] = f"{label}'s limit must be above 0 ms, not {limit_ms:g}."
@@ -59,7 +56,7 @@ def profile_problems(limits, max_failed_percent):
     if not named and not problems:
         problems["__all__"] = "A profile needs at least one limit (TTFT, TPOT, ITL or E2E latency)."
     share = max_failed_percent
-    if not _is_number(share) or not math.isfinite(share) or not 0 <= share <= 100:
+    if not is_number(share) or not math.isfinite(share) or not 0 <= share <= 100:
         problems["max_failed_percent"] = (
             "The largest share of failed requests must be between 0 and 100 %."
         )
