@@ -153,7 +153,9 @@ def test_a_failed_tune_leaves_the_item_to_do_and_applies_nothing(
         _press(client, world)
     tuning = TuningRun.objects.get()
 
-    kernel_services.tuning_run_update(tuning_run=tuning, status="failed", error="OOM")
+    # what follows a finished tune runs once its status is committed
+    with django_capture_on_commit_callbacks(execute=True):
+        kernel_services.tuning_run_update(tuning_run=tuning, status="failed", error="OOM")
 
     world.item.refresh_from_db()
     assert world.item.status == "pending" and not EngineAction.objects.exists()
