@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('kernels', '0005_tuningrun_plan_item'),
+        ("kernels", "0005_tuningrun_plan_item"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='tuningrun',
-            name='started_at',
+            model_name="tuningrun",
+            name="started_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]
