@@ -149,6 +149,9 @@ def tuning_run_create(*, run_uuid=None, host=None, deployment=None, **fields):
         if existing is not None:
             return _same_owner(existing, host, deployment), False
         fields["uuid"] = run_uuid
+    if fields.get("status") == "running":
+        # created running (the tuning CLI's tunes): it starts now, as jobs.transition would say
+        fields["started_at"] = timezone.now()
     try:
         with transaction.atomic():
             return TuningRun.objects.create(host=host, deployment=deployment, **fields), True

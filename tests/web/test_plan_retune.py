@@ -6,6 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from moeops import jobs
 from moeops.engines import services as engine_services
 from moeops.engines.models import EngineAction
 from moeops.insights.models import Finding, PlanItem
@@ -134,6 +135,13 @@ def test_the_button_tunes_then_the_config_is_applied_restarted_and_re_swept(
     [sent] = queues.queued(broker, QUEUE)
     assert sent.task == "workers.engine_action"
     assert [link["task"] for link in sent.embed["chain"]] == ["workers.run_sweep"]
+    world.item.refresh_from_db()
+    assert world.item.status == "in_progress"
+
+    # the hook delivered again (a retry) starts no second action and leaves the item in progress
+    again = jobs.job_finished.apply(args=["kernels.tuningrun", tuning.pk]).get()
+    assert again["moeops.engines.services.on_job_finished"] == str(action.uuid)
+    assert EngineAction.objects.count() == 1
     world.item.refresh_from_db()
     assert world.item.status == "in_progress"
 
