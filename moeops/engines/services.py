@@ -475,8 +475,12 @@ def engine_action_tune_finished(*, tuning_run):
         return None
     if deployment is None or not deployment.is_managed:
         return None
+    # the hook delivered again: the action this tune's end started
     started = EngineAction.objects.filter(
-        plan_item=item, kernel_config=tuning_run.result, source="tune"
+        plan_item=item,
+        kernel_config=tuning_run.result,
+        source="tune",
+        created__gte=tuning_run.finished_at or tuning_run.created,
     ).first()
     if started is not None:
         return started
