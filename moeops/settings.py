@@ -183,8 +183,8 @@ MOEOPS_WORKER_STALE_S = envint("MOEOPS_WORKER_STALE_S", 120, minimum=1)
 # running tune or engine action whose host's worker is gone, has lost its worker: it is failed
 # (Celery would hand its task out again only after the broker's visibility timeout, hours).
 MOEOPS_RUN_STALE_S = envint("MOEOPS_RUN_STALE_S", 300, minimum=1)
-CELERY_BEAT_SCHEDULE["fail-stale-runs"] = {
-    "task": "moeops.engines.tasks.fail_stale_work",
+CELERY_BEAT_SCHEDULE["fail-stale-jobs"] = {
+    "task": "moeops.jobs.fail_stale_jobs",
     "schedule": 60.0,
 }
 # beat remembers when each schedule last ran in this file

@@ -40,7 +40,8 @@ from moeops.engines import services as engine_services
 from moeops.engines.models import EngineAction
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
 from moeops.runs import services as run_services
-from moeops.runs.models import FINISHED_STATUSES, SweepRun
+from moeops.runs.models import SweepRun
+from reports.jobs import FINISHED_STATUSES
 from reports.launch import flag_value
 from workers.engine_supervisor import EngineSupervisor
 from workers.telemetry import TelemetrySampler

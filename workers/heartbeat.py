@@ -4,7 +4,7 @@ whether it reaches its broker.
 
 The web tier marks the host's worker alive while heartbeats arrive (`Host.worker_alive`), says
 at once that work for a host without one would wait, and fails the work of a worker that
-stopped sending them (moeops.engines.services.stale_work_fail). Started by workers.celery
+stopped sending them (moeops.jobs.fail_stale_jobs). Started by workers.celery
 (HeartbeatStep) in the worker's main process before it connects to its broker: neither a broker
 out of reach nor a task that runs for hours stops it.
 """

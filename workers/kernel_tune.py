@@ -18,6 +18,7 @@ import os
 import time
 from pathlib import Path
 
+from reports.jobs import FINISHED_STATUSES
 from tuning.cache_dir import cache_dir
 from tuning.config_files import triton_config_unread
 from workers.client import ApiError, Conflict, Unreachable
@@ -25,7 +26,6 @@ from workers.telemetry import TelemetryPusher
 
 log = logging.getLogger(__name__)
 
-FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
 PROGRESS_INTERVAL_S = 2.0
 SAMPLES_INTERVAL_S = 5.0
 

@@ -22,6 +22,7 @@ import time
 import uuid
 
 from reports.failures import describe_failure
+from reports.jobs import FINISHED_STATUSES
 from reports.levels import LEVEL_KEYS
 from reports.progress import HEARTBEAT_STALE_S, attempt_of
 from workers import engine_info, loadgen, vocabulary
@@ -31,7 +32,6 @@ from workers.telemetry import TelemetrySampler, push_drained
 
 log = logging.getLogger(__name__)
 
-FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
 # The outcome when another worker is still sweeping this run (its heartbeat is fresh).
 BUSY = "busy"
 # The outcome when the API refused this delivery's pushes (409) while it swept: another

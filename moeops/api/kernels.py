@@ -28,13 +28,13 @@ from moeops.api.fields import (
 from moeops.api.paging import Page
 from moeops.api.responses import stored
 from moeops.api.runs import TelemetryIn, TelemetrySampleOut, TelemetryStatus
+from moeops.jobs import JOB_STATUSES
 from moeops.kernels import services
 from moeops.kernels.models import (
     CONFIG_SOURCES,
     KERNEL_ENGINES,
     PICKS,
     REQUESTED_KERNELS,
-    TUNING_STATUSES,
     KernelConfig,
     TuningRun,
 )
@@ -45,7 +45,7 @@ router = Router(tags=["kernels"])
 
 KernelDtype = Literal[services.DTYPES]
 ConfigSource = Literal[tuple(key for key, _ in CONFIG_SOURCES)]
-TuningStatus = Literal[tuple(key for key, _ in TUNING_STATUSES)]
+TuningStatus = Literal[tuple(key for key, _ in JOB_STATUSES)]
 Style = Literal[config_files.STYLES]
 # what the engines' file names can carry: no comma or slash, not blank
 DeviceName = Annotated[
@@ -293,6 +293,7 @@ class TuningRunOut(Schema):
     telemetry_status: str
     telemetry_detail: str
     created: dt.datetime
+    started_at: dt.datetime | None
     finished_at: dt.datetime | None
 
     @staticmethod

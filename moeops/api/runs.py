@@ -29,12 +29,12 @@ from moeops.api.fields import (
 )
 from moeops.api.paging import Page
 from moeops.api.responses import stored
+from moeops.jobs import JOB_STATUSES
 from moeops.runs import services, snapshots
 from moeops.runs.costs import level_costs
 from moeops.runs.importers import FORMATS
 from moeops.runs.models import (
     RUN_SOURCES,
-    RUN_STATUSES,
     TELEMETRY_STATUSES,
     LevelResult,
 )
@@ -44,7 +44,7 @@ from reports.numbers import is_number
 
 router = Router(tags=["runs"])
 
-RunStatus = Literal[tuple(key for key, _ in RUN_STATUSES)]
+RunStatus = Literal[tuple(key for key, _ in JOB_STATUSES)]
 RunSource = Literal[tuple(key for key, _ in RUN_SOURCES)]
 TelemetryStatus = Literal[tuple(key for key, _ in TELEMETRY_STATUSES)]
 ResultFormat = Literal[FORMATS]

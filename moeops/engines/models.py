@@ -9,6 +9,8 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
+from moeops.jobs import ACTION_MOVES, ACTION_STATUSES, Job
+
 # Where each engine reads tuned fused-MoE configs from, and so where an action writes them: the
 # environment variable names a folder that the engine searches before its own (docs/engines.md).
 CONFIG_ENV = {"vllm": "VLLM_TUNED_CONFIG_FOLDER", "sglang": "SGLANG_MOE_CONFIG_DIR"}
@@ -19,21 +21,6 @@ ACTION_KINDS = (
     ("apply_config", "Apply a kernel config"),
     ("revert", "Revert to the previous recipe"),
 )
-ACTION_STATUSES = (
-    ("queued", "Queued"),
-    ("running", "Restarting the engine"),
-    ("sweeping", "Re-sweeping"),
-    ("succeeded", "Succeeded"),
-    ("failed", "Failed"),
-)
-ACTION_FINISHED = ("succeeded", "failed")
-ACTION_IN_FLIGHT = ("queued", "running", "sweeping")
-# An action moves only along these edges (compare-and-set); the worker reports the first two.
-ACTION_TRANSITIONS = {
-    "queued": ("running", "failed"),
-    "running": ("sweeping", "succeeded", "failed"),
-    "sweeping": ("succeeded", "failed"),
-}
 ACTION_SOURCES = (
     ("page", "Deployment page"),
     ("api", "API"),
@@ -106,11 +93,13 @@ def _quoted(part):
     return part if part and all(c.isalnum() or c in "-_./=:,+@" for c in part) else repr(part)
 
 
-class EngineAction(models.Model):
+class EngineAction(Job, models.Model):
     """One change to a managed engine, as a chain on its host's worker: write the kernel
     configs, restart the engine with `recipe` (back to `previous_recipe` when it does not come
     up), check that the engine reports the change, re-sweep with `before_run`'s load into
     `after_run`. steps: [{"name", "status" (running, done, failed, skipped), "detail", "at"}]."""
+
+    MOVES = ACTION_MOVES
 
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     deployment = models.ForeignKey(
@@ -180,13 +169,6 @@ class EngineAction(models.Model):
         if self.before_run.is_standin or self.after_run.is_standin:
             query.append(("standin", "1"))
         return f"{reverse('compare')}?{urlencode(query)}"
-
-    @property
-    def is_finished(self):
-        return self.status in ACTION_FINISHED
-
-    def can_move_to(self, status):
-        return status in ACTION_TRANSITIONS.get(self.status, ())
 
     def title(self):
         """What it does, in a line: "Restart with --max-num-seqs 16", "Apply E=8,N=64… v2"."""

@@ -1,5 +1,5 @@
 """Writes to managed engines: launch recipe versions, engine actions (started here, reported by
-the host's worker, finished when their re-sweep does), and failing the work whose worker is gone.
+the host's worker, finished when their re-sweep does), and failing actions whose worker is lost.
 
 An action is one Celery chain on the deployment's host queue (`send_host_chain`):
 `workers.engine_action` (write the recipe's kernel configs, restart the engine with the recipe,
@@ -15,10 +15,10 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
-from kombu.exceptions import OperationalError
 
+from moeops import jobs
 from moeops.celery import send_host_chain
-from moeops.engines.models import ACTION_FINISHED, ACTION_IN_FLIGHT, EngineAction, LaunchRecipe
+from moeops.engines.models import EngineAction, LaunchRecipe
 from moeops.fleet.models import Deployment
 from moeops.insights import services as insights_services
 from moeops.insights.models import PlanItem
@@ -281,7 +281,7 @@ def engine_action_start(
         raise ValidationError({"host": absence})
     with transaction.atomic():
         Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
-        busy = deployment.engine_actions.filter(status__in=ACTION_IN_FLIGHT).first()
+        busy = deployment.engine_actions.filter(status__in=jobs.ACTION_IN_FLIGHT).first()
         if busy is not None:
             raise ValidationError(
                 {"deployment": f"{busy.title()} is still {busy.get_status_display().lower()}"}
@@ -365,39 +365,20 @@ def _resweep_label(action, deployment):
 
 
 def _enqueue(action, host, steps):
-    pk = action.pk
-
-    def send():
-        try:
-            send_host_chain(host, steps)
-        except OperationalError as exc:
-            log.warning("could not enqueue engine action %s on %s: %s", pk, host.queue_name, exc)
-            failed = EngineAction.objects.get(pk=pk)
-            _fail(failed, f"Could not reach the broker to enqueue the action: {exc}")
-
-    transaction.on_commit(send)
+    jobs.enqueue(action, lambda: send_host_chain(host, steps), what="the action", fail=_fail)
 
 
 def _move(action, status, **fields):
-    """Compare-and-set action.status to status; the same status again is a no-op."""
+    """Move action to status with fields (moeops.jobs.transition); the same status again
+    writes only the fields. Raises ActionConflict for a move the action cannot make."""
     if action.status == status:
         if fields:
             EngineAction.objects.filter(pk=action.pk).update(**fields)
+            for key, value in fields.items():
+                setattr(action, key, value)
         return action
-    if not action.can_move_to(status):
+    if not jobs.transition(action, status, **fields):
         raise ActionConflict(f"action {action.uuid} is {action.status}; it cannot become {status}")
-    now = timezone.now()
-    changes = {"status": status, **fields}
-    if status == "running":
-        changes["started_at"] = now
-    if status in ACTION_FINISHED:
-        changes["finished_at"] = now
-    moved = EngineAction.objects.filter(pk=action.pk, status=action.status).update(**changes)
-    if moved != 1:
-        action.refresh_from_db()
-        raise ActionConflict(f"action {action.uuid} changed meanwhile: it is now {action.status}")
-    for key, value in changes.items():
-        setattr(action, key, value)
     return action
 
 
@@ -465,13 +446,26 @@ def _plan_done(action):
     insights_services.plan_items_settle(deployment=action.deployment)
 
 
+def on_job_finished(*, job):
+    """What a finished job means to engine actions (moeops.jobs.FINISHED_HANDLERS): a re-sweep
+    ends its action, a plan item's tune starts one. Returns the uuid (text) of the action it
+    ended or started, or None."""
+    if isinstance(job, SweepRun):
+        action = engine_action_run_finished(run=job)
+    elif isinstance(job, TuningRun):
+        action = engine_action_tune_finished(tuning_run=job)
+    else:
+        action = None
+    return str(action.uuid) if action is not None else None
+
+
 def engine_action_tune_finished(*, tuning_run):
     """A tune that carries out a plan item (a re-tune for the engine's kernel) finished: on a
     managed deployment a succeeded tune's config is applied, the engine restarted and re-swept
     (an apply_config action with the item, source "tune"); an external deployment's item stays
     in progress for a person to apply it. A tune that failed or was cancelled, or an action that
     cannot start (its worker gone, another in flight), puts the item back to pending. Returns
-    the action started, or None. Called by tuning_run_update for every finished tune."""
+    the action started (the one already started, when called again), or None."""
     item = tuning_run.plan_item
     if item is None:
         return None
@@ -481,6 +475,15 @@ def engine_action_tune_finished(*, tuning_run):
         return None
     if deployment is None or not deployment.is_managed:
         return None
+    # the hook delivered again: the action this tune's end started
+    started = EngineAction.objects.filter(
+        plan_item=item,
+        kernel_config=tuning_run.result,
+        source="tune",
+        created__gte=tuning_run.finished_at or tuning_run.created,
+    ).first()
+    if started is not None:
+        return started
     try:
         return engine_action_start(
             deployment=deployment,
@@ -500,86 +503,55 @@ def engine_action_tune_finished(*, tuning_run):
 
 def engine_action_run_finished(*, run):
     """The re-sweep of an action finished: the action succeeds with it (its plan item done) or
-    fails naming how the sweep ended. Called by run_transition for every finished run."""
-    action = EngineAction.objects.filter(after_run=run, status="sweeping").first()
-    if action is None:
-        return None
-    steps = [
-        {**step, "status": "done" if run.status == "succeeded" else "failed",
-         "detail": f"{run.display_label()}: {run.get_status_display().lower()}"}
-        if step.get("name") == "re-sweep" else step
-        for step in action.steps
-    ]  # fmt: skip
-    EngineAction.objects.filter(pk=action.pk).update(steps=steps)
-    if run.status == "succeeded":
-        _move(action, "succeeded")
-        _plan_done(action)
-        return action
-    detail = f": {run.error}" if run.error else ""
-    return _fail(action, f"the engine came up, but its re-sweep ended {run.status}{detail}")
+    fails naming how the sweep ended. Returns the action, or None when no action was waiting
+    for the run."""
+    with transaction.atomic():
+        action = (
+            EngineAction.objects.select_for_update()
+            .select_related("recipe")
+            .filter(after_run=run, status="sweeping")
+            .first()
+        )
+        if action is None:
+            return None
+        steps = [
+            {**step, "status": "done" if run.status == "succeeded" else "failed",
+             "detail": f"{run.display_label()}: {run.get_status_display().lower()}"}
+            if step.get("name") == "re-sweep" else step
+            for step in action.steps
+        ]  # fmt: skip
+        if run.status == "succeeded":
+            _move(action, "succeeded", steps=steps)
+            _plan_done(action)
+            return action
+        detail = f": {run.error}" if run.error else ""
+        error = f"the engine came up, but its re-sweep ended {run.status}{detail}"
+        return _fail(action, error, steps=steps)
 
 
 # --------------------------------------------------------------------------- lost workers
 
 
-def stale_work_fail(*, now=None):
-    """Fail the work whose worker is gone; returns how many of each were failed.
-
-    A running sweep whose own heartbeat is older than MOEOPS_RUN_STALE_S (its worker pushes one
-    every few seconds); a running tune, or an action not finished, whose host's worker has sent
-    no heartbeat for MOEOPS_RUN_STALE_S. Without this a task whose worker died waits for the
-    broker's visibility timeout (hours) to be handed out again.
-    """
+def engine_action_fail_stale(*, now=None):
+    """Fail each queued or restarting action older than MOEOPS_RUN_STALE_S whose host's worker
+    is lost (moeops.jobs.worker_lost); returns how many. A re-sweeping action ends with its
+    re-sweep, which its own heartbeat fails (runs.services.run_fail_stale)."""
     now = now or timezone.now()
-    limit = settings.MOEOPS_RUN_STALE_S
-    epoch = now.timestamp()
-    failed = {"runs": 0, "tunes": 0, "actions": 0}
-    for run in SweepRun.objects.filter(status="running"):
-        if not run_services.run_heartbeat_stale(run, epoch, limit):
-            continue
-        age = run_services.run_heartbeat_age(run, epoch)
-        try:
-            run_services.run_transition(
-                run=run,
-                status="failed",
-                error=f"The worker stopped sending heartbeats {_ago(age)}: it was lost "
-                "mid-sweep. Finished levels are kept.",
-            )
-            failed["runs"] += 1
-        except run_services.RunConflict:
-            pass
-    for tune in TuningRun.objects.filter(status="running").select_related("host"):
-        if tune.host is not None and _host_gone(tune.host, now, limit):
-            moved = TuningRun.objects.filter(pk=tune.pk, status="running").update(
-                status="failed",
-                error=f"The worker of host {tune.host.name} stopped sending heartbeats "
-                f"{_ago((now - tune.host.worker_seen_at).total_seconds())}: the tune was lost.",
-                finished_at=now,
-            )
-            failed["tunes"] += moved
+    failed = 0
     actions = EngineAction.objects.filter(status__in=("queued", "running")).select_related(
         "deployment__host", "recipe"
     )
     for action in actions:
         host = action.deployment.host
-        seen = host.worker_seen_at
         started = action.started_at or action.created
-        if (now - started).total_seconds() > limit and _host_gone(host, now, limit):
-            since = _ago((now - seen).total_seconds()) if seen else "ever"
-            try:
-                _fail(action, f"The worker of host {host.name} stopped sending heartbeats {since}.")
-                failed["actions"] += 1
-            except ActionConflict:
-                pass
+        if (now - started).total_seconds() <= settings.MOEOPS_RUN_STALE_S:
+            continue
+        if not jobs.worker_lost(host, now):
+            continue
+        silent = jobs.ago(host.silent_for(now))
+        try:
+            _fail(action, f"The worker of host {host.name} stopped sending heartbeats {silent}.")
+            failed += 1
+        except ActionConflict:
+            pass
     return failed
-
-
-def _host_gone(host, now, limit):
-    return host.worker_seen_at is not None and (now - host.worker_seen_at).total_seconds() > limit
-
-
-def _ago(seconds):
-    if seconds is None:
-        return "long ago"
-    minutes = seconds / 60
-    return f"{seconds:.0f} s ago" if minutes < 2 else f"{minutes:.0f} min ago"

@@ -177,12 +177,16 @@ class Host(models.Model):
     def queue_name(self):
         return host_queue(self.name)
 
+    def silent_for(self, now=None):
+        """s since the host's worker's last heartbeat, or None when it was never heard from."""
+        if self.worker_seen_at is None:
+            return None
+        return ((now or timezone.now()) - self.worker_seen_at).total_seconds()
+
     def worker_alive(self, now=None):
         """Whether the host's worker sent a heartbeat within MOEOPS_WORKER_STALE_S."""
-        if self.worker_seen_at is None:
-            return False
-        now = now or timezone.now()
-        return (now - self.worker_seen_at).total_seconds() <= settings.MOEOPS_WORKER_STALE_S
+        silent = self.silent_for(now)
+        return silent is not None and silent <= settings.MOEOPS_WORKER_STALE_S
 
     def worker_absence(self):
         """A sentence saying why work sent to this host would wait, or "" when its worker is

@@ -21,9 +21,10 @@ from moeops.fleet.models import (
 from moeops.front.templatetags.moeops_format import duration
 from moeops.insights.models import PLAN_STATUSES, Note
 from moeops.insights.services import note_slug, note_taken_refusal
+from moeops.jobs import JOB_STATUSES
 from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
-from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, SweepRun
+from moeops.runs.models import TUNED_KERNEL, SweepRun
 from moeops.runs.parameters import MAX_ROUNDS, parameters_checked
 from tuning.config_files import TUNED_BATCH_SIZES, kernel_dtype, triton_config_unread
 from tuning.engines import ENGINE_TITLES
@@ -556,7 +557,7 @@ class RunFilterForm(forms.Form):
     virtualization = forms.ChoiceField(choices=(("", "any"), *VIRTUALIZATION_KINDS), required=False)
     engine = forms.ChoiceField(choices=(("", "any"), *ENGINES), required=False)
     kernel = forms.ChoiceField(label="Kernel config", required=False)
-    status = forms.ChoiceField(choices=(("", "any"), *RUN_STATUSES), required=False)
+    status = forms.ChoiceField(choices=(("", "any"), *JOB_STATUSES), required=False)
     since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
     until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
 

@@ -6,13 +6,14 @@ from django.db.models import Max, Q
 from django.utils import timezone
 from django.utils.text import slugify
 
-from moeops.engines.models import ACTION_IN_FLIGHT
 from moeops.fleet.models import Deployment
-from moeops.insights import analysis, tasks
+from moeops.insights import analysis
 from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, Note, PlanItem
+from moeops.jobs import ACTION_IN_FLIGHT
 from moeops.kernels.models import KernelConfig, config_of_file, kernel_source_of
 from moeops.runs import snapshots
-from moeops.runs.models import FINISHED_STATUSES, SweepRun, of_the_deployments_model
+from moeops.runs.models import SweepRun, of_the_deployments_model
+from reports.jobs import FINISHED_STATUSES
 from tuning.config_files import file_device_name
 
 # How far back to look for the previous comparable run of a deployment.
@@ -26,11 +27,12 @@ class NoteConflict(Exception):
     """A different note is stored under the slug."""
 
 
-def enqueue_analysis(run):
-    """Analyze `run` on the web-side worker once the current transaction commits."""
-    run_id = run.pk
-    # robust: a broker that is down must not fail the request that finished the run
-    transaction.on_commit(lambda: tasks.analyze_run.delay(run_id), robust=True)
+def on_job_finished(*, job):
+    """A finished sweep run is analyzed (moeops.jobs.FINISHED_HANDLERS): returns the ids of the
+    findings it proposed; other jobs, None."""
+    if not isinstance(job, SweepRun):
+        return None
+    return [finding.pk for finding in run_analyze(run=job)]
 
 
 def run_analyze(*, run) -> list[Finding]:

@@ -5,6 +5,7 @@ import uuid
 
 from django.db import models, transaction
 
+from moeops.jobs import JOB_STATUSES, Job
 from moeops.runs.models import TELEMETRY_STATUSES
 from tuning import config_files
 from tuning.engines import ENGINE_TITLES
@@ -38,14 +39,6 @@ PICKS = (
     ("tuned", "the search's best"),
     ("default", "the engine's default"),
     ("shipped", "the engine's shipped file"),
-)
-
-TUNING_STATUSES = (
-    ("queued", "Queued"),
-    ("running", "Running"),
-    ("succeeded", "Succeeded"),
-    ("failed", "Failed"),
-    ("cancelled", "Cancelled"),
 )
 
 
@@ -254,7 +247,7 @@ def kernel_source_of(engine, version) -> str:
     return ""
 
 
-class TuningRun(TimedKernel):
+class TuningRun(Job, TimedKernel):
     """One tune of the fused-MoE kernel for a shape on a host's GPU(s): engine is the kernel
     asked for, kernel_* the one the worker timed and kernel_note which and why (the worker falls
     back to the builtin kernel where the engine is not installed on its host)."""
@@ -276,7 +269,7 @@ class TuningRun(TimedKernel):
     batch_sizes = models.JSONField(default=list, blank=True)
     engine = models.CharField(max_length=20, choices=REQUESTED_KERNELS, default="builtin")
     kernel_note = models.CharField(max_length=300, blank=True)
-    status = models.CharField(max_length=20, choices=TUNING_STATUSES, default="queued")
+    status = models.CharField(max_length=20, choices=JOB_STATUSES, default="queued")
     progress = models.JSONField(default=dict, blank=True)
     result = models.ForeignKey(
         KernelConfig, models.SET_NULL, null=True, blank=True, related_name="tuning_runs"
@@ -293,6 +286,7 @@ class TuningRun(TimedKernel):
     )
     telemetry_detail = models.CharField(max_length=300, blank=True)
     created = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

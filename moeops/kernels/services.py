@@ -1,4 +1,5 @@
-"""Writes to kernel configs and tuning runs, and the start of a tune on a host's worker."""
+"""Writes to kernel configs and tuning runs: the start of a tune on a host's worker, its status
+moves (moeops.jobs), failing tunes whose worker is lost."""
 
 import json
 
@@ -6,10 +7,11 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from moeops import jobs
+from moeops.celery import send_host_task
+from moeops.engines.services import require_staff
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KERNEL_DTYPES, KernelConfig, TuningRun, TuningTiming
-from moeops.runs.models import FINISHED_STATUSES, RUN_TRANSITIONS
-from moeops.runs.services import run_enqueue
 from tuning import config_files
 from tuning.engines import ENGINE_TITLES
 
@@ -147,6 +149,9 @@ def tuning_run_create(*, run_uuid=None, host=None, deployment=None, **fields):
         if existing is not None:
             return _same_owner(existing, host, deployment), False
         fields["uuid"] = run_uuid
+    if fields.get("status") == "running":
+        # created running (the tuning CLI's tunes): it starts now, as jobs.transition would say
+        fields["started_at"] = timezone.now()
     try:
         with transaction.atomic():
             return TuningRun.objects.create(host=host, deployment=deployment, **fields), True
@@ -219,7 +224,12 @@ def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=Fals
                 "quantization": deployment.weight_quantization,
                 "force": force,
             }
-            run_enqueue(run=tuning, task="tune_kernel", host=deployment.host, kwargs=kwargs)
+            host = deployment.host
+            jobs.enqueue(
+                tuning,
+                lambda: send_host_task("tune_kernel", host, kwargs=kwargs),
+                what="workers.tune_kernel",
+            )
     return tuning, created
 
 
@@ -233,17 +243,16 @@ def _same_owner(tuning_run, host, deployment):
 
 
 def tuning_run_update(*, tuning_run, status=None, **fields):
-    """Status by compare-and-set (same edges as sweep runs), then progress, result, wall_s …"""
+    """Status (moeops.jobs.transition: a finished one runs the job-finished hook), then
+    progress, result, wall_s … in one transaction. Raises TuningConflict for a status the tune
+    cannot move to."""
     with transaction.atomic():
-        moved = status is not None and status != tuning_run.status
-        if moved:
+        if status is not None and status != tuning_run.status:
             _tuning_transition(tuning_run, status)
         if fields:
             TuningRun.objects.filter(pk=tuning_run.pk).update(**fields)
             for key, value in fields.items():
                 setattr(tuning_run, key, value)
-        if moved and status in FINISHED_STATUSES:
-            _tune_finished(tuning_run)
     return tuning_run
 
 
@@ -251,17 +260,25 @@ def tuning_run_cancel(*, tuning_run):
     """Cancel a queued or running tune. A running tune's worker reads the status with its next
     progress push and stops its GPU processes; what it tuned stays in its log on the host.
     Raises TuningConflict when the tune has finished."""
-    with transaction.atomic():
-        _tuning_transition(tuning_run, "cancelled")
-        _tune_finished(tuning_run)
+    _tuning_transition(tuning_run, "cancelled")
     return tuning_run
 
 
-def _tune_finished(tuning_run):
-    # imported here: engine actions read kernel configs and tuning runs through this app
-    from moeops.engines.services import engine_action_tune_finished
-
-    engine_action_tune_finished(tuning_run=tuning_run)
+def tuning_run_fail_stale(*, now=None):
+    """Fail each running tune whose host's worker is lost (moeops.jobs.worker_lost); returns
+    how many. A tune pushes no heartbeat of its own: its host's worker's stands for it."""
+    now = now or timezone.now()
+    failed = 0
+    for tune in TuningRun.objects.filter(status="running", host__isnull=False).select_related(
+        "host"
+    ):
+        if jobs.worker_lost(tune.host, now):
+            error = (
+                f"The worker of host {tune.host.name} stopped sending heartbeats "
+                f"{jobs.ago(tune.host.silent_for(now))}: the tune was lost."
+            )
+            failed += jobs.transition(tune, "failed", error=error)
+    return failed
 
 
 def tuning_start_for_plan_item(*, item, user):
@@ -270,9 +287,6 @@ def tuning_start_for_plan_item(*, item, user):
     the tune succeeds a managed deployment's engine gets the config, restarts and is re-swept
     (moeops.engines.services.engine_action_tune_finished), so only staff may start it there.
     Raises PermissionDenied, or ValueError with the sentence that says why not."""
-    # imported here, as above
-    from moeops.engines.services import require_staff
-
     deployment = item.deployment
     if deployment.is_managed:
         require_staff(user)
@@ -299,21 +313,10 @@ def tuning_start_for_plan_item(*, item, user):
 
 
 def _tuning_transition(tuning_run, status):
-    if status not in RUN_TRANSITIONS.get(tuning_run.status, ()):
+    if not jobs.transition(tuning_run, status):
         raise TuningConflict(
             f"tuning run {tuning_run.pk} is {tuning_run.status}; it cannot become {status}"
         )
-    changes = {"status": status}
-    if status in FINISHED_STATUSES:
-        changes["finished_at"] = timezone.now()
-    moved = TuningRun.objects.filter(pk=tuning_run.pk, status=tuning_run.status).update(**changes)
-    if moved != 1:
-        tuning_run.refresh_from_db()
-        raise TuningConflict(
-            f"tuning run {tuning_run.pk} changed meanwhile: it is now {tuning_run.status}"
-        )
-    for key, value in changes.items():
-        setattr(tuning_run, key, value)
 
 
 def tuning_timings_record(*, tuning_run, timings):

@@ -8,25 +8,12 @@ from django.db import models
 from django.db.models import Avg, Case, CharField, Count, Max, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce
 
+from moeops.jobs import JOB_STATUSES, Job
 from reports import engine as engine_reports
 from reports.failures import describe_failure
 from reports.intervals import ROUND_KEYS
 from reports.numbers import is_integer
 from reports.progress import attempt_of
-
-RUN_STATUSES = (
-    ("queued", "Queued"),
-    ("running", "Running"),
-    ("succeeded", "Succeeded"),
-    ("failed", "Failed"),
-    ("cancelled", "Cancelled"),
-)
-FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
-# A run may move only along these edges; anything else is a conflict (compare-and-set).
-RUN_TRANSITIONS = {
-    "queued": ("running", "failed", "cancelled"),
-    "running": ("succeeded", "failed", "cancelled"),
-}
 
 RUN_SOURCES = (("worker", "Worker sweep"), ("import", "Imported file"), ("manual", "Manual entry"))
 
@@ -111,7 +98,7 @@ class SweepRunQuerySet(models.QuerySet):
         )
 
 
-class SweepRun(models.Model):
+class SweepRun(Job, models.Model):
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     deployment = models.ForeignKey("fleet.Deployment", models.CASCADE, related_name="runs")
     label = models.CharField(max_length=200, blank=True)
@@ -120,7 +107,7 @@ class SweepRun(models.Model):
         blank=True,
         help_text="levels, input_len, output_len, prompts_per_level, warmup, endpoint, …",
     )
-    status = models.CharField(max_length=20, choices=RUN_STATUSES, default="queued")
+    status = models.CharField(max_length=20, choices=JOB_STATUSES, default="queued")
     source = models.CharField(max_length=20, choices=RUN_SOURCES, default="worker")
     progress = models.JSONField(
         default=dict, blank=True, help_text="level_index, levels_total, requests_done, …"
@@ -157,13 +144,6 @@ class SweepRun(models.Model):
 
     def __str__(self):
         return self.label or str(self.uuid)
-
-    @property
-    def is_finished(self):
-        return self.status in FINISHED_STATUSES
-
-    def can_move_to(self, status):
-        return status in RUN_TRANSITIONS.get(self.status, ())
 
     def display_label(self):
         return self.label or f"run {str(self.uuid)[:8]}"

@@ -1,5 +1,6 @@
-"""Writes to sweep runs: create, start (the sweep sent to the host's worker), status
-compare-and-set, levels, telemetry (of sweeps and kernel tunes), imported files."""
+"""Writes to sweep runs: create, start (the sweep sent to the host's worker), status moves
+(moeops.jobs), failing runs whose worker is lost, levels, telemetry (of sweeps and kernel
+tunes), imported files."""
 
 import hashlib
 import json
@@ -7,18 +8,17 @@ import logging
 import time
 from operator import itemgetter
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
-from kombu.exceptions import OperationalError
 
+from moeops import jobs
 from moeops.celery import send_host_task
 from moeops.fleet.endpoints import endpoint_refusal
-from moeops.insights import services as insights_services
 from moeops.runs import importers, snapshots
 from moeops.runs.levels import level_problems
 from moeops.runs.models import (
-    FINISHED_STATUSES,
     EngineSample,
     LevelResult,
     LevelRound,
@@ -137,7 +137,12 @@ def run_start(*, deployment, parameters, label="", run_uuid=None, topology_snaps
         )
         if created:
             kwargs = {"run_uuid": str(run.uuid), **parameters}
-            run_enqueue(run=run, task="run_sweep", host=deployment.host, kwargs=kwargs)
+            host = deployment.host
+            jobs.enqueue(
+                run,
+                lambda: send_host_task("run_sweep", host, kwargs=kwargs),
+                what="workers.run_sweep",
+            )
     return run, created
 
 
@@ -180,27 +185,6 @@ def _check_sweep(deployment, parameters):
             )
 
 
-def run_enqueue(*, run, task, host, kwargs):
-    """Send `workers.<task>` for a queued run (a SweepRun or a TuningRun) to the host's queue
-    once the current transaction commits, so that the worker always finds the run; a broker
-    that cannot be reached fails the run with the reason instead of leaving it queued forever.
-    """
-    model, pk = type(run), run.pk
-
-    def send():
-        try:
-            send_host_task(task, host, kwargs=kwargs)
-        except OperationalError as exc:
-            log.warning("could not enqueue workers.%s on %s: %s", task, host.queue_name, exc)
-            model.objects.filter(pk=pk, status="queued").update(
-                status="failed",
-                error=f"Could not reach the broker to enqueue workers.{task}: {exc}",
-                finished_at=timezone.now(),
-            )
-
-    transaction.on_commit(send)
-
-
 def _same_deployment(run, deployment):
     if run.deployment_id != deployment.pk:
         raise RunConflict(f"run {run.uuid} belongs to another deployment")
@@ -208,34 +192,13 @@ def _same_deployment(run, deployment):
 
 
 def run_transition(*, run, status, error=""):
-    """Move the run to `status` by compare-and-set; the same status again is a no-op.
-
-    Raises RunConflict when RUN_TRANSITIONS has no such edge or the run moved meanwhile.
-    Sets started_at on running and finished_at on a finished status.
-    """
+    """Move the run to `status` (moeops.jobs.transition); the same status again is a no-op.
+    Raises RunConflict when the run's status does not lead there (it moved meanwhile, or
+    finished)."""
     if run.status == status:
         return run
-    if not run.can_move_to(status):
+    if not jobs.transition(run, status, **({"error": error} if error else {})):
         raise RunConflict(f"run {run.pk} is {run.status}; it cannot become {status}")
-    now = timezone.now()
-    changes = {"status": status}
-    if status == "running":
-        changes["started_at"] = now
-    if status in FINISHED_STATUSES:
-        changes["finished_at"] = now
-    if error:
-        changes["error"] = error
-    if SweepRun.objects.filter(pk=run.pk, status=run.status).update(**changes) != 1:
-        run.refresh_from_db()
-        raise RunConflict(f"run {run.pk} changed meanwhile: it is now {run.status}")
-    for key, value in changes.items():
-        setattr(run, key, value)
-    if status in FINISHED_STATUSES:
-        insights_services.enqueue_analysis(run)
-        # imported here: engine actions create runs through this module
-        from moeops.engines.services import engine_action_run_finished
-
-        engine_action_run_finished(run=run)
     return run
 
 
@@ -257,6 +220,25 @@ def run_heartbeat_stale(run, now_epoch, limit_s):
         started = run.started_at.timestamp() if run.started_at else None
         age = now_epoch - started if started is not None else None
     return age is not None and age > limit_s
+
+
+def run_fail_stale(*, now=None):
+    """Fail each running run whose own heartbeat is older than MOEOPS_RUN_STALE_S (its worker
+    pushes one every second), finished levels kept; returns how many. Without this a sweep
+    whose worker died waits for the broker's visibility timeout (hours) to be handed out
+    again."""
+    epoch = (now or timezone.now()).timestamp()
+    limit = settings.MOEOPS_RUN_STALE_S
+    failed = 0
+    for run in SweepRun.objects.filter(status="running"):
+        if not run_heartbeat_stale(run, epoch, limit):
+            continue
+        error = (
+            f"The worker stopped sending heartbeats {jobs.ago(run_heartbeat_age(run, epoch))}: "
+            "it was lost mid-sweep. Finished levels are kept."
+        )
+        failed += jobs.transition(run, "failed", error=error)
+    return failed
 
 
 def run_take_over(*, run, attempt, progress):
@@ -651,5 +633,6 @@ def run_import(
             key = level_key(fields["concurrency"], fields["request_rate"])
             rows.append(LevelResult(run=run, key=key, body_sha256=body_sha256(fields), **fields))
         LevelResult.objects.bulk_create(rows)
-        insights_services.enqueue_analysis(run)
+        # stored finished: what follows a finished sweep follows it too (the analysis)
+        jobs.job_finished_enqueue(run)
     return run, True

@@ -16,8 +16,9 @@ from moeops.api.models import ApiToken
 from moeops.engines.models import EngineAction
 from moeops.engines.services import engine_action_start
 from moeops.examples import STANDIN_HOST, load_example_data, load_standin_deployment
-from moeops.runs.models import FINISHED_STATUSES, SweepRun
+from moeops.runs.models import SweepRun
 from moeops.runs.services import run_start
+from reports.jobs import FINISHED_STATUSES
 from tests.browser import PASSWORD, log_in, shot
 from tests.stack import SweepStack, WorkerProcess, _producer
 

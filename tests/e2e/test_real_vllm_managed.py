@@ -19,6 +19,7 @@ from moeops.engines import services
 from moeops.engines.models import EngineAction
 from moeops.fleet.models import Host, ModelSpec
 from moeops.kernels.models import KernelConfig
+from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.models import SweepRun
 from tests.browser import PASSWORD, log_in, shot
@@ -237,7 +238,7 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
     killed = time.monotonic()
 
     def ended():
-        services.stale_work_fail()
+        run_services.run_fail_stale()
         return SweepRun.objects.get(pk=run.pk).is_finished
 
     _wait(ended, "the run's end", timeout=RUN_STALE_S + 30)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from moeops.engines import services, tasks
+from moeops import jobs
 from moeops.fleet.models import Host
 from moeops.runs.models import LevelResult, SweepRun
 
@@ -31,10 +31,10 @@ def test_a_killed_worker_ends_its_sweep_within_the_heartbeat_timeout(make_sweep_
     stack.worker.kill()
     killed_at = time.monotonic()
     # the beat task's body, as Celery beat runs it every minute on the web side
-    assert tasks.fail_stale_work() == {"runs": 0, "tunes": 0, "actions": 0}
+    assert jobs.fail_stale_jobs() == {"runs": 0, "tunes": 0, "actions": 0}
 
     def failed():
-        services.stale_work_fail()
+        jobs.fail_stale_jobs()
         return SweepRun.objects.filter(pk=run.pk, status="failed").first()
 
     ended = stack.wait_until(failed, STALE_S + 20)

@@ -10,12 +10,13 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from moeops import jobs
 from moeops.examples import load_example_data
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
-from moeops.insights import services, tasks
+from moeops.insights import services
 from moeops.insights.models import Finding, IncompatibilityRule, PlanItem
-from moeops.kernels.models import KernelConfig
+from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs.models import EngineSample, LevelResult, SweepRun, TelemetrySample, level_key
 from reports.intervals import t_interval
 from tests import fakes
@@ -569,28 +570,25 @@ def test_a_container_in_a_vm_is_told_its_gpus_are_passed_through_to_the_vm(h200_
     assert [layer["kind"] for layer in finding.evidence["layers"]] == ["vm", "container"]
 
 
-# -- task, on-commit enqueue, command ----------------------------------------------------------
+# -- the job-finished hook, command ----------------------------------------------------------
 
 
-def test_the_task_analyzes_the_run_and_ignores_a_missing_one():
+def test_the_job_finished_hook_analyzes_a_finished_run_and_ignores_a_missing_one():
     run = write_up_sweep()
 
-    ids = tasks.analyze_run.apply(args=[run.pk]).get()
+    answer = jobs.job_finished.apply(args=[run._meta.label_lower, run.pk]).get()
 
-    assert set(ids) == set(auto().values_list("pk", flat=True))
-    assert tasks.analyze_run.apply(args=[10**9]).get() == []
+    ids = answer["moeops.insights.services.on_job_finished"]
+    assert ids and set(ids) == set(auto().values_list("pk", flat=True))
+    assert jobs.job_finished.apply(args=["runs.sweeprun", 10**9]).get() == {}
 
 
-def test_enqueue_analysis_waits_for_the_commit(monkeypatch, django_capture_on_commit_callbacks):
-    run = write_up_sweep()
-    sent = []
-    monkeypatch.setattr(tasks.analyze_run, "delay", sent.append)
+def test_a_finished_tune_is_no_run_to_analyze(h200_deployment):
+    tune = TuningRun.objects.create(
+        host=h200_deployment.host, E=8, N=64, hidden_size=64, topk=2, status="succeeded"
+    )
 
-    with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        services.enqueue_analysis(run)
-        assert sent == []
-
-    assert len(callbacks) == 1 and sent == [run.pk]
+    assert services.on_job_finished(job=tune) is None
 
 
 def test_the_command_analyzes_one_run_by_uuid():

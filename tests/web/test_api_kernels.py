@@ -234,10 +234,9 @@ def test_it_creates_a_tuning_run_once(world):
 def test_it_records_timings_and_the_result(world):
     world.host_worker.post("/api/v1/tuning-runs", TUNING)
     ref = TUNING["uuid"]
-    assert (
-        world.host_worker.patch(f"/api/v1/tuning-runs/{ref}", {"status": "running"}).status_code
-        == 200
-    )
+    assert world.read_only.get(f"/api/v1/tuning-runs/{ref}").json()["started_at"] is None
+    running = world.host_worker.patch(f"/api/v1/tuning-runs/{ref}", {"status": "running"})
+    assert running.status_code == 200 and running.json()["started_at"] is not None
     timings = [
         {"batch_size": 1, "tuned_us": 24.5, "default_us": 61.0, "floor_us": 18.0, "config": ENTRY},
         {"batch_size": 64, "tuned_us": 610.0, "default_us": 1050.0, "floor_us": 490.0},
@@ -259,13 +258,15 @@ def test_it_records_timings_and_the_result(world):
     assert done.status_code == 200
     body = done.json()
     assert (body["status"], body["result"], body["wall_s"]) == ("succeeded", config["id"], 812.5)
-    assert body["finished_at"] is not None
+    assert body["finished_at"] >= body["started_at"]
     assert body["timings"][0]["speedup"] == pytest.approx(61.0 / 24.5)
     assert body["timings"][1]["floor_fraction"] == pytest.approx(490.0 / 610.0)
 
 
 def test_a_finished_tuning_run_does_not_run_again(world):
-    world.host_worker.post("/api/v1/tuning-runs", {**TUNING, "status": "running"})
+    created = world.host_worker.post("/api/v1/tuning-runs", {**TUNING, "status": "running"})
+    # a tune created running (the tuning CLI's) starts then
+    assert created.json()["started_at"] is not None
     ref = TUNING["uuid"]
     world.host_worker.patch(f"/api/v1/tuning-runs/{ref}", {"status": "failed", "error": "OOM"})
     response = world.host_worker.patch(f"/api/v1/tuning-runs/{ref}", {"status": "running"})

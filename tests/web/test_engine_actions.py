@@ -13,7 +13,7 @@ from moeops.engines import services
 from moeops.engines.models import EngineAction
 from moeops.insights import services as insights_services
 from moeops.insights.models import Finding, PlanItem
-from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.kernels.models import KernelConfig
 from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, SweepRun, level_key
 from tests import queues
@@ -227,7 +227,9 @@ def _apply(world, broker):
     return action, config, item
 
 
-def test_the_workers_reports_and_the_resweep_carry_an_action_to_the_end(world, broker):
+def test_the_workers_reports_and_the_resweep_carry_an_action_to_the_end(
+    world, broker, django_capture_on_commit_callbacks
+):
     action, config, item = _apply(world, broker)
     assert list(action.recipe.kernel_configs.all()) == [config]
 
@@ -243,7 +245,11 @@ def test_the_workers_reports_and_the_resweep_carry_an_action_to_the_end(world, b
 
     after = action.after_run
     run_services.run_transition(run=after, status="running")
-    run_services.run_transition(run=after, status="succeeded")
+    with django_capture_on_commit_callbacks(execute=True):
+        run_services.run_transition(run=after, status="succeeded")
+        action.refresh_from_db()
+        # the job-finished hook ends the action once the run's end is committed
+        assert action.status == "sweeping"
 
     action.refresh_from_db()
     item.refresh_from_db()
@@ -352,31 +358,29 @@ def test_a_heartbeat_marks_the_worker_alive_and_keeps_what_it_says(world, settin
     assert "was last seen 3\xa0minutes ago" in world.host.worker_absence()
 
 
-def test_work_whose_worker_is_gone_is_failed_and_the_rest_left_alone(world, settings):
+def test_an_action_whose_worker_is_lost_is_failed_and_the_rest_left_alone(world, settings):
     settings.MOEOPS_RUN_STALE_S = 300
-    now = time.time()
-    lost = world.run(status="running", progress={"heartbeat": now - 400, "levels_done": 1})
-    busy = world.run(status="running", progress={"heartbeat": now - 5})
-    world.host.worker_seen_at = timezone.now() - timezone.timedelta(seconds=400)
+    recipe = _recipe(world)
+    long_ago = timezone.now() - timezone.timedelta(seconds=400)
+    lost, recent = (
+        EngineAction.objects.create(deployment=world.deployment, kind="restart", recipe=recipe)
+        for _ in range(2)
+    )
+    EngineAction.objects.filter(pk=lost.pk).update(created=long_ago)
+    world.host.worker_seen_at = long_ago
     world.host.save()
-    tune = TuningRun.objects.create(
-        host=world.host, E=32, N=256, hidden_size=6144, topk=8, status="running"
-    )
-    other = TuningRun.objects.create(
-        host=world.other_host, E=32, N=256, hidden_size=6144, topk=8, status="running"
-    )
 
-    assert services.stale_work_fail() == {"runs": 1, "tunes": 1, "actions": 0}
+    assert services.engine_action_fail_stale() == 1
 
     lost.refresh_from_db()
-    busy.refresh_from_db()
-    tune.refresh_from_db()
-    other.refresh_from_db()
-    assert lost.status == "failed" and "stopped sending heartbeats 7 min ago" in lost.error
-    assert busy.status == "running"
-    assert tune.status == "failed" and "host rtx-pro-6000 stopped sending heartbeats" in tune.error
-    # a host never seen has no heartbeat to go stale
-    assert other.status == "running"
+    recent.refresh_from_db()
+    assert lost.status == "failed" and lost.finished_at is not None
+    assert lost.error == "The worker of host rtx-pro-6000 stopped sending heartbeats 7 min ago."
+    # younger than the limit: its worker may not have picked it up yet
+    assert recent.status == "queued"
+    _alive(world.host)
+    EngineAction.objects.filter(pk=recent.pk).update(created=long_ago)
+    assert services.engine_action_fail_stale() == 0
 
 
 def test_cancel_ends_a_run_whose_worker_is_gone_at_once(world, settings):
@@ -510,23 +514,37 @@ def test_the_analysis_re_proposing_a_change_in_force_marks_it_done_once(world, b
 # -- the names of re-sweeps -----------------------------------------------------------------------
 
 
-def _act(world, **fields):
-    """An action carried to its end: restarted, re-swept, succeeded."""
+def _act(world, on_commit, **fields):
+    """An action carried to its end: restarted, re-swept, succeeded (on_commit:
+    django_capture_on_commit_callbacks, which runs the job-finished hook)."""
     action = services.engine_action_start(deployment=world.deployment, user=world.staff, **fields)
     services.engine_action_report(action=action, status="running")
     services.engine_action_report(action=action, status="sweeping")
     run_services.run_transition(run=action.after_run, status="running")
-    run_services.run_transition(run=action.after_run, status="succeeded")
+    with on_commit(execute=True):
+        run_services.run_transition(run=action.after_run, status="succeeded")
     action.refresh_from_db()
     return action
 
 
-def test_a_re_sweep_is_named_once_after_the_change_it_measures(world, broker):
+def test_a_re_sweep_is_named_once_after_the_change_it_measures(
+    world, broker, django_capture_on_commit_callbacks
+):
     _in_force(_recipe(world))
     _finished_sweep(world)
 
-    first = _act(world, kind="restart_with_args", changes={"--max-num-seqs": "16"})
-    second = _act(world, kind="restart_with_args", changes={"--max-num-seqs": "32"})
+    first = _act(
+        world,
+        django_capture_on_commit_callbacks,
+        kind="restart_with_args",
+        changes={"--max-num-seqs": "16"},
+    )
+    second = _act(
+        world,
+        django_capture_on_commit_callbacks,
+        kind="restart_with_args",
+        changes={"--max-num-seqs": "32"},
+    )
 
     # the second re-sweeps after the first's re-sweep: its name carries none of that history
     assert second.before_run == first.after_run
@@ -534,11 +552,16 @@ def test_a_re_sweep_is_named_once_after_the_change_it_measures(world, broker):
     assert second.after_run.label == "Restart with --max-num-seqs 32 (recipe v3)"
 
 
-def test_two_re_sweeps_of_the_same_recipe_get_two_names(world, broker):
+def test_two_re_sweeps_of_the_same_recipe_get_two_names(
+    world, broker, django_capture_on_commit_callbacks
+):
     _in_force(_recipe(world))
     _finished_sweep(world)
 
-    labels = [_act(world, kind="restart").after_run.label for _ in range(3)]
+    labels = [
+        _act(world, django_capture_on_commit_callbacks, kind="restart").after_run.label
+        for _ in range(3)
+    ]
 
     assert labels == [
         "Restart with recipe v1",

@@ -272,7 +272,9 @@ def test_the_engine_panel_costs_no_query_per_action(
     assert html.count("Restart with the newest recipe</a>") == 5
 
 
-def test_the_action_page_names_its_two_runs_once_each(client, deployment, staff, broker):
+def test_the_action_page_names_its_two_runs_once_each(
+    client, deployment, staff, broker, django_capture_on_commit_callbacks
+):
     client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
     deployment.refresh_from_db()
     SweepRun.objects.create(
@@ -292,7 +294,9 @@ def test_the_action_page_names_its_two_runs_once_each(client, deployment, staff,
         services.engine_action_report(action=action, status="running")
         services.engine_action_report(action=action, status="sweeping")
         run_services.run_transition(run=action.after_run, status="running")
-        run_services.run_transition(run=action.after_run, status="succeeded")
+        # the re-sweep's end ends the action once it is committed
+        with django_capture_on_commit_callbacks(execute=True):
+            run_services.run_transition(run=action.after_run, status="succeeded")
         actions.append(action)
 
     html = client.get(actions[1].get_absolute_url()).content.decode()

@@ -5,8 +5,8 @@ import re
 import pytest
 from django.utils import timezone
 
+from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun, TuningTiming
-from moeops.runs import services as run_services
 from tests import page_base as pb
 from tests.fakes import FIXTURES
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 def sent(monkeypatch):
     calls = []
     monkeypatch.setattr(
-        run_services,
+        kernel_services,
         "send_host_task",
         lambda name, host, kwargs: calls.append((name, host, kwargs)),
     )

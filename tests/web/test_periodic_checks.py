@@ -73,8 +73,8 @@ def _beat_config(**env):
     )
 
 
-# beat also fails the work whose worker is gone, every minute, whatever the checks' interval
-STALE_WORK = {"task": "moeops.engines.tasks.fail_stale_work", "schedule": 60.0}
+# beat also fails the jobs whose worker is lost, every minute, whatever the checks' interval
+STALE_JOBS = {"task": "moeops.jobs.fail_stale_jobs", "schedule": 60.0}
 
 
 def test_beat_checks_every_five_minutes_by_default_and_keeps_its_file_in_var(tmp_path):
@@ -83,7 +83,7 @@ def test_beat_checks_every_five_minutes_by_default_and_keeps_its_file_in_var(tmp
     conf = json.loads(proc.stdout)
     assert conf["schedule"] == {
         "check-deployments": {"task": "moeops.fleet.tasks.check_deployments", "schedule": 300.0},
-        "fail-stale-runs": STALE_WORK,
+        "fail-stale-jobs": STALE_JOBS,
     }
     assert conf["file"] == str(tmp_path / "celerybeat-schedule")
 
@@ -96,7 +96,7 @@ def test_the_interval_comes_from_the_environment_and_zero_turns_the_checks_off(t
     off = json.loads(
         _beat_config(MOEOPS_VAR_DIR=str(tmp_path), MOEOPS_HEALTH_CHECK_INTERVAL_S="0").stdout
     )
-    assert off["schedule"] == {"fail-stale-runs": STALE_WORK}
+    assert off["schedule"] == {"fail-stale-jobs": STALE_JOBS}
 
 
 @pytest.mark.parametrize("value", ["-5", "5m"])

@@ -6,6 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from moeops import jobs
 from moeops.engines import services as engine_services
 from moeops.engines.models import EngineAction
 from moeops.insights.models import Finding, PlanItem
@@ -137,6 +138,13 @@ def test_the_button_tunes_then_the_config_is_applied_restarted_and_re_swept(
     world.item.refresh_from_db()
     assert world.item.status == "in_progress"
 
+    # the hook delivered again (a retry) starts no second action and leaves the item in progress
+    again = jobs.job_finished.apply(args=["kernels.tuningrun", tuning.pk]).get()
+    assert again["moeops.engines.services.on_job_finished"] == str(action.uuid)
+    assert EngineAction.objects.count() == 1
+    world.item.refresh_from_db()
+    assert world.item.status == "in_progress"
+
 
 def test_only_staff_may_start_what_restarts_a_managed_engine(client, world):
     response = _press(client, world, user="member")
@@ -153,7 +161,9 @@ def test_a_failed_tune_leaves_the_item_to_do_and_applies_nothing(
         _press(client, world)
     tuning = TuningRun.objects.get()
 
-    kernel_services.tuning_run_update(tuning_run=tuning, status="failed", error="OOM")
+    # what follows a finished tune runs once its status is committed
+    with django_capture_on_commit_callbacks(execute=True):
+        kernel_services.tuning_run_update(tuning_run=tuning, status="failed", error="OOM")
 
     world.item.refresh_from_db()
     assert world.item.status == "pending" and not EngineAction.objects.exists()

@@ -3,7 +3,8 @@ import uuid
 from django.core.management.base import BaseCommand, CommandError
 
 from moeops.insights.services import run_analyze
-from moeops.runs.models import FINISHED_STATUSES, SweepRun
+from moeops.runs.models import SweepRun
+from reports.jobs import FINISHED_STATUSES
 
 
 class Command(BaseCommand):

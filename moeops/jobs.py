@@ -1,0 +1,178 @@
+"""A job's life, one for every kind: sweep runs (runs.SweepRun), kernel tunes
+(kernels.TuningRun) and engine actions (engines.EngineAction) are each a job on a host's queue.
+
+Here: the statuses and the moves between them, the one compare-and-set status move
+(`transition`), sending a job's work once its row is committed (`enqueue`), the rule by which a
+job's worker is lost (`worker_lost`), and what runs once a job finishes (`job_finished`, on the
+web side's worker). Each app keeps what is its own: its conflict error, its reaper of lost jobs
+(`<kind>_fail_stale`), what its worker reports.
+
+This module imports no app: the apps' handlers and reapers are named below by dotted path, so
+that the apps import it and not the other way round.
+"""
+
+import logging
+
+from django.apps import apps
+from django.conf import settings
+from django.db import OperationalError as DatabaseError
+from django.db import transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+from kombu.exceptions import OperationalError as BrokerError
+
+from moeops.celery import app
+from reports.jobs import FINISHED_STATUSES
+
+log = logging.getLogger(__name__)
+
+# Sweep runs and kernel tunes.
+JOB_STATUSES = (
+    ("queued", "Queued"),
+    ("running", "Running"),
+    ("succeeded", "Succeeded"),
+    ("failed", "Failed"),
+    ("cancelled", "Cancelled"),
+)
+# A job moves only along these edges; anything else is refused (transition returns False).
+JOB_MOVES = {
+    "queued": ("running", "failed", "cancelled"),
+    "running": ("succeeded", "failed", "cancelled"),
+}
+
+# Engine actions: restarting the engine, then re-sweeping it; an action is never cancelled.
+ACTION_STATUSES = (
+    ("queued", "Queued"),
+    ("running", "Restarting the engine"),
+    ("sweeping", "Re-sweeping"),
+    ("succeeded", "Succeeded"),
+    ("failed", "Failed"),
+)
+ACTION_MOVES = {
+    "queued": ("running", "failed"),
+    "running": ("sweeping", "succeeded", "failed"),
+    "sweeping": ("succeeded", "failed"),
+}
+ACTION_IN_FLIGHT = ("queued", "running", "sweeping")
+
+# What runs on the web side's worker once a job finishes, in this order; each is called with
+# job= (a SweepRun, TuningRun or EngineAction) and leaves alone the kinds it has no business
+# with. Watches that fire on a finished job add their handler here.
+FINISHED_HANDLERS = (
+    # a re-sweep ends its engine action; a plan item's tune starts one
+    "moeops.engines.services.on_job_finished",
+    # a sweep run is analyzed: findings and plan items
+    "moeops.insights.services.on_job_finished",
+)
+
+# Each kind's reaper of the jobs whose worker is lost (called with now=; returns how many it
+# failed), run every minute by fail_stale_jobs (Celery beat).
+STALE_REAPERS = {
+    "runs": "moeops.runs.services.run_fail_stale",
+    "tunes": "moeops.kernels.services.tuning_run_fail_stale",
+    "actions": "moeops.engines.services.engine_action_fail_stale",
+}
+
+
+class Job:
+    """What a job's model shares (mixed into it): its `status`, `started_at`, `finished_at`,
+    `error` fields and the moves its status makes."""
+
+    MOVES = JOB_MOVES
+
+    @property
+    def is_finished(self):
+        return self.status in FINISHED_STATUSES
+
+    def can_move_to(self, status):
+        return status in self.MOVES.get(self.status, ())
+
+
+def transition(job, status, **fields):
+    """Move job to status, fields written in the same UPDATE, by compare-and-set: the row moves
+    only from a status its MOVES lead to status from, so of two writers that move a job from the
+    same status one wins. running sets started_at; a finished status sets finished_at and runs
+    job_finished once the transaction commits.
+
+    Returns whether it moved. False: the row was in no status that leads there (already there,
+    finished, an illegal move, or moved meanwhile by another writer); job.status is then the
+    row's as it is now.
+    """
+    sources = [source for source, targets in job.MOVES.items() if status in targets]
+    now = timezone.now()
+    changes = {"status": status, **fields}
+    if status == "running":
+        changes["started_at"] = now
+    if status in FINISHED_STATUSES:
+        changes["finished_at"] = now
+    if type(job).objects.filter(pk=job.pk, status__in=sources).update(**changes) != 1:
+        job.refresh_from_db(fields=["status"])
+        return False
+    for name, value in changes.items():
+        setattr(job, name, value)
+    if status in FINISHED_STATUSES:
+        job_finished_enqueue(job)
+    return True
+
+
+def _fail(job, error):
+    transition(job, "failed", error=error)
+
+
+def enqueue(job, send, *, what, fail=_fail):
+    """Call send() (which puts the job's work on the broker) once the current transaction
+    commits, so that the worker always finds the job's row. A broker that cannot be reached
+    ends the job failed with the reason, through fail(job, error), instead of leaving it queued
+    forever. what: the work sent, in words ("workers.run_sweep")."""
+    model, pk = type(job), job.pk
+
+    def send_committed():
+        try:
+            send()
+        except BrokerError as exc:
+            log.warning("could not enqueue %s for %s %s: %s", what, model.__name__, pk, exc)
+            fail(model.objects.get(pk=pk), f"Could not reach the broker to enqueue {what}: {exc}")
+
+    transaction.on_commit(send_committed)
+
+
+def worker_lost(host, now=None):
+    """Whether the host's worker has been silent (Host.silent_for) for longer than
+    MOEOPS_RUN_STALE_S: the work it was running is lost. A host never heard from has no
+    heartbeat to go stale."""
+    silent = host.silent_for(now)
+    return silent is not None and silent > settings.MOEOPS_RUN_STALE_S
+
+
+def ago(seconds):
+    """ "40 s ago", "7 min ago" (seconds: s, or None when unknown)."""
+    if seconds is None:
+        return "long ago"
+    minutes = seconds / 60
+    return f"{seconds:.0f} s ago" if minutes < 2 else f"{minutes:.0f} min ago"
+
+
+def job_finished_enqueue(job):
+    """Run job_finished for a finished job on the web side's worker once the current transaction
+    commits."""
+    label, pk = job._meta.label_lower, job.pk
+    # robust: a broker that is down must not fail the request that finished the job
+    transaction.on_commit(lambda: job_finished.delay(label, pk), robust=True)
+
+
+# A database briefly locked or unreachable is worth a retry; every handler may run again.
+@app.task(autoretry_for=(DatabaseError,), retry_backoff=True, max_retries=5)
+def job_finished(model_label, pk):
+    """Call each of FINISHED_HANDLERS with the finished job (model_label: "runs.sweeprun", …);
+    returns {handler: what it returned}, {} for a job that is gone."""
+    job = apps.get_model(model_label).objects.filter(pk=pk).first()
+    if job is None:
+        return {}
+    return {path: import_string(path)(job=job) for path in FINISHED_HANDLERS}
+
+
+@app.task
+def fail_stale_jobs():
+    """Fail the jobs of every kind whose worker is lost; returns how many of each kind."""
+    now = timezone.now()
+    return {kind: import_string(path)(now=now) for kind, path in STALE_REAPERS.items()}

@@ -1,0 +1,5 @@
+"""What both tiers agree on of a job's life (a sweep run, a kernel tune, an engine action): the
+statuses it ends in. A finished job takes no more work: the worker stops at one, the web tier
+refuses writes to one."""
+
+FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
