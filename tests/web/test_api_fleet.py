@@ -370,6 +370,18 @@ def test_a_name_of_digits_alone_is_refused_as_it_would_read_as_another_rows_id(w
     assert world.owner.post(path, {"name": "h2", **extra}).status_code == 201
 
 
+def test_a_row_named_by_digits_before_the_rule_still_takes_its_other_changes(world):
+    host = Host.objects.create(name="70")
+    profile = SLOProfile.objects.create(name="80", ttft_percentile="p99", ttft_ms=500)
+    patched = world.owner.patch(f"/api/v1/hosts/{host.pk}", {"description": "old name"})
+    assert patched.status_code == 200 and patched.json()["description"] == "old name"
+    path = f"/api/v1/slo-profiles/{profile.pk}"
+    assert world.owner.patch(path, {"ttft_ms": 400}).json()["ttft_ms"] == 400
+    renamed = world.owner.patch(path, {"name": "81"})
+    assert renamed.status_code == 422 and renamed.json()["message"].startswith("name: ")
+    assert SLOProfile.objects.get(pk=profile.pk).name == "80"
+
+
 def test_it_refuses_a_gpu_the_host_lacks(world):
     body = {"name": "x", "model": "GLM-5", "host": "rtx-pro-6000", "gpus": [7]}
     response = world.owner.post("/api/v1/deployments", body)
