@@ -7,6 +7,7 @@ import re
 from django import forms
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS
+from django.forms.fields import InvalidJSONInput
 
 from moeops.fleet.endpoints import endpoint_change_refusal
 from moeops.fleet.models import (
@@ -26,6 +27,7 @@ from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
 from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, SweepRun
 from moeops.runs.parameters import MAX_ROUNDS, parameters_checked
+from moeops.storable import storable_json
 from tuning.config_files import TUNED_BATCH_SIZES, kernel_dtype, triton_config_unread
 from tuning.engines import ENGINE_TITLES
 from tuning.moe_params import MoEConfigError, moe_params
@@ -70,6 +72,36 @@ def _int_list(text, *, field_name):
             "more than once)"
         )
     return sorted(values)
+
+
+def _storable_loads(text):
+    """The JSON value of text that PostgreSQL and SQLite both store; ValueError saying why not."""
+    try:
+        return storable_json(json.loads(text))
+    except RecursionError:
+        raise ValueError("nested too deep to read") from None
+
+
+class StorableJSONField(forms.JSONField):
+    """A JSON field whose value both databases store: NaN, NUL or nesting past what the reader
+    follows is the field's error, not a failed write."""
+
+    def to_python(self, value):
+        try:
+            value = super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError("Nested too deep to read.", code="invalid") from None
+        try:
+            return storable_json(value)
+        except ValueError as exc:
+            raise forms.ValidationError(f"{exc}.", code="invalid") from None
+
+    def bound_data(self, data, initial):
+        # the form shown again with the refused text reads it once more
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
 
 
 class EndpointField(forms.CharField):
@@ -133,6 +165,7 @@ class DeploymentForm(forms.ModelForm):
             "status",
             "default_slo_profile",
         )
+        field_classes = {"launch_args": StorableJSONField}
         widgets = {
             "gpus": forms.CheckboxSelectMultiple,
             "launch_args": forms.Textarea(attrs={"rows": 3}),
@@ -222,7 +255,7 @@ class DeploymentForm(forms.ModelForm):
                 )
             return None
         try:
-            config = json.loads(text)
+            config = _storable_loads(text)
             if not isinstance(config, dict):
                 raise ValueError(f"a JSON object, not {type(config).__name__}")
             moe_params(config)
