@@ -355,6 +355,8 @@ def loads_config(text: str | bytes) -> tuple[str | None, dict[int, dict]]:
         obj = json.loads(text)
     except ValueError as exc:
         raise ConfigEntryError([f"not valid JSON: {exc}"]) from None
+    except RecursionError:
+        raise ConfigEntryError(["not a config: nested too deep to read"]) from None
     return triton_version_of(obj), validate_entries(obj)
 
 

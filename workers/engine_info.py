@@ -28,12 +28,15 @@ from workers.loadgen import server_error_message
 
 METRIC_PREFIXES = ("vllm:", "sglang:")
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 for moeops to read its /server_info"
+# s vLLM's /server_info may take: its first answer after a start runs collect_env (pip, lscpu,
+# nvidia-smi … as subprocesses, cached afterwards), 10.4 s on 2 busy cores, past a check's 10 s
+SERVER_INFO_TIMEOUT_S = 60.0
 
 
-def _get(client, url):
+def _get(client, url, timeout=httpx.USE_CLIENT_DEFAULT):
     """(status, response) of GET url; (None, reason) when nothing answered."""
     try:
-        response = client.get(url)
+        response = client.get(url, timeout=timeout)
     except httpx.HTTPError as exc:
         return None, f"{type(exc).__name__}: {exc}"
     return response.status_code, response
@@ -128,7 +131,8 @@ def identify_engine(base_url: str, *, timeout_s: float = 10.0) -> dict:
 
 
 def _vllm_config(client, base, cache_info) -> dict:
-    status, info = _get(client, base + "/server_info?config_format=json")
+    timeout = max(client.timeout.read or 0, SERVER_INFO_TIMEOUT_S)
+    status, info = _get(client, base + "/server_info?config_format=json", timeout=timeout)
     body = _json(info) if status == 200 else None
     config = body.get("vllm_config") if body else None
     if isinstance(config, dict):
@@ -143,6 +147,8 @@ def _vllm_config(client, base, cache_info) -> dict:
             "vLLM serves no /server_info, so its running-request cap and most of its "
             f"arguments are unknown: {DEV_MODE_HINT}"
         )
+    elif status is None:
+        note = f"vLLM's /server_info did not answer: {info}"
     else:
         note = f"vLLM's /server_info answered {status}: {_reason(info)}"
     found = {"notes": [note]}

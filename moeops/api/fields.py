@@ -3,6 +3,7 @@
 import datetime as dt
 from typing import Annotated, Any, ClassVar
 
+from django.core.exceptions import ValidationError
 from ninja import Schema
 from pydantic import (
     AfterValidator,
@@ -13,6 +14,7 @@ from pydantic import (
     model_validator,
 )
 
+from moeops.fleet.models import not_an_id
 from moeops.storable import (
     MAX_BIG_INT,
     MAX_INT,
@@ -32,7 +34,18 @@ def text(max_length: int, min_length: int = 0):
 
 
 LongText = Annotated[str, StringConstraints(max_length=1_000_000), AfterValidator(storable_text)]
-Name = text(200, min_length=1)
+
+
+def _not_an_id(value: str) -> str:
+    try:
+        not_an_id(value)
+    except ValidationError as exc:
+        raise ValueError(exc.messages[0]) from None
+    return value
+
+
+# the name of a row the API finds by id or name (models, deployments, SLO profiles)
+Name = Annotated[text(200, min_length=1), AfterValidator(_not_an_id)]
 
 
 def slug(max_length: int):
@@ -42,7 +55,7 @@ def slug(max_length: int):
     ]
 
 
-Slug = slug(100)
+HostName = Annotated[slug(100), AfterValidator(_not_an_id)]
 PosInt = Annotated[int, Field(ge=0, le=MAX_INT)]
 SmallInt = Annotated[int, Field(ge=0, le=MAX_SMALL_INT)]
 BigInt = Annotated[int, Field(ge=0, le=MAX_BIG_INT)]

@@ -2,7 +2,7 @@
 
 import datetime as dt
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from kombu.exceptions import OperationalError
@@ -16,6 +16,7 @@ from moeops.api.auth import HostWrite, PersonOnly, require_host
 from moeops.api.fields import (
     CreatedRange,
     EpochSeconds,
+    HostName,
     In,
     JsonList,
     JsonObject,
@@ -23,7 +24,6 @@ from moeops.api.fields import (
     Name,
     Patch,
     PosInt,
-    Slug,
     SmallInt,
     in_range,
     matching,
@@ -156,7 +156,7 @@ def model_get(request, ref: str):
 
 
 class HostIn(In):
-    name: Slug
+    name: HostName
     description: text(300) = ""
     provenance: text(300) = ""
 
@@ -542,8 +542,9 @@ class DeploymentIn(DeploymentFields):
     host: text(100, min_length=1) = Field(description="host id or name")
     gpus: list[SmallInt] = Field([], max_length=1024, description="GPU indexes on the host")
     engine: Engine = "sglang"
-    tp: SmallInt = Field(1, ge=1)
-    ep: SmallInt = Field(1, ge=1)
+    # Field(1, ge=1) on SmallInt would lose ge=1 to SmallInt's own ge=0
+    tp: Annotated[SmallInt, Field(ge=1)] = 1
+    ep: Annotated[SmallInt, Field(ge=1)] = 1
     provenance: text(300) = ""
 
 

@@ -37,6 +37,17 @@ from tuning.moe_params import (
 # "not read yet" for arguments where None is a value (no topology snapshot)
 _UNREAD = object()
 
+
+def not_an_id(name):
+    """The API finds models, hosts, deployments and SLO profiles by id or by name: a name of
+    digits alone would be taken for another row's id."""
+    if name.isascii() and name.isdigit():
+        raise ValidationError(
+            f"{name!r} is digits alone, which the API reads as an id: add a letter",
+            code="digits",
+        )
+
+
 ENGINES = (("sglang", "SGLang"), ("vllm", "vLLM"), ("other", "Other"))
 
 DEPLOYMENT_STATUSES = (
@@ -79,7 +90,7 @@ TOPOLOGY_SOURCES = (
 class ModelSpec(models.Model):
     """A model as its HF config.json describes it; the MoE shape is read from that file."""
 
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=200, unique=True, validators=[not_an_id])
     hf_repo_id = models.CharField(max_length=200, blank=True)
     config_json = models.JSONField(help_text="The model's config.json, as published.")
     quant_config_json = models.JSONField(
@@ -133,7 +144,7 @@ PRICE_DIGITS, PRICE_DECIMALS = 12, 4
 class Host(models.Model):
     """A GPU host; its worker listens on the Celery queue `host.<name>`."""
 
-    name = models.SlugField(max_length=100, unique=True)
+    name = models.SlugField(max_length=100, unique=True, validators=[not_an_id])
     description = models.CharField(max_length=300, blank=True)
     price_per_gpu_hour = models.DecimalField(
         max_digits=PRICE_DIGITS,
@@ -349,7 +360,7 @@ class SLOProfile(models.Model):
     """A named set of latency limits, each at a percentile, and the largest share of failed
     requests: what a level must meet (reports.slo judges it)."""
 
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=200, unique=True, validators=[not_an_id])
     ttft_percentile, ttft_ms = _limit_fields("TTFT")
     tpot_percentile, tpot_ms = _limit_fields("TPOT")
     itl_percentile, itl_ms = _limit_fields("ITL")
@@ -404,7 +415,7 @@ class SLOProfile(models.Model):
 class Deployment(models.Model):
     """One model served by one engine on (some GPUs of) one host."""
 
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=200, unique=True, validators=[not_an_id])
     model = models.ForeignKey(ModelSpec, models.PROTECT, related_name="deployments")
     host = models.ForeignKey(Host, models.PROTECT, related_name="deployments")
     gpus = models.ManyToManyField(GPU, blank=True, related_name="deployments")

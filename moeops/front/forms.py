@@ -7,6 +7,7 @@ import re
 from django import forms
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS
+from django.forms.fields import InvalidJSONInput
 
 from moeops.fleet.endpoints import endpoint_change_refusal
 from moeops.fleet.models import (
@@ -17,6 +18,7 @@ from moeops.fleet.models import (
     Host,
     ModelSpec,
     SLOProfile,
+    not_an_id,
 )
 from moeops.front.templatetags.moeops_format import duration
 from moeops.insights.models import PLAN_STATUSES, Note
@@ -26,6 +28,7 @@ from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
 from moeops.runs.models import TUNED_KERNEL, SweepRun
 from moeops.runs.parameters import MAX_ROUNDS, parameters_checked
+from moeops.storable import storable_json
 from tuning.config_files import TUNED_BATCH_SIZES, kernel_dtype, triton_config_unread
 from tuning.engines import ENGINE_TITLES
 from tuning.moe_params import MoEConfigError, moe_params
@@ -72,6 +75,36 @@ def _int_list(text, *, field_name):
     return sorted(values)
 
 
+def _storable_loads(text):
+    """The JSON value of text that PostgreSQL and SQLite both store; ValueError saying why not."""
+    try:
+        return storable_json(json.loads(text))
+    except RecursionError:
+        raise ValueError("nested too deep to read") from None
+
+
+class StorableJSONField(forms.JSONField):
+    """A JSON field whose value both databases store: NaN, NUL or nesting past what the reader
+    follows is the field's error, not a failed write."""
+
+    def to_python(self, value):
+        try:
+            value = super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError("Nested too deep to read.", code="invalid") from None
+        try:
+            return storable_json(value)
+        except ValueError as exc:
+            raise forms.ValidationError(f"{exc}.", code="invalid") from None
+
+    def bound_data(self, data, initial):
+        # the form shown again with the refused text reads it once more
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
+
+
 class EndpointField(forms.CharField):
     """An engine's URL. Engines on a team's network are plain http more often than not, so a URL
     without a scheme gets http://; the host may be a bare name (rtx-pro-6000), which Django's
@@ -100,6 +133,7 @@ class DeploymentForm(forms.ModelForm):
     new_model_name = forms.CharField(
         max_length=200,
         required=False,
+        validators=[not_an_id],
         label="New model's name",
         help_text="For a model not in the list, e.g. its Hugging Face repo id.",
     )
@@ -132,6 +166,7 @@ class DeploymentForm(forms.ModelForm):
             "status",
             "default_slo_profile",
         )
+        field_classes = {"launch_args": StorableJSONField}
         widgets = {
             "gpus": forms.CheckboxSelectMultiple,
             "launch_args": forms.Textarea(attrs={"rows": 3}),
@@ -221,7 +256,7 @@ class DeploymentForm(forms.ModelForm):
                 )
             return None
         try:
-            config = json.loads(text)
+            config = _storable_loads(text)
             if not isinstance(config, dict):
                 raise ValueError(f"a JSON object, not {type(config).__name__}")
             moe_params(config)

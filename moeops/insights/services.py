@@ -226,8 +226,17 @@ def plan_item_move(*, item, offset):
 
 def note_slug(*, title, slug="") -> str:
     """The slug a note goes under: `slug`, else one made from the title. ValidationError naming
-    the slug when it is reserved or too long; the form, the API and the admin all go by it."""
-    slug = slug or slugify(title)[:NOTE_SLUG_MAX_LENGTH] or "note"
+    the slug when it is reserved, digits alone or too long; the form, the API and the admin all
+    go by it."""
+    if slug.isascii() and slug.isdigit():
+        raise ValidationError(
+            {"slug": f"“{slug}” is digits alone, which the API reads as a note's id: add a letter."}
+        )
+    made = slugify(title)
+    if made.isdigit():
+        # a title of digits alone ("2026") would make a slug the API reads as an id
+        made = f"note-{made}"
+    slug = slug or made[:NOTE_SLUG_MAX_LENGTH] or "note"
     if slug in RESERVED_NOTE_SLUGS:
         raise ValidationError({"slug": f"“{slug}” is reserved; pick another slug."})
     if len(slug) > NOTE_SLUG_MAX_LENGTH:

@@ -51,6 +51,9 @@ SM120 = {"name": TUNED_DEVICE, "compute_capability": "12.0", "power_limit_w": 60
 ACTION_TIMEOUT_S = 600
 # the heartbeat timeout of this test (s): minutes in production
 RUN_STALE_S = 8
+# ms a page operation may take here: the first page with charts compiles plotly (4.8 MB) beside a
+# running vLLM, which took over the browser fixture's 10 s on 2 busy cores (load 15)
+PAGE_TIMEOUT_MS = 60_000
 
 
 @pytest.fixture
@@ -128,6 +131,7 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
     settings,
 ):
     settings.MOEOPS_RUN_STALE_S = RUN_STALE_S
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
     deployment = managed.deployment
 
     first = _act(managed, "restart")

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
-from tests.api_base import make_world
+from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, SLOProfile, TopologySnapshot
+from tests.api_base import GLM5_CONFIG, make_world
 from tests.fakes import FIXTURES
 
 TOPOLOGY = FIXTURES / "topology"
@@ -338,6 +338,48 @@ def test_it_registers_a_deployment_once(world):
     assert first.json()["host"] == "rtx-pro-6000"
     assert world.owner.post("/api/v1/deployments", body).status_code == 200
     assert Deployment.objects.filter(name="kimi-k2-sglang").count() == 1
+
+
+@pytest.mark.parametrize("key", ["tp", "ep"])
+def test_it_refuses_a_deployment_at_tp_or_ep_0(world, key):
+    body = {"name": "x", "model": "GLM-5", "host": "rtx-pro-6000", "gpus": [0], key: 0}
+    response = world.owner.post("/api/v1/deployments", body)
+    assert response.status_code == 422
+    assert f"{key}: Input should be greater than or equal to 1" in response.json()["message"]
+    assert not Deployment.objects.filter(name="x").exists()
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        ("/api/v1/models", {"config": GLM5_CONFIG}),
+        ("/api/v1/hosts", {}),
+        ("/api/v1/deployments", {"model": "GLM-5", "host": "rtx-pro-6000", "gpus": [0]}),
+        ("/api/v1/slo-profiles", {"ttft_percentile": "p99", "ttft_ms": 500}),
+    ],
+)
+def test_a_name_of_digits_alone_is_refused_as_it_would_read_as_another_rows_id(world, path, extra):
+    # the API finds these by id or name: "2" would shadow the row whose id is 2
+    tables = (ModelSpec, Host, Deployment, SLOProfile)
+    rows = [table.objects.count() for table in tables]
+    response = world.owner.post(path, {"name": "2", **extra})
+    assert response.status_code == 422
+    assert response.json()["message"].startswith("name: ")
+    assert "'2' is digits alone, which the API reads as an id" in response.json()["message"]
+    assert [table.objects.count() for table in tables] == rows
+    assert world.owner.post(path, {"name": "h2", **extra}).status_code == 201
+
+
+def test_a_row_named_by_digits_before_the_rule_still_takes_its_other_changes(world):
+    host = Host.objects.create(name="70")
+    profile = SLOProfile.objects.create(name="80", ttft_percentile="p99", ttft_ms=500)
+    patched = world.owner.patch(f"/api/v1/hosts/{host.pk}", {"description": "old name"})
+    assert patched.status_code == 200 and patched.json()["description"] == "old name"
+    path = f"/api/v1/slo-profiles/{profile.pk}"
+    assert world.owner.patch(path, {"ttft_ms": 400}).json()["ttft_ms"] == 400
+    renamed = world.owner.patch(path, {"name": "81"})
+    assert renamed.status_code == 422 and renamed.json()["message"].startswith("name: ")
+    assert SLOProfile.objects.get(pk=profile.pk).name == "80"
 
 
 def test_it_refuses_a_gpu_the_host_lacks(world):

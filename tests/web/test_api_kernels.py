@@ -1,6 +1,8 @@
 import json
 
 import pytest
+from django.contrib.auth.models import User
+from django.core.files.uploadedfile import SimpleUploadedFile
 
 from moeops.kernels.models import KernelConfig, TuningRun, TuningTiming
 from tests.api_base import make_world
@@ -42,6 +44,22 @@ def test_it_imports_a_vllm_file_by_its_name(world):
     assert body["triton_version"] == "3.6.0"
     assert body["version"] == 1 and body["source"] == "imported"
     assert body["file_names"]["vllm"] == RTX_FP8
+
+
+def test_a_file_nested_past_what_json_reads_is_refused_on_its_content(world, client):
+    deep = "[" * 5000 + "]" * 5000
+    stored = KernelConfig.objects.count()
+    response = _import(world.owner, RTX_FP8, deep)
+    assert response.status_code == 400
+    assert response.json()["detail"] == "content: not a config: nested too deep to read"
+    # the kernels page's upload goes through the same service
+    User.objects.create_user("ops", password="pw")
+    client.login(username="ops", password="pw")
+    upload = SimpleUploadedFile(RTX_FP8, deep.encode(), "application/json")
+    page = client.post("/kernels/upload/", {"file": upload, "file_name": ""})
+    assert page.status_code == 400
+    assert "nested too deep to read" in page.content.decode()
+    assert KernelConfig.objects.count() == stored
 
 
 def test_import_then_export_gives_the_same_file(world):

@@ -21,6 +21,17 @@ def test_it_refuses_the_slug_of_the_create_page(fields):
     assert refused.value.message_dict == {"slug": ["“new” is reserved; pick another slug."]}
 
 
+def test_a_slug_of_digits_alone_is_never_made_nor_taken():
+    # the API finds a note by id or slug: "2026" would read as note 2026
+    assert services.note_slug(title="2026") == "note-2026"
+    assert len(services.note_slug(title="9" * 300)) == services.NOTE_SLUG_MAX_LENGTH
+    with pytest.raises(ValidationError) as refused:
+        services.note_slug(title="x", slug="5")
+    assert refused.value.message_dict == {
+        "slug": ["“5” is digits alone, which the API reads as a note's id: add a letter."]
+    }
+
+
 def test_it_refuses_a_slug_longer_than_the_field():
     with pytest.raises(ValidationError, match="at most 200 characters, not 201"):
         services.note_slug(title="x", slug="a" * 201)

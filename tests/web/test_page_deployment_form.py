@@ -185,6 +185,43 @@ def test_a_taken_model_name_with_another_config_keeps_what_was_typed(client, fle
     assert not Deployment.objects.exists() and ModelSpec.objects.count() == 1
 
 
+def test_names_of_digits_alone_are_refused_on_their_fields(client, fleet):
+    # the API finds deployments and models by id or name: "3" would read as another row's id
+    _, host, _ = fleet
+    upload = SimpleUploadedFile("config.json", json.dumps(pb.KIMI_CONFIG).encode())
+    response = client.post(
+        "/deployments/new/", _new_model(host, name="3", new_model_name="42", config_file=upload)
+    )
+    html = response.content.decode()
+    name_field = html.split('name="name"')[1].split("</div>")[0]
+    model_field = html.split('name="new_model_name"')[1].split("</div>")[0]
+    assert "&#x27;3&#x27; is digits alone, which the API reads as an id" in name_field
+    assert "&#x27;42&#x27; is digits alone, which the API reads as an id" in model_field
+    assert not Deployment.objects.exists() and ModelSpec.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "said"),
+    [
+        ("launch_args", '{"--x": NaN}', "--x: must not be NaN or Infinity."),
+        ("launch_args", "[" * 5000 + "]" * 5000, "Nested too deep to read."),
+        ("config_text", "[" * 5000 + "]" * 5000, "config.json: nested too deep to read"),
+        ("config_text", '{"num_experts": NaN}', "config.json: num_experts: must not be NaN"),
+    ],
+)
+def test_json_no_database_stores_is_the_fields_error_not_a_500(client, fleet, field, text, said):
+    model, host, _ = fleet
+    fields = {"launch_args": text} if field == "launch_args" else {"config_text": text}
+    response = client.post(
+        "/deployments/new/",
+        _form(model if field == "launch_args" else None, host, new_model_name="m", **fields),
+    )
+    assert response.status_code == 200
+    errors = response.content.decode().split(f'name="{field}"')[1].split("</div>")[0]
+    assert said in errors
+    assert not Deployment.objects.exists() and ModelSpec.objects.count() == 1
+
+
 def test_a_config_that_is_not_moe_is_refused_on_the_config(client, fleet):
     _, host, _ = fleet
     response = client.post(

@@ -5,6 +5,7 @@ the engines lay them out."""
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from localstack.standin import StandinConfig, start_standin_in_thread
 from reports import engine as reports
 from tests import fakes
+from workers import engine_info
 from workers.engine_info import identify_engine, kernel_config_in_effect, locate_engine_package
 
 FIXTURES = fakes.FIXTURES / "engine_metrics"
@@ -99,6 +101,7 @@ def vllm_whose_server_info_fails():
             elif self.path == "/version":
                 status, body = 200, json.dumps({"version": "0.11.0"})
             elif self.path.startswith("/server_info"):
+                time.sleep(answer.get("after_s", 0))
                 status, body = answer["status"], answer["body"]
             else:
                 status, body = 404, json.dumps({"detail": "Not Found"})
@@ -130,6 +133,25 @@ def test_a_failing_server_info_keeps_the_engines_words_or_only_the_status_line(
     answer.update(status=500, body=json.dumps({"error": {"message": "EngineCore died"}}))
     (note,) = identify_engine(url)["notes"]
     assert note == "vLLM's /server_info answered 500: EngineCore died"
+
+
+def test_a_server_info_slower_than_the_checks_timeout_is_still_read(
+    vllm_whose_server_info_fails, monkeypatch
+):
+    # vLLM's first /server_info after a start collects the system's environment: 10.4 s on 2
+    # busy cores, past the 10 s the other questions get; the cap is read all the same
+    url, answer = vllm_whose_server_info_fails
+    config = {"scheduler_config": {"max_num_seqs": 4}}
+    answer.update(status=200, body=json.dumps({"vllm_config": config, "vllm_env": {}}), after_s=1)
+    identity = identify_engine(url, timeout_s=0.5)
+    assert identity["max_running_requests"] == 4
+    assert identity["notes"] == []
+
+    # past its own limit: the note says it did not answer, not "answered None"
+    monkeypatch.setattr(engine_info, "SERVER_INFO_TIMEOUT_S", 0.2)
+    (note,) = identify_engine(url, timeout_s=0.1)["notes"]
+    assert note.startswith("vLLM's /server_info did not answer: ReadTimeout")
+    assert identify_engine(url, timeout_s=0.1)["max_running_requests"] is None
 
 
 def _package(tmp_path, engine, triton="3.7.1"):
