@@ -18,8 +18,9 @@ BUCKETS = 240
 class Series:
     """Bucketed samples: per group (a GPU index, or None for the engine) a dict of lists.
 
-    Each group holds "t" (mean UTC epoch s of the bucket's samples) and one list per aggregate,
-    all of equal length and in time order.
+    Each group holds "bucket" (the bucket's index: it spans t0 + index · width onwards), "t"
+    (mean UTC epoch s of the bucket's samples) and one list per aggregate, all of equal length
+    and in time order; a bucket without samples has no entry.
     """
 
     count: int = 0
@@ -53,12 +54,15 @@ def _bucketed(qs, bounds, group_field, aggregates, buckets):
         .annotate(t=Avg("ts"), **aggregates)
         .order_by(*group_by)
     )
-    names = ["t", *aggregates]
+    names = ["bucket", "t", *aggregates]
     for row in rows:
         key = row[group_field] if group_field else None
         group = series.groups.setdefault(key, {name: [] for name in names})
         for name in names:
             group[name].append(row[name])
+    for group in series.groups.values():
+        # Floor gives a float on some databases
+        group["bucket"] = [int(b) for b in group["bucket"]]
     return series
 
 
@@ -69,15 +73,43 @@ def _stored_attempts(run, samples, levels):
     return keep(samples, levels) if keep is not None else samples
 
 
+def _of_samples(run, name, levels, compute):
+    """compute(), once per finished sweep run (SweepRun.of_samples); a tune's every time."""
+    of_samples = getattr(run, "of_samples", None)
+    if of_samples is None:
+        return compute()
+    if levels is None:
+        levels = list(run.levels.all())
+    return of_samples(name, levels, compute)
+
+
 def gpu_series(run, buckets=BUCKETS, levels=None):
     """Per GPU: utilization (%), power (W), memory used (MiB) and SM clock (MHz), mean/min/max
     per time bucket.
 
     run: a SweepRun or a kernels TuningRun (both own samples as `telemetry`); levels: a
-    sweep's LevelResults where the caller has them (they are read otherwise).
+    sweep's LevelResults where the caller has them (they are read otherwise). Read once for a
+    finished run (SweepRun.of_samples).
     `extra["power_limit_w"]` is the highest enforced power limit seen (W), `extra
     ["mem_total_mib"]` the largest GPU memory (MiB), each None when not recorded.
     """
+    return _of_samples(
+        run, f"gpu-{buckets}", levels, lambda: _gpu_series(run, buckets=buckets, levels=levels)
+    )
+
+
+def engine_series(run, buckets=BUCKETS, levels=None):
+    """The engine's running and queued requests (mean and max per bucket), KV-cache use (0–1);
+    levels as gpu_series takes them. Read once for a finished run (SweepRun.of_samples)."""
+    return _of_samples(
+        run,
+        f"engine-{buckets}",
+        levels,
+        lambda: _engine_series(run, buckets=buckets, levels=levels),
+    )
+
+
+def _gpu_series(run, buckets, levels):
     qs = _stored_attempts(run, run.telemetry.all(), levels)
     bounds = _bounds(qs, power_limit_w=Max("power_limit_w"), mem_total_mib=Max("mem_total_mib"))
     aggregates = {}
@@ -91,9 +123,7 @@ def gpu_series(run, buckets=BUCKETS, levels=None):
     return _bucketed(qs, bounds, "gpu_index", aggregates, buckets)
 
 
-def engine_series(run, buckets=BUCKETS, levels=None):
-    """The engine's running and queued requests (mean and max per bucket), KV-cache use (0–1);
-    levels as gpu_series takes them."""
+def _engine_series(run, buckets, levels):
     qs = _stored_attempts(run, EngineSample.objects.filter(run=run), levels)
     return _bucketed(
         qs,

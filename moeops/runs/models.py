@@ -1,9 +1,11 @@
 """Sweeps: a run over concurrency levels, its per-level results, GPU telemetry (of sweeps and
 kernel tunes), engine samples."""
 
+import hashlib
 import math
 import uuid
 
+from django.core.cache import cache
 from django.db import models
 from django.db.models import Avg, Case, CharField, Count, Max, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce
@@ -273,11 +275,35 @@ class SweepRun(models.Model):
             superseded |= Q(level_concurrency=concurrency) & ~Q(attempt=attempt)
         return samples.exclude(superseded) if superseded else samples
 
+    def of_samples(self, name, levels, compute):
+        """compute(), the figure `name` of this run's samples and levels; read once per process
+        when the run is finished: a finished run takes no more samples or levels
+        (runs.services), so what is computed from them holds. The key holds what the
+        samples' reading takes of each level (its window and attempt), which the admin may
+        still edit."""
+        if not self.is_finished:
+            return compute()
+        windows = [
+            (level.key, level.concurrency, level.attempt, level.started_at, level.finished_at)
+            for level in levels
+        ]
+        digest = hashlib.sha256(repr(windows).encode()).hexdigest()[:16]
+        key = f"run-samples:{self.uuid}:{name}:{digest}"
+        value = cache.get(key)
+        if value is None:
+            value = compute()
+            cache.set(key, value, timeout=None)
+        return value
+
     def level_power(self, levels):
         """{level key: mean total power of the run's GPUs over the level (W)}: each GPU's mean
         NVML power over the level's window (its started_at–finished_at, else the samples the
         worker tagged with its concurrency), summed over the GPUs; levels without power
-        samples are left out. One query; levels: the run's LevelResults."""
+        samples are left out. One query, none again for a finished run (of_samples); levels:
+        the run's LevelResults."""
+        return self.of_samples("level-power", levels, lambda: self._level_power(levels))
+
+    def _level_power(self, levels):
         whens = []
         for level in levels:
             if level.started_at is not None and level.finished_at is not None:
