@@ -40,12 +40,19 @@ ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
 LEVELS = (32, 64, 128, 256, 512, 1024)
 COMPARE_RUNS = 20
+# (page, how the long run is when it is asked for: "finished", "first view" of a finished run
+# with nothing read before, or "live", running). A live run's poll asks for the charts in full
+# when new samples came (every 5 s from the worker), and "since" what it has otherwise (every
+# other poll: the page polls every 1.5 s), which a tree from before figures_key answers in full.
 PAGES = (
-    "run page",
-    "run status poll (with charts)",
-    "compare 20 runs",
-    "deployment page (21 runs)",
-    "dashboard",
+    ("run page", "finished"),
+    ("run page, first view", "first view"),
+    ("run page, live", "live"),
+    ("poll, live: new samples", "live"),
+    ("poll, live: nothing new", "live"),
+    ("compare 20 runs", None),
+    ("deployment page (21 runs)", None),
+    ("dashboard", None),
 )
 
 GLM5_CONFIG = {
@@ -195,25 +202,40 @@ def _populate(seconds, rounds):
     return deployment, long_run, compare
 
 
-def _one_pass(client, urls, repeat):
+def _ask(client, run, page, url, state):
+    """The response to `url` with the long run as the page wants it (set outside the time)."""
+    from django.core.cache import cache
+
+    status = "running" if state == "live" else "succeeded"
+    if state is not None and run.status != status:
+        run.status = status
+        run.save(update_fields=["status"])
+    if state == "first view":
+        # what a tree keeps of a finished run's samples between requests
+        cache.clear()
+    start = time.perf_counter()
+    response = client.get(url)
+    ms = (time.perf_counter() - start) * 1000
+    assert response.status_code == 200, url
+    return response, ms
+
+
+def _one_pass(client, run, urls, repeat):
     """{page: [ms of each request]}: `repeat` requests of every page in turn."""
-    times = {page: [] for page in urls}
+    times = {page: [] for page, _ in PAGES}
     for _ in range(repeat):
-        for page, url in urls.items():
-            start = time.perf_counter()
-            response = client.get(url)
-            times[page].append((time.perf_counter() - start) * 1000)
-            assert response.status_code == 200, url
+        for page, state in PAGES:
+            times[page].append(_ask(client, run, page, urls[page], state)[1])
     return times
 
 
-def _shape(client, url):
+def _shape(client, run, page, url, state):
     """(SQL queries, bytes) of one request of `url`."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as captured:
-        response = client.get(url)
+        response, _ = _ask(client, run, page, url, state)
     # read now: the next request clears the connection's query log
     return len(captured), len(response.content)
 
@@ -238,23 +260,26 @@ def child(tree, hours, rounds, repeat):
     client = Client()
     client.force_login(User.objects.create_user("bench"))
     query = "&".join(f"run={run.uuid}" for run in compare)
-    urls = dict(
-        zip(
-            PAGES,
-            (
-                f"/runs/{long_run.uuid}/",
-                f"/runs/{long_run.uuid}/status.json?figures=1",
-                f"/compare/?{query}",
-                f"/deployments/{deployment.pk}/",
-                "/",
-            ),
-            strict=True,
-        )
-    )
-    for url in urls.values():
+    poll = f"/runs/{long_run.uuid}/status.json?figures=1"
+    urls = {
+        "run page": f"/runs/{long_run.uuid}/",
+        "run page, first view": f"/runs/{long_run.uuid}/",
+        "run page, live": f"/runs/{long_run.uuid}/",
+        "poll, live: new samples": poll,
+        "poll, live: nothing new": poll,
+        "compare 20 runs": f"/compare/?{query}",
+        "deployment page (21 runs)": f"/deployments/{deployment.pk}/",
+        "dashboard": "/",
+    }
+    for page, state in PAGES:
         for _ in range(3):
-            assert client.get(url).status_code == 200, url
-    shapes = {page: _shape(client, url) for page, url in urls.items()}
+            _ask(client, long_run, page, urls[page], state)
+    long_run.status = "running"
+    long_run.save(update_fields=["status"])
+    since = json.loads(client.get(poll).content).get("figures_key")
+    if since:
+        urls["poll, live: nothing new"] += f"&since={since}"
+    shapes = {page: _shape(client, long_run, page, urls[page], state) for page, state in PAGES}
     ready = {
         "vendor": connection.vendor,
         "populate_s": populate_s,
@@ -263,7 +288,7 @@ def child(tree, hours, rounds, repeat):
     }
     print(json.dumps(ready), flush=True)
     for _ in sys.stdin:
-        print(json.dumps(_one_pass(client, urls, repeat)), flush=True)
+        print(json.dumps(_one_pass(client, long_run, urls, repeat)), flush=True)
 
 
 def _pg_scratch(base_url, n):
@@ -328,7 +353,7 @@ def _measure(db, trees, args):
                 env = {**os.environ, "DATABASE_URL": url}
             # loaded one after the other: two loads at once would slow each other's
             children[name], reports[name] = _start_child(tree, hours, args.rounds, args.repeat, env)
-            reports[name] |= {"hours": hours, "times": {page: [] for page in PAGES}}
+            reports[name] |= {"hours": hours, "times": {page: [] for page, _ in PAGES}}
         for _ in range(args.passes):
             for name, process in children.items():
                 process.stdin.write("pass\n")
@@ -362,7 +387,7 @@ def _print(db, reports):
         f"{'tree':<10}{'hours':>6}{'rounds':>7}  {'page':<31}{'median ms':>10}{'ratio':>7}"
         f"{'queries':>8}{'KiB':>7}"
     )
-    for page in PAGES:
+    for page, _ in PAGES:
         base = statistics.median(first["times"][page])
         for name, report in reports.items():
             median = statistics.median(report["times"][page])

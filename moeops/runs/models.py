@@ -270,6 +270,9 @@ class SweepRun(models.Model):
             if levels is not None
             else self.levels.values_list("concurrency", "attempt")
         )
+        if attempt_of(self.progress) == 1 and all(attempt == 1 for _, attempt in stored):
+            # one delivery swept the run: no sample is of another attempt
+            return samples
         superseded = Q()
         for concurrency, attempt in stored:
             superseded |= Q(level_concurrency=concurrency) & ~Q(attempt=attempt)
@@ -303,7 +306,10 @@ class SweepRun(models.Model):
         the run's LevelResults."""
         return self.of_samples("level-power", levels, lambda: self._level_power(levels))
 
-    def _level_power(self, levels):
+    def level_windows(self, levels):
+        """The level key (a Case over samples) that each of the run's samples was taken in:
+        the level whose started_at–finished_at holds its time, else whose concurrency the
+        worker tagged it with; NULL for none. None when no level has either."""
         whens = []
         for level in levels:
             if level.started_at is not None and level.finished_at is not None:
@@ -313,22 +319,32 @@ class SweepRun(models.Model):
             else:
                 continue
             whens.append(When(window, then=Value(level.key)))
-        if not whens:
+        return Case(*whens, output_field=CharField()) if whens else None
+
+    def _level_power(self, levels):
+        level = self.level_windows(levels)
+        if level is None:
             return {}
         samples = self.samples_of_stored_attempts(
             self.telemetry.filter(power_w__isnull=False), levels
         )
         rows = (
-            samples.annotate(level=Case(*whens, output_field=CharField()))
+            samples.annotate(level=level)
             .filter(level__isnull=False)
             .values("level", "gpu_index")
             .annotate(mean=Avg("power_w"))
             .order_by()
         )
-        totals = {}
-        for row in rows:
-            totals[row["level"]] = totals.get(row["level"], 0.0) + row["mean"]
-        return totals
+        return total_power({(row["level"], row["gpu_index"]): row["mean"] for row in rows})
+
+
+def total_power(means):
+    """{level key: total power of the GPUs (W)} from {(level key, GPU index): the GPU's mean
+    power over the level (W)}."""
+    totals = {}
+    for (level, _), mean in means.items():
+        totals[level] = totals.get(level, 0.0) + mean
+    return totals
 
 
 # A sweep delivered again after its worker died resumes where it was: its levels and samples

@@ -202,12 +202,14 @@ def _resumed(run, levels, attempts):
     )
 
 
-def _level_table(run, levels, gpu_util):
-    """The per-level table's context (front/_run_levels.html); gpu_util: {concurrency: mean
-    GPU utilization %} (series.level_means)."""
+def _level_table(run, levels, gpu, bands):
+    """The per-level table's context (front/_run_levels.html); gpu: series.gpu_series(run,
+    levels=levels), whose buckets give each level's mean GPU utilization and power; bands:
+    series.level_bands(run, levels)."""
     num_gpus = run.measured_gpu_count()
     attempts = run.attempts(levels)
-    costs = level_costs(run, levels, num_gpus)
+    gpu_util = series.level_means(gpu, bands, "util")
+    costs = level_costs(run, levels, num_gpus, power=gpu.extra.get("level_power"))
     columns = (*LEVEL_COLUMNS, GPU_UTIL_COLUMN, *cost_columns(run.deployment.host.currency))
     if attempts > 1:
         # after the level's concurrency and rate, which say which level it is
@@ -255,7 +257,7 @@ def _figures_and_table(run, levels):
     same, from one read of the GPU samples."""
     gpu, bands = series.gpu_series(run, levels=levels), series.level_bands(run, levels)
     figures = run_figures(run, levels, gpu, bands)
-    return figures, _level_table(run, levels, series.level_means(gpu, bands, "util"))
+    return figures, _level_table(run, levels, gpu, bands)
 
 
 @login_required
