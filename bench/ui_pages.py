@@ -1,19 +1,28 @@
-"""Server time of the heavy UI pages, on SQLite and PostgreSQL.
+"""Server time of the heavy UI pages, on SQLite and PostgreSQL, of one tree or of several
+measured in turns.
 
-For each database: a fresh database, migrations, then the data of a long sweep: one run of
-6 concurrency levels over 2 h with 1 Hz telemetry on 8 GPUs (57,600 samples) and 7,200 engine
-samples, and 20 more runs of 6 levels each for the compare page. Each page is requested
-through Django's test client in-process (URL routing, views, queries, templates, JSON; no
-network), a few times to warm up, then `--repeat` times; the table gives median and p95 ms
-and the number of SQL queries of one request.
+For each database and tree: a fresh database, the tree's own migrations, then the data of a
+long sweep: one run of 6 concurrency levels over `--hours` (2 by default) with 1 Hz telemetry
+on 8 GPUs (57,600 samples for 2 h, 691,200 for 24 h) and as many engine samples as seconds,
+and 20 more runs of 6 levels each for the compare page. Every level holds `--rounds` rounds
+(3 by default), each stored with its own figures, where the tree stores rounds; a tree from
+before rounds gets levels of one round. Each page is requested through Django's test client
+in-process (URL routing, views, queries, templates, JSON; no network).
 
-Targets (issue 7): run page < 300 ms, compare of 20 runs < 200 ms.
+Each tree runs in its own child process with its own database; after every child has loaded
+its data they take turns: one pass of `--repeat` requests of every page per child, A B A B …,
+`--passes` times, so that a busy machine slows them alike. The table gives the median over all
+passes, the number of SQL queries and the size of one response, and each tree's median as a
+ratio to the first tree's.
 
-    .venv/bin/python bench/ui_pages.py                      # both databases
-    .venv/bin/python bench/ui_pages.py --db sqlite --repeat 30
+    .venv/bin/python bench/ui_pages.py                               # this tree, both databases
+    .venv/bin/python bench/ui_pages.py --db sqlite --tree old=/tmp/old --tree new=.
+    .venv/bin/python bench/ui_pages.py --tree 2h=. --tree 24h=.:24
 
-PostgreSQL comes from --pg-url (default: $DATABASE_URL or postgres://postgres@127.0.0.1:5432/
-moeops); a scratch database `moeops_bench_ui_<pid>` is created next to it and dropped after.
+A tree is NAME=PATH[:HOURS] (PATH a checkout with the same .venv's packages, e.g. a `git
+worktree add /tmp/old REV`); without --tree, this tree alone. PostgreSQL comes from --pg-url
+(default: $DATABASE_URL or postgres://postgres@127.0.0.1:5432/moeops); a scratch database
+`moeops_bench_ui_<pid>_<n>` per tree is created next to it and dropped after.
 """
 
 import argparse
@@ -29,10 +38,22 @@ from urllib.parse import urlparse, urlunparse
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
-SECONDS = 2 * 3600
 LEVELS = (32, 64, 128, 256, 512, 1024)
 COMPARE_RUNS = 20
-TARGETS_MS = {"run page": 300.0, "compare 20 runs": 200.0}
+# (page, how the long run is when it is asked for: "finished", "first view" of a finished run
+# with nothing read before, or "live", running). A live run's poll asks for the charts in full
+# when new samples came (every 5 s from the worker), and "since" what it has otherwise (every
+# other poll: the page polls every 1.5 s), which a tree from before figures_key answers in full.
+PAGES = (
+    ("run page", "finished"),
+    ("run page, first view", "first view"),
+    ("run page, live", "live"),
+    ("poll, live: new samples", "live"),
+    ("poll, live: nothing new", "live"),
+    ("compare 20 runs", None),
+    ("deployment page (21 runs)", None),
+    ("dashboard", None),
+)
 
 GLM5_CONFIG = {
     "architectures": ["GlmMoeDsaForCausalLM"],
@@ -78,15 +99,51 @@ def _level_fields(concurrency, scale=1.0):
     return fields
 
 
-def _populate():
-    from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
-    from moeops.runs.models import (
-        EngineSample,
-        LevelResult,
-        SweepRun,
-        TelemetrySample,
-        level_key,
+def _rounds_stored():
+    from moeops.runs import models
+
+    return hasattr(models, "LevelRound")
+
+
+def _level_create(run, concurrency, rounds, scale=1.0, start=None, end=None):
+    """A LevelResult of `rounds` rounds (each a few % off the others, spread evenly over
+    start–end epoch s) with its LevelRounds, or of one where the tree stores no rounds."""
+    from moeops.runs import models
+
+    times = {} if start is None else {"started_at": start, "finished_at": end}
+    if rounds == 1 or not _rounds_stored():
+        return models.LevelResult.objects.create(
+            run=run,
+            key=models.level_key(concurrency, None),
+            **times,
+            **_level_fields(concurrency, scale),
+        )
+    from reports.intervals import level_of_rounds
+
+    figures = []
+    for r in range(rounds):
+        jitter = scale * (1 + 0.04 * (r - (rounds - 1) / 2))
+        fields = {**_level_fields(concurrency, jitter), "errors": {}, "usage_reported": True}
+        if start is not None:
+            width = (end - start) / rounds
+            fields |= {"started_at": start + r * width, "finished_at": start + (r + 1) * width}
+        figures.append(fields)
+    level = models.LevelResult.objects.create(
+        run=run,
+        key=models.level_key(concurrency, None),
+        round_count=rounds,
+        **level_of_rounds(figures),
     )
+    models.LevelRound.objects.bulk_create(
+        models.LevelRound(level=level, round=r + 1, figures=fields, body_sha256="")
+        for r, fields in enumerate(figures)
+    )
+    return level
+
+
+def _populate(seconds, rounds):
+    from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
+    from moeops.runs.models import EngineSample, SweepRun, TelemetrySample
 
     model = ModelSpec(name="GLM-5", config_json=GLM5_CONFIG)
     model.fill_shape()
@@ -100,120 +157,145 @@ def _populate():
     deployment.gpus.set(host.gpus.all())
 
     t0 = 1.8e9
-    long_run = SweepRun.objects.create(deployment=deployment, label="2 h sweep", status="succeeded")
-    span = SECONDS / len(LEVELS)
-    for i, c in enumerate(LEVELS):
-        LevelResult.objects.create(
-            run=long_run,
-            key=level_key(c, None),
-            started_at=t0 + i * span,
-            finished_at=t0 + (i + 1) * span - 1,
-            **_level_fields(c),
-        )
-    TelemetrySample.objects.bulk_create(
-        (
-            TelemetrySample(
-                run=long_run,
-                gpu_index=g,
-                ts=t0 + s,
-                level_concurrency=LEVELS[min(int(s // span), len(LEVELS) - 1)],
-                gpu_util=(s * 7 + g * 13) % 100,
-                mem_util=40.0,
-                power_w=85.0 + (s * 3 + g) % 500,
-                power_limit_w=700.0,
-                mem_used_mib=90112.0,
-                mem_total_mib=143771.0,
-                sm_clock_mhz=1980.0,
-                temperature_c=60.0,
-            )
-            for s in range(SECONDS)
-            for g in range(GPUS)
-        ),
-        batch_size=5000,
+    long_run = SweepRun.objects.create(
+        deployment=deployment, label=f"{seconds // 3600} h sweep", status="succeeded"
     )
+    span = seconds / len(LEVELS)
+    for i, c in enumerate(LEVELS):
+        _level_create(long_run, c, rounds, start=t0 + i * span, end=t0 + (i + 1) * span - 1)
+    # in slices: a 24 h run's 691,200 samples would not fit in memory as model instances
+    for first in range(0, seconds, 3600):
+        TelemetrySample.objects.bulk_create(
+            (
+                TelemetrySample(
+                    run=long_run,
+                    gpu_index=g,
+                    ts=t0 + s,
+                    level_concurrency=LEVELS[min(int(s // span), len(LEVELS) - 1)],
+                    gpu_util=(s * 7 + g * 13) % 100,
+                    mem_util=40.0,
+                    power_w=85.0 + (s * 3 + g) % 500,
+                    power_limit_w=700.0,
+                    mem_used_mib=90112.0,
+                    mem_total_mib=143771.0,
+                    sm_clock_mhz=1980.0,
+                    temperature_c=60.0,
+                )
+                for s in range(first, min(first + 3600, seconds))
+                for g in range(GPUS)
+            ),
+            batch_size=5000,
+        )
     EngineSample.objects.bulk_create(
         (
             EngineSample(run=long_run, ts=t0 + s, running=s % 257, queued=s % 300)
-            for s in range(SECONDS)
+            for s in range(seconds)
         ),
         batch_size=5000,
     )
     compare = []
     for r in range(COMPARE_RUNS):
         run = SweepRun.objects.create(deployment=deployment, label=f"run {r}", status="succeeded")
-        LevelResult.objects.bulk_create(
-            LevelResult(run=run, key=level_key(c, None), **_level_fields(c, 1 + r / 10))
-            for c in LEVELS
-        )
+        for c in LEVELS:
+            _level_create(run, c, rounds, scale=1 + r / 10)
         compare.append(run)
     return deployment, long_run, compare
 
 
-def _measure(client, url, repeat):
+def _ask(client, run, page, url, state):
+    """The response to `url` with the long run as the page wants it (set outside the time)."""
+    from django.core.cache import cache
+
+    status = "running" if state == "live" else "succeeded"
+    if state is not None and run.status != status:
+        run.status = status
+        run.save(update_fields=["status"])
+    if state == "first view":
+        # what a tree keeps of a finished run's samples between requests
+        cache.clear()
+    start = time.perf_counter()
+    response = client.get(url)
+    ms = (time.perf_counter() - start) * 1000
+    assert response.status_code == 200, url
+    return response, ms
+
+
+def _one_pass(client, run, urls, repeat):
+    """{page: [ms of each request]}: `repeat` requests of every page in turn."""
+    times = {page: [] for page, _ in PAGES}
+    for _ in range(repeat):
+        for page, state in PAGES:
+            times[page].append(_ask(client, run, page, urls[page], state)[1])
+    return times
+
+
+def _shape(client, run, page, url, state):
+    """(SQL queries, bytes) of one request of `url`."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    for _ in range(3):
-        assert client.get(url).status_code == 200, url
     with CaptureQueriesContext(connection) as captured:
-        client.get(url)
+        response, _ = _ask(client, run, page, url, state)
     # read now: the next request clears the connection's query log
-    queries = len(captured)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        response = client.get(url)
-        times.append((time.perf_counter() - start) * 1000)
-        assert response.status_code == 200, url
-    times.sort()
-    return {
-        "median_ms": statistics.median(times),
-        "p95_ms": times[min(len(times) - 1, round(0.95 * (len(times) - 1)))],
-        "queries": queries,
-        "bytes": len(response.content),
-    }
+    return len(captured), len(response.content)
 
 
-def child(repeat):
-    """Runs inside the child process, whose environment already names its database."""
-    sys.path.insert(0, str(ROOT))
+def child(tree, hours, rounds, repeat):
+    """Runs inside the child process, whose environment already names its database: loads the
+    data, answers "ready", then one line of JSON per pass for each line read on stdin."""
+    sys.path.insert(0, str(tree))
     import django
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "moeops.settings")
     django.setup()
     from django.contrib.auth.models import User
     from django.core.management import call_command
+    from django.db import connection
     from django.test import Client
 
     call_command("migrate", verbosity=0)
     start = time.perf_counter()
-    deployment, long_run, compare = _populate()
+    deployment, long_run, compare = _populate(round(hours * 3600), rounds)
     populate_s = time.perf_counter() - start
     client = Client()
     client.force_login(User.objects.create_user("bench"))
     query = "&".join(f"run={run.uuid}" for run in compare)
-    pages = {
+    poll = f"/runs/{long_run.uuid}/status.json?figures=1"
+    urls = {
         "run page": f"/runs/{long_run.uuid}/",
-        "run status poll (with charts)": f"/runs/{long_run.uuid}/status.json?figures=1",
+        "run page, first view": f"/runs/{long_run.uuid}/",
+        "run page, live": f"/runs/{long_run.uuid}/",
+        "poll, live: new samples": poll,
+        "poll, live: nothing new": poll,
         "compare 20 runs": f"/compare/?{query}",
         "deployment page (21 runs)": f"/deployments/{deployment.pk}/",
         "dashboard": "/",
     }
-    results = {name: _measure(client, url, repeat) for name, url in pages.items()}
-    from django.db import connection
+    for page, state in PAGES:
+        for _ in range(3):
+            _ask(client, long_run, page, urls[page], state)
+    long_run.status = "running"
+    long_run.save(update_fields=["status"])
+    since = json.loads(client.get(poll).content).get("figures_key")
+    if since:
+        urls["poll, live: nothing new"] += f"&since={since}"
+    shapes = {page: _shape(client, long_run, page, urls[page], state) for page, state in PAGES}
+    ready = {
+        "vendor": connection.vendor,
+        "populate_s": populate_s,
+        "rounds": rounds if _rounds_stored() else 1,
+        "shapes": shapes,
+    }
+    print(json.dumps(ready), flush=True)
+    for _ in sys.stdin:
+        print(json.dumps(_one_pass(client, long_run, urls, repeat)), flush=True)
 
-    print(
-        json.dumps(
-            {"vendor": connection.vendor, "populate_s": populate_s, "pages": results},
-        )
-    )
 
-
-def _pg_scratch(base_url):
+def _pg_scratch(base_url, n):
     import psycopg
 
     parsed = urlparse(base_url)
-    name = f"moeops_bench_ui_{os.getpid()}"
+    name = f"moeops_bench_ui_{os.getpid()}_{n}"
     admin = urlunparse(parsed._replace(path="/postgres"))
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
@@ -221,63 +303,130 @@ def _pg_scratch(base_url):
     return urlunparse(parsed._replace(path=f"/{name}")), admin, name
 
 
-def _run_child(env, repeat):
-    result = subprocess.run(
-        [sys.executable, __file__, "--child", "--repeat", str(repeat)],
-        cwd=ROOT,
+def _pg_drop(admin, name):
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _start_child(tree, hours, rounds, repeat, env):
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            str(tree),
+            "--hours",
+            str(hours),
+            "--rounds",
+            str(rounds),
+            "--repeat",
+            str(repeat),
+        ],
+        cwd=tree,
         env=env,
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
     )
-    if result.returncode != 0:
-        raise SystemExit(f"child failed:\n{result.stderr}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    line = process.stdout.readline()
+    if not line:
+        process.wait()
+        raise SystemExit(f"child of {tree} failed (exit {process.returncode})")
+    return process, json.loads(line)
+
+
+def _measure(db, trees, args):
+    """{tree name: report} of every tree on one database, measured in turns."""
+    scratch, children, reports = [], {}, {}
+    try:
+        for n, (name, tree, hours) in enumerate(trees):
+            if db == "sqlite":
+                var = tempfile.TemporaryDirectory()
+                scratch.append(var)
+                env = {**os.environ, "MOEOPS_VAR_DIR": var.name}
+                env.pop("DATABASE_URL", None)
+            else:
+                url, admin, pg_name = _pg_scratch(args.pg_url, n)
+                scratch.append((admin, pg_name))
+                env = {**os.environ, "DATABASE_URL": url}
+            # loaded one after the other: two loads at once would slow each other's
+            children[name], reports[name] = _start_child(tree, hours, args.rounds, args.repeat, env)
+            reports[name] |= {"hours": hours, "times": {page: [] for page, _ in PAGES}}
+        for _ in range(args.passes):
+            for name, process in children.items():
+                process.stdin.write("pass\n")
+                process.stdin.flush()
+                for page, times in json.loads(process.stdout.readline()).items():
+                    reports[name]["times"][page] += times
+    finally:
+        for process in children.values():
+            process.stdin.close()
+            process.wait()
+        for item in scratch:
+            if isinstance(item, tuple):
+                _pg_drop(*item)
+            else:
+                item.cleanup()
+    return reports
+
+
+def _tree(text):
+    name, _, rest = text.partition("=")
+    path, _, hours = rest.partition(":")
+    if not name or not path:
+        raise argparse.ArgumentTypeError(f"a tree is NAME=PATH[:HOURS], got {text!r}")
+    return name, Path(path).resolve(), float(hours or 2)
+
+
+def _print(db, reports):
+    first = next(iter(reports.values()))
+    print(f"\n{db}")
+    print(
+        f"{'tree':<10}{'hours':>6}{'rounds':>7}  {'page':<31}{'median ms':>10}{'ratio':>7}"
+        f"{'queries':>8}{'KiB':>7}"
+    )
+    for page, _ in PAGES:
+        base = statistics.median(first["times"][page])
+        for name, report in reports.items():
+            median = statistics.median(report["times"][page])
+            queries, size = report["shapes"][page]
+            print(
+                f"{name:<10}{report['hours']:>6g}{report['rounds']:>7}  {page:<31}"
+                f"{median:>10.1f}{median / base:>7.2f}{queries:>8}{size / 1024:>7.0f}"
+            )
+    for name, report in reports.items():
+        print(f"{name}: data loaded in {report['populate_s']:.1f} s")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", choices=("sqlite", "postgres", "both"), default="both")
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--tree", type=_tree, action="append", help="NAME=PATH[:HOURS]")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per level")
+    parser.add_argument("--repeat", type=int, default=3, help="requests per page and pass")
+    parser.add_argument("--passes", type=int, default=7, help="turns of each tree")
+    parser.add_argument("--hours", type=float, default=2.0, help=argparse.SUPPRESS)
     parser.add_argument(
         "--pg-url",
         default=os.getenv("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/moeops"),
     )
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", metavar="TREE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.repeat)
+        child(Path(args.child), args.hours, args.rounds, args.repeat)
         return
 
-    reports = []
-    if args.db in ("sqlite", "both"):
-        with tempfile.TemporaryDirectory() as var:
-            env = {**os.environ, "MOEOPS_VAR_DIR": var}
-            env.pop("DATABASE_URL", None)
-            reports.append(_run_child(env, args.repeat))
-    if args.db in ("postgres", "both"):
-        import psycopg
-
-        url, admin, name = _pg_scratch(args.pg_url)
-        try:
-            reports.append(_run_child({**os.environ, "DATABASE_URL": url}, args.repeat))
-        finally:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
+    trees = args.tree or [("this", ROOT, 2.0)]
     print(
-        f"{GPUS} GPUs × {SECONDS} s telemetry = {GPUS * SECONDS:,} samples; "
-        f"{COMPARE_RUNS} runs × {len(LEVELS)} levels to compare; {args.repeat} requests each"
+        f"{GPUS} GPUs × 1 Hz telemetry; {COMPARE_RUNS} runs × {len(LEVELS)} levels to compare; "
+        f"{args.rounds} rounds per level where stored; {args.passes} passes × {args.repeat} "
+        "requests of each page per tree, trees in turns"
     )
-    print(f"{'database':<11}{'page':<32}{'median ms':>10}{'p95 ms':>9}{'queries':>9}{'KiB':>8}")
-    for report in reports:
-        for page, r in report["pages"].items():
-            target = TARGETS_MS.get(page)
-            verdict = "" if target is None else ("  ok" if r["p95_ms"] < target else "  SLOW")
-            print(
-                f"{report['vendor']:<11}{page:<32}{r['median_ms']:>10.1f}{r['p95_ms']:>9.1f}"
-                f"{r['queries']:>9}{r['bytes'] / 1024:>8.0f}{verdict}"
-            )
-        print(f"{report['vendor']:<11}(data loaded in {report['populate_s']:.1f} s)")
+    for db in ("sqlite", "postgres"):
+        if args.db in (db, "both"):
+            _print(db, _measure(db, trees, args))
 
 
 if __name__ == "__main__":

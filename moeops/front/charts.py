@@ -7,6 +7,8 @@ epoch s (shown as UTC dates).
 import datetime as dt
 import re
 
+from django.core.serializers.json import DjangoJSONEncoder
+
 from reports.numbers import is_number
 
 LAYOUT = {
@@ -35,6 +37,13 @@ MARKER_LIMIT = 60
 # Pareto labels closer than this to one already placed (fraction of each axis's span, about
 # a "c=128" label's size on a half-width chart) are left to the hover.
 LABEL_GAP = (0.08, 0.06)
+
+
+class CompactJSONEncoder(DjangoJSONEncoder):
+    """JSON without a space after each "," and ":": a chart holds thousands of numbers."""
+
+    item_separator = ","
+    key_separator = ":"
 
 
 def figure(traces, title, xaxis, yaxis, **layout):
@@ -297,21 +306,61 @@ def _time_layout(bands, extra_shapes=(), extra_annotations=()):
     }
 
 
+# Decimals a bucket's mean is sent with, per GPU figure: a tenth of what the hover shows whole;
+# the 15 digits of a float mean are bytes that no one reads (min and max are samples' own).
+MEAN_DIGITS = {"util": 1, "power": 1, "mem": 0, "clock": 0, "engine": 1}
+
+
+def _rounded(means, digits, lows=None, highs=None):
+    """Bucket means to `digits` decimals, held within their bucket's min and max (a mean of
+    698.171 W is no 698.2 W above the bucket's peak)."""
+    lows = lows or [None] * len(means)
+    highs = highs or [None] * len(means)
+    shown = []
+    for mean, low, high in zip(means, lows, highs, strict=True):
+        if mean is not None:
+            mean = round(mean, digits) if digits else round(mean)
+            mean = mean if high is None else min(mean, high)
+            mean = mean if low is None else max(mean, low)
+        shown.append(mean)
+    return shown
+
+
+def _whole(value):
+    """A whole float as an int ("700" in JSON, not "700.0"); others as they are."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _time_x(series, group):
+    """The x of a time chart's trace: its buckets' centres (UTC), as a first date and a step
+    (x0, dx in ms, plotly's date step) where the buckets follow one another, which a long
+    run's do, else as one date per bucket."""
+    buckets = group["bucket"]
+    centres = [series.t0 + (b + 0.5) * series.width for b in buckets]
+    if buckets[-1] - buckets[0] == len(buckets) - 1:
+        return {"x0": epoch_to_plotly(centres[0]), "dx": round(series.width * 1000, 3)}
+    return {"x": [epoch_to_plotly(t) for t in centres]}
+
+
 def _gpu_traces(series, key, unit, fmt):
     traces = []
     for gpu_index in sorted(series.groups):
         group = series.groups[gpu_index]
         if all(v is None for v in group[key]):
             continue
-        points = list(zip(group["t"], group[key], strict=True))
         traces.append(
             {
                 "type": "scatter",
-                "mode": _mode(points),
+                "mode": _mode(group[key]),
                 "name": f"GPU{gpu_index}",
-                "x": [epoch_to_plotly(t) for t in group["t"]],
-                "y": group[key],
-                "customdata": list(zip(group[f"{key}_min"], group[f"{key}_max"], strict=True)),
+                **_time_x(series, group),
+                "y": _rounded(
+                    group[key], MEAN_DIGITS[key], group[f"{key}_min"], group[f"{key}_max"]
+                ),
+                "customdata": [
+                    [_whole(low), _whole(high)]
+                    for low, high in zip(group[f"{key}_min"], group[f"{key}_max"], strict=True)
+                ],
                 "hovertemplate": f"%{{y:{fmt}}} {unit} (min %{{customdata[0]:{fmt}}}, "
                 f"max %{{customdata[1]:{fmt}}})<extra>GPU{gpu_index}</extra>",
                 "line": {"width": 1.5},
@@ -421,17 +470,17 @@ def engine_queue(series, bands, max_running_requests=None):
     traces = []
     group = series.groups.get(None)
     if group:
-        x = [epoch_to_plotly(t) for t in group["t"]]
         for key, name in (("running", "running"), ("queued", "queued")):
-            points = list(zip(x, group[f"{key}_mean"], strict=True))
             traces.append(
                 {
                     "type": "scatter",
-                    "mode": _mode(points),
+                    "mode": _mode(group[f"{key}_mean"]),
                     "name": name,
-                    "x": x,
-                    "y": group[f"{key}_mean"],
-                    "customdata": group[f"{key}_max"],
+                    **_time_x(series, group),
+                    "y": _rounded(
+                        group[f"{key}_mean"], MEAN_DIGITS["engine"], highs=group[f"{key}_max"]
+                    ),
+                    "customdata": [_whole(v) for v in group[f"{key}_max"]],
                     "hovertemplate": "%{y:.0f} " + name + " (max %{customdata:.0f})<extra></extra>",
                 }
             )
@@ -456,15 +505,14 @@ def kv_cache_use(series, bands):
     traces = []
     group = series.groups.get(None)
     if group and any(v is not None for v in group["kv_mean"]):
-        x = [epoch_to_plotly(t) for t in group["t"]]
         y = [None if v is None else 100.0 * v for v in group["kv_mean"]]
         traces.append(
             {
                 "type": "scatter",
-                "mode": _mode(x),
+                "mode": _mode(y),
                 "name": "KV cache",
-                "x": x,
-                "y": y,
+                **_time_x(series, group),
+                "y": _rounded(y, MEAN_DIGITS["engine"]),
                 "hovertemplate": "%{y:.0f} % of the KV cache<extra></extra>",
             }
         )

@@ -21,11 +21,12 @@ def _no_power_reason(run):
     return f"no GPU power samples for this run ({why})"
 
 
-def level_costs(run, levels, num_gpus):
+def level_costs(run, levels, num_gpus, power=None):
     """{level key: LevelCost} of a SweepRun's levels (one query for the power samples);
-    num_gpus: run.measured_gpu_count(), which the callers have at hand."""
+    num_gpus: run.measured_gpu_count(), which the callers have at hand; power: run.level_power
+    (levels) where the caller read it already (front.series.gpu_series reads it too)."""
     host = run.deployment.host
-    power = run.level_power(levels)
+    power = run.level_power(levels) if power is None else power
     no_power = _no_power_reason(run)
     costs = {}
     for level in levels:

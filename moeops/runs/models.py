@@ -1,9 +1,11 @@
 """Sweeps: a run over concurrency levels, its per-level results, GPU telemetry (of sweeps and
 kernel tunes), engine samples."""
 
+import hashlib
 import math
 import uuid
 
+from django.core.cache import cache
 from django.db import models
 from django.db.models import Avg, Case, CharField, Count, Max, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce
@@ -248,16 +250,46 @@ class SweepRun(Job, models.Model):
             if levels is not None
             else self.levels.values_list("concurrency", "attempt")
         )
+        if attempt_of(self.progress) == 1 and all(attempt == 1 for _, attempt in stored):
+            # one delivery swept the run: no sample is of another attempt
+            return samples
         superseded = Q()
         for concurrency, attempt in stored:
             superseded |= Q(level_concurrency=concurrency) & ~Q(attempt=attempt)
         return samples.exclude(superseded) if superseded else samples
 
+    def of_samples(self, name, levels, compute):
+        """compute(), the figure `name` of this run's samples and levels; read once per process
+        when the run is finished: a finished run takes no more samples or levels
+        (runs.services), so what is computed from them holds. The key holds what the
+        samples' reading takes of each level (its window and attempt), which the admin may
+        still edit."""
+        if not self.is_finished:
+            return compute()
+        windows = [
+            (level.key, level.concurrency, level.attempt, level.started_at, level.finished_at)
+            for level in levels
+        ]
+        digest = hashlib.sha256(repr(windows).encode()).hexdigest()[:16]
+        key = f"run-samples:{self.uuid}:{name}:{digest}"
+        value = cache.get(key)
+        if value is None:
+            value = compute()
+            cache.set(key, value, timeout=None)
+        return value
+
     def level_power(self, levels):
         """{level key: mean total power of the run's GPUs over the level (W)}: each GPU's mean
         NVML power over the level's window (its started_at–finished_at, else the samples the
         worker tagged with its concurrency), summed over the GPUs; levels without power
-        samples are left out. One query; levels: the run's LevelResults."""
+        samples are left out. One query, none again for a finished run (of_samples); levels:
+        the run's LevelResults."""
+        return self.of_samples("level-power", levels, lambda: self._level_power(levels))
+
+    def level_windows(self, levels):
+        """The level key (a Case over samples) that each of the run's samples was taken in:
+        the level whose started_at–finished_at holds its time, else whose concurrency the
+        worker tagged it with; NULL for none. None when no level has either."""
         whens = []
         for level in levels:
             if level.started_at is not None and level.finished_at is not None:
@@ -267,22 +299,32 @@ class SweepRun(Job, models.Model):
             else:
                 continue
             whens.append(When(window, then=Value(level.key)))
-        if not whens:
+        return Case(*whens, output_field=CharField()) if whens else None
+
+    def _level_power(self, levels):
+        level = self.level_windows(levels)
+        if level is None:
             return {}
         samples = self.samples_of_stored_attempts(
             self.telemetry.filter(power_w__isnull=False), levels
         )
         rows = (
-            samples.annotate(level=Case(*whens, output_field=CharField()))
+            samples.annotate(level=level)
             .filter(level__isnull=False)
             .values("level", "gpu_index")
             .annotate(mean=Avg("power_w"))
             .order_by()
         )
-        totals = {}
-        for row in rows:
-            totals[row["level"]] = totals.get(row["level"], 0.0) + row["mean"]
-        return totals
+        return total_power({(row["level"], row["gpu_index"]): row["mean"] for row in rows})
+
+
+def total_power(means):
+    """{level key: total power of the GPUs (W)} from {(level key, GPU index): the GPU's mean
+    power over the level (W)}."""
+    totals = {}
+    for (level, _), mean in means.items():
+        totals[level] = totals.get(level, 0.0) + mean
+    return totals
 
 
 # A sweep delivered again after its worker died resumes where it was: its levels and samples

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from moeops.front import series
+from moeops.front import charts, series
 from moeops.runs.models import EngineSample, LevelResult, TelemetrySample, level_key
 from reports import engine as reports
 from reports import launch
@@ -562,3 +562,60 @@ def test_a_sweep_of_one_attempt_shows_no_attempts(client, sweep):
     sweep.save()
     html = client.get(f"/runs/{sweep.uuid}/").content.decode()
     assert "Resumed" not in html and ">attempt<" not in html
+
+
+def test_a_finished_runs_samples_are_read_once_and_again_when_a_level_window_moves(
+    client, sweep, django_assert_max_num_queries
+):
+    # sweep has finished: it takes no more samples (runs.services), so its charts hold
+    t0 = pb.telemetry(sweep, gpus=2, seconds=300, t0=1_800_000_000.0)
+    first = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    # stored behind the services' back, which refuse a finished run's samples: not read again
+    pb.telemetry(sweep, gpus=3, seconds=300, t0=t0)
+    with django_assert_max_num_queries(11):
+        again = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    names = [t["name"] for t in pb.figure(again, "gpu-util-data")["data"]]
+    assert names == ["GPU0", "GPU1"]
+    assert pb.figure(again, "gpu-power-data") == pb.figure(first, "gpu-power-data")
+    # a level's window is part of what the samples are read by: moved, they are read anew
+    level = sweep.levels.order_by("concurrency").first()
+    level.started_at, level.finished_at = t0, t0 + 100
+    level.save()
+    moved = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    names = [t["name"] for t in pb.figure(moved, "gpu-util-data")["data"]]
+    assert names == ["GPU0", "GPU1", "GPU2"]
+
+
+def test_time_charts_send_contiguous_buckets_as_a_start_and_a_step(client, sweep):
+    sweep.status = "running"
+    sweep.save()
+    # GPU0 every second of 480 s; GPU1 only in its first and last minute
+    pb.telemetry(sweep, gpus=1, seconds=480, t0=1_800_000_000.0)
+    TelemetrySample.objects.bulk_create(
+        TelemetrySample(run=sweep, gpu_index=1, ts=1_800_000_000.0 + s, gpu_util=20.0)
+        for s in [*range(60), *range(420, 480)]
+    )
+    html = client.get(f"/runs/{sweep.uuid}/").content.decode()
+    gpu0, gpu1 = pb.figure(html, "gpu-util-data")["data"]
+    # 479 s between the first and the last sample, in buckets of 479 / 240 s
+    width = 479 / series.BUCKETS
+    centre = [charts.epoch_to_plotly(1_800_000_000.0 + (b + 0.5) * width) for b in (0, 240)]
+    assert gpu0["x0"] == centre[0] and gpu0["dx"] == pytest.approx(width * 1000, abs=1e-3)
+    # the last sample alone in a 241st bucket
+    assert "x" not in gpu0 and len(gpu0["y"]) == series.BUCKETS + 1
+    # a gap: each bucket's own time, from the first bucket's centre to the last's
+    assert "x0" not in gpu1 and len(gpu1["x"]) == len(gpu1["y"]) < series.BUCKETS / 2
+    assert (gpu1["x"][0], gpu1["x"][-1]) == tuple(centre)
+
+
+def test_the_charts_and_the_cost_columns_read_the_same_level_power(sweep):
+    # a level that ends inside a bucket: its power is of its own samples, not the bucket's
+    t0 = pb.telemetry(sweep, gpus=2, seconds=481, t0=1_800_000_000.0, util=lambda g, s: s % 7)
+    levels = list(sweep.levels.order_by("concurrency"))
+    for level, (start, end) in zip(levels, [(0, 100.5), (101, 480)], strict=True):
+        level.started_at, level.finished_at = t0 + start, t0 + end
+        level.save()
+    sweep.status = "running"
+    power = series.gpu_series(sweep, levels=levels).extra["level_power"]
+    assert power == pytest.approx(sweep.level_power(levels))
+    assert set(power) == {level.key for level in levels}

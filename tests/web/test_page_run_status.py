@@ -5,6 +5,7 @@ import pytest
 from django.utils import timezone
 
 from moeops.front.progress import sweep_progress
+from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from tests import page_base as pb
 
@@ -166,3 +167,46 @@ def test_cancel_of_a_finished_sweep_changes_nothing(client, live):
 
 def test_cancel_needs_post(client, live):
     assert client.get(f"/runs/{live.uuid}/cancel/").status_code == 405
+
+
+def _gpu_samples(t0, seconds):
+    """Samples as the worker posts them: every TelemetrySample field but the owner."""
+    empty = dict.fromkeys(
+        ("level_concurrency", "mem_util", "mem_used_mib", "mem_total_mib", "sm_clock_mhz")
+    )
+    return [
+        {
+            **empty,
+            "gpu_index": 0,
+            "ts": t0 + s,
+            "gpu_util": 50.0,
+            "power_w": 300.0,
+            "power_limit_w": 700.0,
+            "temperature_c": 60.0,
+            "attempt": 1,
+        }
+        for s in range(seconds)
+    ]
+
+
+def test_the_poll_leaves_out_charts_and_table_until_something_new_is_stored(client, live):
+    url = f"/runs/{live.uuid}/status.json?figures=1"
+    key = client.get(url).json()["figures_key"]
+    # the page hands the poll the key of what it drew
+    assert f'data-figures-key="{key}"' in client.get(f"/runs/{live.uuid}/").content.decode()
+    unchanged = client.get(f"{url}&since={key}").json()
+    assert unchanged["figures_key"] == key and unchanged["status"] == "running"
+    assert "figures" not in unchanged and "levels_html" not in unchanged
+
+    run_services.telemetry_record(
+        run=live, batch_id="b1", samples=_gpu_samples(time.time() - 30, 30)
+    )
+    sampled = client.get(f"{url}&since={key}").json()
+    assert sampled["figures_key"] != key
+    assert [t["name"] for t in sampled["figures"]["gpu-util"]["data"]] == ["GPU0"]
+
+    key = sampled["figures_key"]
+    live.levels.create(key="c=32,r=inf", concurrency=32, output_throughput=300.0)
+    leveled = client.get(f"{url}&since={key}").json()
+    assert leveled["figures"]["throughput"]["data"][0]["x"] == [32]
+    assert ">300<" in leveled["levels_html"]

@@ -3,6 +3,7 @@
 from django import template
 from django.utils.html import format_html, json_script
 
+from moeops.front.charts import CompactJSONEncoder
 from reports.failures import explain_error
 
 register = template.Library()
@@ -43,7 +44,7 @@ def chart(fig, element_id, data_id=None, css_class="chart"):
         element_id,
         css_class,
         data_id,
-        json_script(fig, data_id),
+        json_script(fig, data_id, encoder=CompactJSONEncoder),
     )
 
 

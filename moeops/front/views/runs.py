@@ -1,11 +1,13 @@
 """Runs: the list with filters, a run's page, its live status, CSV and cancel; kernel tunes."""
 
 import csv
+import hashlib
 import json
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.db.models import Count, Max
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
@@ -200,12 +202,14 @@ def _resumed(run, levels, attempts):
     )
 
 
-def _level_table(run, levels, gpu_util):
-    """The per-level table's context (front/_run_levels.html); gpu_util: {concurrency: mean
-    GPU utilization %} (series.level_means)."""
+def _level_table(run, levels, gpu, bands):
+    """The per-level table's context (front/_run_levels.html); gpu: series.gpu_series(run,
+    levels=levels), whose buckets give each level's mean GPU utilization and power; bands:
+    series.level_bands(run, levels)."""
     num_gpus = run.measured_gpu_count()
     attempts = run.attempts(levels)
-    costs = level_costs(run, levels, num_gpus)
+    gpu_util = series.level_means(gpu, bands, "util")
+    costs = level_costs(run, levels, num_gpus, power=gpu.extra.get("level_power"))
     columns = (*LEVEL_COLUMNS, GPU_UTIL_COLUMN, *cost_columns(run.deployment.host.currency))
     if attempts > 1:
         # after the level's concurrency and rate, which say which level it is
@@ -234,12 +238,26 @@ def _level_table(run, levels, gpu_util):
     }
 
 
+def _figures_key(run, levels):
+    """What the run's charts and level table are drawn from, as a short text that changes
+    whenever they would: its status, each level's window, rounds and attempt, and the sample
+    batches stored (every sample arrives in one, runs.services). Two small queries' worth."""
+    batches = run.telemetry_batches.aggregate(n=Count("id"), last=Max("id"))
+    drawn_from = (
+        run.status,
+        [(lv.pk, lv.round_count, lv.attempt, lv.started_at, lv.finished_at) for lv in levels],
+        batches["n"],
+        batches["last"],
+    )
+    return hashlib.sha256(repr(drawn_from).encode()).hexdigest()[:16]
+
+
 def _figures_and_table(run, levels):
     """The run's charts and its per-level table's context: the page and its live poll show the
     same, from one read of the GPU samples."""
     gpu, bands = series.gpu_series(run, levels=levels), series.level_bands(run, levels)
     figures = run_figures(run, levels, gpu, bands)
-    return figures, _level_table(run, levels, series.level_means(gpu, bands, "util"))
+    return figures, _level_table(run, levels, gpu, bands)
 
 
 @login_required
@@ -256,6 +274,8 @@ def run_detail(request, uuid):
         "deployment": run.deployment,
         "measured": _measured(run),
         "progress": sweep_progress(run),
+        # the live poll sends the charts again only once they are drawn from something else
+        "figures_key": "" if run.is_finished else _figures_key(run, levels),
         "level_charts": [(k, figures[k]) for k in LEVEL_CHARTS if k in drawn],
         "time_charts": [(k, figures[k]) for k in TIME_CHARTS if k in drawn],
         "missing_charts": [CHART_NAMES[k] for k in CHART_NAMES if k not in drawn],
@@ -271,7 +291,9 @@ def run_detail(request, uuid):
 @login_required
 def run_status(request, uuid):
     """The run's status and progress as JSON, polled by the page; ?figures=1 adds the charts
-    and the per-level table (HTML), so that the two never tell different stories."""
+    and the per-level table (HTML), so that the two never tell different stories, with the
+    figures_key they were drawn from: given back as ?since=, it leaves them out until it
+    changes."""
     run = _run_or_404(uuid)
     payload = {
         "status": run.status,
@@ -284,9 +306,11 @@ def run_status(request, uuid):
     if request.GET.get("figures"):
         levels = _levels(run)
         payload["levels"] = len(levels)
-        payload["figures"], table = _figures_and_table(run, levels)
-        payload["levels_html"] = render_to_string("front/_run_levels.html", table, request)
-    return JsonResponse(payload)
+        payload["figures_key"] = _figures_key(run, levels)
+        if request.GET.get("since") != payload["figures_key"]:
+            payload["figures"], table = _figures_and_table(run, levels)
+            payload["levels_html"] = render_to_string("front/_run_levels.html", table, request)
+    return JsonResponse(payload, encoder=charts.CompactJSONEncoder)
 
 
 @login_required

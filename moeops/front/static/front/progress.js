@@ -1,7 +1,7 @@
 // Live progress: every [data-progress-url] element polls its JSON status every 1.5 s and
 // updates its bar, its text, elapsed and ETA; with data-figures it also redraws the page's
-// charts. When the run ends the page reloads once (after a moment at 100 %) so its tables
-// show the final numbers.
+// charts, which the server sends only when they changed since data-figures-key. When the run
+// ends the page reloads once (after a moment at 100 %) so its tables show the final numbers.
 (function () {
   var INTERVAL_MS = 1500;
   var RELOAD_DELAY_MS = 1200;
@@ -45,6 +45,8 @@
     });
     box.dataset.status = state.status;
     if (state.cancel_requested) { box.classList.add("cancel-requested"); }
+    // the charts and table of the poll come only when drawn from something new (figures_key)
+    if (state.figures_key) { box.dataset.figuresKey = state.figures_key; }
     if (state.figures) {
       Object.keys(state.figures).forEach(function (key) {
         window.moeopsCharts.update(key, state.figures[key]);
@@ -68,7 +70,11 @@
   }
 
   function poll(box) {
-    var url = box.dataset.progressUrl + (box.dataset.figures ? "?figures=1" : "");
+    var url = box.dataset.progressUrl;
+    if (box.dataset.figures) {
+      url += "?figures=1";
+      if (box.dataset.figuresKey) { url += "&since=" + encodeURIComponent(box.dataset.figuresKey); }
+    }
     fetch(url, {headers: {"Accept": "application/json"}, credentials: "same-origin"})
       .then(function (response) {
         if (!response.ok) { throw new Error("status " + response.status); }
