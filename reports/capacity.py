@@ -14,7 +14,14 @@ import math
 from dataclasses import dataclass
 
 from reports.numbers import is_integer, is_number
-from reports.slo import METRIC_LABELS, SLO_PERCENTILES, judge, profile_problems, stat_key
+from reports.slo import (
+    DEFAULT_MAX_FAILED_PERCENT,
+    METRIC_LABELS,
+    SLO_PERCENTILES,
+    judge,
+    profile_problems,
+    stat_key,
+)
 
 MODES = ("concurrency", "request_rate")
 # Each step of the growth doubles the load: 1 → 64 in six levels.
@@ -320,3 +327,18 @@ def limited_by_cap(answer, running_cap):
         return False
     low, high = answer.get("bracket") or (None, None)
     return low is not None and high is not None and low <= running_cap < high
+
+
+def search_of(parameters):
+    """The Search a capacity run's parameters describe (mode, start, end, budget)."""
+    kwargs = {"budget": parameters["budget"]} if parameters.get("budget") else {}
+    mode = parameters.get("mode") or "concurrency"
+    return Search(mode, parameters["start"], parameters.get("end"), **kwargs)
+
+
+def limits_of(parameters):
+    """({metric: (percentile, ms)}, largest failed share %) of a capacity run's parameters'
+    `slo` ({"limits": {metric: [percentile, ms]}, "max_failed_percent": %})."""
+    slo = parameters.get("slo") or {}
+    limits = {m: (p, float(ms)) for m, (p, ms) in (slo.get("limits") or {}).items()}
+    return limits, float(slo.get("max_failed_percent", DEFAULT_MAX_FAILED_PERCENT))

@@ -144,6 +144,11 @@ class SweepRun(models.Model):
         help_text="What the run measured, recorded once (moeops.runs.snapshots): the engine and "
         "version that answered, its arguments, the kernel config in effect, topology, load",
     )
+    capacity = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="A capacity search's answer, stored when it ends (moeops.runs.capacity)",
+    )
     created = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -161,6 +166,11 @@ class SweepRun(models.Model):
     @property
     def is_finished(self):
         return self.status in FINISHED_STATUSES
+
+    @property
+    def is_capacity_search(self):
+        """Whether the run is an SLO capacity search (parameters kind "capacity")."""
+        return (self.parameters or {}).get("kind") == "capacity"
 
     def can_move_to(self, status):
         return status in RUN_TRANSITIONS.get(self.status, ())
@@ -278,6 +288,21 @@ class SweepRun(models.Model):
         NVML power over the level's window (its started_at–finished_at, else the samples the
         worker tagged with its concurrency), summed over the GPUs; levels without power
         samples are left out. One query; levels: the run's LevelResults."""
+        totals = {}
+        for key, means in self._level_gpu_means(levels, "power_w").items():
+            totals[key] = sum(means)
+        return totals
+
+    def level_gpu_util(self, levels):
+        """{level key: mean GPU utilisation of the run's GPUs over the level (%)}: the mean
+        over the GPUs of each one's mean over the level's window, as level_power reads it."""
+        return {
+            key: sum(means) / len(means)
+            for key, means in self._level_gpu_means(levels, "gpu_util").items()
+        }
+
+    def _level_gpu_means(self, levels, field):
+        """{level key: [each GPU's mean `field` over the level's window]}, one query."""
         whens = []
         for level in levels:
             if level.started_at is not None and level.finished_at is not None:
@@ -290,19 +315,19 @@ class SweepRun(models.Model):
         if not whens:
             return {}
         samples = self.samples_of_stored_attempts(
-            self.telemetry.filter(power_w__isnull=False), levels
+            self.telemetry.filter(**{f"{field}__isnull": False}), levels
         )
         rows = (
             samples.annotate(level=Case(*whens, output_field=CharField()))
             .filter(level__isnull=False)
             .values("level", "gpu_index")
-            .annotate(mean=Avg("power_w"))
+            .annotate(mean=Avg(field))
             .order_by()
         )
-        totals = {}
+        means = {}
         for row in rows:
-            totals[row["level"]] = totals.get(row["level"], 0.0) + row["mean"]
-        return totals
+            means.setdefault(row["level"], []).append(row["mean"])
+        return means
 
 
 # A sweep delivered again after its worker died resumes where it was: its levels and samples
