@@ -299,11 +299,11 @@ def capacity_answer(search, probes, stopped=False):
 def at_capacity(level, *, num_gpus=None, running_cap=None, gpu_util=None, power_w=None):
     """What a deployment does at its capacity point (a level's fields): output tok/s, goodput
     (req/s within the per-request limits), tok/s per GPU and per user (1000 / median TPOT), the
-    share of the engine's running-request cap the level's requests in flight take (0–1), GPU
+    share of the engine's running-request cap the level's requests in flight take, GPU
     utilisation (%) and total GPU power (W) over the level; None where a figure is unknown."""
     throughput = level.get("output_throughput")
     tpot = level.get("median_tpot_ms")
-    in_flight = level.get("max_concurrent_requests") or level.get("concurrency")
+    in_flight = requests_in_flight(level)
     return {
         "concurrency": level.get("concurrency"),
         "request_rate": level.get("request_rate"),
@@ -317,6 +317,17 @@ def at_capacity(level, *, num_gpus=None, running_cap=None, gpu_util=None, power_
         "gpu_util": gpu_util,
         "power_w": power_w,
     }
+
+
+def requests_in_flight(level):
+    """Requests in flight at a level on average: its concurrency where every stream sends its
+    next request at once (no rate), else Little's law: req/s × mean E2E latency (s)."""
+    if level.get("request_rate") is None:
+        return level.get("concurrency")
+    rate, e2el = level.get("request_throughput"), level.get("mean_e2el_ms")
+    if rate is None or e2el is None:
+        return None
+    return rate * e2el / 1000.0
 
 
 def limited_by_cap(answer, running_cap):

@@ -83,7 +83,8 @@ LEVEL_FIELDS = (
     "failed",
     "output_throughput",
     "request_goodput",
-    "max_concurrent_requests",
+    "request_throughput",
+    "mean_e2el_ms",
     "median_tpot_ms",
     "intervals",
 )

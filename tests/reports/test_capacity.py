@@ -171,7 +171,6 @@ def test_the_capacity_point_holds_what_a_deployment_does_there():
         "output_throughput": 4800.0,
         "median_tpot_ms": 40.0,
         "request_goodput": 2.5,
-        "max_concurrent_requests": 48,
         "intervals": {"output_throughput": [4500.0, 5100.0]},
     }
     figures = at_capacity(point, num_gpus=8, running_cap=64, gpu_util=91.0, power_w=4200.0)
@@ -183,6 +182,10 @@ def test_the_capacity_point_holds_what_a_deployment_does_there():
     unknown = at_capacity({"concurrency": 4})
     assert unknown["per_gpu"] is None and unknown["per_user"] is None
     assert unknown["cap_share"] is None
+    # at a request rate, the requests in flight are Little's: 4 req/s × 2.5 s
+    rated = {"concurrency": 1024, "request_rate": 4.0, "request_throughput": 4.0}
+    assert at_capacity({**rated, "mean_e2el_ms": 2500.0}, running_cap=20)["cap_share"] == 0.5
+    assert at_capacity(rated, running_cap=20)["cap_share"] is None
 
 
 @pytest.mark.parametrize(
