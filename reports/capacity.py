@@ -353,3 +353,33 @@ def limits_of(parameters):
     slo = parameters.get("slo") or {}
     limits = {m: (p, float(ms)) for m, (p, ms) in (slo.get("limits") or {}).items()}
     return limits, float(slo.get("max_failed_percent", DEFAULT_MAX_FAILED_PERCENT))
+
+
+def capacity_range(answer):
+    """(low, high) the capacity lies in, its uncertainty: from the conservative answer (every
+    limit met on its 95 % upper bound) to the answer on medians' bracket top (the first load
+    that fails even on its medians; the answer on medians itself where none failed). None for
+    an answer without a load."""
+    if not answer or answer.get("load") is None:
+        return None
+    low = answer["load"]
+    medians_top = (answer.get("bracket_on_medians") or [None, None])[1]
+    high = medians_top if medians_top is not None else answer.get("load_on_medians")
+    return (low, max(high if high is not None else low, low))
+
+
+def capacities_compared(before, after):
+    """Whether two capacity answers differ beyond their noise, in a sentence; None where
+    either has no answer. Two answers against different limits or modes are not compared."""
+    if not before or not after:
+        return None
+    if (before.get("profile"), before.get("mode")) != (after.get("profile"), after.get("mode")):
+        return "not compared: the searches ran against different SLO profiles or modes"
+    a, b = capacity_range(before), capacity_range(after)
+    if a is None or b is None:
+        return "cannot tell: one search found no load that meets the SLO"
+    unit = "concurrent" if after.get("mode") == "concurrency" else "req/s"
+    figures = f"capacity {b[0]:g}–{b[1]:g} against {a[0]:g}–{a[1]:g} {unit}"
+    if a[0] <= b[1] and b[0] <= a[1]:
+        return f"within noise ({figures}: the ranges overlap)"
+    return f"beyond the noise ({figures}: the ranges do not overlap)"

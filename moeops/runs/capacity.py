@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q
 
 from moeops.fleet.models import SLOProfile
+from moeops.runs.models import SweepRun
 from reports.capacity import (
     DEFAULT_ROUNDS,
     at_capacity,
@@ -129,3 +130,32 @@ def run_answer(run, levels):
     else:
         answer["at_capacity"] = None
     return answer
+
+
+def answered_runs(deployment_ids):
+    """The capacity searches of these deployments that have an answer, newest first (one
+    query; each with its deployment id, parameters and answer)."""
+    return (
+        SweepRun.objects.filter(deployment_id__in=deployment_ids, capacity__isnull=False)
+        .exclude(capacity__load=None)
+        .only("pk", "uuid", "label", "deployment_id", "parameters", "capacity", "created")
+        .order_by("-created", "-id")
+    )
+
+
+def at_default_profile(run, deployment):
+    """Whether the run searched against the deployment's default SLO profile (any profile
+    where the deployment names none)."""
+    if deployment.default_slo_profile_id is None:
+        return True
+    return str((run.parameters or {}).get("slo_profile")) == str(deployment.default_slo_profile_id)
+
+
+def latest_capacities(deployments):
+    """{deployment id: its newest answered capacity search at its default SLO profile}."""
+    by_id = {d.pk: d for d in deployments}
+    latest = {}
+    for run in answered_runs(list(by_id)):
+        if run.deployment_id not in latest and at_default_profile(run, by_id[run.deployment_id]):
+            latest[run.deployment_id] = run
+    return latest

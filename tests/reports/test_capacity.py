@@ -12,7 +12,9 @@ from reports.capacity import (
     Search,
     at_capacity,
     bracket,
+    capacities_compared,
     capacity_answer,
+    capacity_range,
     ended,
     limited_by_cap,
     next_load,
@@ -303,3 +305,32 @@ def test_on_any_noise_the_search_ends_and_never_repeats_a_load(verdicts, start):
     answer = capacity_answer(search, probes)
     low, high = answer["bracket"]
     assert low is None or high is None or low < high
+
+
+def _answer(load, medians_bracket, profile="chat", mode="concurrency"):
+    return {
+        "load": load,
+        "load_on_medians": medians_bracket[0],
+        "bracket_on_medians": medians_bracket,
+        "profile": profile,
+        "mode": mode,
+    }
+
+
+def test_a_capacity_lies_between_its_conservative_answer_and_where_medians_fail():
+    assert capacity_range(_answer(48, [56, 64])) == (48, 64)
+    assert capacity_range(_answer(48, [64, None])) == (48, 64)
+    assert capacity_range(_answer(None, [None, 4])) is None
+
+
+def test_two_capacities_differ_beyond_the_noise_only_when_their_ranges_do_not_overlap():
+    assert capacities_compared(_answer(16, [16, 24]), _answer(48, [48, 56])).startswith(
+        "beyond the noise (capacity 48–56 against 16–24 concurrent"
+    )
+    assert capacities_compared(_answer(16, [20, 32]), _answer(24, [24, 28])).startswith(
+        "within noise (capacity 24–28 against 16–32 concurrent"
+    )
+    assert capacities_compared(_answer(16, [16, 24]), _answer(16, [16, 24], "batch")).startswith(
+        "not compared"
+    )
+    assert capacities_compared(None, _answer(16, [16, 24])) is None
