@@ -7,6 +7,7 @@ from django.db.models import Q
 
 from moeops.fleet.models import SLOProfile
 from moeops.runs.models import SweepRun
+from moeops.runs.parameters import MAX_CONCURRENCY
 from reports.capacity import (
     DEFAULT_ROUNDS,
     at_capacity,
@@ -65,6 +66,9 @@ def search_parameters(*, deployment, load):
         "mode": load.get("mode") or "concurrency",
         "rounds": load.get("rounds") or DEFAULT_ROUNDS,
     }
+    if parameters["mode"] == "concurrency" and parameters.get("end") is None:
+        # no end asked: the search grows no further than a worker can hold streams open
+        parameters["end"] = MAX_CONCURRENCY
     for metric, key in GOODPUT_LIMITS.items():
         _, limit_ms = limits[metric]
         if limit_ms is not None and parameters.get(key) is None:

@@ -97,9 +97,14 @@ class RunParameters(BaseModel):
     @model_validator(mode="after")
     def _checked(self):
         if self.kind == "capacity":
-            problems = search_problems(self.mode or "concurrency", self.start, self.end)
+            mode = self.mode or "concurrency"
+            problems = search_problems(mode, self.start, self.end)
             for key, sentence in problems.items():
                 raise ValueError(f"{key}: {sentence}")
+            for key in ("start", "end"):
+                value = getattr(self, key)
+                if mode == "concurrency" and value is not None and value > MAX_CONCURRENCY:
+                    raise ValueError(f"{key}: at most {MAX_CONCURRENCY} concurrent requests")
         if self.levels is not None:
             repeated = sorted({c for c in self.levels if self.levels.count(c) > 1})
             if repeated:

@@ -55,6 +55,11 @@ def test_it_starts_a_search_with_the_profiles_limits(
     assert response.json()["capacity"] is None
 
 
+def test_a_search_without_an_end_grows_no_further_than_a_worker_holds_streams(world, broker):
+    response = world.owner.post("/api/v1/runs", _start())
+    assert response.json()["parameters"]["end"] == 65536
+
+
 def test_the_profile_may_be_named_by_id_or_left_to_the_deployments_default(world, broker):
     by_id = world.owner.post("/api/v1/runs", _start(slo_profile=str(world.profile.pk)))
     assert by_id.status_code == 201
@@ -80,6 +85,7 @@ def test_the_profile_may_be_named_by_id_or_left_to_the_deployments_default(world
         ({"mode": "request_rate", "start": 0}, "parameters.start: "),
         ({"mode": "speed"}, "parameters.mode: "),
         ({"budget": 1}, "parameters.budget: "),
+        ({"start": 70000}, "parameters.start: at most 65536 concurrent requests"),
     ],
 )
 def test_bad_input_is_refused_naming_the_field(world, broker, parameters, field):
