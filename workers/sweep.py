@@ -25,7 +25,7 @@ from reports.failures import describe_failure
 from reports.jobs import FINISHED_STATUSES
 from reports.levels import LEVEL_KEYS
 from reports.progress import HEARTBEAT_STALE_S, attempt_of
-from workers import engine_info, loadgen, vocabulary
+from workers import capacity, engine_info, loadgen, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler
 from workers.telemetry import TelemetrySampler, push_drained
@@ -90,7 +90,8 @@ def sweep_config(parameters):
     )
     return loadgen.SweepConfig(
         client=client,
-        concurrencies=tuple(int(c) for c in parameters["levels"]),
+        # a capacity search chooses its levels as it goes (workers.capacity)
+        concurrencies=tuple(int(c) for c in parameters.get("levels") or ()),
         input_len=int(parameters["input_len"]),
         output_len=int(parameters["output_len"]),
         **{k: parameters[k] for k in optional if parameters.get(k) is not None},
@@ -333,7 +334,8 @@ def run_sweep(
         )
         client.post_observed(run_uuid, observed)
     levels = config.levels()
-    stored = _stored_rounds(client.get_levels(run_uuid))
+    stored_levels = client.get_levels(run_uuid)
+    stored = _stored_rounds(stored_levels)
     progress = _Progress(len(levels), attempt)
     # no GPUs recorded for the deployment: sample every GPU of the host
     telemetry = TelemetrySampler(parameters.get("gpu_indices") or None, hz=telemetry_hz, nvml=nvml)
@@ -366,16 +368,21 @@ def run_sweep(
             )
             reporter.start()
             running.callback(reporter.stop)
-            status, error = _run_levels(
-                client,
-                run_uuid,
-                config,
-                levels,
-                stored,
-                progress,
-                samples,
-                (cancelled, out_of_time, taken_over),
-            )
+            stops = (cancelled, out_of_time, taken_over)
+            if parameters.get("kind") == "capacity":
+
+                def push_round(result, round_number):
+                    samples.flush()
+                    payload = level_payload(result, progress.attempt, round_number)
+                    return client.post_level(run_uuid, payload)
+
+                status, error = capacity.run_search(
+                    config, parameters, stored_levels, progress, samples, push_round, stops
+                )
+            else:
+                status, error = _run_levels(
+                    client, run_uuid, config, levels, stored, progress, samples, stops
+                )
     except Unreachable:
         # the task tries again later and resumes from the stored levels
         status = None

@@ -95,7 +95,9 @@ class RunIn(In):
         False,
         description="queue the sweep on the deployment's host, as the deployment page's Run "
         "sweep does: parameters need levels, input_len and output_len; base_url, model, "
-        "gpu_indices and vocab_size come from the deployment",
+        "gpu_indices and vocab_size come from the deployment. A capacity search: parameters "
+        'kind "capacity", slo_profile (id or name; default: the deployment\'s), start, and '
+        "optionally end, budget, mode (concurrency or request_rate), rounds (default 3)",
     )
 
 
@@ -150,6 +152,13 @@ class RunOut(Schema):
     created: dt.datetime
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
+    capacity: dict[str, Any] | None = Field(
+        None,
+        description="a capacity search's answer once it ended (docs/metrics.md): load and "
+        "load_on_medians (concurrency or req/s), their brackets, end, binding {metric, "
+        "percentile, figure, limit, sentence}, at_capacity {output_throughput, per_gpu, "
+        "per_user, request_goodput, cap_share, gpu_util, power_w, …} and the probes",
+    )
     level_count: int = Field(0, description="levels stored")
     peak_output_throughput: float | None = Field(None, description="tok/s, best level")
 

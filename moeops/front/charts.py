@@ -9,6 +9,7 @@ import re
 
 from django.core.serializers.json import DjangoJSONEncoder
 
+from reports.capacity import capacity_range
 from reports.numbers import is_number
 
 LAYOUT = {
@@ -76,13 +77,18 @@ def _level_points(levels, key):
     )
 
 
-def _band(name, levels, key):
+def _concurrency(level):
+    return level.concurrency
+
+
+def _band(name, levels, key, x_of=_concurrency):
     """The 95 % interval over the rounds of `key` as a filled band around its line (one trace:
-    the upper ends left to right, then the lower ends back), or None without intervals."""
+    the upper ends left to right, then the lower ends back), or None without intervals; x_of:
+    a level's x (its concurrency)."""
     ends = sorted(
-        (level.concurrency, *level.interval(key))
+        (x_of(level), *level.interval(key))
         for level in levels
-        if level.concurrency is not None and level.interval(key) is not None
+        if x_of(level) is not None and level.interval(key) is not None
     )
     if not ends:
         return None
@@ -898,4 +904,81 @@ def evidence_figure(evidence, title):
         height=280,
         margin={"l": 55, "r": 15, "t": 35, "b": 40},
         legend={"orientation": "h", "y": -0.35},
+    )
+
+
+def capacity_limit(levels, mode, metric, percentile, limit_ms, label):
+    """One limit of a capacity search's SLO: the limited percentile (ms) of each level against
+    its load (concurrency, or req/s in request_rate mode), with the band of its 95 % interval
+    and the limit drawn across; `label` names the metric ("TPOT p99")."""
+    stat = "median" if percentile == "p50" else percentile
+    key = f"{stat}_{metric}_ms"
+    x_of = (lambda lv: lv.concurrency) if mode == "concurrency" else (lambda lv: lv.request_rate)
+    points = sorted(
+        (x_of(lv), getattr(lv, key))
+        for lv in levels
+        if x_of(lv) is not None and getattr(lv, key) is not None
+    )
+    unit = "concurrent" if mode == "concurrency" else "req/s"
+    traces = []
+    if points:
+        hover = "%{x} " + unit + "<br>%{y:,.1f} ms<extra>" + label + "</extra>"
+        traces.append(_line(label, points, hovertemplate=hover))
+        band = _band(label, levels, key, x_of)
+        if band is not None:
+            traces.append(band)
+    shape, annotation = _limit_line(limit_ms, f"limit {limit_ms:g} ms")
+    xaxis = CONCURRENCY_AXIS if mode == "concurrency" else {"title": {"text": "req/s"}}
+    return figure(
+        traces,
+        f"{label} against load, limit {limit_ms:g} ms",
+        xaxis,
+        {"title": {"text": "ms"}, "rangemode": "tozero"},
+        shapes=[shape],
+        annotations=[annotation],
+    )
+
+
+def capacity_over_time(runs):
+    """A deployment's capacity searches (oldest first) against when they ran: the conservative
+    capacity with a bar up to where the medians fail (reports.capacity.capacity_range), and
+    the answer on medians."""
+    runs = [run for run in runs if capacity_range(run.capacity) is not None]
+    mode = runs[0].capacity.get("mode") if runs else "concurrency"
+    unit = "concurrent requests" if mode == "concurrency" else "req/s"
+    when = [run.created.strftime("%Y-%m-%d %H:%M:%S") for run in runs]
+    low = [capacity_range(run.capacity)[0] for run in runs]
+    high = [capacity_range(run.capacity)[1] for run in runs]
+    names = [run.display_label() for run in runs]
+    traces = [
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "name": "capacity (95 % upper bounds within the SLO)",
+            "x": when,
+            "y": low,
+            "text": names,
+            "error_y": {
+                "type": "data",
+                "symmetric": False,
+                "array": [h - lo for lo, h in zip(low, high, strict=True)],
+                "arrayminus": [0] * len(low),
+            },
+            "hovertemplate": "%{text}<br>%{y:g} " + unit + "<extra></extra>",
+        },
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": "on medians",
+            "x": when,
+            "y": [run.capacity.get("load_on_medians") for run in runs],
+            "marker": {"symbol": "circle-open"},
+            "hovertemplate": "%{y:g} " + unit + " on medians<extra></extra>",
+        },
+    ]
+    return figure(
+        traces,
+        "Capacity at the default SLO profile over time",
+        {"type": "date"},
+        {"title": {"text": unit}, "rangemode": "tozero"},
     )

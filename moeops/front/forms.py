@@ -412,6 +412,84 @@ class SweepForm(forms.Form):
         return f"Estimated duration: ≈ {duration(seconds)} (from {pace.basis}{cap})."
 
 
+class CapacityForm(forms.Form):
+    """A capacity search of the deployment: the largest load within an SLO profile
+    (reports.capacity); the service writes the profile's limits into the run's parameters."""
+
+    label = forms.CharField(max_length=200, required=False)
+    slo_profile = forms.ModelChoiceField(
+        SLOProfile.objects.all(), label="SLO profile", required=False, empty_label="(choose)"
+    )
+    mode = forms.ChoiceField(
+        choices=(("concurrency", "concurrency"), ("request_rate", "request rate (req/s)")),
+        initial="concurrency",
+    )
+    start = forms.FloatField(initial=1, help_text="The first load: concurrency, or req/s.")
+    end = forms.FloatField(required=False, help_text="The highest load tried; empty: no end.")
+    budget = forms.IntegerField(required=False, help_text="The most levels; empty: 20.")
+    rounds = forms.IntegerField(
+        initial=3, help_text=f"Times each level runs (1 to {MAX_ROUNDS}): its 95 % interval."
+    )
+    input_len = forms.IntegerField(label="Input length (tokens)", min_value=1, initial=1024)
+    output_len = forms.IntegerField(label="Output length (tokens)", min_value=1, initial=256)
+    endpoint = forms.ChoiceField(
+        choices=(("completions", "completions"), ("chat", "chat")), initial="completions"
+    )
+
+    def __init__(self, *args, deployment, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deployment = deployment
+        self.fields["slo_profile"].initial = deployment.default_slo_profile_id
+
+    def clean(self):
+        cleaned = super().clean()
+        no_profile = not cleaned.get("slo_profile") and "slo_profile" not in self.errors
+        if no_profile and self.deployment.default_slo_profile_id is None:
+            self.add_error(
+                "slo_profile",
+                "slo_profile: a capacity search needs an SLO profile with at least one limit.",
+            )
+        if not self.errors:
+            try:
+                parameters_checked(self.parameters())
+            except forms.ValidationError as exc:
+                self.add_parameter_errors(exc)
+        return cleaned
+
+    def add_parameter_errors(self, exc):
+        """A ValidationError of the run's parameters on the field it names, else the form."""
+        for key, problems in exc.message_dict.items():
+            field = key.removeprefix("parameters.")
+            for problem in problems:
+                if field in self.fields:
+                    self.add_error(field, forms.ValidationError(f"{field}: {problem}"))
+                else:
+                    self.add_error(None, forms.ValidationError(problem))
+
+    def parameters(self):
+        """The search as the run's parameters; a concurrency's start and end as integers."""
+        data = self.cleaned_data
+        whole = data.get("mode") == "concurrency"
+
+        def load(value):
+            return int(value) if whole and value is not None and value.is_integer() else value
+
+        parameters = {
+            "kind": "capacity",
+            "mode": data.get("mode"),
+            "start": load(data.get("start")),
+            "end": load(data.get("end")),
+            "budget": data.get("budget"),
+            "rounds": data.get("rounds"),
+            "input_len": data.get("input_len"),
+            "output_len": data.get("output_len"),
+            "endpoint": data.get("endpoint"),
+        }
+        if data.get("slo_profile"):
+            parameters["slo_profile"] = str(data["slo_profile"].pk)
+        return {k: v for k, v in parameters.items() if v is not None}
+
+
 class TuneForm(forms.Form):
     """A kernel tune of the deployment's MoE shape. kernel: the deployment's engine's own (vLLM,
     SGLang) or moeops' builtin one; tune_anyway, shown with the FP4 experts' reason

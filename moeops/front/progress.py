@@ -54,9 +54,13 @@ def sweep_progress(run, now=None):
     rounds = int(_number(p.get("rounds")) or 1)
     round_number = min(max(int(_number(p.get("round")) or 1), 1), rounds) if rounds > 1 else 1
 
+    search = p.get("capacity") if isinstance(p.get("capacity"), dict) else None
     fraction = None
     if run.status == "succeeded":
         fraction = 1.0
+    elif search is not None:
+        # a capacity search chooses its levels as it goes: how many are left is unknown
+        fraction = None
     elif levels_total and level_index is not None:
         within = _clamp(done / total) if done is not None and total else 0.0
         within = (round_number - 1 + within) / rounds
@@ -79,12 +83,15 @@ def sweep_progress(run, now=None):
     if run.status == "queued":
         parts.append(_queued_text(run.deployment.host))
     elif level is not None:
-        parts.append(f"level {level} of {levels_total or '?'}")
+        # a capacity search's levels are chosen as it goes: no total to count to
+        parts.append(f"level {level}" if search else f"level {level} of {levels_total or '?'}")
         concurrency = _number(p.get("concurrency"))
         if concurrency is not None:
             parts[-1] += f" (concurrency {int(concurrency)})"
         if rounds > 1:
             parts.append(f"round {round_number} of {rounds}")
+    if search is not None and run.status != "queued":
+        parts.append(capacity_bracket_text(search))
     if done is not None and run.status == "running":
         parts.append(f"{int(done)} of {int(total) if total else '?'} requests")
     return {
@@ -97,6 +104,31 @@ def sweep_progress(run, now=None):
         "eta_s": eta,
         "text": ", ".join(parts),
     }
+
+
+def _load(value, unit):
+    return f"{value:g}" if unit == "concurrent" else f"{value:.3g}"
+
+
+def capacity_bracket_text(search):
+    """ "tried 8 ✓, 16 ✓, 32 ✗, 24 ✗; bracket 16–24 concurrent" from a capacity search's
+    progress (workers.capacity.bracket_progress): each probe as it lands, ✓ where it met the
+    SLO on its intervals' upper bounds."""
+    unit = search.get("unit") if search.get("unit") in ("concurrent", "req/s") else "concurrent"
+    probes = [p for p in _listed(search.get("probes")) if is_number((p or {}).get("load"))]
+    if not probes:
+        return "no level judged yet"
+    tried = ", ".join(f"{_load(p['load'], unit)} {'✓' if p.get('met') else '✗'}" for p in probes)
+    low, high = (_listed(search.get("bracket")) + [None, None])[:2]
+    if is_number(low) and is_number(high):
+        where = f"bracket {_load(low, unit)}–{_load(high, unit)} {unit}"
+    elif is_number(low):
+        where = f"at least {_load(low, unit)} {unit}"
+    elif is_number(high):
+        where = f"below {_load(high, unit)} {unit}"
+    else:
+        where = "no bracket yet"
+    return f"tried {tried}; {where}"
 
 
 # The tuner may count its work as batch sizes or as candidates; the first pair found is used.

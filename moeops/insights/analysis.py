@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from statistics import fmean
 
 from moeops.runs.telemetry import no_gpu_samples_text
+from reports.capacity import limited_by_cap
 from reports.engine import CAP_FLAGS, reported_running_cap
 from reports.engine import label as engine_label
 from reports.intervals import overlap, with_interval
@@ -48,7 +49,7 @@ IDLE_POWER_FRACTION = 0.25
 CAP_FULL_FRACTION = 0.95
 KV_CACHE_FULL = 0.9
 # Findings whose plan item "Raise <flag> above <cap>" changes the engine's running-request cap.
-CAP_FINDINGS = ("queueing", "plateau")
+CAP_FINDINGS = ("queueing", "plateau", "capacity")
 
 # Regression: a level whose output throughput is more than this fraction below the previous
 # comparable run's, and beyond the noise: both levels ran in rounds and this run's 95 % interval
@@ -234,6 +235,8 @@ class RunData:
     topology: Topology | None = None
     previous: PreviousRun | None = None
     rules: list[Rule] = field(default_factory=list)
+    # a capacity search's stored answer (reports.capacity.capacity_answer), else None
+    capacity: dict | None = None
 
 
 @dataclass
@@ -1483,6 +1486,53 @@ def engine_mismatch(data: RunData) -> list[Proposal]:
     return out
 
 
+# -- a capacity that stops at the running-request cap -----------------------------------------
+
+
+def capacity_at_cap(data: RunData) -> list[Proposal]:
+    """A capacity search whose bracket straddles the engine's running-request cap: the largest
+    load within the SLO runs at most `cap` requests at once, the first load beyond it more,
+    which the engine only queues. The cap, not the GPUs, sets the capacity: the plan item is
+    the queue-cap finding's, word for word, so that its restart action serves it too."""
+    cap, cap_source = running_cap(data)
+    answer = data.capacity
+    if not limited_by_cap(answer, cap):
+        return []
+    flag = _cap_flag(data)
+    low, high = answer["bracket"]
+    tested = max(p["load"] for p in answer.get("probes") or [{"load": high}])
+    binding = (answer.get("binding") or {}).get("sentence")
+    profile = answer.get("profile") or "the SLO profile"
+    text = (
+        f"The capacity search against {profile} ends at {low} concurrent requests, and the "
+        f"first load beyond it ({high}) asks for more requests at once than the engine's "
+        f"running-request cap ({flag} {cap}, {cap_source}) runs: the engine only queues the "
+        "rest, so their latency grows while the GPUs may have room. "
+    )
+    if binding:
+        text += f"{binding[0].upper()}{binding[1:]}. "
+    text += "Raise the cap and search again to see what the GPUs themselves sustain."
+    return [
+        Proposal(
+            kind="capacity",
+            key="running-cap",
+            severity="warning",
+            title=f"Capacity stops at the engine's cap: {low} concurrent ({flag} {cap})",
+            text=text,
+            evidence={
+                "capacity": low,
+                "bracket": [low, high],
+                "binding": binding,
+                "cap": cap,
+                "cap_source": cap_source,
+                "flag": flag,
+                "tested_concurrency": tested,
+            },
+            plan=[_raise_cap_plan(flag, cap)],
+        )
+    ]
+
+
 RULES = (
     failed_requests,
     engine_mismatch,
@@ -1495,6 +1545,7 @@ RULES = (
     incompatibilities,
     regression,
     client_bound,
+    capacity_at_cap,
 )
 
 

@@ -21,6 +21,7 @@ FINDING_KINDS = (
     ("client_bound", "Client-bound"),
     ("failed_requests", "Failed requests"),
     ("engine_mismatch", "Engine not as recorded"),
+    ("capacity", "Capacity limited by the running-request cap"),
     ("other", "Other"),
 )
 SEVERITIES = (("info", "Info"), ("warning", "Warning"), ("critical", "Critical"))

@@ -353,6 +353,7 @@ def _gather(run, deployment) -> analysis.RunData:
         serving_kernel_sha256=kernel_source_of(engine, run.observed_engine.get("version") or ""),
         topology=_topology(run.topology_snapshot),
         previous=_previous_comparable(run),
+        capacity=run.capacity,
         rules=[
             analysis.Rule(
                 id=rule.pk,

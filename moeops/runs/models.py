@@ -133,6 +133,11 @@ class SweepRun(Job, models.Model):
         help_text="What the run measured, recorded once (moeops.runs.snapshots): the engine and "
         "version that answered, its arguments, the kernel config in effect, topology, load",
     )
+    capacity = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="A capacity search's answer, stored when it ends (moeops.runs.capacity)",
+    )
     created = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -146,6 +151,11 @@ class SweepRun(Job, models.Model):
 
     def __str__(self):
         return self.label or str(self.uuid)
+
+    @property
+    def is_capacity_search(self):
+        """Whether the run is an SLO capacity search (parameters kind "capacity")."""
+        return (self.parameters or {}).get("kind") == "capacity"
 
     def display_label(self):
         return self.label or f"run {str(self.uuid)[:8]}"
@@ -284,7 +294,17 @@ class SweepRun(Job, models.Model):
         worker tagged with its concurrency), summed over the GPUs; levels without power
         samples are left out. One query, none again for a finished run (of_samples); levels:
         the run's LevelResults."""
-        return self.of_samples("level-power", levels, lambda: self._level_power(levels))
+        return self.of_samples(
+            "level-power", levels, lambda: total_power(self._level_gpu_means(levels, "power_w"))
+        )
+
+    def level_gpu_util(self, levels):
+        """{level key: mean GPU utilisation of the run's GPUs over the level (%)}: the mean
+        over the GPUs of each one's mean over the level's window, as level_power reads it."""
+        by_level = {}
+        for (level, _), mean in self._level_gpu_means(levels, "gpu_util").items():
+            by_level.setdefault(level, []).append(mean)
+        return {level: sum(means) / len(means) for level, means in by_level.items()}
 
     def level_windows(self, levels):
         """The level key (a Case over samples) that each of the run's samples was taken in:
@@ -301,21 +321,22 @@ class SweepRun(Job, models.Model):
             whens.append(When(window, then=Value(level.key)))
         return Case(*whens, output_field=CharField()) if whens else None
 
-    def _level_power(self, levels):
+    def _level_gpu_means(self, levels, field):
+        """{(level key, GPU index): the GPU's mean `field` over the level's window}, one query."""
         level = self.level_windows(levels)
         if level is None:
             return {}
         samples = self.samples_of_stored_attempts(
-            self.telemetry.filter(power_w__isnull=False), levels
+            self.telemetry.filter(**{f"{field}__isnull": False}), levels
         )
         rows = (
             samples.annotate(level=level)
             .filter(level__isnull=False)
             .values("level", "gpu_index")
-            .annotate(mean=Avg("power_w"))
+            .annotate(mean=Avg(field))
             .order_by()
         )
-        return total_power({(row["level"], row["gpu_index"]): row["mean"] for row in rows})
+        return {(row["level"], row["gpu_index"]): row["mean"] for row in rows}
 
 
 def total_power(means):

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic import ValidationError as SchemaError
 
 from moeops.storable import MAX_INT, storable_json
+from reports.capacity import MAX_BUDGET, MODES, search_problems
 from reports.intervals import MAX_ROUNDS
 from reports.levels import DEFAULT_PROMPTS_PER_STREAM
 from reports.queues import SWEEP_SOFT_LIMIT_S
@@ -62,6 +63,30 @@ class RunParameters(BaseModel):
         None, max_length=1024
     )
     vocab_size: Annotated[int, Field(strict=True, ge=2, le=MAX_INT)] | None = None
+    kind: Literal["sweep", "capacity"] | None = Field(
+        None,
+        description="capacity: an SLO capacity search (reports.capacity) from start; null or "
+        "sweep: the levels given",
+    )
+    slo_profile: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        None,
+        description="a capacity search's SLO profile, by id or name (default: the deployment's)",
+    )
+    slo: dict[str, Any] | None = Field(
+        None, description="the profile's limits as the search ran them (set from slo_profile)"
+    )
+    mode: Literal[MODES] | None = Field(
+        None, description="what a capacity search raises: concurrency, or request_rate (req/s)"
+    )
+    start: Annotated[int, Field(strict=True)] | Annotated[float, Field(strict=True)] | None = Field(
+        None, description="a capacity search's first load (concurrency, or req/s)"
+    )
+    end: Annotated[int, Field(strict=True)] | Annotated[float, Field(strict=True)] | None = Field(
+        None, description="the highest load a capacity search tries; null: no end"
+    )
+    budget: Annotated[int, Field(strict=True, ge=2, le=MAX_BUDGET)] | None = Field(
+        None, description="the most levels a capacity search runs"
+    )
     moe_kernel: Literal["default", "tuned"] | None = Field(
         None, description="the kernel a run without a config file on record ran"
     )
@@ -71,6 +96,15 @@ class RunParameters(BaseModel):
 
     @model_validator(mode="after")
     def _checked(self):
+        if self.kind == "capacity":
+            mode = self.mode or "concurrency"
+            problems = search_problems(mode, self.start, self.end)
+            for key, sentence in problems.items():
+                raise ValueError(f"{key}: {sentence}")
+            for key in ("start", "end"):
+                value = getattr(self, key)
+                if mode == "concurrency" and value is not None and value > MAX_CONCURRENCY:
+                    raise ValueError(f"{key}: at most {MAX_CONCURRENCY} concurrent requests")
         if self.levels is not None:
             repeated = sorted({c for c in self.levels if self.levels.count(c) > 1})
             if repeated:

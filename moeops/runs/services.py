@@ -16,7 +16,7 @@ from django.utils import timezone
 from moeops import jobs
 from moeops.celery import send_host_task
 from moeops.fleet.endpoints import endpoint_refusal
-from moeops.runs import importers, snapshots
+from moeops.runs import capacity, importers, snapshots
 from moeops.runs.levels import level_problems
 from moeops.runs.models import (
     EngineSample,
@@ -155,6 +155,8 @@ def sweep_parameters(*, deployment, load):
     load checked (ValidationError naming the field) and what comes from the deployment added
     (its endpoint, request model name, GPUs and its model's vocabulary)."""
     _check_sweep(deployment, load)
+    if capacity.is_capacity(load):
+        load = capacity.search_parameters(deployment=deployment, load=load)
     return {
         **{k: v for k, v in load.items() if k not in DEPLOYMENT_PARAMETERS},
         "base_url": deployment.endpoint_url,
@@ -174,7 +176,10 @@ def _check_sweep(deployment, parameters):
     if refusal:
         raise ValidationError({"endpoint_url": refusal})
     parameters = parameters_checked(parameters)
-    if parameters.get("levels") is None:
+    if capacity.is_capacity(parameters):
+        if parameters.get("start") is None:
+            raise ValidationError({"parameters.start": "a capacity search needs a start load"})
+    elif parameters.get("levels") is None:
         raise ValidationError(
             {"parameters.levels": "a sweep needs a list of concurrencies, each at least 1"}
         )
@@ -306,6 +311,8 @@ def run_update(*, run, status=None, error="", takeover=None, **fields):
             _progress_update(run, fields.pop("progress"))
         if status is not None:
             run_transition(run=run, status=status, error=error)
+            if run.is_finished and run.is_capacity_search:
+                run_capacity_record(run=run)
         elif error:
             fields["error"] = error
         if fields:
@@ -313,6 +320,14 @@ def run_update(*, run, status=None, error="", takeover=None, **fields):
             for key, value in fields.items():
                 setattr(run, key, value)
     return run
+
+
+def run_capacity_record(*, run):
+    """Store a capacity search's answer from its levels (moeops.runs.capacity.run_answer)."""
+    levels = list(run.levels.all())
+    run.capacity = capacity.run_answer(run, levels)
+    SweepRun.objects.filter(pk=run.pk).update(capacity=run.capacity)
+    return run.capacity
 
 
 def run_record_observed(*, run, observed):

@@ -14,11 +14,14 @@ import time
 import httpx
 import pytest
 
-from moeops.fleet.models import ModelSpec
+from moeops.fleet.models import ModelSpec, SLOProfile
 from moeops.insights.models import IncompatibilityRule
 from moeops.kernels.models import KernelConfig
 from moeops.kernels.services import kernel_config_import
+from moeops.runs import services as run_services
 from moeops.runs import snapshots
+from moeops.runs.capacity import level_figures
+from reports.capacity import bracket, limits_of, probe_of
 from tests.engine import (
     MODEL_DIR,
     PYTHON,
@@ -37,6 +40,11 @@ pytest_plugins = ["tests.stack", "tests.engine.plugin"]
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.timeout(900)]
 
 SM120 = {"name": TUNED_DEVICE, "compute_capability": "12.0", "power_limit_w": 600.0}
+# The capacity test's dense grid; the TPOT limit is read off the grid (how fast the tiny MoE
+# decodes depends on the machine): at or above every upper bound of the first GRID_MET levels,
+# so that the capacity lies inside the grid wherever TPOT rises with the batch.
+GRID = tuple(range(1, 13))
+GRID_MET = 6
 # the metric names moeops reads from vLLM (workers.engine_metrics.ENGINE_GAUGES["vllm"])
 VLLM_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
@@ -259,3 +267,61 @@ def test_the_engine_samples_name_no_gauge_vllm_does_not_export(vllm_wide):
         time.sleep(1)
     assert sampler.engine == "vllm" and sampler.samples
     assert all(s["running"] is not None and s["queued"] is not None for s in sampler.samples)
+
+
+def _wait_for(stack, run):
+    run = stack.wait_for_run(run, timeout=420)
+    assert run.status == "succeeded", run.error
+    return run
+
+
+def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stack, vllm_wide):
+    """A TPOT-bound profile on the --max-num-seqs 16 server: the search ends with an answer,
+    TPOT binds, every level has its intervals and no request fails, and the answer is within
+    one bisection step of the same judgement applied to every concurrency from 1 to 12 (the
+    dense grid, run first on the same server; the limit is read off it)."""
+    deployment = vllm_stack.deployment
+    deployment.endpoint_url = vllm_wide.url
+    deployment.save()
+    load = {"input_len": 32, "output_len": 32, "rounds": 3}
+    grid = _wait_for(vllm_stack, vllm_stack.start_sweep(GRID, label="grid", **load))
+    grid_levels = sorted(grid.levels.all(), key=lambda lv: lv.concurrency)
+    upper = {lv.concurrency: lv.intervals["median_tpot_ms"][1] for lv in grid_levels}
+    limit_ms = round(max(upper[c] for c in GRID[:GRID_MET]) * 1.01, 3)
+    # TPOT grows with the batch; a generous TTFT limit leaves TPOT to bind
+    profile = SLOProfile.objects.create(
+        name="tpot-bound",
+        tpot_percentile="p50",
+        tpot_ms=limit_ms,
+        ttft_percentile="p99",
+        ttft_ms=60000.0,
+    )
+    search, _ = run_services.run_start(
+        deployment=deployment,
+        parameters={"kind": "capacity", "slo_profile": profile.name, "start": 1, "end": 12, **load},
+        label="capacity",
+    )
+    search = _wait_for(vllm_stack, search)
+
+    answer = search.capacity
+    levels = list(search.levels.all())
+    figures = {
+        lv.concurrency: (lv.median_tpot_ms, lv.intervals.get("median_tpot_ms")) for lv in levels
+    }
+    assert answer["load"] is not None, figures
+    assert answer["binding"]["metric"] == "tpot", answer["binding"]
+    assert answer["binding"]["sentence"].startswith("TPOT p50 binds: ")
+    assert all(lv.round_count == 3 and lv.failed == 0 for lv in levels)
+    assert all("median_tpot_ms" in lv.intervals for lv in levels)
+
+    limits, max_failed = limits_of(search.parameters)
+    assert all(lv.failed == 0 for lv in grid_levels)
+    probes = [probe_of(limits, max_failed, lv.concurrency, level_figures(lv)) for lv in grid_levels]
+    grid_answer, _ = bracket(probes)
+    grid_figures = {"limit": limit_ms, "upper": upper}
+    low, high = answer["bracket"]
+    # one bisection step: the bracket the search's last bisection halved
+    step = 2 * ((high or low + 1) - low)
+    assert abs(answer["load"] - (grid_answer or 0)) <= step, (answer["probes"], grid_figures)
+    sent = sum(lv.completed + lv.failed for lv in levels)
+    assert sent < sum(lv.completed + lv.failed for lv in grid_levels)

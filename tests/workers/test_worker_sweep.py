@@ -50,7 +50,7 @@ def _run(deployment, levels=(4, 8), **extra):
     parameters = {
         "base_url": deployment.endpoint_url,
         "model": "m",
-        "levels": list(levels),
+        "levels": list(levels) or None,
         "input_len": 8,
         "output_len": 16,
         "vocab_size": 154880,
@@ -391,3 +391,31 @@ def test_a_redelivered_run_skips_the_rounds_already_stored(world):
     assert [r.round for r in rounds] == [1, 2, 3]
     assert rounds[0].figures["completed"] == 1 and rounds[1].figures["completed"] == 16
     assert [r.attempt for r in rounds] == [1, 2, 2]
+
+
+def test_a_resumed_capacity_search_judges_the_levels_stored_and_finishes_the_cut_one(world):
+    deployment, client = world
+    slo = {"profile": "loose", "limits": {"tpot": ["p99", 10000.0]}, "max_failed_percent": 1.0}
+    run = _run(deployment, levels=(), kind="capacity", slo=slo, start=2, end=4, rounds=3)
+    services.run_transition(run=run, status="running")
+    for number in (1, 2, 3):
+        services.level_record(
+            run=run, round=number, concurrency=2, completed=8, p99_tpot_ms=5.0 + number
+        )
+    cut, _ = services.level_record(run=run, concurrency=4, completed=16, p99_tpot_ms=6.0)
+    SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time() - 60})
+
+    assert _sweep(run, client) == "succeeded"
+
+    levels = {lv.concurrency: lv for lv in run.levels.all()}
+    assert sorted(levels) == [2, 4]
+    # level 2 was judged as stored, level 4 ran its two missing rounds
+    assert [r.attempt for r in levels[2].rounds.all()] == [1, 1, 1]
+    assert [(r.round, r.attempt) for r in levels[4].rounds.all()] == [(1, 1), (2, 2), (3, 2)]
+    run.refresh_from_db()
+    assert run.progress["capacity"]["probes"] == [
+        {"load": 2, "met": True, "met_on_medians": True},
+        {"load": 4, "met": True, "met_on_medians": True},
+    ]
+    assert run.progress["capacity"]["end"] == "end_met"
+    assert run.capacity["load"] == 4 and run.capacity["end"] == "end_met"

@@ -1,19 +1,36 @@
 """The command line: `python -m workers.loadgen --base-url URL --model NAME --concurrency 32,64 …`,
 one table row per level; with --rounds N, one per round and the level's median with its 95 %
-interval (reports.intervals)."""
+interval (reports.intervals). With --capacity --slo "ttft:p99:500,tpot:p99:50" --start 1, an SLO
+capacity search (reports.capacity): each level's row and the bracket as it narrows, then the
+answer."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 from pathlib import Path
 
-from reports.intervals import MAX_ROUNDS, level_of_rounds
+from reports.capacity import (
+    DEFAULT_ROUNDS,
+    MODES,
+    Search,
+    at_capacity,
+    bracket,
+    capacity_answer,
+    next_load,
+    parse_slo,
+    probe_of,
+    search_problems,
+)
+from reports.intervals import MAX_ROUNDS, level_of_rounds, with_interval
+from reports.slo import DEFAULT_MAX_FAILED_PERCENT
 from workers import vocabulary
+from workers.capacity import level_at
 from workers.loadgen.config import ENDPOINT_PATHS, TRANSPORTS, ClientConfig, SweepConfig
-from workers.loadgen.drivers import run_sweep
+from workers.loadgen.drivers import run_level, run_sweep
 
 # ---------------------------------------------------------------------------------------------
 # CLI
@@ -93,7 +110,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--endpoint", choices=sorted(ENDPOINT_PATHS), default="completions")
-    parser.add_argument("--concurrency", required=True, help="comma-separated, e.g. 32,64,128")
+    parser.add_argument("--concurrency", help="comma-separated, e.g. 32,64,128")
     parser.add_argument("--input-len", type=int, default=1024)
     parser.add_argument("--output-len", type=int, default=1024)
     parser.add_argument("--prompts-per-level", type=int, default=None)
@@ -102,7 +119,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=1,
+        default=None,
         help=f"times each level runs in a row (1 to {MAX_ROUNDS}): the median and a 95 %% interval",
     )
     parser.add_argument(
@@ -125,9 +142,41 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--slo-tpot-ms", type=float, default=None)
     parser.add_argument("--slo-e2el-ms", type=float, default=None)
     parser.add_argument("--output", default=None, help="write the JSON list of levels here")
+    search = parser.add_argument_group("capacity search (--capacity)")
+    search.add_argument(
+        "--capacity",
+        action="store_true",
+        help="search the largest load whose levels meet --slo (rounds default to 3)",
+    )
+    search.add_argument(
+        "--slo", help='limits, metric:percentile:ms, e.g. "ttft:p99:500,tpot:p99:50"'
+    )
+    search.add_argument(
+        "--max-failed-percent", type=float, default=DEFAULT_MAX_FAILED_PERCENT, help="%%"
+    )
+    search.add_argument("--mode", choices=MODES, default="concurrency")
+    search.add_argument("--start", type=float, default=1, help="first load (concurrency or req/s)")
+    search.add_argument("--end", type=float, default=None, help="highest load tried")
+    search.add_argument("--budget", type=int, default=None, help="most levels run")
     args = parser.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = DEFAULT_ROUNDS if args.capacity else 1
     if not 1 <= args.rounds <= MAX_ROUNDS:
         parser.error(f"--rounds: from 1 to {MAX_ROUNDS}, got {args.rounds}")
+    if args.capacity:
+        try:
+            args.limits = parse_slo(args.slo or "")
+        except ValueError as exc:
+            parser.error(f"--slo: {exc}")
+        if args.mode == "concurrency":
+            args.start = int(args.start) if args.start.is_integer() else args.start
+            if args.end is not None and args.end.is_integer():
+                args.end = int(args.end)
+        problems = search_problems(args.mode, args.start, args.end, args.budget)
+        for name, sentence in problems.items():
+            parser.error(f"--{name}: {sentence}")
+    elif not args.concurrency:
+        parser.error("--concurrency is required (or --capacity)")
     return args
 
 
@@ -151,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
             f"prompt token ids drawn from a vocabulary of {vocab_size:,} ({source})",
             file=sys.stderr,
         )
+    limits = getattr(args, "limits", {})
+
+    def goodput_limit(metric, given):
+        # the search's own limits count each request's goodput unless asked otherwise
+        return given if given is not None else (limits.get(metric) or (None, None))[1]
+
     cfg = SweepConfig(
         client=ClientConfig(
             base_url=args.base_url,
@@ -162,18 +217,20 @@ def main(argv: list[str] | None = None) -> int:
             api_key=args.api_key,
             transport=args.transport,
         ),
-        concurrencies=tuple(int(c) for c in args.concurrency.split(",") if c.strip()),
+        concurrencies=tuple(int(c) for c in (args.concurrency or "").split(",") if c.strip()),
         input_len=args.input_len,
         output_len=args.output_len,
         prompts_per_level=args.prompts_per_level,
         warmup=args.warmup,
         request_rate=args.request_rate,
         processes=args.processes,
-        slo_ttft_ms=args.slo_ttft_ms,
-        slo_tpot_ms=args.slo_tpot_ms,
-        slo_e2el_ms=args.slo_e2el_ms,
+        slo_ttft_ms=goodput_limit("ttft", args.slo_ttft_ms),
+        slo_tpot_ms=goodput_limit("tpot", args.slo_tpot_ms),
+        slo_e2el_ms=goodput_limit("e2el", args.slo_e2el_ms),
         rounds=args.rounds,
     )
+    if args.capacity:
+        return capacity_search(args, cfg)
     rounds: list[dict] = []
 
     def on_level_done(i: int, result: dict) -> None:
@@ -187,4 +244,71 @@ def main(argv: list[str] | None = None) -> int:
     results = run_sweep(cfg, on_level_done=on_level_done)
     if args.output:
         Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def _verdict(probe):
+    check = probe.conservative.binding
+    said = check.sentence() if check is not None else ""
+    if not probe.conservative.failures_met:
+        said = f"failed {probe.conservative.failed_percent or 0:.3g} %"
+    medians = "" if probe.met_on_medians else "; fails on medians too"
+    return f"{'meets' if probe.met else 'fails'} ({said}{medians})"
+
+
+def answer_text(search, answer):
+    """The answer in lines: the capacity, its bracket, the one on medians, what binds, and the
+    capacity point's figures."""
+    if answer["load"] is None:
+        lines = ["No load tried meets the SLO."]
+    else:
+        low, high = answer["bracket"]
+        upper = "" if high is None else f", bracket {low:g}–{high:g}"
+        capacity = search.load_text(answer["load"])
+        lines = [f"Capacity: {capacity}{upper} (every 95 % upper bound within the SLO)"]
+    if answer["load_on_medians"] is not None:
+        lines.append(f"On medians: {search.load_text(answer['load_on_medians'])}")
+    if answer["binding"]:
+        lines.append(answer["binding"]["sentence"])
+    if answer["level"] is not None:
+        point = at_capacity(answer["level"])
+        throughput = point["output_throughput"]
+        if throughput is not None:
+            interval = point["output_throughput_interval"]
+            lines.append(f"Output tok/s there: {with_interval(throughput, interval, 1)}")
+        if point["per_user"] is not None:
+            lines.append(f"tok/s per user there: {point['per_user']:.1f}")
+        if point["request_goodput"] is not None:
+            lines.append(f"Goodput there: {point['request_goodput']:.2f} req/s")
+    return "\n".join(lines)
+
+
+def capacity_search(args, cfg) -> int:
+    """Run the capacity search: each level's median row (with its rounds' interval) and the
+    bracket after it, then the answer; --output gets the answer and every level as JSON."""
+    search = Search(
+        args.mode, args.start, args.end, **({"budget": args.budget} if args.budget else {})
+    )
+    probes, levels = [], []
+    while (load := next_load(search, probes)) is not None:
+        level = level_at(cfg, search, load, len(probes))
+        rounds = []
+        for number in range(1, cfg.rounds + 1):
+            rounds.append(asyncio.run(run_level(cfg.round_client(number), level)))
+        print(
+            format_rounds(rounds) if cfg.rounds > 1 else format_level(rounds[0], header=not probes),
+            flush=True,
+        )
+        figures = level_of_rounds(rounds)
+        levels.append({**figures, "rounds": rounds})
+        probes.append(probe_of(args.limits, args.max_failed_percent, load, figures))
+        low, high = bracket(probes)
+        where = f"bracket {low if low is not None else '?'}–{high if high is not None else '?'}"
+        print(f"  {search.load_text(load)} {_verdict(probes[-1])}; {where}", flush=True)
+    answer = capacity_answer(search, probes)
+    print(answer_text(search, answer), flush=True)
+    if args.output:
+        Path(args.output).write_text(
+            json.dumps({"answer": answer, "levels": levels}, indent=2) + "\n"
+        )
     return 0

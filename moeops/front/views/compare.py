@@ -11,7 +11,7 @@ from django.shortcuts import render
 from django.urls import reverse
 
 from moeops.fleet.models import gpu_count
-from moeops.front import charts
+from moeops.front import capacity, charts
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
 from moeops.front.forms import RunFilterForm
 from moeops.insights.analysis import retune_title
@@ -23,6 +23,7 @@ from moeops.runs.models import (
     of_the_deployments_model,
     without_standin,
 )
+from reports.capacity import capacities_compared, capacity_range
 from reports.intervals import overlap, with_interval
 
 MAX_SELECTED = 50
@@ -205,6 +206,8 @@ def _summary(run):
         "best_per_user": max(per_user, default=None),
         "kernel": run.kernel_config_state(),
         "gpus": gpus,
+        "capacity": capacity.headline(run.capacity),
+        "capacity_range": capacity_range(run.capacity),
     }
 
 
@@ -271,6 +274,7 @@ def _what_changed(runs):
                 "incidental": [f for f in factors if f in snapshots.INCIDENTAL_FACTORS],
                 "headline": _headline(baseline, run),
                 "noise": _noise(baseline, run),
+                "capacity": capacities_compared(baseline.capacity, run.capacity),
                 "sections": sections,
                 "unknown": diff["unknown"],
                 "engine_moved": _engine_moved(baseline, run),

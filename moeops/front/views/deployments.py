@@ -14,9 +14,10 @@ from kombu.exceptions import OperationalError
 from moeops.engines.models import EngineAction
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Deployment
-from moeops.front import charts
+from moeops.front import capacity, charts
 from moeops.front.forms import (
     SWEEP_PRESETS,
+    CapacityForm,
     DeploymentForm,
     PlanItemForm,
     ResultFileForm,
@@ -36,6 +37,7 @@ from moeops.insights.services import (
 )
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.runs import capacity as run_capacity
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.importers import ResultFileError, ResultFileMismatch
@@ -73,13 +75,19 @@ def _with_latest_peak(deployments):
 
 
 def _deployment_rows():
-    """Every deployment with its open findings, run count, latest run and that run's peak."""
-    return _with_latest_peak(
+    """Every deployment with its open findings, run count, latest run and that run's peak, and
+    its newest capacity at its default SLO profile (.capacity_run, .capacity)."""
+    deployments = _with_latest_peak(
         Deployment.objects.select_related("model", "host").annotate(
             open_findings=Count("findings", filter=Q(findings__state="open"), distinct=True),
             run_count=Count("runs", distinct=True),
         )
     )
+    latest = run_capacity.latest_capacities(deployments)
+    for d in deployments:
+        d.capacity_run = latest.get(d.pk)
+        d.capacity = capacity.headline(d.capacity_run.capacity) if d.capacity_run else ""
+    return deployments
 
 
 def _active_runs(runs=SweepRun.objects, tunings=TuningRun.objects):
@@ -203,7 +211,14 @@ def _edited_since(deployment, runs):
 
 
 def _deployment_page(
-    request, deployment, *, sweep_form=None, tune_form=None, upload_form=None, status=200
+    request,
+    deployment,
+    *,
+    sweep_form=None,
+    tune_form=None,
+    upload_form=None,
+    capacity_form=None,
+    status=200,
 ):
     sweep_form = sweep_form or SweepForm(deployment=deployment)
     runs = list(
@@ -262,6 +277,7 @@ def _deployment_page(
         "plan_statuses": PlanItem._meta.get_field("status").choices,
         "sweep_form": sweep_form,
         "sweep_presets": SWEEP_PRESETS,
+        "capacity_form": capacity_form or CapacityForm(deployment=deployment),
         "upload_form": upload_form or ResultFileForm(),
         "sweep_estimate": sweep_form.estimate(),
         # a sweep may wait for its worker in the queue, but the person starting it is told
@@ -270,10 +286,32 @@ def _deployment_page(
         # the GPUs shown are the host's: the deployment's own, else all of the host's
         "tune_refusal": deployment.tune_refusal(has_gpus=bool(gpus), topology=topology),
         "throughput_chart": charts.throughput_vs_concurrency(reversed(own_runs)),
+        **_capacity_over_time(deployment),
         "peaks_chart": charts.peaks_per_run(own_runs),
     }
     ctx.update(engines.panel_context(deployment, plan_items))
     return render(request, "front/deployment_detail.html", ctx, status=status)
+
+
+def _capacity_over_time(deployment):
+    """The deployment's capacity searches at its default SLO profile, oldest first, as a chart
+    and rows (run, headline, binding sentence)."""
+    runs = [
+        run
+        for run in run_capacity.answered_runs([deployment.pk])
+        if run_capacity.at_default_profile(run, deployment)
+    ][::-1]
+    return {
+        "capacity_runs": [
+            (
+                run,
+                capacity.headline(run.capacity),
+                (run.capacity.get("binding") or {}).get("sentence"),
+            )
+            for run in reversed(runs)
+        ],
+        "capacity_chart": charts.capacity_over_time(runs) if runs else None,
+    }
 
 
 @login_required
@@ -313,6 +351,25 @@ def sweep_start(request, pk):
         form.add_parameter_errors(exc)
         return _deployment_page(request, deployment, sweep_form=form, status=400)
     messages.success(request, f"Sweep queued on {deployment.host.queue_name}.")
+    return redirect("run-detail", uuid=run.uuid)
+
+
+@login_required
+@require_POST
+def capacity_start(request, pk):
+    """Start a capacity search of the deployment (kind "capacity" through run_start)."""
+    deployment = _deployment_or_404(pk)
+    form = CapacityForm(request.POST, deployment=deployment)
+    if not form.is_valid():
+        return _deployment_page(request, deployment, capacity_form=form, status=400)
+    try:
+        run, _ = run_services.run_start(
+            deployment=deployment, parameters=form.parameters(), label=form.cleaned_data["label"]
+        )
+    except ValidationError as exc:
+        form.add_parameter_errors(exc)
+        return _deployment_page(request, deployment, capacity_form=form, status=400)
+    messages.success(request, f"Capacity search queued on {deployment.host.queue_name}.")
     return redirect("run-detail", uuid=run.uuid)
 
 

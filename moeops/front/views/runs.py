@@ -15,7 +15,7 @@ from django.template.loader import render_to_string
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
-from moeops.front import charts, series
+from moeops.front import capacity, charts, series
 from moeops.front.columns import (
     ABSENT,
     ATTEMPT_COLUMN,
@@ -105,6 +105,8 @@ def run_figures(run, levels, gpu, bands):
         "engine": charts.engine_queue(engine, bands, _running_cap(run)),
         "kv-cache": charts.kv_cache_use(engine, bands),
     }
+    if run.is_capacity_search:
+        figures.update(capacity.figures(run, levels))
     if run.is_standin:
         for fig in figures.values():
             charts.mark_standin(fig)
@@ -277,6 +279,8 @@ def run_detail(request, uuid):
         # the live poll sends the charts again only once they are drawn from something else
         "figures_key": "" if run.is_finished else _figures_key(run, levels),
         "level_charts": [(k, figures[k]) for k in LEVEL_CHARTS if k in drawn],
+        "capacity": capacity.card(run),
+        "capacity_charts": [(k, fig) for k, fig in figures.items() if k.startswith("slo-")],
         "time_charts": [(k, figures[k]) for k in TIME_CHARTS if k in drawn],
         "missing_charts": [CHART_NAMES[k] for k in CHART_NAMES if k not in drawn],
         "waiting": not run.is_finished and not any(fig["data"] for fig in figures.values()),

@@ -1,0 +1,57 @@
+"""`python -m workers.loadgen --capacity`: its arguments refused in words, and a search against
+the in-process stand-in printing each level, the bracket as it narrows and the answer."""
+
+import pytest
+
+from localstack.standin import StandinConfig, start_standin_in_thread
+from workers.loadgen.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        ([], "--slo: A profile needs at least one limit"),
+        (["--slo", "tpot:p42:50"], "--slo: 'tpot:p42:50': the percentile must be one of"),
+        (["--slo", "tpot:p99:50", "--start", "8", "--end", "4"], "--end: The end (4)"),
+        (["--slo", "tpot:p99:50", "--start", "2.5"], "--start: The start must be a whole"),
+        (["--slo", "tpot:p99:50", "--rounds", "0"], "--rounds: from 1 to 10, got 0"),
+    ],
+)
+def test_bad_search_arguments_are_refused_naming_the_argument(argv, words, capsys):
+    base = ["--base-url", "http://127.0.0.1:9", "--model", "m", "--capacity"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*base, *argv])
+    assert exit_.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_plain_sweep_still_needs_its_concurrencies(capsys):
+    with pytest.raises(SystemExit):
+        main(["--base-url", "http://127.0.0.1:9", "--model", "m"])
+    assert "--concurrency is required (or --capacity)" in capsys.readouterr().err
+
+
+def test_a_search_prints_the_bracket_as_it_narrows_and_the_answer(capsys, tmp_path):
+    url, stop = start_standin_in_thread(StandinConfig(model="m", max_running_requests=16))
+    try:
+        # every level meets a limit of 10 s: the search grows 2 → 4 and stops at its end
+        code = main(
+            [
+                "--base-url", url, "--model", "m", "--vocab-size", "32000",
+                "--input-len", "8", "--output-len", "8",
+                "--capacity", "--slo", "tpot:p99:10000", "--start", "2", "--end", "4",
+                "--rounds", "2", "--output", str(tmp_path / "search.json"),
+            ]
+        )  # fmt: skip
+    finally:
+        stop()
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "  2 concurrent meets (TPOT p99: " in out and "; bracket 2–?" in out
+    assert "  4 concurrent meets (TPOT p99: " in out and "; bracket 4–?" in out
+    assert "Capacity: 4 concurrent (every 95 % upper bound within the SLO)" in out
+    assert "TPOT p99 binds: " in out and " at 4 concurrent, limit 10000 ms" in out
+    assert "median of 2 rounds" in out
+    assert (tmp_path / "search.json").exists()
