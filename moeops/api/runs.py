@@ -443,10 +443,20 @@ class LevelOut(Schema, LevelIn):
     )
     created: dt.datetime
     request_log: int = Field(0, description="requests stored with the level, all rounds")
+    engine_figures: dict[str, float | str | None] = Field(
+        description="what the level did to the engine, from its /metrics counters: "
+        "prefix_cache_hit_rate, preemptions, spec_acceptance_rate, spec_accept_length, "
+        "engine_prompt_tokens, engine_generation_tokens, prompt_tokens_gap, "
+        "generation_tokens_gap (docs/metrics.md); empty without counters"
+    )
 
     @staticmethod
     def resolve_run(obj):
         return obj.run_id
+
+    @staticmethod
+    def resolve_engine_figures(obj):
+        return obj.engine_figures()
 
     @staticmethod
     def resolve_request_log(obj):

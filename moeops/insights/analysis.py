@@ -1193,12 +1193,19 @@ def _measured(levels):
 
 
 def comparable_key(parameters: dict) -> tuple | None:
-    """What two runs must share to be compared: levels, input and output length; None if unset."""
+    """What two runs must share to be compared: levels, input and output length, and the
+    arrivals (request rates, burstiness, ramp-up; none for a closed loop); None if unset."""
     levels = parameters.get("levels")
     input_len, output_len = parameters.get("input_len"), parameters.get("output_len")
     if not levels or not isinstance(levels, list) or input_len is None or output_len is None:
         return None
-    return (tuple(sorted(map(str, levels))), str(input_len), str(output_len))
+    rates = parameters.get("request_rates") or [parameters.get("request_rate")]
+    arrivals = (
+        tuple(sorted(str(float(r)) for r in rates if r is not None)),
+        str(float(parameters.get("burstiness") or 1.0)),
+        str(float(parameters.get("ramp_up_s") or 0.0)),
+    )
+    return (tuple(sorted(map(str, levels))), str(input_len), str(output_len), *arrivals)
 
 
 def regression(data: RunData) -> list[Proposal]:

@@ -63,6 +63,7 @@ def test_a_level_stores_its_requests_and_the_export_has_a_line_each(world, clien
     assert (answer.status_code, again.status_code) == (201, 200)
     assert answer.json()["request_log"] == 3
     assert answer.json()["achieved_request_rate"] == 7.9
+    assert answer.json()["engine_figures"] == {}
     log = RequestLog.objects.get()
     assert (log.count, log.round, log.itl_dropped) == (3, 1, 0)
     pb.sign_in(client)
@@ -171,3 +172,22 @@ def test_an_imported_vllm_result_keeps_its_requests(world, client):
     assert requests[0]["ttft"] == 0.21 and requests[0]["itl"] == [0.011, 0.012]
     assert requests[0]["request_rate"] == 4.0
     assert [r["status"] for r in requests].count("failed") == 1
+
+
+def test_the_api_lists_a_levels_engine_figures_from_its_counters(world):
+    run = world.run(status="running")
+    counters = {"engine": "vllm", "prompt_tokens": 96.0, "generation_tokens": 50.0}
+    body = _level(_columns(3), raw={"engine_counters": counters, "warmup_tokens": {}})
+    _push(world, run, {**body, "total_input_tokens": 64, "total_output_tokens": 32})
+    warm = {"input_tokens": 32, "output_tokens": 16}
+    second = _level(_columns(3), raw={"engine_counters": counters, "warmup_tokens": warm})
+    _push(world, run, {**second, "round": 2, "total_input_tokens": 64, "total_output_tokens": 32})
+
+    [level] = world.owner.get(f"/api/v1/runs/{run.uuid}/levels").json()
+
+    figures = level["engine_figures"]
+    assert (figures["engine_prompt_tokens"], figures["engine_generation_tokens"]) == (192, 100)
+    # the client's: 64 + 64 + 32 of warm-up prompt tokens, 32 + 32 + 16 generated
+    assert figures["prompt_tokens_gap"] == pytest.approx(192 / 160 - 1)
+    assert figures["generation_tokens_gap"] == pytest.approx(100 / 80 - 1)
+    assert level["request_log"] == 6
