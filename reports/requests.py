@@ -26,7 +26,7 @@ REQUEST_KEYS = (
     "itl",
 )
 STATUSES = ("ok", "failed")
-# A level keeps the inter-token gaps of its requests up to this many values in all (about 3 MB
+# A level keeps the inter-token gaps of its requests up to this many values in all (3.7 MB
 # packed): requests past it keep every other figure, and itl null.
 MAX_ITL_VALUES = 1_000_000
 # A level holds at most this many requests (parameters.MAX_REQUESTS is the same bound).
