@@ -26,4 +26,5 @@ LEVEL_KEYS = (
     "max_output_tokens_per_s",
     "max_concurrent_requests",
     "request_goodput",
+    "achieved_request_rate",
 ) + LATENCY_KEYS

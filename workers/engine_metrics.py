@@ -1,11 +1,12 @@
 """The engine's own view during a sweep: its Prometheus /metrics.
 
 SGLang and vLLM both export running requests, queued requests and KV-cache usage, under their
-own names. An engine with several schedulers (data-parallel ranks, vLLM's engine index) exports
-one series per scheduler: counts are summed over them and KV-cache usage averaged. Series that
-differ only by tp_rank / pp_rank are copies of one scheduler's state (SGLang with
---enable-metrics-for-all-schedulers) and count once.
-"""
+own names, sampled through the sweep; and counters of prompt and generation tokens, prefix-cache
+use, preemptions and speculative decoding, read at each level's start and end (docs/metrics.md,
+"Engine counters"). An engine with several schedulers (data-parallel ranks, vLLM's engine index)
+exports one series per scheduler: counts are summed over them and KV-cache usage averaged.
+Series that differ only by tp_rank / pp_rank are copies of one scheduler's state (SGLang with
+--enable-metrics-for-all-schedulers) and count once."""
 
 import math
 import threading
@@ -29,6 +30,34 @@ ENGINE_GAUGES = {
         "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     },
 }
+# Counters per engine, read at the start and end of each level (the level's figure is their
+# difference); each name is the sample's, "_total" included. vLLM counts prefix-cache queries
+# and hits in tokens; SGLang counts the prompt tokens its radix cache served (cached_tokens).
+ENGINE_COUNTERS = {
+    "vllm": {
+        "prompt_tokens": ("vllm:prompt_tokens_total",),
+        "generation_tokens": ("vllm:generation_tokens_total",),
+        "prefix_cache_queries": ("vllm:prefix_cache_queries_total",),
+        "prefix_cache_hits": ("vllm:prefix_cache_hits_total",),
+        "preemptions": ("vllm:num_preemptions_total",),
+        "spec_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
+        "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
+    },
+    "sglang": {
+        "prompt_tokens": ("sglang:prompt_tokens_total",),
+        "generation_tokens": ("sglang:generation_tokens_total",),
+        "cached_tokens": ("sglang:cached_tokens_total",),
+        "preemptions": ("sglang:num_retracted_requests_total",),
+    },
+}
+# Gauges of the engine's own recent averages, read at the end of each level: SGLang's prefix
+# cache hit rate (0..1) and speculative acceptance length (tokens per step).
+ENGINE_RATIOS = {
+    "sglang": {
+        "cache_hit_rate": ("sglang:cache_hit_rate",),
+        "spec_accept_length": ("sglang:spec_accept_length",),
+    },
+}
 # Labels that tell apart copies of one scheduler's state rather than distinct schedulers.
 REPLICA_LABELS = frozenset({"tp_rank", "pp_rank", "attn_tp_rank", "moe_ep_rank"})
 STANDIN_INFO = "moeops_standin_info"
@@ -45,22 +74,8 @@ def parse_engine_metrics(text: str) -> dict:
     "queued": float | None, "kv_cache_usage": float | None (0..1)}; a value is None when the
     engine does not export it. Raises EngineMetricsError when the text does not parse.
     """
-    series: dict[str, list[tuple[dict, float]]] = defaultdict(list)
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if not math.isnan(sample.value):
-                    series[sample.name].append((sample.labels, sample.value))
-    except ValueError as exc:
-        raise EngineMetricsError(f"not Prometheus text: {exc}") from exc
-    engine = next(
-        (
-            name
-            for name, gauges in ENGINE_GAUGES.items()
-            if any(metric in series for names in gauges.values() for metric in names)
-        ),
-        None,
-    )
+    series = _series(text)
+    engine = _engine_of(series)
     out = {"engine": engine, "running": None, "queued": None, "kv_cache_usage": None}
     if engine is None:
         return out
@@ -75,6 +90,66 @@ def parse_engine_metrics(text: str) -> dict:
     if STANDIN_INFO in series:
         out["engine"] = "standin"
     return out
+
+
+def parse_engine_counters(text: str) -> dict:
+    """The engine's token, prefix-cache, preemption and speculative-decoding counters
+    (ENGINE_COUNTERS, summed over schedulers) and ratio gauges (ENGINE_RATIOS, averaged) from a
+    /metrics body: {"engine", name: value, …}, a name left out when the engine does not export
+    it. Raises EngineMetricsError when the text does not parse."""
+    series = _series(text)
+    engine = _engine_of(series)
+    out: dict = {"engine": "standin" if STANDIN_INFO in series else engine}
+    for field, names in ENGINE_COUNTERS.get(engine, {}).items():
+        found = next((series[name] for name in names if name in series), None)
+        if found is not None:
+            out[field] = float(sum(_per_scheduler(found)))
+    for field, names in ENGINE_RATIOS.get(engine, {}).items():
+        found = next((series[name] for name in names if name in series), None)
+        if found is not None:
+            per_scheduler = _per_scheduler(found)
+            out[field] = sum(per_scheduler) / len(per_scheduler)
+    return out
+
+
+def counter_deltas(before: dict, after: dict) -> dict:
+    """A level's engine figures from the counters read before and after it: each counter's
+    increase (a counter that went down, the engine restarted, is left out), each ratio as read
+    after; {"engine"} alone when either read failed (None)."""
+    if before is None or after is None:
+        return {"engine": (after or before or {}).get("engine")}
+    out = {"engine": after.get("engine")}
+    for field in {name for names in ENGINE_COUNTERS.values() for name in names}:
+        if field in before and field in after and after[field] >= before[field]:
+            out[field] = after[field] - before[field]
+    for field in {name for names in ENGINE_RATIOS.values() for name in names}:
+        if field in after:
+            out[field] = after[field]
+    return out
+
+
+def _series(text: str) -> dict[str, list[tuple[dict, float]]]:
+    """{sample name: [(labels, value)]} of a /metrics body, NaN values left out."""
+    series: dict[str, list[tuple[dict, float]]] = defaultdict(list)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if not math.isnan(sample.value):
+                    series[sample.name].append((sample.labels, sample.value))
+    except ValueError as exc:
+        raise EngineMetricsError(f"not Prometheus text: {exc}") from exc
+    return series
+
+
+def _engine_of(series) -> str | None:
+    return next(
+        (
+            name
+            for name, gauges in ENGINE_GAUGES.items()
+            if any(metric in series for names in gauges.values() for metric in names)
+        ),
+        None,
+    )
 
 
 def _per_scheduler(found: list[tuple[dict, float]]) -> list[float]:
@@ -109,6 +184,24 @@ def scrape_engine_metrics(
         response = client.get(url, timeout=timeout_s)
     response.raise_for_status()
     return parse_engine_metrics(response.text)
+
+
+def read_engine_counters(
+    base_url: str, *, client: httpx.Client | None = None, timeout_s: float = 5.0
+) -> dict | None:
+    """parse_engine_counters of the engine's /metrics now, or None when it cannot be read (no
+    answer, not 200, not Prometheus text): a level's engine figures are then left out."""
+    url = base_url.rstrip("/") + "/metrics"
+    try:
+        if client is None:
+            with httpx.Client(timeout=timeout_s) as own:
+                response = own.get(url)
+        else:
+            response = client.get(url, timeout=timeout_s)
+        response.raise_for_status()
+        return parse_engine_counters(response.text)
+    except (httpx.HTTPError, EngineMetricsError):
+        return None
 
 
 class EngineMetricsSampler:

@@ -21,13 +21,14 @@ import threading
 import time
 import uuid
 
+from reports import requests as request_log
 from reports.failures import describe_failure
 from reports.jobs import FINISHED_STATUSES
 from reports.levels import LEVEL_KEYS
 from reports.progress import HEARTBEAT_STALE_S, attempt_of
 from workers import capacity, engine_info, loadgen, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
-from workers.engine_metrics import EngineMetricsSampler
+from workers.engine_metrics import EngineMetricsSampler, counter_deltas, read_engine_counters
 from workers.telemetry import TelemetrySampler, push_drained
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,10 @@ def sweep_config(parameters):
     """The load generator's SweepConfig from a run's parameters.
 
     parameters: base_url, model, levels (concurrencies), input_len and output_len (tokens);
-    optional endpoint, prompts_per_level, warmup, request_rate (req/s), processes, vocab_size,
-    timeout_s, slo_ttft_ms, slo_tpot_ms, slo_e2el_ms, rounds. Without vocab_size the completions
-    endpoint asks the server where its model is (workers.vocabulary) and raises
-    vocabulary.VocabularyUnknown when it cannot tell.
+    optional endpoint, prompts_per_level, warmup, request_rate or request_rates (req/s),
+    burstiness, ramp_up_s (s), processes, vocab_size, timeout_s, slo_ttft_ms, slo_tpot_ms,
+    slo_e2el_ms, rounds. Without vocab_size the completions endpoint asks the server where its
+    model is (workers.vocabulary) and raises vocabulary.VocabularyUnknown when it cannot tell.
     """
     endpoint = parameters.get("endpoint") or "completions"
     vocab_size = parameters.get("vocab_size")
@@ -82,6 +83,8 @@ def sweep_config(parameters):
         "prompts_per_level",
         "warmup",
         "request_rate",
+        "burstiness",
+        "ramp_up_s",
         "processes",
         "slo_ttft_ms",
         "slo_tpot_ms",
@@ -94,17 +97,25 @@ def sweep_config(parameters):
         concurrencies=tuple(int(c) for c in parameters.get("levels") or ()),
         input_len=int(parameters["input_len"]),
         output_len=int(parameters["output_len"]),
+        request_rates=tuple(float(r) for r in parameters.get("request_rates") or ()),
         **{k: parameters[k] for k in optional if parameters.get(k) is not None},
     )
 
 
 def level_payload(result, attempt=1, round_number=1):
     """The API's level body from a load-generator result, taken by the run's delivery
-    `attempt` in the level's round `round_number`; the whole result travels as raw."""
+    `attempt` in the level's round `round_number`: its requests travel packed as request_log
+    (their ITLs capped, reports.requests), the rest of the result as raw."""
+    result = dict(result)
+    columns = result.pop("requests", None)
     payload = {k: result[k] for k in LEVEL_FIELDS if result.get(k) is not None}
     payload["attempt"] = attempt
     if round_number > 1:
         payload["round"] = round_number
+    if columns is not None:
+        columns, dropped = request_log.capped(columns)
+        result["requests_itl_dropped"] = dropped
+        payload["request_log"] = request_log.pack(columns)
     payload["raw"] = result
     return payload
 
@@ -432,6 +443,7 @@ def _run_levels(client, run_uuid, config, levels, stored, progress, samples, sto
                 requests_total=level.num_prompts,
             )
             samples.tag(level.concurrency)
+            before = read_engine_counters(config.client.base_url)
             result = asyncio.run(
                 loadgen.run_level(
                     config.round_client(round_number),
@@ -439,6 +451,9 @@ def _run_levels(client, run_uuid, config, levels, stored, progress, samples, sto
                     on_request_done=lambda n, total: progress.update(requests_done=n),
                     should_stop=should_stop,
                 )
+            )
+            result["engine_counters"] = counter_deltas(
+                before, read_engine_counters(config.client.base_url)
             )
             samples.tag(None)
             if taken_over():

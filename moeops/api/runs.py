@@ -5,7 +5,7 @@ import math
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from django.db.models import Q
+from django.db.models import Prefetch, Q
 from ninja import Query, Router, Schema
 from ninja.errors import HttpError
 from ninja.pagination import paginate
@@ -37,6 +37,7 @@ from moeops.runs.models import (
     RUN_SOURCES,
     TELEMETRY_STATUSES,
     LevelResult,
+    RequestLog,
 )
 from moeops.runs.parameters import MAX_ROUNDS, Concurrency, RunParameters
 from moeops.storable import MAX_SMALL_INT
@@ -49,6 +50,8 @@ RunSource = Literal[tuple(key for key, _ in RUN_SOURCES)]
 TelemetryStatus = Literal[tuple(key for key, _ in TELEMETRY_STATUSES)]
 ResultFormat = Literal[FORMATS]
 MAX_SAMPLES = 100_000
+# A packed request log within the API's body limit (MOEOPS_MAX_BODY_BYTES, 16 MiB).
+MAX_REQUEST_LOG_CHARS = 12 << 20
 
 
 def _rate_given(value):
@@ -393,6 +396,7 @@ class LevelIn(In):
     max_output_tokens_per_s: float | None = None
     max_concurrent_requests: PosInt | None = None
     request_goodput: float | None = None
+    achieved_request_rate: float | None = Field(None, description="req/s sent, after ramp-up")
     mean_ttft_ms: float | None = None
     median_ttft_ms: float | None = None
     std_ttft_ms: float | None = None
@@ -424,6 +428,10 @@ class LevelIn(In):
         1, description="1, 2, … of a level that runs several times in a row (parameters.rounds)"
     )
     raw: JsonObject | None = Field(None, description="the original result object, if any")
+    request_log: Annotated[str, Field(max_length=MAX_REQUEST_LOG_CHARS)] | None = Field(
+        None,
+        description="every request of the round (reports.requests): JSON columns, zlib, base64",
+    )
 
 
 class LevelOut(Schema, LevelIn):
@@ -443,10 +451,25 @@ class LevelOut(Schema, LevelIn):
         description="figure → [low, high], 95 % over the rounds; empty for one round"
     )
     created: dt.datetime
+    request_log: int = Field(0, description="requests stored with the level, all rounds")
+    engine_figures: dict[str, float | str | None] = Field(
+        description="what the level did to the engine, from its /metrics counters: "
+        "prefix_cache_hit_rate, preemptions, spec_acceptance_rate, spec_accept_length, "
+        "engine_prompt_tokens, engine_generation_tokens, prompt_tokens_gap, "
+        "generation_tokens_gap (docs/metrics.md); empty without counters"
+    )
 
     @staticmethod
     def resolve_run(obj):
         return obj.run_id
+
+    @staticmethod
+    def resolve_engine_figures(obj):
+        return obj.engine_figures()
+
+    @staticmethod
+    def resolve_request_log(obj):
+        return sum(log.count for log in obj.request_logs.all())
 
     @staticmethod
     def resolve_rounds(obj):
@@ -498,7 +521,8 @@ def level_list(request, ref: str):
     """The run's levels, each with its rounds, its cost per million output tokens and energy per
     output token (or why either is absent)."""
     run = lookups.get_run(ref)
-    levels = list(LevelResult.objects.filter(run=run).prefetch_related("rounds"))
+    logs = Prefetch("request_logs", queryset=RequestLog.objects.defer("data"))
+    levels = list(LevelResult.objects.filter(run=run).prefetch_related("rounds", logs))
     costs = level_costs(run, levels, run.measured_gpu_count())
     for level in levels:
         level.costs = costs[level.key]

@@ -982,3 +982,45 @@ def capacity_over_time(runs):
         {"type": "date"},
         {"title": {"text": unit}, "rangemode": "tozero"},
     )
+
+
+def engine_counters(levels):
+    """What each level did to the engine, from its /metrics counters: prefix-cache hit rate and
+    speculative-decoding acceptance (%, left axis) and preemptions (right axis), one point per
+    level. levels: [(level name, LevelResult.engine_figures())], in the run's order; levels
+    without counters are left out."""
+    named = [(name, fig) for name, fig in levels if fig]
+    traces = []
+    for key, name in (
+        ("prefix_cache_hit_rate", "prefix-cache hit rate"),
+        ("spec_acceptance_rate", "speculative acceptance"),
+    ):
+        points = [(level, fig[key] * 100) for level, fig in named if fig.get(key) is not None]
+        if points:
+            hover = "%{x}<br>%{y:.1f} %<extra>" + name + "</extra>"
+            traces.append(_line(name, points, hovertemplate=hover))
+    preempted = [(level, fig["preemptions"]) for level, fig in named if fig.get("preemptions")]
+    if preempted:
+        traces.append(
+            {
+                "type": "bar",
+                "name": "preemptions",
+                "x": [level for level, _ in preempted],
+                "y": [n for _, n in preempted],
+                "yaxis": "y2",
+                "opacity": 0.5,
+                "hovertemplate": "%{x}<br>%{y:,.0f} preemptions<extra></extra>",
+            }
+        )
+    return figure(
+        traces,
+        "Engine counters per level",
+        {"title": {"text": "level"}, "type": "category"},
+        {"title": {"text": "%"}, "range": [0, 100]},
+        yaxis2={
+            "title": {"text": "preemptions"},
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+        },
+    )

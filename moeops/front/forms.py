@@ -333,6 +333,22 @@ class SweepForm(forms.Form):
     endpoint = forms.ChoiceField(
         choices=(("completions", "completions"), ("chat", "chat")), initial="completions"
     )
+    request_rates = forms.CharField(
+        label="Request rates (req/s)",
+        required=False,
+        help_text="Comma-separated: one level per rate, each capped by each concurrency above. "
+        "Empty: each stream sends its next request when the last one ends.",
+    )
+    burstiness = forms.FloatField(
+        required=False,
+        help_text="Gaps between requests: 1 (or empty) Poisson, below 1 burstier, above 1 more "
+        "even (vLLM's --burstiness).",
+    )
+    ramp_up_s = forms.FloatField(
+        label="Ramp-up (s)",
+        required=False,
+        help_text="Each rate level's rate rises from 0 over these seconds.",
+    )
 
     def __init__(self, *args, deployment, **kwargs):
         super().__init__(*args, **kwargs)
@@ -346,10 +362,25 @@ class SweepForm(forms.Form):
         "warmup",
         "rounds",
         "endpoint",
+        "request_rates",
+        "burstiness",
+        "ramp_up_s",
     )
 
     def clean_levels(self):
         return _int_list(self.cleaned_data["levels"], field_name="levels")
+
+    def clean_request_rates(self):
+        text = self.cleaned_data["request_rates"].replace(" ", "")
+        if not text:
+            return None
+        try:
+            rates = [float(part) for part in text.split(",") if part]
+        except ValueError:
+            raise forms.ValidationError(
+                "request_rates: numbers of req/s separated by commas"
+            ) from None
+        return sorted(rates)
 
     def clean_rounds(self):
         # left empty: once, as a sweep before rounds
@@ -383,8 +414,16 @@ class SweepForm(forms.Form):
                     self.add_error(None, forms.ValidationError(problem, code="load"))
 
     def parameters(self):
-        """The load as the run's parameters: what the form's fields hold (those that parsed)."""
-        return {key: self.cleaned_data[key] for key in self.LOAD if key in self.cleaned_data}
+        """The load as the run's parameters: what the form's fields hold (those that parsed;
+        the arrival fields left empty are left out)."""
+        return {
+            key: self.cleaned_data[key]
+            for key in self.LOAD
+            if key in self.cleaned_data
+            and not (key in self.ARRIVALS and self.cleaned_data[key] is None)
+        }
+
+    ARRIVALS = ("request_rates", "burstiness", "ramp_up_s")
 
     def estimate(self):
         """ "Estimated duration: ≈ …" of the sweep as the form stands (valid or not)."""
@@ -407,6 +446,7 @@ class SweepForm(forms.Form):
             output_len=data["output_len"],
             warmup=data["warmup"],
             rounds=data.get("rounds") or 1,
+            request_rates=data.get("request_rates") or (),
         )
         cap = f", at most {pace.cap} requests at once" if pace.cap else ""
         return f"Estimated duration: ≈ {duration(seconds)} (from {pace.basis}{cap})."

@@ -29,6 +29,18 @@ urlpatterns = [
     path("runs/<uuid:uuid>/", runs.run_detail, name="run-detail"),
     path("runs/<uuid:uuid>/status.json", runs.run_status, name="run-status"),
     path("runs/<uuid:uuid>/levels.csv", runs.run_levels_csv, name="run-levels-csv"),
+    path(
+        "runs/<uuid:uuid>/requests.jsonl",
+        runs.run_requests_export,
+        {"fmt": "jsonl"},
+        name="run-requests-jsonl",
+    ),
+    path(
+        "runs/<uuid:uuid>/requests.csv",
+        runs.run_requests_export,
+        {"fmt": "csv"},
+        name="run-requests-csv",
+    ),
     path("runs/<uuid:uuid>/cancel/", runs.run_cancel, name="run-cancel"),
     path("tunes/<uuid:uuid>/", runs.tuning_detail, name="tuning-detail"),
     path("tunes/<uuid:uuid>/status.json", runs.tuning_status, name="tuning-status"),

@@ -25,6 +25,7 @@ from moeops.runs.telemetry import no_gpu_samples_text
 from reports.capacity import limited_by_cap
 from reports.engine import CAP_FLAGS, reported_running_cap
 from reports.engine import label as engine_label
+from reports.engine_counters import TOKEN_GAP
 from reports.intervals import overlap, with_interval
 from reports.numbers import is_integer, is_number
 from reports.topology import virtualization_words, vm_layer
@@ -102,6 +103,8 @@ class Level:
     partial: bool = False
     # the 95 % interval (low, high) of output tok/s over the level's rounds; None for one round
     throughput_interval: tuple[float, float] | None = None
+    # what the level did to the engine, from its /metrics counters (LevelResult.engine_figures)
+    engine: dict = field(default_factory=dict)
 
     @property
     def timed(self):
@@ -1193,12 +1196,19 @@ def _measured(levels):
 
 
 def comparable_key(parameters: dict) -> tuple | None:
-    """What two runs must share to be compared: levels, input and output length; None if unset."""
+    """What two runs must share to be compared: levels, input and output length, and the
+    arrivals (request rates, burstiness, ramp-up; none for a closed loop); None if unset."""
     levels = parameters.get("levels")
     input_len, output_len = parameters.get("input_len"), parameters.get("output_len")
     if not levels or not isinstance(levels, list) or input_len is None or output_len is None:
         return None
-    return (tuple(sorted(map(str, levels))), str(input_len), str(output_len))
+    rates = parameters.get("request_rates") or [parameters.get("request_rate")]
+    arrivals = (
+        tuple(sorted(str(float(r)) for r in rates if r is not None)),
+        str(float(parameters.get("burstiness") or 1.0)),
+        str(float(parameters.get("ramp_up_s") or 0.0)),
+    )
+    return (tuple(sorted(map(str, levels))), str(input_len), str(output_len), *arrivals)
 
 
 def regression(data: RunData) -> list[Proposal]:
@@ -1533,6 +1543,106 @@ def capacity_at_cap(data: RunData) -> list[Proposal]:
     ]
 
 
+# -- engine counters -------------------------------------------------------------------------
+
+# A prefix-cache hit rate at or below 5 % on a shared-prefix workload is "near zero": with G
+# groups each sharing a P-token system prompt and a Q-token question, every request after a
+# group's first should hit P / (P + Q) of its prompt (P 1024, Q 128: 89 %); 5 % is what a
+# cache that keeps nothing between requests shows from the odd coincidental block.
+COLD_PREFIX_CACHE = 0.05
+# The run parameter that names the workload's kind (the workload records of issue 30).
+SHARED_PREFIX = "shared_prefix"
+
+
+def _level_name(level):
+    if level.request_rate is not None:
+        return f"{level.request_rate:g} req/s (concurrency {level.concurrency})"
+    return f"concurrency {level.concurrency}"
+
+
+def engine_token_counts(data: RunData) -> list[Proposal]:
+    """Levels where the engine's own prompt or generation token counters disagree with the
+    client's counts (from the server's usage, warm-up included) by more than TOKEN_GAP."""
+    out = []
+    for which, key in (("prompt", "prompt_tokens_gap"), ("generation", "generation_tokens_gap")):
+        off = [lv for lv in data.levels if abs(lv.engine.get(key) or 0) > TOKEN_GAP]
+        if not off:
+            continue
+        worst = max(off, key=lambda lv: abs(lv.engine[key]))
+        gap = worst.engine[key]
+        engine = engine_label(worst.engine.get("engine") or data.engine)
+        more = "more" if gap > 0 else "fewer"
+        out.append(
+            Proposal(
+                kind="engine_tokens",
+                key=which,
+                severity="warning",
+                title=f"{engine} counted {abs(gap):.1%} {more} {which} tokens than the client "
+                f"at {_level_name(worst)}",
+                text=(
+                    f"During {len(off)} of {len(data.levels)} levels the engine's own {which} "
+                    f"token counter (/metrics) moved by more than {TOKEN_GAP:.0%} off what the "
+                    "client counted from the server's usage, warm-up included. Another client "
+                    "sending to the engine during the sweep, requests the client gave up on "
+                    "(timeouts) that the engine still ran, or a server whose usage miscounts "
+                    "would each do this; the run's throughput figures count the client's tokens."
+                ),
+                evidence={
+                    "levels": [_level_name(lv) for lv in off],
+                    "gaps": [_round(lv.engine[key]) for lv in off],
+                    "threshold": TOKEN_GAP,
+                    "chart": None,
+                },
+                plan=["Sweep again with no other client on the engine"],
+            )
+        )
+    return out
+
+
+def cold_prefix_cache(data: RunData) -> list[Proposal]:
+    """A shared-prefix workload (parameters workload_kind "shared_prefix") whose levels show a
+    prefix-cache hit rate near zero: prefix caching is off, or the cache evicts the prefixes
+    before they are used again."""
+    if data.parameters.get("workload_kind") != SHARED_PREFIX:
+        return []
+    read = [lv for lv in data.levels if lv.engine.get("prefix_cache_hit_rate") is not None]
+    cold = [lv for lv in read if lv.engine["prefix_cache_hit_rate"] <= COLD_PREFIX_CACHE]
+    if not cold:
+        return []
+    name = cold[0].engine.get("engine") or data.engine
+    engine = engine_label(name)
+    flag = (
+        "--enable-prefix-caching"
+        if name == "vllm"
+        else "the radix cache (no --disable-radix-cache)"
+    )
+    return [
+        Proposal(
+            kind="prefix_cache",
+            key="cold",
+            severity="warning",
+            title=f"{engine}'s prefix cache hit {cold[0].engine['prefix_cache_hit_rate']:.1%} "
+            f"of a shared-prefix workload at {_level_name(cold[0])}",
+            text=(
+                f"The workload shares long prefixes between requests, yet at {len(cold)} of "
+                f"{len(read)} levels the engine's own counters show a prefix-cache hit rate at "
+                f"or below {COLD_PREFIX_CACHE:.0%}: prefix caching is off, or the cache "
+                "evicts the shared prefixes before the next request of their group comes "
+                "(too little KV cache for the groups in flight). Every request then prefills "
+                "its whole prompt, and TTFT and throughput are those of a cache that does "
+                "nothing."
+            ),
+            evidence={
+                "levels": [_level_name(lv) for lv in cold],
+                "hit_rates": [_round(lv.engine["prefix_cache_hit_rate"]) for lv in cold],
+                "threshold": COLD_PREFIX_CACHE,
+                "chart": None,
+            },
+            plan=[f"Turn on {flag}, or give the KV cache room for the shared prefixes"],
+        )
+    ]
+
+
 RULES = (
     failed_requests,
     engine_mismatch,
@@ -1546,6 +1656,9 @@ RULES = (
     regression,
     client_bound,
     capacity_at_cap,
+
+    engine_token_counts,
+    cold_prefix_cache,
 )
 
 

@@ -453,8 +453,9 @@ def _levels(run):
             all_failed_with=level.all_failed_with(),
             partial=level.is_partial,
             throughput_interval=level.interval("output_throughput"),
+            engine=level.engine_figures(),
         )
-        for level in run.levels.all()
+        for level in run.levels.prefetch_related("rounds")
     ]
 
 

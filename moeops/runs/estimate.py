@@ -39,14 +39,21 @@ class Pace:
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def sweep_seconds(pace, *, levels, prompts_per_level, output_len, warmup=0, rounds=1):
+def sweep_seconds(
+    pace, *, levels, prompts_per_level, output_len, warmup=0, rounds=1, request_rates=()
+):
     """Seconds a sweep of these levels (concurrencies), each run `rounds` times, takes at
-    `pace`."""
+    `pace`; with request_rates (req/s), one level per rate under each concurrency, which
+    lasts at least as long as its rate takes to send its prompts."""
     total = 0.0
     for concurrency in levels:
         running = min(concurrency, pace.cap) if pace.cap else concurrency
         waves = math.ceil(prompts_per_level / running) + math.ceil(warmup / running)
-        total += waves * output_len * pace.step_s(running)
+        busy = waves * output_len * pace.step_s(running)
+        if not request_rates:
+            total += busy
+        for rate in request_rates:
+            total += max(busy, prompts_per_level / rate)
     return total * rounds
 
 

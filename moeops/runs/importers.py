@@ -20,6 +20,7 @@ from moeops.runs.levels import level_problems
 from moeops.runs.models import level_key
 from moeops.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
 from reports import engine as engine_reports
+from reports import requests as request_log
 from reports.levels import LATENCY_KEYS
 from reports.numbers import is_integer
 
@@ -76,6 +77,21 @@ FILE_FACT_KEYS = (
     "random_output_len",
     "random_range_ratio",
     "burstiness",
+)
+
+
+# `vllm bench serve --save-detailed`'s per-request lists (one value per request, in the order
+# sent): read into the run's request log and left out of the level's raw.
+DETAILED_KEYS = (
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "latencies",
+    "start_times",
+    "queue_times",
+    "generated_texts",
+    "errors",
 )
 
 
@@ -217,17 +233,72 @@ def _level(obj, fmt):
         name, problem = next(iter(problems.items()))
         raise ValueError(f"{name} {problem}")
     level["errors"] = _error_counts(obj.get("errors"))
-    level["raw"] = _jsonable(obj)
+    _take_requests(level, obj, fmt)
     return level
+
+
+def _take_requests(level, obj, fmt):
+    """Move a vLLM result's per-request lists into level["requests"] (reports.requests
+    columns); level["raw"] is the object less them."""
+    requests = _requests(obj) if fmt == "vllm" else None
+    if requests is not None:
+        if "failed" not in obj:
+            # vLLM before 0.7 wrote no "failed": its errors list says which requests failed
+            level["failed"] = requests["status"].count("failed")
+        level["requests"] = requests
+        obj = {key: value for key, value in obj.items() if key not in DETAILED_KEYS}
+    level["raw"] = _jsonable(obj)
+
+
+def _requests(obj):
+    """reports.requests columns of a vLLM result saved with --save-detailed (its ttfts and the
+    other per-request lists), or None for a result without them; raises ValueError naming a
+    list of another length or a value no request can have."""
+    ttfts = obj.get("ttfts")
+    if not isinstance(ttfts, list):
+        return None
+    lists = {}
+    for key in ("input_lens", "output_lens", "itls", "latencies", "start_times", "errors"):
+        values = obj.get(key)
+        if values is None:
+            continue
+        if not isinstance(values, list) or len(values) != len(ttfts):
+            length = len(values) if isinstance(values, list) else "no list"
+            raise ValueError(f"{key} has {length} values for {len(ttfts)} ttfts")
+        lists[key] = values
+    errors = [str(e) if e else None for e in lists.get("errors", [None] * len(ttfts))]
+    starts = lists.get("start_times")
+    first = min(starts) if starts and all(_number(t) is not None for t in starts) else None
+    columns = {
+        "start_time": [None if first is None else t - first for t in starts or ttfts],
+        # vLLM writes 0 as the TTFT of a failed request
+        "ttft": [None if error else ttft for ttft, error in zip(ttfts, errors, strict=True)],
+        "latency": lists.get("latencies") or [None] * len(ttfts),
+        "input_len": lists.get("input_lens") or [None] * len(ttfts),
+        "output_len": lists.get("output_lens") or [None] * len(ttfts),
+        "status": ["failed" if error else "ok" for error in errors],
+        "error_reason": [None] * len(ttfts),
+        "error": errors,
+        "itl": [
+            None if error else gaps
+            for gaps, error in zip(lists.get("itls") or [None] * len(ttfts), errors, strict=True)
+        ],
+    }
+    try:
+        request_log.check_columns(columns)
+    except ValueError as exc:
+        raise ValueError(f"the per-request lists: {exc}") from None
+    return columns
 
 
 def parse_results(text, fmt):
     """The levels of a result file: a list of LevelResult field dicts, one per object.
 
     Each dict carries `concurrency`, `request_rate` (None = unlimited), the metrics found,
-    `raw` (the whole object) and `line` (its line number). Raises ResultFileError listing
-    every line that is not JSON, not an object, lacks the throughput keys, or repeats the
-    (concurrency, request rate) of an earlier line.
+    `raw` (the whole object, less vLLM's per-request lists), `line` (its line number) and, for
+    a vLLM result saved with --save-detailed, `requests` (reports.requests columns). Raises
+    ResultFileError listing every line that is not JSON, not an object, lacks the throughput
+    keys, or repeats the (concurrency, request rate) of an earlier line.
     """
     if fmt not in FORMATS:
         raise ResultFileError([f"format must be one of {', '.join(FORMATS)}, got {fmt!r}"])

@@ -2,8 +2,11 @@
 kernel tunes), engine samples."""
 
 import hashlib
+
+import json
 import math
 import uuid
+import zlib
 
 from django.core.cache import cache
 from django.db import models
@@ -12,6 +15,8 @@ from django.db.models.functions import Coalesce
 
 from moeops.jobs import JOB_STATUSES, Job
 from reports import engine as engine_reports
+from reports import engine_counters
+from reports import requests as request_log
 from reports.failures import describe_failure
 from reports.intervals import ROUND_KEYS
 from reports.numbers import is_integer
@@ -288,6 +293,24 @@ class SweepRun(Job, models.Model):
             cache.set(key, value, timeout=None)
         return value
 
+    def logged_requests(self):
+        """Every logged request of the run, level by level (by concurrency, then rate) and
+        round by round: (its level's reports.requests.LEVEL_KEYS as a dict, the request's dict).
+        Reads one log at a time."""
+        logs = (
+            RequestLog.objects.filter(level__run=self)
+            .select_related("level")
+            .order_by("level__concurrency", "level__request_rate", "level__id", "round")
+        )
+        for log in logs.iterator(chunk_size=1):
+            level = {
+                "concurrency": log.level.concurrency,
+                "request_rate": log.level.request_rate,
+                "round": log.round,
+            }
+            for request in log.requests():
+                yield level, request
+
     def level_power(self, levels):
         """{level key: mean total power of the run's GPUs over the level (W)}: each GPU's mean
         NVML power over the level's window (its started_at–finished_at, else the samples the
@@ -379,6 +402,9 @@ class LevelResult(models.Model):
     max_output_tokens_per_s = models.FloatField(null=True, blank=True)
     max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True)
     request_goodput = models.FloatField(null=True, blank=True, help_text="req/s within SLOs")
+    achieved_request_rate = models.FloatField(
+        null=True, blank=True, help_text="req/s the client sent, after the ramp-up"
+    )
     mean_ttft_ms = models.FloatField(null=True, blank=True)
     median_ttft_ms = models.FloatField(null=True, blank=True)
     std_ttft_ms = models.FloatField(null=True, blank=True)
@@ -458,6 +484,38 @@ class LevelResult(models.Model):
         planned = raw.get("num_prompts")
         return planned if is_integer(planned) else None
 
+    def engine_figures(self):
+        """What the level did to the engine, from its /metrics counters over all its rounds
+        (reports.engine_counters.figures: prefix-cache hit rate, preemptions, speculative
+        acceptance, the engine's token counts against the client's); {} when the worker read
+        no counters (an imported level, an engine without /metrics). Prefetch `rounds`."""
+        rounds = self.stored_rounds()
+        raws = [r.raw if isinstance(r.raw, dict) else {} for r in rounds]
+        counters = engine_counters.summed([raw.get("engine_counters") for raw in raws])
+        if not counters:
+            return {}
+        client = {}
+        for key, column in (
+            ("input_tokens", "total_input_tokens"),
+            ("output_tokens", "total_output_tokens"),
+        ):
+            # the engine counts the warm-up too
+            counts = [
+                None
+                if r.figures.get(column) is None
+                else r.figures[column] + ((raw.get("warmup_tokens") or {}).get(key) or 0)
+                for r, raw in zip(rounds, raws, strict=True)
+            ]
+            client[key] = None if None in counts else sum(counts)
+        return {
+            "engine": counters["engine"],
+            **engine_counters.figures(
+                counters,
+                client_input_tokens=client["input_tokens"],
+                client_output_tokens=client["output_tokens"],
+            ),
+        }
+
     def throughput_per_gpu(self, num_gpus):
         """Output tok/s per GPU."""
         if self.output_throughput is None or not num_gpus:
@@ -530,6 +588,36 @@ class LevelRound(models.Model):
             attempt=self.attempt,
             **figures,
         )
+
+
+class RequestLog(models.Model):
+    """Every request of one round of a level (reports.requests: send time, TTFT, ITLs, E2E,
+    tokens, status, error), packed: JSON columns, zlib-compressed. docs/decisions.md says why
+    packed and where the ITLs are capped."""
+
+    level = models.ForeignKey(LevelResult, models.CASCADE, related_name="request_logs")
+    round = models.PositiveSmallIntegerField(default=1, help_text="the level's round: 1, 2, …")
+    count = models.PositiveIntegerField(help_text="requests in the log")
+    itl_dropped = models.PositiveIntegerField(
+        default=0, help_text="requests that kept no ITLs: past the cap on a level's ITL values"
+    )
+    data = models.BinaryField(help_text="zlib of the JSON columns (reports.requests)")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["level", "round"]
+        constraints = [
+            # one log per round of a level; a repeated push stores it once
+            models.UniqueConstraint(fields=["level", "round"], name="request_log_unique")
+        ]
+
+    def __str__(self):
+        return f"{self.level} round {self.round}: {self.count} requests"
+
+    def requests(self):
+        """The logged requests, one dict each (reports.requests.REQUEST_KEYS)."""
+        columns = json.loads(zlib.decompress(bytes(self.data)))
+        return request_log.rows(columns)
 
 
 # Telemetry belongs to a sweep run or to a kernel tuning run, never to both or neither.

@@ -52,6 +52,18 @@ class RunParameters(BaseModel):
     )
     endpoint: Literal["completions", "chat"] | None = None
     request_rate: Positive | None = Field(None, description="req/s; null: unlimited")
+    request_rates: list[Positive] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_LEVELS,
+        description="req/s, one level per rate under each concurrency of levels (the cap)",
+    )
+    burstiness: Annotated[float, Field(gt=0, le=1e3)] | None = Field(
+        None, description="gamma shape of the gaps between requests: 1 (null) Poisson"
+    )
+    ramp_up_s: Annotated[float, Field(ge=0, le=SWEEP_SOFT_LIMIT_S)] | None = Field(
+        None, description="s over which each rate level's rate rises from 0"
+    )
     processes: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None
     timeout_s: Positive | None = None
     slo_ttft_ms: Positive | None = None
@@ -112,6 +124,22 @@ class RunParameters(BaseModel):
                     f"levels: each concurrency once ({', '.join(map(str, repeated))} is given "
                     "more than once)"
                 )
+        if self.request_rates is not None:
+            if self.request_rate is not None:
+                raise ValueError(
+                    "request_rates: give the rates of the levels here, or one request_rate for "
+                    "every level, not both"
+                )
+            repeated = sorted({r for r in self.request_rates if self.request_rates.count(r) > 1})
+            if repeated:
+                raise ValueError(
+                    f"request_rates: each rate once ({', '.join(f'{r:g}' for r in repeated)} is "
+                    "given more than once)"
+                )
+        rated = self.request_rate is not None or self.request_rates is not None
+        for name in ("burstiness", "ramp_up_s"):
+            if getattr(self, name) is not None and not rated:
+                raise ValueError(f"{name}: shapes the arrivals of a request rate; give one")
         tokens = self.sweep_tokens()
         if tokens is not None and tokens > MAX_SWEEP_TOKENS:
             # no "key: " in front: the bound is on the product of several keys
@@ -134,7 +162,7 @@ class RunParameters(BaseModel):
             (self.prompts_per_level or DEFAULT_PROMPTS_PER_STREAM * concurrency)
             + (self.warmup or 0)
             for concurrency in self.levels
-        )
+        ) * len(self.request_rates or [None])
         return requests * (self.rounds or 1) * (self.input_len + self.output_len)
 
 

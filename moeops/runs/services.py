@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import time
+import zlib
 from operator import itemgetter
 
 from django.conf import settings
@@ -22,6 +23,7 @@ from moeops.runs.models import (
     EngineSample,
     LevelResult,
     LevelRound,
+    RequestLog,
     SweepRun,
     TelemetryBatch,
     TelemetrySample,
@@ -29,6 +31,7 @@ from moeops.runs.models import (
 )
 from moeops.runs.parameters import parameters_checked
 from reports import engine as engine_reports
+from reports import requests as request_log
 from reports.intervals import ROUND_KEYS, level_of_rounds
 from reports.numbers import is_number
 from reports.progress import HEARTBEAT_STALE_S, attempt_of
@@ -410,6 +413,7 @@ def level_record(*, run, round=1, **fields):
             # stored before rounds were, or imported: the level is its own round 1
             return _same_body(level, digest, what), False
         _closed_to(locked, "levels")
+        log = _request_log(fields.pop("request_log", None), fields)
         raw, attempt = fields.pop("raw", None), fields.pop("attempt", 1)
         figures = {k: v for k, v in fields.items() if k in ROUND_KEYS}
         if level is not None and not rounds:
@@ -430,11 +434,41 @@ def level_record(*, run, round=1, **fields):
                     if r.pk is None:
                         r.level = level
                         r.save()
+                if log is not None:
+                    log.level, log.round = level, round
+                    log.save()
         except IntegrityError:
             level = run.levels.get(key=key)
             _same_body(level.rounds.filter(round=round).first() or level, digest, what)
             return level, False
     return level, True
+
+
+def _request_log(packed, fields):
+    """An unsaved RequestLog of a level's packed requests (reports.requests.pack), or None for
+    none; raises ValidationError on "request_log" for a log that does not unpack or holds
+    another number of requests than the level counts."""
+    if packed is None:
+        return None
+    try:
+        columns = request_log.unpack(packed)
+    except ValueError as exc:
+        raise ValidationError({"request_log": f"request_log {exc}"}) from None
+    count = len(columns["status"])
+    counted = (fields.get("completed") or 0) + (fields.get("failed") or 0)
+    if count != counted:
+        raise ValidationError(
+            {
+                "request_log": f"request_log holds {count} requests, the level counts {counted} "
+                "(completed + failed)"
+            }
+        )
+    dropped = sum(
+        status == "ok" and gaps is None
+        for status, gaps in zip(columns["status"], columns["itl"], strict=True)
+    )
+    data = zlib.compress(json.dumps(columns, separators=(",", ":")).encode(), 6)
+    return RequestLog(count=count, itl_dropped=dropped, data=data)
 
 
 # The columns that say whose a sample is: a sweep run's or a tuning run's.
@@ -642,12 +676,18 @@ def run_import(
             started_at=now,
             finished_at=now,
         )
-        rows = []
+        rows, logs = [], []
         for level in levels:
-            fields = {k: v for k, v in level.items() if k != "line"}
+            fields = {k: v for k, v in level.items() if k not in ("line", "requests")}
             key = level_key(fields["concurrency"], fields["request_rate"])
-            rows.append(LevelResult(run=run, key=key, body_sha256=body_sha256(fields), **fields))
+            row = LevelResult(run=run, key=key, body_sha256=body_sha256(fields), **fields)
+            rows.append(row)
+            if level.get("requests") is not None:
+                logs.append((row, _request_log(request_log.pack(level["requests"]), fields)))
         LevelResult.objects.bulk_create(rows)
+        for row, log in logs:
+            log.level = row
+        RequestLog.objects.bulk_create([log for _, log in logs])
         # stored finished: what follows a finished sweep follows it too (the analysis)
         jobs.job_finished_enqueue(run)
     return run, True

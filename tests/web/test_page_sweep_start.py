@@ -144,3 +144,36 @@ def test_the_sweep_form_says_when_the_hosts_worker_is_gone(client):
     pb.worker_seen(deployment.host)
     html = client.get(deployment.get_absolute_url()).content.decode()
     assert 'id="sweep-preflight"' not in html
+
+
+def test_it_queues_a_sweep_over_request_rates_under_the_cap(client, deployment, sent):
+    form = {**FORM, "levels": "64", "request_rates": "8, 2.5", "burstiness": "0.5"}
+
+    response = client.post(f"/deployments/{deployment.pk}/sweep/", form)
+
+    assert response.status_code == 302
+    parameters = SweepRun.objects.get().parameters
+    assert parameters["levels"] == [64]
+    assert parameters["request_rates"] == [2.5, 8.0]
+    assert parameters["burstiness"] == 0.5
+    assert "ramp_up_s" not in parameters
+
+
+@pytest.mark.parametrize(
+    ("fields", "shown"),
+    [
+        ({"request_rates": "8,fast"}, "request_rates: numbers of req/s separated by commas"),
+        ({"request_rates": "0"}, "request_rates: Input should be greater than 0"),
+        ({"request_rates": "4,4"}, "request_rates: each rate once (4 is given more than once)"),
+        ({"burstiness": "2"}, "burstiness: shapes the arrivals of a request rate; give one"),
+        ({"request_rates": "4", "ramp_up_s": "-1"}, "ramp_up_s: Input should be greater than"),
+    ],
+)
+def test_it_shows_why_the_arrivals_are_refused_and_stores_nothing(
+    client, deployment, sent, fields, shown
+):
+    response = client.post(f"/deployments/{deployment.pk}/sweep/", {**FORM, **fields})
+
+    assert response.status_code == 400
+    assert shown in html.unescape(response.content.decode())
+    assert not SweepRun.objects.exists() and sent == []

@@ -98,3 +98,75 @@ def test_the_sampler_records_no_sample_when_the_engine_is_down(free_port):
     samples = sampler.stop()
     assert samples == []
     assert sampler.errors["ConnectError"] >= 2
+
+
+# -- counters read at a level's start and end
+
+
+def test_it_reads_vllms_own_token_prefix_cache_and_preemption_counters():
+    before = engine_metrics.parse_engine_counters(_fixture("vllm_0.32_cpu_fresh.txt"))
+    after = engine_metrics.parse_engine_counters(
+        _fixture("vllm_0.32_cpu_after_repeated_prompts.txt")
+    )
+
+    assert before["prompt_tokens"] == 0 and before["prefix_cache_queries"] == 0
+    assert engine_metrics.counter_deltas(before, after) == {
+        "engine": "vllm",
+        "prompt_tokens": 640.0,
+        "generation_tokens": 32.0,
+        "prefix_cache_queries": 640.0,
+        "prefix_cache_hits": 384.0,
+        "preemptions": 0.0,
+    }
+
+
+def test_it_sums_vllms_spec_decode_counters_over_engines():
+    text = "\n".join(
+        [
+            "# TYPE vllm:num_requests_running gauge",
+            'vllm:num_requests_running{engine="0",model_name="m"} 1.0',
+            'vllm:num_requests_running{engine="1",model_name="m"} 1.0',
+            "# TYPE vllm:spec_decode_num_draft_tokens counter",
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 300.0',
+            'vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 100.0',
+            "# TYPE vllm:spec_decode_num_accepted_tokens counter",
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 210.0',
+            'vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 50.0',
+            "",
+        ]
+    )
+    counters = engine_metrics.parse_engine_counters(text)
+
+    assert counters["spec_draft_tokens"] == 400.0
+    assert counters["spec_accepted_tokens"] == 260.0
+
+
+def test_it_reads_sglangs_cached_tokens_retractions_and_ratio_gauges():
+    counters = engine_metrics.parse_engine_counters(_fixture("sglang_radix_spec.txt"))
+
+    assert counters == {
+        "engine": "sglang",
+        "prompt_tokens": 40000.0,
+        "generation_tokens": 9000.0,
+        "cached_tokens": 24000.0,
+        "preemptions": 3.0,
+        # one scheduler seen on two tp ranks counts once
+        "cache_hit_rate": 0.62,
+        "spec_accept_length": 2.75,
+    }
+
+
+def test_a_counter_that_went_back_or_a_failed_read_gives_no_figure():
+    before = {"engine": "vllm", "prompt_tokens": 900.0, "generation_tokens": 10.0}
+    after = {"engine": "vllm", "prompt_tokens": 100.0, "generation_tokens": 40.0}
+
+    # the engine restarted between the reads: its prompt count started again from 0
+    assert engine_metrics.counter_deltas(before, after) == {
+        "engine": "vllm",
+        "generation_tokens": 30.0,
+    }
+    assert engine_metrics.counter_deltas(None, after) == {"engine": "vllm"}
+
+
+def test_an_engine_without_metrics_gives_no_counters(free_port):
+    assert engine_metrics.read_engine_counters(f"http://127.0.0.1:{free_port()}") is None

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
 from localstack.standin import StandinConfig, start_standin_in_thread
+from reports import requests as request_log
 from workers import loadgen
 from workers.loadgen import ClientConfig, LevelConfig, RequestRecord, SweepConfig
 from workers.loadgen import cli as loadgen_cli
@@ -314,6 +315,74 @@ def test_it_sends_poisson_arrivals_at_the_request_rate(scripted):
     assert result["completed"] == 40
     assert 0.5 < result["duration"] < 2.0
     assert result["request_rate"] == 40.0
+    assert result["achieved_request_rate"] == pytest.approx(40.0, rel=0.1)
+    assert result["burstiness"] == 1.0
+
+
+def test_a_concurrency_cap_holds_a_rate_back_and_the_achieved_rate_says_so(scripted):
+    # each request takes ~0.31 s (TTFT + 4 gaps): one stream sends ~3 req/s, far below 50
+    level = _level(concurrency=1, num_prompts=6, request_rate=50.0)
+    result = asyncio.run(loadgen.run_level(_client(scripted.url + "/timed"), level))
+
+    assert result["completed"] == 6
+    assert result["achieved_request_rate"] < 5.0
+    # one stream: each request goes when the one before it has ended
+    requests = request_log.rows(result["requests"])
+    for before, after in zip(requests, requests[1:], strict=False):
+        assert after["start_time"] >= before["start_time"] + before["latency"] - 0.005
+
+
+def test_a_sweep_over_rates_runs_one_level_per_rate_under_the_cap(scripted):
+    cfg = SweepConfig(
+        client=_client(scripted.url + "/fast"),
+        concurrencies=(8,),
+        request_rates=(10.0, 40.0),
+        burstiness=0.5,
+        input_len=12,
+        output_len=CHUNKS,
+        prompts_per_level=12,
+    )
+
+    results = loadgen.run_sweep(cfg)
+
+    assert [(r["concurrency"], r["request_rate"]) for r in results] == [(8, 10.0), (8, 40.0)]
+    assert all(r["burstiness"] == 0.5 for r in results)
+    assert results[0]["duration"] > results[1]["duration"]
+
+
+def test_a_level_keeps_each_request_with_vllms_detailed_keys(scripted):
+    level = _level(concurrency=2, num_prompts=4)
+    result = asyncio.run(loadgen.run_level(_client(scripted.url + "/timed"), level))
+    requests = request_log.rows(result["requests"])
+
+    assert len(requests) == 4
+    first = requests[0]
+    assert first["start_time"] == 0.0 and first["status"] == "ok" and first["error"] is None
+    assert first["ttft"] == pytest.approx(TTFT_S, abs=0.1)
+    assert len(first["itl"]) == CHUNKS - 1
+    assert first["itl"][0] == pytest.approx(GAP_S, abs=0.05)
+    assert first["latency"] == pytest.approx(first["ttft"] + sum(first["itl"]), abs=1e-5)
+    assert (first["input_len"], first["output_len"]) == (12, CHUNKS)
+    assert sorted(r["start_time"] for r in requests) == [r["start_time"] for r in requests]
+    request_log.check_columns(result["requests"])
+
+
+def test_a_failed_request_is_kept_with_its_reason(scripted):
+    result = asyncio.run(loadgen.run_level(_client(scripted.url + "/http500"), _level()))
+    requests = request_log.rows(result["requests"])
+
+    assert [r["status"] for r in requests] == ["failed"] * 4
+    assert requests[0]["error_reason"] == "http_500" and requests[0]["error"] == "boom"
+    assert requests[0]["ttft"] is None and requests[0]["itl"] is None
+
+
+def test_the_warm_up_tokens_are_counted_apart(scripted):
+    result = asyncio.run(
+        loadgen.run_level(_client(scripted.url + "/fast"), _level(num_prompts=2, warmup=3))
+    )
+
+    assert result["warmup_tokens"] == {"input_tokens": 3 * 12, "output_tokens": 3 * CHUNKS}
+    assert result["total_input_tokens"] == 2 * 12
 
 
 def test_it_merges_records_from_several_processes():
@@ -414,6 +483,40 @@ def test_the_cli_writes_vllm_named_results(scripted, tmp_path, capsys):
         assert key in levels[0], key
     table = capsys.readouterr().out
     assert "TTFT ms" in table and len(table.strip().splitlines()) == 3
+
+
+def test_the_cli_sweeps_rates_and_saves_every_request(scripted, tmp_path, capsys):
+    saved = tmp_path / "requests.jsonl"
+    argv = ["--base-url", scripted.url + "/fast", "--model", "m", "--concurrency", "4"]
+    argv += ["--request-rate", "20,40", "--burstiness", "2", "--prompts-per-level", "5"]
+    argv += ["--output-len", str(CHUNKS), "--vocab-size", "32000", "--save-requests", str(saved)]
+
+    assert loadgen_cli.main(argv) == 0
+
+    lines = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert len(lines) == 10
+    assert [line["request_rate"] for line in lines] == [20.0] * 5 + [40.0] * 5
+    assert set(lines[0]) == {*request_log.LEVEL_KEYS, *request_log.REQUEST_KEYS}
+    rows = capsys.readouterr().out.strip().splitlines()[1:]
+    assert [row.split()[3] for row in rows] == ["20.0", "40.0"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--request-rate", "fast"], "--request-rate: numbers of req/s"),
+        (["--request-rate", "0"], "--request-rate: each above 0"),
+        (["--burstiness", "0"], "--burstiness: above 0"),
+        (["--ramp-up-s", "-1"], "--ramp-up-s: at least 0"),
+    ],
+)
+def test_the_cli_refuses_rates_that_send_nothing(extra, message, capsys):
+    argv = ["--base-url", "http://127.0.0.1:9", "--model", "m", "--concurrency", "1", *extra]
+
+    with pytest.raises(SystemExit):
+        loadgen_cli.main(argv)
+
+    assert message in capsys.readouterr().err
 
 
 def test_it_stops_every_client_process_at_a_request_boundary():

@@ -419,3 +419,29 @@ def test_a_resumed_capacity_search_judges_the_levels_stored_and_finishes_the_cut
     ]
     assert run.progress["capacity"]["end"] == "end_met"
     assert run.capacity["load"] == 4 and run.capacity["end"] == "end_met"
+
+def test_a_rate_sweep_stores_a_level_per_rate_with_its_requests_and_engine_counters(world):
+    deployment, client = world
+    run = _run(
+        deployment,
+        levels=(8,),
+        request_rates=[20.0, 40.0],
+        burstiness=0.5,
+        prompts_per_level=16,
+        warmup=2,
+    )
+
+    assert _sweep(run, client) == "succeeded"
+
+    levels = list(run.levels.order_by("request_rate"))
+    assert [(lv.concurrency, lv.request_rate) for lv in levels] == [(8, 20.0), (8, 40.0)]
+    for level in levels:
+        assert level.achieved_request_rate > 0
+        assert level.raw["burstiness"] == 0.5
+        [log] = level.request_logs.all()
+        assert log.count == 16 == len(log.requests())
+        # the stand-in counts the generated tokens of the warm-up too, as an engine does
+        figures = level.engine_figures()
+        assert figures["engine"] == "standin"
+        assert figures["engine_generation_tokens"] == (16 + 2) * 16
+        assert figures["generation_tokens_gap"] == 0

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from reports import requests as request_log
 from reports.capacity import (
     DEFAULT_ROUNDS,
     MODES,
@@ -41,6 +42,8 @@ TABLE_COLUMNS = (
     ("conc", "concurrency", 5, 0),
     ("ok", "completed", 6, 0),
     ("fail", "failed", 5, 0),
+    ("rate", "request_rate", 6, 1),
+    ("sent/s", "achieved_request_rate", 7, 2),
     ("dur s", "duration", 7, 1),
     ("req/s", "request_throughput", 7, 2),
     ("out tok/s", "output_throughput", 10, 1),
@@ -115,7 +118,20 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=1024)
     parser.add_argument("--prompts-per-level", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=0)
-    parser.add_argument("--request-rate", type=float, default=None, help="req/s, Poisson")
+    parser.add_argument(
+        "--request-rate",
+        default=None,
+        help="req/s, comma-separated for a level per rate (each capped by each --concurrency)",
+    )
+    parser.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of the gaps between requests: 1 Poisson, <1 burstier, >1 more even",
+    )
+    parser.add_argument(
+        "--ramp-up-s", type=float, default=0.0, help="the rate rises from 0 over these seconds"
+    )
     parser.add_argument(
         "--rounds",
         type=int,
@@ -158,9 +174,24 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     search.add_argument("--start", type=float, default=1, help="first load (concurrency or req/s)")
     search.add_argument("--end", type=float, default=None, help="highest load tried")
     search.add_argument("--budget", type=int, default=None, help="most levels run")
+    parser.add_argument(
+        "--save-requests", default=None, help="write every request here, one JSON line each"
+    )
     args = parser.parse_args(argv)
     if args.rounds is None:
         args.rounds = DEFAULT_ROUNDS if args.capacity else 1
+    try:
+        args.request_rates = tuple(
+            float(r) for r in (args.request_rate or "").split(",") if r.strip()
+        )
+    except ValueError:
+        parser.error(f"--request-rate: numbers of req/s, got {args.request_rate!r}")
+    if any(not 0 < r < float("inf") for r in args.request_rates):
+        parser.error(f"--request-rate: each above 0 and finite, got {args.request_rate!r}")
+    if not args.burstiness > 0:
+        parser.error(f"--burstiness: above 0, got {args.burstiness}")
+    if not 0 <= args.ramp_up_s < float("inf"):
+        parser.error(f"--ramp-up-s: at least 0, got {args.ramp_up_s}")
     if not 1 <= args.rounds <= MAX_ROUNDS:
         parser.error(f"--rounds: from 1 to {MAX_ROUNDS}, got {args.rounds}")
     if args.capacity:
@@ -222,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         output_len=args.output_len,
         prompts_per_level=args.prompts_per_level,
         warmup=args.warmup,
-        request_rate=args.request_rate,
+        request_rates=args.request_rates,
+        burstiness=args.burstiness,
+        ramp_up_s=args.ramp_up_s,
         processes=args.processes,
         slo_ttft_ms=goodput_limit("ttft", args.slo_ttft_ms),
         slo_tpot_ms=goodput_limit("tpot", args.slo_tpot_ms),
@@ -232,8 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.capacity:
         return capacity_search(args, cfg)
     rounds: list[dict] = []
+    saved = open(args.save_requests, "w") if args.save_requests else None  # noqa: SIM115
 
     def on_level_done(i: int, result: dict) -> None:
+        columns = result.pop("requests")
+        if saved is not None:
+            level = {key: result.get(key, 1) for key in request_log.LEVEL_KEYS}
+            for request in request_log.rows(columns):
+                saved.write(request_log.export_line(level, request) + "\n")
         print(format_level(result, header=i == 0 and len(rounds) == 0), flush=True)
         rounds.append(result)
         if len(rounds) == cfg.rounds and cfg.rounds > 1:
@@ -241,7 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         if len(rounds) == cfg.rounds:
             rounds.clear()
 
-    results = run_sweep(cfg, on_level_done=on_level_done)
+    try:
+        results = run_sweep(cfg, on_level_done=on_level_done)
+    finally:
+        if saved is not None:
+            saved.close()
     if args.output:
         Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
     return 0

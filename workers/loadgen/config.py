@@ -55,10 +55,13 @@ class ClientConfig:
 
 @dataclass(frozen=True)
 class LevelConfig:
-    """One concurrency level.
+    """One level: a concurrency, and a request rate when the level sends at one.
 
-    request_rate is the Poisson arrival rate in req/s, None for "send whenever a stream is
-    free"; processes > 1 splits the level's streams over that many client processes; the slo_*
+    request_rate is the arrival rate in req/s, None for "send whenever a stream is free"; with
+    a rate, concurrency caps the requests in flight (a request whose time has come waits for a
+    free stream), burstiness shapes the gaps (1: Poisson; workers.loadgen.arrivals) and the
+    rate rises from 0 over the first ramp_up_s seconds; processes > 1 splits the level's
+    streams over that many client processes; the slo_*
     values (ms) turn on request_goodput; index seeds the prompts so each level differs.
     """
 
@@ -68,6 +71,8 @@ class LevelConfig:
     num_prompts: int
     warmup: int = 0
     request_rate: float | None = None
+    burstiness: float = 1.0
+    ramp_up_s: float = 0.0
     processes: int = 1
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
@@ -77,9 +82,13 @@ class LevelConfig:
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """A sweep: one LevelConfig per concurrency, the rest shared.
+    """A sweep: one LevelConfig per concurrency, or per concurrency and request rate, the rest
+    shared.
 
-    prompts_per_level None means DEFAULT_PROMPTS_PER_STREAM × concurrency; rounds: how many
+    request_rates (req/s) make the levels those rates, each capped by each concurrency
+    (concurrencies × request_rates levels; one concurrency is the usual cap); request_rate is
+    the one rate of every level (request_rates of one). prompts_per_level None means
+    DEFAULT_PROMPTS_PER_STREAM × concurrency; rounds: how many
     times each level runs in a row (round_client gives each its own prompts).
     """
 
@@ -90,6 +99,9 @@ class SweepConfig:
     prompts_per_level: int | None = None
     warmup: int = 0
     request_rate: float | None = None
+    request_rates: tuple[float, ...] = ()
+    burstiness: float = 1.0
+    ramp_up_s: float = 0.0
     processes: int = 1
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
@@ -103,7 +115,9 @@ class SweepConfig:
         return replace(self.client, seed=self.client.seed + round_number - 1)
 
     def levels(self) -> list[LevelConfig]:
-        """The sweep's levels in order."""
+        """The sweep's levels in order: each concurrency, and within it each request rate."""
+        rates = self.request_rates or (self.request_rate,)
+        pairs = [(c, rate) for c in self.concurrencies for rate in rates]
         return [
             LevelConfig(
                 concurrency=c,
@@ -111,14 +125,16 @@ class SweepConfig:
                 output_len=self.output_len,
                 num_prompts=self.prompts_per_level or DEFAULT_PROMPTS_PER_STREAM * c,
                 warmup=self.warmup,
-                request_rate=self.request_rate,
+                request_rate=rate,
+                burstiness=self.burstiness,
+                ramp_up_s=self.ramp_up_s,
                 processes=self.processes,
                 slo_ttft_ms=self.slo_ttft_ms,
                 slo_tpot_ms=self.slo_tpot_ms,
                 slo_e2el_ms=self.slo_e2el_ms,
                 index=i,
             )
-            for i, c in enumerate(self.concurrencies)
+            for i, (c, rate) in enumerate(pairs)
         ]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workers.loadgen.arrivals import arrival_offsets
 from workers.loadgen.config import (
     ENDPOINT_PATHS,
     TRANSPORTS,
@@ -26,7 +27,7 @@ from workers.loadgen.config import (
     ShouldStop,
     SweepConfig,
 )
-from workers.loadgen.metrics import summarize_level
+from workers.loadgen.metrics import request_columns, summarize_level
 from workers.loadgen.stream import build_payload, send_request
 from workers.loadgen.transport import make_client
 
@@ -54,10 +55,13 @@ async def _drive(
     arrival_seed: tuple[int, ...],
     on_record: Callable[[RequestRecord], None],
     should_stop: ShouldStop,
-) -> int:
-    """Send warmup requests, then one request per index with at most concurrency in flight.
+) -> tuple[int, dict]:
+    """Send warmup requests, then one request per index with at most concurrency in flight,
+    at request_rate (req/s; the level's burstiness and ramp-up) when one is given.
 
-    Returns how many measured requests were sent (fewer than len(indices) after a stop).
+    Returns how many measured requests were sent (fewer than len(indices) after a stop) and the
+    warm-up's token counts as the server's usage gave them ({"input_tokens", "output_tokens"}):
+    the engine's own counters count the warm-up too.
     """
     url = client_cfg.base_url.rstrip("/") + ENDPOINT_PATHS[client_cfg.endpoint]
     headers = _request_headers(client_cfg)
@@ -87,14 +91,25 @@ async def _drive(
             await asyncio.gather(*(stream_worker() for _ in range(workers)))
             return sent
 
+        warmup_tokens = {"input_tokens": 0, "output_tokens": 0}
+
+        def count_warmup(record: RequestRecord) -> None:
+            warmup_tokens["input_tokens"] += record.prompt_tokens or 0
+            warmup_tokens["output_tokens"] += record.completion_tokens or 0
+
         if warmup:
-            await run_all([(1, j) for j in range(warmup)], lambda record: None, None)
+            await run_all([(1, j) for j in range(warmup)], count_warmup, None)
         offsets = None
         if request_rate:
-            rng = np.random.default_rng((client_cfg.seed, level.index, *arrival_seed))
-            gaps = rng.exponential(1.0 / request_rate, size=len(indices))
-            offsets = np.cumsum(gaps) - gaps[0]
-        return await run_all([(0, i) for i in indices], on_record, offsets)
+            offsets = arrival_offsets(
+                len(indices),
+                request_rate,
+                burstiness=level.burstiness,
+                ramp_up_s=level.ramp_up_s,
+                rng=np.random.default_rng((client_cfg.seed, level.index, *arrival_seed)),
+            )
+        sent = await run_all([(0, i) for i in indices], on_record, offsets)
+        return sent, warmup_tokens
 
 
 async def _run_in_process(
@@ -102,7 +117,7 @@ async def _run_in_process(
     level: LevelConfig,
     on_request_done: OnRequestDone | None,
     should_stop: ShouldStop,
-) -> tuple[list[RequestRecord], bool]:
+) -> tuple[list[RequestRecord], bool, dict]:
     records: list[RequestRecord] = []
 
     def on_record(record: RequestRecord) -> None:
@@ -110,7 +125,7 @@ async def _run_in_process(
         if on_request_done is not None:
             on_request_done(len(records), level.num_prompts)
 
-    sent = await _drive(
+    sent, warmup_tokens = await _drive(
         client_cfg,
         level,
         list(range(level.num_prompts)),
@@ -121,7 +136,7 @@ async def _run_in_process(
         on_record=on_record,
         should_stop=should_stop,
     )
-    return records, sent < level.num_prompts
+    return records, sent < level.num_prompts, warmup_tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,7 +160,8 @@ def _shard_specs(client_cfg: ClientConfig, level: LevelConfig) -> list[dict]:
             "indices": list(range(k, level.num_prompts, parts)),
             "concurrency": streams[k],
             "warmup": warmups[k],
-            # A sum of independent Poisson streams is a Poisson stream of the summed rate.
+            # A sum of independent Poisson streams is a Poisson stream of the summed rate (of
+            # gamma streams, a stream of that mean rate, a little more even than each).
             "request_rate": level.request_rate * streams[k] / level.concurrency
             if level.request_rate
             else None,
@@ -167,7 +183,7 @@ async def _run_in_processes(
     level: LevelConfig,
     on_request_done: OnRequestDone | None,
     should_stop: ShouldStop,
-) -> tuple[list[RequestRecord], bool, float]:
+) -> tuple[list[RequestRecord], bool, float, dict]:
     """Run the level in subprocesses (not multiprocessing: Celery's pool workers are daemonic
     and may not fork children of their own); merge their raw records."""
     specs = _shard_specs(client_cfg, level)
@@ -225,7 +241,15 @@ async def _run_in_processes(
             if child.returncode is None:
                 child.kill()
                 await child.wait()
-    cpu_s = 0.0
+    cpu_s, stopped_early, warmup_tokens = _merge_finals(specs, children, finals, received, records)
+    return records, stopped or stopped_early, cpu_s, warmup_tokens
+
+
+def _merge_finals(specs, children, finals, received, records):
+    """(client CPU s, whether a shard stopped early, warm-up tokens) from the shards' last
+    lines; a shard that died unreported adds its missing requests to records as failures."""
+    cpu_s, stopped = 0.0, False
+    warmup_tokens = {"input_tokens": 0, "output_tokens": 0}
     for k, final in enumerate(finals):
         if final is None:
             # A shard that died unreported: its missing requests are failures of the client.
@@ -237,7 +261,9 @@ async def _run_in_processes(
         else:
             cpu_s += final["cpu_s"]
             stopped = stopped or final["sent"] < len(specs[k]["indices"])
-    return records, stopped, cpu_s
+            for key, value in final["warmup_tokens"].items():
+                warmup_tokens[key] += value
+    return cpu_s, stopped, warmup_tokens
 
 
 async def shard_main() -> None:
@@ -261,7 +287,7 @@ async def shard_main() -> None:
         out.flush()
 
     cpu0 = time.process_time()
-    sent = await _drive(
+    sent, warmup_tokens = await _drive(
         ClientConfig(**spec["client"]),
         LevelConfig(**spec["level"]),
         spec["indices"],
@@ -273,7 +299,8 @@ async def shard_main() -> None:
         should_stop=lambda: stop,
     )
     watcher.cancel()
-    out.write(json.dumps({"sent": sent, "cpu_s": time.process_time() - cpu0}).encode() + b"\n")
+    final = {"sent": sent, "cpu_s": time.process_time() - cpu0, "warmup_tokens": warmup_tokens}
+    out.write(json.dumps(final).encode() + b"\n")
     out.flush()
 
 
@@ -294,7 +321,8 @@ async def run_level(
     on_request_done(done, total) is called after each measured request; should_stop() is
     polled before each new request: once true, no request starts, those in flight finish and
     the result carries stopped=True. Adds started_at / finished_at (UTC epoch s), client_cpu_s
-    (CPU s the client processes used) and processes.
+    (CPU s the client processes used), processes, warmup_tokens (the warm-up's usage) and
+    requests: the level's requests, one entry per request (metrics.request_columns).
     """
     if client_cfg.endpoint not in ENDPOINT_PATHS:
         raise ValueError(f"endpoint must be one of {sorted(ENDPOINT_PATHS)}")
@@ -306,14 +334,18 @@ async def run_level(
     started_at = time.time()
     cpu0 = time.process_time()
     if level_cfg.processes > 1:
-        records, stopped, child_cpu = await _run_in_processes(
+        records, stopped, child_cpu, warmup_tokens = await _run_in_processes(
             client_cfg, level_cfg, on_request_done, stop
         )
     else:
-        records, stopped = await _run_in_process(client_cfg, level_cfg, on_request_done, stop)
+        records, stopped, warmup_tokens = await _run_in_process(
+            client_cfg, level_cfg, on_request_done, stop
+        )
         child_cpu = 0.0
     result = summarize_level(records, level_cfg)
     result.update(
+        warmup_tokens=warmup_tokens,
+        requests=request_columns(records),
         started_at=started_at,
         finished_at=time.time(),
         client_cpu_s=time.process_time() - cpu0 + child_cpu,

@@ -8,9 +8,11 @@ from collections import Counter
 
 import numpy as np
 
+from reports import requests as request_log
 from reports.failures import describe_failure
 from workers import latency_stats
-from workers.loadgen.config import LevelConfig, RequestRecord
+from workers.loadgen.arrivals import achieved_rate
+from workers.loadgen.config import ERROR_MESSAGE_CHARS, LevelConfig, RequestRecord
 
 # ---------------------------------------------------------------------------------------------
 # Metrics
@@ -48,6 +50,11 @@ def summarize_level(records: list[RequestRecord], level: LevelConfig) -> dict:
     result: dict = {
         "concurrency": level.concurrency,
         "request_rate": level.request_rate,
+        "burstiness": level.burstiness,
+        "ramp_up_s": level.ramp_up_s,
+        "achieved_request_rate": achieved_rate(
+            np.array([r.send_ts for r in timed]), level.ramp_up_s if level.request_rate else 0.0
+        ),
         "input_len": level.input_len,
         "output_len": level.output_len,
         "num_prompts": level.num_prompts,
@@ -78,6 +85,32 @@ def summarize_level(records: list[RequestRecord], level: LevelConfig) -> dict:
     result.update(latency_stats.describe_ms("itl", itls))
     result.update(latency_stats.describe_ms("e2el", e2els))
     return result
+
+
+def request_columns(records: list[RequestRecord]) -> dict:
+    """The level's requests as reports.requests columns (s, from the level's first send), in
+    the order they were sent; a request a dead client process never sent has no times."""
+    ordered = sorted(records, key=lambda r: (math.isnan(r.send_ts), r.send_ts))
+    timed = [r.send_ts for r in ordered if not math.isnan(r.send_ts)]
+    start = timed[0] if timed else 0.0
+    columns: dict = {key: [] for key in request_log.REQUEST_KEYS}
+    for r in ordered:
+        sent = not math.isnan(r.send_ts)
+        ok = r.error is None
+        columns["start_time"].append(request_log.rounded(r.send_ts - start) if sent else None)
+        columns["ttft"].append(request_log.rounded(r.chunk_ts[0] - r.send_ts) if ok else None)
+        end = r.chunk_ts[-1] if ok else r.end_ts
+        columns["latency"].append(request_log.rounded(end - r.send_ts) if sent else None)
+        columns["input_len"].append(r.prompt_tokens)
+        columns["output_len"].append(r.completion_tokens)
+        columns["status"].append("ok" if ok else "failed")
+        columns["error_reason"].append(r.error)
+        columns["error"].append(None if ok else (r.detail or "")[:ERROR_MESSAGE_CHARS])
+        gaps = [
+            request_log.rounded(b - a) for a, b in zip(r.chunk_ts, r.chunk_ts[1:], strict=False)
+        ]
+        columns["itl"].append(gaps if ok else None)
+    return columns
 
 
 def all_failed_with(records: list[RequestRecord]) -> str | None:

@@ -2,13 +2,14 @@
 
 import csv
 import hashlib
+import itertools
 import json
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Max
-from django.http import HttpResponse, JsonResponse
+from django.db.models import Count, Max, Sum
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
@@ -36,9 +37,10 @@ from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
 from moeops.runs.costs import level_costs
-from moeops.runs.models import SweepRun
+from moeops.runs.models import RequestLog, SweepRun
 from moeops.runs.telemetry import no_gpu_samples_text
 from reports import launch
+from reports import requests as request_log
 from reports.intervals import INTERVAL_KEYS, ONE_ROUND
 
 RUNS_PER_PAGE = 50
@@ -53,8 +55,9 @@ CHART_NAMES = {
     "gpu-clock": "SM clock",
     "engine": "engine running/queued requests",
     "kv-cache": "engine KV-cache use",
+    "engine-counters": "engine counters (prefix cache, preemptions, speculative decoding)",
 }
-LEVEL_CHARTS = ("throughput", "ttft", "tpot", "itl")
+LEVEL_CHARTS = ("throughput", "ttft", "tpot", "itl", "engine-counters")
 TIME_CHARTS = ("gpu-util", "gpu-power", "gpu-memory", "gpu-clock", "engine", "kv-cache")
 
 
@@ -104,6 +107,9 @@ def run_figures(run, levels, gpu, bands):
         "gpu-clock": charts.gpu_clock(gpu, bands),
         "engine": charts.engine_queue(engine, bands, _running_cap(run)),
         "kv-cache": charts.kv_cache_use(engine, bands),
+        "engine-counters": charts.engine_counters(
+            [(_level_name(level), level.engine_figures()) for level in levels]
+        ),
     }
     if run.is_capacity_search:
         figures.update(capacity.figures(run, levels))
@@ -169,10 +175,13 @@ def _measured(run):
 
 
 def _levels(run):
-    return list(run.levels.order_by("concurrency", "request_rate", "id"))
+    # rounds: each level's engine figures read its rounds' counters
+    return list(run.levels.order_by("concurrency", "request_rate", "id").prefetch_related("rounds"))
 
 
 def _level_name(level):
+    if level.concurrency is not None and level.request_rate is not None:
+        return f"{level.request_rate:g} req/s, c={level.concurrency}"
     if level.concurrency is not None:
         return str(level.concurrency)
     return f"{level.request_rate:g} req/s" if level.request_rate is not None else level.key
@@ -288,6 +297,7 @@ def run_detail(request, uuid):
         "finding_states": FINDING_STATES,
         # the engine's own words first: a level where nothing succeeded has no numbers to show
         "all_failed": [(level, why) for level in levels if (why := level.all_failed_with())],
+        "requests_logged": RequestLog.objects.filter(level__run=run).aggregate(n=Sum("count"))["n"],
     }
     return render(request, "front/run_detail.html", ctx)
 
@@ -359,6 +369,34 @@ def run_levels_csv(request, uuid):
                 + [v for i in intervals for v in (i or ("", ""))]
             )
     return response
+
+
+@login_required
+def run_requests_export(request, uuid, fmt):
+    """Every request of the run, one JSON line or CSV row each (reports.requests keys, after
+    the level's concurrency, request_rate and round); streamed, one level's log at a time."""
+    run = _run_or_404(uuid)
+    name = slugify(run.display_label()) or str(run.uuid)
+    if fmt == "jsonl":
+        lines = (request_log.export_line(lv, rq) + "\n" for lv, rq in run.logged_requests())
+        content_type = "application/jsonl; charset=utf-8"
+    else:
+        buffer = _Echo()
+        writer = csv.writer(buffer)
+        header = (writer.writerow([*request_log.LEVEL_KEYS, *request_log.REQUEST_KEYS]),)
+        rows = (writer.writerow(request_log.csv_cells(lv, rq)) for lv, rq in run.logged_requests())
+        lines = itertools.chain(header, rows)
+        content_type = "text/csv; charset=utf-8"
+    response = StreamingHttpResponse(lines, content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{name}-requests.{fmt}"'
+    return response
+
+
+class _Echo:
+    """A file for csv.writer whose write hands back the row it was given."""
+
+    def write(self, value):
+        return value
 
 
 @login_required
