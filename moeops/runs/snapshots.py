@@ -10,7 +10,8 @@ say. Editing a deployment afterwards changes no snapshot.
     {"recorded_at", "moeops_version", "source": "worker" | "import" | "manual" | "write-up",
      "deployment": {...}, "topology": {...} | None, "load": {...}, "kernel_shape": {...} | None,
      "engine": identify_engine's dict, "kernel_config": kernel_config_in_effect's dict,
-     "client": {"host", "pid"}, "file": {...} (imports)}
+     "client": {"host", "pid"}, "file": {...} (imports),
+     "workload": {"name", "version", "kind", "sha256"}}
 
 `snapshot_diff(a, b)` lists what differs between two snapshots, for the compare page, the API
 and the regression finding.
@@ -60,6 +61,7 @@ SERVING_KEYS = (
 DEPLOYMENT_KEYS = ("name", *SERVING_KEYS, "endpoint_url", "served_model_name", "host", "gpus")
 ENGINE_KEYS = ("engine", "version", "max_running_requests", "max_model_len", "allreduce_fusion")
 KERNEL_KEYS = ("state", "file_name", "sha256", "folder")
+WORKLOAD_KEYS = ("name", "version", "kind", "sha256")
 TOPOLOGY_KEYS = ("fingerprint", "virtualization", "driver_version", "cuda_version", "gpus")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,6 +128,23 @@ def load_record(parameters: dict) -> dict:
     return {k: parameters[k] for k in LOAD_KEYS if parameters.get(k) is not None}
 
 
+def workload_record(parameters: dict) -> dict:
+    """The workload a sweep sent (WORKLOAD_KEYS of its parameters' `workload`); a sweep that
+    names none sends random token ids of its input and output lengths."""
+    named = parameters.get("workload")
+    if not isinstance(named, dict):
+        return {"name": None, "version": None, "kind": "random", "sha256": None}
+    return {k: named.get(k) for k in WORKLOAD_KEYS}
+
+
+def _workload_of(snapshot: dict) -> dict | None:
+    """The snapshot's workload; a worker's sweep recorded before workloads were kept sent random
+    ids; an imported file's workload is not known."""
+    if snapshot.get("workload"):
+        return snapshot["workload"]
+    return workload_record({}) if snapshot.get("source") == "worker" else None
+
+
 def recipe_record(recipe) -> dict | None:
     """The launch recipe a managed engine runs: its version, flags (reports.launch.flags),
     environment and the kernel configs its folder holds."""
@@ -153,6 +172,8 @@ def initial_snapshot(*, deployment, parameters, topology, source, recipe=None) -
         "load": load_record(parameters or {}),
         "kernel_shape": deployment.kernel_shape(),
     }
+    if source == "worker":
+        snapshot["workload"] = workload_record(parameters or {})
     if recipe is not None:
         snapshot["recipe"] = recipe_record(recipe)
     return snapshot
@@ -182,6 +203,7 @@ SECTIONS = (
     ("kernel_config", "Kernel config in effect"),
     ("topology", "Topology"),
     ("load", "Load"),
+    ("workload", "Workload"),
     ("moeops", "moeops"),
 )
 
@@ -239,6 +261,11 @@ def snapshot_diff(a: dict, b: dict) -> dict:
     elif ta or tb:
         unknown.append("a run has no topology snapshot")
     changes += _changes("load", a.get("load") or {}, b.get("load") or {})
+    wa, wb = _workload_of(a), _workload_of(b)
+    if wa and wb:
+        changes += _changes("workload", wa, wb, WORKLOAD_KEYS)
+    elif wa or wb:
+        unknown.append("a run did not record its workload")
     changes += _changes(
         "moeops",
         {"version": a.get("moeops_version"), "client host": (a.get("client") or {}).get("host")},
@@ -299,6 +326,7 @@ SECTION_FACTORS = {
     "recipe": "launch recipe",
     "topology": "topology",
     "load": "load",
+    "workload": "workload",
 }
 # Keys that name a thing rather than configure it, or follow from another factor: a kernel
 # file's name follows from the model's shape and the GPU.

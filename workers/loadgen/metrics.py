@@ -125,3 +125,23 @@ def _good_requests(ok: list[RequestRecord], slos: dict, usage_reported: bool) ->
                 continue
         good += 1
     return good
+
+
+def ttft_by_turn(records: list[RequestRecord]) -> list[dict]:
+    """Per turn of multi-turn conversations (1, 2, …): {"turn", "completed", "failed"} and the
+    turn's TTFT statistics (latency_stats.describe_ms: "mean_ttft_ms", "p99_ttft_ms", …; None
+    where no request of the turn completed). A later turn sends a longer history: its TTFT
+    shows the prefill that costs."""
+    out = []
+    for turn in sorted({r.turn for r in records if r.turn is not None}):
+        mine = [r for r in records if r.turn == turn]
+        ttfts = [r.chunk_ts[0] - r.send_ts for r in mine if r.error is None]
+        out.append(
+            {
+                "turn": turn,
+                "completed": len(ttfts),
+                "failed": len(mine) - len(ttfts),
+                **latency_stats.describe_ms("ttft", ttfts),
+            }
+        )
+    return out
