@@ -651,8 +651,10 @@ class WorkloadForm(forms.Form):
     think_time_s = forms.FloatField(
         min_value=0, required=False, help_text="multi-turn: seconds between a turn and the next"
     )
+    # an empty file is refused by reports.workloads, in a sentence that names it
     file = forms.FileField(
         required=False,
+        allow_empty_file=True,
         help_text="dataset: ShareGPT JSON or JSONL, OpenAI messages JSONL, or one prompt a line",
     )
     context_len = forms.IntegerField(
