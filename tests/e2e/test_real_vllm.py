@@ -13,12 +13,14 @@ import time
 
 import httpx
 import pytest
+from tokenizers import Tokenizer
 
 from moeops.fleet.models import ModelSpec
 from moeops.insights.models import IncompatibilityRule
 from moeops.kernels.models import KernelConfig
 from moeops.kernels.services import kernel_config_import
 from moeops.runs import snapshots
+from moeops.runs.workloads import workload_store
 from tests.engine import (
     MODEL_DIR,
     PYTHON,
@@ -32,6 +34,8 @@ from tests.engine import (
 from workers.engine_check import check_engine
 from workers.engine_info import identify_engine
 from workers.engine_metrics import EngineMetricsSampler, scrape_engine_metrics
+from workers.loadgen import ClientConfig, LevelConfig, dataset_items
+from workers.loadgen.prompts import request_prompt
 
 pytest_plugins = ["tests.stack", "tests.engine.plugin"]
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.timeout(900)]
@@ -259,3 +263,77 @@ def test_the_engine_samples_name_no_gauge_vllm_does_not_export(vllm_wide):
         time.sleep(1)
     assert sampler.engine == "vllm" and sampler.samples
     assert all(s["running"] is not None and s["queued"] is not None for s in sampler.samples)
+
+
+def test_a_multi_turn_sweep_on_the_chat_endpoint_completes_every_turn(vllm_stack):
+    spec = {
+        "kind": "multi_turn",
+        "turns": 3,
+        "question_len": 8,
+        "output": {"distribution": "fixed", "value": 16},
+        "think_time_s": 0.2,
+    }
+    workload, _ = workload_store(name="three turns", spec=spec)
+
+    run = vllm_stack.start_sweep(
+        [2], prompts_per_level=4, endpoint="chat", workload=workload.pk, label="multi-turn"
+    )
+    run = vllm_stack.wait_for_run(run, timeout=300)
+
+    assert run.status == "succeeded", run.error
+    [level] = run.levels.all()
+    # 4 conversations of 3 turns, each turn sending the history back
+    assert (level.completed, level.failed) == (12, 0)
+    turns = level.raw["ttft_by_turn"]
+    assert [(t["turn"], t["completed"], t["failed"]) for t in turns] == [
+        (1, 4, 0),
+        (2, 4, 0),
+        (3, 4, 0),
+    ]
+    assert all(t["mean_ttft_ms"] > 0 for t in turns)
+    # every turn sent the history: the later turns' prompts are longer
+    assert level.total_input_tokens > 3 * 4 * 8
+    assert run.snapshot["workload"] == {
+        "name": "three turns",
+        "version": 1,
+        "kind": "multi_turn",
+        "sha256": None,
+    }
+
+
+def test_a_dataset_sweeps_token_counts_agree_with_the_servers_usage(vllm_stack):
+    conversations = [
+        {
+            "conversations": [
+                {"from": "human", "value": " ".join(["tell me about experts"] * (1 + n % 7))},
+                {"from": "gpt", "value": " ".join(["routing"] * (4 + 3 * (n % 5)))},
+            ]
+        }
+        for n in range(24)
+    ]
+    data = "\n".join(json.dumps(c) for c in conversations).encode()
+    workload, _ = workload_store(
+        name="tiny dataset", spec={"kind": "dataset"}, file_name="tiny.jsonl", data=data
+    )
+    prompts = 16
+
+    run = vllm_stack.start_sweep([4], prompts_per_level=prompts, workload="tiny dataset")
+    run = vllm_stack.wait_for_run(run, timeout=300)
+
+    assert run.status == "succeeded", run.error
+    [level] = run.levels.all()
+    assert (level.completed, level.failed, level.usage_reported) == (prompts, 0, True)
+    # the requests the worker sent, drawn as it draws them: the server names its model by a
+    # folder that is not on the worker's machine, so the prompts went as text, the answers'
+    # words as output lengths; the model's own tokenizer counts the prompts here
+    client = ClientConfig(
+        base_url="",
+        model="",
+        vocab_size=VOCAB_SIZE,
+        workload={"spec": workload.spec, "items": dataset_items(workload.items)},
+    )
+    sent = [request_prompt(client, LevelConfig(4, 32, 64, prompts), (0, i)) for i in range(prompts)]
+    tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+    assert level.total_input_tokens == sum(len(tokenizer.encode(p).ids) for p, _ in sent)
+    assert level.total_output_tokens == sum(output for _, output in sent)
+    assert run.snapshot["workload"]["sha256"] == workload.sha256
