@@ -43,6 +43,19 @@ ANSWER_ROLES = ("gpt", "assistant", "chatgpt", "bard", "bing")
 _WORD = re.compile(r"\S+")
 
 
+# What names the workload a run sent: runs of two workloads are never compared as if they
+# differed in one factor (the snapshot's "workload", the regression's comparable key).
+WORKLOAD_KEYS = ("name", "version", "kind", "sha256")
+
+
+def workload_identity(named) -> dict:
+    """WORKLOAD_KEYS of a run's `workload` parameter (Workload.run_parameter); a run that names
+    none sent random ids of its fixed lengths."""
+    if not isinstance(named, dict):
+        return {"name": None, "version": None, "kind": "random", "sha256": None}
+    return {k: named.get(k) for k in WORKLOAD_KEYS}
+
+
 class WorkloadError(ValueError):
     """A spec that cannot be sent; the message names the key."""
 

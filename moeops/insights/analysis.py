@@ -27,6 +27,7 @@ from reports.engine import label as engine_label
 from reports.intervals import overlap, with_interval
 from reports.numbers import is_integer, is_number
 from reports.topology import virtualization_words, vm_layer
+from reports.workloads import workload_identity
 from tuning.config_files import file_device_name, kernel_dtype
 
 # Plateau: a step of the sweep that adds less than this much output throughput per doubling of
@@ -1190,12 +1191,14 @@ def _measured(levels):
 
 
 def comparable_key(parameters: dict) -> tuple | None:
-    """What two runs must share to be compared: levels, input and output length; None if unset."""
+    """What two runs must share to be compared: levels, input and output length, and the
+    workload sent (reports.workloads.workload_identity); None if unset."""
     levels = parameters.get("levels")
     input_len, output_len = parameters.get("input_len"), parameters.get("output_len")
     if not levels or not isinstance(levels, list) or input_len is None or output_len is None:
         return None
-    return (tuple(sorted(map(str, levels))), str(input_len), str(output_len))
+    workload = tuple(str(v) for v in workload_identity(parameters.get("workload")).values())
+    return (tuple(sorted(map(str, levels))), str(input_len), str(output_len), workload)
 
 
 def regression(data: RunData) -> list[Proposal]:

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from moeops import __version__
 from reports import launch
+from reports.workloads import WORKLOAD_KEYS, workload_identity
 
 # The parts of a snapshot the worker adds once the engine has answered.
 OBSERVED_KEYS = ("engine", "kernel_config", "client")
@@ -61,7 +62,6 @@ SERVING_KEYS = (
 DEPLOYMENT_KEYS = ("name", *SERVING_KEYS, "endpoint_url", "served_model_name", "host", "gpus")
 ENGINE_KEYS = ("engine", "version", "max_running_requests", "max_model_len", "allreduce_fusion")
 KERNEL_KEYS = ("state", "file_name", "sha256", "folder")
-WORKLOAD_KEYS = ("name", "version", "kind", "sha256")
 TOPOLOGY_KEYS = ("fingerprint", "virtualization", "driver_version", "cuda_version", "gpus")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,12 +129,10 @@ def load_record(parameters: dict) -> dict:
 
 
 def workload_record(parameters: dict) -> dict:
-    """The workload a sweep sent (WORKLOAD_KEYS of its parameters' `workload`); a sweep that
-    names none sends random token ids of its input and output lengths."""
-    named = parameters.get("workload")
-    if not isinstance(named, dict):
-        return {"name": None, "version": None, "kind": "random", "sha256": None}
-    return {k: named.get(k) for k in WORKLOAD_KEYS}
+    """The workload a sweep sent (reports.workloads.WORKLOAD_KEYS of its parameters'
+    `workload`); a sweep that names none sends random token ids of its input and output
+    lengths."""
+    return workload_identity(parameters.get("workload"))
 
 
 def _workload_of(snapshot: dict) -> dict | None:
