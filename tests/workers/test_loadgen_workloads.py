@@ -135,5 +135,9 @@ def test_a_multi_turn_conversation_sends_its_history_every_turn():
     assert progress[-1] == (12, 12)
     turns = result["ttft_by_turn"]
     assert [(t["turn"], t["completed"]) for t in turns] == [(1, 4), (2, 4), (3, 4)]
-    # each turn sends the questions and the answers before it: more prompt words each turn
+    # each turn sends the questions and the answers before it (the stand-in counts a message's
+    # words and 4 template tokens): the first turn its 6-word question, each later one a new
+    # question and the answer before it
+    inputs = [t["mean_input_tokens"] for t in turns]
+    assert inputs[0] == 6 + 4 and inputs[0] < inputs[1] < inputs[2]
     assert result["total_input_tokens"] > 12 * 6
