@@ -7,9 +7,12 @@ exits non-zero with one line on stderr.
     python -m workers.cli push-config "E=256,N=256,device_name=NVIDIA_H200.json"
     python -m workers.cli export-config 3 --style sglang --out ./configs
     python -m workers.cli runs --deployment glm-5-sglang
+    python -m workers.cli push-workload chats --dataset chats.jsonl
+    python -m workers.cli sweep --deployment glm-5-sglang --levels 8,16 --workload chats
 """
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -74,6 +77,49 @@ def export_config(client, args):
     except OSError as exc:
         raise CliError(f"{target}: {exc.strerror}") from None
     print(target)
+
+
+def push_workload(client, args):
+    if args.dataset:
+        try:
+            data = Path(args.dataset).read_bytes()
+        except OSError as exc:
+            raise CliError(f"{args.dataset}: {exc.strerror}") from None
+        spec = {"kind": "dataset", "output": None}
+        file_name = Path(args.dataset).name
+    else:
+        data, file_name = None, ""
+    if args.spec:
+        try:
+            spec = json.loads(_read_text(args.spec))
+        except ValueError as exc:
+            raise CliError(f"{args.spec}: not JSON ({exc})") from None
+    workload = client.push_workload(
+        args.name, spec, file_name=file_name, data=data, context_len=args.context_len
+    )
+    items = f", {workload['item_count']} prompts" if workload["item_count"] else ""
+    print(f"workload {workload['name']} v{workload['version']} ({workload['kind']}{items})")
+
+
+def sweep(client, args):
+    try:
+        levels = [int(c) for c in args.levels.split(",") if c.strip()]
+    except ValueError:
+        raise CliError(f"--levels: comma-separated concurrencies, got {args.levels!r}") from None
+    parameters = {
+        "levels": levels,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "endpoint": args.endpoint,
+    }
+    if args.prompts_per_level is not None:
+        parameters["prompts_per_level"] = args.prompts_per_level
+    if args.workload:
+        parameters["workload"] = args.workload
+    run = client.create_run(
+        args.deployment, label=args.label, parameters=parameters, start=True, source="worker"
+    )
+    print(f"run {run['id']} ({run['uuid']}) queued on {run['host']}")
 
 
 def runs(client, args):
@@ -157,6 +203,34 @@ def build_parser():
     )
     command.add_argument("--limit", type=int, default=50, help="most runs shown (default 50)")
     command.set_defaults(handler=runs)
+
+    command = commands.add_parser(
+        "push-workload",
+        help="store a workload: a dataset file or a spec",
+        description="Store a new version of workload NAME: a dataset file (ShareGPT JSON or "
+        "JSONL, OpenAI messages JSONL, one prompt a line), or a spec as JSON (docs/metrics.md, "
+        '"Workloads"), or both (a dataset with an output length).',
+    )
+    command.add_argument("name")
+    command.add_argument("--dataset", metavar="FILE")
+    command.add_argument("--spec", metavar="FILE", help="the spec as a JSON file")
+    command.add_argument("--context-len", type=int, help="tokens a prompt may have")
+    command.set_defaults(handler=push_workload)
+
+    command = commands.add_parser(
+        "sweep",
+        help="start a sweep of a deployment on its host's worker",
+        description="Queue a sweep of a deployment, optionally sending a stored workload.",
+    )
+    command.add_argument("--deployment", required=True, help="deployment name or id")
+    command.add_argument("--levels", required=True, help="concurrencies, e.g. 8,16,32")
+    command.add_argument("--input-len", type=int, default=1024)
+    command.add_argument("--output-len", type=int, default=256)
+    command.add_argument("--prompts-per-level", type=int)
+    command.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    command.add_argument("--workload", help='a workload\'s name, "name v3" or id')
+    command.add_argument("--label", default="")
+    command.set_defaults(handler=sweep)
     return parser
 
 

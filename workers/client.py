@@ -17,6 +17,7 @@ run takes no more results) and a file that holds no push (SpoolRecord) are moved
     client.post_telemetry(run["uuid"], samples, batch_id="b-0001")
 """
 
+import base64
 import contextlib
 import fcntl
 import json
@@ -608,6 +609,16 @@ class MoeopsClient:
         """An engine config file by its name and content (text or JSON object)."""
         body = {"file_name": file_name, "content": content}
         return self._push("POST", "/kernel-configs/import", body)
+
+    def push_workload(self, name, spec, *, file_name="", data=None, context_len=None):
+        """A new version of the workload `name` (reports.workloads' spec); data: a dataset
+        file's bytes, sent as base64 (a binary file is refused by the API, by its name)."""
+        body = {"name": name, "spec": spec, "file_name": file_name}
+        if data is not None:
+            body["content_base64"] = base64.b64encode(data).decode()
+        if context_len is not None:
+            body["context_len"] = context_len
+        return self._push("POST", "/workloads", body)
 
     def get_kernel_config(self, config_id):
         return self._get(f"/kernel-configs/{config_id}").json()

@@ -63,8 +63,9 @@ def sweep_config(parameters):
     parameters: base_url, model, levels (concurrencies), input_len and output_len (tokens);
     optional endpoint, prompts_per_level, warmup, request_rate or request_rates (req/s),
     burstiness, ramp_up_s (s), processes, vocab_size, timeout_s, slo_ttft_ms, slo_tpot_ms,
-    slo_e2el_ms, rounds. Without vocab_size the completions endpoint asks the server where its
-    model is (workers.vocabulary) and raises vocabulary.VocabularyUnknown when it cannot tell.
+    slo_e2el_ms, rounds, workload (its record and spec) with workload_items (a dataset's
+    prompts). Without vocab_size the completions endpoint asks the server where its model is
+    (workers.vocabulary) and raises vocabulary.VocabularyUnknown when it cannot tell.
     """
     endpoint = parameters.get("endpoint") or "completions"
     vocab_size = parameters.get("vocab_size")
@@ -78,6 +79,7 @@ def sweep_config(parameters):
         endpoint=endpoint,
         vocab_size=vocab_size,
         timeout_s=parameters.get("timeout_s") or 600.0,
+        workload=sweep_workload(parameters),
     )
     optional = (
         "prompts_per_level",
@@ -100,6 +102,24 @@ def sweep_config(parameters):
         request_rates=tuple(float(r) for r in parameters.get("request_rates") or ()),
         **{k: parameters[k] for k in optional if parameters.get(k) is not None},
     )
+
+
+def sweep_workload(parameters):
+    """The load generator's workload from a run's parameters (None: random token ids). A
+    dataset's prompts are tokenized with the model's tokenizer where the server's model folder
+    is on this host, else sent as text."""
+    named = parameters.get("workload")
+    if not isinstance(named, dict):
+        return None
+    workload = {"spec": named["spec"]}
+    if named["spec"]["kind"] == "dataset":
+        tokenizer = vocabulary.model_tokenizer(
+            base_url=parameters["base_url"], model=parameters["model"]
+        )
+        workload["items"] = loadgen.dataset_items(parameters.get("workload_items") or [], tokenizer)
+        if not workload["items"]:
+            raise ValueError(f"workload {named.get('name')!r}: its dataset's prompts did not come")
+    return workload
 
 
 def level_payload(result, attempt=1, round_number=1):
@@ -332,7 +352,8 @@ def run_sweep(
     claimed, attempt = claimed
     try:
         config = sweep_config(parameters)
-    except vocabulary.VocabularyUnknown as exc:
+    except ValueError as exc:
+        # the vocabulary unknown (VocabularyUnknown), or a dataset's prompts missing
         _finish(client, run_uuid, "failed", str(exc), {"worker": _me()})
         return "failed"
     snapshot = claimed.get("snapshot") or {}

@@ -98,3 +98,21 @@ def resolve(*, vocab_size=None, tokenizer=None, base_url=None, model=None) -> tu
         "accepts: give --tokenizer PATH (the model's tokenizer.json or its folder) or "
         f"--vocab-size N{said}"
     )
+
+
+def model_tokenizer(*, tokenizer=None, base_url=None, model=None) -> Tokenizer | None:
+    """The model's tokenizer: a tokenizer.json (or a folder holding one) given, else the one in
+    the folder the server loaded the model from when that folder is on this machine; None when
+    neither is at hand (prompts then go as text, counted by the server's usage)."""
+    path = Path(tokenizer).expanduser() if tokenizer else None
+    if path is None and base_url and model:
+        folder = server_model_folder(base_url, model)
+        path = Path(folder) if folder and Path(folder).is_absolute() else None
+    if path is not None and path.is_dir():
+        path = path / "tokenizer.json"
+    if path is None or not path.is_file():
+        return None
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception:  # the tokenizers library raises its own Exception subclass
+        return None

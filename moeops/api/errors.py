@@ -138,11 +138,15 @@ def not_found(request, exc, api):
 
 def too_big(request, exc, api):
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    return api.create_response(
-        request,
-        {"detail": f"request body is larger than {limit} bytes (MOEOPS_MAX_BODY_BYTES)"},
-        status=413,
-    )
+    detail = f"request body is larger than {limit} bytes (MOEOPS_MAX_BODY_BYTES)"
+    if request.path.rstrip("/").endswith("/workloads"):
+        # refused by its stated length, unread: the file's name inside it is not known
+        size = int(request.META.get("CONTENT_LENGTH") or 0)
+        detail = (
+            f"the dataset file is refused unread: its request body of {size:,} bytes is larger "
+            f"than {limit:,} bytes (MOEOPS_MAX_BODY_BYTES)"
+        )
+    return api.create_response(request, {"detail": detail}, status=413)
 
 
 def conflict(request, exc, api):

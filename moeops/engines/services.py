@@ -25,6 +25,7 @@ from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
+from moeops.runs.workloads import sweep_task_kwargs
 from reports.launch import FlagError, check_values, set_flags
 from reports.numbers import is_integer
 from tuning.config_files import ConfigFileError
@@ -309,7 +310,7 @@ def engine_action_start(
         steps = [("engine_action", _action_kwargs(action, recipe, previous, deployment))]
         if before is not None:
             after, parameters = _resweep(action, before, deployment)
-            steps.append(("run_sweep", {"run_uuid": str(after.uuid), **parameters}))
+            steps.append(("run_sweep", sweep_task_kwargs(after.uuid, parameters)))
         if plan_item is not None:
             PlanItem.objects.filter(pk=plan_item.pk).update(status="in_progress")
         _enqueue(action, deployment.host, steps)

@@ -26,9 +26,10 @@ from moeops.insights.services import note_slug, note_taken_refusal
 from moeops.jobs import JOB_STATUSES
 from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
-from moeops.runs.models import TUNED_KERNEL, SweepRun
+from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, WORKLOAD_KINDS, SweepRun, Workload
 from moeops.runs.parameters import MAX_ROUNDS, parameters_checked
 from moeops.storable import storable_json
+from reports import workloads as workload_specs
 from tuning.config_files import TUNED_BATCH_SIZES, kernel_dtype, triton_config_unread
 from tuning.engines import ENGINE_TITLES
 from tuning.moe_params import MoEConfigError, moe_params
@@ -349,6 +350,13 @@ class SweepForm(forms.Form):
         required=False,
         help_text="Each rate level's rate rises from 0 over these seconds.",
     )
+    workload = forms.ModelChoiceField(
+        queryset=Workload.objects.order_by("name", "-version"),
+        required=False,
+        empty_label="random token ids of the lengths above",
+        help_text="What each request sends (the workloads page lists them); the lengths above "
+        "then bound the sweep's total only.",
+    )
 
     def __init__(self, *args, deployment, **kwargs):
         super().__init__(*args, **kwargs)
@@ -414,14 +422,18 @@ class SweepForm(forms.Form):
                     self.add_error(None, forms.ValidationError(problem, code="load"))
 
     def parameters(self):
+<<<<<<< HEAD
         """The load as the run's parameters: what the form's fields hold (those that parsed;
         the arrival fields left empty are left out)."""
-        return {
+        load = {
             key: self.cleaned_data[key]
             for key in self.LOAD
             if key in self.cleaned_data
             and not (key in self.ARRIVALS and self.cleaned_data[key] is None)
         }
+        if self.cleaned_data.get("workload") is not None:
+            load["workload"] = self.cleaned_data["workload"].pk
+        return load
 
     ARRIVALS = ("request_rates", "burstiness", "ramp_up_s")
 
@@ -763,3 +775,63 @@ class RunFilterForm(forms.Form):
 
 def _day_start(day):
     return dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
+
+
+class WorkloadForm(forms.Form):
+    """A workload, stored as POST /api/v1/workloads stores it: the fields its kind reads, and a
+    dataset's file."""
+
+    name = forms.CharField(max_length=100)
+    kind = forms.ChoiceField(choices=WORKLOAD_KINDS, initial="random")
+    description = forms.CharField(max_length=300, required=False)
+    input_length = forms.CharField(
+        required=False,
+        initial="1024",
+        help_text=f"random: prompt tokens, {workload_specs.LENGTH_SYNTAX}.",
+    )
+    output_length = forms.CharField(
+        required=False,
+        initial="128",
+        help_text="Output tokens, written as the input's; a dataset left blank takes each "
+        "answer's length.",
+    )
+    groups = forms.IntegerField(min_value=1, required=False, help_text="shared prefix: G")
+    prefix_len = forms.IntegerField(
+        min_value=1, required=False, help_text="shared prefix: tokens of each group's system prompt"
+    )
+    question_len = forms.IntegerField(
+        min_value=1, required=False, help_text="shared prefix and multi-turn: question tokens"
+    )
+    turns = forms.IntegerField(min_value=1, required=False, help_text="multi-turn: T")
+    think_time_s = forms.FloatField(
+        min_value=0, required=False, help_text="multi-turn: seconds between a turn and the next"
+    )
+    # an empty file is refused by reports.workloads, in a sentence that names it
+    file = forms.FileField(
+        required=False,
+        allow_empty_file=True,
+        help_text="dataset: ShareGPT JSON or JSONL, OpenAI messages JSONL, or one prompt a line",
+    )
+    context_len = forms.IntegerField(
+        min_value=1,
+        required=False,
+        help_text="dataset: tokens a prompt may have; a longer one refuses the file",
+    )
+
+    def spec(self):
+        """The spec its fields give (reports.workloads.spec_checked checks it)."""
+        data = self.cleaned_data
+        kind = data.get("kind")
+        spec = {"kind": kind}
+        lengths = (("input_length", "input"), ("output_length", "output"))
+        for field, key in lengths:
+            text = (data.get(field) or "").strip()
+            if text:
+                try:
+                    spec[key] = workload_specs.parse_length(text, key)
+                except workload_specs.WorkloadError as exc:
+                    self.add_error(field, str(exc))
+        for key in ("groups", "prefix_len", "question_len", "turns", "think_time_s"):
+            if data.get(key) is not None:
+                spec[key] = data[key]
+        return spec

@@ -1,6 +1,16 @@
 from django.urls import path
 
-from moeops.front.views import compare, deployments, engines, hosts, kernels, notes, runs, slo
+from moeops.front.views import (
+    compare,
+    deployments,
+    engines,
+    hosts,
+    kernels,
+    notes,
+    runs,
+    slo,
+    workloads,
+)
 
 urlpatterns = [
     path("", deployments.dashboard, name="dashboard"),
@@ -52,6 +62,8 @@ urlpatterns = [
     path("kernels/upload/", kernels.kernel_upload, name="kernel-upload"),
     path("kernels/<int:pk>/", kernels.kernel_detail, name="kernel-detail"),
     path("kernels/<int:pk>/<str:style>.json", kernels.kernel_download, name="kernel-download"),
+    path("workloads/", workloads.workloads, name="workloads"),
+    path("workloads/new/", workloads.workload_create, name="workload-create"),
     path("hosts/", hosts.hosts, name="hosts"),
     path("hosts/<slug:name>/", hosts.host_detail, name="host-detail"),
     path("hosts/<slug:name>/gpus-now/", hosts.gpus_now, name="host-gpus-now"),

@@ -29,6 +29,7 @@ from reports.engine_counters import TOKEN_GAP
 from reports.intervals import overlap, with_interval
 from reports.numbers import is_integer, is_number
 from reports.topology import virtualization_words, vm_layer
+from reports.workloads import workload_identity
 from tuning.config_files import file_device_name, kernel_dtype
 
 # Plateau: a step of the sweep that adds less than this much output throughput per doubling of
@@ -1197,7 +1198,8 @@ def _measured(levels):
 
 def comparable_key(parameters: dict) -> tuple | None:
     """What two runs must share to be compared: levels, input and output length, and the
-    arrivals (request rates, burstiness, ramp-up; none for a closed loop); None if unset."""
+    arrivals (request rates, burstiness, ramp-up; none for a closed loop) and the workload sent
+    (reports.workloads.workload_identity); None if unset."""
     levels = parameters.get("levels")
     input_len, output_len = parameters.get("input_len"), parameters.get("output_len")
     if not levels or not isinstance(levels, list) or input_len is None or output_len is None:
@@ -1208,7 +1210,8 @@ def comparable_key(parameters: dict) -> tuple | None:
         str(float(parameters.get("burstiness") or 1.0)),
         str(float(parameters.get("ramp_up_s") or 0.0)),
     )
-    return (tuple(sorted(map(str, levels))), str(input_len), str(output_len), *arrivals)
+    workload = tuple(str(v) for v in workload_identity(parameters.get("workload")).values())
+    return (tuple(sorted(map(str, levels))), str(input_len), str(output_len), *arrivals, workload)
 
 
 def regression(data: RunData) -> list[Proposal]:

@@ -2,7 +2,14 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 
-from moeops.runs.models import EngineSample, LevelResult, LevelRound, SweepRun, TelemetrySample
+from moeops.runs.models import (
+    EngineSample,
+    LevelResult,
+    LevelRound,
+    SweepRun,
+    TelemetrySample,
+    Workload,
+)
 from moeops.runs.parameters import parameters_checked
 
 
@@ -77,3 +84,33 @@ class TelemetrySampleAdmin(admin.ModelAdmin):
 @admin.register(EngineSample)
 class EngineSampleAdmin(admin.ModelAdmin):
     list_display = ("run", "ts", "running", "queued", "kv_cache_usage")
+
+
+@admin.register(Workload)
+class WorkloadAdmin(admin.ModelAdmin):
+    """Read-only: a new version is stored through the workloads page or the API
+    (runs.workloads.workload_store), which checks its spec and file; a stored version that runs
+    recorded is never rewritten."""
+
+    list_display = ("name", "version", "kind", "file_name", "item_count", "created")
+    list_filter = ("kind",)
+    search_fields = ("name", "sha256")
+    readonly_fields = (
+        "name",
+        "version",
+        "kind",
+        "spec",
+        "description",
+        "file_name",
+        "sha256",
+        "layout",
+        "item_count",
+        "created",
+    )
+    exclude = ("items",)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

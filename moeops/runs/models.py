@@ -715,3 +715,57 @@ class EngineSample(models.Model):
 
     def __str__(self):
         return f"engine @ {self.ts:.1f}"
+
+
+WORKLOAD_KINDS = (
+    ("random", "Random token ids"),
+    ("dataset", "Dataset of conversations or prompts"),
+    ("shared_prefix", "Shared prefix"),
+    ("multi_turn", "Multi-turn conversations"),
+)
+
+
+class Workload(models.Model):
+    """What a sweep sends: one version of a named workload (reports.workloads' spec, and for a
+    dataset the uploaded file's compact form and SHA-256). Versions are kept: a run records the
+    version it sent."""
+
+    name = models.CharField(max_length=100)
+    version = models.PositiveIntegerField(default=1, editable=False)
+    kind = models.CharField(max_length=20, choices=WORKLOAD_KINDS)
+    spec = models.JSONField(help_text="reports.workloads' spec: lengths in tokens, think time s")
+    description = models.CharField(max_length=300, blank=True)
+    file_name = models.CharField(max_length=300, blank=True)
+    sha256 = models.CharField(max_length=64, blank=True, help_text="the uploaded file's")
+    layout = models.CharField(max_length=20, blank=True, help_text="sharegpt, messages, prompts")
+    items = models.JSONField(
+        null=True, blank=True, editable=False, help_text='[{"prompt", "answer"}] of the file'
+    )
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["name", "version"], name="workload_unique_version")
+        ]
+
+    def __str__(self):
+        return f"{self.name} v{self.version}"
+
+    @property
+    def item_count(self):
+        return len(self.items or [])
+
+    def record(self):
+        """What a run records of the workload it sent (its snapshot, its parameters)."""
+        return {
+            "id": self.pk,
+            "name": self.name,
+            "version": self.version,
+            "kind": self.kind,
+            "sha256": self.sha256 or None,
+        }
+
+    def run_parameter(self):
+        """The run parameter `workload`: the record and the spec the worker sends by."""
+        return {**self.record(), "spec": self.spec}

@@ -102,6 +102,16 @@ class RunParameters(BaseModel):
     moe_kernel: Literal["default", "tuned"] | None = Field(
         None, description="the kernel a run without a config file on record ran"
     )
+    workload: (
+        Annotated[str, Field(min_length=1, max_length=120)]
+        | Annotated[int, Field(strict=True, ge=1, le=MAX_INT)]
+        | dict
+        | None
+    ) = Field(
+        None,
+        description='the workload sent: its id, name (newest version) or "name v3"; a run '
+        "stores its record and spec (id, name, version, kind, sha256, spec)",
+    )
     format: Literal["sglang", "vllm"] | None = Field(None, description="an imported file's")
     file_name: Annotated[str, Field(max_length=300)] | None = None
     import_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None

@@ -30,6 +30,7 @@ from moeops.runs.models import (
     level_key,
 )
 from moeops.runs.parameters import parameters_checked
+from moeops.runs.workloads import sweep_task_kwargs, workload_lookup
 from reports import engine as engine_reports
 from reports import requests as request_log
 from reports.intervals import ROUND_KEYS, level_of_rounds
@@ -139,7 +140,7 @@ def run_start(*, deployment, parameters, label="", run_uuid=None, topology_snaps
             **fields,
         )
         if created:
-            kwargs = {"run_uuid": str(run.uuid), **parameters}
+            kwargs = sweep_task_kwargs(run.uuid, parameters)
             host = deployment.host
             jobs.enqueue(
                 run,
@@ -156,17 +157,27 @@ DEPLOYMENT_PARAMETERS = ("base_url", "model", "gpu_indices", "vocab_size")
 def sweep_parameters(*, deployment, load):
     """The parameters of a sweep of the deployment with this load (levels, input_len, …): the
     load checked (ValidationError naming the field) and what comes from the deployment added
-    (its endpoint, request model name, GPUs and its model's vocabulary)."""
+    (its endpoint, request model name, GPUs and its model's vocabulary). A `workload` named
+    in the load (id, name, "name v3", or a run's record of it) becomes its record and spec
+    (Workload.run_parameter)."""
     _check_sweep(deployment, load)
     if capacity.is_capacity(load):
         load = capacity.search_parameters(deployment=deployment, load=load)
-    return {
+    parameters = {
         **{k: v for k, v in load.items() if k not in DEPLOYMENT_PARAMETERS},
         "base_url": deployment.endpoint_url,
         "model": deployment.request_model_name,
         "gpu_indices": deployment.gpu_indices(),
         "vocab_size": vocab_size(deployment.model.config_json),
     }
+    if load.get("workload") is not None:
+        workload = workload_lookup(load["workload"])
+        if workload.kind == "multi_turn" and load.get("endpoint") != "chat":
+            raise ValidationError(
+                {"parameters.endpoint": "a multi-turn workload runs on the chat endpoint"}
+            )
+        parameters["workload"] = workload.run_parameter()
+    return parameters
 
 
 def _check_sweep(deployment, parameters):

@@ -10,7 +10,8 @@ say. Editing a deployment afterwards changes no snapshot.
     {"recorded_at", "moeops_version", "source": "worker" | "import" | "manual" | "write-up",
      "deployment": {...}, "topology": {...} | None, "load": {...}, "kernel_shape": {...} | None,
      "engine": identify_engine's dict, "kernel_config": kernel_config_in_effect's dict,
-     "client": {"host", "pid"}, "file": {...} (imports)}
+     "client": {"host", "pid"}, "file": {...} (imports),
+     "workload": {"name", "version", "kind", "sha256"}}
 
 `snapshot_diff(a, b)` lists what differs between two snapshots, for the compare page, the API
 and the regression finding.
@@ -25,6 +26,7 @@ from django.utils import timezone
 
 from moeops import __version__
 from reports import launch
+from reports.workloads import WORKLOAD_KEYS, workload_identity
 
 # The parts of a snapshot the worker adds once the engine has answered.
 OBSERVED_KEYS = ("engine", "kernel_config", "client")
@@ -129,6 +131,21 @@ def load_record(parameters: dict) -> dict:
     return {k: parameters[k] for k in LOAD_KEYS if parameters.get(k) is not None}
 
 
+def workload_record(parameters: dict) -> dict:
+    """The workload a sweep sent (reports.workloads.WORKLOAD_KEYS of its parameters'
+    `workload`); a sweep that names none sends random token ids of its input and output
+    lengths."""
+    return workload_identity(parameters.get("workload"))
+
+
+def _workload_of(snapshot: dict) -> dict | None:
+    """The snapshot's workload; a worker's sweep recorded before workloads were kept sent random
+    ids; an imported file's workload is not known."""
+    if snapshot.get("workload"):
+        return snapshot["workload"]
+    return workload_record({}) if snapshot.get("source") == "worker" else None
+
+
 def recipe_record(recipe) -> dict | None:
     """The launch recipe a managed engine runs: its version, flags (reports.launch.flags),
     environment and the kernel configs its folder holds."""
@@ -156,6 +173,8 @@ def initial_snapshot(*, deployment, parameters, topology, source, recipe=None) -
         "load": load_record(parameters or {}),
         "kernel_shape": deployment.kernel_shape(),
     }
+    if source == "worker":
+        snapshot["workload"] = workload_record(parameters or {})
     if recipe is not None:
         snapshot["recipe"] = recipe_record(recipe)
     return snapshot
@@ -185,6 +204,7 @@ SECTIONS = (
     ("kernel_config", "Kernel config in effect"),
     ("topology", "Topology"),
     ("load", "Load"),
+    ("workload", "Workload"),
     ("moeops", "moeops"),
 )
 
@@ -242,6 +262,11 @@ def snapshot_diff(a: dict, b: dict) -> dict:
     elif ta or tb:
         unknown.append("a run has no topology snapshot")
     changes += _changes("load", a.get("load") or {}, b.get("load") or {})
+    wa, wb = _workload_of(a), _workload_of(b)
+    if wa and wb:
+        changes += _changes("workload", wa, wb, WORKLOAD_KEYS)
+    elif wa or wb:
+        unknown.append("a run did not record its workload")
     changes += _changes(
         "moeops",
         {"version": a.get("moeops_version"), "client host": (a.get("client") or {}).get("host")},
@@ -302,6 +327,7 @@ SECTION_FACTORS = {
     "recipe": "launch recipe",
     "topology": "topology",
     "load": "load",
+    "workload": "workload",
 }
 # Keys that name a thing rather than configure it, or follow from another factor: a kernel
 # file's name follows from the model's shape and the GPU.

@@ -14,6 +14,7 @@ import time
 
 import httpx
 import pytest
+from tokenizers import Tokenizer
 
 from moeops.fleet.models import ModelSpec, SLOProfile
 from moeops.insights.models import IncompatibilityRule
@@ -27,6 +28,8 @@ from reports.capacity import bracket, limits_of, probe_of
 from moeops.runs.models import RequestLog
 from reports import engine_counters
 from reports.engine_counters import TOKEN_GAP
+
+from moeops.runs.workloads import workload_store
 from tests.engine import (
     MODEL_DIR,
     PYTHON,
@@ -46,6 +49,10 @@ from workers.engine_metrics import (
     read_engine_counters,
     scrape_engine_metrics,
 )
+
+from workers.engine_metrics import EngineMetricsSampler, scrape_engine_metrics
+from workers.loadgen import ClientConfig, LevelConfig, dataset_items
+from workers.loadgen.prompts import request_prompt
 
 pytest_plugins = ["tests.stack", "tests.engine.plugin"]
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.timeout(900)]
@@ -393,3 +400,77 @@ def test_vllms_own_counters_show_its_prefix_cache_hit_repeats_and_miss_random_pr
     assert random_rate < 0.05
     # each of the 7 repeats finds the 768 tokens of the prompt's full blocks: 7 × 768 / 8 × 769
     assert repeated_rate == pytest.approx(7 * 768 / (8 * 769), abs=0.05)
+
+def test_a_multi_turn_sweep_on_the_chat_endpoint_completes_every_turn(vllm_stack):
+    spec = {
+        "kind": "multi_turn",
+        "turns": 3,
+        "question_len": 8,
+        "output": {"distribution": "fixed", "value": 8},
+        "think_time_s": 0.2,
+    }
+    workload, _ = workload_store(name="three turns", spec=spec)
+
+    run = vllm_stack.start_sweep(
+        [2], prompts_per_level=2, endpoint="chat", workload=workload.pk, label="multi-turn"
+    )
+    run = vllm_stack.wait_for_run(run, timeout=300)
+
+    assert run.status == "succeeded", run.error
+    [level] = run.levels.all()
+    # 2 conversations of 3 turns, each turn sending the history back
+    assert (level.completed, level.failed) == (6, 0)
+    turns = level.raw["ttft_by_turn"]
+    assert [(t["turn"], t["completed"], t["failed"]) for t in turns] == [
+        (1, 2, 0),
+        (2, 2, 0),
+        (3, 2, 0),
+    ]
+    assert all(t["mean_ttft_ms"] > 0 for t in turns)
+    # every turn sent the history: each turn's prompt is longer than the one before
+    inputs = [t["mean_input_tokens"] for t in turns]
+    assert inputs[0] < inputs[1] < inputs[2]
+    assert run.snapshot["workload"] == {
+        "name": "three turns",
+        "version": 1,
+        "kind": "multi_turn",
+        "sha256": None,
+    }
+
+
+def test_a_dataset_sweeps_token_counts_agree_with_the_servers_usage(vllm_stack):
+    conversations = [
+        {
+            "conversations": [
+                {"from": "human", "value": " ".join(["tell me about experts"] * (1 + n % 7))},
+                {"from": "gpt", "value": " ".join(["routing"] * (4 + 3 * (n % 5)))},
+            ]
+        }
+        for n in range(24)
+    ]
+    data = "\n".join(json.dumps(c) for c in conversations).encode()
+    workload, _ = workload_store(
+        name="tiny dataset", spec={"kind": "dataset"}, file_name="tiny.jsonl", data=data
+    )
+    prompts = 8
+
+    run = vllm_stack.start_sweep([4], prompts_per_level=prompts, workload="tiny dataset")
+    run = vllm_stack.wait_for_run(run, timeout=300)
+
+    assert run.status == "succeeded", run.error
+    [level] = run.levels.all()
+    assert (level.completed, level.failed, level.usage_reported) == (prompts, 0, True)
+    # the requests the worker sent, drawn as it draws them: the server names its model by a
+    # folder that is not on the worker's machine, so the prompts went as text, the answers'
+    # words as output lengths; the model's own tokenizer counts the prompts here
+    client = ClientConfig(
+        base_url="",
+        model="",
+        vocab_size=VOCAB_SIZE,
+        workload={"spec": workload.spec, "items": dataset_items(workload.items)},
+    )
+    sent = [request_prompt(client, LevelConfig(4, 32, 64, prompts), (0, i)) for i in range(prompts)]
+    tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+    assert level.total_input_tokens == sum(len(tokenizer.encode(p).ids) for p, _ in sent)
+    assert level.total_output_tokens == sum(output for _, output in sent)
+    assert run.snapshot["workload"]["sha256"] == workload.sha256

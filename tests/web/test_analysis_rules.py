@@ -713,6 +713,21 @@ def test_runs_are_comparable_only_with_the_same_arrivals():
     assert analysis.comparable_key(rated) != analysis.comparable_key({**rated, "burstiness": 0.5})
     assert analysis.comparable_key(rated) != analysis.comparable_key({**rated, "ramp_up_s": 30})
 
+def test_runs_of_two_workloads_are_never_compared():
+    base = {"levels": [128, 256], "input_len": 1024, "output_len": 1024}
+    chats = {"id": 3, "name": "chats", "version": 1, "kind": "dataset", "sha256": "ab" * 32}
+
+    assert analysis.comparable_key(base) != analysis.comparable_key({**base, "workload": chats})
+    newer = {**chats, "id": 4, "version": 2, "sha256": "cd" * 32}
+    assert analysis.comparable_key({**base, "workload": chats}) != analysis.comparable_key(
+        {**base, "workload": newer}
+    )
+    # the same workload version stored again (its spec in the run's parameters) compares
+    same = {**chats, "spec": {"kind": "dataset", "output": None}}
+    assert analysis.comparable_key({**base, "workload": chats}) == analysis.comparable_key(
+        {**base, "workload": same}
+    )
+
 
 # -- client-bound ----------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from moeops.insights.models import Finding, PlanItem
 from moeops.kernels.models import KernelConfig
 from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.workloads import workload_store
 from tests import queues
 from tests.api_base import make_world
 
@@ -568,3 +569,27 @@ def test_two_re_sweeps_of_the_same_recipe_get_two_names(
         "Restart with recipe v1 #2",
         "Restart with recipe v1 #3",
     ]
+
+
+def test_a_re_sweep_sends_the_dataset_workload_of_the_sweep_it_repeats(
+    world, broker, django_capture_on_commit_callbacks
+):
+    _in_force(_recipe(world))
+    data = b'{"conversations": [{"from": "human", "value": "hello"}]}\n'
+    workload, _ = workload_store(
+        name="chats", spec={"kind": "dataset"}, file_name="chats.jsonl", data=data
+    )
+    before = _finished_sweep(world)
+    before.parameters["workload"] = workload.run_parameter()
+    before.save(update_fields=["parameters"])
+
+    with django_capture_on_commit_callbacks(execute=True):
+        action = services.engine_action_start(
+            deployment=world.deployment, kind="restart", user=world.staff
+        )
+
+    assert action.after_run.snapshot["workload"]["sha256"] == workload.sha256
+    [sent] = queues.queued(broker, QUEUE)
+    [link] = sent.embed["chain"]
+    assert link["kwargs"]["workload_items"] == [{"prompt": "hello", "answer": None}]
+    assert "workload_items" not in action.after_run.parameters

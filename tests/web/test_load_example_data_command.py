@@ -4,8 +4,10 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
+from moeops.examples.conversations import CONVERSATIONS, EXAMPLE_WORKLOAD
 from moeops.insights.models import Finding
 from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.runs.models import Workload
 from tests import page_base as pb
 from tests.fakes import ROOT
 
@@ -63,3 +65,17 @@ def test_it_loads_the_h200_tune_of_the_device_table_once(client):
     # the H200 is no host of this moeops: nothing can be sent there
     assert tuning.host is None and str(tuning) == "tune E=256 N=256 fp8_w8a8 on NVIDIA H200"
     assert "NVIDIA H200" in client.get(f"/tunes/{tuning.uuid}/").content.decode()
+
+
+def test_it_loads_one_dataset_workload_of_its_own_conversations_once():
+    assert f"the dataset workload {EXAMPLE_WORKLOAD} v1 ({CONVERSATIONS} conversations)" in _load()
+    _load()
+
+    workload = Workload.objects.get()
+    assert (workload.kind, workload.layout, workload.version) == ("dataset", "sharegpt", 1)
+    prompts = [item["prompt"] for item in workload.items]
+    answers = [len(item["answer"].split()) for item in workload.items]
+    # varied lengths: the longest prompt and answer are many times the shortest
+    lengths = [len(p.split()) for p in prompts]
+    assert max(lengths) > 10 * min(lengths) and max(answers) > 10 * min(answers)
+    assert len(set(prompts)) > CONVERSATIONS * 0.9

@@ -641,3 +641,28 @@ def test_the_engine_counters_of_each_level_are_charted(client, sweep):
     assert traces["speculative acceptance"]["y"] == [75.0]
     assert traces["preemptions"]["y"] == [3.0]
     assert traces["preemptions"]["x"] == [str(level.concurrency)]
+
+def test_a_multi_turn_run_names_its_workload_and_shows_ttft_by_turn(client):
+    pb.sign_in(client)
+    spec = {"kind": "multi_turn", "turns": 2, "question_len": 8, "think_time_s": 1.0}
+    spec["output"] = {"distribution": "fixed", "value": 32}
+    named = {"id": 1, "name": "two turns", "version": 3, "kind": "multi_turn", "sha256": None}
+    turns = [
+        {"turn": 1, "completed": 8, "failed": 0, "mean_ttft_ms": 41.5, "p99_ttft_ms": 80.0},
+        {"turn": 2, "completed": 7, "failed": 1, "mean_ttft_ms": 97.31, "p99_ttft_ms": 150.0},
+    ]
+    run = pb.run(
+        pb.deployment(),
+        levels=[{"concurrency": 4, "completed": 15, "failed": 1, "raw": {"ttft_by_turn": turns}}],
+        parameters={"levels": [4], "workload": {**named, "spec": spec}},
+        snapshot={"workload": {k: v for k, v in named.items() if k != "id"}},
+    )
+
+    html = client.get(f"/runs/{run.uuid}/").content.decode()
+
+    workload = html.split('id="run-workload">')[1].split("</dd>")[0]
+    assert workload.startswith("two turns v3 (multi_turn): 2 turns of 8-token questions")
+    table = html.split('id="turns"')[1].split("</table>")[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>")[1])
+    cells = [re.findall(r'<td class="num">(.*?)</td>', row) for row in rows]
+    assert cells == [["4", "1", "8", "0", "41.5", "80.0"], ["4", "2", "7", "1", "97.3", "150.0"]]

@@ -6,6 +6,7 @@ from kombu.exceptions import OperationalError
 from moeops.fleet.models import Deployment
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
+from moeops.runs.workloads import workload_store
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -177,3 +178,40 @@ def test_it_shows_why_the_arrivals_are_refused_and_stores_nothing(
     assert response.status_code == 400
     assert shown in html.unescape(response.content.decode())
     assert not SweepRun.objects.exists() and sent == []
+
+def test_the_form_sends_the_workload_it_names(
+    client, deployment, sent, django_capture_on_commit_callbacks
+):
+    spec = {"kind": "shared_prefix", "groups": 2, "prefix_len": 64, "question_len": 8}
+    workload, _ = workload_store(
+        name="prefixes", spec={**spec, "output": {"distribution": "fixed", "value": 32}}
+    )
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            f"/deployments/{deployment.pk}/sweep/", {**FORM, "workload": str(workload.pk)}
+        )
+
+    assert response.status_code == 302
+    run = SweepRun.objects.get()
+    assert run.parameters["workload"]["name"] == "prefixes"
+    assert run.snapshot["workload"]["kind"] == "shared_prefix"
+    [(_, _, kwargs)] = sent
+    assert kwargs["workload"]["spec"]["groups"] == 2
+
+
+def test_a_multi_turn_workload_on_the_completions_endpoint_is_refused_on_the_form(
+    client, deployment, sent
+):
+    spec = {"kind": "multi_turn", "turns": 2, "question_len": 8}
+    workload, _ = workload_store(
+        name="turns", spec={**spec, "output": {"distribution": "fixed", "value": 32}}
+    )
+
+    response = client.post(
+        f"/deployments/{deployment.pk}/sweep/", {**FORM, "workload": str(workload.pk)}
+    )
+
+    assert response.status_code == 400
+    assert "a multi-turn workload runs on the chat endpoint" in response.content.decode()
+    assert not SweepRun.objects.exists()

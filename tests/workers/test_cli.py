@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from moeops.kernels.models import KernelConfig
-from moeops.runs.models import LevelResult, SweepRun
+from moeops.runs.models import LevelResult, SweepRun, Workload
 from moeops.wsgi import application
 from tests.api_base import make_world, wsgi_in_test_transaction
 from tests.fakes import FIXTURES, ROOT
@@ -196,3 +196,45 @@ def test_an_unknown_deployment_is_one_line(world, capsys):
     argv = ["import-results", str(SGLANG_AGG), "--format", "sglang", "--deployment", "nope"]
     code, _, err = _run(argv, capsys)
     assert code == 1 and err == "error: 404: deployment 'nope' not found\n"
+
+
+def test_push_workload_stores_a_dataset_and_names_a_bad_file(world, capsys, tmp_path):
+    good = tmp_path / "chats.jsonl"
+    good.write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\x00\x01\x02")
+
+    code, out, _ = _run(["push-workload", "chats", "--dataset", str(good)], capsys)
+    refused, _, err = _run(["push-workload", "blob", "--dataset", str(binary)], capsys)
+
+    assert code == 0 and out.strip() == "workload chats v1 (dataset, 1 prompts)"
+    assert refused == 1
+    assert "weights.bin, line 1: a NUL byte: the file is binary, not text" in err
+    assert list(Workload.objects.values_list("name", flat=True)) == ["chats"]
+
+
+def test_sweep_queues_a_run_that_names_the_workload(world, capsys, tmp_path):
+    world.deployment.endpoint_url = "http://127.0.0.1:30000"
+    world.deployment.save()
+    spec = tmp_path / "spec.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "kind": "random",
+                "input": {"distribution": "uniform", "low": 100, "high": 300},
+                "output": {"distribution": "fixed", "value": 64},
+            }
+        )
+    )
+    assert _run(["push-workload", "spread", "--spec", str(spec)], capsys)[0] == 0
+
+    code, out, err = _run(
+        ["sweep", "--deployment", "glm-5-sglang", "--levels", "8,16", "--workload", "spread"],
+        capsys,
+    )
+
+    assert code == 0, err
+    run = SweepRun.objects.get()
+    assert out.strip() == f"run {run.pk} ({run.uuid}) queued on rtx-pro-6000"
+    assert run.parameters["workload"]["name"] == "spread"
+    assert run.snapshot["workload"]["version"] == 1

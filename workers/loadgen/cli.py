@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from reports import requests as request_log
+from reports import workloads as workload_specs
 from reports.capacity import (
     DEFAULT_ROUNDS,
     MODES,
@@ -32,6 +33,7 @@ from workers import vocabulary
 from workers.capacity import level_at
 from workers.loadgen.config import ENDPOINT_PATHS, TRANSPORTS, ClientConfig, SweepConfig
 from workers.loadgen.drivers import run_level, run_sweep
+from workers.loadgen.prompts import dataset_items
 
 # ---------------------------------------------------------------------------------------------
 # CLI
@@ -157,6 +159,28 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--slo-ttft-ms", type=float, default=None)
     parser.add_argument("--slo-tpot-ms", type=float, default=None)
     parser.add_argument("--slo-e2el-ms", type=float, default=None)
+    parser.add_argument(
+        "--workload",
+        default=None,
+        help="a JSON file of a workload spec (reports.workloads: random lengths, shared_prefix, "
+        "multi_turn, dataset); lengths in tokens",
+    )
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="a ShareGPT JSON or JSONL, OpenAI messages JSONL or one-prompt-a-line file: its "
+        "first turns are the prompts (a dataset workload)",
+    )
+    parser.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=None,
+        help="input and output lengths uniform around --input-len and --output-len, as "
+        "--range-ratio-convention's engine reads the ratio (docs/metrics.md)",
+    )
+    parser.add_argument(
+        "--range-ratio-convention", choices=workload_specs.RANGE_RATIO_CONVENTIONS, default="vllm"
+    )
     parser.add_argument("--output", default=None, help="write the JSON list of levels here")
     search = parser.add_argument_group("capacity search (--capacity)")
     search.add_argument(
@@ -211,9 +235,48 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _workload(args: argparse.Namespace) -> dict | None:
+    """The workload the arguments name (None: random ids of fixed lengths); raises ValueError
+    (WorkloadError, DatasetFileError) with a sentence."""
+    spec = None
+    if args.workload:
+        spec = json.loads(Path(args.workload).read_text())
+    elif args.dataset:
+        spec = {"kind": "dataset", "output": None}
+    elif args.random_range_ratio is not None:
+        spec = {
+            "kind": "random",
+            **{
+                key: workload_specs.range_ratio_length(
+                    length, args.random_range_ratio, args.range_ratio_convention
+                )
+                for key, length in (("input", args.input_len), ("output", args.output_len))
+            },
+        }
+    if spec is None:
+        return None
+    spec = workload_specs.spec_checked(spec)
+    workload = {"spec": spec}
+    if spec["kind"] == "dataset":
+        if not args.dataset:
+            raise ValueError("a dataset workload needs --dataset FILE")
+        path = Path(args.dataset)
+        parsed = workload_specs.parse_dataset(path.name, path.read_bytes())
+        tokenizer = vocabulary.model_tokenizer(
+            tokenizer=args.tokenizer, base_url=args.base_url, model=args.model
+        )
+        workload["items"] = dataset_items(parsed["items"], tokenizer)
+    return workload
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; prints one table row per level, returns the exit status."""
     args = _parse_args(argv)
+    try:
+        workload = _workload(args)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     vocab_size = None
     if args.endpoint == "completions":
         try:
@@ -247,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             api_key=args.api_key,
             transport=args.transport,
+            workload=workload,
         ),
         concurrencies=tuple(int(c) for c in (args.concurrency or "").split(",") if c.strip()),
         input_len=args.input_len,
@@ -279,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
             print(format_rounds(rounds), flush=True)
         if len(rounds) == cfg.rounds:
             rounds.clear()
+        for turn in result.get("ttft_by_turn") or []:
+            mean = turn["mean_ttft_ms"]
+            shown = "-" if mean is None else f"{mean:.1f}"
+            print(f"      turn {turn['turn']}: TTFT {shown} ms, {turn['failed']} failed")
 
     try:
         results = run_sweep(cfg, on_level_done=on_level_done)

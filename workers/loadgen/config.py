@@ -40,7 +40,9 @@ class ClientConfig:
     prompts, approximate lengths); timeout_s bounds each request end to end and each wait for
     bytes (s); vocab_size is the model's vocabulary (workers.vocabulary), from which prompt
     token ids are drawn, needed by the completions endpoint; transport is "fast"
-    (HTTP1StreamTransport) or "httpx" (httpx's own pool).
+    (HTTP1StreamTransport) or "httpx" (httpx's own pool); workload: the run's workload
+    ({"spec": reports.workloads' spec, "items": a dataset's prompts}), None for random token
+    ids of the level's lengths.
     """
 
     base_url: str
@@ -51,6 +53,7 @@ class ClientConfig:
     seed: int = 0
     api_key: str | None = None
     transport: str = "fast"
+    workload: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,8 @@ class RequestRecord:
 
     chunk_ts holds the arrival time of each chunk with non-empty content; prompt_tokens and
     completion_tokens come from the server's usage (None when it sent none); error is the
-    failure reason (None on success) and detail a short message for it.
+    failure reason (None on success) and detail a short message for it; turn: the request's
+    turn (1, 2, …) in a multi-turn conversation, None for a single-turn request.
     """
 
     send_ts: float
@@ -154,6 +158,7 @@ class RequestRecord:
     completion_tokens: int | None = None
     error: str | None = None
     detail: str | None = None
+    turn: int | None = None
 
     def to_wire(self) -> dict:
         """JSON-ready form for passing between processes (chunk_ts as base64 float64)."""

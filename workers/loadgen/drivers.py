@@ -27,7 +27,8 @@ from workers.loadgen.config import (
     ShouldStop,
     SweepConfig,
 )
-from workers.loadgen.metrics import request_columns, summarize_level
+from workers.loadgen.metrics import request_columns, summarize_level, ttft_by_turn
+from workers.loadgen.prompts import turn_question, turns_of
 from workers.loadgen.stream import build_payload, send_request
 from workers.loadgen.transport import make_client
 
@@ -44,6 +45,39 @@ def _request_headers(client_cfg: ClientConfig) -> dict:
     return headers
 
 
+async def _converse(
+    client,
+    url: str,
+    headers: dict,
+    client_cfg: ClientConfig,
+    level: LevelConfig,
+    key: tuple[int, ...],
+    report: Callable[[RequestRecord], None],
+    should_stop: ShouldStop,
+) -> None:
+    """One multi-turn conversation on the chat endpoint: each turn sends the history (every
+    question and answer so far) and a new question, after the workload's think time. A failed
+    turn ends the conversation: the next one would have no answer to send back."""
+    spec = client_cfg.workload["spec"]
+    history: list[dict] = []
+    for turn in range(1, spec["turns"] + 1):
+        if turn > 1:
+            if spec["think_time_s"]:
+                await asyncio.sleep(spec["think_time_s"])
+            if should_stop():
+                return
+        question, output_len = turn_question(client_cfg, level, key, turn)
+        history.append({"role": "user", "content": question})
+        body = build_payload(client_cfg, level, key, messages=history, output_len=output_len)
+        answer: list[str] = []
+        record = await send_request(client, url, body, headers, client_cfg.timeout_s, answer)
+        record.turn = turn
+        report(record)
+        if record.error is not None:
+            return
+        history.append({"role": "assistant", "content": "".join(answer)})
+
+
 async def _drive(
     client_cfg: ClientConfig,
     level: LevelConfig,
@@ -57,12 +91,14 @@ async def _drive(
     should_stop: ShouldStop,
 ) -> tuple[int, dict]:
     """Send warmup requests, then one request per index with at most concurrency in flight,
-    at request_rate (req/s; the level's burstiness and ramp-up) when one is given.
+    at request_rate (req/s; the level's burstiness and ramp-up) when one is given (a
+    multi-turn workload: one conversation per index, its turns one after the other).
 
-    Returns how many measured requests were sent (fewer than len(indices) after a stop) and the
-    warm-up's token counts as the server's usage gave them ({"input_tokens", "output_tokens"}):
-    the engine's own counters count the warm-up too.
+    Returns how many measured requests (conversations) were started (fewer than len(indices)
+    after a stop) and the warm-up's token counts as the server's usage gave them
+    ({"input_tokens", "output_tokens"}): the engine's own counters count the warm-up too.
     """
+    multi_turn = turns_of(client_cfg) > 1
     url = client_cfg.base_url.rstrip("/") + ENDPOINT_PATHS[client_cfg.endpoint]
     headers = _request_headers(client_cfg)
     async with make_client(client_cfg) as client:
@@ -83,8 +119,13 @@ async def _drive(
                             await asyncio.sleep(delay)
                             if should_stop():
                                 return
-                    body = build_payload(client_cfg, level, keys[mine])
                     sent += 1
+                    if multi_turn:
+                        await _converse(
+                            client, url, headers, client_cfg, level, keys[mine], report, should_stop
+                        )
+                        continue
+                    body = build_payload(client_cfg, level, keys[mine])
                     report(await send_request(client, url, body, headers, client_cfg.timeout_s))
 
             workers = min(concurrency, len(keys))
@@ -119,11 +160,12 @@ async def _run_in_process(
     should_stop: ShouldStop,
 ) -> tuple[list[RequestRecord], bool, dict]:
     records: list[RequestRecord] = []
+    total = level.num_prompts * turns_of(client_cfg)
 
     def on_record(record: RequestRecord) -> None:
         records.append(record)
         if on_request_done is not None:
-            on_request_done(len(records), level.num_prompts)
+            on_request_done(len(records), total)
 
     sent, warmup_tokens = await _drive(
         client_cfg,
@@ -215,7 +257,7 @@ async def _run_in_processes(
                 records.append(RequestRecord.from_wire(message["record"]))
                 received[k] += 1
                 if on_request_done is not None:
-                    on_request_done(len(records), level.num_prompts)
+                    on_request_done(len(records), level.num_prompts * turns_of(client_cfg))
             else:
                 finals[k] = message
         await children[k].wait()
@@ -343,6 +385,8 @@ async def run_level(
         )
         child_cpu = 0.0
     result = summarize_level(records, level_cfg)
+    if turns_of(client_cfg) > 1:
+        result["ttft_by_turn"] = ttft_by_turn(records)
     result.update(
         warmup_tokens=warmup_tokens,
         requests=request_columns(records),

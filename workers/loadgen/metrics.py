@@ -158,3 +158,29 @@ def _good_requests(ok: list[RequestRecord], slos: dict, usage_reported: bool) ->
                 continue
         good += 1
     return good
+
+
+def ttft_by_turn(records: list[RequestRecord]) -> list[dict]:
+    """Per turn of multi-turn conversations (1, 2, …): {"turn", "completed", "failed",
+    "mean_input_tokens"} (from the server's usage, None where a completed request reported
+    none) and the turn's TTFT statistics (latency_stats.describe_ms: "mean_ttft_ms",
+    "p99_ttft_ms", …; None where no request of the turn completed). A later turn sends a longer
+    history: its TTFT shows the prefill that costs."""
+    out = []
+    for turn in sorted({r.turn for r in records if r.turn is not None}):
+        mine = [r for r in records if r.turn == turn]
+        ok = [r for r in mine if r.error is None]
+        ttfts = [r.chunk_ts[0] - r.send_ts for r in ok]
+        counted = ok and all(r.prompt_tokens is not None for r in ok)
+        out.append(
+            {
+                "turn": turn,
+                "completed": len(ok),
+                "failed": len(mine) - len(ok),
+                "mean_input_tokens": float(np.mean([r.prompt_tokens for r in ok]))
+                if counted
+                else None,
+                **latency_stats.describe_ms("ttft", ttfts),
+            }
+        )
+    return out

@@ -1,6 +1,6 @@
-"""One request: its prompt (token ids drawn from the model's vocabulary, or chat words), its
-streamed answer read as server-sent events with a timestamp per content chunk, and what the
-server said when it failed."""
+"""One request: its body (the prompt from workers.loadgen.prompts), its streamed answer read
+as server-sent events with a timestamp per content chunk, and what the server said when it
+failed."""
 
 from __future__ import annotations
 
@@ -9,15 +9,9 @@ import json
 import time
 
 import httpx
-import numpy as np
 
-from workers.loadgen.config import (
-    CHAT_WORDS,
-    ERROR_MESSAGE_CHARS,
-    ClientConfig,
-    LevelConfig,
-    RequestRecord,
-)
+from workers.loadgen.config import ERROR_MESSAGE_CHARS, ClientConfig, LevelConfig, RequestRecord
+from workers.loadgen.prompts import request_prompt
 
 
 class StreamFailure(Exception):
@@ -32,37 +26,33 @@ class StreamFailure(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
-def token_id_range(vocab_size: int) -> tuple[int, int]:
-    """Half-open range of token ids to draw prompts from.
-
-    Skips the lowest ids (byte and control tokens) and the top 20% where tokenizers keep their
-    special and added tokens (Llama 3 from 128000 of 128256, DeepSeek-V3 from 128000 of 129280,
-    Qwen from 151643 of 151936, Kimi K2 from 163584 of 163840).
-    """
-    low = min(1000, vocab_size // 10)
-    return low, max(low + 1, int(vocab_size * 0.8))
-
-
-def build_payload(client_cfg: ClientConfig, level: LevelConfig, key: tuple[int, ...]) -> bytes:
-    """The JSON body of one request; key seeds its prompt so every request's prompt differs."""
-    rng = np.random.default_rng((client_cfg.seed, level.index, *key))
+def build_payload(
+    client_cfg: ClientConfig,
+    level: LevelConfig,
+    key: tuple[int, ...],
+    *,
+    messages: list[dict] | None = None,
+    output_len: int | None = None,
+) -> bytes:
+    """The JSON body of one request; key seeds its prompt so every request's prompt differs
+    (workers.loadgen.prompts). messages and output_len: a multi-turn conversation's turn, sent
+    as given."""
+    if messages is None:
+        prompt, output_len = request_prompt(client_cfg, level, key)
+    else:
+        prompt = messages
     body: dict = {
         "model": client_cfg.model,
-        "max_tokens": level.output_len,
+        "max_tokens": output_len,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
     if client_cfg.endpoint == "chat":
-        words = rng.choice(len(CHAT_WORDS), size=level.input_len)
-        text = " ".join(CHAT_WORDS[w] for w in words)
-        body["messages"] = [{"role": "user", "content": text}]
-        body["max_completion_tokens"] = level.output_len
+        body["messages"] = prompt
+        body["max_completion_tokens"] = output_len
     else:
-        if client_cfg.vocab_size is None:
-            raise ValueError("prompts of token ids need the model's vocabulary size")
-        low, high = token_id_range(client_cfg.vocab_size)
-        body["prompt"] = rng.integers(low, high, size=level.input_len).tolist()
+        body["prompt"] = prompt
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -77,12 +67,14 @@ def _data_of(event: bytes) -> bytes | None:
 class _SSEParser:
     """Splits raw SSE bytes into events and notes content chunks and usage on a record."""
 
-    __slots__ = ("record", "tail", "done")
+    __slots__ = ("record", "tail", "done", "answer")
 
-    def __init__(self, record: RequestRecord):
+    def __init__(self, record: RequestRecord, answer: list[str] | None = None):
         self.record = record
         self.tail = b""
         self.done = False
+        # the answer's text pieces, kept only where the next turn sends them back
+        self.answer = answer
 
     def feed(self, data: bytes, ts: float) -> None:
         """Parse data that arrived at ts (perf_counter s); raises StreamFailure on garbage."""
@@ -113,22 +105,24 @@ class _SSEParser:
                 choice = choices[0]
                 if not isinstance(choice, dict):
                     raise StreamFailure("garbage_sse", repr(payload[:80]))
-                delta = choice.get("delta")
-                if delta is not None:
-                    if (
-                        delta.get("content")
-                        or delta.get("reasoning_content")
-                        or (delta.get("reasoning"))
-                    ):
-                        record.chunk_ts.append(ts)
-                elif choice.get("text"):
-                    record.chunk_ts.append(ts)
+                self._note_choice(choice, ts)
             elif obj.get("error") is not None:
                 raise StreamFailure("stream_error", _error_event_message(obj["error"]))
             usage = obj.get("usage")
             if usage:
                 record.prompt_tokens = usage.get("prompt_tokens")
                 record.completion_tokens = usage.get("completion_tokens")
+
+    def _note_choice(self, choice: dict, ts: float) -> None:
+        """A chunk with content (or reasoning) arrived at ts."""
+        delta = choice.get("delta")
+        if delta is not None:
+            if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                self.record.chunk_ts.append(ts)
+                if self.answer is not None and delta.get("content"):
+                    self.answer.append(delta["content"])
+        elif choice.get("text"):
+            self.record.chunk_ts.append(ts)
 
 
 def _error_event_message(error) -> str:
@@ -159,16 +153,22 @@ def server_error_message(body: bytes, reason_phrase: str) -> str:
 
 
 async def send_request(
-    client: httpx.AsyncClient, url: str, body: bytes, headers: dict, timeout_s: float
+    client: httpx.AsyncClient,
+    url: str,
+    body: bytes,
+    headers: dict,
+    timeout_s: float,
+    answer: list[str] | None = None,
 ) -> RequestRecord:
-    """Send one streamed request and time it; never raises for a failed request.
+    """Send one streamed request and time it; never raises for a failed request. answer: a
+    list the answer's text pieces are appended to (a multi-turn conversation's history).
 
     Returns a RequestRecord whose error is one of: http_<status>, timeout, connect_error,
     connection_closed (no response), stream_dropped (body cut before [DONE]), garbage_sse,
     stream_error (an error event in the stream), missing_done, empty_stream, client_error.
     """
     record = RequestRecord(send_ts=time.perf_counter())
-    parser = _SSEParser(record)
+    parser = _SSEParser(record, answer)
     in_body = False
     try:
         async with (

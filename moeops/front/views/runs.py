@@ -42,6 +42,7 @@ from moeops.runs.telemetry import no_gpu_samples_text
 from reports import launch
 from reports import requests as request_log
 from reports.intervals import INTERVAL_KEYS, ONE_ROUND
+from reports.workloads import spec_label
 
 RUNS_PER_PAGE = 50
 CHART_NAMES = {
@@ -298,8 +299,27 @@ def run_detail(request, uuid):
         # the engine's own words first: a level where nothing succeeded has no numbers to show
         "all_failed": [(level, why) for level in levels if (why := level.all_failed_with())],
         "requests_logged": RequestLog.objects.filter(level__run=run).aggregate(n=Sum("count"))["n"],
+        "workload": _workload_sent(run),
+        "turns": [
+            (level, level.raw["ttft_by_turn"])
+            for level in levels
+            if isinstance(level.raw, dict) and level.raw.get("ttft_by_turn")
+        ],
     }
     return render(request, "front/run_detail.html", ctx)
+
+
+def _workload_sent(run):
+    """(the snapshot's workload record, its spec in words) of a sweep that named a workload;
+    None for one that sent random ids of its lengths, and for imports."""
+    named = (run.parameters or {}).get("workload")
+    if not isinstance(named, dict) or not isinstance(named.get("spec"), dict):
+        return None
+    try:
+        described = spec_label(named["spec"])
+    except (KeyError, TypeError):
+        described = ""
+    return (run.snapshot or {}).get("workload") or named, described
 
 
 @login_required

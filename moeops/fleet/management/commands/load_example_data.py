@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from moeops.examples import load_example_data
+from moeops.examples.conversations import load_example_workload
 from moeops.examples.h200_tune import load_h200_tune
 from moeops.insights.services import run_analyze
 from moeops.runs.models import SweepRun
@@ -19,7 +20,9 @@ class Command(BaseCommand):
         for run in SweepRun.objects.filter(provenance__startswith="From the write-up"):
             findings += len(run_analyze(run=run))
         tuning = load_h200_tune()
+        workload, _ = load_example_workload()
         self.stdout.write(
             f"Example data loaded: {deployment.name} and the write-up's figures "
-            f"({findings} findings from the analysis), and {tuning} in vLLM's own kernel."
+            f"({findings} findings from the analysis), {tuning} in vLLM's own kernel, and the "
+            f"dataset workload {workload} ({workload.item_count} conversations)."
         )

@@ -1,0 +1,109 @@
+"""Workloads: the list, and a form that stores a new one (a dataset with its file)."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.files.uploadhandler import FileUploadHandler, StopUpload
+from django.shortcuts import redirect, render
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
+
+from moeops.front.forms import WorkloadForm
+from moeops.runs.models import Workload
+from moeops.runs.workloads import workload_store
+from reports.workloads import MAX_DATASET_BYTES, spec_label
+
+
+class DatasetSizeLimit(FileUploadHandler):
+    """Stops a file upload whose request is larger than a dataset may be, at the file's first
+    byte: the fields before it (the CSRF token) are read, the file is not."""
+
+    def __init__(self, request, limit=MAX_DATASET_BYTES):
+        super().__init__(request)
+        self.limit = limit
+        self.refused = None
+
+    def handle_raw_input(self, input_data, META, content_length, boundary, encoding=None):
+        self.content_length = content_length
+
+    def new_file(self, field_name, file_name, *args, **kwargs):
+        if self.content_length > self.limit:
+            self.refused = (file_name, self.content_length)
+            raise StopUpload(connection_reset=True)
+
+    def receive_data_chunk(self, raw_data, start):
+        return raw_data
+
+    def file_complete(self, file_size):
+        return None
+
+
+def _workloads_page(request, form=None, status=200):
+    workloads = Workload.objects.order_by("name", "-version")
+    ctx = {
+        "nav": "workloads",
+        "workloads": [(w, spec_label(w.spec)) for w in workloads],
+        "form": form or WorkloadForm(),
+    }
+    return render(request, "front/workloads.html", ctx, status=status)
+
+
+@login_required
+def workloads(request):
+    return _workloads_page(request)
+
+
+@csrf_exempt
+@login_required
+def workload_create(request):
+    """Store a workload as POST /api/v1/workloads does; the CSRF check runs once the size
+    limit is in place (the check reads the form, and with it the file)."""
+    limit = DatasetSizeLimit(request)
+    if request.method == "POST":
+        request.upload_handlers.insert(0, limit)
+    return _workload_create(request, limit)
+
+
+@csrf_protect
+def _workload_create(request, limit):
+    if request.method != "POST":
+        return redirect("workloads")
+    form = WorkloadForm(request.POST, request.FILES)
+    if limit.refused:
+        file_name, size = limit.refused
+        form.add_error(
+            None,
+            f"{file_name}: refused unread, its upload of {size:,} bytes is larger than a dataset "
+            f"may be ({MAX_DATASET_BYTES:,} bytes).",
+        )
+        return _workloads_page(request, form, status=400)
+    if form.is_valid():
+        spec = form.spec()
+        upload = form.cleaned_data.get("file")
+        if upload is not None and upload.size > MAX_DATASET_BYTES:
+            form.add_error(
+                "file",
+                f"{upload.name}: {upload.size:,} bytes, more than a dataset may hold "
+                f"({MAX_DATASET_BYTES:,})",
+            )
+        if form.is_valid():
+            try:
+                workload, created = workload_store(
+                    name=form.cleaned_data["name"],
+                    spec=spec,
+                    file_name=upload.name if upload else "",
+                    data=upload.read() if upload is not None else None,
+                    context_len=form.cleaned_data.get("context_len"),
+                    description=form.cleaned_data["description"],
+                )
+            except ValidationError as exc:
+                for field, problems in exc.message_dict.items():
+                    target = field if field in ("name", "file") else None
+                    for problem in problems:
+                        form.add_error(target, problem)
+            else:
+                if created:
+                    messages.success(request, f"Stored workload {workload}.")
+                else:
+                    messages.info(request, f"{workload} already holds this spec and file.")
+                return redirect("workloads")
+    return _workloads_page(request, form, status=400)

@@ -1,0 +1,96 @@
+"""Writes to workloads: a new version of a named workload from its spec and, for a dataset,
+its file (reports.workloads parses and checks it; nothing of a refused file is stored)."""
+
+import hashlib
+import json
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from moeops.runs.models import Workload
+from reports import workloads
+
+
+def workload_store(*, name, spec, file_name="", data=None, context_len=None, description=""):
+    """(Workload, created): the next version of the workload `name`, or its newest version when
+    that holds the same spec and file (created False).
+
+    spec: reports.workloads' spec (kind, lengths in tokens, …); data: the dataset file's bytes
+    (kind dataset only), context_len: tokens a prompt may have. Raises ValidationError naming
+    "name", "spec.<key>" or "file" (the file's name, line and reason).
+    """
+    name = (name or "").strip()
+    if not name:
+        raise ValidationError({"name": "a workload needs a name"})
+    try:
+        checked = workloads.spec_checked(spec)
+    except workloads.WorkloadError as exc:
+        raise ValidationError({"spec": str(exc)}) from None
+    fields = {"file_name": "", "sha256": "", "layout": "", "items": None}
+    if checked["kind"] == "dataset":
+        if data is None:
+            raise ValidationError({"file": "a dataset workload needs a file"})
+        try:
+            parsed = workloads.parse_dataset(file_name or "the file", data, context_len=context_len)
+        except workloads.DatasetFileError as exc:
+            raise ValidationError({"file": str(exc)}) from None
+        fields = {
+            "file_name": file_name,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "layout": parsed["layout"],
+            "items": parsed["items"],
+        }
+    elif data is not None:
+        raise ValidationError({"file": f"a {checked['kind']} workload takes no file"})
+    with transaction.atomic():
+        newest = Workload.objects.select_for_update().filter(name=name).order_by("-version").first()
+        if (
+            newest is not None
+            and _canonical(newest.spec) == _canonical(checked)
+            and newest.sha256 == fields["sha256"]
+        ):
+            return newest, False
+        workload = Workload.objects.create(
+            name=name,
+            version=(newest.version + 1) if newest else 1,
+            kind=checked["kind"],
+            spec=checked,
+            description=description,
+            **fields,
+        )
+    return workload, True
+
+
+def _canonical(spec):
+    return json.dumps(spec, sort_keys=True)
+
+
+def workload_lookup(ref):
+    """The workload a run names: an id, "name" (its newest version) or "name v3"; raises
+    ValidationError naming "workload" when there is none."""
+    if isinstance(ref, dict):
+        ref = ref.get("id")
+    if isinstance(ref, int) and not isinstance(ref, bool):
+        found = Workload.objects.filter(pk=ref).first()
+    elif isinstance(ref, str) and ref.strip():
+        name, _, version = ref.strip().rpartition(" v")
+        if name and version.isdigit():
+            found = Workload.objects.filter(name=name, version=int(version)).first()
+        else:
+            found = Workload.objects.filter(name=ref.strip()).order_by("-version").first()
+    else:
+        raise ValidationError({"workload": f"a workload's id or name, got {ref!r}"})
+    if found is None:
+        raise ValidationError({"workload": f"no workload {ref!r}"})
+    return found
+
+
+def sweep_task_kwargs(run_uuid, parameters):
+    """The keyword arguments of workers.run_sweep for a run with these parameters: the
+    parameters, and a dataset workload's prompts (kept out of the stored parameters: each run
+    would otherwise hold its own copy of the file)."""
+    kwargs = {"run_uuid": str(run_uuid), **parameters}
+    named = parameters.get("workload")
+    if isinstance(named, dict) and named.get("kind") == "dataset":
+        kwargs["workload_items"] = Workload.objects.get(pk=named["id"]).items
+    return kwargs

@@ -1,0 +1,402 @@
+"""Workloads: what a sweep sends, as both tiers read it.
+
+The web tier checks a workload's spec and parses an uploaded dataset file into its compact form
+(`parse_dataset`); the worker draws each request's lengths and prompt from them
+(workers.loadgen). A spec is plain JSON:
+
+    {"kind": "random", "input": LENGTH, "output": LENGTH}
+    {"kind": "dataset", "output": LENGTH | None}          (+ the file's items)
+    {"kind": "shared_prefix", "groups": G, "prefix_len": P, "question_len": Q, "output": LENGTH}
+    {"kind": "multi_turn", "turns": T, "question_len": Q, "output": LENGTH, "think_time_s": s}
+
+and a LENGTH is {"distribution": "fixed", "value": n}, {"distribution": "uniform", "low": a,
+"high": b} (both inclusive) or {"distribution": "normal", "mean": m, "std": s, "low": a,
+"high": b} (clamped to [a, b]); lengths are tokens. docs/metrics.md, "Workloads", says how
+vLLM's and SGLang's --random-range-ratio map onto a uniform LENGTH (`range_ratio_length`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+
+KINDS = ("random", "dataset", "shared_prefix", "multi_turn")
+DISTRIBUTIONS = ("fixed", "uniform", "normal")
+RANGE_RATIO_CONVENTIONS = ("vllm", "sglang")
+# Far beyond any context window (Llama 4 Scout: 10 M tokens); RunParameters bounds lengths alike.
+MAX_LENGTH = 1 << 24
+MAX_GROUPS = 4096
+MAX_TURNS = 64
+MAX_THINK_TIME_S = 600.0
+# A dataset file bigger than this is refused by its size, before it is read: the API's body
+# limit (MOEOPS_MAX_BODY_BYTES, 16 MiB by default) holds a file of this size in its JSON.
+MAX_DATASET_BYTES = 8 * 1024 * 1024
+MAX_DATASET_ITEMS = 100_000
+LAYOUTS = ("sharegpt", "messages", "prompts")
+HUMAN_ROLES = ("human", "user")
+ANSWER_ROLES = ("gpt", "assistant", "chatgpt", "bard", "bing")
+# Every whitespace-separated word is at least one token for the tokenizers of the engines' models
+# (their pre-tokenizers split on whitespace): the word count is a lower bound of a prompt's tokens.
+_WORD = re.compile(r"\S+")
+
+
+# What names the workload a run sent: runs of two workloads are never compared as if they
+# differed in one factor (the snapshot's "workload", the regression's comparable key).
+WORKLOAD_KEYS = ("name", "version", "kind", "sha256")
+
+
+def workload_identity(named) -> dict:
+    """WORKLOAD_KEYS of a run's `workload` parameter (Workload.run_parameter); a run that names
+    none sent random ids of its fixed lengths."""
+    if not isinstance(named, dict):
+        return {"name": None, "version": None, "kind": "random", "sha256": None}
+    return {k: named.get(k) for k in WORKLOAD_KEYS}
+
+
+class WorkloadError(ValueError):
+    """A spec that cannot be sent; the message names the key."""
+
+
+class DatasetFileError(ValueError):
+    """A dataset file refused: the message names the file, the line and the reason."""
+
+    def __init__(self, file_name: str, line: int | None, reason: str):
+        self.file_name = file_name
+        self.line = line
+        self.reason = reason
+        where = f"{file_name}, line {line}" if line is not None else file_name
+        super().__init__(f"{where}: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Lengths
+# ---------------------------------------------------------------------------------------------
+
+
+def _int_in(data: dict, key: str, where: str, low: int = 1, high: int = MAX_LENGTH) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise WorkloadError(f"{where}.{key}: a whole number from {low} to {high:,}, got {value!r}")
+    return value
+
+
+def _number_in(data: dict, key: str, where: str, low: float, high: float) -> float:
+    value = data.get(key)
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not low <= value <= high:
+        raise WorkloadError(f"{where}.{key}: a number from {low:g} to {high:g}, got {value!r}")
+    return float(value)
+
+
+def length_checked(data, where: str) -> dict:
+    """The LENGTH `data` as stored (only its own keys); raises WorkloadError naming `where`."""
+    if not isinstance(data, dict):
+        raise WorkloadError(f"{where}: an object with a distribution, got {data!r}")
+    distribution = data.get("distribution")
+    if distribution == "fixed":
+        return {"distribution": "fixed", "value": _int_in(data, "value", where)}
+    if distribution in ("uniform", "normal"):
+        low = _int_in(data, "low", where)
+        high = _int_in(data, "high", where)
+        if low > high:
+            raise WorkloadError(f"{where}: low ({low}) is above high ({high})")
+        if distribution == "uniform":
+            return {"distribution": "uniform", "low": low, "high": high}
+        mean = _number_in(data, "mean", where, 1, MAX_LENGTH)
+        std = _number_in(data, "std", where, 0, MAX_LENGTH)
+        return {"distribution": "normal", "mean": mean, "std": std, "low": low, "high": high}
+    raise WorkloadError(
+        f"{where}.distribution: one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
+    )
+
+
+def range_ratio_length(length: int, ratio: float, convention: str) -> dict:
+    """The uniform LENGTH of `vllm bench serve` or SGLang's bench_serving for --random-input-len
+    (or -output-len) `length` and --random-range-ratio `ratio`.
+
+    vLLM: ratio in [0, 1), lengths uniform over [floor(L·(1−r)), ceil(L·(1+r))], at least 1.
+    SGLang: ratio in [0, 1], lengths uniform over [int(L·r), L], at least 1. Raises WorkloadError
+    for a ratio outside the engine's range.
+    """
+    if convention == "vllm":
+        if not 0 <= ratio < 1:
+            raise WorkloadError(f"range_ratio: vLLM's is in [0, 1), got {ratio}")
+        low, high = math.floor(length * (1 - ratio)), math.ceil(length * (1 + ratio))
+    elif convention == "sglang":
+        if not 0 <= ratio <= 1:
+            raise WorkloadError(f"range_ratio: SGLang's is in [0, 1], got {ratio}")
+        low, high = int(length * ratio), length
+    else:
+        raise WorkloadError(
+            f"range_ratio_convention: one of {', '.join(RANGE_RATIO_CONVENTIONS)}, got "
+            f"{convention!r}"
+        )
+    low, high = max(low, 1), max(high, 1)
+    if low == high:
+        return {"distribution": "fixed", "value": low}
+    return {"distribution": "uniform", "low": low, "high": min(high, MAX_LENGTH)}
+
+
+def draw_length(length: dict, rng: np.random.Generator) -> int:
+    """One length (tokens) from a checked LENGTH."""
+    distribution = length["distribution"]
+    if distribution == "fixed":
+        return length["value"]
+    if distribution == "uniform":
+        return int(rng.integers(length["low"], length["high"] + 1))
+    value = round(rng.normal(length["mean"], length["std"]))
+    return int(min(max(value, length["low"]), length["high"]))
+
+
+def length_mean(length: dict) -> float:
+    """A LENGTH's mean in tokens (a clamped normal's is taken as its mean inside the clamp)."""
+    if length["distribution"] == "fixed":
+        return float(length["value"])
+    if length["distribution"] == "uniform":
+        return (length["low"] + length["high"]) / 2
+    return min(max(length["mean"], length["low"]), length["high"])
+
+
+def length_label(length: dict) -> str:
+    """ "1024", "512–1536 uniform", "normal 1024 ± 256 in 128–4096"."""
+    if length["distribution"] == "fixed":
+        return str(length["value"])
+    if length["distribution"] == "uniform":
+        return f"{length['low']}–{length['high']} uniform"
+    return f"normal {length['mean']:g} ± {length['std']:g} in {length['low']}–{length['high']}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Specs
+# ---------------------------------------------------------------------------------------------
+
+
+def spec_checked(spec) -> dict:
+    """The spec as stored: its kind's keys, each checked; raises WorkloadError naming the key."""
+    if not isinstance(spec, dict):
+        raise WorkloadError(f"spec: an object with a kind, got {spec!r}")
+    kind = spec.get("kind")
+    if kind not in KINDS:
+        raise WorkloadError(f"kind: one of {', '.join(KINDS)}, got {kind!r}")
+    out: dict = {"kind": kind}
+    if kind == "random":
+        out["input"] = length_checked(spec.get("input"), "input")
+    if kind == "shared_prefix":
+        out["groups"] = _int_in(spec, "groups", "spec", 1, MAX_GROUPS)
+        out["prefix_len"] = _int_in(spec, "prefix_len", "spec")
+    if kind == "multi_turn":
+        out["turns"] = _int_in(spec, "turns", "spec", 1, MAX_TURNS)
+        out["think_time_s"] = _number_in(
+            {"think_time_s": spec.get("think_time_s", 0.0)},
+            "think_time_s",
+            "spec",
+            0,
+            MAX_THINK_TIME_S,
+        )
+    if kind in ("shared_prefix", "multi_turn"):
+        out["question_len"] = _int_in(spec, "question_len", "spec")
+    if kind == "dataset" and spec.get("output") is None:
+        out["output"] = None
+    else:
+        out["output"] = length_checked(spec.get("output"), "output")
+    return out
+
+
+def spec_label(spec: dict) -> str:
+    """A workload spec in a few words, for pages."""
+    kind = spec["kind"]
+    output = f"output {length_label(spec['output'])}" if spec.get("output") else None
+    if kind == "random":
+        parts = [f"input {length_label(spec['input'])}", output]
+    elif kind == "dataset":
+        parts = ["prompts from the file", output or "output from the file's answers"]
+    elif kind == "shared_prefix":
+        parts = [
+            f"{spec['groups']} groups of a {spec['prefix_len']}-token prefix",
+            f"{spec['question_len']}-token questions",
+            output,
+        ]
+    else:
+        parts = [
+            f"{spec['turns']} turns of {spec['question_len']}-token questions",
+            output,
+            f"{spec['think_time_s']:g} s think time",
+        ]
+    return ", ".join(p for p in parts if p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataset files
+# ---------------------------------------------------------------------------------------------
+
+
+def _text_of(data: bytes, file_name: str) -> str:
+    if not data.strip():
+        raise DatasetFileError(file_name, None, "the file is empty")
+    if b"\x00" in data:
+        line = data[: data.index(b"\x00")].count(b"\n") + 1
+        raise DatasetFileError(file_name, line, "a NUL byte: the file is binary, not text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DatasetFileError(
+            file_name, line, f"byte 0x{data[exc.start]:02x} is not UTF-8: the file is not text"
+        ) from None
+
+
+def _turns(obj, file_name: str, line: int) -> tuple[str, str | None]:
+    """(first human turn, the answer after it or None) of one conversation object."""
+    if not isinstance(obj, dict):
+        raise DatasetFileError(
+            file_name, line, "not a conversation: an object with conversations or messages"
+        )
+    if isinstance(obj.get("conversations"), list):
+        turns = [
+            (t.get("from"), t.get("value")) for t in obj["conversations"] if isinstance(t, dict)
+        ]
+        key = "conversations"
+    elif isinstance(obj.get("messages"), list):
+        turns = [(t.get("role"), t.get("content")) for t in obj["messages"] if isinstance(t, dict)]
+        key = "messages"
+    else:
+        raise DatasetFileError(
+            file_name,
+            line,
+            'neither a ShareGPT conversation ({"conversations": [{"from", "value"}]}) nor '
+            'OpenAI messages ({"messages": [{"role", "content"}]})',
+        )
+    for i, (role, text) in enumerate(turns):
+        if role in HUMAN_ROLES:
+            if not isinstance(text, str) or not text.strip():
+                raise DatasetFileError(file_name, line, f"the first human turn of {key} is empty")
+            answer = next(
+                (a for r, a in turns[i + 1 :] if r in ANSWER_ROLES and isinstance(a, str)), None
+            )
+            return text, answer
+    raise DatasetFileError(file_name, line, f"a conversation with no human turn in its {key}")
+
+
+def _json_items(text: str, file_name: str):
+    """(line, object) of each conversation of a JSON array or a JSONL file."""
+    decoder = json.JSONDecoder()
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        start = len(text) - len(stripped)
+        try:
+            items = decoder.decode(text)
+        except json.JSONDecodeError as exc:
+            raise DatasetFileError(file_name, exc.lineno, f"not JSON: {exc.msg}") from None
+        # the line of each element, found by decoding the array one element at a time
+        position, lines = start + 1, []
+        for _ in items:
+            while text[position] in " \t\r\n,":
+                position += 1
+            lines.append(text.count("\n", 0, position) + 1)
+            _, position = decoder.raw_decode(text, position)
+        yield from zip(lines, items, strict=True)
+        return
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetFileError(
+                file_name, number, f"not a JSON object (JSONL): {exc.msg}"
+            ) from None
+        yield number, obj
+
+
+def _word_count(text: str) -> int:
+    return sum(1 for _ in _WORD.finditer(text))
+
+
+def parse_dataset(file_name: str, data: bytes, *, context_len: int | None = None) -> dict:
+    """The compact form of a dataset file: {"layout", "items": [{"prompt", "answer"}]}.
+
+    Layouts: ShareGPT (a JSON array or JSONL of {"conversations": [{"from": "human"|"gpt",
+    "value"}]}), OpenAI messages JSONL ({"messages": [{"role", "content"}]}), or plain prompts,
+    one per line. Each conversation gives its first human turn as the prompt and the answer
+    after it (None where there is none, and for plain prompts). context_len (tokens): a prompt
+    of more words than that is refused (each word is at least one token). Raises
+    DatasetFileError naming the file, the line and the reason; nothing of a refused file is kept.
+    """
+    if len(data) > MAX_DATASET_BYTES:
+        raise DatasetFileError(
+            file_name,
+            None,
+            f"{len(data):,} bytes, more than a dataset may hold ({MAX_DATASET_BYTES:,})",
+        )
+    text = _text_of(data, file_name)
+    first = text.lstrip()[:1]
+    items = []
+    if first in ("[", "{"):
+        layout = None
+        for line, obj in _json_items(text, file_name):
+            prompt, answer = _turns(obj, file_name, line)
+            layout = layout or ("sharegpt" if "conversations" in obj else "messages")
+            items.append((line, prompt, answer))
+    else:
+        layout = "prompts"
+        items = [
+            (number, line.strip(), None)
+            for number, line in enumerate(text.splitlines(), 1)
+            if line.strip()
+        ]
+    if not items:
+        raise DatasetFileError(file_name, None, "the file holds no conversation and no prompt")
+    if len(items) > MAX_DATASET_ITEMS:
+        raise DatasetFileError(
+            file_name, items[MAX_DATASET_ITEMS][0], f"more than {MAX_DATASET_ITEMS:,} prompts"
+        )
+    if context_len is not None:
+        for line, prompt, _ in items:
+            words = _word_count(prompt)
+            if words > context_len:
+                raise DatasetFileError(
+                    file_name,
+                    line,
+                    f"the prompt has at least {words:,} tokens (its words), over the context "
+                    f"length of {context_len:,}",
+                )
+    return {
+        "layout": layout,
+        "items": [{"prompt": prompt, "answer": answer} for _, prompt, answer in items],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Lengths written as text (the page's form, the command line)
+# ---------------------------------------------------------------------------------------------
+
+_RANGE = r"(\d+)\s*[-–]\s*(\d+)"
+_NUMBER = r"(\d+(?:\.\d+)?)"
+LENGTH_SYNTAX = (
+    '"1024" (fixed), "512-1536" (uniform, both ends included), "normal 1024 256 128-4096" '
+    '(mean, std, clamped to the range), or "1024 ratio 0.5 vllm" / "1024 ratio 0.5 sglang" '
+    "(the engine's --random-range-ratio)"
+)
+
+
+def parse_length(text: str, where: str) -> dict:
+    """A LENGTH from its text (LENGTH_SYNTAX); raises WorkloadError naming `where`."""
+    words = " ".join(str(text).split()).lower()
+    if re.fullmatch(r"\d+", words):
+        return length_checked({"distribution": "fixed", "value": int(words)}, where)
+    if m := re.fullmatch(_RANGE, words):
+        return length_checked(
+            {"distribution": "uniform", "low": int(m[1]), "high": int(m[2])}, where
+        )
+    if m := re.fullmatch(rf"normal {_NUMBER} {_NUMBER} {_RANGE}", words):
+        spec = {"distribution": "normal", "mean": float(m[1]), "std": float(m[2])}
+        return length_checked({**spec, "low": int(m[3]), "high": int(m[4])}, where)
+    if m := re.fullmatch(rf"(\d+) ratio {_NUMBER} (vllm|sglang)", words):
+        try:
+            return length_checked(range_ratio_length(int(m[1]), float(m[2]), m[3]), where)
+        except WorkloadError as exc:
+            raise WorkloadError(f"{where}: {exc}") from None
+    raise WorkloadError(f"{where}: {LENGTH_SYNTAX}; got {text!r}")

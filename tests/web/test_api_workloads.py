@@ -1,0 +1,232 @@
+"""/api/v1/workloads: named, versioned workloads; a dataset's file refused by its name, line and
+reason with nothing stored; a sweep started with a workload sends it and records it."""
+
+import base64
+import hashlib
+import json
+
+import pytest
+
+from moeops.fleet.models import GPU
+from moeops.runs import snapshots
+from moeops.runs.models import SweepRun, Workload
+from tests import queues
+from tests.api_base import make_world
+
+QUEUE = "host.rtx-pro-6000"
+RANDOM = {
+    "kind": "random",
+    "input": {"distribution": "uniform", "low": 512, "high": 1536},
+    "output": {"distribution": "fixed", "value": 128},
+}
+SHAREGPT = [
+    {"conversations": [{"from": "human", "value": "Hello there"}, {"from": "gpt", "value": "Hi"}]},
+    {"conversations": [{"from": "human", "value": "What is MoE?"}]},
+]
+MESSAGES = [
+    {"messages": [{"role": "user", "content": "Plan a trip"}]},
+    {"messages": [{"role": "user", "content": "Write a haiku"}]},
+]
+
+
+@pytest.fixture
+def world(db):
+    world = make_world()
+    world.deployment.endpoint_url = "http://127.0.0.1:30000"
+    world.deployment.served_model_name = "glm-5"
+    world.deployment.save()
+    world.deployment.gpus.set(GPU.objects.filter(host=world.host))
+    return world
+
+
+def _dataset(name, content, **fields):
+    return {
+        "name": name,
+        "spec": {"kind": "dataset"},
+        "file_name": name,
+        "content": content,
+        **fields,
+    }
+
+
+def test_it_stores_a_random_workload_and_a_new_version_when_it_changes(world):
+    first = world.owner.post("/api/v1/workloads", {"name": "chatty", "spec": RANDOM})
+    again = world.owner.post("/api/v1/workloads", {"name": "chatty", "spec": RANDOM})
+    longer = {**RANDOM, "output": {"distribution": "fixed", "value": 512}}
+    second = world.owner.post("/api/v1/workloads", {"name": "chatty", "spec": longer})
+
+    assert (first.status_code, again.status_code, second.status_code) == (201, 200, 201)
+    assert (first.json()["version"], again.json()["version"], second.json()["version"]) == (1, 1, 2)
+    assert second.json()["spec"]["output"] == {"distribution": "fixed", "value": 512}
+
+
+def test_it_stores_a_sharegpt_dataset_with_its_hash(world):
+    content = json.dumps(SHAREGPT)
+
+    response = world.owner.post("/api/v1/workloads", _dataset("chats.json", content))
+
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert (body["layout"], body["item_count"], body["file_name"]) == ("sharegpt", 2, "chats.json")
+    assert body["sha256"] == hashlib.sha256(content.encode()).hexdigest()
+    assert Workload.objects.get().items[0] == {"prompt": "Hello there", "answer": "Hi"}
+
+
+def test_it_stores_a_messages_dataset(world):
+    content = "\n".join(json.dumps(row) for row in MESSAGES)
+
+    response = world.owner.post("/api/v1/workloads", _dataset("msgs.jsonl", content))
+
+    assert response.status_code == 201
+    assert (response.json()["layout"], response.json()["item_count"]) == ("messages", 2)
+
+
+@pytest.mark.parametrize(
+    ("file_name", "payload", "detail"),
+    [
+        ("empty.jsonl", {"content": ""}, "file: empty.jsonl: the file is empty"),
+        (
+            "odd.jsonl",
+            {"content": '{"conversations": [{"from": "human", "value": "x"}]}\n{"q": 1}'},
+            "file: odd.jsonl, line 2: neither a ShareGPT conversation",
+        ),
+        (
+            "nohuman.jsonl",
+            {"content": '{"conversations": [{"from": "gpt", "value": "hi"}]}'},
+            "file: nohuman.jsonl, line 1: a conversation with no human turn in its conversations",
+        ),
+        (
+            "long.txt",
+            {"content": "ok\n" + "word " * 40, "context_len": 16},
+            "file: long.txt, line 2: the prompt has at least 40 tokens (its words), over the "
+            "context length of 16",
+        ),
+        (
+            "blob.bin",
+            {"content_base64": base64.b64encode(b"\x89PNG\r\n\x1a\n\x00\x00").decode()},
+            "file: blob.bin, line 3: a NUL byte: the file is binary, not text",
+        ),
+    ],
+)
+def test_it_refuses_a_bad_file_naming_it_and_stores_nothing(world, file_name, payload, detail):
+    body = {"name": file_name, "spec": {"kind": "dataset"}, "file_name": file_name, **payload}
+
+    response = world.owner.post("/api/v1/workloads", body)
+
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(detail)
+    assert not Workload.objects.exists()
+
+
+def test_it_refuses_a_200_mb_upload_by_its_length_before_reading_it(world):
+    size = 200 * 1024 * 1024
+
+    response = world.owner.post(
+        "/api/v1/workloads",
+        raw=json.dumps(_dataset("huge.jsonl", "x")),
+        CONTENT_LENGTH=str(size),
+    )
+
+    assert response.status_code == 413
+    assert response.json()["detail"] == (
+        f"the dataset file is refused unread: its request body of {size:,} bytes is larger than "
+        "16,777,216 bytes (MOEOPS_MAX_BODY_BYTES)"
+    )
+    assert not Workload.objects.exists()
+
+
+def test_a_workload_is_a_persons_write(world):
+    response = world.host_worker.post("/api/v1/workloads", {"name": "w", "spec": RANDOM})
+
+    assert response.status_code == 403
+    assert not Workload.objects.exists()
+
+
+def test_a_bad_spec_names_its_key(world):
+    spec = {"kind": "multi_turn", "turns": 0, "question_len": 10, "output": RANDOM["output"]}
+
+    response = world.owner.post("/api/v1/workloads", {"name": "mt", "spec": spec})
+
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("spec: spec.turns: a whole number from 1 to 64")
+
+
+def test_a_sweep_names_a_workload_sends_its_prompts_and_records_it(
+    world, broker, django_capture_on_commit_callbacks
+):
+    content = json.dumps(SHAREGPT)
+    workload = Workload.objects.get(
+        pk=world.owner.post("/api/v1/workloads", _dataset("chats.json", content)).json()["id"]
+    )
+    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "chats.json"}
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = world.owner.post(
+            "/api/v1/runs",
+            {"deployment": "glm-5-sglang", "parameters": load, "start": True},
+        )
+
+    assert response.status_code == 201, response.json()
+    run = SweepRun.objects.get()
+    assert run.parameters["workload"] == {**workload.record(), "spec": workload.spec}
+    assert run.snapshot["workload"] == {
+        "name": "chats.json",
+        "version": 1,
+        "kind": "dataset",
+        "sha256": workload.sha256,
+    }
+    [task] = queues.queued(broker, QUEUE)
+    assert task.kwargs["workload_items"] == workload.items
+    assert "workload_items" not in run.parameters
+
+
+def test_a_sweep_naming_no_such_workload_is_refused(world):
+    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "nope"}
+
+    response = world.owner.post(
+        "/api/v1/runs", {"deployment": "glm-5-sglang", "parameters": load, "start": True}
+    )
+
+    assert response.status_code == 400
+    assert response.json()["detail"] == "workload: no workload 'nope'"
+    assert not SweepRun.objects.exists()
+
+
+def test_a_multi_turn_workload_runs_on_the_chat_endpoint_only(world):
+    spec = {"kind": "multi_turn", "turns": 3, "question_len": 8, "output": RANDOM["output"]}
+    world.owner.post("/api/v1/workloads", {"name": "mt", "spec": spec})
+    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "mt"}
+
+    response = world.owner.post(
+        "/api/v1/runs", {"deployment": "glm-5-sglang", "parameters": load, "start": True}
+    )
+
+    assert response.status_code == 400
+    assert "a multi-turn workload runs on the chat endpoint" in response.json()["detail"]
+
+
+def test_runs_of_two_workloads_differ_in_the_workload_factor():
+    a = {"source": "worker", "workload": snapshots.workload_record({})}
+    b = {
+        "source": "worker",
+        "workload": {"name": "chats", "version": 2, "kind": "dataset", "sha256": "ab" * 32},
+    }
+
+    diff = snapshots.snapshot_diff(a, b)
+
+    assert "workload" in snapshots.differing_factors(diff)
+    assert {c["key"] for c in diff["changes"] if c["section"] == "workload"} == {
+        "name",
+        "version",
+        "kind",
+        "sha256",
+    }
+
+
+def test_a_sweep_recorded_before_workloads_sent_random_ids():
+    old = {"source": "worker"}
+    new = {"source": "worker", "workload": snapshots.workload_record({"input_len": 5})}
+
+    diff = snapshots.snapshot_diff(old, new)
+
+    assert "workload" not in snapshots.differing_factors(diff)

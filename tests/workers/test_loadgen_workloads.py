@@ -1,0 +1,143 @@
+"""What the load generator sends for each kind of workload: lengths drawn from their
+distribution, shared prefixes per group, a dataset's prompts (as token ids with the model's
+tokenizer), and multi-turn conversations against the stand-in engine."""
+
+import asyncio
+import json
+
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+
+from localstack.standin import StandinConfig, start_standin_in_thread
+from workers import loadgen
+from workers.loadgen import ClientConfig, LevelConfig, dataset_items
+from workers.loadgen.prompts import request_prompt
+
+LEVEL = LevelConfig(concurrency=4, input_len=32, output_len=8, num_prompts=40)
+
+
+def _client(spec, endpoint="completions", items=None, url="http://unused"):
+    workload = {"spec": spec} if items is None else {"spec": spec, "items": items}
+    return ClientConfig(
+        base_url=url, model="m", endpoint=endpoint, vocab_size=32000, workload=workload
+    )
+
+
+def _body(client, key):
+    return json.loads(loadgen.build_payload(client, LEVEL, key))
+
+
+def test_random_lengths_are_drawn_per_request_within_their_range():
+    spec = {
+        "kind": "random",
+        "input": {"distribution": "uniform", "low": 10, "high": 20},
+        "output": {"distribution": "normal", "mean": 50, "std": 30, "low": 40, "high": 60},
+    }
+    bodies = [_body(_client(spec), (0, i)) for i in range(40)]
+
+    inputs = {len(b["prompt"]) for b in bodies}
+    outputs = {b["max_tokens"] for b in bodies}
+    assert inputs <= set(range(10, 21)) and len(inputs) > 5
+    assert outputs <= set(range(40, 61)) and len(outputs) > 5
+    # the same request draws the same prompt again (a shard in another process does too)
+    assert _body(_client(spec), (0, 7)) == bodies[7]
+
+
+def test_requests_of_a_group_share_its_prefix_and_ask_their_own_question():
+    spec = {
+        "kind": "shared_prefix",
+        "groups": 3,
+        "prefix_len": 20,
+        "question_len": 5,
+        "output": {"distribution": "fixed", "value": 4},
+    }
+    client = _client(spec)
+    prompts = [_body(client, (0, i))["prompt"] for i in range(9)]
+
+    assert all(len(p) == 25 for p in prompts)
+    assert prompts[0][:20] == prompts[3][:20] == prompts[6][:20]
+    assert prompts[0][:20] != prompts[1][:20]
+    assert prompts[0][20:] != prompts[3][20:]
+    other_level = LevelConfig(concurrency=8, input_len=32, output_len=8, num_prompts=40, index=1)
+    assert (
+        json.loads(loadgen.build_payload(client, other_level, (0, 3)))["prompt"][:20]
+        == (prompts[0][:20])
+    )
+
+
+def test_a_shared_prefix_on_chat_is_the_system_message():
+    spec = {
+        "kind": "shared_prefix",
+        "groups": 2,
+        "prefix_len": 6,
+        "question_len": 3,
+        "output": {"distribution": "fixed", "value": 4},
+    }
+    messages = _body(_client(spec, endpoint="chat"), (0, 2))["messages"]
+
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert len(messages[0]["content"].split()) == 6 and len(messages[1]["content"].split()) == 3
+
+
+def test_a_dataset_sends_token_ids_of_the_models_tokenizer_and_its_answers_lengths():
+    vocab = {"[UNK]": 0, "hello": 1, "there": 2, "how": 3, "are": 4, "you": 5, "fine": 6}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    items = dataset_items(
+        [
+            {"prompt": "hello there", "answer": "fine fine fine"},
+            {"prompt": "how are you", "answer": None},
+        ],
+        tokenizer,
+    )
+    client = _client({"kind": "dataset", "output": None}, items=items)
+
+    sent = {tuple(b["prompt"]): b["max_tokens"] for b in (_body(client, (0, i)) for i in range(20))}
+
+    assert sent == {(1, 2): 3, (3, 4, 5): LEVEL.output_len}
+
+
+def test_a_dataset_without_a_tokenizer_sends_text_and_counts_answer_words():
+    items = dataset_items([{"prompt": "plain text prompt", "answer": "two words"}])
+    client = _client({"kind": "dataset", "output": None}, items=items)
+
+    assert request_prompt(client, LEVEL, (0, 0)) == ("plain text prompt", 2)
+    chat = _client({"kind": "dataset", "output": None}, endpoint="chat", items=items)
+    assert _body(chat, (0, 0))["messages"] == [{"role": "user", "content": "plain text prompt"}]
+
+
+def test_a_multi_turn_conversation_sends_its_history_every_turn():
+    url, stop = start_standin_in_thread(
+        StandinConfig(max_running_requests=64, step_ms_base=1.0, step_ms_per_req=0.0)
+    )
+    spec = {
+        "kind": "multi_turn",
+        "turns": 3,
+        "question_len": 6,
+        "output": {"distribution": "fixed", "value": 5},
+        "think_time_s": 0.05,
+    }
+    level = LevelConfig(concurrency=2, input_len=6, output_len=5, num_prompts=4)
+    progress = []
+    try:
+        result = asyncio.run(
+            loadgen.run_level(
+                _client(spec, endpoint="chat", url=url),
+                level,
+                on_request_done=lambda done, total: progress.append((done, total)),
+            )
+        )
+    finally:
+        stop()
+
+    assert (result["completed"], result["failed"]) == (12, 0)
+    assert progress[-1] == (12, 12)
+    turns = result["ttft_by_turn"]
+    assert [(t["turn"], t["completed"]) for t in turns] == [(1, 4), (2, 4), (3, 4)]
+    # each turn sends the questions and the answers before it (the stand-in counts a message's
+    # words and 4 template tokens): the first turn its 6-word question, each later one a new
+    # question and the answer before it
+    inputs = [t["mean_input_tokens"] for t in turns]
+    assert inputs[0] == 6 + 4 and inputs[0] < inputs[1] < inputs[2]
+    assert result["total_input_tokens"] > 12 * 6

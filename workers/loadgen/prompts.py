@@ -1,0 +1,126 @@
+"""What each request sends: its prompt and output length, drawn from the run's workload
+(reports.workloads) or, without one, random token ids of the level's fixed lengths.
+
+Every draw is seeded by (client seed, level index, request key), so a request's prompt is the
+same however the level is split over processes; a shared prefix is seeded by its group alone,
+so that every request of the group (at every level) sends the same one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from reports.workloads import draw_length
+from workers.loadgen.config import CHAT_WORDS, ClientConfig, LevelConfig
+
+# Seeds the shared prefixes apart from the requests' own draws.
+PREFIX_STREAM = 0x5EED
+
+
+def token_id_range(vocab_size: int) -> tuple[int, int]:
+    """Half-open range of token ids to draw prompts from.
+
+    Skips the lowest ids (byte and control tokens) and the top 20% where tokenizers keep their
+    special and added tokens (Llama 3 from 128000 of 128256, DeepSeek-V3 from 128000 of 129280,
+    Qwen from 151643 of 151936, Kimi K2 from 163584 of 163840).
+    """
+    low = min(1000, vocab_size // 10)
+    return low, max(low + 1, int(vocab_size * 0.8))
+
+
+def _random_ids(client_cfg: ClientConfig, rng: np.random.Generator, n: int) -> list[int]:
+    if client_cfg.vocab_size is None:
+        raise ValueError("prompts of token ids need the model's vocabulary size")
+    low, high = token_id_range(client_cfg.vocab_size)
+    return rng.integers(low, high, size=n).tolist()
+
+
+def _random_words(rng: np.random.Generator, n: int) -> str:
+    return " ".join(CHAT_WORDS[w] for w in rng.choice(len(CHAT_WORDS), size=n))
+
+
+def _random_prompt(client_cfg: ClientConfig, rng: np.random.Generator, n: int):
+    """n random token ids (completions) or n common words (chat, ≈ n tokens)."""
+    if client_cfg.endpoint == "chat":
+        return _random_words(rng, n)
+    return _random_ids(client_cfg, rng, n)
+
+
+def _output_len(spec: dict | None, level: LevelConfig, rng: np.random.Generator) -> int:
+    if spec and spec.get("output"):
+        return draw_length(spec["output"], rng)
+    return level.output_len
+
+
+def request_prompt(
+    client_cfg: ClientConfig, level: LevelConfig, key: tuple[int, ...]
+) -> tuple[list[dict] | str | list[int], int]:
+    """(prompt, output tokens) of one single-turn request: a list of chat messages (chat
+    endpoint), or token ids or a text (completions)."""
+    rng = np.random.default_rng((client_cfg.seed, level.index, *key))
+    workload = client_cfg.workload or {}
+    spec = workload.get("spec")
+    kind = spec["kind"] if spec else "random"
+    chat = client_cfg.endpoint == "chat"
+    if kind == "dataset":
+        items = workload["items"]
+        item = items[int(rng.integers(len(items)))]
+        prompt = item["prompt"] if chat or "prompt_ids" not in item else item["prompt_ids"]
+        if spec.get("output"):
+            output = draw_length(spec["output"], rng)
+        else:
+            output = item.get("output_len") or level.output_len
+        return ([{"role": "user", "content": prompt}] if chat else prompt), output
+    if kind == "shared_prefix":
+        group = key[-1] % spec["groups"]
+        prefix_rng = np.random.default_rng((client_cfg.seed, PREFIX_STREAM, group))
+        prefix = _random_prompt(client_cfg, prefix_rng, spec["prefix_len"])
+        question = _random_prompt(client_cfg, rng, spec["question_len"])
+        output = _output_len(spec, level, rng)
+        if chat:
+            messages = [
+                {"role": "system", "content": prefix},
+                {"role": "user", "content": question},
+            ]
+            return messages, output
+        return prefix + question, output
+    input_len = draw_length(spec["input"], rng) if kind == "random" and spec else level.input_len
+    output = _output_len(spec, level, rng)
+    prompt = _random_prompt(client_cfg, rng, input_len)
+    return ([{"role": "user", "content": prompt}] if chat else prompt), output
+
+
+def turn_question(
+    client_cfg: ClientConfig, level: LevelConfig, key: tuple[int, ...], turn: int
+) -> tuple[str, int]:
+    """(question text, output tokens) of turn `turn` (1, 2, …) of a multi-turn conversation."""
+    spec = client_cfg.workload["spec"]
+    rng = np.random.default_rng((client_cfg.seed, level.index, *key, turn))
+    return _random_words(rng, spec["question_len"]), _output_len(spec, level, rng)
+
+
+def turns_of(client_cfg: ClientConfig) -> int:
+    """Turns per conversation: the multi-turn workload's, else 1 (one request per key)."""
+    spec = (client_cfg.workload or {}).get("spec") or {}
+    return spec["turns"] if spec.get("kind") == "multi_turn" else 1
+
+
+def dataset_items(items: list[dict], tokenizer=None) -> list[dict]:
+    """A dataset's prompts as the load generator sends them: {"prompt", "output_len"} and,
+    with the model's tokenizer (a tokenizers.Tokenizer), "prompt_ids" (its special tokens
+    included, as the server would add them to the text). output_len: the answer's tokens
+    (without a tokenizer its words, at most as many as its tokens), None without an answer."""
+    out = []
+    for item in items:
+        answer = item.get("answer")
+        prepared = {"prompt": item["prompt"], "output_len": None}
+        if tokenizer is not None:
+            prepared["prompt_ids"] = tokenizer.encode(item["prompt"]).ids
+            if answer:
+                prepared["output_len"] = len(tokenizer.encode(answer, add_special_tokens=False))
+        elif answer:
+            prepared["output_len"] = len(answer.split())
+        if prepared["output_len"] == 0:
+            prepared["output_len"] = None
+        out.append(prepared)
+    return out
