@@ -458,6 +458,10 @@ class Deployment(models.Model):
             .first()
         )
 
+    def launch_recipe(self):
+        """The launch recipe its engine runs: the one in force, else the newest; None."""
+        return self.recipe_in_force() or self.launch_recipes.order_by("-version").first()
+
     def running_cap_in_force(self, flag):
         """(cap, action): the running-request cap the managed engine runs with now and the
         engine action that brought it up. The cap is what the engine reported after that action,

@@ -7,7 +7,7 @@ from django.db import models, transaction
 
 from moeops.runs.models import TELEMETRY_STATUSES
 from tuning import config_files
-from tuning.engines import ENGINE_TITLES
+from tuning.engines import ENGINE_TITLES, KERNEL_PATHS, path_in_engine, vllm_launch
 
 CONFIG_SOURCES = (("tuned", "Tuned by moeops"), ("imported", "Imported file"), ("manual", "Manual"))
 
@@ -61,9 +61,41 @@ class TimedKernel(models.Model):
     kernel_source_sha256 = models.CharField(
         max_length=64, blank=True, help_text="hash of the kernel code that was timed"
     )
+    kernel_path = models.CharField(
+        max_length=20,
+        choices=KERNEL_PATHS,
+        blank=True,
+        help_text="which launch of the kernel was timed (vLLM 0.34); blank: not recorded",
+    )
 
     class Meta:
         abstract = True
+
+    @property
+    def kernel_path_label(self):
+        """ "the sorted-A path: …", or "" where the path is not recorded."""
+        return dict(KERNEL_PATHS).get(self.kernel_path, "")
+
+    def path_for(self, deployment):
+        """A sentence: whether deployment's engine, at its recorded version and launch, runs
+        the kernel path this was tuned for (tuning.engines.path_in_engine)."""
+        return path_in_engine(
+            self.kernel_path,
+            engine=deployment.engine,
+            version=deployment.engine_version,
+            tma_shape=self.dtype == "fp8_w8a8" and bool(self.block_shape),
+            sorted_a=sorted_a_launch(deployment),
+        )
+
+
+def sorted_a_launch(deployment):
+    """Whether the deployment's launch recipe runs vLLM with DeepGEMM's E8M0 scales and no
+    expert parallelism (what its sorted-A path needs of the launch); None without a recipe."""
+    recipe = deployment.launch_recipe()
+    if recipe is None:
+        return None
+    launch = vllm_launch(recipe.env, recipe.argv)
+    return launch.deep_gemm_e8m0 and not launch.expert_parallel
 
     @property
     def kernel_label(self):
@@ -112,7 +144,9 @@ class KernelConfigQuerySet(models.QuerySet):
 
 class KernelConfig(TimedKernel):
     """One version of a config file for (device, E, N, dtype, block shape, down); versions are
-    kept. A `down_moe` config is SGLang's `_down` file: GEMM 2's own configs beside GEMM 1's."""
+    kept. A `down_moe` config is SGLang's `_down` file: GEMM 2's own configs beside GEMM 1's.
+    down_entries: vLLM 0.34's `_down` file that goes with this (up) file on its sorted-A path,
+    one record of two files, written, exported and applied together."""
 
     device_name = models.CharField(max_length=100, help_text="NVML name, e.g. NVIDIA H200")
     E = models.PositiveIntegerField(help_text="experts per rank")
@@ -124,6 +158,12 @@ class KernelConfig(TimedKernel):
     )
     triton_version = models.CharField(max_length=20, blank=True)
     entries = models.JSONField(help_text='batch size → {"BLOCK_SIZE_M": …, "num_stages": …}')
+    down_entries = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="vLLM's _down file beside this one (its sorted-A path): batch size → entry, "
+        'an entry of only {"USE_TMA": false} turning that path off there',
+    )
     source = models.CharField(max_length=20, choices=CONFIG_SOURCES, default="manual")
     version = models.PositiveIntegerField(default=1, editable=False)
     original_file_name = models.CharField(max_length=300, blank=True)
@@ -174,6 +214,35 @@ class KernelConfig(TimedKernel):
             down_moe=self.down_moe,
         )
 
+    def files(self, style):
+        """[(file name, exact text)] the engine of style loads from this record: the file, and
+        vLLM's `_down` file beside it where the record holds one."""
+        files = [(self.file_name(style), self.engine_file_text(style))]
+        if style == "vllm" and self.down_entries:
+            files.append((self.down_file_name(), self.down_file_text()))
+        return files
+
+    def down_file_name(self):
+        """vLLM's `_down` file name beside this file (get_moe_configs with down_moe)."""
+        return config_files.config_file_name(
+            self.E,
+            self.N,
+            self.device_name,
+            dtype=self.name_dtype,
+            block_shape=self.block_shape,
+            down_moe=True,
+        )
+
+    def down_file_text(self):
+        """vLLM's `_down` file's exact content (down_entries)."""
+        entries = {int(k): v for k, v in self.down_entries.items()}
+        return config_files.dumps_config(entries, self.triton_version or None, vllm_down=True)
+
+    def sorted_down_entries(self):
+        return sorted(
+            ((int(k), v) for k, v in (self.down_entries or {}).items()), key=lambda kv: kv[0]
+        )
+
     def engine_file_text(self, style="vllm"):
         """The file's exact content, as the engine's own tuner writes it.
 
@@ -193,6 +262,19 @@ class KernelConfig(TimedKernel):
 
     def sorted_entries(self):
         return sorted(((int(k), v) for k, v in self.entries.items()), key=lambda kv: kv[0])
+
+    def loaded_by(self):
+        """The deployments whose engine loads this file (KernelConfigQuerySet.for_shape)."""
+        from moeops.fleet.models import Deployment
+
+        deployments = Deployment.objects.filter(engine__in=ENGINE_TITLES).select_related("model")
+        return [
+            d
+            for d in deployments
+            if KernelConfig.objects.for_shape(d.kernel_shape(), engine=d.engine)
+            .filter(pk=self.pk)
+            .exists()
+        ]
 
     def series(self):
         """The stored versions of its (device, E, N, dtype, block shape, down) series, locked
