@@ -72,7 +72,8 @@ def vllm_launch(env: Mapping[str, str] | None, argv: Sequence[str] | None) -> Vl
 VLLM_TMA_SINCE = (0, 34)
 
 
-def _release(version: str) -> tuple[int, ...]:
+def release(version: str) -> tuple[int, ...]:
+    """(major, minor) of a version string: "0.34.0" → (0, 34)."""
     parts = []
     for part in version.split(".")[:2]:
         digits = "".join(c for c in part if c.isdigit())
@@ -96,7 +97,7 @@ def path_in_engine(
         return f"{title} runs its own launch, not vLLM's {dict(KERNEL_PATHS)[path].split(':')[0]}."
     if not version:
         return "The engine's version is not recorded: whether it runs this path is not known."
-    new = _release(version) >= VLLM_TMA_SINCE
+    new = release(version) >= VLLM_TMA_SINCE
     label = f"vLLM {version}"
     if path == "default":
         if new and tma_shape:

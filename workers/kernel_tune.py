@@ -66,7 +66,7 @@ def kernel_for(engine, *, launch_env=None, launch_argv=None):
     scales is on (and DeepGEMM installed beside the engine here) and expert parallelism.
     """
     from tuning.engine_source import ENGINE_PYTHON_ENV, EngineSourceError, locate_package
-    from tuning.engines import ENGINE_TITLES
+    from tuning.engines import ENGINE_TITLES, VLLM_TMA_SINCE, release
 
     if engine == "builtin":
         return None, _builtin_record("moeops' builtin kernel, as asked")
@@ -89,7 +89,7 @@ def kernel_for(engine, *, launch_env=None, launch_argv=None):
         "kernel_note": f"{package.title}'s own kernel",
     }
     spec = {"engine": engine, "source_dir": str(package.package_dir)}
-    if engine == "vllm":
+    if engine == "vllm" and release(package.version) >= VLLM_TMA_SINCE:
         spec["launch"], why = vllm_launch_here(package.package_dir, launch_env, launch_argv)
         record["kernel_note"] = f"{package.title}'s own kernel; {why}"[:300]
     return spec, record

@@ -87,16 +87,6 @@ class TimedKernel(models.Model):
             sorted_a=sorted_a_launch(deployment),
         )
 
-
-def sorted_a_launch(deployment):
-    """Whether the deployment's launch recipe runs vLLM with DeepGEMM's E8M0 scales and no
-    expert parallelism (what its sorted-A path needs of the launch); None without a recipe."""
-    recipe = deployment.launch_recipe()
-    if recipe is None:
-        return None
-    launch = vllm_launch(recipe.env, recipe.argv)
-    return launch.deep_gemm_e8m0 and not launch.expert_parallel
-
     @property
     def kernel_label(self):
         """ "vLLM 0.32.0's own kernel", moeops' builtin kernel, or "" when not recorded."""
@@ -118,6 +108,16 @@ def sorted_a_launch(deployment):
             f"Tuned in {self.kernel_label}, never timed in {title}'s: it may run slower "
             f"there than {title}'s own configs; tune with {title}'s kernel for {title}."
         )
+
+
+def sorted_a_launch(deployment):
+    """Whether the deployment's launch recipe runs vLLM with DeepGEMM's E8M0 scales and no
+    expert parallelism (what its sorted-A path needs of the launch); None without a recipe."""
+    recipe = deployment.launch_recipe()
+    if recipe is None:
+        return None
+    launch = vllm_launch(recipe.env, recipe.argv)
+    return launch.deep_gemm_e8m0 and not launch.expert_parallel
 
 
 class KernelConfigQuerySet(models.QuerySet):
@@ -263,18 +263,29 @@ class KernelConfig(TimedKernel):
     def sorted_entries(self):
         return sorted(((int(k), v) for k, v in self.entries.items()), key=lambda kv: kv[0])
 
+    def loads_for(self, shape, engine):
+        """Whether engine loads this file for a kernel shape (Deployment.kernel_shape()): as
+        KernelConfigQuerySet.for_shape selects, for one config in Python."""
+        if not shape or not shape.get("device_name") or shape.get("dtype") is None:
+            return False
+        if self.down_moe and engine != "sglang":
+            return False
+        mine = (self.device_name, self.E, self.N, self.dtype, self.block_shape)
+        wanted = ("device_name", "E", "N", "dtype", "block_shape")
+        return mine == tuple(shape[key] for key in wanted)
+
     def loaded_by(self):
-        """The deployments whose engine loads this file (KernelConfigQuerySet.for_shape)."""
+        """The deployments whose engine loads this file (loads_for), their launch recipes and
+        GPUs read in a fixed number of queries."""
         from moeops.fleet.models import Deployment
 
-        deployments = Deployment.objects.filter(engine__in=ENGINE_TITLES).select_related("model")
-        return [
-            d
-            for d in deployments
-            if KernelConfig.objects.for_shape(d.kernel_shape(), engine=d.engine)
-            .filter(pk=self.pk)
-            .exists()
-        ]
+        deployments = (
+            Deployment.objects.filter(engine__in=ENGINE_TITLES)
+            .select_related("model", "host")
+            .prefetch_related("gpus", "host__gpus", "launch_recipes")
+            .order_by("name")
+        )
+        return [d for d in deployments if self.loads_for(d.kernel_shape(), d.engine)]
 
     def series(self):
         """The stored versions of its (device, E, N, dtype, block shape, down) series, locked
