@@ -7,7 +7,7 @@ from uuid import UUID
 
 from django.http import HttpResponse
 from django.utils.http import content_disposition_header
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import Field, StringConstraints, field_validator, model_validator
@@ -194,6 +194,40 @@ def kernel_config_file(request, ref: str, style: Style = "vllm"):
         path = name
     response["X-Config-Path"] = path
     return response
+
+
+# --------------------------------------------------------------------------- engine diffs
+
+
+class EngineDiffIn(In):
+    report: JsonObject = Field(
+        description="the report `python -m tuning engine-diff --json` writes: engine, shape, "
+        "device_name and both versions' records (old, new)"
+    )
+    provenance: text(300) = ""
+
+
+class EngineDiffOut(Schema):
+    id: int
+    engine: str
+    from_version: str
+    to_version: str
+    device_name: str
+    shape: dict[str, Any]
+    created: dt.datetime
+    lines: list[str] = Field(description="what changed, as the CLI prints it")
+
+    @staticmethod
+    def resolve_lines(obj):
+        return obj.lines()
+
+
+@router.post("/engine-diffs", auth=AnyWrite(), response={201: EngineDiffOut})
+def engine_diff_create(request, payload: EngineDiffIn):
+    """Store what changed in an engine's kernel between two versions (a host where both are
+    installed ran `python -m tuning engine-diff --json`); the engine-diff page shows it."""
+    diff = services.engine_diff_store(report=payload.report, provenance=payload.provenance)
+    return Status(201, diff)
 
 
 # --------------------------------------------------------------------------- tuning runs

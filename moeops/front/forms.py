@@ -480,6 +480,21 @@ class KernelConfigFileForm(forms.Form):
         return self.cleaned_data.get("file_name") or self.cleaned_data["file"].name
 
 
+class EngineDiffFileForm(forms.Form):
+    """A `python -m tuning engine-diff --json` report, stored as POST /api/v1/engine-diffs
+    does."""
+
+    file = forms.FileField(label="engine-diff report (--json)")
+
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
+        try:
+            self.report = json.loads(_uploaded_text(upload))
+        except ValueError:
+            raise forms.ValidationError("The file is not JSON.") from None
+        return upload
+
+
 class PlanItemForm(forms.Form):
     title = forms.CharField(
         max_length=300, widget=forms.TextInput(attrs={"placeholder": "New plan item"})

@@ -6,6 +6,7 @@ import uuid
 from django.db import models, transaction
 
 from moeops.runs.models import TELEMETRY_STATUSES
+from reports import engine_diff
 from tuning import config_files
 from tuning.engines import ENGINE_TITLES, KERNEL_PATHS, path_in_engine, vllm_launch
 
@@ -450,3 +451,43 @@ class TuningTiming(models.Model):
         if not self.tuned_us or not self.floor_us:
             return None
         return self.floor_us / self.tuned_us
+
+
+class EngineDiff(models.Model):
+    """What changed in an engine's fused-MoE kernel between two versions for one shape and GPU,
+    as `python -m tuning engine-diff --json` recorded it where both versions are installed
+    (reports.engine_diff): the web tier shows it and runs no engine code."""
+
+    engine = models.CharField(max_length=20, choices=KERNEL_ENGINES)
+    from_version = models.CharField(max_length=100)
+    to_version = models.CharField(max_length=100)
+    device_name = models.CharField(max_length=100)
+    shape = models.JSONField(help_text="tuning.search.KernelShape.as_dict()")
+    report = models.JSONField(help_text="the --json report: both versions' records")
+    provenance = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self):
+        title = ENGINE_TITLES.get(self.engine, self.engine)
+        return f"{title} {self.from_version} → {self.to_version} on {self.device_name}"
+
+    def lines(self):
+        """What changed, line by line, as the CLI prints it."""
+        return engine_diff.compare(self.report["old"], self.report["new"])
+
+    def tables(self):
+        """[(title, [(batch size, old entry, new entry, changed)])]: the default rule's configs
+        and the shipped files side by side."""
+        old, new = self.report["old"], self.report["new"]
+        return [
+            (title, engine_diff.side_by_side(old[key], new[key]))
+            for title, key in (
+                ("Default rule", "defaults"),
+                ("Shipped file", "shipped"),
+                ("Shipped _down file", "shipped_down"),
+            )
+            if old[key] or new[key]
+        ]

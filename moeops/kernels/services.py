@@ -7,9 +7,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from moeops.insights.models import PlanItem
-from moeops.kernels.models import KERNEL_DTYPES, KernelConfig, TuningRun, TuningTiming
+from moeops.kernels.models import KERNEL_DTYPES, EngineDiff, KernelConfig, TuningRun, TuningTiming
 from moeops.runs.models import FINISHED_STATUSES, RUN_TRANSITIONS
 from moeops.runs.services import run_enqueue
+from reports import engine_diff
 from tuning import config_files
 from tuning.engines import ENGINE_TITLES
 
@@ -380,3 +381,23 @@ def tuning_timings_record(*, tuning_run, timings):
             [TuningTiming(run=tuning_run, **t) for t in fresh.values()]
         )
     return len(fresh), len(timings) - len(fresh)
+
+
+def engine_diff_store(*, report, provenance=""):
+    """An EngineDiff from a `python -m tuning engine-diff --json` report (a worker's push or an
+    upload); raises ValidationError naming "report" with the field that is wrong."""
+    try:
+        engine_diff.checked_report(report)
+    except engine_diff.ReportError as exc:
+        raise ValidationError({"report": str(exc)}) from None
+    if report["engine"] not in ENGINE_TITLES:
+        raise ValidationError({"report": f"engine must be one of {', '.join(ENGINE_TITLES)}"})
+    return EngineDiff.objects.create(
+        engine=report["engine"],
+        from_version=report["old"]["version"][:100],
+        to_version=report["new"]["version"][:100],
+        device_name=report["device_name"][:100],
+        shape=report["shape"],
+        report=report,
+        provenance=provenance[:300],
+    )

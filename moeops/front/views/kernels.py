@@ -11,9 +11,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from moeops.front import charts
-from moeops.front.forms import KernelConfigFileForm
+from moeops.front.forms import EngineDiffFileForm, KernelConfigFileForm
 from moeops.kernels import services
-from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.kernels.models import EngineDiff, KernelConfig, TuningRun
 from tuning import config_files
 
 ENTRY_FIELDS = config_files.REQUIRED_FIELDS
@@ -216,3 +216,34 @@ def kernel_diff(request):
         "changed": sum(1 for row in rows if any(cell[3] for cell in row[3])),
     }
     return render(request, "front/kernel_diff.html", ctx)
+
+
+@login_required
+def engine_diffs(request):
+    """The engine diffs on record, and an upload of a `python -m tuning engine-diff --json`
+    report (the web tier runs no engine code: a host where both versions are installed does)."""
+    form = EngineDiffFileForm()
+    status = 200
+    if request.method == "POST":
+        form = EngineDiffFileForm(request.POST, request.FILES)
+        if form.is_valid():
+            try:
+                diff = services.engine_diff_store(
+                    report=form.report, provenance="uploaded on the engine-diff page"
+                )
+            except ValidationError as exc:
+                for problem in exc.message_dict["report"]:
+                    form.add_error("file", problem)
+            else:
+                messages.success(request, f"Stored {diff}.")
+                return redirect("engine-diff", pk=diff.pk)
+        status = 400
+    ctx = {"nav": "kernels", "diffs": EngineDiff.objects.all()[:50], "form": form}
+    return render(request, "front/engine_diffs.html", ctx, status=status)
+
+
+@login_required
+def engine_diff(request, pk):
+    diff = get_object_or_404(EngineDiff, pk=pk)
+    ctx = {"nav": "kernels", "diff": diff, "lines": diff.lines(), "tables": diff.tables()}
+    return render(request, "front/engine_diff.html", ctx)
