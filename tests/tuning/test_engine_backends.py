@@ -435,3 +435,18 @@ def test_the_tune_cli_gives_vllm_the_deployments_launch(tmp_path, monkeypatch):
     tune_cli._checked(args)
 
     assert args.engine_spec["launch"] == {"deep_gemm_e8m0": True, "expert_parallel": False}
+
+
+def test_the_sorted_a_path_quantises_with_vllm_034s_own_kernel():
+    backend = load_backend(
+        "vllm",
+        source_dir=engine_source("vllm", "0.34.0"),
+        capability=90,
+        launch={"deep_gemm_e8m0": True},
+    )
+
+    kernel = backend._sorted_quant_kernel()
+
+    # (interpreted where this machine has no GPU: the same function either way)
+    assert kernel.fn.__name__ == "_silu_mul_quant_sorted_kernel"
+    assert kernel.fn.__module__.startswith("moeops_engine_kernels_vllm_0_34_0")
