@@ -108,8 +108,8 @@ def path_in_engine(
         return f"{label} runs this file as it was tuned: one config for both GEMMs."
     if not new:
         return (
-            f"{label} has neither the TMA read of B nor the sorted-A path: it runs these entries "
-            f"by pointers, for both GEMMs, a launch they were not timed in; re-tune on {version}."
+            f"{label} has neither the TMA read of B nor the sorted-A path: these entries are "
+            f"for a launch it does not have, and it fails on their USE_TMA; re-tune on {version}."
         )
     if path == "tma":
         return f"{label} runs this file as it was tuned, USE_TMA entry by entry."

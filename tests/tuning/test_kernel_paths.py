@@ -52,7 +52,7 @@ def test_the_launch_recipes_env_and_argv_decide_deep_gemm_e8m0(
         ("default", "0.33.0", None, "runs this file as it was tuned"),
         ("default", "0.34.0", None, "reads B through TMA, which these entries were not timed"),
         ("tma", "0.34.0", None, "runs this file as it was tuned, USE_TMA"),
-        ("tma", "0.33.0", None, "a launch they were not timed in; re-tune on 0.33.0"),
+        ("tma", "0.33.0", None, "it fails on their USE_TMA; re-tune on 0.33.0"),
         ("sorted_a", "0.34.0", True, "reads both files as tuned"),
         ("sorted_a", "0.34.0", False, "never reads the _down file; re-tune for this launch"),
         ("sorted_a", "0.33.0", True, "neither the TMA read of B nor the sorted-A path"),
