@@ -1063,7 +1063,12 @@ def test_the_next_chunks_first_compiles_start_before_this_chunks_last_timings():
 def test_the_result_names_the_kernel_it_was_tuned_on():
     result = Tuner(SHAPE, ScriptedMeasurements(ScriptedBackend(DEFAULT), {})).tune([1], down=False)
 
-    assert result.kernel == {"engine": "vllm", "version": "0.32.0", "source_sha256": "ab" * 32}
+    assert result.kernel == {
+        "engine": "vllm",
+        "version": "0.32.0",
+        "source_sha256": "ab" * 32,
+        "path": "default",
+    }
     # a log of another kernel is not resumed
     builtin = Tuner(SHAPE, FakeMeasurements()).tune([1], down=False)
     assert not builtin.same_run_as(result)
