@@ -85,7 +85,8 @@ class TimedKernel(models.Model):
             engine=deployment.engine,
             version=deployment.engine_version,
             tma_shape=self.dtype == "fp8_w8a8" and bool(self.block_shape),
-            sorted_a=sorted_a_launch(deployment),
+            # the launch recipe matters to the sorted-A path alone
+            sorted_a=sorted_a_launch(deployment) if self.kernel_path == "sorted_a" else None,
         )
 
     @property
