@@ -342,7 +342,8 @@ class VllmBackend(KernelBackend):
         sorted_ids, expert_ids, num_padded = vllm._prepare_expert_assignment(
             topk_ids, config, M, top_k, E, None, block_shape=block, ignore_invalid_experts=True
         )
-        if sorted_a:
+        # the naive assignment of tiny batches has no sorted ids: vLLM keeps the default path
+        if sorted_a and sorted_ids is not None:
             self._sorted_a_gemms(
                 a1, a1_scale, (w1, w2), weights, topk_weights, (sorted_ids, expert_ids, num_padded),
                 cache3, top_k, config, down_config, flags,

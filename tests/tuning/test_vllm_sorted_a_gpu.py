@@ -60,7 +60,7 @@ def test_the_deployment_takes_the_sorted_a_path_here(vllm034):
     assert vllm034.kernel_path(SHAPE) == "sorted_a"
 
 
-@pytest.mark.parametrize("M", [1, 64, 600])
+@pytest.mark.parametrize("M", [3, 64, 600])
 def test_the_sorted_a_layer_matches_the_reference(vllm034, monkeypatch, M):
     launches = []
     launcher = vllm034.source.module.invoke_fused_moe_triton_kernel
@@ -78,6 +78,14 @@ def test_the_sorted_a_layer_matches_the_reference(vllm034, monkeypatch, M):
     assert torch.isfinite(out).all()
     # E8M0 (power-of-two) scales of the intermediate: a little more error than per-group fp32
     assert float((out - expected).norm() / expected.norm()) < 5e-2
+
+
+def test_a_batch_whose_experts_are_assigned_naively_stays_on_the_default_path(vllm034):
+    # M * top_k * 4 <= E: no sorted ids, so vLLM runs GEMM 2 with GEMM 1's config
+    on, _ = _layer(vllm034, 1, DOWN)
+    default, _ = _layer(vllm034, 1, None)
+
+    assert torch.equal(on, default)
 
 
 def test_a_down_entry_that_turns_the_path_off_runs_the_default_path_exactly(vllm034):
