@@ -18,8 +18,12 @@ GEMM 2 with the router weights, sum; one config for both GEMMs.
 
 vLLM 0.34's launcher reads B through a TMA tensor descriptor for fp8 block on SM90 and SM100
 unless the entry says `"USE_TMA": false`; the search tries both (`search_switches`). Its
-sorted-A path for GEMM 2, the only reader of a `_down` file, is not run here: `sorted_a_path`
-says for which deployments vLLM takes it, and a tune for such a deployment is refused.
+sorted-A path for GEMM 2, the only reader of a `_down` file, runs as TritonExperts.apply runs
+it for a deployment whose launch makes vLLM take it (`sorted_a_path`, from the launch's
+`tuning.engines.VllmLaunch`): GEMM 1 writes its rows in sorted order (C_is_sorted), the
+engine's `_silu_mul_quant_sorted_kernel` quantises them, and GEMM 2 reads them through a TMA
+descriptor (A_is_sorted) with the `_down` entry, BLOCK_SIZE_M taken from GEMM 1's entry. A batch
+size whose `_down` entry does not say `"USE_TMA": true` runs the default path (sorted_a_entry).
 
 The names those functions use from the rest of vLLM are provided by `stand_ins` below
 (platform, environment, logger, ops, small math helpers). A vLLM whose functions use another
@@ -36,9 +40,10 @@ from types import SimpleNamespace
 import torch
 
 from tuning.engine_source import EnginePackage, load_functions
-from tuning.kernel_backend import BackendError, KernelBackend, read_shipped
+from tuning.kernel_backend import BackendError, KernelBackend, ShippedConfigs, read_shipped
 
 FUSED_MOE = "model_executor/layers/fused_moe/fused_moe.py"
+TRITON_EXPERTS = "model_executor/layers/fused_moe/experts/triton_moe.py"
 UTILS = "model_executor/layers/fused_moe/utils.py"
 ALIGN = "model_executor/layers/fused_moe/moe_align_block_size.py"
 CONFIGS = "model_executor/layers/fused_moe/configs"
@@ -209,8 +214,14 @@ class VllmBackend(KernelBackend):
     engine = "vllm"
     separate_down_config = False
 
-    def __init__(self, package: EnginePackage, *, capability: int | None):
+    def __init__(
+        self, package: EnginePackage, *, capability: int | None, launch: dict | None = None
+    ):
+        """launch: the deployment's {"deep_gemm_e8m0": bool, "expert_parallel": bool}
+        (tuning.engines.vllm_launch, DeepGEMM's presence on the host included); None: a launch
+        that takes vLLM's default path (no DeepGEMM)."""
         self.package = package
+        self.launch = {"deep_gemm_e8m0": False, "expert_parallel": False, **(launch or {})}
         self.version = package.version
         self.capability = capability
         provided = {name for name in vars(stand_ins) if name != "device_file_name"}
@@ -230,6 +241,40 @@ class VllmBackend(KernelBackend):
                 "vllm backend does not know"
             )
         self.reads_use_tma = '"USE_TMA"' in self.source.functions["invoke_fused_moe_triton_kernel"]
+        self._sorted_quant = None
+
+    def kernel_path(self, shape) -> str:
+        """Which launch of vLLM's kernel a tune of shape times for this deployment
+        (tuning.engines.KERNEL_PATHS): "sorted_a" where vLLM runs GEMM 2 on its sorted-A path
+        (sorted_a_path), "tma" where the launcher reads B through TMA (USE_TMA searched), else
+        "default"."""
+        if self.sorted_launch and self.sorted_a_why_not(shape) is None:
+            return "sorted_a"
+        return "tma" if self.search_switches(shape) else "default"
+
+    def sorted_a_why_not(self, shape) -> str | None:
+        """Why this vLLM runs GEMM 2 of shape with GEMM 1's config on this deployment, None
+        where it takes the sorted-A path (sorted_a_path)."""
+        if not self.sorted_launch:
+            return f"vLLM {self.version} has no sorted-A path"
+        return sorted_a_path(shape, capability=self.capability, **self.launch)
+
+    def down_config_applies(self, shape) -> bool:
+        """GEMM 2 reads a `_down` file of its own on the sorted-A path only."""
+        return self.kernel_path(shape) == "sorted_a"
+
+    def down_switches(self, shape) -> dict:
+        """A `_down` entry takes the sorted-A path only when it says `"USE_TMA": true`."""
+        return {"USE_TMA": (True,)} if self.down_config_applies(shape) else {}
+
+    def _sorted_quant_kernel(self):
+        # the engine's own silu-and-mul + E8M0 quantisation of GEMM 1's sorted rows
+        if self._sorted_quant is None:
+            provided = {"triton", "tl", "torch"}
+            wanted = {TRITON_EXPERTS: ["_silu_mul_quant_sorted_kernel"]}
+            loaded = load_functions(self.package, wanted, PREAMBLE, provided)
+            self._sorted_quant = loaded.module._silu_mul_quant_sorted_kernel
+        return self._sorted_quant
 
     def search_switches(self, shape) -> dict:
         """USE_TMA (true first, the launcher's default) where this vLLM reads it and its TMA
@@ -254,8 +299,14 @@ class VllmBackend(KernelBackend):
         out,
         launch_only=False,
     ):
-        if down_config is not None and down_config != config:
-            raise BackendError("vLLM reads one config for both GEMMs: it has no _down files")
+        sorted_a = down_config is not None and down_config != config
+        if sorted_a and not self.down_config_applies(shape):
+            raise BackendError(
+                f"vLLM {self.version} runs GEMM 2 with GEMM 1's config here: "
+                f"{self.sorted_a_why_not(shape)}"
+            )
+        # a `_down` entry that does not say "USE_TMA": true leaves GEMM 2 on the default path
+        sorted_a = sorted_a and sorted_a_entry(down_config, config, shape.H)
         from tuning.moe_ops import quantize_activations, scales_mode, silu_and_mul
 
         self._platform()
@@ -291,6 +342,15 @@ class VllmBackend(KernelBackend):
         sorted_ids, expert_ids, num_padded = vllm._prepare_expert_assignment(
             topk_ids, config, M, top_k, E, None, block_shape=block, ignore_invalid_experts=True
         )
+        # the naive assignment of tiny batches has no sorted ids: vLLM keeps the default path
+        if sorted_a and sorted_ids is not None:
+            self._sorted_a_gemms(
+                a1, a1_scale, (w1, w2), weights, topk_weights, (sorted_ids, expert_ids, num_padded),
+                cache3, top_k, config, down_config, flags,
+            )  # fmt: skip
+            if launch_only:
+                return out
+            return torch.sum(cache3, dim=1, out=out)
         vllm.invoke_fused_moe_triton_kernel(
             a1, w1, cache1, a1_scale, w1_scale, topk_weights, sorted_ids, expert_ids,
             num_padded, False, top_k, config, **flags,
@@ -303,6 +363,36 @@ class VllmBackend(KernelBackend):
         if launch_only:
             return out
         return torch.sum(cache3, dim=1, out=out)
+
+    def _sorted_a_gemms(
+        self, a1, a1_scale, w, weights, topk_weights, aligned, cache3, top_k, config, down, flags
+    ):
+        """GEMM 1 into sorted rows, the engine's sorted silu-and-mul quantisation, GEMM 2 reading
+        them through TMA with the `_down` entry (BLOCK_SIZE_M GEMM 1's), as
+        TritonExperts.apply launches them on its sorted-A path."""
+        import triton
+
+        vllm = self.source
+        sorted_ids, expert_ids, num_padded = aligned
+        w1, w2 = w
+        two_n, n = w1.shape[1], w1.shape[1] // 2
+        rows = sorted_ids.numel()
+        cache1 = torch.empty((rows, 1, two_n), device=a1.device, dtype=cache3.dtype)
+        vllm.invoke_fused_moe_triton_kernel(
+            a1, w1, cache1, a1_scale, weights.w1_scale, topk_weights, sorted_ids, expert_ids,
+            num_padded, False, top_k, config, **flags, C_is_sorted=True,
+        )  # fmt: skip
+        a2 = torch.empty((rows, n), device=a1.device, dtype=torch.float8_e4m3fn)
+        a2_scale = torch.empty((rows, n // 128), device=a1.device, dtype=torch.float32)
+        self._sorted_quant_kernel()[(triton.cdiv(rows, 16), n // 128)](
+            cache1, a2, a2_scale, num_padded, n, BLOCK_M=16, GROUP_K=128
+        )
+        down_config = {k: v for k, v in down.items() if k != "USE_TMA"}
+        down_config["BLOCK_SIZE_M"] = config["BLOCK_SIZE_M"]
+        vllm.invoke_fused_moe_triton_kernel(
+            a2, w2, cache3, a2_scale, weights.w2_scale, topk_weights, sorted_ids, expert_ids,
+            num_padded, True, 1, down_config, **flags, A_is_sorted=True,
+        )  # fmt: skip
 
     def default_config(self, shape, M: int) -> dict:
         self._platform()
@@ -323,8 +413,12 @@ class VllmBackend(KernelBackend):
 
     def shipped_configs(self, shape, device_name: str, *, down=False):
         if down:
-            # on the path moeops runs, vLLM runs GEMM 2 with GEMM 1's config (shipped_down)
-            return None
+            # read only on the sorted-A path; elsewhere GEMM 2 runs with GEMM 1's config
+            entries = self.shipped_down(shape, device_name)
+            if entries is None or not self.down_config_applies(shape):
+                return None
+            name = self.down_file_name(shape, device_name)
+            return ShippedConfigs(str(self.package.package_dir / CONFIGS / name), entries)
         path = self.package.package_dir / CONFIGS / self.file_name(shape, device_name)
         return read_shipped(path)
 
@@ -348,31 +442,6 @@ class VllmBackend(KernelBackend):
             raise BackendError(f"vLLM's own config file {path} cannot be read: {exc}") from None
         data.pop("triton_version", None)
         return {int(m): entry for m, entry in data.items()}
-
-    def sorted_a_refusal(
-        self, shape, *, deep_gemm_e8m0: bool, expert_parallel: bool = False
-    ) -> str | None:
-        """Why a tune for this deployment would write a file that is not what vLLM runs (None:
-        it is): this vLLM takes its sorted-A path for GEMM 2 there (sorted_a_path), reading a
-        `_down` file beside GEMM 1's BLOCK_SIZE_M, and moeops times only the default path."""
-        if not self.sorted_launch:
-            return None
-        why_not = sorted_a_path(
-            shape,
-            capability=self.capability,
-            deep_gemm_e8m0=deep_gemm_e8m0,
-            expert_parallel=expert_parallel,
-        )
-        if why_not is not None:
-            return None
-        return (
-            f"vLLM {self.version} runs GEMM 2 of this deployment on its sorted-A TMA path "
-            "(DeepGEMM with E8M0 scales, fp8 block [128, 128], compute capability 9.0, "
-            f"H {shape.H} >= {SORTED_A_MIN_HIDDEN}) wherever its _down file's entry says "
-            '"USE_TMA": true, and moeops does not tune that path yet: a file timed on the '
-            "default path would not be what the engine runs there. Tune without "
-            "VLLM_USE_DEEP_GEMM_E8M0, or keep vLLM's own files."
-        )
 
 
 def tma_b_applies(shape, capability: int | None) -> bool:

@@ -23,13 +23,20 @@ from tuning.kernel_backend import BackendError, KernelBackend
 
 
 def load_backend(
-    engine: str, *, source_dir=None, python=None, capability: int | None = None
+    engine: str,
+    *,
+    source_dir=None,
+    python=None,
+    capability: int | None = None,
+    launch: dict | None = None,
 ) -> KernelBackend:
     """The backend of engine ("builtin", "vllm", "sglang").
 
     source_dir: the engine's package folder (default: where the engine's Python finds it, see
     tuning.engine_source.locate_package); capability: the GPU's compute capability as an
-    integer (90 for sm_90), which decides some engines' launches (default: the current GPU's).
+    integer (90 for sm_90), which decides some engines' launches (default: the current GPU's);
+    launch: what the deployment's launch sets that decides vLLM's kernel path
+    (tuning.backend_vllm.VllmBackend's launch).
     """
     if engine == "builtin":
         return BuiltinBackend()
@@ -44,7 +51,7 @@ def load_backend(
         if engine == "vllm":
             from tuning.backend_vllm import VllmBackend
 
-            return VllmBackend(package, capability=capability)
+            return VllmBackend(package, capability=capability, launch=launch)
         from tuning.backend_sglang import SglangBackend
 
         return SglangBackend(package, capability=capability)

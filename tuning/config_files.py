@@ -5,6 +5,9 @@ vLLM's `get_config_file_name` (vllm/model_executor/layers/fused_moe/fused_moe.py
 (python/sglang/srt/layers/moe/fused_moe_triton/fused_moe_triton_config.py) build it. SGLang
 writes the block shape as `[128, 128]`, may add `,per_channel_quant=True` and a `_down` suffix
 (its separate down-projection config), and looks the file up under `configs/triton_X_Y_Z/`.
+vLLM 0.34 reads a `_down` file too, on its sorted-A path for fp8 block [128, 128] only
+(`get_moe_configs(..., down_moe=True)`: the up file's name ending `_down.json`, no space in the
+block shape), whose entry may be only `{"USE_TMA": false}`: that path off at that batch size.
 Content: `{"triton_version": "3.6.0", "1": {"BLOCK_SIZE_M": 16, …}, …}`, keys are batch sizes M.
 """
 
@@ -177,16 +180,18 @@ def config_file_name(
     every H200 variant (e.g. "NVIDIA H200 NVL") under NVIDIA_H200. dtype is the engine's dtype
     string ("fp8_w8a8", "int8_w8a16", …); None and bf16/fp16 add no dtype part. block_shape is
     [block_n, block_k] (omitted when absent or containing 0, as the engines do).
-    per_channel_quant and down_moe exist only in SGLang's names (vLLM 0.34 reads a `_down`
-    file only on a path moeops does not tune, so moeops names none for vLLM).
+    per_channel_quant exists only in SGLang's names; down_moe: the `_down` file of GEMM 2's
+    own configs (SGLang's; vLLM 0.34's on its sorted-A path, for a block shape only).
     """
     if style not in STYLES:
         raise ConfigFileError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
     problems = shape_problems(E, N)
     if problems:
         raise ConfigFileError(_said(problems))
-    if style == "vllm" and (per_channel_quant or down_moe):
-        raise ConfigFileError("per_channel_quant and down_moe are parts of SGLang names only")
+    if style == "vllm" and per_channel_quant:
+        raise ConfigFileError("per_channel_quant is a part of SGLang names only")
+    if style == "vllm" and down_moe and not (block_shape and all(block_shape)):
+        raise ConfigFileError("vLLM reads a _down file for a block-quantised shape only")
     device = file_device_name(device_name)
     if not device or "," in device or "/" in device:
         raise ConfigFileError(f"not a device name: {device_name!r}")
@@ -251,7 +256,9 @@ def parse_config_file_name(name: str) -> ConfigFileName:
     style = None
     # vLLM files every H200 variant as NVIDIA_H200, so another H200 name is SGLang's.
     h200_variant = "H200" in device.split("_") and device != "NVIDIA_H200"
-    if match["per_channel"] or match["down"] or match["space"] or h200_variant:
+    # vLLM's _down files are for a block shape only
+    sglang_down = match["down"] and block_shape is None
+    if match["per_channel"] or sglang_down or match["space"] or h200_variant:
         style = "sglang"
     elif block_shape is not None:
         style = "vllm"
@@ -291,11 +298,16 @@ def config_file_relpath(file_name: str, style: str, triton_version: str | None =
     return f"{sglang_folder(triton_version)}/{file_name}"
 
 
-def validate_entries(obj) -> dict[int, dict]:
+# The one entry vLLM 0.34's `_down` file may hold without a tile: its sorted-A path off there.
+PATH_OFF = {"USE_TMA": False}
+
+
+def validate_entries(obj, *, vllm_down: bool = False) -> dict[int, dict]:
     """The per-batch-size entries of a config file's JSON object, checked.
 
     Keys are batch sizes M (positive integers, as strings in JSON); a `triton_version` key is
-    skipped (read it with `triton_version_of`). Returns {M: entry} sorted by M.
+    skipped (read it with `triton_version_of`). vllm_down: vLLM's `_down` file, whose entry may
+    be only PATH_OFF. Returns {M: entry} sorted by M.
     Raises ConfigEntryError listing every problem, e.g.
     "batch size 64: BLOCK_SIZE_N must be a power of two, got 48".
     """
@@ -319,6 +331,8 @@ def validate_entries(obj) -> dict[int, dict]:
     if not entries and not errors:
         errors.append("no batch-size entries")
     for batch_size in sorted(entries):
+        if vllm_down and entries[batch_size] == PATH_OFF:
+            continue
         errors += [f"batch size {batch_size}: {e}" for e in _entry_errors(entries[batch_size])]
     if errors:
         raise ConfigEntryError(errors)
@@ -333,15 +347,17 @@ def triton_version_of(obj) -> str | None:
     return version
 
 
-def dumps_config(entries: dict[int, dict], triton_version: str | None) -> str:
+def dumps_config(
+    entries: dict[int, dict], triton_version: str | None, *, vllm_down: bool = False
+) -> str:
     """The exact text the engines' tuners write for these entries.
 
     vLLM's benchmark_moe.py save_configs: json.dump({"triton_version": …, **configs},
     indent=4) + "\\n", batch sizes ascending, fields in its sort_config order. SGLang's tuner
     writes no triton_version (its loader int()s every key; the folder names the version):
-    pass None for an SGLang file.
+    pass None for an SGLang file. vllm_down: vLLM's `_down` file (validate_entries).
     """
-    entries = validate_entries(entries)
+    entries = validate_entries(entries, vllm_down=vllm_down)
     body: dict = {} if triton_version is None else {"triton_version": triton_version}
     for batch_size, entry in entries.items():
         order = REQUIRED_FIELDS + OPTIONAL_FIELDS
@@ -349,15 +365,18 @@ def dumps_config(entries: dict[int, dict], triton_version: str | None) -> str:
     return json.dumps(body, indent=4) + "\n"
 
 
-def loads_config(text: str | bytes) -> tuple[str | None, dict[int, dict]]:
-    """(triton_version or None, {M: entry}) of a config file's text; raises ConfigEntryError."""
+def loads_config(
+    text: str | bytes, *, vllm_down: bool = False
+) -> tuple[str | None, dict[int, dict]]:
+    """(triton_version or None, {M: entry}) of a config file's text; raises ConfigEntryError.
+    vllm_down: vLLM's `_down` file (validate_entries)."""
     try:
         obj = json.loads(text)
     except ValueError as exc:
         raise ConfigEntryError([f"not valid JSON: {exc}"]) from None
     except RecursionError:
         raise ConfigEntryError(["not a config: nested too deep to read"]) from None
-    return triton_version_of(obj), validate_entries(obj)
+    return triton_version_of(obj), validate_entries(obj, vllm_down=vllm_down)
 
 
 def entry_for_batch(entries: dict[int, dict], M: int) -> dict:
@@ -452,7 +471,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--per-channel-quant", action="store_true", help="SGLang per-channel quant file"
     )
-    parser.add_argument("--down", action="store_true", help="SGLang down-projection file")
+    parser.add_argument(
+        "--down",
+        action="store_true",
+        help="the down-projection (_down) file: SGLang's, or vLLM 0.34's sorted-A one",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

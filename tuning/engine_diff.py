@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import json
 import sys
+from pathlib import Path
 
+from reports.engine_diff import compare
 from tuning.backends import load_backend
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
 from tuning.kernel_backend import BackendError
@@ -55,60 +58,16 @@ def describe(backend, shape, device_name: str, batch_sizes) -> dict:
     }
 
 
-def compare(old: dict, new: dict) -> list[str]:
-    """Lines of text: what differs between two describe() results, the newer second."""
-    title = f"{old['version']} → {new['version']}"
-    lines = [f"engine-diff {title}"]
-    for label, key in (("launcher", "launcher"), ("kernel", "kernel")):
-        added = [p for p in new[key] if p not in old[key]]
-        removed = [p for p in old[key] if p not in new[key]]
-        if added or removed:
-            change = ", ".join([*(f"+{p}" for p in added), *(f"-{p}" for p in removed)])
-            lines.append(f"{label} parameters: {change}")
-        else:
-            lines.append(f"{label} parameters: unchanged")
-    same = old["kernel_sha256"] == new["kernel_sha256"]
-    lines.append(
-        "kernel source: "
-        + ("unchanged" if same else f"{old['kernel_sha256'][:12]} → {new['kernel_sha256'][:12]}")
-    )
-    lines.append(f"entry switches: {old['switches'] or 'none'} → {new['switches'] or 'none'}")
-    renamed = "" if old["file"] == new["file"] else f" → {new['file']}"
-    lines.append(f"file: {old['file']}{renamed}")
-    if old["down_file"] != new["down_file"]:
-        lines.append(f"_down file: {old['down_file'] or 'none'} → {new['down_file'] or 'none'}")
-    for label, key in (
-        ("default rule", "defaults"),
-        ("shipped file", "shipped"),
-        ("shipped _down file", "shipped_down"),
-    ):
-        lines += _entries(label, old[key], new[key])
-    return lines
-
-
-def _entries(label: str, old: dict | None, new: dict | None) -> list[str]:
-    if old is None and new is None:
-        return [f"{label}: none in either"]
-    if old is None or new is None:
-        lines = [f"{label}: {_present(old)} → {_present(new)}"]
-        return lines + [f"  M={m}: {_entry(e)}" for m, e in (old or new).items()]
-    changed = [m for m in new if old.get(m) != new[m]]
-    if not changed:
-        return [f"{label}: the same at every batch size"]
-    lines = [f"{label}: differs at M = {', '.join(map(str, changed))}"]
-    for m in changed:
-        lines.append(f"  M={m}: {_entry(old.get(m))} → {_entry(new[m])}")
-    return lines
-
-
-def _present(entries: dict | None) -> str:
-    return "none" if entries is None else "present"
-
-
-def _entry(entry: dict | None) -> str:
-    if entry is None:
-        return "none"
-    return " ".join(f"{k}={v}" for k, v in entry.items())
+def report(engine: str, shape, device_name: str, old: dict, new: dict) -> dict:
+    """JSON-ready: the two versions' describe() records with the engine, shape and GPU they are
+    for, as the engine-diff page stores them (reports.engine_diff.checked_report)."""
+    return {
+        "engine": engine,
+        "shape": shape.as_dict(),
+        "device_name": device_name,
+        "old": json.loads(json.dumps(old)),
+        "new": json.loads(json.dumps(new)),
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,6 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shape_arguments(parser)
     parser.add_argument(
         "--gpu-name", default="NVIDIA H200", help="the GPU the files are for (default H200)"
+    )
+    parser.add_argument(
+        "--json",
+        help="also write the two versions' records here, for the web app's engine-diff page"
+        " (upload it there, or POST it to /api/v1/engine-diffs)",
     )
     parser.add_argument(
         "--capability",
@@ -150,4 +114,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print("\n".join(compare(old, new)))
+    if args.json:
+        data = report(args.engine, shape, args.gpu_name, old, new)
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
     return 0

@@ -60,6 +60,18 @@ class KernelBackend:
         """The config the engine uses at batch size M when it finds no file."""
         raise NotImplementedError
 
+    def kernel_path(self, shape) -> str:
+        """Which launch of the kernel a tune of shape times (tuning.engines.KERNEL_PATHS)."""
+        return "default"
+
+    def down_config_applies(self, shape) -> bool:
+        """Whether GEMM 2 of shape reads a config of its own (a `_down` file)."""
+        return self.separate_down_config
+
+    def down_switches(self, shape) -> dict:
+        """As search_switches, for GEMM 2's own configs (vLLM's sorted-A `_down` entries)."""
+        return {}
+
     def search_switches(self, shape) -> dict:
         """{name: values, the engine's default first} of the launch switches a config entry may
         set for shape, which the search tries beside the grid (vLLM 0.34's USE_TMA); {}: none."""

@@ -438,7 +438,11 @@ class DownProjectionSearch(CoarseToFineSearch):
     ):
         super().__init__(M, shape, shared_memory=shared_memory, climbs=climbs, **kwargs)
         self.up_config = config_of(config_key(up_config))
-        self.space = down_search_space(shape, up_config, shared_memory)
+        self.space = [
+            config
+            for tile in down_search_space(shape, up_config, shared_memory)
+            for config in with_switches(tile, self.switches)
+        ]
         self._rounds = iter((self._tiles, *[self._neighbourhood] * climbs, self._final))
 
     @property

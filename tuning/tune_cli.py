@@ -7,7 +7,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from tuning.backends import current_capability
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints, triton_config_unread
 from tuning.engines import ENGINES
 from tuning.kernel_backend import BackendError
@@ -105,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--deep-gemm-e8m0",
         action="store_true",
         help="the deployment runs vLLM with DeepGEMM and VLLM_USE_DEEP_GEMM_E8M0=1 (vLLM 0.34"
-        " then runs GEMM 2 on a path of its own for fp8 block [128, 128] on the H100/H200)",
+        " then runs GEMM 2 on its sorted-A path for fp8 block [128, 128] on the H100/H200,"
+        " and the tune writes its _down file too)",
     )
     parser.add_argument(
         "--compile-workers",
@@ -181,12 +181,12 @@ def _checked(args: argparse.Namespace) -> tuple[KernelShape, list[int]]:
         raise _Refusal(str(exc)) from exc
     if refusal and not args.force:
         raise _Refusal(f"{refusal} --force tunes it all the same.")
-    try:
-        unread = deployment_refusal(args, shape, current_capability())
-    except BackendError as exc:
-        raise _Refusal(str(exc)) from exc
-    if unread:
-        raise _Refusal(unread)
+    if args.engine_spec is not None and args.engine_spec["engine"] == "vllm":
+        # which path vLLM takes (and so which files it reads) follows from the launch
+        args.engine_spec["launch"] = {
+            "deep_gemm_e8m0": args.deep_gemm_e8m0,
+            "expert_parallel": args.ep > 1,
+        }
     return shape, batch_sizes
 
 
@@ -218,23 +218,6 @@ def _tune_here(args: argparse.Namespace, shape: KernelShape, batch_sizes: list[i
         print(path)
     print_summary(result)
     return 0
-
-
-def deployment_refusal(
-    args: argparse.Namespace, shape: KernelShape, capability: int | None
-) -> str | None:
-    """Why the engine would not run what this tune times on the deployment (vLLM's sorted-A
-    path for GEMM 2, VllmBackend.sorted_a_refusal) on GPUs of capability (90; None: no GPU),
-    or None."""
-    spec = args.engine_spec
-    if spec is None or spec["engine"] != "vllm" or not args.deep_gemm_e8m0:
-        return None
-    from tuning.backends import load_backend
-
-    backend = load_backend("vllm", source_dir=spec["source_dir"], capability=capability)
-    return backend.sorted_a_refusal(
-        shape, deep_gemm_e8m0=args.deep_gemm_e8m0, expert_parallel=args.ep > 1
-    )
 
 
 def fp4_refusal(args: argparse.Namespace) -> str | None:

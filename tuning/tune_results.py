@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tuning.config_files import config_file_name, config_file_relpath, dumps_config
+from tuning.config_files import PATH_OFF, config_file_name, config_file_relpath, dumps_config
 from tuning.search import KernelShape
 
 
@@ -98,13 +98,35 @@ class TuneResult:
         """{M: config} as the engines' config files hold them, M ascending."""
         return {m: dict(self.batches[m].config) for m in sorted(self.batches)}
 
+    @property
+    def kernel_path(self) -> str:
+        """Which launch of the kernel was tuned (tuning.engines.KERNEL_PATHS)."""
+        return self.kernel.get("path") or "default"
+
     def down_entries(self) -> dict[int, dict]:
-        """{M: down config} for SGLang's `_down` file (batch sizes without one left out)."""
+        """{M: down config} for the `_down` file. SGLang's: batch sizes without one left out.
+        vLLM's (sorted-A path): every batch size, `{"USE_TMA": false}` where GEMM 2 runs best
+        with GEMM 1's config, so that no neighbour's entry turns the path on there."""
+        if self.kernel_path == "sorted_a":
+            return {m: self._sorted_a_entry(self.batches[m]) for m in sorted(self.batches)}
         return {
             m: dict(self.batches[m].down_config)
             for m in sorted(self.batches)
             if self.batches[m].down_config is not None
         }
+
+    @staticmethod
+    def _sorted_a_entry(batch: BatchResult) -> dict:
+        down = batch.down_config
+        if down is None or down == batch.config or not down.get("USE_TMA"):
+            return dict(PATH_OFF)
+        return dict(down)
+
+    def writes_down_file(self, style: str) -> bool:
+        """Whether the engine of style reads a `_down` file this tune wrote entries for."""
+        if style == "vllm":
+            return self.kernel_path == "sorted_a" and bool(self.batches)
+        return bool(self.down_entries())
 
     def speedup_geomean(self, over: str = "default") -> float | None:
         """Geometric mean over batch sizes of the default's (or "shipped") µs / tuned µs."""
@@ -175,7 +197,7 @@ def config_path(
     result: TuneResult, out_dir: str | Path, style: str = "vllm", *, down: bool = False
 ) -> Path:
     """Where the engine's config file for this result goes under out_dir (SGLang: its folder);
-    down: SGLang's `_down` file of GEMM 2's configs."""
+    down: the `_down` file of GEMM 2's configs."""
     name = engine_file_name(result.shape, result.device_name, style, down=down)
     return Path(out_dir) / config_file_relpath(name, style, result.triton_version)
 
@@ -199,19 +221,21 @@ def write_config_file(
     """Write the engine's config file (exact name and content); returns its path.
 
     vLLM's files record triton_version inside; SGLang's name it by their folder instead.
-    down: SGLang's `_down` file (GEMM 2's configs); raises ConfigFileError for vLLM.
+    down: the `_down` file of GEMM 2's configs (SGLang's, or vLLM's on its sorted-A path).
     """
     path = config_path(result, out_dir, style, down=down)
     path.parent.mkdir(parents=True, exist_ok=True)
     version = result.triton_version if style == "vllm" else None
-    path.write_text(dumps_config(result.down_entries() if down else result.entries(), version))
+    entries = result.down_entries() if down else result.entries()
+    path.write_text(dumps_config(entries, version, vllm_down=down and style == "vllm"))
     return path
 
 
 def write_config_files(result: TuneResult, out_dir: str | Path, style: str = "vllm") -> list[Path]:
-    """The engine's config file, and for SGLang its `_down` file when down configs were tuned."""
+    """The engine's config file, and its `_down` file where the engine reads one this tune
+    wrote entries for (writes_down_file): never a file the engine will not read."""
     paths = [write_config_file(result, out_dir, style)]
-    if style == "sglang" and result.down_entries():
+    if result.writes_down_file(style):
         paths.append(write_config_file(result, out_dir, style, down=True))
     return paths
 

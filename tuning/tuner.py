@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tuning.compile_pool import CompilePool, default_workers, one_line
-from tuning.config_files import TUNED_BATCH_SIZES
+from tuning.config_files import REQUIRED_FIELDS, TUNED_BATCH_SIZES
 from tuning.search import (
     CoarseToFineSearch,
     DownProjectionSearch,
@@ -52,8 +52,8 @@ class DeviceMeasurements:
     CEILINGS_MAX_AGE_S (tuning.timing.cached_ceilings). compile_shard (i, n): this is process i
     of n tuning on one host (tuning.spread); see compile_order. seconds: where the set-up's and
     the ceilings' seconds went (ProcessTimeline's parts). engine: whose kernel is timed
-    ({"engine", "source_dir", "python"}: tuning.backends.load_backend's arguments; None: moeops'
-    builtin kernel).
+    ({"engine", "source_dir", "python", "launch"}: tuning.backends.load_backend's arguments;
+    None: moeops' builtin kernel).
     """
 
     def __init__(
@@ -96,6 +96,7 @@ class DeviceMeasurements:
                 source_dir=spec.get("source_dir"),
                 python=spec.get("python"),
                 capability=self.target.capability,
+                launch=spec.get("launch"),
             )
             context = time.monotonic()
             self.weights = timing.make_weights(shape)
@@ -219,8 +220,8 @@ class Tuner:
         compile_before, timing_before, timings_before = self.compile_s, self.timing_s, self.timings
         batch_sizes = sorted(set(batch_sizes))
         backend = self.backend
-        # vLLM reads one config for both GEMMs: no down search for it
-        down = down and backend.separate_down_config
+        # vLLM reads a _down file on its sorted-A path only: elsewhere no down search for it
+        down = down and backend.down_config_applies(self.shape)
         shipped = backend.shipped_configs(self.shape, self.measurements.device_name)
         shipped_down = (
             backend.shipped_configs(self.shape, self.measurements.device_name, down=True)
@@ -233,7 +234,7 @@ class Tuner:
             triton_version=self.measurements.triton_version,
             search="exhaustive" if exhaustive else "coarse-to-fine",
             ceilings=self.measurements.ceilings,
-            kernel=backend.describe(),
+            kernel={**backend.describe(), "path": backend.kernel_path(self.shape)},
         )
         earlier_wall = 0.0
         previous = load_log(resume_path)
@@ -274,10 +275,16 @@ class Tuner:
                 report(f"M={m}: {result.batches[m].tuned_us:.1f} µs")
             if down:
                 up_configs = {m: result.batches[m].config for m in chunk}
-                down_seeds = shipped_down.entries.values() if shipped_down else ()
+                # an entry of only {"USE_TMA": false} seeds nothing: it is the path turned off
+                shipped_entries = shipped_down.entries.values() if shipped_down else ()
+                down_seeds = [e for e in shipped_entries if _is_config(e)]
                 down_searches = {
                     m: DownProjectionSearch(
-                        m, self.shape, up_configs[m], seeds=_with_m(down_seeds, up_configs[m])
+                        m,
+                        self.shape,
+                        up_configs[m],
+                        seeds=_with_m(down_seeds, up_configs[m]),
+                        switches=backend.down_switches(self.shape),
                     )
                     for m in chunk
                 }
@@ -408,7 +415,7 @@ class Tuner:
         if shipped is not None:
             down = shipped_down.entry_for(M) if shipped_down is not None else None
             candidates["shipped"] = (shipped.entry_for(M), down)
-        self._compile((c for pair in candidates.values() for c in pair if c is not None), M)
+        self._compile((c for pair in candidates.values() for c in pair if _is_config(c)), M)
         started = time.monotonic()
         measured = head_to_head(timer, candidates)
         self.timing_s += time.monotonic() - started
@@ -589,6 +596,11 @@ def pick(measured: dict[str, Measured]) -> str | None:
 
 def _rounded(measured) -> float | None:
     return None if measured is None else round(measured[0], 2)
+
+
+def _is_config(entry: dict | None) -> bool:
+    """Whether entry is a whole config (not None, nor vLLM's `{"USE_TMA": false}` entry)."""
+    return entry is not None and all(field in entry for field in REQUIRED_FIELDS)
 
 
 def _with_m(configs, up_config: dict) -> list[dict]:

@@ -9,7 +9,9 @@ samples in batches, reports progress, and pushes the written config (the API ser
 the engines' exact file names) with the kernel it was tuned on, the per-batch-size timings
 (written, default, shipped and floor µs, and which config was written) and the final status.
 Where GEMM 2 got configs of its own, SGLang's `_down` file is pushed too, as a kernel config of
-its own.
+its own; where vLLM runs GEMM 2 on its sorted-A path (read from the deployment's launch recipe:
+tuning.engines.vllm_launch), the `_down` file goes with the up file as one kernel config. The
+tuning run records which kernel path it tuned (default, TMA, sorted-A).
 """
 
 import functools
@@ -52,16 +54,19 @@ def _default_spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_d
     )
 
 
-def kernel_for(engine):
+def kernel_for(engine, *, launch_env=None, launch_argv=None):
     """(spec, record): whose kernel this host times for a tune that asks for engine's.
 
     engine: the deployment's engine as recorded ("vllm", "sglang", "other") or "builtin". The
     engine's own kernel where its package is found here (tuning.engine_source.locate_package;
     spec: tuning.spread.spread_tune's engine), else moeops' builtin one (spec None). record: the
     tuning run's kernel_engine, kernel_version and kernel_note (which kernel, and why).
+    launch_env, launch_argv: the deployment's launch recipe's environment and argv (None: it has
+    none), from which vLLM's spec gets its launch (vllm_launch): whether DeepGEMM with E8M0
+    scales is on (and DeepGEMM installed beside the engine here) and expert parallelism.
     """
     from tuning.engine_source import ENGINE_PYTHON_ENV, EngineSourceError, locate_package
-    from tuning.engines import ENGINE_TITLES
+    from tuning.engines import ENGINE_TITLES, VLLM_TMA_SINCE, release
 
     if engine == "builtin":
         return None, _builtin_record("moeops' builtin kernel, as asked")
@@ -83,7 +88,35 @@ def kernel_for(engine):
         "kernel_version": package.version,
         "kernel_note": f"{package.title}'s own kernel",
     }
-    return {"engine": engine, "source_dir": str(package.package_dir)}, record
+    spec = {"engine": engine, "source_dir": str(package.package_dir)}
+    if engine == "vllm" and release(package.version) >= VLLM_TMA_SINCE:
+        spec["launch"], why = vllm_launch_here(package.package_dir, launch_env, launch_argv)
+        record["kernel_note"] = f"{package.title}'s own kernel; {why}"[:300]
+    return spec, record
+
+
+def vllm_launch_here(package_dir, launch_env, launch_argv):
+    """(launch, why): tuning.backends.load_backend's launch for vLLM installed at package_dir,
+    launched with the recipe's env and argv, and the sentence saying what decided it."""
+    from tuning.engines import vllm_launch
+
+    launch = vllm_launch(launch_env, launch_argv)
+    recipe = "" if launch_env is not None or launch_argv is not None else " (no launch recipe)"
+    why = launch.why + recipe
+    deep_gemm_e8m0 = launch.deep_gemm_e8m0
+    if deep_gemm_e8m0 and not deep_gemm_installed(package_dir):
+        deep_gemm_e8m0 = False
+        why += ", but DeepGEMM is not installed beside vLLM on this host"
+    return {"deep_gemm_e8m0": deep_gemm_e8m0, "expert_parallel": launch.expert_parallel}, why
+
+
+def deep_gemm_installed(package_dir) -> bool:
+    """Whether vLLM at package_dir finds DeepGEMM: its own copy (vllm/third_party/deep_gemm,
+    in vLLM 0.34's wheel) or a deep_gemm package beside it (vLLM's has_deep_gemm)."""
+    package_dir = Path(package_dir)
+    return (package_dir / "third_party" / "deep_gemm").is_dir() or (
+        package_dir.parent / "deep_gemm"
+    ).is_dir()
 
 
 def _builtin_record(note):
@@ -152,6 +185,8 @@ def tune_kernel(
     engine="builtin",
     quantization="",
     force=False,
+    launch_env=None,
+    launch_argv=None,
     spread=_default_spread,
     nvml=None,
     telemetry_hz=1.0,
@@ -160,7 +195,8 @@ def tune_kernel(
     gpu_indices (CUDA indices; default [0]), one process per GPU; returns the tuning run's final
     status.
 
-    engine: whose kernel is asked for (kernel_for); quantization: the deployment's weights',
+    engine: whose kernel is asked for (kernel_for, with launch_env and launch_argv: the
+    deployment's launch recipe's, None where it has none); quantization: the deployment's weights',
     whose FP4 experts run on kernels that read no Triton config, so their tune fails saying so
     unless force.
 
@@ -188,7 +224,7 @@ def tune_kernel(
             telemetry_detail="the tune was refused before it started",
         )
         return "failed"
-    spec, kernel = kernel_for(engine)
+    spec, kernel = kernel_for(engine, launch_env=launch_env, launch_argv=launch_argv)
     shape = KernelShape(
         E=E,
         N=N,
@@ -235,10 +271,17 @@ def tune_kernel(
             log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)
         # the timed kernel's own record: the engine's source hash is known once it is loaded
         kernel.update(_kernel_fields(result.kernel))
-        config = _store_config(client, tuning_run_uuid, shape, result, result.entries())
-        down_entries = result.down_entries()
-        if down_entries:
-            _store_config(client, tuning_run_uuid, shape, result, down_entries, down_moe=True)
+        if result.kernel_path == "sorted_a":
+            # vLLM's up file and its _down file: one kernel config
+            config = _store_config(
+                client, tuning_run_uuid, shape, result, result.entries(),
+                down_entries=result.down_entries(),
+            )  # fmt: skip
+        else:
+            config = _store_config(client, tuning_run_uuid, shape, result, result.entries())
+            down_entries = result.down_entries()
+            if down_entries:
+                _store_config(client, tuning_run_uuid, shape, result, down_entries, down_moe=True)
         client.post_tuning_timings(tuning_run_uuid, timing_rows(result))
     except Unreachable:
         # the task tries again later; the tuning log makes the next attempt resume
@@ -295,15 +338,19 @@ def _telemetry_fields(telemetry):
 
 
 def _kernel_fields(kernel):
-    """The API's kernel_* fields from tuning.kernel_backend.KernelBackend.describe()'s dict."""
+    """The API's kernel_* fields from a TuneResult's kernel (KernelBackend.describe() and the
+    kernel path the tune timed)."""
     return {
         "kernel_engine": kernel.get("engine") or "builtin",
         "kernel_version": kernel.get("version") or "",
         "kernel_source_sha256": kernel.get("source_sha256") or "",
+        "kernel_path": kernel.get("path") or "default",
     }
 
 
-def _store_config(client, tuning_run_uuid, shape, result, entries, *, down_moe=False):
+def _store_config(
+    client, tuning_run_uuid, shape, result, entries, *, down_moe=False, down_entries=None
+):
     # sent now, never spooled: the tuning run needs the config's id
     body = {
         "device_name": result.device_name,
@@ -314,6 +361,9 @@ def _store_config(client, tuning_run_uuid, shape, result, entries, *, down_moe=F
         "down_moe": down_moe,
         "triton_version": result.triton_version,
         "entries": {str(m): entry for m, entry in entries.items()},
+        "down_entries": (
+            {str(m): entry for m, entry in down_entries.items()} if down_entries else None
+        ),
         "source": "tuned",
         "provenance": f"tuned by moeops (tuning run {tuning_run_uuid}, {result.search})",
         **_kernel_fields(result.kernel),

@@ -7,7 +7,7 @@ from uuid import UUID
 
 from django.http import HttpResponse
 from django.utils.http import content_disposition_header
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import Field, StringConstraints, field_validator, model_validator
@@ -40,6 +40,7 @@ from moeops.kernels.models import (
 )
 from moeops.runs import services as run_services
 from tuning import config_files
+from tuning.engines import KERNEL_PATHS
 
 router = Router(tags=["kernels"])
 
@@ -61,6 +62,7 @@ KernelVersion = Annotated[str, StringConstraints(max_length=100, pattern=r"^[\w.
 SourceSha256 = Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")]
 RequestedKernel = Literal[tuple(key for key, _ in REQUESTED_KERNELS)]
 Pick = Literal[("", *(key for key, _ in PICKS))]
+KernelPath = Literal[("", *(key for key, _ in KERNEL_PATHS))]
 
 
 # --------------------------------------------------------------------------- kernel configs
@@ -90,6 +92,10 @@ class KernelConfigIn(In):
     kernel_engine: KernelEngine = Field("", description="the kernel it was tuned on: builtin, …")
     kernel_version: KernelVersion = Field("", description="that engine's version")
     kernel_source_sha256: SourceSha256 = Field("", description="hash of that kernel's code")
+    kernel_path: KernelPath = Field("", description="the kernel path tuned: default, tma, sorted_a")
+    down_entries: JsonObject | None = Field(
+        None, description="vLLM's _down file beside this one (its sorted-A path), one record"
+    )
 
 
 class KernelConfigOut(Schema):
@@ -109,6 +115,8 @@ class KernelConfigOut(Schema):
     kernel_engine: str
     kernel_version: str
     kernel_source_sha256: str
+    kernel_path: str
+    down_entries: dict[str, Any] | None
     created: dt.datetime
     file_names: dict[str, str] = Field(
         description="the name each engine looks up (style → name); vLLM has no _down files"
@@ -188,6 +196,40 @@ def kernel_config_file(request, ref: str, style: Style = "vllm"):
     return response
 
 
+# --------------------------------------------------------------------------- engine diffs
+
+
+class EngineDiffIn(In):
+    report: JsonObject = Field(
+        description="the report `python -m tuning engine-diff --json` writes: engine, shape, "
+        "device_name and both versions' records (old, new)"
+    )
+    provenance: text(300) = ""
+
+
+class EngineDiffOut(Schema):
+    id: int
+    engine: str
+    from_version: str
+    to_version: str
+    device_name: str
+    shape: dict[str, Any]
+    created: dt.datetime
+    lines: list[str] = Field(description="what changed, as the CLI prints it")
+
+    @staticmethod
+    def resolve_lines(obj):
+        return obj.lines()
+
+
+@router.post("/engine-diffs", auth=AnyWrite(), response={201: EngineDiffOut})
+def engine_diff_create(request, payload: EngineDiffIn):
+    """Store what changed in an engine's kernel between two versions (a host where both are
+    installed ran `python -m tuning engine-diff --json`); the engine-diff page shows it."""
+    diff = services.engine_diff_store(report=payload.report, provenance=payload.provenance)
+    return Status(201, diff)
+
+
 # --------------------------------------------------------------------------- tuning runs
 
 
@@ -211,6 +253,7 @@ class TuningRunIn(In):
     kernel_engine: KernelEngine = ""
     kernel_version: KernelVersion = ""
     kernel_source_sha256: SourceSha256 = ""
+    kernel_path: KernelPath = ""
     kernel_note: text(300) = ""
     status: TuningStatus = "queued"
 
@@ -230,6 +273,7 @@ class TuningRunPatch(Patch):
     kernel_engine: KernelEngine | None = Field(None, description="the kernel the worker timed")
     kernel_version: KernelVersion | None = None
     kernel_source_sha256: SourceSha256 | None = None
+    kernel_path: KernelPath | None = None
     kernel_note: text(300) | None = Field(
         None, description="which kernel and why (e.g. builtin: the engine is not installed)"
     )
@@ -284,6 +328,7 @@ class TuningRunOut(Schema):
     kernel_engine: str
     kernel_version: str
     kernel_source_sha256: str
+    kernel_path: str
     kernel_note: str
     status: str
     progress: dict[str, Any]

@@ -144,10 +144,11 @@ def _derived(base, *, author, reason, **changes):
 
 def _kernel_files(recipe, engine):
     """The files the recipe's config folder holds: [{"file_name", "text"}] in the engine's
-    format and name."""
+    format and name; a vLLM config with a `_down` file brings both (KernelConfig.files)."""
     return [
-        {"file_name": config.file_name(engine), "text": config.engine_file_text(engine)}
+        {"file_name": name, "text": text}
         for config in recipe.kernel_configs.order_by("pk")
+        for name, text in config.files(engine)
     ]
 
 

@@ -473,6 +473,15 @@ class Deployment(models.Model):
             .first()
         )
 
+    def launch_recipe(self):
+        """The launch recipe its engine runs: the one in force (recipe_in_force), else the
+        newest; None. Reads prefetched launch_recipes where there are."""
+        recipes = list(self.launch_recipes.all())
+        applied = [r for r in recipes if r.applied_at is not None]
+        if applied:
+            return max(applied, key=lambda r: (r.applied_at, r.version))
+        return max(recipes, key=lambda r: r.version, default=None)
+
     def running_cap_in_force(self, flag):
         """(cap, action): the running-request cap the managed engine runs with now and the
         engine action that brought it up. The cap is what the engine reported after that action,

@@ -422,7 +422,6 @@ class SweepForm(forms.Form):
                     self.add_error(None, forms.ValidationError(problem, code="load"))
 
     def parameters(self):
-<<<<<<< HEAD
         """The load as the run's parameters: what the form's fields hold (those that parsed;
         the arrival fields left empty are left out)."""
         load = {
@@ -644,6 +643,21 @@ class KernelConfigFileForm(forms.Form):
 
     def engine_file_name(self):
         return self.cleaned_data.get("file_name") or self.cleaned_data["file"].name
+
+
+class EngineDiffFileForm(forms.Form):
+    """A `python -m tuning engine-diff --json` report, stored as POST /api/v1/engine-diffs
+    does."""
+
+    file = forms.FileField(label="engine-diff report (--json)")
+
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
+        try:
+            self.report = json.loads(_uploaded_text(upload))
+        except ValueError:
+            raise forms.ValidationError("The file is not JSON.") from None
+        return upload
 
 
 class PlanItemForm(forms.Form):

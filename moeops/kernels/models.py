@@ -7,8 +7,9 @@ from django.db import models, transaction
 
 from moeops.jobs import JOB_STATUSES, Job
 from moeops.runs.models import TELEMETRY_STATUSES
+from reports import engine_diff
 from tuning import config_files
-from tuning.engines import ENGINE_TITLES
+from tuning.engines import ENGINE_TITLES, KERNEL_PATHS, path_in_engine, vllm_launch
 
 CONFIG_SOURCES = (("tuned", "Tuned by moeops"), ("imported", "Imported file"), ("manual", "Manual"))
 
@@ -54,9 +55,32 @@ class TimedKernel(models.Model):
     kernel_source_sha256 = models.CharField(
         max_length=64, blank=True, help_text="hash of the kernel code that was timed"
     )
+    kernel_path = models.CharField(
+        max_length=20,
+        choices=KERNEL_PATHS,
+        blank=True,
+        help_text="which launch of the kernel was timed (vLLM 0.34); blank: not recorded",
+    )
 
     class Meta:
         abstract = True
+
+    @property
+    def kernel_path_label(self):
+        """ "the sorted-A path: …", or "" where the path is not recorded."""
+        return dict(KERNEL_PATHS).get(self.kernel_path, "")
+
+    def path_for(self, deployment):
+        """A sentence: whether deployment's engine, at its recorded version and launch, runs
+        the kernel path this was tuned for (tuning.engines.path_in_engine)."""
+        return path_in_engine(
+            self.kernel_path,
+            engine=deployment.engine,
+            version=deployment.engine_version,
+            tma_shape=self.dtype == "fp8_w8a8" and bool(self.block_shape),
+            # the launch recipe matters to the sorted-A path alone
+            sorted_a=sorted_a_launch(deployment) if self.kernel_path == "sorted_a" else None,
+        )
 
     @property
     def kernel_label(self):
@@ -79,6 +103,16 @@ class TimedKernel(models.Model):
             f"Tuned in {self.kernel_label}, never timed in {title}'s: it may run slower "
             f"there than {title}'s own configs; tune with {title}'s kernel for {title}."
         )
+
+
+def sorted_a_launch(deployment):
+    """Whether the deployment's launch recipe runs vLLM with DeepGEMM's E8M0 scales and no
+    expert parallelism (what its sorted-A path needs of the launch); None without a recipe."""
+    recipe = deployment.launch_recipe()
+    if recipe is None:
+        return None
+    launch = vllm_launch(recipe.env, recipe.argv)
+    return launch.deep_gemm_e8m0 and not launch.expert_parallel
 
 
 class KernelConfigQuerySet(models.QuerySet):
@@ -105,7 +139,9 @@ class KernelConfigQuerySet(models.QuerySet):
 
 class KernelConfig(TimedKernel):
     """One version of a config file for (device, E, N, dtype, block shape, down); versions are
-    kept. A `down_moe` config is SGLang's `_down` file: GEMM 2's own configs beside GEMM 1's."""
+    kept. A `down_moe` config is SGLang's `_down` file: GEMM 2's own configs beside GEMM 1's.
+    down_entries: vLLM 0.34's `_down` file that goes with this (up) file on its sorted-A path,
+    one record of two files, written, exported and applied together."""
 
     device_name = models.CharField(max_length=100, help_text="NVML name, e.g. NVIDIA H200")
     E = models.PositiveIntegerField(help_text="experts per rank")
@@ -117,6 +153,12 @@ class KernelConfig(TimedKernel):
     )
     triton_version = models.CharField(max_length=20, blank=True)
     entries = models.JSONField(help_text='batch size → {"BLOCK_SIZE_M": …, "num_stages": …}')
+    down_entries = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="vLLM's _down file beside this one (its sorted-A path): batch size → entry, "
+        'an entry of only {"USE_TMA": false} turning that path off there',
+    )
     source = models.CharField(max_length=20, choices=CONFIG_SOURCES, default="manual")
     version = models.PositiveIntegerField(default=1, editable=False)
     original_file_name = models.CharField(max_length=300, blank=True)
@@ -167,6 +209,35 @@ class KernelConfig(TimedKernel):
             down_moe=self.down_moe,
         )
 
+    def files(self, style):
+        """[(file name, exact text)] the engine of style loads from this record: the file, and
+        vLLM's `_down` file beside it where the record holds one."""
+        files = [(self.file_name(style), self.engine_file_text(style))]
+        if style == "vllm" and self.down_entries:
+            files.append((self.down_file_name(), self.down_file_text()))
+        return files
+
+    def down_file_name(self):
+        """vLLM's `_down` file name beside this file (get_moe_configs with down_moe)."""
+        return config_files.config_file_name(
+            self.E,
+            self.N,
+            self.device_name,
+            dtype=self.name_dtype,
+            block_shape=self.block_shape,
+            down_moe=True,
+        )
+
+    def down_file_text(self):
+        """vLLM's `_down` file's exact content (down_entries)."""
+        entries = {int(k): v for k, v in self.down_entries.items()}
+        return config_files.dumps_config(entries, self.triton_version or None, vllm_down=True)
+
+    def sorted_down_entries(self):
+        return sorted(
+            ((int(k), v) for k, v in (self.down_entries or {}).items()), key=lambda kv: kv[0]
+        )
+
     def engine_file_text(self, style="vllm"):
         """The file's exact content, as the engine's own tuner writes it.
 
@@ -186,6 +257,30 @@ class KernelConfig(TimedKernel):
 
     def sorted_entries(self):
         return sorted(((int(k), v) for k, v in self.entries.items()), key=lambda kv: kv[0])
+
+    def loads_for(self, shape, engine):
+        """Whether engine loads this file for a kernel shape (Deployment.kernel_shape()): as
+        KernelConfigQuerySet.for_shape selects, for one config in Python."""
+        if not shape or not shape.get("device_name") or shape.get("dtype") is None:
+            return False
+        if self.down_moe and engine != "sglang":
+            return False
+        mine = (self.device_name, self.E, self.N, self.dtype, self.block_shape)
+        wanted = ("device_name", "E", "N", "dtype", "block_shape")
+        return mine == tuple(shape[key] for key in wanted)
+
+    def loaded_by(self):
+        """The deployments whose engine loads this file (loads_for), their launch recipes and
+        GPUs read in a fixed number of queries."""
+        from moeops.fleet.models import Deployment
+
+        deployments = (
+            Deployment.objects.filter(engine__in=ENGINE_TITLES)
+            .select_related("model", "host")
+            .prefetch_related("gpus", "host__gpus", "launch_recipes")
+            .order_by("name")
+        )
+        return [d for d in deployments if self.loads_for(d.kernel_shape(), d.engine)]
 
     def series(self):
         """The stored versions of its (device, E, N, dtype, block shape, down) series, locked
@@ -351,3 +446,43 @@ class TuningTiming(models.Model):
         if not self.tuned_us or not self.floor_us:
             return None
         return self.floor_us / self.tuned_us
+
+
+class EngineDiff(models.Model):
+    """What changed in an engine's fused-MoE kernel between two versions for one shape and GPU,
+    as `python -m tuning engine-diff --json` recorded it where both versions are installed
+    (reports.engine_diff): the web tier shows it and runs no engine code."""
+
+    engine = models.CharField(max_length=20, choices=KERNEL_ENGINES)
+    from_version = models.CharField(max_length=100)
+    to_version = models.CharField(max_length=100)
+    device_name = models.CharField(max_length=100)
+    shape = models.JSONField(help_text="tuning.search.KernelShape.as_dict()")
+    report = models.JSONField(help_text="the --json report: both versions' records")
+    provenance = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self):
+        title = ENGINE_TITLES.get(self.engine, self.engine)
+        return f"{title} {self.from_version} → {self.to_version} on {self.device_name}"
+
+    def lines(self):
+        """What changed, line by line, as the CLI prints it."""
+        return engine_diff.compare(self.report["old"], self.report["new"])
+
+    def tables(self):
+        """[(title, [(batch size, old entry, new entry, changed)])]: the default rule's configs
+        and the shipped files side by side."""
+        old, new = self.report["old"], self.report["new"]
+        return [
+            (title, engine_diff.side_by_side(old[key], new[key]))
+            for title, key in (
+                ("Default rule", "defaults"),
+                ("Shipped file", "shipped"),
+                ("Shipped _down file", "shipped_down"),
+            )
+            if old[key] or new[key]
+        ]

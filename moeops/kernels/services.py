@@ -11,7 +11,8 @@ from moeops import jobs
 from moeops.celery import send_host_task
 from moeops.engines.services import require_staff
 from moeops.insights.models import PlanItem
-from moeops.kernels.models import KERNEL_DTYPES, KernelConfig, TuningRun, TuningTiming
+from moeops.kernels.models import KERNEL_DTYPES, EngineDiff, KernelConfig, TuningRun, TuningTiming
+from reports import engine_diff
 from tuning import config_files
 from tuning.engines import ENGINE_TITLES
 
@@ -22,12 +23,14 @@ class TuningConflict(Exception):
     """The tuning run cannot do that from where it is (e.g. succeeded → running)."""
 
 
-def kernel_config_import(*, file_name, text, source="imported", provenance=""):
+def kernel_config_import(*, file_name, text, down_text=None, source="imported", provenance=""):
     """(KernelConfig, created) from an engine's config file: its name and its exact text.
 
     The name gives E, N, device, dtype, block shape and whether it is SGLang's `_down` file (an
     SGLang `triton_X_Y_Z/` folder in front gives the Triton version when the content has
-    none). Raises ValidationError naming "file_name" or "content".
+    none). down_text: vLLM's `_down` file beside it (its sorted-A path), stored with it as one
+    record; a vLLM `_down` file comes only so. Raises ValidationError naming "file_name",
+    "content" or "down_content".
     """
     try:
         name = config_files.parse_config_file_name(file_name)
@@ -35,10 +38,27 @@ def kernel_config_import(*, file_name, text, source="imported", provenance=""):
         raise ValidationError({"file_name": str(exc)}) from None
     if name.per_channel_quant:
         raise ValidationError({"file_name": "SGLang per-channel configs are not stored yet"})
+    if name.down_moe and name.style == "vllm":
+        raise ValidationError(
+            {
+                "file_name": "a vLLM _down file goes with its up file: import the up file with "
+                "this one as its down_content"
+            }
+        )
     try:
         triton_version, entries = config_files.loads_config(text)
     except config_files.ConfigEntryError as exc:
         raise ValidationError({"content": exc.errors}) from None
+    down_entries = None
+    if down_text is not None:
+        if name.down_moe or name.style == "sglang":
+            raise ValidationError(
+                {"down_content": "only a vLLM up file has a _down file beside it in one record"}
+            )
+        try:
+            _, down_entries = config_files.loads_config(down_text, vllm_down=True)
+        except config_files.ConfigEntryError as exc:
+            raise ValidationError({"down_content": exc.errors}) from None
     return kernel_config_store(
         device_name=config_files.nvml_device_name(name.device_name),
         E=name.E,
@@ -48,6 +68,7 @@ def kernel_config_import(*, file_name, text, source="imported", provenance=""):
         down_moe=name.down_moe,
         triton_version=triton_version or name.triton_version or "",
         entries=entries,
+        down_entries=down_entries,
         source=source,
         original_file_name=file_name,
         provenance=provenance,
@@ -64,21 +85,26 @@ def kernel_config_store(
     triton_version,
     entries,
     down_moe=False,
+    down_entries=None,
     source="manual",
     original_file_name="",
     provenance="",
     kernel_engine="",
     kernel_version="",
     kernel_source_sha256="",
+    kernel_path="",
 ):
     """(KernelConfig, created): a new version of the (device, E, N, dtype, block, down) series.
 
-    down_moe: SGLang's `_down` file (GEMM 2's configs), a series of its own. kernel_*: the
-    kernel it was tuned on (engine, version, source hash), kept beside the file, never in it.
+    down_moe: SGLang's `_down` file (GEMM 2's configs), a series of its own. down_entries:
+    vLLM's `_down` file beside this one (its sorted-A path), stored in the same record.
+    kernel_*: the kernel it was tuned on (engine, version, source hash, kernel path), kept
+    beside the file, never in it.
 
     entries: {batch size: kernel parameters}. When the newest version already holds the same
     entries, Triton version and kernel, that version is returned (created False). Raises
-    ValidationError naming dtype, E, N, block_shape (config_files.shape_problems) or entries.
+    ValidationError naming dtype, E, N, block_shape (config_files.shape_problems), entries or
+    down_entries.
     """
     if dtype not in DTYPES:
         raise ValidationError({"dtype": f"must be one of {', '.join(DTYPES)}, got {dtype!r}"})
@@ -90,6 +116,7 @@ def kernel_config_store(
     except config_files.ConfigEntryError as exc:
         raise ValidationError({"entries": exc.errors}) from None
     stored = {str(m): entry for m, entry in checked.items()}
+    stored_down = _checked_down(down_entries, down_moe=down_moe, block_shape=block_shape)
     config = KernelConfig(
         device_name=device_name,
         E=E,
@@ -99,23 +126,42 @@ def kernel_config_store(
         down_moe=down_moe,
         triton_version=triton_version or "",
         entries=stored,
+        down_entries=stored_down,
         source=source,
         original_file_name=original_file_name,
         provenance=provenance,
         kernel_engine=kernel_engine,
         kernel_version=kernel_version,
         kernel_source_sha256=kernel_source_sha256,
+        kernel_path=kernel_path,
     )
     with transaction.atomic():
         newest = max(config.series(), key=lambda c: c.version, default=None)
         if (
             newest is not None
             and _canonical(newest.entries) == _canonical(stored)
+            and _canonical(newest.down_entries) == _canonical(stored_down)
             and _tuned_on(newest) == _tuned_on(config)
         ):
             return newest, False
         config.save_new_version()
     return config, True
+
+
+def _checked_down(down_entries, *, down_moe, block_shape):
+    """down_entries as stored ({"M": entry}), None where there are none; ValidationError
+    naming down_entries where they cannot be a vLLM `_down` file beside this one."""
+    if down_entries is None:
+        return None
+    if down_moe or not block_shape:
+        raise ValidationError(
+            {"down_entries": "vLLM reads a _down file beside a block-quantised up file only"}
+        )
+    try:
+        checked = config_files.validate_entries(down_entries, vllm_down=True)
+    except config_files.ConfigEntryError as exc:
+        raise ValidationError({"down_entries": exc.errors}) from None
+    return {str(m): entry for m, entry in checked.items()}
 
 
 def _canonical(entries):
@@ -129,6 +175,7 @@ def _tuned_on(config):
         config.kernel_engine,
         config.kernel_version,
         config.kernel_source_sha256,
+        config.kernel_path,
     )
 
 
@@ -192,6 +239,7 @@ def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=Fals
     if unread and not force:
         raise ValidationError({"force": unread})
     gpu = deployment.kernel_gpu()
+    recipe = deployment.launch_recipe()
     block_shape = shape["block_shape"] if dtype == "fp8_w8a8" else None
     with transaction.atomic():
         tuning, created = tuning_run_create(
@@ -223,6 +271,9 @@ def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=Fals
                 "engine": engine,
                 "quantization": deployment.weight_quantization,
                 "force": force,
+                # the worker reads from them which kernel path vLLM takes (and which files)
+                "launch_env": recipe.env if recipe else None,
+                "launch_argv": recipe.argv if recipe else None,
             }
             host = deployment.host
             jobs.enqueue(
@@ -333,3 +384,23 @@ def tuning_timings_record(*, tuning_run, timings):
             [TuningTiming(run=tuning_run, **t) for t in fresh.values()]
         )
     return len(fresh), len(timings) - len(fresh)
+
+
+def engine_diff_store(*, report, provenance=""):
+    """An EngineDiff from a `python -m tuning engine-diff --json` report (a worker's push or an
+    upload); raises ValidationError naming "report" with the field that is wrong."""
+    try:
+        engine_diff.checked_report(report)
+    except engine_diff.ReportError as exc:
+        raise ValidationError({"report": str(exc)}) from None
+    if report["engine"] not in ENGINE_TITLES:
+        raise ValidationError({"report": f"engine must be one of {', '.join(ENGINE_TITLES)}"})
+    return EngineDiff.objects.create(
+        engine=report["engine"],
+        from_version=report["old"]["version"][:100],
+        to_version=report["new"]["version"][:100],
+        device_name=report["device_name"][:100],
+        shape=report["shape"],
+        report=report,
+        provenance=provenance[:300],
+    )

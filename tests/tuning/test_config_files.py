@@ -96,7 +96,41 @@ def test_it_adds_sglang_only_parts():
 
 def test_it_refuses_sglang_only_parts_in_a_vllm_name():
     with pytest.raises(ConfigFileError, match="SGLang names only"):
+        config_file_name(256, 256, "NVIDIA H200", per_channel_quant=True)
+    with pytest.raises(ConfigFileError, match="block-quantised shape only"):
         config_file_name(256, 256, "NVIDIA H200", down_moe=True)
+
+
+def test_vllms_down_file_is_the_up_files_name_ending_down_json():
+    # as vLLM 0.34's get_moe_configs(..., down_moe=True) builds it, and its shipped GLM-5 file
+    up = config_file_name(256, 256, "NVIDIA H200", "fp8_w8a8", (128, 128))
+    down = config_file_name(256, 256, "NVIDIA H200", "fp8_w8a8", (128, 128), down_moe=True)
+
+    assert down == up.removesuffix(".json") + "_down.json"
+    assert (
+        down == "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128]_down.json"
+    )
+    parsed = parse_config_file_name(down)
+    assert parsed.style == "vllm" and parsed.down_moe and parsed.name == down
+    # SGLang's spells the block with a space; one without a block shape is SGLang's too
+    assert parse_config_file_name(down.replace("[128,128]", "[128, 128]")).style == "sglang"
+    assert parse_config_file_name("E=8,N=64,device_name=NVIDIA_H200_down.json").style == "sglang"
+
+
+def test_a_vllm_down_file_may_turn_its_path_off_at_a_batch_size():
+    entry = {
+        "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 64,
+        "num_warps": 4, "num_stages": 3, "USE_TMA": True,
+    }  # fmt: skip
+    text = dumps_config({512: {"USE_TMA": False}, 1024: entry}, "3.6.0", vllm_down=True)
+
+    assert json.loads(text)["512"] == {"USE_TMA": False}
+    assert loads_config(text, vllm_down=True)[1] == {512: {"USE_TMA": False}, 1024: entry}
+    # only there: an up file's entry needs its tile, and so does any other _down entry
+    with pytest.raises(ConfigEntryError, match="batch size 512: BLOCK_SIZE_M is missing"):
+        loads_config(text)
+    with pytest.raises(ConfigEntryError, match="batch size 512: BLOCK_SIZE_M is missing"):
+        loads_config(json.dumps({"512": {"USE_TMA": True}}), vllm_down=True)
 
 
 @pytest.mark.parametrize(

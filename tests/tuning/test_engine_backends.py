@@ -364,29 +364,89 @@ def test_a_down_entry_takes_the_path_only_saying_use_tma_true(down_entry, up_blo
     assert sorted_a_entry(down_entry, up, 6144) is taken
 
 
-def test_a_tune_for_a_deployment_on_the_sorted_a_path_is_refused_in_a_sentence(vllm034):
-    refusal = vllm034.sorted_a_refusal(GLM5_FP8, deep_gemm_e8m0=True)
+@pytest.mark.parametrize(
+    ("launch", "capability", "path"),
+    [
+        ({"deep_gemm_e8m0": True}, 90, "sorted_a"),
+        ({"deep_gemm_e8m0": True, "expert_parallel": True}, 90, "tma"),
+        ({"deep_gemm_e8m0": False}, 90, "tma"),
+        (None, 90, "tma"),
+        ({"deep_gemm_e8m0": True}, 100, "tma"),
+        ({"deep_gemm_e8m0": True}, 80, "default"),
+    ],
+)
+def test_vllm_034s_kernel_path_follows_the_deployments_launch(launch, capability, path):
+    backend = load_backend(
+        "vllm", source_dir=engine_source("vllm", "0.34.0"), capability=capability, launch=launch
+    )
 
-    assert refusal.startswith("vLLM 0.34.0 runs GEMM 2 of this deployment on its sorted-A")
-    assert "_down file" in refusal and "VLLM_USE_DEEP_GEMM_E8M0" in refusal
-    assert vllm034.sorted_a_refusal(GLM5_FP8, deep_gemm_e8m0=False) is None
-    older = load_backend("vllm", source_dir=engine_source("vllm", "0.33.0"), capability=90)
-    assert older.sorted_a_refusal(GLM5_FP8, deep_gemm_e8m0=True) is None
+    assert backend.kernel_path(GLM5_FP8) == path
+    assert backend.down_config_applies(GLM5_FP8) is (path == "sorted_a")
+    assert backend.down_switches(GLM5_FP8) == ({"USE_TMA": (True,)} if path == "sorted_a" else {})
 
 
-def test_the_tune_cli_refuses_a_deep_gemm_e8m0_deployment_before_tuning(
-    tmp_path, capsys, monkeypatch
-):
+def test_vllm_033_has_no_sorted_a_path_whatever_the_launch():
+    older = load_backend(
+        "vllm",
+        source_dir=engine_source("vllm", "0.33.0"),
+        capability=90,
+        launch={"deep_gemm_e8m0": True},
+    )
+
+    assert older.kernel_path(GLM5_FP8) == "default"
+    assert older.shipped_configs(GLM5_FP8, "NVIDIA H200", down=True) is None
+
+
+def test_the_shipped_down_file_is_a_candidate_only_on_the_sorted_a_path():
+    source = engine_source("vllm", "0.34.0")
+    shape = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
+    on = load_backend("vllm", source_dir=source, capability=90, launch={"deep_gemm_e8m0": True})
+    off = load_backend("vllm", source_dir=source, capability=90)
+
+    shipped = on.shipped_configs(shape, "NVIDIA H200", down=True)
+    assert shipped.path.endswith("block_shape=[128,128]_down.json")
+    assert shipped.entry_for(500) == {"USE_TMA": False}
+    assert shipped.entry_for(1000)["USE_TMA"] is True
+    assert off.shipped_configs(shape, "NVIDIA H200", down=True) is None
+
+
+def test_a_layer_with_a_down_config_off_the_sorted_a_path_is_refused(vllm034):
+    from tuning.kernel_backend import BackendError
+
+    config = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
+    with pytest.raises(BackendError, match="runs GEMM 2 with GEMM 1's config here"):
+        vllm034.layer(
+            None, None, None, None, shape=GLM5_FP8, config=config,
+            down_config={**config, "BLOCK_SIZE_N": 128}, out=None,
+        )  # fmt: skip
+
+
+def test_the_tune_cli_gives_vllm_the_deployments_launch(tmp_path, monkeypatch):
     from tests.fakes import HF_CONFIGS
     from tuning import tune_cli
-    from tuning.__main__ import main
 
-    monkeypatch.setattr(tune_cli, "current_capability", lambda: 90)
-    argv = ["tune", "--model-config", str(HF_CONFIGS / "glm-5-fp8_config.json"), "--tp", "8"]
+    parser = __import__("argparse").ArgumentParser()
+    tune_cli.add_arguments(parser)
+    argv = ["--model-config", str(HF_CONFIGS / "glm-5-fp8_config.json"), "--tp", "8"]
     argv += ["--out", str(tmp_path), "--engine", "vllm"]
     argv += ["--engine-source", str(engine_source("vllm", "0.34.0")), "--deep-gemm-e8m0"]
+    args = parser.parse_args(argv)
 
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "error: vLLM 0.34.0 runs GEMM 2 of this deployment on its sorted-A" in err
-    assert "Traceback" not in err and not list(tmp_path.iterdir())
+    tune_cli._checked(args)
+
+    assert args.engine_spec["launch"] == {"deep_gemm_e8m0": True, "expert_parallel": False}
+
+
+def test_the_sorted_a_path_quantises_with_vllm_034s_own_kernel():
+    backend = load_backend(
+        "vllm",
+        source_dir=engine_source("vllm", "0.34.0"),
+        capability=90,
+        launch={"deep_gemm_e8m0": True},
+    )
+
+    kernel = backend._sorted_quant_kernel()
+
+    # (interpreted where this machine has no GPU: the same function either way)
+    assert kernel.fn.__name__ == "_silu_mul_quant_sorted_kernel"
+    assert kernel.fn.__module__.startswith("moeops_engine_kernels_vllm_0_34_0")

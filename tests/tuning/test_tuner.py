@@ -919,6 +919,78 @@ def test_a_backend_without_switches_writes_no_use_tma():
     assert "USE_TMA" not in result.batches[64].config
 
 
+class SortedABackend(ScriptedBackend):
+    """vLLM 0.34 for a deployment on its sorted-A path: GEMM 2 reads a `_down` file whose
+    shipped entries turn the path off at 512 and on at 1024."""
+
+    version = "0.34.0"
+
+    def kernel_path(self, shape):
+        return "sorted_a"
+
+    def down_config_applies(self, shape):
+        return True
+
+    def down_switches(self, shape):
+        return {"USE_TMA": (True,)}
+
+    def shipped_configs(self, shape, device_name, *, down=False):
+        if not down:
+            return ShippedConfigs("/engine/configs/file.json", {1: dict(SHIPPED)})
+        on = {**ENTRY, "BLOCK_SIZE_N": 128, "USE_TMA": True}
+        return ShippedConfigs("/engine/configs/file_down.json", {512: {"USE_TMA": False}, 1024: on})
+
+
+class SortedAMeasurements(ScriptedMeasurements):
+    """As the engine runs it: a `_down` entry not saying USE_TMA true leaves GEMM 2 on GEMM 1's
+    config; the down configs timed are kept."""
+
+    def __init__(self, backend):
+        super().__init__(backend, {})
+        self.down_timed = []
+
+    def timer(self, M):
+        timer = super().timer(M)
+        time_config = timer.time_config
+
+        def timed(config, replays, calls=None, *, down_config=None):
+            if down_config is not None:
+                self.down_timed.append((dict(config), dict(down_config)))
+                if not down_config.get("USE_TMA"):
+                    down_config = None
+            return time_config(config, replays, calls, down_config=down_config)
+
+        timer.time_config = timed
+        return timer
+
+
+def test_a_sorted_a_tune_searches_gemm_2_as_the_engine_ties_it_and_writes_both_files(tmp_path):
+    measurements = SortedAMeasurements(SortedABackend(DEFAULT, SHIPPED))
+
+    result = Tuner(FP8_BLOCK, measurements).tune([64, 512, 1024])
+
+    assert result.kernel_path == "sorted_a"
+    shipped = SortedABackend(DEFAULT).shipped_configs(FP8_BLOCK, "", down=True).entries.values()
+    # beside GEMM 1's config itself and the engine's own `_down` entries (head to head), every
+    # GEMM 2 candidate takes the path and shares GEMM 1's BLOCK_SIZE_M
+    searched = [
+        (up, down)
+        for up, down in measurements.down_timed
+        if down != up and down not in list(shipped)
+    ]
+    assert len(searched) > 10
+    assert all(down["USE_TMA"] is True for _, down in searched)
+    assert all(down["BLOCK_SIZE_M"] == up["BLOCK_SIZE_M"] for up, down in searched)
+    paths = write_config_files(result, tmp_path, "vllm")
+    assert [p.name.endswith("_down.json") for p in paths] == [False, True]
+    _, down = loads_config(paths[1].read_text(), vllm_down=True)
+    assert sorted(down) == [64, 512, 1024]
+    for m, entry in down.items():
+        # FakeTimer's GEMM 2 is fastest with its own 128-wide tiles: the path on
+        assert entry["USE_TMA"] is True and entry["BLOCK_SIZE_N"] == 128
+        assert entry["BLOCK_SIZE_M"] == result.batches[m].config["BLOCK_SIZE_M"]
+
+
 class RecordingMeasurements(ScriptedMeasurements):
     """Records, in order, each config whose compile was waited for and each one timed."""
 
@@ -991,7 +1063,12 @@ def test_the_next_chunks_first_compiles_start_before_this_chunks_last_timings():
 def test_the_result_names_the_kernel_it_was_tuned_on():
     result = Tuner(SHAPE, ScriptedMeasurements(ScriptedBackend(DEFAULT), {})).tune([1], down=False)
 
-    assert result.kernel == {"engine": "vllm", "version": "0.32.0", "source_sha256": "ab" * 32}
+    assert result.kernel == {
+        "engine": "vllm",
+        "version": "0.32.0",
+        "source_sha256": "ab" * 32,
+        "path": "default",
+    }
     # a log of another kernel is not resumed
     builtin = Tuner(SHAPE, FakeMeasurements()).tune([1], down=False)
     assert not builtin.same_run_as(result)

@@ -59,6 +59,9 @@ def test_it_queues_a_tune_and_sends_it_to_the_hosts_worker_after_commit(
         "engine": "sglang",
         "quantization": "",
         "force": False,
+        # an unmanaged deployment: no launch recipe to read the kernel path from
+        "launch_env": None,
+        "launch_argv": None,
     }
 
 

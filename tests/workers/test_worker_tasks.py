@@ -51,7 +51,13 @@ class FakeTuner:
         self.calls.append((shape, list(batch_sizes), list(gpu_indices), log_dir))
         self.engines.append(engine)
         spec = engine or {"engine": "builtin"}
-        kernel = load_backend(spec["engine"], source_dir=spec.get("source_dir"), capability=90)
+        kernel = load_backend(
+            spec["engine"],
+            source_dir=spec.get("source_dir"),
+            capability=90,
+            launch=spec.get("launch"),
+        )
+        path = kernel.kernel_path(shape)
         for done, m in enumerate(batch_sizes, 1):
             progress_callback(done, len(batch_sizes), f"M={m}")
         batches = {
@@ -66,7 +72,8 @@ class FakeTuner:
             for i, m in enumerate(batch_sizes, 1)
         }
         # at M=1024 GEMM 2 got a config of its own: 1100 µs with it, 1120 µs with the shared one
-        batches[1024].down_config = dict(ENTRY)
+        # (on vLLM's sorted-A path, an entry that takes it)
+        batches[1024].down_config = {**ENTRY, "USE_TMA": True} if path == "sorted_a" else ENTRY
         batches[1024].shared_config_us = 1120.0
         # the engine ships a file; at M=1 the search's best did not beat the engine's default
         for b in batches.values():
@@ -81,7 +88,7 @@ class FakeTuner:
             ceilings={"bandwidth_tbps": 4.24, "bf16_tflops": 689.0, "fp8_tflops": None},
             batches=batches,
             wall_s=12.5,
-            kernel=kernel.describe(),
+            kernel={**kernel.describe(), "path": path},
         )
 
 
@@ -173,6 +180,63 @@ def _page(path):
     user, _ = User.objects.get_or_create(username="reader")
     browser.force_login(user)
     return browser.get(path).content.decode()
+
+
+def test_a_sorted_a_tune_reads_the_launch_recipe_and_stores_up_and_down_as_one_config(
+    tune_client, monkeypatch, tmp_path
+):
+    from tests.engine import engine_source
+    from tuning import engine_source as engine_source_module
+
+    host, client = tune_client
+    # vLLM 0.34's fused-MoE code, installed with its own DeepGEMM as its wheel carries it
+    real = engine_source("vllm", "0.34.0")
+    site = tmp_path / "site"
+    (site / "vllm" / "third_party" / "deep_gemm").mkdir(parents=True)
+    (site / "vllm" / "model_executor").symlink_to(real / "model_executor")
+    for info in real.parent.glob("*.dist-info"):
+        (site / info.name).symlink_to(info)
+    installed = engine_source_module.locate_package("vllm", source_dir=site / "vllm")
+    monkeypatch.setattr(engine_source_module, "locate_package", lambda *a, **kw: installed)
+    tuning_run, _ = kernel_services.tuning_run_create(
+        host=host, E=8, N=256, hidden_size=4096, topk=2, engine="vllm"
+    )
+    tuner = FakeTuner()
+    fp8 = {"dtype": "fp8_w8a8", "block_shape": [128, 128], "E": 8, "N": 256, "hidden_size": 4096}
+
+    outcome = kernel_tune.tune_kernel(
+        str(tuning_run.uuid), client=client, topk=2, batch_sizes=[1, 64, 1024], spread=tuner,
+        engine="vllm", launch_env={"VLLM_USE_DEEP_GEMM_E8M0": "1"},
+        launch_argv=["vllm", "serve", "glm-5"], **fp8,
+    )  # fmt: skip
+
+    assert outcome == "succeeded"
+    assert tuner.engines[0]["launch"] == {"deep_gemm_e8m0": True, "expert_parallel": False}
+    tuning_run.refresh_from_db()
+    assert tuning_run.kernel_path == "sorted_a"
+    assert "sets VLLM_USE_DEEP_GEMM_E8M0=1" in tuning_run.kernel_note
+    # one record: the up file and its _down file, the path off where GEMM 2 had no own config
+    (config,) = KernelConfig.objects.all()
+    assert config.pk == tuning_run.result_id and config.kernel_path == "sorted_a"
+    assert config.down_entries == {
+        "1": {"USE_TMA": False},
+        "64": {"USE_TMA": False},
+        "1024": {**ENTRY, "USE_TMA": True},
+    }
+    names = [name for name, _ in config.files("vllm")]
+    assert names[1] == names[0].removesuffix(".json") + "_down.json"
+
+    # the same launch with E8M0 off: the default path's TMA, one file, no _down entries
+    again, _ = kernel_services.tuning_run_create(
+        host=host, E=8, N=256, hidden_size=4096, topk=2, engine="vllm"
+    )
+    kernel_tune.tune_kernel(
+        str(again.uuid), client=client, topk=2, batch_sizes=[1, 64, 1024], spread=tuner,
+        engine="vllm", launch_env={"VLLM_USE_DEEP_GEMM_E8M0": "0"}, launch_argv=[], **fp8,
+    )  # fmt: skip
+    again.refresh_from_db()
+    assert again.kernel_path == "tma" and again.result.down_entries is None
+    assert "VLLM_USE_DEEP_GEMM_E8M0=0" in again.kernel_note
 
 
 def test_a_tune_times_the_engines_own_kernel_where_it_is_installed(tune_client, monkeypatch):

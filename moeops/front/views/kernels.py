@@ -11,12 +11,14 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from moeops.front import charts
-from moeops.front.forms import KernelConfigFileForm
+from moeops.front.forms import EngineDiffFileForm, KernelConfigFileForm
 from moeops.kernels import services
-from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.kernels.models import EngineDiff, KernelConfig, TuningRun
 from tuning import config_files
 
 ENTRY_FIELDS = config_files.REQUIRED_FIELDS
+# vLLM's _down entries: a tile and whether the sorted-A path runs it
+DOWN_FIELDS = (*ENTRY_FIELDS, "USE_TMA")
 
 
 def _config_or_404(pk):
@@ -43,7 +45,11 @@ def _cell_color(value, low, high):
 
 def entry_table(config, fields):
     """Rows (batch size, [(value, css style)…]), colored per column from smallest to largest."""
-    entries = config.sorted_entries()
+    return entry_table_of(config.sorted_entries(), fields)
+
+
+def entry_table_of(entries, fields):
+    """entry_table of [(batch size, entry)] sorted by batch size."""
     ranges = {}
     for field in fields:
         values = [e.get(field) for _, e in entries if isinstance(e.get(field), int | float)]
@@ -146,6 +152,11 @@ def kernel_detail(request, pk):
         "sglang_name": config.file_name("sglang"),
         "sglang_path": sglang_path,
         "vllm_untimed": config.untimed_in("vllm"),
+        "down_fields": DOWN_FIELDS,
+        "down_rows": entry_table_of(config.sorted_down_entries(), DOWN_FIELDS),
+        "down_name": config.down_file_name() if config.down_entries else None,
+        # which path the file is for, and whether each engine that loads it runs that path
+        "path_uses": [(d, config.path_for(d)) for d in config.loaded_by()],
         "sglang_untimed": config.untimed_in("sglang"),
         "runs": config.runs.select_related("deployment").order_by("-created")[:10],
     }
@@ -156,10 +167,14 @@ def kernel_detail(request, pk):
 def kernel_download(request, pk, style):
     """The engine's config file, named as that engine looks it up."""
     config = _config_or_404(pk)
-    if style not in config.styles:
-        raise Http404("no such file for this engine (vLLM has no _down files)")
-    response = HttpResponse(config.engine_file_text(style), content_type="application/json")
-    response["Content-Disposition"] = f'attachment; filename="{config.file_name(style)}"'
+    if style == "vllm-down" and config.down_entries:
+        name, text = config.down_file_name(), config.down_file_text()
+    elif style in config.styles:
+        name, text = config.file_name(style), config.engine_file_text(style)
+    else:
+        raise Http404("no such file for this engine (vLLM has no _down file for this config)")
+    response = HttpResponse(text, content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
 
 
@@ -201,3 +216,34 @@ def kernel_diff(request):
         "changed": sum(1 for row in rows if any(cell[3] for cell in row[3])),
     }
     return render(request, "front/kernel_diff.html", ctx)
+
+
+@login_required
+def engine_diffs(request):
+    """The engine diffs on record, and an upload of a `python -m tuning engine-diff --json`
+    report (the web tier runs no engine code: a host where both versions are installed does)."""
+    form = EngineDiffFileForm()
+    status = 200
+    if request.method == "POST":
+        form = EngineDiffFileForm(request.POST, request.FILES)
+        if form.is_valid():
+            try:
+                diff = services.engine_diff_store(
+                    report=form.report, provenance="uploaded on the engine-diff page"
+                )
+            except ValidationError as exc:
+                for problem in exc.message_dict["report"]:
+                    form.add_error("file", problem)
+            else:
+                messages.success(request, f"Stored {diff}.")
+                return redirect("engine-diff", pk=diff.pk)
+        status = 400
+    ctx = {"nav": "kernels", "diffs": EngineDiff.objects.all()[:50], "form": form}
+    return render(request, "front/engine_diffs.html", ctx, status=status)
+
+
+@login_required
+def engine_diff(request, pk):
+    diff = get_object_or_404(EngineDiff, pk=pk)
+    ctx = {"nav": "kernels", "diff": diff, "lines": diff.lines(), "tables": diff.tables()}
+    return render(request, "front/engine_diff.html", ctx)

@@ -469,6 +469,10 @@ def tuning_detail(request, uuid):
         "no_telemetry": no_gpu_samples_text(
             "tune", tuning.telemetry_status, tuning.telemetry_detail
         ),
+        # whether the deployment's engine, at its version and launch, runs the path tuned
+        "path_use": (
+            tuning.path_for(tuning.deployment) if tuning.deployment and tuning.kernel_path else ""
+        ),
     }
     return render(request, "front/tuning_detail.html", ctx)
 
