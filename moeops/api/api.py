@@ -2,7 +2,7 @@
 
 from ninja import NinjaAPI, Schema
 
-from moeops.api import engines, errors, fleet, insights, kernels, runs
+from moeops.api import engines, errors, fleet, insights, kernels, runs, watches
 from moeops.api.auth import READ
 
 api = NinjaAPI(
@@ -35,3 +35,4 @@ api.add_router("/", runs.router)
 api.add_router("/", kernels.router)
 api.add_router("/", insights.router)
 api.add_router("/", engines.router)
+api.add_router("/", watches.router)
