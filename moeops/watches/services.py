@@ -6,6 +6,7 @@ baseline, and raise and deliver alerts.
 
 import json
 import logging
+import smtplib
 from urllib.parse import urlencode
 
 import httpx
@@ -232,7 +233,8 @@ def engine_down(deployment):
     return f"the engine was down at its latest health check ({at}{detail})"
 
 
-def _end(watch_run, status, reason):
+def watch_run_end(watch_run, status, reason):
+    """End a watch run that did not get to measure: skipped or failed, with its reason."""
     watch_run.status = status
     watch_run.reason = reason
     watch_run.finished_at = timezone.now()
@@ -250,13 +252,15 @@ def watch_fire(*, watch, watch_run=None, now=None):
         watch_run = WatchRun.objects.create(watch=watch, status="waiting")
     deployment = watch.deployment
     if not watch.in_window(now):
-        return _end(watch_run, "skipped", f"outside its quiet window ({watch.window_label()})")
+        return watch_run_end(
+            watch_run, "skipped", f"outside its quiet window ({watch.window_label()})"
+        )
     down = engine_down(deployment)
     if down:
-        return _end(watch_run, "skipped", down)
+        return watch_run_end(watch_run, "skipped", down)
     if watch.kind == "capacity":
         # TODO(lead): start the capacity search through its runs service once it exists
-        return _end(watch_run, "skipped", "capacity watches cannot start yet")
+        return watch_run_end(watch_run, "skipped", "capacity watches cannot start yet")
     with transaction.atomic():
         # one firing at a time per host: two watches must not both find it free
         type(deployment.host).objects.select_for_update().get(pk=deployment.host_id)
@@ -264,7 +268,7 @@ def watch_fire(*, watch, watch_run=None, now=None):
         if holder:
             waited = (now - watch_run.fired_at).total_seconds()
             if waited >= settings.MOEOPS_WATCH_WAIT_LIMIT_S:
-                return _end(
+                return watch_run_end(
                     watch_run,
                     "skipped",
                     f"the host stayed busy for {waited / 3600:.1f} h: {holder}",
@@ -280,7 +284,7 @@ def watch_fire(*, watch, watch_run=None, now=None):
             )
         except ValidationError as exc:
             reason = "; ".join(exc.messages)
-            _end(watch_run, "failed", f"the sweep could not start: {reason}")
+            watch_run_end(watch_run, "failed", f"the sweep could not start: {reason}")
             _after_failure(watch_run)
             return watch_run
         watch_run.run = run
@@ -349,14 +353,14 @@ def watch_run_finished(run):
     if watch_run is None:
         return None
     if run.status != "succeeded":
-        _end(
+        watch_run_end(
             watch_run, "failed", f"the sweep {run.status}" + (f": {run.error}" if run.error else "")
         )
         _after_failure(watch_run)
         return watch_run
     peak = _peak_level(run)
     if peak is None:
-        _end(watch_run, "failed", "the sweep measured no level")
+        watch_run_end(watch_run, "failed", "the sweep measured no level")
         _after_failure(watch_run)
         return watch_run
     watch_run.figure = peak.output_throughput
@@ -535,7 +539,7 @@ def alert_attempt(*, alert):
         except Exception as exc:  # smtplib's and the socket's errors alike: recorded, not raised
             answer["error"] = (
                 f"the SMTP server at {settings.EMAIL_HOST}:{settings.EMAIL_PORT} did not take "
-                f"the mail: {exc}"
+                f"the mail: {_smtp_words(exc)}"
             )
     attempt = AlertAttempt.objects.create(alert=alert, number=number, **answer)
     if attempt.ok:
@@ -544,6 +548,19 @@ def alert_attempt(*, alert):
         alert.error = attempt.error
     alert.save(update_fields=["status", "error", "delivered_at"])
     return attempt
+
+
+def _smtp_words(exc):
+    """An SMTP failure in words: "it refused ops@example.com (550 5.1.1 mailbox unavailable)"."""
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        refused = ", ".join(
+            f"{address} ({code} {message.decode(errors='replace')})"
+            for address, (code, message) in exc.recipients.items()
+        )
+        return f"it refused {refused}"
+    if isinstance(exc, smtplib.SMTPResponseException):
+        return f"it answered {exc.smtp_code} {exc.smtp_error.decode(errors='replace')}"
+    return str(exc) or type(exc).__name__
 
 
 def alert_give_up(*, alert):

@@ -13,9 +13,11 @@ def fire_watch(self, watch_id, watch_run_id=None):
     every MOEOPS_WATCH_WAIT_S under the same WatchRun. Returns the WatchRun's id, or None for a
     watch deleted or turned off."""
     watch = Watch.objects.select_related("deployment__host").filter(pk=watch_id).first()
-    if watch is None or not watch.enabled:
-        return None
     watch_run = WatchRun.objects.filter(pk=watch_run_id).first() if watch_run_id else None
+    if watch is None or not watch.enabled:
+        if watch_run is not None:
+            services.watch_run_end(watch_run, "skipped", "the watch was turned off while it waited")
+        return None
     watch_run = services.watch_fire(watch=watch, watch_run=watch_run)
     if watch_run.status == "waiting":
         raise self.retry(
