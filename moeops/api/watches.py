@@ -4,7 +4,7 @@ shown back: the API answers with its scheme and host only."""
 import datetime as dt
 from typing import Any, Literal
 
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.pagination import paginate
 
@@ -222,7 +222,7 @@ def watch_create(request, payload: WatchIn):
         enabled=payload.enabled,
         **payload.schedule.model_dump(),
     )
-    return 201, _watches().get(pk=watch.pk)
+    return Status(201, _watches().get(pk=watch.pk))
 
 
 @router.get("/watches", response=list[WatchOut])
@@ -277,7 +277,7 @@ def channel_create(request, payload: ChannelIn):
     channel = services.channel_create(
         **data, deployment=_deployment(deployment) if deployment is not None else None
     )
-    return 201, channel
+    return Status(201, channel)
 
 
 @router.get("/alert-channels", response=list[ChannelOut])

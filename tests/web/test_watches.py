@@ -332,3 +332,24 @@ def test_the_pages_show_watches_regressions_and_an_undelivered_alert(client, wat
     page = client.get("/").content.decode()
     assert "Regressed at their last watch" in page
     assert "(−40 %)" in page
+
+
+def test_the_deployment_page_costs_the_same_queries_for_more_watches(
+    client, watch, django_assert_max_num_queries
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    page_base.sign_in(client)
+    AlertChannel.objects.create(name="ops", kind="email", recipients=["ops@example.com"])
+    _finished(watch, 1000.0, [950.0, 1050.0], _args(64))
+    _finished(watch, 600.0, [560.0, 640.0], _args(16))
+    with CaptureQueriesContext(connection) as one:
+        client.get(watch.deployment.get_absolute_url())
+    for name in ("hourly", "weekly"):
+        more = services.watch_create(
+            deployment=watch.deployment, name=name, parameters=LOAD, every_hours=1
+        )
+        _finished(more, 1000.0, [950.0, 1050.0], _args(64))
+    with django_assert_max_num_queries(len(one)):
+        client.get(watch.deployment.get_absolute_url())

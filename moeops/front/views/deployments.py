@@ -282,14 +282,18 @@ def _deployment_page(
 
 
 def _watches_context(deployment):
-    """The deployment's watches with their next run and last run, and each one's timeline."""
+    """The deployment's watches with their next run and last run, and each one's timeline:
+    the same few queries for any number of watches."""
     now = timezone.now()
     watches = list(
         deployment.watches.select_related("periodic_task__crontab", "periodic_task__interval")
     )
+    by_watch = {watch.pk: [] for watch in watches}
+    for watch_run in watch_runs_for_timeline(watches):
+        by_watch[watch_run.watch_id].append(watch_run)
     timelines = []
     for watch in watches:
-        watch_runs = watch_runs_for_timeline(watch)
+        watch_runs = by_watch[watch.pk]
         watch.next_run = watch.next_run_at(now)
         watch.last_run = watch_runs[0] if watch_runs else None
         finished = [w for w in watch_runs if w.status == "finished"]

@@ -17,13 +17,17 @@ from moeops.watches.models import Alert, Watch, WatchRun
 WATCH_RUNS_SHOWN = 100
 
 
-def watch_runs_for_timeline(watch):
-    """The watch's newest runs (newest first) with their alerts and attempts prefetched."""
+def watch_runs_for_timeline(watches):
+    """The newest runs of these watches (newest first; WATCH_RUNS_SHOWN per watch on
+    average) with their alerts and attempts prefetched; no query without watches."""
+    if not watches:
+        return []
     alerts = Alert.objects.select_related("channel").prefetch_related("attempts")
     return list(
-        watch.watch_runs.select_related("run", "compared_with")
+        WatchRun.objects.filter(watch__in=watches)
+        .select_related("run", "compared_with")
         .prefetch_related(Prefetch("alerts", alerts))
-        .order_by("-fired_at", "-id")[:WATCH_RUNS_SHOWN]
+        .order_by("-fired_at", "-id")[: WATCH_RUNS_SHOWN * len(watches)]
     )
 
 
@@ -35,7 +39,7 @@ def watch_detail(request, pk):
         ),
         pk=pk,
     )
-    watch_runs = watch_runs_for_timeline(watch)
+    watch_runs = watch_runs_for_timeline([watch])
     for w in watch_runs:
         w.compare_path = w.compared_with and w.run and services.compare_path(w.compared_with, w.run)
     alerts = [alert for w in watch_runs for alert in w.alerts.all()]
