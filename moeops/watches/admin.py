@@ -27,11 +27,28 @@ class WatchForm(forms.ModelForm):
             "enabled",
         )
 
+    def clean_cron(self):
+        cron = self.cleaned_data["cron"].strip()
+        problem = cron and services.cron_problem(cron)
+        if problem:
+            raise ValidationError(problem)
+        return cron
+
     def clean(self):
+        """The service's refusals, on their fields, before anything is saved."""
         data = super().clean()
         cron, every = data.get("cron") or None, data.get("every_hours")
         if self.instance.pk is None and (cron is None) == (every is None):
             raise ValidationError("Give either a cron expression or every N hours.")
+        deployment = data.get("deployment") or getattr(self.instance, "deployment", None)
+        try:
+            if deployment is not None and isinstance(data.get("parameters"), dict):
+                services.watch_load(deployment, data.get("kind"), data["parameters"])
+            services.check_window(data.get("window_start"), data.get("window_end"))
+        except ValidationError as exc:
+            for field, messages in exc.message_dict.items():
+                field = field.split(".")[0]
+                self.add_error(field if field in self.fields else None, messages)
         return data
 
 
@@ -45,15 +62,10 @@ class WatchAdmin(admin.ModelAdmin):
         data = form.cleaned_data
         schedule = {"cron": data.get("cron") or None, "every_hours": data.get("every_hours")}
         fields = {key: data[key] for key in WatchForm.Meta.fields if key != "deployment"}
-        try:
-            if change:
-                services.watch_update(watch=obj, **schedule, **fields)
-            else:
-                created = services.watch_create(deployment=data["deployment"], **schedule, **fields)
-                obj.pk = created.pk
-        except ValidationError as exc:
-            # the form's own checks passed: what the service refuses is said on the page
-            self.message_user(request, "; ".join(exc.messages), level="error")
+        if change:
+            services.watch_update(watch=obj, **schedule, **fields)
+        else:
+            obj.pk = services.watch_create(deployment=data["deployment"], **schedule, **fields).pk
 
     def delete_model(self, request, obj):
         services.watch_delete(watch=obj)

@@ -98,14 +98,14 @@ def _schedule(*, cron=None, every_hours=None):
     return {"crontab": None, "interval": interval}
 
 
-def _check_window(window_start, window_end):
+def check_window(window_start, window_end):
     if (window_start is None) != (window_end is None):
         raise ValidationError({"window_end": "a quiet window needs both its start and its end"})
     if window_start is not None and window_start == window_end:
         raise ValidationError({"window_end": "a quiet window's end must differ from its start"})
 
 
-def _load(deployment, kind, parameters):
+def watch_load(deployment, kind, parameters):
     """The watch's load checked as the runs service checks a sweep's (ValidationError naming
     the parameter), rounds DEFAULT_ROUNDS unless given."""
     if not isinstance(parameters, dict):
@@ -139,8 +139,8 @@ def watch_create(
         raise ValidationError({"name": f"deployment {deployment.name!r} has a watch {name!r}"})
     if kind == "capacity" and slo_profile is None:
         raise ValidationError({"slo_profile": "a capacity watch needs an SLO profile"})
-    load = _load(deployment, kind, parameters)
-    _check_window(window_start, window_end)
+    load = watch_load(deployment, kind, parameters)
+    check_window(window_start, window_end)
     schedule = _schedule(cron=cron, every_hours=every_hours)
     watch = Watch.objects.create(
         deployment=deployment,
@@ -169,13 +169,13 @@ def watch_update(*, watch, cron=None, every_hours=None, **fields):
     """Change a watch: its name, load, profile, window, enabled, and (one of cron and
     every_hours) its schedule. Same refusals as watch_create."""
     if "parameters" in fields:
-        fields["parameters"] = _load(watch.deployment, watch.kind, fields["parameters"])
+        fields["parameters"] = watch_load(watch.deployment, watch.kind, fields["parameters"])
     name = fields.get("name")
     if name is not None:
         taken = Watch.objects.filter(deployment=watch.deployment, name=name)
         if not name.strip() or taken.exclude(pk=watch.pk).exists():
             raise ValidationError({"name": f"{name!r} is empty or taken on this deployment"})
-    _check_window(
+    check_window(
         fields.get("window_start", watch.window_start), fields.get("window_end", watch.window_end)
     )
     for key, value in fields.items():

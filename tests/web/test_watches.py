@@ -353,3 +353,47 @@ def test_the_deployment_page_costs_the_same_queries_for_more_watches(
         _finished(more, 1000.0, [950.0, 1050.0], _args(64))
     with django_assert_max_num_queries(len(one)):
         client.get(watch.deployment.get_absolute_url())
+
+
+# -- admin -----------------------------------------------------------------------------------
+
+
+def _admin_form(deployment, **fields):
+    return {
+        "deployment": deployment.pk,
+        "name": "nightly",
+        "kind": "sweep",
+        "parameters": '{"levels": [4], "input_len": 16, "output_len": 32}',
+        "cron": "",
+        "every_hours": "",
+        "enabled": "on",
+        **fields,
+    }
+
+
+def test_the_admin_refuses_a_bad_cron_on_its_field_and_saves_through_the_service(
+    admin_client, deployment
+):
+    page = admin_client.post(
+        "/admin/watches/watch/add/", _admin_form(deployment, cron="0 3 * * mon-fish")
+    )
+    assert page.status_code == 200
+    assert "the day of week field &#x27;mon-fish&#x27; does not parse" in page.content.decode()
+    assert not PeriodicTask.objects.filter(task=services.FIRE_TASK).exists()
+    page = admin_client.post(
+        "/admin/watches/watch/add/", _admin_form(deployment, cron="30 2 * * *")
+    )
+    assert page.status_code == 302
+    (task,) = PeriodicTask.objects.filter(task=services.FIRE_TASK)
+    assert (task.crontab.minute, task.crontab.hour) == ("30", "2")
+    assert task.watch.parameters["rounds"] == 3
+
+
+def test_the_admin_never_shows_a_webhooks_url_back(admin_client):
+    channel = AlertChannel.objects.create(
+        name="hook", kind="webhook", url="http://127.0.0.1:9/hooks/s3cret"
+    )
+    page = admin_client.get(f"/admin/watches/alertchannel/{channel.pk}/change/").content.decode()
+    assert "s3cret" not in page
+    listing = admin_client.get("/admin/watches/alertchannel/").content.decode()
+    assert "s3cret" not in listing and "http://127.0.0.1:9/…" in listing
