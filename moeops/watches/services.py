@@ -342,11 +342,15 @@ def factor_changes(a, b):
     return phrases
 
 
+@transaction.atomic
 def watch_run_finished(run):
     """The entry point for a finished sweep: when `run` is a watch's, judge it against the
-    watch's baseline and raise the alerts it calls for. Returns the WatchRun or None."""
+    watch's baseline and raise the alerts it calls for. Returns the WatchRun or None; a run
+    judged already (the analysis delivered twice) is not judged again."""
     watch_run = (
-        WatchRun.objects.filter(run=run, status="running")
+        # locked: two deliveries of the same analysis must not both alert
+        WatchRun.objects.select_for_update(of=("self",))
+        .filter(run=run, status="running")
         .select_related("watch__deployment")
         .first()
     )

@@ -397,3 +397,23 @@ def test_the_admin_never_shows_a_webhooks_url_back(admin_client):
     assert "s3cret" not in page
     listing = admin_client.get("/admin/watches/alertchannel/").content.decode()
     assert "s3cret" not in listing and "http://127.0.0.1:9/…" in listing
+
+
+def test_the_api_marks_a_baseline_and_lists_undelivered_alerts(owner, watch):
+    AlertChannel.objects.create(name="ops", kind="email", recipients=["ops@example.com"])
+    base = _finished(watch, 1000.0, [950.0, 1050.0], _args(64))
+    answer = owner.post(f"/api/v1/watch-runs/{base.pk}/baseline")
+    assert (answer.status_code, answer.json()["baseline"]) == (200, base.pk)
+    down = _finished(watch, 600.0, [560.0, 640.0], _args(16))
+    Alert.objects.filter(watch_run=down).update(status="failed", error="refused")
+    runs = owner.get(f"/api/v1/watches/{watch.pk}/runs").json()["items"]
+    assert [(r["verdict"], r["compared_with"]) for r in runs] == [
+        ("regressed", str(base.run.uuid)),
+        ("first", None),
+    ]
+    (alert,) = owner.get("/api/v1/alerts", params={"status": "failed"}).json()["items"]
+    assert (alert["kind"], alert["error"], alert["channel"]) == ("regression", "refused", "ops")
+    skipped = WatchRun.objects.create(watch=watch, status="skipped", reason="engine down")
+    answer = owner.post(f"/api/v1/watch-runs/{skipped.pk}/baseline")
+    assert answer.status_code == 400
+    assert answer.json()["detail"].startswith("watch_run: only a finished watch run")
