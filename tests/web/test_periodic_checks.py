@@ -105,3 +105,17 @@ def test_an_interval_that_is_no_count_of_seconds_is_refused(tmp_path, value):
     proc = _beat_config(MOEOPS_VAR_DIR=str(tmp_path), MOEOPS_HEALTH_CHECK_INTERVAL_S=value)
     assert proc.returncode != 0
     assert "ImproperlyConfigured: MOEOPS_HEALTH_CHECK_INTERVAL_S must be" in proc.stderr
+
+
+def test_checks_turned_off_leave_beats_database_when_beat_starts(db, monkeypatch):
+    """The database scheduler adds the settings' entries and never removes one."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from moeops.celery import _drop_schedules_taken_out_of_settings, app
+
+    every, _ = IntervalSchedule.objects.get_or_create(every=300, period="seconds")
+    for name in ("check-deployments", "fail-stale-runs"):
+        PeriodicTask.objects.create(name=name, task=f"moeops.{name}", interval=every)
+    monkeypatch.setitem(app.conf, "beat_schedule", {"fail-stale-runs": STALE_WORK})
+    _drop_schedules_taken_out_of_settings(sender=None)
+    assert list(PeriodicTask.objects.values_list("name", flat=True)) == ["fail-stale-runs"]
