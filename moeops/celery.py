@@ -7,6 +7,7 @@ GPU-host tasks belong to the `workers` app; the web side enqueues them by name w
 import os
 
 from celery import Celery, chain
+from celery.signals import beat_init
 
 from reports.queues import VISIBILITY_TIMEOUT_S
 
@@ -44,3 +45,15 @@ def send_host_chain(host, steps, **options):
         for name, kwargs in steps
     ]
     return chain(*signatures).apply_async(**options)
+
+
+@beat_init.connect
+def _drop_schedules_taken_out_of_settings(sender, **kwargs):
+    """The database scheduler adds the settings' entries (CELERY_BEAT_SCHEDULE) to the database
+    when beat starts but never removes one: health checks turned off (interval 0) stay off."""
+    from django_celery_beat.models import PeriodicTask
+
+    from moeops.fleet.tasks import CHECK_SCHEDULE_NAME
+
+    if CHECK_SCHEDULE_NAME not in app.conf.beat_schedule:
+        PeriodicTask.objects.filter(name=CHECK_SCHEDULE_NAME).delete()

@@ -63,6 +63,8 @@ FINISHED_HANDLERS = (
     "moeops.engines.services.on_job_finished",
     # a sweep run is analyzed: findings and plan items
     "moeops.insights.services.on_job_finished",
+    # a watch's sweep is judged against its baseline, and alerts go out
+    "moeops.watches.services.on_job_finished",
 )
 
 # Each kind's reaper of the jobs whose worker is lost (called with now=; returns how many it

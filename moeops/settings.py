@@ -79,11 +79,13 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "ninja",
+    "django_celery_beat",
     "moeops.fleet",
     "moeops.runs",
     "moeops.kernels",
     "moeops.insights",
     "moeops.engines",
+    "moeops.watches",
     "moeops.api",
     "moeops.front",
 ]
@@ -196,8 +198,33 @@ CELERY_BEAT_SCHEDULE["fail-stale-jobs"] = {
     "task": "moeops.jobs.fail_stale_jobs",
     "schedule": 60.0,
 }
-# beat remembers when each schedule last ran in this file
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# beat keeps its schedules in the database (django-celery-beat), where the watches' schedules
+# are edited in the admin and the API; the entries above are written there when beat starts
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# beat reads a changed schedule within this many seconds
+CELERY_BEAT_MAX_LOOP_INTERVAL = envint("MOEOPS_BEAT_MAX_LOOP_S", 60, minimum=1)
+
+# A watch whose host is held by another sweep, tune or engine action tries again every
+# MOEOPS_WATCH_WAIT_S, and is skipped, saying so, once it has waited MOEOPS_WATCH_WAIT_LIMIT_S.
+MOEOPS_WATCH_WAIT_S = envint("MOEOPS_WATCH_WAIT_S", 60, minimum=1)
+MOEOPS_WATCH_WAIT_LIMIT_S = envint("MOEOPS_WATCH_WAIT_LIMIT_S", 6 * 3600, minimum=1)
+# An alert's delivery is tried this many times in all, the n-th retry after
+# MOEOPS_ALERT_BACKOFF_S × 2^(n−1) s.
+MOEOPS_ALERT_ATTEMPTS = envint("MOEOPS_ALERT_ATTEMPTS", 5, minimum=1)
+MOEOPS_ALERT_BACKOFF_S = envint("MOEOPS_ALERT_BACKOFF_S", 30, minimum=0)
+# Where alerts' webhooks may be sent (a webhook is a request moeops makes on someone's word, as
+# an engine endpoint is): host names (".slack.com": any name under slack.com), addresses and
+# networks, matched as MOEOPS_ENDPOINT_ALLOWLIST is (fleet.endpoints).
+MOEOPS_WEBHOOK_ALLOWLIST = envlist("MOEOPS_WEBHOOK_ALLOWLIST", ["localhost", "127.0.0.0/8", "::1"])
+# Alert mail goes through Django's mail framework with these SMTP settings.
+EMAIL_HOST = os.getenv("EMAIL_HOST", "localhost")
+EMAIL_PORT = envint("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = os.getenv("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.getenv("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT_S", 20, minimum=1)
+DEFAULT_FROM_EMAIL = os.getenv("DEFAULT_FROM_EMAIL", "moeops@localhost")
 
 # Largest request body the API accepts (bytes); a telemetry batch of 5,000 samples is ~1 MB.
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("MOEOPS_MAX_BODY_BYTES", 16 * 1024 * 1024)

@@ -2,7 +2,7 @@
 
 from ninja import NinjaAPI, Schema
 
-from moeops.api import engines, errors, fleet, insights, kernels, runs, workloads
+from moeops.api import engines, errors, fleet, insights, kernels, runs, watches, workloads
 from moeops.api.auth import READ
 
 api = NinjaAPI(
@@ -36,3 +36,4 @@ api.add_router("/", kernels.router)
 api.add_router("/", insights.router)
 api.add_router("/", engines.router)
 api.add_router("/", workloads.router)
+api.add_router("/", watches.router)

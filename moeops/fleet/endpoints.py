@@ -32,7 +32,7 @@ def endpoint_refusal(*, host, url):
     name = parts.hostname.rstrip(".").lower()
     if not _is_address(name) and not HOST_NAME.fullmatch(name):
         return f"{parts.hostname!r} is neither a host name nor an IP address"
-    if name != host.name.lower() and not _allowed(name):
+    if name != host.name.lower() and not _allowed(name, settings.MOEOPS_ENDPOINT_ALLOWLIST):
         return (
             f"{parts.hostname} is neither host {host.name} nor in MOEOPS_ENDPOINT_ALLOWLIST "
             f"({', '.join(settings.MOEOPS_ENDPOINT_ALLOWLIST) or 'empty'})"
@@ -54,14 +54,14 @@ def _is_address(name):
     return True
 
 
-def _allowed(name):
-    """Whether a host name or IP address is in MOEOPS_ENDPOINT_ALLOWLIST: names (".lab.example"
-    for every name under lab.example), addresses and networks (10.0.0.0/8)."""
+def _allowed(name, allowlist):
+    """Whether a host name or IP address is in the allow-list: names (".lab.example" for every
+    name under lab.example), addresses and networks (10.0.0.0/8)."""
     try:
         address = ipaddress.ip_address(name)
     except ValueError:
         address = None
-    for entry in settings.MOEOPS_ENDPOINT_ALLOWLIST:
+    for entry in allowlist:
         entry = entry.lower()
         if address is not None:
             try:
@@ -72,6 +72,25 @@ def _allowed(name):
         elif name == entry or (entry.startswith(".") and name.endswith(entry)):
             return True
     return False
+
+
+def webhook_refusal(url):
+    """Why moeops may not send an alert to the webhook `url`, or "" when it may: an http(s) URL
+    whose host is in MOEOPS_WEBHOOK_ALLOWLIST (matched as the endpoints' list is)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port out of range raises here
+    except ValueError as exc:
+        return f"{url!r} is not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "the webhook is not an http(s) URL with a host"
+    name = parts.hostname.rstrip(".").lower()
+    if not _is_address(name) and not HOST_NAME.fullmatch(name):
+        return f"{parts.hostname!r} is neither a host name nor an IP address"
+    if not _allowed(name, settings.MOEOPS_WEBHOOK_ALLOWLIST):
+        allowed = ", ".join(settings.MOEOPS_WEBHOOK_ALLOWLIST) or "empty"
+        return f"{parts.hostname} is not in MOEOPS_WEBHOOK_ALLOWLIST ({allowed})"
+    return ""
 
 
 def _origin(url):

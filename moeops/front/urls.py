@@ -9,6 +9,7 @@ from moeops.front.views import (
     notes,
     runs,
     slo,
+    watches,
     workloads,
 )
 
@@ -73,6 +74,8 @@ urlpatterns = [
     path("slo/", slo.slo_profiles, name="slo-profiles"),
     path("slo/new/", slo.slo_profile_create, name="slo-profile-create"),
     path("slo/<int:pk>/", slo.slo_profile_edit, name="slo-profile-edit"),
+    path("watches/<int:pk>/", watches.watch_detail, name="watch-detail"),
+    path("watch-runs/<int:pk>/baseline/", watches.watch_run_baseline, name="watch-run-baseline"),
     path("notes/", notes.notes, name="notes"),
     path("notes/new/", notes.note_create, name="note-create"),
     path("notes/<slug:slug>/", notes.note_detail, name="note-detail"),

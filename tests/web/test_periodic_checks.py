@@ -60,7 +60,7 @@ def _beat_config(**env):
     """The web-side app's beat settings in a fresh interpreter (settings read the environment)."""
     code = (
         "import json; from moeops.celery import app; c = app.conf; "
-        "print(json.dumps({'schedule': c.beat_schedule, 'file': c.beat_schedule_filename}))"
+        "print(json.dumps({'schedule': c.beat_schedule, 'scheduler': c.beat_scheduler}))"
     )
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MOEOPS_")}
     return subprocess.run(
@@ -77,7 +77,7 @@ def _beat_config(**env):
 STALE_JOBS = {"task": "moeops.jobs.fail_stale_jobs", "schedule": 60.0}
 
 
-def test_beat_checks_every_five_minutes_by_default_and_keeps_its_file_in_var(tmp_path):
+def test_beat_checks_every_five_minutes_by_default_from_the_database_scheduler(tmp_path):
     proc = _beat_config(MOEOPS_VAR_DIR=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     conf = json.loads(proc.stdout)
@@ -85,7 +85,8 @@ def test_beat_checks_every_five_minutes_by_default_and_keeps_its_file_in_var(tmp
         "check-deployments": {"task": "moeops.fleet.tasks.check_deployments", "schedule": 300.0},
         "fail-stale-jobs": STALE_JOBS,
     }
-    assert conf["file"] == str(tmp_path / "celerybeat-schedule")
+    # the database scheduler writes these entries beside the watches' schedules when it starts
+    assert conf["scheduler"] == "django_celery_beat.schedulers:DatabaseScheduler"
 
 
 def test_the_interval_comes_from_the_environment_and_zero_turns_the_checks_off(tmp_path):
@@ -104,3 +105,17 @@ def test_an_interval_that_is_no_count_of_seconds_is_refused(tmp_path, value):
     proc = _beat_config(MOEOPS_VAR_DIR=str(tmp_path), MOEOPS_HEALTH_CHECK_INTERVAL_S=value)
     assert proc.returncode != 0
     assert "ImproperlyConfigured: MOEOPS_HEALTH_CHECK_INTERVAL_S must be" in proc.stderr
+
+
+def test_checks_turned_off_leave_beats_database_when_beat_starts(db, monkeypatch):
+    """The database scheduler adds the settings' entries and never removes one."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from moeops.celery import _drop_schedules_taken_out_of_settings, app
+
+    every, _ = IntervalSchedule.objects.get_or_create(every=300, period="seconds")
+    for name in ("check-deployments", "fail-stale-runs"):
+        PeriodicTask.objects.create(name=name, task=f"moeops.{name}", interval=every)
+    monkeypatch.setitem(app.conf, "beat_schedule", {"fail-stale-runs": STALE_WORK})
+    _drop_schedules_taken_out_of_settings(sender=None)
+    assert list(PeriodicTask.objects.values_list("name", flat=True)) == ["fail-stale-runs"]

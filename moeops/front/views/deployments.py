@@ -7,6 +7,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, OuterRef, Prefetch, Q, Subquery, prefetch_related_objects
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from kombu.exceptions import OperationalError
@@ -27,6 +28,7 @@ from moeops.front.forms import (
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.templatetags.moeops_format import evidence_text
 from moeops.front.views import engines
+from moeops.front.views.watches import watch_runs_for_timeline
 from moeops.insights.models import FINDING_STATES, Finding, PlanItem
 from moeops.insights.services import (
     finding_set_state,
@@ -42,6 +44,7 @@ from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.importers import ResultFileError, ResultFileMismatch
 from moeops.runs.models import LevelResult, SweepRun, of_the_deployments_model
+from moeops.watches.models import last_regressed
 
 ACTIVE = ("queued", "running")
 # Checks the deployment page lists, newest first.
@@ -113,6 +116,7 @@ def dashboard(request):
             .select_related("deployment", "run")
             .by_importance()[:DASHBOARD_FINDINGS_SCANNED]
         )[:DASHBOARD_FINDINGS],
+        "regressed": last_regressed(),
         "recent_runs": SweepRun.objects.select_related("deployment")
         .with_summary()
         .order_by("-created", "-id")[:8],
@@ -290,6 +294,7 @@ def _deployment_page(
         "peaks_chart": charts.peaks_per_run(own_runs),
     }
     ctx.update(engines.panel_context(deployment, plan_items))
+    ctx.update(_watches_context(deployment))
     return render(request, "front/deployment_detail.html", ctx, status=status)
 
 
@@ -312,6 +317,26 @@ def _capacity_over_time(deployment):
         ],
         "capacity_chart": charts.capacity_over_time(runs) if runs else None,
     }
+
+
+def _watches_context(deployment):
+    """The deployment's watches with their next run and last run, and each one's timeline:
+    the same few queries for any number of watches."""
+    now = timezone.now()
+    watches = list(
+        deployment.watches.select_related("periodic_task__crontab", "periodic_task__interval")
+    )
+    by_watch = {watch.pk: [] for watch in watches}
+    for watch_run in watch_runs_for_timeline(watches):
+        by_watch[watch_run.watch_id].append(watch_run)
+    timelines = []
+    for watch in watches:
+        watch_runs = by_watch[watch.pk]
+        watch.next_run = watch.next_run_at(now)
+        watch.last_run = watch_runs[0] if watch_runs else None
+        finished = [w for w in watch_runs if w.status == "finished"]
+        timelines.append((f"watch-timeline-{watch.pk}", charts.watch_timeline(finished)))
+    return {"watches": watches, "watch_timelines": timelines}
 
 
 @login_required

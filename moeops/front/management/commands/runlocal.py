@@ -217,12 +217,11 @@ class Command(BaseCommand):
                 env,
             ),
         ]
-        if settings.MOEOPS_HEALTH_CHECK_INTERVAL_S:
-            # the periodic health checks; beat keeps its schedule file in var/ (settings)
-            settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
-            children.append(
-                Child("beat", [*celery, "-A", "moeops", "beat", "--loglevel", "warning"], env)
-            )
+        # the periodic health checks, the stale-work reaper and the watches: beat reads its
+        # schedules from the database (settings, CELERY_BEAT_SCHEDULER)
+        children.append(
+            Child("beat", [*celery, "-A", "moeops", "beat", "--loglevel", "warning"], env)
+        )
         spared = {redis_server.pid} if redis_server is not None else set()
         _adopt_orphans()
         for child in children:

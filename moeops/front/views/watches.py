@@ -1,0 +1,66 @@
+"""A watch's page: its schedule, timeline, runs with their verdicts, and the alerts it raised
+(an undelivered one with its error); a person marks a run the baseline here."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.db.models import Prefetch
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from moeops.front import charts
+from moeops.watches import services
+from moeops.watches.models import Alert, Watch, WatchRun
+
+# The watch page lists this many of its newest runs; the timeline draws them too.
+WATCH_RUNS_SHOWN = 100
+
+
+def watch_runs_for_timeline(watches):
+    """The newest runs of these watches (newest first; WATCH_RUNS_SHOWN per watch on
+    average) with their alerts and attempts prefetched; no query without watches."""
+    if not watches:
+        return []
+    alerts = Alert.objects.select_related("channel").prefetch_related("attempts")
+    return list(
+        WatchRun.objects.filter(watch__in=watches)
+        .select_related("run", "compared_with")
+        .prefetch_related(Prefetch("alerts", alerts))
+        .order_by("-fired_at", "-id")[: WATCH_RUNS_SHOWN * len(watches)]
+    )
+
+
+@login_required
+def watch_detail(request, pk):
+    watch = get_object_or_404(
+        Watch.objects.select_related(
+            "deployment", "slo_profile", "periodic_task__crontab", "periodic_task__interval"
+        ),
+        pk=pk,
+    )
+    watch_runs = watch_runs_for_timeline([watch])
+    for w in watch_runs:
+        w.compare_path = w.compared_with and w.run and services.compare_path(w.compared_with, w.run)
+    alerts = [alert for w in watch_runs for alert in w.alerts.all()]
+    ctx = {
+        "nav": "deployments",
+        "watch": watch,
+        "next_run_at": watch.next_run_at(timezone.now()),
+        "watch_runs": watch_runs,
+        "alerts": alerts,
+        "undelivered": [alert for alert in alerts if alert.status == "failed"],
+        "timeline": charts.watch_timeline([w for w in watch_runs if w.status == "finished"]),
+    }
+    return render(request, "front/watch_detail.html", ctx)
+
+
+@login_required
+@require_POST
+def watch_run_baseline(request, pk):
+    watch_run = get_object_or_404(WatchRun.objects.select_related("watch"), pk=pk)
+    try:
+        services.watch_mark_baseline(watch_run=watch_run, user=request.user)
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
+    return redirect(watch_run.watch.get_absolute_url())

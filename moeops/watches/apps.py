@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class WatchesConfig(AppConfig):
+    name = "moeops.watches"
+    verbose_name = "Regression watches"

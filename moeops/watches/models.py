@@ -1,0 +1,266 @@
+"""Regression watches: a fixed measurement of a deployment on a schedule (django-celery-beat's
+PeriodicTask), each firing's record, and the alerts sent when a watch regresses, recovers or
+keeps failing, with every delivery attempt and its answer."""
+
+from datetime import time, timedelta
+from urllib.parse import urlsplit
+
+from django.db import models
+from django.urls import reverse
+
+WATCH_KINDS = (
+    ("sweep", "Sweep"),
+    # a capacity search (issue 28) is accepted here; starting one waits for its runs service
+    ("capacity", "Capacity search"),
+)
+
+# A watch's runs repeat each level this many times unless told otherwise: one round cannot
+# tell a regression from noise (reports.intervals).
+DEFAULT_ROUNDS = 3
+
+# What became of one firing of a watch.
+WATCH_RUN_STATUSES = (
+    ("waiting", "Waiting for the host"),
+    ("running", "Running"),
+    ("finished", "Finished"),
+    ("skipped", "Skipped"),
+    ("failed", "Failed"),
+)
+WATCH_RUN_OPEN = ("waiting", "running")
+
+# How a finished watch run's figure stands against its baseline (reports.intervals.overlap).
+VERDICTS = (
+    ("first", "First run: nothing to compare with"),
+    ("within", "Within the noise"),
+    ("regressed", "Regressed beyond the noise"),
+    ("improved", "Improved beyond the noise"),
+    ("unknown", "Cannot tell: no interval"),
+)
+
+CHANNEL_KINDS = (("webhook", "Webhook"), ("email", "Email"))
+
+ALERT_KINDS = (
+    ("regression", "Regression"),
+    ("recovery", "Recovery"),
+    ("failing", "Failing"),
+)
+ALERT_STATUSES = (
+    ("pending", "Sending"),
+    ("delivered", "Delivered"),
+    ("failed", "Undelivered"),
+)
+
+
+class Watch(models.Model):
+    """A sweep (or capacity search) of one deployment with a fixed load, fired by beat on its
+    schedule; its runs are compared with its baseline within the rounds' noise."""
+
+    deployment = models.ForeignKey("fleet.Deployment", models.CASCADE, related_name="watches")
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=20, choices=WATCH_KINDS, default="sweep")
+    parameters = models.JSONField(
+        default=dict,
+        help_text="The load of each run: levels, input_len, output_len, prompts_per_level, "
+        "warmup, rounds (default 3), endpoint",
+    )
+    slo_profile = models.ForeignKey(
+        "fleet.SLOProfile", models.PROTECT, null=True, blank=True, related_name="watches"
+    )
+    # the schedule lives in beat's own table, edited there in the admin too
+    periodic_task = models.OneToOneField(
+        "django_celery_beat.PeriodicTask",
+        models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="watch",
+    )
+    window_start = models.TimeField(null=True, blank=True, help_text="Quiet window start (UTC)")
+    window_end = models.TimeField(null=True, blank=True, help_text="Quiet window end (UTC)")
+    enabled = models.BooleanField(default=True)
+    baseline = models.ForeignKey(
+        "WatchRun", models.SET_NULL, null=True, blank=True, related_name="+",
+        help_text="The run a person marked baseline; empty: each run against the previous one",
+    )  # fmt: skip
+    baseline_marked_by = models.CharField(max_length=150, blank=True)
+    baseline_marked_at = models.DateTimeField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["deployment", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "name"], name="watch_unique_name")
+        ]
+
+    def __str__(self):
+        return f"{self.deployment.name}: {self.name}"
+
+    def get_absolute_url(self):
+        return reverse("watch-detail", args=[self.pk])
+
+    def in_window(self, at):
+        """Whether the time `at` (aware, UTC) lies in the quiet window; True without one. A window
+        whose end is before its start runs over midnight (22:00–04:00)."""
+        if self.window_start is None or self.window_end is None:
+            return True
+        now = time(at.hour, at.minute, at.second)
+        if self.window_start <= self.window_end:
+            return self.window_start <= now < self.window_end
+        return now >= self.window_start or now < self.window_end
+
+    def window_label(self):
+        if self.window_start is None or self.window_end is None:
+            return ""
+        return f"{self.window_start:%H:%M}–{self.window_end:%H:%M} UTC"
+
+    def schedule_label(self):
+        """ "cron 0 3 * * *" or "every 6 hours" as the schedule stands in beat's table."""
+        task = self.periodic_task
+        if task is None:
+            return "no schedule"
+        if task.crontab_id:
+            c = task.crontab
+            return f"cron {c.minute} {c.hour} {c.day_of_month} {c.month_of_year} {c.day_of_week}"
+        if task.interval_id:
+            i = task.interval
+            return f"every {i.every} {i.period}"
+        return "no schedule"
+
+    def next_run_at(self, now):
+        """When beat fires the watch next (aware datetime), or None when it is off."""
+        task = self.periodic_task
+        if task is None or not task.enabled or not self.enabled:
+            return None
+        remaining = task.schedule.remaining_estimate(task.last_run_at or task.date_changed or now)
+        # the estimate is taken against the scheduler's own clock, a few ms off `now`
+        at = now + max(remaining, timedelta(0)) + timedelta(milliseconds=500)
+        return at.replace(microsecond=0)
+
+
+def last_regressed():
+    """The watch runs that regressed and are their watch's newest finished run (the dashboard's
+    "regressed" list), with their watch and deployment."""
+    newest = (
+        WatchRun.objects.filter(watch=models.OuterRef("watch"), status="finished")
+        .order_by("-fired_at", "-id")
+        .values("pk")[:1]
+    )
+    return (
+        WatchRun.objects.filter(status="finished", verdict="regressed")
+        .filter(pk=models.Subquery(newest))
+        .select_related("watch__deployment", "run", "compared_with")
+    )
+
+
+class WatchRun(models.Model):
+    """One firing of a watch: the run it started (or why it waited, skipped or failed) and, once
+    that run finished, its figure against the baseline's."""
+
+    watch = models.ForeignKey(Watch, models.CASCADE, related_name="watch_runs")
+    run = models.OneToOneField(
+        "runs.SweepRun", models.SET_NULL, null=True, blank=True, related_name="watch_run"
+    )
+    status = models.CharField(max_length=20, choices=WATCH_RUN_STATUSES, default="waiting")
+    reason = models.TextField(blank=True, help_text="Why it waits, was skipped or failed")
+    verdict = models.CharField(max_length=20, choices=VERDICTS, blank=True)
+    compared_with = models.ForeignKey(
+        "runs.SweepRun", models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    figure = models.FloatField(null=True, blank=True, help_text="Peak output tok/s")
+    interval = models.JSONField(null=True, blank=True, help_text="[low, high] tok/s, 95 %")
+    baseline_figure = models.FloatField(null=True, blank=True, help_text="tok/s")
+    baseline_interval = models.JSONField(null=True, blank=True, help_text="[low, high] tok/s")
+    changes = models.JSONField(
+        default=list, blank=True, help_text="What changed between the two runs' snapshots"
+    )
+    fired_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-fired_at", "-id"]
+        # the watch's timeline and "the previous run of this watch" read this
+        indexes = [models.Index(fields=["watch", "-fired_at"], name="watchrun_watch_fired")]
+
+    def __str__(self):
+        return f"{self.watch} @ {self.fired_at:%Y-%m-%d %H:%M}: {self.status}"
+
+    @property
+    def drop(self):
+        """The fall of the figure from the baseline's, a fraction (0.2: 20 % lower), or None."""
+        if self.figure is None or not self.baseline_figure:
+            return None
+        return 1 - self.figure / self.baseline_figure
+
+
+class AlertChannel(models.Model):
+    """Where alerts go: a webhook (JSON with a Slack-compatible "text") or email addresses. A
+    channel with no deployment takes every deployment's alerts (moeops has no teams)."""
+
+    name = models.CharField(max_length=200, unique=True)
+    kind = models.CharField(max_length=20, choices=CHANNEL_KINDS)
+    deployment = models.ForeignKey(
+        "fleet.Deployment", models.CASCADE, null=True, blank=True, related_name="alert_channels",
+        help_text="Empty: every deployment's alerts",
+    )  # fmt: skip
+    # a webhook's URL carries its secret (Slack's path is the token): never shown back whole
+    url = models.CharField(max_length=500, blank=True)
+    recipients = models.JSONField(default=list, blank=True, help_text="Email addresses")
+    enabled = models.BooleanField(default=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def masked_url(self):
+        """The webhook's scheme and host, the rest hidden: "https://hooks.slack.com/…"."""
+        if not self.url:
+            return ""
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.netloc}/…"
+
+    def target_label(self):
+        return self.masked_url() if self.kind == "webhook" else ", ".join(self.recipients)
+
+
+class Alert(models.Model):
+    """One message to one channel, kept whether or not it was delivered."""
+
+    watch_run = models.ForeignKey(WatchRun, models.CASCADE, related_name="alerts")
+    channel = models.ForeignKey(AlertChannel, models.CASCADE, related_name="alerts")
+    kind = models.CharField(max_length=20, choices=ALERT_KINDS)
+    subject = models.CharField(max_length=300)
+    text = models.TextField()
+    status = models.CharField(max_length=20, choices=ALERT_STATUSES, default="pending")
+    error = models.TextField(blank=True, help_text="Why the last attempt failed")
+    created = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self):
+        return f"{self.kind} to {self.channel}: {self.status}"
+
+
+class AlertAttempt(models.Model):
+    """One try at delivering an alert and what the other side answered."""
+
+    alert = models.ForeignKey(Alert, models.CASCADE, related_name="attempts")
+    number = models.PositiveSmallIntegerField()
+    at = models.DateTimeField(auto_now_add=True)
+    ok = models.BooleanField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True, help_text="HTTP")
+    answer = models.TextField(blank=True, help_text="The answer's first 500 characters")
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["alert", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["alert", "number"], name="attempt_unique_number")
+        ]
+
+    def __str__(self):
+        return f"attempt {self.number} of {self.alert}: {'ok' if self.ok else 'failed'}"
