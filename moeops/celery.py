@@ -51,9 +51,9 @@ def send_host_chain(host, steps, **options):
 def _drop_schedules_taken_out_of_settings(sender, **kwargs):
     """The database scheduler adds the settings' entries (CELERY_BEAT_SCHEDULE) to the database
     when beat starts but never removes one: health checks turned off (interval 0) stay off."""
+    from django.conf import settings
     from django_celery_beat.models import PeriodicTask
 
-    from moeops.fleet.tasks import CHECK_SCHEDULE_NAME
-
-    if CHECK_SCHEDULE_NAME not in app.conf.beat_schedule:
-        PeriodicTask.objects.filter(name=CHECK_SCHEDULE_NAME).delete()
+    name = settings.MOEOPS_HEALTH_CHECK_SCHEDULE
+    if name not in app.conf.beat_schedule:
+        PeriodicTask.objects.filter(name=name).delete()

@@ -182,8 +182,10 @@ MOEOPS_ENDPOINT_ALLOWLIST = envlist(
 # beat); 0 turns them off.
 MOEOPS_HEALTH_CHECK_INTERVAL_S = envint("MOEOPS_HEALTH_CHECK_INTERVAL_S", 300, minimum=0)
 CELERY_BEAT_SCHEDULE = {}
+# the health checks' entry in beat's schedule (moeops.celery drops it when the checks are off)
+MOEOPS_HEALTH_CHECK_SCHEDULE = "check-deployments"
 if MOEOPS_HEALTH_CHECK_INTERVAL_S:
-    CELERY_BEAT_SCHEDULE["check-deployments"] = {
+    CELERY_BEAT_SCHEDULE[MOEOPS_HEALTH_CHECK_SCHEDULE] = {
         "task": "moeops.fleet.tasks.check_deployments",
         "schedule": float(MOEOPS_HEALTH_CHECK_INTERVAL_S),
     }

@@ -11,9 +11,6 @@ from moeops.fleet.models import Deployment
 
 log = logging.getLogger(__name__)
 
-# The name of the health checks' entry in beat's schedule (settings, CELERY_BEAT_SCHEDULE).
-CHECK_SCHEDULE_NAME = "check-deployments"
-
 
 @app.task
 def check_deployments():

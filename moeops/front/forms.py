@@ -26,7 +26,7 @@ from moeops.insights.services import note_slug, note_taken_refusal
 from moeops.jobs import JOB_STATUSES
 from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
-from moeops.runs.models import RUN_STATUSES, TUNED_KERNEL, WORKLOAD_KINDS, SweepRun, Workload
+from moeops.runs.models import TUNED_KERNEL, WORKLOAD_KINDS, SweepRun, Workload
 from moeops.runs.parameters import MAX_ROUNDS, parameters_checked
 from moeops.storable import storable_json
 from reports import workloads as workload_specs

@@ -1659,7 +1659,6 @@ RULES = (
     regression,
     client_bound,
     capacity_at_cap,
-
     engine_token_counts,
     cold_prefix_cache,
 )

@@ -2,7 +2,6 @@
 kernel tunes), engine samples."""
 
 import hashlib
-
 import json
 import math
 import uuid

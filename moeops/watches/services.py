@@ -21,8 +21,9 @@ from django.utils import timezone
 from django_celery_beat import validators as cron_validators
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-from moeops.engines.models import ACTION_IN_FLIGHT, EngineAction
+from moeops.engines.models import EngineAction
 from moeops.fleet.endpoints import webhook_refusal
+from moeops.jobs import ACTION_IN_FLIGHT
 from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
 from moeops.runs import snapshots

@@ -23,13 +23,11 @@ from moeops.kernels.services import kernel_config_import
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.capacity import level_figures
-from reports.capacity import bracket, limits_of, probe_of
-
 from moeops.runs.models import RequestLog
-from reports import engine_counters
-from reports.engine_counters import TOKEN_GAP
-
 from moeops.runs.workloads import workload_store
+from reports import engine_counters
+from reports.capacity import bracket, limits_of, probe_of
+from reports.engine_counters import TOKEN_GAP
 from tests.engine import (
     MODEL_DIR,
     PYTHON,
@@ -49,8 +47,6 @@ from workers.engine_metrics import (
     read_engine_counters,
     scrape_engine_metrics,
 )
-
-from workers.engine_metrics import EngineMetricsSampler, scrape_engine_metrics
 from workers.loadgen import ClientConfig, LevelConfig, dataset_items
 from workers.loadgen.prompts import request_prompt
 
@@ -356,6 +352,7 @@ def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stac
     sent = sum(lv.completed + lv.failed for lv in levels)
     assert sent < sum(lv.completed + lv.failed for lv in grid_levels)
 
+
 def _client(server):
     return loadgen.ClientConfig(server.url, SERVED_MODEL, vocab_size=VOCAB_SIZE, timeout_s=120)
 
@@ -400,6 +397,7 @@ def test_vllms_own_counters_show_its_prefix_cache_hit_repeats_and_miss_random_pr
     assert random_rate < 0.05
     # each of the 7 repeats finds the 768 tokens of the prompt's full blocks: 7 × 768 / 8 × 769
     assert repeated_rate == pytest.approx(7 * 768 / (8 * 769), abs=0.05)
+
 
 def test_a_multi_turn_sweep_on_the_chat_endpoint_completes_every_turn(vllm_stack):
     spec = {

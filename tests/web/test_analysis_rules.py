@@ -713,6 +713,7 @@ def test_runs_are_comparable_only_with_the_same_arrivals():
     assert analysis.comparable_key(rated) != analysis.comparable_key({**rated, "burstiness": 0.5})
     assert analysis.comparable_key(rated) != analysis.comparable_key({**rated, "ramp_up_s": 30})
 
+
 def test_runs_of_two_workloads_are_never_compared():
     base = {"levels": [128, 256], "input_len": 1024, "output_len": 1024}
     chats = {"id": 3, "name": "chats", "version": 1, "kind": "dataset", "sha256": "ab" * 32}

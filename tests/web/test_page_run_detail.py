@@ -621,6 +621,7 @@ def test_the_charts_and_the_cost_columns_read_the_same_level_power(sweep):
     assert power == pytest.approx(sweep.level_power(levels))
     assert set(power) == {level.key for level in levels}
 
+
 def test_the_engine_counters_of_each_level_are_charted(client, sweep):
     counters = {
         "engine": "vllm",
@@ -641,6 +642,7 @@ def test_the_engine_counters_of_each_level_are_charted(client, sweep):
     assert traces["speculative acceptance"]["y"] == [75.0]
     assert traces["preemptions"]["y"] == [3.0]
     assert traces["preemptions"]["x"] == [str(level.concurrency)]
+
 
 def test_a_multi_turn_run_names_its_workload_and_shows_ttft_by_turn(client):
     pb.sign_in(client)

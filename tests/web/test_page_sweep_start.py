@@ -179,6 +179,7 @@ def test_it_shows_why_the_arrivals_are_refused_and_stores_nothing(
     assert shown in html.unescape(response.content.decode())
     assert not SweepRun.objects.exists() and sent == []
 
+
 def test_the_form_sends_the_workload_it_names(
     client, deployment, sent, django_capture_on_commit_callbacks
 ):

@@ -114,8 +114,8 @@ def test_checks_turned_off_leave_beats_database_when_beat_starts(db, monkeypatch
     from moeops.celery import _drop_schedules_taken_out_of_settings, app
 
     every, _ = IntervalSchedule.objects.get_or_create(every=300, period="seconds")
-    for name in ("check-deployments", "fail-stale-runs"):
+    for name in ("check-deployments", "fail-stale-jobs"):
         PeriodicTask.objects.create(name=name, task=f"moeops.{name}", interval=every)
-    monkeypatch.setitem(app.conf, "beat_schedule", {"fail-stale-runs": STALE_WORK})
+    monkeypatch.setitem(app.conf, "beat_schedule", {"fail-stale-jobs": STALE_JOBS})
     _drop_schedules_taken_out_of_settings(sender=None)
-    assert list(PeriodicTask.objects.values_list("name", flat=True)) == ["fail-stale-runs"]
+    assert list(PeriodicTask.objects.values_list("name", flat=True)) == ["fail-stale-jobs"]

@@ -420,6 +420,7 @@ def test_a_resumed_capacity_search_judges_the_levels_stored_and_finishes_the_cut
     assert run.progress["capacity"]["end"] == "end_met"
     assert run.capacity["load"] == 4 and run.capacity["end"] == "end_met"
 
+
 def test_a_rate_sweep_stores_a_level_per_rate_with_its_requests_and_engine_counters(world):
     deployment, client = world
     run = _run(

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("kernels", "0006_kernel_path_and_down_companion"),
+        ("kernels", "0007_kernel_path_and_down_companion"),
     ]
 
     operations = [

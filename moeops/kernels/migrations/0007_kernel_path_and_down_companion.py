@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("kernels", "0005_tuningrun_plan_item"),
+        ("kernels", "0006_tuning_run_started_at"),
     ]
 
     operations = [

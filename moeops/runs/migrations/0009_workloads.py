@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0006_level_rounds"),
+        ("runs", "0008_level_achieved_rate_and_request_logs"),
     ]
 
     operations = [

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0006_level_rounds"),
+        ("runs", "0007_capacity_answer"),
     ]
 
     operations = [
