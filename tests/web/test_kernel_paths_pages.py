@@ -159,21 +159,25 @@ def test_the_tune_page_says_the_recipe_keeps_vllm_off_the_path_tuned(client):
     assert "with this launch does not take its sorted-A path" in html
 
 
-def test_a_tune_sends_the_launch_recipe_to_the_worker(monkeypatch):
+def test_a_tune_sends_the_launch_recipe_to_the_worker(
+    monkeypatch, django_capture_on_commit_callbacks
+):
     from moeops.kernels import services as kernel_services
 
     sent = {}
     monkeypatch.setattr(
-        kernel_services, "run_enqueue", lambda **kwargs: sent.update(kwargs["kwargs"])
+        kernel_services, "send_host_task", lambda name, host, kwargs: sent.update(kwargs)
     )
     from moeops.fleet.models import Deployment
 
     monkeypatch.setattr(Deployment, "tune_refusal", lambda self, **kw: "")
     deployment = _deployment(env={"VLLM_USE_DEEP_GEMM_E8M0": "1"})
 
-    kernel_services.tuning_start(
-        deployment=deployment, dtype="fp8_w8a8", batch_sizes=[1], engine="vllm"
-    )
+    # sent once the tune is committed (moeops.jobs.enqueue)
+    with django_capture_on_commit_callbacks(execute=True):
+        kernel_services.tuning_start(
+            deployment=deployment, dtype="fp8_w8a8", batch_sizes=[1], engine="vllm"
+        )
 
     assert sent["launch_env"] == {"VLLM_USE_DEEP_GEMM_E8M0": "1"}
     assert sent["launch_argv"] == ["vllm", "serve", "glm-5"]

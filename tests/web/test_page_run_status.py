@@ -108,6 +108,7 @@ def test_status_endpoint_reports_progress_and_figures(client, live):
         "gpu-clock",
         "engine",
         "kv-cache",
+        "engine-counters",
     }
     assert "figures" not in client.get(f"/runs/{live.uuid}/status.json").json()
 
