@@ -205,6 +205,15 @@ class DeploymentForm(forms.ModelForm):
             order = ["name", "model", *self.NEW_MODEL_FIELDS]
             self.order_fields(order + [f for f in self.fields if f not in order])
 
+    def clean_launch_args(self):
+        # an empty box is no other arguments, not a JSON null the column cannot hold
+        args = self.cleaned_data["launch_args"]
+        if args is None:
+            return {}
+        if not isinstance(args, dict):
+            raise forms.ValidationError('Give flag → value pairs, e.g. {"--max-num-seqs": 256}.')
+        return args
+
     def clean_endpoint_url(self):
         url = self.cleaned_data["endpoint_url"]
         host = self.cleaned_data.get("host")

@@ -276,3 +276,19 @@ def test_the_service_registers_a_new_model_with_the_deployment_or_neither(fleet)
     assert created and deployment.model.name == "moonshotai/Kimi-K2"
     assert deployment.model.provenance == "config.json given in the new-deployment form"
     assert deployment.gpu_indices() == [0, 1]
+
+
+def test_an_empty_launch_arguments_box_means_none(client, fleet):
+    model, host, _ = fleet
+    response = client.post("/deployments/new/", _form(model, host, launch_args=""))
+    deployment = Deployment.objects.get()
+    assert response["Location"] == f"/deployments/{deployment.pk}/"
+    assert deployment.launch_args == {}
+
+
+def test_launch_arguments_that_are_no_flag_to_value_pairs_are_refused(client, fleet):
+    model, host, _ = fleet
+    response = client.post("/deployments/new/", _form(model, host, launch_args="[1, 2]"))
+    assert response.status_code == 200
+    assert "Give flag → value pairs" in response.content.decode()
+    assert not Deployment.objects.exists()
