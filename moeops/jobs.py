@@ -59,6 +59,8 @@ ACTION_IN_FLIGHT = ("queued", "running", "sweeping")
 # job= (a SweepRun, TuningRun or EngineAction) and leaves alone the kinds it has no business
 # with. Watches that fire on a finished job add their handler here.
 FINISHED_HANDLERS = (
+    # a capacity search that ended other than through its worker's last report gets its answer
+    "moeops.runs.services.on_job_finished",
     # a re-sweep ends its engine action; a plan item's tune starts one
     "moeops.engines.services.on_job_finished",
     # a sweep run is analyzed: findings and plan items

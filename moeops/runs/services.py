@@ -336,6 +336,15 @@ def run_update(*, run, status=None, error="", takeover=None, **fields):
     return run
 
 
+def on_job_finished(*, job):
+    """A capacity search that ended without its answer stored (cancelled, its worker lost, ended
+    by the reaper) gets it from the levels it stored (moeops.jobs.FINISHED_HANDLERS, before the
+    analysis, which reads it). Returns the answer stored, None when there was nothing to do."""
+    if not isinstance(job, SweepRun) or not job.is_capacity_search or job.capacity:
+        return None
+    return run_capacity_record(run=job)
+
+
 def run_capacity_record(*, run):
     """Store a capacity search's answer from its levels (moeops.runs.capacity.run_answer)."""
     levels = list(run.levels.all())

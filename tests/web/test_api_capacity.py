@@ -3,6 +3,7 @@ profile), bad input refused naming the field, the answer read on the run once it
 
 import pytest
 
+from moeops import jobs
 from moeops.fleet.models import GPU, SLOProfile
 from moeops.runs import services
 from moeops.runs.models import SweepRun
@@ -133,3 +134,22 @@ def test_the_answer_is_read_on_the_run_once_it_ends(world, broker):
     assert point["per_user"] == pytest.approx(1000 / 20.0)
     assert point["output_throughput_interval"][0] < 1200.0 < point["output_throughput_interval"][1]
     assert [p["load"] for p in answer["probes"]] == [4, 8, 12, 13, 14, 16]
+
+
+def test_a_search_that_ends_without_its_worker_still_gets_its_answer(world, broker):
+    created = world.owner.post("/api/v1/runs", _start())
+    run = SweepRun.objects.get(pk=created.json()["id"])
+    services.run_transition(run=run, status="running")
+    for concurrency, tpot in ((4, 20.0), (8, 30.0), (16, 70.0)):
+        _level(run, concurrency, tpot)
+    # the worker is gone: the reaper, not the worker, ends the run
+    SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": 0.0})
+    assert services.run_fail_stale() == 1
+    run.refresh_from_db()
+    assert run.status == "failed" and not run.capacity
+
+    jobs.job_finished("runs.sweeprun", run.pk)
+
+    answer = world.owner.get(f"/api/v1/runs/{run.uuid}").json()["capacity"]
+    assert answer["load"] == 8 and answer["bracket"] == [8, 16]
+    assert [p["load"] for p in answer["probes"]] == [4, 8, 16]
