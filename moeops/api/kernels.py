@@ -10,7 +10,7 @@ from django.utils.http import content_disposition_header
 from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.pagination import paginate
-from pydantic import Field, StringConstraints, field_validator, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from moeops.api import lookups
 from moeops.api.auth import AnyWrite, HostWrite, require_host
@@ -281,7 +281,10 @@ class TuningRunPatch(Patch):
 
 class TimingIn(In):
     """One batch size M: the written config's, the engine's default and shipped configs' and the
-    floor's times (µs) of one fused-MoE layer; picked: where the written config comes from."""
+    floor's times (µs) of one fused-MoE layer; picked: where the written config comes from.
+    Strict, as a sweep's level is: true or "5" is refused rather than stored as 1 or 5."""
+
+    model_config = ConfigDict(strict=True)
 
     batch_size: Size
     tuned_us: float | None = Field(None, ge=0, description="the written config's")

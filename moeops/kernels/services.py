@@ -374,16 +374,32 @@ def tuning_timings_record(*, tuning_run, timings):
     """Store per-batch-size timings once each; returns (created, already stored) counts.
 
     timings: dicts of TuningTiming fields (tuned_us, default_us, shipped_us, floor_us in µs;
-    picked).
+    picked). A batch size stored before with the same figures is a repeat (a resent push);
+    TuningConflict for one stored with other figures, or a new batch size of a finished tune.
     """
     with transaction.atomic():
-        TuningRun.objects.select_for_update().filter(pk=tuning_run.pk).first()
-        known = set(tuning_run.timings.values_list("batch_size", flat=True))
-        fresh = {t["batch_size"]: t for t in timings if t["batch_size"] not in known}
-        TuningTiming.objects.bulk_create(
-            [TuningTiming(run=tuning_run, **t) for t in fresh.values()]
-        )
+        locked = TuningRun.objects.select_for_update().get(pk=tuning_run.pk)
+        known = {t.batch_size: t for t in locked.timings.all()}
+        for timing in timings:
+            stored = known.get(timing["batch_size"])
+            if stored is not None and _timing_fields(stored, timing) != timing:
+                raise TuningConflict(
+                    f"the timing of batch size {timing['batch_size']} was stored with other "
+                    "figures; a stored timing is not replaced"
+                )
+        fresh = [t for t in timings if t["batch_size"] not in known]
+        if fresh and locked.is_finished:
+            raise TuningConflict(
+                f"tuning run {locked.uuid} is {locked.status}: "
+                "a finished tune takes no more timings"
+            )
+        TuningTiming.objects.bulk_create([TuningTiming(run=tuning_run, **t) for t in fresh])
     return len(fresh), len(timings) - len(fresh)
+
+
+def _timing_fields(stored, timing):
+    """The stored timing's values of the fields a push names, to compare with the push."""
+    return {name: getattr(stored, name) for name in timing}
 
 
 def engine_diff_store(*, report, provenance=""):

@@ -528,19 +528,18 @@ def _insert_samples(model, owner_column, owner_id, samples):
 def _batch_record(*, owner, batch_id, kind, model, samples):
     """owner: {"run": SweepRun} or {"tuning_run": TuningRun}. A repeat (the same batch id and
     samples) stores nothing; RunConflict for a batch id stored with other samples, or a new
-    batch of a finished sweep run."""
+    batch of a finished run or tune."""
     ((field, obj),) = owner.items()
     key = {**owner, "kind": kind, "batch_id": batch_id}
     digest = body_sha256(samples)
     what = f"{kind} sample batch {batch_id!r}"
     with transaction.atomic():
-        # a sweep run's row is locked so that it cannot finish between the check and the insert
-        locked = SweepRun.objects.select_for_update().get(pk=obj.pk) if field == "run" else None
+        # the run's row is locked so that it cannot finish between the check and the insert
+        locked = type(obj).objects.select_for_update().get(pk=obj.pk)
         existing = TelemetryBatch.objects.filter(**key).first()
         if existing is not None:
             return _same_body(existing, digest, what), False
-        if locked is not None:
-            _closed_to(locked, "samples")
+        _closed_to(locked, "samples")
         try:
             with transaction.atomic():
                 batch = TelemetryBatch.objects.create(**key, count=len(samples), body_sha256=digest)

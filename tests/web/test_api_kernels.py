@@ -488,3 +488,74 @@ def test_it_rejects_a_tuning_run_asking_for_an_unknown_engine(world):
     assert response.status_code == 422
     assert response.json()["message"].startswith("engine:")
     assert not TuningRun.objects.exists()
+
+
+def _tune_with_timings(world, status):
+    world.host_worker.post("/api/v1/tuning-runs", {**TUNING, "status": "running"})
+    ref = TUNING["uuid"]
+    timings = [{"batch_size": 1, "tuned_us": 24.5, "default_us": 61.0, "config": ENTRY}]
+    world.host_worker.post(f"/api/v1/tuning-runs/{ref}/timings", {"timings": timings})
+    world.host_worker.patch(f"/api/v1/tuning-runs/{ref}", {"status": status})
+    return ref, timings
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed", "cancelled"])
+def test_a_finished_tune_takes_no_new_timings_nor_samples_but_a_resent_push_is_a_repeat(
+    world, status
+):
+    ref, timings = _tune_with_timings(world, status)
+    path = f"/api/v1/tuning-runs/{ref}/timings"
+
+    resent = world.host_worker.post(path, {"timings": timings})
+    new = world.host_worker.post(path, {"timings": [{"batch_size": 64, "tuned_us": 610.0}]})
+    samples = [{"gpu_index": 0, "ts": 1.7e9, "power_w": 85.0}]
+    telemetry = world.host_worker.post(
+        f"/api/v1/tuning-runs/{ref}/telemetry", {"batch_id": "t1", "samples": samples}
+    )
+
+    assert resent.status_code == 200 and resent.json() == {"created": 0, "existing": 1}
+    assert new.status_code == 409
+    assert new.json()["detail"] == (
+        f"tuning run {ref} is {status}: a finished tune takes no more timings"
+    )
+    assert telemetry.status_code == 409
+    assert telemetry.json()["detail"].endswith("a finished run takes no more samples")
+    assert list(TuningTiming.objects.values_list("batch_size", flat=True)) == [1]
+    assert not TuningRun.objects.get().telemetry.exists()
+
+
+def test_a_timing_resent_with_other_figures_is_a_conflict_naming_its_batch_size(world):
+    world.host_worker.post("/api/v1/tuning-runs", {**TUNING, "status": "running"})
+    ref = TUNING["uuid"]
+    path = f"/api/v1/tuning-runs/{ref}/timings"
+    first = [{"batch_size": 1, "tuned_us": 24.5, "default_us": 61.0}]
+    world.host_worker.post(path, {"timings": first})
+
+    other = world.host_worker.post(path, {"timings": [{**first[0], "tuned_us": 30.0}]})
+    mixed = world.host_worker.post(
+        path, {"timings": [{"batch_size": 2, "tuned_us": 40.0}, {**first[0], "default_us": 1.0}]}
+    )
+
+    assert other.status_code == 409 and mixed.status_code == 409
+    assert other.json()["detail"] == (
+        "the timing of batch size 1 was stored with other figures; a stored timing is not replaced"
+    )
+    # nothing of a refused push is stored, the new batch size of the mixed one included
+    assert list(TuningTiming.objects.values_list("batch_size", "tuned_us")) == [(1, 24.5)]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("batch_size", "5"), ("batch_size", True), ("tuned_us", "24.5"), ("candidates_tried", True)],
+)
+def test_a_timing_takes_json_numbers_only(world, field, value):
+    world.host_worker.post("/api/v1/tuning-runs", TUNING)
+    timing = {"batch_size": 1, "tuned_us": 24.5, field: value}
+
+    answer = world.host_worker.post(
+        f"/api/v1/tuning-runs/{TUNING['uuid']}/timings", {"timings": [timing]}
+    )
+
+    assert answer.status_code in (400, 422), answer.content
+    assert field in answer.content.decode()
+    assert not TuningTiming.objects.exists()
