@@ -618,6 +618,7 @@ class ResultFileForm(forms.Form):
         choices=(
             ("sglang", "SGLang bench_serving (JSONL)"),
             ("vllm", "vLLM bench serve --save-result (JSON)"),
+            ("moeops", "moeops per-request export (requests.jsonl)"),
         )
     )
     file = forms.FileField(label="Result file")

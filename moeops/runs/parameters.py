@@ -112,7 +112,9 @@ class RunParameters(BaseModel):
         description='the workload sent: its id, name (newest version) or "name v3"; a run '
         "stores its record and spec (id, name, version, kind, sha256, spec)",
     )
-    format: Literal["sglang", "vllm"] | None = Field(None, description="an imported file's")
+    format: Literal["sglang", "vllm", "moeops"] | None = Field(
+        None, description="an imported file's"
+    )
     file_name: Annotated[str, Field(max_length=300)] | None = None
     import_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
