@@ -495,6 +495,16 @@ class CapacityForm(forms.Form):
     endpoint = forms.ChoiceField(
         choices=(("completions", "completions"), ("chat", "chat")), initial="completions"
     )
+    burstiness = forms.FloatField(
+        required=False,
+        help_text="Request-rate mode: the gaps between requests at every rate tried, 1 (or "
+        "empty) Poisson, below 1 burstier (vLLM's --burstiness).",
+    )
+    ramp_up_s = forms.FloatField(
+        label="Ramp-up (s)",
+        required=False,
+        help_text="Request-rate mode: each level's rate rises from 0 over these seconds.",
+    )
 
     def __init__(self, *args, deployment, **kwargs):
         super().__init__(*args, **kwargs)
@@ -544,6 +554,8 @@ class CapacityForm(forms.Form):
             "input_len": data.get("input_len"),
             "output_len": data.get("output_len"),
             "endpoint": data.get("endpoint"),
+            "burstiness": data.get("burstiness"),
+            "ramp_up_s": data.get("ramp_up_s"),
         }
         if data.get("slo_profile"):
             parameters["slo_profile"] = str(data["slo_profile"].pk)
