@@ -505,6 +505,12 @@ class CapacityForm(forms.Form):
         required=False,
         help_text="Request-rate mode: each level's rate rises from 0 over these seconds.",
     )
+    workload = forms.ModelChoiceField(
+        queryset=Workload.objects.order_by("name", "-version"),
+        required=False,
+        empty_label="random token ids of the lengths above",
+        help_text="What each request sends at every load tried (the workloads page lists them).",
+    )
 
     def __init__(self, *args, deployment, **kwargs):
         super().__init__(*args, **kwargs)
@@ -559,6 +565,8 @@ class CapacityForm(forms.Form):
         }
         if data.get("slo_profile"):
             parameters["slo_profile"] = str(data["slo_profile"].pk)
+        if data.get("workload") is not None:
+            parameters["workload"] = data["workload"].pk
         return {k: v for k, v in parameters.items() if v is not None}
 
 
