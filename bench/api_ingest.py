@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from localstack.ports import free_port  # noqa: E402
+from reports.latency_stats import percentile  # noqa: E402
 from workers.client import MoeopsClient  # noqa: E402
-from workers.latency_stats import percentile  # noqa: E402
 
 PYTHON = sys.executable
 GPUS = 8

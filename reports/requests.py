@@ -10,7 +10,11 @@ import base64
 import json
 import math
 import zlib
+from collections import Counter
 
+import numpy as np
+
+from reports import latency_stats
 from reports.numbers import is_integer, is_number
 
 # Per request, in export order.
@@ -159,3 +163,71 @@ def csv_cells(level, request):
         value = request[key]
         cells.append(json.dumps(value) if key == "itl" and value is not None else value)
     return ["" if value is None else value for value in cells]
+
+
+def level_figures(columns):
+    """A round's LevelResult figures from its logged requests (an imported export): counts,
+    duration (s), token totals, throughputs (req/s, tok/s), peaks and latency statistics (ms),
+    defined as the load generator defines them from its own records (docs/metrics.md).
+
+    The log keeps no stream's end after its last content chunk: a request ends at its send +
+    latency, so the duration can be a hair shorter than the one the worker measured. Token
+    figures are None unless every completed request has its usage; the peak output tok/s is
+    None where a completed request lost its ITLs (past MAX_ITL_VALUES)."""
+    requests = rows(columns)
+    sent = [r for r in requests if r["start_time"] is not None]
+    ok = [r for r in requests if r["status"] == "ok"]
+    failed = [r for r in requests if r["status"] == "failed"]
+    starts = np.array([r["start_time"] for r in sent], dtype=np.float64)
+    ends = np.array([r["start_time"] + (r["latency"] or 0.0) for r in sent], dtype=np.float64)
+    start = float(starts.min()) if sent else 0.0
+    duration = float(ends.max()) - start if sent else 0.0
+    usage = bool(ok) and all(r["input_len"] is not None and r["output_len"] is not None for r in ok)
+    total_input = sum(r["input_len"] for r in ok) if usage else None
+    total_output = sum(r["output_len"] for r in ok) if usage else None
+
+    def per_s(x):
+        return x / duration if x is not None and duration > 0 else None
+
+    tpots = [
+        (r["latency"] - r["ttft"]) / (r["output_len"] - 1)
+        for r in ok
+        if usage and r["output_len"] > 1 and None not in (r["latency"], r["ttft"])
+    ]
+    figures = {
+        "completed": len(ok),
+        "failed": len(failed),
+        "errors": dict(Counter(r["error_reason"] or "error" for r in failed)),
+        "duration": duration,
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": per_s(len(ok)),
+        "output_throughput": per_s(total_output),
+        "total_token_throughput": per_s(
+            None if total_input is None else total_input + total_output
+        ),
+        "max_output_tokens_per_s": _peak_tokens_per_s(ok, start) if usage else None,
+        "max_concurrent_requests": latency_stats.interval_overlap_max(starts, ends, start),
+        "usage_reported": usage,
+    }
+    figures.update(
+        latency_stats.describe_ms("ttft", [r["ttft"] for r in ok if r["ttft"] is not None])
+    )
+    figures.update(latency_stats.describe_ms("tpot", tpots))
+    figures.update(latency_stats.describe_ms("itl", [g for r in ok for g in r["itl"] or ()]))
+    figures.update(
+        latency_stats.describe_ms("e2el", [r["latency"] for r in ok if r["latency"] is not None])
+    )
+    return figures
+
+
+def _peak_tokens_per_s(ok, start):
+    """Most output tokens in one 1 s bucket, each content chunk (at send + ttft + its gaps so
+    far) counting its request's tokens / chunks, as the load generator counts them."""
+    if any(r["itl"] is None or r["ttft"] is None for r in ok):
+        return None
+    times = [np.cumsum([r["start_time"] + r["ttft"], *r["itl"]]) for r in ok]
+    weights = [np.full(len(t), r["output_len"] / len(t)) for r, t in zip(ok, times, strict=True)]
+    if not times:
+        return 0.0
+    return latency_stats.bucket_max(np.concatenate(times), np.concatenate(weights), start)

@@ -28,7 +28,8 @@ RATE_MAX_CONCURRENCY = 1024
 
 def level_at(config, search, load, index, max_concurrency=None):
     """The LevelConfig of the search's level at `load` (a concurrency, or req/s); config: the
-    run's loadgen.SweepConfig."""
+    run's loadgen.SweepConfig, whose burstiness and ramp-up shape a rate level's arrivals."""
+    arrivals = {}
     if search.mode == "concurrency":
         concurrency, rate = int(load), None
         prompts = config.prompts_per_level or DEFAULT_PROMPTS_PER_STREAM * concurrency
@@ -36,6 +37,8 @@ def level_at(config, search, load, index, max_concurrency=None):
         concurrency = int(max_concurrency or RATE_MAX_CONCURRENCY)
         rate = float(load)
         prompts = config.prompts_per_level or max(MIN_RATE_PROMPTS, round(rate * RATE_LEVEL_S))
+        # the run's arrivals at every rate tried: a bursty workload's capacity is its own
+        arrivals = {"burstiness": config.burstiness, "ramp_up_s": config.ramp_up_s}
     return LevelConfig(
         concurrency=concurrency,
         input_len=config.input_len,
@@ -48,6 +51,7 @@ def level_at(config, search, load, index, max_concurrency=None):
         slo_tpot_ms=config.slo_tpot_ms,
         slo_e2el_ms=config.slo_e2el_ms,
         index=index,
+        **arrivals,
     )
 
 

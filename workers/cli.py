@@ -156,12 +156,13 @@ def build_parser():
 
     command = commands.add_parser(
         "import-results",
-        help="import a SGLang or vLLM benchmark result file as a run",
+        help="import a SGLang or vLLM benchmark result file, or a run's requests, as a run",
         description="Import SGLang bench_serving JSONL (--output-file) or vLLM --save-result "
-        "JSON; each result object becomes one level of a new run.",
+        "JSON, each result object one level of a new run; or (--format moeops) a run's "
+        "per-request export, its levels and rounds those of its lines.",
     )
     command.add_argument("file", help="the result file")
-    command.add_argument("--format", required=True, choices=("sglang", "vllm"))
+    command.add_argument("--format", required=True, choices=("sglang", "vllm", "moeops"))
     command.add_argument("--deployment", required=True, help="deployment name or id")
     command.add_argument("--label", default="", help="label of the run (default: file name)")
     command.add_argument(

@@ -33,6 +33,9 @@ PALETTE = (
     "#17becf",
 )
 CONCURRENCY_AXIS = {"title": {"text": "concurrency"}, "type": "log", "dtick": 0.30103}
+RATE_AXIS = {"title": {"text": "request rate asked (req/s)"}, "type": "log"}
+LOAD_AXES = {"concurrency": CONCURRENCY_AXIS, "request_rate": RATE_AXIS}
+LOAD_WORDS = {"concurrency": "concurrency", "request_rate": "request rate"}
 # Above this many points a line reads better without a marker on every point.
 MARKER_LIMIT = 60
 # Pareto labels closer than this to one already placed (fraction of each axis's span, about
@@ -81,6 +84,52 @@ def _concurrency(level):
     return level.concurrency
 
 
+def _rate(level):
+    return level.request_rate
+
+
+def load_axis(levels):
+    """What a chart vs load plots the levels against: "request_rate" when every level sent at
+    a rate (a rate sweep, a request-rate capacity search: at one cap its levels differ in
+    rate alone), else "concurrency"."""
+    placed = [level for level in levels if level.concurrency is not None]
+    rated = placed and all(level.request_rate is not None for level in placed)
+    return "request_rate" if rated else "concurrency"
+
+
+def _load_lines(levels, key, axis):
+    """[(cap or None, levels, points)]: on the concurrency axis one line of (concurrency,
+    value); on the rate axis one line per cap (concurrency) of (asked req/s, value, achieved
+    req/s), each sorted by x."""
+    if axis == "concurrency":
+        points = _level_points(levels, key)
+        return [(None, levels, points)] if points else []
+    caps = sorted({level.concurrency for level in levels if level.concurrency is not None})
+    lines = []
+    for cap in caps:
+        mine = [lv for lv in levels if lv.concurrency == cap and lv.request_rate is not None]
+        points = sorted(
+            (lv.request_rate, getattr(lv, key), lv.achieved_request_rate)
+            for lv in mine
+            if getattr(lv, key) is not None
+        )
+        if points:
+            lines.append((cap, mine, points))
+    return lines
+
+
+def _load_line(name, points, cap, caps, unit_hover, **extra):
+    """One line of _load_lines: named for its cap when the chart has several; the hover says
+    the level's load (its concurrency, or the rate asked and achieved) and unit_hover."""
+    if cap is None:
+        return _line(name, points, hovertemplate="c=%{x}<br>" + unit_hover, **extra)
+    named = f"{name} (cap {cap})" if caps > 1 else name
+    hover = "%{x:g} req/s asked, %{customdata:.3g} achieved<br>" + unit_hover
+    line = _line(named, [(x, y) for x, y, _ in points], hovertemplate=hover, **extra)
+    line["customdata"] = [achieved for _, _, achieved in points]
+    return line
+
+
 def _band(name, levels, key, x_of=_concurrency):
     """The 95 % interval over the rounds of `key` as a filled band around its line (one trace:
     the upper ends left to right, then the lower ends back), or None without intervals; x_of:
@@ -105,8 +154,8 @@ def _band(name, levels, key, x_of=_concurrency):
     }
 
 
-def _with_band(traces, name, levels, key):
-    band = _band(name, levels, key)
+def _with_band(traces, name, levels, key, x_of=_concurrency):
+    band = _band(name, levels, key, x_of)
     if band is not None:
         traces.append(band)
 
@@ -181,64 +230,69 @@ def _log_toggle(title):
     }
 
 
-def throughput_vs_concurrency(runs):
-    """Output tok/s vs concurrency, one line per run (levels without a concurrency are left out)."""
+def throughput_vs_load(runs):
+    """Output tok/s vs load, one line per run (and cap): the rate asked when every run's levels
+    sent at rates, else concurrency (levels without a concurrency are left out)."""
+    runs = list(runs)
+    levels = {run.pk: list(run.levels.all()) for run in runs}
+    axis = _common_axis(levels.values())
     traces = []
     for run in runs:
-        points = _level_points(run.levels.all(), "output_throughput")
-        if points:
-            traces.append(
-                _line(
-                    run_name(run),
-                    points,
-                    hovertemplate="concurrency %{x}<br>%{y:.0f} tok/s"
-                    "<extra>%{fullData.name}</extra>",
-                )
-            )
+        lines = _load_lines(levels[run.pk], "output_throughput", axis)
+        for cap, _, points in lines:
+            hover = "%{y:.0f} tok/s<extra>%{fullData.name}</extra>"
+            traces.append(_load_line(run_name(run), points, cap, len(lines), hover))
     return figure(
         traces,
-        "Output throughput vs concurrency",
-        CONCURRENCY_AXIS,
+        f"Output throughput vs {LOAD_WORDS[axis]}",
+        LOAD_AXES[axis],
         {"title": {"text": "output tok/s"}, "rangemode": "tozero"},
     )
 
 
+def _common_axis(level_lists):
+    """The load axis of a chart of several runs: the rate when each run's is, else concurrency."""
+    axes = {load_axis(levels) for levels in level_lists}
+    return "request_rate" if axes == {"request_rate"} else "concurrency"
+
+
+def _vs_load(traces, name, levels, key, axis, unit_hover, **extra):
+    """The lines of one metric of a run's levels vs load (_load_lines), each with the band of
+    its 95 % interval where the levels ran several rounds."""
+    lines = _load_lines(levels, key, axis)
+    for cap, mine, points in lines:
+        hover = unit_hover + "<extra>" + name + "</extra>"
+        line = _load_line(name, points, cap, len(lines), hover, **extra)
+        traces.append(line)
+        _with_band(traces, line["name"], mine, key, _rate if cap is not None else _concurrency)
+
+
 def run_throughput(levels):
-    """A run's output and total (input + output) tok/s vs concurrency; output tok/s with the
-    band of its 95 % interval where the levels ran several rounds."""
+    """A run's output and total (input + output) tok/s vs its load (load_axis: concurrency, or
+    the rate asked, one line per cap); output tok/s with the band of its 95 % interval where the
+    levels ran several rounds."""
+    axis = load_axis(levels)
     traces = []
     for key, name in (("output_throughput", "output"), ("total_token_throughput", "total")):
-        points = _level_points(levels, key)
-        if points:
-            hover = "c=%{x}<br>%{y:,.0f} tok/s<extra>" + name + "</extra>"
-            traces.append(_line(name, points, hovertemplate=hover))
-            _with_band(traces, name, levels, key)
+        _vs_load(traces, name, levels, key, axis, "%{y:,.0f} tok/s")
     return figure(
         traces,
-        "Throughput vs concurrency",
-        CONCURRENCY_AXIS,
+        f"Throughput vs {LOAD_WORDS[axis]}",
+        LOAD_AXES[axis],
         {"title": {"text": "tok/s"}, "rangemode": "tozero"},
     )
 
 
 def run_latency(levels, metric, title):
-    """p50 and p99 of one latency metric (ttft, tpot, itl, e2el; ms) vs concurrency, each with
-    the band of its 95 % interval where the levels ran several rounds; TTFT with a linear/log
-    switch."""
+    """p50 and p99 of one latency metric (ttft, tpot, itl, e2el; ms) vs the run's load
+    (load_axis), each with the band of its 95 % interval where the levels ran several rounds;
+    TTFT with a linear/log switch."""
+    axis = load_axis(levels)
     traces = []
     for stat, name, dash in (("median", "p50", "solid"), ("p99", "p99", "dash")):
-        points = _level_points(levels, f"{stat}_{metric}_ms")
-        if points:
-            traces.append(
-                _line(
-                    name,
-                    points,
-                    line={"dash": dash},
-                    hovertemplate="c=%{x}<br>%{y:,.1f} ms<extra>" + name + "</extra>",
-                )
-            )
-            _with_band(traces, name, levels, f"{stat}_{metric}_ms")
-    fig = figure(traces, title, CONCURRENCY_AXIS, {"title": {"text": "ms"}, "rangemode": "tozero"})
+        key = f"{stat}_{metric}_ms"
+        _vs_load(traces, name, levels, key, axis, "%{y:,.1f} ms", line={"dash": dash})
+    fig = figure(traces, title, LOAD_AXES[axis], {"title": {"text": "ms"}, "rangemode": "tozero"})
     if metric == "ttft":
         fig["layout"].update(_log_toggle(title))
     return fig
@@ -586,27 +640,33 @@ def _legend(style):
     return fields
 
 
-def compare_vs_concurrency(runs, styles, key, title, ytitle, fmt=",.0f", log_toggle=False):
-    """One metric of each run's levels vs concurrency; styles[run.pk] gives name and color;
-    log_toggle adds a linear/log switch of the y axis."""
+def compare_vs_load(runs, styles, key, metric, ytitle, fmt=",.0f", log_toggle=False):
+    """One metric of each run's levels vs load, titled "<metric> vs <load>": the rate asked
+    (a line per run and cap) when every run's levels sent at rates, else concurrency (a rate
+    level then at its cap); styles[run.pk] gives name and color; log_toggle adds a linear/log
+    switch of the y axis."""
+    levels = {run.pk: list(run.levels.all()) for run in runs}
+    axis = _common_axis(levels.values())
     traces = []
     for run in runs:
-        points = _level_points(run.levels.all(), key)
-        if points:
-            style = styles[run.pk]
+        style = styles[run.pk]
+        lines = _load_lines(levels[run.pk], key, axis)
+        for cap, _, points in lines:
+            hover = "%{y:" + fmt + "}<extra>%{fullData.name}</extra>"
             traces.append(
-                _line(
+                _load_line(
                     style["name"],
                     points,
+                    cap,
+                    len(lines),
+                    hover,
                     **_legend(style),
                     line={"color": style["color"], "dash": style["dash"]},
                     marker={"color": style["color"]},
-                    hovertemplate="c=%{x}<br>%{y:" + fmt + "}<extra>%{fullData.name}</extra>",
                 )
             )
-    fig = figure(
-        traces, title, CONCURRENCY_AXIS, {"title": {"text": ytitle}, "rangemode": "tozero"}
-    )
+    title = f"{metric} vs {LOAD_WORDS[axis]}"
+    fig = figure(traces, title, LOAD_AXES[axis], {"title": {"text": ytitle}, "rangemode": "tozero"})
     if log_toggle:
         fig["layout"].update(_log_toggle(title))
     return fig

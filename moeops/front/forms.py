@@ -495,6 +495,22 @@ class CapacityForm(forms.Form):
     endpoint = forms.ChoiceField(
         choices=(("completions", "completions"), ("chat", "chat")), initial="completions"
     )
+    burstiness = forms.FloatField(
+        required=False,
+        help_text="Request-rate mode: the gaps between requests at every rate tried, 1 (or "
+        "empty) Poisson, below 1 burstier (vLLM's --burstiness).",
+    )
+    ramp_up_s = forms.FloatField(
+        label="Ramp-up (s)",
+        required=False,
+        help_text="Request-rate mode: each level's rate rises from 0 over these seconds.",
+    )
+    workload = forms.ModelChoiceField(
+        queryset=Workload.objects.order_by("name", "-version"),
+        required=False,
+        empty_label="random token ids of the lengths above",
+        help_text="What each request sends at every load tried (the workloads page lists them).",
+    )
 
     def __init__(self, *args, deployment, **kwargs):
         super().__init__(*args, **kwargs)
@@ -544,9 +560,13 @@ class CapacityForm(forms.Form):
             "input_len": data.get("input_len"),
             "output_len": data.get("output_len"),
             "endpoint": data.get("endpoint"),
+            "burstiness": data.get("burstiness"),
+            "ramp_up_s": data.get("ramp_up_s"),
         }
         if data.get("slo_profile"):
             parameters["slo_profile"] = str(data["slo_profile"].pk)
+        if data.get("workload") is not None:
+            parameters["workload"] = data["workload"].pk
         return {k: v for k, v in parameters.items() if v is not None}
 
 
@@ -618,6 +638,7 @@ class ResultFileForm(forms.Form):
         choices=(
             ("sglang", "SGLang bench_serving (JSONL)"),
             ("vllm", "vLLM bench serve --save-result (JSON)"),
+            ("moeops", "moeops per-request export (requests.jsonl)"),
         )
     )
     file = forms.FileField(label="Result file")

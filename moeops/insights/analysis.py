@@ -1553,7 +1553,7 @@ def capacity_at_cap(data: RunData) -> list[Proposal]:
 # group's first should hit P / (P + Q) of its prompt (P 1024, Q 128: 89 %); 5 % is what a
 # cache that keeps nothing between requests shows from the odd coincidental block.
 COLD_PREFIX_CACHE = 0.05
-# The run parameter that names the workload's kind (the workload records of issue 30).
+# The workload kind whose requests share long prefixes (reports.workloads.KINDS).
 SHARED_PREFIX = "shared_prefix"
 
 
@@ -1603,10 +1603,10 @@ def engine_token_counts(data: RunData) -> list[Proposal]:
 
 
 def cold_prefix_cache(data: RunData) -> list[Proposal]:
-    """A shared-prefix workload (parameters workload_kind "shared_prefix") whose levels show a
-    prefix-cache hit rate near zero: prefix caching is off, or the cache evicts the prefixes
-    before they are used again."""
-    if data.parameters.get("workload_kind") != SHARED_PREFIX:
+    """A shared-prefix workload (the kind of the run's `workload` parameter,
+    Workload.run_parameter) whose levels show a prefix-cache hit rate near zero: prefix caching
+    is off, or the cache evicts the prefixes before they are used again."""
+    if workload_identity(data.parameters.get("workload"))["kind"] != SHARED_PREFIX:
         return []
     read = [lv for lv in data.levels if lv.engine.get("prefix_cache_hit_rate") is not None]
     cold = [lv for lv in read if lv.engine["prefix_cache_hit_rate"] <= COLD_PREFIX_CACHE]

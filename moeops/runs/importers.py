@@ -7,6 +7,9 @@ Formats:
 - "vllm": `vllm bench serve --save-result` (and benchmarks/benchmark_serving.py before it),
   one JSON object per file, or one per line with `--append-result`; `request_rate` is the
   string "inf" when unlimited. v0.4.0 misspelled `request_inthroughput`.
+- "moeops": a run's own per-request export (`/runs/<uuid>/requests.jsonl`, reports.requests),
+  one request per line; its levels and rounds are the lines' (concurrency, request_rate,
+  round), their figures computed from the requests (reports.requests.level_figures).
 
 Keys come and go between versions, so every metric is read from the first key present in a
 list of aliases; absent keys stay None. Each object is kept whole in `raw`.
@@ -21,10 +24,11 @@ from moeops.runs.models import level_key
 from moeops.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
 from reports import engine as engine_reports
 from reports import requests as request_log
+from reports.intervals import MAX_ROUNDS, level_of_rounds
 from reports.levels import LATENCY_KEYS
-from reports.numbers import is_integer
+from reports.numbers import is_integer, is_number
 
-FORMATS = ("sglang", "vllm")
+FORMATS = ("sglang", "vllm", "moeops")
 
 
 def _aliases():
@@ -291,14 +295,85 @@ def _requests(obj):
     return columns
 
 
+def _export_levels(objects):
+    """The levels of a per-request export's lines ([(line number, object or None, error)]):
+    (levels, problems). Each level's requests are grouped by round in the order of the lines;
+    its "rounds" are [(round, figures, columns)], its fields the rounds' figures combined."""
+    problems, grouped = [], {}
+    for number, obj, error in objects:
+        if error is None and not isinstance(obj, dict):
+            error = "not a JSON object"
+        if error is None:
+            error = _export_line_problem(obj)
+        if error is None:
+            try:
+                storable_json(obj)
+            except ValueError as exc:
+                error = str(exc)
+        if error is not None:
+            problems.append(f"line {number}: {error}")
+            continue
+        key = level_key(obj["concurrency"], obj["request_rate"])
+        level = grouped.setdefault(
+            key, {"line": number, "concurrency": obj["concurrency"], "rounds": {}}
+        )
+        level["request_rate"] = obj["request_rate"]
+        columns = level["rounds"].setdefault(
+            obj.get("round") or 1, {k: [] for k in request_log.REQUEST_KEYS}
+        )
+        for k in request_log.REQUEST_KEYS:
+            columns[k].append(obj.get(k))
+    levels = []
+    for key, level in grouped.items():
+        rounds = []
+        for number, columns in sorted(level["rounds"].items()):
+            try:
+                request_log.check_columns(columns)
+            except ValueError as exc:
+                problems.append(f"level {key}, round {number}: {exc}")
+                continue
+            figures = {
+                "concurrency": level["concurrency"],
+                "request_rate": level["request_rate"],
+                **request_log.level_figures(columns),
+            }
+            rounds.append((number, figures, columns))
+        if len(rounds) != len(level["rounds"]):
+            continue
+        fields = level_of_rounds([figures for _, figures, _ in rounds])
+        fields["round_count"] = len(rounds)
+        levels.append({**fields, "line": level["line"], "raw": {}, "rounds": rounds})
+    return levels, problems
+
+
+def _export_line_problem(obj):
+    """Why a line is not one request of the per-request export, or None."""
+    concurrency, rate, number = obj.get("concurrency"), obj.get("request_rate"), obj.get("round")
+    if not is_integer(concurrency) or not 0 < concurrency <= MAX_INT:
+        return f"concurrency is not a count of concurrent requests: {_shown(concurrency)}"
+    if rate is not None and not (is_number(rate) and math.isfinite(rate) and rate > 0):
+        return f"request_rate is not a rate in req/s or null: {_shown(rate)}"
+    if number is not None and not (is_integer(number) and 1 <= number <= MAX_ROUNDS):
+        return f"round is not a round from 1 to {MAX_ROUNDS}: {_shown(number)}"
+    missing = [key for key in request_log.REQUEST_KEYS if key not in obj]
+    if missing:
+        return f"lacks the request's {missing[0]} (not a line of a per-request export)"
+    for key in request_log.REQUEST_KEYS:
+        if not request_log.CHECKS[key](obj[key]):
+            return f"{key} is no request's: {_shown(obj[key])}"
+    return None
+
+
 def parse_results(text, fmt):
     """The levels of a result file: a list of LevelResult field dicts, one per object.
 
     Each dict carries `concurrency`, `request_rate` (None = unlimited), the metrics found,
     `raw` (the whole object, less vLLM's per-request lists), `line` (its line number) and, for
-    a vLLM result saved with --save-detailed, `requests` (reports.requests columns). Raises
+    a vLLM result saved with --save-detailed, `requests` (reports.requests columns); a
+    per-request export's levels carry `rounds` instead ([(round, figures, columns)]). Raises
     ResultFileError listing every line that is not JSON, not an object, lacks the throughput
-    keys, or repeats the (concurrency, request rate) of an earlier line.
+    keys (an export's line: a request's keys), or repeats the (concurrency, request rate) of an
+    earlier line.
     """
     if fmt not in FORMATS:
         raise ResultFileError([f"format must be one of {', '.join(FORMATS)}, got {fmt!r}"])
@@ -306,6 +381,11 @@ def parse_results(text, fmt):
     objects = _objects(text, fmt)
     if not objects:
         raise ResultFileError(["the file holds no results"])
+    if fmt == "moeops":
+        levels, problems = _export_levels(objects)
+        if problems:
+            raise ResultFileError(problems)
+        return levels
     for number, obj, error in objects:
         if error is None and not isinstance(obj, dict):
             error = "not a JSON object"

@@ -59,7 +59,9 @@ class RunParameters(BaseModel):
         description="req/s, one level per rate under each concurrency of levels (the cap)",
     )
     burstiness: Annotated[float, Field(gt=0, le=1e3)] | None = Field(
-        None, description="gamma shape of the gaps between requests: 1 (null) Poisson"
+        None,
+        description="gamma shape of the gaps between requests: 1 (null) Poisson; of every "
+        "level of a request-rate capacity search too",
     )
     ramp_up_s: Annotated[float, Field(ge=0, le=SWEEP_SOFT_LIMIT_S)] | None = Field(
         None, description="s over which each rate level's rate rises from 0"
@@ -112,7 +114,9 @@ class RunParameters(BaseModel):
         description='the workload sent: its id, name (newest version) or "name v3"; a run '
         "stores its record and spec (id, name, version, kind, sha256, spec)",
     )
-    format: Literal["sglang", "vllm"] | None = Field(None, description="an imported file's")
+    format: Literal["sglang", "vllm", "moeops"] | None = Field(
+        None, description="an imported file's"
+    )
     file_name: Annotated[str, Field(max_length=300)] | None = None
     import_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
@@ -147,9 +151,13 @@ class RunParameters(BaseModel):
                     "given more than once)"
                 )
         rated = self.request_rate is not None or self.request_rates is not None
+        rated = rated or (self.kind == "capacity" and self.mode == "request_rate")
         for name in ("burstiness", "ramp_up_s"):
             if getattr(self, name) is not None and not rated:
-                raise ValueError(f"{name}: shapes the arrivals of a request rate; give one")
+                raise ValueError(
+                    f"{name}: shapes the arrivals of a request rate; give one (or search "
+                    "capacity in request_rate mode)"
+                )
         tokens = self.sweep_tokens()
         if tokens is not None and tokens > MAX_SWEEP_TOKENS:
             # no "key: " in front: the bound is on the product of several keys

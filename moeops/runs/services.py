@@ -695,17 +695,28 @@ def run_import(
             started_at=now,
             finished_at=now,
         )
-        rows, logs = [], []
+        rows, logs, rounds = [], [], []
         for level in levels:
-            fields = {k: v for k, v in level.items() if k not in ("line", "requests")}
+            fields = {k: v for k, v in level.items() if k not in ("line", "requests", "rounds")}
             key = level_key(fields["concurrency"], fields["request_rate"])
             row = LevelResult(run=run, key=key, body_sha256=body_sha256(fields), **fields)
             rows.append(row)
             if level.get("requests") is not None:
                 logs.append((row, _request_log(request_log.pack(level["requests"]), fields)))
+            # a per-request export's rounds: each its figures (a level of several) and its log
+            for number, figures, columns in level.get("rounds") or ():
+                if len(level["rounds"]) > 1:
+                    digest = body_sha256(figures)
+                    rounds.append(
+                        (row, LevelRound(round=number, figures=figures, body_sha256=digest))
+                    )
+                log = _request_log(request_log.pack(columns), figures)
+                log.round = number
+                logs.append((row, log))
         LevelResult.objects.bulk_create(rows)
-        for row, log in logs:
-            log.level = row
+        for row, item in logs + rounds:
+            item.level = row
+        LevelRound.objects.bulk_create([r for _, r in rounds])
         RequestLog.objects.bulk_create([log for _, log in logs])
         # stored finished: what follows a finished sweep follows it too (the analysis)
         jobs.job_finished_enqueue(run)

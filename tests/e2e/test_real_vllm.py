@@ -377,26 +377,63 @@ def _hit_rate_of(server, send):
     return engine_counters.figures(counters)["prefix_cache_hit_rate"]
 
 
-def test_vllms_own_counters_show_its_prefix_cache_hit_repeats_and_miss_random_prompts(vllm_wide):
+def test_vllms_own_counters_count_the_full_blocks_of_a_repeated_prompt_as_hits(vllm_wide):
     # vLLM's CPU build caches in blocks of 128 tokens: a 769-token prompt fills 6 of them
-    level = loadgen.LevelConfig(concurrency=8, input_len=769, output_len=4, num_prompts=8)
     prompt = list(range(100, 869))
     body = {"model": SERVED_MODEL, "prompt": prompt, "max_tokens": 4, "ignore_eos": True}
-
-    def random_prompts():
-        asyncio.run(loadgen.run_level(_client(vllm_wide), level))
 
     def one_prompt_repeated():
         with httpx.Client(timeout=120) as client:
             for _ in range(8):
                 client.post(f"{vllm_wide.url}/v1/completions", json=body).raise_for_status()
 
-    random_rate = _hit_rate_of(vllm_wide, random_prompts)
     repeated_rate = _hit_rate_of(vllm_wide, one_prompt_repeated)
 
-    assert random_rate < 0.05
     # each of the 7 repeats finds the 768 tokens of the prompt's full blocks: 7 × 768 / 8 × 769
     assert repeated_rate == pytest.approx(7 * 768 / (8 * 769), abs=0.05)
+
+
+def test_a_shared_prefix_workload_hits_vllms_prefix_cache_and_a_random_one_misses(vllm_stack):
+    # 2 groups of a 768-token prefix, 6 of the CPU build's 128-token blocks, and 32-token questions
+    prefix, question, prompts, concurrency = 768, 32, 16, 4
+    output = {"distribution": "fixed", "value": 4}
+    shared, _ = workload_store(
+        name="system prompts",
+        spec={
+            "kind": "shared_prefix",
+            "groups": 2,
+            "prefix_len": prefix,
+            "question_len": question,
+            "output": output,
+        },
+    )
+    random, _ = workload_store(
+        name="random ids",
+        spec={
+            "kind": "random",
+            "input": {"distribution": "fixed", "value": prefix + question},
+            "output": output,
+        },
+    )
+    rates = {}
+    for workload in (random, shared):
+        run = vllm_stack.start_sweep(
+            [concurrency], prompts_per_level=prompts, warmup=0, workload=workload.pk
+        )
+        run = vllm_stack.wait_for_run(run, timeout=300)
+        assert run.status == "succeeded", run.error
+        assert run.snapshot["workload"]["kind"] == workload.kind
+        [level] = run.levels.prefetch_related("rounds")
+        assert (level.completed, level.failed) == (prompts, 0)
+        figures = level.engine_figures()
+        assert figures["engine"] == "vllm"
+        rates[workload.kind] = figures["prefix_cache_hit_rate"]
+
+    assert rates["random"] < 0.05
+    # only the first request of each slot can miss (the first batch goes in together): every
+    # other request finds its group's prefix, and no more than the prefix, in the cache
+    at_least = (prompts - concurrency) * prefix / (prompts * (prefix + question))
+    assert at_least - 0.05 <= rates["shared_prefix"] <= prefix / (prefix + question), rates
 
 
 def test_a_multi_turn_sweep_on_the_chat_endpoint_completes_every_turn(vllm_stack):

@@ -4,6 +4,16 @@ and a prefix cache near zero on a shared-prefix workload."""
 from moeops.insights import analysis
 from moeops.insights.analysis import Level, RunData
 
+# a run's `workload` parameter as run_start stores it (Workload.run_parameter)
+SHARED_PREFIX = {
+    "id": 3,
+    "name": "system prompts",
+    "version": 1,
+    "kind": "shared_prefix",
+    "sha256": None,
+    "spec": {"kind": "shared_prefix", "groups": 4, "prefix_len": 1024, "question_len": 128},
+}
+
 
 def _level(concurrency, **engine):
     return Level(concurrency=concurrency, output_throughput=100.0, engine=engine)
@@ -42,7 +52,7 @@ def test_counts_within_2_percent_or_unread_are_no_finding():
 def test_a_cold_prefix_cache_on_a_shared_prefix_workload_is_a_finding():
     data = RunData(
         engine="vllm",
-        parameters={"workload_kind": "shared_prefix"},
+        parameters={"workload": SHARED_PREFIX},
         levels=[
             _level(4, engine="vllm", prefix_cache_hit_rate=0.01),
             _level(8, engine="vllm", prefix_cache_hit_rate=0.8),
@@ -65,7 +75,9 @@ def test_a_cold_prefix_cache_on_random_prompts_is_what_they_should_get():
 
     assert analysis.cold_prefix_cache(RunData(levels=levels)) == []
     assert (
-        analysis.cold_prefix_cache(RunData(parameters={"workload_kind": "random"}, levels=levels))
+        analysis.cold_prefix_cache(
+            RunData(parameters={"workload": {**SHARED_PREFIX, "kind": "random"}}, levels=levels)
+        )
         == []
     )
 
@@ -77,7 +89,7 @@ def test_a_rate_level_is_named_by_its_rate_and_cap():
         output_throughput=1.0,
         engine={"engine": "sglang", "prefix_cache_hit_rate": 0.0},
     )
-    data = RunData(parameters={"workload_kind": "shared_prefix"}, levels=[level])
+    data = RunData(parameters={"workload": SHARED_PREFIX}, levels=[level])
 
     [finding] = analysis.cold_prefix_cache(data)
 

@@ -8,6 +8,8 @@ import json
 import pytest
 
 from moeops.fleet.models import GPU
+from moeops.insights.models import Finding
+from moeops.insights.services import run_analyze
 from moeops.runs import snapshots
 from moeops.runs.models import SweepRun, Workload
 from tests import queues
@@ -203,6 +205,43 @@ def test_a_multi_turn_workload_runs_on_the_chat_endpoint_only(world):
 
     assert response.status_code == 400
     assert "a multi-turn workload runs on the chat endpoint" in response.json()["detail"]
+
+
+SHARED_PREFIX = {
+    "kind": "shared_prefix",
+    "groups": 2,
+    "prefix_len": 512,
+    "question_len": 16,
+    "output": {"distribution": "fixed", "value": 32},
+}
+
+
+@pytest.mark.parametrize(("spec", "cold"), [(SHARED_PREFIX, True), (RANDOM, False)])
+def test_a_shared_prefix_sweep_the_engine_cached_nothing_of_gets_the_cold_cache_finding(
+    world, broker, django_capture_on_commit_callbacks, spec, cold
+):
+    world.owner.post("/api/v1/workloads", {"name": "traffic", "spec": spec})
+    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "traffic"}
+    with django_capture_on_commit_callbacks(execute=True):
+        world.owner.post(
+            "/api/v1/runs", {"deployment": "glm-5-sglang", "parameters": load, "start": True}
+        )
+    run = SweepRun.objects.get()
+    url = f"/api/v1/runs/{run.uuid}"
+    # the worker's pushes: vLLM's counters moved by 16 prompts of 528 tokens, none of them a hit
+    counters = {"engine": "vllm", "prefix_cache_queries": 16 * 528.0, "prefix_cache_hits": 0.0}
+    level = {"concurrency": 4, "completed": 16, "failed": 0, "output_throughput": 100.0}
+    assert world.host_worker.patch(url, {"status": "running"}).status_code == 200
+    answer = world.host_worker.post(
+        f"{url}/levels", {**level, "raw": {"engine_counters": counters}}
+    )
+    assert answer.json()["engine_figures"]["prefix_cache_hit_rate"] == 0
+    assert world.host_worker.patch(url, {"status": "succeeded"}).status_code == 200
+
+    run_analyze(run=SweepRun.objects.get())
+
+    found = Finding.objects.filter(run=run, kind="prefix_cache", key="cold")
+    assert found.exists() == cold
 
 
 def test_runs_of_two_workloads_differ_in_the_workload_factor():

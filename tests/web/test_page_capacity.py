@@ -8,6 +8,7 @@ from moeops.fleet.models import SLOProfile
 from moeops.front.progress import sweep_progress
 from moeops.runs import services
 from moeops.runs.models import SweepRun
+from moeops.runs.workloads import workload_store
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -178,3 +179,54 @@ def test_the_form_starts_a_search_and_refuses_bad_input_naming_the_field(client,
     run = SweepRun.objects.get()
     assert run.parameters["kind"] == "capacity" and run.parameters["start"] == 2
     assert run.parameters["slo"]["limits"] == {"tpot": ["p99", 50.0]}
+
+
+def test_a_request_rate_search_from_the_form_keeps_its_arrivals(client, world, broker):
+    deployment, profile = world
+    url = f"/deployments/{deployment.pk}/capacity/"
+    search = {
+        "mode": "request_rate",
+        "start": "2",
+        "rounds": "1",
+        "input_len": "64",
+        "output_len": "64",
+        "endpoint": "completions",
+        "slo_profile": str(profile.pk),
+        "burstiness": "0.5",
+        "ramp_up_s": "3",
+    }
+
+    refused = client.post(url, {**search, "mode": "concurrency"})
+    started = client.post(url, search)
+
+    assert refused.status_code == 400
+    assert "burstiness: shapes the arrivals of a request rate" in refused.content.decode()
+    assert started.status_code == 302
+    run = SweepRun.objects.get()
+    assert (run.parameters["burstiness"], run.parameters["ramp_up_s"]) == (0.5, 3.0)
+
+
+def test_a_search_from_the_form_sends_the_workload_it_names(client, world, broker):
+    deployment, profile = world
+    spec = {"kind": "shared_prefix", "groups": 2, "prefix_len": 64, "question_len": 8}
+    workload, _ = workload_store(
+        name="prefixes", spec={**spec, "output": {"distribution": "fixed", "value": 32}}
+    )
+    search = {
+        "mode": "concurrency",
+        "start": "2",
+        "rounds": "1",
+        "input_len": "64",
+        "output_len": "64",
+        "endpoint": "completions",
+        "slo_profile": str(profile.pk),
+        "workload": str(workload.pk),
+    }
+
+    response = client.post(f"/deployments/{deployment.pk}/capacity/", search)
+
+    assert response.status_code == 302
+    run = SweepRun.objects.get()
+    assert run.parameters["kind"] == "capacity"
+    assert run.parameters["workload"] == workload.run_parameter()
+    assert run.snapshot["workload"]["kind"] == "shared_prefix"

@@ -7,7 +7,7 @@ import pytest
 
 from moeops.examples import load_example_data
 from moeops.runs import snapshots
-from moeops.runs.models import SweepRun
+from moeops.runs.models import LevelResult, SweepRun, level_key
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -481,3 +481,33 @@ def test_an_engine_upgrade_under_the_same_tuned_file_says_to_re_tune(client, mea
         "most one of their kernels: “Tune for vLLM 0.34.0 and re-sweep”." in moved
     )
     assert "Tune for" not in "".join(same)
+
+
+def _rate_run(deployment, label, rates):
+    run = pb.run(deployment, label)
+    for rate in rates:
+        LevelResult.objects.create(
+            run=run,
+            key=level_key(16, rate),
+            concurrency=16,
+            request_rate=rate,
+            achieved_request_rate=rate,
+            output_throughput=50.0 * rate,
+        )
+    return run
+
+
+def test_rate_sweeps_compare_against_the_rate_asked_and_a_closed_loop_run_against_concurrency(
+    client, pair
+):
+    before, _, _ = pair
+    slow = _rate_run(before.deployment, "rates", [1.0, 2.0])
+    fast = _rate_run(before.deployment, "more rates", [2.0, 4.0, 8.0])
+
+    rated = pb.figure(_page(client, slow, fast), "cmp-throughput-data")
+    mixed = pb.figure(_page(client, before, slow), "cmp-throughput-data")
+
+    assert rated["layout"]["title"]["text"] == "Output throughput vs request rate"
+    assert [t["x"] for t in rated["data"]] == [[1.0, 2.0], [2.0, 4.0, 8.0]]
+    assert mixed["layout"]["title"]["text"] == "Output throughput vs concurrency"
+    assert [t["x"] for t in mixed["data"]] == [[32, 64, 128], [16, 16]]

@@ -296,8 +296,8 @@ def test_the_edit_notice_costs_no_extra_query(client, measured, django_assert_ma
     for i in range(10):
         pb.run(deployment, label=f"more {i}", snapshot=measured.snapshot)
     # 14, 2 for the sweep form's estimate (the newest measured run's levels), 1 for its
-    # workload choices, 2 for the capacity searches (their history, and the profiles the
-    # capacity form offers) and 1 for its watches
-    with django_assert_max_num_queries(20):
+    # workload choices, 3 for the capacity searches (their history, and the profiles and
+    # workloads the capacity form offers) and 1 for its watches
+    with django_assert_max_num_queries(21):
         html = client.get(deployment.get_absolute_url()).content.decode()
     assert "engine_version 0.32.0 → 0.33.0" in html

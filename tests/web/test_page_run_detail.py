@@ -668,3 +668,63 @@ def test_a_multi_turn_run_names_its_workload_and_shows_ttft_by_turn(client):
     rows = re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>")[1])
     cells = [re.findall(r'<td class="num">(.*?)</td>', row) for row in rows]
     assert cells == [["4", "1", "8", "0", "41.5", "80.0"], ["4", "2", "7", "1", "97.3", "150.0"]]
+
+
+def _rate_sweep(caps_rates):
+    """A rate sweep: at each (cap, rate) a level that achieved 95 % of the rate."""
+    run = pb.run(pb.deployment(), label="rates", parameters={"levels": [8]})
+    for cap, rate in caps_rates:
+        LevelResult.objects.create(
+            run=run,
+            key=level_key(cap, rate),
+            concurrency=cap,
+            request_rate=rate,
+            achieved_request_rate=0.95 * rate,
+            output_throughput=100.0 * rate,
+            median_ttft_ms=10.0 * rate,
+            p99_ttft_ms=20.0 * rate,
+            completed=64,
+        )
+    return run
+
+
+def test_a_rate_sweeps_charts_plot_each_level_at_the_rate_it_asked(client):
+    pb.sign_in(client)
+    run = _rate_sweep([(8, 4.0), (8, 1.0), (8, 2.0)])
+
+    html = client.get(f"/runs/{run.uuid}/").content.decode()
+    throughput = pb.figure(html, "throughput-data")
+    ttft = pb.figure(html, "ttft-data")
+
+    assert throughput["layout"]["title"]["text"] == "Throughput vs request rate"
+    assert throughput["layout"]["xaxis"]["title"]["text"] == "request rate asked (req/s)"
+    [output] = [t for t in throughput["data"] if t["name"] == "output"]
+    assert output["x"] == [1.0, 2.0, 4.0] and output["y"] == [100.0, 200.0, 400.0]
+    assert output["customdata"] == [0.95, 1.9, 3.8]
+    p99 = next(t for t in ttft["data"] if t["name"] == "p99")
+    assert p99["x"] == [1.0, 2.0, 4.0] and p99["y"] == [20.0, 40.0, 80.0]
+
+
+def test_a_rate_sweep_under_two_caps_draws_a_line_per_cap():
+    run = _rate_sweep([(8, 1.0), (8, 2.0), (16, 1.0), (16, 2.0), (16, 4.0)])
+
+    fig = charts.run_throughput(list(run.levels.all()))
+
+    lines = {t["name"]: t["x"] for t in fig["data"]}
+    assert lines == {"output (cap 8)": [1.0, 2.0], "output (cap 16)": [1.0, 2.0, 4.0]}
+
+
+def test_levels_that_sent_as_fast_as_they_could_stay_on_the_concurrency_axis(client, sweep):
+    fig = charts.run_throughput(list(sweep.levels.all()))
+
+    assert fig["layout"]["xaxis"] == charts.CONCURRENCY_AXIS
+    assert fig["data"][0]["x"] == [64, 128]
+
+
+def test_the_deployment_pages_chart_of_rate_sweeps_plots_them_at_their_rates():
+    run = _rate_sweep([(8, 1.0), (8, 2.0)])
+
+    fig = charts.throughput_vs_load([run])
+
+    assert fig["layout"]["title"]["text"] == "Output throughput vs request rate"
+    assert [t["x"] for t in fig["data"]] == [[1.0, 2.0]]

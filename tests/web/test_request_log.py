@@ -9,7 +9,8 @@ import json
 import pytest
 
 from moeops.runs import services
-from moeops.runs.models import LevelResult, RequestLog
+from moeops.runs.importers import ResultFileError
+from moeops.runs.models import LevelResult, RequestLog, SweepRun
 from reports import requests as request_log
 from tests import page_base as pb
 from tests.api_base import make_world
@@ -191,3 +192,73 @@ def test_the_api_lists_a_levels_engine_figures_from_its_counters(world):
     assert figures["prompt_tokens_gap"] == pytest.approx(192 / 160 - 1)
     assert figures["generation_tokens_gap"] == pytest.approx(100 / 80 - 1)
     assert level["request_log"] == 6
+
+
+def _export(client, run):
+    return b"".join(client.get(f"/runs/{run.uuid}/requests.jsonl").streaming_content).decode()
+
+
+def test_an_exported_run_imported_again_keeps_every_request_of_every_round(world, client):
+    run = world.run(status="running")
+    _push(world, run, _level(_columns(3)))
+    _push(world, run, {**_level(_columns(4, failed=0)), "round": 2})
+    _push(world, run, {**_level(_columns(2, failed=0)), "concurrency": 8, "request_rate": None})
+    pb.sign_in(client)
+    exported = _export(client, run)
+
+    answer = world.host_worker.post(
+        "/api/v1/runs/import",
+        {
+            "format": "moeops",
+            "deployment": world.deployment.name,
+            "content": exported,
+            "file_name": "requests.jsonl",
+        },
+    )
+
+    assert answer.status_code == 201, answer.json()
+    imported = SweepRun.objects.get(uuid=answer.json()["run"]["uuid"])
+    assert imported.source == "import" and imported.parameters["format"] == "moeops"
+    assert _export(client, imported) == exported
+    rate, unlimited = imported.levels.order_by("concurrency")
+    assert (rate.concurrency, rate.request_rate, rate.round_count) == (4, 8.0, 2)
+    assert (rate.completed, rate.failed, rate.errors) == (6, 1, {"http_500": 1})
+    assert [r.figures["completed"] for r in rate.rounds.all()] == [2, 4]
+    assert (unlimited.concurrency, unlimited.request_rate) == (8, None)
+    # 2 requests sent 0.25 s apart, each answering 16 tokens in 0.5 s: 32 tokens in 0.75 s
+    assert unlimited.duration == pytest.approx(0.75)
+    assert unlimited.output_throughput == pytest.approx(32 / 0.75)
+    assert unlimited.median_ttft_ms == pytest.approx(120.0)
+    assert unlimited.mean_itl_ms == pytest.approx(22.5)
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ({"round": 1, "status": "ok"}, "line 1: concurrency is not a count"),
+        ({"concurrency": 4, "request_rate": None, "ttft": 0.1}, "line 1: lacks the request's"),
+        (
+            {"concurrency": 4, "request_rate": -2, "status": "ok"},
+            "line 1: request_rate is not a rate",
+        ),
+    ],
+)
+def test_an_export_line_that_is_not_a_request_is_refused_naming_it(world, line, problem):
+    with pytest.raises(ResultFileError) as refused:
+        services.run_import(deployment=world.deployment, fmt="moeops", text=json.dumps(line))
+
+    assert problem in str(refused.value)
+    assert not SweepRun.objects.filter(source="import").exists()
+
+
+def test_a_request_no_level_can_hold_is_refused_naming_its_line(world):
+    request = {**request_log.rows(_columns(1, failed=0))[0], "ttft": -0.5}
+    line = json.dumps({"concurrency": 4, "request_rate": None, "round": 2, **request})
+
+    with pytest.raises(ResultFileError) as refused:
+        services.run_import(deployment=world.deployment, fmt="moeops", text=f"{line}\n{line}")
+
+    assert refused.value.problems == [
+        "line 1: ttft is no request's: -0.5",
+        "line 2: ttft is no request's: -0.5",
+    ]

@@ -15,6 +15,7 @@ from reports import requests as request_log
 from workers import loadgen
 from workers.loadgen import ClientConfig, LevelConfig, RequestRecord, SweepConfig
 from workers.loadgen import cli as loadgen_cli
+from workers.loadgen.metrics import request_columns
 
 # The scripted stream: first content chunk after TTFT_S, then one every GAP_S.
 TTFT_S = 0.150
@@ -567,3 +568,22 @@ def test_the_cli_refuses_rounds_out_of_bounds(capsys):
         )
     assert exited.value.code == 2
     assert "--rounds: from 1 to 10, got 0" in capsys.readouterr().err
+
+
+def test_an_imported_logs_figures_are_those_the_load_generator_computed_from_its_records():
+    # the log keeps each request's send, chunks and end; a stream ends with its last chunk here
+    records = [
+        RequestRecord(10.0, 10.4, [10.1, 10.2, 10.4], prompt_tokens=8, completion_tokens=3),
+        RequestRecord(10.0, 11.9, [10.3, 10.6, 11.9], prompt_tokens=9, completion_tokens=4),
+        RequestRecord(10.5, 12.1, [10.9, 11.2, 12.1], prompt_tokens=7, completion_tokens=3),
+        RequestRecord(10.2, 10.25, error="http_500", detail="boom"),
+    ]
+    level = LevelConfig(concurrency=3, input_len=8, output_len=3, num_prompts=4)
+
+    measured = loadgen.summarize_level(records, level)
+    from_log = request_log.level_figures(request_columns(records))
+
+    assert from_log["completed"] == 3 and from_log["usage_reported"] is True
+    for key, value in from_log.items():
+        expected = measured[key]
+        assert value == (pytest.approx(expected, abs=1e-3) if expected else expected), key

@@ -4,6 +4,9 @@ the in-process stand-in printing each level, the bracket as it narrows and the a
 import pytest
 
 from localstack.standin import StandinConfig, start_standin_in_thread
+from reports.capacity import search_of
+from workers.capacity import level_at
+from workers.loadgen import ClientConfig, SweepConfig
 from workers.loadgen.cli import main
 
 pytestmark = pytest.mark.timeout(120)
@@ -55,3 +58,20 @@ def test_a_search_prints_the_bracket_as_it_narrows_and_the_answer(capsys, tmp_pa
     assert "TPOT p99 binds: " in out and " at 4 concurrent, limit 10000 ms" in out
     assert "median of 2 rounds" in out
     assert (tmp_path / "search.json").exists()
+
+
+def test_a_rate_levels_arrivals_are_the_runs_and_a_concurrency_levels_none():
+    config = SweepConfig(
+        client=ClientConfig("http://x", "m", vocab_size=1000),
+        concurrencies=(),
+        input_len=8,
+        output_len=8,
+        burstiness=0.5,
+        ramp_up_s=2.0,
+    )
+
+    rate = level_at(config, search_of({"mode": "request_rate", "start": 4.0}), 4.0, 0)
+    streams = level_at(config, search_of({"mode": "concurrency", "start": 4}), 4, 0)
+
+    assert (rate.request_rate, rate.burstiness, rate.ramp_up_s) == (4.0, 0.5, 2.0)
+    assert (streams.request_rate, streams.burstiness, streams.ramp_up_s) == (None, 1.0, 0.0)

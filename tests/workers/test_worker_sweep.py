@@ -421,6 +421,31 @@ def test_a_resumed_capacity_search_judges_the_levels_stored_and_finishes_the_cut
     assert run.capacity["load"] == 4 and run.capacity["end"] == "end_met"
 
 
+def test_a_request_rate_capacity_search_sends_every_rate_with_the_runs_burstiness(world):
+    deployment, client = world
+    slo = {"profile": "loose", "limits": {"tpot": ["p99", 10000.0]}, "max_failed_percent": 1.0}
+    run = _run(
+        deployment,
+        levels=(),
+        kind="capacity",
+        mode="request_rate",
+        slo=slo,
+        start=10.0,
+        end=20.0,
+        rounds=1,
+        prompts_per_level=16,
+        burstiness=0.25,
+    )
+
+    assert _sweep(run, client) == "succeeded"
+
+    levels = list(run.levels.order_by("request_rate"))
+    assert [lv.request_rate for lv in levels] == [10.0, 20.0]
+    assert all(lv.raw["burstiness"] == 0.25 for lv in levels)
+    run.refresh_from_db()
+    assert run.capacity["load"] == 20.0
+
+
 def test_a_rate_sweep_stores_a_level_per_rate_with_its_requests_and_engine_counters(world):
     deployment, client = world
     run = _run(

@@ -8,9 +8,9 @@ from collections import Counter
 
 import numpy as np
 
+from reports import latency_stats
 from reports import requests as request_log
 from reports.failures import describe_failure
-from workers import latency_stats
 from workers.loadgen.arrivals import achieved_rate
 from workers.loadgen.config import ERROR_MESSAGE_CHARS, LevelConfig, RequestRecord
 

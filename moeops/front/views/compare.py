@@ -326,15 +326,15 @@ def compare(request):
     per_gpu = [run for run in selected if gpus[run.pk] is not None]
     figures = {
         "cmp-peaks": charts.peak_bars(selected, styles),
-        "cmp-throughput": charts.compare_vs_concurrency(
-            selected, styles, "output_throughput", "Output throughput vs concurrency", "tok/s"
+        "cmp-throughput": charts.compare_vs_load(
+            selected, styles, "output_throughput", "Output throughput", "tok/s"
         ),
         "cmp-pareto": charts.pareto(per_gpu, styles, gpus),
-        "cmp-tpot": charts.compare_vs_concurrency(
-            selected, styles, "median_tpot_ms", "p50 TPOT vs concurrency", "ms", ",.1f"
+        "cmp-tpot": charts.compare_vs_load(
+            selected, styles, "median_tpot_ms", "p50 TPOT", "ms", ",.1f"
         ),
-        "cmp-ttft": charts.compare_vs_concurrency(
-            selected, styles, "p99_ttft_ms", "p99 TTFT vs concurrency", "ms", ",.0f", True
+        "cmp-ttft": charts.compare_vs_load(
+            selected, styles, "p99_ttft_ms", "p99 TTFT", "ms", ",.0f", True
         ),
     }
     ctx["peaks"] = figures.pop("cmp-peaks")

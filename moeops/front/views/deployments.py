@@ -289,7 +289,7 @@ def _deployment_page(
         "tune_form": tune_form or TuneForm(deployment=deployment),
         # the GPUs shown are the host's: the deployment's own, else all of the host's
         "tune_refusal": deployment.tune_refusal(has_gpus=bool(gpus), topology=topology),
-        "throughput_chart": charts.throughput_vs_concurrency(reversed(own_runs)),
+        "throughput_chart": charts.throughput_vs_load(reversed(own_runs)),
         **_capacity_over_time(deployment),
         "peaks_chart": charts.peaks_per_run(own_runs),
     }
