@@ -9,7 +9,8 @@ from pathlib import Path
 from django.contrib.auth.models import User
 
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
-from moeops.runs.models import LevelResult, SweepRun, TelemetrySample, level_key
+from moeops.runs import rollup
+from moeops.runs.models import LevelResult, SweepRun, TelemetryBucket, TelemetrySample, level_key
 
 HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf_configs"
 # The MoE keys of GLM-5's and Kimi K2's config.json (bf16: no quantization block), the shapes
@@ -120,6 +121,8 @@ def telemetry(run_row, *, gpus=8, seconds=60, t0=None, util=lambda g, s: 50.0, p
         ),
         batch_size=5000,
     )
+    # as the services keep them for samples they store (runs.rollup)
+    rollup.buckets_rebuild(TelemetryBucket, TelemetrySample, owner_field="run", owner_id=run_row.pk)
     return t0
 
 
