@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 from django.db.models import (
     Avg,
+    BigIntegerField,
     Case,
     CharField,
     Count,
     ExpressionWrapper,
     F,
-    FloatField,
     Max,
     Min,
     Q,
@@ -169,31 +169,33 @@ def _most(a, b):
     return b if a is None else a if b is None else max(a, b)
 
 
-def _summed_width(summed, buckets):
-    """(t0, t1, width, per) of a run's buckets (runs.rollup; a queryset of them): its first and
-    last sample time (UTC epoch s), the widest width w (s) with the run's span ≥ buckets · w,
-    and how many of its buckets make one that is shown. None when the run spans fewer than
-    `buckets` of the narrowest width: its raw samples, at most buckets · WIDTHS[0] s of them,
-    are read instead, and drawn as finely as before."""
-    span = summed.filter(width=WIDTHS[-1]).aggregate(t0=Min("ts_min"), t1=Max("ts_max"))
-    t0, t1 = span["t0"], span["t1"]
+def _summed_width(summed, buckets, highest=()):
+    """(t0, t1, width, per, greatest) of a run's buckets (runs.rollup; a queryset of them): its
+    first and last sample time (UTC epoch s), the widest width w (s) with the run's span ≥
+    buckets · w, how many of its buckets make one that is shown, and {column: its greatest
+    value} of the `highest` columns. None when the run spans fewer than `buckets` of the
+    narrowest width: its raw samples, at most buckets · WIDTHS[0] s of them, are read instead,
+    and drawn as finely as before."""
+    greatest = {column: Max(f"{column}_max") for column in highest}
+    span = summed.filter(width=WIDTHS[-1]).aggregate(t0=Min("ts_min"), t1=Max("ts_max"), **greatest)
+    t0, t1 = span.pop("t0"), span.pop("t1")
     fitting = [w for w in WIDTHS if t0 is not None and t1 - t0 >= buckets * w]
     if not fitting:
         return None
     width = fitting[-1]
-    return t0, t1, width, math.ceil((t1 - math.floor(t0 / width) * width) / (buckets * width))
+    per = math.ceil((t1 - math.floor(t0 / width) * width) / (buckets * width))
+    return t0, t1, width, per, span
 
 
 def _summed_rows(summed, width, per, origin, keys, aggregates):
     """One GROUP BY of the buckets of `width` into `per` of them each from bucket `origin` on,
-    as the rows _gpu_rows and _bucketed make of raw samples ("bucket" the shown one's index)."""
-    shown = Floor(
-        ExpressionWrapper((F("bucket") - Value(origin)) / Value(float(per)), FloatField())
-    )
+    as the rows _gpu_rows and _bucketed make of raw samples ("shown" the shown one's index)."""
+    # whole numbers ≥ 0: integer division floors them on both databases
+    shown = ExpressionWrapper((F("bucket") - Value(origin)) / Value(per), BigIntegerField())
     return (
         summed.filter(width=width)
         .annotate(shown=shown)
-        .values(*keys, "shown")
+        .values_list(*keys, "shown")
         .annotate(t_sum=Sum("ts_sum"), n=Sum("n"), **aggregates)
         .order_by(*keys, "shown")
     )
@@ -201,14 +203,12 @@ def _summed_rows(summed, width, per, origin, keys, aggregates):
 
 def _gpu_series(run, buckets, levels):
     summed = _stored_attempts(run, run.telemetry_buckets.all(), levels)
-    widths = _summed_width(summed, buckets)
+    widths = _summed_width(summed, buckets, HIGHEST)
     if widths is None:
         return _gpu_series_of_samples(run, buckets, levels)
-    t0, t1, width, per = widths
+    t0, t1, width, per, greatest = widths
     origin = math.floor(t0 / width)
-    series = Series(
-        t0=t0, t1=t1, width=width * per, origin=origin * width, extra=dict.fromkeys(HIGHEST)
-    )
+    series = Series(t0=t0, t1=t1, width=width * per, origin=origin * width, extra=greatest)
     aggregates = {}
     for name, column in GPU_COLUMNS.items():
         aggregates |= {
@@ -217,9 +217,21 @@ def _gpu_series(run, buckets, levels):
             f"{name}_min": Min(f"{column}_min"),
             f"{name}_max": Max(f"{column}_max"),
         }
-    aggregates |= {column: Max(f"{column}_max") for column in HIGHEST}
-    for row in _summed_rows(summed, width, per, origin, ["gpu_index"], aggregates):
-        _gpu_bucket_add(series, row | {"bucket": row["shown"]})
+    names = ["bucket", "t"] + [f"{n}{end}" for n in GPU_COLUMNS for end in ("", "_min", "_max")]
+    for gpu_index, shown, t_sum, n, *sums in _summed_rows(
+        summed, width, per, origin, ["gpu_index"], aggregates
+    ):
+        group = series.groups.get(gpu_index)
+        if group is None:
+            group = series.groups[gpu_index] = {name: [] for name in names}
+        group["bucket"].append(shown)
+        group["t"].append(t_sum / n)
+        for i, name in enumerate(GPU_COLUMNS):
+            total, count, least, most = sums[4 * i : 4 * i + 4]
+            group[name].append(total / count if count else None)
+            group[f"{name}_min"].append(least)
+            group[f"{name}_max"].append(most)
+        series.count += n
     if levels and run.level_windows(levels) is not None:
         series.extra["level_power"] = _level_power_summed(run, levels, summed, width)
     return series
@@ -254,11 +266,12 @@ def _level_power_summed(run, levels, summed, width):
     )
     rows = list(inner)
     if edges:
-        # the index on (run, ts) finds them; the bucket is computed as rollup computes it
+        # the index on (run, ts) finds them where each range names the run (SQLite scans the
+        # run's samples otherwise); the bucket is computed as rollup computes it
         near = Q()
         for bucket in edges:
-            near |= Q(ts__gte=bucket * width - 1, ts__lt=(bucket + 1) * width + 1)
-        samples = _stored_attempts(run, run.telemetry.filter(near), levels)
+            near |= Q(run=run, ts__gte=bucket * width - 1, ts__lt=(bucket + 1) * width + 1)
+        samples = _stored_attempts(run, TelemetrySample.objects.filter(near), levels)
         rows += (
             samples.annotate(bucket=Floor(F("ts") / Value(float(width))))
             .filter(bucket__in=edges)
@@ -342,7 +355,7 @@ def _engine_series(run, buckets, levels):
     widths = _summed_width(summed, buckets)
     if widths is None:
         return _engine_series_of_samples(run, buckets, levels)
-    t0, t1, width, per = widths
+    t0, t1, width, per, _ = widths
     origin = math.floor(t0 / width)
     series = Series(t0=t0, t1=t1, width=width * per, origin=origin * width)
     aggregates = {}
@@ -351,15 +364,15 @@ def _engine_series(run, buckets, levels):
     aggregates |= {name: Max(f"{column}_max") for name, column in ENGINE_MAXIMA.items()}
     names = ["bucket", "t", *ENGINE_MEANS, *ENGINE_MAXIMA]
     group = {name: [] for name in names}
-    for row in _summed_rows(summed, width, per, origin, [], aggregates):
-        group["bucket"].append(int(row["shown"]))
-        group["t"].append(row["t_sum"] / row["n"])
-        for name, column in ENGINE_MEANS.items():
-            count = row[f"{column}_n"]
-            group[name].append(row[f"{column}_sum"] / count if count else None)
-        for name in ENGINE_MAXIMA:
-            group[name].append(row[name])
-        series.count += row["n"]
+    for shown, t_sum, n, *sums in _summed_rows(summed, width, per, origin, [], aggregates):
+        group["bucket"].append(shown)
+        group["t"].append(t_sum / n)
+        for i, name in enumerate(ENGINE_MEANS):
+            total, count = sums[2 * i : 2 * i + 2]
+            group[name].append(total / count if count else None)
+        for i, name in enumerate(ENGINE_MAXIMA):
+            group[name].append(sums[2 * len(ENGINE_MEANS) + i])
+        series.count += n
     if group["bucket"]:
         series.groups[None] = group
     return series
