@@ -54,15 +54,9 @@ class Series:
         return (self.t0 if self.origin is None else self.origin) + index * self.width
 
 
-def _span(qs):
-    """(first, last) sample time (UTC epoch s), or (None, None)."""
-    span = qs.aggregate(t0=Min("ts"), t1=Max("ts"))
-    return span["t0"], span["t1"]
-
-
-def _bucketed(qs, group_field, aggregates, buckets):
-    """One GROUP BY (group, bucket) query; returns a Series."""
-    t0, t1 = _span(qs)
+def _bucketed(qs, group_field, aggregates, buckets, t0, t1):
+    """One GROUP BY (group, bucket) query of the samples from t0 to t1 (UTC epoch s, None
+    where there are none); returns a Series."""
     series = Series(t0=t0, t1=t1)
     if t0 is None:
         return series
@@ -171,17 +165,17 @@ def _most(a, b):
 
 def _summed_width(summed, buckets, highest=()):
     """(t0, t1, width, per, greatest) of a run's buckets (runs.rollup; a queryset of them): its
-    first and last sample time (UTC epoch s), the widest width w (s) with the run's span ≥
-    buckets · w, how many of its buckets make one that is shown, and {column: its greatest
-    value} of the `highest` columns. None when the run spans fewer than `buckets` of the
-    narrowest width: its raw samples, at most buckets · WIDTHS[0] s of them, are read instead,
-    and drawn as finely as before."""
+    first and last sample time (UTC epoch s, None without samples), the widest width w (s)
+    with the run's span ≥ buckets · w, how many of its buckets make one that is shown, and
+    {column: its greatest value} of the `highest` columns. width and per are None when the
+    run spans fewer than `buckets` of the narrowest width: its raw samples, at most
+    buckets · WIDTHS[0] s of them, are read instead, and drawn as finely as before."""
     greatest = {column: Max(f"{column}_max") for column in highest}
     span = summed.filter(width=WIDTHS[-1]).aggregate(t0=Min("ts_min"), t1=Max("ts_max"), **greatest)
     t0, t1 = span.pop("t0"), span.pop("t1")
     fitting = [w for w in WIDTHS if t0 is not None and t1 - t0 >= buckets * w]
     if not fitting:
-        return None
+        return t0, t1, None, None, span
     width = fitting[-1]
     per = math.ceil((t1 - math.floor(t0 / width) * width) / (buckets * width))
     return t0, t1, width, per, span
@@ -203,10 +197,9 @@ def _summed_rows(summed, width, per, origin, keys, aggregates):
 
 def _gpu_series(run, buckets, levels):
     summed = _stored_attempts(run, run.telemetry_buckets.all(), levels)
-    widths = _summed_width(summed, buckets, HIGHEST)
-    if widths is None:
-        return _gpu_series_of_samples(run, buckets, levels)
-    t0, t1, width, per, greatest = widths
+    t0, t1, width, per, greatest = _summed_width(summed, buckets, HIGHEST)
+    if width is None:
+        return _gpu_series_of_samples(run, levels, buckets, t0, t1)
     origin = math.floor(t0 / width)
     series = Series(t0=t0, t1=t1, width=width * per, origin=origin * width, extra=greatest)
     aggregates = {}
@@ -305,9 +298,9 @@ def _gpu_bucket_add(series, row):
         series.extra[column] = _most(series.extra[column], row[column])
 
 
-def _gpu_series_of_samples(run, buckets, levels):
+def _gpu_series_of_samples(run, levels, buckets, t0, t1):
+    """gpu_series read from the raw samples taken from t0 to t1 (UTC epoch s)."""
     qs = _stored_attempts(run, run.telemetry.all(), levels)
-    t0, t1 = _span(qs)
     series = Series(t0=t0, t1=t1, extra=dict.fromkeys(HIGHEST))
     level = run.level_windows(levels) if levels else None
     if level is not None:
@@ -352,10 +345,9 @@ ENGINE_MAXIMA = {"running_max": "running", "queued_max": "queued"}
 
 def _engine_series(run, buckets, levels):
     summed = _stored_attempts(run, EngineBucket.objects.filter(run=run), levels)
-    widths = _summed_width(summed, buckets)
-    if widths is None:
-        return _engine_series_of_samples(run, buckets, levels)
-    t0, t1, width, per, _ = widths
+    t0, t1, width, per, _ = _summed_width(summed, buckets)
+    if width is None:
+        return _engine_series_of_samples(run, levels, buckets, t0, t1)
     origin = math.floor(t0 / width)
     series = Series(t0=t0, t1=t1, width=width * per, origin=origin * width)
     aggregates = {}
@@ -378,7 +370,8 @@ def _engine_series(run, buckets, levels):
     return series
 
 
-def _engine_series_of_samples(run, buckets, levels):
+def _engine_series_of_samples(run, levels, buckets, t0, t1):
+    """engine_series read from the raw samples taken from t0 to t1 (UTC epoch s)."""
     qs = _stored_attempts(run, EngineSample.objects.filter(run=run), levels)
     return _bucketed(
         qs,
@@ -392,6 +385,8 @@ def _engine_series_of_samples(run, buckets, levels):
             "kv_mean": Avg("kv_cache_usage"),
         },
         buckets,
+        t0,
+        t1,
     )
 
 

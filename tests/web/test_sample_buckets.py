@@ -215,7 +215,7 @@ def test_a_long_runs_charts_read_from_buckets_show_the_samples_means_and_extreme
     # each level's power is of its own samples, as the cost columns read it
     assert set(summed.extra["level_power"]) == {level.key for level in levels}
     assert summed.extra["level_power"] == pytest.approx(sweep.level_power(levels))
-    raw = series._gpu_series_of_samples(sweep, series.BUCKETS, levels)
+    raw = series._gpu_series_of_samples(sweep, levels, series.BUCKETS, summed.t0, summed.t1)
     assert summed.extra["level_power"] == pytest.approx(raw.extra["level_power"])
     # the charts' traces start at the first bucket's centre, a bucket apart
     html = client.get(f"/runs/{sweep.uuid}/").content.decode()
