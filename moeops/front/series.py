@@ -9,6 +9,7 @@ else from its raw samples.
 import math
 from dataclasses import dataclass, field
 
+from django.db import connections
 from django.db.models import (
     Avg,
     BigIntegerField,
@@ -186,13 +187,19 @@ def _summed_rows(summed, width, per, origin, keys, aggregates):
     as the rows _gpu_rows and _bucketed make of raw samples ("shown" the shown one's index)."""
     # whole numbers ≥ 0: integer division floors them on both databases
     shown = ExpressionWrapper((F("bucket") - Value(origin)) / Value(per), BigIntegerField())
-    return (
+    rows = (
         summed.filter(width=width)
         .annotate(shown=shown)
         .values_list(*keys, "shown")
         .annotate(t_sum=Sum("ts_sum"), n=Sum("n"), **aggregates)
         .order_by(*keys, "shown")
     )
+    # as the database gives them (ints and floats on both): Django's converter for each value
+    # of 2,000 rows of 20 sums costs more than the query
+    sql, params = rows.query.sql_with_params()
+    with connections[rows.db].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def _gpu_series(run, buckets, levels):
