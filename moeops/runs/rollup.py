@@ -13,6 +13,7 @@ The functions take the bucket and sample models so that a migration can run them
 
 import math
 
+from django.db import connection
 from django.db.models import Count, F, Max, Min, Q, Sum, Value
 from django.db.models.functions import Floor
 
@@ -56,7 +57,7 @@ def _most(a, b):
 
 
 def _merge(into, sums, fields, highest):
-    """Adds `sums` (a bucket's or one sample's, as _empty lays them out) to `into`."""
+    """Adds `sums` (a bucket's, as _empty lays them out) to `into`."""
     into["n"] += sums["n"]
     into["ts_sum"] += sums["ts_sum"]
     into["ts_min"] = _least(into["ts_min"], sums["ts_min"])
@@ -71,18 +72,22 @@ def _merge(into, sums, fields, highest):
         into[f"{name}_max"] = _most(into[f"{name}_max"], sums[f"{name}_max"])
 
 
-def _of_sample(sample, fields, highest):
-    ts = sample["ts"]
-    sums = {"n": 1, "ts_sum": ts, "ts_min": ts, "ts_max": ts}
+def _of_samples(samples, fields, highest):
+    """The sums of samples (dicts of the sample model's fields), as _empty lays them out."""
+    times = [sample["ts"] for sample in samples]
+    sums = {"n": len(times), "ts_sum": sum(times), "ts_min": min(times), "ts_max": max(times)}
     for name in fields:
-        value = sample.get(name)
+        values = [value for sample in samples if (value := sample.get(name)) is not None]
         sums |= {
-            f"{name}_sum": value,
-            f"{name}_n": int(value is not None),
-            f"{name}_min": value,
-            f"{name}_max": value,
+            f"{name}_sum": sum(values) if values else None,
+            f"{name}_n": len(values),
+            f"{name}_min": min(values, default=None),
+            f"{name}_max": max(values, default=None),
         }
-    return sums | {f"{name}_max": sample.get(name) for name in highest}
+    for name in highest:
+        values = [value for sample in samples if (value := sample.get(name)) is not None]
+        sums[f"{name}_max"] = max(values, default=None)
+    return sums
 
 
 def buckets_add(bucket_model, *, owner_field, owner_id, samples):
@@ -90,37 +95,51 @@ def buckets_add(bucket_model, *, owner_field, owner_id, samples):
     The caller holds the owner's row lock inside the transaction that stores the samples.
     owner_field: "run" or "tuning_run"."""
     fields, highest, per_gpu = _spec(bucket_model)
-    added = {}
+    grouped = {}
     for sample in samples:
-        one = _of_sample(sample, fields, highest)
-        level, attempt = sample.get("level_concurrency"), sample.get("attempt") or 1
-        gpu = (sample["gpu_index"],) if per_gpu else ()
+        ts = sample["ts"]
+        rest = (
+            *((sample["gpu_index"],) if per_gpu else ()),
+            sample.get("level_concurrency"),
+            sample.get("attempt") or 1,
+        )
         for width in WIDTHS:
-            key = (width, math.floor(sample["ts"] / width), *gpu, level, attempt)
-            _merge(added.setdefault(key, _empty(fields, highest)), one, fields, highest)
-    if not added:
+            grouped.setdefault((width, math.floor(ts / width), *rest), []).append(sample)
+    if not grouped:
         return
+    added = {key: _of_samples(group, fields, highest) for key, group in grouped.items()}
     names = _key_names(bucket_model)
     span = Q()
     for width in WIDTHS:
         buckets = [key[1] for key in added if key[0] == width]
         span |= Q(width=width, bucket__gte=min(buckets), bucket__lte=max(buckets))
     owner = {f"{owner_field}_id": owner_id}
-    changed = []
-    for row in bucket_model.objects.filter(span, **owner):
-        sums = added.pop(tuple(getattr(row, name) for name in names), None)
+    stale = []
+    for row in bucket_model.objects.filter(span, **owner).values():
+        key = tuple(row[name] for name in names)
+        sums = added.get(key)
         if sums is not None:
-            stored = {name: getattr(row, name) for name in sums}
+            stored = {name: row[name] for name in sums}
             _merge(stored, sums, fields, highest)
-            for name, value in stored.items():
-                setattr(row, name, value)
-            changed.append(row)
-    if changed:
-        bucket_model.objects.bulk_update(changed, list(_empty(fields, highest)))
-    bucket_model.objects.bulk_create(
-        bucket_model(**owner, **dict(zip(names, key, strict=True)), **sums)
-        for key, sums in added.items()
-    )
+            added[key] = stored
+            stale.append(row["id"])
+    if stale:
+        bucket_model.objects.filter(id__in=stale).delete()
+    _insert(bucket_model, owner, names, added)
+
+
+def _insert(bucket_model, owner, names, added):
+    """Inserts the rows {key: sums} in one statement: model instances would cost more than
+    the samples' own insert."""
+    ((owner_column, owner_id),) = owner.items()
+    sums = list(_empty(*_spec(bucket_model)[:2]))
+    columns = [owner_column, *names, *sums]
+    rows = [(owner_id, *key, *(value[name] for name in sums)) for key, value in added.items()]
+    table = connection.ops.quote_name(bucket_model._meta.db_table)
+    quoted = ", ".join(connection.ops.quote_name(column) for column in columns)
+    marks = ", ".join(["%s"] * len(columns))
+    with connection.cursor() as cursor:
+        cursor.executemany(f"INSERT INTO {table} ({quoted}) VALUES ({marks})", rows)
 
 
 def buckets_rebuild(bucket_model, sample_model, *, owner_field, owner_id):
