@@ -234,3 +234,19 @@ def test_a_short_runs_charts_are_read_from_its_raw_samples_as_before(client):
     assert gpu.width == pytest.approx(2399 / series.BUCKETS)
     assert gpu.bucket_start(0) == T0
     assert len(gpu.groups[0]["bucket"]) == series.BUCKETS + 1
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_samples_but_does_not_change_them_behind_their_sums(admin_client, running):
+    services.telemetry_record(run=running, batch_id="a", samples=_gpu_samples(0, 2))
+    sample = TelemetrySample.objects.filter(run=running).first()
+    assert admin_client.get(f"/admin/runs/telemetrysample/{sample.pk}/change/").status_code == 200
+    edit = {"run": running.pk, "gpu_index": 0, "ts": sample.ts, "gpu_util": 99.0, "attempt": 1}
+    admin_client.post(f"/admin/runs/telemetrysample/{sample.pk}/change/", edit)
+    admin_client.post(f"/admin/runs/telemetrysample/{sample.pk}/delete/", {"post": "yes"})
+    assert admin_client.get("/admin/runs/enginesample/add/").status_code == 403
+    sample.refresh_from_db()
+    assert sample.gpu_util == 0.0
+    assert _stored(TelemetryBucket, running) == _of_raw(
+        TelemetryBucket, _raw(TelemetrySample, running)
+    )
