@@ -4,10 +4,11 @@ measured in turns.
 For each database and tree: a fresh database, the tree's own migrations, then the data of a
 long sweep: one run of 6 concurrency levels over `--hours` (2 by default) with 1 Hz telemetry
 on 8 GPUs (57,600 samples for 2 h, 691,200 for 24 h) and as many engine samples as seconds,
-and 20 more runs of 6 levels each for the compare page. Every level holds `--rounds` rounds
-(3 by default), each stored with its own figures, where the tree stores rounds; a tree from
-before rounds gets levels of one round. Each page is requested through Django's test client
-in-process (URL routing, views, queries, templates, JSON; no network).
+and 20 more runs of 6 levels each for the compare page; a tree that sums samples per time
+bucket as they are stored (runs.rollup) gets those sums of the long run too. Every level holds
+`--rounds` rounds (3 by default), each stored with its own figures, where the tree stores
+rounds; a tree from before rounds gets levels of one round. Each page is requested through
+Django's test client in-process (URL routing, views, queries, templates, JSON; no network).
 
 Each tree runs in its own child process with its own database; after every child has loaded
 its data they take turns: one pass of `--repeat` requests of every page per child, A B A B …,
@@ -141,6 +142,19 @@ def _level_create(run, concurrency, rounds, scale=1.0, start=None, end=None):
     return level
 
 
+def _buckets_summed(run):
+    """Sums the run's samples per time bucket as its services would have on storing them,
+    where the tree keeps such sums (runs.rollup)."""
+    try:
+        from moeops.runs import rollup
+    except ImportError:
+        return
+    from moeops.runs.models import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
+
+    for buckets, samples in ((TelemetryBucket, TelemetrySample), (EngineBucket, EngineSample)):
+        rollup.buckets_rebuild(buckets, samples, owner_field="run", owner_id=run.pk)
+
+
 def _populate(seconds, rounds):
     from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
     from moeops.runs.models import EngineSample, SweepRun, TelemetrySample
@@ -193,6 +207,7 @@ def _populate(seconds, rounds):
         ),
         batch_size=5000,
     )
+    _buckets_summed(long_run)
     compare = []
     for r in range(COMPARE_RUNS):
         run = SweepRun.objects.create(deployment=deployment, label=f"run {r}", status="succeeded")

@@ -9,7 +9,16 @@ from pathlib import Path
 from django.contrib.auth.models import User
 
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
-from moeops.runs.models import LevelResult, SweepRun, TelemetrySample, level_key
+from moeops.runs import rollup
+from moeops.runs.models import (
+    EngineBucket,
+    EngineSample,
+    LevelResult,
+    SweepRun,
+    TelemetryBucket,
+    TelemetrySample,
+    level_key,
+)
 
 HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf_configs"
 # The MoE keys of GLM-5's and Kimi K2's config.json (bf16: no quantization block), the shapes
@@ -120,7 +129,15 @@ def telemetry(run_row, *, gpus=8, seconds=60, t0=None, util=lambda g, s: 50.0, p
         ),
         batch_size=5000,
     )
+    samples_summed(run_row)
     return t0
+
+
+def samples_summed(run_row):
+    """Sums the run's samples stored here behind the services' back per time bucket, as the
+    services do for the samples they store (runs.rollup)."""
+    for buckets, samples in ((TelemetryBucket, TelemetrySample), (EngineBucket, EngineSample)):
+        rollup.buckets_rebuild(buckets, samples, owner_field="run", owner_id=run_row.pk)
 
 
 def vllm_identity(max_num_seqs=4, version="0.32.0", tuned_folder="/opt/moe-tuned"):

@@ -396,7 +396,7 @@ def _time_x(series, group):
     (x0, dx in ms, plotly's date step) where the buckets follow one another, which a long
     run's do, else as one date per bucket."""
     buckets = group["bucket"]
-    centres = [series.t0 + (b + 0.5) * series.width for b in buckets]
+    centres = [series.bucket_start(b + 0.5) for b in buckets]
     if buckets[-1] - buckets[0] == len(buckets) - 1:
         return {"x0": epoch_to_plotly(centres[0]), "dx": round(series.width * 1000, 3)}
     return {"x": [epoch_to_plotly(t) for t in centres]}

@@ -75,14 +75,29 @@ class LevelResultAdmin(admin.ModelAdmin):
     inlines = [LevelRoundInline]
 
 
+class SampleAdmin(admin.ModelAdmin):
+    """Read-only: samples are stored through runs.services, which sums them per time bucket
+    (runs.rollup) as it stores them; one added, edited or deleted here would leave the charts'
+    sums behind. A run's deletion takes its samples and sums together."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(TelemetrySample)
-class TelemetrySampleAdmin(admin.ModelAdmin):
+class TelemetrySampleAdmin(SampleAdmin):
     list_display = ("run", "gpu_index", "ts", "gpu_util", "power_w", "power_limit_w")
     list_filter = ("run__deployment",)
 
 
 @admin.register(EngineSample)
-class EngineSampleAdmin(admin.ModelAdmin):
+class EngineSampleAdmin(SampleAdmin):
     list_display = ("run", "ts", "running", "queued", "kv_cache_usage")
 
 

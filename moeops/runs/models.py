@@ -716,6 +716,99 @@ class EngineSample(models.Model):
         return f"engine @ {self.ts:.1f}"
 
 
+class SampleBucket(models.Model):
+    """What a bucket of a run's samples sums to: the samples of one owner (and GPU) whose time
+    falls in [bucket · width, (bucket + 1) · width) s, of one tagged level and attempt, kept as
+    samples are stored (runs.rollup) so that a chart reads a bounded number of rows whatever
+    the run's length. Raw samples stay stored; `<field>_n` counts the samples with a value."""
+
+    width = models.PositiveIntegerField(help_text="s")
+    bucket = models.BigIntegerField(help_text="floor(ts / width)")
+    level_concurrency = models.PositiveIntegerField(null=True, blank=True)
+    attempt = models.PositiveSmallIntegerField(default=1, help_text=ATTEMPT_HELP)
+    n = models.PositiveIntegerField(default=0)
+    ts_sum = models.FloatField(default=0.0)
+    ts_min = models.FloatField(help_text="UTC epoch s")
+    ts_max = models.FloatField(help_text="UTC epoch s")
+
+    class Meta:
+        abstract = True
+
+
+class TelemetryBucket(SampleBucket):
+    """GPU samples (TelemetrySample) of one GPU summed over a bucket, at each of
+    rollup.WIDTHS."""
+
+    run = models.ForeignKey(
+        SweepRun, models.CASCADE, null=True, blank=True, related_name="telemetry_buckets"
+    )
+    tuning_run = models.ForeignKey(
+        "kernels.TuningRun",
+        models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="telemetry_buckets",
+    )
+    gpu_index = models.PositiveSmallIntegerField()
+    gpu_util_sum = models.FloatField(null=True)
+    gpu_util_n = models.PositiveIntegerField(default=0)
+    gpu_util_min = models.FloatField(null=True)
+    gpu_util_max = models.FloatField(null=True)
+    power_w_sum = models.FloatField(null=True)
+    power_w_n = models.PositiveIntegerField(default=0)
+    power_w_min = models.FloatField(null=True)
+    power_w_max = models.FloatField(null=True)
+    mem_used_mib_sum = models.FloatField(null=True)
+    mem_used_mib_n = models.PositiveIntegerField(default=0)
+    mem_used_mib_min = models.FloatField(null=True)
+    mem_used_mib_max = models.FloatField(null=True)
+    sm_clock_mhz_sum = models.FloatField(null=True)
+    sm_clock_mhz_n = models.PositiveIntegerField(default=0)
+    sm_clock_mhz_min = models.FloatField(null=True)
+    sm_clock_mhz_max = models.FloatField(null=True)
+    power_limit_w_max = models.FloatField(null=True)
+    mem_total_mib_max = models.FloatField(null=True)
+
+    class Meta:
+        indexes = [
+            # run page charts read one run's buckets of one width in time order
+            models.Index(fields=["run", "width", "bucket"], name="telemetry_bucket_run"),
+            # tuning-run page charts read one tune's buckets of one width
+            models.Index(fields=["tuning_run", "width", "bucket"], name="telemetry_bucket_tuning"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=ONE_OWNER, name="telemetry_bucket_one_owner")
+        ]
+
+    def __str__(self):
+        return f"GPU{self.gpu_index} {self.width} s bucket {self.bucket}"
+
+
+class EngineBucket(SampleBucket):
+    """Engine samples (EngineSample) summed over a bucket, at each of rollup.WIDTHS."""
+
+    run = models.ForeignKey(SweepRun, models.CASCADE, related_name="engine_buckets")
+    running_sum = models.FloatField(null=True)
+    running_n = models.PositiveIntegerField(default=0)
+    running_min = models.FloatField(null=True)
+    running_max = models.FloatField(null=True)
+    queued_sum = models.FloatField(null=True)
+    queued_n = models.PositiveIntegerField(default=0)
+    queued_min = models.FloatField(null=True)
+    queued_max = models.FloatField(null=True)
+    kv_cache_usage_sum = models.FloatField(null=True)
+    kv_cache_usage_n = models.PositiveIntegerField(default=0)
+    kv_cache_usage_min = models.FloatField(null=True)
+    kv_cache_usage_max = models.FloatField(null=True)
+
+    class Meta:
+        # run page charts read one run's buckets of one width in time order
+        indexes = [models.Index(fields=["run", "width", "bucket"], name="engine_bucket_run")]
+
+    def __str__(self):
+        return f"engine {self.width} s bucket {self.bucket}"
+
+
 WORKLOAD_KINDS = (
     ("random", "Random token ids"),
     ("dataset", "Dataset of conversations or prompts"),

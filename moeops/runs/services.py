@@ -17,15 +17,17 @@ from django.utils import timezone
 from moeops import jobs
 from moeops.celery import send_host_task
 from moeops.fleet.endpoints import endpoint_refusal
-from moeops.runs import capacity, importers, snapshots
+from moeops.runs import capacity, importers, rollup, snapshots
 from moeops.runs.levels import level_problems
 from moeops.runs.models import (
+    EngineBucket,
     EngineSample,
     LevelResult,
     LevelRound,
     RequestLog,
     SweepRun,
     TelemetryBatch,
+    TelemetryBucket,
     TelemetrySample,
     level_key,
 )
@@ -525,8 +527,9 @@ def _insert_samples(model, owner_column, owner_id, samples):
             cursor.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
 
 
-def _batch_record(*, owner, batch_id, kind, model, samples):
-    """owner: {"run": SweepRun} or {"tuning_run": TuningRun}. A repeat (the same batch id and
+def _batch_record(*, owner, batch_id, kind, model, buckets, samples):
+    """owner: {"run": SweepRun} or {"tuning_run": TuningRun}; buckets: the model of the sums
+    kept of `model`'s samples (runs.rollup). A repeat (the same batch id and
     samples) stores nothing; RunConflict for a batch id stored with other samples, or a new
     batch of a finished run or tune."""
     ((field, obj),) = owner.items()
@@ -534,7 +537,8 @@ def _batch_record(*, owner, batch_id, kind, model, samples):
     digest = body_sha256(samples)
     what = f"{kind} sample batch {batch_id!r}"
     with transaction.atomic():
-        # the run's row is locked so that it cannot finish between the check and the insert
+        # the owner's row is locked: it cannot finish between the check and the insert, and
+        # two batches of one owner add to its buckets one after the other
         locked = type(obj).objects.select_for_update().get(pk=obj.pk)
         existing = TelemetryBatch.objects.filter(**key).first()
         if existing is not None:
@@ -544,6 +548,7 @@ def _batch_record(*, owner, batch_id, kind, model, samples):
             with transaction.atomic():
                 batch = TelemetryBatch.objects.create(**key, count=len(samples), body_sha256=digest)
                 _insert_samples(model, f"{field}_id", obj.pk, samples)
+                rollup.buckets_add(buckets, owner_field=field, owner_id=obj.pk, samples=samples)
         except IntegrityError:
             # the same batch arrived twice at once; the other request stored it
             return _same_body(TelemetryBatch.objects.get(**key), digest, what), False
@@ -561,7 +566,12 @@ def telemetry_record(*, batch_id, samples, run=None, tuning_run=None):
         raise TypeError("telemetry_record needs exactly one of run and tuning_run")
     owner = {"run": run} if run is not None else {"tuning_run": tuning_run}
     return _batch_record(
-        owner=owner, batch_id=batch_id, kind="gpu", model=TelemetrySample, samples=samples
+        owner=owner,
+        batch_id=batch_id,
+        kind="gpu",
+        model=TelemetrySample,
+        buckets=TelemetryBucket,
+        samples=samples,
     )
 
 
@@ -571,7 +581,12 @@ def engine_samples_record(*, run, batch_id, samples):
     samples: dicts holding every EngineSample field but run (None where unknown).
     """
     return _batch_record(
-        owner={"run": run}, batch_id=batch_id, kind="engine", model=EngineSample, samples=samples
+        owner={"run": run},
+        batch_id=batch_id,
+        kind="engine",
+        model=EngineSample,
+        buckets=EngineBucket,
+        samples=samples,
     )
 
 

@@ -59,6 +59,7 @@ def priced_run():
         for s in range(151)
         for g in range(8)
     )
+    pb.samples_summed(run)
     return run
 
 

@@ -159,6 +159,7 @@ def test_engine_chart_shows_running_and_queued_against_the_cap(client, sweep):
     EngineSample.objects.bulk_create(
         EngineSample(run=sweep, ts=1_800_000_000.0 + s, running=64, queued=s) for s in range(30)
     )
+    pb.samples_summed(sweep)
     html = client.get(f"/runs/{sweep.uuid}/").content.decode()
     fig = pb.figure(html, "engine-data")
     traces = {t["name"]: t for t in fig["data"]}
@@ -191,10 +192,12 @@ def test_memory_clock_and_kv_cache_series_are_drawn_when_stored(client, sweep):
         for s in range(10)
         for g in range(2)
     )
+    pb.samples_summed(sweep)
     EngineSample.objects.bulk_create(
         EngineSample(run=sweep, ts=1_800_000_000.0 + s, running=64, queued=0, kv_cache_usage=0.5)
         for s in range(10)
     )
+    pb.samples_summed(sweep)
     html = client.get(f"/runs/{sweep.uuid}/").content.decode()
     memory = pb.figure(html, "gpu-memory-data")
     assert [t["name"] for t in memory["data"]] == ["GPU0", "GPU1"]
@@ -596,6 +599,7 @@ def test_time_charts_send_contiguous_buckets_as_a_start_and_a_step(client, sweep
         TelemetrySample(run=sweep, gpu_index=1, ts=1_800_000_000.0 + s, gpu_util=20.0)
         for s in [*range(60), *range(420, 480)]
     )
+    pb.samples_summed(sweep)
     html = client.get(f"/runs/{sweep.uuid}/").content.decode()
     gpu0, gpu1 = pb.figure(html, "gpu-util-data")["data"]
     # 479 s between the first and the last sample, in buckets of 479 / 240 s
