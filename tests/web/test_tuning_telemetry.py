@@ -144,10 +144,11 @@ def test_it_rejects_a_batch_with_one_bad_sample_whole(world):
 
 def test_the_tune_page_charts_utilization_and_power_per_gpu(world, client):
     pb.sign_in(client)
-    tuning = _tuning(world, status="succeeded")
+    tuning = _tuning(world, status="running")
     world.host_worker.post(
         f"/api/v1/tuning-runs/{tuning.pk}/telemetry", {"batch_id": "a", "samples": _samples(40)}
     )
+    world.host_worker.patch(f"/api/v1/tuning-runs/{tuning.pk}", {"status": "succeeded"})
     html = client.get(f"/tunes/{tuning.uuid}/").content.decode()
     util = pb.figure(html, "gpu-util-data")
     power = pb.figure(html, "gpu-power-data")
@@ -200,12 +201,13 @@ def test_the_h200_spread_tune_samples_are_stored_and_charted_per_gpu(
 ):
     lines = (TELEMETRY / telemetry).read_text().splitlines()
     samples = [json.loads(line) for line in lines]
-    tuning = _tuning(world, status="succeeded")
+    tuning = _tuning(world, status="running")
     response = world.host_worker.post(
         f"/api/v1/tuning-runs/{tuning.uuid}/telemetry",
         {"batch_id": telemetry, "samples": samples},
     )
     assert response.status_code == 201
+    world.host_worker.patch(f"/api/v1/tuning-runs/{tuning.uuid}", {"status": "succeeded"})
     per_gpu = {gpu: tuning.telemetry.filter(gpu_index=gpu).count() for gpu in range(gpus)}
     assert per_gpu == {gpu: len(samples) // gpus for gpu in range(gpus)}
     busiest = {
