@@ -16,12 +16,11 @@ shape, looking where that engine looks (docs/engines.md).
 import hashlib
 import os
 import socket
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from reports import engine as reports
-from tuning.config_files import ConfigFileError, config_file_name, sglang_folder
+from tuning.config_files import CONFIG_ENV, ConfigFileError, config_file_name, search_path
 from tuning.engine_source import EngineSourceError, locate_package
 from workers.engine_http import EngineHTTP
 
@@ -136,12 +135,6 @@ def _vllm_config(http: EngineHTTP, cache_info) -> dict:
 # The kernel config the engine would load
 # ---------------------------------------------------------------------------------------------
 
-# The config folder inside each installed package.
-CONFIG_FOLDERS = {
-    "vllm": "model_executor/layers/fused_moe/configs",
-    "sglang": "srt/layers/moe/moe_runner/triton_utils/configs",
-}
-
 
 def locate_engine_package(engine: str, python: str | None = None) -> dict:
     """Where the engine's package is installed on this host (tuning.engine_source), as
@@ -188,7 +181,7 @@ def kernel_config_in_effect(
         "searched": [],
         "reason": "",
     }
-    if engine not in CONFIG_FOLDERS:
+    if engine not in CONFIG_ENV:
         out["reason"] = f"moeops does not know where {engine} keeps kernel configs"
         return out
     if not shape or not shape.get("device_name"):
@@ -215,32 +208,14 @@ def kernel_config_in_effect(
         return out
     out["file_name"] = name
     package = package or locate_engine_package(engine)
-    candidates = []
-    env = reported_env or {}
-    if engine == "vllm":
-        user_folder = env.get("VLLM_TUNED_CONFIG_FOLDER") or os.getenv("VLLM_TUNED_CONFIG_FOLDER")
-        if user_folder:
-            candidates.append(("VLLM_TUNED_CONFIG_FOLDER", Path(user_folder) / name, False))
-        if package.get("package_dir"):
-            shipped = Path(package["package_dir"]) / CONFIG_FOLDERS["vllm"]
-            candidates.append(("vLLM's own configs folder", shipped / name, True))
-    else:
-        root = env.get("SGLANG_MOE_CONFIG_DIR") or os.getenv("SGLANG_MOE_CONFIG_DIR")
-        configs = None
-        if root:
-            configs = Path(root) / "configs"
-        elif package.get("package_dir"):
-            configs = Path(package["package_dir"]) / CONFIG_FOLDERS["sglang"]
-        where = "SGLANG_MOE_CONFIG_DIR" if root else "SGLang's own configs folder"
-        if configs is not None and package.get("triton"):
-            own = sglang_folder(package["triton"])
-            candidates.append((f"{where}, {own}", configs / own / name, not root))
-            others = sorted(
-                (p for p in configs.glob("triton_*") if p.name != own),
-                key=lambda p: [int(x) if x.isdigit() else 0 for x in p.name[7:].split("_")],
-                reverse=True,
-            )
-            candidates.extend((f"{where}, {p.name} (fallback)", p / name, not root) for p in others)
+    variable = CONFIG_ENV[engine]
+    candidates = search_path(
+        engine,
+        name,
+        env_folder=(reported_env or {}).get(variable) or os.getenv(variable),
+        package_dir=package.get("package_dir"),
+        triton_version=package.get("triton"),
+    )
     if not candidates:
         out["reason"] = package.get("error") or f"{engine}'s config folders are unknown here"
         return out
