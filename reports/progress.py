@@ -10,35 +10,14 @@ reads as absent rather than failing the page. "attempt" is the delivery sweeping
 
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BeforeValidator
 
-from reports.numbers import is_integer, is_number
+from reports.numbers import is_integer
+from reports.worker_json import Integer, Number, Object, Text, WorkerJSON
 
 # A sweeping worker pushes its progress heartbeat every second: a run silent for this long (s)
 # has lost its worker. A new delivery then takes it over, and a cancel ends it at once.
 HEARTBEAT_STALE_S = 10.0
-
-
-def _kept_if(check):
-    return BeforeValidator(lambda value: value if check(value) else None)
-
-
-# JSON's true is no count: a bool reads as absent, an int stays an int
-Number = Annotated[int | float | None, _kept_if(is_number)]
-Integer = Annotated[int | None, _kept_if(is_integer)]
-Text = Annotated[str | None, _kept_if(lambda value: isinstance(value, str))]
-Object = Annotated[dict | None, _kept_if(lambda value: isinstance(value, dict))]
-
-
-class WorkerJSON(BaseModel):
-    """A JSON object a worker wrote, read leniently: keys it does not name are kept aside."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    @classmethod
-    def read(cls, value):
-        """The model of value (a dict; anything else reads as an empty object)."""
-        return cls.model_validate(value if isinstance(value, dict) else {})
 
 
 class Sender(WorkerJSON):

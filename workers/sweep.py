@@ -26,6 +26,7 @@ from reports.failures import describe_failure
 from reports.jobs import FINISHED_STATUSES
 from reports.levels import LEVEL_KEYS
 from reports.progress import HEARTBEAT_STALE_S, SweepProgress
+from reports.snapshot import RunSnapshot
 from workers import capacity, engine_info, loadgen, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler, counter_deltas, read_engine_counters
@@ -357,13 +358,12 @@ def run_sweep(
         # the vocabulary unknown (VocabularyUnknown), or a dataset's prompts missing
         _finish(client, run_uuid, "failed", str(exc), {"worker": _me()})
         return "failed"
-    snapshot = claimed.get("snapshot") or {}
-    if not snapshot.get("engine"):
-        recorded = (snapshot.get("deployment") or {}).get("engine", "")
+    snapshot = RunSnapshot.read(claimed.get("snapshot"))
+    if not snapshot.engine:
         observed = engine_info.observe(
             config.client.base_url,
-            kernel_shape=snapshot.get("kernel_shape"),
-            recorded_engine=recorded,
+            kernel_shape=snapshot.kernel_shape,
+            recorded_engine=snapshot.deployment.get("engine", ""),
         )
         client.post_observed(run_uuid, observed)
     levels = config.levels()
