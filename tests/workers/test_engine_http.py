@@ -2,12 +2,10 @@
 that answers what each test sets, and the callers that ask an engine through it."""
 
 import json
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests import fakes
 from workers import vocabulary
 from workers.engine_http import EngineHTTP, EngineUnanswered
 from workers.engine_metrics import EngineMetricsSampler, scrape_engine_metrics
@@ -17,24 +15,9 @@ from workers.engine_metrics import EngineMetricsSampler, scrape_engine_metrics
 def engine_url():
     """(url, answers): a server on a free port; answers[path] = (status, body[, after_s])."""
     answers = {}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            status, body, *after = answers.get(self.path, (404, '{"detail": "Not Found"}'))
-            time.sleep(after[0] if after else 0)
-            self.send_response(status)
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/", answers
-    server.shutdown()
-    thread.join()
+    not_found = (404, '{"detail": "Not Found"}')
+    with fakes.scripted_http_server(lambda path: answers.get(path, not_found)) as url:
+        yield url + "/", answers
 
 
 def test_an_answer_keeps_its_status_body_and_json(engine_url):
