@@ -101,6 +101,18 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _passwords_hashed_fast():
+    # Django's PBKDF2 spends ~0.25 s of CPU on each password a test user gets (sign_in): MD5
+    # keeps the suite off that; the live server runs in this process and reads the same list.
+    from django.test.utils import override_settings
+
+    fast = override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"])
+    fast.enable()
+    yield
+    fast.disable()
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _web_tasks_run_inline():
     # Analysis after a run finishes runs in-process in tests; the e2e tests start real workers.
     from moeops.celery import app

@@ -1,8 +1,13 @@
 """What the tests share that is not a fixture of pytest's: the fixture files' folders, and the
-fakes of what only a GPU host has (NVML's GPUs, the tuner's GPU measurements). Imports neither
-Django nor a GPU, so that the gpu-marked tests (run with --noconftest) can use it too."""
+fakes of what only a GPU host has (NVML's GPUs, the tuner's GPU measurements, an engine's HTTP
+endpoints). Imports neither Django nor a GPU, so that the gpu-marked tests (run with
+--noconftest) can use it too."""
 
+import contextlib
 import math
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +18,32 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HF_CONFIGS = FIXTURES / "hf_configs"
 # GLM-5 at TP8, bf16: the tuner tests' shape
 SHAPE = KernelShape(E=256, N=256, H=6144, top_k=8)
+
+
+@contextlib.contextmanager
+def scripted_http_server(answer):
+    """A real HTTP server on a free port of 127.0.0.1 whose every GET answers answer(path) →
+    (status, body text[, delay s before answering]); yields its URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            status, body, *delay = answer(self.path)
+            time.sleep(delay[0] if delay else 0)
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
 
 
 class FakeNVMLError(Exception):

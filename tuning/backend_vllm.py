@@ -39,6 +39,7 @@ from types import SimpleNamespace
 
 import torch
 
+from tuning.config_files import PACKAGE_CONFIGS
 from tuning.engine_source import EnginePackage, load_functions
 from tuning.kernel_backend import BackendError, KernelBackend, ShippedConfigs, read_shipped
 
@@ -46,7 +47,7 @@ FUSED_MOE = "model_executor/layers/fused_moe/fused_moe.py"
 TRITON_EXPERTS = "model_executor/layers/fused_moe/experts/triton_moe.py"
 UTILS = "model_executor/layers/fused_moe/utils.py"
 ALIGN = "model_executor/layers/fused_moe/moe_align_block_size.py"
-CONFIGS = "model_executor/layers/fused_moe/configs"
+CONFIGS = PACKAGE_CONFIGS["vllm"]
 WANTED = {
     FUSED_MOE: [
         "write_zeros_to_output",

@@ -18,7 +18,7 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from reports.numbers import is_integer
 from tuning.moe_params import MAX_EXPERTS, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE
@@ -296,6 +296,71 @@ def config_file_relpath(file_name: str, style: str, triton_version: str | None =
     if triton_version is None:
         raise ConfigFileError("SGLang files live in a per-Triton-version folder: give the version")
     return f"{sglang_folder(triton_version)}/{file_name}"
+
+
+# Where each engine looks for tuned fused-MoE config files (docs/engines.md): first a folder
+# named by its environment variable, then the folder shipped in its package. One statement for
+# the web tier (the variable a launch recipe sets), the worker's reader (the file an engine would
+# load) and its writer (where an engine action puts a file).
+CONFIG_ENV = {"vllm": "VLLM_TUNED_CONFIG_FOLDER", "sglang": "SGLANG_MOE_CONFIG_DIR"}
+PACKAGE_CONFIGS = {
+    "vllm": "model_executor/layers/fused_moe/configs",
+    "sglang": "srt/layers/moe/moe_runner/triton_utils/configs",
+}
+
+
+def configs_root(engine: str, env_folder) -> Path:
+    """The folder config_file_relpath's paths start from when the engine's variable
+    (CONFIG_ENV) names env_folder: vLLM reads env_folder itself, SGLang env_folder/configs."""
+    return Path(env_folder) / "configs" if engine == "sglang" else Path(env_folder)
+
+
+def search_path(
+    engine: str,
+    file_name: str,
+    *,
+    env_folder: str | None,
+    package_dir: str | None,
+    triton_version: str | None,
+) -> list[tuple[str, Path, bool]]:
+    """(which folder, path, shipped with the engine) of each place `engine` looks for
+    file_name, in the order it looks.
+
+    vLLM: env_folder (its VLLM_TUNED_CONFIG_FOLDER), then its package's configs folder. SGLang:
+    under env_folder/configs (its SGLANG_MOE_CONFIG_DIR), else its package's configs folder, the
+    triton_<its Triton> folder, then the other Triton folders there, newest first; SGLang's
+    path needs triton_version (none: nothing is searched). package_dir: the installed engine
+    package (None when unknown). Raises ConfigFileError for another engine.
+    """
+    if engine not in CONFIG_ENV:
+        raise ConfigFileError(f"style must be one of {', '.join(STYLES)}, got {engine!r}")
+    if engine == "vllm":
+        found = []
+        if env_folder:
+            found.append((CONFIG_ENV["vllm"], configs_root("vllm", env_folder) / file_name, False))
+        if package_dir:
+            shipped = Path(package_dir) / PACKAGE_CONFIGS["vllm"] / file_name
+            found.append(("vLLM's own configs folder", shipped, True))
+        return found
+    if env_folder:
+        configs, where = configs_root("sglang", env_folder), CONFIG_ENV["sglang"]
+    elif package_dir:
+        configs = Path(package_dir) / PACKAGE_CONFIGS["sglang"]
+        where = "SGLang's own configs folder"
+    else:
+        return []
+    if not triton_version:
+        return []
+    own = sglang_folder(triton_version)
+    others = sorted(
+        (p for p in configs.glob("triton_*") if p.name != own),
+        key=lambda p: [int(x) if x.isdigit() else 0 for x in p.name[7:].split("_")],
+        reverse=True,
+    )
+    shipped = not env_folder
+    found = [(f"{where}, {own}", configs / own / file_name, shipped)]
+    found.extend((f"{where}, {p.name} (fallback)", p / file_name, shipped) for p in others)
+    return found
 
 
 # The one entry vLLM 0.34's `_down` file may hold without a tile: its sorted-A path off there.

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from reports import launch
-from tuning.config_files import ConfigFileError, config_file_relpath
+from tuning.config_files import ConfigFileError, config_file_relpath, configs_root
 from workers.client import ApiError
 from workers.engine_info import identify_engine, kernel_config_in_effect, locate_engine_package
 from workers.engine_supervisor import EngineSupervisor, Recipe, SupervisorError
@@ -119,7 +119,7 @@ def _paths(engine, folder, files, package):
         triton = package().get("triton")
         if not triton:
             raise ActionFailed("SGLang's Triton version is unknown here (set MOEOPS_SGLANG_PYTHON)")
-    root = folder / "configs" if engine == "sglang" else folder
+    root = configs_root(engine, folder)
     try:
         return {
             f["file_name"]: root / config_file_relpath(f["file_name"], engine, triton)

@@ -16,38 +16,19 @@ shape, looking where that engine looks (docs/engines.md).
 import hashlib
 import os
 import socket
-from pathlib import Path
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from reports import engine as reports
-from tuning.config_files import ConfigFileError, config_file_name, sglang_folder
+from tuning.config_files import CONFIG_ENV, ConfigFileError, config_file_name, search_path
 from tuning.engine_source import EngineSourceError, locate_package
-from workers.loadgen import server_error_message
+from workers.engine_http import EngineHTTP
 
 METRIC_PREFIXES = ("vllm:", "sglang:")
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 for moeops to read its /server_info"
 # s vLLM's /server_info may take: its first answer after a start runs collect_env (pip, lscpu,
 # nvidia-smi … as subprocesses, cached afterwards), 10.4 s on 2 busy cores, past a check's 10 s
 SERVER_INFO_TIMEOUT_S = 60.0
-
-
-def _get(client, url, timeout=httpx.USE_CLIENT_DEFAULT):
-    """(status, response) of GET url; (None, reason) when nothing answered."""
-    try:
-        response = client.get(url, timeout=timeout)
-    except httpx.HTTPError as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    return response.status_code, response
-
-
-def _json(response):
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
 
 
 def _models(body) -> list[dict]:
@@ -73,14 +54,6 @@ def _metric_names(text: str) -> tuple[list[str], dict]:
     return sorted(names), cache_info
 
 
-def _reason(response) -> str:
-    """Why a non-200 answer failed, as the load generator keeps it: the engine's own error
-    message, else only the status line's reason phrase (never another service's body)."""
-    if isinstance(response, str):
-        return response
-    return server_error_message(response.content, response.reason_phrase)
-
-
 def identify_engine(base_url: str, *, timeout_s: float = 10.0) -> dict:
     """What the engine at base_url says of itself.
 
@@ -89,17 +62,17 @@ def identify_engine(base_url: str, *, timeout_s: float = 10.0) -> dict:
     sentences what could not be read and why.
     """
     base = base_url.rstrip("/")
-    with httpx.Client(timeout=timeout_s) as client:
-        status, listed = _get(client, base + "/v1/models")
-        if status is None:
+    with EngineHTTP(base, timeout_s=timeout_s) as http:
+        listed = http.get("/v1/models")
+        if listed.status is None:
             out = reports.identity("unknown")
-            return {**out, "url": base, "reachable": False, "error": f"{base}: {listed}"}
-        models = _models(_json(listed)) if status == 200 else []
+            return {**out, "url": base, "reachable": False, "error": f"{base}: {listed.error}"}
+        models = _models(listed.json_object()) if listed.ok else []
         owners = {m.get("owned_by") for m in models}
-        status, metrics = _get(client, base + "/metrics")
-        names, cache_info = _metric_names(metrics.text) if status == 200 else ([], {})
-        status, sglang = _get(client, base + "/get_server_info")
-        sglang_info = _json(sglang) if status == 200 else None
+        metrics = http.get("/metrics")
+        names, cache_info = _metric_names(metrics.text) if metrics.ok else ([], {})
+        sglang = http.get("/get_server_info")
+        sglang_info = sglang.json_object() if sglang.ok else None
 
         if reports.STANDIN_OWNER in owners:
             engine = "standin"
@@ -122,18 +95,18 @@ def identify_engine(base_url: str, *, timeout_s: float = 10.0) -> dict:
                 server_info=sglang_info,
             )
         elif engine == "vllm":
-            status, version = _get(client, base + "/version")
-            reported = (_json(version) or {}).get("version") if status == 200 else None
+            version = http.get("/version")
+            reported = (version.json_object() or {}).get("version") if version.ok else None
             found["version"] = reported if isinstance(reported, str) else None
-            found.update(_vllm_config(client, base, cache_info))
+            found.update(_vllm_config(http, cache_info))
     out = reports.identity(engine, **found)
     return {**out, "url": base, "reachable": True, "error": ""}
 
 
-def _vllm_config(client, base, cache_info) -> dict:
-    timeout = max(client.timeout.read or 0, SERVER_INFO_TIMEOUT_S)
-    status, info = _get(client, base + "/server_info?config_format=json", timeout=timeout)
-    body = _json(info) if status == 200 else None
+def _vllm_config(http: EngineHTTP, cache_info) -> dict:
+    timeout = max(http.timeout_s, SERVER_INFO_TIMEOUT_S)
+    info = http.get("/server_info?config_format=json", timeout_s=timeout)
+    body = info.json_object() if info.ok else None
     config = body.get("vllm_config") if body else None
     if isinstance(config, dict):
         env = body.get("vllm_env")
@@ -142,15 +115,15 @@ def _vllm_config(client, base, cache_info) -> dict:
             "args_source": "/server_info",
             "env": reports.vllm_env(env) if isinstance(env, dict) else {},
         }
-    if status == 404:
+    if info.status == 404:
         note = (
             "vLLM serves no /server_info, so its running-request cap and most of its "
             f"arguments are unknown: {DEV_MODE_HINT}"
         )
-    elif status is None:
-        note = f"vLLM's /server_info did not answer: {info}"
+    elif info.status is None:
+        note = f"vLLM's /server_info did not answer: {info.error}"
     else:
-        note = f"vLLM's /server_info answered {status}: {_reason(info)}"
+        note = f"vLLM's /server_info answered {info.status}: {info.reason()}"
     found = {"notes": [note]}
     if cache_info:
         labels = {f"cache_config.{k}": v for k, v in cache_info.items() if k != "engine"}
@@ -161,12 +134,6 @@ def _vllm_config(client, base, cache_info) -> dict:
 # ---------------------------------------------------------------------------------------------
 # The kernel config the engine would load
 # ---------------------------------------------------------------------------------------------
-
-# The config folder inside each installed package.
-CONFIG_FOLDERS = {
-    "vllm": "model_executor/layers/fused_moe/configs",
-    "sglang": "srt/layers/moe/moe_runner/triton_utils/configs",
-}
 
 
 def locate_engine_package(engine: str, python: str | None = None) -> dict:
@@ -214,7 +181,7 @@ def kernel_config_in_effect(
         "searched": [],
         "reason": "",
     }
-    if engine not in CONFIG_FOLDERS:
+    if engine not in CONFIG_ENV:
         out["reason"] = f"moeops does not know where {engine} keeps kernel configs"
         return out
     if not shape or not shape.get("device_name"):
@@ -241,32 +208,14 @@ def kernel_config_in_effect(
         return out
     out["file_name"] = name
     package = package or locate_engine_package(engine)
-    candidates = []
-    env = reported_env or {}
-    if engine == "vllm":
-        user_folder = env.get("VLLM_TUNED_CONFIG_FOLDER") or os.getenv("VLLM_TUNED_CONFIG_FOLDER")
-        if user_folder:
-            candidates.append(("VLLM_TUNED_CONFIG_FOLDER", Path(user_folder) / name, False))
-        if package.get("package_dir"):
-            shipped = Path(package["package_dir"]) / CONFIG_FOLDERS["vllm"]
-            candidates.append(("vLLM's own configs folder", shipped / name, True))
-    else:
-        root = env.get("SGLANG_MOE_CONFIG_DIR") or os.getenv("SGLANG_MOE_CONFIG_DIR")
-        configs = None
-        if root:
-            configs = Path(root) / "configs"
-        elif package.get("package_dir"):
-            configs = Path(package["package_dir"]) / CONFIG_FOLDERS["sglang"]
-        where = "SGLANG_MOE_CONFIG_DIR" if root else "SGLang's own configs folder"
-        if configs is not None and package.get("triton"):
-            own = sglang_folder(package["triton"])
-            candidates.append((f"{where}, {own}", configs / own / name, not root))
-            others = sorted(
-                (p for p in configs.glob("triton_*") if p.name != own),
-                key=lambda p: [int(x) if x.isdigit() else 0 for x in p.name[7:].split("_")],
-                reverse=True,
-            )
-            candidates.extend((f"{where}, {p.name} (fallback)", p / name, not root) for p in others)
+    variable = CONFIG_ENV[engine]
+    candidates = search_path(
+        engine,
+        name,
+        env_folder=(reported_env or {}).get(variable) or os.getenv(variable),
+        package_dir=package.get("package_dir"),
+        triton_version=package.get("triton"),
+    )
     if not candidates:
         out["reason"] = package.get("error") or f"{engine}'s config folders are unknown here"
         return out

@@ -13,8 +13,9 @@ import threading
 import time
 from collections import Counter, defaultdict
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from workers.engine_http import EngineHTTP, EngineUnanswered
 
 # Gauge names per engine; KV-cache usage is a 0..1 fraction under every name.
 ENGINE_GAUGES = {
@@ -169,38 +170,29 @@ def _per_scheduler(found: list[tuple[dict, float]]) -> list[float]:
 
 
 def scrape_engine_metrics(
-    base_url: str, *, client: httpx.Client | None = None, timeout_s: float = 2.0
+    base_url: str, *, engine: EngineHTTP | None = None, timeout_s: float = 2.0
 ) -> dict:
     """GET base_url/metrics and parse it (parse_engine_metrics' dict).
 
-    Raises httpx.HTTPError when the engine does not answer 200, EngineMetricsError when the
+    Raises EngineUnanswered when the engine does not answer 200, EngineMetricsError when the
     body is not Prometheus text.
     """
-    url = base_url.rstrip("/") + "/metrics"
-    if client is None:
-        with httpx.Client(timeout=timeout_s) as own:
-            response = own.get(url)
+    if engine is None:
+        with EngineHTTP(base_url, timeout_s=timeout_s) as own:
+            answer = own.get("/metrics")
     else:
-        response = client.get(url, timeout=timeout_s)
-    response.raise_for_status()
-    return parse_engine_metrics(response.text)
+        answer = engine.get("/metrics", timeout_s=timeout_s)
+    return parse_engine_metrics(answer.text_or_raise())
 
 
-def read_engine_counters(
-    base_url: str, *, client: httpx.Client | None = None, timeout_s: float = 5.0
-) -> dict | None:
+def read_engine_counters(base_url: str, *, timeout_s: float = 5.0) -> dict | None:
     """parse_engine_counters of the engine's /metrics now, or None when it cannot be read (no
     answer, not 200, not Prometheus text): a level's engine figures are then left out."""
-    url = base_url.rstrip("/") + "/metrics"
+    with EngineHTTP(base_url, timeout_s=timeout_s) as engine:
+        answer = engine.get("/metrics")
     try:
-        if client is None:
-            with httpx.Client(timeout=timeout_s) as own:
-                response = own.get(url)
-        else:
-            response = client.get(url, timeout=timeout_s)
-        response.raise_for_status()
-        return parse_engine_counters(response.text)
-    except (httpx.HTTPError, EngineMetricsError):
+        return parse_engine_counters(answer.text_or_raise())
+    except (EngineUnanswered, EngineMetricsError):
         return None
 
 
@@ -244,16 +236,13 @@ class EngineMetricsSampler:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def sample_once(self, client: httpx.Client) -> dict | None:
+    def sample_once(self, engine: EngineHTTP) -> dict | None:
         """Scrape once; the sample appended, or None when the scrape failed."""
         ts = time.time()
         try:
-            parsed = scrape_engine_metrics(self.base_url, client=client, timeout_s=self.timeout_s)
-        except httpx.HTTPStatusError as exc:
-            self.errors[f"http_{exc.response.status_code}"] += 1
-            return None
-        except httpx.HTTPError as exc:
-            self.errors[type(exc).__name__] += 1
+            parsed = scrape_engine_metrics(self.base_url, engine=engine, timeout_s=self.timeout_s)
+        except EngineUnanswered as exc:
+            self.errors[exc.kind] += 1
             return None
         except EngineMetricsError:
             self.errors["unparsable"] += 1
@@ -272,9 +261,9 @@ class EngineMetricsSampler:
     def _run(self) -> None:
         start = time.monotonic()
         ticks = 0
-        with httpx.Client(timeout=self.timeout_s) as client:
+        with EngineHTTP(self.base_url, timeout_s=self.timeout_s) as engine:
             while not self._stop.is_set():
-                self.sample_once(client)
+                self.sample_once(engine)
                 # A fixed schedule: a slow scrape skips ticks instead of pushing later ones back.
                 ticks = max(ticks + 1, int((time.monotonic() - start) / self.interval_s) + 1)
                 next_at = start + ticks * self.interval_s

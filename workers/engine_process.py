@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
+from workers.engine_http import EngineHTTP
 
 HEALTH_POLL_S = 1.0
 STOP_GRACE_S = 30.0
@@ -87,9 +87,8 @@ class EngineProcess:
         on_wait(elapsed_s) is called between polls (progress). Raises EngineStartError when the
         process exits first or timeout_s passes.
         """
-        url = base_url.rstrip("/") + "/health"
         start = time.monotonic()
-        with httpx.Client(timeout=5.0) as client:
+        with EngineHTTP(base_url, timeout_s=5.0) as engine:
             while True:
                 elapsed = time.monotonic() - start
                 if not self.alive():
@@ -99,14 +98,11 @@ class EngineProcess:
                         f"the engine exited with status {code} before it was healthy"
                         f"{_last_line(tail)}\nits last log lines:\n{tail}"
                     )
-                try:
-                    if client.get(url).status_code == 200:
-                        return elapsed
-                except httpx.HTTPError:
-                    pass
+                if engine.get("/health").ok:
+                    return elapsed
                 if elapsed >= timeout_s:
                     raise EngineStartError(
-                        f"{url} did not answer 200 within {timeout_s:.0f} s\n"
+                        f"{engine.base_url}/health did not answer 200 within {timeout_s:.0f} s\n"
                         f"its last log lines:\n{self.log_tail()}"
                     )
                 if on_wait is not None:

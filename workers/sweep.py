@@ -25,7 +25,8 @@ from reports import requests as request_log
 from reports.failures import describe_failure
 from reports.jobs import FINISHED_STATUSES
 from reports.levels import LEVEL_KEYS
-from reports.progress import HEARTBEAT_STALE_S, attempt_of
+from reports.progress import HEARTBEAT_STALE_S, SweepProgress
+from reports.snapshot import RunSnapshot
 from workers import capacity, engine_info, loadgen, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler, counter_deltas, read_engine_counters
@@ -271,14 +272,14 @@ def _me():
     return {"host": socket.gethostname(), "pid": os.getpid()}
 
 
-def _alive(progress):
+def _alive(progress: SweepProgress):
     """Whether the process that sent this progress may still be sweeping."""
-    worker = progress.get("worker") or {}
-    if worker.get("host") != socket.gethostname() or not worker.get("pid"):
+    worker = progress.worker
+    if worker.host != socket.gethostname() or not worker.pid:
         # another machine: only its heartbeat can tell
         return True
     try:
-        os.kill(worker["pid"], 0)
+        os.kill(worker.pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
@@ -302,20 +303,21 @@ def _claim(client, run_uuid, stale_after_s):
     claim = uuid.uuid4().hex
     for _ in range(CLAIM_TRIES):
         run = client.get_run(run_uuid)
-        progress = run.get("progress") or {}
+        progress = SweepProgress.read(run.get("progress"))
         if run["status"] in FINISHED_STATUSES:
             return run["status"]
-        if run["status"] == "running" and progress.get("claim") == claim:
-            return run, attempt_of(progress)
+        if run["status"] == "running" and progress.claim == claim:
+            return run, progress.attempt
         try:
             if run["status"] != "running":
                 mine = {**_claimed(claim), "levels_done": 0, "attempt": 1}
                 return client.update_run(run_uuid, status="running", progress=mine), 1
-            beat = progress.get("heartbeat")
+            beat = progress.heartbeat
             if beat is not None and time.time() - beat < stale_after_s and _alive(progress):
                 return BUSY
-            attempt = attempt_of(progress) + 1
-            taken = client.take_over_run(run_uuid, attempt, {**progress, **_claimed(claim)})
+            attempt = progress.attempt + 1
+            sent = {**(run.get("progress") or {}), **_claimed(claim)}
+            taken = client.take_over_run(run_uuid, attempt, sent)
             log.info("sweep %s: resuming a run whose worker stopped", run_uuid)
             return taken, attempt
         except Conflict:
@@ -356,13 +358,12 @@ def run_sweep(
         # the vocabulary unknown (VocabularyUnknown), or a dataset's prompts missing
         _finish(client, run_uuid, "failed", str(exc), {"worker": _me()})
         return "failed"
-    snapshot = claimed.get("snapshot") or {}
-    if not snapshot.get("engine"):
-        recorded = (snapshot.get("deployment") or {}).get("engine", "")
+    snapshot = RunSnapshot.read(claimed.get("snapshot"))
+    if not snapshot.engine:
         observed = engine_info.observe(
             config.client.base_url,
-            kernel_shape=snapshot.get("kernel_shape"),
-            recorded_engine=recorded,
+            kernel_shape=snapshot.kernel_shape,
+            recorded_engine=snapshot.deployment.get("engine", ""),
         )
         client.post_observed(run_uuid, observed)
     levels = config.levels()

@@ -10,11 +10,11 @@ machine. Otherwise it raises VocabularyUnknown with a sentence that says what to
 import json
 from pathlib import Path
 
-import httpx
 from tokenizers import Tokenizer
 
 from reports.numbers import is_integer
 from tuning.moe_params import vocab_size
+from workers.engine_http import EngineHTTP
 
 
 class VocabularyUnknown(ValueError):
@@ -59,20 +59,18 @@ def _from_config(path: Path) -> int:
 def server_model_folder(base_url: str, model: str, *, timeout_s: float = 10.0) -> str | None:
     """The model folder the server reports for `model` (vLLM: /v1/models root; SGLang:
     /model_info tokenizer_path), or None when it reports none."""
-    base = base_url.rstrip("/")
-    with httpx.Client(timeout=timeout_s) as client:
-        try:
-            listed = client.get(base + "/v1/models")
-            for entry in listed.json().get("data", []) if listed.status_code == 200 else []:
-                if isinstance(entry, dict) and entry.get("id") == model and entry.get("root"):
-                    return str(entry["root"])
-            info = client.get(base + "/model_info")
-            if info.status_code == 200:
-                folder = info.json().get("tokenizer_path") or info.json().get("model_path")
-                return str(folder) if folder else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+    with EngineHTTP(base_url, timeout_s=timeout_s) as engine:
+        listed = engine.get("/v1/models")
+        if listed.status is None:
             return None
-    return None
+        data = (listed.json_object() or {}).get("data") if listed.ok else None
+        for entry in data if isinstance(data, list) else []:
+            if isinstance(entry, dict) and entry.get("id") == model and entry.get("root"):
+                return str(entry["root"])
+        info = engine.get("/model_info")
+        info = (info.json_object() if info.ok else None) or {}
+        folder = info.get("tokenizer_path") or info.get("model_path")
+        return str(folder) if folder else None
 
 
 def resolve(*, vocab_size=None, tokenizer=None, base_url=None, model=None) -> tuple[int, str]:

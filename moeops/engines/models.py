@@ -10,10 +10,7 @@ from django.db import models
 from django.urls import reverse
 
 from moeops.jobs import ACTION_MOVES, ACTION_STATUSES, Job
-
-# Where each engine reads tuned fused-MoE configs from, and so where an action writes them: the
-# environment variable names a folder that the engine searches before its own (docs/engines.md).
-CONFIG_ENV = {"vllm": "VLLM_TUNED_CONFIG_FOLDER", "sglang": "SGLANG_MOE_CONFIG_DIR"}
+from tuning.config_files import CONFIG_ENV
 
 ACTION_KINDS = (
     ("restart", "Restart with the newest recipe"),

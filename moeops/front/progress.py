@@ -3,10 +3,7 @@
 import time
 
 from reports.numbers import is_number
-
-
-def _number(value):
-    return value if is_number(value) else None
+from reports.progress import SweepProgress, TuneProgress
 
 
 def _listed(value):
@@ -45,16 +42,16 @@ def sweep_progress(run, now=None):
     (s, None when unknown) and text.
     """
     now = time.time() if now is None else now
-    p = run.progress or {}
+    p = SweepProgress.read(run.progress)
     # runs imported before the parameters' schema hold a count under "levels", not a list
     levels = (run.parameters or {}).get("levels")
-    levels_total = _number(p.get("levels_total")) or len(_listed(levels)) or None
-    level_index = _number(p.get("level_index"))
-    done, total = _number(p.get("requests_done")), _number(p.get("requests_total"))
-    rounds = int(_number(p.get("rounds")) or 1)
-    round_number = min(max(int(_number(p.get("round")) or 1), 1), rounds) if rounds > 1 else 1
+    levels_total = p.levels_total or len(_listed(levels)) or None
+    level_index = p.level_index
+    done, total = p.requests_done, p.requests_total
+    rounds = int(p.rounds or 1)
+    round_number = min(max(int(p.round or 1), 1), rounds) if rounds > 1 else 1
 
-    search = p.get("capacity") if isinstance(p.get("capacity"), dict) else None
+    search = p.capacity
     fraction = None
     if run.status == "succeeded":
         fraction = 1.0
@@ -68,7 +65,7 @@ def sweep_progress(run, now=None):
     elif run.status == "queued":
         fraction = 0.0
 
-    started = _number(p.get("started_at"))
+    started = p.started_at
     if started is None and run.started_at is not None:
         started = run.started_at.timestamp()
     finished = run.finished_at.timestamp() if run.finished_at and run.is_finished else None
@@ -85,7 +82,7 @@ def sweep_progress(run, now=None):
     elif level is not None:
         # a capacity search's levels are chosen as it goes: no total to count to
         parts.append(f"level {level}" if search else f"level {level} of {levels_total or '?'}")
-        concurrency = _number(p.get("concurrency"))
+        concurrency = p.concurrency
         if concurrency is not None:
             parts[-1] += f" (concurrency {int(concurrency)})"
         if rounds > 1:
@@ -131,27 +128,14 @@ def capacity_bracket_text(search):
     return f"tried {tried}; {where}"
 
 
-# The tuner may count its work as batch sizes or as candidates; the first pair found is used.
-_TUNE_COUNTERS = (
-    ("batch_sizes_done", "batch_sizes_total"),
-    ("batch_index", "batch_sizes_total"),
-    ("candidates_done", "candidates_total"),
-    ("done", "total"),
-)
-
-
 def tuning_progress(tuning_run, timings_count=0, now=None):
     """The progress of a TuningRun: done/total batch sizes (or candidates), elapsed, ETA.
 
     Falls back to the per-batch-size timings stored so far against the batch sizes asked for.
     """
     now = time.time() if now is None else now
-    p = tuning_run.progress or {}
-    done = total = None
-    for done_key, total_key in _TUNE_COUNTERS:
-        if _number(p.get(done_key)) is not None and _number(p.get(total_key)):
-            done, total = p[done_key], p[total_key]
-            break
+    p = TuneProgress.read(tuning_run.progress)
+    done, total = p.counted()
     if total is None and tuning_run.batch_sizes:
         done, total = timings_count, len(tuning_run.batch_sizes)
     fraction = None
@@ -159,7 +143,7 @@ def tuning_progress(tuning_run, timings_count=0, now=None):
         fraction = 1.0
     elif total:
         fraction = _clamp(done / total)
-    started = _number(p.get("started_at"))
+    started = p.started_at
     finished = None
     if tuning_run.finished_at and tuning_run.status in ("succeeded", "failed", "cancelled"):
         finished = tuning_run.finished_at.timestamp()
@@ -167,10 +151,10 @@ def tuning_progress(tuning_run, timings_count=0, now=None):
     text = _queued_text(tuning_run.host) if tuning_run.status == "queued" else ""
     if tuning_run.status == "running" and total:
         text = f"{int(done)} of {int(total)} done"
-        if _number(p.get("batch_size")) is not None:
-            text += f", tuning M={int(p['batch_size'])}"
-        if isinstance(p.get("message"), str) and p["message"]:
-            text += f" — {p['message']}"
+        if p.batch_size is not None:
+            text += f", tuning M={int(p.batch_size)}"
+        if p.message:
+            text += f" — {p.message}"
     return {
         "done": done,
         "total": total,

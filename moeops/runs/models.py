@@ -20,6 +20,7 @@ from reports.failures import describe_failure
 from reports.intervals import ROUND_KEYS
 from reports.numbers import is_integer
 from reports.progress import attempt_of
+from reports.snapshot import RunSnapshot
 
 RUN_SOURCES = (("worker", "Worker sweep"), ("import", "Imported file"), ("manual", "Manual entry"))
 
@@ -164,10 +165,14 @@ class SweepRun(Job, models.Model):
     def display_label(self):
         return self.label or f"run {str(self.uuid)[:8]}"
 
+    def recorded(self):
+        """The run's snapshot, typed (reports.snapshot.RunSnapshot)."""
+        return RunSnapshot.read(self.snapshot)
+
     @property
     def observed_engine(self):
         """What the engine said of itself when the sweep started (engine_info), or {}."""
-        return self.snapshot.get("engine") or {}
+        return self.recorded().engine
 
     @property
     def is_standin(self):
@@ -177,18 +182,18 @@ class SweepRun(Job, models.Model):
     @property
     def other_model(self):
         """The model an imported file measured where it is not the deployment's, else None."""
-        return ((self.snapshot or {}).get("file") or {}).get("other_model")
+        return self.recorded().other_model
 
     def origin(self):
         """(badge, title) of where the run's numbers come from: "imported" (title: its file),
         "write-up" (the example data), "stand-in" (a test double answered), "measured" (a
         worker's sweep) or "entered" (by hand)."""
-        snapshot = self.snapshot or {}
+        snapshot = self.recorded()
         if self.source == "import":
-            name = (snapshot.get("file") or {}).get("file_name") or "a result file"
-            other = f"; it measured {self.other_model}" if self.other_model else ""
+            name = (snapshot.file and snapshot.file.file_name) or "a result file"
+            other = f"; it measured {snapshot.other_model}" if snapshot.other_model else ""
             return "imported", f"imported from {name}{other}"
-        if snapshot.get("source") == "write-up":
+        if snapshot.source == "write-up":
             return "write-up", self.provenance
         if self.is_standin:
             return "stand-in", "from the stand-in engine, a test double"
@@ -203,7 +208,7 @@ class SweepRun(Job, models.Model):
     @property
     def stated_gpu_count(self):
         """The GPUs an imported file says its engine ran on (SGLang's server_info), or None."""
-        return (((self.snapshot or {}).get("file") or {}).get("stated") or {}).get("gpu_count")
+        return self.recorded().stated_gpu_count
 
     def measured_gpu_count(self):
         """GPUs the run's per-GPU figures divide by: the count its result file states, else
@@ -219,7 +224,7 @@ class SweepRun(Job, models.Model):
         """ "vLLM 0.32.0" as the engine reported itself, else as the deployment recorded it;
         "unknown" for an imported file of another model that names no engine."""
         observed = self.observed_engine if self.engine_answered else {}
-        recorded = self.snapshot.get("deployment") or {}
+        recorded = self.recorded().deployment
         # the deployment's engine served its own model, not the one another model's file measured
         fallback = "unknown" if self.other_model else self.deployment.engine
         name = observed.get("engine") or recorded.get("engine") or fallback
@@ -235,13 +240,13 @@ class SweepRun(Job, models.Model):
         snapshot): the cap it ran under whatever the deployment says since. Where the run
         recorded none (a run before snapshots, or a cap first filled in after the sweep), the
         deployment's own."""
-        recorded = (self.snapshot or {}).get("deployment") or {}
+        recorded = self.recorded().deployment
         return recorded.get("max_running_requests") or self.deployment.max_running_requests
 
     def kernel_config_state(self):
         """ "tuned" or "default" from the kernel config in effect (snapshot) or on record."""
         return kernel_state(
-            self.snapshot.get("kernel_config"),
+            self.recorded().kernel_config,
             self.kernel_config_id,
             self.parameters.get("moe_kernel"),
         )

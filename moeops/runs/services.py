@@ -36,8 +36,7 @@ from moeops.runs.workloads import sweep_task_kwargs, workload_lookup
 from reports import engine as engine_reports
 from reports import requests as request_log
 from reports.intervals import ROUND_KEYS, level_of_rounds
-from reports.numbers import is_number
-from reports.progress import HEARTBEAT_STALE_S, attempt_of
+from reports.progress import HEARTBEAT_STALE_S, SweepProgress, attempt_of
 from tuning.moe_params import vocab_size
 
 log = logging.getLogger(__name__)
@@ -225,10 +224,8 @@ def run_transition(*, run, status, error=""):
 
 def run_heartbeat_age(run, now_epoch):
     """s since the run's worker last pushed its progress heartbeat (an epoch), or None."""
-    beat = (run.progress or {}).get("heartbeat")
-    if not is_number(beat):
-        return None
-    return max(now_epoch - beat, 0.0)
+    beat = SweepProgress.read(run.progress).heartbeat
+    return None if beat is None else max(now_epoch - beat, 0.0)
 
 
 def run_heartbeat_stale(run, now_epoch, limit_s):

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from moeops import __version__
 from reports import launch
+from reports.snapshot import RunSnapshot
 from reports.workloads import WORKLOAD_KEYS, workload_identity
 
 # The parts of a snapshot the worker adds once the engine has answered.
@@ -141,9 +142,10 @@ def workload_record(parameters: dict) -> dict:
 def _workload_of(snapshot: dict) -> dict | None:
     """The snapshot's workload; a worker's sweep recorded before workloads were kept sent random
     ids; an imported file's workload is not known."""
-    if snapshot.get("workload"):
-        return snapshot["workload"]
-    return workload_record({}) if snapshot.get("source") == "worker" else None
+    recorded = RunSnapshot.read(snapshot)
+    if recorded.workload:
+        return recorded.workload
+    return workload_record({}) if recorded.source == "worker" else None
 
 
 def recipe_record(recipe) -> dict | None:
@@ -278,7 +280,7 @@ def snapshot_diff(a: dict, b: dict) -> dict:
 def tuned_file_in_effect(snapshot: dict) -> dict | None:
     """The snapshot's kernel config when the engine loaded a file that did not ship with it
     (a tuned one), with its file name and SHA-256; else None."""
-    in_effect = (snapshot or {}).get("kernel_config") or {}
+    in_effect = RunSnapshot.read(snapshot).kernel_config or {}
     loaded = in_effect.get("state") == "file" and in_effect.get("shipped") is False
     return in_effect if loaded and in_effect.get("sha256") and in_effect.get("file_name") else None
 
@@ -287,7 +289,7 @@ def engine_moved(a: dict, b: dict) -> dict | None:
     """{"engine", "from", "to"} when the same engine answered both snapshots at two versions
     while the same tuned kernel file (same SHA-256) was in effect: the file was not tuned in
     b's kernel, whatever it was tuned in. None otherwise."""
-    ea, eb = (a or {}).get("engine") or {}, (b or {}).get("engine") or {}
+    ea, eb = RunSnapshot.read(a).engine, RunSnapshot.read(b).engine
     fa, fb = tuned_file_in_effect(a), tuned_file_in_effect(b)
     moved = ea.get("engine") == eb.get("engine") and ea.get("version") != eb.get("version")
     if not (moved and ea.get("version") and eb.get("version") and fa and fb):

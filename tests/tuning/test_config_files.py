@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,12 +13,14 @@ from tuning.config_files import (
     ConfigFileError,
     config_file_name,
     config_file_relpath,
+    configs_root,
     dumps_config,
     entry_for_batch,
     file_device_name,
     loads_config,
     nvml_device_name,
     parse_config_file_name,
+    search_path,
     sglang_folder,
     shape_problems,
     triton_version_of,
@@ -232,6 +235,59 @@ def test_it_names_the_sglang_folder_per_triton_version():
     )
     with pytest.raises(ConfigFileError, match="give the version"):
         config_file_relpath("E=8,N=64,device_name=X.json", "sglang")
+
+
+NAME = "E=8,N=64,device_name=X.json"
+VLLM_CONFIGS = "model_executor/layers/fused_moe/configs"
+
+
+def test_vllm_looks_in_its_variables_folder_then_its_own(tmp_path):
+    found = search_path(
+        "vllm", NAME, env_folder=str(tmp_path / "tuned"), package_dir="/pkg", triton_version=None
+    )
+
+    assert found == [
+        ("VLLM_TUNED_CONFIG_FOLDER", tmp_path / "tuned" / NAME, False),
+        ("vLLM's own configs folder", Path(f"/pkg/{VLLM_CONFIGS}/{NAME}"), True),
+    ]
+    assert [
+        p
+        for _, p, _ in search_path(
+            "vllm", NAME, env_folder=None, package_dir=None, triton_version=None
+        )
+    ] == []
+
+
+def test_sglang_looks_under_its_triton_folder_then_the_others_newest_first(tmp_path):
+    for folder in ("triton_3_2_0", "triton_3_10_0", "triton_3_7_1"):
+        (tmp_path / "configs" / folder).mkdir(parents=True)
+
+    found = search_path(
+        "sglang", NAME, env_folder=str(tmp_path), package_dir="/pkg", triton_version="3.7.1"
+    )
+
+    assert [
+        (where, path.relative_to(tmp_path).as_posix(), shipped) for where, path, shipped in found
+    ] == [
+        ("SGLANG_MOE_CONFIG_DIR, triton_3_7_1", f"configs/triton_3_7_1/{NAME}", False),
+        ("SGLANG_MOE_CONFIG_DIR, triton_3_10_0 (fallback)", f"configs/triton_3_10_0/{NAME}", False),
+        ("SGLANG_MOE_CONFIG_DIR, triton_3_2_0 (fallback)", f"configs/triton_3_2_0/{NAME}", False),
+    ]
+    # the writer puts a file where the reader looks first
+    assert (
+        configs_root("sglang", tmp_path) / config_file_relpath(NAME, "sglang", "3.7.1")
+        == (found[0][1])
+    )
+    shipped = search_path(
+        "sglang", NAME, env_folder=None, package_dir="/pkg", triton_version="3.7.1"
+    )
+    assert shipped[0][0] == "SGLang's own configs folder, triton_3_7_1" and shipped[0][2] is True
+    assert (
+        search_path("sglang", NAME, env_folder=str(tmp_path), package_dir=None, triton_version=None)
+        == []
+    )
+    with pytest.raises(ConfigFileError, match="got 'trtllm'"):
+        search_path("trtllm", NAME, env_folder=None, package_dir=None, triton_version=None)
 
 
 @pytest.mark.parametrize("name", [RTX_PRO_6000, MI300X])

@@ -24,6 +24,9 @@ TUNING_UUID = "9d2b4a3e-7c61-4c0f-8f0e-2a6b1e5d7c22"
 # strings alone would only ever reach the 404 branch.
 KNOWN_REFS = ["glm-5-sglang", "rtx-pro-6000", "GLM-5", RUN_UUID, TUNING_UUID, "known-note"]
 
+# Hundreds of generated requests, most of make check's time were they in it: make test runs them.
+pytestmark = pytest.mark.fuzz
+
 schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", application)
 
 

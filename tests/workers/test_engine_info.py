@@ -4,9 +4,6 @@ real server info as its benchmark files embed it, the stand-in, and config folde
 the engines lay them out."""
 
 import json
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -94,30 +91,17 @@ def vllm_whose_server_info_fails():
     """A vLLM-like server on a free port whose /server_info answers what the test sets."""
     answer = {}
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path == "/v1/models":
-                status, body = 200, json.dumps({"data": [{"id": "m", "owned_by": "vllm"}]})
-            elif self.path == "/version":
-                status, body = 200, json.dumps({"version": "0.11.0"})
-            elif self.path.startswith("/server_info"):
-                time.sleep(answer.get("after_s", 0))
-                status, body = answer["status"], answer["body"]
-            else:
-                status, body = 404, json.dumps({"detail": "Not Found"})
-            self.send_response(status)
-            self.end_headers()
-            self.wfile.write(body.encode())
+    def answering(path):
+        if path == "/v1/models":
+            return 200, json.dumps({"data": [{"id": "m", "owned_by": "vllm"}]})
+        if path == "/version":
+            return 200, json.dumps({"version": "0.11.0"})
+        if path.startswith("/server_info"):
+            return answer["status"], answer["body"], answer.get("after_s", 0)
+        return 404, json.dumps({"detail": "Not Found"})
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", answer
-    server.shutdown()
-    thread.join()
+    with fakes.scripted_http_server(answering) as url:
+        yield url, answer
 
 
 def test_a_failing_server_info_keeps_the_engines_words_or_only_the_status_line(

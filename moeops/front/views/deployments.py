@@ -206,7 +206,7 @@ def _edited_since(deployment, runs):
     since the newest of `runs` (newest first) whose snapshot recorded it; None when none did
     or nothing changed."""
     # an import's snapshot holds what its file states, not what the deployment recorded
-    run = next((r for r in runs if r.snapshot.get("deployment") and r.source != "import"), None)
+    run = next((r for r in runs if r.recorded().deployment and r.source != "import"), None)
     edits = snapshots.deployment_edits(run.snapshot, deployment) if run else []
     if not edits:
         return None

@@ -151,23 +151,23 @@ def _passed(recipe, observed):
 def _measured(run):
     """What the run's snapshot says it measured, for the run page's cards; {} for a run that
     predates snapshots. The engine, version and cap are as the engine answered when it did."""
-    snapshot = run.snapshot or {}
-    if not snapshot:
+    if not run.snapshot:
         return {}
-    observed = run.observed_engine
+    snapshot = run.recorded()
+    observed = snapshot.engine
     return {
         "engine": run.engine_label(),
         "answered": run.engine_answered,
-        "recorded": snapshot.get("deployment") or {},
+        "recorded": snapshot.deployment,
         "cap": run.reported_running_cap(),
         "cap_source": observed.get("max_running_requests_source"),
         "allreduce_fusion": observed.get("allreduce_fusion"),
-        "kernel": snapshot.get("kernel_config"),
-        "client": snapshot.get("client"),
-        "moeops_version": snapshot.get("moeops_version"),
-        "file": snapshot.get("file"),
-        "recipe": snapshot.get("recipe"),
-        "passed": _passed(snapshot["recipe"], observed) if snapshot.get("recipe") else [],
+        "kernel": snapshot.kernel_config,
+        "client": snapshot.client,
+        "moeops_version": snapshot.moeops_version,
+        "file": snapshot.file,
+        "recipe": snapshot.recipe,
+        "passed": _passed(snapshot.recipe, observed) if snapshot.recipe else [],
         "args": [(k, _shown(v)) for k, v in sorted((observed.get("args") or {}).items())],
         "args_source": observed.get("args_source"),
         "env": [(k, _shown(v)) for k, v in sorted((observed.get("env") or {}).items())],
@@ -319,7 +319,7 @@ def _workload_sent(run):
         described = spec_label(named["spec"])
     except (KeyError, TypeError):
         described = ""
-    return (run.snapshot or {}).get("workload") or named, described
+    return run.recorded().workload or named, described
 
 
 @login_required
