@@ -26,13 +26,15 @@ from moeops.fleet.endpoints import webhook_refusal
 from moeops.jobs import ACTION_IN_FLIGHT
 from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
-from moeops.runs import snapshots
 from moeops.runs.models import SweepRun
+from moeops.watches import factors
 from moeops.watches.models import (
+    BISECTION_OPEN,
     DEFAULT_ROUNDS,
     Alert,
     AlertAttempt,
     AlertChannel,
+    Bisection,
     Watch,
     WatchRun,
 )
@@ -130,10 +132,12 @@ def watch_create(
     window_start=None,
     window_end=None,
     enabled=True,
+    bisect_on_regression=False,
 ):
     """A watch and its beat schedule (cron, UTC, or every N hours). ValidationError naming the
     field for a load the runs service refuses, a cron that does not parse, a half window or a
-    name the deployment already has."""
+    name the deployment already has. bisect_on_regression: a regression of a managed deployment
+    starts finding its cause (moeops.watches.bisection)."""
     if not name or not name.strip():
         raise ValidationError({"name": "a watch needs a name"})
     if Watch.objects.filter(deployment=deployment, name=name).exists():
@@ -152,6 +156,7 @@ def watch_create(
         window_start=window_start,
         window_end=window_end,
         enabled=enabled,
+        bisect_on_regression=bisect_on_regression,
     )
     watch.periodic_task = PeriodicTask.objects.create(
         name=f"watch {watch.pk}: {deployment.name} / {name}"[:200],
@@ -220,6 +225,12 @@ def host_holder(deployment):
     tune = TuningRun.objects.filter(host=host, status__in=("queued", "running")).first()
     if tune is not None:
         return f"kernel tune {tune.pk} is {tune.status} on host {host.name}"
+    # between its steps no action is in flight, yet the engine is not the watch's to measure
+    bisection = Bisection.objects.filter(deployment__host=host, status__in=BISECTION_OPEN).first()
+    if bisection is not None:
+        what = bisection.get_status_display().lower()
+        name = bisection.deployment.name
+        return f"bisection {bisection.pk} of {name} is {what} on host {host.name}"
     return ""
 
 
@@ -298,7 +309,8 @@ def watch_fire(*, watch, watch_run=None, now=None):
 # -- judging ---------------------------------------------------------------------------------
 
 
-def _peak_level(run):
+def peak_level(run):
+    """The run's level of the highest output tok/s, or None when it measured none."""
     measured = [level for level in run.levels.all() if level.output_throughput is not None]
     return max(measured, key=lambda level: level.output_throughput, default=None)
 
@@ -331,16 +343,10 @@ def verdict(now, now_interval, before, before_interval):
 
 
 def factor_changes(a, b):
-    """The changes between snapshots a and b that vary a factor of the measurement (engine
-    version, a launch argument, kernel config hash, topology, driver, load …), each as a
-    phrase; how the run was taken (moeops version, client host) left out."""
-    diff = snapshots.snapshot_diff(a, b)
-    phrases = []
-    for change in diff["changes"]:
-        factors = snapshots.differing_factors({"changes": [change]})
-        if factors and factors[0] not in snapshots.INCIDENTAL_FACTORS:
-            phrases.append(snapshots.describe_change(change))
-    return phrases
+    """What changed between snapshots a and b, one phrase per factor of the measurement (a
+    launch argument with what the engine reported of it, engine version, kernel config,
+    topology, driver, load …); how the run was taken (moeops version, client host) left out."""
+    return factors.phrases(a, b)
 
 
 def on_job_finished(*, job):
@@ -372,7 +378,7 @@ def watch_run_finished(run):
         )
         _after_failure(watch_run)
         return watch_run
-    peak = _peak_level(run)
+    peak = peak_level(run)
     if peak is None:
         watch_run_end(watch_run, "failed", "the sweep measured no level")
         _after_failure(watch_run)
@@ -380,7 +386,7 @@ def watch_run_finished(run):
     watch_run.figure = peak.output_throughput
     watch_run.interval = list(peak.interval("output_throughput") or []) or None
     baseline = _baseline_for(watch_run)
-    previous = _previous_finished(watch_run)
+    previous = previous_finished(watch_run)
     if baseline is None:
         watch_run.verdict = "first"
     else:
@@ -402,7 +408,7 @@ def watch_run_finished(run):
     return watch_run
 
 
-def _previous_finished(watch_run):
+def previous_finished(watch_run):
     return (
         watch_run.watch.watch_runs.filter(status="finished", fired_at__lte=watch_run.fired_at)
         .exclude(pk=watch_run.pk)
