@@ -29,6 +29,10 @@ from reports.intervals import with_interval
 # Up to this many factors each is tried alone (one restart each); more are halved, so that
 # k factors take about 2·log2(k) restarts instead of k.
 ONE_BY_ONE_MAX = 3
+# A try restores the figure when it is above the regressed one beyond the noise and wins back
+# at least this share of the fall: from 1000 down to 300 tok/s, a try at 700 (57 %) restores it
+# though two runs minutes apart may differ beyond their intervals; one at 450 (21 %) partly.
+RESTORED_SHARE = 0.5
 
 
 def plan(keys):
@@ -197,18 +201,21 @@ def _words(exc):
 
 
 def step_outcome(figure, interval, watch_run):
-    """What a try's figure (tok/s, its 95 % interval) says against the regressed run and its
-    baseline: restores (above the regressed figure beyond the noise, not below the baseline's),
-    partly (above it, still below the baseline's), no, or unknown (an interval missing)."""
+    """What a try's figure (tok/s, its 95 % interval) says against the regressed run's and the
+    baseline's: restores (above the regressed figure beyond the noise, and at least
+    RESTORED_SHARE of the fall won back, or no longer below the baseline beyond the noise),
+    partly (above it beyond the noise, less won back), no, or unknown (an interval missing)."""
     now = services.verdict(figure, interval, watch_run.figure, watch_run.interval)
     before = services.verdict(
         figure, interval, watch_run.baseline_figure, watch_run.baseline_interval
     )
     if "unknown" in (now, before):
         return "unknown"
-    if now == "improved":
-        return "partly" if before == "regressed" else "restores"
-    return "no"
+    if now != "improved":
+        return "no"
+    fall = watch_run.baseline_figure - watch_run.figure
+    won_back = (figure - watch_run.figure) / fall if fall > 0 else 1.0
+    return "restores" if before != "regressed" or won_back >= RESTORED_SHARE else "partly"
 
 
 def _judge(step, action):

@@ -152,6 +152,27 @@ def _recipe_record(argv, env):
     return {"version": 1, "flags": flags(argv), "env": env, "kernel_configs": []}
 
 
+@pytest.mark.parametrize(
+    ("figure", "interval", "outcome"),
+    [
+        (990.0, [940.0, 1040.0], "restores"),
+        # below the baseline beyond the noise, yet 57 % of the fall won back
+        (700.0, [680.0, 720.0], "restores"),
+        (450.0, [430.0, 470.0], "partly"),
+        (310.0, [290.0, 330.0], "no"),
+        (990.0, None, "unknown"),
+    ],
+)
+def test_a_try_restores_the_figure_beyond_the_noise_winning_back_half_the_fall(
+    figure, interval, outcome
+):
+    regressed = WatchRun(
+        figure=300.0, interval=[280.0, 320.0], baseline_figure=1000.0,
+        baseline_interval=[950.0, 1050.0],
+    )  # fmt: skip
+    assert bisection.step_outcome(figure, interval, regressed) == outcome
+
+
 def test_the_plan_tries_a_few_factors_alone_and_halves_more():
     assert bisection.plan(["a", "b", "c"]) == [["a"], ["b"], ["c"]]
     assert bisection.plan(["a", "b", "c", "d", "e"]) == [["a", "b", "c"], ["d", "e"]]
