@@ -22,6 +22,7 @@ urlpatterns = [
     path("deployments/<int:pk>/check/", deployments.deployment_check, name="deployment-check"),
     path("deployments/<int:pk>/sweep/", deployments.sweep_start, name="sweep-start"),
     path("deployments/<int:pk>/capacity/", deployments.capacity_start, name="capacity-start"),
+    path("deployments/<int:pk>/watches/", deployments.watch_create, name="watch-create"),
     path(
         "deployments/<int:pk>/sweep/estimate/",
         deployments.sweep_estimate,

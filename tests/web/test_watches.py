@@ -338,6 +338,38 @@ def test_the_pages_show_watches_regressions_and_an_undelivered_alert(client, wat
     assert "(−40 %)" in page
 
 
+def test_the_deployment_page_adds_a_watch_every_n_hours_that_finds_its_cause(client, deployment):
+    page_base.sign_in(client)
+    form = {"name": "every 6 h", "schedule": "6h", "levels": "4, 8", "input_len": 16,
+            "output_len": 32, "prompts_per_level": 8, "rounds": 3,
+            "bisect_on_regression": "on"}  # fmt: skip
+    answer = client.post(f"/deployments/{deployment.pk}/watches/", form)
+    watch = deployment.watches.get()
+    assert answer.status_code == 302 and answer["Location"] == watch.get_absolute_url()
+    assert watch.schedule_label() == "every 6 hours" and watch.bisect_on_regression
+    assert (watch.parameters["levels"], watch.parameters["rounds"]) == ([4, 8], 3)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "said"),
+    [
+        ({"schedule": "0 3 * *"}, "schedule", "it needs five fields"),
+        ({"schedule": "0 99 * * *"}, "schedule", "the hour field '99' does not parse"),
+        ({"levels": "8, 8"}, "levels", "give each value once"),
+        ({"name": "nightly"}, "name", "has a watch 'nightly'"),
+    ],
+)
+def test_the_watch_form_names_the_field_it_refuses(client, watch, change, field, said):
+    page_base.sign_in(client)
+    form = {"name": "other", "schedule": "0 3 * * *", "levels": "8", "input_len": 16,
+            "output_len": 32, "prompts_per_level": 8, "rounds": 3, **change}  # fmt: skip
+    answer = client.post(f"/deployments/{watch.deployment.pk}/watches/", form)
+    assert answer.status_code == 400
+    errors = answer.context["watch_form"].errors
+    assert said in " ".join(errors[field]), errors
+    assert watch.deployment.watches.count() == 1
+
+
 def test_the_deployment_page_costs_the_same_queries_for_more_watches(
     client, watch, django_assert_max_num_queries
 ):
