@@ -44,7 +44,9 @@ class WatchForm(forms.ModelForm):
         deployment = data.get("deployment") or getattr(self.instance, "deployment", None)
         try:
             if deployment is not None and isinstance(data.get("parameters"), dict):
-                services.watch_load(deployment, data.get("kind"), data["parameters"])
+                services.watch_load(
+                    deployment, data.get("kind"), data["parameters"], data.get("slo_profile")
+                )
             services.check_window(data.get("window_start"), data.get("window_end"))
         except ValidationError as exc:
             for field, messages in exc.message_dict.items():

@@ -11,7 +11,6 @@ from django.urls import reverse
 
 WATCH_KINDS = (
     ("sweep", "Sweep"),
-    # a capacity search (issue 28) is accepted here; starting one waits for its runs service
     ("capacity", "Capacity search"),
 )
 
@@ -133,6 +132,13 @@ class Watch(models.Model):
         if self.window_start <= self.window_end:
             return self.window_start <= now < self.window_end
         return now >= self.window_start or now < self.window_end
+
+    def figure_name(self):
+        """What the watch's figure is, in words: "peak output tok/s", or "capacity (concurrent
+        requests within its SLO profile)"."""
+        if self.kind == "capacity":
+            return "capacity (the load within its SLO profile)"
+        return "peak output tok/s"
 
     def window_label(self):
         if self.window_start is None or self.window_end is None:

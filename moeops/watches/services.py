@@ -38,6 +38,7 @@ from moeops.watches.models import (
     Watch,
     WatchRun,
 )
+from reports.capacity import capacity_range
 from reports.intervals import overlap, with_interval
 
 log = logging.getLogger(__name__)
@@ -108,15 +109,26 @@ def check_window(window_start, window_end):
         raise ValidationError({"window_end": "a quiet window's end must differ from its start"})
 
 
-def watch_load(deployment, kind, parameters):
-    """The watch's load checked as the runs service checks a sweep's (ValidationError naming
-    the parameter), rounds DEFAULT_ROUNDS unless given."""
+def watch_load(deployment, kind, parameters, slo_profile=None):
+    """The watch's load checked as the runs service checks a sweep's or a capacity search's
+    (ValidationError naming the parameter), rounds DEFAULT_ROUNDS unless given."""
     if not isinstance(parameters, dict):
         raise ValidationError({"parameters": "an object of load parameters"})
     load = {"rounds": DEFAULT_ROUNDS, **parameters}
-    if kind == "sweep":
-        run_services.sweep_parameters(deployment=deployment, load=load)
+    run_services.sweep_parameters(
+        deployment=deployment,
+        load=run_load(kind, load, slo_profile or deployment.default_slo_profile),
+    )
     return load
+
+
+def run_load(kind, load, slo_profile):
+    """What a firing asks the runs service for: the watch's load, as a capacity search against
+    its SLO profile for a capacity watch."""
+    if kind != "capacity":
+        return load
+    profile = {"slo_profile": str(slo_profile.pk)} if slo_profile is not None else {}
+    return {**load, "kind": "capacity", **profile}
 
 
 @transaction.atomic
@@ -144,7 +156,7 @@ def watch_create(
         raise ValidationError({"name": f"deployment {deployment.name!r} has a watch {name!r}"})
     if kind == "capacity" and slo_profile is None:
         raise ValidationError({"slo_profile": "a capacity watch needs an SLO profile"})
-    load = watch_load(deployment, kind, parameters)
+    load = watch_load(deployment, kind, parameters, slo_profile)
     check_window(window_start, window_end)
     schedule = _schedule(cron=cron, every_hours=every_hours)
     watch = Watch.objects.create(
@@ -175,7 +187,10 @@ def watch_update(*, watch, cron=None, every_hours=None, **fields):
     """Change a watch: its name, load, profile, window, enabled, and (one of cron and
     every_hours) its schedule. Same refusals as watch_create."""
     if "parameters" in fields:
-        fields["parameters"] = watch_load(watch.deployment, watch.kind, fields["parameters"])
+        profile = fields.get("slo_profile", watch.slo_profile)
+        fields["parameters"] = watch_load(
+            watch.deployment, watch.kind, fields["parameters"], profile
+        )
     name = fields.get("name")
     if name is not None:
         taken = Watch.objects.filter(deployment=watch.deployment, name=name)
@@ -270,9 +285,6 @@ def watch_fire(*, watch, watch_run=None, now=None):
     down = engine_down(deployment)
     if down:
         return watch_run_end(watch_run, "skipped", down)
-    if watch.kind == "capacity":
-        # TODO(lead): start the capacity search through its runs service once it exists
-        return watch_run_end(watch_run, "skipped", "capacity watches cannot start yet")
     with transaction.atomic():
         # one firing at a time per host: two watches must not both find it free
         type(deployment.host).objects.select_for_update().get(pk=deployment.host_id)
@@ -291,7 +303,7 @@ def watch_fire(*, watch, watch_run=None, now=None):
         try:
             run, _ = run_services.run_start(
                 deployment=deployment,
-                parameters=watch.parameters,
+                parameters=run_load(watch.kind, watch.parameters, watch.slo_profile),
                 label=f"watch {watch.name} {now:%Y-%m-%d %H:%M}",
             )
         except ValidationError as exc:
@@ -313,6 +325,21 @@ def peak_level(run):
     """The run's level of the highest output tok/s, or None when it measured none."""
     measured = [level for level in run.levels.all() if level.output_throughput is not None]
     return max(measured, key=lambda level: level.output_throughput, default=None)
+
+
+def watched_figure(run):
+    """(figure, [low, high] or None, why there is none): a sweep's peak output tok/s with the
+    95 % interval of its rounds; a capacity search's capacity with the range it lies in
+    (reports.capacity.capacity_range: conservative answer to the medians' bracket top)."""
+    if run.is_capacity_search:
+        answer = run.capacity or {}
+        if answer.get("load") is None:
+            return None, None, "the capacity search found no load within the SLO"
+        return answer["load"], list(capacity_range(answer)), ""
+    peak = peak_level(run)
+    if peak is None:
+        return None, None, "the sweep measured no level"
+    return peak.output_throughput, list(peak.interval("output_throughput") or []) or None, ""
 
 
 def _baseline_for(watch_run):
@@ -378,13 +405,12 @@ def watch_run_finished(run):
         )
         _after_failure(watch_run)
         return watch_run
-    peak = peak_level(run)
-    if peak is None:
-        watch_run_end(watch_run, "failed", "the sweep measured no level")
+    figure, interval, missing = watched_figure(run)
+    if figure is None:
+        watch_run_end(watch_run, "failed", missing)
         _after_failure(watch_run)
         return watch_run
-    watch_run.figure = peak.output_throughput
-    watch_run.interval = list(peak.interval("output_throughput") or []) or None
+    watch_run.figure, watch_run.interval = figure, interval
     baseline = _baseline_for(watch_run)
     previous = previous_finished(watch_run)
     if baseline is None:
@@ -469,13 +495,13 @@ def alert_message(watch_run, kind):
     if kind == "regression":
         subject = f"Regression: {where}"
         moved = (
-            f"peak output tok/s fell {watch_run.drop:.0%}, from {before} to {now} "
+            f"{watch.figure_name()} fell {watch_run.drop:.0%}, from {before} to {now} "
             "(95 % intervals over the rounds; they do not overlap)"
         )
     else:
         subject = f"Recovered: {where}"
         moved = (
-            f"peak output tok/s is {now} against {before} before: no longer below it beyond "
+            f"{watch.figure_name()} is {now} against {before} before: no longer below it beyond "
             "the noise"
         )
     if watch_run.changes:

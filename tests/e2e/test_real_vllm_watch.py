@@ -19,9 +19,11 @@ from workers.engine_info import identify_engine
 pytest_plugins = ["tests.stack", "tests.webside", "tests.alert_servers", "tests.engine.managed"]
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.timeout(1200)]
 
-# 8 streams of 16 tokens: the engine's cap of 8 serves them at once, a cap of 1 one by one, so
-# the cap's fall is several times the noise of three rounds
-LOAD = {"levels": [8], "input_len": 16, "output_len": 16, "prompts_per_level": 8}
+# 8 streams of 8 tokens: the engine's cap of 8 serves them at once, a cap of 1 one by one (about
+# 6× slower). A round at the cap of 8 lasts 2-5 s on 2 busy cores and its figure varies by half
+# (27-62 tok/s measured at a load of 18): three rounds gave the interval [0, 87], which a cap of
+# 1 falls within; five rounds halve its width (t 2.776/√5 against 4.303/√3).
+LOAD = {"levels": [8], "input_len": 16, "output_len": 8, "prompts_per_level": 8, "rounds": 5}
 CHANGE = "--max-num-seqs 8 → 1"
 
 

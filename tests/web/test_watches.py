@@ -10,7 +10,7 @@ from django_celery_beat.models import PeriodicTask
 
 from moeops import jobs
 from moeops.api.models import ApiToken
-from moeops.fleet.models import HealthCheck
+from moeops.fleet.models import HealthCheck, SLOProfile
 from moeops.runs.models import SweepRun
 from moeops.watches import services
 from moeops.watches.models import Alert, AlertChannel, WatchRun
@@ -132,6 +132,42 @@ def test_it_waits_while_another_sweep_holds_the_host_then_starts(watch):
     assert watch_run.run.parameters["levels"] == [4, 8]
     assert watch_run.run.parameters["rounds"] == 3
     assert watch_run.run.status == "queued"
+
+
+def test_a_capacity_watch_searches_against_its_profile_and_is_judged_on_its_range(deployment):
+    profile = SLOProfile.objects.create(name="chat", tpot_percentile="p99", tpot_ms=50.0)
+    watch = services.watch_create(
+        deployment=deployment, name="capacity", kind="capacity", slo_profile=profile,
+        parameters={"start": 4, "input_len": 16, "output_len": 32}, cron="0 3 * * *",
+    )  # fmt: skip
+    fired = services.watch_fire(watch=watch)
+    assert fired.status == "running", fired.reason
+    parameters = fired.run.parameters
+    assert (parameters["kind"], parameters["slo"]["profile"]) == ("capacity", "chat")
+    assert parameters["start"] == 4 and parameters["rounds"] == 3
+    fired.run.delete()
+
+    AlertChannel.objects.create(name="ops", kind="email", recipients=["ops@example.com"])
+    for load, top in ((16, 24), (4, 6)):
+        answer = {"load": load, "load_on_medians": load, "bracket_on_medians": [load, top]}
+        run = page_base.run(deployment, parameters={"kind": "capacity"}, capacity=answer)
+        WatchRun.objects.create(watch=watch, run=run, status="running")
+        judged = services.watch_run_finished(run)
+    assert (judged.verdict, judged.figure, judged.interval) == ("regressed", 4, [4, 6])
+    (alert,) = Alert.objects.all()
+    assert "capacity (the load within its SLO profile) fell 75%, from 16 (16–24) to 4 (4–6)" in (
+        alert.text
+    )
+
+
+def test_a_capacity_watch_needs_a_start_load_named_on_its_field(deployment):
+    profile = SLOProfile.objects.create(name="chat", tpot_percentile="p99", tpot_ms=50.0)
+    with pytest.raises(ValidationError) as refused:
+        services.watch_create(
+            deployment=deployment, name="capacity", kind="capacity", slo_profile=profile,
+            parameters={"input_len": 16, "output_len": 32}, cron="0 3 * * *",
+        )  # fmt: skip
+    assert "parameters.start" in refused.value.message_dict
 
 
 def test_it_gives_up_waiting_after_the_limit(watch, settings):

@@ -339,7 +339,8 @@ def _watches_context(deployment):
         watch.next_run = watch.next_run_at(now)
         watch.last_run = watch_runs[0] if watch_runs else None
         finished = [w for w in watch_runs if w.status == "finished"]
-        timelines.append((f"watch-timeline-{watch.pk}", charts.watch_timeline(finished)))
+        figure = charts.watch_timeline(finished, watch.figure_name())
+        timelines.append((f"watch-timeline-{watch.pk}", figure))
     return {"watches": watches, "watch_timelines": timelines}
 
 

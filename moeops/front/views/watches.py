@@ -50,7 +50,9 @@ def watch_detail(request, pk):
         "watch_runs": watch_runs,
         "alerts": alerts,
         "undelivered": [alert for alert in alerts if alert.status == "failed"],
-        "timeline": charts.watch_timeline([w for w in watch_runs if w.status == "finished"]),
+        "timeline": charts.watch_timeline(
+            [w for w in watch_runs if w.status == "finished"], watch.figure_name()
+        ),
     }
     return render(request, "front/watch_detail.html", ctx)
 
