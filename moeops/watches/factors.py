@@ -27,7 +27,7 @@ WHY_FIXED = {
     "deployment": "a recorded field: the launch recipe, not the record, starts the engine",
     "engine": "the engine's command did not change: the install it runs is not the recipe's "
     "to bring back",
-    "args": "the engine reports it changed, but its command line did not",
+    "args": "the engine reports it changed, but its command line did not change it",
     "env": "the engine reports it changed, but the recipe's environment did not",
     "kernel_config": "the engine loads another file, but the recipe's kernel configs and "
     "command did not change",
@@ -64,21 +64,34 @@ def show(value):
     return snapshots.show_value(value) if value != "" else "(switch)"
 
 
-def _explained(change, revertible, engine):
-    """Whether a change the engine reported follows from a recipe factor that changed."""
+def _flag_of(key, flags):
+    """The flag among flags whose argument the engine reports as key (vLLM's dotted names
+    too), or None."""
+    for flag in flags:
+        name = launch.arg_name(flag)
+        if key in (flag, name) or key.endswith("." + name):
+            return flag
+    return None
+
+
+def _explained(change, revertible, engine, recipe_flags):
+    """Whether a change the engine reported follows from a recipe factor that changed.
+    recipe_flags: every flag either recipe gives."""
     section, key = change["section"], change["key"]
     kinds = {f["kind"] for f in revertible}
     if "command" in kinds and section in ("engine", "args", "env", "kernel_config"):
         # another command may run another install: what it reports follows from it
         return True
-    flags = [f["key"] for f in revertible if f["kind"] == "flag"]
+    changed = {f["key"] for f in revertible if f["kind"] == "flag"}
     if section == "args":
-        return any(
-            key in (flag, launch.arg_name(flag)) or key.endswith("." + launch.arg_name(flag))
-            for flag in flags
-        )
+        own = _flag_of(key, recipe_flags)
+        if own is not None:
+            return own in changed
+        # an argument no flag sets is derived by the engine from those that do (vLLM's
+        # compile ranges and batched tokens follow --max-num-seqs): it moved with the recipe
+        return bool(kinds - {"kernel_configs"})
     if section == "engine" and key == "max_running_requests":
-        return CAP_FLAGS.get(engine) in flags
+        return CAP_FLAGS.get(engine) in changed
     if section == "env":
         return (ENV_PREFIX + key) in {f["key"] for f in revertible}
     if section == "kernel_config":
@@ -92,6 +105,11 @@ def changed_factors(a: dict, b: dict) -> dict:
     ra, rb = (a or {}).get("recipe"), (b or {}).get("recipe")
     revertible = _recipe_factors(ra, rb) if ra and rb else []
     engine = ((b or {}).get("engine") or {}).get("engine") or ""
+    recipe_flags = [
+        flag
+        for flag in {**(ra or {}).get("flags", {}), **(rb or {}).get("flags", {})}
+        if flag.startswith("--")
+    ]
     fixed = []
     for change in snapshots.snapshot_diff(a, b)["changes"]:
         factors = snapshots.differing_factors({"changes": [change]})
@@ -101,7 +119,7 @@ def changed_factors(a: dict, b: dict) -> dict:
         if section == "recipe":
             if change["key"] != POSITIONAL:
                 continue
-        elif _explained(change, revertible, engine):
+        elif _explained(change, revertible, engine, recipe_flags):
             continue
         fixed.append({"phrase": snapshots.describe_change(change), "why": WHY_FIXED[section]})
     return {"revertible": revertible, "fixed": fixed}

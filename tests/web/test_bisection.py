@@ -148,6 +148,24 @@ def test_what_the_engine_reports_of_a_flag_is_that_flag_and_the_rest_is_named_as
     assert "cannot change the GPUs" in fixed["topology driver_version 580.1 → 590.2"]
 
 
+def test_what_the_engine_derives_from_a_changed_flag_moves_with_it_and_the_rest_stays_named():
+    argv = [*ARGV, "--max-model-len", "1024"]
+    a, b = _recipe_record(argv, {}), _recipe_record(set_flags(argv, {"--max-num-seqs": "1"}), {})
+    before = {"engine": page_base.vllm_identity(max_num_seqs=8), "recipe": a}
+    after = {"engine": page_base.vllm_identity(max_num_seqs=1), "recipe": b}
+    # vLLM derives its compile ranges from --max-num-seqs; the model length has a flag of its
+    # own that did not change, so its reported change is not the recipe's doing
+    before["engine"]["args"]["compilation_config.compile_ranges_endpoints"] = [2048]
+    after["engine"]["args"]["compilation_config.compile_ranges_endpoints"] = [1024]
+    after["engine"]["args"]["model_config.max_model_len"] = 512
+    found = factors.changed_factors(before, after)
+    assert [f["phrase"] for f in found["revertible"]] == ["--max-num-seqs 8 → 1"]
+    assert [f["phrase"] for f in found["fixed"]] == ["model_config.max_model_len 4096 → 512"]
+    # the same reported changes with the same recipe: nothing of the recipe explains them
+    same = factors.changed_factors({**before, "recipe": a}, {**after, "recipe": a})
+    assert same["revertible"] == [] and len(same["fixed"]) == 4
+
+
 def _recipe_record(argv, env):
     return {"version": 1, "flags": flags(argv), "env": env, "kernel_configs": []}
 
