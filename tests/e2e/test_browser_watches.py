@@ -40,6 +40,10 @@ def test_a_watch_added_on_the_deployment_page_and_its_cause_asked_for(transactio
     # refused on its field, the form open again with what was typed
     page.wait_for_selector("#watch-form >> text=the hour field '99' does not parse")
     shot(page, "watch-form-bad-cron")
+    # the refusal is answered 400, which Chromium reports as a failed load
+    refused = "Failed to load resource: the server responded with a status of 400 (Bad Request)"
+    assert page.js_errors == [refused]
+    page.js_errors.clear()
     page.fill("#watch-form input[name=schedule]", "6h")
     page.check("#watch-form input[name=bisect_on_regression]")
     page.click("#watch-form button[type=submit]")
