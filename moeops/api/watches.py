@@ -113,12 +113,17 @@ class WatchRunOut(Schema):
     baseline_interval: list[float] | None
     compared_with: str | None
     changes: list[str]
+    bisections: list[int]
     fired_at: dt.datetime
     finished_at: dt.datetime | None
 
     @staticmethod
     def resolve_watch(obj):
         return obj.watch_id
+
+    @staticmethod
+    def resolve_bisections(obj):
+        return [b.pk for b in obj.bisections.all()]
 
     @staticmethod
     def resolve_run(obj):
@@ -333,7 +338,7 @@ def watch_patch(request, ref: str, payload: WatchPatch):
 @paginate(Page)
 def watch_runs(request, ref: str):
     watch = lookups.by_id(Watch.objects.all(), "watch", ref)
-    return watch.watch_runs.select_related("run", "compared_with")
+    return watch.watch_runs.select_related("run", "compared_with").prefetch_related("bisections")
 
 
 @router.post("/watch-runs/{ref}/baseline", auth=WATCH_WRITE, response=WatchOut)

@@ -197,7 +197,7 @@ def test_the_plan_tries_a_few_factors_alone_and_halves_more():
 
 
 def test_one_factor_is_found_in_one_step_and_the_engine_ends_on_the_current_recipe(
-    world, broker, django_capture_on_commit_callbacks
+    world, broker, django_capture_on_commit_callbacks, client
 ):
     regressed = _regression(world)
     current = world.deployment.recipe_in_force()
@@ -230,6 +230,11 @@ def test_one_factor_is_found_in_one_step_and_the_engine_ends_on_the_current_reci
     assert found.status == "finished" and found.finished_at is not None
     assert world.deployment.recipe_in_force() == restore.recipe
     assert found.steps.count() == 1
+    # the page offers the fix as the engine panel's restart with that argument
+    client.force_login(world.staff)
+    page = client.get(found.get_absolute_url()).content.decode()
+    assert "Found: --max-num-seqs 8 → 1" in page
+    assert "Apply the fix: restart with --max-num-seqs 8" in page
 
 
 def test_halves_narrow_four_factors_to_the_one_that_restores(
@@ -370,6 +375,9 @@ def test_the_api_and_the_page_start_it_and_show_the_steps(world, broker, client)
     body = answer.json()
     assert body["status"] == "running"
     assert [s["tried"] for s in body["steps"]] == [["--max-num-seqs 8 → 1"]]
+    listed = world.owner.get(f"/api/v1/watches/{world.watch.pk}/runs").json()["items"]
+    assert [r["bisections"] for r in listed] == [[body["id"]], []]
+    assert world.owner.get(f"/api/v1/bisections/{body['id']}").json()["status"] == "running"
     again = world.owner.post(f"/api/v1/watch-runs/{regressed.pk}/bisection", {})
     assert again.status_code == 400
     assert "the host is busy" in again.content.decode()

@@ -103,6 +103,15 @@ def bisection_detail(request, pk):
         "watch_run": found.watch_run,
         "steps": steps,
         "cause": found.phrases(found.cause),
+        # a flag found to be the cause is put back by the engine panel's restart with arguments
+        "fix": next(
+            (
+                f
+                for f in found.factors
+                if f["key"] in found.cause and f["kind"] == "flag" and f["a"] not in (None, "")
+            ),
+            None,
+        ),
         "compare_path": services.compare_path(found.watch_run.compared_with, found.watch_run.run)
         if found.watch_run.compared_with_id and found.watch_run.run_id
         else "",
