@@ -225,14 +225,15 @@ def _judge(step, action):
         step.outcome = "failed"
         step.detail = action.error or "the re-sweep did not succeed"
     else:
-        peak = services.peak_level(run)
-        if peak is None:
-            step.outcome, step.detail = "failed", "the re-sweep measured no level"
+        # the watch's own figure: peak output tok/s, or a capacity search's capacity
+        figure, interval, missing = services.watched_figure(run)
+        if figure is None:
+            step.outcome, step.detail = "failed", missing
         else:
-            step.figure = peak.output_throughput
-            step.interval = list(peak.interval("output_throughput") or []) or None
-            step.outcome = step_outcome(step.figure, step.interval, step.bisection.watch_run)
-            step.detail = f"peak {with_interval(step.figure, step.interval)} tok/s"
+            step.figure, step.interval = figure, interval
+            step.outcome = step_outcome(figure, interval, step.bisection.watch_run)
+            name = step.bisection.watch_run.watch.figure_name()
+            step.detail = f"{name} {with_interval(figure, interval)}"
     step.save(update_fields=["outcome", "figure", "interval", "detail"])
 
 
@@ -256,7 +257,7 @@ def bisection_action_finished(*, action):
         step = (
             BisectionStep.objects.select_for_update(of=("self",))
             .filter(action=action, outcome="")
-            .select_related("bisection__watch_run__run", "action__after_run")
+            .select_related("bisection__watch_run__watch", "action__after_run")
             .first()
         )
         if step is not None:
@@ -302,9 +303,9 @@ def _finding(bisection, stopped=""):
         tried = with_interval(step.figure, step.interval)
         parts.append(
             f"The cause is {factor['phrase']}: with the baseline's {factor['name']} "
-            f"{factors.show(factor['a'])} the engine gave {tried} tok/s at its peak, against "
-            f"{now} now and {before} at the baseline (95 % intervals). To keep the fix, "
-            "restart the engine with it."
+            f"{factors.show(factor['a'])} its {watch_run.watch.figure_name()} was {tried}, "
+            f"against {now} now and {before} at the baseline. To keep the fix, restart the "
+            "engine with it."
         )
     else:
         parts.append(stopped or "No factor alone restores the baseline's figure.")

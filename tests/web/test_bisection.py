@@ -220,7 +220,7 @@ def test_one_factor_is_found_in_one_step_and_the_engine_ends_on_the_current_reci
     assert (step.outcome, step.figure) == ("restores", 990.0)
     assert (found.status, found.cause) == ("restoring", ["--max-num-seqs"])
     assert found.finding.startswith("The cause is --max-num-seqs 8 → 1: with the baseline's ")
-    assert "990 (940–1,040) tok/s" in found.finding
+    assert "its peak output tok/s was 990 (940–1,040), against 300 (280–320) now" in found.finding
     restore = found.restore_action
     assert restore.kind == "restore" and restore.after_run is None
     assert restore.recipe.argv == current.argv and restore.recipe.version > action.recipe.version
