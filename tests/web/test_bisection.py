@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from moeops import jobs
 from moeops.engines import services as engine_services
+from moeops.fleet.models import SLOProfile
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.models import LevelResult, SweepRun, level_key
@@ -290,6 +291,49 @@ def test_a_try_that_does_not_come_up_is_named_and_the_rest_is_tried(
     assert found.finding.startswith("No factor alone restores the baseline's figure.")
     assert "--max-num-seqs 8 → 1: the engine did not come up or the sweep failed" in found.finding
     assert "(the engine exited with status 1)" in found.finding
+
+
+def test_a_capacity_watchs_try_is_judged_on_its_capacity(
+    world, broker, django_capture_on_commit_callbacks
+):
+    profile = SLOProfile.objects.create(name="chat", tpot_percentile="p99", tpot_ms=50.0)
+    watch = services.watch_create(
+        deployment=world.deployment, name="capacity", kind="capacity", slo_profile=profile,
+        parameters={"start": 4, "input_len": 16, "output_len": 32}, cron="0 3 * * *",
+    )  # fmt: skip
+    # what a firing asks the runs service for
+    load = services.run_load(watch.kind, watch.parameters, profile)
+    parameters = run_services.sweep_parameters(deployment=world.deployment, load=load)
+    judged = []
+    for recipe, seqs, load, top in ((_recipe(world), 8, 16, 24), (None, 1, 4, 6)):
+        recipe = recipe or _recipe(world, argv=set_flags(ARGV, {"--max-num-seqs": "1"}))
+        answer = {"load": load, "load_on_medians": load, "bracket_on_medians": [load, top]}
+        run = page_base.run(
+            world.deployment, parameters=parameters, capacity=answer,
+            snapshot=_snapshot(recipe, seqs),
+        )  # fmt: skip
+        WatchRun.objects.create(watch=watch, run=run, status="running")
+        judged.append(services.watch_run_finished(run))
+    assert judged[1].verdict == "regressed"
+    found = bisection.bisection_start(watch_run=judged[1], user=None)
+    assert found.status == "running", found.finding
+    action = _running_step(found).action
+    assert action.after_run.parameters["kind"] == "capacity"
+    engine_services.engine_action_report(action=action, status="running")
+    with django_capture_on_commit_callbacks(execute=True):
+        engine_services.engine_action_report(action=action, status="sweeping")
+    after = action.after_run
+    run_services.run_transition(run=after, status="running")
+    # a search whose levels peak high in tok/s but whose capacity is the regressed one
+    _levels(after, 5000.0, [4900.0, 5100.0])
+    SweepRun.objects.filter(pk=after.pk).update(
+        capacity={"load": 4, "load_on_medians": 4, "bracket_on_medians": [4, 6]}
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        run_services.run_transition(run=after, status="succeeded")
+    step = found.steps.get()
+    assert (step.outcome, step.figure, step.interval) == ("no", 4, [4, 6])
+    assert step.detail == "capacity (the load within its SLO profile) 4 (4–6)"
 
 
 @pytest.mark.parametrize("case", ["not regressed", "external", "only topology", "busy", "moved"])
