@@ -92,6 +92,9 @@ def _explained(change, revertible, engine, recipe_flags):
         return bool(kinds - {"kernel_configs"})
     if section == "engine" and key == "max_running_requests":
         return CAP_FLAGS.get(engine) in changed
+    if section == "engine" and key not in ("engine", "version"):
+        # its model length and allreduce fusion are read from its arguments
+        return bool(kinds - {"kernel_configs"})
     if section == "env":
         return (ENV_PREFIX + key) in {f["key"] for f in revertible}
     if section == "kernel_config":
