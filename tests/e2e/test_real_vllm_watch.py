@@ -19,11 +19,12 @@ from workers.engine_info import identify_engine
 pytest_plugins = ["tests.stack", "tests.webside", "tests.alert_servers", "tests.engine.managed"]
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.timeout(1200)]
 
-# 8 streams of 8 tokens: the engine's cap of 8 serves them at once, a cap of 1 one by one (about
-# 6× slower). A round at the cap of 8 lasts 2-5 s on 2 busy cores and its figure varies by half
-# (27-62 tok/s measured at a load of 18): three rounds gave the interval [0, 87], which a cap of
-# 1 falls within; five rounds halve its width (t 2.776/√5 against 4.303/√3).
-LOAD = {"levels": [8], "input_len": 16, "output_len": 8, "prompts_per_level": 8, "rounds": 5}
+# 8 streams of 32 tokens: the engine's cap of 8 serves them at once, a cap of 1 one by one. With
+# 8 tokens each, a request's fixed costs (HTTP, prefill) hid the cap on a quiet machine: rounds
+# at the cap of 1 took 0.7-6 s against 1-5 s at 8 (load 7), while on a busy one (load 18) the
+# decode steps dominated (27-62 tok/s at 8, 3-7 at 1); 32 decode steps each make the cap count.
+# Five rounds: three gave [0, 87] tok/s at the cap of 8 (t 4.303/√3 against 2.776/√5).
+LOAD = {"levels": [8], "input_len": 16, "output_len": 32, "prompts_per_level": 8, "rounds": 5}
 CHANGE = "--max-num-seqs 8 → 1"
 
 
@@ -46,6 +47,16 @@ def _fire_once(stack, watch):
         return found if found.status in ("finished", "failed") else None
 
     return stack.wait_until(judged, 180, "the watch run's verdict")
+
+
+def _rounds(watch_run):
+    """Each round's figures of the watch run's level, for a failure's message."""
+    keys = ("output_throughput", "duration", "completed", "failed", "total_output_tokens")
+    return [
+        (r.round, *(r.figures.get(k) for k in keys))
+        for level in watch_run.run.levels.all()
+        for r in level.rounds.order_by("round")
+    ]
 
 
 def test_a_smaller_max_num_seqs_is_caught_alerted_and_found_by_the_watch_alone(
@@ -82,7 +93,7 @@ def test_a_smaller_max_num_seqs_is_caught_alerted_and_found_by_the_watch_alone(
     assert smaller.status == "succeeded", (smaller.error, smaller.steps)
 
     second = _fire_once(stack, watch)
-    assert second.verdict == "regressed", (second.figure, second.interval, first.interval)
+    assert second.verdict == "regressed", (_rounds(first), _rounds(second))
     assert second.compared_with == first.run
     # the engine's own max_num_seqs and running cap follow from the flag: one factor, named once
     assert second.changes == [CHANGE]
