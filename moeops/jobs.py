@@ -57,7 +57,7 @@ ACTION_IN_FLIGHT = ("queued", "running", "sweeping")
 
 # What runs on the web side's worker once a job finishes, in this order; each is called with
 # job= (a SweepRun, TuningRun or EngineAction) and leaves alone the kinds it has no business
-# with. Watches that fire on a finished job add their handler here.
+# with.
 FINISHED_HANDLERS = (
     # a capacity search that ended other than through its worker's last report gets its answer
     "moeops.runs.services.on_job_finished",
@@ -67,6 +67,8 @@ FINISHED_HANDLERS = (
     "moeops.insights.services.on_job_finished",
     # a watch's sweep is judged against its baseline, and alerts go out
     "moeops.watches.services.on_job_finished",
+    # a bisection's action moves it on; a watch run that regressed may start one
+    "moeops.watches.bisection.on_job_finished",
 )
 
 # Each kind's reaper of the jobs whose worker is lost (called with now=; returns how many it

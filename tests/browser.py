@@ -57,6 +57,8 @@ def page(browser, live_server):
     tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
     tab.on("pageerror", lambda exc: errors.append(str(exc)))
     tab.base = live_server.url
+    # a test that expects one (a form refused with its 4xx) takes it out, saying so
+    tab.js_errors = errors
     yield tab
     context.close()
     assert errors == [], f"JavaScript errors: {errors}"

@@ -22,7 +22,8 @@ from moeops.kernels.models import KernelConfig
 
 router = Router(tags=["engines"])
 
-ActionKind = Literal[tuple(key for key, _ in ACTION_KINDS)]
+# a bisection's steps are started by the bisection (POST /watch-runs/{id}/bisection)
+ActionKind = Literal[tuple(key for key, _ in ACTION_KINDS if key not in ("bisect", "restore"))]
 # Statuses a worker reports; queued is where an action starts.
 ReportedStatus = Literal["running", "sweeping", "succeeded", "failed"]
 

@@ -13,8 +13,15 @@ from moeops.api.auth import PersonOnly
 from moeops.api.fields import In, JsonObject, Name, PosInt, text
 from moeops.api.paging import Page
 from moeops.fleet.models import Deployment, SLOProfile
-from moeops.watches import services
-from moeops.watches.models import ALERT_STATUSES, Alert, AlertChannel, Watch, WatchRun
+from moeops.watches import bisection, services
+from moeops.watches.models import (
+    ALERT_STATUSES,
+    Alert,
+    AlertChannel,
+    Bisection,
+    Watch,
+    WatchRun,
+)
 
 router = Router(tags=["watches"])
 
@@ -37,6 +44,7 @@ class WatchIn(In):
     window_start: dt.time | None = None
     window_end: dt.time | None = None
     enabled: bool = True
+    bisect_on_regression: bool = False
 
 
 class WatchPatch(In):
@@ -47,6 +55,7 @@ class WatchPatch(In):
     window_start: dt.time | None = None
     window_end: dt.time | None = None
     enabled: bool | None = None
+    bisect_on_regression: bool | None = None
 
 
 class WatchOut(Schema):
@@ -62,6 +71,7 @@ class WatchOut(Schema):
     window_start: dt.time | None
     window_end: dt.time | None
     enabled: bool
+    bisect_on_regression: bool
     baseline: int | None
     created: dt.datetime
 
@@ -103,6 +113,7 @@ class WatchRunOut(Schema):
     baseline_interval: list[float] | None
     compared_with: str | None
     changes: list[str]
+    bisections: list[int]
     fired_at: dt.datetime
     finished_at: dt.datetime | None
 
@@ -111,12 +122,81 @@ class WatchRunOut(Schema):
         return obj.watch_id
 
     @staticmethod
+    def resolve_bisections(obj):
+        return [b.pk for b in obj.bisections.all()]
+
+    @staticmethod
     def resolve_run(obj):
         return str(obj.run.uuid) if obj.run_id else None
 
     @staticmethod
     def resolve_compared_with(obj):
         return str(obj.compared_with.uuid) if obj.compared_with_id else None
+
+
+class BisectionStepOut(Schema):
+    number: int
+    keys: list[str]
+    tried: list[str]
+    action: str
+    run: str | None
+    outcome: str
+    figure: float | None
+    interval: list[float] | None
+    detail: str
+
+    @staticmethod
+    def resolve_tried(obj):
+        return obj.bisection.phrases(obj.keys)
+
+    @staticmethod
+    def resolve_action(obj):
+        return str(obj.action.uuid)
+
+    @staticmethod
+    def resolve_run(obj):
+        return str(obj.action.after_run.uuid) if obj.action.after_run_id else None
+
+
+class BisectionOut(Schema):
+    id: int
+    watch_run: int
+    deployment: int
+    status: str
+    source: str
+    factors: list[dict[str, Any]]
+    fixed: list[dict[str, Any]]
+    cause: list[str]
+    finding: str
+    steps: list[BisectionStepOut]
+    restore_action: str | None
+    url: str
+    created: dt.datetime
+    finished_at: dt.datetime | None
+
+    @staticmethod
+    def resolve_watch_run(obj):
+        return obj.watch_run_id
+
+    @staticmethod
+    def resolve_deployment(obj):
+        return obj.deployment_id
+
+    @staticmethod
+    def resolve_cause(obj):
+        return obj.phrases(obj.cause)
+
+    @staticmethod
+    def resolve_steps(obj):
+        return list(obj.steps.select_related("action__after_run", "bisection"))
+
+    @staticmethod
+    def resolve_restore_action(obj):
+        return str(obj.restore_action.uuid) if obj.restore_action_id else None
+
+    @staticmethod
+    def resolve_url(obj):
+        return obj.get_absolute_url()
 
 
 class ChannelIn(In):
@@ -220,6 +300,7 @@ def watch_create(request, payload: WatchIn):
         window_start=payload.window_start,
         window_end=payload.window_end,
         enabled=payload.enabled,
+        bisect_on_regression=payload.bisect_on_regression,
         **payload.schedule.model_dump(),
     )
     return Status(201, _watches().get(pk=watch.pk))
@@ -257,7 +338,7 @@ def watch_patch(request, ref: str, payload: WatchPatch):
 @paginate(Page)
 def watch_runs(request, ref: str):
     watch = lookups.by_id(Watch.objects.all(), "watch", ref)
-    return watch.watch_runs.select_related("run", "compared_with")
+    return watch.watch_runs.select_related("run", "compared_with").prefetch_related("bisections")
 
 
 @router.post("/watch-runs/{ref}/baseline", auth=WATCH_WRITE, response=WatchOut)
@@ -266,6 +347,25 @@ def watch_run_baseline(request, ref: str):
     watch_run = lookups.by_id(WatchRun.objects.select_related("watch"), "watch run", ref)
     watch = services.watch_mark_baseline(watch_run=watch_run, user=None)
     return _watches().get(pk=watch.pk)
+
+
+@router.post("/watch-runs/{ref}/bisection", auth=WATCH_WRITE, response={201: BisectionOut})
+def watch_run_bisect(request, ref: str):
+    """Find the cause of a regressed watch run (managed deployments): the engine is restarted
+    with the baseline's value of one factor at a time (or halves of them), each try re-swept with
+    the watch's load, then back on the recipe in force. 400 with a sentence when it cannot start
+    (no regression, external, nothing differs, the host busy)."""
+    watch_run = lookups.by_id(
+        WatchRun.objects.select_related("watch__deployment__host", "run", "compared_with"),
+        "watch run",
+        ref,
+    )
+    return Status(201, bisection.bisection_start(watch_run=watch_run, user=None, source="api"))
+
+
+@router.get("/bisections/{ref}", response=BisectionOut)
+def bisection_get(request, ref: str):
+    return lookups.by_id(Bisection.objects.all(), "bisection", ref)
 
 
 @router.post("/alert-channels", auth=WATCH_WRITE, response={201: ChannelOut})

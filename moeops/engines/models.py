@@ -17,12 +17,16 @@ ACTION_KINDS = (
     ("restart_with_args", "Restart with changed arguments"),
     ("apply_config", "Apply a kernel config"),
     ("revert", "Revert to the previous recipe"),
+    # a bisection's step (some factors at the baseline's values), and its last move back
+    ("bisect", "Bisection step"),
+    ("restore", "Restore the recipe in force before a bisection"),
 )
 ACTION_SOURCES = (
     ("page", "Deployment page"),
     ("api", "API"),
     ("make_run", "make run"),
     ("tune", "A plan item's tune, once it succeeded"),
+    ("bisection", "A bisection of a regression"),
 )
 
 
@@ -176,4 +180,6 @@ class EngineAction(Job, models.Model):
             return f"Apply {self.kernel_config}"
         if self.kind == "revert":
             return f"Revert to recipe v{self.recipe.version}"
+        if self.kind in ("bisect", "restore"):
+            return f"{self.get_kind_display()}: {self.recipe.reason}"
         return self.get_kind_display()

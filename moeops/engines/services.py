@@ -118,7 +118,7 @@ def recipe_newest(deployment):
     return deployment.launch_recipes.order_by("-version").first()
 
 
-def _content(recipe):
+def recipe_content(recipe):
     """What starting a recipe depends on, as recipe_create takes it."""
     return {
         "argv": recipe.argv,
@@ -133,7 +133,7 @@ def _content(recipe):
 
 def _derived(base, *, author, reason, **changes):
     """A new version of base's recipe with changes (argv, kernel_configs, …), based on base."""
-    fields = {**_content(base), **changes}
+    fields = {**recipe_content(base), **changes}
     return recipe_create(
         deployment=base.deployment, author=author, reason=reason, based_on=base, **fields
     )
@@ -194,9 +194,14 @@ def _check_config(kernel_config, deployment):
         )
 
 
-def _new_recipe(*, deployment, kind, user, changes, kernel_config):
+def _new_recipe(*, deployment, kind, user, changes, kernel_config, recipe=None):
     """(recipe to bring up, the one in force) for an action of this kind."""
     in_force = deployment.recipe_in_force()
+    if kind in ("bisect", "restore"):
+        # the bisection made the version it tries (moeops.watches.bisection)
+        if recipe is None or recipe.deployment_id != deployment.pk:
+            raise ValidationError({"recipe": f"which recipe of {deployment} to bring up"})
+        return recipe, in_force
     newest = recipe_newest(deployment)
     base = in_force or newest
     if base is None:
@@ -236,7 +241,7 @@ def _new_recipe(*, deployment, kind, user, changes, kernel_config):
         if target is None:
             raise ValidationError({"kind": "no earlier recipe was in force: nothing to revert to"})
         reason = f"revert to v{target.version}"
-        return _derived(in_force, author=user, reason=reason, **_content(target)), in_force
+        return _derived(in_force, author=user, reason=reason, **recipe_content(target)), in_force
     raise ValidationError({"kind": f"unknown action {kind!r}"})
 
 
@@ -259,15 +264,18 @@ def engine_action_start(
     kernel_config=None,
     plan_item=None,
     resweep=True,
+    recipe=None,
+    before_run=None,
 ):
     """A queued EngineAction of a managed deployment, its chain sent to the host's worker once
     committed.
 
     kind: restart (the newest recipe), restart_with_args (changes: flag → value on the recipe in
     force), apply_config (kernel_config into the engine's config folder), revert (the recipe in
-    force before the current one). Each but restart makes a new recipe version. With resweep,
-    the deployment's newest finished sweep is repeated with the same load afterwards (its run
-    created queued here, linked as after_run). plan_item is set in progress (done when the
+    force before the current one), bisect and restore (recipe: the version a bisection made).
+    Each of the first four but restart makes a new recipe version. With resweep, before_run
+    (default: the deployment's newest finished sweep) is repeated with the same load afterwards
+    (its run created queued here, linked as after_run). plan_item is set in progress (done when the
     re-sweep succeeds). user: staff, or None for an API token with write access.
 
     Raises PermissionDenied for non-staff and ValidationError naming the field: an external
@@ -294,14 +302,15 @@ def engine_action_start(
             user=user,
             changes=changes,
             kernel_config=kernel_config,
+            recipe=recipe,
         )
-        before = _last_sweep(deployment) if resweep else None
+        before = (before_run or _last_sweep(deployment)) if resweep else None
         action = EngineAction.objects.create(
             deployment=deployment,
             kind=kind,
             recipe=recipe,
             previous_recipe=previous,
-            changes=dict(changes or {}) if kind == "restart_with_args" else {},
+            changes=dict(changes or {}) if kind in ("restart_with_args", "bisect") else {},
             kernel_config=kernel_config if kind == "apply_config" else None,
             plan_item=plan_item,
             before_run=before,

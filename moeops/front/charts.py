@@ -1089,11 +1089,11 @@ def engine_counters(levels):
 # --- watches -------------------------------------------------------------------------------
 
 
-def watch_timeline(watch_runs):
-    """A watch's figure (peak output tok/s) over its finished runs, oldest first, with the 95 %
-    band of each run's rounds, a marker where something on record changed since the run it was
-    compared with, and one on each run that raised an alert. watch_runs: finished WatchRuns
-    (prefetch `alerts`)."""
+def watch_timeline(watch_runs, name="peak output tok/s"):
+    """A watch's figure (name: Watch.figure_name) over its finished runs, oldest first, with the
+    band of each run (the 95 % interval of its rounds, a capacity's range), a marker where
+    something on record changed since the run it was compared with, and one on each run that
+    raised an alert. watch_runs: finished WatchRuns (prefetch `alerts`)."""
     shown = sorted(
         (w for w in watch_runs if w.figure is not None), key=lambda w: (w.fired_at, w.pk)
     )
@@ -1117,9 +1117,7 @@ def watch_timeline(watch_runs):
     if shown:
         traces.append(
             {
-                **_line(
-                    "peak output tok/s", list(zip(times, [w.figure for w in shown], strict=True))
-                ),
+                **_line(name, list(zip(times, [w.figure for w in shown], strict=True))),
                 "customdata": [w.get_verdict_display() for w in shown],
                 "hovertemplate": "%{x}<br>%{y:,.0f} tok/s<br>%{customdata}<extra></extra>",
             }

@@ -22,6 +22,7 @@ urlpatterns = [
     path("deployments/<int:pk>/check/", deployments.deployment_check, name="deployment-check"),
     path("deployments/<int:pk>/sweep/", deployments.sweep_start, name="sweep-start"),
     path("deployments/<int:pk>/capacity/", deployments.capacity_start, name="capacity-start"),
+    path("deployments/<int:pk>/watches/", deployments.watch_create, name="watch-create"),
     path(
         "deployments/<int:pk>/sweep/estimate/",
         deployments.sweep_estimate,
@@ -76,6 +77,8 @@ urlpatterns = [
     path("slo/<int:pk>/", slo.slo_profile_edit, name="slo-profile-edit"),
     path("watches/<int:pk>/", watches.watch_detail, name="watch-detail"),
     path("watch-runs/<int:pk>/baseline/", watches.watch_run_baseline, name="watch-run-baseline"),
+    path("watch-runs/<int:pk>/bisection/", watches.watch_run_bisect, name="watch-run-bisect"),
+    path("bisections/<int:pk>/", watches.bisection_detail, name="bisection-detail"),
     path("notes/", notes.notes, name="notes"),
     path("notes/new/", notes.note_create, name="note-create"),
     path("notes/<slug:slug>/", notes.note_detail, name="note-detail"),

@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.core.exceptions import ValidationError
 
 from moeops.watches import services
-from moeops.watches.models import Alert, AlertAttempt, AlertChannel, Watch, WatchRun
+from moeops.watches.models import Alert, AlertAttempt, AlertChannel, Bisection, Watch, WatchRun
 
 
 class WatchForm(forms.ModelForm):
@@ -25,6 +25,7 @@ class WatchForm(forms.ModelForm):
             "window_start",
             "window_end",
             "enabled",
+            "bisect_on_regression",
         )
 
     def clean_cron(self):
@@ -43,7 +44,9 @@ class WatchForm(forms.ModelForm):
         deployment = data.get("deployment") or getattr(self.instance, "deployment", None)
         try:
             if deployment is not None and isinstance(data.get("parameters"), dict):
-                services.watch_load(deployment, data.get("kind"), data["parameters"])
+                services.watch_load(
+                    deployment, data.get("kind"), data["parameters"], data.get("slo_profile")
+                )
             services.check_window(data.get("window_start"), data.get("window_end"))
         except ValidationError as exc:
             for field, messages in exc.message_dict.items():
@@ -124,6 +127,16 @@ class AlertAdmin(admin.ModelAdmin):
     list_filter = ("status", "kind")
     readonly_fields = [f.name for f in Alert._meta.fields]
     inlines = [AttemptInline]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(Bisection)
+class BisectionAdmin(admin.ModelAdmin):
+    list_display = ("watch_run", "deployment", "status", "source", "created")
+    list_filter = ("status", "source")
+    readonly_fields = [f.name for f in Bisection._meta.fields]
 
     def has_add_permission(self, request):
         return False

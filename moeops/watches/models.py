@@ -5,12 +5,12 @@ keeps failing, with every delivery attempt and its answer."""
 from datetime import time, timedelta
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
 WATCH_KINDS = (
     ("sweep", "Sweep"),
-    # a capacity search (issue 28) is accepted here; starting one waits for its runs service
     ("capacity", "Capacity search"),
 )
 
@@ -35,6 +35,26 @@ VERDICTS = (
     ("regressed", "Regressed beyond the noise"),
     ("improved", "Improved beyond the noise"),
     ("unknown", "Cannot tell: no interval"),
+)
+
+# A bisection's life: its steps run, the engine goes back to the recipe it started from, done.
+BISECTION_STATUSES = (
+    ("running", "Trying the baseline's values"),
+    ("restoring", "Restoring the recipe in force before"),
+    ("finished", "Finished"),
+    ("failed", "Failed"),
+    ("refused", "Could not start"),
+)
+BISECTION_OPEN = ("running", "restoring")
+BISECTION_SOURCES = (("page", "Watch page"), ("api", "API"), ("watch", "The watch, on regressing"))
+
+# What one step's figure says (reports.intervals.overlap against both ends of the regression).
+STEP_OUTCOMES = (
+    ("restores", "Restores the baseline's figure"),
+    ("partly", "Better beyond the noise, still below the baseline"),
+    ("no", "Does not restore it"),
+    ("unknown", "Cannot tell: no interval"),
+    ("failed", "The engine did not come up or the sweep failed"),
 )
 
 CHANNEL_KINDS = (("webhook", "Webhook"), ("email", "Email"))
@@ -81,6 +101,11 @@ class Watch(models.Model):
         "WatchRun", models.SET_NULL, null=True, blank=True, related_name="+",
         help_text="The run a person marked baseline; empty: each run against the previous one",
     )  # fmt: skip
+    bisect_on_regression = models.BooleanField(
+        default=False,
+        help_text="On a regression of a managed deployment, find the cause by itself "
+        "(restarts the engine with the baseline's values, one factor at a time)",
+    )
     baseline_marked_by = models.CharField(max_length=150, blank=True)
     baseline_marked_at = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
@@ -107,6 +132,13 @@ class Watch(models.Model):
         if self.window_start <= self.window_end:
             return self.window_start <= now < self.window_end
         return now >= self.window_start or now < self.window_end
+
+    def figure_name(self):
+        """What the watch's figure is, in words: "peak output tok/s", or "capacity (concurrent
+        requests within its SLO profile)"."""
+        if self.kind == "capacity":
+            return "capacity (the load within its SLO profile)"
+        return "peak output tok/s"
 
     def window_label(self):
         if self.window_start is None or self.window_end is None:
@@ -264,3 +296,77 @@ class AlertAttempt(models.Model):
 
     def __str__(self):
         return f"attempt {self.number} of {self.alert}: {'ok' if self.ok else 'failed'}"
+
+
+class Bisection(models.Model):
+    """ "Find the cause" of a regressed watch run on a managed deployment: the engine restarted
+    with the baseline's value of some factors (each step an engine action with its re-sweep at
+    the watch's load), until one factor restores the baseline's figure beyond the noise; then
+    back to the recipe in force before. factors: [{"key", "kind", "name", "a", "b", "phrase"}]
+    (a: the baseline's value, b: the regressed run's); fixed: [{"phrase", "why"}], what changed
+    that a restart cannot bring back; candidates and queue: the keys still suspected and the
+    key sets still to try (moeops.watches.bisection)."""
+
+    watch_run = models.ForeignKey(WatchRun, models.CASCADE, related_name="bisections")
+    deployment = models.ForeignKey("fleet.Deployment", models.CASCADE, related_name="bisections")
+    status = models.CharField(max_length=20, choices=BISECTION_STATUSES, default="running")
+    source = models.CharField(max_length=10, choices=BISECTION_SOURCES, default="page")
+    start_recipe = models.ForeignKey(
+        "engines.LaunchRecipe", models.PROTECT, null=True, blank=True, related_name="+",
+        help_text="The recipe in force when it started: the engine ends on it again",
+    )  # fmt: skip
+    baseline_recipe = models.ForeignKey(
+        "engines.LaunchRecipe", models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    factors = models.JSONField(default=list, blank=True)
+    fixed = models.JSONField(default=list, blank=True)
+    candidates = models.JSONField(default=list, blank=True)
+    queue = models.JSONField(default=list, blank=True)
+    cause = models.JSONField(default=list, blank=True, help_text="The keys of the factors found")
+    finding = models.TextField(blank=True, help_text="What it found, or why it could not start")
+    restore_action = models.OneToOneField(
+        "engines.EngineAction", models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self):
+        return f"bisection {self.pk} of {self.watch_run}: {self.status}"
+
+    def get_absolute_url(self):
+        return reverse("bisection-detail", args=[self.pk])
+
+    def phrases(self, keys):
+        """The phrases of the factors with these keys, in the bisection's order."""
+        return [f["phrase"] for f in self.factors if f["key"] in keys]
+
+
+class BisectionStep(models.Model):
+    """One try of a bisection: the engine action that brought up the recipe with `keys` at the
+    baseline's values, its re-sweep's figure, and what that says."""
+
+    bisection = models.ForeignKey(Bisection, models.CASCADE, related_name="steps")
+    number = models.PositiveSmallIntegerField()
+    keys = models.JSONField(help_text="The factors set to the baseline's value")
+    action = models.OneToOneField(
+        "engines.EngineAction", models.PROTECT, related_name="bisection_step"
+    )
+    outcome = models.CharField(max_length=20, choices=STEP_OUTCOMES, blank=True)
+    figure = models.FloatField(null=True, blank=True, help_text="Peak output tok/s")
+    interval = models.JSONField(null=True, blank=True, help_text="[low, high] tok/s, 95 %")
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["bisection", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["bisection", "number"], name="step_unique_number")
+        ]
+
+    def __str__(self):
+        return f"step {self.number} of {self.bisection}: {self.outcome or 'running'}"

@@ -26,16 +26,19 @@ from moeops.fleet.endpoints import webhook_refusal
 from moeops.jobs import ACTION_IN_FLIGHT
 from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
-from moeops.runs import snapshots
 from moeops.runs.models import SweepRun
+from moeops.watches import factors
 from moeops.watches.models import (
+    BISECTION_OPEN,
     DEFAULT_ROUNDS,
     Alert,
     AlertAttempt,
     AlertChannel,
+    Bisection,
     Watch,
     WatchRun,
 )
+from reports.capacity import capacity_range
 from reports.intervals import overlap, with_interval
 
 log = logging.getLogger(__name__)
@@ -106,15 +109,26 @@ def check_window(window_start, window_end):
         raise ValidationError({"window_end": "a quiet window's end must differ from its start"})
 
 
-def watch_load(deployment, kind, parameters):
-    """The watch's load checked as the runs service checks a sweep's (ValidationError naming
-    the parameter), rounds DEFAULT_ROUNDS unless given."""
+def watch_load(deployment, kind, parameters, slo_profile=None):
+    """The watch's load checked as the runs service checks a sweep's or a capacity search's
+    (ValidationError naming the parameter), rounds DEFAULT_ROUNDS unless given."""
     if not isinstance(parameters, dict):
         raise ValidationError({"parameters": "an object of load parameters"})
     load = {"rounds": DEFAULT_ROUNDS, **parameters}
-    if kind == "sweep":
-        run_services.sweep_parameters(deployment=deployment, load=load)
+    run_services.sweep_parameters(
+        deployment=deployment,
+        load=run_load(kind, load, slo_profile or deployment.default_slo_profile),
+    )
     return load
+
+
+def run_load(kind, load, slo_profile):
+    """What a firing asks the runs service for: the watch's load, as a capacity search against
+    its SLO profile for a capacity watch."""
+    if kind != "capacity":
+        return load
+    profile = {"slo_profile": str(slo_profile.pk)} if slo_profile is not None else {}
+    return {**load, "kind": "capacity", **profile}
 
 
 @transaction.atomic
@@ -130,17 +144,19 @@ def watch_create(
     window_start=None,
     window_end=None,
     enabled=True,
+    bisect_on_regression=False,
 ):
     """A watch and its beat schedule (cron, UTC, or every N hours). ValidationError naming the
     field for a load the runs service refuses, a cron that does not parse, a half window or a
-    name the deployment already has."""
+    name the deployment already has. bisect_on_regression: a regression of a managed deployment
+    starts finding its cause (moeops.watches.bisection)."""
     if not name or not name.strip():
         raise ValidationError({"name": "a watch needs a name"})
     if Watch.objects.filter(deployment=deployment, name=name).exists():
         raise ValidationError({"name": f"deployment {deployment.name!r} has a watch {name!r}"})
     if kind == "capacity" and slo_profile is None:
         raise ValidationError({"slo_profile": "a capacity watch needs an SLO profile"})
-    load = watch_load(deployment, kind, parameters)
+    load = watch_load(deployment, kind, parameters, slo_profile)
     check_window(window_start, window_end)
     schedule = _schedule(cron=cron, every_hours=every_hours)
     watch = Watch.objects.create(
@@ -152,6 +168,7 @@ def watch_create(
         window_start=window_start,
         window_end=window_end,
         enabled=enabled,
+        bisect_on_regression=bisect_on_regression,
     )
     watch.periodic_task = PeriodicTask.objects.create(
         name=f"watch {watch.pk}: {deployment.name} / {name}"[:200],
@@ -170,7 +187,10 @@ def watch_update(*, watch, cron=None, every_hours=None, **fields):
     """Change a watch: its name, load, profile, window, enabled, and (one of cron and
     every_hours) its schedule. Same refusals as watch_create."""
     if "parameters" in fields:
-        fields["parameters"] = watch_load(watch.deployment, watch.kind, fields["parameters"])
+        profile = fields.get("slo_profile", watch.slo_profile)
+        fields["parameters"] = watch_load(
+            watch.deployment, watch.kind, fields["parameters"], profile
+        )
     name = fields.get("name")
     if name is not None:
         taken = Watch.objects.filter(deployment=watch.deployment, name=name)
@@ -220,6 +240,12 @@ def host_holder(deployment):
     tune = TuningRun.objects.filter(host=host, status__in=("queued", "running")).first()
     if tune is not None:
         return f"kernel tune {tune.pk} is {tune.status} on host {host.name}"
+    # between its steps no action is in flight, yet the engine is not the watch's to measure
+    bisection = Bisection.objects.filter(deployment__host=host, status__in=BISECTION_OPEN).first()
+    if bisection is not None:
+        what = bisection.get_status_display().lower()
+        name = bisection.deployment.name
+        return f"bisection {bisection.pk} of {name} is {what} on host {host.name}"
     return ""
 
 
@@ -259,9 +285,6 @@ def watch_fire(*, watch, watch_run=None, now=None):
     down = engine_down(deployment)
     if down:
         return watch_run_end(watch_run, "skipped", down)
-    if watch.kind == "capacity":
-        # TODO(lead): start the capacity search through its runs service once it exists
-        return watch_run_end(watch_run, "skipped", "capacity watches cannot start yet")
     with transaction.atomic():
         # one firing at a time per host: two watches must not both find it free
         type(deployment.host).objects.select_for_update().get(pk=deployment.host_id)
@@ -280,7 +303,7 @@ def watch_fire(*, watch, watch_run=None, now=None):
         try:
             run, _ = run_services.run_start(
                 deployment=deployment,
-                parameters=watch.parameters,
+                parameters=run_load(watch.kind, watch.parameters, watch.slo_profile),
                 label=f"watch {watch.name} {now:%Y-%m-%d %H:%M}",
             )
         except ValidationError as exc:
@@ -298,9 +321,25 @@ def watch_fire(*, watch, watch_run=None, now=None):
 # -- judging ---------------------------------------------------------------------------------
 
 
-def _peak_level(run):
+def peak_level(run):
+    """The run's level of the highest output tok/s, or None when it measured none."""
     measured = [level for level in run.levels.all() if level.output_throughput is not None]
     return max(measured, key=lambda level: level.output_throughput, default=None)
+
+
+def watched_figure(run):
+    """(figure, [low, high] or None, why there is none): a sweep's peak output tok/s with the
+    95 % interval of its rounds; a capacity search's capacity with the range it lies in
+    (reports.capacity.capacity_range: conservative answer to the medians' bracket top)."""
+    if run.is_capacity_search:
+        answer = run.capacity or {}
+        if answer.get("load") is None:
+            return None, None, "the capacity search found no load within the SLO"
+        return answer["load"], list(capacity_range(answer)), ""
+    peak = peak_level(run)
+    if peak is None:
+        return None, None, "the sweep measured no level"
+    return peak.output_throughput, list(peak.interval("output_throughput") or []) or None, ""
 
 
 def _baseline_for(watch_run):
@@ -331,16 +370,10 @@ def verdict(now, now_interval, before, before_interval):
 
 
 def factor_changes(a, b):
-    """The changes between snapshots a and b that vary a factor of the measurement (engine
-    version, a launch argument, kernel config hash, topology, driver, load …), each as a
-    phrase; how the run was taken (moeops version, client host) left out."""
-    diff = snapshots.snapshot_diff(a, b)
-    phrases = []
-    for change in diff["changes"]:
-        factors = snapshots.differing_factors({"changes": [change]})
-        if factors and factors[0] not in snapshots.INCIDENTAL_FACTORS:
-            phrases.append(snapshots.describe_change(change))
-    return phrases
+    """What changed between snapshots a and b, one phrase per factor of the measurement (a
+    launch argument with what the engine reported of it, engine version, kernel config,
+    topology, driver, load …); how the run was taken (moeops version, client host) left out."""
+    return factors.phrases(a, b)
 
 
 def on_job_finished(*, job):
@@ -372,15 +405,14 @@ def watch_run_finished(run):
         )
         _after_failure(watch_run)
         return watch_run
-    peak = _peak_level(run)
-    if peak is None:
-        watch_run_end(watch_run, "failed", "the sweep measured no level")
+    figure, interval, missing = watched_figure(run)
+    if figure is None:
+        watch_run_end(watch_run, "failed", missing)
         _after_failure(watch_run)
         return watch_run
-    watch_run.figure = peak.output_throughput
-    watch_run.interval = list(peak.interval("output_throughput") or []) or None
+    watch_run.figure, watch_run.interval = figure, interval
     baseline = _baseline_for(watch_run)
-    previous = _previous_finished(watch_run)
+    previous = previous_finished(watch_run)
     if baseline is None:
         watch_run.verdict = "first"
     else:
@@ -402,7 +434,7 @@ def watch_run_finished(run):
     return watch_run
 
 
-def _previous_finished(watch_run):
+def previous_finished(watch_run):
     return (
         watch_run.watch.watch_runs.filter(status="finished", fired_at__lte=watch_run.fired_at)
         .exclude(pk=watch_run.pk)
@@ -463,13 +495,13 @@ def alert_message(watch_run, kind):
     if kind == "regression":
         subject = f"Regression: {where}"
         moved = (
-            f"peak output tok/s fell {watch_run.drop:.0%}, from {before} to {now} "
+            f"{watch.figure_name()} fell {watch_run.drop:.0%}, from {before} to {now} "
             "(95 % intervals over the rounds; they do not overlap)"
         )
     else:
         subject = f"Recovered: {where}"
         moved = (
-            f"peak output tok/s is {now} against {before} before: no longer below it beyond "
+            f"{watch.figure_name()} is {now} against {before} before: no longer below it beyond "
             "the noise"
         )
     if watch_run.changes:

@@ -13,33 +13,30 @@ from pathlib import Path
 
 import httpx
 import pytest
-from django.contrib.auth.models import User
 
-from moeops.engines import services
 from moeops.engines.models import EngineAction
-from moeops.fleet.models import Host, ModelSpec
+from moeops.fleet.models import Host
 from moeops.kernels.models import KernelConfig
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.models import SweepRun
-from tests.browser import PASSWORD, log_in, shot
+from tests.browser import log_in, shot
 from tests.engine import (
     ENGINE_ENV,
     MODEL_DIR,
-    PYTHON,
-    SERVED_MODEL,
     TUNED_DEVICE,
     TUNED_FILE,
     VllmServer,
     ensure_model,
 )
+from tests.engine.managed import ACTION_TIMEOUT_S, act, wait
 from tests.engine.plugin import TUNED_CONFIG
-from tests.stack import ROOT, SweepStack, stop_managed_engines
+from tests.stack import ROOT, SweepStack
 from workers import engine_supervisor
 from workers.engine_info import identify_engine
 from workers.engine_supervisor import EngineSupervisor, Recipe, SupervisorError
 
-pytest_plugins = ["tests.stack", "tests.browser"]
+pytest_plugins = ["tests.stack", "tests.browser", "tests.engine.managed"]
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.engine,
@@ -47,8 +44,6 @@ pytestmark = [
     pytest.mark.timeout(1500),
 ]
 
-SM120 = {"name": TUNED_DEVICE, "compute_capability": "12.0", "power_limit_w": 600.0}
-ACTION_TIMEOUT_S = 600
 # the heartbeat timeout of this test (s): minutes in production
 RUN_STALE_S = 8
 # ms a page operation may take here: the first page with charts compiles plotly (4.8 MB) beside a
@@ -57,67 +52,8 @@ PAGE_TIMEOUT_MS = 60_000
 
 
 @pytest.fixture
-def managed(make_sweep_stack, free_port, tmp_path):
-    ensure_model()
-    config = json.loads((MODEL_DIR / "config.json").read_text())
-    model = ModelSpec.objects.create(name="tiny-moe (random weights)", config_json=config)
-    port = free_port()
-    cache = tmp_path / "cache"
-    stack = make_sweep_stack(
-        engine_url=f"http://127.0.0.1:{port}",
-        model=model,
-        gpus=[SM120],
-        deployment_fields={
-            "engine": "vllm",
-            "management": "managed",
-            "max_running_requests": None,
-            "served_model_name": SERVED_MODEL,
-        },
-        MOEOPS_VLLM_PYTHON=str(PYTHON),
-        MOEOPS_CACHE_DIR=str(cache),
-        MOEOPS_HEARTBEAT_S="1",
-    )
-    staff = User.objects.create_user("ops", password=PASSWORD, is_staff=True)
-    server = VllmServer(log_path=tmp_path / "unused.log", port=port, max_num_seqs=4)
-    services.recipe_create(
-        deployment=stack.deployment,
-        argv=server.argv(),
-        env=ENGINE_ENV,
-        cwd=str(MODEL_DIR.parent),
-        ready_timeout_s=ACTION_TIMEOUT_S,
-        author=staff,
-        reason="the tiny MoE with --max-num-seqs 4",
-    )
-    _wait(lambda: Host.objects.get(pk=stack.host.pk).worker_alive(), "the worker's heartbeat")
-    stack.host.refresh_from_db()
-    stack.staff = staff
-    stack.engines = EngineSupervisor(cache / "engines")
-    yield stack
-    stop_managed_engines(stack, stack.engines, port)
-
-
-def _wait(check, what, timeout=60):
-    SweepStack.wait_until(lambda: True if check() else None, timeout, what)
-
-
-def _finished(stack, action):
-    deadline = time.monotonic() + ACTION_TIMEOUT_S
-    while time.monotonic() < deadline:
-        action = EngineAction.objects.get(pk=action.pk)
-        if action.is_finished:
-            return action
-        time.sleep(1)
-    raise AssertionError(
-        f"{action.title()} still {action.status}: {action.steps}\n" + stack.worker.log()[-4000:]
-    )
-
-
-def _act(stack, kind, **fields):
-    stack.deployment.refresh_from_db()
-    action = services.engine_action_start(
-        deployment=stack.deployment, kind=kind, user=stack.staff, **fields
-    )
-    return _finished(stack, action)
+def managed(make_managed_vllm):
+    return make_managed_vllm(max_num_seqs=4)
 
 
 def _environ(pid):
@@ -134,7 +70,7 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
     page.set_default_timeout(PAGE_TIMEOUT_MS)
     deployment = managed.deployment
 
-    first = _act(managed, "restart")
+    first = act(managed, "restart")
     assert first.status == "succeeded", (first.error, first.steps)
     assert first.after_run is None  # nothing was swept before: nothing to repeat
     assert first.observed["max_running_requests"] == 4
@@ -145,7 +81,7 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
     assert before.status == "succeeded", before.error
 
     # restart with changed arguments, re-sweep with the same load, runs linked
-    raised = _act(managed, "restart_with_args", changes={"--max-num-seqs": "16"})
+    raised = act(managed, "restart_with_args", changes={"--max-num-seqs": "16"})
     assert raised.status == "succeeded", (raised.error, raised.steps)
     assert "the engine reports max_num_seqs = 16" in raised.observed["checks"][0]
     after = raised.after_run
@@ -218,7 +154,7 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
     assert "Launch recipe (managed engine)" in compare and "kernel configs: none →" in compare
 
     # a recipe that cannot start: the old engine is back, the action says why
-    broken = _act(managed, "restart_with_args", changes={"--no-such-flag": "1"})
+    broken = act(managed, "restart_with_args", changes={"--no-such-flag": "1"})
     assert broken.status == "failed"
     assert "unrecognized arguments: --no-such-flag" in broken.error
     assert broken.steps[-1]["name"] == "revert" and broken.steps[-1]["status"] == "done"
@@ -245,7 +181,7 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
         run_services.run_fail_stale()
         return SweepRun.objects.get(pk=run.pk).is_finished
 
-    _wait(ended, "the run's end", timeout=RUN_STALE_S + 30)
+    wait(ended, "the run's end", timeout=RUN_STALE_S + 30)
     run.refresh_from_db()
     assert run.status == "failed" and "stopped sending heartbeats" in run.error
     assert time.monotonic() - killed < RUN_STALE_S + 30
@@ -256,7 +192,7 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
         found = Host.objects.get(pk=managed.host.pk).managed_engine(deployment.pk) or {}
         return found.get("pid") == engine["pid"]
 
-    _wait(reported, "the new worker's heartbeat naming the engine")
+    wait(reported, "the new worker's heartbeat naming the engine")
 
 
 def test_a_vllm_whose_port_is_taken_is_never_called_healthy(free_port, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from django_celery_beat.models import PeriodicTask
 
 from moeops import jobs
 from moeops.api.models import ApiToken
-from moeops.fleet.models import HealthCheck
+from moeops.fleet.models import HealthCheck, SLOProfile
 from moeops.runs.models import SweepRun
 from moeops.watches import services
 from moeops.watches.models import Alert, AlertChannel, WatchRun
@@ -134,6 +134,42 @@ def test_it_waits_while_another_sweep_holds_the_host_then_starts(watch):
     assert watch_run.run.status == "queued"
 
 
+def test_a_capacity_watch_searches_against_its_profile_and_is_judged_on_its_range(deployment):
+    profile = SLOProfile.objects.create(name="chat", tpot_percentile="p99", tpot_ms=50.0)
+    watch = services.watch_create(
+        deployment=deployment, name="capacity", kind="capacity", slo_profile=profile,
+        parameters={"start": 4, "input_len": 16, "output_len": 32}, cron="0 3 * * *",
+    )  # fmt: skip
+    fired = services.watch_fire(watch=watch)
+    assert fired.status == "running", fired.reason
+    parameters = fired.run.parameters
+    assert (parameters["kind"], parameters["slo"]["profile"]) == ("capacity", "chat")
+    assert parameters["start"] == 4 and parameters["rounds"] == 3
+    fired.run.delete()
+
+    AlertChannel.objects.create(name="ops", kind="email", recipients=["ops@example.com"])
+    for load, top in ((16, 24), (4, 6)):
+        answer = {"load": load, "load_on_medians": load, "bracket_on_medians": [load, top]}
+        run = page_base.run(deployment, parameters={"kind": "capacity"}, capacity=answer)
+        WatchRun.objects.create(watch=watch, run=run, status="running")
+        judged = services.watch_run_finished(run)
+    assert (judged.verdict, judged.figure, judged.interval) == ("regressed", 4, [4, 6])
+    (alert,) = Alert.objects.all()
+    assert "capacity (the load within its SLO profile) fell 75%, from 16 (16–24) to 4 (4–6)" in (
+        alert.text
+    )
+
+
+def test_a_capacity_watch_needs_a_start_load_named_on_its_field(deployment):
+    profile = SLOProfile.objects.create(name="chat", tpot_percentile="p99", tpot_ms=50.0)
+    with pytest.raises(ValidationError) as refused:
+        services.watch_create(
+            deployment=deployment, name="capacity", kind="capacity", slo_profile=profile,
+            parameters={"input_len": 16, "output_len": 32}, cron="0 3 * * *",
+        )  # fmt: skip
+    assert "parameters.start" in refused.value.message_dict
+
+
 def test_it_gives_up_waiting_after_the_limit(watch, settings):
     settings.MOEOPS_WATCH_WAIT_LIMIT_S = 60
     page_base.run(watch.deployment, label="long", status="running")
@@ -237,7 +273,10 @@ def test_the_job_finished_hook_judges_a_watchs_run_after_its_analysis(watch):
     watch_run = WatchRun.objects.get(run=run)
     assert watch_run.verdict == "regressed"
     assert handled["moeops.watches.services.on_job_finished"] == watch_run.pk
-    assert list(handled)[-1] == "moeops.watches.services.on_job_finished"
+    names = list(handled)
+    assert names.index("moeops.watches.services.on_job_finished") > names.index(
+        "moeops.insights.services.on_job_finished"
+    )
 
 
 # -- API -------------------------------------------------------------------------------------
@@ -333,6 +372,38 @@ def test_the_pages_show_watches_regressions_and_an_undelivered_alert(client, wat
     page = client.get("/").content.decode()
     assert "Regressed at their last watch" in page
     assert "(−40 %)" in page
+
+
+def test_the_deployment_page_adds_a_watch_every_n_hours_that_finds_its_cause(client, deployment):
+    page_base.sign_in(client)
+    form = {"name": "every 6 h", "schedule": "6h", "levels": "4, 8", "input_len": 16,
+            "output_len": 32, "prompts_per_level": 8, "rounds": 3,
+            "bisect_on_regression": "on"}  # fmt: skip
+    answer = client.post(f"/deployments/{deployment.pk}/watches/", form)
+    watch = deployment.watches.get()
+    assert answer.status_code == 302 and answer["Location"] == watch.get_absolute_url()
+    assert watch.schedule_label() == "every 6 hours" and watch.bisect_on_regression
+    assert (watch.parameters["levels"], watch.parameters["rounds"]) == ([4, 8], 3)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "said"),
+    [
+        ({"schedule": "0 3 * *"}, "schedule", "it needs five fields"),
+        ({"schedule": "0 99 * * *"}, "schedule", "the hour field '99' does not parse"),
+        ({"levels": "8, 8"}, "levels", "give each value once"),
+        ({"name": "nightly"}, "name", "has a watch 'nightly'"),
+    ],
+)
+def test_the_watch_form_names_the_field_it_refuses(client, watch, change, field, said):
+    page_base.sign_in(client)
+    form = {"name": "other", "schedule": "0 3 * * *", "levels": "8", "input_len": 16,
+            "output_len": 32, "prompts_per_level": 8, "rounds": 3, **change}  # fmt: skip
+    answer = client.post(f"/deployments/{watch.deployment.pk}/watches/", form)
+    assert answer.status_code == 400
+    errors = answer.context["watch_form"].errors
+    assert said in " ".join(errors[field]), errors
+    assert watch.deployment.watches.count() == 1
 
 
 def test_the_deployment_page_costs_the_same_queries_for_more_watches(

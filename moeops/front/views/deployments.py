@@ -24,6 +24,7 @@ from moeops.front.forms import (
     ResultFileForm,
     SweepForm,
     TuneForm,
+    WatchCreateForm,
 )
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.templatetags.moeops_format import evidence_text
@@ -44,6 +45,7 @@ from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.importers import ResultFileError, ResultFileMismatch
 from moeops.runs.models import LevelResult, SweepRun, of_the_deployments_model
+from moeops.watches import services as watch_services
 from moeops.watches.models import last_regressed
 
 ACTIVE = ("queued", "running")
@@ -222,6 +224,7 @@ def _deployment_page(
     tune_form=None,
     upload_form=None,
     capacity_form=None,
+    watch_form=None,
     status=200,
 ):
     sweep_form = sweep_form or SweepForm(deployment=deployment)
@@ -282,6 +285,7 @@ def _deployment_page(
         "sweep_form": sweep_form,
         "sweep_presets": SWEEP_PRESETS,
         "capacity_form": capacity_form or CapacityForm(deployment=deployment),
+        "watch_form": watch_form or WatchCreateForm(),
         "upload_form": upload_form or ResultFileForm(),
         "sweep_estimate": sweep_form.estimate(),
         # a sweep may wait for its worker in the queue, but the person starting it is told
@@ -335,7 +339,8 @@ def _watches_context(deployment):
         watch.next_run = watch.next_run_at(now)
         watch.last_run = watch_runs[0] if watch_runs else None
         finished = [w for w in watch_runs if w.status == "finished"]
-        timelines.append((f"watch-timeline-{watch.pk}", charts.watch_timeline(finished)))
+        figure = charts.watch_timeline(finished, watch.figure_name())
+        timelines.append((f"watch-timeline-{watch.pk}", figure))
     return {"watches": watches, "watch_timelines": timelines}
 
 
@@ -396,6 +401,30 @@ def capacity_start(request, pk):
         return _deployment_page(request, deployment, capacity_form=form, status=400)
     messages.success(request, f"Capacity search queued on {deployment.host.queue_name}.")
     return redirect("run-detail", uuid=run.uuid)
+
+
+@login_required
+@require_POST
+def watch_create(request, pk):
+    """A sweep watch of the deployment (watches.services.watch_create), to its page; the
+    deployment page again with the refusal on its field."""
+    deployment = _deployment_or_404(pk)
+    form = WatchCreateForm(request.POST)
+    if not form.is_valid():
+        return _deployment_page(request, deployment, watch_form=form, status=400)
+    try:
+        watch = watch_services.watch_create(
+            deployment=deployment,
+            name=form.cleaned_data["name"],
+            parameters=form.parameters(),
+            bisect_on_regression=form.cleaned_data["bisect_on_regression"],
+            **form.schedule_kwargs(),
+        )
+    except ValidationError as exc:
+        form.add_service_errors(exc)
+        return _deployment_page(request, deployment, watch_form=form, status=400)
+    messages.success(request, f"Watch {watch.name} created: {watch.schedule_label()}.")
+    return redirect(watch.get_absolute_url())
 
 
 @login_required

@@ -1,0 +1,384 @@
+"""Writes of bisections: "Find the cause" of a regressed watch run on a managed deployment.
+
+The factors that differ between the baseline's run and the regressed one
+(moeops.watches.factors) are tried by restarting the engine with the baseline's value of some
+of them: one at a time for up to ONE_BY_ONE_MAX, else halves of the set, narrowing to the half
+that restores the figure. Each try is an engine action (kind "bisect") whose re-sweep repeats
+the regressed run's load; its peak figure is judged against both ends of the regression with
+their 95 % intervals (watches.services.verdict). When one factor restores the baseline's figure,
+or nothing is left to try, the engine is restarted with the recipe in force when the bisection
+began (kind "restore"): a person applies the fix.
+
+`bisection_start` is the one entry point (page, API, and a watch that says so, on regressing);
+`on_job_finished` (moeops.jobs.FINISHED_HANDLERS) moves a bisection on when its action ends.
+"""
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from moeops.engines import services as engine_services
+from moeops.engines.models import EngineAction
+from moeops.fleet.models import Host
+from moeops.runs.models import SweepRun
+from moeops.watches import factors, services
+from moeops.watches.models import Bisection, BisectionStep, WatchRun
+from reports import launch
+from reports.intervals import with_interval
+
+# Up to this many factors each is tried alone (one restart each); more are halved, so that
+# k factors take about 2·log2(k) restarts instead of k.
+ONE_BY_ONE_MAX = 3
+# A try restores the figure when it is above the regressed one beyond the noise and wins back
+# at least this share of the fall: from 1000 down to 300 tok/s, a try at 700 (57 %) restores it
+# though two runs minutes apart may differ beyond their intervals; one at 450 (21 %) partly.
+RESTORED_SHARE = 0.5
+
+
+def plan(keys):
+    """The key sets to try next among the suspected keys: each alone, or the two halves."""
+    if len(keys) <= ONE_BY_ONE_MAX:
+        return [[key] for key in keys]
+    half = (len(keys) + 1) // 2
+    return [keys[:half], keys[half:]]
+
+
+def _refuse(field, sentence):
+    raise ValidationError({field: sentence})
+
+
+def _recipe_version(run):
+    return ((run.snapshot or {}).get("recipe") or {}).get("version")
+
+
+def _fixed_words(fixed):
+    return "; ".join(f"{f['phrase']} ({f['why']})" for f in fixed)
+
+
+def bisection_start(*, watch_run, user, source="page"):
+    """Start finding the cause of a regressed watch run; returns the running Bisection.
+
+    user: staff, or None (an API token, or the watch itself). Raises PermissionDenied for
+    non-staff and ValidationError with a sentence on its field: a run that did not regress, an
+    external deployment, no live worker, nothing a recipe sets differs (naming what changed that
+    a restart cannot bring back), the host busy, the engine no longer on the regressed run's
+    recipe or the baseline's recipe gone."""
+    engine_services.require_staff(user)
+    deployment = watch_run.watch.deployment
+    run, baseline = watch_run.run, watch_run.compared_with
+    if watch_run.verdict != "regressed" or run is None or baseline is None:
+        _refuse("watch_run", "only a watch run that regressed beyond the noise has a cause to find")
+    if not deployment.is_managed:
+        _refuse(
+            "deployment",
+            f"{deployment} is external: moeops never restarts its engine, so it cannot try the "
+            "baseline's values",
+        )
+    absence = deployment.host.worker_absence()
+    if absence:
+        _refuse("host", absence)
+    found = factors.changed_factors(baseline.snapshot, run.snapshot)
+    if not found["revertible"]:
+        if found["fixed"]:
+            _refuse(
+                "watch_run",
+                "nothing a launch recipe sets differs between the baseline and this run; what "
+                f"changed cannot be brought back by a restart: {_fixed_words(found['fixed'])}",
+            )
+        _refuse(
+            "watch_run",
+            "nothing on record differs between the baseline and this run: there is no factor "
+            "to try",
+        )
+    with transaction.atomic():
+        # one bisection or watch at a time per host (watches.services.watch_fire locks the same)
+        Host.objects.select_for_update().get(pk=deployment.host_id)
+        holder = services.host_holder(deployment)
+        if holder:
+            _refuse("deployment", f"the host is busy: {holder}")
+        in_force = deployment.recipe_in_force()
+        measured = _recipe_version(run)
+        if in_force is None or in_force.version != measured:
+            now = f"v{in_force.version}" if in_force is not None else "no recipe"
+            _refuse(
+                "watch_run",
+                f"the engine runs {now}, not recipe v{measured} that the regressed run measured: "
+                "let the watch measure the recipe in force first",
+            )
+        base_recipe = deployment.launch_recipes.filter(version=_recipe_version(baseline)).first()
+        if base_recipe is None:
+            _refuse("watch_run", "the baseline's launch recipe is not on record")
+        keys = [f["key"] for f in found["revertible"]]
+        bisection = Bisection.objects.create(
+            watch_run=watch_run,
+            deployment=deployment,
+            source=source,
+            start_recipe=in_force,
+            baseline_recipe=base_recipe,
+            factors=found["revertible"],
+            fixed=found["fixed"],
+            candidates=keys,
+            queue=plan(keys),
+            requested_by=user,
+        )
+        _next(bisection)
+    return bisection
+
+
+def _with_flag(argv, flag, value):
+    """argv with flag at value (None: absent; "": a switch given)."""
+    if value == "" and flag not in launch.SWITCHES:
+        return [*launch.set_flags(argv, {flag: None}), flag]
+    return launch.set_flags(argv, {flag: value})
+
+
+def _command_len(argv):
+    return next((i for i, part in enumerate(argv) if part.startswith("--")), len(argv))
+
+
+def _step_recipe(bisection, chosen):
+    """A new recipe version: the one in force at the start with the chosen factors at the
+    baseline's values."""
+    current, base = bisection.start_recipe, bisection.baseline_recipe
+    argv, env = list(current.argv), dict(current.env)
+    configs = list(current.kernel_configs.all())
+    for factor in chosen:
+        if factor["kind"] == "flag":
+            argv = _with_flag(argv, factor["key"], factor["a"])
+        elif factor["kind"] == "command":
+            argv = base.argv[: _command_len(base.argv)] + argv[_command_len(argv) :]
+        elif factor["kind"] == "env":
+            env.pop(factor["name"], None)
+            if factor["a"] is not None:
+                env[factor["name"]] = factor["a"]
+        else:
+            configs = list(base.kernel_configs.all())
+    values = "; ".join(f"{f['name']} {factors.show(f['a'])}" for f in chosen)
+    return engine_services.recipe_create(
+        deployment=bisection.deployment,
+        argv=argv,
+        env=env,
+        cwd=current.cwd,
+        gpu_indices=current.gpu_indices,
+        config_folder=current.config_folder,
+        ready_timeout_s=current.ready_timeout_s,
+        kernel_configs=configs,
+        author=bisection.requested_by,
+        reason=f"bisection {bisection.pk}: the baseline's {values}"[:300],
+        based_on=current,
+    )
+
+
+def _next(bisection):
+    """Start the next try in the queue, or conclude when none is left."""
+    if not bisection.queue:
+        return _conclude(bisection)
+    keys, *rest = bisection.queue
+    chosen = [f for f in bisection.factors if f["key"] in keys]
+    try:
+        recipe = _step_recipe(bisection, chosen)
+        action = engine_services.engine_action_start(
+            deployment=bisection.deployment,
+            kind="bisect",
+            user=bisection.requested_by,
+            source="bisection",
+            recipe=recipe,
+            before_run=bisection.watch_run.run,
+            changes={f["key"]: f["a"] for f in chosen if f["kind"] == "flag"},
+        )
+    except ValidationError as exc:
+        what = "; ".join(bisection.phrases(keys))
+        return _conclude(bisection, stopped=f"the try of {what} could not start: {_words(exc)}")
+    number = bisection.steps.count() + 1
+    BisectionStep.objects.create(bisection=bisection, number=number, keys=keys, action=action)
+    bisection.queue = rest
+    bisection.save(update_fields=["queue"])
+    return bisection
+
+
+def _words(exc):
+    return "; ".join(exc.messages)
+
+
+def step_outcome(figure, interval, watch_run):
+    """What a try's figure (tok/s, its 95 % interval) says against the regressed run's and the
+    baseline's: restores (above the regressed figure beyond the noise, and at least
+    RESTORED_SHARE of the fall won back, or no longer below the baseline beyond the noise),
+    partly (above it beyond the noise, less won back), no, or unknown (an interval missing)."""
+    now = services.verdict(figure, interval, watch_run.figure, watch_run.interval)
+    before = services.verdict(
+        figure, interval, watch_run.baseline_figure, watch_run.baseline_interval
+    )
+    if "unknown" in (now, before):
+        return "unknown"
+    if now != "improved":
+        return "no"
+    fall = watch_run.baseline_figure - watch_run.figure
+    won_back = (figure - watch_run.figure) / fall if fall > 0 else 1.0
+    return "restores" if before != "regressed" or won_back >= RESTORED_SHARE else "partly"
+
+
+def _judge(step, action):
+    """Write the step's figure and outcome from its action and re-sweep."""
+    run = action.after_run
+    if action.status != "succeeded" or run is None or run.status != "succeeded":
+        step.outcome = "failed"
+        step.detail = action.error or "the re-sweep did not succeed"
+    else:
+        # the watch's own figure: peak output tok/s, or a capacity search's capacity
+        figure, interval, missing = services.watched_figure(run)
+        if figure is None:
+            step.outcome, step.detail = "failed", missing
+        else:
+            step.figure, step.interval = figure, interval
+            step.outcome = step_outcome(figure, interval, step.bisection.watch_run)
+            name = step.bisection.watch_run.watch.figure_name()
+            step.detail = f"{name} {with_interval(figure, interval)}"
+    step.save(update_fields=["outcome", "figure", "interval", "detail"])
+
+
+def on_job_finished(*, job):
+    """moeops.jobs.FINISHED_HANDLERS: a bisection's action that ended moves it on; a watch run
+    that regressed starts one when its watch says so. Returns the Bisection's id, or None."""
+    if isinstance(job, EngineAction):
+        bisection = bisection_action_finished(action=job)
+    elif isinstance(job, SweepRun):
+        bisection = bisection_for_regression(run=job)
+    else:
+        bisection = None
+    return bisection.pk if bisection is not None else None
+
+
+def bisection_action_finished(*, action):
+    """A step's action ended: judge it, then narrow, try the next set or conclude; the restore
+    action ended: the bisection is finished (failed when the engine did not come back). Returns
+    the Bisection, None when the action is none of a bisection's or was handled already."""
+    with transaction.atomic():
+        step = (
+            BisectionStep.objects.select_for_update(of=("self",))
+            .filter(action=action, outcome="")
+            .select_related("bisection__watch_run__watch", "action__after_run")
+            .first()
+        )
+        if step is not None:
+            bisection = step.bisection
+            _judge(step, step.action)
+            if step.outcome == "restores" and len(step.keys) == 1:
+                bisection.cause = step.keys
+                return _conclude(bisection)
+            if step.outcome == "restores":
+                bisection.candidates = step.keys
+                bisection.queue = plan(step.keys)
+            return _next(bisection)
+        bisection = (
+            Bisection.objects.select_for_update()
+            .filter(restore_action=action, status="restoring")
+            .first()
+        )
+        if bisection is None:
+            return None
+        if action.status == "succeeded":
+            bisection.status = "finished"
+        else:
+            bisection.status = "failed"
+            bisection.finding += (
+                f" The engine did not come back on recipe v{bisection.start_recipe.version}: "
+                f"{action.error}"
+            )
+        bisection.finished_at = timezone.now()
+        bisection.save(update_fields=["status", "finding", "finished_at"])
+        return bisection
+
+
+def _finding(bisection, stopped=""):
+    """What the bisection found, in sentences."""
+    watch_run = bisection.watch_run
+    steps = list(bisection.steps.all())
+    now = with_interval(watch_run.figure, watch_run.interval)
+    before = with_interval(watch_run.baseline_figure, watch_run.baseline_interval)
+    parts = []
+    if bisection.cause:
+        (factor,) = [f for f in bisection.factors if f["key"] in bisection.cause]
+        step = next(s for s in steps if s.keys == bisection.cause and s.outcome == "restores")
+        tried = with_interval(step.figure, step.interval)
+        parts.append(
+            f"The cause is {factor['phrase']}: with the baseline's {factor['name']} "
+            f"{factors.show(factor['a'])} its {watch_run.watch.figure_name()} was {tried}, "
+            f"against {now} now and {before} at the baseline. To keep the fix, restart the "
+            "engine with it."
+        )
+    else:
+        parts.append(stopped or "No factor alone restores the baseline's figure.")
+        for step in steps:
+            what = "; ".join(bisection.phrases(step.keys))
+            parts.append(f"With the baseline's {what}: {step.get_outcome_display().lower()}"
+                         + (f" ({step.detail})" if step.detail else "") + ".")  # fmt: skip
+    if bisection.fixed:
+        parts.append(f"Not tried, a restart cannot bring it back: {_fixed_words(bisection.fixed)}.")
+    return " ".join(parts)
+
+
+def _conclude(bisection, stopped=""):
+    """Write the finding, and restart the engine with the recipe in force at the start when a
+    try changed it (restoring); finished at once when none did."""
+    bisection.queue = []
+    bisection.finding = _finding(bisection, stopped)
+    bisection.status = "finished" if not stopped else "failed"
+    if bisection.steps.exists():
+        start = bisection.start_recipe
+        try:
+            recipe = engine_services.recipe_create(
+                deployment=bisection.deployment,
+                author=bisection.requested_by,
+                reason=f"bisection {bisection.pk} ends: back to recipe v{start.version}",
+                based_on=bisection.deployment.recipe_in_force(),
+                **engine_services.recipe_content(start),
+            )
+            bisection.restore_action = engine_services.engine_action_start(
+                deployment=bisection.deployment,
+                kind="restore",
+                user=bisection.requested_by,
+                source="bisection",
+                recipe=recipe,
+                resweep=False,
+            )
+            bisection.status = "restoring"
+        except ValidationError as exc:
+            bisection.status = "failed"
+            bisection.finding += f" The engine could not be restored: {_words(exc)}"
+    if bisection.status != "restoring":
+        bisection.finished_at = timezone.now()
+    bisection.save()
+    return bisection
+
+
+def bisection_for_regression(*, run):
+    """A watch run that regressed (the first of a streak) on a watch with bisect_on_regression
+    starts a bisection with no person; a start refused is kept as a refused Bisection with its
+    sentence. Returns the Bisection (the one started already when called again), or None."""
+    watch_run = (
+        WatchRun.objects.filter(
+            run=run, status="finished", verdict="regressed", watch__bisect_on_regression=True
+        )
+        .select_related("watch__deployment__host", "run", "compared_with")
+        .first()
+    )
+    if watch_run is None:
+        return None
+    started = watch_run.bisections.first()
+    if started is not None:
+        return started
+    previous = services.previous_finished(watch_run)
+    if previous is not None and previous.verdict == "regressed":
+        return None
+    try:
+        return bisection_start(watch_run=watch_run, user=None, source="watch")
+    except ValidationError as exc:
+        return Bisection.objects.create(
+            watch_run=watch_run,
+            deployment=watch_run.watch.deployment,
+            source="watch",
+            status="refused",
+            finding=_words(exc),
+            finished_at=timezone.now(),
+        )
