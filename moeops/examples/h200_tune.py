@@ -72,19 +72,21 @@ def load_h200_tune():
         telemetry_detail="the benchmark kept no GPU telemetry of this tune",
         **recorded,
     )
+    timings = [
+        {"batch_size": int(m), **{key: batch[key] for key in TIMING_FIELDS}}
+        for m, batch in batches.items()
+    ]
     if created:
+        # timings while it runs: a finished tune takes no more
         tuning_run_update(tuning_run=tuning, status="running")
+        tuning_timings_record(tuning_run=tuning, timings=timings)
         tuning_run_update(
             tuning_run=tuning,
             status="succeeded",
             result=config,
             wall_s=tune["wall_s"],
         )
-    tuning_timings_record(
-        tuning_run=tuning,
-        timings=[
-            {"batch_size": int(m), **{key: batch[key] for key in TIMING_FIELDS}}
-            for m, batch in batches.items()
-        ],
-    )
+    else:
+        # loaded before: the same figures again are a repeat
+        tuning_timings_record(tuning_run=tuning, timings=timings)
     return tuning
