@@ -311,7 +311,9 @@ def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stac
     dense grid, run first on the same server), wherever the grid's judgement is monotone
     there. The limit is read off the grid's medians, between those up to the cap and above."""
     deployment = vllm_stack.deployment
-    load = {"input_len": 32, "output_len": 32, "rounds": 3}
+    # warm requests before each level and five rounds: a level's first requests and a 3-round
+    # interval were what flipped levels at the cap in make test
+    load = {"input_len": 32, "output_len": 32, "rounds": 5, "warmup": 4}
     grid = _wait_for(vllm_stack, vllm_stack.start_sweep(GRID, label="grid", **load))
     grid_levels = sorted(grid.levels.all(), key=lambda lv: lv.concurrency)
     upper = {lv.concurrency: lv.intervals["p90_ttft_ms"][1] for lv in grid_levels}
@@ -335,7 +337,7 @@ def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stac
     assert answer["load"] is not None, answer
     assert answer["binding"]["metric"] == "ttft", answer["binding"]
     assert answer["binding"]["sentence"].startswith("TTFT p90 binds: ")
-    assert all(lv.round_count == 3 and lv.failed == 0 for lv in levels)
+    assert all(lv.round_count == 5 and lv.failed == 0 for lv in levels)
     assert all("p90_ttft_ms" in lv.intervals for lv in levels)
 
     limits, max_failed = limits_of(search.parameters)
