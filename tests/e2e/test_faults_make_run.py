@@ -99,11 +99,26 @@ class RunLocal:
         _wait("the worker started again", lambda: "starting gpu-worker again" in self.output(), 30)
         return worker
 
+    def redis(self):
+        """The embedded Redis's process, or None once it is gone."""
+        with contextlib.suppress(TypeError):
+            port = f":{self.redis_port()}"
+            for proc in psutil.process_iter(["cmdline"]):
+                if port in " ".join(proc.info["cmdline"] or []):
+                    return proc
+        return None
+
     def close(self):
         self.api.close()
         if self.proc.poll() is None:
+            # the embedded Redis daemonizes into a session of its own: the group's SIGKILL,
+            # which stops make run without its own clean-up, does not reach it
+            redis = self.redis()
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+            if redis is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    redis.kill()
 
 
 @pytest.fixture
@@ -219,11 +234,7 @@ def test_the_embedded_broker_dying_stops_everything_saying_so(runlocal):
     run, under = runlocal
     run.standin_healthy()
     under.extend(psutil.Process(run.proc.pid).children(recursive=True))
-    redis = next(
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if f":{run.redis_port()}" in " ".join(p.info["cmdline"] or [])
-    )
+    redis = run.redis()
     redis.kill()
     run.proc.wait(60)
     assert f"the embedded Redis (pid {redis.pid}) is gone: stopping everything." in run.output()

@@ -304,6 +304,7 @@ def _wait_for(stack, run):
     return run
 
 
+@pytest.mark.timing
 def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stack):
     """A TTFT-bound profile on the --max-num-seqs 4 server: the search ends with an answer,
     TTFT binds, every level has its intervals and no request fails, and the answer is within
