@@ -58,17 +58,17 @@ test-postgres: install _pytest-postgres
 
 # Three passes side by side, each mostly waiting (servers starting, sweeps running, timeouts), so
 # that together they take about as long as the longest: the timed pass (SQLite: the real engine's
-# tests and those that judge measured timings against limits), the untimed rest on SQLite, and
-# the tests that touch the database again on PostgreSQL, with the browser and fault suites, which
-# run once, there. The two untimed passes run niced: where all want the 2 cores at once, the
-# timings keep them (beside an un-niced pass the real vLLM's rounds spread 5× and intervals that
-# should part overlapped). The other passes' output follows the timed one's.
-TIMED := engine or timing
+# tests and those that judge timings against limits), the untimed rest on SQLite, and the tests
+# that touch the database again on PostgreSQL, with the browser and fault suites, which run once,
+# there. While a test marked `quiet` runs (it judges the real vLLM's rounds against each other),
+# the other passes wait between their tests (tests/quiet.py). Their output follows the timed one's.
+TIMED := engine or timing or quiet
 test: lint browser-deps engine
 	@mkdir -p var
 	@if $(POSTGRES_ANSWERS); then \
-		nice -n 10 $(MAKE) --no-print-directory _pytest-postgres > var/test-postgres.log 2>&1 & pg=$$!; \
-		MOEOPS_SQLITE_BESIDE_POSTGRES=1 MOEOPS_TEST_REDIS_DB=15 nice -n 10 $(MAKE) --no-print-directory \
+		export MOEOPS_QUIET_LOCK=$(CURDIR)/var/test-quiet.lock; \
+		$(MAKE) --no-print-directory _pytest-postgres > var/test-postgres.log 2>&1 & pg=$$!; \
+		MOEOPS_SQLITE_BESIDE_POSTGRES=1 MOEOPS_TEST_REDIS_DB=15 $(MAKE) --no-print-directory \
 			_pytest-sqlite PART=untimed MARKS="not ($(TIMED))" > var/test-sqlite-untimed.log 2>&1 & untimed=$$!; \
 		MOEOPS_SQLITE_BESIDE_POSTGRES=1 $(MAKE) --no-print-directory _pytest-sqlite PART=timed MARKS="$(TIMED)" \
 			TESTS=tests/e2e; timed=$$?; \

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import queues
+from tests import queues, quiet
 
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server", "admin_client"}
 
@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         uses_db = item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames)
         # the real engine's tests and those that judge timings against limits run once, in
-        # the SQLite pass: the PostgreSQL pass runs niced and yields the CPU to them
+        # the SQLite pass (make test's timed one)
         sqlite_once = item.get_closest_marker("engine") or item.get_closest_marker("timing")
         # The browser and fault suites check pages and processes, not the database: they run
         # once, in the PostgreSQL pass, which is the shorter one without them.
@@ -35,6 +35,16 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = os.getenv("MOEOPS_QUIET_LOCK")
+    if not path:
+        yield
+        return
+    with quiet.turn(path, alone=item.get_closest_marker("quiet") is not None):
+        yield
 
 
 def _answers(host, port):

@@ -10,8 +10,7 @@ concurrent requests: the capacity is the cap, and the answer says so and propose
 wait; five rounds, not the default three, because a level meets the limit only when its
 interval's upper end is under it: with three rounds one round's p99 of some 200 ms (the 2-core
 machine busy with the other pass) put 16's upper end over 350 ms, with five it takes a round
-of some 450 ms. The test runs once, in the SQLite pass (`timing`), which the PostgreSQL pass
-yields the CPU to.
+of some 450 ms. It runs once, in make test's timed pass (`timing`).
 """
 
 import pytest

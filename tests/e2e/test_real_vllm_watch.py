@@ -17,7 +17,7 @@ from tests.engine.managed import ACTION_TIMEOUT_S, act, action_finished
 from workers.engine_info import identify_engine
 
 pytest_plugins = ["tests.stack", "tests.webside", "tests.alert_servers", "tests.engine.managed"]
-pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.timing, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.quiet, pytest.mark.timeout(1200)]
 
 # 8 streams of 8 tokens, five rounds: the engine's cap of 8 serves them at once, a cap of 1 one
 # by one. The one load that passed here (485 s, load 11-20: 42 → 7 tok/s); on the 2-core machine
