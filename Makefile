@@ -58,11 +58,11 @@ test-postgres: install _pytest-postgres
 
 # Three passes side by side, each mostly waiting (servers starting, sweeps running, timeouts), so
 # that together they take about as long as the longest: the timed pass (SQLite: the real engine's
-# tests and those that judge timings against limits), the untimed rest on SQLite, and the tests
-# that touch the database again on PostgreSQL, with the browser and fault suites, which run once,
-# there. While a test marked `quiet` runs (it judges the real vLLM's rounds against each other),
+# tests, those that judge timings against limits and most of the fault suite), the untimed rest
+# on SQLite, and the tests that touch the database again on PostgreSQL, with the browser suite
+# and the make-run faults, which run once, there. While a test marked `quiet` runs (it judges the real vLLM's rounds against each other),
 # the other passes wait between their tests (tests/quiet.py). Their output follows the timed one's.
-TIMED := engine or timing or quiet
+TIMED := engine or timing or quiet or sqlite_once
 test: lint browser-deps engine
 	@mkdir -p var
 	@if $(POSTGRES_ANSWERS); then \

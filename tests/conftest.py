@@ -18,11 +18,13 @@ def pytest_collection_modifyitems(config, items):
     keep, drop = [], []
     for item in items:
         uses_db = item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames)
-        # the real engine's tests and those that judge timings against limits run once, in
-        # the SQLite pass (make test's timed one)
-        sqlite_once = item.get_closest_marker("engine") or item.get_closest_marker("timing")
+        # the real engine's tests, those that judge timings and some of the fault suite run
+        # once, in the SQLite pass (make test's first one)
+        sqlite_once = any(
+            item.get_closest_marker(name) for name in ("engine", "timing", "quiet", "sqlite_once")
+        )
         # The browser and fault suites check pages and processes, not the database: they run
-        # once, in the PostgreSQL pass, which is the shorter one without them.
+        # once, the browser suite and the make-run faults in the PostgreSQL pass.
         whole_stack = item.get_closest_marker("browser") or item.get_closest_marker("faults")
         if db_only:
             # The PostgreSQL pass of `make test` re-runs only what touches the database. The

@@ -19,7 +19,12 @@ from tests import page_base as pb
 from workers.client import Spool
 
 pytest_plugins = ["tests.stack"]
-pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.faults,
+    pytest.mark.sqlite_once,
+    pytest.mark.timeout(180),
+]
 
 QUEUEING = ("queueing", "running-cap")
 

@@ -10,7 +10,12 @@ from moeops.runs.models import SweepRun
 from reports.progress import HEARTBEAT_STALE_S
 
 pytest_plugins = ["tests.stack"]
-pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.faults,
+    pytest.mark.sqlite_once,
+    pytest.mark.timeout(180),
+]
 
 
 def test_cancel_of_a_sweep_whose_worker_was_killed_ends_it_at_once(make_sweep_stack, settings):

@@ -18,7 +18,12 @@ from moeops.fleet.models import Host
 from tests.stack import SweepStack
 
 pytest_plugins = ["tests.stack"]
-pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.faults,
+    pytest.mark.sqlite_once,
+    pytest.mark.timeout(180),
+]
 
 
 def _cap(port):

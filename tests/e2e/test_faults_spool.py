@@ -9,7 +9,12 @@ from moeops.fleet.models import Host
 from tests import page_base as pb
 
 pytest_plugins = ["tests.stack"]
-pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.faults,
+    pytest.mark.sqlite_once,
+    pytest.mark.timeout(180),
+]
 
 ENTRY = {"method": "POST", "path": "/runs/x/levels", "body": {}}
 # older than any push the worker writes, so each is read before the sweep's first push
