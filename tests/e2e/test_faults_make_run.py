@@ -194,6 +194,22 @@ def test_a_killed_worker_is_started_again_with_a_sentence_and_the_web_tier_stays
     assert run.proc.poll() is None
 
 
+def test_the_web_server_dying_stops_everything_naming_it(runlocal):
+    run, under = runlocal
+    run.standin_healthy()
+    under.extend(psutil.Process(run.proc.pid).children(recursive=True))
+    web = next(p for p in psutil.Process(run.proc.pid).children() if "gunicorn" in p.cmdline())
+    # a process dying right after its start is said to do so; this one has run a while
+    time.sleep(max(0.0, web.create_time() + 11 - time.time()))
+    web.send_signal(signal.SIGKILL)
+    run.proc.wait(60)
+    said = run.output()
+    assert f"web (pid {web.pid}) was killed by signal SIGKILL; its last lines:" in said
+    assert "web died and is not restarted: stopping everything." in said
+    assert [p.pid for p in under if not _gone(p)] == []
+    assert _free(run.port) and _free(run.standin_port)
+
+
 @pytest.mark.engine
 @pytest.mark.timeout(600)
 def test_sigterm_to_tests_engine_serve_stops_its_vllm(tmp_path, free_port):

@@ -312,9 +312,10 @@ def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stac
     dense grid, run first on the same server), wherever the grid's judgement is monotone
     there. The limit is read off the grid's medians, between those up to the cap and above."""
     deployment = vllm_stack.deployment
-    # warm requests before each level and five rounds: a level's first requests and a 3-round
-    # interval were what flipped levels at the cap in make test
-    load = {"input_len": 32, "output_len": 32, "rounds": 5, "warmup": 4}
+    # warm requests before each level, five rounds, and 24 requests a round whatever the load:
+    # a level's first requests, a 3-round interval and a p90 of 4-8 requests (its largest, one
+    # slow step of the machine away) were what flipped levels below the cap in make test
+    load = {"input_len": 32, "output_len": 32, "rounds": 5, "warmup": 4, "prompts_per_level": 24}
     grid = _wait_for(vllm_stack, vllm_stack.start_sweep(GRID, label="grid", **load))
     grid_levels = sorted(grid.levels.all(), key=lambda lv: lv.concurrency)
     upper = {lv.concurrency: lv.intervals["p90_ttft_ms"][1] for lv in grid_levels}
