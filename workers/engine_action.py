@@ -241,7 +241,10 @@ def run_action(action_uuid, payload, *, client, host_name, supervisor=None):
         steps.end(", ".join(map(str, written.values())) or "none: the engine runs its own")
         steps.begin("start", f"starting recipe v{new.version}")
         state = supervisor.start(new, on_wait=steps.waiting)
-        steps.end(f"healthy after {state.get('ready_after_s', 0):.0f} s (pid {state['pid']})")
+        # "healthy" only once the engine said it runs the recipe: its process answering on its
+        # own port is not yet that
+        ready_s = state.get("ready_after_s", 0)
+        steps.end(f"its own process answers on its port after {ready_s:.0f} s (pid {state['pid']})")
         steps.begin("check", "asking the engine what it runs with")
         identity = identify_engine(new.base_url)
         checks = _check_changes(identity, payload.get("changes"))
@@ -251,7 +254,7 @@ def run_action(action_uuid, payload, *, client, host_name, supervisor=None):
         detail = "; ".join(sentence for sentence, _ in checks)
         if not all(ok for _, ok in checks):
             raise ActionFailed(f"the engine came up without the change: {detail}")
-        steps.end(detail)
+        steps.end(f"healthy: {detail}")
     except Exception as exc:
         # whatever stopped the change (the engine, a file, the time limit), nothing stays half
         # applied: the previous recipe comes back and the action ends failed, saying why
