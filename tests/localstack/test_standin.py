@@ -45,6 +45,7 @@ def _run(url: str, level: LevelConfig, **client) -> dict:
     )
 
 
+@pytest.mark.timing
 def test_its_throughput_plateaus_at_max_running_requests_while_requests_queue():
     # step = 4 ms + 0.5 ms × batch: 6 ms at 4 running, 8 ms at the cap of 8
     url, proc = spawn_standin(

@@ -133,6 +133,7 @@ def _client(url: str, **kw) -> ClientConfig:
     return ClientConfig(base_url=url, timeout_s=kw.pop("timeout_s", 10.0), **kw)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("transport", ["fast", "httpx"])
 def test_it_measures_ttft_tpot_itl_and_throughput_as_scripted(scripted, transport):
     level = _level(concurrency=2, num_prompts=4)
@@ -309,6 +310,7 @@ def test_it_stops_at_a_request_boundary_and_keeps_finished_levels(scripted):
     assert (0, 5, 5) in done and (1, 2, 5) in done and not any(lv == 2 for lv, _, _ in done)
 
 
+@pytest.mark.timing
 def test_it_sends_poisson_arrivals_at_the_request_rate(scripted):
     level = _level(concurrency=50, num_prompts=40, request_rate=40.0)
     result = asyncio.run(loadgen.run_level(_client(scripted.url + "/fast"), level))
