@@ -93,8 +93,7 @@ class RunLocal:
     def kill_worker(self):
         """SIGKILL the worker (once it has run long enough to be started again); returns it."""
         worker = self.worker()
-        # a worker dying right after its start is not restarted (it would only die again)
-        time.sleep(max(0.0, worker.create_time() + 11 - time.time()))
+        _past_its_start(worker)
         worker.send_signal(signal.SIGKILL)
         _wait("the worker started again", lambda: "starting gpu-worker again" in self.output(), 30)
         return worker
@@ -119,6 +118,13 @@ class RunLocal:
             if redis is not None:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     redis.kill()
+
+
+def _past_its_start(proc):
+    """Wait until `proc` has run longer than make run's crash window (CRASH_LOOP_S, 10 s): a
+    process dying sooner would only die again, and is neither restarted nor said to have died
+    of its own cause."""
+    time.sleep(max(0.0, proc.create_time() + 11 - time.time()))
 
 
 @pytest.fixture
@@ -199,8 +205,7 @@ def test_the_web_server_dying_stops_everything_naming_it(runlocal):
     run.standin_healthy()
     under.extend(psutil.Process(run.proc.pid).children(recursive=True))
     web = next(p for p in psutil.Process(run.proc.pid).children() if "gunicorn" in p.cmdline())
-    # a process dying right after its start is said to do so; this one has run a while
-    time.sleep(max(0.0, web.create_time() + 11 - time.time()))
+    _past_its_start(web)
     web.send_signal(signal.SIGKILL)
     run.proc.wait(60)
     said = run.output()
