@@ -8,7 +8,8 @@ pinned to core 1. For one SLO profile (--slo, e.g. "tpot:p50:6"):
    level judged as the search judges it (reports.capacity.probe_of); the grid's capacity is
    the largest concurrency met below the smallest one failed (reports.capacity.bracket);
 2. --searches capacity searches (reports.capacity.next_load from --start, at most the grid's
-   top), each as the worker runs one (workers.capacity.level_at, the same rounds).
+   top), each as the worker runs one (workers.capacity.level_at, the same rounds, and more
+   where a level's intervals straddle a limit).
 
 Goals: each search's answer within 5 % of the grid's (or one concurrency, the search's own
 resolution), using at most a third of the grid's requests; the searches agree within 10 %
@@ -41,6 +42,7 @@ from reports.capacity import (  # noqa: E402
     Search,
     bracket,
     capacity_answer,
+    needs_more_rounds,
     next_load,
     parse_slo,
     probe_of,
@@ -77,13 +79,19 @@ def grid_of(text):
     return [int(part) for part in text.split(",") if part.strip()]
 
 
-def run_rounds(config, search, load, index):
-    """The level at `load` run config.rounds times; (its figures, requests sent, rounds)."""
+def run_rounds(config, search, load, index, limits=None):
+    """The level at `load` run config.rounds times, and with `limits` (the search's) one more
+    at a time while its intervals straddle one (reports.capacity.needs_more_rounds); (its
+    figures, requests sent, rounds)."""
     level = level_at(config, search, load, index)
     rounds = [
         asyncio.run(run_level(config.round_client(number), level))
         for number in range(1, config.rounds + 1)
     ]
+    while limits is not None and needs_more_rounds(
+        probe_of(limits, DEFAULT_MAX_FAILED_PERCENT, load, level_of_rounds(rounds)), len(rounds)
+    ):
+        rounds.append(asyncio.run(run_level(config.round_client(len(rounds) + 1), level)))
     sent = sum(r["completed"] + r["failed"] for r in rounds)
     # each request's figures stay out of the file (40 MB a run): the rounds' own figures are kept
     kept = [{key: value for key, value in r.items() if key != "requests"} for r in rounds]
@@ -107,7 +115,7 @@ def capacity_search(config, limits, start, end, seed):
     config = SweepConfig(**{**config.__dict__, "client": _seeded(config.client, seed)})
     probes, sent, levels = [], 0, []
     while (load := next_load(search, probes)) is not None:
-        figures, requests, rounds = run_rounds(config, search, load, len(probes))
+        figures, requests, rounds = run_rounds(config, search, load, len(probes), limits)
         sent += requests
         probes.append(probe_of(limits, DEFAULT_MAX_FAILED_PERCENT, load, figures))
         levels.append({"concurrency": load, "met": probes[-1].met, "rounds": rounds})

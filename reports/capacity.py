@@ -13,6 +13,7 @@ reports.intervals.level_of_rounds returns it and the API's levels read."""
 import math
 from dataclasses import dataclass
 
+from reports.intervals import MAX_ROUNDS
 from reports.numbers import is_integer, is_number
 from reports.slo import (
     DEFAULT_MAX_FAILED_PERCENT,
@@ -155,6 +156,20 @@ def probe_of(limits, max_failed_percent, load, level):
         conservative=judge(limits, max_failed_percent, level, upper),
         on_medians=judge(limits, max_failed_percent, level),
     )
+
+
+def straddles(probe):
+    """Whether the level's intervals straddle a limit: it fails the SLO on its 95 % upper
+    bounds but meets it on its medians, so that its rounds cannot yet say which side it is on."""
+    return not probe.met and probe.met_on_medians
+
+
+def needs_more_rounds(probe, rounds_run):
+    """Whether a search runs the level once more before judging it: its intervals straddle a
+    limit and it has run fewer than MAX_ROUNDS rounds. One slow round of a busy machine widens
+    a 3- or 5-round interval past the limit; more rounds narrow it (t and √n) around the
+    level's own figure, rather than failing the level on that round."""
+    return straddles(probe) and rounds_run < MAX_ROUNDS
 
 
 def bracket(probes, on_medians=False):

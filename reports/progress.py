@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import BeforeValidator
 
 from reports.numbers import is_integer
-from reports.worker_json import Integer, Number, Object, Text, WorkerJSON
+from reports.worker_json import Flag, Integer, Number, Object, Text, WorkerJSON
 
 # A sweeping worker pushes its progress heartbeat every second: a run silent for this long (s)
 # has lost its worker. A new delivery then takes it over, and a cancel ends it at once.
@@ -35,7 +35,8 @@ def _attempt(value) -> int:
 class SweepProgress(WorkerJSON):
     """A sweep run's progress (workers.sweep): epochs in UTC s, level_index 0-based, the
     request counts of the round running; capacity: a capacity search's bracket so far
-    (workers.capacity.bracket_progress)."""
+    (workers.capacity.bracket_progress); more_rounds: the round running is one more than the
+    run's rounds, run because the level's intervals straddle a limit."""
 
     attempt: Annotated[int, BeforeValidator(_attempt)] = 1
     heartbeat: Number = None
@@ -49,6 +50,7 @@ class SweepProgress(WorkerJSON):
     levels_done: Number = None
     round: Number = None
     rounds: Number = None
+    more_rounds: Flag = False
     requests_done: Number = None
     requests_total: Number = None
     concurrency: Number = None

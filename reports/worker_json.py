@@ -23,6 +23,7 @@ Number = Annotated[int | float | None, _kept_if(is_number)]
 Integer = Annotated[int | None, _kept_if(is_integer)]
 Text = Annotated[str | None, _kept_if(lambda value: isinstance(value, str))]
 Object = Annotated[dict | None, _kept_if(is_object)]
+Flag = Annotated[bool, _kept_if(lambda value: isinstance(value, bool), absent=False)]
 # an object that reads as {} when absent or of another type
 Fields = Annotated[dict, _kept_if(is_object, absent={})]
 

@@ -3,13 +3,26 @@ from reports.capacity.next_load, each level run `rounds` times and pushed round 
 sweep's are, until the search ends. The bracket goes into the run's progress ("capacity") as
 each probe lands, so that the run page shows it narrowing.
 
+A level whose intervals straddle a limit after its rounds (it fails on its upper bounds, meets
+on its medians) runs more rounds, one at a time, until they no longer straddle or it has run
+reports.intervals.MAX_ROUNDS (reports.capacity.needs_more_rounds).
+
 A resumed search reads the levels stored before: those with all their rounds are probes as
-they are, a level cut short runs its missing rounds."""
+they are, a level cut short (its rounds, or the more rounds a straddling level was running)
+runs the rest."""
 
 import asyncio
 import logging
 
-from reports.capacity import bracket, ended, limits_of, next_load, probe_of, search_of
+from reports.capacity import (
+    bracket,
+    ended,
+    limits_of,
+    needs_more_rounds,
+    next_load,
+    probe_of,
+    search_of,
+)
 from reports.intervals import level_of_rounds
 from reports.levels import DEFAULT_PROMPTS_PER_STREAM
 from workers import loadgen
@@ -89,7 +102,13 @@ def stored_probes(parameters, stored_levels, rounds):
         (lv for lv in stored.values() if len(lv.get("rounds") or [1]) >= rounds),
         key=lambda lv: lv.get("started_at") or 0.0,
     )
-    probes = [probe_of(limits, max_failed, load_of(search.mode, lv), lv) for lv in finished]
+    probes = []
+    for level in finished:
+        probe = probe_of(limits, max_failed, load_of(search.mode, level), level)
+        if needs_more_rounds(probe, len(level.get("rounds") or [1])):
+            # cut while it ran more rounds: the last level stored, and the next to run
+            break
+        probes.append(probe)
     return stored, probes
 
 
@@ -110,44 +129,56 @@ def run_search(config, parameters, stored_levels, progress, samples, push_round,
     progress.update(rounds=config.rounds, capacity=bracket_progress(search, probes))
     while (load := next_load(search, probes)) is not None:
         level = level_at(config, search, load, len(probes), parameters.get("max_concurrency"))
-        done = set((stored.get(load) or {}).get("rounds") or [])
-        results, answer = [], None
-        for round_number in range(1, config.rounds + 1):
-            if round_number in done:
-                continue
-            if should_stop():
-                return _stopped(cancelled)
-            progress.update(
-                level_index=len(probes),
-                levels_total=len(probes) + 1,
-                concurrency=level.concurrency,
-                request_rate=level.request_rate,
-                round=round_number,
-                requests_done=0,
-                requests_total=level.num_prompts,
-            )
-            samples.tag(level.concurrency)
-            result = asyncio.run(
-                loadgen.run_level(
-                    config.round_client(round_number),
-                    level,
-                    on_request_done=lambda n, total: progress.update(requests_done=n),
-                    should_stop=should_stop,
+        before = stored.get(load) or {}
+        done = set(before.get("rounds") or [])
+        results, answer, probe = [], None, None
+        round_number = 0
+        while True:
+            round_number += 1
+            if round_number > config.rounds:
+                if probe is None:
+                    probe = probe_of(limits, max_failed, load, before)
+                if not needs_more_rounds(probe, round_number - 1):
+                    break
+            if round_number not in done:
+                if should_stop():
+                    return _stopped(cancelled)
+                progress.update(
+                    level_index=len(probes),
+                    levels_total=len(probes) + 1,
+                    concurrency=level.concurrency,
+                    request_rate=level.request_rate,
+                    round=round_number,
+                    rounds=max(round_number, config.rounds),
+                    more_rounds=round_number > config.rounds,
+                    requests_done=0,
+                    requests_total=level.num_prompts,
                 )
-            )
-            samples.tag(None)
-            if taken_over():
-                return None, ""
-            if result["stopped"]:
-                if result["completed"] or result["failed"]:
-                    push_round(result, round_number)
-                return _stopped(cancelled)
-            answer = push_round(result, round_number)
-            results.append(result)
-        # a level resumed part-way is the API's level of all its rounds (when it answered)
-        whole = done and isinstance(answer, dict) and "intervals" in answer
-        figures = answer if whole else level_of_rounds(results)
-        probes.append(probe_of(limits, max_failed, load, figures))
+                samples.tag(level.concurrency)
+                result = asyncio.run(
+                    loadgen.run_level(
+                        config.round_client(round_number),
+                        level,
+                        on_request_done=lambda n, total: progress.update(requests_done=n),
+                        should_stop=should_stop,
+                    )
+                )
+                samples.tag(None)
+                if taken_over():
+                    return None, ""
+                if result["stopped"]:
+                    if result["completed"] or result["failed"]:
+                        push_round(result, round_number)
+                    return _stopped(cancelled)
+                answer = push_round(result, round_number)
+                results.append(result)
+            if round_number >= config.rounds and (results or before):
+                # a level resumed part-way is the API's level of all its rounds (when it
+                # answered); the stored level where every round had run before
+                whole = done and isinstance(answer, dict) and "intervals" in answer
+                figures = answer if whole else (level_of_rounds(results) if results else before)
+                probe = probe_of(limits, max_failed, load, figures)
+        probes.append(probe)
         progress.update(levels_done=len(probes), capacity=bracket_progress(search, probes))
     if taken_over():
         return None, ""

@@ -85,7 +85,10 @@ def sweep_progress(run, now=None):
         concurrency = p.concurrency
         if concurrency is not None:
             parts[-1] += f" (concurrency {int(concurrency)})"
-        if rounds > 1:
+        if p.more_rounds:
+            # reports.capacity.needs_more_rounds: one more round until the intervals settle
+            parts.append(f"round {round_number}, more as its interval straddles a limit")
+        elif rounds > 1:
             parts.append(f"round {round_number} of {rounds}")
     if search is not None and run.status != "queued":
         parts.append(capacity_bracket_text(search))

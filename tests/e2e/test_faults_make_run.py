@@ -86,7 +86,8 @@ class RunLocal:
     def worker(self):
         """The GPU-host worker's main process (a child of runlocal)."""
         for child in psutil.Process(self.proc.pid).children():
-            if "workers" in child.cmdline() and "worker" in child.cmdline():
+            # the worker just killed is a zombie until make run reaps it: no command line
+            if "workers worker" in _cmdline(child):
                 return child
         return None
 
@@ -146,6 +147,15 @@ def _gone(proc):
         return True
 
 
+def _cmdline(proc):
+    """The process's command line, "" once it has gone or is a zombie (a killed worker is one
+    until make run reaps it)."""
+    try:
+        return " ".join(proc.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return ""
+
+
 def _free(port):
     with socket.socket() as s:
         # connections closed by the server itself may sit in TIME_WAIT; SO_REUSEADDR passes them
@@ -164,11 +174,11 @@ def test_stopping_make_run_leaves_no_process_and_frees_its_ports(runlocal, sig):
     # an engine whose worker died is orphaned: it must still go with make run
     run.kill_worker()
     under.extend({engine, *psutil.Process(run.proc.pid).children(recursive=True)})
-    assert any("gunicorn" in " ".join(p.cmdline()) for p in under)
+    assert any("gunicorn" in _cmdline(p) for p in under)
 
     run.proc.send_signal(sig)
     run.proc.wait(60)
-    left = [f"{p.pid} {' '.join(p.cmdline())}" for p in under if not _gone(p)]
+    left = [f"{p.pid} {_cmdline(p)}" for p in under if not _gone(p)]
     assert left == [], f"still running after make run stopped:\n{run.output()[-3000:]}"
     assert _free(run.port) and _free(run.standin_port)
 

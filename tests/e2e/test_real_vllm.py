@@ -26,7 +26,7 @@ from moeops.runs.capacity import level_figures
 from moeops.runs.models import RequestLog
 from moeops.runs.workloads import workload_store
 from reports import engine_counters
-from reports.capacity import bracket, limits_of, probe_of
+from reports.capacity import bracket, limits_of, probe_of, straddles
 from reports.engine_counters import TOKEN_GAP
 from tests.engine import (
     MODEL_DIR,
@@ -345,7 +345,8 @@ def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stac
     assert answer["load"] is not None, answer
     assert answer["binding"]["metric"] == "ttft", answer["binding"]
     assert answer["binding"]["sentence"].startswith("TTFT p90 binds: ")
-    assert all(lv.round_count == 5 and lv.failed == 0 for lv in levels)
+    # a level whose intervals straddled the limit after its 5 rounds ran more, up to 10
+    assert all(5 <= lv.round_count <= 10 and lv.failed == 0 for lv in levels)
     assert all("p90_ttft_ms" in lv.intervals for lv in levels)
 
     limits, max_failed = limits_of(search.parameters)
@@ -363,8 +364,16 @@ def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stac
     near = [c for c in GRID if min(answer["load"], grid_answer or 0) - step <= c]
     near = [c for c in near if c <= max(answer["load"], grid_answer or 0) + step]
     grid_clean = all(met[a] or not met[b] for a, b in zip(near, near[1:], strict=False))
+    # nor where a grid level near them straddles the limit: its 5 rounds cannot say which side
+    # it is on (the search runs such a level more, the grid does not)
+    grid_clean = grid_clean and not any(straddles(p) for p in probes if p.load in near)
+    searched = {
+        lv.concurrency: (lv.round_count, lv.p90_ttft_ms, lv.intervals["p90_ttft_ms"])
+        for lv in levels
+    }
     assert not grid_clean or abs(answer["load"] - (grid_answer or 0)) <= step, (
         answer["probes"],
+        searched,
         grid_figures,
     )
     sent = sum(lv.completed + lv.failed for lv in levels)

@@ -17,6 +17,7 @@ from reports.capacity import (
     capacity_range,
     ended,
     limited_by_cap,
+    needs_more_rounds,
     next_load,
     parse_slo,
     probe_of,
@@ -112,6 +113,19 @@ def test_a_level_meets_only_when_the_upper_bound_is_under_the_limit():
     noisy = probe_of(TPOT_P99_50, 1.0, 16, level(45.0, upper=55.0))
     assert within.met and within.met_on_medians
     assert not noisy.met and noisy.met_on_medians
+
+
+def test_a_level_straddling_its_limit_runs_more_rounds_up_to_ten():
+    noisy = probe_of(TPOT_P99_50, 1.0, 16, level(45.0, upper=55.0))
+    clear = probe_of(TPOT_P99_50, 1.0, 16, level(45.0, upper=49.0))
+    over = probe_of(TPOT_P99_50, 1.0, 16, level(51.0, upper=60.0))
+    assert needs_more_rounds(noisy, 3) and needs_more_rounds(noisy, 9)
+    assert not needs_more_rounds(noisy, 10)
+    # a level met on its bounds, or failed on its medians too, is judged as it stands
+    assert not needs_more_rounds(clear, 3) and not needs_more_rounds(over, 3)
+    # failures are no noise of the rounds: a level failing on its failed share is judged
+    failing = probe_of(TPOT_P99_50, 1.0, 16, {**level(45.0, upper=55.0), "failed": 5})
+    assert not needs_more_rounds(failing, 3)
 
 
 def test_a_level_with_too_many_failures_fails_however_fast():

@@ -58,6 +58,19 @@ def test_progress_counts_the_rounds_of_the_level_running(live):
     assert p["text"] == "level 2 of 4 (concurrency 64), round 2 of 4, 50 of 100 requests"
 
 
+def test_progress_says_a_round_past_the_runs_rounds_is_one_more_for_a_straddling_level(live):
+    live.progress = {
+        "level_index": 2,
+        "round": 4,
+        "rounds": 4,
+        "more_rounds": True,
+        "concurrency": 8,
+        "capacity": {"mode": "concurrency", "unit": "concurrent", "bracket": [4, None]},
+    }
+    p = sweep_progress(live, now=1060.0)
+    assert "(concurrency 8), round 4, more as its interval straddles a limit" in p["text"]
+
+
 def test_progress_before_the_worker_reports(live):
     live.status, live.started_at, live.progress = "queued", None, {}
     p = sweep_progress(live, now=0)

@@ -17,7 +17,7 @@ from moeops.runs import services
 from moeops.runs.models import SweepRun
 from reports.intervals import t_interval
 from tests.fakes import ROOT, FakeNVML, h200
-from workers import sweep
+from workers import loadgen, sweep
 from workers.client import MoeopsClient
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
@@ -419,6 +419,97 @@ def test_a_resumed_capacity_search_judges_the_levels_stored_and_finishes_the_cut
     ]
     assert run.progress["capacity"]["end"] == "end_met"
     assert run.capacity["load"] == 4 and run.capacity["end"] == "end_met"
+
+
+def _slow_rounds(monkeypatch, concurrency, slow):
+    """The load generator with the p99 TPOT of the `slow` rounds (1-based, counted per level
+    at `concurrency`) of that level read as 150 ms: a busy machine's odd round."""
+    real = loadgen.run_level
+    count = {"n": 0}
+
+    async def run_level(client, level, **kwargs):
+        result = await real(client, level, **kwargs)
+        if level.concurrency == concurrency:
+            count["n"] += 1
+            if slow(count["n"]):
+                result = {**result, "p99_tpot_ms": 150.0}
+        return result
+
+    monkeypatch.setattr(loadgen, "run_level", run_level)
+
+
+def _straddles(figures, limit_ms):
+    interval = t_interval(figures)
+    return interval[1] > limit_ms >= sorted(figures)[len(figures) // 2]
+
+
+def test_a_capacity_level_straddling_its_limit_runs_more_rounds_until_it_does_not(
+    world, monkeypatch
+):
+    deployment, client = world
+    slo = {"profile": "p", "limits": {"tpot": ["p99", 100.0]}, "max_failed_percent": 1.0}
+    run = _run(
+        deployment, levels=(), kind="capacity", slo=slo, start=2, end=2, rounds=3,
+        prompts_per_level=8,
+    )  # fmt: skip
+    _slow_rounds(monkeypatch, 2, lambda n: n == 2)
+
+    assert _sweep(run, client) == "succeeded"
+
+    (level,) = run.levels.all()
+    figures = [r.figures["p99_tpot_ms"] for r in level.rounds.all()]
+    assert 3 < len(figures) < 10 and figures[1] == 150.0
+    # one more round while the rounds so far straddle 100 ms, none once they do not
+    assert all(_straddles(figures[:n], 100.0) for n in range(3, len(figures)))
+    assert not _straddles(figures, 100.0)
+    run.refresh_from_db()
+    assert run.capacity["probes"] == [{"load": 2, "met": True, "met_on_medians": True}]
+    assert run.capacity["load"] == 2 and level.round_count == len(figures)
+
+
+def test_a_level_straddling_its_limit_after_ten_rounds_fails(world, monkeypatch):
+    deployment, client = world
+    slo = {"profile": "p", "limits": {"tpot": ["p99", 100.0]}, "max_failed_percent": 1.0}
+    run = _run(
+        deployment, levels=(), kind="capacity", slo=slo, start=2, end=2, rounds=3,
+        prompts_per_level=8,
+    )  # fmt: skip
+    # every other round slow: the median meets 100 ms, the interval never comes under it
+    _slow_rounds(monkeypatch, 2, lambda n: n % 2 == 0)
+
+    assert _sweep(run, client) == "succeeded"
+
+    levels = {lv.concurrency: lv for lv in run.levels.all()}
+    assert levels[2].round_count == 10 and levels[1].round_count == 3
+    run.refresh_from_db()
+    assert run.capacity["probes"] == [
+        {"load": 2, "met": False, "met_on_medians": True},
+        {"load": 1, "met": True, "met_on_medians": True},
+    ]
+    assert run.capacity["load"] == 1
+
+
+def test_a_resumed_search_goes_on_with_the_more_rounds_of_a_straddling_level(world):
+    deployment, client = world
+    slo = {"profile": "p", "limits": {"tpot": ["p99", 100.0]}, "max_failed_percent": 1.0}
+    run = _run(
+        deployment, levels=(), kind="capacity", slo=slo, start=2, end=2, rounds=3,
+        prompts_per_level=8,
+    )  # fmt: skip
+    services.run_transition(run=run, status="running")
+    for number, tpot in enumerate((9.0, 150.0, 9.0, 9.0), 1):
+        services.level_record(run=run, round=number, concurrency=2, completed=8, p99_tpot_ms=tpot)
+    SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time() - 60})
+
+    assert _sweep(run, client) == "succeeded"
+
+    (level,) = run.levels.all()
+    rounds = list(level.rounds.all())
+    assert [r.attempt for r in rounds[:4]] == [1, 1, 1, 1] and len(rounds) > 4
+    assert {r.attempt for r in rounds[4:]} == {2}
+    figures = [r.figures["p99_tpot_ms"] for r in rounds]
+    assert all(_straddles(figures[:n], 100.0) for n in range(4, len(figures)))
+    assert not _straddles(figures, 100.0)
 
 
 def test_a_request_rate_capacity_search_sends_every_rate_with_the_runs_burstiness(world):

@@ -22,6 +22,7 @@ from reports.capacity import (
     at_capacity,
     bracket,
     capacity_answer,
+    needs_more_rounds,
     next_load,
     parse_slo,
     probe_of,
@@ -406,13 +407,18 @@ def capacity_search(args, cfg) -> int:
         rounds = []
         for number in range(1, cfg.rounds + 1):
             rounds.append(asyncio.run(run_level(cfg.round_client(number), level)))
+        probe = probe_of(args.limits, args.max_failed_percent, load, level_of_rounds(rounds))
+        while needs_more_rounds(probe, len(rounds)):
+            said = f"{search.load_text(load)} straddles a limit: round {len(rounds) + 1}"
+            print(f"  {said}", flush=True)
+            rounds.append(asyncio.run(run_level(cfg.round_client(len(rounds) + 1), level)))
+            probe = probe_of(args.limits, args.max_failed_percent, load, level_of_rounds(rounds))
         print(
             format_rounds(rounds) if cfg.rounds > 1 else format_level(rounds[0], header=not probes),
             flush=True,
         )
-        figures = level_of_rounds(rounds)
-        levels.append({**figures, "rounds": rounds})
-        probes.append(probe_of(args.limits, args.max_failed_percent, load, figures))
+        levels.append({**probe.level, "rounds": rounds})
+        probes.append(probe)
         low, high = bracket(probes)
         where = f"bracket {low if low is not None else '?'}–{high if high is not None else '?'}"
         print(f"  {search.load_text(load)} {_verdict(probes[-1])}; {where}", flush=True)
