@@ -73,6 +73,16 @@ def vllm_args(config: dict) -> dict:
     return {k: v for k, v in flatten(config).items() if k not in VOLATILE_ARGS}
 
 
+def differing(reported: dict, defaults: dict) -> dict:
+    """{key: the default} of each key whose reported value is not its default (None where the
+    defaults have no such key)."""
+    return {
+        key: defaults.get(key)
+        for key, value in reported.items()
+        if key not in defaults or defaults[key] != value
+    }
+
+
 def vllm_env(env: dict) -> dict:
     return {k: plain(v) for k, v in env.items() if k not in VOLATILE_ENV}
 

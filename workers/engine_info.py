@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from reports import engine as reports
 from tuning.config_files import CONFIG_ENV, ConfigFileError, config_file_name, search_path
 from tuning.engine_source import EngineSourceError, locate_package
+from workers.engine_defaults import defaults_differing
 from workers.engine_http import EngineHTTP
 
 METRIC_PREFIXES = ("vllm:", "sglang:")
@@ -238,9 +239,12 @@ def kernel_config_in_effect(
 
 def observe(base_url: str, *, kernel_shape: dict | None, recorded_engine: str = "") -> dict:
     """What a sweep records of the engine when it starts: {"engine": identify_engine's dict,
-    "kernel_config": kernel_config_in_effect's dict, "client": {"host", "pid"}}; "engine" is left
-    out when nothing answered (a later attempt records it)."""
+    with a vLLM's "defaults" (workers.engine_defaults.defaults_differing), "kernel_config":
+    kernel_config_in_effect's dict, "client": {"host", "pid"}}; "engine" is left out when
+    nothing answered (a later attempt records it)."""
     identity = identify_engine(base_url)
+    if identity["engine"] == "vllm" and identity.get("args_source") == "/server_info":
+        identity["defaults"] = defaults_differing(identity)
     engine = identity["engine"] if identity["engine"] != "unknown" else recorded_engine
     if engine == "standin":
         kernel = {

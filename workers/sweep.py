@@ -359,13 +359,6 @@ def run_sweep(
         _finish(client, run_uuid, "failed", str(exc), {"worker": _me()})
         return "failed"
     snapshot = RunSnapshot.read(claimed.get("snapshot"))
-    if not snapshot.engine:
-        observed = engine_info.observe(
-            config.client.base_url,
-            kernel_shape=snapshot.kernel_shape,
-            recorded_engine=snapshot.deployment.get("engine", ""),
-        )
-        client.post_observed(run_uuid, observed)
     levels = config.levels()
     stored_levels = client.get_levels(run_uuid)
     stored = _stored_rounds(stored_levels)
@@ -401,6 +394,15 @@ def run_sweep(
             )
             reporter.start()
             running.callback(reporter.stop)
+            if not snapshot.engine:
+                # under the heartbeat: a vLLM's first /server_info and the build of its
+                # defaults (workers.engine_defaults) take some seconds each
+                observed = engine_info.observe(
+                    config.client.base_url,
+                    kernel_shape=snapshot.kernel_shape,
+                    recorded_engine=snapshot.deployment.get("engine", ""),
+                )
+                client.post_observed(run_uuid, observed)
             stops = (cancelled, out_of_time, taken_over)
             if parameters.get("kind") == "capacity":
 

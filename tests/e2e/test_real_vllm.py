@@ -40,6 +40,7 @@ from tests.engine import (
 )
 from workers import loadgen
 from workers.engine_check import check_engine
+from workers.engine_defaults import defaults_differing
 from workers.engine_info import identify_engine
 from workers.engine_metrics import (
     EngineMetricsSampler,
@@ -108,6 +109,37 @@ def test_the_engine_says_what_it_is_and_what_it_runs_with(vllm_capped):
     assert [m["id"] for m in identity["models"]] == [SERVED_MODEL]
     assert identity["env"]["VLLM_TUNED_CONFIG_FOLDER"] == str(TUNED_FOLDER)
     assert set(VLLM_GAUGES) <= set(identity["metric_names"])
+
+
+def test_what_the_engine_was_given_is_told_from_its_defaults_by_its_own_python(
+    vllm_capped, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("MOEOPS_CACHE_DIR", str(tmp_path))
+    identity = identify_engine(vllm_capped.url)
+
+    differing = defaults_differing(identity)
+
+    assert "error" not in differing, differing
+    args, env = differing["args"], differing["env"]
+    # the flags tests.engine passes, each with the default it replaced
+    assert identity["args"]["scheduler_config.max_num_seqs"] == 4
+    assert args["scheduler_config.max_num_seqs"] not in (None, 4)
+    assert args["model_config.max_model_len"] not in (None, 1024)
+    # the model as the engine was given it, from its own folder: no difference of its own (its
+    # served name is the model's folder name, as tests.engine serves it)
+    assert "model_config.model" not in args and "model_config.served_model_name" not in args
+    # and the VLLM_* variables it sets, which are no defaults
+    assert {"VLLM_SERVER_DEV_MODE", "VLLM_TUNED_CONFIG_FOLDER", "VLLM_CPU_KVCACHE_SPACE"} <= set(
+        env
+    )
+    # a value nobody set is its default: not named
+    assert "cache_config.block_size" in identity["args"] and "cache_config.block_size" not in args
+    assert len(args) < 0.1 * len(identity["args"]), sorted(args)
+    # built once by the engine's Python, then read from the cache folder
+    (cached,) = (tmp_path / "engine-defaults").iterdir()
+    started = time.monotonic()
+    assert defaults_differing(identity) == differing
+    assert time.monotonic() - started < 2.0 and cached.exists()
 
 
 def test_its_metrics_are_read_under_vllms_own_names(vllm_capped):
@@ -179,6 +211,9 @@ def test_a_sweep_of_the_real_engine_records_what_it_measured(vllm_stack):
     engine = run.snapshot["engine"]
     assert (engine["engine"], engine["version"]) == ("vllm", VLLM_CPU_VERSION)
     assert engine["args"]["scheduler_config.max_num_seqs"] == 4
+    # the values it was given, told from its defaults by its own Python on this host
+    assert "error" not in engine["defaults"], engine["defaults"]
+    assert engine["defaults"]["args"]["scheduler_config.max_num_seqs"] not in (None, 4)
     assert run.reported_running_cap() == 4 and run.engine_label() == "vLLM 0.32.0"
     kernel = run.snapshot["kernel_config"]
     assert (kernel["state"], kernel["folder"], kernel["shipped"]) == (

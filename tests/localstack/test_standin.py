@@ -45,7 +45,9 @@ def _run(url: str, level: LevelConfig, **client) -> dict:
     )
 
 
-@pytest.mark.timing
+# levels judged against each other: 679 tok/s past the cap against 956 at it, beside the
+# other passes of make test on a machine losing half its CPU to its host
+@pytest.mark.quiet
 def test_its_throughput_plateaus_at_max_running_requests_while_requests_queue():
     # step = 4 ms + 0.5 ms × batch: 6 ms at 4 running, 8 ms at the cap of 8
     url, proc = spawn_standin(

@@ -444,6 +444,47 @@ def test_a_managed_runs_arguments_lead_with_what_its_recipe_passed(client, measu
     assert "<code>/opt/moe-tuned</code></td><td><code>/opt/moe-tuned</code>" in rows[3]
 
 
+def test_the_values_not_the_engines_defaults_come_before_the_folded_rest(client, measured):
+    measured.snapshot["engine"]["defaults"] = {
+        "args": {
+            "scheduler_config.max_num_seqs": 256,
+            "parallel_config.tensor_parallel_size": 1,
+            "model_config.served_model_name": None,
+            "a key the engine did not report": 1,
+        },
+        "env": {"VLLM_TUNED_CONFIG_FOLDER": None},
+    }
+    measured.save()
+    html = client.get(f"/runs/{measured.uuid}/").content.decode()
+    section = html.split('<section id="engine-reported">')[1].split("<details")[0]
+    rows = section.split('id="not-defaults">')[1].split("</table>")[0]
+    rows = [row.split("</tr>")[0] for row in rows.split("<tbody>")[1].split("<tr>")[1:]]
+    assert rows == [
+        "<td><code>model_config.served_model_name</code></td><td><code>glm-5</code></td>"
+        '<td><span class="muted">unset by default</span></td>',
+        "<td><code>parallel_config.tensor_parallel_size</code></td><td><code>8</code></td>"
+        "<td><code>1</code></td>",
+        "<td><code>scheduler_config.max_num_seqs</code></td><td><code>4</code></td>"
+        "<td><code>256</code></td>",
+        "<td><code>VLLM_TUNED_CONFIG_FOLDER</code></td><td><code>/opt/moe-tuned</code></td>"
+        '<td><span class="muted">unset by default</span></td>',
+    ]
+    summary = html.split('<details id="all-args">')[1].split("</summary>")[0]
+    assert "its defaults included)" in summary and "does not say which" not in summary
+
+
+def test_a_run_whose_defaults_could_not_be_read_says_why(client, measured):
+    measured.snapshot["engine"]["defaults"] = {"error": "the engine runs on gpu-7, not here"}
+    measured.save()
+    html = client.get(f"/runs/{measured.uuid}/").content.decode()
+    said = html.split('id="defaults-unknown">')[1].split("</p>")[0]
+    assert said == (
+        "Which of these are the engine's defaults is not known: the engine runs on gpu-7, not here."
+    )
+    assert "not-defaults" not in html
+    assert "for it does not say which are defaults" in html
+
+
 def test_an_engine_moeops_did_not_start_says_what_passed_is_unknown(client, measured):
     html = client.get(f"/runs/{measured.uuid}/").content.decode()
     section = html.split('<section id="engine-reported">')[1].split("<details")[0]

@@ -141,6 +141,39 @@ def test_a_recipe_that_cannot_start_fails_with_its_log_and_the_previous_one_is_b
     assert deployment.recipe_in_force().version == 1
 
 
+# A launcher that starts the stand-in without the running-request cap it is given: an engine
+# that ignores part of its recipe (a wrapper script, a config file that wins over the flag).
+DROPS_THE_CAP = (
+    "import runpy, sys; a = sys.argv[1:]; i = a.index('--max-running-requests'); "
+    "sys.argv = ['standin', *a[:i], *a[i + 2:]]; "
+    "runpy.run_module('localstack.standin', run_name='__main__')"
+)
+
+
+def test_an_engine_that_ignores_its_recipe_is_never_called_healthy(managed):
+    deployment = managed["deployment"]
+    port = deployment.endpoint_url.rsplit(":", 1)[1]
+    services.recipe_create(
+        deployment=deployment,
+        argv=[sys.executable, "-c", DROPS_THE_CAP, "--port", port, "--max-running-requests", "16"],
+        author=managed["staff"],
+    )
+
+    action, outcome = _act(managed, "restart")
+
+    # its process answered on its port, and then said it runs another cap than its recipe's
+    assert outcome.startswith("failed: the engine came up without the change: ")
+    assert action.status == "failed" and action.recipe.version == 2
+    assert "the engine reports max_running_requests = 64, not 16 as the recipe" in action.error
+    names = [(s["name"], s["status"]) for s in action.steps]
+    assert names[2:] == [("start", "done"), ("check", "failed"), ("revert", "done")]
+    assert not any("healthy" in s["detail"] for s in action.steps)
+    action.recipe.refresh_from_db()
+    assert action.recipe.failed_at is not None
+    # the recipe that keeps its word runs again
+    assert deployment.recipe_in_force().version == 1 and _cap(deployment) == 16
+
+
 def test_a_recipe_of_another_host_is_not_run(managed):
     deployment = managed["deployment"]
     action = services.engine_action_start(

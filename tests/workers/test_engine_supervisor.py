@@ -223,3 +223,24 @@ def test_a_failed_start_tells_its_own_last_line_not_the_previous_engines(supervi
     assert "usage:" in rest
     log = supervisor.log_tail(3, lines=200)
     assert log.startswith("== moeops: starting recipe v2") and "listening on" not in log
+
+
+def test_a_state_write_cut_short_leaves_the_whole_earlier_one(supervisor, free_port, monkeypatch):
+    recipe = standin(9, free_port())
+    state = supervisor.start(recipe)
+    real = Path.write_text
+
+    def cut_short(path, text, *args, **kwargs):
+        # the disk fills half-way through the new state
+        real(path, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", cut_short)
+    with pytest.raises(OSError, match="No space left"):
+        supervisor._record(9, {**state, "ready_after_s": 99.0})
+    monkeypatch.undo()
+
+    # a heartbeat reading it now finds the engine as it was recorded, whole
+    found = supervisor.state(9)
+    assert found is not None and found["pid"] == state["pid"]
+    assert found["ready_after_s"] == state["ready_after_s"]

@@ -148,6 +148,27 @@ def _passed(recipe, observed):
     return rows
 
 
+def _not_defaults(observed):
+    """([(key, value, default or None)] of the arguments, then the environment, the engine
+    reported that are not its defaults, as the worker read them of the engine
+    (workers.engine_defaults); None where it did not; the sentence why it could not)."""
+    defaults = observed.get("defaults")
+    if not isinstance(defaults, dict):
+        return None, ""
+    if defaults.get("error"):
+        return None, str(defaults["error"])
+    rows = []
+    for section in ("args", "env"):
+        reported, differing = observed.get(section) or {}, defaults.get(section) or {}
+        for key in sorted(differing):
+            if key in reported:
+                default = differing[key]
+                rows.append(
+                    (key, _shown(reported[key]), None if default is None else _shown(default))
+                )
+    return rows, ""
+
+
 def _measured(run):
     """What the run's snapshot says it measured, for the run page's cards; {} for a run that
     predates snapshots. The engine, version and cap are as the engine answered when it did."""
@@ -155,6 +176,7 @@ def _measured(run):
         return {}
     snapshot = run.recorded()
     observed = snapshot.engine
+    not_defaults, defaults_error = _not_defaults(observed)
     return {
         "engine": run.engine_label(),
         "answered": run.engine_answered,
@@ -172,6 +194,8 @@ def _measured(run):
         "args_source": observed.get("args_source"),
         "env": [(k, _shown(v)) for k, v in sorted((observed.get("env") or {}).items())],
         "notes": observed.get("notes") or [],
+        "not_defaults": not_defaults,
+        "defaults_error": defaults_error,
     }
 
 
