@@ -112,7 +112,9 @@ def validation_error(request, exc, api):
     """422 with ninja's `detail` list, plus one line naming the first bad field."""
     errors = [{key: err[key] for key in ("type", "loc", "msg") if key in err} for err in exc.errors]
     first = errors[0] if errors else {"loc": [], "msg": "invalid input"}
-    message = f"{_field_name(first.get('loc', []))}: {first.get('msg')}"
+    # pydantic says "Value error, …" before a validator's own sentence: the sentence is enough
+    said = str(first.get("msg")).removeprefix("Value error, ")
+    message = f"{_field_name(first.get('loc', []))}: {said}"
     return api.create_response(request, {"detail": errors, "message": message}, status=422)
 
 

@@ -14,7 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-from moeops.fleet.models import not_an_id
+from moeops.fleet.models import not_an_id, one_line
 from moeops.storable import (
     MAX_BIG_INT,
     MAX_INT,
@@ -36,16 +36,17 @@ def text(max_length: int, min_length: int = 0):
 LongText = Annotated[str, StringConstraints(max_length=1_000_000), AfterValidator(storable_text)]
 
 
-def _not_an_id(value: str) -> str:
+def _a_name(value: str) -> str:
     try:
         not_an_id(value)
+        one_line(value)
     except ValidationError as exc:
         raise ValueError(exc.messages[0]) from None
     return value
 
 
 # the name of a row the API finds by id or name (models, deployments, SLO profiles)
-Name = Annotated[text(200, min_length=1), AfterValidator(_not_an_id)]
+Name = Annotated[text(200, min_length=1), AfterValidator(_a_name)]
 
 
 def slug(max_length: int):
@@ -55,7 +56,7 @@ def slug(max_length: int):
     ]
 
 
-HostName = Annotated[slug(100), AfterValidator(_not_an_id)]
+HostName = Annotated[slug(100), AfterValidator(_a_name)]
 PosInt = Annotated[int, Field(ge=0, le=MAX_INT)]
 SmallInt = Annotated[int, Field(ge=0, le=MAX_SMALL_INT)]
 BigInt = Annotated[int, Field(ge=0, le=MAX_BIG_INT)]

@@ -1,6 +1,7 @@
 """What runs where: models and their MoE shape, GPU hosts, their topology history, deployments,
 their health checks and the hosts' GPU readings."""
 
+import unicodedata
 import uuid
 from datetime import UTC, datetime
 
@@ -48,6 +49,17 @@ def not_an_id(name):
         )
 
 
+def one_line(name):
+    """A name is one line of text: a control character (a line break, a tab, an escape) would
+    break the pages' tables, the CSV exports and the terminal the CLI prints it to."""
+    if any(unicodedata.category(ch) == "Cc" for ch in name):
+        raise ValidationError(
+            "holds a control character (a line break, a tab or an escape): a name is one line "
+            "of text",
+            code="control",
+        )
+
+
 ENGINES = (("sglang", "SGLang"), ("vllm", "vLLM"), ("other", "Other"))
 
 DEPLOYMENT_STATUSES = (
@@ -90,7 +102,7 @@ TOPOLOGY_SOURCES = (
 class ModelSpec(models.Model):
     """A model as its HF config.json describes it; the MoE shape is read from that file."""
 
-    name = models.CharField(max_length=200, unique=True, validators=[not_an_id])
+    name = models.CharField(max_length=200, unique=True, validators=[not_an_id, one_line])
     hf_repo_id = models.CharField(max_length=200, blank=True)
     config_json = models.JSONField(help_text="The model's config.json, as published.")
     quant_config_json = models.JSONField(
@@ -144,7 +156,7 @@ PRICE_DIGITS, PRICE_DECIMALS = 12, 4
 class Host(models.Model):
     """A GPU host; its worker listens on the Celery queue `host.<name>`."""
 
-    name = models.SlugField(max_length=100, unique=True, validators=[not_an_id])
+    name = models.SlugField(max_length=100, unique=True, validators=[not_an_id, one_line])
     description = models.CharField(max_length=300, blank=True)
     price_per_gpu_hour = models.DecimalField(
         max_digits=PRICE_DIGITS,
@@ -360,7 +372,7 @@ class SLOProfile(models.Model):
     """A named set of latency limits, each at a percentile, and the largest share of failed
     requests: what a level must meet (reports.slo judges it)."""
 
-    name = models.CharField(max_length=200, unique=True, validators=[not_an_id])
+    name = models.CharField(max_length=200, unique=True, validators=[not_an_id, one_line])
     ttft_percentile, ttft_ms = _limit_fields("TTFT")
     tpot_percentile, tpot_ms = _limit_fields("TPOT")
     itl_percentile, itl_ms = _limit_fields("ITL")
@@ -415,7 +427,7 @@ class SLOProfile(models.Model):
 class Deployment(models.Model):
     """One model served by one engine on (some GPUs of) one host."""
 
-    name = models.CharField(max_length=200, unique=True, validators=[not_an_id])
+    name = models.CharField(max_length=200, unique=True, validators=[not_an_id, one_line])
     model = models.ForeignKey(ModelSpec, models.PROTECT, related_name="deployments")
     host = models.ForeignKey(Host, models.PROTECT, related_name="deployments")
     gpus = models.ManyToManyField(GPU, blank=True, related_name="deployments")

@@ -19,6 +19,7 @@ from moeops.fleet.models import (
     ModelSpec,
     SLOProfile,
     not_an_id,
+    one_line,
 )
 from moeops.front.templatetags.moeops_format import duration
 from moeops.insights.models import PLAN_STATUSES, Note
@@ -134,7 +135,7 @@ class DeploymentForm(forms.ModelForm):
     new_model_name = forms.CharField(
         max_length=200,
         required=False,
-        validators=[not_an_id],
+        validators=[not_an_id, one_line],
         label="New model's name",
         help_text="For a model not in the list, e.g. its Hugging Face repo id.",
     )

@@ -281,10 +281,10 @@ def test_it_checks_the_cells_of_a_probe_snapshot(world):
 @pytest.mark.parametrize(
     ("where", "value", "named"),
     [
-        ("gpus", float("nan"), "snapshot.gpus.0: Value error, extra.deep: must not be NaN"),
-        ("nics", float("inf"), "snapshot.nics.0: Value error, extra.deep: must not be NaN"),
-        ("affinity", "a\x00b", "snapshot.affinity.0: Value error, extra.deep: must not contain"),
-        ("pcie", "\ud800", "snapshot.gpus.0.pcie: Value error, extra.deep: must be valid"),
+        ("gpus", float("nan"), "snapshot.gpus.0: extra.deep: must not be NaN"),
+        ("nics", float("inf"), "snapshot.nics.0: extra.deep: must not be NaN"),
+        ("affinity", "a\x00b", "snapshot.affinity.0: extra.deep: must not contain"),
+        ("pcie", "\ud800", "snapshot.gpus.0.pcie: extra.deep: must be valid"),
     ],
 )
 def test_it_rejects_json_postgresql_cannot_store_in_a_snapshots_extra_keys(
@@ -368,6 +368,27 @@ def test_a_name_of_digits_alone_is_refused_as_it_would_read_as_another_rows_id(w
     assert "'2' is digits alone, which the API reads as an id" in response.json()["message"]
     assert [table.objects.count() for table in tables] == rows
     assert world.owner.post(path, {"name": "h2", **extra}).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        ("/api/v1/models", {"config": GLM5_CONFIG}),
+        ("/api/v1/deployments", {"model": "GLM-5", "host": "rtx-pro-6000", "gpus": [0]}),
+        ("/api/v1/slo-profiles", {"ttft_percentile": "p99", "ttft_ms": 500}),
+    ],
+)
+@pytest.mark.parametrize("name", ["glm\nprod", "glm\x1b[31mprod", "glm\tprod", "glm\x85"])
+def test_a_name_with_a_control_character_is_refused_naming_the_field(world, path, extra, name):
+    tables = (ModelSpec, Host, Deployment, SLOProfile)
+    rows = [table.objects.count() for table in tables]
+    response = world.owner.post(path, {"name": name, **extra})
+    assert response.status_code == 422
+    assert response.json()["message"] == (
+        "name: holds a control character (a line break, a tab or an escape): a name is one "
+        "line of text"
+    )
+    assert [table.objects.count() for table in tables] == rows
 
 
 def test_a_row_named_by_digits_before_the_rule_still_takes_its_other_changes(world):

@@ -278,7 +278,7 @@ def test_it_rejects_level_metrics_no_level_can_have(world, fields, named):
     [
         ({"concurrency": 0}, "concurrency: Input should be greater than or equal to 1"),
         ({"request_rate": 0}, "request_rate: Input should be greater than 0"),
-        ({"request_rate": "5"}, 'request_rate: Value error, must be a number of req/s, or "inf"'),
+        ({"request_rate": "5"}, 'request_rate: must be a number of req/s, or "inf"'),
         ({"output_throughput": "5"}, "output_throughput: Input should be a valid number"),
         ({"completed": True}, "completed: Input should be a valid integer"),
         ({"completed": 1024.0}, "completed: Input should be a valid integer"),

@@ -124,7 +124,7 @@ def test_a_tune_the_host_cannot_run_is_refused_in_a_sentence(world, broker, chan
 @pytest.mark.parametrize(
     ("batch_sizes", "message"),
     [
-        ([1, 1], "batch_sizes: Value error, give each batch size once"),
+        ([1, 1], "batch_sizes: give each batch size once"),
         ([], "batch_sizes: List should have at least 1 item"),
         ([0], "batch_sizes.0: Input should be greater than or equal to 1"),
     ],

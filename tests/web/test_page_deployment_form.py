@@ -200,6 +200,20 @@ def test_names_of_digits_alone_are_refused_on_their_fields(client, fleet):
     assert not Deployment.objects.exists() and ModelSpec.objects.count() == 1
 
 
+def test_names_with_a_line_break_or_an_escape_are_refused_on_their_fields(client, fleet):
+    _, host, _ = fleet
+    upload = SimpleUploadedFile("config.json", json.dumps(pb.KIMI_CONFIG).encode())
+    response = client.post(
+        "/deployments/new/",
+        _new_model(host, name="kimi\nprod", new_model_name="kimi\x1b[0m", config_file=upload),
+    )
+    html = response.content.decode()
+    said = "holds a control character (a line break, a tab or an escape): a name is one line"
+    assert said in html.split('name="name"')[1].split("</div>")[0]
+    assert said in html.split('name="new_model_name"')[1].split("</div>")[0]
+    assert not Deployment.objects.exists() and ModelSpec.objects.count() == 1
+
+
 @pytest.mark.parametrize(
     ("field", "text", "said"),
     [
