@@ -1,7 +1,7 @@
 from django import forms
 from django.contrib import admin
 
-from moeops.kernels.models import KernelConfig, TuningRun, TuningTiming
+from moeops.kernels.models import EngineDiff, KernelConfig, TuningRun, TuningTiming
 from moeops.kernels.services import kernel_config_store
 from tuning.config_files import ConfigEntryError, shape_problems, validate_entries
 
@@ -89,3 +89,29 @@ class TuningRunAdmin(admin.ModelAdmin):
     list_display = ("__str__", "host", "status", "created", "wall_s")
     list_filter = ("status", "host")
     inlines = [TuningTimingInline]
+
+
+@admin.register(EngineDiff)
+class EngineDiffAdmin(admin.ModelAdmin):
+    """Engine diffs come from `python -m tuning engine-diff --json` (the API, the kernels page):
+    listed, shown and deleted here, never written, for an edited report would no longer be what
+    the engines' sources said."""
+
+    list_display = ("__str__", "engine", "from_version", "to_version", "device_name", "created")
+    list_filter = ("engine", "device_name")
+    readonly_fields = (
+        "engine",
+        "from_version",
+        "to_version",
+        "device_name",
+        "shape",
+        "report",
+        "provenance",
+        "created",
+    )
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

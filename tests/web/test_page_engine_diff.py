@@ -86,3 +86,17 @@ def test_a_worker_pushes_a_report_through_the_api(report):
     assert refused.status_code == 400
     assert "new.launcher has the wrong type" in refused.content.decode()
     assert EngineDiff.objects.count() == 1
+
+
+def test_the_admin_lists_and_deletes_a_report_and_writes_none(admin_client, report):
+    from moeops.kernels.services import engine_diff_store
+
+    diff = engine_diff_store(report=report, provenance="python -m tuning engine-diff")
+    listed = admin_client.get("/admin/kernels/enginediff/").content.decode()
+    assert "vLLM 0.33.0 → 0.34.0 on NVIDIA H200" in listed
+    assert admin_client.get("/admin/kernels/enginediff/add/").status_code == 403
+    shown = admin_client.get(f"/admin/kernels/enginediff/{diff.pk}/change/")
+    assert shown.status_code == 200 and 'name="report"' not in shown.content.decode()
+    assert admin_client.post(f"/admin/kernels/enginediff/{diff.pk}/change/", {}).status_code == 403
+    deleted = admin_client.post(f"/admin/kernels/enginediff/{diff.pk}/delete/", {"post": "yes"})
+    assert deleted.status_code == 302 and not EngineDiff.objects.exists()
