@@ -127,6 +127,11 @@ def _managed_run(deployment):
     # the real /server_info has hundreds of keys; these stand for the ones nobody passed
     identity["args"] |= {f"model_config.option_{i:03}": i for i in range(300)}
     identity["env"] |= {f"VLLM_SETTING_{i:03}": str(i) for i in range(250)}
+    # what the worker read of the engine's own defaults: the two it was given are not defaults
+    identity["defaults"] = {
+        "args": {"scheduler_config.max_num_seqs": 128, "parallel_config.tensor_parallel_size": 1},
+        "env": {"VLLM_TUNED_CONFIG_FOLDER": None},
+    }
     snapshot = pb.measured(deployment, engine=identity)
     argv = ["vllm", "serve", "zai-org/GLM-5", "--max-num-seqs", "32", "--tensor-parallel-size=8"]
     snapshot["recipe"] = {
@@ -150,6 +155,14 @@ def test_the_launch_arguments_lead_with_what_the_recipe_passed(page, member):
         ["VLLM_TUNED_CONFIG_FOLDER", "/opt/moe-tuned", "/opt/moe-tuned"],
     ]
     assert "launch recipe" in page.inner_text("#engine-reported")
+    # then what is not the engine's default, with the default, in view
+    assert page.is_visible("#not-defaults")
+    differ = page.locator("#not-defaults tbody tr")
+    assert [differ.nth(i).inner_text().split("\t") for i in range(differ.count())] == [
+        ["parallel_config.tensor_parallel_size", "8", "1"],
+        ["scheduler_config.max_num_seqs", "32", "128"],
+        ["VLLM_TUNED_CONFIG_FOLDER", "/opt/moe-tuned", "unset by default"],
+    ]
     # the rest of what the engine reported is there, folded
     assert not page.is_visible("#all-args table")
     assert page.locator("#all-args table tr").count() > 500
