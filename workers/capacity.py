@@ -133,13 +133,10 @@ def run_search(config, parameters, stored_levels, progress, samples, push_round,
         done = set(before.get("rounds") or [])
         results, answer, probe = [], None, None
         round_number = 0
-        while True:
+        # the run's rounds, then one more at a time while the level straddles a limit (probe
+        # is judged from the run's last round on)
+        while round_number < config.rounds or needs_more_rounds(probe, round_number):
             round_number += 1
-            if round_number > config.rounds:
-                if probe is None:
-                    probe = probe_of(limits, max_failed, load, before)
-                if not needs_more_rounds(probe, round_number - 1):
-                    break
             if round_number not in done:
                 if should_stop():
                     return _stopped(cancelled)
@@ -172,7 +169,7 @@ def run_search(config, parameters, stored_levels, progress, samples, push_round,
                     return _stopped(cancelled)
                 answer = push_round(result, round_number)
                 results.append(result)
-            if round_number >= config.rounds and (results or before):
+            if round_number >= config.rounds:
                 # a level resumed part-way is the API's level of all its rounds (when it
                 # answered); the stored level where every round had run before
                 whole = done and isinstance(answer, dict) and "intervals" in answer
