@@ -15,6 +15,10 @@ and compares with the tune's pick.
         --exhaustive-check glm5:fp8_block@16,256,2048 \\
         --earlier glm5:fp8_block=bench/results/engine_tune_h200/vllm_glm5_fp8_block.json
 
+--deep-gemm-e8m0 tunes as for a launch with DeepGEMM and E8M0 on: in vLLM 0.34 fp8 block on
+SM90 that is the sorted-A path, GEMM 2 searched apart and the _down file written; the
+head-to-head then runs each candidate's pair (written up + _down, shipped up + _down).
+
 Prints per shape the table (µs; default/written and shipped/written, above 1 where the written
 file is faster; which config was written: the search's, or the engine's own when the search did
 not beat it by more than the noise), the worst min(default, shipped)/written, the geometric means
@@ -105,6 +109,7 @@ def tune_and_compare(name, engine, out, log, sizes=TUNED_BATCH_SIZES, earlier=No
     summary.update(
         shape=name,
         kernel=result.kernel,
+        kernel_path=result.kernel_path,
         tune_wall_s=round(wall, 1),
         timeline={k: round(v, 1) for k, v in asdict(result.timeline).items()},
         files=[str(p) for p in paths],
@@ -214,7 +219,9 @@ def check_correctness(names, engine, log) -> list[dict]:
     from tuning.timing import make_weights, random_routing
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    backend = load_backend(engine["engine"], source_dir=engine["source_dir"])
+    backend = load_backend(
+        engine["engine"], source_dir=engine["source_dir"], launch=engine.get("launch")
+    )
     rows = []
     for name in names:
         shape = shape_of(name)
@@ -250,7 +257,7 @@ def check_correctness(names, engine, log) -> list[dict]:
 def table(result) -> str:
     lines = [
         f"{result['summary']['shape']}: tune {result['summary']['tune_wall_s']} s, "
-        f"kernel {result['summary']['kernel']}",
+        f"kernel {result['summary']['kernel']}, {result['summary']['kernel_path']} path",
         f"where the seconds went: {result['summary']['timeline']}",
         f"{'M':>5} {'default':>9} {'shipped':>9} {'written':>9} {'w/def':>7} {'w/ship':>7} "
         f"{'earlier':>9} {'w/earl':>7} {'e/own':>7} picked",
@@ -292,6 +299,12 @@ def main() -> int:
         help="SHAPE=JSON,..: an earlier run's engine_tune.json, its file timed beside SHAPE's",
     )
     parser.add_argument(
+        "--deep-gemm-e8m0",
+        action="store_true",
+        help="tune as for a vLLM launch with DeepGEMM and E8M0 scales on (0.34's sorted-A path "
+        "for GEMM 2 where its conditions hold: the _down file searched and compared too)",
+    )
+    parser.add_argument(
         "--sizes",
         default=",".join(map(str, TUNED_BATCH_SIZES)),
         help="batch sizes to tune and compare (default: the 18 of the engines' files)",
@@ -300,6 +313,8 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     engine = {"engine": args.engine, "source_dir": args.source}
+    if args.deep_gemm_e8m0:
+        engine["launch"] = {"deep_gemm_e8m0": True, "expert_parallel": False}
     results = {"plan": [], "exhaustive": [], "correctness": []}
     plan = list(filter(None, args.plan.split(",")))
     earlier = dict(item.split("=", 1) for item in filter(None, args.earlier.split(",")))
