@@ -17,6 +17,9 @@ tuning run records which kernel path it tuned (default, TMA, sorted-A).
 import functools
 import logging
 import os
+import re
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -107,6 +110,12 @@ def vllm_launch_here(package_dir, launch_env, launch_argv):
     if deep_gemm_e8m0 and not deep_gemm_installed(package_dir):
         deep_gemm_e8m0 = False
         why += ", but DeepGEMM is not installed beside vLLM on this host"
+    elif deep_gemm_e8m0:
+        # the engine starts with this host's environment and the recipe's on top of it
+        no_jit = deep_gemm_without_nvcc({**os.environ, **(launch_env or {})})
+        if no_jit:
+            deep_gemm_e8m0 = False
+            why += f", but vLLM turns DeepGEMM off on this host: {no_jit}"
     return {"deep_gemm_e8m0": deep_gemm_e8m0, "expert_parallel": launch.expert_parallel}, why
 
 
@@ -117,6 +126,53 @@ def deep_gemm_installed(package_dir) -> bool:
     return (package_dir / "third_party" / "deep_gemm").is_dir() or (
         package_dir.parent / "deep_gemm"
     ).is_dir()
+
+
+# vLLM 0.34's is_deep_gemm_supported (vllm/utils/deep_gemm.py, `_deep_gemm_nvcc_path` and
+# `_nvcc_version`) turns DeepGEMM off, and with it E8M0 scales and the sorted-A path, where
+# DeepGEMM's JIT would find no nvcc or one older than 12.9. deep_gemm_without_nvcc looks as it does.
+DEEP_GEMM_NVCC_SINCE = (12, 9)
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
+
+
+def deep_gemm_without_nvcc(env) -> str | None:
+    """Why vLLM 0.34 started with env would turn DeepGEMM off for want of nvcc, in a phrase;
+    None where it finds one that is new enough (or whose release it cannot read, as vLLM)."""
+    path = env.get("PATH")
+    cuda_home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if not cuda_home:
+        found = shutil.which("nvcc", path=path)
+        cuda_home = os.path.dirname(os.path.dirname(found)) if found else DEFAULT_CUDA_HOME
+    if not os.path.exists(cuda_home):
+        return (
+            f"no CUDA toolkit for DeepGEMM's JIT (CUDA_HOME, CUDA_PATH, an nvcc on PATH, "
+            f"{DEFAULT_CUDA_HOME}: none)"
+        )
+    named = (
+        env.get("DG_JIT_NVCC_COMPILER")
+        or env.get("DJ_JIT_NVCC_COMPILER")
+        or os.path.join(cuda_home, "bin", "nvcc")
+    )
+    nvcc = shutil.which(named, path=path)
+    if nvcc is None:
+        return f"DeepGEMM's JIT finds no nvcc at {named}"
+    release = nvcc_release(nvcc)
+    if release is not None and release < DEEP_GEMM_NVCC_SINCE:
+        need = ".".join(map(str, DEEP_GEMM_NVCC_SINCE))
+        return f"DeepGEMM's JIT needs nvcc {need} or newer, {nvcc} is {release[0]}.{release[1]}"
+    return None
+
+
+def nvcc_release(nvcc) -> tuple[int, int] | None:
+    """(major, minor) of `nvcc --version`'s "release X.Y", None where unreadable."""
+    try:
+        out = subprocess.run(
+            [nvcc, "--version"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def _builtin_record(note):

@@ -204,9 +204,11 @@ def test_a_sorted_a_tune_reads_the_launch_recipe_and_stores_up_and_down_as_one_c
     tuner = FakeTuner()
     fp8 = {"dtype": "fp8_w8a8", "block_shape": [128, 128], "E": 8, "N": 256, "hidden_size": 4096}
 
+    # the CUDA toolkit whose nvcc DeepGEMM's JIT runs (vLLM 0.34 turns DeepGEMM off without it)
+    toolkit = _cuda_toolkit(tmp_path / "cuda", "12.9")
     outcome = kernel_tune.tune_kernel(
         str(tuning_run.uuid), client=client, topk=2, batch_sizes=[1, 64, 1024], spread=tuner,
-        engine="vllm", launch_env={"VLLM_USE_DEEP_GEMM_E8M0": "1"},
+        engine="vllm", launch_env={"VLLM_USE_DEEP_GEMM_E8M0": "1", "CUDA_HOME": toolkit},
         launch_argv=["vllm", "serve", "glm-5"], **fp8,
     )  # fmt: skip
 
@@ -237,6 +239,38 @@ def test_a_sorted_a_tune_reads_the_launch_recipe_and_stores_up_and_down_as_one_c
     again.refresh_from_db()
     assert again.kernel_path == "tma" and again.result.down_entries is None
     assert "VLLM_USE_DEEP_GEMM_E8M0=0" in again.kernel_note
+
+    # E8M0 on, but DeepGEMM's JIT would find an nvcc too old, or none: vLLM turns DeepGEMM off
+    old_toolkit = _cuda_toolkit(tmp_path / "cuda-12.4", "12.4")
+    for env, said in (
+        ({"CUDA_HOME": old_toolkit}, f"needs nvcc 12.9 or newer, {old_toolkit}/bin/nvcc is 12.4"),
+        ({"CUDA_HOME": str(tmp_path / "none")}, "no CUDA toolkit for DeepGEMM's JIT"),
+        ({"CUDA_HOME": toolkit, "DG_JIT_NVCC_COMPILER": "/nowhere/nvcc"}, "no nvcc at /nowhere"),
+    ):
+        off, _ = kernel_services.tuning_run_create(
+            host=host, E=8, N=256, hidden_size=4096, topk=2, engine="vllm"
+        )
+        kernel_tune.tune_kernel(
+            str(off.uuid), client=client, topk=2, batch_sizes=[1, 64, 1024], spread=tuner,
+            engine="vllm", launch_env={"VLLM_USE_DEEP_GEMM_E8M0": "1", **env}, launch_argv=[],
+            **fp8,
+        )  # fmt: skip
+        off.refresh_from_db()
+        assert off.kernel_path == "tma", off.kernel_note
+        assert off.result.down_entries is None
+        assert "vLLM turns DeepGEMM off on this host" in off.kernel_note and said in off.kernel_note
+
+
+def _cuda_toolkit(folder, release):
+    """A CUDA toolkit folder whose bin/nvcc answers --version as nvcc `release` does."""
+    nvcc = folder / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text(
+        "#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+        f"echo 'Cuda compilation tools, release {release}, V{release}.41'\n"
+    )
+    nvcc.chmod(0o755)
+    return str(folder)
 
 
 def test_a_tune_times_the_engines_own_kernel_where_it_is_installed(tune_client, monkeypatch):
