@@ -144,6 +144,7 @@ class BisectionStepOut(Schema):
     figure: float | None
     interval: list[float] | None
     detail: str
+    measures: int
 
     @staticmethod
     def resolve_tried(obj):
@@ -155,7 +156,8 @@ class BisectionStepOut(Schema):
 
     @staticmethod
     def resolve_run(obj):
-        return str(obj.action.after_run.uuid) if obj.action.after_run_id else None
+        run = obj.judged_run
+        return str(run.uuid) if run is not None else None
 
 
 class BisectionOut(Schema):
@@ -188,7 +190,7 @@ class BisectionOut(Schema):
 
     @staticmethod
     def resolve_steps(obj):
-        return list(obj.steps.select_related("action__after_run", "bisection"))
+        return list(obj.steps.select_related("action__after_run", "run", "bisection"))
 
     @staticmethod
     def resolve_restore_action(obj):

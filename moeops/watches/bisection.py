@@ -5,12 +5,15 @@ The factors that differ between the baseline's run and the regressed one
 of them: one at a time for up to ONE_BY_ONE_MAX, else halves of the set, narrowing to the half
 that restores the figure. Each try is an engine action (kind "bisect") whose re-sweep repeats
 the regressed run's load; its peak figure is judged against both ends of the regression with
-their 95 % intervals (watches.services.verdict). When one factor restores the baseline's figure,
+their 95 % intervals (watches.services.verdict). A try whose interval overlaps both says neither
+and is measured again, on the same engine with twice the rounds, up to MEASURES times in all
+(docs/decisions.md, 43). When one factor restores the baseline's figure,
 or nothing is left to try, the engine is restarted with the recipe in force when the bisection
 began (kind "restore"): a person applies the fix.
 
 `bisection_start` is the one entry point (page, API, and a watch that says so, on regressing);
-`on_job_finished` (moeops.jobs.FINISHED_HANDLERS) moves a bisection on when its action ends.
+`on_job_finished` (moeops.jobs.FINISHED_HANDLERS) moves a bisection on when its action or a
+measurement again ends.
 """
 
 from django.core.exceptions import ValidationError
@@ -20,11 +23,12 @@ from django.utils import timezone
 from moeops.engines import services as engine_services
 from moeops.engines.models import EngineAction
 from moeops.fleet.models import Host
+from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from moeops.watches import factors, services
 from moeops.watches.models import Bisection, BisectionStep, WatchRun
 from reports import launch
-from reports.intervals import with_interval
+from reports.intervals import MAX_ROUNDS, with_interval
 
 # Up to this many factors each is tried alone (one restart each); more are halved, so that
 # k factors take about 2·log2(k) restarts instead of k.
@@ -33,6 +37,11 @@ ONE_BY_ONE_MAX = 3
 # at least this share of the fall: from 1000 down to 300 tok/s, a try at 700 (57 %) restores it
 # though two runs minutes apart may differ beyond their intervals; one at 450 (21 %) partly.
 RESTORED_SHARE = 0.5
+# A try whose interval overlaps both the regressed run's and the baseline's cannot say which it
+# is nearer (one slow round of a busy machine widens an interval across the gap): it is measured
+# again with twice the rounds (up to MAX_ROUNDS), up to this many measurements in all, before
+# it is called undecided.
+MEASURES = 3
 
 
 def plan(keys):
@@ -169,10 +178,26 @@ def _step_recipe(bisection, chosen):
     )
 
 
+def _together(bisection):
+    """The keys to try all at once when the queue ran out with no try restoring the figure:
+    every factor, when there are several and they were not tried together (a regression that
+    needs two changes at once is restored by neither alone); else None."""
+    keys = [f["key"] for f in bisection.factors]
+    steps = list(bisection.steps.all())
+    if len(keys) < 2 or any(s.outcome == "restores" for s in steps):
+        return None
+    if any(sorted(s.keys) == sorted(keys) for s in steps):
+        return None
+    return keys
+
+
 def _next(bisection):
     """Start the next try in the queue, or conclude when none is left."""
     if not bisection.queue:
-        return _conclude(bisection)
+        together = _together(bisection)
+        if together is None:
+            return _conclude(bisection)
+        bisection.queue = [together]
     keys, *rest = bisection.queue
     chosen = [f for f in bisection.factors if f["key"] in keys]
     try:
@@ -190,7 +215,9 @@ def _next(bisection):
         what = "; ".join(bisection.phrases(keys))
         return _conclude(bisection, stopped=f"the try of {what} could not start: {_words(exc)}")
     number = bisection.steps.count() + 1
-    BisectionStep.objects.create(bisection=bisection, number=number, keys=keys, action=action)
+    BisectionStep.objects.create(
+        bisection=bisection, number=number, keys=keys, action=action, run=action.after_run
+    )
     bisection.queue = rest
     bisection.save(update_fields=["queue"])
     return bisection
@@ -204,13 +231,16 @@ def step_outcome(figure, interval, watch_run):
     """What a try's figure (tok/s, its 95 % interval) says against the regressed run's and the
     baseline's: restores (above the regressed figure beyond the noise, and at least
     RESTORED_SHARE of the fall won back, or no longer below the baseline beyond the noise),
-    partly (above it beyond the noise, less won back), no, or unknown (an interval missing)."""
+    partly (above it beyond the noise, less won back), no, undecided (within the noise of both)
+    or unknown (an interval missing)."""
     now = services.verdict(figure, interval, watch_run.figure, watch_run.interval)
     before = services.verdict(
         figure, interval, watch_run.baseline_figure, watch_run.baseline_interval
     )
     if "unknown" in (now, before):
         return "unknown"
+    if now == before == "within":
+        return "undecided"
     if now != "improved":
         return "no"
     fall = watch_run.baseline_figure - watch_run.figure
@@ -218,12 +248,14 @@ def step_outcome(figure, interval, watch_run):
     return "restores" if before != "regressed" or won_back >= RESTORED_SHARE else "partly"
 
 
-def _judge(step, action):
-    """Write the step's figure and outcome from its action and re-sweep."""
-    run = action.after_run
+def _judge(step):
+    """Write the step's figure and outcome from its action and the sweep it waits for."""
+    action, run = step.action, step.judged_run
     if action.status != "succeeded" or run is None or run.status != "succeeded":
         step.outcome = "failed"
         step.detail = action.error or "the re-sweep did not succeed"
+        if action.status == "succeeded" and run is not None and step.measures > 1:
+            step.detail = f"measuring it again did not succeed: {run.error or run.status}"
     else:
         # the watch's own figure: peak output tok/s, or a capacity search's capacity
         figure, interval, missing = services.watched_figure(run)
@@ -234,7 +266,48 @@ def _judge(step, action):
             step.outcome = step_outcome(figure, interval, step.bisection.watch_run)
             name = step.bisection.watch_run.watch.figure_name()
             step.detail = f"{name} {with_interval(figure, interval)}"
+            if step.measures > 1:
+                step.detail += f", measured {step.measures} times"
     step.save(update_fields=["outcome", "figure", "interval", "detail"])
+
+
+def _measure_again(step):
+    """Repeat the step's last sweep on the engine as the try left it, with twice the rounds;
+    True when it started (the step waits for it), False when the host refused it."""
+    last = step.judged_run
+    load = {k: v for k, v in last.parameters.items() if k != "run_uuid"}
+    load["rounds"] = min(MAX_ROUNDS, 2 * int(load.get("rounds") or 1))
+    try:
+        again, _ = run_services.run_start(
+            deployment=step.bisection.deployment,
+            parameters=load,
+            label=f"{step.action.title()}, measured again ({step.measures + 1})"[:200],
+            recipe=step.action.recipe,
+        )
+    except ValidationError as exc:
+        step.detail += f"; not measured again: {_words(exc)}"
+        step.save(update_fields=["detail"])
+        return False
+    step.outcome, step.run, step.measures = "", again, step.measures + 1
+    step.save(update_fields=["outcome", "run", "measures"])
+    return True
+
+
+def _move_on(step):
+    """After a step is judged: measure it again, narrow, try the next set or conclude."""
+    bisection = step.bisection
+    if step.outcome == "undecided" and step.measures < MEASURES and _measure_again(step):
+        return bisection
+    if step.outcome == "restores" and len(step.keys) == 1:
+        bisection.cause = step.keys
+        return _conclude(bisection)
+    if step.outcome == "restores":
+        # narrowed to the keys of the try that restored it; a set already tried is not again
+        # (the parts of all factors tried together after each alone had failed)
+        tried = [sorted(s.keys) for s in bisection.steps.all()]
+        bisection.candidates = step.keys
+        bisection.queue = [keys for keys in plan(step.keys) if sorted(keys) not in tried]
+    return _next(bisection)
 
 
 def on_job_finished(*, job):
@@ -243,7 +316,7 @@ def on_job_finished(*, job):
     if isinstance(job, EngineAction):
         bisection = bisection_action_finished(action=job)
     elif isinstance(job, SweepRun):
-        bisection = bisection_for_regression(run=job)
+        bisection = measured_again(run=job) or bisection_for_regression(run=job)
     else:
         bisection = None
     return bisection.pk if bisection is not None else None
@@ -256,20 +329,14 @@ def bisection_action_finished(*, action):
     with transaction.atomic():
         step = (
             BisectionStep.objects.select_for_update(of=("self",))
-            .filter(action=action, outcome="")
+            # a step measured again waits for that sweep, not for its action
+            .filter(action=action, outcome="", measures=1)
             .select_related("bisection__watch_run__watch", "action__after_run")
             .first()
         )
         if step is not None:
-            bisection = step.bisection
-            _judge(step, step.action)
-            if step.outcome == "restores" and len(step.keys) == 1:
-                bisection.cause = step.keys
-                return _conclude(bisection)
-            if step.outcome == "restores":
-                bisection.candidates = step.keys
-                bisection.queue = plan(step.keys)
-            return _next(bisection)
+            _judge(step)
+            return _move_on(step)
         bisection = (
             Bisection.objects.select_for_update()
             .filter(restore_action=action, status="restoring")
@@ -290,6 +357,22 @@ def bisection_action_finished(*, action):
         return bisection
 
 
+def measured_again(*, run):
+    """A step's measurement again ended: judge the step on it and move on. Returns the
+    Bisection, None when run is no step's measurement again or was handled already."""
+    with transaction.atomic():
+        step = (
+            BisectionStep.objects.select_for_update(of=("self",))
+            .filter(run=run, outcome="", measures__gt=1)
+            .select_related("bisection__watch_run__watch", "action", "run")
+            .first()
+        )
+        if step is None:
+            return None
+        _judge(step)
+        return _move_on(step)
+
+
 def _finding(bisection, stopped=""):
     """What the bisection found, in sentences."""
     watch_run = bisection.watch_run
@@ -297,7 +380,7 @@ def _finding(bisection, stopped=""):
     now = with_interval(watch_run.figure, watch_run.interval)
     before = with_interval(watch_run.baseline_figure, watch_run.baseline_interval)
     parts = []
-    if bisection.cause:
+    if len(bisection.cause) == 1:
         (factor,) = [f for f in bisection.factors if f["key"] in bisection.cause]
         step = next(s for s in steps if s.keys == bisection.cause and s.outcome == "restores")
         tried = with_interval(step.figure, step.interval)
@@ -307,8 +390,26 @@ def _finding(bisection, stopped=""):
             f"against {now} now and {before} at the baseline. To keep the fix, restart the "
             "engine with it."
         )
+    elif bisection.cause:
+        step = next(s for s in steps if s.keys == bisection.cause and s.outcome == "restores")
+        tried = with_interval(step.figure, step.interval)
+        together = " and ".join(bisection.phrases(bisection.cause))
+        parts.append(
+            f"The cause is {together} together: with the baseline's values of all of them its "
+            f"{watch_run.watch.figure_name()} was {tried}, against {now} now and {before} at "
+            "the baseline, and no smaller set tried restores it. To keep the fix, restart the "
+            "engine with all of them."
+        )
     else:
-        parts.append(stopped or "No factor alone restores the baseline's figure.")
+        undecided = any(step.outcome == "undecided" for step in steps)
+        parts.append(
+            stopped
+            or (
+                "No factor alone was shown to restore the baseline's figure beyond the noise."
+                if undecided
+                else "No factor alone restores the baseline's figure."
+            )
+        )
         for step in steps:
             what = "; ".join(bisection.phrases(step.keys))
             parts.append(f"With the baseline's {what}: {step.get_outcome_display().lower()}"
@@ -320,8 +421,13 @@ def _finding(bisection, stopped=""):
 
 def _conclude(bisection, stopped=""):
     """Write the finding, and restart the engine with the recipe in force at the start when a
-    try changed it (restoring); finished at once when none did."""
+    try changed it (restoring); finished at once when none did. With no single factor found,
+    the smallest set of factors whose try restored the figure is the cause, together."""
     bisection.queue = []
+    if not bisection.cause and not stopped:
+        restoring = [s for s in bisection.steps.all() if s.outcome == "restores"]
+        if restoring:
+            bisection.cause = min(restoring, key=lambda s: len(s.keys)).keys
     bisection.finding = _finding(bisection, stopped)
     bisection.status = "finished" if not stopped else "failed"
     if bisection.steps.exists():

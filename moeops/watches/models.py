@@ -53,6 +53,7 @@ STEP_OUTCOMES = (
     ("restores", "Restores the baseline's figure"),
     ("partly", "Better beyond the noise, still below the baseline"),
     ("no", "Does not restore it"),
+    ("undecided", "Cannot tell: its interval overlaps both the regressed and the baseline's"),
     ("unknown", "Cannot tell: no interval"),
     ("failed", "The engine did not come up or the sweep failed"),
 )
@@ -349,13 +350,25 @@ class Bisection(models.Model):
 
 class BisectionStep(models.Model):
     """One try of a bisection: the engine action that brought up the recipe with `keys` at the
-    baseline's values, its re-sweep's figure, and what that says."""
+    baseline's values, its re-sweep's figure (or a later measurement's, with more rounds, where
+    the first could not tell), and what that says."""
 
     bisection = models.ForeignKey(Bisection, models.CASCADE, related_name="steps")
     number = models.PositiveSmallIntegerField()
     keys = models.JSONField(help_text="The factors set to the baseline's value")
     action = models.OneToOneField(
         "engines.EngineAction", models.PROTECT, related_name="bisection_step"
+    )
+    run = models.ForeignKey(
+        "runs.SweepRun",
+        models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="The sweep the step is judged on: its action's re-sweep, or a measurement again",
+    )
+    measures = models.PositiveSmallIntegerField(
+        default=1, help_text="How many times the try was measured"
     )
     outcome = models.CharField(max_length=20, choices=STEP_OUTCOMES, blank=True)
     figure = models.FloatField(null=True, blank=True, help_text="Peak output tok/s")
@@ -370,3 +383,8 @@ class BisectionStep(models.Model):
 
     def __str__(self):
         return f"step {self.number} of {self.bisection}: {self.outcome or 'running'}"
+
+    @property
+    def judged_run(self):
+        """The sweep the step is (to be) judged on."""
+        return self.run if self.run_id else self.action.after_run

@@ -89,7 +89,7 @@ def _watch_run(world, peak, interval, snapshot):
     return services.watch_run_finished(run)
 
 
-def _regression(world, env_before=None, env_after=None, argv_after=None, **snap):
+def _regression(world, env_before=None, env_after=None, argv_after=None, seqs_after=1, **snap):
     """The baseline at 1000 tok/s on recipe v1 (--max-num-seqs 8), then a regression to 300 on
     recipe v2 (--max-num-seqs 1 unless argv_after says otherwise)."""
     before = _recipe(world, env=env_before)
@@ -99,7 +99,7 @@ def _regression(world, env_before=None, env_after=None, argv_after=None, **snap)
         argv=argv_after or set_flags(ARGV, {"--max-num-seqs": "1"}),
         env=env_after,
     )
-    regressed = _watch_run(world, 300.0, [280.0, 320.0], _snapshot(after, 1, **snap))
+    regressed = _watch_run(world, 300.0, [280.0, 320.0], _snapshot(after, seqs_after, **snap))
     assert (base.verdict, regressed.verdict) == ("first", "regressed")
     return regressed
 
@@ -179,6 +179,8 @@ def _recipe_record(argv, env):
         (700.0, [680.0, 720.0], "restores"),
         (450.0, [430.0, 470.0], "partly"),
         (310.0, [290.0, 330.0], "no"),
+        # one slow round widened the try's interval across the gap: it says neither
+        (650.0, [250.0, 1100.0], "undecided"),
         (990.0, None, "unknown"),
     ],
 )
@@ -238,6 +240,71 @@ def test_one_factor_is_found_in_one_step_and_the_engine_ends_on_the_current_reci
     assert "Apply the fix: restart with --max-num-seqs 8" in page
 
 
+def _measured(run, on_commit, peak, interval):
+    """Play the worker's sweep of run (a measurement again): it measures peak ± interval."""
+    run_services.run_transition(run=run, status="running")
+    _levels(run, peak, interval)
+    with on_commit(execute=True):
+        run_services.run_transition(run=run, status="succeeded")
+
+
+def test_a_try_within_the_noise_of_both_ends_is_measured_again_with_more_rounds(
+    world, broker, django_capture_on_commit_callbacks, client
+):
+    regressed = _regression(world)
+    found = bisection.bisection_start(watch_run=regressed, user=world.staff)
+    step = _running_step(found)
+    # the re-sweep's interval spans the gap between 300 (280-320) and 1000 (950-1050)
+    _carry_out(step.action, django_capture_on_commit_callbacks, 650.0, [250.0, 1100.0])
+    step.refresh_from_db()
+    found.refresh_from_db()
+    # not judged "no": measured again on the engine as the try left it, twice the rounds
+    assert (found.status, step.outcome, step.measures) == ("running", "", 2)
+    again = step.run
+    assert again != step.action.after_run and again.status == "queued"
+    assert again.parameters["rounds"] == 6 and again.parameters["levels"] == [8]
+    assert again.snapshot["recipe"]["version"] == step.action.recipe.version
+    client.force_login(world.staff)
+    page = client.get(found.get_absolute_url()).content.decode()
+    assert "measuring again, with more rounds (2)" in page
+    assert f'href="/runs/{again.uuid}/"' in page
+
+    # the narrower interval lies above half the fall: the cause, from the second measurement
+    _measured(again, django_capture_on_commit_callbacks, 960.0, [930.0, 990.0])
+    step.refresh_from_db()
+    found.refresh_from_db()
+    assert (step.outcome, step.figure, step.measures) == ("restores", 960.0, 2)
+    assert step.detail.endswith("measured 2 times")
+    assert (found.status, found.cause) == ("restoring", ["--max-num-seqs"])
+    assert "its peak output tok/s was 960 (930–990)" in found.finding
+
+
+def test_a_try_still_within_the_noise_after_three_measurements_is_undecided(
+    world, broker, django_capture_on_commit_callbacks
+):
+    regressed = _regression(world)
+    found = bisection.bisection_start(watch_run=regressed, user=None)
+    step = _running_step(found)
+    _carry_out(step.action, django_capture_on_commit_callbacks, 650.0, [250.0, 1100.0])
+    rounds = []
+    for _ in range(2):
+        step.refresh_from_db()
+        rounds.append(step.run.parameters["rounds"])
+        _measured(step.run, django_capture_on_commit_callbacks, 640.0, [300.0, 960.0])
+    step.refresh_from_db()
+    found.refresh_from_db()
+    assert rounds == [6, 10]  # twice the rounds, no more than a level may run
+    assert (step.outcome, step.measures) == ("undecided", 3)
+    assert found.status == "restoring" and found.cause == []
+    assert found.finding.startswith(
+        "No factor alone was shown to restore the baseline's figure beyond the noise."
+    )
+    assert "cannot tell: its interval overlaps both" in found.finding
+    assert "measured 3 times" in found.finding
+    # the action's own finish delivered again leaves the judged step alone
+    assert bisection.bisection_action_finished(action=step.action) is None
+
+
 def test_halves_narrow_four_factors_to_the_one_that_restores(
     world, broker, django_capture_on_commit_callbacks
 ):
@@ -286,11 +353,48 @@ def test_a_try_that_does_not_come_up_is_named_and_the_rest_is_tried(
     assert list(found.steps.values_list("outcome", flat=True)) == ["failed", ""]
     second = _running_step(found).action
     _carry_out(second, django_capture_on_commit_callbacks, 310.0, [290.0, 330.0])
+    # neither alone: both together, once
+    both = _running_step(found)
+    assert both.keys == ["--max-num-seqs", "env A"]
+    _carry_out(both.action, django_capture_on_commit_callbacks, 305.0, [290.0, 320.0])
     found.refresh_from_db()
-    assert found.cause == [] and found.status == "restoring"
+    assert found.cause == [] and found.status == "restoring" and found.steps.count() == 3
     assert found.finding.startswith("No factor alone restores the baseline's figure.")
     assert "--max-num-seqs 8 → 1: the engine did not come up or the sweep failed" in found.finding
     assert "(the engine exited with status 1)" in found.finding
+
+
+def test_a_cause_that_needs_two_changes_together_is_found_as_the_pair(
+    world, broker, django_capture_on_commit_callbacks, client
+):
+    # the same --max-num-seqs on both sides: only the environment differs, in A and B
+    regressed = _regression(
+        world, env_before={"A": "1", "B": "1"}, env_after={"A": "2", "B": "2"},
+        argv_after=ARGV, seqs_after=8,
+    )  # fmt: skip
+    found = bisection.bisection_start(watch_run=regressed, user=None)
+    assert found.candidates == ["env A", "env B"]
+    tried = []
+    while found.status == "running":
+        step = _running_step(found)
+        both = len(step.keys) == 2
+        tried.append(step.keys)
+        peak, interval = (995.0, [960.0, 1030.0]) if both else (310.0, [290.0, 330.0])
+        _carry_out(step.action, django_capture_on_commit_callbacks, peak, interval)
+        found.refresh_from_db()
+    assert tried == [["env A"], ["env B"], ["env A", "env B"]]
+    assert found.cause == ["env A", "env B"] and found.status == "restoring"
+    assert found.finding.startswith(
+        "The cause is environment A 1 → 2 and environment B 1 → 2 together: with the baseline's "
+        "values of all of them its peak output tok/s was 995 (960–1,030)"
+    )
+    assert found.steps.last().action.recipe.env == {"A": "1", "B": "1"}
+    # no one-flag fix is offered for a pair
+    _carry_out(found.restore_action, django_capture_on_commit_callbacks)
+    client.force_login(world.staff)
+    page = client.get(found.get_absolute_url()).content.decode()
+    assert "Found: environment A 1 → 2; environment B 1 → 2" in page
+    assert 'id="apply-fix"' not in page
 
 
 def test_a_capacity_watchs_try_is_judged_on_its_capacity(

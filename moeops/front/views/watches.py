@@ -94,7 +94,7 @@ def bisection_detail(request, pk):
         ),
         pk=pk,
     )  # fmt: skip
-    steps = list(found.steps.select_related("action__after_run", "action__before_run"))
+    steps = list(found.steps.select_related("action__after_run", "action__before_run", "run"))
     for step in steps:
         step.tried = found.phrases(step.keys)
     ctx = {
@@ -103,12 +103,13 @@ def bisection_detail(request, pk):
         "watch_run": found.watch_run,
         "steps": steps,
         "cause": found.phrases(found.cause),
-        # a flag found to be the cause is put back by the engine panel's restart with arguments
+        # a flag found to be the cause alone is put back by the engine panel's restart with
+        # arguments (a cause of several factors together is put back by a person's recipe)
         "fix": next(
             (
                 f
                 for f in found.factors
-                if f["key"] in found.cause and f["kind"] == "flag" and f["a"] not in (None, "")
+                if [f["key"]] == found.cause and f["kind"] == "flag" and f["a"] not in (None, "")
             ),
             None,
         ),
