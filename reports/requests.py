@@ -165,6 +165,41 @@ def csv_cells(level, request):
     return ["" if value is None else value for value in cells]
 
 
+# The CSV export's cells by what they hold (LEVEL_KEYS + REQUEST_KEYS): the rest are text.
+_CSV_INTEGERS = ("concurrency", "round", "input_len", "output_len")
+_CSV_NUMBERS = ("request_rate", "start_time", "ttft", "latency")
+CSV_HEADER = (*LEVEL_KEYS, *REQUEST_KEYS)
+
+
+def from_csv_cells(cells):
+    """The export line's object of one CSV row ({column: text}, as csv_cells wrote it): numbers
+    read back, empty cells None, itl from its JSON list. Raises ValueError naming the cell."""
+    found = {}
+    for key in CSV_HEADER:
+        text = cells.get(key)
+        if text is None:
+            raise ValueError(f"lacks the cell {key}")
+        if text == "":
+            found[key] = None
+        elif key in _CSV_INTEGERS:
+            if not text.strip().lstrip("+-").isdigit() or len(text) > 30:
+                raise ValueError(f"{key} is not a whole number: {text[:40]!r}")
+            found[key] = int(text)
+        elif key in _CSV_NUMBERS:
+            try:
+                found[key] = float(text)
+            except ValueError:
+                raise ValueError(f"{key} is not a number: {text[:40]!r}") from None
+        elif key == "itl":
+            try:
+                found[key] = json.loads(text)
+            except (ValueError, RecursionError):
+                raise ValueError(f"itl is not a JSON list of gaps: {text[:40]!r}") from None
+        else:
+            found[key] = text
+    return found
+
+
 def level_figures(columns):
     """A round's LevelResult figures from its logged requests (an imported export): counts,
     duration (s), token totals, throughputs (req/s, tok/s), peaks and latency statistics (ms),

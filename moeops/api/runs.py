@@ -293,7 +293,7 @@ def run_diff(request, a: UUID, b: UUID):
 class RunImportIn(In):
     format: ResultFormat = Field(
         description="sglang: bench_serving --output-file JSONL; vllm: --save-result JSON "
-        "(--save-detailed: its requests kept); moeops: a run's per-request export (JSONL)"
+        "(--save-detailed: its requests kept); moeops: a run's per-request export (JSONL, or its CSV)"
     )
     deployment: text(200, min_length=1) = Field(description="deployment id or name")
     content: LongText = Field(description="the file's text")

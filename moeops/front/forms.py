@@ -688,7 +688,7 @@ class ResultFileForm(forms.Form):
         choices=(
             ("sglang", "SGLang bench_serving (JSONL)"),
             ("vllm", "vLLM bench serve --save-result (JSON)"),
-            ("moeops", "moeops per-request export (requests.jsonl)"),
+            ("moeops", "moeops per-request export (requests.jsonl or requests.csv)"),
         )
     )
     file = forms.FileField(label="Result file")

@@ -8,13 +8,16 @@ Formats:
   one JSON object per file, or one per line with `--append-result`; `request_rate` is the
   string "inf" when unlimited. v0.4.0 misspelled `request_inthroughput`.
 - "moeops": a run's own per-request export (`/runs/<uuid>/requests.jsonl`, reports.requests),
-  one request per line; its levels and rounds are the lines' (concurrency, request_rate,
-  round), their figures computed from the requests (reports.requests.level_figures).
+  one request per line, or its CSV twin (`requests.csv`, known by its header row); its levels
+  and rounds are the lines' (concurrency, request_rate, round), their figures computed from the
+  requests (reports.requests.level_figures).
 
 Keys come and go between versions, so every metric is read from the first key present in a
 list of aliases; absent keys stay None. Each object is kept whole in `raw`.
 """
 
+import csv
+import io
 import json
 import math
 from collections import Counter
@@ -117,7 +120,10 @@ class ResultFileMismatch(ValueError):
 
 
 def _objects(text, fmt):
-    """[(line number, object or None, error)] of the file's JSON objects."""
+    """[(line number, object or None, error)] of the file's JSON objects (of a per-request
+    export's CSV rows, for one written as CSV)."""
+    if fmt == "moeops" and _is_export_csv(text):
+        return _csv_objects(text)
     if fmt == "vllm":
         try:
             whole = json.loads(text)
@@ -138,6 +144,32 @@ def _objects(text, fmt):
         except ValueError:
             # Python's own words here point at sys.set_int_max_str_digits, which no user can set
             found.append((number, None, "a number has more than 4,300 digits"))
+    return found
+
+
+def _is_export_csv(text):
+    """Whether text opens with the per-request CSV export's header row."""
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return first.lstrip("\ufeff").strip() == ",".join(request_log.CSV_HEADER)
+
+
+def _csv_objects(text):
+    """[(line number, object or None, error)] of a per-request CSV export's rows."""
+    found = []
+    reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff"), newline=""))
+    try:
+        for cells in reader:
+            if not any(cells.values()):
+                continue
+            if None in cells:
+                found.append((reader.line_num, None, "has more cells than the header"))
+                continue
+            try:
+                found.append((reader.line_num, request_log.from_csv_cells(cells), None))
+            except ValueError as exc:
+                found.append((reader.line_num, None, str(exc)))
+    except csv.Error as exc:
+        found.append((reader.line_num, None, f"not CSV ({exc})"))
     return found
 
 

@@ -232,6 +232,56 @@ def test_an_exported_run_imported_again_keeps_every_request_of_every_round(world
     assert unlimited.mean_itl_ms == pytest.approx(22.5)
 
 
+def test_the_csv_export_imported_again_keeps_every_request_as_the_jsonl_does(world, client):
+    run = world.run(status="running")
+    _push(world, run, _level(_columns(3)))
+    _push(world, run, {**_level(_columns(4, failed=0)), "round": 2})
+    _push(world, run, {**_level(_columns(2, failed=0)), "concurrency": 8, "request_rate": None})
+    pb.sign_in(client)
+    exported = b"".join(client.get(f"/runs/{run.uuid}/requests.csv").streaming_content).decode()
+
+    answer = world.host_worker.post(
+        "/api/v1/runs/import",
+        {
+            "format": "moeops",
+            "deployment": world.deployment.name,
+            "content": exported,
+            "file_name": "requests.csv",
+        },
+    )
+
+    assert answer.status_code == 201, answer.json()
+    imported = SweepRun.objects.get(uuid=answer.json()["run"]["uuid"])
+    # the same requests, rounds and figures as the JSONL export of the run it came from
+    assert _export(client, imported) == _export(client, run)
+    rate, unlimited = imported.levels.order_by("concurrency")
+    assert (rate.round_count, rate.completed, rate.failed) == (2, 6, 1)
+    assert unlimited.output_throughput == pytest.approx(32 / 0.75)
+
+
+HEADER = ",".join(request_log.CSV_HEADER)
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        ("4,,1,0.0,abc,0.5,32,16,ok,,,", "line 2: ttft is not a number: 'abc'"),
+        ("4,,1,0.0,0.1,0.5,32,16,ok,,,[0.1,", "line 2: itl is not a JSON list of gaps"),
+        ("x,,1,0.0,0.1,0.5,32,16,ok,,,", "line 2: concurrency is not a whole number: 'x'"),
+        ("4" + "0" * 400 + ",,1,0.0,0.1,0.5,32,16,ok,,,", "line 2: concurrency is not a whole"),
+        ("4,,1,0.0,-1,0.5,32,16,ok,,,", "line 2: ttft is no request's: -1.0"),
+        ("4,,1,0.0,0.1,0.5,32,16,ok,,,,extra", "line 2: has more cells than the header"),
+        ("4,,1,0.0,0.1", "line 2: lacks the cell latency"),
+    ],
+)
+def test_a_csv_export_row_that_is_not_a_request_is_refused_naming_its_line(world, row, problem):
+    with pytest.raises(ResultFileError) as refused:
+        services.run_import(deployment=world.deployment, fmt="moeops", text=f"{HEADER}\n{row}\n")
+
+    assert problem in str(refused.value)
+    assert not SweepRun.objects.filter(source="import").exists()
+
+
 @pytest.mark.parametrize(
     ("line", "problem"),
     [
