@@ -5,8 +5,11 @@ OpenMP thread as bench/engine_fidelity.py pins it; the load generator runs in th
 pinned to core 1. For one SLO profile (--slo, e.g. "tpot:p50:6"):
 
 1. the dense grid: every concurrency of --grid (default 1–64), --rounds rounds each, every
-   level judged as the search judges it (reports.capacity.probe_of); the grid's capacity is
-   the largest concurrency met below the smallest one failed (reports.capacity.bracket);
+   level judged as the search judges it (reports.capacity.probe_of), and as the search does,
+   run more rounds where its intervals straddle a limit (decision 41: without them a grid
+   level fails on one slow round that a search's level would outlive, and the comparison
+   measures that rule, not the search); the grid's capacity is the largest concurrency met
+   below the smallest one failed (reports.capacity.bracket);
 2. --searches capacity searches (reports.capacity.next_load from --start, at most the grid's
    top), each as the worker runs one (workers.capacity.level_at, the same rounds, and more
    where a level's intervals straddle a limit).
@@ -102,7 +105,7 @@ def dense_grid(config, limits, grid):
     search = Search("concurrency", grid[0], grid[-1])
     probes, sent, levels = [], 0, []
     for index, concurrency in enumerate(grid):
-        figures, requests, rounds = run_rounds(config, search, concurrency, index)
+        figures, requests, rounds = run_rounds(config, search, concurrency, index, limits)
         sent += requests
         probes.append(probe_of(limits, DEFAULT_MAX_FAILED_PERCENT, concurrency, figures))
         levels.append({"concurrency": concurrency, "met": probes[-1].met, "rounds": rounds})
