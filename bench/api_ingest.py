@@ -30,8 +30,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from domain.latency_stats import percentile  # noqa: E402
 from localstack.ports import free_port  # noqa: E402
-from reports.latency_stats import percentile  # noqa: E402
 from workers.client import MoeopsClient  # noqa: E402
 
 PYTHON = sys.executable

@@ -5,12 +5,12 @@ OpenMP thread as bench/engine_fidelity.py pins it; the load generator runs in th
 pinned to core 1. For one SLO profile (--slo, e.g. "tpot:p50:6"):
 
 1. the dense grid: every concurrency of --grid (default 1–64), --rounds rounds each, every
-   level judged as the search judges it (reports.capacity.probe_of), and as the search does,
+   level judged as the search judges it (domain.capacity.probe_of), and as the search does,
    run more rounds where its intervals straddle a limit (decision 41: without them a grid
    level fails on one slow round that a search's level would outlive, and the comparison
    measures that rule, not the search); the grid's capacity is the largest concurrency met
-   below the smallest one failed (reports.capacity.bracket);
-2. --searches capacity searches (reports.capacity.next_load from --start, at most the grid's
+   below the smallest one failed (domain.capacity.bracket);
+2. --searches capacity searches (domain.capacity.next_load from --start, at most the grid's
    top), each as the worker runs one (workers.capacity.level_at, the same rounds, and more
    where a level's intervals straddle a limit).
 
@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reports.capacity import (  # noqa: E402
+from domain.capacity import (  # noqa: E402
     Search,
     bracket,
     capacity_answer,
@@ -50,8 +50,8 @@ from reports.capacity import (  # noqa: E402
     parse_slo,
     probe_of,
 )
-from reports.intervals import level_of_rounds  # noqa: E402
-from reports.slo import DEFAULT_MAX_FAILED_PERCENT  # noqa: E402
+from domain.intervals import level_of_rounds  # noqa: E402
+from domain.slo import DEFAULT_MAX_FAILED_PERCENT  # noqa: E402
 from tests.engine import (  # noqa: E402
     ENGINE_DIR,
     SERVED_MODEL,
@@ -84,7 +84,7 @@ def grid_of(text):
 
 def run_rounds(config, search, load, index, limits=None):
     """The level at `load` run config.rounds times, and with `limits` (the search's) one more
-    at a time while its intervals straddle one (reports.capacity.needs_more_rounds); (its
+    at a time while its intervals straddle one (domain.capacity.needs_more_rounds); (its
     figures, requests sent, rounds)."""
     level = level_at(config, search, load, index)
     rounds = [

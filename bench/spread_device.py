@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reports.topology import diff_snapshots  # noqa: E402
+from domain.topology import diff_snapshots  # noqa: E402
 from tuning.config_files import TUNED_BATCH_SIZES  # noqa: E402
 from tuning.search import KernelShape  # noqa: E402
 from tuning.spread import (  # noqa: E402

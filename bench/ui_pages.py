@@ -119,7 +119,7 @@ def _level_create(run, concurrency, rounds, scale=1.0, start=None, end=None):
             **times,
             **_level_fields(concurrency, scale),
         )
-    from reports.intervals import level_of_rounds
+    from domain.intervals import level_of_rounds
 
     figures = []
     for r in range(rounds):

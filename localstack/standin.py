@@ -31,7 +31,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from reports.engine import STANDIN_OWNER
+from domain.engine import STANDIN_OWNER
 
 # What the tokens say; ids cycle through these words.
 TOKEN_WORDS = (

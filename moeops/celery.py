@@ -9,7 +9,7 @@ import os
 from celery import Celery, chain
 from celery.signals import beat_init
 
-from reports.queues import VISIBILITY_TIMEOUT_S
+from domain.queues import VISIBILITY_TIMEOUT_S
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "moeops.settings")
 

@@ -21,8 +21,8 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 from kombu.exceptions import OperationalError as BrokerError
 
+from domain.jobs import FINISHED_STATUSES
 from moeops.celery import app
-from reports.jobs import FINISHED_STATUSES
 
 log = logging.getLogger(__name__)
 

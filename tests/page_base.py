@@ -143,7 +143,7 @@ def samples_summed(run_row):
 def vllm_identity(max_num_seqs=4, version="0.32.0", tuned_folder="/opt/moe-tuned"):
     """The snapshot's "engine" of a vLLM started with VLLM_SERVER_DEV_MODE=1, built the way
     identify_engine builds it: /server_info's nested vllm_config flattened to dotted names."""
-    from reports import engine as reports
+    from domain import engine as reports
 
     config = {
         "model_config": {

@@ -33,6 +33,8 @@ from celery import Celery
 from django.contrib.auth.models import User
 from django.db import OperationalError
 
+from domain.jobs import FINISHED_STATUSES
+from domain.launch import flag_value
 from localstack.standin import spawn_standin
 from moeops import celery as web_celery
 from moeops.api.models import ApiToken
@@ -41,8 +43,6 @@ from moeops.engines.models import EngineAction
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
-from reports.jobs import FINISHED_STATUSES
-from reports.launch import flag_value
 from workers.engine_supervisor import EngineSupervisor
 from workers.telemetry import TelemetrySampler
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from reports.numbers import is_integer
+from domain.numbers import is_integer
 from tuning.moe_params import MAX_EXPERTS, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE
 
 # The batch sizes both engines' tuners sweep by default (benchmark_moe.py, common_utils.py).

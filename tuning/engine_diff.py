@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from reports.engine_diff import compare
+from domain.engine_diff import compare
 from tuning.backends import load_backend
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
 from tuning.kernel_backend import BackendError
@@ -60,7 +60,7 @@ def describe(backend, shape, device_name: str, batch_sizes) -> dict:
 
 def report(engine: str, shape, device_name: str, old: dict, new: dict) -> dict:
     """JSON-ready: the two versions' describe() records with the engine, shape and GPU they are
-    for, as the engine-diff page stores them (reports.engine_diff.checked_report)."""
+    for, as the engine-diff page stores them (domain.engine_diff.checked_report)."""
     return {
         "engine": engine,
         "shape": shape.as_dict(),

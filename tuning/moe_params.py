@@ -10,7 +10,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from reports.numbers import is_integer
+from domain.numbers import is_integer
 
 # First key present wins; DBRX keeps its MoE fields under ffn_config.
 EXPERTS_KEYS = (

@@ -1,11 +1,11 @@
 """A capacity search as the GPU-host worker runs it, inside workers.sweep.run_sweep: the next load
-from reports.capacity.next_load, each level run `rounds` times and pushed round by round as a
+from domain.capacity.next_load, each level run `rounds` times and pushed round by round as a
 sweep's are, until the search ends. The bracket goes into the run's progress ("capacity") as
 each probe lands, so that the run page shows it narrowing.
 
 A level whose intervals straddle a limit after its rounds (it fails on its upper bounds, meets
 on its medians) runs more rounds, one at a time, until they no longer straddle or it has run
-reports.intervals.MAX_ROUNDS (reports.capacity.needs_more_rounds).
+domain.intervals.MAX_ROUNDS (domain.capacity.needs_more_rounds).
 
 A resumed search reads the levels stored before: those with all their rounds are probes as
 they are, a level cut short (its rounds, or the more rounds a straddling level was running)
@@ -14,7 +14,7 @@ runs the rest."""
 import asyncio
 import logging
 
-from reports.capacity import (
+from domain.capacity import (
     bracket,
     ended,
     limits_of,
@@ -23,8 +23,8 @@ from reports.capacity import (
     probe_of,
     search_of,
 )
-from reports.intervals import level_of_rounds
-from reports.levels import DEFAULT_PROMPTS_PER_STREAM
+from domain.intervals import level_of_rounds
+from domain.levels import DEFAULT_PROMPTS_PER_STREAM
 from workers import loadgen
 from workers.loadgen.config import LevelConfig
 

@@ -16,7 +16,7 @@ import socket
 from celery import Celery, bootsteps
 from celery.signals import worker_ready
 
-from reports.queues import VISIBILITY_TIMEOUT_S, host_queue
+from domain.queues import VISIBILITY_TIMEOUT_S, host_queue
 
 # httpx logs every request at INFO: thousands per sweep level
 logging.getLogger("httpx").setLevel(logging.WARNING)

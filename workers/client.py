@@ -611,7 +611,7 @@ class MoeopsClient:
         return self._push("POST", "/kernel-configs/import", body)
 
     def push_workload(self, name, spec, *, file_name="", data=None, context_len=None):
-        """A new version of the workload `name` (reports.workloads' spec); data: a dataset
+        """A new version of the workload `name` (domain.workloads' spec); data: a dataset
         file's bytes, sent as base64 (a binary file is refused by the API, by its name)."""
         body = {"name": name, "spec": spec, "file_name": file_name}
         if data is not None:

@@ -17,7 +17,7 @@ import logging
 import time
 from pathlib import Path
 
-from reports import launch
+from domain import launch
 from tuning.config_files import ConfigFileError, config_file_relpath, configs_root
 from workers.client import ApiError
 from workers.engine_info import identify_engine, kernel_config_in_effect, locate_engine_package

@@ -3,7 +3,7 @@
 
 import time
 
-from reports import engine as engine_reports
+from domain import engine as engine_reports
 from workers.engine_info import identify_engine
 
 

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from reports import engine as reports
+from domain import engine as reports
 from tuning.cache_dir import cache_dir
 
 DEFAULTS_TIMEOUT_S = 180.0
@@ -94,7 +94,7 @@ def _cache_file(exe: str, version: str, model: str, env: dict) -> Path:
 
 def vllm_defaults(process: psutil.Process, model: str, version: str) -> dict:
     """{"args": …, "env": …} that the vLLM of `process` resolves for `model` with no flags, in
-    reports.engine's flattened form."""
+    domain.engine's flattened form."""
     try:
         cwd, environ = process.cwd(), process.environ()
         exe = _interpreter(process.cmdline(), cwd, environ) or process.exe()

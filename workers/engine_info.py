@@ -19,7 +19,7 @@ import socket
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from reports import engine as reports
+from domain import engine as reports
 from tuning.config_files import CONFIG_ENV, ConfigFileError, config_file_name, search_path
 from tuning.engine_source import EngineSourceError, locate_package
 from workers.engine_defaults import defaults_differing
@@ -58,7 +58,7 @@ def _metric_names(text: str) -> tuple[list[str], dict]:
 def identify_engine(base_url: str, *, timeout_s: float = 10.0) -> dict:
     """What the engine at base_url says of itself.
 
-    Returns reports.engine.identity's dict plus {"url", "reachable" (bool), "error" (why
+    Returns domain.engine.identity's dict plus {"url", "reachable" (bool), "error" (why
     not, else "")}; "engine" is "vllm", "sglang", "standin" or "unknown", and "notes" says in
     sentences what could not be read and why.
     """

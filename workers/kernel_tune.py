@@ -23,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from reports.jobs import FINISHED_STATUSES
+from domain.jobs import FINISHED_STATUSES
 from tuning.cache_dir import cache_dir
 from tuning.config_files import triton_config_unread
 from workers.client import ApiError, Conflict, Unreachable

@@ -21,12 +21,12 @@ import threading
 import time
 import uuid
 
-from reports import requests as request_log
-from reports.failures import describe_failure
-from reports.jobs import FINISHED_STATUSES
-from reports.levels import LEVEL_KEYS
-from reports.progress import HEARTBEAT_STALE_S, SweepProgress
-from reports.snapshot import RunSnapshot
+from domain import requests as request_log
+from domain.failures import describe_failure
+from domain.jobs import FINISHED_STATUSES
+from domain.levels import LEVEL_KEYS
+from domain.progress import HEARTBEAT_STALE_S, SweepProgress
+from domain.snapshot import RunSnapshot
 from workers import capacity, engine_info, loadgen, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler, counter_deltas, read_engine_counters
@@ -44,7 +44,7 @@ TAKEN_OVER = "taken over"
 PROGRESS_INTERVAL_S = 1.0
 SAMPLES_INTERVAL_S = 5.0
 # The keys of a load-generator result that the API stores as LevelResult columns: a level's
-# metrics (reports.levels) and what describes the level and its requests.
+# metrics (domain.levels) and what describes the level and its requests.
 LEVEL_FIELDS = (
     "concurrency",
     "request_rate",
@@ -126,7 +126,7 @@ def sweep_workload(parameters):
 def level_payload(result, attempt=1, round_number=1):
     """The API's level body from a load-generator result, taken by the run's delivery
     `attempt` in the level's round `round_number`: its requests travel packed as request_log
-    (their ITLs capped, reports.requests), the rest of the result as raw."""
+    (their ITLs capped, domain.requests), the rest of the result as raw."""
     result = dict(result)
     columns = result.pop("requests", None)
     payload = {k: result[k] for k in LEVEL_FIELDS if result.get(k) is not None}

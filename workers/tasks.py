@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 
-from reports.queues import SWEEP_SOFT_LIMIT_S
+from domain.queues import SWEEP_SOFT_LIMIT_S
 from workers import engine_action, engine_check, kernel_tune, sweep, telemetry, topology
 from workers.celery import HOST_NAME, HOST_QUEUE, app
 from workers.client import MoeopsClient, Unreachable
@@ -17,8 +17,8 @@ from workers.client import MoeopsClient, Unreachable
 log = logging.getLogger(__name__)
 
 # Time limits (s): soft raises inside the task so it can end its run as failed; hard kills it.
-# Every hard limit ends before the broker's visibility timeout (reports.queues) would hand the
-# task to another worker. A sweep's soft limit is in reports.queues: the web tier reads it too.
+# Every hard limit ends before the broker's visibility timeout (domain.queues) would hand the
+# task to another worker. A sweep's soft limit is in domain.queues: the web tier reads it too.
 TUNE_SOFT_LIMIT_S = 3 * 3600
 CHECK_SOFT_LIMIT_S = 120
 # A restart waits for the engine's /health (a recipe allows up to 2 h), then perhaps for the

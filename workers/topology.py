@@ -1,5 +1,5 @@
 """Probe this GPU host's topology (NVML, /proc, /sys: GPUs, links, P2P, NUMA affinity, NICs and
-virtualization layers) into the snapshot format of reports.topology, and the command line:
+virtualization layers) into the snapshot format of domain.topology, and the command line:
 
     python -m workers.topology probe [--root DIR]
     python -m workers.topology parse FILE [--p2p-read FILE ...]
@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reports.topology import P2P_KINDS, TopologyParseError, parse_nvidia_smi_topo, unknown_gpu
+from domain.topology import P2P_KINDS, TopologyParseError, parse_nvidia_smi_topo, unknown_gpu
 
 # --------------------------------------------------------------------------- the probe
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from reports.numbers import is_integer
+from domain.numbers import is_integer
 from tuning.moe_params import vocab_size
 from workers.engine_http import EngineHTTP
 

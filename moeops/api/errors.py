@@ -11,12 +11,12 @@ from django.http import Http404
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 
+from domain.topology import TopologyParseError
 from moeops.fleet.services import AlreadyExists
 from moeops.insights.services import NoteConflict
 from moeops.kernels.services import TuningConflict
 from moeops.runs.importers import ResultFileError, ResultFileMismatch
 from moeops.runs.services import RunConflict
-from reports.topology import TopologyParseError
 from tuning.moe_params import MoEConfigError
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
+from domain.numbers import is_number
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, require_host
 from moeops.api.fields import (
@@ -41,7 +42,6 @@ from moeops.runs.models import (
 )
 from moeops.runs.parameters import MAX_ROUNDS, Concurrency, RunParameters
 from moeops.storable import MAX_SMALL_INT
-from reports.numbers import is_number
 
 router = Router(tags=["runs"])
 
@@ -293,7 +293,8 @@ def run_diff(request, a: UUID, b: UUID):
 class RunImportIn(In):
     format: ResultFormat = Field(
         description="sglang: bench_serving --output-file JSONL; vllm: --save-result JSON "
-        "(--save-detailed: its requests kept); moeops: a run's per-request export (JSONL, or its CSV)"
+        "(--save-detailed: its requests kept); moeops: a run's per-request export (JSONL or "
+        "CSV)"
     )
     deployment: text(200, min_length=1) = Field(description="deployment id or name")
     content: LongText = Field(description="the file's text")
@@ -431,7 +432,7 @@ class LevelIn(In):
     raw: JsonObject | None = Field(None, description="the original result object, if any")
     request_log: Annotated[str, Field(max_length=MAX_REQUEST_LOG_CHARS)] | None = Field(
         None,
-        description="every request of the round (reports.requests): JSON columns, zlib, base64",
+        description="every request of the round (domain.requests): JSON columns, zlib, base64",
     )
 
 

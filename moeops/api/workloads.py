@@ -10,13 +10,13 @@ from ninja import Router, Schema
 from ninja.errors import HttpError
 from pydantic import Field, model_validator
 
+from domain.workloads import MAX_LENGTH
 from moeops.api import lookups
 from moeops.api.auth import PersonOnly
 from moeops.api.fields import In, JsonObject, PosInt, text
 from moeops.api.responses import stored
 from moeops.runs.models import WORKLOAD_KINDS, Workload
 from moeops.runs.workloads import workload_store
-from reports.workloads import MAX_LENGTH
 
 router = Router(tags=["workloads"])
 
@@ -26,7 +26,7 @@ WorkloadKind = Literal[tuple(key for key, _ in WORKLOAD_KINDS)]
 class WorkloadIn(In):
     name: text(100, min_length=1)
     spec: JsonObject = Field(
-        description='reports.workloads\' spec: {"kind": "random", "input": LENGTH, "output": '
+        description='domain.workloads\' spec: {"kind": "random", "input": LENGTH, "output": '
         'LENGTH}, {"kind": "dataset", "output": LENGTH | null}, {"kind": "shared_prefix", '
         '"groups", "prefix_len", "question_len", "output"}, {"kind": "multi_turn", "turns", '
         '"question_len", "output", "think_time_s"}; docs/metrics.md, "Workloads"'

@@ -16,6 +16,8 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from domain.launch import FlagError, check_values, set_flags
+from domain.numbers import is_integer
 from moeops import jobs
 from moeops.celery import send_host_chain
 from moeops.engines.models import EngineAction, LaunchRecipe
@@ -26,8 +28,6 @@ from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from moeops.runs.workloads import sweep_task_kwargs
-from reports.launch import FlagError, check_values, set_flags
-from reports.numbers import is_integer
 from tuning.config_files import ConfigFileError
 
 log = logging.getLogger(__name__)

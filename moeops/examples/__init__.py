@@ -37,13 +37,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from domain.launch import set_flags
 from moeops.engines.services import recipe_create, recipe_newest
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
 from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
 from moeops.runs import snapshots
 from moeops.runs.models import LevelResult, SweepRun, TelemetrySample, level_key
 from moeops.runs.parameters import parameters_checked
-from reports.launch import set_flags
 
 WRITEUP = "From the write-up 'The Pivot Point'"
 HERE = Path(__file__).resolve().parent

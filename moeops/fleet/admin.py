@@ -3,6 +3,7 @@ import json
 from django import forms
 from django.contrib import admin
 
+from domain.topology import TopologyParseError, parse_nvidia_smi_topo
 from moeops.fleet import services
 from moeops.fleet.endpoints import endpoint_refusal
 from moeops.fleet.forms import TopologyTextForm
@@ -16,7 +17,6 @@ from moeops.fleet.models import (
     SLOProfile,
     TopologySnapshot,
 )
-from reports.topology import TopologyParseError, parse_nvidia_smi_topo
 from tuning.moe_params import MoEConfigError
 
 SHAPE_FIELDS = (

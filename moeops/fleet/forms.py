@@ -3,7 +3,7 @@ it to fleet.services.topology_import, which parses it as the API does."""
 
 from django import forms
 
-from reports.topology import P2P_KINDS
+from domain.topology import P2P_KINDS
 
 # The longest text taken, as the API's nvidia_smi_topo.
 MAX_TOPO_CHARS = 1_000_000
@@ -36,6 +36,6 @@ class TopologyTextForm(forms.Form):
         return {"matrix_text": data["matrix_text"], "p2p_texts": p2p}
 
     def add_parse_error(self, error):
-        """A reports.topology.TopologyParseError as a sentence on the field whose text it is."""
+        """A domain.topology.TopologyParseError as a sentence on the field whose text it is."""
         field = "p2p_text" if error.source.startswith("p2p ") else "matrix_text"
         self.add_error(field, str(error))

@@ -13,12 +13,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.timesince import timesince
 
-from reports import engine as engine_reports
-from reports import launch
-from reports.levels import LATENCY_METRICS
-from reports.numbers import is_number
-from reports.queues import host_queue
-from reports.slo import (
+from domain import engine as engine_reports
+from domain import launch
+from domain.levels import LATENCY_METRICS
+from domain.numbers import is_number
+from domain.queues import host_queue
+from domain.slo import (
     DEFAULT_MAX_FAILED_PERCENT,
     METRIC_LABELS,
     SLO_PERCENTILES,
@@ -26,7 +26,7 @@ from reports.slo import (
     profile_problems,
     stat_key,
 )
-from reports.topology import VIRTUALIZATION_WORDS, virtualization_words, vm_layer
+from domain.topology import VIRTUALIZATION_WORDS, virtualization_words, vm_layer
 from tuning import config_files
 from tuning.moe_params import (
     MAX_ARCHITECTURE_CHARS,
@@ -297,7 +297,7 @@ class TopologySnapshot(models.Model):
     )
     virtualization_technology = models.CharField(max_length=50, blank=True)
     virtualization_evidence = models.JSONField(default=list, blank=True)
-    # every layer, outermost first (reports.topology); [] in rows older than it
+    # every layer, outermost first (domain.topology); [] in rows older than it
     virtualization_layers = models.JSONField(default=list, blank=True)
     driver_version = models.CharField(max_length=50, blank=True)
     cuda_version = models.CharField(max_length=50, blank=True)
@@ -329,7 +329,7 @@ class TopologySnapshot(models.Model):
         return vm_layer(self.as_snapshot()["virtualization"])
 
     def as_snapshot(self):
-        """The snapshot in the JSON shape of reports.topology (for diffs and the API)."""
+        """The snapshot in the JSON shape of domain.topology (for diffs and the API)."""
         return {
             "source": self.source,
             "virtualization": {
@@ -370,7 +370,7 @@ def _limit_fields(label):
 
 class SLOProfile(models.Model):
     """A named set of latency limits, each at a percentile, and the largest share of failed
-    requests: what a level must meet (reports.slo judges it)."""
+    requests: what a level must meet (domain.slo judges it)."""
 
     name = models.CharField(max_length=200, unique=True, validators=[not_an_id, one_line])
     ttft_percentile, ttft_ms = _limit_fields("TTFT")
@@ -394,7 +394,7 @@ class SLOProfile(models.Model):
         return reverse("slo-profile-edit", args=[self.pk])
 
     def limits(self):
-        """{metric: (percentile, ms or None)} as reports.slo takes them."""
+        """{metric: (percentile, ms or None)} as domain.slo takes them."""
         return {
             metric: (getattr(self, f"{metric}_percentile"), getattr(self, f"{metric}_ms"))
             for metric in LATENCY_METRICS
@@ -407,7 +407,7 @@ class SLOProfile(models.Model):
 
     def judge(self, level, upper=None):
         """A LevelResult (or any object with its fields) against this profile: a
-        reports.slo.Judgement; upper: {field: upper bound in ms} judged in place of the point
+        domain.slo.Judgement; upper: {field: upper bound in ms} judged in place of the point
         value (an interval's bound)."""
         limits = self.limits()
         keys = ["completed", "failed", *(stat_key(m, p) for m, (p, _) in limits.items() if p)]

@@ -7,6 +7,8 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from domain.levels import LATENCY_METRICS
+from domain.topology import diff_snapshots, parse_nvidia_smi_topo, snapshot_fingerprint
 from moeops.celery import send_host_task
 from moeops.fleet.endpoints import endpoint_change_refusal, endpoint_refusal
 from moeops.fleet.models import (
@@ -20,8 +22,6 @@ from moeops.fleet.models import (
     SLOProfile,
     TopologySnapshot,
 )
-from reports.levels import LATENCY_METRICS
-from reports.topology import diff_snapshots, parse_nvidia_smi_topo, snapshot_fingerprint
 
 HEALTH = frozenset(key for key, _ in HEALTH_STATUSES)
 
@@ -88,7 +88,7 @@ SLO_PROFILE_FIELDS = (
 
 
 def slo_profile_create(*, name, **fields):
-    """(SLOProfile, created). The one rule (SLOProfile.clean, reports.slo.profile_problems)
+    """(SLOProfile, created). The one rule (SLOProfile.clean, domain.slo.profile_problems)
     raises ValidationError naming the field; the same name with the same limits is the existing
     row (idempotent), with other limits AlreadyExists."""
     profile = SLOProfile(name=name, **fields)
@@ -168,7 +168,7 @@ def _moment(epoch_s):
 
 
 def topology_record(*, host, snapshot, source=None, raw_text="", captured_at=None, provenance=""):
-    """(snapshot row, created, changes) for a snapshot in the JSON shape of reports.topology.
+    """(snapshot row, created, changes) for a snapshot in the JSON shape of domain.topology.
 
     A row is added only when the host differs from its current snapshot; otherwise the
     current row is returned with created False. `changes` lists what differs from the
@@ -196,7 +196,7 @@ def topology_record(*, host, snapshot, source=None, raw_text="", captured_at=Non
 def topology_import(*, host, matrix_text, p2p_texts=None, captured_at=None, provenance=""):
     """topology_record of the text `nvidia-smi topo -m` printed and, by kind ("read", "write",
     "nvlink", "atomics"), what `topo -p2p r|w|n|a` printed; the API, the admin and the host page
-    all import through it. Raises reports.topology.TopologyParseError naming the line of text
+    all import through it. Raises domain.topology.TopologyParseError naming the line of text
     that is malformed or cut off, before anything is stored."""
     snapshot = parse_nvidia_smi_topo(matrix_text, p2p_texts or {})
     return topology_record(

@@ -1,11 +1,11 @@
 """What the pages show of a capacity search's answer (moeops.runs.capacity stores it): the run
 page's card and charts, and the one-line capacity of the deployment page, dashboard and compare."""
 
+from domain.capacity import ENDS, limits_of
+from domain.cost import cost_per_million_output_tokens
+from domain.intervals import with_interval
+from domain.slo import METRIC_LABELS
 from moeops.front import charts
-from reports.capacity import ENDS, limits_of
-from reports.cost import cost_per_million_output_tokens
-from reports.intervals import with_interval
-from reports.slo import METRIC_LABELS
 
 
 def load_text(answer, load):

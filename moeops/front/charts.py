@@ -9,8 +9,8 @@ import re
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from reports.capacity import capacity_range
-from reports.numbers import is_number
+from domain.capacity import capacity_range
+from domain.numbers import is_number
 
 LAYOUT = {
     "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
@@ -1001,7 +1001,7 @@ def capacity_limit(levels, mode, metric, percentile, limit_ms, label):
 
 def capacity_over_time(runs):
     """A deployment's capacity searches (oldest first) against when they ran: the conservative
-    capacity with a bar up to where the medians fail (reports.capacity.capacity_range), and
+    capacity with a bar up to where the medians fail (domain.capacity.capacity_range), and
     the answer on medians."""
     runs = [run for run in runs if capacity_range(run.capacity) is not None]
     mode = runs[0].capacity.get("mode") if runs else "concurrency"

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from reports.levels import LATENCY_METRICS, LATENCY_STATS
+from domain.levels import LATENCY_METRICS, LATENCY_STATS
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.forms.fields import InvalidJSONInput
 
+from domain import workloads as workload_specs
 from moeops.fleet.endpoints import endpoint_change_refusal
 from moeops.fleet.models import (
     ENGINES,
@@ -30,7 +31,6 @@ from moeops.runs import estimate
 from moeops.runs.models import TUNED_KERNEL, WORKLOAD_KINDS, SweepRun, Workload
 from moeops.runs.parameters import MAX_ROUNDS, parameters_checked
 from moeops.storable import storable_json
-from reports import workloads as workload_specs
 from tuning.config_files import TUNED_BATCH_SIZES, kernel_dtype, triton_config_unread
 from tuning.engines import ENGINE_TITLES
 from tuning.moe_params import MoEConfigError, moe_params
@@ -524,7 +524,7 @@ class WatchCreateForm(forms.Form):
 
 class CapacityForm(forms.Form):
     """A capacity search of the deployment: the largest load within an SLO profile
-    (reports.capacity); the service writes the profile's limits into the run's parameters."""
+    (domain.capacity); the service writes the profile's limits into the run's parameters."""
 
     label = forms.CharField(max_length=200, required=False)
     slo_profile = forms.ModelChoiceField(
@@ -900,7 +900,7 @@ class WorkloadForm(forms.Form):
     think_time_s = forms.FloatField(
         min_value=0, required=False, help_text="multi-turn: seconds between a turn and the next"
     )
-    # an empty file is refused by reports.workloads, in a sentence that names it
+    # an empty file is refused by domain.workloads, in a sentence that names it
     file = forms.FileField(
         required=False,
         allow_empty_file=True,
@@ -913,7 +913,7 @@ class WorkloadForm(forms.Form):
     )
 
     def spec(self):
-        """The spec its fields give (reports.workloads.spec_checked checks it)."""
+        """The spec its fields give (domain.workloads.spec_checked checks it)."""
         data = self.cleaned_data
         kind = data.get("kind")
         spec = {"kind": kind}

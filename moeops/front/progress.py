@@ -2,8 +2,8 @@
 
 import time
 
-from reports.numbers import is_number
-from reports.progress import SweepProgress, TuneProgress
+from domain.numbers import is_number
+from domain.progress import SweepProgress, TuneProgress
 
 
 def _listed(value):
@@ -86,7 +86,7 @@ def sweep_progress(run, now=None):
         if concurrency is not None:
             parts[-1] += f" (concurrency {int(concurrency)})"
         if p.more_rounds:
-            # reports.capacity.needs_more_rounds: one more round until the intervals settle
+            # domain.capacity.needs_more_rounds: one more round until the intervals settle
             parts.append(f"round {round_number}, more as its interval straddles a limit")
         elif rounds > 1:
             parts.append(f"round {round_number} of {rounds}")

@@ -21,15 +21,15 @@ import math
 from dataclasses import dataclass, field
 from statistics import fmean
 
+from domain.capacity import limited_by_cap
+from domain.engine import CAP_FLAGS, reported_running_cap
+from domain.engine import label as engine_label
+from domain.engine_counters import TOKEN_GAP
+from domain.intervals import overlap, with_interval
+from domain.numbers import is_integer, is_number
+from domain.topology import virtualization_words, vm_layer
+from domain.workloads import workload_identity
 from moeops.runs.telemetry import no_gpu_samples_text
-from reports.capacity import limited_by_cap
-from reports.engine import CAP_FLAGS, reported_running_cap
-from reports.engine import label as engine_label
-from reports.engine_counters import TOKEN_GAP
-from reports.intervals import overlap, with_interval
-from reports.numbers import is_integer, is_number
-from reports.topology import virtualization_words, vm_layer
-from reports.workloads import workload_identity
 from tuning.config_files import file_device_name, kernel_dtype
 
 # Plateau: a step of the sweep that adds less than this much output throughput per doubling of
@@ -146,7 +146,7 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Topology:
-    """A TopologySnapshot's fields, in the JSON shape of reports.topology."""
+    """A TopologySnapshot's fields, in the JSON shape of domain.topology."""
 
     virtualization: str = "unknown"
     technology: str = ""
@@ -239,7 +239,7 @@ class RunData:
     topology: Topology | None = None
     previous: PreviousRun | None = None
     rules: list[Rule] = field(default_factory=list)
-    # a capacity search's stored answer (reports.capacity.capacity_answer), else None
+    # a capacity search's stored answer (domain.capacity.capacity_answer), else None
     capacity: dict | None = None
 
 
@@ -1199,7 +1199,7 @@ def _measured(levels):
 def comparable_key(parameters: dict) -> tuple | None:
     """What two runs must share to be compared: levels, input and output length, and the
     arrivals (request rates, burstiness, ramp-up; none for a closed loop) and the workload sent
-    (reports.workloads.workload_identity); None if unset."""
+    (domain.workloads.workload_identity); None if unset."""
     levels = parameters.get("levels")
     input_len, output_len = parameters.get("input_len"), parameters.get("output_len")
     if not levels or not isinstance(levels, list) or input_len is None or output_len is None:
@@ -1553,7 +1553,7 @@ def capacity_at_cap(data: RunData) -> list[Proposal]:
 # group's first should hit P / (P + Q) of its prompt (P 1024, Q 128: 89 %); 5 % is what a
 # cache that keeps nothing between requests shows from the odd coincidental block.
 COLD_PREFIX_CACHE = 0.05
-# The workload kind whose requests share long prefixes (reports.workloads.KINDS).
+# The workload kind whose requests share long prefixes (domain.workloads.KINDS).
 SHARED_PREFIX = "shared_prefix"
 
 

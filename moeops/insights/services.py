@@ -6,6 +6,7 @@ from django.db.models import Max, Q
 from django.utils import timezone
 from django.utils.text import slugify
 
+from domain.jobs import FINISHED_STATUSES
 from moeops.fleet.models import Deployment
 from moeops.insights import analysis
 from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, Note, PlanItem
@@ -13,7 +14,6 @@ from moeops.jobs import ACTION_IN_FLIGHT
 from moeops.kernels.models import KernelConfig, config_of_file, kernel_source_of
 from moeops.runs import snapshots
 from moeops.runs.models import SweepRun, of_the_deployments_model
-from reports.jobs import FINISHED_STATUSES
 from tuning.config_files import file_device_name
 
 # How far back to look for the previous comparable run of a deployment.

@@ -5,9 +5,9 @@ import uuid
 
 from django.db import models, transaction
 
+from domain import engine_diff
 from moeops.jobs import JOB_STATUSES, Job
 from moeops.runs.models import TELEMETRY_STATUSES
-from reports import engine_diff
 from tuning import config_files
 from tuning.engines import ENGINE_TITLES, KERNEL_PATHS, path_in_engine, vllm_launch
 
@@ -451,7 +451,7 @@ class TuningTiming(models.Model):
 class EngineDiff(models.Model):
     """What changed in an engine's fused-MoE kernel between two versions for one shape and GPU,
     as `python -m tuning engine-diff --json` recorded it where both versions are installed
-    (reports.engine_diff): the web tier shows it and runs no engine code."""
+    (domain.engine_diff): the web tier shows it and runs no engine code."""
 
     engine = models.CharField(max_length=20, choices=KERNEL_ENGINES)
     from_version = models.CharField(max_length=100)

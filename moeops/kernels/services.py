@@ -7,12 +7,12 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from domain import engine_diff
 from moeops import jobs
 from moeops.celery import send_host_task
 from moeops.engines.services import require_staff
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KERNEL_DTYPES, EngineDiff, KernelConfig, TuningRun, TuningTiming
-from reports import engine_diff
 from tuning import config_files
 from tuning.engines import ENGINE_TITLES
 

@@ -1,14 +1,11 @@
 """Capacity searches of the web tier: the parameters a search is started with (its SLO profile's
 limits written into them, so that the worker judges levels as the run records), and the answer
-stored on the run from its levels (reports.capacity does the search and the judging)."""
+stored on the run from its levels (domain.capacity does the search and the judging)."""
 
 from django.core.exceptions import ValidationError
 from django.db.models import Q
 
-from moeops.fleet.models import SLOProfile
-from moeops.runs.models import SweepRun
-from moeops.runs.parameters import MAX_CONCURRENCY
-from reports.capacity import (
+from domain.capacity import (
     DEFAULT_ROUNDS,
     at_capacity,
     capacity_answer,
@@ -16,7 +13,10 @@ from reports.capacity import (
     probe_of,
     search_of,
 )
-from reports.intervals import INTERVAL_KEYS
+from domain.intervals import INTERVAL_KEYS
+from moeops.fleet.models import SLOProfile
+from moeops.runs.models import SweepRun
+from moeops.runs.parameters import MAX_CONCURRENCY
 
 # The per-request limits of the load generator's goodput, from the profile's limits of the
 # same metric (ITL has none there).
@@ -96,14 +96,14 @@ LEVEL_FIELDS = (
 
 
 def level_figures(level):
-    """A LevelResult as the dict reports.capacity reads: its fields and its intervals."""
+    """A LevelResult as the dict domain.capacity reads: its fields and its intervals."""
     figures = {key: getattr(level, key) for key in (*LEVEL_FIELDS, *INTERVAL_KEYS)}
     figures["intervals"] = dict(level.intervals or {})
     return figures
 
 
 def run_answer(run, levels):
-    """The answer of a capacity search run from its stored levels (reports.capacity's, plus
+    """The answer of a capacity search run from its stored levels (domain.capacity's, plus
     `at_capacity`: what the deployment does at the capacity point), or None for another run.
     Levels stopped part-way are left out: they did not run their rounds."""
     if not is_capacity(run.parameters):

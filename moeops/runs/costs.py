@@ -1,9 +1,9 @@
 """Cost and energy per output token of each level of a run, from its host's price and its GPU
-power samples (reports.cost does the arithmetic; docs/metrics.md defines both)."""
+power samples (domain.cost does the arithmetic; docs/metrics.md defines both)."""
 
 from dataclasses import dataclass
 
-from reports.cost import Figure, cost_per_million_output_tokens, energy_per_output_token
+from domain.cost import Figure, cost_per_million_output_tokens, energy_per_output_token
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ MAX_METRIC in their unit, and a level that does not finish before it starts."""
 
 import math
 
-from reports.levels import LEVEL_KEYS
-from reports.numbers import is_number
+from domain.levels import LEVEL_KEYS
+from domain.numbers import is_number
 
 # No level of any deployment reaches 10^9 tok/s, req/s, s or ms; a larger number is a broken
 # client, and would print as a 300-digit figure in a finding's title.

@@ -12,15 +12,15 @@ from django.db import models
 from django.db.models import Avg, Case, CharField, Count, Max, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce
 
+from domain import engine as engine_reports
+from domain import engine_counters
+from domain import requests as request_log
+from domain.failures import describe_failure
+from domain.intervals import ROUND_KEYS
+from domain.numbers import is_integer
+from domain.progress import attempt_of
+from domain.snapshot import RunSnapshot
 from moeops.jobs import JOB_STATUSES, Job
-from reports import engine as engine_reports
-from reports import engine_counters
-from reports import requests as request_log
-from reports.failures import describe_failure
-from reports.intervals import ROUND_KEYS
-from reports.numbers import is_integer
-from reports.progress import attempt_of
-from reports.snapshot import RunSnapshot
 
 RUN_SOURCES = (("worker", "Worker sweep"), ("import", "Imported file"), ("manual", "Manual entry"))
 
@@ -166,7 +166,7 @@ class SweepRun(Job, models.Model):
         return self.label or f"run {str(self.uuid)[:8]}"
 
     def recorded(self):
-        """The run's snapshot, typed (reports.snapshot.RunSnapshot)."""
+        """The run's snapshot, typed (domain.snapshot.RunSnapshot)."""
         return RunSnapshot.read(self.snapshot)
 
     @property
@@ -299,7 +299,7 @@ class SweepRun(Job, models.Model):
 
     def logged_requests(self):
         """Every logged request of the run, level by level (by concurrency, then rate) and
-        round by round: (its level's reports.requests.LEVEL_KEYS as a dict, the request's dict).
+        round by round: (its level's domain.requests.LEVEL_KEYS as a dict, the request's dict).
         Reads one log at a time."""
         logs = (
             RequestLog.objects.filter(level__run=self)
@@ -445,7 +445,7 @@ class LevelResult(models.Model):
     intervals = models.JSONField(
         default=dict,
         blank=True,
-        help_text="95 % interval [low, high] over the rounds per figure (reports.intervals)",
+        help_text="95 % interval [low, high] over the rounds per figure (domain.intervals)",
     )
     body_sha256 = models.CharField(max_length=64, blank=True, help_text=BODY_SHA256_HELP)
     created = models.DateTimeField(auto_now_add=True)
@@ -490,7 +490,7 @@ class LevelResult(models.Model):
 
     def engine_figures(self):
         """What the level did to the engine, from its /metrics counters over all its rounds
-        (reports.engine_counters.figures: prefix-cache hit rate, preemptions, speculative
+        (domain.engine_counters.figures: prefix-cache hit rate, preemptions, speculative
         acceptance, the engine's token counts against the client's); {} when the worker read
         no counters (an imported level, an engine without /metrics). Prefetch `rounds`."""
         rounds = self.stored_rounds()
@@ -551,7 +551,7 @@ class LevelResult(models.Model):
         return list(self.rounds.all()) or [self.own_round()]
 
     def interval(self, key):
-        """(low, high) of the figure `key` over the level's rounds (reports.intervals), or None:
+        """(low, high) of the figure `key` over the level's rounds (domain.intervals), or None:
         one round has none."""
         interval = (self.intervals or {}).get(key)
         return tuple(interval) if interval else None
@@ -595,7 +595,7 @@ class LevelRound(models.Model):
 
 
 class RequestLog(models.Model):
-    """Every request of one round of a level (reports.requests: send time, TTFT, ITLs, E2E,
+    """Every request of one round of a level (domain.requests: send time, TTFT, ITLs, E2E,
     tokens, status, error), packed: JSON columns, zlib-compressed. docs/decisions.md says why
     packed and where the ITLs are capped."""
 
@@ -605,7 +605,7 @@ class RequestLog(models.Model):
     itl_dropped = models.PositiveIntegerField(
         default=0, help_text="requests that kept no ITLs: past the cap on a level's ITL values"
     )
-    data = models.BinaryField(help_text="zlib of the JSON columns (reports.requests)")
+    data = models.BinaryField(help_text="zlib of the JSON columns (domain.requests)")
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -619,7 +619,7 @@ class RequestLog(models.Model):
         return f"{self.level} round {self.round}: {self.count} requests"
 
     def requests(self):
-        """The logged requests, one dict each (reports.requests.REQUEST_KEYS)."""
+        """The logged requests, one dict each (domain.requests.REQUEST_KEYS)."""
         columns = json.loads(zlib.decompress(bytes(self.data)))
         return request_log.rows(columns)
 
@@ -823,14 +823,14 @@ WORKLOAD_KINDS = (
 
 
 class Workload(models.Model):
-    """What a sweep sends: one version of a named workload (reports.workloads' spec, and for a
+    """What a sweep sends: one version of a named workload (domain.workloads' spec, and for a
     dataset the uploaded file's compact form and SHA-256). Versions are kept: a run records the
     version it sent."""
 
     name = models.CharField(max_length=100)
     version = models.PositiveIntegerField(default=1, editable=False)
     kind = models.CharField(max_length=20, choices=WORKLOAD_KINDS)
-    spec = models.JSONField(help_text="reports.workloads' spec: lengths in tokens, think time s")
+    spec = models.JSONField(help_text="domain.workloads' spec: lengths in tokens, think time s")
     description = models.CharField(max_length=300, blank=True)
     file_name = models.CharField(max_length=300, blank=True)
     sha256 = models.CharField(max_length=64, blank=True, help_text="the uploaded file's")

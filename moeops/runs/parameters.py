@@ -8,11 +8,11 @@ from django.core.exceptions import ValidationError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic import ValidationError as SchemaError
 
+from domain.capacity import MAX_BUDGET, MODES, search_problems
+from domain.intervals import MAX_ROUNDS
+from domain.levels import DEFAULT_PROMPTS_PER_STREAM
+from domain.queues import SWEEP_SOFT_LIMIT_S
 from moeops.storable import MAX_INT, storable_json
-from reports.capacity import MAX_BUDGET, MODES, search_problems
-from reports.intervals import MAX_ROUNDS
-from reports.levels import DEFAULT_PROMPTS_PER_STREAM
-from reports.queues import SWEEP_SOFT_LIMIT_S
 
 # One sweep's numbers stay far below what a worker can hold in memory: a prompt of 2^24 tokens is
 # beyond every context window (Llama 4 Scout: 10 M), a level of 2^24 requests beyond any bench.
@@ -79,7 +79,7 @@ class RunParameters(BaseModel):
     vocab_size: Annotated[int, Field(strict=True, ge=2, le=MAX_INT)] | None = None
     kind: Literal["sweep", "capacity"] | None = Field(
         None,
-        description="capacity: an SLO capacity search (reports.capacity) from start; null or "
+        description="capacity: an SLO capacity search (domain.capacity) from start; null or "
         "sweep: the levels given",
     )
     slo_profile: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(

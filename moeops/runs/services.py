@@ -14,6 +14,10 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from domain import engine as engine_reports
+from domain import requests as request_log
+from domain.intervals import ROUND_KEYS, level_of_rounds
+from domain.progress import HEARTBEAT_STALE_S, SweepProgress, attempt_of
 from moeops import jobs
 from moeops.celery import send_host_task
 from moeops.fleet.endpoints import endpoint_refusal
@@ -33,10 +37,6 @@ from moeops.runs.models import (
 )
 from moeops.runs.parameters import parameters_checked
 from moeops.runs.workloads import sweep_task_kwargs, workload_lookup
-from reports import engine as engine_reports
-from reports import requests as request_log
-from reports.intervals import ROUND_KEYS, level_of_rounds
-from reports.progress import HEARTBEAT_STALE_S, SweepProgress, attempt_of
 from tuning.moe_params import vocab_size
 
 log = logging.getLogger(__name__)
@@ -403,7 +403,7 @@ def level_record(*, run, round=1, **fields):
     """(LevelResult, created) keyed by (run, concurrency, request rate) and the round (1, 2, …
     of a level that runs several times); a repeat (the same key, round and body) stores
     nothing, even once the run has finished. A new round is stored as a LevelRound and the
-    level's figures become those of all its rounds (reports.intervals.level_of_rounds).
+    level's figures become those of all its rounds (domain.intervals.level_of_rounds).
 
     fields are LevelResult fields; request_rate None or inf means unlimited. Raises
     ValidationError naming a metric no level can have (negative, absurd, finished before
@@ -464,7 +464,7 @@ def level_record(*, run, round=1, **fields):
 
 
 def _request_log(packed, fields):
-    """An unsaved RequestLog of a level's packed requests (reports.requests.pack), or None for
+    """An unsaved RequestLog of a level's packed requests (domain.requests.pack), or None for
     none; raises ValidationError on "request_log" for a log that does not unpack or holds
     another number of requests than the level counts."""
     if packed is None:

@@ -24,10 +24,10 @@ from pathlib import Path
 
 from django.utils import timezone
 
+from domain import launch
+from domain.snapshot import RunSnapshot
+from domain.workloads import WORKLOAD_KEYS, workload_identity
 from moeops import __version__
-from reports import launch
-from reports.snapshot import RunSnapshot
-from reports.workloads import WORKLOAD_KEYS, workload_identity
 
 # The parts of a snapshot the worker adds once the engine has answered.
 OBSERVED_KEYS = ("engine", "kernel_config", "client")
@@ -133,7 +133,7 @@ def load_record(parameters: dict) -> dict:
 
 
 def workload_record(parameters: dict) -> dict:
-    """The workload a sweep sent (reports.workloads.WORKLOAD_KEYS of its parameters'
+    """The workload a sweep sent (domain.workloads.WORKLOAD_KEYS of its parameters'
     `workload`); a sweep that names none sends random token ids of its input and output
     lengths."""
     return workload_identity(parameters.get("workload"))
@@ -149,7 +149,7 @@ def _workload_of(snapshot: dict) -> dict | None:
 
 
 def recipe_record(recipe) -> dict | None:
-    """The launch recipe a managed engine runs: its version, flags (reports.launch.flags),
+    """The launch recipe a managed engine runs: its version, flags (domain.launch.flags),
     environment and the kernel configs its folder holds."""
     if recipe is None:
         return None

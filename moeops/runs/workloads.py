@@ -1,5 +1,5 @@
 """Writes to workloads: a new version of a named workload from its spec and, for a dataset,
-its file (reports.workloads parses and checks it; nothing of a refused file is stored)."""
+its file (domain.workloads parses and checks it; nothing of a refused file is stored)."""
 
 import hashlib
 import json
@@ -7,15 +7,15 @@ import json
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from domain import workloads
 from moeops.runs.models import Workload
-from reports import workloads
 
 
 def workload_store(*, name, spec, file_name="", data=None, context_len=None, description=""):
     """(Workload, created): the next version of the workload `name`, or its newest version when
     that holds the same spec and file (created False).
 
-    spec: reports.workloads' spec (kind, lengths in tokens, …); data: the dataset file's bytes
+    spec: domain.workloads' spec (kind, lengths in tokens, …); data: the dataset file's bytes
     (kind dataset only), context_len: tokens a prompt may have. Raises ValidationError naming
     "name", "spec.<key>" or "file" (the file's name, line and reason).
     """

@@ -20,6 +20,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from domain import launch
+from domain.intervals import MAX_ROUNDS, with_interval
 from moeops.engines import services as engine_services
 from moeops.engines.models import EngineAction
 from moeops.fleet.models import Host
@@ -27,8 +29,6 @@ from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from moeops.watches import factors, services
 from moeops.watches.models import Bisection, BisectionStep, WatchRun
-from reports import launch
-from reports.intervals import MAX_ROUNDS, with_interval
 
 # Up to this many factors each is tried alone (one restart each); more are halved, so that
 # k factors take about 2·log2(k) restarts instead of k.

@@ -10,9 +10,9 @@ a and b are run snapshots (moeops.runs.snapshots); "a"/"b" in a factor are a's a
 (None: unset). An alert names the phrases of both lists; a bisection tries the revertible ones.
 """
 
+from domain import launch
+from domain.engine import CAP_FLAGS
 from moeops.runs import snapshots
-from reports import launch
-from reports.engine import CAP_FLAGS
 
 # Recipe flags that are not flags: the words before the first flag, and positional ones.
 COMMAND = "command"

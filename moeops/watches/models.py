@@ -15,7 +15,7 @@ WATCH_KINDS = (
 )
 
 # A watch's runs repeat each level this many times unless told otherwise: one round cannot
-# tell a regression from noise (reports.intervals).
+# tell a regression from noise (domain.intervals).
 DEFAULT_ROUNDS = 3
 
 # What became of one firing of a watch.
@@ -28,7 +28,7 @@ WATCH_RUN_STATUSES = (
 )
 WATCH_RUN_OPEN = ("waiting", "running")
 
-# How a finished watch run's figure stands against its baseline (reports.intervals.overlap).
+# How a finished watch run's figure stands against its baseline (domain.intervals.overlap).
 VERDICTS = (
     ("first", "First run: nothing to compare with"),
     ("within", "Within the noise"),
@@ -48,7 +48,7 @@ BISECTION_STATUSES = (
 BISECTION_OPEN = ("running", "restoring")
 BISECTION_SOURCES = (("page", "Watch page"), ("api", "API"), ("watch", "The watch, on regressing"))
 
-# What one step's figure says (reports.intervals.overlap against both ends of the regression).
+# What one step's figure says (domain.intervals.overlap against both ends of the regression).
 STEP_OUTCOMES = (
     ("restores", "Restores the baseline's figure"),
     ("partly", "Better beyond the noise, still below the baseline"),

@@ -21,6 +21,8 @@ from django.utils import timezone
 from django_celery_beat import validators as cron_validators
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
+from domain.capacity import capacity_range
+from domain.intervals import overlap, with_interval
 from moeops.engines.models import EngineAction
 from moeops.fleet.endpoints import webhook_refusal
 from moeops.jobs import ACTION_IN_FLIGHT
@@ -38,8 +40,6 @@ from moeops.watches.models import (
     Watch,
     WatchRun,
 )
-from reports.capacity import capacity_range
-from reports.intervals import overlap, with_interval
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +330,7 @@ def peak_level(run):
 def watched_figure(run):
     """(figure, [low, high] or None, why there is none): a sweep's peak output tok/s with the
     95 % interval of its rounds; a capacity search's capacity with the range it lies in
-    (reports.capacity.capacity_range: conservative answer to the medians' bracket top)."""
+    (domain.capacity.capacity_range: conservative answer to the medians' bracket top)."""
     if run.is_capacity_search:
         answer = run.capacity or {}
         if answer.get("load") is None:

@@ -294,7 +294,7 @@ def test_every_page_renders_the_write_up(page, member):
 
 
 def test_host_page_draws_link_and_p2p_heatmaps(page, member):
-    from reports.topology import parse_nvidia_smi_topo
+    from domain.topology import parse_nvidia_smi_topo
 
     fixtures = FIXTURES / "topology"
     matrix = (fixtures / "topo_m_8xh100_nv18_8nics.txt").read_text()

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from django.contrib.auth.models import User
 
+from domain.jobs import FINISHED_STATUSES
 from moeops import celery as web_celery
 from moeops.api.models import ApiToken
 from moeops.engines.models import EngineAction
@@ -18,7 +19,6 @@ from moeops.engines.services import engine_action_start
 from moeops.examples import STANDIN_HOST, load_example_data, load_standin_deployment
 from moeops.runs.models import SweepRun
 from moeops.runs.services import run_start
-from reports.jobs import FINISHED_STATUSES
 from tests.browser import PASSWORD, log_in, shot
 from tests.stack import SweepStack, WorkerProcess, _producer
 

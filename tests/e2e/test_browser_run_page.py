@@ -8,8 +8,8 @@ Every test fails on a JavaScript console error; screenshots land in test-artifac
 import pytest
 from django.contrib.auth.models import User
 
+from domain import launch
 from moeops.runs.models import LevelResult, level_key
-from reports import launch
 from tests import page_base as pb
 from tests.browser import ARTIFACTS, PASSWORD, chart_traces, log_in, shot
 

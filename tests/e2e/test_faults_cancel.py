@@ -6,8 +6,8 @@ import time
 import httpx
 import pytest
 
+from domain.progress import HEARTBEAT_STALE_S
 from moeops.runs.models import SweepRun
-from reports.progress import HEARTBEAT_STALE_S
 
 pytest_plugins = ["tests.stack"]
 pytestmark = [

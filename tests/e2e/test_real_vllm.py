@@ -16,6 +16,9 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
+from domain import engine_counters
+from domain.capacity import bracket, limits_of, probe_of, straddles
+from domain.engine_counters import TOKEN_GAP
 from moeops.fleet.models import ModelSpec, SLOProfile
 from moeops.insights.models import IncompatibilityRule
 from moeops.kernels.models import KernelConfig
@@ -25,9 +28,6 @@ from moeops.runs import snapshots
 from moeops.runs.capacity import level_figures
 from moeops.runs.models import RequestLog
 from moeops.runs.workloads import workload_store
-from reports import engine_counters
-from reports.capacity import bracket, limits_of, probe_of, straddles
-from reports.engine_counters import TOKEN_GAP
 from tests.engine import (
     MODEL_DIR,
     PYTHON,

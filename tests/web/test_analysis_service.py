@@ -10,6 +10,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from domain.intervals import t_interval
 from moeops import jobs
 from moeops.examples import load_example_data
 from moeops.fleet import services as fleet_services
@@ -18,7 +19,6 @@ from moeops.insights import services
 from moeops.insights.models import Finding, IncompatibilityRule, PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs.models import EngineSample, LevelResult, SweepRun, TelemetrySample, level_key
-from reports.intervals import t_interval
 from tests import fakes
 
 pytestmark = pytest.mark.django_db

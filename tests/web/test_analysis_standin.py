@@ -7,11 +7,11 @@ plateau and the queue behind the cap the engine reported.
 
 import pytest
 
+from domain.levels import LEVEL_KEYS
 from localstack.standin import spawn_standin
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.insights import services
 from moeops.runs.models import EngineSample, LevelResult, SweepRun, level_key
-from reports.levels import LEVEL_KEYS
 from workers.engine_info import identify_engine
 from workers.engine_metrics import EngineMetricsSampler
 from workers.loadgen import ClientConfig, SweepConfig, run_sweep

@@ -9,6 +9,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from domain.launch import flag_value, flags, set_flags
 from moeops import jobs
 from moeops.engines import services as engine_services
 from moeops.fleet.models import SLOProfile
@@ -17,7 +18,6 @@ from moeops.runs import snapshots
 from moeops.runs.models import LevelResult, SweepRun, level_key
 from moeops.watches import bisection, factors, services
 from moeops.watches.models import AlertChannel, Bisection, WatchRun
-from reports.launch import flag_value, flags, set_flags
 from tests import page_base
 from tests.api_base import make_world
 

@@ -11,9 +11,9 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from domain.intervals import t_interval
 from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, LevelRound, SweepRun
-from reports.intervals import t_interval
 from tests import page_base as pb
 from tests.api_base import make_world
 

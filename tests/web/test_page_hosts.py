@@ -6,10 +6,10 @@ import pytest
 from django.utils import timezone
 from django.utils.html import escape
 
+from domain.topology import parse_nvidia_smi_topo
 from moeops.examples import load_example_data
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Host
-from reports.topology import parse_nvidia_smi_topo
 from tests import fakes
 from tests import page_base as pb
 

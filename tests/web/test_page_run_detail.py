@@ -4,10 +4,10 @@ import re
 
 import pytest
 
+from domain import engine as reports
+from domain import launch
 from moeops.front import charts, series
 from moeops.runs.models import EngineSample, LevelResult, TelemetrySample, level_key
-from reports import engine as reports
-from reports import launch
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from domain import requests as request_log
 from moeops.runs import services
 from moeops.runs.importers import ResultFileError
 from moeops.runs.models import LevelResult, RequestLog, SweepRun
-from reports import requests as request_log
 from tests import page_base as pb
 from tests.api_base import make_world
 from tests.fakes import FIXTURES

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from domain.progress import HEARTBEAT_STALE_S
 from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult
-from reports.progress import HEARTBEAT_STALE_S
 from tests.api_base import make_world
 
 

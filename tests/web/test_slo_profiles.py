@@ -1,4 +1,4 @@
-"""SLO profiles: one rule (SLOProfile.clean → reports.slo) for the admin, the page and the API;
+"""SLO profiles: one rule (SLOProfile.clean → domain.slo) for the admin, the page and the API;
 a deployment's default profile; a level judged by its profile."""
 
 import pytest

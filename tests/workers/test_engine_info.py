@@ -1,4 +1,4 @@
-"""What an engine says of itself (reports.engine, workers.engine_info) and where it looks for
+"""What an engine says of itself (domain.engine, workers.engine_info) and where it looks for
 its kernel config. The real vLLM's answers are tested in tests/e2e/test_real_vllm.py; here: SGLang's
 real server info as its benchmark files embed it, the stand-in, and config folders laid out as
 the engines lay them out."""
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from domain import engine as reports
 from localstack.standin import StandinConfig, start_standin_in_thread
-from reports import engine as reports
 from tests import fakes
 from workers import engine_info
 from workers.engine_info import identify_engine, kernel_config_in_effect, locate_engine_package

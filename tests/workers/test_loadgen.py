@@ -10,8 +10,8 @@ from aiohttp import web
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
+from domain import requests as request_log
 from localstack.standin import StandinConfig, start_standin_in_thread
-from reports import requests as request_log
 from workers import loadgen
 from workers.loadgen import ClientConfig, LevelConfig, RequestRecord, SweepConfig
 from workers.loadgen import cli as loadgen_cli

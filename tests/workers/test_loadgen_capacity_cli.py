@@ -3,8 +3,8 @@ the in-process stand-in printing each level, the bracket as it narrows and the a
 
 import pytest
 
+from domain.capacity import search_of
 from localstack.standin import StandinConfig, start_standin_in_thread
-from reports.capacity import search_of
 from workers.capacity import level_at
 from workers.loadgen import ClientConfig, SweepConfig
 from workers.loadgen.cli import main

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from reports.topology import parse_nvidia_smi_topo
+from domain.topology import parse_nvidia_smi_topo
 from tests import fakes
 from tests.fakes import ROOT
 from workers import topology

@@ -70,8 +70,8 @@ def test_every_task_has_its_stable_name_and_time_limits():
 
 def test_no_task_outlives_the_visibility_timeout():
     # Redis would hand a task still running to a second worker once this timeout passed
+    from domain.queues import SWEEP_SOFT_LIMIT_S, VISIBILITY_TIMEOUT_S
     from moeops.celery import app as web_app
-    from reports.queues import SWEEP_SOFT_LIMIT_S, VISIBILITY_TIMEOUT_S
     from workers.celery import app as worker_app
 
     worker_app.loader.import_default_modules()

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
+from domain.intervals import t_interval
 from localstack.standin import StandinConfig, start_standin_in_thread
 from moeops.api.models import ApiToken
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.runs import services
 from moeops.runs.models import SweepRun
-from reports.intervals import t_interval
 from tests.fakes import ROOT, FakeNVML, h200
 from workers import loadgen, sweep
 from workers.client import MoeopsClient

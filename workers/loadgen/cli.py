@@ -1,7 +1,7 @@
 """The command line: `python -m workers.loadgen --base-url URL --model NAME --concurrency 32,64 …`,
 one table row per level; with --rounds N, one per round and the level's median with its 95 %
-interval (reports.intervals). With --capacity --slo "ttft:p99:500,tpot:p99:50" --start 1, an SLO
-capacity search (reports.capacity): each level's row and the bracket as it narrows, then the
+interval (domain.intervals). With --capacity --slo "ttft:p99:500,tpot:p99:50" --start 1, an SLO
+capacity search (domain.capacity): each level's row and the bracket as it narrows, then the
 answer."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from reports import requests as request_log
-from reports import workloads as workload_specs
-from reports.capacity import (
+from domain import requests as request_log
+from domain import workloads as workload_specs
+from domain.capacity import (
     DEFAULT_ROUNDS,
     MODES,
     Search,
@@ -28,8 +28,8 @@ from reports.capacity import (
     probe_of,
     search_problems,
 )
-from reports.intervals import MAX_ROUNDS, level_of_rounds, with_interval
-from reports.slo import DEFAULT_MAX_FAILED_PERCENT
+from domain.intervals import MAX_ROUNDS, level_of_rounds, with_interval
+from domain.slo import DEFAULT_MAX_FAILED_PERCENT
 from workers import vocabulary
 from workers.capacity import level_at
 from workers.loadgen.config import ENDPOINT_PATHS, TRANSPORTS, ClientConfig, SweepConfig
@@ -163,7 +163,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--workload",
         default=None,
-        help="a JSON file of a workload spec (reports.workloads: random lengths, shared_prefix, "
+        help="a JSON file of a workload spec (domain.workloads: random lengths, shared_prefix, "
         "multi_turn, dataset); lengths in tokens",
     )
     parser.add_argument(

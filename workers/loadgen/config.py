@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from reports.levels import DEFAULT_PROMPTS_PER_STREAM
+from domain.levels import DEFAULT_PROMPTS_PER_STREAM
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 TRANSPORTS = ("fast", "httpx")
@@ -41,7 +41,7 @@ class ClientConfig:
     bytes (s); vocab_size is the model's vocabulary (workers.vocabulary), from which prompt
     token ids are drawn, needed by the completions endpoint; transport is "fast"
     (HTTP1StreamTransport) or "httpx" (httpx's own pool); workload: the run's workload
-    ({"spec": reports.workloads' spec, "items": a dataset's prompts}), None for random token
+    ({"spec": domain.workloads' spec, "items": a dataset's prompts}), None for random token
     ids of the level's lengths.
     """
 

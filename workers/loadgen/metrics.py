@@ -8,9 +8,9 @@ from collections import Counter
 
 import numpy as np
 
-from reports import latency_stats
-from reports import requests as request_log
-from reports.failures import describe_failure
+from domain import latency_stats
+from domain import requests as request_log
+from domain.failures import describe_failure
 from workers.loadgen.arrivals import achieved_rate
 from workers.loadgen.config import ERROR_MESSAGE_CHARS, LevelConfig, RequestRecord
 
@@ -88,7 +88,7 @@ def summarize_level(records: list[RequestRecord], level: LevelConfig) -> dict:
 
 
 def request_columns(records: list[RequestRecord]) -> dict:
-    """The level's requests as reports.requests columns (s, from the level's first send), in
+    """The level's requests as domain.requests columns (s, from the level's first send), in
     the order they were sent; a request a dead client process never sent has no times."""
     ordered = sorted(records, key=lambda r: (math.isnan(r.send_ts), r.send_ts))
     timed = [r.send_ts for r in ordered if not math.isnan(r.send_ts)]

@@ -1,5 +1,5 @@
 """What each request sends: its prompt and output length, drawn from the run's workload
-(reports.workloads) or, without one, random token ids of the level's fixed lengths.
+(domain.workloads) or, without one, random token ids of the level's fixed lengths.
 
 Every draw is seeded by (client seed, level index, request key), so a request's prompt is the
 same however the level is split over processes; a shared prefix is seeded by its group alone,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reports.workloads import draw_length
+from domain.workloads import draw_length
 from workers.loadgen.config import CHAT_WORDS, ClientConfig, LevelConfig
 
 # Seeds the shared prefixes apart from the requests' own draws.

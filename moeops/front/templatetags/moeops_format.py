@@ -3,8 +3,8 @@
 from django import template
 from django.utils.html import format_html, json_script
 
+from domain.failures import explain_error
 from moeops.front.charts import CompactJSONEncoder
-from reports.failures import explain_error
 
 register = template.Library()
 
@@ -50,7 +50,7 @@ def chart(fig, element_id, data_id=None, css_class="chart"):
 
 @register.simple_tag
 def error_parts(text, what="run"):
-    """{"sentence", "detail"} of a worker's error (reports.failures.explain_error)."""
+    """{"sentence", "detail"} of a worker's error (domain.failures.explain_error)."""
     sentence, detail = explain_error(text, what)
     return {"sentence": sentence, "detail": detail}
 

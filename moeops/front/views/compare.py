@@ -10,6 +10,8 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 
+from domain.capacity import capacities_compared, capacity_range
+from domain.intervals import overlap, with_interval
 from moeops.fleet.models import gpu_count
 from moeops.front import capacity, charts
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
@@ -23,8 +25,6 @@ from moeops.runs.models import (
     of_the_deployments_model,
     without_standin,
 )
-from reports.capacity import capacities_compared, capacity_range
-from reports.intervals import overlap, with_interval
 
 MAX_SELECTED = 50
 CANDIDATES = 60

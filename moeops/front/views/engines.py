@@ -9,6 +9,7 @@ from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from domain.engine import CAP_FLAGS
 from moeops.engines import services
 from moeops.engines.models import EngineAction
 from moeops.fleet import services as fleet_services
@@ -16,7 +17,6 @@ from moeops.fleet.models import Deployment
 from moeops.front.engine_forms import ApplyConfigForm, ArgsForm, RecipeForm
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig
-from reports.engine import CAP_FLAGS
 
 RECENT_ACTIONS = 5
 

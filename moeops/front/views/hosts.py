@@ -9,12 +9,12 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from kombu.exceptions import OperationalError
 
+from domain.topology import P2P_KINDS, TopologyParseError, diff_snapshots
 from moeops.fleet import services as fleet_services
 from moeops.fleet.forms import TopologyTextForm
 from moeops.fleet.models import Host
 from moeops.front import charts
 from moeops.runs.models import SweepRun
-from reports.topology import P2P_KINDS, TopologyParseError, diff_snapshots
 
 
 def _host_or_404(name):

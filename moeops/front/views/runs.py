@@ -16,6 +16,10 @@ from django.template.loader import render_to_string
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
+from domain import launch
+from domain import requests as request_log
+from domain.intervals import INTERVAL_KEYS, ONE_ROUND
+from domain.workloads import spec_label
 from moeops.front import capacity, charts, series
 from moeops.front.columns import (
     ABSENT,
@@ -39,10 +43,6 @@ from moeops.runs import services as run_services
 from moeops.runs.costs import level_costs
 from moeops.runs.models import RequestLog, SweepRun
 from moeops.runs.telemetry import no_gpu_samples_text
-from reports import launch
-from reports import requests as request_log
-from reports.intervals import INTERVAL_KEYS, ONE_ROUND
-from reports.workloads import spec_label
 
 RUNS_PER_PAGE = 50
 CHART_NAMES = {
@@ -417,7 +417,7 @@ def run_levels_csv(request, uuid):
 
 @login_required
 def run_requests_export(request, uuid, fmt):
-    """Every request of the run, one JSON line or CSV row each (reports.requests keys, after
+    """Every request of the run, one JSON line or CSV row each (domain.requests keys, after
     the level's concurrency, request_rate and round); streamed, one level's log at a time."""
     run = _run_or_404(uuid)
     name = slugify(run.display_label()) or str(run.uuid)

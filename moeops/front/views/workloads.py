@@ -7,10 +7,10 @@ from django.core.files.uploadhandler import FileUploadHandler, StopUpload
 from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 
+from domain.workloads import MAX_DATASET_BYTES, spec_label
 from moeops.front.forms import WorkloadForm
 from moeops.runs.models import Workload
 from moeops.runs.workloads import workload_store
-from reports.workloads import MAX_DATASET_BYTES, spec_label
 
 
 class DatasetSizeLimit(FileUploadHandler):

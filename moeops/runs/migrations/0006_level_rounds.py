@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
             field=models.JSONField(
                 blank=True,
                 default=dict,
-                help_text="95 % interval [low, high] over the rounds per figure (reports.intervals)",
+                help_text="95 % interval [low, high] over the rounds per figure (domain.intervals)",
             ),
         ),
         migrations.AddField(

@@ -35,7 +35,7 @@ class Migration(migrations.Migration):
                 (
                     "spec",
                     models.JSONField(
-                        help_text="reports.workloads' spec: lengths in tokens, think time s"
+                        help_text="domain.workloads' spec: lengths in tokens, think time s"
                     ),
                 ),
                 ("description", models.CharField(blank=True, max_length=300)),

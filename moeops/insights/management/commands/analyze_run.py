@@ -2,9 +2,9 @@ import uuid
 
 from django.core.management.base import BaseCommand, CommandError
 
+from domain.jobs import FINISHED_STATUSES
 from moeops.insights.services import run_analyze
 from moeops.runs.models import SweepRun
-from reports.jobs import FINISHED_STATUSES
 
 
 class Command(BaseCommand):

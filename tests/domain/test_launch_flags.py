@@ -1,9 +1,9 @@
-"""reports.launch: an engine's command line changed flag by flag, and the engine's own report of
+"""domain.launch: an engine's command line changed flag by flag, and the engine's own report of
 the values it runs with."""
 
 import pytest
 
-from reports import launch
+from domain import launch
 
 VLLM = ["python", "-m", "vllm", "serve", "/models/glm-5", "--port", "8000", "--max-num-seqs=4"]
 

@@ -14,8 +14,8 @@ from collections import Counter
 
 import numpy as np
 
-from reports import latency_stats
-from reports.numbers import is_integer, is_number
+from domain import latency_stats
+from domain.numbers import is_integer, is_number
 
 # Per request, in export order.
 REQUEST_KEYS = (

@@ -1,8 +1,8 @@
-"""A run's snapshot as both tiers read it (reports.snapshot)."""
+"""A run's snapshot as both tiers read it (domain.snapshot)."""
 
 import pytest
 
-from reports.snapshot import RunSnapshot
+from domain.snapshot import RunSnapshot
 
 
 def test_it_reads_an_imported_files_model_and_gpu_count():

@@ -1,4 +1,4 @@
-"""reports.capacity: the search's next load, its end, and the answer, on levels built by hand."""
+"""domain.capacity: the search's next load, its end, and the answer, on levels built by hand."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reports.capacity import (
+from domain.capacity import (
     DEFAULT_BUDGET,
     WIDTH,
     Search,

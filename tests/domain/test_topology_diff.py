@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reports.topology import diff_snapshots, parse_nvidia_smi_topo, snapshot_fingerprint
+from domain.topology import diff_snapshots, parse_nvidia_smi_topo, snapshot_fingerprint
 from tests import fakes
 
 FIXTURES = fakes.FIXTURES / "topology"

@@ -1,9 +1,9 @@
-"""reports.engine: what counts as the running-request cap an engine reports, one rule for the
+"""domain.engine: what counts as the running-request cap an engine reports, one rule for the
 worker reading the engine's arguments and the web tier reading a run's snapshot."""
 
 import pytest
 
-from reports import engine
+from domain import engine
 
 
 @pytest.mark.parametrize("value", [None, 0, -4, True, "64", 64.0])

@@ -1,6 +1,6 @@
-"""reports.engine's reading of what an engine reports against its defaults."""
+"""domain.engine's reading of what an engine reports against its defaults."""
 
-from reports import engine as reports
+from domain import engine as reports
 
 
 def test_differing_names_each_reported_value_that_is_not_its_default():

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-from reports.numbers import is_integer, is_number
+from domain.numbers import is_integer, is_number
 
 
 def _kept_if(check, absent=None):

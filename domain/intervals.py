@@ -6,7 +6,7 @@ this returns with the level, the pages, the API, the CSV and the analysis read i
 import math
 import statistics
 
-from reports.levels import LATENCY_METRICS, LATENCY_PERCENTILES, LEVEL_KEYS
+from domain.levels import LATENCY_METRICS, LATENCY_PERCENTILES, LEVEL_KEYS
 
 # A level runs at most this many rounds in a row: ten rounds give a t-interval within 1.2× of
 # the normal one (t 2.262 against 1.960), more buy little but time.
@@ -68,7 +68,7 @@ def _total(values):
 
 def level_of_rounds(rounds):
     """The level's fields from its rounds, in round order: each round a dict of LevelResult
-    fields (reports.levels' keys, errors, usage_reported, started_at, finished_at, epoch s).
+    fields (domain.levels' keys, errors, usage_reported, started_at, finished_at, epoch s).
 
     Returns the fields plus "intervals": {key: [low, high]} for INTERVAL_KEYS that every round
     has, empty for one round. Rates, latencies and peaks are the median of the rounds; counts,

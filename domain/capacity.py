@@ -7,15 +7,15 @@ The search grows the load geometrically from `start` until a level fails the SLO
 the bracket (the largest load met below the smallest load failed) until it is at most WIDTH of
 its lower end wide (or one concurrency), or the search has run `budget` levels.
 
-A level is a dict of LevelResult fields (reports.levels' keys) with "intervals", as
-reports.intervals.level_of_rounds returns it and the API's levels read."""
+A level is a dict of LevelResult fields (domain.levels' keys) with "intervals", as
+domain.intervals.level_of_rounds returns it and the API's levels read."""
 
 import math
 from dataclasses import dataclass
 
-from reports.intervals import MAX_ROUNDS
-from reports.numbers import is_integer, is_number
-from reports.slo import (
+from domain.intervals import MAX_ROUNDS
+from domain.numbers import is_integer, is_number
+from domain.slo import (
     DEFAULT_MAX_FAILED_PERCENT,
     METRIC_LABELS,
     SLO_PERCENTILES,
@@ -93,7 +93,7 @@ def search_problems(mode, start, end=None, budget=None):
 
 
 def parse_slo(text):
-    """The limits of "ttft:p99:500,tpot:p99:50" ({metric: (percentile, ms)}, as reports.slo
+    """The limits of "ttft:p99:500,tpot:p99:50" ({metric: (percentile, ms)}, as domain.slo
     takes them); raises ValueError with a sentence naming the part that is wrong."""
     limits = {}
     for part in (p.strip() for p in text.split(",")):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from reports.topology import virtualization_words, vm_layer
+from domain.topology import virtualization_words, vm_layer
 from tests import fakes
 
 FIRECRACKER = json.loads((fakes.FIXTURES / "topology/probe_1xh200_firecracker.json").read_text())

@@ -2,7 +2,7 @@
 
 import pytest
 
-from reports import engine_counters
+from domain import engine_counters
 
 
 def test_vllms_hit_rate_is_hits_over_queries_in_tokens():

@@ -12,8 +12,8 @@ from typing import Annotated
 
 from pydantic import BeforeValidator
 
-from reports.numbers import is_integer
-from reports.worker_json import Flag, Integer, Number, Object, Text, WorkerJSON
+from domain.numbers import is_integer
+from domain.worker_json import Flag, Integer, Number, Object, Text, WorkerJSON
 
 # A sweeping worker pushes its progress heartbeat every second: a run silent for this long (s)
 # has lost its worker. A new delivery then takes it over, and a cancel ends it at once.

@@ -8,8 +8,8 @@ from typing import Annotated
 
 from pydantic import BeforeValidator
 
-from reports.numbers import is_number
-from reports.worker_json import Fields, Number, Object, Text, WorkerJSON, is_object
+from domain.numbers import is_number
+from domain.worker_json import Fields, Number, Object, Text, WorkerJSON, is_object
 
 
 class SnapshotFile(WorkerJSON):

@@ -13,7 +13,7 @@
 
 import math
 
-from reports.numbers import is_integer
+from domain.numbers import is_integer
 
 # The stand-in engine's owned_by in /v1/models: it serves it, the worker recognises it by it.
 STANDIN_OWNER = "moeops-standin"

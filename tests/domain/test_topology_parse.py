@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from reports.topology import P2P_KINDS, TopologyParseError, parse_nvidia_smi_topo
+from domain.topology import P2P_KINDS, TopologyParseError, parse_nvidia_smi_topo
 from tests import fakes
 from tests.fakes import ROOT
 

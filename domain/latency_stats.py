@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from reports.levels import LATENCY_PERCENTILES, LATENCY_STATS
+from domain.levels import LATENCY_PERCENTILES, LATENCY_STATS
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -21,7 +21,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def describe(values: Iterable[float]) -> dict[str, float | None]:
     """Summary of values in their own unit.
 
-    Returns {"mean", "median", "std", "p90", "p95", "p99"} (reports.levels.LATENCY_STATS, what
+    Returns {"mean", "median", "std", "p90", "p95", "p99"} (domain.levels.LATENCY_STATS, what
     the web tier stores); every value is None when there are no values (never a made-up 0).
     """
     arr = np.fromiter(values, dtype=np.float64)

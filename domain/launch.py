@@ -7,7 +7,7 @@ reports for that flag among its arguments (vLLM's dotted `scheduler_config.max_n
 SGLang's `max_running_requests`), so that a restart can be checked against the engine itself.
 """
 
-from reports.engine import CAP_FLAGS
+from domain.engine import CAP_FLAGS
 
 # Flags that take no value (present: on).
 SWITCHES = frozenset({"--enforce-eager", "--trust-remote-code", "--disable-log-requests"})

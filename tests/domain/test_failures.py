@@ -1,6 +1,6 @@
-"""reports.failures: a worker's error as a sentence for people and the whole text as detail."""
+"""domain.failures: a worker's error as a sentence for people and the whole text as detail."""
 
-from reports.failures import explain_error
+from domain.failures import explain_error
 
 SPREAD_REPR = (
     'SpreadTuneError("GPU 0 (batch sizes 1, 2, 4) exited with 1: AttributeError: module '

@@ -3,13 +3,13 @@ well formed, and the judgement of a level's figures against them. No Django here
 (profiles, pages, the analysis) and the load generator's CLI both use it.
 
 A limit is (metric, percentile, ms): "TPOT p99 under 50 ms". Its figure is the LevelResult field
-`{stat}_{metric}_ms` of reports.levels, where p50 is vLLM's "median"."""
+`{stat}_{metric}_ms` of domain.levels, where p50 is vLLM's "median"."""
 
 import math
 from dataclasses import dataclass
 
-from reports.levels import LATENCY_METRICS
-from reports.numbers import is_number
+from domain.levels import LATENCY_METRICS
+from domain.numbers import is_number
 
 # The percentiles a limit may name; p50 reads the level's median.
 SLO_PERCENTILES = ("p50", "p90", "p95", "p99")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from reports import latency_stats
+from domain import latency_stats
 
 
 def test_it_interpolates_percentiles_linearly():

@@ -1,10 +1,10 @@
-"""reports.numbers: JSON's true and false are ints to Python, and neither tier counts them."""
+"""domain.numbers: JSON's true and false are ints to Python, and neither tier counts them."""
 
 import math
 
 import pytest
 
-from reports.numbers import is_integer, is_number
+from domain.numbers import is_integer, is_number
 
 
 @pytest.mark.parametrize("value", [0, -3, 2.5, math.inf, 10**30])

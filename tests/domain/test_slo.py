@@ -1,10 +1,10 @@
-"""reports.slo: the one rule a profile's limits keep, and a level judged against them."""
+"""domain.slo: the one rule a profile's limits keep, and a level judged against them."""
 
 import math
 
 import pytest
 
-from reports.slo import judge, profile_problems, stat_key
+from domain.slo import judge, profile_problems, stat_key
 
 TPOT_ONLY = {"tpot": ("p99", 50.0)}
 

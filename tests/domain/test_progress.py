@@ -1,8 +1,8 @@
-"""A sweep's and a tune's progress as both tiers read it (reports.progress)."""
+"""A sweep's and a tune's progress as both tiers read it (domain.progress)."""
 
 import pytest
 
-from reports.progress import SweepProgress, TuneProgress, attempt_of
+from domain.progress import SweepProgress, TuneProgress, attempt_of
 
 
 def test_it_reads_what_the_sweeping_worker_pushes():

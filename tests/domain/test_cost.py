@@ -1,8 +1,8 @@
-"""reports.cost: cost per million output tokens and energy per output token, or why not."""
+"""domain.cost: cost per million output tokens and energy per output token, or why not."""
 
 import pytest
 
-from reports.cost import cost_per_million_output_tokens, energy_per_output_token
+from domain.cost import cost_per_million_output_tokens, energy_per_output_token
 
 
 def test_cost_is_price_times_gpus_over_tokens_per_second_per_hour():

@@ -1,4 +1,4 @@
-"""reports.workloads: dataset files in each layout, each refusal naming the file, the line and
+"""domain.workloads: dataset files in each layout, each refusal naming the file, the line and
 the reason; lengths, the engines' range-ratio conventions and specs."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from reports import workloads
-from reports.workloads import DatasetFileError, WorkloadError, parse_dataset
+from domain import workloads
+from domain.workloads import DatasetFileError, WorkloadError, parse_dataset
 
 SHAREGPT = [
     {

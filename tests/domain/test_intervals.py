@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from reports.intervals import INTERVAL_KEYS, level_of_rounds, overlap, t_interval, with_interval
+from domain.intervals import INTERVAL_KEYS, level_of_rounds, overlap, t_interval, with_interval
 
 
 def test_the_t_interval_of_three_rounds_is_the_one_computed_by_hand():
