@@ -1602,10 +1602,23 @@ def engine_token_counts(data: RunData) -> list[Proposal]:
     return out
 
 
+# Where each engine reports how many tokens a KV-cache block holds: its prefix cache reuses whole
+# blocks only (vLLM's cache_config.block_size; SGLang's page_size).
+KV_BLOCK_ARGS = ("cache_config.block_size", "page_size")
+
+
+def _kv_block(observed) -> int | None:
+    """The tokens of one KV-cache block the engine reported of itself, None where unknown."""
+    args = (observed or {}).get("args") or {}
+    found = next((args[key] for key in KV_BLOCK_ARGS if key in args), None)
+    return found if is_integer(found) and found > 0 else None
+
+
 def cold_prefix_cache(data: RunData) -> list[Proposal]:
     """A shared-prefix workload (the kind of the run's `workload` parameter,
     Workload.run_parameter) whose levels show a prefix-cache hit rate near zero: prefix caching
-    is off, or the cache evicts the prefixes before they are used again."""
+    is off, or the cache evicts the prefixes before they are used again; or, where the shared
+    prefix is shorter than one of the engine's KV-cache blocks, the cache cannot hit at all."""
     if workload_identity(data.parameters.get("workload"))["kind"] != SHARED_PREFIX:
         return []
     read = [lv for lv in data.levels if lv.engine.get("prefix_cache_hit_rate") is not None]
@@ -1614,6 +1627,10 @@ def cold_prefix_cache(data: RunData) -> list[Proposal]:
         return []
     name = cold[0].engine.get("engine") or data.engine
     engine = engine_label(name)
+    prefix = ((data.parameters.get("workload") or {}).get("spec") or {}).get("prefix_len")
+    block = _kv_block(data.observed)
+    if is_integer(prefix) and block is not None and prefix < block:
+        return [_prefix_under_a_block(data, cold, read, engine, prefix, block)]
     flag = (
         "--enable-prefix-caching"
         if name == "vllm"
@@ -1644,6 +1661,31 @@ def cold_prefix_cache(data: RunData) -> list[Proposal]:
             plan=[f"Turn on {flag}, or give the KV cache room for the shared prefixes"],
         )
     ]
+
+
+def _prefix_under_a_block(data, cold, read, engine, prefix, block) -> Proposal:
+    return Proposal(
+        kind="prefix_cache",
+        key="cold",
+        severity="info",
+        title=f"{engine}'s prefix cache cannot reuse this workload's {prefix}-token prefixes: "
+        f"it reuses whole blocks of {block} tokens",
+        text=(
+            f"The workload's shared prefixes are {prefix} tokens, shorter than one block of "
+            f"{engine}'s KV cache ({block} tokens, as the engine reports it). A prefix cache "
+            "reuses whole blocks only, so no request can reuse its group's prefix: the hit "
+            f"rate at or below {COLD_PREFIX_CACHE:.0%} at {len(cold)} of {len(read)} levels is "
+            "what this workload can get, not prefix caching off or evicting."
+        ),
+        evidence={
+            "levels": [_level_name(lv) for lv in cold],
+            "hit_rates": [_round(lv.engine["prefix_cache_hit_rate"]) for lv in cold],
+            "prefix_len": prefix,
+            "kv_block_tokens": block,
+            "chart": None,
+        },
+        plan=[f"Measure prefix reuse with shared prefixes of at least {block} tokens"],
+    )
 
 
 RULES = (

@@ -498,6 +498,37 @@ def test_a_shared_prefix_workload_hits_vllms_prefix_cache_and_a_random_one_misse
     assert at_least - 0.05 <= rates["shared_prefix"] <= prefix / (prefix + question), rates
 
 
+def test_a_shared_prefix_under_one_kv_block_gets_the_cold_cache_finding_naming_the_block(
+    vllm_stack,
+):
+    # vLLM's CPU build keeps 128-token blocks: a 64-token shared prefix fills none, so its own
+    # counters show no hit although prefix caching is on
+    workload, _ = workload_store(
+        name="short system prompts",
+        spec={
+            "kind": "shared_prefix",
+            "groups": 2,
+            "prefix_len": 64,
+            "question_len": 16,
+            "output": {"distribution": "fixed", "value": 4},
+        },
+    )
+    run = vllm_stack.start_sweep([4], prompts_per_level=12, warmup=0, workload=workload.pk)
+    run = vllm_stack.wait_for_run(run, timeout=300)
+    assert run.status == "succeeded", run.error
+    [level] = run.levels.all()
+    assert level.engine_figures()["prefix_cache_hit_rate"] <= 0.05
+
+    finding = vllm_stack.wait_for_findings(run, [("prefix_cache", "cold")])[
+        ("prefix_cache", "cold")
+    ]
+    assert finding.title == (
+        "vLLM's prefix cache cannot reuse this workload's 64-token prefixes: it reuses whole "
+        "blocks of 128 tokens"
+    )
+    assert finding.evidence["kv_block_tokens"] == 128
+
+
 def test_a_multi_turn_sweep_on_the_chat_endpoint_completes_every_turn(vllm_stack):
     spec = {
         "kind": "multi_turn",

@@ -95,3 +95,30 @@ def test_a_rate_level_is_named_by_its_rate_and_cap():
 
     assert finding.title.endswith("at 8 req/s (concurrency 16)")
     assert "radix cache" in finding.plan[0]
+
+
+def test_a_prefix_shorter_than_the_engines_kv_block_is_named_as_the_cause():
+    short = {**SHARED_PREFIX, "spec": {**SHARED_PREFIX["spec"], "prefix_len": 64}}
+    levels = [_level(4, engine="vllm", prefix_cache_hit_rate=0.0)]
+    observed = {"engine": "vllm", "args": {"cache_config.block_size": 128}}
+
+    [finding] = analysis.cold_prefix_cache(
+        RunData(engine="vllm", parameters={"workload": short}, levels=levels, observed=observed)
+    )
+
+    assert finding.title == (
+        "vLLM's prefix cache cannot reuse this workload's 64-token prefixes: it reuses whole "
+        "blocks of 128 tokens"
+    )
+    assert "not prefix caching off or evicting" in finding.text
+    assert finding.plan == ["Measure prefix reuse with shared prefixes of at least 128 tokens"]
+    # a block the prefix fills, or none reported: caching off or evicting, as before
+    for args in ({"cache_config.block_size": 16}, {}):
+        data = RunData(
+            engine="vllm",
+            parameters={"workload": short},
+            levels=levels,
+            observed={"engine": "vllm", "args": args},
+        )
+        [finding] = analysis.cold_prefix_cache(data)
+        assert finding.plan[0].startswith("Turn on --enable-prefix-caching")
