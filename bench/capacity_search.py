@@ -2,7 +2,7 @@
 
 One real vLLM (the CPU build of tests/engine, the tiny random MoE), pinned to core 0 with one
 OpenMP thread as bench/engine_fidelity.py pins it; the load generator runs in this process,
-pinned to core 1. For one SLO profile (--slo, e.g. "tpot:p50:6"):
+pinned to core 1. For one SLO profile (--slo, default "ttft:p90:250"):
 
 1. the dense grid: every concurrency of --grid (default 1–64), --rounds rounds each, every
    level judged as the search judges it (domain.capacity.probe_of), and as the search does,
@@ -18,10 +18,10 @@ Goals: each search's answer within 5 % of the grid's (or one concurrency, the se
 resolution), using at most a third of the grid's requests; the searches agree within 10 %
 (largest ÷ smallest − 1).
 
-    .venv/bin/python bench/capacity_search.py [--slo tpot:p50:6] [--grid 1-64] [--rounds 3]
+    .venv/bin/python bench/capacity_search.py [--slo ttft:p90:250] [--grid 1-64] [--rounds 3]
         [--max-num-seqs 32] [--out bench/results/capacity_search.json]
 
---max-num-seqs caps the server's running batch (default: the grid's top, no cap within it):
+--max-num-seqs caps the server's running batch (default 32; 0: the grid's top, no cap within it):
 with a cap inside the grid and a TTFT limit, the levels past the cap wait a whole request for
 a slot, a step the grid and the searches must both find. Without one, TPOT on this server grows
 about 0.05 ms per concurrent request near 40 while a level's rounds spread ±0.2 ms, so the
@@ -169,13 +169,13 @@ def verdicts(grid_answer, grid_sent, searches):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--slo", default="tpot:p50:6", help="the profile's limits")
+    parser.add_argument("--slo", default="ttft:p90:250", help="the profile's limits")
     parser.add_argument("--grid", default="1-64", help='"1-64" or "1,2,4,8"')
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--searches", type=int, default=3)
     parser.add_argument("--start", type=int, default=1)
     parser.add_argument(
-        "--max-num-seqs", type=int, default=None, help="the server's cap (default: the grid's top)"
+        "--max-num-seqs", type=int, default=32, help="the server's cap (0: the grid's top)"
     )
     parser.add_argument("--out", type=Path, default=OUT, help="where the figures go")
     args = parser.parse_args(argv)
