@@ -9,6 +9,7 @@ says why the log is packed and where it is capped."""
 import base64
 import json
 import math
+import re
 import zlib
 from collections import Counter
 
@@ -182,7 +183,8 @@ def from_csv_cells(cells):
         if text == "":
             found[key] = None
         elif key in _CSV_INTEGERS:
-            if not text.strip().lstrip("+-").isdigit() or len(text) > 30:
+            # at most 30 digits: enough for any count, and no 4,300-digit int to parse
+            if not re.fullmatch(r"\s*[+-]?[0-9]{1,30}\s*", text):
                 raise ValueError(f"{key} is not a whole number: {text[:40]!r}")
             found[key] = int(text)
         elif key in _CSV_NUMBERS:

@@ -1630,7 +1630,7 @@ def cold_prefix_cache(data: RunData) -> list[Proposal]:
     prefix = ((data.parameters.get("workload") or {}).get("spec") or {}).get("prefix_len")
     block = _kv_block(data.observed)
     if is_integer(prefix) and block is not None and prefix < block:
-        return [_prefix_under_a_block(data, cold, read, engine, prefix, block)]
+        return [_prefix_under_a_block(cold, read, engine, prefix, block)]
     flag = (
         "--enable-prefix-caching"
         if name == "vllm"
@@ -1663,7 +1663,7 @@ def cold_prefix_cache(data: RunData) -> list[Proposal]:
     ]
 
 
-def _prefix_under_a_block(data, cold, read, engine, prefix, block) -> Proposal:
+def _prefix_under_a_block(cold, read, engine, prefix, block) -> Proposal:
     return Proposal(
         kind="prefix_cache",
         key="cold",

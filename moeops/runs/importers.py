@@ -149,8 +149,8 @@ def _objects(text, fmt):
 
 def _is_export_csv(text):
     """Whether text opens with the per-request CSV export's header row."""
-    first = next((line for line in text.splitlines() if line.strip()), "")
-    return first.lstrip("\ufeff").strip() == ",".join(request_log.CSV_HEADER)
+    first = text.lstrip("\ufeff \t\r\n").partition("\n")[0]
+    return first.strip() == ",".join(request_log.CSV_HEADER)
 
 
 def _csv_objects(text):

@@ -178,17 +178,19 @@ def _step_recipe(bisection, chosen):
     )
 
 
+def _tried(bisection):
+    """The key sets the bisection's steps tried, each as a frozenset."""
+    return {frozenset(keys) for keys in bisection.steps.values_list("keys", flat=True)}
+
+
 def _together(bisection):
     """The keys to try all at once when the queue ran out with no try restoring the figure:
     every factor, when there are several and they were not tried together (a regression that
     needs two changes at once is restored by neither alone); else None."""
     keys = [f["key"] for f in bisection.factors]
-    steps = list(bisection.steps.all())
-    if len(keys) < 2 or any(s.outcome == "restores" for s in steps):
+    if len(keys) < 2 or bisection.steps.filter(outcome="restores").exists():
         return None
-    if any(sorted(s.keys) == sorted(keys) for s in steps):
-        return None
-    return keys
+    return None if frozenset(keys) in _tried(bisection) else keys
 
 
 def _next(bisection):
@@ -304,9 +306,9 @@ def _move_on(step):
     if step.outcome == "restores":
         # narrowed to the keys of the try that restored it; a set already tried is not again
         # (the parts of all factors tried together after each alone had failed)
-        tried = [sorted(s.keys) for s in bisection.steps.all()]
+        tried = _tried(bisection)
         bisection.candidates = step.keys
-        bisection.queue = [keys for keys in plan(step.keys) if sorted(keys) not in tried]
+        bisection.queue = [keys for keys in plan(step.keys) if frozenset(keys) not in tried]
     return _next(bisection)
 
 
@@ -380,26 +382,27 @@ def _finding(bisection, stopped=""):
     now = with_interval(watch_run.figure, watch_run.interval)
     before = with_interval(watch_run.baseline_figure, watch_run.baseline_interval)
     parts = []
-    if len(bisection.cause) == 1:
-        (factor,) = [f for f in bisection.factors if f["key"] in bisection.cause]
+    if bisection.cause:
         step = next(s for s in steps if s.keys == bisection.cause and s.outcome == "restores")
-        tried = with_interval(step.figure, step.interval)
-        parts.append(
-            f"The cause is {factor['phrase']}: with the baseline's {factor['name']} "
-            f"{factors.show(factor['a'])} its {watch_run.watch.figure_name()} was {tried}, "
-            f"against {now} now and {before} at the baseline. To keep the fix, restart the "
-            "engine with it."
+        figures = (
+            f"its {watch_run.watch.figure_name()} was "
+            f"{with_interval(step.figure, step.interval)}, against {now} now and {before} at "
+            "the baseline"
         )
-    elif bisection.cause:
-        step = next(s for s in steps if s.keys == bisection.cause and s.outcome == "restores")
-        tried = with_interval(step.figure, step.interval)
-        together = " and ".join(bisection.phrases(bisection.cause))
-        parts.append(
-            f"The cause is {together} together: with the baseline's values of all of them its "
-            f"{watch_run.watch.figure_name()} was {tried}, against {now} now and {before} at "
-            "the baseline, and no smaller set tried restores it. To keep the fix, restart the "
-            "engine with all of them."
-        )
+        if len(bisection.cause) == 1:
+            (factor,) = [f for f in bisection.factors if f["key"] in bisection.cause]
+            parts.append(
+                f"The cause is {factor['phrase']}: with the baseline's {factor['name']} "
+                f"{factors.show(factor['a'])} {figures}. To keep the fix, restart the engine "
+                "with it."
+            )
+        else:
+            together = " and ".join(bisection.phrases(bisection.cause))
+            parts.append(
+                f"The cause is {together} together: with the baseline's values of all of them "
+                f"{figures}, and no smaller set tried restores it. To keep the fix, restart the "
+                "engine with all of them."
+            )
     else:
         undecided = any(step.outcome == "undecided" for step in steps)
         parts.append(

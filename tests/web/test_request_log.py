@@ -269,6 +269,8 @@ HEADER = ",".join(request_log.CSV_HEADER)
         ('4,,1,0.0,0.1,0.5,32,16,ok,,,"[0.1,"', "line 2: itl is not a JSON list of gaps"),
         ('4,,1,0.0,0.1,0.5,32,16,ok,,,"[0.1,-2]"', "line 2: itl is no request's: [0.1, -2]"),
         ("x,,1,0.0,0.1,0.5,32,16,ok,,,", "line 2: concurrency is not a whole number: 'x'"),
+        ("+-4,,1,0.0,0.1,0.5,32,16,ok,,,", "line 2: concurrency is not a whole number: '+-4'"),
+        ("\u00b2,,1,0.0,0.1,0.5,32,16,ok,,,", "line 2: concurrency is not a whole number"),
         ("4" + "0" * 400 + ",,1,0.0,0.1,0.5,32,16,ok,,,", "line 2: concurrency is not a whole"),
         ("4,,1,0.0,-1,0.5,32,16,ok,,,", "line 2: ttft is no request's: -1.0"),
         ("4,,1,0.0,0.1,0.5,32,16,ok,,,,extra", "line 2: has more cells than the header"),

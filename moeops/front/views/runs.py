@@ -427,7 +427,7 @@ def run_requests_export(request, uuid, fmt):
     else:
         buffer = _Echo()
         writer = csv.writer(buffer)
-        header = (writer.writerow([*request_log.LEVEL_KEYS, *request_log.REQUEST_KEYS]),)
+        header = (writer.writerow(request_log.CSV_HEADER),)
         rows = (writer.writerow(request_log.csv_cells(lv, rq)) for lv, rq in run.logged_requests())
         lines = itertools.chain(header, rows)
         content_type = "text/csv; charset=utf-8"
