@@ -204,7 +204,8 @@ def main(argv=None) -> int:
         grid_answer, grid_sent, grid_levels = dense_grid(config, limits, grid)
         grid_s = time.monotonic() - began
         searches, search_levels, search_s = [], [], []
-        for seed in range(1, args.searches + 1):
+        # each search's prompts its own (the grid's seed is 0; a round r adds r - 1 to a seed)
+        for seed in range(1000, 1000 * (args.searches + 1), 1000):
             began = time.monotonic()
             answer, sent, levels = capacity_search(config, limits, args.start, grid[-1], seed)
             search_s.append(time.monotonic() - began)

@@ -6,6 +6,8 @@ tokens, s (duration), req/s and tok/s (rates), ms (latencies); docs/metrics.md d
 # A level with no prompts_per_level sends this many requests per concurrent stream, so that the
 # steady state outweighs the ramp-up and drain at the level's edges (workers.loadgen).
 DEFAULT_PROMPTS_PER_STREAM = 4
+# The largest seed of a run's prompts (one a 32-bit signed column holds); each run draws its own.
+MAX_SEED = 2_147_483_647
 
 # Latency statistics per level (ms): time to first token, time per output token, inter-token
 # latency and end-to-end latency, each as mean, median, std and three percentiles.

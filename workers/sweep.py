@@ -64,9 +64,9 @@ def sweep_config(parameters):
     parameters: base_url, model, levels (concurrencies), input_len and output_len (tokens);
     optional endpoint, prompts_per_level, warmup, request_rate or request_rates (req/s),
     burstiness, ramp_up_s (s), processes, vocab_size, timeout_s, slo_ttft_ms, slo_tpot_ms,
-    slo_e2el_ms, rounds, workload (its record and spec) with workload_items (a dataset's
-    prompts). Without vocab_size the completions endpoint asks the server where its model is
-    (workers.vocabulary) and raises vocabulary.VocabularyUnknown when it cannot tell.
+    slo_e2el_ms, rounds, seed (the prompts'), workload (its record and spec) with workload_items
+    (a dataset's prompts). Without vocab_size the completions endpoint asks the server where its
+    model is (workers.vocabulary) and raises vocabulary.VocabularyUnknown when it cannot tell.
     """
     endpoint = parameters.get("endpoint") or "completions"
     vocab_size = parameters.get("vocab_size")
@@ -80,6 +80,7 @@ def sweep_config(parameters):
         endpoint=endpoint,
         vocab_size=vocab_size,
         timeout_s=parameters.get("timeout_s") or 600.0,
+        seed=int(parameters.get("seed") or 0),
         workload=sweep_workload(parameters),
     )
     optional = (

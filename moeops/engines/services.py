@@ -344,7 +344,7 @@ def _action_kwargs(action, recipe, previous, deployment):
 
 def _resweep(action, before, deployment):
     """The queued run that repeats before's load after the action, and its sweep's parameters."""
-    load = {k: v for k, v in before.parameters.items() if k not in ("run_uuid",)}
+    load = run_services.repeated_load(before.parameters)
     parameters = run_services.sweep_parameters(deployment=deployment, load=load)
     after, _ = run_services.run_create(
         deployment=deployment,

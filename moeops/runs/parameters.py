@@ -10,7 +10,7 @@ from pydantic import ValidationError as SchemaError
 
 from domain.capacity import MAX_BUDGET, MODES, search_problems
 from domain.intervals import MAX_ROUNDS
-from domain.levels import DEFAULT_PROMPTS_PER_STREAM
+from domain.levels import DEFAULT_PROMPTS_PER_STREAM, MAX_SEED
 from domain.queues import SWEEP_SOFT_LIMIT_S
 from moeops.storable import MAX_INT, storable_json
 
@@ -100,6 +100,12 @@ class RunParameters(BaseModel):
     )
     budget: Annotated[int, Field(strict=True, ge=2, le=MAX_BUDGET)] | None = Field(
         None, description="the most levels a capacity search runs"
+    )
+    seed: Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)] | None = Field(
+        None,
+        description="draws the prompts; run_start gives each run one of its own unless given "
+        "(the same seed sends the same prompts again, which an engine's prefix cache then "
+        "serves warm)",
     )
     moe_kernel: Literal["default", "tuned"] | None = Field(
         None, description="the kernel a run without a config file on record ran"

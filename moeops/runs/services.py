@@ -5,6 +5,7 @@ tunes), imported files."""
 import hashlib
 import json
 import logging
+import secrets
 import time
 import zlib
 from operator import itemgetter
@@ -17,6 +18,7 @@ from django.utils import timezone
 from domain import engine as engine_reports
 from domain import requests as request_log
 from domain.intervals import ROUND_KEYS, level_of_rounds
+from domain.levels import MAX_SEED
 from domain.progress import HEARTBEAT_STALE_S, SweepProgress, attempt_of
 from moeops import jobs
 from moeops.celery import send_host_task
@@ -153,12 +155,21 @@ def run_start(*, deployment, parameters, label="", run_uuid=None, topology_snaps
 
 # What a sweep's parameters take from the deployment rather than from the load asked for.
 DEPLOYMENT_PARAMETERS = ("base_url", "model", "gpu_indices", "vocab_size")
+# What is a run's own rather than its load's: a run that repeats another's load draws its own
+# prompts (a new seed), or the engine's prefix cache serves it the prompts the other warmed.
+RUN_OWN_PARAMETERS = ("run_uuid", "seed")
+
+
+def repeated_load(parameters: dict) -> dict:
+    """The load of a run's parameters, to sweep again: without what is the run's own."""
+    return {k: v for k, v in parameters.items() if k not in RUN_OWN_PARAMETERS}
 
 
 def sweep_parameters(*, deployment, load):
     """The parameters of a sweep of the deployment with this load (levels, input_len, …): the
     load checked (ValidationError naming the field) and what comes from the deployment added
-    (its endpoint, request model name, GPUs and its model's vocabulary). A `workload` named
+    (its endpoint, request model name, GPUs and its model's vocabulary), and a seed of its own
+    for the prompts unless the load gives one (RUN_OWN_PARAMETERS). A `workload` named
     in the load (id, name, "name v3", or a run's record of it) becomes its record and spec
     (Workload.run_parameter)."""
     _check_sweep(deployment, load)
@@ -171,6 +182,8 @@ def sweep_parameters(*, deployment, load):
         "gpu_indices": deployment.gpu_indices(),
         "vocab_size": vocab_size(deployment.model.config_json),
     }
+    if parameters.get("seed") is None:
+        parameters["seed"] = secrets.randbelow(MAX_SEED + 1)
     if load.get("workload") is not None:
         workload = workload_lookup(load["workload"])
         if workload.kind == "multi_turn" and load.get("endpoint") != "chat":

@@ -277,7 +277,7 @@ def _measure_again(step):
     """Repeat the step's last sweep on the engine as the try left it, with twice the rounds;
     True when it started (the step waits for it), False when the host refused it."""
     last = step.judged_run
-    load = {k: v for k, v in last.parameters.items() if k != "run_uuid"}
+    load = run_services.repeated_load(last.parameters)
     load["rounds"] = min(MAX_ROUNDS, 2 * int(load.get("rounds") or 1))
     try:
         again, _ = run_services.run_start(

@@ -55,14 +55,19 @@ pytest_plugins = ["tests.stack", "tests.engine.plugin"]
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.timeout(900)]
 
 SM120 = {"name": TUNED_DEVICE, "compute_capability": "12.0", "power_limit_w": 600.0}
-# The capacity test's dense grid, on the --max-num-seqs 4 server: up to the cap every request
-# runs at once, above it some wait a whole request for a slot, so TTFT p90 steps up past 4.
-# (TPOT does not rise with the batch on the tiny MoE: two layers of width 128 cost the same per
-# step at 1 or 12 requests, and its rounds' TPOT spread wider than any trend: upper bounds
-# 52.7, 10.5, 6.8, 37.5 ms at 1-4 in a make test run. A TPOT limit bound only by noise there;
-# the stand-in's e2e test finds a TPOT-bound capacity exactly.)
-GRID = tuple(range(1, 7))
-CAP = 4
+# The capacity test's load and dense grid, on the --max-num-seqs 16 server: a prompt of 900
+# tokens (7 of the CPU build's 128-token blocks) costs the engine a prefill step that the
+# running requests' decodes share, so the more requests run, the more prefills land inside each
+# request's 8 tokens and TPOT climbs with the load (p90 2.4 ms at 1 concurrent to 13 ms at 12 on
+# a quiet 2-core machine). TPOT of the tiny MoE's decode alone stays flat with the batch.
+CAPACITY_LOAD = {
+    "input_len": 900,
+    "output_len": 8,
+    "rounds": 5,
+    "warmup": 4,
+    "prompts_per_level": 24,
+}
+GRID = tuple(range(1, 13))
 # the metric names moeops reads from vLLM (workers.engine_metrics.ENGINE_GAUGES["vllm"])
 VLLM_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
@@ -339,50 +344,66 @@ def _wait_for(stack, run):
     return run
 
 
+@pytest.fixture
+def vllm_wide_stack(make_sweep_stack, tiny_model, vllm_wide):
+    """A worker and a deployment on the real vLLM with --max-num-seqs 16."""
+    return make_sweep_stack(
+        engine_url=vllm_wide.url,
+        model=tiny_model,
+        gpus=[SM120],
+        deployment_fields={
+            "engine": "vllm",
+            "engine_version": VLLM_CPU_VERSION,
+            "max_running_requests": 16,
+            "served_model_name": SERVED_MODEL,
+        },
+        MOEOPS_VLLM_PYTHON=str(PYTHON),
+    )
+
+
 @pytest.mark.quiet
-def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stack):
-    """A TTFT-bound profile on the --max-num-seqs 4 server: the search ends with an answer,
-    TTFT binds, every level has its intervals and no request fails, and the answer is within
-    one bisection step of the same judgement applied to every concurrency from 1 to 6 (the
-    dense grid, run first on the same server), wherever the grid's judgement is monotone
-    there. The limit is read off the grid's medians, between those up to the cap and above."""
-    deployment = vllm_stack.deployment
-    # warm requests before each level, five rounds, and 24 requests a round whatever the load:
-    # a level's first requests, a 3-round interval and a p90 of 4-8 requests (its largest, one
-    # slow step of the machine away) were what flipped levels below the cap in make test
-    load = {"input_len": 32, "output_len": 32, "rounds": 5, "warmup": 4, "prompts_per_level": 24}
-    grid = _wait_for(vllm_stack, vllm_stack.start_sweep(GRID, label="grid", **load))
+def test_a_tpot_bound_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(
+    vllm_wide_stack,
+):
+    """A TPOT-bound profile on the --max-num-seqs 16 server (CAPACITY_LOAD): the search ends
+    with an answer, TPOT binds, every level has its intervals and no request fails, and the
+    answer is within one bisection step of the same judgement applied to every concurrency from
+    1 to 12 (the dense grid, run first on the same server), wherever the grid's judgement is
+    monotone there. The limit is read off the grid's medians, between those at 4 and 8."""
+    stack = vllm_wide_stack
+    grid = _wait_for(stack, stack.start_sweep(GRID, label="grid", **CAPACITY_LOAD))
     grid_levels = sorted(grid.levels.all(), key=lambda lv: lv.concurrency)
-    upper = {lv.concurrency: lv.intervals["p90_ttft_ms"][1] for lv in grid_levels}
-    median = {lv.concurrency: lv.p90_ttft_ms for lv in grid_levels}
-    below = max(median[c] for c in GRID if c <= CAP)
-    above = min(median[c] for c in GRID if c > CAP)
+    upper = {lv.concurrency: lv.intervals["p90_tpot_ms"][1] for lv in grid_levels}
+    median = {lv.concurrency: lv.p90_tpot_ms for lv in grid_levels}
     grid_figures = {"upper": upper, "median": median}
-    # between the medians up to the cap and above it where the cap shows; on a loaded machine
-    # TTFT also climbs below the cap, and half again the cap's median stays under the top
-    limit_ms = round((below * above) ** 0.5 if above > below else 1.5 * median[CAP], 3)
-    profile = SLOProfile.objects.create(name="ttft-bound", ttft_percentile="p90", ttft_ms=limit_ms)
+    # what the test stands on: TPOT climbs with the load on this server (a vLLM whose prefills
+    # stopped sharing the decodes' steps would leave nothing to bind)
+    assert median[GRID[-1]] > 2 * median[1], grid_figures
+    limit_ms = round((median[4] * median[8]) ** 0.5, 3)
+    profile = SLOProfile.objects.create(name="tpot-bound", tpot_percentile="p90", tpot_ms=limit_ms)
     search, _ = run_services.run_start(
-        deployment=deployment,
+        deployment=stack.deployment,
         parameters={
             "kind": "capacity",
             "slo_profile": profile.name,
             "start": 1,
             "end": GRID[-1],
-            **load,
+            **CAPACITY_LOAD,
         },
         label="capacity",
     )
-    search = _wait_for(vllm_stack, search)
+    search = _wait_for(stack, search)
+    # each run drew its own prompts: the search met no prefix the grid left in the cache
+    assert search.parameters["seed"] != grid.parameters["seed"]
 
     answer = search.capacity
     levels = list(search.levels.all())
     assert answer["load"] is not None, answer
-    assert answer["binding"]["metric"] == "ttft", answer["binding"]
-    assert answer["binding"]["sentence"].startswith("TTFT p90 binds: ")
+    assert answer["binding"]["metric"] == "tpot", answer["binding"]
+    assert answer["binding"]["sentence"].startswith("TPOT p90 binds: ")
     # a level whose intervals straddled the limit after its 5 rounds ran more, up to 10
     assert all(5 <= lv.round_count <= 10 and lv.failed == 0 for lv in levels)
-    assert all("p90_ttft_ms" in lv.intervals for lv in levels)
+    assert all("p90_tpot_ms" in lv.intervals for lv in levels)
 
     limits, max_failed = limits_of(search.parameters)
     assert all(lv.failed == 0 for lv in grid_levels)
@@ -403,7 +424,7 @@ def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stac
     # it is on (the search runs such a level more, the grid does not)
     grid_clean = grid_clean and not any(straddles(p) for p in probes if p.load in near)
     searched = {
-        lv.concurrency: (lv.round_count, lv.p90_ttft_ms, lv.intervals["p90_ttft_ms"])
+        lv.concurrency: (lv.round_count, lv.p90_tpot_ms, lv.intervals["p90_tpot_ms"])
         for lv in levels
     }
     assert not grid_clean or abs(answer["load"] - (grid_answer or 0)) <= step, (
@@ -413,6 +434,20 @@ def test_a_capacity_search_of_the_real_engine_agrees_with_a_dense_grid(vllm_stac
     )
     sent = sum(lv.completed + lv.failed for lv in levels)
     assert sent < sum(lv.completed + lv.failed for lv in grid_levels)
+
+
+def test_a_sweep_repeated_on_the_same_engine_meets_a_cold_prefix_cache(vllm_stack):
+    # two sweeps of one load of 300-token prompts (two of the CPU build's 128-token blocks each):
+    # the same prompts sent again would be served from vLLM's prefix cache
+    rates = []
+    for _ in range(2):
+        run = vllm_stack.start_sweep([4], input_len=300, output_len=4, prompts_per_level=12)
+        run = vllm_stack.wait_for_run(run, timeout=300)
+        assert run.status == "succeeded", run.error
+        [level] = run.levels.all()
+        assert (level.completed, level.failed) == (12, 0)
+        rates.append(level.engine_figures()["prefix_cache_hit_rate"])
+    assert rates[1] <= 0.05, rates
 
 
 def _client(server):

@@ -51,7 +51,10 @@ def test_start_creates_the_run_and_sends_its_sweep_after_commit(
         "model": "glm-5",
         "gpu_indices": [0, 1],
         "vocab_size": None,
+        # the run's own prompts (moeops.runs.services.RUN_OWN_PARAMETERS)
+        "seed": run.parameters["seed"],
     }
+    assert isinstance(run.parameters["seed"], int)
     [task] = queues.queued(broker, QUEUE)
     assert task.task == "workers.run_sweep"
     assert task.kwargs == {"run_uuid": RUN_UUID, **run.parameters}

@@ -66,6 +66,9 @@ def test_it_rejects_levels_given_as_a_count(world, member):
         ({"endpoint": "grpc"}, "parameters.endpoint: "),
         ({"request_rate": -1}, "parameters.request_rate: "),
         ({"gpu_indices": ["0"]}, "parameters.gpu_indices: 0: "),
+        ({"seed": int("9" * 400)}, "parameters.seed: "),
+        ({"seed": -1}, "parameters.seed: "),
+        ({"seed": "7"}, "parameters.seed: "),
         ({"note": {"deep": "a\x00b"}}, "parameters: note.deep: must not contain"),
         ([32, 64], "parameters: "),
     ],
@@ -94,6 +97,21 @@ def test_it_rejects_a_sweep_started_with_parameters_the_worker_cannot_run(world)
         services.run_start(deployment=world.deployment, parameters={**SWEEP, "warmup": -1})
     assert list(caught.value.message_dict) == ["parameters.warmup"]
     assert not SweepRun.objects.exists()
+
+
+def test_each_started_run_draws_its_own_prompts_unless_given_a_seed(world):
+    started = [services.run_start(deployment=world.deployment, parameters=SWEEP)[0] for _ in "ab"]
+    seeds = [run.parameters["seed"] for run in started]
+    assert seeds[0] != seeds[1]
+    # a load repeated from a run (a re-sweep, a measurement again) draws its own as well
+    again = services.repeated_load(started[0].parameters)
+    assert "seed" not in again and again["levels"] == SWEEP["levels"]
+    assert (
+        services.run_start(deployment=world.deployment, parameters=again)[0].parameters["seed"]
+        not in seeds
+    )
+    given = services.run_start(deployment=world.deployment, parameters={**SWEEP, "seed": 7})[0]
+    assert given.parameters["seed"] == 7
 
 
 def test_an_imported_runs_pages_answer(world, member):

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import math
+import re
 import threading
 
 import pytest
@@ -570,6 +571,32 @@ def test_the_cli_refuses_rounds_out_of_bounds(capsys):
         )
     assert exited.value.code == 2
     assert "--rounds: from 1 to 10, got 0" in capsys.readouterr().err
+
+
+def test_the_cli_draws_new_prompts_each_run_and_prints_the_seed_that_sends_them_again(
+    scripted, capsys
+):
+    argv = ["--base-url", scripted.url + "/fast", "--model", "m", "--concurrency", "1"]
+    argv += ["--prompts-per-level", "2", "--output-len", str(CHUNKS), "--vocab-size", "32000"]
+    prompts, seeds = [], []
+    for extra in ([], [], None):
+        if extra is None:  # the first run's seed given back
+            extra = ["--seed", str(seeds[0])]
+        scripted.bodies.clear()
+        assert loadgen_cli.main(argv + extra) == 0
+        seeds.append(int(re.search(r"--seed (\d+) sends these", capsys.readouterr().err)[1]))
+        prompts.append([body["prompt"] for body in scripted.bodies])
+    assert seeds[0] != seeds[1] and prompts[0] != prompts[1]
+    assert seeds[2] == seeds[0] and prompts[2] == prompts[0]
+
+
+def test_the_cli_refuses_a_negative_seed(capsys):
+    with pytest.raises(SystemExit) as exited:
+        loadgen_cli.main(
+            ["--base-url", "http://x", "--model", "m", "--concurrency", "1", "--seed", "-1"]
+        )
+    assert exited.value.code == 2
+    assert "--seed: from 0 to 2147483647, got -1" in capsys.readouterr().err
 
 
 def test_an_imported_logs_figures_are_those_the_load_generator_computed_from_its_records():

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from domain.capacity import (
     search_problems,
 )
 from domain.intervals import MAX_ROUNDS, level_of_rounds, with_interval
+from domain.levels import MAX_SEED
 from domain.slo import DEFAULT_MAX_FAILED_PERCENT
 from workers import vocabulary
 from workers.capacity import level_at
@@ -154,7 +156,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600.0, help="per request, s")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="draws the prompts (default: a new one each run, printed). The same seed sends "
+        "the same prompts again, which the engine's prefix cache then serves warm",
+    )
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
     parser.add_argument("--transport", choices=TRANSPORTS, default="fast")
     parser.add_argument("--slo-ttft-ms", type=float, default=None)
@@ -219,6 +227,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--ramp-up-s: at least 0, got {args.ramp_up_s}")
     if not 1 <= args.rounds <= MAX_ROUNDS:
         parser.error(f"--rounds: from 1 to {MAX_ROUNDS}, got {args.rounds}")
+    if args.seed is None:
+        args.seed = secrets.randbelow(MAX_SEED + 1)
+    elif not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"--seed: from 0 to {MAX_SEED}, got {args.seed}")
     if args.capacity:
         try:
             args.limits = parse_slo(args.slo or "")
@@ -292,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         # on stderr: stdout is the table, for pipes
         print(
-            f"prompt token ids drawn from a vocabulary of {vocab_size:,} ({source})",
+            f"prompt token ids drawn from a vocabulary of {vocab_size:,} ({source}), "
+            f"seed {args.seed} (--seed {args.seed} sends these prompts again)",
             file=sys.stderr,
         )
     limits = getattr(args, "limits", {})
