@@ -14,6 +14,7 @@ import time
 
 import httpx
 import pytest
+from django.test import Client
 from tokenizers import Tokenizer
 
 from domain import engine_counters
@@ -28,6 +29,7 @@ from moeops.runs import snapshots
 from moeops.runs.capacity import level_figures
 from moeops.runs.models import RequestLog
 from moeops.runs.workloads import workload_store
+from tests import page_base as pb
 from tests.engine import (
     MODEL_DIR,
     PYTHON,
@@ -434,6 +436,17 @@ def test_a_tpot_bound_capacity_search_of_the_real_engine_agrees_with_a_dense_gri
     )
     sent = sum(lv.completed + lv.failed for lv in levels)
     assert sent < sum(lv.completed + lv.failed for lv in grid_levels)
+
+    # what a person reads on the run page: the answer, per GPU, what binds, and the chart
+    browser = Client()
+    pb.sign_in(browser)
+    html = browser.get(f"/runs/{search.uuid}/").content.decode()
+    assert f"<strong>{answer['load']} concurrent</strong> meet the SLO" in html
+    assert "<dt>tok/s per GPU</dt>" in html
+    assert "TPOT p90 binds: " in html
+    [line, band] = pb.figure(html, "slo-tpot-data")["data"]
+    assert band["name"] == "TPOT p90 95 % interval"
+    assert line["x"] == sorted(lv.concurrency for lv in levels)
 
 
 def test_a_sweep_repeated_on_the_same_engine_meets_a_cold_prefix_cache(vllm_stack):
