@@ -48,8 +48,11 @@ lint: install
 # schema at collection, a minute of a 2-core box.
 UNIT := not gpu and not e2e and not browser and not engine and not faults and not fuzz
 FUZZ := tests/web/test_api_schema.py
+# make check's pytest processes (pytest-xdist): a third of its time the tests wait on sockets and
+# the processes they start, so three keep two cores busier than two do (decision 46)
+CHECK_WORKERS ?= 3
 check: lint
-	env -u DATABASE_URL $(VENV)/bin/pytest -q -m "$(UNIT)" --ignore=$(FUZZ) $(DURATIONS)
+	env -u DATABASE_URL $(VENV)/bin/pytest -q -n $(CHECK_WORKERS) -m "$(UNIT)" --ignore=$(FUZZ) $(DURATIONS)
 
 test-sqlite: install browser-deps engine _pytest-sqlite
 

