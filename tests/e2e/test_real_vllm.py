@@ -636,13 +636,14 @@ def test_a_dataset_sweeps_token_counts_agree_with_the_servers_usage(vllm_stack):
     assert run.status == "succeeded", run.error
     [level] = run.levels.all()
     assert (level.completed, level.failed, level.usage_reported) == (prompts, 0, True)
-    # the requests the worker sent, drawn as it draws them: the server names its model by a
-    # folder that is not on the worker's machine, so the prompts went as text, the answers'
-    # words as output lengths; the model's own tokenizer counts the prompts here
+    # the requests the worker sent, drawn as it draws them (from the run's seed): the server
+    # names its model by a folder that is not on the worker's machine, so the prompts went as
+    # text, the answers' words as output lengths; the model's own tokenizer counts the prompts
     client = ClientConfig(
         base_url="",
         model="",
         vocab_size=VOCAB_SIZE,
+        seed=run.parameters["seed"],
         workload={"spec": workload.spec, "items": dataset_items(workload.items)},
     )
     sent = [request_prompt(client, LevelConfig(4, 32, 64, prompts), (0, i)) for i in range(prompts)]

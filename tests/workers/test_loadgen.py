@@ -584,7 +584,7 @@ def test_the_cli_draws_new_prompts_each_run_and_prints_the_seed_that_sends_them_
             extra = ["--seed", str(seeds[0])]
         scripted.bodies.clear()
         assert loadgen_cli.main(argv + extra) == 0
-        seeds.append(int(re.search(r"--seed (\d+) sends these", capsys.readouterr().err)[1]))
+        seeds.append(int(re.search(r"--seed (\d+) sends them again", capsys.readouterr().err)[1]))
         prompts.append([body["prompt"] for body in scripted.bodies])
     assert seeds[0] != seeds[1] and prompts[0] != prompts[1]
     assert seeds[2] == seeds[0] and prompts[2] == prompts[0]

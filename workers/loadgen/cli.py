@@ -304,10 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         # on stderr: stdout is the table, for pipes
         print(
-            f"prompt token ids drawn from a vocabulary of {vocab_size:,} ({source}), "
-            f"seed {args.seed} (--seed {args.seed} sends these prompts again)",
+            f"prompt token ids drawn from a vocabulary of {vocab_size:,} ({source})",
             file=sys.stderr,
         )
+    print(f"prompts of seed {args.seed} (--seed {args.seed} sends them again)", file=sys.stderr)
     limits = getattr(args, "limits", {})
 
     def goodput_limit(metric, given):
