@@ -111,9 +111,18 @@ def check_window(window_start, window_end):
 
 def watch_load(deployment, kind, parameters, slo_profile=None):
     """The watch's load checked as the runs service checks a sweep's or a capacity search's
-    (ValidationError naming the parameter), rounds DEFAULT_ROUNDS unless given."""
+    (ValidationError naming the parameter), rounds DEFAULT_ROUNDS unless given; no seed
+    (each run draws its own, moeops.runs.services.RUN_OWN_PARAMETERS)."""
     if not isinstance(parameters, dict):
         raise ValidationError({"parameters": "an object of load parameters"})
+    if "seed" in parameters:
+        raise ValidationError(
+            {
+                "parameters.seed": "a watch's runs each draw prompts of their own: one seed "
+                "would send the same prompts every time, and the engine's prefix cache would "
+                "serve them warm"
+            }
+        )
     load = {"rounds": DEFAULT_ROUNDS, **parameters}
     run_services.sweep_parameters(
         deployment=deployment,

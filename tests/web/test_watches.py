@@ -316,6 +316,15 @@ def test_the_api_refuses_a_load_the_runs_service_refuses(owner, deployment):
     assert not PeriodicTask.objects.filter(task=services.FIRE_TASK).exists()
 
 
+def test_the_api_refuses_a_watch_whose_runs_would_all_send_one_seeds_prompts(owner, deployment):
+    body = {"deployment": deployment.name, "name": "n", "schedule": {"every_hours": 1}}
+    load = {"levels": [4], "input_len": 16, "output_len": 32, "seed": 7}
+    answer = owner.post("/api/v1/watches", {**body, "parameters": load})
+    assert answer.status_code == 400
+    assert answer.json()["detail"].startswith("parameters.seed: a watch's runs each draw")
+    assert not PeriodicTask.objects.filter(task=services.FIRE_TASK).exists()
+
+
 def test_a_webhook_off_the_allow_list_is_refused_and_a_secret_never_shown(owner):
     answer = owner.post(
         "/api/v1/alert-channels",
