@@ -49,10 +49,13 @@ lint: install
 UNIT := not gpu and not e2e and not browser and not engine and not faults and not fuzz
 FUZZ := tests/web/test_api_schema.py
 # make check's pytest processes (pytest-xdist): a third of its time the tests wait on sockets and
-# the processes they start, so three keep two cores busier than two do (decision 46)
+# the processes they start, so three keep two cores busier than two do (decision 46). Each takes
+# a Redis database of its own (tests/conftest.py), and a `quiet` test runs while the others wait.
 CHECK_WORKERS ?= 3
 check: lint
-	env -u DATABASE_URL $(VENV)/bin/pytest -q -n $(CHECK_WORKERS) -m "$(UNIT)" --ignore=$(FUZZ) $(DURATIONS)
+	@mkdir -p var
+	env -u DATABASE_URL -u REDIS_URL -u MOEOPS_TEST_REDIS_DB MOEOPS_QUIET_LOCK=$(CURDIR)/var/check-quiet.lock \
+		$(VENV)/bin/pytest -q -n $(CHECK_WORKERS) -m "$(UNIT)" --ignore=$(FUZZ) $(DURATIONS)
 
 test-sqlite: install browser-deps engine _pytest-sqlite
 

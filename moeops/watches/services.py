@@ -134,6 +134,8 @@ def watch_load(deployment, kind, parameters, slo_profile=None):
 def run_load(kind, load, slo_profile):
     """What a firing asks the runs service for: the watch's load, as a capacity search against
     its SLO profile for a capacity watch."""
+    # a seed stored before watches refused one is dropped: each firing draws prompts of its own
+    load = run_services.repeated_load(load)
     if kind != "capacity":
         return load
     profile = {"slo_profile": str(slo_profile.pk)} if slo_profile is not None else {}

@@ -36,7 +36,7 @@ def capped_sweep():
             concurrencies=LEVELS,
             input_len=32,
             output_len=20,
-            prompts_per_level=32,
+            prompts_per_level=64,
         )
         with EngineMetricsSampler(url, interval_s=0.05) as sampler:
 

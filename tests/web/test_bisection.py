@@ -263,6 +263,8 @@ def test_a_try_within_the_noise_of_both_ends_is_measured_again_with_more_rounds(
     again = step.run
     assert again != step.action.after_run and again.status == "queued"
     assert again.parameters["rounds"] == 6 and again.parameters["levels"] == [8]
+    # prompts of its own: the engine as the try left it holds the re-sweep's in its cache
+    assert again.parameters["seed"] != step.action.after_run.parameters["seed"]
     assert again.snapshot["recipe"]["version"] == step.action.recipe.version
     client.force_login(world.staff)
     page = client.get(found.get_absolute_url()).content.decode()

@@ -63,7 +63,7 @@ def _finished_sweep(world):
     return SweepRun.objects.create(
         deployment=world.deployment,
         status="succeeded",
-        parameters={**LOAD, "base_url": "http://old:1", "vocab_size": 151552},
+        parameters={**LOAD, "base_url": "http://old:1", "vocab_size": 151552, "seed": 7},
     )
 
 
@@ -127,6 +127,8 @@ def test_restart_with_args_makes_a_version_a_resweep_and_a_chain_on_the_hosts_qu
     after = action.after_run
     assert (after.status, action.before_run) == ("queued", before)
     assert {k: after.parameters[k] for k in LOAD} == LOAD
+    # the same load with prompts of its own: the engine's prefix cache holds before's
+    assert after.parameters["seed"] != before.parameters["seed"]
     assert after.parameters["base_url"] == "http://127.0.0.1:8000"
     assert after.snapshot["recipe"]["flags"]["--max-num-seqs"] == "16"
     item.refresh_from_db()

@@ -316,6 +316,15 @@ def test_the_api_refuses_a_load_the_runs_service_refuses(owner, deployment):
     assert not PeriodicTask.objects.filter(task=services.FIRE_TASK).exists()
 
 
+def test_a_watch_stored_with_a_seed_before_they_were_refused_fires_prompts_of_its_own(watch):
+    type(watch).objects.filter(pk=watch.pk).update(parameters={**watch.parameters, "seed": 7})
+    watch.refresh_from_db()
+    seeds = {services.watch_fire(watch=watch).run.parameters["seed"]}
+    SweepRun.objects.update(status="succeeded")
+    seeds.add(services.watch_fire(watch=watch).run.parameters["seed"])
+    assert len(seeds) == 2 and 7 not in seeds
+
+
 def test_the_api_refuses_a_watch_whose_runs_would_all_send_one_seeds_prompts(owner, deployment):
     body = {"deployment": deployment.name, "name": "n", "schedule": {"every_hours": 1}}
     load = {"levels": [4], "input_len": 16, "output_len": 32, "seed": 7}
