@@ -24,7 +24,7 @@ import uuid
 from domain import requests as request_log
 from domain.failures import describe_failure
 from domain.jobs import FINISHED_STATUSES
-from domain.levels import LEVEL_KEYS
+from domain.levels import LEVEL_KEYS, MAX_SEED
 from domain.progress import HEARTBEAT_STALE_S, SweepProgress
 from domain.snapshot import RunSnapshot
 from workers import capacity, engine_info, loadgen, vocabulary
@@ -58,8 +58,13 @@ LEVEL_FIELDS = (
 )
 
 
-def sweep_config(parameters):
-    """The load generator's SweepConfig from a run's parameters.
+# A later delivery's prompts: its seed this far from the last delivery's (more than the rounds
+# a level runs, so no round of one is a round of the other).
+DELIVERY_SEED_STRIDE = 1_000_003
+
+
+def sweep_config(parameters, attempt=1):
+    """The load generator's SweepConfig from a run's parameters, for its delivery `attempt`.
 
     parameters: base_url, model, levels (concurrencies), input_len and output_len (tokens);
     optional endpoint, prompts_per_level, warmup, request_rate or request_rates (req/s),
@@ -67,6 +72,8 @@ def sweep_config(parameters):
     slo_e2el_ms, rounds, seed (the prompts'), workload (its record and spec) with workload_items
     (a dataset's prompts). Without vocab_size the completions endpoint asks the server where its
     model is (workers.vocabulary) and raises vocabulary.VocabularyUnknown when it cannot tell.
+    A later attempt draws other prompts than the seed's: the engine's prefix cache holds the
+    requests the delivery cut short had finished, and the round it reruns would meet them warm.
     """
     endpoint = parameters.get("endpoint") or "completions"
     vocab_size = parameters.get("vocab_size")
@@ -80,7 +87,8 @@ def sweep_config(parameters):
         endpoint=endpoint,
         vocab_size=vocab_size,
         timeout_s=parameters.get("timeout_s") or 600.0,
-        seed=int(parameters.get("seed") or 0),
+        seed=(int(parameters.get("seed") or 0) + (attempt - 1) * DELIVERY_SEED_STRIDE)
+        % (MAX_SEED + 1),
         workload=sweep_workload(parameters),
     )
     optional = (
@@ -354,7 +362,7 @@ def run_sweep(
         return claimed
     claimed, attempt = claimed
     try:
-        config = sweep_config(parameters)
+        config = sweep_config(parameters, attempt)
     except ValueError as exc:
         # the vocabulary unknown (VocabularyUnknown), or a dataset's prompts missing
         _finish(client, run_uuid, "failed", str(exc), {"worker": _me()})

@@ -397,6 +397,31 @@ def test_a_redelivered_run_skips_the_rounds_already_stored(world):
     assert [r.attempt for r in rounds] == [1, 2, 2]
 
 
+def test_a_redelivered_run_reruns_its_cut_round_with_prompts_the_first_delivery_never_sent(
+    world, monkeypatch
+):
+    deployment, client = world
+    run = _run(deployment, levels=(4,), rounds=3, seed=5)
+    services.run_transition(run=run, status="running")
+    services.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
+    SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time() - 60})
+    seeds = []
+    real = loadgen.run_level
+
+    async def run_level(client_cfg, level, **kwargs):
+        seeds.append(client_cfg.seed)
+        return await real(client_cfg, level, **kwargs)
+
+    monkeypatch.setattr(loadgen, "run_level", run_level)
+
+    assert _sweep(run, client) == "succeeded"
+
+    # rounds 2 and 3 of the second delivery; the first sent rounds 1-3 from 5, 6 and 7, and the
+    # engine's prefix cache holds what round 2 of it had finished when it was cut
+    assert len(seeds) == 2 and seeds[1] == seeds[0] + 1
+    assert not {5, 6, 7} & set(seeds)
+
+
 def test_a_resumed_capacity_search_judges_the_levels_stored_and_finishes_the_cut_one(world):
     deployment, client = world
     slo = {"profile": "loose", "limits": {"tpot": ["p99", 10000.0]}, "max_failed_percent": 1.0}
