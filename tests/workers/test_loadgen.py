@@ -551,7 +551,7 @@ def test_the_cli_runs_each_level_in_rounds_and_prints_the_median_and_interval(
     out = tmp_path / "levels.json"
     argv = ["--base-url", scripted.url + "/fast", "--model", "m", "--concurrency", "1,2"]
     argv += ["--prompts-per-level", "2", "--output-len", str(CHUNKS), "--vocab-size", "32000"]
-    argv += ["--rounds", "3", "--output", str(out)]
+    argv += ["--rounds", "3", "--seed", "40", "--output", str(out)]
 
     assert loadgen_cli.main(argv) == 0
 
@@ -559,6 +559,8 @@ def test_the_cli_runs_each_level_in_rounds_and_prints_the_median_and_interval(
     assert [(lv["concurrency"], lv["round"]) for lv in levels] == [
         (1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3),
     ]  # fmt: skip
+    # each round its own prompts, its seed in the file
+    assert [lv["seed"] for lv in levels] == [40, 41, 42, 40, 41, 42]
     printed = capsys.readouterr().out
     assert printed.count("median of 3 rounds") == 2
     assert printed.count("95 % interval: out tok/s ") == 2

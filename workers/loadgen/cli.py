@@ -368,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         if saved is not None:
             saved.close()
     if args.output:
+        # each round's seed: --seed with it sends that round's prompts again
+        for result in results:
+            result["seed"] = cfg.round_client(result.get("round", 1)).seed
         Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
