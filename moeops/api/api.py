@@ -2,7 +2,17 @@
 
 from ninja import NinjaAPI, Schema
 
-from moeops.api import engines, errors, fleet, insights, kernels, runs, watches, workloads
+from moeops.api import (
+    engines,
+    errors,
+    fleet,
+    insights,
+    kernels,
+    profiles,
+    runs,
+    watches,
+    workloads,
+)
 from moeops.api.auth import READ
 
 api = NinjaAPI(
@@ -32,6 +42,7 @@ def health(request):
 
 api.add_router("/", fleet.router)
 api.add_router("/", runs.router)
+api.add_router("/", profiles.router)
 api.add_router("/", kernels.router)
 api.add_router("/", insights.router)
 api.add_router("/", engines.router)

@@ -29,7 +29,12 @@ from moeops.jobs import JOB_STATUSES
 from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
 from moeops.runs.models import TUNED_KERNEL, WORKLOAD_KINDS, SweepRun, Workload
-from moeops.runs.parameters import MAX_ROUNDS, parameters_checked
+from moeops.runs.parameters import (
+    DEFAULT_PROFILE_STEPS,
+    MAX_PROFILE_STEPS,
+    MAX_ROUNDS,
+    parameters_checked,
+)
 from moeops.storable import storable_json
 from tuning.config_files import TUNED_BATCH_SIZES, kernel_dtype, triton_config_unread
 from tuning.engines import ENGINE_TITLES
@@ -367,6 +372,22 @@ class SweepForm(forms.Form):
         help_text="What each request sends (the workloads page lists them); the lengths above "
         "then bound the sweep's total only.",
     )
+    profile_levels = forms.CharField(
+        label="Profile levels",
+        required=False,
+        help_text="Concurrencies to profile inside the engine's step, comma-separated, each one "
+        "of the levels above; empty: none. After a profiled level's rounds the engine records "
+        "a window of steps with the torch profiler: a pass of its own that costs time, and "
+        "needs an engine started with the profiler (vLLM: --profiler-config).",
+    )
+    profile_steps = forms.IntegerField(
+        label="Profile steps",
+        min_value=1,
+        max_value=MAX_PROFILE_STEPS,
+        initial=DEFAULT_PROFILE_STEPS,
+        required=False,
+        help_text="Engine steps each profiled window records.",
+    )
 
     def __init__(self, *args, deployment, **kwargs):
         super().__init__(*args, **kwargs)
@@ -400,6 +421,10 @@ class SweepForm(forms.Form):
             ) from None
         return sorted(rates)
 
+    def clean_profile_levels(self):
+        text = self.cleaned_data["profile_levels"].replace(" ", "")
+        return _int_list(text, field_name="profile_levels") if text else None
+
     def clean_rounds(self):
         # left empty: once, as a sweep before rounds
         rounds = self.cleaned_data["rounds"]
@@ -423,6 +448,8 @@ class SweepForm(forms.Form):
         form."""
         for key, problems in exc.message_dict.items():
             field = key.removeprefix("parameters.")
+            if field.startswith("profile"):
+                field = "profile_steps" if "steps" in str(problems) else "profile_levels"
             for problem in problems:
                 if field in self.fields:
                     # "0: …" is the place in the list, which the form's text does not show
@@ -442,6 +469,9 @@ class SweepForm(forms.Form):
         }
         if self.cleaned_data.get("workload") is not None:
             load["workload"] = self.cleaned_data["workload"].pk
+        if self.cleaned_data.get("profile_levels"):
+            steps = self.cleaned_data.get("profile_steps") or DEFAULT_PROFILE_STEPS
+            load["profile"] = {"levels": self.cleaned_data["profile_levels"], "steps": steps}
         return load
 
     ARRIVALS = ("request_rates", "burstiness", "ramp_up_s")

@@ -4,6 +4,7 @@ from django.core.exceptions import ValidationError
 
 from moeops.runs.models import (
     EngineSample,
+    LevelProfile,
     LevelResult,
     LevelRound,
     SweepRun,
@@ -123,6 +124,22 @@ class WorkloadAdmin(admin.ModelAdmin):
         "created",
     )
     exclude = ("items",)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(LevelProfile)
+class LevelProfileAdmin(admin.ModelAdmin):
+    """Read-only: a profile is stored through runs.services.profile_record (the worker's push,
+    traces uploaded on the run page), which keys it and hashes its body; one edited here would
+    no longer match the body a repeat sends."""
+
+    list_display = ("run", "concurrency", "request_rate", "attempt", "source", "status", "created")
+    list_filter = ("status", "source", "run__deployment")
 
     def has_add_permission(self, request):
         return False

@@ -22,6 +22,9 @@ from domain.progress import attempt_of
 from domain.snapshot import RunSnapshot
 from moeops.jobs import JOB_STATUSES, Job
 
+# a profiled level's model lives in its own module; imported here so that Django finds it
+from moeops.runs.profiles import LevelProfile as LevelProfile
+
 RUN_SOURCES = (("worker", "Worker sweep"), ("import", "Imported file"), ("manual", "Manual entry"))
 
 TELEMETRY_STATUSES = (

@@ -5,7 +5,7 @@ example data. Pages, the worker and the analysis then read these keys with these
 from typing import Annotated, Any, Literal
 
 from django.core.exceptions import ValidationError
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic import ValidationError as SchemaError
 
 from domain.capacity import MAX_BUDGET, MODES, search_problems
@@ -31,6 +31,40 @@ Concurrency = Annotated[int, Field(strict=True, ge=1, le=MAX_CONCURRENCY)]
 Tokens = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]
 Requests = Annotated[int, Field(strict=True, ge=0, le=MAX_REQUESTS)]
 Positive = Annotated[float, Field(gt=0, le=1e9)]
+# A profiled window of 40 engine steps is a few seconds of decode; 1,000 steps' traces run to
+# gigabytes on a rank of a large MoE.
+MAX_PROFILE_STEPS = 1000
+DEFAULT_PROFILE_STEPS = 40
+
+
+class ProfileParameters(BaseModel):
+    """The levels a sweep profiles (each one of its levels) and the window's bound in engine
+    steps: after a profiled level's rounds the worker asks the engine (vLLM's /start_profile)
+    to record that many steps with the torch profiler, a pass of its own at the same load."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    levels: list[Concurrency] = Field(min_length=1, max_length=MAX_LEVELS)
+    steps: Annotated[int, Field(strict=True, ge=1, le=MAX_PROFILE_STEPS)] = DEFAULT_PROFILE_STEPS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _steps_stated(cls, data):
+        # the stored parameters (exclude_unset) and so the worker read the default too
+        if isinstance(data, dict) and "steps" not in data:
+            return {**data, "steps": DEFAULT_PROFILE_STEPS}
+        return data
+
+
+PROFILE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "levels": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1},
+        "steps": {"type": "integer", "minimum": 1, "maximum": MAX_PROFILE_STEPS},
+    },
+    "required": ["levels"],
+    "additionalProperties": False,
+}
 
 
 class RunParameters(BaseModel):
@@ -120,6 +154,14 @@ class RunParameters(BaseModel):
         description='the workload sent: its id, name (newest version) or "name v3"; a run '
         "stores its record and spec (id, name, version, kind, sha256, spec)",
     )
+    # its schema inline: RunParameters' schema is embedded in the API's, where a $ref to a
+    # $defs entry of its own would point nowhere
+    profile: Annotated[ProfileParameters, WithJsonSchema(PROFILE_SCHEMA)] | None = Field(
+        None,
+        description='{"levels": [concurrency, …], "steps": 1–1000 (default 40)}: levels to '
+        "profile inside the engine's step after their rounds (docs/metrics.md, \"Inside the "
+        'step")',
+    )
     format: Literal["sglang", "vllm", "moeops"] | None = Field(
         None, description="an imported file's"
     )
@@ -156,6 +198,8 @@ class RunParameters(BaseModel):
                     f"request_rates: each rate once ({', '.join(f'{r:g}' for r in repeated)} is "
                     "given more than once)"
                 )
+        if self.profile is not None:
+            self._check_profile()
         rated = self.request_rate is not None or self.request_rates is not None
         rated = rated or (self.kind == "capacity" and self.mode == "request_rate")
         for name in ("burstiness", "ramp_up_s"):
@@ -176,6 +220,20 @@ class RunParameters(BaseModel):
         # every value, the named keys' strings and the others alike, as jsonb stores it
         storable_json(self.model_dump(exclude_unset=True))
         return self
+
+    def _check_profile(self):
+        if self.levels is None:
+            raise ValueError(
+                "profile.levels: a sweep profiles levels it runs; give the sweep's levels "
+                "(a capacity search picks its own as it goes)"
+            )
+        strangers = [c for c in self.profile.levels if c not in self.levels]
+        if strangers:
+            raise ValueError(
+                f"profile.levels: {', '.join(map(str, strangers))} "
+                f"{'is' if len(strangers) == 1 else 'are'} not among the sweep's levels "
+                f"({', '.join(map(str, self.levels))})"
+            )
 
     def sweep_tokens(self) -> int | None:
         """Prompt and output tokens the sweep sends in all, warm-up and every round included;

@@ -20,6 +20,7 @@ from domain import requests as request_log
 from domain.intervals import ROUND_KEYS, level_of_rounds
 from domain.levels import MAX_SEED
 from domain.progress import HEARTBEAT_STALE_S, SweepProgress, attempt_of
+from domain.step_breakdown import LevelProfile as LevelProfileBody
 from moeops import jobs
 from moeops.celery import send_host_task
 from moeops.fleet.endpoints import endpoint_refusal
@@ -28,6 +29,7 @@ from moeops.runs.levels import level_problems
 from moeops.runs.models import (
     EngineBucket,
     EngineSample,
+    LevelProfile,
     LevelResult,
     LevelRound,
     RequestLog,
@@ -501,6 +503,61 @@ def _request_log(packed, fields):
     )
     data = zlib.compress(json.dumps(columns, separators=(",", ":")).encode(), 6)
     return RequestLog(count=count, itl_dropped=dropped, data=data)
+
+
+def _profile_problems(body: LevelProfileBody) -> dict:
+    """{field: sentence} of a profile whose status and content disagree."""
+    if body.status == "captured" and body.breakdown is None:
+        return {"breakdown": "a captured profile holds its breakdown"}
+    if body.status != "captured" and body.breakdown is not None:
+        return {"breakdown": f"a profile {body.status} holds no breakdown (only a captured one)"}
+    if body.status != "captured" and not body.reason.strip():
+        return {"reason": f"a profile {body.status} says why in its reason"}
+    return {}
+
+
+def profile_record(*, run, body: LevelProfileBody, source="worker"):
+    """(LevelProfile, created) keyed by (run, concurrency, request rate, attempt) and source
+    ("worker", or "upload" for traces read by the web tier); a repeat (the same key and body)
+    stores nothing, even once the run has finished, as a level's does (level_record): a profile
+    arrives after its level and before the run ends. Raises ValidationError naming the field of
+    a body whose status and content disagree, and RunConflict for a key stored with another body
+    or a new profile of a finished run (from the worker: an upload may come later)."""
+    problems = _profile_problems(body)
+    if problems:
+        raise ValidationError(problems)
+    key = level_key(body.concurrency, body.request_rate)
+    digest = body_sha256(body.model_dump(mode="json"))
+    what = f"profile of level {key} of run {run.uuid}, attempt {body.attempt},"
+    with transaction.atomic():
+        # the run's row is locked so that it cannot finish between the check and the insert
+        locked = SweepRun.objects.select_for_update().get(pk=run.pk)
+        rows = run.profiles.filter(key=key, source=source, attempt=body.attempt)
+        stored = rows.first()
+        if stored is not None:
+            return _same_body(stored, digest, what), False
+        if source == "worker":
+            _closed_to(locked, "profiles")
+        fields = body.model_dump(mode="json", include={"cost", "breakdown", "traces"})
+        try:
+            with transaction.atomic():
+                profile = LevelProfile.objects.create(
+                    run=run,
+                    key=key,
+                    concurrency=body.concurrency,
+                    request_rate=body.request_rate,
+                    attempt=body.attempt,
+                    source=source,
+                    status=body.status,
+                    reason=body.reason,
+                    steps_asked=body.steps_asked,
+                    window_s=body.window_s,
+                    body_sha256=digest,
+                    **fields,
+                )
+        except IntegrityError:
+            return _same_body(rows.get(), digest, what), False
+    return profile, True
 
 
 # The columns that say whose a sample is: a sweep run's or a tuning run's.

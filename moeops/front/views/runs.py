@@ -8,7 +8,7 @@ import json
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, Exists, Max, OuterRef, Sum
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
@@ -35,13 +35,14 @@ from moeops.front.columns import (
 )
 from moeops.front.forms import RunFilterForm
 from moeops.front.progress import sweep_progress, tuning_progress
+from moeops.front.step_charts import profile_panel
 from moeops.front.views.deployments import findings_with_figures
 from moeops.insights.models import FINDING_STATES
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
 from moeops.runs.costs import level_costs
-from moeops.runs.models import RequestLog, SweepRun
+from moeops.runs.models import LevelProfile, RequestLog, SweepRun
 from moeops.runs.telemetry import no_gpu_samples_text
 
 RUNS_PER_PAGE = 50
@@ -62,14 +63,16 @@ LEVEL_CHARTS = ("throughput", "ttft", "tpot", "itl", "engine-counters")
 TIME_CHARTS = ("gpu-util", "gpu-power", "gpu-memory", "gpu-clock", "engine", "kv-cache")
 
 
-def _run_or_404(uuid):
+def _run_or_404(uuid, profiled=False):
+    """The run of that uuid; with `profiled`, its .profiled says whether it holds a profiled
+    level (in the same query)."""
     # Every signed-in member of the team sees every run.
-    return get_object_or_404(
-        SweepRun.objects.select_related(
-            "deployment__model", "deployment__host", "topology_snapshot", "kernel_config"
-        ),
-        uuid=uuid,
+    runs = SweepRun.objects.select_related(
+        "deployment__model", "deployment__host", "topology_snapshot", "kernel_config"
     )
+    if profiled:
+        runs = runs.annotate(profiled=Exists(LevelProfile.objects.filter(run=OuterRef("pk"))))
+    return get_object_or_404(runs, uuid=uuid)
 
 
 def _tuning_or_404(uuid):
@@ -298,7 +301,7 @@ def _figures_and_table(run, levels):
 
 @login_required
 def run_detail(request, uuid):
-    run = _run_or_404(uuid)
+    run = _run_or_404(uuid, profiled=True)
     levels = _levels(run)
     figures, table = _figures_and_table(run, levels)
     # a running sweep's empty charts fill in (hidden until they do); a finished one's stay
@@ -324,6 +327,8 @@ def run_detail(request, uuid):
         "all_failed": [(level, why) for level in levels if (why := level.all_failed_with())],
         "requests_logged": RequestLog.objects.filter(level__run=run).aggregate(n=Sum("count"))["n"],
         "workload": _workload_sent(run),
+        # read only where the run's row says there are some: a run without costs no query
+        "profile_panels": [profile_panel(p) for p in run.profiles.shown()] if run.profiled else [],
         "turns": [
             (level, level.raw["ttft_by_turn"])
             for level in levels

@@ -1,0 +1,64 @@
+"""Profiled levels of a sweep: where each engine step's time goes (domain.step_breakdown), as the
+worker pushes it after a level's profiled window."""
+
+import datetime as dt
+
+from django.http import Http404
+from ninja import Router
+from pydantic import Field
+
+from domain.step_breakdown import LevelProfile as LevelProfileBody
+from moeops.api import lookups
+from moeops.api.auth import HostWrite, require_host
+from moeops.api.responses import stored
+from moeops.runs import services
+from moeops.runs.models import level_key
+
+router = Router(tags=["runs"])
+
+
+class ProfileOut(LevelProfileBody):
+    """The profile as pushed, with what the web tier stored it as."""
+
+    id: int
+    source: str = Field(description="worker, or upload (traces uploaded by hand)")
+    created: dt.datetime
+
+
+def _out(profile):
+    return ProfileOut(
+        **profile.body().model_dump(),
+        id=profile.pk,
+        source=profile.source,
+        created=profile.created,
+    )
+
+
+@router.post("/runs/{ref}/profiles", auth=HostWrite(), response={200: ProfileOut, 201: ProfileOut})
+def profile_record(request, ref: str, payload: LevelProfileBody):
+    """Store a level's profile once per (run, concurrency, request rate, attempt): 201 the first
+    time, 200 for the same body again; 409 for another body under that key, or a new profile of
+    a finished run."""
+    run = lookups.get_run(ref)
+    require_host(request, run.deployment.host)
+    profile, created = services.profile_record(run=run, body=payload)
+    return stored(created, _out(profile))
+
+
+@router.get("/runs/{ref}/profiles", response=list[ProfileOut])
+def profile_list(request, ref: str):
+    """The run's profiled levels, the newest profile of each, by concurrency."""
+    run = lookups.get_run(ref)
+    return [_out(profile) for profile in run.profiles.shown()]
+
+
+@router.get("/runs/{ref}/profiles/{concurrency}", response=ProfileOut)
+def profile_get(request, ref: str, concurrency: int, request_rate: float | None = None):
+    """A level's profile (its newest): the level of that concurrency sent without a rate, or at
+    `request_rate` req/s."""
+    run = lookups.get_run(ref)
+    key = level_key(concurrency, request_rate)
+    found = run.profiles.filter(key=key).shown()
+    if not found:
+        raise Http404(f"run {run.uuid} has no profile of level {key}")
+    return _out(found[0])

@@ -1,0 +1,111 @@
+"""A sweep that profiles some of its levels: the deployment page's "Profile levels" and "Profile
+steps" reach the worker in the sweep task's parameters; a level that is not one of the sweep's
+is refused on its field, and through the API with a 400 naming parameters.profile.levels."""
+
+import html
+
+import pytest
+
+from moeops.runs import services as run_services
+from moeops.runs.models import SweepRun
+from tests import page_base as pb
+from tests.api_base import make_world
+
+pytestmark = pytest.mark.django_db
+
+FORM = {
+    "label": "profiled",
+    "levels": "8, 64",
+    "input_len": "128",
+    "output_len": "128",
+    "prompts_per_level": "128",
+    "warmup": "8",
+    "endpoint": "completions",
+}
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        run_services,
+        "send_host_task",
+        lambda name, host, kwargs: calls.append((name, host, kwargs)),
+    )
+    return calls
+
+
+@pytest.fixture
+def deployment(client):
+    pb.sign_in(client)
+    row = pb.deployment()
+    pb.snapshot(row.host)
+    return row
+
+
+def test_the_profile_levels_reach_the_worker_in_the_task(
+    client, deployment, sent, django_capture_on_commit_callbacks
+):
+    form = {**FORM, "profile_levels": "64", "profile_steps": "25"}
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(f"/deployments/{deployment.pk}/sweep/", form)
+
+    assert response.status_code == 302
+    run = SweepRun.objects.get()
+    assert run.parameters["profile"] == {"levels": [64], "steps": 25}
+    ((name, _, kwargs),) = sent
+    assert name == "run_sweep"
+    assert kwargs["profile"] == {"levels": [64], "steps": 25}
+
+
+def test_profile_levels_left_empty_profile_nothing(client, deployment, sent):
+    client.post(f"/deployments/{deployment.pk}/sweep/", {**FORM, "profile_steps": "40"})
+
+    assert "profile" not in SweepRun.objects.get().parameters
+
+
+def test_the_steps_default_to_40(client, deployment, sent):
+    client.post(f"/deployments/{deployment.pk}/sweep/", {**FORM, "profile_levels": "8"})
+
+    assert SweepRun.objects.get().parameters["profile"] == {"levels": [8], "steps": 40}
+
+
+def test_a_level_the_sweep_does_not_run_is_refused_on_its_field(client, deployment, sent):
+    response = client.post(
+        f"/deployments/{deployment.pk}/sweep/", {**FORM, "profile_levels": "32,64"}
+    )
+
+    assert response.status_code == 400
+    page = html.unescape(response.content.decode())
+    assert "profile_levels: 32 is not among the sweep's levels (8, 64)" in page
+    assert not SweepRun.objects.exists() and sent == []
+
+
+def test_the_form_says_what_profiling_costs(client, deployment):
+    page = html.unescape(client.get(deployment.get_absolute_url()).content.decode())
+
+    assert "Profile levels" in page and "Profile steps" in page
+    assert "a pass of its own that costs time" in page
+    assert "needs an engine started with the profiler" in page
+
+
+def test_the_api_names_parameters_profile_levels(db, monkeypatch):
+    world = make_world()
+    world.deployment.endpoint_url = "http://127.0.0.1:30000"
+    world.deployment.save()
+    monkeypatch.setattr(run_services, "send_host_task", lambda *args, **kwargs: None)
+    parameters = {"levels": [8, 64], "input_len": 128, "output_len": 128}
+
+    response = world.owner.post(
+        "/api/v1/runs",
+        {
+            "deployment": "glm-5-sglang",
+            "start": True,
+            "parameters": {**parameters, "profile": {"levels": [128]}},
+        },
+    )
+
+    assert response.status_code == 400
+    assert response.json()["detail"] == (
+        "parameters.profile.levels: 128 is not among the sweep's levels (8, 64)"
+    )
