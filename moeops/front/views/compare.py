@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from domain.capacity import capacities_compared, capacity_range
 from domain.intervals import overlap, with_interval
+from domain.step_breakdown import breakdown_changes
 from moeops.fleet.models import gpu_count
 from moeops.front import capacity, charts
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
@@ -19,6 +20,7 @@ from moeops.front.forms import RunFilterForm
 from moeops.insights.analysis import retune_title
 from moeops.runs import snapshots
 from moeops.runs.models import (
+    LevelProfile,
     LevelResult,
     SweepRun,
     kernel_state,
@@ -252,6 +254,7 @@ def _what_changed(runs):
     if len(runs) < 2:
         return []
     baseline, out = runs[0], []
+    steps = _step_changes(runs)
     for run in runs[1:]:
         diff = snapshots.snapshot_diff(baseline.snapshot, run.snapshot)
         factors = snapshots.differing_factors(diff)
@@ -278,8 +281,28 @@ def _what_changed(runs):
                 "sections": sections,
                 "unknown": diff["unknown"],
                 "engine_moved": _engine_moved(baseline, run),
+                "steps": steps.get(run.pk, []),
             }
         )
+    return out
+
+
+def _step_changes(runs):
+    """{run id: [(concurrency, [(class, share in the first run, share in this one, change in
+    points)])]} of the levels each run after the first profiled as the first did, a decode
+    step's classes side by side (domain.step_breakdown.breakdown_changes); one query."""
+    profiles = {}
+    for profile in LevelProfile.objects.filter(run__in=runs, status="captured").shown():
+        profiles.setdefault(profile.run_id, {})[profile.key] = profile
+    baseline = profiles.get(runs[0].pk, {})
+    out = {}
+    for run in runs[1:]:
+        for key, profile in profiles.get(run.pk, {}).items():
+            if key not in baseline:
+                continue
+            rows = breakdown_changes(baseline[key].step_breakdown(), profile.step_breakdown())
+            if rows:
+                out.setdefault(run.pk, []).append((profile.concurrency, rows))
     return out
 
 
