@@ -41,7 +41,7 @@ from domain.step_classes import RuleTable, rule_table
 DEFAULT_MAX_BYTES = 4 * 2**30
 # StepPoints kept per rank; every step still counts in the kinds' figures
 MAX_STEPS = 2000
-# a rank (median decode step, communication share) this far from the others' mean gets a note
+# a rank (median decode step, communication share) this far from the others' median gets a note
 RANK_SPREAD = 0.15
 # ...and, for a share, at least this many points apart: 1 % against 2 % is noise, not a story
 RANK_SHARE_FLOOR = 0.02
@@ -65,6 +65,10 @@ RANK_IN_NAME = re.compile(r"(?:rank|TP-)(\d+)")
 
 class TraceError(Exception):
     """Input that cannot be read as an engine's trace; the message names the file."""
+
+
+class _NotATrace(TraceError):
+    """A JSON file that is no torch-profiler trace: skipped beside other ranks' traces."""
 
 
 @dataclass
@@ -223,6 +227,8 @@ def _read_rank(path: str, shown: str, max_bytes: int) -> _RankResult:
     try:
         header = _read_header(path, shown, max_bytes)
         return _breakdown_rank(path, shown, max_bytes, header)
+    except _NotATrace as exc:
+        return _RankResult(skipped=str(exc))
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise TraceError(f"{shown}: a truncated or damaged gzip file ({exc})") from None
     except ijson.IncompleteJSONError:
@@ -248,7 +254,7 @@ def _read_header(path: str, shown: str, max_bytes: int) -> _Header:
         events = ijson.parse(stream, use_float=True)
         first = next(events, None)
         if first is None or first[:2] != ("", "start_map"):
-            raise TraceError(f"{shown}: not a torch-profiler trace (not a JSON object)")
+            raise _NotATrace(f"{shown}: not a torch-profiler trace (not a JSON object)")
         for prefix, event, value in events:
             if prefix == "traceEvents" and event == "start_array":
                 return header
@@ -260,7 +266,7 @@ def _read_header(path: str, shown: str, max_bytes: int) -> _Header:
                 header.rank = int(value)
             elif prefix == "deviceProperties.item" and event == "start_map":
                 header.gpus += 1
-    raise TraceError(f"{shown}: not a torch-profiler trace (no traceEvents)")
+    raise _NotATrace(f"{shown}: not a torch-profiler trace (no traceEvents)")
 
 
 @dataclass
@@ -595,15 +601,16 @@ def _rank_spread(ranks: list[RankBreakdown]) -> list[str]:
         return []
     notes = []
     for rank, kind in decode:
+        # the others' median, not mean: one slow rank must not make the rest look odd
         others = [k for other, k in decode if other != rank]
-        median = sum(k.step_us_median for k in others) / len(others)
+        median = percentile([k.step_us_median for k in others], 50)
         if median > 0 and abs(kind.step_us_median - median) / median > RANK_SPREAD:
             notes.append(
                 f"rank {rank}'s median decode step is {kind.step_us_median / 1000:.2f} ms, the "
                 f"others' {median / 1000:.2f} ms"
             )
         share = kind.share("communication")
-        mean = sum(k.share("communication") for k in others) / len(others)
+        mean = percentile([k.share("communication") for k in others], 50)
         if abs(share - mean) > RANK_SHARE_FLOOR and (
             mean == 0 or abs(share - mean) / mean > RANK_SPREAD
         ):

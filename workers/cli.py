@@ -9,6 +9,12 @@ exits non-zero with one line on stderr.
     python -m workers.cli runs --deployment glm-5-sglang
     python -m workers.cli push-workload chats --dataset chats.jsonl
     python -m workers.cli sweep --deployment glm-5-sglang --levels 8,16 --workload chats
+    python -m workers.cli step-breakdown ./traces --json
+
+step-breakdown reads torch-profiler traces on this machine and needs neither the API nor a token.
+engine-paths reads the installed engine (or --source) and needs neither either:
+
+    python -m workers.cli engine-paths --engine vllm --capability 12.0 --tp 8 --json
 """
 
 import argparse
@@ -17,6 +23,8 @@ import os
 import sys
 from pathlib import Path
 
+from domain.step_breakdown import StepBreakdown
+from domain.step_trace import TraceError, read_breakdown
 from workers.client import ApiError, MoeopsClient
 
 
@@ -147,6 +155,80 @@ def runs(client, args):
         print(f"({len(rows)} of {page['count']} runs; --limit shows more)")
 
 
+def step_breakdown(args):
+    breakdown = read_breakdown([Path(p) for p in args.paths], max_bytes=int(args.max_gib * 2**30))
+    if args.json:
+        print(breakdown.model_dump_json())
+    else:
+        print_breakdown(breakdown)
+
+
+def print_breakdown(breakdown: StepBreakdown):
+    version = f" {breakdown.engine_version}" if breakdown.engine_version else ""
+    print(f"{breakdown.engine}{version}, kernel names of {breakdown.rules}")
+    for rank in breakdown.ranks:
+        print(f"\nrank {rank.rank} ({rank.device}): {rank.file}")
+        for kind in rank.kinds:
+            print(
+                f"  {kind.kind}: {kind.steps} steps, step {kind.step_us_median / 1000:.2f} ms "
+                f"median (p10 {kind.step_us_p10 / 1000:.2f}, p90 {kind.step_us_p90 / 1000:.2f})"
+            )
+            print(f"    {'CLASS':<14}{'SHARE':>8}{'µs/STEP':>11}  TOP")
+            for c in kind.classes:
+                top = ", ".join(t.name for t in c.top[:2])
+                print(f"    {c.name:<14}{c.share * 100:>7.1f}%{c.time_us:>11,.0f}  {top}"[:160])
+    for note in breakdown.notes:
+        print(f"note: {note}")
+
+
+def engine_paths(args):
+    """The engine's decisions of its fast paths for a capability and TP (its own functions,
+    evaluated here: tuning.engine_paths), and with --log what a start-up log says."""
+    from domain.engine_paths import log_rows, merge_paths
+    from tuning.engine_paths import Capability, source_paths
+    from workers.engine_paths import gpu_capability
+
+    capability = args.capability
+    if capability is None:
+        capability, _ = gpu_capability()
+    elif capability.lower() == "cpu":
+        capability = None
+    else:
+        try:
+            capability = str(Capability.parse(capability))
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    model_config = None
+    if args.model_config:
+        try:
+            model_config = json.loads(_read_text(args.model_config))
+        except ValueError as exc:
+            raise CliError(f"{args.model_config}: not JSON ({exc})") from None
+    installed = {"flashinfer": args.flashinfer, "deep_gemm": args.deep_gemm}
+    paths = source_paths(
+        args.engine,
+        capability=capability,
+        tp=args.tp,
+        source_dir=args.source,
+        model_config=model_config,
+        installed={k: {"yes": True, "no": False}.get(v) for k, v in installed.items()},
+    )
+    if args.log:
+        with open(args.log, "rb") as log:
+            text = log.read().decode("utf-8", errors="replace")
+        paths.rows = merge_paths(log_rows(text, where=Path(args.log).name), paths.rows)
+    if args.json:
+        print(paths.model_dump_json(indent=2, exclude_none=True))
+        return
+    gpu = f"compute capability {paths.capability}" if paths.capability else "no CUDA GPU"
+    print(f"{args.engine} {paths.version or '?'} on {gpu}, TP {paths.tp}")
+    for note in paths.notes:
+        print(f"  ({note})")
+    for row in paths.rows:
+        print(f"  {row.title:<30} {row.state_words:<10} {row.value or ''}")
+        print(f"  {'':<30} {row.reason}")
+
+
 def build_parser():
     parser = Parser(
         prog="python -m workers.cli",
@@ -232,11 +314,58 @@ def build_parser():
     command.add_argument("--workload", help='a workload\'s name, "name v3" or id')
     command.add_argument("--label", default="")
     command.set_defaults(handler=sweep)
+
+    command = commands.add_parser(
+        "step-breakdown",
+        help="break an engine's steps down by time class from its torch-profiler traces",
+        description="Read a profiled window's traces (a folder, a .zip or *.json.gz files, one "
+        "per engine rank) and print, per rank and kind of step, each class's share of the step "
+        "and mean µs per step, with the step time's median, p10 and p90 (docs/metrics.md, "
+        '"Inside the step"). Runs here: no MOEOPS_URL or token needed.',
+    )
+    command.add_argument("paths", nargs="+", metavar="DIR", help="folder, .zip or trace files")
+    command.add_argument("--json", action="store_true", help="print the StepBreakdown as JSON")
+    command.add_argument(
+        "--max-gib", type=float, default=4.0, help="largest trace read, uncompressed (GiB)"
+    )
+    command.set_defaults(handler=step_breakdown, local=True)
+
+    command = commands.add_parser(
+        "engine-paths",
+        help="the engine's fast paths for a GPU's compute capability, from its own source",
+        description="Evaluate the installed engine's (or --source's) own decision functions "
+        "for a compute capability and TP: all-reduce + RMSNorm fusion, custom all-reduce, the "
+        "MoE and attention backends in the engine's order, DeepGEMM. Runs here: no MOEOPS_URL "
+        "or token needed.",
+    )
+    command.add_argument("--engine", required=True, choices=("vllm", "sglang"))
+    command.add_argument("--source", metavar="DIR", help="the engine's package folder")
+    command.add_argument(
+        "--capability", help='e.g. 12.0, or "cpu" (default: this host\'s first GPU)'
+    )
+    command.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    command.add_argument("--model-config", metavar="F", help="the model's config.json")
+    command.add_argument(
+        "--flashinfer", choices=("yes", "no"), help="installed beside the engine (default: both)"
+    )
+    command.add_argument(
+        "--deep-gemm", choices=("yes", "no"), help="installed beside the engine (default: both)"
+    )
+    command.add_argument("--log", metavar="FILE", help="the engine's start-up log, read too")
+    command.add_argument("--json", action="store_true", help="print EnginePaths as JSON")
+    command.set_defaults(handler=engine_paths, local=True)
     return parser
 
 
 def main(argv=None, transport=None):
     args = build_parser().parse_args(argv)
+    if getattr(args, "local", False):
+        try:
+            args.handler(args)
+        except (TraceError, CliError, OSError) as exc:
+            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 1
+        return 0
     if not os.getenv("MOEOPS_TOKEN"):
         print(
             "error: MOEOPS_TOKEN is not set (create one: manage.py create_token NAME)",
