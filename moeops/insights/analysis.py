@@ -29,6 +29,7 @@ from domain.intervals import overlap, with_interval
 from domain.numbers import is_integer, is_number
 from domain.topology import virtualization_words, vm_layer
 from domain.workloads import workload_identity
+from moeops.insights import step_rules
 from moeops.runs.telemetry import no_gpu_samples_text
 from tuning.config_files import file_device_name, kernel_dtype
 
@@ -241,6 +242,9 @@ class RunData:
     rules: list[Rule] = field(default_factory=list)
     # a capacity search's stored answer (domain.capacity.capacity_answer), else None
     capacity: dict | None = None
+    # the profiled levels (domain.step_breakdown.LevelProfile), the newest of each: read by
+    # step_rules alone, never as a level's figures
+    profiles: list = field(default_factory=list)
 
 
 @dataclass
@@ -260,8 +264,9 @@ class Proposal:
 
 
 def analyze(data: RunData) -> list[Proposal]:
-    """Every rule's proposals for one run, in rule order."""
-    return [proposal for rule in RULES for proposal in rule(data)]
+    """Every rule's proposals for one run, in rule order: RULES, then the step breakdown's
+    (step_rules.RULES; read at call time, as that module builds on this one's Proposal)."""
+    return [proposal for rule in (*RULES, *step_rules.RULES) for proposal in rule(data)]
 
 
 # -- plateau ---------------------------------------------------------------------------------

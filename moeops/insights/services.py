@@ -354,6 +354,7 @@ def _gather(run, deployment) -> analysis.RunData:
         topology=_topology(run.topology_snapshot),
         previous=_previous_comparable(run),
         capacity=run.capacity,
+        profiles=[p.body() for p in run.profiles.filter(status="captured").shown()],
         rules=[
             analysis.Rule(
                 id=rule.pk,
