@@ -91,9 +91,9 @@ VLLM_GPU = RuleTable(
         # permute/unpermute around grouped GEMMs (moe_permute_unpermute.py, cutlass_moe.py)
         R(
             "moe",
-            r"moe_permute|moe_unpermute|shuffle_rows",
+            r"moe_permute|moe_unpermute|shuffle_rows|shuffleInputRows",
             "shuffle_rows",
-            "shuffleInputRowsKernel",
+            "void vllm::shuffleInputRowsKernel<__nv_bfloat16>",
         ),
         # CUTLASS grouped GEMM of the MoE (cutlass_moe.py): CUTLASS 3 grouped kernels carry
         # GroupProblemShape / PtrArray in their template names
