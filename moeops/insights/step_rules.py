@@ -48,6 +48,11 @@ def _level_words(profile):
     return f"concurrency {profile.concurrency}{rate}"
 
 
+def _percent(share):
+    """0.223 → "22 %"."""
+    return f"{share * 100:.0f} %"
+
+
 def _top_names(breakdown, name):
     """The top names of class `name` in a decode step, over every rank, longest first, once."""
     found = {}
@@ -97,15 +102,15 @@ def host_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
         idle = breakdown.mean_share(KIND, "idle")
         if idle < HOST_BOUND_IDLE or any(r.device != "gpu" for r in breakdown.ranks):
             continue
-        where = _level_words(profile)
+        where, pct = _level_words(profile), _percent(idle)
         proposals.append(
             analysis.Proposal(
                 kind="other",
                 key=analysis._key("step-host-bound", profile.concurrency, profile.request_rate),
                 severity="warning",
-                title=f"Host-bound at {where}: the GPUs idle {idle:.0%} of a decode step",
+                title=f"Host-bound at {where}: the GPUs idle {pct} of a decode step",
                 text=(
-                    f"The GPUs are idle {idle:.0%} of each decode step between kernels at "
+                    f"The GPUs are idle {pct} of each decode step between kernels at "
                     f"{where}: the engine's CPU side limits it (scheduling, preparing the next "
                     "step's inputs), not the GPUs."
                 ),
@@ -138,8 +143,8 @@ def communication_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
         share = breakdown.mean_share(KIND, "communication")
         if share < COMMUNICATION_BOUND:
             continue
-        where = _level_words(profile)
-        text = f"Communication between the ranks takes {share:.0%} of each decode step at {where}."
+        where, pct = _level_words(profile), _percent(share)
+        text = f"Communication between the ranks takes {pct} of each decode step at {where}."
         plan = [f"Cut the all-reduce time of a decode step at {where}"]
         unfused = _unfused_all_reduce(breakdown)
         if unfused is not None:
@@ -154,7 +159,7 @@ def communication_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
                 kind="other",
                 key=analysis._key("step-communication", profile.concurrency, profile.request_rate),
                 severity="warning",
-                title=f"Communication takes {share:.0%} of a decode step at {where}",
+                title=f"Communication takes {pct} of a decode step at {where}",
                 text=text,
                 evidence=_evidence(
                     profile,
@@ -177,22 +182,22 @@ def moe_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
         share = breakdown.mean_share(KIND, "moe")
         if share < MOE_BOUND:
             continue
-        where = _level_words(profile)
+        where, pct = _level_words(profile), _percent(share)
         proposals.append(
             analysis.Proposal(
                 kind="other",
                 key=analysis._key("step-moe", profile.concurrency, profile.request_rate),
                 severity="info",
-                title=f"The MoE kernels take {share:.0%} of a decode step at {where}",
+                title=f"The MoE kernels take {pct} of a decode step at {where}",
                 text=(
-                    f"The MoE kernels take {share:.0%} of each decode step at {where}: a tune of "
+                    f"The MoE kernels take {pct} of each decode step at {where}: a tune of "
                     "the fused-MoE kernel (the deployment page's Tune MoE kernel) can win at "
                     f"most that share of the step."
                 ),
                 evidence=_evidence(
                     profile, breakdown, MOE_BOUND, moe_fraction=share, most_to_win_fraction=share
                 ),
-                plan=[f"Tune the fused-MoE kernel (at most {share:.0%} of a decode step to win)"],
+                plan=[f"Tune the fused-MoE kernel (at most {pct} of a decode step to win)"],
             )
         )
     return proposals
@@ -209,16 +214,16 @@ def attention_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
         share = breakdown.mean_share(KIND, "attention")
         if share < ATTENTION_BOUND:
             continue
-        where = _level_words(profile)
+        where, pct = _level_words(profile), _percent(share)
         contexts = f" with contexts of up to {context:,} tokens" if context else ""
         proposals.append(
             analysis.Proposal(
                 kind="other",
                 key=analysis._key("step-attention", profile.concurrency, profile.request_rate),
                 severity="info",
-                title=f"Attention takes {share:.0%} of a decode step at {where}",
+                title=f"Attention takes {pct} of a decode step at {where}",
                 text=(
-                    f"Attention takes {share:.0%} of each decode step at {where}{contexts}: the "
+                    f"Attention takes {pct} of each decode step at {where}{contexts}: the "
                     "step reads each request's KV cache, and longer contexts read more."
                 ),
                 evidence=_evidence(

@@ -117,8 +117,8 @@ def step_growth(before: LevelProfile | None, after: LevelProfile | None) -> str 
     if points < STEP_GROWTH_POINTS:
         return None
     return (
-        f"{name} grew {share_a:.0%} → {share_b:.0%} of a decode step at concurrency "
-        f"{after.concurrency}"
+        f"{name} grew {share_a * 100:.0f} % → {share_b * 100:.0f} % of a decode step at "
+        f"concurrency {after.concurrency}"
     )
 
 
@@ -128,3 +128,13 @@ def same_level_profiles(run_a, run_b):
     mine = {p.key: p for p in run_a.profiles.filter(status="captured").shown()}
     theirs = {p.key: p for p in run_b.profiles.filter(status="captured").shown()}
     return [(mine[key], theirs[key]) for key in mine if key in theirs]
+
+
+def runs_step_growth(before_run, after_run) -> str | None:
+    """step_growth of the first level (by concurrency) both runs profiled where a class grew:
+    what a regression's alert says of the inside of the step; None where none did."""
+    for before, after in same_level_profiles(before_run, after_run):
+        growth = step_growth(before, after)
+        if growth is not None:
+            return growth
+    return None

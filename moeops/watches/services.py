@@ -29,6 +29,7 @@ from moeops.jobs import ACTION_IN_FLIGHT
 from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
+from moeops.runs.profiles import runs_step_growth
 from moeops.watches import factors
 from moeops.watches.models import (
     BISECTION_OPEN,
@@ -509,6 +510,11 @@ def alert_message(watch_run, kind):
             f"{watch.figure_name()} fell {watch_run.drop:.0%}, from {before} to {now} "
             "(95 % intervals over the rounds; they do not overlap)"
         )
+        inside = watch_run.compared_with and runs_step_growth(
+            watch_run.compared_with, watch_run.run
+        )
+        if inside:
+            moved += f"; inside the step, {inside}"
     else:
         subject = f"Recovered: {where}"
         moved = (

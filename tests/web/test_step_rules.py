@@ -53,7 +53,7 @@ def test_host_bound_says_how_idle_the_gpus_are():
     (finding,) = step_rules.host_bound(_data({"idle": 0.22}))
 
     assert finding.text.startswith(
-        "The GPUs are idle 22% of each decode step between kernels at concurrency 64: the "
+        "The GPUs are idle 22 % of each decode step between kernels at concurrency 64: the "
         "engine's CPU side limits it"
     )
 
@@ -71,7 +71,7 @@ def test_an_all_gather_beside_a_norm_says_nothing_of_the_fusion():
     (finding,) = step_rules.communication_bound(_data({"communication": 0.31}, top=top))
 
     assert finding.text == (
-        "Communication between the ranks takes 31% of each decode step at concurrency 64."
+        "Communication between the ranks takes 31 % of each decode step at concurrency 64."
     )
 
 
@@ -107,7 +107,7 @@ def test_moe_bound_says_the_most_a_tune_can_win():
     assert "a tune of the fused-MoE kernel" in finding.text
     assert "can win at most that share" in finding.text
     assert finding.evidence["most_to_win_fraction"] == 0.45
-    assert finding.plan == ["Tune the fused-MoE kernel (at most 45% of a decode step to win)"]
+    assert finding.plan == ["Tune the fused-MoE kernel (at most 45 % of a decode step to win)"]
 
 
 def test_attention_bound_names_the_context():
