@@ -29,7 +29,8 @@ class SnapshotFile(WorkerJSON):
 class RunSnapshot(WorkerJSON):
     """source: "worker" | "import" | "manual" | "write-up"; deployment: the deployment as
     recorded; engine: what the engine said of itself (workers.engine_info.identify_engine);
-    kernel_config: the config it would load (kernel_config_in_effect); kernel_shape: the
+    kernel_config: the config it would load (kernel_config_in_effect); engine_paths: its fast
+    paths with their evidence (domain.engine_paths.EnginePaths); kernel_shape: the
     deployment's MoE shape; client: {"host", "pid"}; recipe: a managed engine's launch recipe;
     workload: {"name", "version", "kind", "sha256"}; file: an import's (SnapshotFile)."""
 
@@ -41,6 +42,7 @@ class RunSnapshot(WorkerJSON):
     kernel_config: Object = None
     kernel_shape: Object = None
     client: Object = None
+    engine_paths: Object = None
     recipe: Object = None
     workload: Object = None
     file: Annotated[SnapshotFile | None, BeforeValidator(lambda v: v if is_object(v) else None)] = (

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from domain import engine as reports
 from tuning.config_files import CONFIG_ENV, ConfigFileError, config_file_name, search_path
 from tuning.engine_source import EngineSourceError, locate_package
+from workers import engine_paths
 from workers.engine_defaults import defaults_differing
 from workers.engine_http import EngineHTTP
 
@@ -237,11 +238,22 @@ def kernel_config_in_effect(
     return out
 
 
-def observe(base_url: str, *, kernel_shape: dict | None, recorded_engine: str = "") -> dict:
+def observe(
+    base_url: str,
+    *,
+    kernel_shape: dict | None,
+    recorded_engine: str = "",
+    engine_log=None,
+    gpu_indices=None,
+    tp: int | None = None,
+    nvml=None,
+) -> dict:
     """What a sweep records of the engine when it starts: {"engine": identify_engine's dict,
     with a vLLM's "defaults" (workers.engine_defaults.defaults_differing), "kernel_config":
-    kernel_config_in_effect's dict, "client": {"host", "pid"}}; "engine" is left out when
-    nothing answered (a later attempt records it)."""
+    kernel_config_in_effect's dict, "engine_paths": workers.engine_paths.observe_paths' dict
+    (its start-up log: engine_log, a managed engine's; the source's decisions for the compute
+    capability of the first of gpu_indices), "client": {"host", "pid"}}; "engine" and
+    "engine_paths" are left out when nothing answered (a later attempt records them)."""
     identity = identify_engine(base_url)
     if identity["engine"] == "vllm" and identity.get("args_source") == "/server_info":
         identity["defaults"] = defaults_differing(identity)
@@ -258,4 +270,13 @@ def observe(base_url: str, *, kernel_shape: dict | None, recorded_engine: str = 
     out = {"kernel_config": kernel, "client": {"host": socket.gethostname(), "pid": os.getpid()}}
     if identity["reachable"]:
         out["engine"] = identity
+        capability, why_not = engine_paths.gpu_capability(gpu_indices, nvml)
+        out["engine_paths"] = engine_paths.observe_paths(
+            identity,
+            log_path=engine_log,
+            capability=capability,
+            capability_note=why_not and f"{why_not}: {engine_paths.CPU_BUILD}",
+            tp=tp,
+            kernel=kernel,
+        )
     return out

@@ -27,7 +27,7 @@ from domain.jobs import FINISHED_STATUSES
 from domain.levels import LEVEL_KEYS, MAX_SEED
 from domain.progress import HEARTBEAT_STALE_S, SweepProgress
 from domain.snapshot import RunSnapshot
-from workers import capacity, engine_info, loadgen, vocabulary
+from workers import capacity, engine_info, engine_paths, loadgen, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler, counter_deltas, read_engine_counters
 from workers.telemetry import TelemetrySampler, push_drained
@@ -410,6 +410,12 @@ def run_sweep(
                     config.client.base_url,
                     kernel_shape=snapshot.kernel_shape,
                     recorded_engine=snapshot.deployment.get("engine", ""),
+                    engine_log=engine_paths.managed_log(
+                        claimed.get("deployment"), managed=bool(snapshot.recipe)
+                    ),
+                    gpu_indices=parameters.get("gpu_indices"),
+                    tp=snapshot.deployment.get("tp"),
+                    nvml=nvml,
                 )
                 client.post_observed(run_uuid, observed)
             stops = (cancelled, out_of_time, taken_over)

@@ -262,6 +262,9 @@ class ObservedIn(In):
         None, description="the fused-MoE config file the engine would load, or engine default"
     )
     client: JsonObject | None = Field(None, description="the load generator's host")
+    engine_paths: JsonObject | None = Field(
+        None, description="the engine's fast paths with their evidence (domain.engine_paths)"
+    )
 
 
 class Change(Schema):

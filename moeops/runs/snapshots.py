@@ -30,7 +30,7 @@ from domain.workloads import WORKLOAD_KEYS, workload_identity
 from moeops import __version__
 
 # The parts of a snapshot the worker adds once the engine has answered.
-OBSERVED_KEYS = ("engine", "kernel_config", "client")
+OBSERVED_KEYS = ("engine", "kernel_config", "client", "engine_paths")
 # Load parameters that make two sweeps different loads.
 LOAD_KEYS = (
     "levels",

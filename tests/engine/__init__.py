@@ -144,10 +144,21 @@ def ensure_model() -> Path:
         return MODEL_DIR
 
 
-# The engines' fused-MoE code the kernel backends read (tuning.engine_source), per engine: the
-# distribution on the package registry and the folders of it that are unpacked.
+# The engines' fused-MoE code the kernel backends read (tuning.engine_source), and the files of
+# the decisions tuning.engine_paths evaluates, per engine: the distribution on the package
+# registry and the folders (and files) of it that are unpacked.
 ENGINE_WHEELS = {
-    "vllm": ("vllm", ("vllm/model_executor/layers/fused_moe/",)),
+    "vllm": (
+        "vllm",
+        (
+            "vllm/model_executor/layers/fused_moe/",
+            "vllm/config/",
+            "vllm/platforms/",
+            "vllm/distributed/device_communicators/",
+            "vllm/utils/",
+            "vllm/v1/kv_cache_interface.py",
+        ),
+    ),
     "sglang": (
         "sglang",
         ("sglang/srt/layers/moe/moe_runner/triton_utils/", "sglang/kernels/ops/moe/"),
@@ -164,7 +175,10 @@ def engine_source(engine: str, version: str) -> Path:
     target = ENGINE_DIR / "sources" / f"{engine}-{version}"
     package = target / engine
     with _install_lock():
-        if (target / ".moeops-unpacked").exists():
+        # the stamp names what was unpacked: more folders asked for unpack the wheel again
+        stamp = f"{distribution}=={version} {' '.join(folders)}\n"
+        marker = target / ".moeops-unpacked"
+        if marker.exists() and marker.read_text() == stamp:
             return package
         wheels = ENGINE_DIR / "wheels"
         wheels.mkdir(parents=True, exist_ok=True)
@@ -184,7 +198,7 @@ def engine_source(engine: str, version: str) -> Path:
                 if name.startswith(folders) or name.startswith(info)
             ]
             archive.extractall(target, members)
-        (target / ".moeops-unpacked").write_text(f"{distribution}=={version}\n")
+        marker.write_text(stamp)
         return package
 
 
