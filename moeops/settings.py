@@ -230,6 +230,9 @@ DEFAULT_FROM_EMAIL = os.getenv("DEFAULT_FROM_EMAIL", "moeops@localhost")
 
 # Largest request body the API accepts (bytes); a telemetry batch of 5,000 samples is ~1 MB.
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("MOEOPS_MAX_BODY_BYTES", 16 * 1024 * 1024)
+# Largest trace file (a .zip, .json.gz or .json) a profile uploaded by hand may be (bytes); the
+# web tier reads it in the request: 40 decode steps of one GPU rank gzip to some 20-60 MB.
+TRACE_UPLOAD_MAX_BYTES = envint("MOEOPS_MAX_TRACE_BYTES", 256 * 1024 * 1024)
 
 LOGGING = {
     "version": 1,

@@ -2,9 +2,10 @@
 worker pushes it after a level's profiled window."""
 
 import datetime as dt
+from typing import Annotated
 
 from django.http import Http404
-from ninja import Router
+from ninja import File, Form, Router, UploadedFile
 from pydantic import Field
 
 from domain.step_breakdown import LevelProfile as LevelProfileBody
@@ -13,8 +14,13 @@ from moeops.api.auth import HostWrite, require_host
 from moeops.api.responses import stored
 from moeops.runs import services
 from moeops.runs.models import level_key
+from moeops.runs.parameters import MAX_CONCURRENCY
 
 router = Router(tags=["runs"])
+
+# a form's fields arrive as text: these read "64" and "2.5" as numbers
+UploadConcurrency = Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]
+UploadRate = Annotated[float, Field(gt=0, le=1e6)] | None
 
 
 class ProfileOut(LevelProfileBody):
@@ -42,6 +48,34 @@ def profile_record(request, ref: str, payload: LevelProfileBody):
     run = lookups.get_run(ref)
     require_host(request, run.deployment.host)
     profile, created = services.profile_record(run=run, body=payload)
+    return stored(created, _out(profile))
+
+
+@router.post(
+    "/runs/{ref}/profiles/upload", auth=HostWrite(), response={200: ProfileOut, 201: ProfileOut}
+)
+def profile_upload(
+    request,
+    ref: str,
+    concurrency: Form[UploadConcurrency],
+    file: File[UploadedFile],
+    request_rate: Form[UploadRate] = None,
+):
+    """Traces captured by hand for a level (multipart: `file` a .zip of rank traces, or one
+    .json.gz or .json trace; `concurrency`, and `request_rate` for a rate level), read by the
+    web tier into a captured profile: 201, or 200 for the same file again. A file over
+    MOEOPS_MAX_TRACE_BYTES, or one the trace reader refuses, is a 400 naming `file` with the
+    reader's sentence, and nothing is stored. A finished run takes uploads."""
+    run = lookups.get_run(ref)
+    require_host(request, run.deployment.host)
+    profile, created = services.profile_upload(
+        run=run,
+        concurrency=concurrency,
+        request_rate=request_rate,
+        name=file.name or "",
+        chunks=file.chunks(),
+        size=file.size,
+    )
     return stored(created, _out(profile))
 
 

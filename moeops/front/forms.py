@@ -31,6 +31,7 @@ from moeops.runs import estimate
 from moeops.runs.models import TUNED_KERNEL, WORKLOAD_KINDS, SweepRun, Workload
 from moeops.runs.parameters import (
     DEFAULT_PROFILE_STEPS,
+    MAX_CONCURRENCY,
     MAX_PROFILE_STEPS,
     MAX_ROUNDS,
     parameters_checked,
@@ -732,6 +733,23 @@ class ResultFileForm(forms.Form):
         upload = self.cleaned_data["file"]
         self.text = _uploaded_text(upload)
         return upload
+
+
+class TraceUploadForm(forms.Form):
+    """Traces of a profiled window captured by hand, for a level of a run: read by the web tier
+    as POST /api/v1/runs/{ref}/profiles/upload reads them (runs.services.profile_upload)."""
+
+    concurrency = forms.IntegerField(min_value=1, max_value=MAX_CONCURRENCY)
+    request_rate = forms.FloatField(
+        label="Request rate (req/s)",
+        required=False,
+        min_value=0.001,
+        help_text="Of a rate level; empty: the level sent without a rate.",
+    )
+    file = forms.FileField(
+        label="Trace file",
+        help_text="A .zip of the ranks' traces, or one .json.gz or .json trace (torch profiler).",
+    )
 
 
 class KernelConfigFileForm(forms.Form):

@@ -1,11 +1,13 @@
 """Writes to sweep runs: create, start (the sweep sent to the host's worker), status moves
 (moeops.jobs), failing runs whose worker is lost, levels, telemetry (of sweeps and kernel
-tunes), imported files."""
+tunes), profiled levels (the worker's and traces uploaded by hand), imported files."""
 
 import hashlib
 import json
 import logging
+import os
 import secrets
+import tempfile
 import time
 import zlib
 from operator import itemgetter
@@ -21,6 +23,8 @@ from domain.intervals import ROUND_KEYS, level_of_rounds
 from domain.levels import MAX_SEED
 from domain.progress import HEARTBEAT_STALE_S, SweepProgress, attempt_of
 from domain.step_breakdown import LevelProfile as LevelProfileBody
+from domain.step_breakdown import StepBreakdown
+from domain.step_trace import TraceError, read_breakdown
 from moeops import jobs
 from moeops.celery import send_host_task
 from moeops.fleet.endpoints import endpoint_refusal
@@ -558,6 +562,65 @@ def profile_record(*, run, body: LevelProfileBody, source="worker"):
         except IntegrityError:
             return _same_body(rows.get(), digest, what), False
     return profile, True
+
+
+# What a trace uploaded by hand may be called: what domain.step_trace reads.
+TRACE_SUFFIXES = (".zip", ".json.gz", ".json")
+
+
+def profile_upload(*, run, concurrency, name, chunks, size, request_rate=None):
+    """(LevelProfile, created) of traces captured by hand for a level of the run: a .zip of
+    rank files or one .json.gz / .json trace, of `size` bytes given as `chunks` (bytes), read
+    by domain.step_trace in a temporary folder and stored as a captured profile of source
+    "upload" (its trace listed as host "uploaded", path `name`). The same file again is a
+    repeat; another is the level's next upload. Raises ValidationError on "file" with a
+    sentence (over settings.TRACE_UPLOAD_MAX_BYTES, not a trace, TraceError's) and stores
+    nothing then. An upload is taken on a finished run too: traces come after the sweep."""
+    limit = settings.TRACE_UPLOAD_MAX_BYTES
+    shown = os.path.basename(name.replace("\\", "/")) or "trace"
+    if size > limit:
+        raise ValidationError(
+            {
+                "file": f"{shown} is {size:,} bytes, more than the {limit:,} a trace upload may "
+                "be (MOEOPS_MAX_TRACE_BYTES)"
+            }
+        )
+    if not shown.endswith(TRACE_SUFFIXES) or shown.startswith("."):
+        raise ValidationError(
+            {"file": f"{shown} is not a trace file (.json.gz, .json) or a .zip of them"}
+        )
+    with tempfile.TemporaryDirectory(prefix="moeops-upload-") as folder:
+        path = os.path.join(folder, shown)
+        with open(path, "wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
+        try:
+            # one process: the request's own; the upload's size bounds the work
+            breakdown = read_breakdown(path, workers=1)
+        except TraceError as exc:
+            raise ValidationError({"file": str(exc).replace(f"{folder}{os.sep}", "")}) from None
+    # the names the reader gives the files are the temporary folder's: shown as uploaded
+    text = breakdown.model_dump_json().replace(json.dumps(f"{folder}{os.sep}")[1:-1], "")
+    breakdown = StepBreakdown.model_validate_json(text)
+    steps = max(sum(kind.steps for kind in rank.kinds) for rank in breakdown.ranks)
+    body = LevelProfileBody(
+        concurrency=concurrency,
+        request_rate=request_rate,
+        status="captured",
+        steps_asked=max(1, min(steps, 10_000)),
+        traces=[{"host": "uploaded", "path": shown, "size_bytes": size}],
+        breakdown=breakdown,
+    )
+    key = level_key(concurrency, request_rate)
+    uploads = list(run.profiles.filter(key=key, source="upload"))
+    for stored in uploads:
+        same = body.model_copy(update={"attempt": stored.attempt})
+        if body_sha256(same.model_dump(mode="json")) == stored.body_sha256:
+            return stored, False
+    attempt = max((p.attempt for p in uploads), default=0) + 1
+    return profile_record(
+        run=run, body=body.model_copy(update={"attempt": attempt}), source="upload"
+    )
 
 
 # The columns that say whose a sample is: a sweep run's or a tuning run's.

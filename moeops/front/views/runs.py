@@ -7,17 +7,20 @@ import json
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Count, Exists, Max, OuterRef, Sum
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
 from domain import launch
 from domain import requests as request_log
+from domain.engine_paths import EnginePaths
 from domain.intervals import INTERVAL_KEYS, ONE_ROUND
 from domain.workloads import spec_label
 from moeops.front import capacity, charts, series
@@ -33,7 +36,7 @@ from moeops.front.columns import (
     key_columns_first,
     level_rows,
 )
-from moeops.front.forms import RunFilterForm
+from moeops.front.forms import RunFilterForm, TraceUploadForm
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.step_charts import profile_panel
 from moeops.front.views.deployments import findings_with_figures
@@ -301,7 +304,10 @@ def _figures_and_table(run, levels):
 
 @login_required
 def run_detail(request, uuid):
-    run = _run_or_404(uuid, profiled=True)
+    return _run_page(request, _run_or_404(uuid, profiled=True))
+
+
+def _run_page(request, run, upload_form=None, status=200):
     levels = _levels(run)
     figures, table = _figures_and_table(run, levels)
     # a running sweep's empty charts fill in (hidden until they do); a finished one's stay
@@ -327,15 +333,45 @@ def run_detail(request, uuid):
         "all_failed": [(level, why) for level in levels if (why := level.all_failed_with())],
         "requests_logged": RequestLog.objects.filter(level__run=run).aggregate(n=Sum("count"))["n"],
         "workload": _workload_sent(run),
+        "engine_paths": EnginePaths.read(run.recorded().engine_paths) if run.snapshot else None,
         # read only where the run's row says there are some: a run without costs no query
         "profile_panels": [profile_panel(p) for p in run.profiles.shown()] if run.profiled else [],
+        "upload_form": upload_form or TraceUploadForm(),
         "turns": [
             (level, level.raw["ttft_by_turn"])
             for level in levels
             if isinstance(level.raw, dict) and level.raw.get("ttft_by_turn")
         ],
     }
-    return render(request, "front/run_detail.html", ctx)
+    return render(request, "front/run_detail.html", ctx, status=status)
+
+
+@login_required
+@require_POST
+def run_profile_upload(request, uuid):
+    """Traces captured by hand for a level of the run (runs.services.profile_upload), to the
+    run's panel; the run page again with the reader's sentence on the file when refused."""
+    run = _run_or_404(uuid, profiled=True)
+    form = TraceUploadForm(request.POST, request.FILES)
+    if form.is_valid():
+        upload = form.cleaned_data["file"]
+        try:
+            profile, created = run_services.profile_upload(
+                run=run,
+                concurrency=form.cleaned_data["concurrency"],
+                request_rate=form.cleaned_data["request_rate"],
+                name=upload.name,
+                chunks=upload.chunks(),
+                size=upload.size,
+            )
+        except ValidationError as exc:
+            for problem in exc.message_dict.get("file", exc.messages):
+                form.add_error("file", problem)
+        else:
+            said = "Read" if created else "Already stored:"
+            messages.success(request, f"{said} {upload.name} at concurrency {profile.concurrency}.")
+            return redirect(f"{reverse('run-detail', args=[run.uuid])}#profile-{profile.pk}")
+    return _run_page(request, run, upload_form=form, status=400)
 
 
 def _workload_sent(run):
