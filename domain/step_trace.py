@@ -382,10 +382,13 @@ def _cpu_steps(steps: list[_Step], ops: list, table: RuleTable) -> list[_StepTim
     for thread_ops in by_thread.values():
         thread_ops.sort(key=lambda op: (op[0], -op[1]))
     starts = {tid: [op[0] for op in thread_ops] for tid, thread_ops in by_thread.items()}
+    # each step runs until the next step of its thread starts
+    next_start, seen = [0.0] * len(steps), {}
+    for number in range(len(steps) - 1, -1, -1):
+        next_start[number] = seen.get(steps[number].tid, steps[number].end)
+        seen[steps[number].tid] = steps[number].start
     times = []
-    for number, step in enumerate(steps):
-        later = [s.start for s in steps[number + 1 :] if s.tid == step.tid][:1]
-        until = later[0] if later else step.end
+    for step, until in zip(steps, next_start, strict=True):
         thread_ops = by_thread.get(step.tid, [])
         lo = bisect.bisect_left(starts.get(step.tid, []), step.start)
         hi = bisect.bisect_left(starts.get(step.tid, []), until)

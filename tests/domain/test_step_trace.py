@@ -10,6 +10,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import ijson
 import pytest
 
 from domain.step_breakdown import CLASSES, StepBreakdown
@@ -22,6 +23,11 @@ TP2 = TRACES / "vllm-cpu-tp2"
 TP1_RANK = next(TP1.glob("*rank0*.pt.trace.json.gz"))
 TP1_FRONT = next(TP1.glob("*async_llm*"))
 HF_CONFIG = next((ROOT / "tests" / "fixtures" / "hf_configs").glob("*.json"))
+
+
+def test_ijson_reads_with_its_c_backend():
+    # the pure-Python backend is some 17 times slower (docs/decisions.md, 47)
+    assert ijson.backend == "yajl2_c"
 
 
 def _assert_steps_add_up(breakdown: StepBreakdown):
