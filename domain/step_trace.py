@@ -19,6 +19,7 @@ import zipfile
 import zlib
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -196,8 +197,11 @@ def _read_all(files, max_bytes: int, workers: int) -> list[_RankResult]:
         return [_read_rank(*job) for job in jobs]
     # fork: the child only reads a file, and spawn would run a caller's unguarded main again
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
-        return list(pool.map(_read_rank, *zip(*jobs, strict=True)))
+    try:
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
+            return list(pool.map(_read_rank, *zip(*jobs, strict=True)))
+    except BrokenProcessPool:
+        raise TraceError("a process reading the traces died (out of memory?)") from None
 
 
 class _Limited:
@@ -237,6 +241,8 @@ def _read_rank(path: str, shown: str, max_bytes: int) -> _RankResult:
         raise TraceError(f"{shown}: not valid JSON ({str(exc).strip()})") from None
     except UnicodeDecodeError:
         raise TraceError(f"{shown}: not text (neither JSON nor gzip)") from None
+    except (KeyError, TypeError, ValueError):
+        raise TraceError(f"{shown}: an event without its name, ts or dur (not Kineto's)") from None
 
 
 @dataclass
@@ -325,7 +331,8 @@ def _breakdown_rank(path: str, shown: str, max_bytes: int, header: _Header) -> _
     table = rule_table(engine, header.version, device)
     if table is None:
         raise TraceError(
-            f"{shown}: {engine or 'an unknown engine'} {header.version} on {device}: moeops has "
+            f"{shown}: {engine or 'an unknown engine'} {header.version or '(version unnamed)'} "
+            f"on {device}: moeops has "
             "no kernel-name table for it (vLLM 0.32-0.34 GPU, vLLM 0.32 CPU, SGLang 0.5.23 GPU)"
         )
     result.rules = table.name

@@ -240,6 +240,19 @@ def test_it_reads_sglangs_step_spans(tmp_path):
     assert breakdown.ranks[0].kind("decode").time_us("moe") == pytest.approx(15)
 
 
+def test_it_reads_vllms_detailed_step_names(tmp_path):
+    steps = (
+        "execute_4_context_0(sq0sk0sqsq0sqsk0)_generation_4(sq4sk900sqsq4sqsk900)",
+        "execute_131_context_1(sq128sk128sqsq16384sqsk16384)_generation_3(sq3sk700sqsq3sqsk700)",
+    )
+    breakdown = read_breakdown(_gpu_trace(tmp_path / "rank0.pt.trace.json.gz", steps=steps))
+    points = breakdown.ranks[0].steps
+    assert [(s.kind, s.prefill_tokens, s.decode_tokens) for s in points] == [
+        ("decode", 0, 4),
+        ("mixed", 128, 3),
+    ]
+
+
 def test_it_refuses_an_engine_version_without_a_table(tmp_path):
     path = _gpu_trace(tmp_path / "rank0.pt.trace.json.gz", version="0.29.1")
     with pytest.raises(TraceError, match=r"rank0\.pt\.trace\.json\.gz: vllm 0\.29\.1 on gpu"):
