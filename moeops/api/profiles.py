@@ -6,7 +6,7 @@ from typing import Annotated
 
 from django.http import Http404
 from ninja import File, Form, Router, UploadedFile
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from domain.step_breakdown import LevelProfile as LevelProfileBody
 from moeops.api import lookups
@@ -15,12 +15,24 @@ from moeops.api.responses import stored
 from moeops.runs import services
 from moeops.runs.models import level_key
 from moeops.runs.parameters import MAX_CONCURRENCY
+from moeops.storable import storable_json
 
 router = Router(tags=["runs"])
 
 # a form's fields arrive as text: these read "64" and "2.5" as numbers
 UploadConcurrency = Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]
 UploadRate = Annotated[float, Field(gt=0, le=1e6)] | None
+
+
+class ProfileIn(LevelProfileBody):
+    """The worker's body: the contract, and nothing jsonb refuses (NUL, a lone surrogate,
+    NaN or Infinity) anywhere in it."""
+
+    @model_validator(mode="after")
+    def _storable(self):
+        # the Python dump keeps NaN and Infinity, which the JSON dump would turn into null
+        storable_json(self.model_dump())
+        return self
 
 
 class ProfileOut(LevelProfileBody):
@@ -41,7 +53,7 @@ def _out(profile):
 
 
 @router.post("/runs/{ref}/profiles", auth=HostWrite(), response={200: ProfileOut, 201: ProfileOut})
-def profile_record(request, ref: str, payload: LevelProfileBody):
+def profile_record(request, ref: str, payload: ProfileIn):
     """Store a level's profile once per (run, concurrency, request rate, attempt): 201 the first
     time, 200 for the same body again; 409 for another body under that key, or a new profile of
     a finished run."""

@@ -45,6 +45,7 @@ from moeops.runs.models import (
 )
 from moeops.runs.parameters import parameters_checked
 from moeops.runs.workloads import sweep_task_kwargs, workload_lookup
+from moeops.storable import storable_text
 from tuning.moe_params import vocab_size
 
 log = logging.getLogger(__name__)
@@ -564,8 +565,10 @@ def profile_record(*, run, body: LevelProfileBody, source="worker"):
     return profile, True
 
 
-# What a trace uploaded by hand may be called: what domain.step_trace reads.
+# What a trace uploaded by hand may be called: what domain.step_trace reads, in a name short
+# enough to show beside a rank's file.
 TRACE_SUFFIXES = (".zip", ".json.gz", ".json")
+MAX_TRACE_NAME = 200
 
 
 def profile_upload(*, run, concurrency, name, chunks, size, request_rate=None):
@@ -584,6 +587,14 @@ def profile_upload(*, run, concurrency, name, chunks, size, request_rate=None):
                 "file": f"{shown} is {size:,} bytes, more than the {limit:,} a trace upload may "
                 "be (MOEOPS_MAX_TRACE_BYTES)"
             }
+        )
+    try:
+        storable_text(shown)
+    except ValueError as exc:
+        raise ValidationError({"file": f"the file's name {exc}"}) from None
+    if len(shown) > MAX_TRACE_NAME:
+        raise ValidationError(
+            {"file": f"the file's name is longer than {MAX_TRACE_NAME} characters"}
         )
     if not shown.endswith(TRACE_SUFFIXES) or shown.startswith("."):
         raise ValidationError(

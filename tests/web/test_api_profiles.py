@@ -2,6 +2,8 @@
 once per (run, level, attempt), a repeat 200, another body 409 naming the key, a finished run
 closed to new ones as to new levels, a bad body a 4xx naming the field."""
 
+import json
+
 import pytest
 
 from moeops.runs.models import LevelProfile, level_key
@@ -185,3 +187,22 @@ def test_a_profile_does_not_change_the_runs_peak(world):
 
     assert summary["peak_output_throughput"] == 1148.0
     assert summary["level_count"] == 1
+
+
+@pytest.mark.parametrize(
+    "where, value, said",
+    [
+        ("reason", "a\x00b", "reason: must not contain the NUL character"),
+        ("window_s", float("inf"), "window_s: must not be NaN or Infinity"),
+    ],
+)
+def test_what_jsonb_refuses_is_a_422_naming_its_place(world, where, value, said):
+    run = world.run(status="running")
+    body = {**sb.unavailable(64).model_dump(mode="json"), where: value}
+    raw = json.dumps(body)
+
+    answer = world.host_worker.post(f"/api/v1/runs/{run.uuid}/profiles", raw=raw)
+
+    assert answer.status_code == 422
+    assert answer.json()["message"].endswith(f": {said}")
+    assert not LevelProfile.objects.exists()

@@ -8,8 +8,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from moeops.runs import services
 from moeops.runs.models import LevelProfile
 from tests import page_base as pb
 from tests.api_base import make_world
@@ -139,3 +141,19 @@ def test_the_run_page_shows_the_readers_sentence_on_the_file(db, client):
     assert response.status_code == 400
     assert "broken.zip: not a readable zip" in response.content.decode()
     assert not LevelProfile.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ("a\x00.json", "the file's name must not contain the NUL character"),
+        ("x" * 300 + ".json", "the file's name is longer than 200 characters"),
+    ],
+)
+def test_a_name_that_cannot_be_stored_is_refused(world, name, said):
+    run = world.run(status="succeeded")
+
+    with pytest.raises(ValidationError) as refused:
+        services.profile_upload(run=run, concurrency=8, name=name, chunks=[b"{}"], size=2)
+
+    assert refused.value.message_dict == {"file": [said]}
