@@ -22,6 +22,7 @@ TP1 = TRACES / "vllm-cpu-tp1"
 TP2 = TRACES / "vllm-cpu-tp2"
 TP1_RANK = next(TP1.glob("*rank0*.pt.trace.json.gz"))
 TP1_FRONT = next(TP1.glob("*async_llm*"))
+TORCH_GPU = TRACES / "torch-gpu" / "rank0.pt.trace.json.gz"
 HF_CONFIG = next((ROOT / "tests" / "fixtures" / "hf_configs").glob("*.json"))
 
 
@@ -94,6 +95,31 @@ def test_it_keeps_the_first_steps_of_a_long_window(monkeypatch):
     assert len(breakdown.ranks[0].steps) == 5
     assert breakdown.ranks[0].kind("decode").steps == 19
     assert any("the first 5 are listed" in note for note in breakdown.notes)
+
+
+def test_it_joins_a_real_kineto_traces_kernels_to_their_steps():
+    breakdown = read_breakdown(TORCH_GPU)
+    assert breakdown.rules == "vllm 0.32-0.34 gpu"
+    (rank,) = breakdown.ranks
+    assert rank.device == "gpu"
+    decode = rank.kind("decode")
+    assert decode.steps == 6
+    # each step: the graph's GEMM (cudaGraphLaunch) and the second stream's (cuLaunchKernelEx)
+    assert 15 < decode.time_us("gemm") < 25
+    assert decode.classes[CLASSES.index("gemm")].top[0].name.startswith("nvjet_sm90")
+    # torch's own RMSNorm is no kernel of vLLM's: other, by name, launched in the graph too
+    assert [t.name for t in decode.classes[CLASSES.index("other")].top] == [
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, "
+        "float, true>(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 "
+        "const*, float*, float*, c10::BFloat16*)"
+    ]
+    assert {t.name for t in decode.classes[CLASSES.index("memory")].top} >= {
+        "Memcpy HtoD (Pinned -> Device)",
+        "Memcpy DtoH (Device -> Pageable)",
+    }
+    assert decode.time_us("sampling") > 0
+    assert all(s.classes["idle"] > 0 for s in rank.steps)
+    _assert_steps_add_up(breakdown)
 
 
 # A GPU trace as Kineto writes it: CPU-side annotations and runtime calls, device kernels joined
