@@ -43,6 +43,9 @@ PATH_TITLES = {
     "quantization": "weight quantisation",
     "kv_cache_dtype": "KV-cache dtype",
 }
+# The compute capabilities a source decision is evaluated over to say where the engine enables
+# a path: Volta to Blackwell (consumer 12.x included).
+CAPABILITIES = ("7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
 # A log row that says the engine fell back outranks what the configuration asked for, which
 # outranks what the source would decide, which outranks nothing known.
 _RANK = {"fell_back": 4, "on": 3, "off": 3, "depends": 2, "unknown": 1}
@@ -106,6 +109,22 @@ class EnginePaths(BaseModel):
 
     def row(self, key: str) -> PathRow | None:
         return next((row for row in self.rows if row.key == key), None)
+
+
+def capability_words(capabilities: list[str]) -> str:
+    """ "9.0 and 10.x" of ["9.0", "10.0", "10.3"]: a family of CAPABILITIES whose every member
+    is listed is named as the family."""
+    families: dict[str, list[str]] = {}
+    for cap in CAPABILITIES:
+        families.setdefault(cap.split(".")[0], []).append(cap)
+    words = []
+    for major in dict.fromkeys(cap.split(".")[0] for cap in capabilities):
+        listed = [cap for cap in capabilities if cap.split(".")[0] == major]
+        whole = len(families.get(major, [])) > 1 and listed == families[major]
+        words.extend([f"{major}.x"] if whole else listed)
+    if len(words) <= 1:
+        return "".join(words)
+    return ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def unknown(key: str, reason: str, source: str) -> PathRow:
@@ -295,6 +314,8 @@ def log_rows(text: str | None, *, missing: str = "", where: str = "engine.log") 
                 value=groups.get("v"),
                 reason=reason.format(**groups),
                 evidence=[evidence],
+                # the MoE on a default config: its cure is the kernel tune
+                link="tune" if key == "moe_config" else None,
             )
             said.append(row)
             break
@@ -469,26 +490,29 @@ def sglang_report_rows(args: dict | None, *, version: str | None) -> list[PathRo
 def merge_paths(*sources: list[PathRow]) -> list[PathRow]:
     """One row per path of the sources' rows (report, log, source): the state of the strongest
     word (a fall-back in the log, then what the engine resolved, then the source's decision,
-    then unknown; on a tie the log before the report before the source), every evidence kept."""
+    then unknown; on a tie the log before the report before the source), every evidence kept.
+    Where the source's decision agrees with the stronger word, its reason (why the engine
+    decided so on this GPU) follows that word's."""
     rows: dict[str, PathRow] = {}
     for row in (row for rows_of in sources for row in rows_of):
         held = rows.get(row.key)
         if held is None:
             rows[row.key] = row.model_copy(deep=True)
             continue
-        if _outranks(row, held):
-            merged = row.model_copy(deep=True)
-            merged.evidence = [*row.evidence, *held.evidence]
-            merged.enabled_on = row.enabled_on or held.enabled_on
-            merged.link = row.link or held.link
-            rows[row.key] = merged
-        else:
-            held.evidence.extend(row.evidence)
-            held.enabled_on = held.enabled_on or row.enabled_on
-            held.link = held.link or row.link
-            if held.value is None:
-                held.value = row.value
+        winner, other = (row, held) if _outranks(row, held) else (held, row)
+        merged = winner.model_copy(deep=True)
+        merged.evidence = [*winner.evidence, *other.evidence]
+        merged.enabled_on = winner.enabled_on or other.enabled_on
+        merged.link = winner.link or other.link
+        merged.value = winner.value if winner.value is not None else other.value
+        if _said_by(other, "source") and other.state == winner.state and other.reason:
+            merged.reason = f"{winner.reason}: {other.reason}"
+        rows[row.key] = merged
     return _ordered(rows)
+
+
+def _said_by(row: PathRow, source: str) -> bool:
+    return bool(row.evidence) and all(e.source == source for e in row.evidence)
 
 
 def _outranks(row: PathRow, held: PathRow) -> bool:
@@ -499,9 +523,9 @@ def _outranks(row: PathRow, held: PathRow) -> bool:
     return _SOURCE_RANK[first] > _SOURCE_RANK[then]
 
 
-def path_changes(a: EnginePaths | None, b: EnginePaths | None) -> list[str]:
-    """Sentences naming each path whose state differs between two runs' engine paths:
-    "all-reduce + RMSNorm fusion on → off". Unknown on either side is no change."""
+def path_differences(a: EnginePaths | None, b: EnginePaths | None) -> list[tuple[str, str, str]]:
+    """(path title, a's, b's) for each path whose state (or, at the same state, what runs)
+    differs between two runs' engine paths. Unknown on either side is no difference."""
     if a is None or b is None:
         return []
     out = []
@@ -510,7 +534,13 @@ def path_changes(a: EnginePaths | None, b: EnginePaths | None) -> list[str]:
         if before is None or "unknown" in (before.state, row.state):
             continue
         if before.state != row.state:
-            out.append(f"{row.title} {before.state_words} → {row.state_words}")
+            out.append((row.title, before.state_words, row.state_words))
         elif before.value != row.value and before.value and row.value:
-            out.append(f"{row.title} {before.value} → {row.value}")
+            out.append((row.title, before.value, row.value))
     return out
+
+
+def path_changes(a: EnginePaths | None, b: EnginePaths | None) -> list[str]:
+    """Sentences naming each path that differs between two runs' engine paths:
+    "all-reduce + RMSNorm fusion on → off"."""
+    return [f"{title} {was} → {now}" for title, was, now in path_differences(a, b)]

@@ -2,16 +2,17 @@
 evaluated from the installed (or unpacked) engine's source without the GPU and without importing
 the engine.
 
-As `tuning.engine_source` does for kernels, the decision functions are taken out of the engine's
-files with `ast` (`tuning.engine_functions`) and run here with stand-ins for what they ask: `current_platform` (its
-capability checks are the engine's own methods of `Platform` in vllm/platforms/interface.py,
-over a stand-in that answers the asked capability), `has_flashinfer` (evaluated both ways: an
-answer that depends on it reads "on where FlashInfer is installed"), `envs`, and a configuration
-holding only what the function reads. The classes and helpers they use (`DeviceCapability`,
-`UnquantizedMoeBackend`, `MoEActivation`, `is_quantized_kv_cache`) are taken from the engine's
-files too. A function that reaches a name or an attribute the stand-ins do not give, or that is
-gone from the file, gives an "unknown" row naming the function, the version and the name: never
-a guess.
+As `tuning.engine_source` does for kernels, the decision functions are taken out of the
+engine's files with `ast` (`tuning.engine_functions`) and run here with stand-ins for what
+they ask: `current_platform` (its capability checks are the engine's own methods of `Platform`
+in vllm/platforms/interface.py and cuda.py, over a stand-in that answers the asked
+capability), `has_flashinfer` and `has_deep_gemm` (evaluated both ways where this host does not
+know: an answer that depends on one reads "on where FlashInfer is installed"), `envs`, and a
+configuration holding only what the function reads. The classes and helpers they use
+(`DeviceCapability`, `UnquantizedMoeBackend`, `MoEActivation`, `is_quantized_kv_cache`) are
+taken from the engine's files too. A function that reaches a name or an attribute the
+stand-ins do not give, or that is gone from its file, gives an "unknown" row naming the
+function, the version and the name: never a guess.
 
 Decisions read (vLLM 0.32 to 0.34; docs/engines.md lists them):
 - all-reduce + RMSNorm fusion: `enable_allreduce_rms_fusion(cfg)` in vllm/config/vllm.py, which
@@ -35,7 +36,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from domain.engine_paths import EnginePaths, Evidence, PathRow
+from domain.engine_paths import CAPABILITIES, EnginePaths, Evidence, PathRow, capability_words
 from tuning.engine_functions import (
     Capability,
     EngineFunctions,
@@ -54,9 +55,6 @@ TOGGLES = {
     "deep_gemm": "DeepGEMM is installed",
     "nvcc": "an nvcc of CUDA 12.9 or newer is found",
 }
-# The compute capabilities a decision is evaluated over to say where the engine enables a path:
-# Volta to Blackwell (consumer 12.x included).
-CAPABILITIES = ("7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
 CPU_BUILD = "no CUDA GPU: the CPU build's paths"
 
 FUSION_FILE = "config/vllm.py"
@@ -242,7 +240,7 @@ class VllmDecisions:
             if capability is None:
                 why = "it is a CUDA path"
             elif enabled_on and str(capability) not in enabled_on:
-                why = f"it is enabled only on compute capability {_spans(enabled_on)}"
+                why = f"it is enabled only on compute capability {capability_words(enabled_on)}"
             elif not enabled_on:
                 why = "its function enables it on none of the capabilities moeops asks about"
             else:
@@ -438,23 +436,6 @@ class VllmDecisions:
             self.deep_gemm_row(capability),
             self.attention_row(capability),
         ]
-
-
-def _spans(capabilities: list[str]) -> str:
-    """ "9.0 and 10.x" of ["9.0", "10.0", "10.3"]: a family whose listed members all answer
-    alike is named as the family."""
-    majors: dict[str, list[str]] = {}
-    for cap in capabilities:
-        majors.setdefault(cap.split(".")[0], []).append(cap)
-    listed = {c.split(".")[0]: [] for c in CAPABILITIES}
-    for cap in CAPABILITIES:
-        listed[cap.split(".")[0]].append(cap)
-    words = []
-    for major, caps in majors.items():
-        words.append(f"{major}.x" if len(listed[major]) > 1 and caps == listed[major] else caps[0])
-        if len(caps) > 1 and caps != listed[major]:
-            words[-1:] = caps
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def source_paths(

@@ -189,9 +189,6 @@ def observe_paths(
         for evidence in row.evidence:
             if evidence.source == "log" and evidence.where.startswith("engine.log"):
                 evidence.where = evidence.where.replace("engine.log", str(log_path), 1)
-    for row in log:
-        if row.key == "moe_config" and row.state == "fell_back":
-            row.link = "tune"
     out.rows = paths.merge_paths(report, log, source, _kernel_row(kernel))
     return out.model_dump(mode="json")
 

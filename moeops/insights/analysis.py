@@ -29,7 +29,7 @@ from domain.intervals import overlap, with_interval
 from domain.numbers import is_integer, is_number
 from domain.topology import virtualization_words, vm_layer
 from domain.workloads import workload_identity
-from moeops.insights import step_rules
+from moeops.insights import path_rules, step_rules
 from moeops.runs.telemetry import no_gpu_samples_text
 from tuning.config_files import file_device_name, kernel_dtype
 
@@ -245,6 +245,9 @@ class RunData:
     # the profiled levels (domain.step_breakdown.LevelProfile), the newest of each: read by
     # step_rules alone, never as a level's figures
     profiles: list = field(default_factory=list)
+    # the engine's fast paths the worker recorded at the sweep's start (the snapshot's
+    # engine_paths, domain.engine_paths.EnginePaths' JSON): read by path_rules
+    engine_paths: dict | None = None
 
 
 @dataclass
@@ -265,8 +268,10 @@ class Proposal:
 
 def analyze(data: RunData) -> list[Proposal]:
     """Every rule's proposals for one run, in rule order: RULES, then the step breakdown's
-    (step_rules.RULES; read at call time, as that module builds on this one's Proposal)."""
-    return [proposal for rule in (*RULES, *step_rules.RULES) for proposal in rule(data)]
+    (step_rules.RULES) and the engine paths' (path_rules.RULES; both read at call time, as
+    those modules build on this one's Proposal)."""
+    rules = (*RULES, *step_rules.RULES, *path_rules.RULES)
+    return [proposal for rule in rules for proposal in rule(data)]
 
 
 # -- plateau ---------------------------------------------------------------------------------

@@ -355,6 +355,7 @@ def _gather(run, deployment) -> analysis.RunData:
         previous=_previous_comparable(run),
         capacity=run.capacity,
         profiles=[p.body() for p in run.profiles.filter(status="captured").shown()],
+        engine_paths=run.recorded().engine_paths,
         rules=[
             analysis.Rule(
                 id=rule.pk,

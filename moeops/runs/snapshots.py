@@ -25,6 +25,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from domain import launch
+from domain.engine_paths import EnginePaths, path_differences
 from domain.snapshot import RunSnapshot
 from domain.workloads import WORKLOAD_KEYS, workload_identity
 from moeops import __version__
@@ -204,6 +205,7 @@ SECTIONS = (
     ("deployment", "Deployment (as recorded)"),
     ("recipe", "Launch recipe (managed engine)"),
     ("kernel_config", "Kernel config in effect"),
+    ("engine_paths", "Engine paths"),
     ("topology", "Topology"),
     ("load", "Load"),
     ("workload", "Workload"),
@@ -258,6 +260,14 @@ def snapshot_diff(a: dict, b: dict) -> dict:
         changes += _changes("kernel_config", ka, kb, KERNEL_KEYS)
     elif ka or kb:
         unknown.append("a run did not record the kernel config in effect")
+    pa, pb = EnginePaths.read(a.get("engine_paths")), EnginePaths.read(b.get("engine_paths"))
+    if pa and pb:
+        changes += [
+            {"section": "engine_paths", "key": title, "a": was, "b": now}
+            for title, was, now in path_differences(pa, pb)
+        ]
+    elif pa or pb:
+        unknown.append("a run did not record its engine paths")
     ta, tb = a.get("topology"), b.get("topology")
     if ta and tb:
         changes += _changes("topology", ta, tb, TOPOLOGY_KEYS)
@@ -326,6 +336,7 @@ SECTION_FACTORS = {
     "args": "launch arguments",
     "env": "engine environment",
     "kernel_config": "kernel config",
+    "engine_paths": "engine paths",
     "recipe": "launch recipe",
     "topology": "topology",
     "load": "load",
@@ -368,9 +379,13 @@ def _recipe_keys(recipe: dict) -> dict:
 
 def describe_change(change: dict) -> str:
     """One change as a short phrase: "engine version 0.31.0 → 0.32.0"."""
-    section = {"args": "", "env": "", "engine": "engine ", "deployment": "recorded "}.get(
-        change["section"], change["section"].replace("_", " ") + " "
-    )
+    section = {
+        "args": "",
+        "env": "",
+        "engine": "engine ",
+        "deployment": "recorded ",
+        "engine_paths": "",
+    }.get(change["section"], change["section"].replace("_", " ") + " ")
     return f"{section}{change['key']} {show_value(change['a'])} → {show_value(change['b'])}"
 
 

@@ -31,6 +31,8 @@ WHY_FIXED = {
     "env": "the engine reports it changed, but the recipe's environment did not",
     "kernel_config": "the engine loads another file, but the recipe's kernel configs and "
     "command did not change",
+    "engine_paths": "the engine took another fast path at start-up, but its command line did "
+    "not change: the engine's version, its install or the GPU decided it",
     "recipe": "positional arguments of the command line are not tried one by one",
 }
 
@@ -99,6 +101,9 @@ def _explained(change, revertible, engine, recipe_flags):
         return (ENV_PREFIX + key) in {f["key"] for f in revertible}
     if section == "kernel_config":
         return bool(kinds & {"kernel_configs", "env"})
+    if section == "engine_paths":
+        # the launch decides the paths the engine takes: any flag or variable may move one
+        return bool(kinds - {"kernel_configs"})
     return False
 
 
