@@ -3,6 +3,8 @@
 and the engine-diff page shows, and the check of a record pushed or uploaded. Pure: both tiers
 read it."""
 
+from domain.engine_paths import decision_changes
+
 # A version's record (tuning.engine_diff.describe): key → what its value must be.
 VERSION_KEYS = {
     "version": str,
@@ -17,6 +19,9 @@ VERSION_KEYS = {
     "down_file": (str, type(None)),
     "shipped_down": (dict, type(None)),
 }
+# A version's path decisions (tuning.engine_diff.path_decisions), in records made since they
+# were added: key → what its value must be.
+PATHS_KEYS = {"capability": (str, type(None)), "tp": int, "rows": list}
 # The whole report (tuning.engine_diff.report): the engine, shape and GPU, and both versions.
 REPORT_KEYS = {"engine": str, "shape": dict, "device_name": str, "old": dict, "new": dict}
 
@@ -34,6 +39,10 @@ def checked_report(report) -> dict:
     _check(report, REPORT_KEYS, "")
     for side in ("old", "new"):
         _check(report[side], VERSION_KEYS, f"{side}.")
+        if "paths" in report[side]:
+            if not isinstance(report[side]["paths"], dict):
+                raise ReportError(f"{side}.paths has the wrong type")
+            _check(report[side]["paths"], PATHS_KEYS, f"{side}.paths.")
     return report
 
 
@@ -86,7 +95,21 @@ def compare(old: dict, new: dict) -> list[str]:
         ("shipped _down file", "shipped_down"),
     ):
         lines += _entries(label, old[key], new[key])
-    return lines
+    return lines + _paths(old.get("paths"), new.get("paths"))
+
+
+def _paths(old: dict | None, new: dict | None) -> list[str]:
+    """Lines of the path decisions that changed (records with "paths" on both sides)."""
+    if not old or not new:
+        return []
+    where = f"compute capability {new['capability'] or 'none'}, TP {new['tp']}"
+    try:
+        changed = decision_changes(old["rows"], new["rows"])
+    except ValueError:
+        return [f"path decisions ({where}): a record's rows cannot be read"]
+    if not changed:
+        return [f"path decisions ({where}): unchanged"]
+    return [f"path decisions ({where}):", *(f"  {line}" for line in changed)]
 
 
 def _entries(label: str, old: dict | None, new: dict | None) -> list[str]:

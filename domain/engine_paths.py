@@ -544,3 +544,45 @@ def path_changes(a: EnginePaths | None, b: EnginePaths | None) -> list[str]:
     """Sentences naming each path that differs between two runs' engine paths:
     "all-reduce + RMSNorm fusion on → off"."""
     return [f"{title} {was} → {now}" for title, was, now in path_differences(a, b)]
+
+
+def decision_changes(old: list[dict], new: list[dict]) -> list[str]:
+    """Lines naming each source decision that differs between two versions' rows (as JSON:
+    EnginePaths' rows), for engine-diff: "DeepGEMM: on where DeepGEMM is installed → on where
+    DeepGEMM is installed and an nvcc of CUDA 12.9 or newer is found". A decision that only
+    one version could evaluate says why the other could not."""
+    before = {row.key: row for row in map(PathRow.model_validate, old)}
+    after = {row.key: row for row in map(PathRow.model_validate, new)}
+    lines = []
+    for key in [*before, *(k for k in after if k not in before)]:
+        was, now = before.get(key), after.get(key)
+        if was is None or now is None:
+            title = (was or now).title
+            lines.append(f"{title}: {_decision(was)} → {_decision(now)}")
+            continue
+        if was.state == now.state == "unknown" or _decided(was) == _decided(now):
+            continue
+        if "unknown" in (was.state, now.state):
+            why = (now if now.state == "unknown" else was).reason
+            lines.append(f"{now.title}: {_decision(was)} → {_decision(now)} ({why})")
+        elif (was.state, was.value) != (now.state, now.value):
+            lines.append(f"{now.title}: {_decision(was)} → {_decision(now)}")
+        else:
+            lines.append(f"{now.title}: {_source_text(was)} → {_source_text(now)}")
+    return lines
+
+
+def _source_text(row: PathRow) -> str:
+    """The source's answer: "_get_backend_priorities → [...]" as "[...]"."""
+    text = next((e.text for e in row.evidence if e.source == "source"), "")
+    return text.split(" → ", 1)[-1]
+
+
+def _decided(row: PathRow) -> tuple:
+    return row.state, row.value, _source_text(row)
+
+
+def _decision(row: PathRow | None) -> str:
+    if row is None:
+        return "not evaluated"
+    return row.value or row.state_words

@@ -7,7 +7,9 @@ DIR is an engine package folder (installed, or unpacked from its wheel). Prints,
 versions side by side: the launcher's parameters (added, removed), the kernel's parameters and a
 hash of its source, the launch switches a config entry may set (vLLM 0.34's USE_TMA), the default
 rule's config at each batch size, and the shipped files for the shape and GPU (the `_down` file
-too where the engine reads one), entry by entry where they differ.
+too where the engine reads one), entry by entry where they differ; and the decisions of the
+engine's fast paths for --capability and --tp that changed (tuning.engine_paths: all-reduce +
+RMSNorm fusion, the MoE and attention backends' order, DeepGEMM, custom all-reduce).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from domain.engine_diff import compare
 from tuning.backends import load_backend
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
+from tuning.engine_paths import source_paths
 from tuning.kernel_backend import BackendError
 
 # The kernel and its launcher, by engine (the names the backends take from the engine's files).
@@ -58,6 +61,18 @@ def describe(backend, shape, device_name: str, batch_sizes) -> dict:
     }
 
 
+def path_decisions(engine: str, folder, *, capability: int, tp: int, model_config) -> dict:
+    """JSON-ready: the engine's path decisions for a capability (90: 9.0) and TP, its rows."""
+    paths = source_paths(
+        engine,
+        capability=f"{capability // 10}.{capability % 10}",
+        tp=tp,
+        source_dir=folder,
+        model_config=model_config,
+    )
+    return {"capability": paths.capability, "tp": tp, "rows": paths.model_dump(mode="json")["rows"]}
+
+
 def report(engine: str, shape, device_name: str, old: dict, new: dict) -> dict:
     """JSON-ready: the two versions' describe() records with the engine, shape and GPU they are
     for, as the engine-diff page stores them (domain.engine_diff.checked_report)."""
@@ -90,7 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--capability",
         type=int,
         default=90,
-        help="the GPU's compute capability, 90 for sm_90 (default), which some launches read",
+        help="the GPU's compute capability, 90 for sm_90 (default), which some launches read, "
+        "and the one the path decisions are evaluated for",
     )
 
 
@@ -110,6 +126,11 @@ def run(args: argparse.Namespace) -> int:
             )
             for folder in (args.old, args.new)
         )
+        config = json.loads(Path(args.model_config).read_text()) if args.model_config else None
+        for record, folder in ((old, args.old), (new, args.new)):
+            record["paths"] = path_decisions(
+                args.engine, folder, capability=args.capability, tp=args.tp, model_config=config
+            )
     except (ValueError, BackendError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

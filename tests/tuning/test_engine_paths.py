@@ -6,8 +6,10 @@ import shutil
 
 import pytest
 
+from domain.engine_diff import checked_report
 from tests.engine import engine_source, ensure_installed
 from tests.fakes import HF_CONFIGS
+from tuning.__main__ import main as tuning_main
 from tuning.engine_paths import source_paths
 from workers.cli import main as cli_main
 
@@ -165,3 +167,37 @@ def test_the_cli_refuses_a_capability_it_cannot_read(capsys):
 
     assert status == 1
     assert "is not a compute capability" in capsys.readouterr().err
+
+
+def test_engine_diff_names_the_path_decisions_033_and_034_differ_in(capsys):
+    old, new = str(engine_source("vllm", "0.33.0")), str(engine_source("vllm", "0.34.0"))
+    config = str(HF_CONFIGS / "glm-5-fp8_config.json")
+
+    status = tuning_main(
+        ["engine-diff", "--engine", "vllm", "--from", old, "--to", new, "--model-config", config]
+        + ["--tp", "8", "--batch-sizes", "1", "--capability", "90"]
+    )
+    lines = capsys.readouterr().out.splitlines()
+
+    assert status == 0
+    at = lines.index("path decisions (compute capability 9.0, TP 8):")
+    assert lines[at + 1 :] == [
+        "  DeepGEMM: on where DeepGEMM is installed → on where DeepGEMM is installed and an "
+        "nvcc of CUDA 12.9 or newer is found"
+    ]
+
+
+def test_engine_diff_of_one_version_changes_no_decision(capsys, tmp_path):
+    source = str(engine_source("vllm", "0.34.0"))
+    config = str(HF_CONFIGS / "deepseek-v3_config.json")
+    record = tmp_path / "diff.json"
+
+    tuning_main(
+        ["engine-diff", "--engine", "vllm", "--from", source, "--to", source]
+        + ["--model-config", config, "--tp", "8", "--batch-sizes", "1", "--capability", "120"]
+        + ["--json", str(record)]
+    )
+
+    assert "path decisions (compute capability 12.0, TP 8): unchanged" in capsys.readouterr().out
+    written = json.loads(record.read_text())
+    assert checked_report(written)["new"]["paths"]["capability"] == "12.0"
