@@ -738,6 +738,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--drop-rate", type=float, default=0.0)
     parser.add_argument("--stall-ms", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--log-line",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="a line to write to stdout once listening, as an engine logs at start-up (e.g. a "
+        "vLLM fall-back line, for the engine-paths reader); may be given again",
+    )
     return parser.parse_args(argv)
 
 
@@ -760,6 +768,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def ready(port: int) -> None:
         print(f"listening on http://{args.host}:{port}", flush=True)
+        for line in args.log_line:
+            print(line, flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(config, args.host, args.port, ready))

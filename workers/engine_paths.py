@@ -99,8 +99,9 @@ def _report(identity: dict) -> list[PathRow]:
             missing = notes[0] if notes else "vLLM served no /server_info"
             return paths.report_rows(None, version=version, missing=missing)
         return paths.report_rows(identity.get("args"), version=version)
-    if engine in ("sglang", "standin"):
+    if engine == "sglang":
         return paths.sglang_report_rows(identity.get("args"), version=version)
+    # the stand-in reports no paths: its rows come from the lines it is told to log
     return []
 
 
@@ -165,7 +166,10 @@ def observe_paths(
         out.notes.append(capability_note)
     report = _report(identity)
     text, missing = read_log(log_path)
-    log = paths.log_rows(text, missing=missing) if engine != "standin" or text else []
+    log = paths.log_rows(text, missing=missing)
+    if engine == "standin":
+        # a stand-in writes no engine's start-up lines but those it is told to
+        log = [row for row in log if row.state != "unknown"]
     source: list[PathRow] = []
     if engine in ("vllm", "sglang"):
         python = python or _engine_python(engine)
