@@ -7,6 +7,8 @@ reports for that flag among its arguments (vLLM's dotted `scheduler_config.max_n
 SGLang's `max_running_requests`), so that a restart can be checked against the engine itself.
 """
 
+import json
+
 from domain.engine import CAP_FLAGS
 
 # Flags that take no value (present: on).
@@ -136,3 +138,25 @@ def same_value(reported_value, asked: str) -> bool:
         except ValueError:
             return False
     return str(reported_value) == asked
+
+
+# What moeops asks of a vLLM started for profiling a level (workers.step_profile): its torch
+# profiler writing into a folder on the engine's host, with no Python stacks, shapes or memory
+# (they cost the CPU build 100× a step) and no front-end trace, which counts no engine steps
+# and would record the API server's whole window.
+PROFILER_FLAG = "--profiler-config"
+PROFILES_FOLDER = "/var/tmp/moeops-profiles"
+VLLM_PROFILER_CONFIG = {
+    "profiler": "torch",
+    "torch_profiler_dir": PROFILES_FOLDER,
+    "torch_profiler_with_stack": False,
+    "torch_profiler_record_shapes": False,
+    "torch_profiler_with_memory": False,
+    "ignore_frontend": True,
+}
+
+
+def profiler_flag_value(folder: str = PROFILES_FOLDER) -> str:
+    """The value of vLLM's --profiler-config that lets moeops profile a level, writing into
+    folder."""
+    return json.dumps({**VLLM_PROFILER_CONFIG, "torch_profiler_dir": folder}, separators=(",", ":"))

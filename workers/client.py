@@ -34,6 +34,7 @@ from typing import Annotated, Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from domain.step_breakdown import LevelProfile
 from tuning.cache_dir import cache_dir
 
 log = logging.getLogger(__name__)
@@ -512,6 +513,12 @@ class MoeopsClient:
     def post_level(self, run, level):
         """One level (vLLM result key names); stored once per (concurrency, request rate)."""
         return self._push("POST", f"/runs/{run}/levels", level)
+
+    def post_profile(self, run, profile):
+        """A profiled level (domain.step_breakdown.LevelProfile), validated before it is sent or
+        spooled; stored once per (concurrency, request rate, attempt)."""
+        body = LevelProfile.model_validate(profile).model_dump(mode="json")
+        return self._push("POST", f"/runs/{run}/profiles", body)
 
     def post_levels(self, run, levels):
         return [self.post_level(run, level) for level in levels]

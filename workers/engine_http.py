@@ -1,5 +1,6 @@
 """The worker's one HTTP client of an engine's own endpoints (/health, /metrics, /v1/models,
-/version, /server_info, /get_server_info, /model_info).
+/version, /server_info, /get_server_info, /model_info, and the profiler's /start_profile and
+/stop_profile).
 
 Each question has a timeout (the client's, or its own), and nothing is raised: an answer is
 an `EngineAnswer` that says what came back, or in a sentence why nothing did. The requests of a
@@ -98,6 +99,16 @@ class EngineHTTP:
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
         try:
             response = self._client.get(url, timeout=timeout)
+        except httpx.HTTPError as exc:
+            return EngineAnswer(url, None, error=f"{type(exc).__name__}: {exc}")
+        return EngineAnswer(url, response.status_code, response)
+
+    def post(self, path: str, body: dict | None = None, *, timeout_s: float | None = None):
+        """POST base_url + path with a JSON body ("/start_profile", {"max_iterations": 40})."""
+        url = self.base_url + path
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
+        try:
+            response = self._client.post(url, json=body, timeout=timeout)
         except httpx.HTTPError as exc:
             return EngineAnswer(url, None, error=f"{type(exc).__name__}: {exc}")
         return EngineAnswer(url, response.status_code, response)

@@ -27,7 +27,7 @@ from domain.jobs import FINISHED_STATUSES
 from domain.levels import LEVEL_KEYS, MAX_SEED
 from domain.progress import HEARTBEAT_STALE_S, SweepProgress
 from domain.snapshot import RunSnapshot
-from workers import capacity, engine_info, engine_paths, loadgen, vocabulary
+from workers import capacity, engine_info, engine_paths, loadgen, step_profile, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler, counter_deltas, read_engine_counters
 from workers.telemetry import TelemetrySampler, push_drained
@@ -42,6 +42,8 @@ BUSY = "busy"
 TAKEN_OVER = "taken over"
 
 PROGRESS_INTERVAL_S = 1.0
+# engine steps a profiled level's window records unless the run asks for another number
+DEFAULT_PROFILE_STEPS = 40
 SAMPLES_INTERVAL_S = 5.0
 # The keys of a load-generator result that the API stores as LevelResult columns: a level's
 # metrics (domain.levels) and what describes the level and its requests.
@@ -403,6 +405,7 @@ def run_sweep(
             )
             reporter.start()
             running.callback(reporter.stop)
+            observed = None
             if not snapshot.engine:
                 # under the heartbeat: a vLLM's first /server_info and the build of its
                 # defaults (workers.engine_defaults) take some seconds each
@@ -430,8 +433,12 @@ def run_sweep(
                     config, parameters, stored_levels, progress, samples, push_round, stops
                 )
             else:
+                engine_name = (snapshot.engine or (observed or {}).get("engine") or {}).get(
+                    "engine", snapshot.deployment.get("engine", "")
+                )
+                profile = _Profile(parameters, engine_name, progress, samples)
                 status, error = _run_levels(
-                    client, run_uuid, config, levels, stored, progress, samples, stops
+                    client, run_uuid, config, levels, stored, progress, samples, stops, profile
                 )
     except Unreachable:
         # the task tries again later and resumes from the stored levels
@@ -450,10 +457,58 @@ def run_sweep(
     return status or TAKEN_OVER
 
 
-def _run_levels(client, run_uuid, config, levels, stored, progress, samples, stops):
-    """Run the rounds of each level not stored yet, pushing each; returns (final status,
-    error), or (None, "") when another delivery took the run over: its levels and its end are
-    that delivery's. stops: the callables (cancelled, out_of_time, taken_over)."""
+class _Profile:
+    """Which levels of a sweep get a profiled pass after their rounds (parameters' profile:
+    {"levels": [concurrency, ...], "steps": N}), and that pass (workers.step_profile)."""
+
+    def __init__(self, parameters, engine, progress, samples):
+        self.progress = progress
+        self.samples = samples
+        asked = parameters.get("profile") or {}
+        self.levels = {int(c) for c in asked.get("levels") or ()}
+        self.steps = int(asked.get("steps") or DEFAULT_PROFILE_STEPS)
+        self.engine = engine
+
+    def after_rounds(self, client, run_uuid, config, level, throughputs, stops):
+        """Run and push the level's profiled pass where one is asked for and the sweep goes
+        on (not when another delivery took the run over meanwhile: `cancelled` then says so
+        to the next round); its progress says it is profiling."""
+        cancelled, out_of_time, taken_over = stops
+
+        def should_stop():
+            return cancelled() or out_of_time()
+
+        if level.concurrency not in self.levels or should_stop():
+            return
+        unprofiled = sorted(throughputs)[len(throughputs) // 2] if throughputs else None
+        # the pass's samples belong to no level: the window slows the engine
+        self.samples.tag(None)
+        self.progress.update(profiling=True, requests_done=0)
+        try:
+            body = self._pass(config, level, unprofiled, should_stop, self.progress.attempt)
+        finally:
+            self.progress.update(profiling=False)
+        if not taken_over():
+            client.post_profile(run_uuid, body)
+
+    def _pass(self, config, level, unprofiled, should_stop, attempt):
+        return step_profile.profile_level(
+            # prompts of their own: the rounds' would meet the prefix cache warm
+            config.round_client(config.rounds + 1),
+            level,
+            steps=self.steps,
+            unprofiled_tok_s=unprofiled,
+            engine=self.engine,
+            should_stop=should_stop,
+            attempt=attempt,
+        )
+
+
+def _run_levels(client, run_uuid, config, levels, stored, progress, samples, stops, profile):
+    """Run the rounds of each level not stored yet, pushing each, and a profiled pass after
+    those `profile` asks for; returns (final status, error), or (None, "") when another delivery
+    took the run over: its levels and its end are that delivery's. stops: the callables
+    (cancelled, out_of_time, taken_over)."""
     cancelled, out_of_time, taken_over = stops
 
     def should_stop():
@@ -469,6 +524,7 @@ def _run_levels(client, run_uuid, config, levels, stored, progress, samples, sto
     for i, level in enumerate(levels):
         if level_done(level):
             continue
+        throughputs = []
         for round_number in rounds:
             if _level_id(level.concurrency, level.request_rate, round_number) in stored:
                 continue
@@ -508,6 +564,7 @@ def _run_levels(client, run_uuid, config, levels, stored, progress, samples, sto
                 break
             samples.flush()
             client.post_level(run_uuid, payload)
+            throughputs.append(result.get("output_throughput") or 0.0)
             if result["completed"] == 0:
                 cause = result.get("all_failed_with") or ", ".join(
                     f"{describe_failure(reason, result['error_samples'].get(reason))} × {n}"
@@ -518,6 +575,7 @@ def _run_levels(client, run_uuid, config, levels, stored, progress, samples, sto
                     "The sweep stopped there."
                 )
         else:
+            profile.after_rounds(client, run_uuid, config, level, throughputs, stops)
             done += 1
             progress.update(levels_done=done)
             continue

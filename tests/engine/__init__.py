@@ -212,16 +212,29 @@ class VllmServer:
 
     max_num_seqs caps the running batch; extra_args go to `vllm serve` as they are; env adds to
     the engine's environment (e.g. VLLM_TUNED_CONFIG_FOLDER); cpus ("0", "0-1") pins the server
-    to those cores with one OpenMP thread per core (taskset, VLLM_CPU_OMP_THREADS_BIND).
+    to those cores with one OpenMP thread per core (taskset, VLLM_CPU_OMP_THREADS_BIND);
+    tensor_parallel_size > 1 runs that many ranks, each a process (give each its cores with
+    env VLLM_CPU_OMP_THREADS_BIND, e.g. "0|1").
     """
 
-    def __init__(self, *, log_path, max_num_seqs=16, port=None, extra_args=(), env=None, cpus=None):
+    def __init__(
+        self,
+        *,
+        log_path,
+        max_num_seqs=16,
+        port=None,
+        extra_args=(),
+        env=None,
+        cpus=None,
+        tensor_parallel_size=1,
+    ):
         self.port = port or free_port()
         self.max_num_seqs = max_num_seqs
         self.log_path = Path(log_path)
         self.extra_args = tuple(extra_args)
         self.env = dict(env or {})
         self.cpus = cpus
+        self.tensor_parallel_size = tensor_parallel_size
         if cpus is not None:
             self.env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
         self.process: EngineProcess | None = None
@@ -249,8 +262,11 @@ class VllmServer:
             # no torch.compile of the model: on 2 cores it adds 10–35 s to every start, and
             # nothing the tests check (the server, its metrics, what it reports) depends on it
             "-O0",
+            # ranks beyond one are processes of their own ("mp"); one rank runs in the engine's
             "--distributed-executor-backend",
-            "uni",
+            "uni" if self.tensor_parallel_size == 1 else "mp",
+            "--tensor-parallel-size",
+            str(self.tensor_parallel_size),
             *self.extra_args,
         )
 

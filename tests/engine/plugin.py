@@ -16,9 +16,11 @@ skipped.
 """
 
 import os
+import shutil
 
 import pytest
 
+from domain.launch import PROFILER_FLAG, profiler_flag_value
 from tests.engine import (
     ENGINE_DIR,
     TUNED_FILE,
@@ -68,7 +70,7 @@ def _server(name) -> VllmServer:
     if _failure:
         pytest.fail(_failure[0], pytrace=False)
     try:
-        if not _servers:
+        if name not in _servers:
             ensure_model()
             _start_all()
         return _servers[name].wait()
@@ -87,6 +89,49 @@ def vllm_capped() -> VllmServer:
 def vllm_wide() -> VllmServer:
     """The real vLLM with --max-num-seqs 16 (see the module docstring)."""
     return _server("wide")
+
+
+def profiler_args(folder) -> tuple[str, ...]:
+    """The --profiler-config moeops asks for (domain.launch), writing into folder."""
+    return (PROFILER_FLAG, profiler_flag_value(str(folder)))
+
+
+def _profiled(name, tensor_parallel_size) -> VllmServer:
+    """A server of its own started with the torch profiler (started when first asked for):
+    at TP 2 its two ranks share the machine's two cores, one each."""
+    if name not in _servers:
+        if _failure:
+            pytest.fail(_failure[0], pytrace=False)
+        folder = ENGINE_DIR / "profiles" / f"{name}-{os.getpid()}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"} if tensor_parallel_size == 2 else {}
+        try:
+            ensure_model()
+            _servers[name] = VllmServer(
+                log_path=ENGINE_DIR / "logs" / f"{name}-{os.getpid()}.log",
+                extra_args=profiler_args(folder),
+                env=env,
+                tensor_parallel_size=tensor_parallel_size,
+            ).start()
+        except (EngineUnavailable, EngineStartError) as exc:
+            pytest.fail(f"the real vLLM could not be started: {exc}", pytrace=False)
+    try:
+        return _servers[name].wait()
+    except EngineStartError as exc:
+        pytest.fail(f"the real vLLM could not be started: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def vllm_profiled() -> VllmServer:
+    """The real vLLM at TP 1, --max-num-seqs 16, started with the torch profiler."""
+    return _profiled("profiled-tp1", 1)
+
+
+@pytest.fixture(scope="session")
+def vllm_profiled_tp2() -> VllmServer:
+    """The real vLLM at TP 2 (two rank processes, one core each), with the torch profiler."""
+    return _profiled("profiled-tp2", 2)
 
 
 def pytest_sessionfinish(session, exitstatus):

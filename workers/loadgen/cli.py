@@ -32,7 +32,7 @@ from domain.capacity import (
 from domain.intervals import MAX_ROUNDS, level_of_rounds, with_interval
 from domain.levels import MAX_SEED
 from domain.slo import DEFAULT_MAX_FAILED_PERCENT
-from workers import vocabulary
+from workers import step_profile, vocabulary
 from workers.capacity import level_at
 from workers.loadgen.config import ENDPOINT_PATHS, TRANSPORTS, ClientConfig, SweepConfig
 from workers.loadgen.drivers import run_level, run_sweep
@@ -210,7 +210,21 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--save-requests", default=None, help="write every request here, one JSON line each"
     )
+    profile = parser.add_argument_group(
+        "inside the step (vLLM started with --profiler-config; docs/metrics.md)"
+    )
+    profile.add_argument(
+        "--profile-levels",
+        default="",
+        help="comma-separated concurrencies of the sweep to run once more after the sweep, "
+        "with the engine's profiler recording a window of steps; the breakdown is printed and "
+        "written into --output",
+    )
+    profile.add_argument(
+        "--profile-steps", type=int, default=40, help="engine steps the window records"
+    )
     args = parser.parse_args(argv)
+    _check_profile(parser, args)
     if args.rounds is None:
         args.rounds = DEFAULT_ROUNDS if args.capacity else 1
     try:
@@ -246,6 +260,22 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     elif not args.concurrency:
         parser.error("--concurrency is required (or --capacity)")
     return args
+
+
+def _check_profile(parser, args) -> None:
+    """--profile-levels as a list of the sweep's concurrencies, --profile-steps in range."""
+    try:
+        args.profile_levels = [int(c) for c in args.profile_levels.split(",") if c.strip()]
+    except ValueError:
+        parser.error(f"--profile-levels: concurrencies, got {args.profile_levels!r}")
+    if not 1 <= args.profile_steps <= 10_000:
+        parser.error(f"--profile-steps: from 1 to 10000, got {args.profile_steps}")
+    if args.profile_levels and args.capacity:
+        parser.error("--profile-levels: profiles a sweep's levels, not a capacity search's")
+    sweep_levels = {int(c) for c in (args.concurrency or "").split(",") if c.strip().isdigit()}
+    for c in args.profile_levels:
+        if c not in sweep_levels:
+            parser.error(f"--profile-levels: {c} is not one of --concurrency {args.concurrency}")
 
 
 def _workload(args: argparse.Namespace) -> dict | None:
@@ -367,12 +397,39 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if saved is not None:
             saved.close()
+    profiles = [profile_after(cfg, level, results, args) for level in cfg.levels()]
+    profiles = [p for p in profiles if p is not None]
     if args.output:
         # each round's seed: --seed with it sends that round's prompts again
         for result in results:
             result["seed"] = cfg.round_client(result.get("round", 1)).seed
-        Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+        written = {"levels": results, "profiles": profiles} if args.profile_levels else results
+        Path(args.output).write_text(json.dumps(written, indent=2) + "\n")
     return 0
+
+
+def profile_after(cfg, level, results, args) -> dict | None:
+    """The LevelProfile body of level's profiled pass (printed as it comes), where
+    --profile-levels asks for it; its cost is judged against the level's rounds."""
+    if level.concurrency not in args.profile_levels:
+        return None
+    rounds = [
+        r.get("output_throughput") or 0.0
+        for r in results
+        if r["concurrency"] == level.concurrency and r.get("request_rate") == level.request_rate
+    ]
+    print(
+        f"profiling concurrency {level.concurrency}: {args.profile_steps} engine steps",
+        file=sys.stderr,
+    )
+    body = step_profile.profile_level(
+        cfg.round_client(cfg.rounds + 1),
+        level,
+        steps=args.profile_steps,
+        unprofiled_tok_s=sorted(rounds)[len(rounds) // 2] if rounds else None,
+    )
+    print(step_profile.describe(body), flush=True)
+    return body
 
 
 def _verdict(probe):
