@@ -47,8 +47,13 @@ def gpu_capability(indices=None, nvml=None) -> tuple[str | None, str]:
     if nvml is None:
         return None, f"no CUDA GPU on this host (NVML: {reason})"
     index = (indices or [0])[0]
-    handle = _nvml_call(nvml, "nvmlDeviceGetHandleByIndex", index)
-    capability = _nvml_call(nvml, "nvmlDeviceGetCudaComputeCapability", handle) if handle else None
+    try:
+        handle = _nvml_call(nvml, "nvmlDeviceGetHandleByIndex", index)
+        found = _nvml_call(nvml, "nvmlDeviceGetCudaComputeCapability", handle) if handle else None
+    finally:
+        # NVML counts its inits: each one this takes, it gives back
+        _nvml_call(nvml, "nvmlShutdown")
+    capability = found
     if not capability:
         return None, f"NVML gives no compute capability for GPU {index}"
     return f"{capability[0]}.{capability[1]}", ""

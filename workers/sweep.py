@@ -418,7 +418,6 @@ def run_sweep(
                     ),
                     gpu_indices=parameters.get("gpu_indices"),
                     tp=snapshot.deployment.get("tp"),
-                    nvml=nvml,
                 )
                 client.post_observed(run_uuid, observed)
             stops = (cancelled, out_of_time, taken_over)
