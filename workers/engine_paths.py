@@ -25,8 +25,8 @@ __all__ = ["CPU_BUILD", "gpu_capability", "managed_log", "observe_paths"]
 # in the first seconds of a start, and a long-running engine's log grows with every request.
 LOG_READ_BYTES = 8 * 2**20
 EXTERNAL_LOG = (
-    "moeops keeps no start-up log of an engine it did not start (an external deployment): "
-    "the log rows are unknown"
+    "moeops keeps no start-up log of an engine it did not start, and the deployment names none "
+    "(its engine log field): the log rows are unknown"
 )
 _INSTALLED = """
 import importlib.util as u, json
@@ -59,12 +59,13 @@ def gpu_capability(indices=None, nvml=None) -> tuple[str | None, str]:
     return f"{capability[0]}.{capability[1]}", ""
 
 
-def managed_log(deployment, *, managed: bool, supervisor=None) -> Path | None:
-    """The start-up log of a managed deployment's engine, which this host's supervisor keeps
-    (engine.log, its latest start); None for an external one, whose log moeops does not see."""
-    if not managed or deployment is None:
-        return None
-    return (supervisor or EngineSupervisor()).log_path(deployment)
+def managed_log(deployment, *, managed: bool, external="", supervisor=None) -> Path | None:
+    """The engine's start-up log: a managed deployment's is the one this host's supervisor
+    keeps (engine.log, its latest start); an external one's is the path its deployment records
+    (engine_log), else None: moeops does not see it."""
+    if managed and deployment is not None:
+        return (supervisor or EngineSupervisor()).log_path(deployment)
+    return Path(external) if external else None
 
 
 def installed_beside(python: str | None) -> dict:

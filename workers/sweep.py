@@ -414,7 +414,9 @@ def run_sweep(
                     kernel_shape=snapshot.kernel_shape,
                     recorded_engine=snapshot.deployment.get("engine", ""),
                     engine_log=engine_paths.managed_log(
-                        claimed.get("deployment"), managed=bool(snapshot.recipe)
+                        claimed.get("deployment"),
+                        managed=bool(snapshot.recipe),
+                        external=snapshot.deployment.get("engine_log") or "",
                     ),
                     gpu_indices=parameters.get("gpu_indices"),
                     tp=snapshot.deployment.get("tp"),

@@ -531,6 +531,9 @@ class DeploymentFields(In):
     launch_args: JsonObject = Field({}, description="Other launch arguments, flag → value")
     endpoint_url: text(200) = ""
     served_model_name: text(200) = ""
+    engine_log: text(500) = Field(
+        "", description="an external engine's start-up log on its host, for its engine paths"
+    )
     status: DeploymentStatus = "planned"
     status_detail: text(300) = ""
     default_slo_profile: text(200) | None = Field(None, description="SLO profile id or name")
@@ -559,6 +562,7 @@ class DeploymentPatch(Patch):
     launch_args: JsonObject | None = None
     endpoint_url: text(200) | None = None
     served_model_name: text(200) | None = None
+    engine_log: text(500) | None = None
     status: DeploymentStatus | None = None
     status_detail: text(300) | None = None
     default_slo_profile: text(200) | None = Field(
@@ -583,6 +587,7 @@ class DeploymentOut(Schema):
     launch_args: dict[str, Any]
     endpoint_url: str
     served_model_name: str
+    engine_log: str
     management: str = Field(description="managed: moeops starts and stops the engine")
     status: str
     status_detail: str

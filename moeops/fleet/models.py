@@ -445,6 +445,9 @@ class Deployment(models.Model):
     # a CharField: Django's URL check refuses a bare host name (http://rtx-pro-6000:8000), which
     # is how a team's engines are mostly addressed; fleet.endpoints decides what may be named
     endpoint_url = models.CharField(max_length=200, blank=True)
+    # an external engine's start-up log on its host, read by the host's worker for the engine
+    # paths (a managed engine's is the supervisor's own); blank: moeops does not see it
+    engine_log = models.CharField(max_length=500, blank=True)
     management = models.CharField(max_length=20, choices=MANAGEMENT, default="external")
     served_model_name = models.CharField(max_length=200, blank=True)
     status = models.CharField(max_length=20, choices=DEPLOYMENT_STATUSES, default="planned")

@@ -171,6 +171,7 @@ class DeploymentForm(forms.ModelForm):
             "launch_args",
             "endpoint_url",
             "served_model_name",
+            "engine_log",
             "status",
             "default_slo_profile",
         )
@@ -186,10 +187,13 @@ class DeploymentForm(forms.ModelForm):
             "ep": "EP",
             "launch_args": "Other launch arguments (JSON)",
             "default_slo_profile": "Default SLO profile",
+            "engine_log": "Engine start-up log",
         }
         help_texts = {
             "gpus": "Leave empty to count the GPUs as max(tp, ep).",
             "launch_args": 'flag → value, e.g. {"--cuda-graph-max-bs": 256}',
+            "engine_log": "An engine moeops does not start: the path of its start-up log on its "
+            "host, which the worker reads for the run's engine paths.",
         }
 
     NEW_MODEL_FIELDS = ("new_model_name", "config_text", "config_file")

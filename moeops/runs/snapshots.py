@@ -104,6 +104,8 @@ def deployment_record(deployment) -> dict:
         "launch_args": dict(deployment.launch_args or {}),
         "endpoint_url": deployment.endpoint_url,
         "served_model_name": deployment.served_model_name,
+        # where the worker reads an external engine's start-up log (not a serving field)
+        "engine_log": deployment.engine_log,
         "host": deployment.host.name,
         # sorted here, not order_by(): a page that prefetched the GPUs asks for them once
         "gpus": [

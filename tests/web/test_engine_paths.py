@@ -160,3 +160,17 @@ def test_what_changed_names_a_path_whose_state_differs():
     assert "all-reduce + RMSNorm fusion on → off" in factors.phrases(
         _snapshot("on"), _snapshot("off")
     )
+
+
+@pytest.mark.django_db
+def test_an_external_deployments_engine_log_reaches_the_runs_snapshot():
+    deployment = pb.deployment(engine_log="/var/log/vllm/serve.log")
+
+    snapshot = snapshots.initial_snapshot(
+        deployment=deployment, parameters={}, topology=None, source="worker"
+    )
+
+    assert snapshot["deployment"]["engine_log"] == "/var/log/vllm/serve.log"
+    # where the worker reads it is no serving field: editing it changes no run's comparison
+    deployment.engine_log = "/elsewhere.log"
+    assert snapshots.deployment_edits(snapshot, deployment) == []

@@ -60,12 +60,13 @@ def test_a_standin_told_to_log_a_fallback_gives_the_row_and_the_finding(supervis
 
 def test_an_external_engines_log_is_unknown_and_says_why():
     assert managed_log(9, managed=False) is None
+    assert managed_log(9, managed=False, external="/var/log/vllm.log") == Path("/var/log/vllm.log")
 
     paths = observe_paths({"engine": "vllm", "version": "0.32.0"}, python=sys.executable)
 
     log_rows = [r for r in paths["rows"] if any(e["source"] == "log" for e in r["evidence"])]
     assert log_rows and all(r["state"] == "unknown" for r in log_rows)
-    assert "moeops keeps no start-up log of an engine it did not start" in log_rows[0]["reason"]
+    assert "the deployment names none (its engine log field)" in log_rows[0]["reason"]
 
 
 def test_a_log_that_is_gone_and_a_source_that_cannot_be_read_are_unknown(tmp_path):
