@@ -105,7 +105,7 @@ _pytest-postgres:
 # Triton, pytest and hypothesis runs them too: make test-gpu GPU_PYTHON=python3
 GPU_PYTHON ?= $(PY)
 GPU_TESTS := tests/tuning/test_fused_moe.py tests/tuning/test_gpu_tuning.py tests/tuning/test_engine_backend_sglang.py \
-	tests/tuning/test_vllm_tma_gpu.py tests/tuning/test_vllm_sorted_a_gpu.py
+	tests/tuning/test_vllm_tma_gpu.py tests/tuning/test_vllm_sorted_a_gpu.py tests/domain/test_step_breakdown_gpu.py
 test-gpu: $(if $(filter $(PY),$(GPU_PYTHON)),install)
 	$(GPU_PYTHON) -m pytest -p no:cacheprovider --noconftest -m gpu $(GPU_TESTS)
 

@@ -89,12 +89,14 @@ def test_at_tp_2_each_rank_spends_a_share_of_its_decode_step_in_the_shared_memor
     ranks = profile.breakdown.ranks
     assert [r.rank for r in ranks] == [0, 1]
     for rank in ranks:
-        decode = rank.kind("decode")
-        communication = next(c for c in decode.classes if c.name == "communication")
-        # measured about a quarter of a rank's decode step on this machine
-        assert 0.05 < communication.share < 0.6, (rank.rank, communication)
+        communication = next(c for c in rank.kind("decode").classes if c.name == "communication")
+        assert communication.share > 0, rank.rank
         assert any("shm" in top.name for top in communication.top), communication.top
         _steps_add_up(rank)
+    # about a quarter of a decode step, the mean of the ranks: the rank that arrives first at
+    # each all-reduce waits there for the other, so one rank's share can be far above the other's
+    mean = profile.breakdown.mean_share("decode", "communication")
+    assert 0.05 < mean < 0.6, mean
 
 
 def test_an_engine_started_without_the_profiler_gets_a_sentence_saying_how(vllm_capped):
