@@ -9,10 +9,12 @@ from domain.engine_paths import (
     EnginePaths,
     Evidence,
     PathRow,
+    decision_changes,
     log_rows,
     merge_paths,
     path_changes,
     report_rows,
+    sglang_report_rows,
 )
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "engine_logs"
@@ -178,3 +180,44 @@ def test_what_changed_names_a_path_whose_state_differs():
     assert path_changes(paths("on"), paths("off")) == ["all-reduce + RMSNorm fusion on → off"]
     assert path_changes(paths("on"), paths("on")) == []
     assert path_changes(None, paths("on")) == []
+
+
+def test_sglangs_report_gives_its_switches_and_a_missing_one_is_unknown():
+    args = {
+        "enable_flashinfer_allreduce_fusion": True,
+        "disable_custom_all_reduce": False,
+        "attention_backend": "fa3",
+        "moe_runner_backend": "auto",
+        "disable_cuda_graph": False,
+        "enable_torch_compile": False,
+        "chunked_prefill_size": 8192,
+        "kv_cache_dtype": "auto",
+    }
+
+    rows = {row.key: row for row in sglang_report_rows(args, version="0.5.23")}
+
+    assert rows["allreduce_rms_fusion"].state == "on"
+    assert (rows["attention_backend"].state, rows["attention_backend"].value) == ("on", "fa3")
+    assert rows["moe_backend"].state == "depends"
+    assert (rows["cuda_graphs"].state, rows["compile"].state) == ("on", "off")
+    assert rows["chunked_prefill"].state == "on"
+    assert rows["quantization"].reason == (
+        "SGLang 0.5.23's /get_server_info no longer reports quantization"
+    )
+
+
+def test_decision_changes_name_what_changed_and_why_one_side_is_unknown():
+    def row(state, value, text="f → x", reason=""):
+        evidence = [Evidence(source="source", text=text)]
+        return PathRow(
+            key="deep_gemm", state=state, value=value, reason=reason, evidence=evidence
+        ).model_dump()
+
+    assert decision_changes([row("on", "on")], [row("on", "on")]) == []
+    assert decision_changes([row("on", "on")], [row("off", "off")]) == ["DeepGEMM: on → off"]
+    assert decision_changes([row("on", "on")], [row("unknown", None, reason="uses nvcc_path")]) == [
+        "DeepGEMM: on → unknown (uses nvcc_path)"
+    ]
+    assert decision_changes(
+        [row("depends", "a", "f → [1, 2]")], [row("depends", "a", "f → [2, 1]")]
+    ) == ["DeepGEMM: [1, 2] → [2, 1]"]
