@@ -275,7 +275,7 @@ def observe(
             identity,
             log_path=engine_log,
             capability=capability,
-            capability_note=why_not and f"{why_not}: {engine_paths.CPU_BUILD}",
+            capability_note=why_not,
             tp=tp,
             kernel=kernel,
         )

@@ -14,12 +14,10 @@ from pathlib import Path
 
 from domain import engine_paths as paths
 from domain.engine_paths import EnginePaths, Evidence, PathRow
-from tuning.engine_paths import CPU_BUILD, source_paths
+from tuning.engine_paths import source_paths
 from tuning.engine_source import ENGINE_PYTHON_ENV
 from workers.engine_supervisor import EngineSupervisor
 from workers.topology import _load_nvml, _nvml_call
-
-__all__ = ["CPU_BUILD", "gpu_capability", "managed_log", "observe_paths"]
 
 # Past this a start-up log is read from its start only: the lines that decide the paths come
 # in the first seconds of a start, and a long-running engine's log grows with every request.
