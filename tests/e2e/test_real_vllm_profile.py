@@ -10,13 +10,16 @@ import subprocess
 import sys
 
 import pytest
+from django.test import Client
 
 from domain.step_breakdown import CLASSES, LevelProfile
-from tests.engine import SERVED_MODEL, VOCAB_SIZE
+from moeops.fleet.models import ModelSpec
+from tests import page_base as pb
+from tests.engine import MODEL_DIR, SERVED_MODEL, VOCAB_SIZE
 from workers import loadgen, step_profile
 from workers.loadgen import ClientConfig, LevelConfig
 
-pytest_plugins = ["tests.engine.plugin"]
+pytest_plugins = ["tests.stack", "tests.engine.plugin"]
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.timeout(900)]
 
 # 64-token prompts and 48 tokens out: a decode-heavy level of 4 streams (about 2 s a round here)
@@ -157,3 +160,67 @@ def test_the_load_generator_profiles_a_level_into_its_output_file(vllm_profiled,
     assert (profile.concurrency, profile.status) == (4, "captured")
     assert "concurrency 4: profile captured" in done.stdout
     assert "decode" in done.stdout and "communication"[:6] in done.stdout
+
+
+@pytest.fixture
+def tiny_model(transactional_db):
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    return ModelSpec.objects.create(name="tiny-moe (random weights)", config_json=config)
+
+
+def _stack(make_sweep_stack, tiny_model, server, tp):
+    return make_sweep_stack(
+        engine_url=server.url,
+        model=tiny_model,
+        deployment_fields={"engine": "vllm", "tp": tp, "served_model_name": SERVED_MODEL},
+    )
+
+
+def _profiled_sweep(stack, label):
+    run = stack.start_sweep(
+        (2, 4),
+        input_len=64,
+        output_len=48,
+        prompts_per_level=16,
+        label=label,
+        profile={"levels": [4], "steps": STEPS},
+    )
+    run = stack.wait_for_run(run, timeout=500)
+    assert run.status == "succeeded", run.error
+    return run
+
+
+def _decode_bars(html, profile):
+    """{class: [mean µs per rank]} of the run page's decode-step bars of that profile."""
+    bars = pb.figure(html, f"step-{profile.pk}-decode-data")["data"]
+    return {bar["name"]: bar["x"] for bar in bars}
+
+
+def test_a_newcomer_reads_where_a_decode_step_goes_per_rank_at_tp_1_and_tp_2_and_compares_them(
+    make_sweep_stack, tiny_model, vllm_profiled, vllm_profiled_tp2
+):
+    one = _profiled_sweep(_stack(make_sweep_stack, tiny_model, vllm_profiled, 1), "TP 1")
+    two = _profiled_sweep(_stack(make_sweep_stack, tiny_model, vllm_profiled_tp2, 2), "TP 2")
+    browser = Client()
+    pb.sign_in(browser)
+
+    (profile_one,) = one.profiles.all()
+    (profile_two,) = two.profiles.all()
+    assert (profile_one.status, profile_two.status) == ("captured", "captured")
+    # the profiled pass is no round of its level: the level keeps the rounds the sweep asked for
+    assert [lv.concurrency for lv in one.levels.order_by("concurrency")] == [2, 4]
+    page_one = browser.get(f"/runs/{one.uuid}/").content.decode()
+    page_two = browser.get(f"/runs/{two.uuid}/").content.decode()
+    assert "Inside the step at concurrency 4" in page_one
+    bars_one, bars_two = _decode_bars(page_one, profile_one), _decode_bars(page_two, profile_two)
+    # one bar per rank; communication appears at TP 2 and not at TP 1
+    assert len(bars_one["moe"]) == 1 and len(bars_two["moe"]) == 2
+    assert bars_one["communication"] == [0]
+    assert sum(bars_two["communication"]) > 0
+    assert "Profiling cost: the profiled pass ran at" in page_one
+    assert "_C::shm_allreduce" in page_two
+
+    compare = browser.get(f"/compare/?run={one.uuid},{two.uuid}").content.decode()
+    assert "communication" in compare and "of a decode step" in compare
+    change = profile_two.step_breakdown().mean_share("decode", "communication")
+    assert f"0 % → {round(100 * change)} %" in compare
