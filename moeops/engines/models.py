@@ -15,6 +15,8 @@ from tuning.config_files import CONFIG_ENV
 ACTION_KINDS = (
     ("restart", "Restart with the newest recipe"),
     ("restart_with_args", "Restart with changed arguments"),
+    # vLLM's torch profiler and /server_info, which a profiled level needs (workers.step_profile)
+    ("restart_with_profiler", "Restart with profiling available"),
     ("apply_config", "Apply a kernel config"),
     ("revert", "Revert to the previous recipe"),
     # a bisection's step (some factors at the baseline's values), and its last move back

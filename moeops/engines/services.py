@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from domain.launch import FlagError, check_values, set_flags
+from domain.launch import PROFILER_FLAG, FlagError, check_values, profiler_flag_value, set_flags
 from domain.numbers import is_integer
 from moeops import jobs
 from moeops.celery import send_host_chain
@@ -194,6 +194,21 @@ def _check_config(kernel_config, deployment):
         )
 
 
+def _with_profiler(base, deployment, user):
+    """A new version of base whose vLLM serves its torch profiler (domain.launch's
+    --profiler-config) and the /server_info that names its folder to the worker."""
+    if deployment.engine != "vllm":
+        raise ValidationError(
+            {"kind": f"moeops profiles vLLM's steps; {deployment} runs {deployment.engine}"}
+        )
+    argv = set_flags(base.argv, {PROFILER_FLAG: profiler_flag_value()})
+    env = {**(base.env or {}), "VLLM_SERVER_DEV_MODE": "1"}
+    if argv == base.argv and env == base.env:
+        raise ValidationError({"kind": f"recipe v{base.version} already runs with the profiler"})
+    reason = "restart with profiling available"
+    return _derived(base, author=user, reason=reason, argv=argv, env=env)
+
+
 def _new_recipe(*, deployment, kind, user, changes, kernel_config, recipe=None):
     """(recipe to bring up, the one in force) for an action of this kind."""
     in_force = deployment.recipe_in_force()
@@ -221,6 +236,8 @@ def _new_recipe(*, deployment, kind, user, changes, kernel_config, recipe=None):
             raise ValidationError({"changes": f"recipe v{base.version} already runs with that"})
         flags = ", ".join(f"{flag} {value}" for flag, value in changes.items())
         return _derived(base, author=user, reason=f"restart with {flags}", argv=argv), in_force
+    if kind == "restart_with_profiler":
+        return _with_profiler(base, deployment, user), in_force
     if kind == "apply_config":
         if kernel_config is None:
             raise ValidationError({"kernel_config": "which kernel config to apply"})

@@ -2,6 +2,7 @@
 (a recipe version, a queued re-sweep, the chain on the host's queue), how the worker's reports
 and the re-sweep's end move it, and the work failed when its worker is gone."""
 
+import json
 import time
 
 import pytest
@@ -9,6 +10,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.utils import timezone
 
+from domain.launch import PROFILER_FLAG, VLLM_PROFILER_CONFIG
 from moeops.engines import services
 from moeops.engines.models import EngineAction
 from moeops.insights import services as insights_services
@@ -595,3 +597,45 @@ def test_a_re_sweep_sends_the_dataset_workload_of_the_sweep_it_repeats(
     [link] = sent.embed["chain"]
     assert link["kwargs"]["workload_items"] == [{"prompt": "hello", "answer": None}]
     assert "workload_items" not in action.after_run.parameters
+
+
+def test_restart_with_profiling_available_gives_vllm_its_profiler_and_server_info(
+    world, broker, django_capture_on_commit_callbacks
+):
+    in_force = _in_force(_recipe(world, env={"VLLM_USE_V1": "1"}))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        action = services.engine_action_start(
+            deployment=world.deployment, kind="restart_with_profiler", user=world.staff
+        )
+
+    recipe = action.recipe
+    assert (recipe.version, recipe.based_on) == (2, in_force)
+    flag = recipe.argv.index(PROFILER_FLAG)
+    assert json.loads(recipe.argv[flag + 1]) == VLLM_PROFILER_CONFIG
+    assert recipe.env == {"VLLM_USE_V1": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    assert recipe.reason == "restart with profiling available"
+    assert action.title() == "Restart with profiling available"
+    [sent] = queues.queued(broker, QUEUE)
+    assert sent.kwargs["recipe"]["env"]["VLLM_SERVER_DEV_MODE"] == "1"
+
+    # once it runs with the profiler, asking again changes nothing
+    _in_force(recipe)
+    action.status = "succeeded"
+    action.save(update_fields=["status"])
+    with pytest.raises(ValidationError, match="already runs with the profiler"):
+        services.engine_action_start(
+            deployment=world.deployment, kind="restart_with_profiler", user=world.staff
+        )
+
+
+def test_restart_with_profiling_available_is_for_vllm_only(world):
+    _in_force(_recipe(world))
+    world.deployment.engine = "sglang"
+    world.deployment.save(update_fields=["engine"])
+
+    with pytest.raises(ValidationError, match="moeops profiles vLLM's steps"):
+        services.engine_action_start(
+            deployment=world.deployment, kind="restart_with_profiler", user=world.staff
+        )
+    assert world.deployment.launch_recipes.count() == 1

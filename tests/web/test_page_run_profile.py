@@ -73,6 +73,23 @@ def test_an_unavailable_profile_shows_its_reason_instead(client, sweep):
     assert f"step-{profile.pk}-decode" not in html
 
 
+@pytest.mark.parametrize(
+    ("management", "engine", "offered"),
+    [("managed", "vllm", True), ("external", "vllm", False), ("managed", "sglang", False)],
+)
+def test_a_managed_vllm_without_its_profiler_is_offered_a_restart_with_it(
+    client, management, engine, offered
+):
+    pb.sign_in(client)
+    run = pb.run(pb.deployment(management=management, engine=engine), levels=LEVELS)
+    services.profile_record(run=run, body=sb.unavailable(64), source="upload")
+
+    html = _page(client, run)
+
+    assert ('name="kind" value="restart_with_profiler"' in html) is offered
+    assert ("Restart with profiling available" in html) is offered
+
+
 def test_a_run_without_profiles_has_no_panel(client, sweep):
     assert 'id="profiles"' not in _page(client, sweep)
 
