@@ -29,6 +29,9 @@ StepClass = Literal[
 # decode: every request of the step generates one token; prefill: none does; mixed: both
 StepKindName = Literal["decode", "prefill", "mixed"]
 STEP_KINDS = ("decode", "prefill", "mixed")
+# engine steps a profiled level's window records unless its run asks for another number: a few
+# seconds of decode
+DEFAULT_PROFILE_STEPS = 40
 
 
 class _Wire(BaseModel):

@@ -27,6 +27,7 @@ from domain.jobs import FINISHED_STATUSES
 from domain.levels import LEVEL_KEYS, MAX_SEED
 from domain.progress import HEARTBEAT_STALE_S, SweepProgress
 from domain.snapshot import RunSnapshot
+from domain.step_breakdown import DEFAULT_PROFILE_STEPS
 from workers import capacity, engine_info, engine_paths, loadgen, step_profile, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler, counter_deltas, read_engine_counters
@@ -42,8 +43,6 @@ BUSY = "busy"
 TAKEN_OVER = "taken over"
 
 PROGRESS_INTERVAL_S = 1.0
-# engine steps a profiled level's window records unless the run asks for another number
-DEFAULT_PROFILE_STEPS = 40
 SAMPLES_INTERVAL_S = 5.0
 # The keys of a load-generator result that the API stores as LevelResult columns: a level's
 # metrics (domain.levels) and what describes the level and its requests.

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from django.db.models import Prefetch, Q
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, WithJsonSchema
@@ -40,7 +40,13 @@ from moeops.runs.models import (
     LevelResult,
     RequestLog,
 )
-from moeops.runs.parameters import MAX_ROUNDS, Concurrency, RunParameters
+from moeops.runs.parameters import (
+    DEFAULT_PROFILE_STEPS,
+    MAX_PROFILE_STEPS,
+    MAX_ROUNDS,
+    Concurrency,
+    RunParameters,
+)
 from moeops.storable import MAX_SMALL_INT
 
 router = Router(tags=["runs"])
@@ -370,6 +376,26 @@ def run_cancel(request, ref: str):
     require_host(request, run.deployment.host)
     services.run_cancel(run=run)
     return _run_out(run)
+
+
+class ProfileAgainIn(In):
+    """Which level of a finished sweep to sweep again with a profiled pass."""
+
+    concurrency: Concurrency | None = Field(
+        None, description="one of the run's levels (default: its peak output tok/s level)"
+    )
+    steps: Annotated[int, Field(strict=True, ge=1, le=MAX_PROFILE_STEPS)] = DEFAULT_PROFILE_STEPS
+
+
+@router.post("/runs/{ref}/profile-again", auth=HostWrite(), response={201: RunOut})
+def run_profile_again(request, ref: str, payload: ProfileAgainIn):
+    """A new queued run of one level of this run's load, profiled after its rounds."""
+    run = lookups.get_run(ref)
+    require_host(request, run.deployment.host)
+    again, _ = services.run_profile_again(
+        run=run, concurrency=payload.concurrency, steps=payload.steps
+    )
+    return Status(201, _run_out(again))
 
 
 # --------------------------------------------------------------------------- levels

@@ -54,6 +54,7 @@ urlpatterns = [
         name="run-requests-csv",
     ),
     path("runs/<uuid:uuid>/cancel/", runs.run_cancel, name="run-cancel"),
+    path("runs/<uuid:uuid>/profile/", runs.run_profile_again, name="run-profile-again"),
     path("runs/<uuid:uuid>/profiles/upload/", runs.run_profile_upload, name="run-profile-upload"),
     path("tunes/<uuid:uuid>/", runs.tuning_detail, name="tuning-detail"),
     path("tunes/<uuid:uuid>/status.json", runs.tuning_status, name="tuning-status"),

@@ -12,6 +12,7 @@ from domain.capacity import MAX_BUDGET, MODES, search_problems
 from domain.intervals import MAX_ROUNDS
 from domain.levels import DEFAULT_PROMPTS_PER_STREAM, MAX_SEED
 from domain.queues import SWEEP_SOFT_LIMIT_S
+from domain.step_breakdown import DEFAULT_PROFILE_STEPS
 from moeops.storable import MAX_INT, storable_json
 
 # One sweep's numbers stay far below what a worker can hold in memory: a prompt of 2^24 tokens is
@@ -31,10 +32,8 @@ Concurrency = Annotated[int, Field(strict=True, ge=1, le=MAX_CONCURRENCY)]
 Tokens = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]
 Requests = Annotated[int, Field(strict=True, ge=0, le=MAX_REQUESTS)]
 Positive = Annotated[float, Field(gt=0, le=1e9)]
-# A profiled window of 40 engine steps is a few seconds of decode; 1,000 steps' traces run to
-# gigabytes on a rank of a large MoE.
+# 1,000 steps' traces run to gigabytes on a rank of a large MoE.
 MAX_PROFILE_STEPS = 1000
-DEFAULT_PROFILE_STEPS = 40
 
 
 class ProfileParameters(BaseModel):

@@ -22,8 +22,8 @@ from domain import requests as request_log
 from domain.intervals import ROUND_KEYS, level_of_rounds
 from domain.levels import MAX_SEED
 from domain.progress import HEARTBEAT_STALE_S, SweepProgress, attempt_of
+from domain.step_breakdown import DEFAULT_PROFILE_STEPS, StepBreakdown
 from domain.step_breakdown import LevelProfile as LevelProfileBody
-from domain.step_breakdown import StepBreakdown
 from domain.step_trace import TraceError, read_breakdown
 from moeops import jobs
 from moeops.celery import send_host_task
@@ -391,6 +391,34 @@ def run_record_observed(*, run, observed):
             SweepRun.objects.filter(pk=run.pk).update(snapshot=snapshot)
         run.snapshot = snapshot
     return bool(added)
+
+
+def run_profile_again(*, run, concurrency=None, steps=DEFAULT_PROFILE_STEPS):
+    """(the queued run, created) that sweeps one level of run's load again with a profiled pass
+    after its rounds: `concurrency`, or the run's peak level (its highest output tok/s), where
+    a plateau's step is the one to look inside. ValidationError naming the field: a run that no
+    worker swept, a capacity search, a concurrency the run did not sweep."""
+    if run.source != "worker" or not (run.parameters or {}).get("levels"):
+        raise ValidationError({"run": f"{run} was not swept by a worker: no load to repeat"})
+    if capacity.is_capacity(run.parameters):
+        raise ValidationError({"run": "a capacity search chooses its levels: profile a sweep"})
+    if concurrency is None:
+        measured = [lv for lv in run.levels.all() if lv.output_throughput is not None]
+        peak = max(measured, key=lambda lv: lv.output_throughput, default=None)
+        if peak is None:
+            raise ValidationError({"concurrency": f"{run} measured no level to profile"})
+        concurrency = peak.concurrency
+    if concurrency not in run.parameters["levels"]:
+        raise ValidationError(
+            {"concurrency": f"{run} swept {run.parameters['levels']}, not {concurrency}"}
+        )
+    load = {
+        **repeated_load(run.parameters),
+        "levels": [concurrency],
+        "profile": {"levels": [concurrency], "steps": steps},
+    }
+    label = f"{run.display_label()}: inside the step at {concurrency}"[:200]
+    return run_start(deployment=run.deployment, parameters=load, label=label)
 
 
 def run_cancel(*, run):

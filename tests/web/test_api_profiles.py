@@ -206,3 +206,50 @@ def test_what_jsonb_refuses_is_a_422_naming_its_place(world, where, value, said)
     assert answer.status_code == 422
     assert answer.json()["message"].endswith(f": {said}")
     assert not LevelProfile.objects.exists()
+
+
+def _finished_sweep(world):
+    world.deployment.endpoint_url = "http://127.0.0.1:30000"
+    world.deployment.save(update_fields=["endpoint_url"])
+    run = world.run(
+        status="succeeded",
+        source="worker",
+        label="plateau",
+        parameters={"levels": [8, 64], "input_len": 128, "output_len": 128, "seed": 3},
+    )
+    for concurrency, tok_s in ((8, 700.0), (64, 912.0)):
+        run.levels.create(
+            concurrency=concurrency, key=level_key(concurrency, None), output_throughput=tok_s
+        )
+    return run
+
+
+def test_profile_again_queues_one_level_of_the_load_profiled(world):
+    run = _finished_sweep(world)
+
+    response = world.owner.post(f"/api/v1/runs/{run.uuid}/profile-again", {"steps": 25})
+
+    assert response.status_code == 201, response.content
+    again = world.deployment.runs.exclude(pk=run.pk).get()
+    assert json.loads(response.content)["uuid"] == str(again.uuid)
+    assert (again.status, again.parameters["levels"]) == ("queued", [64])
+    assert again.parameters["profile"] == {"levels": [64], "steps": 25}
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({"concurrency": 32}, "concurrency", "swept [8, 64], not 32"),
+        ({"concurrency": 0}, "concurrency", "greater than or equal to 1"),
+        ({"steps": 100_000}, "steps", "less than or equal to 1000"),
+    ],
+)
+def test_profile_again_refuses_a_level_or_window_it_cannot_run(world, body, field, words):
+    run = _finished_sweep(world)
+
+    response = world.owner.post(f"/api/v1/runs/{run.uuid}/profile-again", body)
+
+    assert response.status_code in (400, 422)
+    text = response.content.decode()
+    assert field in text and words in text
+    assert world.deployment.runs.count() == 1

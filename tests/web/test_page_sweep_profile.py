@@ -7,7 +7,7 @@ import html
 import pytest
 
 from moeops.runs import services as run_services
-from moeops.runs.models import SweepRun
+from moeops.runs.models import SweepRun, level_key
 from tests import page_base as pb
 from tests.api_base import make_world
 
@@ -109,3 +109,59 @@ def test_the_api_names_parameters_profile_levels(db, monkeypatch):
     assert response.json()["detail"] == (
         "parameters.profile.levels: 128 is not among the sweep's levels (8, 64)"
     )
+
+
+def _swept(client, deployment, sent, django_capture_on_commit_callbacks, throughputs):
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(f"/deployments/{deployment.pk}/sweep/", FORM)
+    run = SweepRun.objects.get()
+    for concurrency, tok_s in throughputs.items():
+        run.levels.create(
+            concurrency=concurrency,
+            key=level_key(concurrency, None),
+            output_throughput=tok_s,
+            completed=128,
+        )
+    run.status = "succeeded"
+    run.save(update_fields=["status"])
+    sent.clear()
+    return run
+
+
+def test_look_inside_the_step_sweeps_the_peak_level_again_profiled(
+    client, deployment, sent, django_capture_on_commit_callbacks
+):
+    run = _swept(
+        client, deployment, sent, django_capture_on_commit_callbacks, {8: 900.0, 64: 912.0}
+    )
+    page = client.get(f"/runs/{run.uuid}/").content.decode()
+    assert "Look inside the step" in page
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(f"/runs/{run.uuid}/profile/", {"concurrency": ""})
+
+    again = SweepRun.objects.exclude(pk=run.pk).get()
+    assert response.url == f"/runs/{again.uuid}/"
+    assert again.parameters["levels"] == [64]
+    assert again.parameters["profile"] == {"levels": [64], "steps": 40}
+    # the same load otherwise, with prompts of its own
+    assert {k: again.parameters[k] for k in ("input_len", "output_len", "warmup")} == {
+        "input_len": 128,
+        "output_len": 128,
+        "warmup": 8,
+    }
+    assert again.parameters["seed"] != run.parameters["seed"]
+    assert again.label == "profiled: inside the step at 64"
+    ((name, _, kwargs),) = sent
+    assert (name, kwargs["profile"]) == ("run_sweep", {"levels": [64], "steps": 40})
+
+
+def test_look_inside_the_step_at_a_level_the_run_did_not_sweep_says_so(
+    client, deployment, sent, django_capture_on_commit_callbacks
+):
+    run = _swept(client, deployment, sent, django_capture_on_commit_callbacks, {8: 900.0})
+
+    response = client.post(f"/runs/{run.uuid}/profile/", {"concurrency": "32"}, follow=True)
+
+    assert SweepRun.objects.count() == 1
+    assert "swept [8, 64], not 32" in html.unescape(response.content.decode())

@@ -335,6 +335,8 @@ def _run_page(request, run, upload_form=None, status=200):
         "workload": _workload_sent(run),
         "engine_paths": EnginePaths.read(run.recorded().engine_paths) if run.snapshot else None,
         # read only where the run's row says there are some: a run without costs no query
+        # the concurrencies "Look inside the step" may sweep again
+        "concurrencies": sorted({level.concurrency for level in levels}),
         "profile_panels": [profile_panel(p) for p in run.profiles.shown()] if run.profiled else [],
         "upload_form": upload_form or TraceUploadForm(),
         "turns": [
@@ -502,6 +504,26 @@ def run_cancel(request, uuid):
                 "level finished by then is kept.",
             )
     return redirect("run-detail", uuid=run.uuid)
+
+
+@login_required
+@require_POST
+def run_profile_again(request, uuid):
+    """Sweep one level of the run's load again with a profiled pass (its peak level unless
+    the form names a concurrency); the new run's page follows it."""
+    run = _run_or_404(uuid)
+    concurrency = request.POST.get("concurrency", "")
+    try:
+        again, _ = run_services.run_profile_again(
+            run=run, concurrency=int(concurrency) if concurrency.isdigit() else None
+        )
+    except ValidationError as exc:
+        for errors in exc.message_dict.values():
+            for error in errors:
+                messages.error(request, error[:1].upper() + error[1:])
+        return redirect("run-detail", uuid=run.uuid)
+    messages.success(request, f"{again.display_label()}: queued.")
+    return redirect("run-detail", uuid=again.uuid)
 
 
 def tuning_figures(tuning, timings):
