@@ -4,15 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('engines', '0004_action_kinds_bisect_restore'),
+        ("engines", "0004_action_kinds_bisect_restore"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='engineaction',
-            name='kind',
-            field=models.CharField(choices=[('restart', 'Restart with the newest recipe'), ('restart_with_args', 'Restart with changed arguments'), ('restart_with_profiler', 'Restart with profiling available'), ('apply_config', 'Apply a kernel config'), ('revert', 'Revert to the previous recipe'), ('bisect', 'Bisection step'), ('restore', 'Restore the recipe in force before a bisection')], max_length=30),
+            model_name="engineaction",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("restart", "Restart with the newest recipe"),
+                    ("restart_with_args", "Restart with changed arguments"),
+                    ("restart_with_profiler", "Restart with profiling available"),
+                    ("apply_config", "Apply a kernel config"),
+                    ("revert", "Revert to the previous recipe"),
+                    ("bisect", "Bisection step"),
+                    ("restore", "Restore the recipe in force before a bisection"),
+                ],
+                max_length=30,
+            ),
         ),
     ]
