@@ -16,14 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import triton
-import triton.language as tl
 
 from domain.step_trace import read_breakdown
 from tests.engine import engine_source
 from tuning.backends import load_backend
 from tuning.search import KernelShape
-from tuning.timing import make_weights, random_routing
 
 pytestmark = pytest.mark.gpu
 
@@ -48,15 +45,25 @@ STEP_NAME = f"execute_context_0(0)_generation_{TOKENS}({TOKENS})"
 TOLERANCE = 0.05
 
 
-@triton.jit
-def rms_norm_kernel(x_ptr, w_ptr, out_ptr, H, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < H
-    x = tl.load(x_ptr + row * H + offs, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.rsqrt(tl.sum(x * x, 0) / H + eps)
-    tl.store(out_ptr + row * H + offs, (x * scale * w).to(out_ptr.dtype.element_ty), mask=mask)
+def rms_norm_kernel():
+    """An RMSNorm kernel named as vLLM's. Triton (and tuning.timing, which imports it) is
+    imported in the functions, not with the module: without a GPU, the kernel tests collected
+    beside this one need their interpreter set before Triton's first import
+    (tests/interpreted.py)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rms_norm_kernel(x_ptr, w_ptr, out_ptr, H, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < H
+        x = tl.load(x_ptr + row * H + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.rsqrt(tl.sum(x * x, 0) / H + eps)
+        tl.store(out_ptr + row * H + offs, (x * scale * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+    return rms_norm_kernel
 
 
 def join_one_rank():
@@ -83,6 +90,11 @@ def parts():
 
 def build_parts():
     """The step's parts by class: each a callable that launches that part's kernels."""
+    import triton.language as tl
+
+    from tuning.timing import make_weights, random_routing
+
+    norm_kernel = rms_norm_kernel()
     backend = load_backend("vllm", source_dir=engine_source("vllm", "0.34.0"))
     torch.manual_seed(0)
     x = torch.randn((TOKENS, SHAPE.H), device="cuda", dtype=torch.bfloat16)
@@ -119,7 +131,7 @@ def build_parts():
     reduced = torch.randn((WIDE_ROWS, SHAPE.H), device="cuda", dtype=torch.bfloat16)
 
     def norm():
-        rms_norm_kernel[(WIDE_ROWS,)](wide, norm_w, wide_normed, SHAPE.H, 1e-6, BLOCK=SHAPE.H)
+        norm_kernel[(WIDE_ROWS,)](wide, norm_w, wide_normed, SHAPE.H, 1e-6, BLOCK=SHAPE.H)
 
     def attention():
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
