@@ -151,6 +151,10 @@ def _is_trace_name(name: str) -> bool:
     return name.endswith((".json.gz", ".json"))
 
 
+# characters of a zip member's name kept on disk (file systems take 255 bytes)
+MAX_NAME = 120
+
+
 def _unzip(archive: Path, scratch: Path, max_bytes: int) -> list[tuple[Path, str]]:
     try:
         with zipfile.ZipFile(archive) as zipped:
@@ -174,13 +178,20 @@ def _unzip(archive: Path, scratch: Path, max_bytes: int) -> list[tuple[Path, str
                         f"{shown}: inflates {member.file_size // max(member.compress_size, 1)}"
                         " times its packed size: refused as a zip bomb"
                     )
-                target = scratch / f"{len(files)}-{PurePosixPath(*parts).name}"
+                name = PurePosixPath(*parts).name
+                # a name past what the file system takes keeps its start (the rank) and its end
+                # (the suffix); the breakdown names the member as the archive does
+                if len(name) > MAX_NAME:
+                    name = f"{name[: MAX_NAME // 2]}…{name[-MAX_NAME // 2 :]}"
+                target = scratch / f"{len(files)}-{name}"
                 # zipfile stops a member at its declared size, checked above
                 with zipped.open(member) as source, open(target, "wb") as out:
                     shutil.copyfileobj(source, out, 1 << 20)
                 files.append((target, shown))
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
         raise TraceError(f"{archive}: not a readable zip ({exc})") from None
+    except OSError as exc:
+        raise TraceError(f"{archive}: could not unpack it here ({exc.strerror})") from None
     if not files:
         raise TraceError(f"{archive}: no trace files (*.json.gz, *.json) in this archive")
     return files

@@ -89,6 +89,20 @@ def test_it_reads_a_zip_of_the_window(tmp_path):
     assert breakdown.ranks[0].kind("decode").steps == 19
 
 
+def test_it_reads_a_zip_member_whose_name_no_file_system_takes(tmp_path):
+    archive = tmp_path / "window.zip"
+    long_name = f"{TP1_RANK.name[: -len('.pt.trace.json.gz')]}.{'x' * 300}.pt.trace.json.gz"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.write(TP1_RANK, long_name)
+
+    breakdown = read_breakdown(archive)
+
+    (rank,) = breakdown.ranks
+    # the member as the archive names it (the contract keeps a name's last 400 characters)
+    assert f"{archive}:{long_name}".endswith(rank.file)
+    assert (rank.rank, rank.kind("decode").steps) == (0, 19)
+
+
 def test_it_keeps_the_first_steps_of_a_long_window(monkeypatch):
     monkeypatch.setattr("domain.step_trace.MAX_STEPS", 5)
     breakdown = read_breakdown(TP1_RANK)
