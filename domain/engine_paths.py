@@ -18,6 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from domain.step_breakdown import StepBreakdown, top_names, unfused_all_reduce
+
 SOURCES = ("report", "log", "source")
 STATES = ("on", "off", "fell_back", "depends", "unknown")
 STATE_WORDS = {
@@ -53,15 +55,18 @@ _SOURCE_RANK = {"log": 3, "report": 2, "source": 1}
 
 
 class Evidence(BaseModel):
-    """One source's word on a path. source: report | log | source; text: the reported key and
-    value, the log line as the engine wrote it, or the function's answer; at: the log line's
-    time ("12-06 04:53:44", as vLLM stamps it); where: the key, "engine.log line 49", or
-    "vllm/config/vllm.py enable_allreduce_rms_fusion, vLLM 0.32.0"."""
+    """One source's word on a path. source: report | log | source | profile; text: the reported
+    key and value, the log line as the engine wrote it, the function's answer, or the kernels a
+    profiled window ran; at: the log line's time ("12-06 04:53:44", as vLLM stamps it); where:
+    the key, "engine.log line 49", "vllm/config/vllm.py enable_allreduce_rms_fusion, vLLM
+    0.32.0" or "profile at concurrency 64"; verdict: whether a profile's kernels confirm or
+    contradict the row's state (None: they say neither)."""
 
-    source: Literal["report", "log", "source"]
+    source: Literal["report", "log", "source", "profile"]
     text: str
     at: str | None = None
     where: str = ""
+    verdict: Literal["confirms", "contradicts"] | None = None
 
 
 class PathRow(BaseModel):
@@ -586,3 +591,69 @@ def _decision(row: PathRow | None) -> str:
     if row is None:
         return "not evaluated"
     return row.value or row.state_words
+
+
+# --------------------------------------------------------------------------- a profile's word
+
+# The class of a step whose kernels show each path at work (domain.step_breakdown).
+PROFILED_CLASS = {
+    "allreduce": "communication",
+    "custom_allreduce": "communication",
+    "allreduce_rms_fusion": "communication",
+    "moe_backend": "moe",
+    "moe_kernel": "moe",
+    "attention_backend": "attention",
+}
+# Words of a path's value and the kernel or op names that show that implementation running.
+IMPLEMENTATION_NAMES = (
+    ("shared memory", ("shm_",)),
+    ("custom", ("cross_device_reduce",)),
+    ("nccl", ("nccl", "onerankreduce")),
+    ("cpu", ("cpu_fused_moe", "cpu_attention", "_c::cpu")),
+    ("triton", ("fused_moe_kernel",)),
+    ("flash_attn", ("flash_fwd", "flash::")),
+    ("flashinfer", ("batchdecode", "batchprefill", "flashinfer")),
+)
+
+
+def with_profile(
+    paths: EnginePaths, breakdown: StepBreakdown, where: str, kind: str = "decode"
+) -> EnginePaths:
+    """paths with each row the profiled window bears on given the window's word (Evidence of
+    source "profile"): the kernels its class ran in a `kind` step, and whether they confirm or
+    contradict the row's state. breakdown: a domain.step_breakdown.StepBreakdown; where: "profile
+    at concurrency 64"."""
+    rows = []
+    for row in paths.rows:
+        klass = PROFILED_CLASS.get(row.key)
+        share = breakdown.mean_share(kind, klass) if klass else None
+        if share is None:
+            rows.append(row)
+            continue
+        names = top_names(breakdown, klass, kind)
+        ran = ", ".join(names[:3]) or "no kernel"
+        text = f"the window's {klass} in a {kind} step: {ran} ({share:.0%} of the step)"
+        verdict = _profile_verdict(row, names, unfused_all_reduce(breakdown, kind))
+        evidence = Evidence(source="profile", text=text, where=where, verdict=verdict)
+        rows.append(row.model_copy(update={"evidence": [*row.evidence, evidence]}))
+    return paths.model_copy(update={"rows": rows})
+
+
+def _profile_verdict(row: PathRow, names: list[str], unfused) -> str | None:
+    lowered = [n.lower() for n in names]
+    if row.key == "allreduce_rms_fusion":
+        fused = any("fusion" in n or "fused" in n for n in lowered)
+        if row.state == "on":
+            return "confirms" if fused else ("contradicts" if unfused else None)
+        if row.state == "off":
+            return "confirms" if unfused else ("contradicts" if fused else None)
+        return None
+    if row.key == "allreduce" and row.state == "off":
+        return "contradicts" if names else "confirms"
+    value = (row.value or "").lower()
+    for words, kernel_names in IMPLEMENTATION_NAMES:
+        if words in value:
+            seen = any(k in n for n in lowered for k in kernel_names)
+            if row.state in ("on", "fell_back"):
+                return "confirms" if seen else ("contradicts" if names else None)
+    return None

@@ -175,3 +175,37 @@ def breakdown_changes(
         share_a, share_b = a.mean_share(kind, name), b.mean_share(kind, name)
         rows.append((name, share_a, share_b, (share_b - share_a) * 100))
     return rows
+
+
+# Names that say a kernel is an all-reduce (vLLM's custom one is cross_device_reduce_1stage or
+# _2stage, NCCL's ncclDevKernel_AllReduce_…, NCCL's one-rank oneRankReduce, the CPU build's
+# _C::shm_allreduce), an RMSNorm, or both fused in one.
+ALL_REDUCE_WORDS = ("allreduce", "all_reduce", "all-reduce", "cross_device_reduce", "onerankreduce")
+RMS_NORM_WORDS = ("rmsnorm", "rms_norm")
+FUSED_WORDS = ("fusion", "fused", "rms", "norm")
+
+
+def top_names(breakdown: StepBreakdown, name: str, kind: str = "decode") -> list[str]:
+    """The top kernel or op names of one class in a `kind` step, over every rank, longest
+    first and each once."""
+    timed = {}
+    for rank in breakdown.ranks:
+        step = rank.kind(kind)
+        for c in step.classes if step else ():
+            if c.name == name:
+                for top in c.top:
+                    timed[top.name] = max(timed.get(top.name, 0.0), top.time_us)
+    return sorted(timed, key=timed.get, reverse=True)
+
+
+def unfused_all_reduce(breakdown: StepBreakdown, kind: str = "decode") -> tuple[str, str] | None:
+    """(all-reduce name, RMSNorm name) when a `kind` step's top names hold an all-reduce kernel
+    and a separate RMSNorm kernel and no communication kernel that names a fusion; else None."""
+    comms = top_names(breakdown, "communication", kind)
+    norms = top_names(breakdown, "norm", kind)
+    reduce = next((n for n in comms if any(w in n.lower() for w in ALL_REDUCE_WORDS)), None)
+    norm = next((n for n in norms if any(w in n.lower() for w in RMS_NORM_WORDS)), None)
+    fused = any(any(w in n.lower() for w in FUSED_WORDS) for n in comms)
+    if reduce is None or norm is None or fused:
+        return None
+    return reduce, norm

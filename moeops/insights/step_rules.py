@@ -9,7 +9,7 @@ proposes nothing. The profiled pass is never a level round: its throughput feeds
 analysis.analyze() applies these after its own RULES.
 """
 
-from domain.step_breakdown import CLASSES
+from domain.step_breakdown import CLASSES, top_names, unfused_all_reduce
 from moeops.insights import analysis
 
 # Host-bound: the GPUs idle at least this share of a decode step between kernels. A decode step
@@ -25,12 +25,6 @@ MOE_BOUND = 0.40
 # Attention-bound: attention kernels take at least this share of a decode step. 8,600 µs of
 # paged attention in 20,000 µs is 43 %: at long contexts the KV reads dominate the step.
 ATTENTION_BOUND = 0.40
-
-# Names that say a kernel is an all-reduce (vLLM's custom one is cross_device_reduce_1stage or
-# _2stage, NCCL's ncclDevKernel_AllReduce_…), an RMSNorm, or both fused in one.
-ALL_REDUCE_WORDS = ("allreduce", "all_reduce", "all-reduce", "cross_device_reduce")
-RMS_NORM_WORDS = ("rmsnorm", "rms_norm")
-FUSED_WORDS = ("fusion", "fused", "rms", "norm")
 
 KIND = "decode"
 
@@ -53,18 +47,6 @@ def _percent(share):
     return f"{share * 100:.0f} %"
 
 
-def _top_names(breakdown, name):
-    """The top names of class `name` in a decode step, over every rank, longest first, once."""
-    found = {}
-    for rank in breakdown.ranks:
-        kind = rank.kind(KIND)
-        for c in kind.classes if kind else ():
-            if c.name == name:
-                for top in c.top:
-                    found[top.name] = max(found.get(top.name, 0.0), top.time_us)
-    return [n for n, _ in sorted(found.items(), key=lambda item: -item[1])]
-
-
 def _evidence(profile, breakdown, threshold, **extra):
     """What every step finding rests on: the level, the decode step's class shares (mean over
     the ranks), the steps counted per kind, the top names of each class and a bar chart."""
@@ -82,7 +64,7 @@ def _evidence(profile, breakdown, threshold, **extra):
         "steps_counted": steps,
         "ranks": len(breakdown.ranks),
         "device": breakdown.ranks[0].device,
-        "top": {c: names[:3] for c in CLASSES if (names := _top_names(breakdown, c))},
+        "top": {c: names[:3] for c in CLASSES if (names := top_names(breakdown, c, KIND))},
         **extra,
         "chart": {
             "type": "bar",
@@ -121,20 +103,6 @@ def host_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
     return proposals
 
 
-def _unfused_all_reduce(breakdown):
-    """(all-reduce name, RMSNorm name) when the decode step's top names hold an all-reduce
-    kernel and a separate RMSNorm kernel, and no communication kernel that names a fusion;
-    else None."""
-    comms = _top_names(breakdown, "communication")
-    norms = _top_names(breakdown, "norm")
-    reduce = next((n for n in comms if any(w in n.lower() for w in ALL_REDUCE_WORDS)), None)
-    norm = next((n for n in norms if any(w in n.lower() for w in RMS_NORM_WORDS)), None)
-    fused = any(any(w in n.lower() for w in FUSED_WORDS) for n in comms)
-    if reduce is None or norm is None or fused:
-        return None
-    return reduce, norm
-
-
 def communication_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
     """Collectives take COMMUNICATION_BOUND or more of a decode step; where the top names show
     an all-reduce and a separate RMSNorm kernel, the fused all-reduce + norm is not running."""
@@ -146,7 +114,7 @@ def communication_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
         where, pct = _level_words(profile), _percent(share)
         text = f"Communication between the ranks takes {pct} of each decode step at {where}."
         plan = [f"Cut the all-reduce time of a decode step at {where}"]
-        unfused = _unfused_all_reduce(breakdown)
+        unfused = unfused_all_reduce(breakdown, KIND)
         if unfused is not None:
             text += (
                 f" The step's top kernels hold an all-reduce ({unfused[0]}) and a separate "

@@ -100,3 +100,30 @@ def test_the_panel_costs_one_query(client, sweep, django_assert_max_num_queries)
     pb.telemetry(sweep, gpus=8, seconds=600)
     with django_assert_max_num_queries(16):
         assert client.get(f"/runs/{sweep.uuid}/").status_code == 200
+
+
+def test_the_engine_paths_carry_the_profiles_word_beside_the_others(client):
+    pb.sign_in(client)
+    paths = {
+        "engine": "vllm",
+        "version": "0.32.0",
+        "tp": 2,
+        "rows": [
+            {
+                "key": "allreduce",
+                "state": "on",
+                "value": "shared memory (CPU build)",
+                "reason": "the CPU build all-reduces over 2 ranks in shared memory",
+            }
+        ],
+    }
+    run = pb.run(pb.deployment(), levels=LEVELS, snapshot={"engine_paths": paths})
+    top = {"communication": [("_C::shm_allreduce", 5000.0)]}
+    body = sb.captured(64, breakdown=sb.breakdown(kinds=[sb.kind(top=top)]).model_dump())
+    services.profile_record(run=run, body=body, source="upload")
+
+    html = _page(client, run)
+
+    assert "the window&#x27;s communication in a decode step: _C::shm_allreduce (12% of" in html
+    assert '<strong class="verdict verdict-confirms">confirms it</strong>' in html
+    assert "(profile at concurrency 64)" in html

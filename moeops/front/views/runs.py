@@ -20,7 +20,7 @@ from django.views.decorators.http import require_POST
 
 from domain import launch
 from domain import requests as request_log
-from domain.engine_paths import EnginePaths
+from domain.engine_paths import EnginePaths, with_profile
 from domain.intervals import INTERVAL_KEYS, ONE_ROUND
 from domain.workloads import spec_label
 from moeops.front import capacity, charts, series
@@ -313,6 +313,8 @@ def _run_page(request, run, upload_form=None, status=200):
     # a running sweep's empty charts fill in (hidden until they do); a finished one's stay
     # empty, so they are named
     drawn = {k for k, fig in figures.items() if fig["data"] or not run.is_finished}
+    # read only where the run's row says there are some: a run without costs no query
+    profiles = list(run.profiles.shown()) if run.profiled else []
     ctx = {
         **table,
         "nav": "runs",
@@ -333,11 +335,10 @@ def _run_page(request, run, upload_form=None, status=200):
         "all_failed": [(level, why) for level in levels if (why := level.all_failed_with())],
         "requests_logged": RequestLog.objects.filter(level__run=run).aggregate(n=Sum("count"))["n"],
         "workload": _workload_sent(run),
-        "engine_paths": EnginePaths.read(run.recorded().engine_paths) if run.snapshot else None,
-        # read only where the run's row says there are some: a run without costs no query
+        "engine_paths": _engine_paths(run, profiles),
         # the concurrencies "Look inside the step" may sweep again
         "concurrencies": sorted({level.concurrency for level in levels}),
-        "profile_panels": [profile_panel(p) for p in run.profiles.shown()] if run.profiled else [],
+        "profile_panels": [profile_panel(p) for p in profiles],
         "upload_form": upload_form or TraceUploadForm(),
         "turns": [
             (level, level.raw["ttft_by_turn"])
@@ -374,6 +375,17 @@ def run_profile_upload(request, uuid):
             messages.success(request, f"{said} {upload.name} at concurrency {profile.concurrency}.")
             return redirect(f"{reverse('run-detail', args=[run.uuid])}#profile-{profile.pk}")
     return _run_page(request, run, upload_form=form, status=400)
+
+
+def _engine_paths(run, profiles):
+    """The run's engine paths (domain.engine_paths), each with the word of its first captured
+    profile where it bears on the path (the kernels it ran confirm or contradict it)."""
+    paths = EnginePaths.read(run.recorded().engine_paths) if run.snapshot else None
+    captured = next((p for p in profiles if p.status == "captured"), None)
+    if paths is None or captured is None:
+        return paths
+    where = f"profile at concurrency {captured.concurrency}"
+    return with_profile(paths, captured.step_breakdown(), where)
 
 
 def _workload_sent(run):
