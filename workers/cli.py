@@ -9,6 +9,7 @@ exits non-zero with one line on stderr.
     python -m workers.cli runs --deployment glm-5-sglang
     python -m workers.cli push-workload chats --dataset chats.jsonl
     python -m workers.cli sweep --deployment glm-5-sglang --levels 8,16 --workload chats
+    python -m workers.cli sweep --deployment glm-5-vllm --levels 8,16 --profile-levels 16
     python -m workers.cli step-breakdown ./traces --json
 
 step-breakdown reads torch-profiler traces on this machine and needs neither the API nor a token.
@@ -124,6 +125,14 @@ def sweep(client, args):
         parameters["prompts_per_level"] = args.prompts_per_level
     if args.workload:
         parameters["workload"] = args.workload
+    if args.profile_levels:
+        try:
+            profiled = [int(c) for c in args.profile_levels.split(",") if c.strip()]
+        except ValueError:
+            raise CliError(
+                f"--profile-levels: comma-separated concurrencies, got {args.profile_levels!r}"
+            ) from None
+        parameters["profile"] = {"levels": profiled, "steps": args.profile_steps}
     run = client.create_run(
         args.deployment, label=args.label, parameters=parameters, start=True, source="worker"
     )
@@ -313,6 +322,14 @@ def build_parser():
     command.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     command.add_argument("--workload", help='a workload\'s name, "name v3" or id')
     command.add_argument("--label", default="")
+    command.add_argument(
+        "--profile-levels",
+        help="levels to run once more after their rounds with the engine's profiler recording "
+        "(README: inside the engine's step), e.g. 16",
+    )
+    command.add_argument(
+        "--profile-steps", type=int, default=40, help="engine steps a profiled window records"
+    )
     command.set_defaults(handler=sweep)
 
     command = commands.add_parser(

@@ -238,3 +238,17 @@ def test_sweep_queues_a_run_that_names_the_workload(world, capsys, tmp_path):
     assert out.strip() == f"run {run.pk} ({run.uuid}) queued on rtx-pro-6000"
     assert run.parameters["workload"]["name"] == "spread"
     assert run.snapshot["workload"]["version"] == 1
+
+
+def test_sweep_asks_for_a_profiled_level_and_a_level_it_does_not_run_is_refused(world, capsys):
+    world.deployment.endpoint_url = "http://127.0.0.1:30000"
+    world.deployment.save()
+    base = ["sweep", "--deployment", "glm-5-sglang", "--levels", "8,16"]
+
+    code, _, err = _run([*base, "--profile-levels", "16", "--profile-steps", "25"], capsys)
+    refused, _, refusal = _run([*base, "--profile-levels", "32"], capsys)
+
+    assert code == 0, err
+    assert SweepRun.objects.get().parameters["profile"] == {"levels": [16], "steps": 25}
+    assert refused == 1 and "profile" in refusal and "32" in refusal
+    assert len(refusal.strip().splitlines()) == 1
