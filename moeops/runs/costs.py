@@ -5,6 +5,9 @@ from dataclasses import dataclass
 
 from domain.cost import Figure, cost_per_million_output_tokens, energy_per_output_token
 
+# why an imported file's per-GPU figures and cost are unknown
+GPUS_UNSTATED = "the result file does not say how many GPUs it ran on"
+
 
 @dataclass(frozen=True)
 class LevelCost:
@@ -26,6 +29,8 @@ def level_costs(run, levels, num_gpus, power=None):
     num_gpus: run.measured_gpu_count(), which the callers have at hand; power: run.level_power
     (levels) where the caller read it already (front.series.gpu_series reads it too)."""
     host = run.deployment.host
+    # a file measured elsewhere: the host's GPUs are not the ones it ran on
+    unstated = run.source == "import" and not num_gpus
     power = run.level_power(levels) if power is None else power
     no_power = _no_power_reason(run)
     costs = {}
@@ -33,10 +38,10 @@ def level_costs(run, levels, num_gpus, power=None):
         energy = energy_per_output_token(power.get(level.key), level.output_throughput)
         if level.key not in power:
             energy = Figure(None, energy.unit, no_power)
-        costs[level.key] = LevelCost(
-            cost=cost_per_million_output_tokens(
-                host.price_per_gpu_hour, host.currency, num_gpus, level.output_throughput
-            ),
-            energy=energy,
+        cost = cost_per_million_output_tokens(
+            host.price_per_gpu_hour, host.currency, num_gpus, level.output_throughput
         )
+        if unstated:
+            cost = Figure(None, cost.unit, GPUS_UNSTATED)
+        costs[level.key] = LevelCost(cost=cost, energy=energy)
     return costs

@@ -471,37 +471,62 @@ def _name(value):
     return value.strip() if isinstance(value, str) and value.strip() else None
 
 
+def _servers(info) -> list[dict]:
+    """The servers a server_info describes: itself, or, for a prefill/decode-disaggregated
+    run, each server of its "prefill" and "decode" lists (the top level then names none)."""
+    split = [
+        s for part in ("prefill", "decode") for s in info.get(part) or () if isinstance(s, dict)
+    ]
+    return split or ([info] if info else [])
+
+
+def _server_gpus(info):
+    tp, pp, dp = _size(info.get("tp_size")), _size(info.get("pp_size")), _size(info.get("dp_size"))
+    if not tp:
+        return None
+    return tp * (pp or 1) * (1 if info.get("enable_dp_attention") else (dp or 1))
+
+
+def _one(values):
+    """The value all servers agree on, else None."""
+    values = set(values)
+    return values.pop() if len(values) == 1 else None
+
+
 def stated_facts(levels, fmt) -> dict:
     """What the file says it measured: {"model", "model_names", "engine", "engine_version",
     "tp", "ep", "gpu_count"}, None (model_names: []) where it does not say.
 
     SGLang's server_info gives the model path, served name, parallel sizes and version; the
-    GPUs are tp × pp, times dp unless DP attention runs inside the TP group. vLLM's files name
-    the model the client asked for (model_id) and, in 0.4.0, the version passed to it.
+    GPUs are tp × pp, times dp unless DP attention runs inside the TP group. A
+    prefill/decode-disaggregated run's server_info holds them per server in "prefill" and
+    "decode" lists: the GPUs are the servers' sum, TP and version what they all agree on
+    (versions that differ are listed). vLLM's files name the model the client asked for
+    (model_id) and, in 0.4.0, the version passed to it; never their GPUs.
     """
     first = levels[0]["raw"] if levels else {}
     info = first.get("server_info") if fmt == "sglang" else None
     info = info if isinstance(info, dict) else {}
-    names = [_name(first.get("model_id")), _name(info.get("model_path"))]
-    names.append(_name(info.get("served_model_name")))
+    servers = _servers(info)
+    names = [_name(first.get("model_id"))]
+    for server in servers:
+        names += [_name(server.get("model_path")), _name(server.get("served_model_name"))]
     names = list(dict.fromkeys(n for n in names if n))
     backend = first.get("backend")
     engine = "sglang" if info else (backend if backend in ("sglang", "vllm") else None)
-    version = _name(info.get("version")) if info else None
+    versions = list(dict.fromkeys(_name(s.get("version")) for s in servers))
+    version = " / ".join(v for v in versions if v) or None
     if fmt == "vllm" and backend == "vllm" and _name(first.get("version")) not in (None, "N/A"):
         version = _name(first.get("version"))
-    tp, pp, dp = _size(info.get("tp_size")), _size(info.get("pp_size")), _size(info.get("dp_size"))
-    gpu_count = None
-    if tp:
-        gpu_count = tp * (pp or 1) * (1 if info.get("enable_dp_attention") else (dp or 1))
+    gpus = [_server_gpus(s) for s in servers]
     return {
         "model": names[0] if names else None,
         "model_names": names,
         "engine": engine,
         "engine_version": version,
-        "tp": tp,
-        "ep": _size(info.get("ep_size")),
-        "gpu_count": gpu_count,
+        "tp": _one(_size(s.get("tp_size")) for s in servers),
+        "ep": _one(_size(s.get("ep_size")) for s in servers),
+        "gpu_count": sum(gpus) if gpus and None not in gpus else None,
     }
 
 

@@ -214,9 +214,12 @@ class SweepRun(Job, models.Model):
         return self.recorded().stated_gpu_count
 
     def measured_gpu_count(self):
-        """GPUs the run's per-GPU figures divide by: the count its result file states, else
-        the deployment's (Deployment.num_gpus)."""
-        return self.stated_gpu_count or self.deployment.num_gpus()
+        """GPUs the run's per-GPU figures divide by: an imported file's the count it states
+        (None where it states none: it was measured elsewhere), else the deployment's
+        (Deployment.num_gpus)."""
+        if self.source == "import":
+            return self.stated_gpu_count
+        return self.deployment.num_gpus()
 
     @property
     def engine_answered(self):

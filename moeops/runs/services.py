@@ -759,9 +759,13 @@ def engine_samples_record(*, run, batch_id, samples):
     )
 
 
+# an imported file's model where the file names none: never the deployment's
+UNNAMED_MODEL = "an unnamed model"
+
+
 def _served(model, tp, gpus, engine, version):
     """ "GLM-5 at TP8 (8 GPUs) on SGLang 0.5.5" of what is known."""
-    text = model or "an unnamed model"
+    text = model or UNNAMED_MODEL
     if tp:
         text += f" at TP{tp}"
     if gpus:
@@ -777,7 +781,8 @@ def _import_mismatch(deployment, stated):
     names = [deployment.model.name, deployment.model.hf_repo_id, deployment.served_model_name]
     gpus = deployment.num_gpus()
     differences = []
-    if stated["model_names"] and not importers.same_model(stated["model_names"], names):
+    # a file that names no model is never filed as the deployment's
+    if not importers.same_model(stated["model_names"], names):
         differences.append("model")
     if stated["tp"] and stated["tp"] != deployment.tp:
         differences.append("TP")
@@ -808,9 +813,10 @@ def _import_mismatch(deployment, stated):
     return importers.ResultFileMismatch(sentence, differences)
 
 
-def _import_snapshot(deployment, levels, fmt, file_name, stated, other_model):
+def _import_snapshot(deployment, levels, fmt, file_name, stated, mismatch):
     """The imported run's snapshot: the deployment as recorded, with the model, parallelism,
-    GPU count, engine and version the file states in place of the deployment's."""
+    GPU count, engine and version the file states in place of the deployment's, and the
+    differences a confirmed mismatch had (file.mismatch)."""
     snapshot = snapshots.initial_snapshot(
         deployment=deployment, parameters={}, topology=None, source="import"
     )
@@ -819,8 +825,10 @@ def _import_snapshot(deployment, levels, fmt, file_name, stated, other_model):
         snapshot["engine"] = engine
     snapshot["file"]["stated"] = {k: v for k, v in stated.items() if k != "model_names"}
     record = snapshot["deployment"]
-    if other_model:
-        snapshot["file"]["other_model"] = stated["model"]
+    if mismatch is not None:
+        snapshot["file"]["mismatch"] = mismatch.differences
+    if mismatch is not None and "model" in mismatch.differences:
+        snapshot["file"]["other_model"] = stated["model"] or UNNAMED_MODEL
         record.update({key: stated.get(key) for key in snapshots.SERVING_KEYS})
         # the deployment's MoE shape and GPUs are not the other model's
         snapshot["kernel_shape"] = None
@@ -829,7 +837,8 @@ def _import_snapshot(deployment, levels, fmt, file_name, stated, other_model):
         # the same model keeps the deployment's name for it: compared runs differ in no model
         serving = {k: v for k, v in stated.items() if k in snapshots.SERVING_KEYS and k != "model"}
         record.update({k: v for k, v in serving.items() if v is not None})
-        if stated["gpu_count"] and stated["gpu_count"] != len(record["gpus"]):
+        # GPUs the file does not state (vLLM's never does) are not the host's
+        if stated["gpu_count"] != len(record["gpus"]):
             record["gpus"] = []
     return snapshot
 
@@ -858,13 +867,12 @@ def run_import(
     mismatch = _import_mismatch(deployment, stated)
     if mismatch is not None and not accept_mismatch:
         raise mismatch
-    other_model = mismatch is not None and "model" in mismatch.differences
     now = timezone.now()
     # the file's levels are its rows; "levels" is a sweep's list of concurrencies, not a count
     parameters = parameters_checked(
         {"format": fmt, "file_name": file_name, "import_sha256": digest}
     )
-    snapshot = _import_snapshot(deployment, levels, fmt, file_name, stated, other_model)
+    snapshot = _import_snapshot(deployment, levels, fmt, file_name, stated, mismatch)
     with transaction.atomic():
         run = SweepRun.objects.create(
             deployment=deployment,

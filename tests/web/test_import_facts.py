@@ -3,6 +3,7 @@ engine and version. A file that disagrees with its deployment is refused unless 
 one of another model feeds none of the deployment's estimates, headlines or comparisons."""
 
 import copy
+import json
 
 import pytest
 
@@ -133,3 +134,48 @@ def test_a_file_of_another_model_makes_no_finding_of_the_deployment(world):
     run, _ = _import(world.deployment, accept_mismatch=True)
     assert insights.run_analyze(run=run) == []
     assert not Finding.objects.exists()
+
+
+# SGLang prefill/decode: server_info holds "prefill" and "decode" lists, one server each
+# (Qwen/Qwen2.5-3B-Instruct at TP1; SGLang 0.5.5.post3 prefilling, 0.5.6 decoding)
+PD = (RESULTS / "TonyLi15-sglang-benchmark__pd_1p2d_n100_in512_out128_c64.jsonl").read_text()
+
+
+def test_a_prefill_decode_file_is_refused_saying_what_its_servers_measured(world):
+    with pytest.raises(ResultFileMismatch) as caught:
+        _import(world.deployment, PD, file_name="pd.jsonl")
+    assert str(caught.value) == (
+        "the file measured Qwen/Qwen2.5-3B-Instruct at TP1 (2 GPUs) on SGLang 0.5.5.post3 / "
+        "0.5.6; the deployment glm-5-sglang serves GLM-5 at TP8 (8 GPUs) on SGLang (they "
+        "differ in model, TP, GPU count)"
+    )
+    assert not SweepRun.objects.exists()
+
+
+def test_a_prefill_decode_file_confirmed_into_a_vllm_deployment_keeps_its_model(world):
+    world.deployment.engine = "vllm"
+    world.deployment.save()
+    with pytest.raises(ResultFileMismatch) as caught:
+        _import(world.deployment, PD)
+    assert "an unnamed model" not in str(caught.value)
+    run, _ = _import(world.deployment, PD, accept_mismatch=True)
+    assert run.other_model == "Qwen/Qwen2.5-3B-Instruct"
+    stated = run.snapshot["file"]["stated"]
+    assert (stated["model"], stated["tp"], stated["gpu_count"]) == (
+        "Qwen/Qwen2.5-3B-Instruct",
+        1,
+        2,
+    )
+    assert run.snapshot["deployment"]["model"] == "Qwen/Qwen2.5-3B-Instruct"
+    assert run.measured_gpu_count() == 2
+
+
+def test_a_file_naming_no_model_is_never_filed_as_the_deployments(world):
+    line = json.loads(QWEN)
+    del line["server_info"]
+    with pytest.raises(ResultFileMismatch) as caught:
+        _import(world.deployment, json.dumps(line))
+    assert str(caught.value).startswith("the file measured an unnamed model on SGLang;")
+    run, _ = _import(world.deployment, json.dumps(line), accept_mismatch=True)
+    assert run.other_model == "an unnamed model"
+    assert run.snapshot["deployment"]["model"] is None

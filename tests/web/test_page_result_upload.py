@@ -21,7 +21,7 @@ VLLM = RESULTS / "vllm_bench_serve_0.11.json"
 @pytest.fixture
 def deployment(client):
     pb.sign_in(client)
-    # the model the vLLM file measured (its model_id); the SGLang file names none
+    # the model the vLLM file measured (its model_id); the SGLang file's is Qwen's
     return pb.deployment(served_model_name="zai-org/GLM-5-FP8")
 
 
@@ -41,8 +41,12 @@ def test_the_page_offers_the_upload(client, deployment):
 
 
 def test_an_sglang_jsonl_becomes_a_finished_run_with_what_its_server_said(client, deployment):
-    response = _upload(client, deployment, SGLANG, "sglang", label="pd 1p2d")
+    refused = _upload(client, deployment, SGLANG, "sglang", label="pd 1p2d")
+    assert refused.status_code == 400 and not SweepRun.objects.exists()
+    assert "Not imported: the file measured Qwen/Qwen2.5-3B-Instruct" in refused.content.decode()
+    response = _upload(client, deployment, SGLANG, "sglang", label="pd 1p2d", accept_mismatch="on")
     run = SweepRun.objects.get()
+    assert run.other_model == "Qwen/Qwen2.5-3B-Instruct"
     assert response["Location"] == f"/runs/{run.uuid}/"
     assert (run.source, run.status, run.label) == ("import", "succeeded", "pd 1p2d")
     [level] = run.levels.all()
@@ -197,3 +201,19 @@ def test_the_compare_page_names_the_model_and_gpus_the_file_measured(client, dep
     assert cells[3] == "Qwen/Qwen2.5-3B-Instruct"
     assert cells[10] == "1"  # GPUs: its server_info's TP1, not the deployment's 8
     assert cells[11] == cells[12] == "711"
+
+
+def test_a_file_measured_elsewhere_shows_no_per_gpu_figure_or_cost_from_the_hosts_gpus(
+    client, deployment
+):
+    deployment.host.price_per_gpu_hour = 2.5
+    deployment.host.save()
+    # vLLM's files never state their GPUs; the name's "gpus_16" is a person's note
+    upload = SimpleUploadedFile("gpt-oss_gpus_16.json", VLLM.read_bytes())
+    client.post(f"/deployments/{deployment.pk}/results/", {"format": "vllm", "file": upload})
+    run = SweepRun.objects.get()
+    assert run.measured_gpu_count() is None and run.snapshot["deployment"]["gpus"] == []
+    html = client.get(f"/runs/{run.uuid}/").content.decode()
+    reason = "the result file does not say how many GPUs it ran on"
+    assert f"No output per GPU (n/a): {reason}." in html
+    assert f"No cost (n/a): {reason}." in html

@@ -129,10 +129,12 @@ def _styles(runs, group):
 
 
 def _gpus(run):
-    """The run's GPUs as its result file states them, else its deployment's (num_gpus)."""
+    """The run's GPUs: an imported file's as it states them (None where it does not), else
+    its deployment's (num_gpus), as SweepRun.measured_gpu_count without its queries."""
     deployment = run.deployment
-    stated = run.stated_gpu_count
-    return stated or gpu_count(run.gpu_count, run.host_gpu_count, deployment.tp, deployment.ep)
+    if run.source == "import":
+        return run.stated_gpu_count
+    return gpu_count(run.gpu_count, run.host_gpu_count, deployment.tp, deployment.ep)
 
 
 def _compare_url(uuids, group, standin=False):

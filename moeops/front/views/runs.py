@@ -44,7 +44,7 @@ from moeops.insights.models import FINDING_STATES
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
 from moeops.runs import services as run_services
-from moeops.runs.costs import level_costs
+from moeops.runs.costs import GPUS_UNSTATED, level_costs
 from moeops.runs.models import LevelProfile, RequestLog, SweepRun
 from moeops.runs.telemetry import no_gpu_samples_text
 
@@ -275,7 +275,10 @@ def _level_table(run, levels, gpu, bands):
         "one_round": ONE_ROUND,
         "hidden_columns": [c.label for i, c in enumerate(columns) if i not in shown],
         "partial_levels": [level for level in levels if level.is_partial],
-        "absent_figures": absent_reasons(costs),
+        "absent_figures": (
+            [("output per GPU", GPUS_UNSTATED)] if run.source == "import" and not num_gpus else []
+        )
+        + absent_reasons(costs),
         "failures": [(level, level.errors) for level in levels if level.errors],
     }
 
