@@ -17,7 +17,12 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.domain.test_step_breakdown_gpu import build_parts, join_one_rank, run_steps  # noqa: E402
+from tests.domain.test_step_breakdown_gpu import (  # noqa: E402
+    build_parts,
+    halves,
+    join_one_rank,
+    run_steps,
+)
 
 ACTIVITIES = {
     "kernels only": [torch.profiler.ProfilerActivity.CUDA],
@@ -30,15 +35,7 @@ ACTIVITIES = {
 
 def main():
     join_one_rank()
-    parts = build_parts()
-
-    def first():
-        parts["norm"]()
-        parts["attention"]()
-
-    def second():
-        parts["moe"]()
-        parts["communication"]()
+    first, second = halves(build_parts())
 
     def step_ms(activities=None):
         # five windows each, the median of their medians: one window's clocks do not decide it

@@ -249,31 +249,31 @@ def _check(breakdown, expected):
     assert communication.top
 
 
-def test_an_eager_decode_step_breaks_down_as_cuda_events_time_its_parts(parts, tmp_path):
+def halves(launches):
+    """(first, second): the step's halves around the host's pause, from launches by part (the
+    parts' callables, or their graphs' replays): norm and attention, then the MoE and the
+    all-reduce."""
+
     def first():
-        parts["norm"]()
-        parts["attention"]()
+        launches["norm"]()
+        launches["attention"]()
 
     def second():
-        parts["moe"]()
-        parts["communication"]()
+        launches["moe"]()
+        launches["communication"]()
 
-    path, wall_ms = _trace(tmp_path, first, second)
+    return first, second
+
+
+def test_an_eager_decode_step_breaks_down_as_cuda_events_time_its_parts(parts, tmp_path):
+    path, wall_ms = _trace(tmp_path, *halves(parts))
 
     _check(read_breakdown(path), _expected(parts, wall_ms))
 
 
 def test_a_decode_step_of_cuda_graphs_breaks_down_as_cuda_events_time_its_parts(parts, tmp_path):
-    graphs = as_graphs(parts)
+    replays = {name: graph.replay for name, graph in as_graphs(parts).items()}
 
-    def first():
-        graphs["norm"].replay()
-        graphs["attention"].replay()
-
-    def second():
-        graphs["moe"].replay()
-        graphs["communication"].replay()
-
-    path, wall_ms = _trace(tmp_path, first, second)
+    path, wall_ms = _trace(tmp_path, *halves(replays))
 
     _check(read_breakdown(path), _expected(parts, wall_ms))
