@@ -107,3 +107,20 @@ def test_a_level_straddling_its_limit_runs_more_rounds_and_says_so(capsys, monke
     assert f"median of {len(calls)} rounds" in out and 3 < len(calls) < 10
     assert "  2 concurrent meets (TPOT p99: " in out
     assert "Capacity: 2 concurrent" in out
+
+
+def test_a_search_without_start_begins_at_one(capsys, tmp_path):
+    url, stop = start_standin_in_thread(StandinConfig(model="m", max_running_requests=16))
+    try:
+        code = main(
+            [
+                "--base-url", url, "--model", "m", "--vocab-size", "32000",
+                "--input-len", "8", "--output-len", "8",
+                "--capacity", "--slo", "tpot:p99:10000", "--end", "2", "--rounds", "1",
+                "--output", str(tmp_path / "search.json"),
+            ]
+        )  # fmt: skip
+    finally:
+        stop()
+    assert code == 0
+    assert "  1 concurrent meets (TPOT p99: " in capsys.readouterr().out

@@ -204,7 +204,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--max-failed-percent", type=float, default=DEFAULT_MAX_FAILED_PERCENT, help="%%"
     )
     search.add_argument("--mode", choices=MODES, default="concurrency")
-    search.add_argument("--start", type=float, default=1, help="first load (concurrency or req/s)")
+    # a float, as --start 4 parses to: the whole-number check reads float.is_integer
+    search.add_argument(
+        "--start", type=float, default=1.0, help="first load (concurrency or req/s)"
+    )
     search.add_argument("--end", type=float, default=None, help="highest load tried")
     search.add_argument("--budget", type=int, default=None, help="most levels run")
     parser.add_argument(
