@@ -13,7 +13,7 @@ from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule,
 from moeops.jobs import ACTION_IN_FLIGHT
 from moeops.kernels.models import KernelConfig, config_of_file, kernel_source_of
 from moeops.runs import snapshots
-from moeops.runs.models import SweepRun, of_the_deployments_model
+from moeops.runs.models import SweepRun, of_the_deployment
 from tuning.config_files import file_device_name
 
 # How far back to look for the previous comparable run of a deployment.
@@ -46,8 +46,9 @@ def run_analyze(*, run) -> list[Finding]:
     """
     if run.status not in FINISHED_STATUSES:
         raise ValueError(f"run {run.uuid} is {run.status}, not finished")
-    if run.other_model:
-        # the rules read the deployment's shape, GPUs and cap: not those of another model
+    if run.stands_aside():
+        # the rules read the deployment's shape, GPUs, cap and recipe: not those of another
+        # model, of a file measured elsewhere or of a bisection's try
         return []
     with transaction.atomic():
         # one analysis per deployment at a time: deployment-wide findings are shared by its runs
@@ -420,7 +421,7 @@ def _tuned_file(snapshot, engine):
 
 
 def _newest_run_tuned(deployment):
-    newest = of_the_deployments_model(deployment.runs).order_by("-created", "-id").first()
+    newest = of_the_deployment(deployment.runs).order_by("-created", "-id").first()
     return newest is not None and newest.kernel_config_state() == "tuned"
 
 

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from localstack.standin import StandinConfig
-from moeops.runs.models import SweepRun, of_the_deployments_model
+from moeops.runs.models import SweepRun, of_the_deployment
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def deployment_pace(deployment):
     """The deployment's Pace, or (None, why there is none)."""
     runs = SweepRun.objects.filter(deployment=deployment, levels__median_tpot_ms__isnull=False)
     # an imported file of another model says nothing of this deployment's pace
-    runs = of_the_deployments_model(runs).distinct().order_by("-created", "-id")
+    runs = of_the_deployment(runs).distinct().order_by("-created", "-id")
     run = runs.first()
     if run is not None:
         points = sorted(

@@ -83,15 +83,20 @@ def without_standin(runs):
     return runs.exclude(pk__in=SweepRun.objects.filter(STANDIN).values("pk"))
 
 
-# SweepRun.other_model as a filter: an imported file that measured another model than its
-# deployment serves (imported all the same, when confirmed).
-OTHER_MODEL = Q(snapshot__file__other_model__isnull=False)
+# The runs that do not stand for what their deployment serves: an imported file confirmed
+# across a mismatch (another model, TP, GPU count or engine: file.mismatch, or other_model in
+# files imported before it was kept) and a bisection's tries (the engine ran another recipe).
+ASIDE = (
+    Q(snapshot__file__other_model__isnull=False)
+    | Q(snapshot__file__mismatch__isnull=False)
+    | Q(actions_after__kind="bisect")
+)
 
 
-def of_the_deployments_model(runs):
-    """A SweepRun queryset less imported files of another model: what a deployment's
-    estimates, headlines and comparisons may read (a subquery, as without_standin)."""
-    return runs.exclude(pk__in=SweepRun.objects.filter(OTHER_MODEL).values("pk"))
+def of_the_deployment(runs):
+    """A SweepRun queryset less the runs ASIDE: what a deployment's estimates, headlines,
+    charts, comparisons and findings may read (a subquery, as without_standin)."""
+    return runs.exclude(pk__in=SweepRun.objects.filter(ASIDE).values("pk"))
 
 
 class SweepRunQuerySet(models.QuerySet):
@@ -203,6 +208,11 @@ class SweepRun(Job, models.Model):
         if self.source == "manual":
             return "entered", "entered by hand"
         return "measured", "swept by a moeops worker"
+
+    def stands_aside(self):
+        """Whether the run feeds none of its deployment's headlines, charts, comparisons or
+        findings (ASIDE); one query."""
+        return SweepRun.objects.filter(ASIDE, pk=self.pk).exists()
 
     def model_name(self):
         """The model the run measured: an imported file's own where it is not the deployment's."""

@@ -854,7 +854,7 @@ def run_import(
     bad lines, or importers.ResultFileMismatch where the file states another model, TP, GPU
     count or engine than the deployment's (unless accept_mismatch); then nothing is stored. A
     file of another model, imported all the same, feeds none of the deployment's estimates,
-    headlines or comparisons (models.of_the_deployments_model), nor its findings.
+    headlines or comparisons (models.of_the_deployment), nor its findings.
     """
     levels = importers.parse_results(text, fmt)
     digest = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()

@@ -7,14 +7,17 @@ import json
 
 import pytest
 
+from moeops.engines.models import EngineAction, LaunchRecipe
 from moeops.fleet.models import Deployment, ModelSpec
 from moeops.front.views.compare import _presets
+from moeops.front.views.deployments import _with_latest_peak
 from moeops.insights import services as insights
 from moeops.insights.models import Finding
 from moeops.runs import services
 from moeops.runs.estimate import deployment_pace
 from moeops.runs.importers import ResultFileMismatch
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.models import LevelResult, SweepRun, level_key, of_the_deployment
+from tests import page_base as pb
 from tests.api_base import make_world
 from tests.fakes import FIXTURES
 
@@ -179,3 +182,52 @@ def test_a_file_naming_no_model_is_never_filed_as_the_deployments(world):
     run, _ = _import(world.deployment, json.dumps(line), accept_mismatch=True)
     assert run.other_model == "an unnamed model"
     assert run.snapshot["deployment"]["model"] is None
+
+
+def _measured(world, label, throughput, **fields):
+    run = world.run(status="succeeded", label=label, **fields)
+    LevelResult.objects.create(
+        run=run, key=level_key(8, None), concurrency=8, output_throughput=throughput
+    )
+    return run
+
+
+def test_a_confirmed_import_of_another_model_is_no_headline_and_is_listed_with_its_model(
+    world, client
+):
+    world.deployment.engine = "vllm"
+    world.deployment.save()
+    _measured(world, "GLM-5 sweep", 912.0)
+    _import(world.deployment, PD, accept_mismatch=True)
+    [deployment] = _with_latest_peak(Deployment.objects.filter(pk=world.deployment.pk))
+    assert deployment.latest_peak == 912.0
+    pb.sign_in(client)
+    html = client.get(world.deployment.get_absolute_url()).content.decode()
+    table = html.split("<h2>Runs</h2>")[1]
+    assert "<th>Model</th>" in table
+    assert "<td>Qwen/Qwen2.5-3B-Instruct</td>" in table and "<td>GLM-5</td>" in table
+
+
+def test_a_file_of_the_same_model_confirmed_across_a_tp_mismatch_feeds_no_headline(world):
+    model = ModelSpec.objects.create(name="Qwen2.5-3B-Instruct", config_json={})
+    qwen = Deployment.objects.create(name="qwen", model=model, host=world.host, tp=2)
+    _measured(world, "Qwen sweep", 100.0, deployment=qwen)
+    run, _ = _import(qwen, accept_mismatch=True)  # TP1 in the file
+    assert run.other_model is None and run.snapshot["file"]["mismatch"] == ["TP", "GPU count"]
+    [deployment] = _with_latest_peak(Deployment.objects.filter(pk=qwen.pk))
+    assert deployment.latest_peak == 100.0
+    assert run.stands_aside() and insights.run_analyze(run=run) == []
+
+
+def test_a_bisection_try_feeds_no_headline_or_finding(world):
+    _measured(world, "GLM-5 sweep", 912.0)
+    step = _measured(world, "bisection try", 300.0)
+    recipe = LaunchRecipe.objects.create(deployment=world.deployment, version=1, argv=["sglang"])
+    EngineAction.objects.create(
+        deployment=world.deployment, kind="bisect", recipe=recipe, after_run=step
+    )
+    [deployment] = _with_latest_peak(Deployment.objects.filter(pk=world.deployment.pk))
+    assert deployment.latest_peak == 912.0
+    assert list(of_the_deployment(world.deployment.runs)) != [] and step.stands_aside()
+    assert step not in of_the_deployment(world.deployment.runs)
+    assert insights.run_analyze(run=step) == []

@@ -24,7 +24,7 @@ from moeops.runs.models import (
     LevelResult,
     SweepRun,
     kernel_state,
-    of_the_deployments_model,
+    of_the_deployment,
     without_standin,
 )
 
@@ -178,7 +178,7 @@ def _presets():
     of the stand-in, and imported files of another model than their deployment's, are left out."""
     runs = SweepRun.objects.filter(status="succeeded", levels__output_throughput__isnull=False)
     rows = list(
-        of_the_deployments_model(without_standin(runs))
+        of_the_deployment(without_standin(runs))
         .values("uuid", "deployment_id", "kernel_config_id", "parameters__moe_kernel", "snapshot")
         .distinct()
         .order_by("-created", "-id")[:PRESET_RUNS]

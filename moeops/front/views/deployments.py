@@ -4,7 +4,15 @@ plan)."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count, OuterRef, Prefetch, Q, Subquery, prefetch_related_objects
+from django.db.models import (
+    Count,
+    Exists,
+    OuterRef,
+    Prefetch,
+    Q,
+    Subquery,
+    prefetch_related_objects,
+)
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -44,7 +52,7 @@ from moeops.runs import capacity as run_capacity
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.importers import ResultFileError, ResultFileMismatch
-from moeops.runs.models import LevelResult, SweepRun, of_the_deployments_model
+from moeops.runs.models import ASIDE, LevelResult, SweepRun, of_the_deployment
 from moeops.watches import services as watch_services
 from moeops.watches.models import last_regressed
 
@@ -69,7 +77,7 @@ def _with_latest_peak(deployments):
     runs = SweepRun.objects.filter(
         deployment=OuterRef("pk"), levels__output_throughput__isnull=False
     )
-    latest = of_the_deployments_model(runs).order_by("-created", "-id").values("pk")[:1]
+    latest = of_the_deployment(runs).order_by("-created", "-id").values("pk")[:1]
     deployments = list(deployments.annotate(latest_run_id=Subquery(latest)))
     runs = SweepRun.objects.filter(pk__in=[d.latest_run_id for d in deployments if d.latest_run_id])
     runs = {run.pk: run for run in runs.with_summary()}
@@ -233,10 +241,11 @@ def _deployment_page(
         .prefetch_related(Prefetch("levels", LevelResult.objects.order_by("concurrency")))
         .select_related("topology_snapshot", "kernel_config")
         .with_summary()
+        .annotate(aside=Exists(SweepRun.objects.filter(ASIDE, pk=OuterRef("pk"))))
         .order_by("-created", "-id")
     )
-    # the charts draw this deployment's model; an import of another is listed, not drawn
-    own_runs = [run for run in runs if not run.other_model]
+    # the charts draw what this deployment serves; the runs ASIDE are listed, not drawn
+    own_runs = [run for run in runs if not run.aside]
     shape = deployment.moe_shape()
     # prefetched: snapshots.deployment_record reads them again for the edit notice
     prefetch_related_objects([deployment], "gpus")
