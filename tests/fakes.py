@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
+from tuning.compile_only import GpuTarget
 from tuning.search import KernelShape, compile_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,6 +143,7 @@ class FakeMeasurements:
 
     device_name = "NVIDIA H200"
     triton_version = "3.6.0"
+    target = GpuTarget(90, {"max_shared_mem": 232448})
     ceilings = {"bandwidth_tbps": 4.24, "bf16_tflops": 689.0, "fp8_tflops": None}
     pool_start_s = 2.5
     seconds = {"import_s": 1.5, "cuda_s": 0.75, "weights_s": 0.25, "ceilings_s": 1.25}

@@ -39,6 +39,7 @@ import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
+from tuning.compile_only import SHARED_MEMORY_PER_BLOCK_OPTIN
 from tuning.engine_source import EnginePackage, load_functions, top_level_constants
 from tuning.kernel_backend import BackendError, KernelBackend, read_shipped
 
@@ -133,22 +134,6 @@ FLAGS = {
     "_has_vllm_ops": False,
     "_SGLANG_EXPERIMENTAL_LORA_OPTI": False,
     "padding_size": 0,
-}
-# Bytes of shared memory one block may opt into, by compute capability (CUDA C++ Programming
-# Guide, technical specifications): what SGLang asks the GPU before picking an fp8 default.
-SHARED_MEMORY_PER_BLOCK_OPTIN = {
-    70: 96 * 1024,
-    72: 96 * 1024,
-    75: 64 * 1024,
-    80: 163 * 1024,
-    86: 99 * 1024,
-    87: 163 * 1024,
-    89: 99 * 1024,
-    90: 227 * 1024,
-    100: 227 * 1024,
-    103: 227 * 1024,
-    120: 99 * 1024,
-    121: 99 * 1024,
 }
 STAND_INS = (
     "logger",

@@ -16,11 +16,31 @@ later with them.)
 Found at compile time: Triton's compile errors and a kernel needing more shared memory than the
 GPU has. Not found: too many registers for the thread count, which only loading the binary on
 the GPU tells; the timing process records that candidate as failed when it launches it.
+
+The GPU need not be here at all: `target_for(120)` names an sm_120 GPU by its compute capability
+and the shared memory its blocks may opt into (`python -m tuning compile-check`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# Bytes of shared memory one block may opt into, by compute capability (CUDA C++ Programming
+# Guide, technical specifications): what Triton reads as max_shared_mem on such a GPU.
+SHARED_MEMORY_PER_BLOCK_OPTIN = {
+    70: 96 * 1024,
+    72: 96 * 1024,
+    75: 64 * 1024,
+    80: 163 * 1024,
+    86: 99 * 1024,
+    87: 163 * 1024,
+    89: 99 * 1024,
+    90: 227 * 1024,
+    100: 227 * 1024,
+    103: 227 * 1024,
+    120: 99 * 1024,
+    121: 99 * 1024,
+}
 
 
 @dataclass(frozen=True)
@@ -30,6 +50,30 @@ class GpuTarget:
 
     capability: int
     properties: dict
+
+    @property
+    def shared_memory(self) -> int:
+        """Bytes of shared memory one block may opt into: what a kernel is checked against
+        when it is loaded, and what the search prunes with."""
+        return self.properties["max_shared_mem"]
+
+    def limits(self) -> dict:
+        """JSON-ready: the limits a search pruned with (kept with a tune's record)."""
+        return {"capability": self.capability, "shared_memory_bytes": self.shared_memory}
+
+
+def target_for(capability: int, shared_memory: int | None = None) -> GpuTarget:
+    """A GPU of compute capability `capability` (120 for sm_120) that need not be here: its
+    shared memory per block from SHARED_MEMORY_PER_BLOCK_OPTIN unless given (bytes)."""
+    if shared_memory is None:
+        if capability not in SHARED_MEMORY_PER_BLOCK_OPTIN:
+            known = ", ".join(f"{c // 10}.{c % 10}" for c in SHARED_MEMORY_PER_BLOCK_OPTIN)
+            raise ValueError(
+                f"no shared-memory limit known for compute capability "
+                f"{capability // 10}.{capability % 10} ({known}): give it"
+            )
+        shared_memory = SHARED_MEMORY_PER_BLOCK_OPTIN[capability]
+    return GpuTarget(capability, {"max_shared_mem": shared_memory})
 
 
 def gpu_target() -> GpuTarget:
@@ -53,17 +97,23 @@ class _Utils:
         return 0, 0, 0, 0, 1024
 
 
-def _launch_nothing(*args, **kwargs) -> None:
-    return None
+def _launcher(launched: dict):
+    """Triton's launcher_cls for a compile-only driver: each launch notes the kernel's shared
+    memory in launched {kernel name: bytes} and runs nothing."""
 
+    def make_launcher(src, metadata):
+        def launch(*args, **kwargs) -> None:
+            launched[metadata.name] = max(launched.get(metadata.name, 0), metadata.shared)
 
-def _make_launcher(src, metadata):
-    return _launch_nothing
+        return launch
+
+    return make_launcher
 
 
 def compile_only_driver(target: GpuTarget):
     """A Triton driver that compiles for target and launches nothing (set it with
-    triton.runtime.driver.set_active)."""
+    triton.runtime.driver.set_active); `launched` {kernel name: shared memory bytes} of the
+    kernels whose launches it was asked for since it was last cleared."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.backends.driver import DriverBase
@@ -72,7 +122,8 @@ def compile_only_driver(target: GpuTarget):
         def __init__(self):
             self.target = GPUTarget("cuda", target.capability, 32)
             self.utils = _Utils(target.properties)
-            self.launcher_cls = _make_launcher
+            self.launched: dict[str, int] = {}
+            self.launcher_cls = _launcher(self.launched)
 
         @classmethod
         def is_active(cls) -> bool:

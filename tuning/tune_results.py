@@ -77,7 +77,9 @@ class TuneResult:
 
     ceilings: the measured bandwidth_tbps, bf16_tflops and fp8_tflops behind floor_us.
     search: "coarse-to-fine" or "exhaustive". wall_s: seconds the tune took. kernel: whose
-    kernel was timed (tuning.kernel_backend: engine, version, source_sha256).
+    kernel was timed (tuning.kernel_backend: engine, version, source_sha256). limits: the GPU's
+    that the search pruned with (capability, shared_memory_bytes: GpuTarget.limits); {} in logs
+    written before they were recorded, whose searches pruned with the H100's.
     timeline: where this run's seconds went: a ProcessTimeline from Tuner.tune, per GPU index
     its process's from tuning.spread.spread_tune; not in the log, None when read from one.
     """
@@ -90,6 +92,7 @@ class TuneResult:
     batches: dict[int, BatchResult] = field(default_factory=dict)
     wall_s: float = 0.0
     kernel: dict = field(default_factory=lambda: {"engine": "builtin"})
+    limits: dict = field(default_factory=dict)
     timeline: ProcessTimeline | dict[int, ProcessTimeline] | None = field(
         default=None, compare=False
     )
@@ -144,6 +147,7 @@ class TuneResult:
             "ceilings": self.ceilings,
             "wall_s": self.wall_s,
             "kernel": self.kernel,
+            "limits": self.limits,
             "batches": {str(m): vars(self.batches[m]) for m in sorted(self.batches)},
         }
 
@@ -159,6 +163,7 @@ class TuneResult:
             batches={int(m): BatchResult.from_dict(b) for m, b in data["batches"].items()},
             wall_s=data.get("wall_s", 0.0),
             kernel=data.get("kernel") or {"engine": "builtin"},
+            limits=data.get("limits") or {},
         )
 
     def same_run_as(self, other: TuneResult) -> bool:
@@ -276,6 +281,12 @@ def print_summary(result: TuneResult) -> None:
     kernel = result.kernel
     version = f" {kernel.get('version')}" if kernel.get("version") else ""
     print(f"kernel: {kernel.get('engine')}{version}")
+    if result.limits:
+        capability = result.limits["capability"]
+        print(
+            f"searched within compute capability {capability // 10}.{capability % 10}'s"
+            f" {result.limits['shared_memory_bytes']} bytes of shared memory per block"
+        )
     for m, b in sorted(result.batches.items()):
         shared = "" if b.shared_config_us is None else f"  one config {b.shared_config_us:9.1f} µs"
         shipped = "" if b.shipped_us is None else f"  shipped {b.shipped_us:9.1f} µs"

@@ -4,8 +4,10 @@ Library: `tune(shape, batch_sizes, ...) -> TuneResult` (tuning.tune_results), or
 open over several tunes of one shape; the CLI is tuning.tune_cli, several GPUs tuning.spread.
 
 Compiles run ahead of timing in a pool of processes (tuning.compile_pool), which start first
-thing when the Tuner is built. The GPU's ceilings are measured once, or read from this GPU's
-cache (tuning.timing.cached_ceilings). Each chunk of batch sizes first compiles
+thing when the Tuner is built. The searches propose only configs that fit the GPU's own shared
+memory per block (measurements.target: Triton's device properties), which the result records.
+The GPU's ceilings are measured once, or read from this GPU's cache
+(tuning.timing.cached_ceilings). Each chunk of batch sizes first compiles
 `round_one_configs` (the first round of its searches) and the engine's own configs; every
 round's configs are compiled batch size by batch size (an engine's kernel at the size it is
 timed at), and one batch size's are timed while the next one's compile. The next chunk's first
@@ -24,6 +26,7 @@ from typing import NamedTuple
 from tuning.compile_pool import CompilePool, default_workers, one_line
 from tuning.config_files import REQUIRED_FIELDS, TUNED_BATCH_SIZES
 from tuning.search import (
+    SM90_SHARED_MEMORY,
     CoarseToFineSearch,
     DownProjectionSearch,
     ExhaustiveSearch,
@@ -179,6 +182,8 @@ class Tuner:
         self.shape = shape
         started = time.monotonic()
         self.measurements = measurements or DeviceMeasurements(shape, **device_kwargs)
+        # what the searches prune with: this GPU's, not the H100's
+        self.shared_memory = self.measurements.target.shared_memory
         # building the measurements: compile workers launched, imports, weights (the workers'
         # start-up runs on meanwhile; the ceilings come with the tune)
         self.setup_s = time.monotonic() - started
@@ -235,6 +240,7 @@ class Tuner:
             search="exhaustive" if exhaustive else "coarse-to-fine",
             ceilings=self.measurements.ceilings,
             kernel={**backend.describe(), "path": backend.kernel_path(self.shape)},
+            limits=self.measurements.target.limits(),
         )
         earlier_wall = 0.0
         previous = load_log(resume_path)
@@ -263,7 +269,14 @@ class Tuner:
             own = {m: self._engine_configs(m, shipped) for m in chunk}
             switches = backend.search_switches(self.shape)
             searches = {
-                m: search_class(m, self.shape, seeds=own[m], switches=switches) for m in chunk
+                m: search_class(
+                    m,
+                    self.shape,
+                    seeds=own[m],
+                    switches=switches,
+                    shared_memory=self.shared_memory,
+                )
+                for m in chunk
             }
             # (most started during the chunk before, if any) the first round waits for these
             # size by size: one size is timed while the next compiles
@@ -285,6 +298,7 @@ class Tuner:
                         up_configs[m],
                         seeds=_with_m(down_seeds, up_configs[m]),
                         switches=backend.down_switches(self.shape),
+                        shared_memory=self.shared_memory,
                     )
                     for m in chunk
                 }
@@ -321,7 +335,13 @@ class Tuner:
         """What a chunk compiles before its first timing, per batch size: its search's first
         round and the engine's own configs (round_one_configs, size by size)."""
         return {
-            m: round_one_configs(self.shape, [m], exhaustive=exhaustive, backend=self.backend)
+            m: round_one_configs(
+                self.shape,
+                [m],
+                exhaustive=exhaustive,
+                backend=self.backend,
+                shared_memory=self.shared_memory,
+            )
             + self._engine_configs(m, shipped)
             for m in chunk
         }
@@ -518,11 +538,17 @@ def tune(
 
 
 def round_one_configs(
-    shape: KernelShape, batch_sizes: Iterable[int], *, exhaustive: bool = False, backend=None
+    shape: KernelShape,
+    batch_sizes: Iterable[int],
+    *,
+    exhaustive: bool = False,
+    backend=None,
+    shared_memory: int = SM90_SHARED_MEMORY,
 ) -> list[dict[str, int]]:
     """What a tune of batch_sizes compiles before its first timing, one config per compile key:
     every size's first proposal (coarse-to-fine: one config per tile; exhaustive: the whole
     space) and the engine's default config (backend's; moeops' builtin kernel's by default).
+    shared_memory: the GPU's per block (bytes), which the search prunes with.
     Tuner.tune compiles it per chunk, so that the defaults go through the compile pool with the
     first round."""
     if backend is None:
@@ -533,7 +559,7 @@ def round_one_configs(
     configs: dict[tuple, dict[str, int]] = {}
     switches = backend.search_switches(shape)
     for m in sorted(set(batch_sizes)):
-        proposal = search_class(m, shape, switches=switches).propose()
+        proposal = search_class(m, shape, switches=switches, shared_memory=shared_memory).propose()
         for config in [*(proposal.configs if proposal else []), backend.default_config(shape, m)]:
             configs.setdefault(backend.compile_key(config, m), config)
     return list(configs.values())

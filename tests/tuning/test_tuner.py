@@ -28,6 +28,7 @@ from tuning.search import (
     config_key,
     neighbours,
     search_space,
+    shared_memory_bytes,
 )
 from tuning.tune_cli import add_arguments, shape_from_args
 from tuning.tune_results import (
@@ -139,6 +140,32 @@ def test_the_down_search_can_be_left_out():
     result = Tuner(SHAPE, FakeMeasurements()).tune([64], down=False)
 
     assert result.batches[64].down_config is None and result.down_entries() == {}
+
+
+class RtxPro6000Measurements(FakeMeasurements):
+    """FakeMeasurements on an sm_120 GPU, whose blocks may opt into 99 KiB of shared memory."""
+
+    device_name = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    target = compile_only.target_for(120)
+
+
+def test_it_searches_within_the_gpus_own_shared_memory_and_records_it(capsys):
+    measurements = RtxPro6000Measurements()
+
+    result = Tuner(SHAPE, measurements).tune([64, 1024, 4096])
+
+    engine_own = {config_key(BuiltinBackend().default_config(SHAPE, m)) for m in result.batches}
+    searched = [c for _, c, _ in measurements.timed if config_key(c) not in engine_own]
+    assert searched
+    assert max(shared_memory_bytes(c, 2) for c in searched) <= 101376
+    # on an H100's limit the search goes past it
+    h200 = FakeMeasurements()
+    Tuner(SHAPE, h200).tune([4096])
+    assert max(shared_memory_bytes(c, 2) for _, c, _ in h200.timed) > 101376
+    assert result.limits == {"capability": 120, "shared_memory_bytes": 101376}
+    assert tune_results.TuneResult.from_dict(result.to_dict()).limits == result.limits
+    tune_results.print_summary(result)
+    assert "compute capability 12.0's 101376 bytes" in capsys.readouterr().out
 
 
 def test_it_compiles_each_kernel_once():
