@@ -14,6 +14,7 @@ from moeops.runs.models import (
     EngineBucket,
     EngineSample,
     LevelResult,
+    LevelRound,
     SweepRun,
     TelemetryBucket,
     TelemetrySample,
@@ -109,6 +110,20 @@ def run(deployment_row, label="sweep", levels=(), status="succeeded", **fields):
     for level in levels:
         LevelResult.objects.create(run=row, key=level_key(level.get("concurrency"), None), **level)
     return row
+
+
+def rounds_spanning(level_row, figure, interval):
+    """Four rounds of output tok/s whose median is `figure` and whose range is `interval`
+    ([low, high], the level's 95 % interval as domain.intervals gives it for four rounds),
+    stored as the level's LevelRounds: what two-run verdicts judge."""
+    low, high = interval
+    for number, value in enumerate((low, figure, high, figure), 1):
+        LevelRound.objects.create(
+            level=level_row, round=number, figures={"output_throughput": value}, body_sha256=""
+        )
+    level_row.round_count = 4
+    level_row.intervals = {"output_throughput": list(interval)}
+    level_row.save()
 
 
 def telemetry(run_row, *, gpus=8, seconds=60, t0=None, util=lambda g, s: 50.0, power_limit=700.0):

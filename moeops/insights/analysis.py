@@ -25,7 +25,7 @@ from domain.capacity import limited_by_cap
 from domain.engine import CAP_FLAGS, reported_running_cap
 from domain.engine import label as engine_label
 from domain.engine_counters import TOKEN_GAP
-from domain.intervals import overlap, with_interval
+from domain.intervals import FALSE_ALARM, compare_rounds, with_interval
 from domain.numbers import is_integer, is_number
 from domain.topology import virtualization_words, vm_layer
 from domain.workloads import workload_identity
@@ -35,9 +35,10 @@ from tuning.config_files import file_device_name, kernel_dtype
 
 # Plateau: a step of the sweep that adds less than this much output throughput per doubling of
 # concurrency is flat; 806 -> 879 tok/s (128 -> 256) is +9.1%, so the write-up's curve is flat.
-# Where both levels of a step ran in rounds, the step is flat only if its rise is also within the
-# noise (their 95 % intervals overlap): 1,000 (990–1,010) -> 1,080 (1,070–1,090) at 128 -> 256
-# is +8% but measurably a rise, so no plateau; 1,000 (900–1,100) -> 1,080 (980–1,180) is flat.
+# Where both levels of a step ran in rounds, the step is flat only if its rise is not beyond the
+# noise (domain.intervals.compare_rounds): rounds 990, 1,000, 1,010, 1,005 -> 1,070, 1,080,
+# 1,090, 1,085 at 128 -> 256 are +8% but measurably a rise, so no plateau; 900, 1,000, 1,100,
+# 950 -> 980, 1,080, 1,180, 1,000 is flat.
 PLATEAU_GAIN = 0.10
 
 # Idle GPUs: mean utilization below this (%) while requests are outstanding; a busy decode loop
@@ -105,6 +106,8 @@ class Level:
     partial: bool = False
     # the 95 % interval (low, high) of output tok/s over the level's rounds; None for one round
     throughput_interval: tuple[float, float] | None = None
+    # output tok/s of each of the level's rounds, what two levels are judged by
+    throughput_rounds: tuple[float, ...] = ()
     # what the level did to the engine, from its /metrics counters (LevelResult.engine_figures)
     engine: dict = field(default_factory=dict)
 
@@ -284,7 +287,7 @@ def plateau(data: RunData) -> list[Proposal]:
     step's gain is normalized to one doubling of concurrency, so 128 -> 512 counts as two.
     Requiring the flat part to run to the top of the sweep keeps one noisy step low in the
     curve from being called a plateau; where a step's levels ran in rounds, it is flat only if
-    their intervals overlap too (PLATEAU_GAIN's example).
+    their rounds do not rise beyond the noise (PLATEAU_GAIN's example).
     """
     by_concurrency = _curve_levels(data.levels)
     curve = [(c, level.output_throughput) for c, level in by_concurrency.items()]
@@ -325,8 +328,8 @@ def plateau(data: RunData) -> list[Proposal]:
     )
     if all(noise[start:]):
         text += (
-            " Every step from there rises within the noise: the levels' 95 % intervals over "
-            "their rounds overlap."
+            " Every step from there rises within the noise of the levels' rounds (a "
+            f"permutation test at {FALSE_ALARM * 100:.0f} % false alarms)."
         )
     cap, cap_source = running_cap(data)
     # from the cap on the engine runs no more requests at once: the rest queue
@@ -389,11 +392,18 @@ def _curve_levels(levels):
 
 
 def _within_noise(a, b):
-    """Whether two levels' output tok/s are within the noise (their intervals overlap); None
-    where either ran one round."""
-    if a.throughput_interval is None or b.throughput_interval is None:
-        return None
-    return overlap(a.throughput_interval, b.throughput_interval)
+    """Whether two levels' output tok/s are within the noise of their rounds
+    (domain.intervals.compare_rounds); None where the rounds are too few to tell."""
+    judged = _rounds_compared(a, b).verdict
+    return None if judged == "unknown" else judged == "within"
+
+
+def _rounds_compared(now, before):
+    # a level given without its rounds is its own one round
+    return compare_rounds(
+        now.throughput_rounds or (now.output_throughput,),
+        before.throughput_rounds or (before.output_throughput,),
+    )
 
 
 def _gain_per_doubling(c0, t0, c1, t1):
@@ -1260,21 +1270,21 @@ def regression(data: RunData) -> list[Proposal]:
         f"in {before_label} to {with_interval(now[c], now_interval)} in this run (same levels "
         "and lengths)"
     )
+    judged = _rounds_compared(now_levels[c], before_levels[c])
     if beyond:
         title = f"Throughput {drops[c]:.0%} below {before_label} at concurrency {c}"
         said = (
-            f"{fell}: the 95 % intervals over their rounds do not overlap; {len(beyond)} of "
-            f"{len(concurrency)} levels fell more than {REGRESSION_DROP:.0%} beyond the noise."
+            f"{fell}: {judged.change()} beyond the noise (a permutation test of their rounds "
+            f"at {FALSE_ALARM * 100:.0f} % false alarms, p = {judged.p_value:.3f}); "
+            f"{len(beyond)} of {len(concurrency)} levels fell more than {REGRESSION_DROP:.0%} "
+            "beyond the noise."
         )
     else:
         title = (
             f"Possible regression: throughput {drops[c]:.0%} below {before_label} at "
             f"concurrency {c}"
         )
-        said = (
-            f"{fell}: {_one_round(now_interval, before_interval, before_label)}: cannot tell "
-            "from noise; re-run with rounds ≥ 3."
-        )
+        said = f"{fell}: {judged.why}: cannot tell from noise; re-run with rounds ≥ 4."
     return [
         Proposal(
             kind="regression",
@@ -1309,24 +1319,14 @@ def regression(data: RunData) -> list[Proposal]:
 
 
 def _drop_verdict(now, before, drop):
-    """ "beyond noise", "possible" (a drop one round cannot tell from noise) or None."""
+    """ "beyond noise" (the rounds fell: domain.intervals.compare_rounds), "possible" (a drop
+    too few rounds cannot tell from noise) or None."""
     if drop <= REGRESSION_DROP:
         return None
     within = _within_noise(now, before)
-    if within is not None:
-        return None if within else "beyond noise"
-    # one side ran one round: its figure inside the other's interval is within that noise
-    if before.throughput_interval and now.output_throughput >= before.throughput_interval[0]:
-        return None
-    if now.throughput_interval and before.output_throughput <= now.throughput_interval[1]:
-        return None
-    return "possible"
-
-
-def _one_round(now_interval, before_interval, before_label):
-    if now_interval is None and before_interval is None:
-        return "one round each"
-    return "one round in this run" if now_interval is None else f"one round in {before_label}"
+    if within is None:
+        return "possible"
+    return None if within else "beyond noise"
 
 
 def _interval_list(level):

@@ -456,6 +456,9 @@ def _levels(run):
             all_failed_with=level.all_failed_with(),
             partial=level.is_partial,
             throughput_interval=level.interval("output_throughput"),
+            throughput_rounds=tuple(
+                r.figures.get("output_throughput") for r in level.stored_rounds()
+            ),
             engine=level.engine_figures(),
         )
         for level in run.levels.prefetch_related("rounds")

@@ -4,9 +4,9 @@ The factors that differ between the baseline's run and the regressed one
 (moeops.watches.factors) are tried by restarting the engine with the baseline's value of some
 of them: one at a time for up to ONE_BY_ONE_MAX, else halves of the set, narrowing to the half
 that restores the figure. Each try is an engine action (kind "bisect") whose re-sweep repeats
-the regressed run's load; its peak figure is judged against both ends of the regression with
-their 95 % intervals (watches.services.verdict). A try whose interval overlaps both says neither
-and is measured again, on the same engine with twice the rounds, up to MEASURES times in all
+the regressed run's load; its peak figure's rounds are judged against both ends' rounds
+(watches.services.verdict). A try within the noise of both says neither and is measured
+again, on the same engine with twice the rounds, up to MEASURES times in all
 (docs/decisions.md, 43). When one factor restores the baseline's figure,
 or nothing is left to try, the engine is restarted with the recipe in force when the bisection
 began (kind "restore"): a person applies the fix.
@@ -37,8 +37,8 @@ ONE_BY_ONE_MAX = 3
 # at least this share of the fall: from 1000 down to 300 tok/s, a try at 700 (57 %) restores it
 # though two runs minutes apart may differ beyond their intervals; one at 450 (21 %) partly.
 RESTORED_SHARE = 0.5
-# A try whose interval overlaps both the regressed run's and the baseline's cannot say which it
-# is nearer (one slow round of a busy machine widens an interval across the gap): it is measured
+# A try within the noise of both the regressed run and the baseline cannot say which it is
+# nearer (a busy machine's rounds spread across the gap): it is measured
 # again with twice the rounds (up to MAX_ROUNDS), up to this many measurements in all, before
 # it is called undecided.
 MEASURES = 3
@@ -229,15 +229,27 @@ def _words(exc):
     return "; ".join(exc.messages)
 
 
-def step_outcome(figure, interval, watch_run):
+def step_outcome(figure, interval, watch_run, rounds=None):
     """What a try's figure (tok/s, its 95 % interval) says against the regressed run's and the
     baseline's: restores (above the regressed figure beyond the noise, and at least
     RESTORED_SHARE of the fall won back, or no longer below the baseline beyond the noise),
     partly (above it beyond the noise, less won back), no, undecided (within the noise of both)
-    or unknown (an interval missing)."""
-    now = services.verdict(figure, interval, watch_run.figure, watch_run.interval)
+    or unknown (too few rounds). rounds: the try's (services.watched_rounds), judged against
+    the regressed run's and the baseline's rounds; None for a capacity search."""
+    regressed, baseline = (
+        (services.watched_rounds(watch_run.run), services.watched_rounds(watch_run.compared_with))
+        if rounds is not None
+        else (None, None)
+    )
+    now = services.verdict(
+        figure, interval, watch_run.figure, watch_run.interval, rounds=(rounds, regressed)
+    )
     before = services.verdict(
-        figure, interval, watch_run.baseline_figure, watch_run.baseline_interval
+        figure,
+        interval,
+        watch_run.baseline_figure,
+        watch_run.baseline_interval,
+        rounds=(rounds, baseline),
     )
     if "unknown" in (now, before):
         return "unknown"
@@ -265,7 +277,9 @@ def _judge(step):
             step.outcome, step.detail = "failed", missing
         else:
             step.figure, step.interval = figure, interval
-            step.outcome = step_outcome(figure, interval, step.bisection.watch_run)
+            step.outcome = step_outcome(
+                figure, interval, step.bisection.watch_run, services.watched_rounds(run)
+            )
             name = step.bisection.watch_run.watch.figure_name()
             step.detail = f"{name} {with_interval(figure, interval)}"
             if step.measures > 1:

@@ -22,7 +22,7 @@ from django_celery_beat import validators as cron_validators
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from domain.capacity import capacity_range
-from domain.intervals import overlap, with_interval
+from domain.intervals import FALSE_ALARM, compare_rounds, with_interval
 from moeops.engines.models import EngineAction
 from moeops.fleet.endpoints import webhook_refusal
 from moeops.jobs import ACTION_IN_FLIGHT
@@ -370,13 +370,31 @@ def _baseline_for(watch_run):
     )
 
 
-def verdict(now, now_interval, before, before_interval):
-    """How a figure stands against its baseline's, by their 95 % intervals: "regressed" or
-    "improved" beyond the noise (no overlap), "within" the noise, "unknown" where either has
-    no interval (one round)."""
+def watched_rounds(run):
+    """The watched figure's rounds: the peak level's output tok/s in each of its rounds; None
+    for a capacity search, whose answer is a range, not rounds (prefetch levels__rounds to
+    read them without a query per level)."""
+    if run is None or run.is_capacity_search:
+        return None
+    peak = peak_level(run)
+    if peak is None:
+        return None
+    return [r.figures.get("output_throughput") for r in peak.stored_rounds()]
+
+
+def verdict(now, now_interval, before, before_interval, rounds=None):
+    """How a figure stands against its baseline's: "regressed" or "improved" beyond the
+    noise, "within" it, "unknown" (single rounds, or too few for the test).
+
+    rounds: (now's, before's) rounds of a sweep's figure (watched_rounds), judged by
+    domain.intervals.compare_rounds at its stated false-alarm rate; without them (a capacity
+    search's range), the ranges decide: apart is a change, overlapping within."""
+    if rounds is not None and None not in rounds:
+        judged = compare_rounds(*rounds).verdict
+        return {"lower": "regressed", "higher": "improved"}.get(judged, judged)
     if now_interval is None or before_interval is None:
         return "unknown"
-    if overlap(now_interval, before_interval):
+    if now_interval[0] <= before_interval[1] and before_interval[0] <= now_interval[1]:
         return "within"
     return "regressed" if now < before else "improved"
 
@@ -432,7 +450,11 @@ def watch_run_finished(run):
         watch_run.baseline_figure = baseline.figure
         watch_run.baseline_interval = baseline.interval
         watch_run.verdict = verdict(
-            watch_run.figure, watch_run.interval, baseline.figure, baseline.interval
+            watch_run.figure,
+            watch_run.interval,
+            baseline.figure,
+            baseline.interval,
+            rounds=(watched_rounds(run), watched_rounds(baseline.run)),
         )
         watch_run.changes = factor_changes(baseline.run.snapshot, run.snapshot)
     watch_run.status = "finished"
@@ -506,10 +528,16 @@ def alert_message(watch_run, kind):
     before = with_interval(watch_run.baseline_figure, watch_run.baseline_interval)
     if kind == "regression":
         subject = f"Regression: {where}"
-        moved = (
-            f"{watch.figure_name()} fell {watch_run.drop:.0%}, from {before} to {now} "
-            "(95 % intervals over the rounds; they do not overlap)"
-        )
+        moved = f"{watch.figure_name()} fell {watch_run.drop:.0%}, from {before} to {now}"
+        rounds = (watched_rounds(watch_run.run), watched_rounds(watch_run.compared_with))
+        if None in rounds:
+            moved += " (their ranges do not overlap)"
+        else:
+            judged = compare_rounds(*rounds)
+            moved += (
+                f" ({judged.change()} of the rounds' geometric means; a permutation test at "
+                f"{FALSE_ALARM * 100:.0f} % false alarms, p = {judged.p_value:.3f})"
+            )
         inside = watch_run.compared_with and runs_step_growth(
             watch_run.compared_with, watch_run.run
         )

@@ -1,29 +1,66 @@
 import math
 
+import numpy as np
 import pytest
 
-from domain.intervals import INTERVAL_KEYS, level_of_rounds, overlap, t_interval, with_interval
+from domain.intervals import (
+    INTERVAL_KEYS,
+    compare_rounds,
+    level_of_rounds,
+    median_interval,
+    with_interval,
+)
 
 
-def test_the_t_interval_of_three_rounds_is_the_one_computed_by_hand():
-    # mean 12, s = 2, t(0.975, 2) = 4.303: 12 ± 4.303 · 2 / √3 = 12 ± 4.9687
-    low, high = t_interval([10.0, 12.0, 14.0])
-    assert low == pytest.approx(7.0313, abs=1e-4)
-    assert high == pytest.approx(16.9687, abs=1e-4)
+def test_the_interval_of_the_median_of_five_rounds_is_their_range():
+    # five rounds cannot reach 95 %: their range covers the median 1 − 2/32 = 94 % of the time
+    assert median_interval([334.0, 145.0, 154.0, 92.0, 240.0]) == (92.0, 334.0)
 
 
-def test_two_rounds_take_the_wide_t_of_one_degree_of_freedom():
-    # mean 100, s = √2 · 10, t(0.975, 1) = 12.706: 100 ± 12.706 · 10 = 100 ± 127.06, held at 0
-    assert t_interval([90.0, 110.0]) == pytest.approx((0.0, 227.06))
+def test_ten_rounds_drop_one_order_statistic_from_each_end():
+    # [x(2), x(9)] covers the median 1 − 2·(1 + 10)/1024 = 97.9 %; [x(3), x(8)] only 89 %
+    assert median_interval([float(v) for v in range(10, 0, -1)]) == (2.0, 9.0)
 
 
-def test_equal_rounds_have_an_interval_of_no_width():
-    assert t_interval([5.0, 5.0, 5.0]) == (5.0, 5.0)
+def test_one_odd_round_moves_the_interval_by_one_order_statistic_not_its_width():
+    # the issue's rounds after a cap of 1: the 291 no longer stretches the interval to 5×
+    low, high = median_interval([291.0, 25.0, 28.0, 10.0, 12.0, 26.0, 27.0, 11.0, 24.0, 29.0])
+    assert (low, high) == (11.0, 29.0)
 
 
 @pytest.mark.parametrize("values", [[], [10.0], [10.0, None, 12.0]])
 def test_one_round_or_a_missing_figure_has_no_interval(values):
-    assert t_interval(values) is None
+    assert median_interval(values) is None
+
+
+# rounds of the real-vLLM watch test on a busy machine: a cap of 8, then --max-num-seqs 1
+BASELINE = [334.0, 145.0, 154.0, 92.0, 240.0]
+CAPPED = [291.0, 25.0, 28.0, 10.0, 12.0]
+
+
+def test_the_issues_rounds_are_a_drop_beyond_the_noise_with_its_interval():
+    judged = compare_rounds(CAPPED, BASELINE)
+    # 4 of the 252 splits of the pooled logs differ as much: p = 10/252 with both tails
+    assert judged.verdict == "lower" and judged.p_value == pytest.approx(10 / 252)
+    assert judged.change() == "−83 % [−95 %, −22 %]"
+    assert compare_rounds(BASELINE, CAPPED).verdict == "higher"
+
+
+def test_identically_distributed_heavy_tailed_rounds_are_quiet_in_95_percent_of_pairs():
+    rng = np.random.default_rng(40)
+    quiet = 0
+    for _ in range(1000):
+        # log-normal rounds times a Pareto tail (α 1.5: infinite variance), a busy machine's
+        a, b = (rng.lognormal(5.0, 0.5, 5) * (1 + rng.pareto(1.5, 5)) for _ in range(2))
+        quiet += compare_rounds(a, b).verdict == "within"
+    assert quiet >= 950
+
+
+def test_rounds_too_few_for_the_test_say_so():
+    assert compare_rounds([100.0], [300.0]).why == "single rounds: no noise estimate"
+    judged = compare_rounds([100.0, 101.0, 99.0], [300.0, 301.0, 299.0])
+    assert judged.verdict == "unknown"
+    assert judged.why.startswith("3 and 3 rounds are too few for a test at 5 % false alarms")
 
 
 def _round(throughput, p99_tpot, **extra):
@@ -51,9 +88,7 @@ def test_a_level_is_the_median_of_its_rounds_and_the_sum_of_their_requests():
     assert level["completed"] == 300 and level["failed"] == 3 and level["duration"] == 30.0
     assert level["errors"] == {"timeout": 3}
     assert level["started_at"] == 2000.0 and level["finished_at"] == 2210.0
-    assert level["intervals"]["output_throughput"] == pytest.approx(
-        list(t_interval([1200, 1000, 1100]))
-    )
+    assert level["intervals"]["output_throughput"] == [1000.0, 1200.0]
     assert set(level["intervals"]) == {"output_throughput", "p99_tpot_ms"}
 
 
@@ -69,13 +104,6 @@ def test_every_latency_percentile_and_output_throughput_get_an_interval():
     assert "output_throughput" in INTERVAL_KEYS
     assert {"median_ttft_ms", "p90_itl_ms", "p95_e2el_ms", "p99_tpot_ms"} <= set(INTERVAL_KEYS)
     assert "mean_ttft_ms" not in INTERVAL_KEYS
-
-
-def test_intervals_that_share_a_value_overlap():
-    assert overlap((1000.0, 1470.0), (850.0, 1250.0))
-    assert overlap((1000.0, 1100.0), (1100.0, 1200.0))
-    assert not overlap((1180.0, 1290.0), (1010.0, 1090.0))
-    assert not overlap((1010.0, 1090.0), (1180.0, 1290.0))
 
 
 def test_a_figure_is_written_with_its_interval_or_alone():

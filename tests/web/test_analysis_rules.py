@@ -131,11 +131,17 @@ def test_plateau_normalizes_a_quadrupling_step_to_doublings():
     assert p.evidence["plateau_at"] == 128
 
 
+def _rounds(low, median, high):
+    """A level's four rounds of output tok/s spanning low–high with `median` twice, and their
+    interval (domain.intervals.median_interval of four rounds: their range)."""
+    return {"throughput_rounds": (low, median, high, median), "throughput_interval": (low, high)}
+
+
 def test_a_small_rise_beyond_the_noise_of_rounds_is_no_plateau():
     # +8 % per doubling: flat by the 10 % rule, but the rounds measure a rise
     levels = [
-        Level(128, 1000.0, throughput_interval=(990.0, 1010.0)),
-        Level(256, 1080.0, throughput_interval=(1070.0, 1090.0)),
+        Level(128, 1000.0, **_rounds(990.0, 1000.0, 1010.0)),
+        Level(256, 1080.0, **_rounds(1070.0, 1080.0, 1090.0)),
     ]
 
     assert analysis.plateau(RunData(levels=levels)) == []
@@ -143,9 +149,9 @@ def test_a_small_rise_beyond_the_noise_of_rounds_is_no_plateau():
 
 def test_a_small_rise_within_the_noise_of_rounds_is_a_plateau():
     levels = [
-        Level(128, 1000.0, throughput_interval=(900.0, 1100.0)),
-        Level(256, 1080.0, throughput_interval=(980.0, 1180.0)),
-        Level(512, 1100.0, throughput_interval=(1000.0, 1200.0)),
+        Level(128, 1000.0, **_rounds(900.0, 1000.0, 1100.0)),
+        Level(256, 1080.0, **_rounds(980.0, 1080.0, 1180.0)),
+        Level(512, 1100.0, **_rounds(1000.0, 1100.0, 1200.0)),
     ]
 
     [p] = analysis.plateau(RunData(levels=levels))
@@ -616,15 +622,16 @@ def test_a_drop_between_one_round_runs_is_only_a_possible_regression():
     assert p.title == "Possible regression: throughput 17% below before at concurrency 256"
     assert p.text.startswith(
         "At concurrency 256 output tok/s fell from 1,200 in before to 1,000 in this run (same "
-        "levels and lengths): one round each: cannot tell from noise; re-run with rounds ≥ 3."
+        "levels and lengths): single rounds: no noise estimate: cannot tell from noise; re-run "
+        "with rounds ≥ 4."
     )
     assert p.evidence["verdict"] == [None, "possible"]
     assert [s["name"] for s in p.evidence["chart"]["series"]] == ["this run", "before"]
 
 
 def test_regression_fires_when_the_intervals_do_not_overlap():
-    before = [Level(128, 1234.0, throughput_interval=(1180.0, 1290.0))]
-    now = [Level(128, 1050.0, throughput_interval=(1010.0, 1090.0))]
+    before = [Level(128, 1234.0, **_rounds(1180.0, 1234.0, 1290.0))]
+    now = [Level(128, 1050.0, **_rounds(1010.0, 1050.0, 1090.0))]
 
     [p] = analysis.regression(RunData(levels=now, previous=previous(before)))
 
@@ -632,8 +639,8 @@ def test_regression_fires_when_the_intervals_do_not_overlap():
     assert p.title == "Throughput 15% below before at concurrency 128"
     assert p.text.startswith(
         "At concurrency 128 output tok/s fell from 1,234 (1,180–1,290) in before to "
-        "1,050 (1,010–1,090) in this run (same levels and lengths): the 95 % intervals over "
-        "their rounds do not overlap"
+        "1,050 (1,010–1,090) in this run (same levels and lengths): −15 % [−22 %, −8 %] "
+        "beyond the noise (a permutation test of their rounds at 5 % false alarms, p = 0.029)"
     )
     assert p.evidence["interval"] == [[1010.0, 1090.0]]
     assert p.evidence["previous_interval"] == [[1180.0, 1290.0]]
@@ -642,31 +649,31 @@ def test_regression_fires_when_the_intervals_do_not_overlap():
 
 def test_a_drop_of_the_medians_within_overlapping_intervals_is_no_regression():
     # the medians fell 15 %, more than the 10 % that a single round each would flag
-    before = [Level(128, 1234.0, throughput_interval=(1000.0, 1470.0))]
-    now = [Level(128, 1050.0, throughput_interval=(850.0, 1250.0))]
+    before = [Level(128, 1234.0, **_rounds(1000.0, 1234.0, 1470.0))]
+    now = [Level(128, 1050.0, **_rounds(850.0, 1050.0, 1250.0))]
 
     assert analysis.regression(RunData(levels=now, previous=previous(before))) == []
 
 
-def test_a_one_round_figure_inside_the_other_runs_interval_is_within_its_noise():
-    before = [Level(128, 1234.0, throughput_interval=(1000.0, 1470.0))]
+def test_one_round_against_four_is_too_few_to_test_so_a_drop_is_only_possible():
+    before = [Level(128, 1234.0, **_rounds(1000.0, 1234.0, 1470.0))]
 
-    inside = [Level(128, 1050.0)]
-    assert analysis.regression(RunData(levels=inside, previous=previous(before))) == []
-
-    [p] = analysis.regression(RunData(levels=[Level(128, 900.0)], previous=previous(before)))
+    [p] = analysis.regression(RunData(levels=[Level(128, 1050.0)], previous=previous(before)))
     assert p.severity == "info" and p.title.startswith("Possible regression")
-    assert "1,234 (1,000–1,470) in before to 900 in this run" in p.text
-    assert "one round in this run: cannot tell from noise; re-run with rounds ≥ 3." in p.text
+    assert "1,234 (1,000–1,470) in before to 1,050 in this run" in p.text
+    assert (
+        "1 and 4 rounds are too few for a test at 5 % false alarms (4 a side are the fewest): "
+        "cannot tell from noise; re-run with rounds ≥ 4."
+    ) in p.text
 
 
 def test_a_regression_beyond_the_noise_outranks_a_possible_one():
     before = [
-        Level(128, 1000.0, throughput_interval=(990.0, 1010.0)),
+        Level(128, 1000.0, **_rounds(990.0, 1000.0, 1010.0)),
         Level(256, 1200.0),
     ]
     now = [
-        Level(128, 850.0, throughput_interval=(840.0, 860.0)),
+        Level(128, 850.0, **_rounds(840.0, 850.0, 860.0)),
         Level(256, 600.0),
     ]
 

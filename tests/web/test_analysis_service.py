@@ -10,7 +10,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from domain.intervals import t_interval
+from domain.intervals import median_interval
 from moeops import jobs
 from moeops.examples import load_example_data
 from moeops.fleet import services as fleet_services
@@ -18,7 +18,14 @@ from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapsh
 from moeops.insights import services
 from moeops.insights.models import Finding, IncompatibilityRule, PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
-from moeops.runs.models import EngineSample, LevelResult, SweepRun, TelemetrySample, level_key
+from moeops.runs.models import (
+    EngineSample,
+    LevelResult,
+    LevelRound,
+    SweepRun,
+    TelemetrySample,
+    level_key,
+)
 from tests import fakes
 
 pytestmark = pytest.mark.django_db
@@ -377,35 +384,56 @@ def test_regression_against_the_previous_comparable_run(h200_deployment):
 
 
 def _with_rounds(run, concurrency, rounds):
-    """The run's level at `concurrency` as its rounds of output tok/s give it: their median and
-    their t-interval, as the level's rounds are stored."""
-    LevelResult.objects.filter(run=run, concurrency=concurrency).update(
-        output_throughput=statistics.median(rounds),
-        intervals={"output_throughput": list(t_interval(rounds))},
-    )
+    """The run's level at `concurrency` as its rounds of output tok/s give it: each round
+    stored, the level their median with its interval, as the level's rounds are stored."""
+    level = LevelResult.objects.get(run=run, concurrency=concurrency)
+    level.rounds.all().delete()
+    for number, value in enumerate(rounds, 1):
+        LevelRound.objects.create(
+            level=level, round=number, figures={"output_throughput": value}, body_sha256=""
+        )
+    level.output_throughput = statistics.median(rounds)
+    level.intervals = {"output_throughput": list(median_interval(rounds))}
+    level.save()
 
 
 def test_regression_from_rounds_fires_only_beyond_the_noise(h200_deployment):
     now = timezone.now()
     previous = make_run(h200_deployment, [(32, 0.0)], created=now)
     run = make_run(h200_deployment, [(32, 0.0)], created=now + timedelta(hours=1))
-    # medians 1,100 -> 950 (-14 %), but rounds spread as real vLLM's do: within the noise
-    _with_rounds(previous, 32, [1200.0, 1000.0, 1100.0])
-    _with_rounds(run, 32, [1050.0, 850.0, 950.0])
+    # medians 1,075 -> 975 (-9 %), but rounds spread as real vLLM's do: within the noise
+    _with_rounds(previous, 32, [1200.0, 1000.0, 1100.0, 1050.0])
+    _with_rounds(run, 32, [1050.0, 850.0, 950.0, 1000.0])
 
     services.run_analyze(run=run)
     assert not auto(run, kind="regression").exists()
 
-    # the same medians from tight rounds: beyond the noise
-    _with_rounds(previous, 32, [1110.0, 1090.0, 1100.0])
-    _with_rounds(run, 32, [960.0, 940.0, 950.0])
+    # about the same medians from tight rounds: beyond the noise
+    _with_rounds(previous, 32, [1110.0, 1090.0, 1100.0, 1095.0])
+    _with_rounds(run, 32, [960.0, 940.0, 950.0, 955.0])
     services.run_analyze(run=run)
 
     finding = auto(run, kind="regression").get()
     assert finding.severity == "warning"
-    assert "fell from 1,100 (1,075–1,125) in" in finding.text
-    assert "to 950 (925–975) in this run" in finding.text
-    assert "the 95 % intervals over their rounds do not overlap" in finding.text
+    assert "fell from 1,098 (1,090–1,110) in" in finding.text
+    assert "to 952 (940–960) in this run" in finding.text
+    assert (
+        "−13 % [−15 %, −12 %] beyond the noise (a permutation test of their rounds at 5 % "
+        "false alarms, p = 0.029)"
+    ) in finding.text
+
+
+def test_a_drop_that_three_rounds_each_cannot_test_is_a_possible_regression(h200_deployment):
+    now = timezone.now()
+    previous = make_run(h200_deployment, [(32, 0.0)], created=now)
+    run = make_run(h200_deployment, [(32, 0.0)], created=now + timedelta(hours=1))
+    _with_rounds(previous, 32, [1110.0, 1090.0, 1100.0])
+    _with_rounds(run, 32, [960.0, 940.0, 950.0])
+    services.run_analyze(run=run)
+    finding = auto(run, kind="regression").get()
+    assert finding.severity == "info" and finding.title.startswith("Possible regression")
+    assert "3 and 3 rounds are too few for a test at 5 % false alarms" in finding.text
+    assert "re-run with rounds ≥ 4" in finding.text
 
 
 def test_no_regression_without_lengths_in_the_parameters(h200_deployment):

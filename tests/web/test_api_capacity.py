@@ -119,11 +119,11 @@ def test_the_answer_is_read_on_the_run_once_it_ends(world, broker):
     run = SweepRun.objects.get(pk=created.json()["id"])
     worker = world.host_worker
     assert worker.patch(f"/api/v1/runs/{run.uuid}", {"status": "running"}).status_code == 200
-    for concurrency, tpot in ((4, 20.0), (8, 30.0), (16, 70.0), (12, 40.0), (14, 60.0), (13, 45.0)):
+    for concurrency, tpot in ((4, 20.0), (8, 30.0), (16, 70.0), (12, 40.0), (14, 60.0), (13, 46.0)):
         _level(run, concurrency, tpot)
     assert worker.patch(f"/api/v1/runs/{run.uuid}", {"status": "succeeded"}).status_code == 200
     answer = world.owner.get(f"/api/v1/runs/{run.uuid}").json()["capacity"]
-    # 13's TPOT p99 rounds are 40.5, 45, 49.5 ms: their interval's upper end is over 50 ms
+    # 13's TPOT p99 rounds are 41.4, 46, 50.6 ms: their interval's upper end is over 50 ms
     assert answer["load"] == 12 and answer["bracket"] == [12, 13]
     assert answer["load_on_medians"] == 13
     assert answer["binding"]["metric"] == "tpot"

@@ -67,14 +67,10 @@ def _snapshot(recipe, max_num_seqs, topology=TOPOLOGY, version="0.11.0"):
 
 
 def _levels(run, peak, interval):
-    LevelResult.objects.create(
-        run=run,
-        key=level_key(8, None),
-        concurrency=8,
-        output_throughput=peak,
-        round_count=3,
-        intervals={"output_throughput": interval},
+    level = LevelResult.objects.create(
+        run=run, key=level_key(8, None), concurrency=8, output_throughput=peak
     )
+    page_base.rounds_spanning(level, peak, interval)
 
 
 def _watch_run(world, peak, interval, snapshot):

@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from domain.intervals import t_interval
+from domain.intervals import median_interval
 from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, LevelRound, SweepRun
 from tests import page_base as pb
@@ -71,9 +71,9 @@ def test_each_round_of_a_level_is_stored_once_and_the_level_is_their_median(worl
     assert level["output_throughput"] == 1100.0 and level["p99_tpot_ms"] == 50.0
     assert level["completed"] == 192 and level["duration"] == 30.0
     assert level["intervals"]["output_throughput"] == pytest.approx(
-        t_interval([1200.0, 1000.0, 1100.0])
+        median_interval([1200.0, 1000.0, 1100.0])
     )
-    assert level["intervals"]["p99_tpot_ms"] == pytest.approx(t_interval([40.0, 60.0, 50.0]))
+    assert level["intervals"]["p99_tpot_ms"] == pytest.approx(median_interval([40.0, 60.0, 50.0]))
     stored = LevelRound.objects.get(round=2)
     assert stored.figures["output_throughput"] == 1000.0
 
@@ -158,7 +158,7 @@ def rounds_run(world, client):
 
 def test_the_run_page_shows_the_median_and_interval_of_a_level_of_rounds(client, rounds_run):
     page = html.unescape(client.get(f"/runs/{rounds_run.uuid}/").content.decode())
-    low, high = t_interval([1200.0, 1000.0, 1100.0])
+    low, high = median_interval([1200.0, 1000.0, 1100.0])
     assert f'1,100 <span class="ci">({low:,.0f}–{high:,.0f})</span>' in page
     assert "ran up to 3 rounds" in page
     # the level run once shows its figure alone, and says why
@@ -177,7 +177,7 @@ def test_the_run_page_of_single_rounds_shows_no_interval(client, world):
 def test_the_throughput_chart_draws_the_band_of_the_interval(client, rounds_run):
     figure = pb.figure(client.get(f"/runs/{rounds_run.uuid}/").content.decode(), "throughput-data")
     (band,) = [t for t in figure["data"] if t.get("fill") == "toself"]
-    low, high = t_interval([1200.0, 1000.0, 1100.0])
+    low, high = median_interval([1200.0, 1000.0, 1100.0])
     assert band["x"] == [8, 8] and band["y"] == pytest.approx([high, low])
     tpot = pb.figure(client.get(f"/runs/{rounds_run.uuid}/").content.decode(), "tpot-data")
     assert len([t for t in tpot["data"] if t.get("fill") == "toself"]) == 2
@@ -194,7 +194,7 @@ def test_the_csv_has_every_round_and_the_levels_interval(client, rounds_run):
         ("1", "16"),
     ]
     assert [float(r["output_throughput (tok/s)"]) for r in rows[:4]] == [1200, 1000, 1100, 1100]
-    low, high = t_interval([1200.0, 1000.0, 1100.0])
+    low, high = median_interval([1200.0, 1000.0, 1100.0])
     assert float(rows[3]["output_throughput 95% low"]) == pytest.approx(low)
     assert float(rows[3]["output_throughput 95% high"]) == pytest.approx(high)
     assert rows[0]["output_throughput 95% low"] == "" and rows[4]["output_throughput 95% low"] == ""

@@ -98,13 +98,13 @@ def test_pareto_labels_do_not_overlap(client, pair):
             assert abs(x - px) / span_x >= 0.08 or abs(y - py) / span_y >= 0.06
 
 
-def test_the_selection_order_and_table_follow_the_url(client, pair):
+def test_the_older_run_comes_first_whatever_order_the_url_gives(client, pair):
     before, after, other = pair
     html = _page(client, other, before)
     names = [t["name"] for t in pb.figure(html, "cmp-throughput-data")["data"]]
-    assert names == ["Kimi K2 · kimi", "GLM-5 · before"]
+    assert names == ["GLM-5 · before", "Kimi K2 · kimi"]
     table = html.split('id="compare-table"')[1].split("</table>")[0]
-    assert table.index(">kimi<") < table.index(">before<")
+    assert table.index(">before<") < table.index(">kimi<")
     assert "Virtual machine (kvm)" in table and "Container (lxc)" in table
 
 
@@ -194,22 +194,31 @@ def test_the_kimi_pair_states_its_headline_and_what_differs(client):
 
 
 def _peak_in_rounds(peak, low, high):
+    """Levels whose peak (64) ran four rounds spanning low–high with `peak` their median."""
     return [
         {"concurrency": 32, "output_throughput": peak / 2},
-        {
-            "concurrency": 64,
-            "output_throughput": peak,
-            "intervals": {"output_throughput": [low, high]},
-        },
+        {"concurrency": 64, "output_throughput": peak, "rounds": (low, high)},
     ]
 
 
-def _banner(client, before_levels, after_levels):
+def _run_of(deployment, label, levels):
+    rounds = {level["concurrency"]: level.pop("rounds", None) for level in levels}
+    run = pb.run(deployment, label, levels=levels)
+    for level in run.levels.all():
+        if rounds.get(level.concurrency):
+            pb.rounds_spanning(level, level.output_throughput, rounds[level.concurrency])
+    return run
+
+
+def _banner(client, before_levels, after_levels, order=("before", "after")):
     pb.sign_in(client)
     deployment = pb.deployment("glm", pb.model("GLM-5"), pb.host("h200"))
-    before = pb.run(deployment, "before", levels=before_levels)
-    after = pb.run(deployment, "after", levels=after_levels)
-    return _page(client, before, after).split('id="differs-in"')[1].split("</section>")[0]
+    runs = {
+        "before": _run_of(deployment, "before", before_levels),
+        "after": _run_of(deployment, "after", after_levels),
+    }
+    html = _page(client, *(runs[name] for name in order))
+    return html.split('id="differs-in"')[1].split("</section>")[0]
 
 
 def test_a_headline_within_the_rounds_noise_says_so(client):
@@ -218,8 +227,9 @@ def test_a_headline_within_the_rounds_noise_says_so(client):
     )
     assert '<span class="headline">1.1× peak output throughput</span>' in banner
     assert (
-        '<span class="noise">within noise (peak 1,100 (900–1,300) against 1,000 (850–1,150) '
-        "tok/s: their 95 % intervals overlap)</span>"
+        '<span class="noise">within noise: +10 % [−22 %, +53 %] (peak 1,100 (900–1,300) against '
+        "1,000 (850–1,150) tok/s; a permutation test of the rounds at 5 % false alarms, "
+        "p = 0.37)</span>"
     ) in banner
 
 
@@ -227,13 +237,38 @@ def test_a_headline_beyond_the_rounds_noise_says_so(client):
     banner = _banner(
         client, _peak_in_rounds(1000.0, 980.0, 1020.0), _peak_in_rounds(1100.0, 1080.0, 1120.0)
     )
-    assert "beyond the noise (peak 1,100 (1,080–1,120) against 1,000 (980–1,020) tok/s" in banner
+    assert (
+        "beyond the noise: +10 % [+6 %, +14 %] (peak 1,100 (1,080–1,120) against 1,000 (980–1,020) "
+        "tok/s; a permutation test of the rounds at 5 % false alarms, p = 0.03)"
+    ) in banner
     assert "within noise" not in banner
 
 
-def test_a_headline_of_one_round_runs_cannot_tell_from_noise(client):
+def test_a_headline_of_one_round_runs_says_it_has_no_noise_estimate(client):
     banner = _banner(client, _levels(1.0), _levels(2.0))
-    assert "cannot tell from noise (peak 1,612 against 806 tok/s; one round: no interval)" in banner
+    assert "single rounds: no noise estimate (peak 1,612 against 806 tok/s)" in banner
+    assert "cannot tell" not in banner
+
+
+def test_the_older_run_is_the_baseline_whichever_was_ticked_first(client):
+    banner = _banner(
+        client,
+        _peak_in_rounds(1000.0, 980.0, 1020.0),
+        _peak_in_rounds(500.0, 490.0, 510.0),
+        order=("after", "before"),
+    )
+    assert "<strong>after</strong> against before" in banner
+    assert '<span class="headline">0.5× peak output throughput</span>' in banner
+    assert "beyond the noise: −50 % [" in banner
+
+
+def test_latency_is_compared_at_the_same_concurrency(client):
+    before = _peak_in_rounds(1000.0, 980.0, 1020.0)
+    after = _peak_in_rounds(1100.0, 1080.0, 1120.0)
+    before[1]["median_tpot_ms"], after[1]["median_tpot_ms"] = 40.0, 44.0
+    after[0]["median_tpot_ms"] = 20.0  # at 32: not the baseline's peak
+    banner = _banner(client, before, after)
+    assert '<span class="latency">p50 TPOT at concurrency 64: 40.0 → 44.0 ms</span>' in banner
 
 
 def test_the_banner_lists_every_factor_a_comparison_varies(client, one_factor_pairs):
@@ -440,7 +475,7 @@ def test_before_after_tuning_reads_the_kernel_config_in_effect(client, measured)
     picked = parse_qs(urlparse(href.replace("&amp;", "&")).query)
     # neither run has a config on record or an import's marker: the snapshots tell them apart
     assert picked["run"] == [str(default.uuid), str(tuned.uuid)]
-    html = _page(client, default, tuned, group="kernel")
+    html = client.get(href.replace("&amp;", "&")).content.decode()
     groups = [t["legendgroup"] for t in pb.figure(html, "cmp-throughput-data")["data"]]
     assert groups == ["default kernel config", "tuned kernel config"]
 

@@ -44,20 +44,17 @@ def watch(deployment):
 
 
 def _finished(watch, peak, interval, snapshot):
-    """A watch run whose sweep succeeded with its peak level at `peak` tok/s ± interval."""
+    """A watch run whose sweep succeeded with its peak level at `peak` tok/s, four rounds
+    spanning `interval`."""
     run = page_base.run(
         watch.deployment,
         levels=[
             {"concurrency": 4, "output_throughput": peak / 2},
-            {
-                "concurrency": 8,
-                "output_throughput": peak,
-                "round_count": 3,
-                "intervals": {"output_throughput": interval},
-            },
+            {"concurrency": 8, "output_throughput": peak},
         ],
         snapshot=snapshot,
     )
+    page_base.rounds_spanning(run.levels.get(concurrency=8), peak, interval)
     WatchRun.objects.create(watch=watch, run=run, status="running")
     return services.watch_run_finished(run)
 
@@ -258,16 +255,8 @@ def test_a_run_that_is_no_watchs_is_left_alone(deployment):
 
 def test_the_job_finished_hook_judges_a_watchs_run_after_its_analysis(watch):
     _finished(watch, 1000.0, [950.0, 1050.0], _args(64))
-    run = page_base.run(
-        watch.deployment,
-        levels=[
-            {
-                "concurrency": 8,
-                "output_throughput": 500.0,
-                "intervals": {"output_throughput": [480.0, 520.0]},
-            }
-        ],
-    )
+    run = page_base.run(watch.deployment, levels=[{"concurrency": 8, "output_throughput": 500.0}])
+    page_base.rounds_spanning(run.levels.get(), 500.0, [480.0, 520.0])
     WatchRun.objects.create(watch=watch, run=run, status="running")
     handled = jobs.job_finished("runs.sweeprun", run.pk)
     watch_run = WatchRun.objects.get(run=run)

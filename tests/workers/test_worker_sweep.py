@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from domain.intervals import t_interval
+from domain.intervals import median_interval
 from localstack.standin import StandinConfig, start_standin_in_thread
 from moeops.api.models import ApiToken
 from moeops.fleet.models import Deployment, Host, ModelSpec
@@ -378,7 +378,7 @@ def test_each_level_runs_its_rounds_and_stores_each_with_its_own_figures(world):
         assert level.completed == 12 * level.concurrency
         throughputs = [r.figures["output_throughput"] for r in rounds]
         assert level.output_throughput == sorted(throughputs)[1]
-        assert level.interval("output_throughput") == pytest.approx(t_interval(throughputs))
+        assert level.interval("output_throughput") == pytest.approx(median_interval(throughputs))
 
 
 def test_a_redelivered_run_skips_the_rounds_already_stored(world):
@@ -468,7 +468,7 @@ def _slow_rounds(monkeypatch, concurrency, slow):
 
 
 def _straddles(figures, limit_ms):
-    return t_interval(figures)[1] > limit_ms >= statistics.median(figures)
+    return median_interval(figures)[1] > limit_ms >= statistics.median(figures)
 
 
 def _search_at_2(deployment):

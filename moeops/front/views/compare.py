@@ -11,7 +11,7 @@ from django.shortcuts import render
 from django.urls import reverse
 
 from domain.capacity import capacities_compared, capacity_range
-from domain.intervals import overlap, with_interval
+from domain.intervals import FALSE_ALARM, compare_rounds, with_interval
 from domain.step_breakdown import breakdown_changes
 from moeops.fleet.models import gpu_count
 from moeops.front import capacity, charts
@@ -77,9 +77,12 @@ def _selected_runs(uuids):
             gpu_count=Count("deployment__gpus", distinct=True),
             host_gpu_count=Count("deployment__host__gpus", distinct=True),
         )
-        .prefetch_related(Prefetch("levels", LevelResult.objects.order_by("concurrency", "id")))
+        .prefetch_related(
+            Prefetch("levels", LevelResult.objects.order_by("concurrency", "id")), "levels__rounds"
+        )
     }
-    return [runs[u] for u in uuids if u in runs]
+    # the older run is the baseline whatever order the runs were ticked in
+    return sorted((runs[u] for u in uuids if u in runs), key=lambda run: (run.created, run.id))
 
 
 def _with_standin(request):
@@ -89,8 +92,11 @@ def _with_standin(request):
 
 
 def _compared_runs(request):
-    """(runs compared, stand-in runs of the selection left out)."""
+    """(runs compared, stand-in runs of the selection left out): oldest first, the run marked
+    ?before= (a preset's baseline) first of all; the first is the baseline."""
     selected = _selected_runs(_selected_uuids(request))
+    before = request.GET.get("before", "")
+    selected.sort(key=lambda run: str(run.uuid) != before)
     if _with_standin(request):
         return selected, []
     return [r for r in selected if not r.is_standin], [r for r in selected if r.is_standin]
@@ -138,7 +144,8 @@ def _gpus(run):
 
 
 def _compare_url(uuids, group, standin=False):
-    query = [("run", str(u)) for u in uuids] + [("group", group)]
+    """The compare page of `uuids`, the first marked the baseline (?before=)."""
+    query = [("run", str(u)) for u in uuids] + [("group", group), ("before", str(uuids[0]))]
     if standin:
         query.append(("standin", "1"))
     return f"{reverse('compare')}?{urlencode(query)}"
@@ -229,22 +236,49 @@ def _peak_level(run):
 
 def _noise(baseline, run):
     """Whether the two runs' peak output throughputs differ beyond their rounds' noise, in a
-    sentence: "within noise" where their 95 % intervals overlap, "beyond the noise" where not,
-    and that one round cannot tell where either peak has no interval; None without peaks."""
+    sentence (domain.intervals.compare_rounds: the change with its interval, or why the rounds
+    cannot tell); None without peaks."""
     before, after = _peak_level(baseline), _peak_level(run)
     if before is None or after is None:
         return None
-    before_interval = before.interval("output_throughput")
-    after_interval = after.interval("output_throughput")
     figures = (
-        f"peak {with_interval(after.output_throughput, after_interval)} against "
-        f"{with_interval(before.output_throughput, before_interval)} tok/s"
+        f"peak {with_interval(after.output_throughput, after.interval('output_throughput'))} "
+        f"against {with_interval(before.output_throughput, before.interval('output_throughput'))}"
+        " tok/s"
     )
-    if before_interval is None or after_interval is None:
-        return f"cannot tell from noise ({figures}; one round: no interval)"
-    if overlap(before_interval, after_interval):
-        return f"within noise ({figures}: their 95 % intervals overlap)"
-    return f"beyond the noise ({figures}: their 95 % intervals do not overlap)"
+    judged = compare_rounds(
+        [r.figures.get("output_throughput") for r in after.stored_rounds()],
+        [r.figures.get("output_throughput") for r in before.stored_rounds()],
+    )
+    if judged.verdict == "unknown":
+        return f"{judged.why} ({figures})"
+    test = (
+        f"a permutation test of the rounds at {FALSE_ALARM * 100:.0f} % false alarms, "
+        f"p = {judged.p_value:.2f}"
+    )
+    where = "within noise" if judged.verdict == "within" else "beyond the noise"
+    return f"{where}: {judged.change()} ({figures}; {test})"
+
+
+def _latency(baseline, run):
+    """ "p50 TPOT at concurrency 64: 40.1 → 55.3 ms": latency compared at the baseline's peak
+    concurrency (unlimited rate), which both runs swept; None where the other did not."""
+    before = _peak_level(baseline)
+    if before is None:
+        return None
+    same = [
+        level
+        for level in run.levels.all()
+        if level.concurrency == before.concurrency and level.request_rate is None
+    ]
+    if before.request_rate is not None or not same or same[0].median_tpot_ms is None:
+        return None
+    if before.median_tpot_ms is None:
+        return None
+    return (
+        f"p50 TPOT at concurrency {before.concurrency}: {before.median_tpot_ms:,.1f} → "
+        f"{same[0].median_tpot_ms:,.1f} ms"
+    )
 
 
 def _what_changed(runs):
@@ -279,6 +313,7 @@ def _what_changed(runs):
                 "incidental": [f for f in factors if f in snapshots.INCIDENTAL_FACTORS],
                 "headline": _headline(baseline, run),
                 "noise": _noise(baseline, run),
+                "latency": _latency(baseline, run),
                 "capacity": capacities_compared(baseline.capacity, run.capacity),
                 "sections": sections,
                 "unknown": diff["unknown"],
