@@ -1,5 +1,5 @@
-"""`python -m tuning params|filename|tune|bench|engine-diff …`: one subcommand per module of the
-package."""
+"""`python -m tuning params|filename|tune|bench|engine-diff|compile-check …`: one subcommand per
+module of the package."""
 
 import argparse
 import importlib
@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "tune": "tuning.tune_cli",
     "bench": "tuning.bench",
     "engine-diff": "tuning.engine_diff",
+    "compile-check": "tuning.compile_check",
 }
 
 

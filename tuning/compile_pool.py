@@ -185,6 +185,42 @@ class CompilePool:
             return [None] * len(handles)
         return errors
 
+    def compile_reports(
+        self, jobs: list[tuple[dict, int | None]], target: GpuTarget
+    ) -> list[tuple[str | None, dict[str, int]]]:
+        """Compile each (config, batch size) of jobs for target (the batch size is ignored for
+        moeops' builtin kernel) and wait: per job None or why it failed, and {kernel name:
+        shared memory bytes} of the kernels its layer launched. For a check
+        (tuning.compile_check): a pool that cannot compile raises instead of leaving the
+        compiles to a timing process, and configs failing alike are failures all the same."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        self._wait_for_starter()
+        if self.broken or not self._started:
+            raise RuntimeError(self.broken or "compile processes did not start")
+        configs = [config for config, _ in jobs]
+        futures = {
+            i: self._executor.submit(
+                compile_report_in_worker,
+                jobs[i][0],
+                target,
+                (jobs[i][1],) if self.per_batch_size else (None,),
+            )
+            for i in compile_order(configs, self._shard)
+        }
+        answers: dict[int, tuple[str | None, dict[str, int]]] = {}
+        # in the order they were queued: each waits for its own compile, not for those before
+        for i, future in futures.items():
+            try:
+                answers[i] = future.result(timeout=COMPILE_TIMEOUT_S)
+            except FutureTimeout:
+                answers[i] = (f"compile took over {COMPILE_TIMEOUT_S} s", {})
+        reports = [answers[i] for i in range(len(jobs))]
+        set_up = next((e for e, _ in reports if e and e.startswith(SET_UP_FAILED)), None)
+        if set_up is not None:
+            raise RuntimeError(set_up)
+        return reports
+
     def close(self) -> None:
         self._wait_for_starter()
         if self._executor is not None:
@@ -303,9 +339,13 @@ def compile_in_worker(
     if "set_up_error" in w:
         return w["set_up_error"]
     try:
-        if w.get("target") != target:
+        if "target" not in w:
             driver.set_active(compile_only_driver(target))
             w["target"] = target
+        elif w["target"] != target:
+            # Triton keeps the kernels it compiled in memory by device, not by target: another
+            # target's kernel would be answered from there, checked against this one's limits
+            return f"a compile process compiles for one GPU target, here {w['target']}"
         if "backend" in w:
             for M in sizes:
                 _launch_engine_layer(w, config, target, M)
@@ -323,6 +363,20 @@ def compile_in_worker(
     except Exception as exc:
         return one_line(exc)
     return None
+
+
+def compile_report_in_worker(
+    config: dict, target: GpuTarget, sizes: tuple[int | None, ...] = (None,)
+) -> tuple[str | None, dict[str, int]]:
+    """compile_in_worker's answer, and {kernel name: shared memory bytes} of the kernels the
+    layer launched (one that failed to load is in the answer, not here)."""
+    from triton.runtime import driver
+
+    if "target" in _WORKER:
+        driver.active.launched.clear()
+    error = compile_in_worker(config, target, sizes)
+    launched = dict(driver.active.launched) if "target" in _WORKER else {}
+    return error, launched
 
 
 def _launch_engine_layer(w: dict, config: dict, target: GpuTarget, M: int) -> None:
