@@ -131,6 +131,17 @@ class TuneResult:
             return self.kernel_path == "sorted_a" and bool(self.batches)
         return bool(self.down_entries())
 
+    def limits_phrase(self) -> str | None:
+        """The limits the search pruned with, in a phrase ("searched within compute capability
+        12.0's 101376 bytes of shared memory per block"); None for a log without them."""
+        if not self.limits:
+            return None
+        capability = self.limits["capability"]
+        return (
+            f"searched within compute capability {capability // 10}.{capability % 10}'s"
+            f" {self.limits['shared_memory_bytes']} bytes of shared memory per block"
+        )
+
     def speedup_geomean(self, over: str = "default") -> float | None:
         """Geometric mean over batch sizes of the default's (or "shipped") µs / tuned µs."""
         key = f"{over}_us"
@@ -282,11 +293,7 @@ def print_summary(result: TuneResult) -> None:
     version = f" {kernel.get('version')}" if kernel.get("version") else ""
     print(f"kernel: {kernel.get('engine')}{version}")
     if result.limits:
-        capability = result.limits["capability"]
-        print(
-            f"searched within compute capability {capability // 10}.{capability % 10}'s"
-            f" {result.limits['shared_memory_bytes']} bytes of shared memory per block"
-        )
+        print(result.limits_phrase())
     for m, b in sorted(result.batches.items()):
         shared = "" if b.shared_config_us is None else f"  one config {b.shared_config_us:9.1f} µs"
         shipped = "" if b.shipped_us is None else f"  shipped {b.shipped_us:9.1f} µs"

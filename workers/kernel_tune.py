@@ -327,6 +327,8 @@ def tune_kernel(
             log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)
         # the timed kernel's own record: the engine's source hash is known once it is loaded
         kernel.update(_kernel_fields(result.kernel))
+        if result.limits:
+            kernel["kernel_note"] = f"{kernel['kernel_note']}; {result.limits_phrase()}"[:300]
         if result.kernel_path == "sorted_a":
             # vLLM's up file and its _down file: one kernel config
             config = _store_config(
@@ -404,6 +406,11 @@ def _kernel_fields(kernel):
     }
 
 
+def _provenance(tuning_run_uuid, result) -> str:
+    limits = f", {result.limits_phrase()}" if result.limits else ""
+    return f"tuned by moeops (tuning run {tuning_run_uuid}, {result.search}{limits})"
+
+
 def _store_config(
     client, tuning_run_uuid, shape, result, entries, *, down_moe=False, down_entries=None
 ):
@@ -421,7 +428,7 @@ def _store_config(
             {str(m): entry for m, entry in down_entries.items()} if down_entries else None
         ),
         "source": "tuned",
-        "provenance": f"tuned by moeops (tuning run {tuning_run_uuid}, {result.search})",
+        "provenance": _provenance(tuning_run_uuid, result),
         **_kernel_fields(result.kernel),
     }
     return client.request("POST", "/kernel-configs", body=body).json()

@@ -161,6 +161,29 @@ def test_a_tune_stores_its_config_timings_and_result(tune_client, tmp_path):
     assert KernelConfig.objects.count() == 2
 
 
+class SmTwelveTuner(FakeTuner):
+    """FakeTuner on an sm_120 GPU: its result names the limits its searches pruned with."""
+
+    def __call__(self, *args, **kwargs):
+        result = super().__call__(*args, **kwargs)
+        result.limits = {"capability": 120, "shared_memory_bytes": 101376}
+        return result
+
+
+def test_a_tunes_note_and_config_say_which_gpu_limits_the_search_pruned_with(tune_client):
+    host, client = tune_client
+    tuning_run, _ = kernel_services.tuning_run_create(
+        host=host, device_name="NVIDIA H200", E=8, N=64, hidden_size=128, topk=2
+    )
+
+    assert _tune(client, tuning_run, SmTwelveTuner()) == "succeeded"
+
+    tuning_run.refresh_from_db()
+    said = "searched within compute capability 12.0's 101376 bytes of shared memory per block"
+    assert tuning_run.kernel_note == f"moeops' builtin kernel, as asked; {said}"
+    assert said in tuning_run.result.provenance
+
+
 def _tune(client, tuning_run, tuner, **kwargs):
     return kernel_tune.tune_kernel(
         str(tuning_run.uuid),
