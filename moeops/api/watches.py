@@ -292,7 +292,7 @@ def _watches():
 @router.post("/watches", auth=WATCH_WRITE, response={201: WatchOut})
 def watch_create(request, payload: WatchIn):
     """A watch on a deployment with its schedule: {"cron": "0 3 * * *"} (UTC) or
-    {"every_hours": 6}; parameters as a sweep's load (rounds default 3)."""
+    {"every_hours": 6}; parameters as a sweep's load (rounds default 4)."""
     watch = services.watch_create(
         deployment=_deployment(payload.deployment),
         name=payload.name,

@@ -14,9 +14,9 @@ WATCH_KINDS = (
     ("capacity", "Capacity search"),
 )
 
-# A watch's runs repeat each level this many times unless told otherwise: one round cannot
-# tell a regression from noise (domain.intervals).
-DEFAULT_ROUNDS = 3
+# A watch's runs repeat each level this many times unless told otherwise: four rounds a side are
+# the fewest a two-run verdict can decide on at 5 % false alarms (domain.intervals.compare_rounds).
+DEFAULT_ROUNDS = 4
 
 # What became of one firing of a watch.
 WATCH_RUN_STATUSES = (
@@ -82,7 +82,7 @@ class Watch(models.Model):
     parameters = models.JSONField(
         default=dict,
         help_text="The load of each run: levels, input_len, output_len, prompts_per_level, "
-        "warmup, rounds (default 3), endpoint",
+        "warmup, rounds (default 4), endpoint",
     )
     slo_profile = models.ForeignKey(
         "fleet.SLOProfile", models.PROTECT, null=True, blank=True, related_name="watches"

@@ -22,19 +22,11 @@ def watch(db):
 
 
 def _finished(watch, peak, interval, communication=None):
-    """A watch run whose sweep succeeded at `peak` tok/s ± interval, its level 8 profiled with
+    """A watch run whose sweep succeeded at `peak` tok/s, four rounds spanning `interval`, its
+    level 8 profiled with
     this communication share of a decode step (None: not profiled)."""
-    run = page_base.run(
-        watch.deployment,
-        levels=[
-            {
-                "concurrency": 8,
-                "output_throughput": peak,
-                "round_count": 3,
-                "intervals": {"output_throughput": interval},
-            }
-        ],
-    )
+    run = page_base.run(watch.deployment, levels=[{"concurrency": 8, "output_throughput": peak}])
+    page_base.rounds_spanning(run.levels.get(), peak, interval)
     if communication is not None:
         body = sb.captured(8, shares={"communication": communication, "moe": 0.3})
         run_services.profile_record(run=run, body=body, source="upload")
@@ -50,7 +42,8 @@ def test_the_regression_alert_names_the_class_that_grew(watch, django_capture_on
     assert regressed.verdict == "regressed"
     (alert,) = Alert.objects.filter(kind="regression")
     assert (
-        "(95 % intervals over the rounds; they do not overlap); inside the step, communication "
+        "(−40 % [−47 %, −33 %] of the rounds' geometric means; a permutation test at 5 % false "
+        "alarms, p = 0.029); inside the step, communication "
         "grew 12 % → 31 % of a decode step at concurrency 8." in alert.text
     )
 

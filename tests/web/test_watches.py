@@ -59,12 +59,12 @@ def _finished(watch, peak, interval, snapshot):
     return services.watch_run_finished(run)
 
 
-def test_a_watch_keeps_its_schedule_in_beats_table_and_runs_three_rounds(watch):
+def test_a_watch_keeps_its_schedule_in_beats_table_and_runs_four_rounds(watch):
     task = PeriodicTask.objects.get(pk=watch.periodic_task_id)
     assert task.task == "moeops.watches.tasks.fire_watch"
     assert task.kwargs == f'{{"watch_id": {watch.pk}}}'
     assert (task.crontab.minute, task.crontab.hour, task.crontab.day_of_week) == ("0", "3", "*")
-    assert watch.parameters["rounds"] == 3
+    assert watch.parameters["rounds"] == 4
     assert watch.schedule_label() == "cron 0 3 * * *"
     services.watch_update(watch=watch, every_hours=6, enabled=False)
     task.refresh_from_db()
@@ -127,7 +127,7 @@ def test_it_waits_while_another_sweep_holds_the_host_then_starts(watch):
     watch_run = services.watch_fire(watch=watch, watch_run=watch_run)
     assert watch_run.status == "running"
     assert watch_run.run.parameters["levels"] == [4, 8]
-    assert watch_run.run.parameters["rounds"] == 3
+    assert watch_run.run.parameters["rounds"] == 4
     assert watch_run.run.status == "queued"
 
 
@@ -141,7 +141,7 @@ def test_a_capacity_watch_searches_against_its_profile_and_is_judged_on_its_rang
     assert fired.status == "running", fired.reason
     parameters = fired.run.parameters
     assert (parameters["kind"], parameters["slo"]["profile"]) == ("capacity", "chat")
-    assert parameters["start"] == 4 and parameters["rounds"] == 3
+    assert parameters["start"] == 4 and parameters["rounds"] == 4
     fired.run.delete()
 
     AlertChannel.objects.create(name="ops", kind="email", recipients=["ops@example.com"])
@@ -290,7 +290,7 @@ def test_the_api_creates_a_watch_and_refuses_a_bad_cron_naming_the_field(owner, 
     answer = owner.post("/api/v1/watches", {**body, "schedule": {"every_hours": 6}})
     assert answer.status_code == 201, answer.content
     created = answer.json()
-    assert (created["schedule"], created["parameters"]["rounds"]) == ("every 6 hours", 3)
+    assert (created["schedule"], created["parameters"]["rounds"]) == ("every 6 hours", 4)
     assert created["next_run_at"] is not None
     answer = owner.patch(f"/api/v1/watches/{created['id']}", {"schedule": {"cron": "61 * * * *"}})
     assert answer.status_code == 400
@@ -465,7 +465,7 @@ def test_the_admin_refuses_a_bad_cron_on_its_field_and_saves_through_the_service
     assert page.status_code == 302
     (task,) = PeriodicTask.objects.filter(task=services.FIRE_TASK)
     assert (task.crontab.minute, task.crontab.hour) == ("30", "2")
-    assert task.watch.parameters["rounds"] == 3
+    assert task.watch.parameters["rounds"] == 4
 
 
 def test_the_admin_never_shows_a_webhooks_url_back(admin_client):
