@@ -147,9 +147,15 @@ def test_restart_resweep_apply_a_config_from_the_page_and_come_back_from_a_bad_r
     assert applied.after_run.kernel_config_state() == "tuned"
     assert after.kernel_config_state() == "default"
     # the recipe put a kernel config where the engine reads it: its folder's variable, the
-    # recipe's configs and the config the engine loads are the one change
+    # recipe's configs, the config the engine loads and the engine path of the MoE's config
+    # (default → the file) are the one change
     factors = differs.split("differs in: ", 1)[1].split(", ")
-    assert sorted(factors) == ["engine environment", "kernel config", "launch recipe"]
+    assert sorted(factors) == [
+        "engine environment",
+        "engine paths",
+        "kernel config",
+        "launch recipe",
+    ]
     assert "state: engine_default → file" in compare
     assert "Launch recipe (managed engine)" in compare and "kernel configs: none →" in compare
 
