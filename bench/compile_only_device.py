@@ -69,11 +69,12 @@ def check(name: str, shape: KernelShape, cache: Path, engine: dict | None = None
     backend = load_backend(engine["engine"], source_dir=engine["source_dir"]) if engine else None
     # an engine's kernel specialises on the batch size: one size, compiled and launched at it
     sizes = [64] if engine else [1, 64, 1024]
-    configs = round_one_configs(shape, sizes, backend=backend)
+    target = gpu_target()
+    configs = round_one_configs(shape, sizes, backend=backend, shared_memory=target.shared_memory)
     started = time.monotonic()
     pool = CompilePool(shape, default_workers(), backend=engine)
     try:
-        errors = pool.compile(configs, gpu_target(), tuple(sizes))
+        errors = pool.compile(configs, target, tuple(sizes))
     finally:
         pool.close()
     pool_s = time.monotonic() - started

@@ -31,9 +31,9 @@ from tuning.compile_only import GpuTarget, target_for
 from tuning.compile_pool import CompilePool, default_workers
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
 from tuning.engines import ENGINES
-from tuning.kernel_backend import BackendError
 from tuning.search import (
     KernelShape,
+    compile_key,
     config_key,
     config_of,
     neighbours,
@@ -53,7 +53,9 @@ _REQUIRED = re.compile(r"shared memory, Required: (\d+)")
 class CheckedConfig:
     """One config compiled for the target at batch size M: None or why it failed, the most
     shared memory one of its layer's kernels takes (bytes; for a kernel that did not fit, what
-    it asked for), and the search's estimate of it (tuning.search.shared_memory_bytes)."""
+    it asked for), the search's estimate of its GEMMs' (tuning.search.shared_memory_bytes), and
+    kernels {name: bytes} of those its layer launched (the GEMMs, and the sort-and-pad and
+    activation kernels, whose shared memory does not follow the config)."""
 
     config: dict
     M: int | None
@@ -61,6 +63,7 @@ class CheckedConfig:
     shared_bytes: int | None
     estimate_bytes: int
     source: str = "search"
+    kernels: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {
@@ -70,6 +73,7 @@ class CheckedConfig:
             "shared_bytes": self.shared_bytes,
             "estimate_bytes": self.estimate_bytes,
             "source": self.source,
+            "kernels": self.kernels,
         }
 
 
@@ -127,23 +131,24 @@ class CompileCheck:
 def proposed_configs(
     shape: KernelShape,
     batch_sizes: list[int],
-    shared_memory: int,
+    target: GpuTarget,
     switches: dict,
     engine_own: dict[int, list[dict]],
 ) -> dict[tuple, tuple[dict, int]]:
     """{config key: (config, batch size to compile it at)} of every config a search could
-    propose at batch_sizes within shared_memory (bytes): each size's space, then CLIMBS steps of
-    neighbours from those and from the engine's own configs engine_own {M: configs}."""
+    propose at batch_sizes for target: each size's space, then CLIMBS steps of neighbours from
+    those and from the engine's own configs engine_own {M: configs}."""
+    limits = {"shared_memory": target.shared_memory, "capability": target.capability}
     found: dict[tuple, tuple[dict, int]] = {}
     for m in batch_sizes:
-        for config in search_space(m, shape, shared_memory, switches):
+        for config in search_space(m, shape, switches=switches, **limits):
             found.setdefault(config_key(config), (config, m))
     frontier = [(config, m) for config, m in found.values()]
     frontier += [(switched(c, switches), m) for m in batch_sizes for c in engine_own.get(m, ())]
     for _ in range(CLIMBS):
         stepped = []
         for config, m in frontier:
-            for near in neighbours(config, shape, shared_memory=shared_memory, switches=switches):
+            for near in neighbours(config, shape, switches=switches, **limits):
                 if config_key(near) not in found:
                     found[config_key(near)] = (near, m)
                     stepped.append((near, m))
@@ -151,16 +156,23 @@ def proposed_configs(
     return found
 
 
-def riskiest(configs: list[tuple[dict, int]], shape: KernelShape, n: int) -> list[tuple[dict, int]]:
+def riskiest(
+    configs: list[tuple[dict, int]], shape: KernelShape, n: int, capability: int = 90
+) -> list[tuple[dict, int]]:
     """The configs likeliest not to fit: the n with the deepest pipelines (the search's estimate
     of their shared memory), then the n with the biggest output tiles (BM × BN, which the
-    epilogue may stage through shared memory) and the shallowest pipelines."""
-    by_pipeline = sorted(configs, key=lambda c: -shared_memory_bytes(c[0], shape.operand_bytes))
+    epilogue may stage through shared memory) and the shallowest pipelines; one GROUP_SIZE_M of
+    each, which orders the tiles and takes no memory."""
+
+    def estimate(config: dict) -> int:
+        return shared_memory_bytes(config, shape.operand_bytes, capability)
+
+    by_pipeline = sorted(configs, key=lambda c: -estimate(c[0]))
     by_tile = sorted(
         configs,
         key=lambda c: (
             -c[0]["BLOCK_SIZE_M"] * c[0]["BLOCK_SIZE_N"],
-            shared_memory_bytes(c[0], shape.operand_bytes),
+            estimate(c[0]),
         ),
     )
     chosen: dict[tuple, tuple[dict, int]] = {}
@@ -169,8 +181,8 @@ def riskiest(configs: list[tuple[dict, int]], shape: KernelShape, n: int) -> lis
         for config, m in ranked:
             if taken == n:
                 break
-            if config_key(config) not in chosen:
-                chosen[config_key(config)] = (config, m)
+            if compile_key(config) not in chosen:
+                chosen[compile_key(config)] = (config, m)
                 taken += 1
     return list(chosen.values())
 
@@ -202,16 +214,17 @@ def compile_check(
     for m in batch_sizes:
         default = backend.default_config(shape, m)
         engine_own[m] = [default, *(shipped.entries.values() if shipped else ())]
-        own_jobs.setdefault(("default", *config_key(default)), _unchecked(default, m, shape))
+        key = ("default", *config_key(default))
+        own_jobs.setdefault(key, _unchecked(default, m, shape, target))
     for m, entry in (shipped.entries if shipped else {}).items():
         key = ("shipped", *config_key(entry))
-        own_jobs.setdefault(key, _unchecked(entry, m, shape, "shipped"))
+        own_jobs.setdefault(key, _unchecked(entry, m, shape, target, "shipped"))
     switches = backend.search_switches(shape)
-    proposed = proposed_configs(shape, batch_sizes, target.shared_memory, switches, engine_own)
+    proposed = proposed_configs(shape, batch_sizes, target, switches, engine_own)
     jobs = list(proposed.values())
     if sample is not None:
-        jobs = riskiest(jobs, shape, sample)
-    checked = [_unchecked(config, m, shape, "search") for config, m in jobs]
+        jobs = riskiest(jobs, shape, sample, target.capability)
+    checked = [_unchecked(config, m, shape, target, "search") for config, m in jobs]
     pool = CompilePool(shape, workers or default_workers(), backend=spec)
     try:
         everything = checked + list(own_jobs.values())
@@ -221,6 +234,7 @@ def compile_check(
     for item, (error, launched) in zip(everything, reports, strict=True):
         item.error = error
         item.shared_bytes = _shared_bytes(error, launched)
+        item.kernels = launched
     return CompileCheck(
         target=target,
         shape=shape,
@@ -233,9 +247,11 @@ def compile_check(
     )
 
 
-def _unchecked(config: dict, M: int, shape: KernelShape, source: str = "default") -> CheckedConfig:
+def _unchecked(
+    config: dict, M: int, shape: KernelShape, target: GpuTarget, source: str = "default"
+) -> CheckedConfig:
     config = config_of(config_key(config)) if source == "search" else dict(config)
-    estimate = shared_memory_bytes(config, shape.operand_bytes)
+    estimate = shared_memory_bytes(config, shape.operand_bytes, target.capability)
     return CheckedConfig(config, M, None, None, estimate, source)
 
 
@@ -310,7 +326,8 @@ def run(args: argparse.Namespace) -> int:
             sample=args.sample,
             workers=args.workers,
         )
-    except (ValueError, BackendError) as exc:
+    except (ValueError, RuntimeError) as exc:
+        # RuntimeError: a BackendError, or compile processes that could not compile
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -194,6 +194,7 @@ class CompilePool:
         (tuning.compile_check): a pool that cannot compile raises instead of leaving the
         compiles to a timing process, and configs failing alike are failures all the same."""
         from concurrent.futures import TimeoutError as FutureTimeout
+        from concurrent.futures.process import BrokenProcessPool
 
         self._wait_for_starter()
         if self.broken or not self._started:
@@ -215,6 +216,8 @@ class CompilePool:
                 answers[i] = future.result(timeout=COMPILE_TIMEOUT_S)
             except FutureTimeout:
                 answers[i] = (f"compile took over {COMPILE_TIMEOUT_S} s", {})
+            except BrokenProcessPool:
+                raise RuntimeError("compile processes died") from None
         reports = [answers[i] for i in range(len(jobs))]
         set_up = next((e for e, _ in reports if e and e.startswith(SET_UP_FAILED)), None)
         if set_up is not None:

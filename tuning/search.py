@@ -21,6 +21,13 @@ NUM_WARPS = (4, 8)
 NUM_STAGES = (2, 3, 4, 5)
 # Shared memory one block may opt into on sm90 (H100, H200): 227 KiB.
 SM90_SHARED_MEMORY = 232448
+# Shared memory a kernel takes beyond its pipelined A and B tiles (barriers, scratch): up to
+# 1,088 bytes in vLLM 0.34's kernel on 9.0 and 10.0, 1,024 on 12.0 (compile-check): twice that.
+SHARED_MEMORY_SLACK = 2048
+# Capabilities whose Triton pipeline keeps num_stages − 1 A and B tiles in shared memory, not
+# num_stages (as on 9.0 and 10.0): vLLM 0.34's kernel at 4 stages takes 3/4 of the 4-stage
+# figure on 12.0, plus SHARED_MEMORY_SLACK (compile-check).
+ONE_TILE_FEWER = (120, 121)
 # Launch switches an engine's config entry may carry beyond the grid (vLLM 0.34's USE_TMA, which
 # picks how B is read): a config key holds them after the six grid fields, as 0 or 1.
 SWITCHES = ("USE_TMA",)
@@ -98,10 +105,13 @@ def compile_key(config: dict) -> tuple[int, ...]:
     return key[:3] + key[4:]
 
 
-def shared_memory_bytes(config: dict, operand_bytes: int) -> int:
-    """Shared memory of the pipelined A and B tiles: stages · (BM + BN) · BK · bytes."""
+def shared_memory_bytes(config: dict, operand_bytes: int, capability: int = 90) -> int:
+    """Shared memory of the pipelined A and B tiles: stages · (BM + BN) · BK · bytes (stages − 1
+    on the capabilities of ONE_TILE_FEWER, 120 for 12.0); the kernel takes up to
+    SHARED_MEMORY_SLACK more."""
+    stages = config["num_stages"] - (capability in ONE_TILE_FEWER)
     return (
-        config["num_stages"]
+        stages
         * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"])
         * config["BLOCK_SIZE_K"]
         * operand_bytes
@@ -120,10 +130,17 @@ def block_sizes_m(M: int, E: int, top_k: int) -> tuple[int, ...]:
     return tuple(b for b in BLOCK_SIZES_M if low <= b <= high)
 
 
-def is_viable(config: dict, shape: KernelShape, shared_memory: int = SM90_SHARED_MEMORY) -> bool:
-    """Whether a config can run well: fits shared memory, sane registers, block-scale tiles."""
+def is_viable(
+    config: dict,
+    shape: KernelShape,
+    shared_memory: int = SM90_SHARED_MEMORY,
+    capability: int = 90,
+) -> bool:
+    """Whether a config can run well on a GPU of compute capability `capability` (90 for 9.0)
+    whose blocks may have shared_memory bytes: fits, sane registers, block-scale tiles."""
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
-    if shared_memory_bytes(config, shape.operand_bytes) > shared_memory:
+    needed = shared_memory_bytes(config, shape.operand_bytes, capability) + SHARED_MEMORY_SLACK
+    if needed > shared_memory:
         return False
     # float32 accumulators per thread: past 128 they spill, under 4 the warps sit idle
     accumulators = bm * bn / (config["num_warps"] * 32)
@@ -134,10 +151,15 @@ def is_viable(config: dict, shape: KernelShape, shared_memory: int = SM90_SHARED
 
 
 def search_space(
-    M: int, shape: KernelShape, shared_memory: int = SM90_SHARED_MEMORY, switches=None
+    M: int,
+    shape: KernelShape,
+    shared_memory: int = SM90_SHARED_MEMORY,
+    switches=None,
+    capability: int = 90,
 ) -> list[dict]:
-    """Every viable config for batch size M: the engines' grid pruned by M and resources, with
-    each value of each switch ({name: values}, the engine's default first) where given."""
+    """Every viable config for batch size M: the engines' grid pruned by M and the GPU's
+    resources (is_viable), with each value of each switch ({name: values}, the engine's
+    default first) where given."""
     configs = []
     for bm in block_sizes_m(M, shape.E, shape.top_k):
         for bn in BLOCK_SIZES_N:
@@ -146,7 +168,7 @@ def search_space(
                     for warps in NUM_WARPS:
                         for stages in NUM_STAGES:
                             config = config_of((bm, bn, bk, group, warps, stages))
-                            if is_viable(config, shape, shared_memory):
+                            if is_viable(config, shape, shared_memory, capability):
                                 configs += with_switches(config, switches)
     return configs
 
@@ -183,6 +205,7 @@ def neighbours(
     fixed: Iterable[str] = (),
     shared_memory: int = SM90_SHARED_MEMORY,
     switches=None,
+    capability: int = 90,
 ) -> list[dict]:
     """The viable configs one step from config along one axis (AXES and the switches
     {name: values}; not the `fixed` ones).
@@ -200,13 +223,13 @@ def neighbours(
         for step in (-1, 1):
             if 0 <= at + step < len(values) and values[at + step] in grid:
                 moved = {**config, name: values[at + step]}
-                if is_viable(moved, shape, shared_memory):
+                if is_viable(moved, shape, shared_memory, capability):
                     found.append(config_of(config_key(moved)))
     return found
 
 
 def down_search_space(
-    shape: KernelShape, up_config: dict, shared_memory: int = SM90_SHARED_MEMORY
+    shape: KernelShape, up_config: dict, shared_memory: int = SM90_SHARED_MEMORY, capability=90
 ) -> list[dict[str, int]]:
     """Every viable config for GEMM 2 (the down projection) given GEMM 1's config: the grid with
     up_config's BLOCK_SIZE_M, which SGLang requires (both GEMMs run on one sort-and-pad)."""
@@ -218,7 +241,7 @@ def down_search_space(
                     for stages in NUM_STAGES:
                         key = (up_config["BLOCK_SIZE_M"], bn, bk, group, warps, stages)
                         config = config_of(key)
-                        if is_viable(config, shape, shared_memory):
+                        if is_viable(config, shape, shared_memory, capability):
                             configs.append(config)
     return configs
 
@@ -260,6 +283,7 @@ class CoarseToFineSearch:
     tile with other warps, the engine's shipped entry with another GROUP_SIZE_M) is found here.
     Final: the best `finalists` re-timed with `final_replays` replays; the fastest wins.
     seeds: configs that round 1 times too (tuning.tuner gives the engine's own).
+    shared_memory, capability: the GPU's, which the search prunes with (is_viable).
     """
 
     # what a neighbourhood step leaves alone (DownProjectionSearch: GEMM 1's BLOCK_SIZE_M)
@@ -271,6 +295,7 @@ class CoarseToFineSearch:
         shape: KernelShape,
         *,
         shared_memory: int = SM90_SHARED_MEMORY,
+        capability: int = 90,
         screen_replays: int = 5,
         refine_replays: int = 10,
         final_replays: int = 20,
@@ -285,8 +310,9 @@ class CoarseToFineSearch:
         self.M = M
         self.shape = shape
         self.shared_memory = shared_memory
+        self.capability = capability
         self.switches = switches or {}
-        self.space = search_space(M, shape, shared_memory, self.switches)
+        self.space = search_space(M, shape, shared_memory, self.switches, capability)
         # configs timed in the first round beside it (the engine's default and shipped ones):
         # they may lie outside the space, and win all the same
         self.seeds = [switched(c, self.switches) for c in seeds]
@@ -389,6 +415,7 @@ class CoarseToFineSearch:
                 fixed=self.fixed_axes,
                 shared_memory=self.shared_memory,
                 switches=self.switches,
+                capability=self.capability,
             ):
                 if config_key(config) not in self.state.times:
                     configs.setdefault(config_key(config), config)
@@ -440,7 +467,7 @@ class DownProjectionSearch(CoarseToFineSearch):
         self.up_config = config_of(config_key(up_config))
         self.space = [
             config
-            for tile in down_search_space(shape, up_config, shared_memory)
+            for tile in down_search_space(shape, up_config, shared_memory, self.capability)
             for config in with_switches(tile, self.switches)
         ]
         self._rounds = iter((self._tiles, *[self._neighbourhood] * climbs, self._final))

@@ -183,7 +183,8 @@ class Tuner:
         started = time.monotonic()
         self.measurements = measurements or DeviceMeasurements(shape, **device_kwargs)
         # what the searches prune with: this GPU's, not the H100's
-        self.shared_memory = self.measurements.target.shared_memory
+        target = self.measurements.target
+        self.limits = {"shared_memory": target.shared_memory, "capability": target.capability}
         # building the measurements: compile workers launched, imports, weights (the workers'
         # start-up runs on meanwhile; the ceilings come with the tune)
         self.setup_s = time.monotonic() - started
@@ -274,7 +275,7 @@ class Tuner:
                     self.shape,
                     seeds=own[m],
                     switches=switches,
-                    shared_memory=self.shared_memory,
+                    **self.limits,
                 )
                 for m in chunk
             }
@@ -298,7 +299,7 @@ class Tuner:
                         up_configs[m],
                         seeds=_with_m(down_seeds, up_configs[m]),
                         switches=backend.down_switches(self.shape),
-                        shared_memory=self.shared_memory,
+                        **self.limits,
                     )
                     for m in chunk
                 }
@@ -340,7 +341,7 @@ class Tuner:
                 [m],
                 exhaustive=exhaustive,
                 backend=self.backend,
-                shared_memory=self.shared_memory,
+                **self.limits,
             )
             + self._engine_configs(m, shipped)
             for m in chunk
@@ -544,11 +545,13 @@ def round_one_configs(
     exhaustive: bool = False,
     backend=None,
     shared_memory: int = SM90_SHARED_MEMORY,
+    capability: int = 90,
 ) -> list[dict[str, int]]:
     """What a tune of batch_sizes compiles before its first timing, one config per compile key:
     every size's first proposal (coarse-to-fine: one config per tile; exhaustive: the whole
     space) and the engine's default config (backend's; moeops' builtin kernel's by default).
-    shared_memory: the GPU's per block (bytes), which the search prunes with.
+    shared_memory, capability: the GPU's (bytes per block; 90 for 9.0), which the search prunes
+    with.
     Tuner.tune compiles it per chunk, so that the defaults go through the compile pool with the
     first round."""
     if backend is None:
@@ -559,7 +562,9 @@ def round_one_configs(
     configs: dict[tuple, dict[str, int]] = {}
     switches = backend.search_switches(shape)
     for m in sorted(set(batch_sizes)):
-        proposal = search_class(m, shape, switches=switches, shared_memory=shared_memory).propose()
+        proposal = search_class(
+            m, shape, switches=switches, shared_memory=shared_memory, capability=capability
+        ).propose()
         for config in [*(proposal.configs if proposal else []), backend.default_config(shape, m)]:
             configs.setdefault(backend.compile_key(config, m), config)
     return list(configs.values())

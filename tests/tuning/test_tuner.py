@@ -22,6 +22,7 @@ from tuning.compile_pool import CompilePool, compile_order, compile_owner
 from tuning.config_files import TUNED_BATCH_SIZES, config_file_name, loads_config, parse_ints
 from tuning.kernel_backend import KernelBackend, ShippedConfigs
 from tuning.search import (
+    SHARED_MEMORY_SLACK,
     CoarseToFineSearch,
     KernelShape,
     compile_key,
@@ -157,7 +158,9 @@ def test_it_searches_within_the_gpus_own_shared_memory_and_records_it(capsys):
     engine_own = {config_key(BuiltinBackend().default_config(SHAPE, m)) for m in result.batches}
     searched = [c for _, c, _ in measurements.timed if config_key(c) not in engine_own]
     assert searched
-    assert max(shared_memory_bytes(c, 2) for c in searched) <= 101376
+    # one tile fewer in flight on 12.0 than on 9.0, and the slack beside them
+    needed = max(shared_memory_bytes(c, 2, 120) for c in searched) + SHARED_MEMORY_SLACK
+    assert needed <= 101376
     # on an H100's limit the search goes past it
     h200 = FakeMeasurements()
     Tuner(SHAPE, h200).tune([4096])
