@@ -184,7 +184,10 @@ class Tuner:
         self.measurements = measurements or DeviceMeasurements(shape, **device_kwargs)
         # what the searches prune with: this GPU's, not the H100's
         target = self.measurements.target
-        self.limits = {"shared_memory": target.shared_memory, "capability": target.capability}
+        self.search_limits = {
+            "shared_memory": target.shared_memory,
+            "capability": target.capability,
+        }
         # building the measurements: compile workers launched, imports, weights (the workers'
         # start-up runs on meanwhile; the ceilings come with the tune)
         self.setup_s = time.monotonic() - started
@@ -275,7 +278,7 @@ class Tuner:
                     self.shape,
                     seeds=own[m],
                     switches=switches,
-                    **self.limits,
+                    **self.search_limits,
                 )
                 for m in chunk
             }
@@ -299,7 +302,7 @@ class Tuner:
                         up_configs[m],
                         seeds=_with_m(down_seeds, up_configs[m]),
                         switches=backend.down_switches(self.shape),
-                        **self.limits,
+                        **self.search_limits,
                     )
                     for m in chunk
                 }
@@ -341,7 +344,7 @@ class Tuner:
                 [m],
                 exhaustive=exhaustive,
                 backend=self.backend,
-                **self.limits,
+                **self.search_limits,
             )
             + self._engine_configs(m, shipped)
             for m in chunk
