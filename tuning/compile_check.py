@@ -32,6 +32,7 @@ from tuning.compile_pool import CompilePool, default_workers
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
 from tuning.engines import ENGINES
 from tuning.search import (
+    SWITCHES,
     KernelShape,
     compile_key,
     config_key,
@@ -369,4 +370,7 @@ def print_report(check: CompileCheck) -> None:
 
 
 def _short(config: dict) -> str:
-    return ",".join(f"{config[name]}" for name in config)
+    """64x128x128 g32 w4 s3 (BLOCK_SIZE_M x N x K, GROUP_SIZE_M, warps, stages), then switches."""
+    bm, bn, bk, group, warps, stages, *switches = config_key(config)
+    said = [f"{name}={value}" for name, value in zip(SWITCHES, switches, strict=False)]
+    return " ".join([f"{bm}x{bn}x{bk} g{group} w{warps} s{stages}", *said])
