@@ -2,7 +2,7 @@
 compiled for it in vLLM 0.34's own kernel on this CPU (tuning.compile_check).
 
 A whole grid is a thousand configs or more (GLM-5 fp8 block: 1,016 on 12.0, 2,224 with vLLM's
-TMA switch on 9.0 and 10.0), some 1.5 s each on one core, so `make test` compiles the riskiest of
+TMA switch on 9.0 and 10.0), some 1.5 s each on one CPU, so `make test` compiles the riskiest of
 each capability (--sample 1: the deepest pipeline and the biggest tile, the configs nearest the
 limit) and the engine's own, and the CLI compiles the whole grid.
 """
