@@ -19,12 +19,8 @@ def _regressed(django_capture_on_commit_callbacks):
         deployment=deployment, name="nightly", parameters=LOAD, every_hours=6
     )
     for peak, interval in ((1000.0, [950.0, 1050.0]), (600.0, [560.0, 640.0])):
-        level = {
-            "concurrency": 8,
-            "output_throughput": peak,
-            "intervals": {"output_throughput": interval},
-        }
-        run = page_base.run(deployment, levels=[level])
+        run = page_base.run(deployment, levels=[{"concurrency": 8, "output_throughput": peak}])
+        page_base.rounds_spanning(run.levels.get(), peak, interval)
         WatchRun.objects.create(watch=watch, run=run, status="running")
         with django_capture_on_commit_callbacks(execute=True):
             watch_run = services.watch_run_finished(run)
