@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('watches', '0003_bisection_steps_measured_again'),
+        ("watches", "0003_bisection_steps_measured_again"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='watch',
-            name='parameters',
-            field=models.JSONField(default=dict, help_text='The load of each run: levels, input_len, output_len, prompts_per_level, warmup, rounds (default 4), endpoint'),
+            model_name="watch",
+            name="parameters",
+            field=models.JSONField(
+                default=dict,
+                help_text="The load of each run: levels, input_len, output_len, prompts_per_level, warmup, rounds (default 4), endpoint",
+            ),
         ),
     ]
