@@ -57,7 +57,8 @@ TPOTS = {
     16: (70.0, 72.0, 74.0),
     12: (40.0, 41.0, 42.0),
     14: (60.0, 61.0, 62.0),
-    13: (44.0, 47.0, 50.0),
+    # the median meets 50 ms, the worst round (the upper end of three rounds' interval) does not
+    13: (44.0, 47.0, 51.0),
 }
 
 
