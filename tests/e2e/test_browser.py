@@ -224,13 +224,14 @@ def test_compare_two_runs_shows_both_lines(page, member):
     page.click("button:has-text('Compare selected')")
     page.wait_for_url("**/compare/?run=*")
     assert str(before.uuid) in page.url and str(after.uuid) in page.url
+    # the older run is the baseline, whatever the order they were ticked in
     traces = chart_traces(page, "cmp-throughput")
     assert traces == [
-        {"name": "GLM-5 · after tuning", "n": 3},
         {"name": "GLM-5 · before tuning", "n": 3},
+        {"name": "GLM-5 · after tuning", "n": 3},
     ]
     pareto = [t["name"] for t in chart_traces(page, "cmp-pareto")]
-    assert pareto[:2] == ["GLM-5 · after tuning", "GLM-5 · before tuning"]
+    assert pareto[:2] == ["GLM-5 · before tuning", "GLM-5 · after tuning"]
     shot(page, "06-compare-two-runs")
 
     page.select_option("select[name=group]", "kernel")
@@ -238,7 +239,7 @@ def test_compare_two_runs_shows_both_lines(page, member):
     groups = page.evaluate(
         "() => document.getElementById('cmp-throughput').data.map(t => t.legendgroup)"
     )
-    assert groups == ["tuned kernel config", "default kernel config"]
+    assert groups == ["default kernel config", "tuned kernel config"]
 
 
 def test_every_page_renders_the_write_up(page, member):

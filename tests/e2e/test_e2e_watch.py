@@ -40,7 +40,7 @@ def test_beat_fires_a_watch_whose_sweep_is_judged_when_it_finishes(sweep_stack, 
     # one firing is enough: later ones while its sweep runs wait, then see the watch off
     services.watch_update(watch=watch, enabled=False)
     assert watch_run.run.label.startswith("watch every few seconds")
-    assert watch_run.run.parameters["rounds"] == 3
+    assert watch_run.run.parameters["rounds"] == 4
 
     run = sweep_stack.wait_for_run(watch_run.run, timeout=120)
     assert run.status == "succeeded", run.error
@@ -53,7 +53,7 @@ def test_beat_fires_a_watch_whose_sweep_is_judged_when_it_finishes(sweep_stack, 
     assert watch_run.verdict == "first"
     peak = max(level.output_throughput for level in run.levels.all())
     assert watch_run.figure == peak
-    # three rounds per level: the figure has its 95 % interval
+    # four rounds per level (the default): the figure has its 95 % interval
     low, high = watch_run.interval
     assert 0 <= low < high
     # the firings while the sweep held the host waited, saying what held it, and none ran
