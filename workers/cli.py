@@ -24,8 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-from domain.step_breakdown import StepBreakdown
 from domain.step_trace import TraceError, read_breakdown
+from workers import step_profile
 from workers.client import ApiError, MoeopsClient
 
 
@@ -169,25 +169,7 @@ def step_breakdown(args):
     if args.json:
         print(breakdown.model_dump_json())
     else:
-        print_breakdown(breakdown)
-
-
-def print_breakdown(breakdown: StepBreakdown):
-    version = f" {breakdown.engine_version}" if breakdown.engine_version else ""
-    print(f"{breakdown.engine}{version}, kernel names of {breakdown.rules}")
-    for rank in breakdown.ranks:
-        print(f"\nrank {rank.rank} ({rank.device}): {rank.file}")
-        for kind in rank.kinds:
-            print(
-                f"  {kind.kind}: {kind.steps} steps, step {kind.step_us_median / 1000:.2f} ms "
-                f"median (p10 {kind.step_us_p10 / 1000:.2f}, p90 {kind.step_us_p90 / 1000:.2f})"
-            )
-            print(f"    {'CLASS':<14}{'SHARE':>8}{'µs/STEP':>11}  TOP")
-            for c in kind.classes:
-                top = ", ".join(t.name for t in c.top[:2])
-                print(f"    {c.name:<14}{c.share * 100:>7.1f}%{c.time_us:>11,.0f}  {top}"[:160])
-    for note in breakdown.notes:
-        print(f"note: {note}")
+        print(step_profile.format_breakdown(breakdown))
 
 
 def engine_paths(args):

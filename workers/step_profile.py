@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from domain.launch import PROFILES_FOLDER, profiler_flag_value
-from domain.step_breakdown import CLASSES, LevelProfile, ProfileCost, ProfileTrace
+from domain.step_breakdown import LevelProfile, ProfileCost, ProfileTrace
 from domain.step_trace import TraceError, read_breakdown
 from workers import loadgen
 from workers.engine_http import EngineHTTP
@@ -239,22 +239,22 @@ def describe(body: dict) -> str:
 
 
 def format_breakdown(breakdown) -> str:
-    """A StepBreakdown as a table: one row per rank and kind of step, a column per class
-    (its share of the step, %), then the step's median time and the steps counted."""
-    names = CLASSES
-    header = f"  {'rank':>4} {'step':<8}" + "".join(f"{n[:6]:>7}" for n in names)
-    lines = [
-        f"  {breakdown.engine} {breakdown.engine_version} (rules: {breakdown.rules}); "
-        "each class's share of the step, %",
-        header + f"{'median':>10} {'p10-p90 ms':>12} {'steps':>6}",
-    ]
+    """A StepBreakdown as text: per rank and kind of step, the steps counted, the step's median,
+    p10 and p90 (ms), and each class's share, mean µs per step and top names."""
+    version = f" {breakdown.engine_version}" if breakdown.engine_version else ""
+    lines = [f"{breakdown.engine}{version}, kernel names of {breakdown.rules}"]
     for rank in breakdown.ranks:
+        lines.append(f"\nrank {rank.rank} ({rank.device}): {rank.file}")
         for kind in rank.kinds:
-            shares = "".join(f"{100 * kind.share(n):7.1f}" for n in names)
-            spread = f"{kind.step_us_p10 / 1e3:.2f}-{kind.step_us_p90 / 1e3:.2f}"
             lines.append(
-                f"  {rank.rank:>4} {kind.kind:<8}{shares}"
-                f"{kind.step_us_median / 1e3:8.2f}ms {spread:>12} {kind.steps:>6}"
+                f"  {kind.kind}: {kind.steps} steps, step {kind.step_us_median / 1000:.2f} ms "
+                f"median (p10 {kind.step_us_p10 / 1000:.2f}, p90 {kind.step_us_p90 / 1000:.2f})"
             )
-    lines.extend(f"  {note}" for note in breakdown.notes)
+            lines.append(f"    {'CLASS':<14}{'SHARE':>8}{'µs/STEP':>11}  TOP")
+            for c in kind.classes:
+                top = ", ".join(t.name for t in c.top[:2])
+                lines.append(
+                    f"    {c.name:<14}{c.share * 100:>7.1f}%{c.time_us:>11,.0f}  {top}"[:160]
+                )
+    lines.extend(f"note: {note}" for note in breakdown.notes)
     return "\n".join(lines)
