@@ -331,6 +331,11 @@ class SweepRun(Job, models.Model):
             for request in log.requests():
                 yield level, request
 
+    def peak_level(self):
+        """The level of the highest output tok/s (one query), or None when none measured it."""
+        measured = [level for level in self.levels.all() if level.output_throughput is not None]
+        return max(measured, key=lambda level: level.output_throughput, default=None)
+
     def level_power(self, levels):
         """{level key: mean total power of the run's GPUs over the level (W)}: each GPU's mean
         NVML power over the level's window (its started_at–finished_at, else the samples the

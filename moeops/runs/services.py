@@ -403,8 +403,7 @@ def run_profile_again(*, run, concurrency=None, steps=DEFAULT_PROFILE_STEPS):
     if capacity.is_capacity(run.parameters):
         raise ValidationError({"run": "a capacity search chooses its levels: profile a sweep"})
     if concurrency is None:
-        measured = [lv for lv in run.levels.all() if lv.output_throughput is not None]
-        peak = max(measured, key=lambda lv: lv.output_throughput, default=None)
+        peak = run.peak_level()
         if peak is None:
             raise ValidationError({"concurrency": f"{run} measured no level to profile"})
         concurrency = peak.concurrency

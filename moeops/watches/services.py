@@ -333,12 +333,6 @@ def watch_fire(*, watch, watch_run=None, now=None):
 # -- judging ---------------------------------------------------------------------------------
 
 
-def peak_level(run):
-    """The run's level of the highest output tok/s, or None when it measured none."""
-    measured = [level for level in run.levels.all() if level.output_throughput is not None]
-    return max(measured, key=lambda level: level.output_throughput, default=None)
-
-
 def watched_figure(run):
     """(figure, [low, high] or None, why there is none): a sweep's peak output tok/s with the
     95 % interval of its rounds; a capacity search's capacity with the range it lies in
@@ -348,7 +342,7 @@ def watched_figure(run):
         if answer.get("load") is None:
             return None, None, "the capacity search found no load within the SLO"
         return answer["load"], list(capacity_range(answer)), ""
-    peak = peak_level(run)
+    peak = run.peak_level()
     if peak is None:
         return None, None, "the sweep measured no level"
     return peak.output_throughput, list(peak.interval("output_throughput") or []) or None, ""
@@ -376,7 +370,7 @@ def watched_rounds(run):
     read them without a query per level)."""
     if run is None or run.is_capacity_search:
         return None
-    peak = peak_level(run)
+    peak = run.peak_level()
     if peak is None:
         return None
     return [r.figures.get("output_throughput") for r in peak.stored_rounds()]

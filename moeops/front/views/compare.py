@@ -229,16 +229,11 @@ def _headline(baseline, run):
     return f"{run.peak / baseline.peak:.3g}× peak output throughput"
 
 
-def _peak_level(run):
-    measured = [level for level in run.levels.all() if level.output_throughput is not None]
-    return max(measured, key=lambda level: level.output_throughput, default=None)
-
-
 def _noise(baseline, run):
     """Whether the two runs' peak output throughputs differ beyond their rounds' noise, in a
     sentence (domain.intervals.compare_rounds: the change with its interval, or why the rounds
     cannot tell); None without peaks."""
-    before, after = _peak_level(baseline), _peak_level(run)
+    before, after = baseline.peak_level(), run.peak_level()
     if before is None or after is None:
         return None
     figures = (
@@ -263,7 +258,7 @@ def _noise(baseline, run):
 def _latency(baseline, run):
     """ "p50 TPOT at concurrency 64: 40.1 → 55.3 ms": latency compared at the baseline's peak
     concurrency (unlimited rate), which both runs swept; None where the other did not."""
-    before = _peak_level(baseline)
+    before = baseline.peak_level()
     if before is None:
         return None
     same = [
