@@ -15,6 +15,7 @@ from domain.topology import TopologyParseError
 from moeops.fleet.services import AlreadyExists
 from moeops.insights.services import NoteConflict
 from moeops.kernels.services import TuningConflict
+from moeops.keyed import KeyConflict
 from moeops.runs.importers import ResultFileError, ResultFileMismatch
 from moeops.runs.services import RunConflict
 from tuning.moe_params import MoEConfigError
@@ -212,6 +213,7 @@ def install(api):
         (AlreadyExists, conflict),
         (NoteConflict, conflict),
         (RunConflict, conflict),
+        (KeyConflict, conflict),
         (TuningConflict, conflict),
         (ModelValidationError, bad_model_fields),
         (MoEConfigError, bad_config),

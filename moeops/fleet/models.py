@@ -27,6 +27,7 @@ from domain.slo import (
     stat_key,
 )
 from domain.topology import VIRTUALIZATION_WORDS, virtualization_words, vm_layer
+from moeops.keyed import BODY_SHA256_HELP
 from tuning import config_files
 from tuning.moe_params import (
     MAX_ARCHITECTURE_CHARS,
@@ -605,6 +606,7 @@ class HealthCheck(models.Model):
     deployment = models.ForeignKey(Deployment, models.CASCADE, related_name="health_checks")
     # chosen by the worker, so that a retried or spooled push stores one check
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    body_sha256 = models.CharField(max_length=64, blank=True, help_text=BODY_SHA256_HELP)
     checked_at = models.DateTimeField()
     status = models.CharField(max_length=20, choices=HEALTH_STATUSES)
     up = models.BooleanField(help_text="The engine answered.")
@@ -638,6 +640,7 @@ class GPUReading(models.Model):
     host = models.ForeignKey(Host, models.CASCADE, related_name="gpu_readings")
     # chosen by the worker, so that a retried or spooled push stores one reading
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    body_sha256 = models.CharField(max_length=64, blank=True, help_text=BODY_SHA256_HELP)
     taken_at = models.DateTimeField()
     status = models.CharField(max_length=20, choices=READING_STATUSES)
     detail = models.CharField(max_length=300, blank=True, help_text="Why there is no reading.")

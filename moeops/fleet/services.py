@@ -22,6 +22,7 @@ from moeops.fleet.models import (
     SLOProfile,
     TopologySnapshot,
 )
+from moeops.keyed import body_sha256, same_body
 
 HEALTH = frozenset(key for key, _ in HEALTH_STATUSES)
 
@@ -300,12 +301,28 @@ def health_check_record(
     so that a check replayed late from a worker's spool joins the history without undoing a
     newer one. up: the engine answered
     (default: the status is not failed); checked_at: UTC epoch s (default now); latency_ms in
-    ms. A check_uuid seen before returns that check (a retried push).
+    ms. A check_uuid seen before returns that check (a retried push), or KeyConflict when it
+    was stored from another body.
     """
+    digest = body_sha256(
+        {
+            "status": status,
+            "trigger": trigger,
+            "up": up,
+            "detail": detail,
+            "checked_at": checked_at,
+            "latency_ms": latency_ms,
+            "engine": engine,
+            "version": version,
+            "served_models": list(served_models),
+            "max_running_requests": max_running_requests,
+        }
+    )
+    what = f"health check {check_uuid}"
     if check_uuid is not None:
         existing = HealthCheck.objects.filter(uuid=check_uuid).first()
         if existing is not None:
-            return _same_deployment(existing, deployment), False
+            return same_body(_same_deployment(existing, deployment), digest, what), False
     when = _moment(checked_at)
     row = HealthCheck(
         deployment=deployment,
@@ -319,6 +336,7 @@ def health_check_record(
         max_running_requests=max_running_requests,
         detail=detail,
         trigger=trigger,
+        body_sha256=digest,
     )
     if check_uuid is not None:
         row.uuid = check_uuid
@@ -329,7 +347,8 @@ def health_check_record(
             with transaction.atomic():
                 row.save()
         except IntegrityError:
-            return _same_deployment(HealthCheck.objects.get(uuid=check_uuid), deployment), False
+            existing = _same_deployment(HealthCheck.objects.get(uuid=check_uuid), deployment)
+            return same_body(existing, digest, what), False
         if not deployment.health_checks.filter(checked_at__gt=when).exists():
             deployment.status = status
             deployment.status_detail = detail
@@ -393,14 +412,24 @@ def gpu_reading_record(*, host, status, detail="", gpus=(), taken_at=None, readi
     """(GPUReading, created): every GPU of the host read once, or why there is no reading.
 
     gpus: dicts of workers.telemetry samples; taken_at: UTC epoch s (default now). A
-    reading_uuid seen before returns that reading (a retried push).
+    reading_uuid seen before returns that reading (a retried push), or KeyConflict when it was
+    stored from another body.
     """
+    gpus = list(gpus)
+    body = {"status": status, "detail": detail, "gpus": gpus, "taken_at": taken_at}
+    digest = body_sha256(body)
+    what = f"GPU reading {reading_uuid}"
     if reading_uuid is not None:
         existing = GPUReading.objects.filter(uuid=reading_uuid).first()
         if existing is not None:
-            return _same_host(existing, host), False
+            return same_body(_same_host(existing, host), digest, what), False
     row = GPUReading(
-        host=host, taken_at=_moment(taken_at), status=status, detail=detail, gpus=list(gpus)
+        host=host,
+        taken_at=_moment(taken_at),
+        status=status,
+        detail=detail,
+        gpus=gpus,
+        body_sha256=digest,
     )
     if reading_uuid is not None:
         row.uuid = reading_uuid
@@ -408,7 +437,8 @@ def gpu_reading_record(*, host, status, detail="", gpus=(), taken_at=None, readi
         with transaction.atomic():
             row.save()
     except IntegrityError:
-        return _same_host(GPUReading.objects.get(uuid=reading_uuid), host), False
+        existing = _same_host(GPUReading.objects.get(uuid=reading_uuid), host)
+        return same_body(existing, digest, what), False
     return row, True
 
 

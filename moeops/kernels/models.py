@@ -7,6 +7,7 @@ from django.db import models, transaction
 
 from domain import engine_diff
 from moeops.jobs import JOB_STATUSES, Job
+from moeops.keyed import BODY_SHA256_HELP
 from moeops.runs.models import TELEMETRY_STATUSES
 from tuning import config_files
 from tuning.engines import ENGINE_TITLES, KERNEL_PATHS, path_in_engine, vllm_launch
@@ -348,6 +349,7 @@ class TuningRun(Job, TimedKernel):
     back to the builtin kernel where the engine is not installed on its host)."""
 
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    body_sha256 = models.CharField(max_length=64, blank=True, help_text=BODY_SHA256_HELP)
     host = models.ForeignKey(
         "fleet.Host", models.SET_NULL, null=True, blank=True, related_name="tuning_runs"
     )

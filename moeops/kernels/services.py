@@ -13,6 +13,7 @@ from moeops.celery import send_host_task
 from moeops.engines.services import require_staff
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KERNEL_DTYPES, EngineDiff, KernelConfig, TuningRun, TuningTiming
+from moeops.keyed import body_sha256, same_body
 from tuning import config_files
 from tuning.engines import ENGINE_TITLES
 
@@ -179,11 +180,18 @@ def _tuned_on(config):
     )
 
 
-def tuning_run_create(*, run_uuid=None, host=None, deployment=None, **fields):
-    """(TuningRun, created); a run_uuid seen before returns that run (a retried create).
+def tuning_run_create(*, run_uuid=None, host=None, deployment=None, digest=None, **fields):
+    """(TuningRun, created); a run_uuid seen before returns that run (a retried create), or
+    KeyConflict when it was created from another body.
 
     A deployment's tune runs on the deployment's host: another host raises ValidationError
-    naming host; a run_uuid of another host's or deployment's tune raises TuningConflict."""
+    naming host; a run_uuid of another host's or deployment's tune raises TuningConflict.
+    digest: the body_sha256 of what the caller was asked (default: of these arguments)."""
+    if digest is None:
+        digest = body_sha256(
+            {"host": host and host.pk, "deployment": deployment and deployment.pk, **fields}
+        )
+    what = f"tuning run {run_uuid}"
     if deployment is not None and host is not None and deployment.host_id != host.pk:
         raise ValidationError(
             {
@@ -194,16 +202,20 @@ def tuning_run_create(*, run_uuid=None, host=None, deployment=None, **fields):
     if run_uuid is not None:
         existing = TuningRun.objects.filter(uuid=run_uuid).first()
         if existing is not None:
-            return _same_owner(existing, host, deployment), False
+            return same_body(_same_owner(existing, host, deployment), digest, what), False
         fields["uuid"] = run_uuid
     if fields.get("status") == "running":
         # created running (the tuning CLI's tunes): it starts now, as jobs.transition would say
         fields["started_at"] = timezone.now()
     try:
         with transaction.atomic():
-            return TuningRun.objects.create(host=host, deployment=deployment, **fields), True
+            row = TuningRun.objects.create(
+                host=host, deployment=deployment, body_sha256=digest, **fields
+            )
+            return row, True
     except IntegrityError:
-        return _same_owner(TuningRun.objects.get(uuid=run_uuid), host, deployment), False
+        existing = _same_owner(TuningRun.objects.get(uuid=run_uuid), host, deployment)
+        return same_body(existing, digest, what), False
 
 
 def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=False, run_uuid=None):
@@ -255,6 +267,15 @@ def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=Fals
             block_shape=block_shape,
             batch_sizes=sorted(batch_sizes),
             engine=engine,
+            # what was asked: the shape follows the deployment, which may change between retries
+            digest=body_sha256(
+                {
+                    "dtype": dtype,
+                    "batch_sizes": sorted(batch_sizes),
+                    "engine": engine,
+                    "force": force,
+                }
+            ),
         )
         if created:
             kwargs = {

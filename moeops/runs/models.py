@@ -21,6 +21,7 @@ from domain.numbers import is_integer
 from domain.progress import attempt_of
 from domain.snapshot import RunSnapshot
 from moeops.jobs import JOB_STATUSES, Job
+from moeops.keyed import BODY_SHA256_HELP
 
 # a profiled level's model lives in its own module; imported here so that Django finds it
 from moeops.runs.profiles import LevelProfile as LevelProfile
@@ -115,6 +116,7 @@ class SweepRunQuerySet(models.QuerySet):
 
 class SweepRun(Job, models.Model):
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    body_sha256 = models.CharField(max_length=64, blank=True, help_text=BODY_SHA256_HELP)
     deployment = models.ForeignKey("fleet.Deployment", models.CASCADE, related_name="runs")
     label = models.CharField(max_length=200, blank=True)
     parameters = models.JSONField(
@@ -399,8 +401,6 @@ def total_power(means):
 # A sweep delivered again after its worker died resumes where it was: its levels and samples
 # carry the delivery that took them, so a level it ran twice keeps each attempt's samples apart.
 ATTEMPT_HELP = "The sweep's delivery that took it: 1, then 2, … after each resume"
-# A write sent again under its key is a repeat only with the same body (services.body_sha256).
-BODY_SHA256_HELP = "SHA-256 of the body stored under this key; empty when stored before hashing"
 
 
 class LevelResult(models.Model):

@@ -28,6 +28,7 @@ from domain.step_trace import TraceError, read_breakdown
 from moeops import jobs
 from moeops.celery import send_host_task
 from moeops.fleet.endpoints import endpoint_refusal
+from moeops.keyed import body_sha256, same_body
 from moeops.runs import capacity, importers, rollup, snapshots
 from moeops.runs.levels import level_problems
 from moeops.runs.models import (
@@ -61,24 +62,6 @@ def _closed_to(run, what):
         raise RunConflict(f"run {run.uuid} is {run.status}: a finished run takes no more {what}")
 
 
-def body_sha256(body):
-    """The hash a keyed write stores with what it stored (canonical JSON of the validated body),
-    so that the same key sent again with another body is told from a repeat."""
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
-
-
-def _same_body(stored, digest, what):
-    """The row a key names, when it was stored from the same body (a repeat); RunConflict
-    naming the key when not. A row stored before bodies were hashed counts as a repeat."""
-    if stored.body_sha256 and stored.body_sha256 != digest:
-        raise RunConflict(
-            f"{what} is already stored with another body: a key is stored once, "
-            "send it again only with the same body"
-        )
-    return stored
-
-
 def run_create(
     *,
     deployment,
@@ -90,18 +73,34 @@ def run_create(
     topology_snapshot=None,
     provenance="",
     recipe=None,
+    digest=None,
 ):
-    """(SweepRun, created); a run_uuid seen before returns that run (a retried create).
+    """(SweepRun, created); a run_uuid seen before returns that run (a retried create), or
+    KeyConflict when it was created from another body.
 
     The run's snapshot records the deployment, topology and load as they are now, and the
-    launch recipe its engine runs (recipe; default: the one in force, for a managed one)."""
+    launch recipe its engine runs (recipe; default: the one in force, for a managed one).
+    digest: the body_sha256 of what the caller was asked (default: of these arguments)."""
     # one schema for every path that writes parameters: ValidationError naming the key
     parameters = parameters_checked(parameters)
+    if digest is None:
+        digest = body_sha256(
+            {
+                "label": label,
+                "parameters": parameters,
+                "source": source,
+                "kernel_config": kernel_config and kernel_config.pk,
+                "topology_snapshot": topology_snapshot and topology_snapshot.pk,
+                "provenance": provenance,
+            }
+        )
+    what = f"run {run_uuid}"
     if run_uuid is not None:
         existing = SweepRun.objects.filter(uuid=run_uuid).first()
         if existing is not None:
-            return _same_deployment(existing, deployment), False
+            return same_body(_same_deployment(existing, deployment), digest, what), False
     fields = {
+        "body_sha256": digest,
         "deployment": deployment,
         "label": label,
         "parameters": parameters or {},
@@ -123,7 +122,8 @@ def run_create(
         with transaction.atomic():
             return SweepRun.objects.create(**fields), True
     except IntegrityError:
-        return _same_deployment(SweepRun.objects.get(uuid=run_uuid), deployment), False
+        existing = _same_deployment(SweepRun.objects.get(uuid=run_uuid), deployment)
+        return same_body(existing, digest, what), False
 
 
 def run_start(*, deployment, parameters, label="", run_uuid=None, topology_snapshot=None, **fields):
@@ -138,6 +138,16 @@ def run_start(*, deployment, parameters, label="", run_uuid=None, topology_snaps
     fields: as run_create takes them. Raises ValidationError naming the field when the
     deployment has no endpoint URL or levels, input_len or output_len is missing.
     """
+    # the load as asked: what run_start adds (a seed, the host's topology now) is no part of it
+    digest = body_sha256(
+        {
+            "start": True,
+            "label": label,
+            "parameters": parameters,
+            "topology_snapshot": topology_snapshot and topology_snapshot.pk,
+            **{k: getattr(v, "pk", v) for k, v in fields.items()},
+        }
+    )
     parameters = sweep_parameters(deployment=deployment, load=parameters)
     with transaction.atomic():
         run, created = run_create(
@@ -147,6 +157,7 @@ def run_start(*, deployment, parameters, label="", run_uuid=None, topology_snaps
             parameters=parameters,
             source="worker",
             topology_snapshot=topology_snapshot or deployment.host.current_topology(),
+            digest=digest,
             **fields,
         )
         if created:
@@ -473,11 +484,11 @@ def level_record(*, run, round=1, **fields):
         rounds = list(level.rounds.all()) if level is not None else []
         stored = next((r for r in rounds if r.round == round), None)
         if stored is not None:
-            _same_body(stored, digest, what)
+            same_body(stored, digest, what)
             return level, False
         if level is not None and not rounds and round == 1:
             # stored before rounds were, or imported: the level is its own round 1
-            return _same_body(level, digest, what), False
+            return same_body(level, digest, what), False
         _closed_to(locked, "levels")
         log = _request_log(fields.pop("request_log", None), fields)
         raw, attempt = fields.pop("raw", None), fields.pop("attempt", 1)
@@ -505,7 +516,7 @@ def level_record(*, run, round=1, **fields):
                     log.save()
         except IntegrityError:
             level = run.levels.get(key=key)
-            _same_body(level.rounds.filter(round=round).first() or level, digest, what)
+            same_body(level.rounds.filter(round=round).first() or level, digest, what)
             return level, False
     return level, True
 
@@ -567,7 +578,7 @@ def profile_record(*, run, body: LevelProfileBody, source="worker"):
         rows = run.profiles.filter(key=key, source=source, attempt=body.attempt)
         stored = rows.first()
         if stored is not None:
-            return _same_body(stored, digest, what), False
+            return same_body(stored, digest, what), False
         if source == "worker":
             _closed_to(locked, "profiles")
         fields = body.model_dump(mode="json", include={"cost", "breakdown", "traces"})
@@ -588,7 +599,7 @@ def profile_record(*, run, body: LevelProfileBody, source="worker"):
                     **fields,
                 )
         except IntegrityError:
-            return _same_body(rows.get(), digest, what), False
+            return same_body(rows.get(), digest, what), False
     return profile, True
 
 
@@ -710,7 +721,7 @@ def _batch_record(*, owner, batch_id, kind, model, buckets, samples):
         locked = type(obj).objects.select_for_update().get(pk=obj.pk)
         existing = TelemetryBatch.objects.filter(**key).first()
         if existing is not None:
-            return _same_body(existing, digest, what), False
+            return same_body(existing, digest, what), False
         _closed_to(locked, "samples")
         try:
             with transaction.atomic():
@@ -719,7 +730,7 @@ def _batch_record(*, owner, batch_id, kind, model, buckets, samples):
                 rollup.buckets_add(buckets, owner_field=field, owner_id=obj.pk, samples=samples)
         except IntegrityError:
             # the same batch arrived twice at once; the other request stored it
-            return _same_body(TelemetryBatch.objects.get(**key), digest, what), False
+            return same_body(TelemetryBatch.objects.get(**key), digest, what), False
     return batch, True
 
 
