@@ -13,7 +13,7 @@ from django.db.models import (
     Subquery,
     prefetch_related_objects,
 )
-from django.http import JsonResponse
+from django.http import HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -555,13 +555,17 @@ def finding_state(request, pk):
     """Confirm, dismiss or reopen a finding, unless someone changed its state since the page."""
     finding = get_object_or_404(Finding, pk=pk)
     new, expected = request.POST.get("state"), request.POST.get("expected")
+    back = request.POST.get("next") or finding.deployment.get_absolute_url()
+    # checked before anything is saved; a path, never a view name for redirect() to look up
+    if not back.startswith("/") or not url_has_allowed_host_and_scheme(
+        back, allowed_hosts={request.get_host()}
+    ):
+        messages.error(request, "next: must be a path on this site, such as /deployments/1/.")
+        return _deployment_page(request, finding.deployment, status=400)
     if new not in dict(FINDING_STATES):
         messages.error(request, "Unknown finding state.")
     elif not finding_set_state(
         finding=finding, state=new, user=request.user, expected=expected or ""
     ):
         messages.error(request, "Someone changed this finding meanwhile; here is its new state.")
-    back = request.POST.get("next", "")
-    if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
-        back = finding.deployment.get_absolute_url()
-    return redirect(back)
+    return HttpResponseRedirect(back)
