@@ -102,7 +102,8 @@ class StrictUtf8Parser(Parser):
 def _field_name(loc):
     # ninja prefixes locations with the parameter source ("body", "query", "path") and name.
     parts = [str(p) for p in loc]
-    if len(parts) > 2 and parts[0] == "body":
+    if len(parts) >= 2 and parts[0] == "body":
+        # a rule over the whole body (a model validator) is located at the payload itself
         parts = parts[2:]
     elif len(parts) > 1 and parts[0] in ("query", "path"):
         parts = parts[1:]

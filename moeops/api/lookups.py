@@ -8,6 +8,7 @@ from django.http import Http404
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs.models import SweepRun
+from moeops.storable import storable_text
 
 MAX_ID = 2**63 - 1
 
@@ -28,8 +29,10 @@ def _as_uuid(ref):
 
 
 def _one(queryset, what, ref, condition):
-    # PostgreSQL refuses NUL in a query; no name holds one (the API never stores it)
-    if "\x00" in str(ref):
+    # PostgreSQL refuses NUL and lone surrogates in a query; no name holds one (never stored)
+    try:
+        storable_text(str(ref))
+    except ValueError:
         condition = None
     found = queryset.filter(condition).first() if condition is not None else None
     if found is None:

@@ -7,10 +7,11 @@ from typing import Any, Literal
 from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.pagination import paginate
+from pydantic import Field
 
 from moeops.api import lookups
 from moeops.api.auth import PersonOnly
-from moeops.api.fields import In, JsonObject, Name, PosInt, text
+from moeops.api.fields import In, JsonObject, Name, Patch, PosInt, text
 from moeops.api.paging import Page
 from moeops.fleet.models import Deployment, SLOProfile
 from moeops.watches import bisection, services
@@ -35,11 +36,11 @@ class Schedule(In):
 
 
 class WatchIn(In):
-    deployment: str
+    deployment: text(200, min_length=1) = Field(description="deployment id or name")
     name: Name
     kind: Literal["sweep", "capacity"] = "sweep"
     parameters: JsonObject
-    slo_profile: str | None = None
+    slo_profile: text(200) | None = Field(None, description="SLO profile id or name")
     schedule: Schedule
     window_start: dt.time | None = None
     window_end: dt.time | None = None
@@ -47,10 +48,12 @@ class WatchIn(In):
     bisect_on_regression: bool = False
 
 
-class WatchPatch(In):
+class WatchPatch(Patch):
+    NULLABLE = ("slo_profile", "window_start", "window_end")
+
     name: Name | None = None
     parameters: JsonObject | None = None
-    slo_profile: str | None = None
+    slo_profile: text(200) | None = Field(None, description="SLO profile id or name")
     schedule: Schedule | None = None
     window_start: dt.time | None = None
     window_end: dt.time | None = None
@@ -206,11 +209,11 @@ class ChannelIn(In):
     kind: Literal["webhook", "email"]
     url: text(500) = ""
     recipients: list[text(254)] = []
-    deployment: str | None = None
+    deployment: text(200) | None = Field(None, description="deployment id or name")
     enabled: bool = True
 
 
-class ChannelPatch(In):
+class ChannelPatch(Patch):
     url: text(500) | None = None
     recipients: list[text(254)] | None = None
     enabled: bool | None = None

@@ -6,7 +6,7 @@ import binascii
 import datetime as dt
 from typing import Any, Literal
 
-from ninja import Router, Schema
+from ninja import Query, Router, Schema
 from ninja.errors import HttpError
 from pydantic import Field, model_validator
 
@@ -87,11 +87,15 @@ def workload_create(request, payload: WorkloadIn):
     return stored(created, workload)
 
 
+class WorkloadFilter(Schema):
+    name: text(100) | None = Field(None, description="every version of the workload so named")
+
+
 @router.get("/workloads", response=list[WorkloadOut])
-def workload_list(request, name: str | None = None):
+def workload_list(request, filters: Query[WorkloadFilter]):
     workloads = Workload.objects.all()
-    if name is not None:
-        workloads = workloads.filter(name=name)
+    if filters.name is not None:
+        workloads = workloads.filter(name=filters.name)
     return workloads
 
 

@@ -36,7 +36,7 @@ from moeops.runs.parameters import (
     MAX_ROUNDS,
     parameters_checked,
 )
-from moeops.storable import storable_json
+from moeops.storable import MAX_BIG_INT, storable_json
 from tuning.config_files import TUNED_BATCH_SIZES, kernel_dtype, triton_config_unread
 from tuning.engines import ENGINE_TITLES
 from tuning.moe_params import MoEConfigError, moe_params
@@ -113,6 +113,22 @@ class StorableJSONField(forms.JSONField):
             return InvalidJSONInput(data)
 
 
+class RowsByIdField(forms.ModelMultipleChoiceField):
+    """Rows picked by id: a value that is no id a column holds is refused as unknown before the
+    `pk__in` query, which SQLite answers with OverflowError past 64 bits."""
+
+    def _check_values(self, value):
+        for pk in value:
+            text = str(pk)
+            if not (text.isascii() and text.isdigit() and int(text) <= MAX_BIG_INT):
+                raise forms.ValidationError(
+                    self.error_messages["invalid_pk_value"],
+                    code="invalid_pk_value",
+                    params={"pk": text if len(text) <= 20 else f"{text[:20]}…"},
+                )
+        return super()._check_values(value)
+
+
 class EndpointField(forms.CharField):
     """An engine's URL. Engines on a team's network are plain http more often than not, so a URL
     without a scheme gets http://; the host may be a bare name (rtx-pro-6000), which Django's
@@ -175,7 +191,7 @@ class DeploymentForm(forms.ModelForm):
             "status",
             "default_slo_profile",
         )
-        field_classes = {"launch_args": StorableJSONField}
+        field_classes = {"launch_args": StorableJSONField, "gpus": RowsByIdField}
         widgets = {
             "gpus": forms.CheckboxSelectMultiple,
             "launch_args": forms.Textarea(attrs={"rows": 3}),

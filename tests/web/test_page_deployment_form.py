@@ -306,3 +306,11 @@ def test_launch_arguments_that_are_no_flag_to_value_pairs_are_refused(client, fl
     assert response.status_code == 200
     assert "Give flag → value pairs" in response.content.decode()
     assert not Deployment.objects.exists()
+
+
+def test_a_gpu_id_past_any_column_is_refused_on_its_field(client, fleet):
+    model, host, _ = fleet
+    response = client.post("/deployments/new/", _form(model, host, gpus=["9" * 400]))
+    assert response.status_code == 200
+    assert f"“{'9' * 20}…” is not a valid value." in response.content.decode()
+    assert not Deployment.objects.exists()
