@@ -22,16 +22,10 @@ def endpoint_refusal(*, host, url):
     refused, as is a host part that is no host name or address."""
     if not url:
         return ""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - a port out of range raises here
-    except ValueError as exc:
-        return f"{url!r} is not a URL ({exc})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"{url!r} is not an http(s) URL with a host"
+    parts, refusal = _split(url)
+    if refusal:
+        return refusal
     name = parts.hostname.rstrip(".").lower()
-    if not _is_address(name) and not HOST_NAME.fullmatch(name):
-        return f"{parts.hostname!r} is neither a host name nor an IP address"
     if name != host.name.lower() and not _allowed(name, settings.MOEOPS_ENDPOINT_ALLOWLIST):
         return (
             f"{parts.hostname} is neither host {host.name} nor in MOEOPS_ENDPOINT_ALLOWLIST "
@@ -44,6 +38,30 @@ def endpoint_refusal(*, host, url):
             f"{parts.scheme}://{parts.netloc}"
         )
     return ""
+
+
+def _split(url):
+    """(urlsplit's parts, "") of an http(s) URL with a host that every client reads alike, or
+    (None, why not).
+
+    Userinfo, backslashes and control characters (a tab urlsplit drops) are refused: clients
+    disagree on them (httpx reads http://169.254.169.254\\@127.0.0.1/ as 127.0.0.1, urllib3 and
+    browsers as the metadata address), so the host checked would not be the host fetched."""
+    if "\\" in url or any(ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        return None, "the URL holds a backslash or a control character: give none"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port out of range raises here
+    except ValueError as exc:
+        return None, f"{url!r} is not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None, f"{url!r} is not an http(s) URL with a host"
+    if "@" in parts.netloc:
+        return None, "the URL holds a user name or password (before an @): give none"
+    name = parts.hostname.rstrip(".").lower()
+    if not _is_address(name) and not HOST_NAME.fullmatch(name):
+        return None, f"{parts.hostname!r} is neither a host name nor an IP address"
+    return parts, ""
 
 
 def _is_address(name):
@@ -77,16 +95,10 @@ def _allowed(name, allowlist):
 def webhook_refusal(url):
     """Why moeops may not send an alert to the webhook `url`, or "" when it may: an http(s) URL
     whose host is in MOEOPS_WEBHOOK_ALLOWLIST (matched as the endpoints' list is)."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - a port out of range raises here
-    except ValueError as exc:
-        return f"{url!r} is not a URL ({exc})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "the webhook is not an http(s) URL with a host"
+    parts, refusal = _split(url)
+    if refusal:
+        return refusal
     name = parts.hostname.rstrip(".").lower()
-    if not _is_address(name) and not HOST_NAME.fullmatch(name):
-        return f"{parts.hostname!r} is neither a host name nor an IP address"
     if not _allowed(name, settings.MOEOPS_WEBHOOK_ALLOWLIST):
         allowed = ", ".join(settings.MOEOPS_WEBHOOK_ALLOWLIST) or "empty"
         return f"{parts.hostname} is not in MOEOPS_WEBHOOK_ALLOWLIST ({allowed})"

@@ -14,6 +14,7 @@ from moeops.fleet.models import Deployment
 from moeops.fleet.tasks import check_deployments
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
+from moeops.watches.models import AlertChannel
 from tests.api_base import make_world
 
 METADATA = "http://169.254.169.254/latest/meta-data/"
@@ -222,3 +223,38 @@ def test_the_admin_holds_the_endpoint_to_the_same_rule(world, rf, admin_user):
         {**form_data, "endpoint_url": "http://rtx-pro-6000:8000"}, instance=world.deployment
     )
     assert bare.is_valid(), bare.errors
+
+
+# read as 127.0.0.1 by httpx, as the metadata address by urllib3 and browsers
+SPLIT_READINGS = [
+    "http://169.254.169.254\\@127.0.0.1/",
+    "http://169.254.169.254:80@127.0.0.1/",
+    "http://user:pw@127.0.0.1:30000",
+    "http://127.0.0.1:30000\\",
+    "http://127.0.0.1:3\t0000",
+]
+
+
+@pytest.mark.parametrize("url", SPLIT_READINGS)
+def test_an_endpoint_that_clients_read_differently_is_refused(world, url):
+    body = {"name": "probe", "model": "GLM-5", "host": "rtx-pro-6000", "endpoint_url": url}
+
+    created = world.owner.post("/api/v1/deployments", body)
+    patched = world.owner.patch("/api/v1/deployments/glm-5-sglang", {"endpoint_url": url})
+
+    assert (created.status_code, patched.status_code) == (400, 400)
+    assert created.json()["detail"].startswith("endpoint_url: the URL holds ")
+    assert not Deployment.objects.filter(name="probe").exists()
+    world.deployment.refresh_from_db()
+    assert world.deployment.endpoint_url == "http://127.0.0.1:30000"
+
+
+@pytest.mark.parametrize("url", SPLIT_READINGS)
+def test_a_webhook_that_clients_read_differently_is_refused(world, url):
+    body = {"name": "hook", "kind": "webhook", "url": url}
+
+    answer = world.owner.post("/api/v1/alert-channels", body)
+
+    assert answer.status_code == 400
+    assert answer.json()["detail"].startswith("url: the URL holds ")
+    assert not AlertChannel.objects.exists()
