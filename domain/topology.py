@@ -28,7 +28,9 @@ A snapshot is a plain dict (JSON) with exactly these top-level keys:
     p2p             {"read" | "write" | "nvlink" | "atomics":
                         {"labels": [...], "matrix": [["X", "OK", "CNS", ...]]} | None}
     affinity        [{"gpu": "GPU0", "cpu": "0-47", "numa": "0", "gpu_numa": "N/A"}]
-    nics            [{"name": "NIC0", "device": "mlx5_0"}]
+    nics            [{"name": "NIC0", "device": "mlx5_0"}]; a NIC whose device cannot be read
+                    has device None and a "note" saying why ("name unknown: the paste has no
+                    legend")
     hostname        str | None
 
 Whatever cannot be read is None or "unknown", never guessed. Link cells use nvidia-smi's
@@ -136,6 +138,8 @@ _CODE = re.compile(r"[A-Za-z][A-Za-z0-9#]{0,15}\Z")
 _LEGEND_ENTRY = re.compile(r"\s*(\S+)\s*=\s*\S")
 _NIC_LEGEND_ENTRY = re.compile(r"\s*(NIC\d+):\s*(\S+)\s*\Z")
 _GPU_LABEL = re.compile(r"GPU\d+\Z")
+# Why a numbered NIC of a paste without its legend has no device (the snapshot's NIC "note").
+NIC_NAME_UNKNOWN = "name unknown: the paste has no legend"
 
 
 def parse_nvidia_smi_topo(matrix_text: str, p2p_texts: dict[str, str] | None = None) -> dict:
@@ -284,18 +288,24 @@ def _parse_matrix(lines: list[str]) -> dict:
             f"as a P2P matrix",
             header_index + 1,
         )
-    _check_whole_legends(lines, end, labels, legend, nic_devices)
-    nics = [
-        {"name": label, "device": nic_devices.get(label, None if label[:3] == "NIC" else label)}
-        for label in labels
-        if not _GPU_LABEL.match(label)
-    ]
+    has_legend = _check_whole_legends(lines, end, labels, legend, nic_devices)
+    nics = [_nic(label, nic_devices, has_legend) for label in labels if not _GPU_LABEL.match(label)]
     return {
         "labels": labels,
         "cells": [rows[label] for label in labels],
         "affinity": affinity,
         "nics": nics,
     }
+
+
+def _nic(label: str, nic_devices: dict, has_legend: bool) -> dict:
+    """A NIC of the snapshot: a header's device name (mlx5_0) is its device; a number (NIC0) is
+    named by the NIC legend, and a paste with no legend leaves its device unknown, saying why."""
+    if not _NIC_LABEL.match(label):
+        return {"name": label, "device": label}
+    if label in nic_devices or has_legend:
+        return {"name": label, "device": nic_devices.get(label)}
+    return {"name": label, "device": None, "note": NIC_NAME_UNKNOWN}
 
 
 def _attribute_titles(attributes: list[str]) -> str:
@@ -336,12 +346,15 @@ def _parse_legends(lines: list[str], start: int, labels: list[str]) -> tuple[set
     return codes, nic_devices
 
 
-def _check_whole_legends(lines, start, labels, legend, nic_devices) -> None:
+def _check_whole_legends(lines, start, labels, legend, nic_devices) -> bool:
     """Refuse text cut off inside its legends: stored, a cut NIC legend would read as every NIC's
     device changed to unknown. Text pasted without any legend is whole (its link codes say
-    what they are) unless it names NICs by number, which only the NIC legend resolves."""
+    what they are); the NICs it numbers keep their names unknown. True when it has a legend."""
     last = max((i for i in range(start, len(lines)) if lines[i].strip()), default=start - 1) + 1
-    if any(lines[i].strip() == "Legend:" for i in range(start, len(lines))):
+    titles = {lines[i].strip() for i in range(start, len(lines))}
+    if not titles & {"Legend:", "NIC Legend:"}:
+        return False
+    if "Legend:" in titles:
         # measured against the generation whose entries it has; one that has none past X
         # (a legend of codes moeops does not know) is judged by having any at all
         cut = [
@@ -359,13 +372,14 @@ def _check_whole_legends(lines, start, labels, legend, nic_devices) -> None:
     numbered = [label for label in labels if _NIC_LABEL.match(label)]
     unnamed = [label for label in numbered if label not in nic_devices]
     if unnamed:
-        said = "no NIC legend" if len(unnamed) == len(numbered) else "the NIC legend is cut off"
+        # nvidia-smi prints the NIC legend last: a legend without it was cut before it
         raise TopologyParseError(
-            f"{said}: nothing says which device {_span(unnamed)} "
+            f"the NIC legend is cut off: nothing says which device {_span(unnamed)} "
             f"{'is' if len(unnamed) == 1 else 'are'} (NIC0: mlx5_0); send the whole output of "
             f"`nvidia-smi topo -m`",
             last,
         )
+    return True
 
 
 def _span(labels: list[str]) -> str:

@@ -482,12 +482,57 @@ def test_a_cut_nic_legend_names_the_nics_it_leaves_unnamed():
     )
 
 
-def test_numbered_nics_without_any_legend_are_refused_and_named_nics_are_not():
-    text = fixture("topo_m_8xh100_nv18_8nics.txt").split("Legend:")[0]
+# An 8-GPU box pasted without its legend, as teams paste it: every GPU pair SYS, two NICs.
+_EIGHT_SYS_TWO_NICS = "\n".join(
+    [
+        "\t"
+        + "\t".join([f"GPU{i}" for i in range(8)] + ["NIC0", "NIC1"])
+        + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID",
+        *(
+            f"GPU{i}\t"
+            + "\t".join(" X " if j == i else "SYS" for j in range(8))
+            + ("\tPIX\tSYS" if i < 4 else "\tSYS\tPIX")
+            + ("\t0-31\t0\t\tN/A" if i < 4 else "\t32-63\t1\t\tN/A")
+            for i in range(8)
+        ),
+        "NIC0\t" + "\t".join(["PIX"] * 4 + ["SYS"] * 4) + "\t X \tSYS",
+        "NIC1\t" + "\t".join(["SYS"] * 4 + ["PIX"] * 4) + "\tSYS\t X ",
+        "",
+    ]
+)
 
-    assert parse_error(text).message.startswith(
-        "no NIC legend: nothing says which device NIC0…NIC7 are"
+
+def test_a_paste_without_any_legend_is_read_with_its_nics_names_unknown():
+    snapshot = parse_nvidia_smi_topo(_EIGHT_SYS_TWO_NICS)
+
+    assert snapshot["links"]["labels"][-2:] == ["NIC0", "NIC1"]
+    assert snapshot["links"]["matrix"][0] == ["X"] + ["SYS"] * 7 + ["PIX", "SYS"]
+    assert snapshot["affinity"][5] == {
+        "gpu": "GPU5",
+        "cpu": "32-63",
+        "numa": "1",
+        "gpu_numa": "N/A",
+    }
+    assert snapshot["nics"] == [
+        {"name": "NIC0", "device": None, "note": "name unknown: the paste has no legend"},
+        {"name": "NIC1", "device": None, "note": "name unknown: the paste has no legend"},
+    ]
+
+
+def test_the_8_nic_file_pasted_without_its_legends_is_read_and_a_cut_before_its_nic_legend_is_not():
+    whole = fixture("topo_m_8xh100_nv18_8nics.txt")
+
+    snapshot = parse_nvidia_smi_topo(whole.split("Legend:")[0])
+
+    assert [nic["name"] for nic in snapshot["nics"]] == [f"NIC{i}" for i in range(8)]
+    assert {nic["device"] for nic in snapshot["nics"]} == {None}
+    assert (
+        snapshot["affinity"][4]["cpu"] == "48-95,144-191" and snapshot["affinity"][4]["numa"] == "1"
     )
-    # a paste without its legend whose header names the devices themselves is whole
+    # the legend there, the NIC legend not: nvidia-smi prints it, so the text was cut
+    assert parse_error(whole.split("NIC Legend:")[0]).message.startswith(
+        "the NIC legend is cut off: nothing says which device NIC0…NIC7 are"
+    )
+    # a paste without its legend whose header names the devices themselves names them
     named = parse_nvidia_smi_topo(fixture("topo_m_8gpu_pcie_mlx5_tabs.txt"))
     assert named["nics"] == [{"name": "mlx5_0", "device": "mlx5_0"}]

@@ -192,6 +192,29 @@ def test_the_host_page_imports_pasted_topo_text_as_a_snapshot(client):
     assert current.provenance == "pasted by alice"
 
 
+def test_the_host_page_reads_topo_text_pasted_without_its_legend_and_says_why_nics_are_unnamed(
+    client,
+):
+    pb.sign_in(client)
+    row = pb.host("h100-x8")
+    text = (FIXTURES / "topo_m_8xh100_nv18_8nics.txt").read_text().split("Legend:")[0]
+
+    answer = client.post(
+        "/hosts/h100-x8/topology/", {"matrix_text": text, "p2p_kind": "read", "p2p_text": ""}
+    )
+
+    assert answer.status_code == 302
+    current = row.current_topology()
+    assert current.affinity[7]["cpu"] == "48-95,144-191"
+    assert current.nics[0] == {
+        "name": "NIC0",
+        "device": None,
+        "note": "name unknown: the paste has no legend",
+    }
+    html = client.get("/hosts/h100-x8/").content.decode()
+    assert 'NIC7 <span class="muted small">(name unknown: the paste has no legend)</span>' in html
+
+
 def test_the_host_page_refuses_topo_text_cut_off_in_its_legend_with_a_sentence(client):
     pb.sign_in(client)
     row = pb.host("h100-x8")
@@ -203,7 +226,7 @@ def test_the_host_page_refuses_topo_text_cut_off_in_its_legend_with_a_sentence(c
 
     assert answer.status_code == 400
     html = answer.content.decode()
-    assert escape("no NIC legend: nothing says which device NIC0…NIC7 are") in html
+    assert escape("the NIC legend is cut off: nothing says which device NIC0…NIC7 are") in html
     assert "Traceback" not in html and "TopologyParseError" not in html
     assert not row.topology_snapshots.exists()
 
