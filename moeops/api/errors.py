@@ -26,6 +26,14 @@ log = logging.getLogger(__name__)
 class BodyError(ValueError):
     """The body is not UTF-8 JSON; the message says where."""
 
+    status = 400
+
+
+class NotJson(BodyError):
+    """The body is sent as something else than JSON (answered 415)."""
+
+    status = 415
+
 
 def _first_path(obj, bad, path="body"):
     """Path of the first value (or key) of a parsed body for which bad() holds, or None."""
@@ -71,6 +79,12 @@ class StrictUtf8Parser(Parser):
     """JSON bodies must be UTF-8; a bad byte inside a string is reported by its field."""
 
     def parse_body(self, request):
+        # a form or text body read as JSON anyway would be taken on a guess
+        kind = request.content_type
+        if kind != "application/json" and not kind.endswith("+json"):
+            raise NotJson(
+                f"Content-Type: {kind or 'none'} is not application/json; send the body as JSON"
+            )
         raw = request.body
         try:
             body = raw.decode("utf-8")
@@ -122,8 +136,9 @@ def validation_error(request, exc, api):
 
 def http_error(request, exc, api):
     cause = exc.__cause__
-    message = str(cause) if isinstance(cause, BodyError) else str(exc)
-    return api.create_response(request, {"detail": message}, status=exc.status_code)
+    if isinstance(cause, BodyError):
+        return api.create_response(request, {"detail": str(cause)}, status=cause.status)
+    return api.create_response(request, {"detail": str(exc)}, status=exc.status_code)
 
 
 def authentication_error(request, exc, api):

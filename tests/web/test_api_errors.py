@@ -156,3 +156,18 @@ def test_a_failed_deployment_create_stores_nothing(world):
     body = {"name": "half", "model": "GLM-5", "host": "rtx-pro-6000", "gpus": [0, 9]}
     assert world.owner.post("/api/v1/deployments", body).status_code == 400
     assert not Deployment.objects.filter(name="half").exists()
+
+
+@pytest.mark.parametrize("kind", ["text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_sent_as_anything_but_json_is_refused_with_415(world, kind):
+    body = json.dumps({"deployment": "glm-5-sglang"})
+
+    response = world.owner.client.post(
+        "/api/v1/runs", data=body, content_type=kind, headers=world.owner.headers
+    )
+
+    assert response.status_code == 415
+    assert response.json()["detail"] == (
+        f"Content-Type: {kind} is not application/json; send the body as JSON"
+    )
+    assert not SweepRun.objects.exists()
