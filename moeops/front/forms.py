@@ -524,55 +524,6 @@ class SweepForm(forms.Form):
         return f"Estimated duration: ≈ {duration(seconds)} (from {pace.basis}{cap})."
 
 
-class WatchCreateForm(forms.Form):
-    """A sweep watch of the deployment: its name, schedule (cron in UTC, or every N hours), the
-    load of each run, and whether a regression finds its cause by itself."""
-
-    name = forms.CharField(max_length=200, initial="nightly")
-    schedule = forms.CharField(
-        max_length=200,
-        initial="0 3 * * *",
-        help_text='Cron, five fields in UTC ("0 3 * * *"), or every N hours ("6h").',
-    )
-    levels = forms.CharField(initial="8, 16", help_text="Concurrency levels, comma-separated.")
-    input_len = forms.IntegerField(label="Input length (tokens)", min_value=1, initial=128)
-    output_len = forms.IntegerField(label="Output length (tokens)", min_value=1, initial=128)
-    prompts_per_level = forms.IntegerField(min_value=1, initial=64)
-    rounds = forms.IntegerField(
-        min_value=2, max_value=MAX_ROUNDS, initial=3,
-        help_text="Times each level runs: a regression is judged beyond the noise of its rounds.",
-    )  # fmt: skip
-    bisect_on_regression = forms.BooleanField(
-        required=False,
-        label="Find the cause by itself",
-        help_text="On a regression of a managed engine, restart it with the baseline's value "
-        "of one factor at a time and name the one that brings the figure back.",
-    )
-
-    LOAD = ("levels", "input_len", "output_len", "prompts_per_level", "rounds")
-    EVERY_HOURS = re.compile(r"^(\d+)\s*h$")
-
-    def clean_levels(self):
-        return _int_list(self.cleaned_data["levels"], field_name="levels")
-
-    def schedule_kwargs(self):
-        """{"cron": …} or {"every_hours": N} as the form's schedule says."""
-        text = self.cleaned_data["schedule"].strip()
-        every = self.EVERY_HOURS.match(text)
-        return {"every_hours": int(every.group(1))} if every else {"cron": text}
-
-    def parameters(self):
-        return {key: self.cleaned_data[key] for key in self.LOAD}
-
-    def add_service_errors(self, exc):
-        """The service's refusal on the field it names (schedule.cron → schedule,
-        parameters.levels → levels), the rest on the form."""
-        for key, problems in exc.message_dict.items():
-            field = key.removeprefix("parameters.").split(".")[0]
-            for problem in problems:
-                self.add_error(field if field in self.fields else None, problem)
-
-
 class CapacityForm(forms.Form):
     """A capacity search of the deployment: the largest load within an SLO profile
     (domain.capacity); the service writes the profile's limits into the run's parameters."""

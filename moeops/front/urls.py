@@ -78,6 +78,7 @@ urlpatterns = [
     path("slo/new/", slo.slo_profile_create, name="slo-profile-create"),
     path("slo/<int:pk>/", slo.slo_profile_edit, name="slo-profile-edit"),
     path("watches/<int:pk>/", watches.watch_detail, name="watch-detail"),
+    path("watches/<int:pk>/run/", watches.watch_run_now, name="watch-run-now"),
     path("watch-runs/<int:pk>/baseline/", watches.watch_run_baseline, name="watch-run-baseline"),
     path("watch-runs/<int:pk>/bisection/", watches.watch_run_bisect, name="watch-run-bisect"),
     path("bisections/<int:pk>/", watches.bisection_detail, name="bisection-detail"),

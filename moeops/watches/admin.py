@@ -26,6 +26,7 @@ class WatchForm(forms.ModelForm):
             "window_end",
             "enabled",
             "bisect_on_regression",
+            "channels",
         )
 
     def clean_cron(self):

@@ -107,6 +107,11 @@ class Watch(models.Model):
         help_text="On a regression of a managed deployment, find the cause by itself "
         "(restarts the engine with the baseline's values, one factor at a time)",
     )
+    channels = models.ManyToManyField(
+        "AlertChannel", blank=True, related_name="watches",
+        help_text="Where this watch's alerts go; none chosen: the deployment's channels and "
+        "the global ones",
+    )  # fmt: skip
     baseline_marked_by = models.CharField(max_length=150, blank=True)
     baseline_marked_at = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)

@@ -157,11 +157,14 @@ def watch_create(
     window_end=None,
     enabled=True,
     bisect_on_regression=False,
+    channels=(),
 ):
     """A watch and its beat schedule (cron, UTC, or every N hours). ValidationError naming the
     field for a load the runs service refuses, a cron that does not parse, a half window or a
     name the deployment already has. bisect_on_regression: a regression of a managed deployment
-    starts finding its cause (moeops.watches.bisection)."""
+    starts finding its cause (moeops.watches.bisection). channels: the AlertChannels its alerts
+    go to (none: the deployment's, watch_channels)."""
+    channels = check_watch_channels(deployment, channels)
     if not name or not name.strip():
         raise ValidationError({"name": "a watch needs a name"})
     if Watch.objects.filter(deployment=deployment, name=name).exists():
@@ -191,13 +194,27 @@ def watch_create(
         **schedule,
     )
     watch.save(update_fields=["periodic_task"])
+    watch.channels.set(channels)
     return watch
 
 
+def check_watch_channels(deployment, channels):
+    """The channels as a list; ValidationError on "channels" for one that takes another
+    deployment's alerts only."""
+    channels = list(channels)
+    for channel in channels:
+        if channel.deployment_id is not None and channel.deployment_id != deployment.pk:
+            only = f"{channel.deployment.name}'s alerts only"
+            raise ValidationError({"channels": f"channel {channel.name!r} takes {only}"})
+    return channels
+
+
 @transaction.atomic
-def watch_update(*, watch, cron=None, every_hours=None, **fields):
-    """Change a watch: its name, load, profile, window, enabled, and (one of cron and
+def watch_update(*, watch, cron=None, every_hours=None, channels=None, **fields):
+    """Change a watch: its name, load, profile, window, enabled, channels, and (one of cron and
     every_hours) its schedule. Same refusals as watch_create."""
+    if channels is not None:
+        watch.channels.set(check_watch_channels(watch.deployment, channels))
     if "parameters" in fields:
         profile = fields.get("slo_profile", watch.slo_profile)
         fields["parameters"] = watch_load(
@@ -281,16 +298,17 @@ def watch_run_end(watch_run, status, reason):
     return watch_run
 
 
-def watch_fire(*, watch, watch_run=None, now=None):
+def watch_fire(*, watch, watch_run=None, now=None, asked=False):
     """Fire the watch once: a WatchRun that started a sweep through the runs service (running),
     waits for the host (waiting, with what holds it: fire again later with it), or was skipped
     (outside the quiet window, the engine down, the host busy past MOEOPS_WATCH_WAIT_LIMIT_S) or
-    failed (the runs service refused the sweep), each with its reason."""
+    failed (the runs service refused the sweep), each with its reason. asked: a person fired it
+    ("Run now"), who chose the moment: the quiet window does not hold it back."""
     now = now or timezone.now()
     if watch_run is None:
         watch_run = WatchRun.objects.create(watch=watch, status="waiting")
     deployment = watch.deployment
-    if not watch.in_window(now):
+    if not asked and not watch.in_window(now):
         return watch_run_end(
             watch_run, "skipped", f"outside its quiet window ({watch.window_label()})"
         )
@@ -327,6 +345,24 @@ def watch_fire(*, watch, watch_run=None, now=None):
         watch_run.status = "running"
         watch_run.reason = ""
         watch_run.save(update_fields=["run", "status", "reason"])
+    return watch_run
+
+
+def watch_run_now(*, watch):
+    """ "Run now": fire the watch at once, whatever its schedule, window or enabled flag; a
+    firing that waits for its host is fired again by the beat task's retry (every
+    MOEOPS_WATCH_WAIT_S). Returns the WatchRun."""
+    from moeops.watches import tasks
+
+    watch_run = watch_fire(watch=watch, asked=True)
+    if watch_run.status == "waiting":
+        kwargs = {"watch_id": watch.pk, "watch_run_id": watch_run.pk, "asked": True}
+        transaction.on_commit(
+            lambda: tasks.fire_watch.apply_async(
+                kwargs=kwargs, countdown=settings.MOEOPS_WATCH_WAIT_S
+            ),
+            robust=True,
+        )
     return watch_run
 
 
@@ -560,6 +596,15 @@ def channels_for(deployment):
     )
 
 
+def watch_channels(watch):
+    """The enabled channels that take the watch's alerts: those chosen on it, else (none
+    chosen) its deployment's (channels_for)."""
+    chosen = watch.channels.all()
+    if chosen.exists():
+        return chosen.filter(enabled=True)
+    return channels_for(watch.deployment)
+
+
 def alerts_raise(*, watch_run, kind):
     """One Alert per channel of the deployment, each delivered by its own task once the
     current transaction commits. Returns the alerts."""
@@ -570,7 +615,7 @@ def alerts_raise(*, watch_run, kind):
         Alert.objects.create(
             watch_run=watch_run, channel=channel, kind=kind, subject=subject, text=text
         )
-        for channel in channels_for(watch_run.watch.deployment)
+        for channel in watch_channels(watch_run.watch)
     ]
     for alert in alerts:
         alert_id = alert.pk

@@ -8,20 +8,20 @@ from moeops.watches.models import Alert, Watch, WatchRun
 
 
 @app.task(bind=True, max_retries=None)
-def fire_watch(self, watch_id, watch_run_id=None):
-    """Fire one watch (beat's schedule names it); while another job holds its host, try again
-    every MOEOPS_WATCH_WAIT_S under the same WatchRun. Returns the WatchRun's id, or None for a
-    watch deleted or turned off."""
+def fire_watch(self, watch_id, watch_run_id=None, asked=False):
+    """Fire one watch (beat's schedule names it, or a person's "Run now": asked); while another
+    job holds its host, try again every MOEOPS_WATCH_WAIT_S under the same WatchRun. Returns the
+    WatchRun's id, or None for a watch deleted or turned off."""
     watch = Watch.objects.select_related("deployment__host").filter(pk=watch_id).first()
     watch_run = WatchRun.objects.filter(pk=watch_run_id).first() if watch_run_id else None
-    if watch is None or not watch.enabled:
+    if watch is None or not (watch.enabled or asked):
         if watch_run is not None:
             services.watch_run_end(watch_run, "skipped", "the watch was turned off while it waited")
         return None
-    watch_run = services.watch_fire(watch=watch, watch_run=watch_run)
+    watch_run = services.watch_fire(watch=watch, watch_run=watch_run, asked=asked)
     if watch_run.status == "waiting":
         raise self.retry(
-            kwargs={"watch_id": watch_id, "watch_run_id": watch_run.pk},
+            kwargs={"watch_id": watch_id, "watch_run_id": watch_run.pk, "asked": asked},
             countdown=settings.MOEOPS_WATCH_WAIT_S,
         )
     return watch_run.pk

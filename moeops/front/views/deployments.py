@@ -32,12 +32,12 @@ from moeops.front.forms import (
     ResultFileForm,
     SweepForm,
     TuneForm,
-    WatchCreateForm,
 )
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.templatetags.moeops_format import evidence_text
 from moeops.front.views import engines
 from moeops.front.views.watches import watch_runs_for_timeline
+from moeops.front.watch_forms import WatchCreateForm
 from moeops.insights.models import FINDING_STATES, Finding, PlanItem
 from moeops.insights.services import (
     finding_set_state,
@@ -294,7 +294,7 @@ def _deployment_page(
         "sweep_form": sweep_form,
         "sweep_presets": SWEEP_PRESETS,
         "capacity_form": capacity_form or CapacityForm(deployment=deployment),
-        "watch_form": watch_form or WatchCreateForm(),
+        "watch_form": watch_form or WatchCreateForm(deployment=deployment),
         "upload_form": upload_form or ResultFileForm(),
         "sweep_estimate": sweep_form.estimate(),
         # a sweep may wait for its worker in the queue, but the person starting it is told
@@ -418,7 +418,7 @@ def watch_create(request, pk):
     """A sweep watch of the deployment (watches.services.watch_create), to its page; the
     deployment page again with the refusal on its field."""
     deployment = _deployment_or_404(pk)
-    form = WatchCreateForm(request.POST)
+    form = WatchCreateForm(request.POST, deployment=deployment)
     if not form.is_valid():
         return _deployment_page(request, deployment, watch_form=form, status=400)
     try:
@@ -427,6 +427,7 @@ def watch_create(request, pk):
             name=form.cleaned_data["name"],
             parameters=form.parameters(),
             bisect_on_regression=form.cleaned_data["bisect_on_regression"],
+            channels=form.cleaned_data["channels"],
             **form.schedule_kwargs(),
         )
     except ValidationError as exc:

@@ -59,6 +59,21 @@ def watch_detail(request, pk):
 
 @login_required
 @require_POST
+def watch_run_now(request, pk):
+    """ "Run now": the watch fired at once, back to its page with what became of the firing."""
+    watch = get_object_or_404(Watch.objects.select_related("deployment__host"), pk=pk)
+    watch_run = services.watch_run_now(watch=watch)
+    if watch_run.status == "running":
+        messages.success(request, f"Watch {watch.name} fired: its run is queued.")
+    elif watch_run.status == "waiting":
+        messages.info(request, f"Watch {watch.name} fired; it {watch_run.reason}.")
+    else:
+        messages.error(request, f"Watch {watch.name} did not run: {watch_run.reason}.")
+    return redirect(watch.get_absolute_url())
+
+
+@login_required
+@require_POST
 def watch_run_baseline(request, pk):
     watch_run = get_object_or_404(WatchRun.objects.select_related("watch"), pk=pk)
     try:
