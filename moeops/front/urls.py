@@ -9,6 +9,7 @@ from moeops.front.views import (
     notes,
     runs,
     slo,
+    tokens,
     watches,
     workloads,
 )
@@ -82,6 +83,8 @@ urlpatterns = [
     path("watch-runs/<int:pk>/baseline/", watches.watch_run_baseline, name="watch-run-baseline"),
     path("watch-runs/<int:pk>/bisection/", watches.watch_run_bisect, name="watch-run-bisect"),
     path("bisections/<int:pk>/", watches.bisection_detail, name="bisection-detail"),
+    path("tokens/", tokens.tokens, name="api-tokens"),
+    path("tokens/<int:pk>/revoke/", tokens.token_revoke, name="api-token-revoke"),
     path("notes/", notes.notes, name="notes"),
     path("notes/new/", notes.note_create, name="note-create"),
     path("notes/<slug:slug>/", notes.note_detail, name="note-detail"),
