@@ -215,15 +215,28 @@ class Spool:
         os.replace(temporary, entry)
 
     def read(self, entry):
-        """The entry's SpoolRecord; raises NotAnEntry (the reason) for a file that holds none,
-        which the replay then moves aside."""
-        return _spool_record(entry.read_bytes())
+        """The entry's SpoolRecord; raises NotAnEntry (the reason) for a file that holds none or
+        cannot be read (a directory, a dangling link, no permission), which the replay then
+        moves aside."""
+        try:
+            raw = entry.read_bytes()
+        except OSError as exc:
+            raise NotAnEntry(f"cannot be read: {exc.strerror or type(exc).__name__}") from None
+        return _spool_record(raw)
 
     def reject(self, entry, reason):
-        """Keep a push aside, with the reason, out of the queue (spool/rejected/)."""
-        self.rejected.mkdir(parents=True, exist_ok=True)
-        os.replace(entry, self.rejected / entry.name)
-        (self.rejected / f"{entry.stem}.reason.txt").write_text(reason + "\n")
+        """Keep a push aside, with the reason, out of the queue (spool/rejected/). Returns
+        whether it moved: an entry that cannot be moved either (rejected/ not a folder, a
+        read-only spool) stays where it is, and is logged, rather than ending the push that
+        found it."""
+        try:
+            self.rejected.mkdir(parents=True, exist_ok=True)
+            os.replace(entry, self.rejected / entry.name)
+            (self.rejected / f"{entry.stem}.reason.txt").write_text(reason + "\n")
+        except OSError as exc:
+            log.error("spool entry %s could not be moved aside (%s): %s", entry.name, reason, exc)
+            return False
+        return True
 
     def rejected_count(self):
         """How many pushes were moved aside (what the host's heartbeat reports)."""
@@ -253,8 +266,8 @@ class Spool:
         now = self.clock()
         failures = record.failures + 1
         since = record.failing_since or now
-        if failures >= self.max_failures and (refused or now - since >= self.give_up_s):
-            self.reject(entry, f"{reason} ({failures} failures since {since:.0f})")
+        given_up = failures >= self.max_failures and (refused or now - since >= self.give_up_s)
+        if given_up and self.reject(entry, f"{reason} ({failures} failures since {since:.0f})"):
             return True
         delay = min(self.backoff_s * 2 ** min(failures - 1, 32), self.max_backoff_s)
         updated = record.model_copy(

@@ -12,7 +12,7 @@ import time
 from domain.queues import SWEEP_SOFT_LIMIT_S
 from workers import engine_action, engine_check, kernel_tune, sweep, telemetry, topology
 from workers.celery import HOST_NAME, HOST_QUEUE, app
-from workers.client import MoeopsClient, Unreachable
+from workers.client import ApiError, MoeopsClient, Unreachable
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +48,32 @@ def _replay_later(client):
 
 
 @contextlib.contextmanager
-def _host_client(task):
+def _host_client(task, job_path=None):
     """A client for the task's body: web tier unreachable retries the task; spooled pushes are
-    replayed later."""
+    replayed later. job_path: the API path of the job the task runs (/runs/<uuid>), failed
+    with the cause when the body raises anything else."""
     with MoeopsClient() as client:
         try:
             yield client
         except Unreachable as exc:
             _retry_later(task, exc)
+        except Exception as exc:
+            if job_path is not None:
+                _fail_job(client, job_path, exc)
+            raise
         _replay_later(client)
+
+
+def _fail_job(client, job_path, exc):
+    """Fail the job at job_path with exc as its cause, sent now and not through the spool: the
+    spool may be what failed, and a job left queued would wait for this worker forever while
+    its heartbeat says it is alive."""
+    error = f"The worker's task failed: {type(exc).__name__}: {exc}"[:2000]
+    try:
+        client.request("PATCH", job_path, body={"status": "failed", "error": error})
+    except ApiError as failed:
+        # 409: the job already ended (the task body reported its own end); else nothing to do
+        log.warning("could not fail %s after %s: %s", job_path, type(exc).__name__, failed)
 
 
 @app.task(
@@ -69,7 +86,7 @@ def _host_client(task):
 def run_sweep(self, run_uuid, **parameters):
     """Sweep run `run_uuid`; parameters as workers.sweep.sweep_config takes them."""
     deadline = time.monotonic() + SWEEP_SOFT_LIMIT_S - DEADLINE_MARGIN_S
-    with _host_client(self) as client:
+    with _host_client(self, f"/runs/{run_uuid}") as client:
         outcome = sweep.run_sweep(run_uuid, parameters, client=client, deadline=deadline)
     if outcome == sweep.BUSY:
         # another worker's heartbeat is fresh: look again once it would have gone stale
@@ -88,7 +105,7 @@ def tune_kernel(self, tuning_run_uuid, **parameters):
     """Tune the fused-MoE kernel for a shape on this host's GPU(s); parameters (the shape, the
     engine whose kernel is asked for, the weights' quantization, force) as kernel_tune takes
     them."""
-    with _host_client(self) as client:
+    with _host_client(self, f"/tuning-runs/{tuning_run_uuid}") as client:
         outcome = kernel_tune.tune_kernel(tuning_run_uuid, client=client, **parameters)
     return outcome
 

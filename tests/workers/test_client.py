@@ -439,3 +439,49 @@ def test_a_spooled_push_refused_with_409_is_moved_aside_at_once(client, transpor
     assert client.spool.rejected_count() == 1
     reason = next(client.spool.rejected.glob("*.txt")).read_text()
     assert reason.startswith("409: ") and "(final: not retried)" in reason
+
+
+def _a_folder(entry):
+    entry.mkdir()
+    (entry / "inside.json").write_text(json.dumps(GOOD_ENTRY))
+
+
+def _a_dangling_link(entry):
+    entry.symlink_to(entry.parent / "gone.json")
+
+
+@pytest.mark.parametrize(
+    ("lay", "reason"),
+    [(_a_folder, "Is a directory"), (_a_dangling_link, "No such file or directory")],
+)
+def test_a_spool_entry_that_is_no_readable_file_is_moved_aside_and_the_push_goes_on(
+    client, world, tmp_path, lay, reason
+):
+    run = world.run(status="running")
+    poison = tmp_path / "spool" / POISON_NAME
+    poison.parent.mkdir()
+    lay(poison)
+
+    answer = client.update_run(str(run.uuid), status="succeeded")
+
+    assert answer["status"] == "succeeded"
+    assert client.spool.entries() == [] and not poison.is_symlink() and not poison.exists()
+    rejected = tmp_path / "spool" / "rejected"
+    assert (rejected / POISON_NAME).is_symlink() or (rejected / POISON_NAME).is_dir()
+    kept = (rejected / POISON_NAME.replace(".json", ".reason.txt")).read_text()
+    assert kept == f"not a spool entry: cannot be read: {reason}\n"
+    assert client.spool.rejected_count() == 1
+
+
+def test_an_entry_that_cannot_be_moved_aside_either_holds_back_no_push(client, world, tmp_path):
+    run = world.run(status="running")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / POISON_NAME).mkdir()
+    # rejected/ is a file: nothing can be moved into it
+    (spool / "rejected").write_text("")
+
+    answer = client.update_run(str(run.uuid), status="succeeded")
+
+    assert answer["status"] == "succeeded"
+    assert (spool / POISON_NAME).is_dir()
