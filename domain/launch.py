@@ -17,6 +17,15 @@ SWITCHES = frozenset({"--enforce-eager", "--trust-remote-code", "--disable-log-r
 COUNT_FLAGS = frozenset(CAP_FLAGS.values())
 
 
+def cap_flag(engine: str, argv: list[str]) -> str | None:
+    """The flag that sets the engine's running-request cap: vLLM's or SGLang's own; for an
+    engine moeops does not know (the stand-in, an SGLang-style server), the one of those its
+    command line (or list of flags) gives; None when it gives neither."""
+    if engine in CAP_FLAGS:
+        return CAP_FLAGS[engine]
+    return next((f for f in CAP_FLAGS.values() if flag_value(argv, f) is not None), None)
+
+
 class FlagError(ValueError):
     """A flag or value that cannot go into an argv; the message names it."""
 

@@ -11,7 +11,6 @@ a and b are run snapshots (moeops.runs.snapshots); "a"/"b" in a factor are a's a
 """
 
 from domain import launch
-from domain.engine import CAP_FLAGS
 from moeops.runs import snapshots
 
 # Recipe flags that are not flags: the words before the first flag, and positional ones.
@@ -93,7 +92,7 @@ def _explained(change, revertible, engine, recipe_flags):
         # compile ranges and batched tokens follow --max-num-seqs): it moved with the recipe
         return bool(kinds - {"kernel_configs"})
     if section == "engine" and key == "max_running_requests":
-        return CAP_FLAGS.get(engine) in changed
+        return launch.cap_flag(engine, sorted(recipe_flags)) in changed
     if section == "engine" and key not in ("engine", "version"):
         # its model length and allreduce fusion are read from its arguments
         return bool(kinds - {"kernel_configs"})

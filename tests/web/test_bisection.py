@@ -163,6 +163,26 @@ def test_what_the_engine_derives_from_a_changed_flag_moves_with_it_and_the_rest_
     assert same["revertible"] == [] and len(same["fixed"]) == 4
 
 
+def test_the_cap_a_stand_in_reports_moves_with_the_flag_that_set_it():
+    argv = ["python", "-m", "localstack.standin", "--max-running-requests", "128"]
+    a = _recipe_record(argv, {})
+    b = _recipe_record(set_flags(argv, {"--max-running-requests": "16"}), {})
+    before = {"engine": _standin_identity(128), "recipe": a}
+    after = {"engine": _standin_identity(16), "recipe": b}
+
+    found = factors.changed_factors(before, after)
+
+    assert [f["phrase"] for f in found["revertible"]] == ["--max-running-requests 128 → 16"]
+    assert found["fixed"] == []
+
+
+def _standin_identity(cap):
+    from domain import engine as reports
+
+    args = {"max_running_requests": cap}
+    return reports.identity("standin", args=args, args_source="/get_server_info")
+
+
 def _recipe_record(argv, env):
     return {"version": 1, "flags": flags(argv), "env": env, "kernel_configs": []}
 

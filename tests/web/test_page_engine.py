@@ -322,3 +322,22 @@ def test_the_panel_names_the_cap_the_engine_reported_after_its_restart(client, d
     html = client.get(deployment.get_absolute_url()).content.decode()
 
     assert "now --max-num-seqs 8</span>" in html
+
+
+def test_restart_with_this_argument_offers_the_cap_flag_an_sglang_style_engine_takes(
+    client, deployment, staff
+):
+    deployment.engine = "other"
+    deployment.save()
+    sglang_style = {**RECIPE, "argv": "python\n-m\nmy_server\n--max-running-requests\n64\n"}
+    client.post(f"/deployments/{deployment.pk}/recipe/", sglang_style)
+    deployment.refresh_from_db()
+    action = services.engine_action_start(deployment=deployment, kind="restart", user=staff)
+    services.engine_action_report(action=action, status="running")
+    services.engine_action_report(action=action, status="succeeded")
+
+    html = client.get(deployment.get_absolute_url()).content.decode()
+
+    assert re.search(r'<input[^>]*name="flag"[^>]*value="--max-running-requests"', html)
+    assert "--max-num-seqs" not in html
+    assert "now --max-running-requests 64</span>" in html

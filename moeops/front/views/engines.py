@@ -9,7 +9,7 @@ from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from domain.engine import CAP_FLAGS
+from domain import launch
 from moeops.engines import services
 from moeops.engines.models import EngineAction
 from moeops.fleet import services as fleet_services
@@ -42,7 +42,7 @@ def panel_context(deployment, plan_items):
     in_force = deployment.recipe_in_force()
     newest = services.recipe_newest(deployment)
     engine = deployment.host.managed_engine(deployment.pk)
-    cap_flag = CAP_FLAGS.get(deployment.engine, "")
+    cap_flag = launch.cap_flag(deployment.engine, (in_force or newest).argv if newest else [])
     # the one reading of the cap in force that also settles the plan's items
     current_cap = deployment.running_cap_in_force(cap_flag)[0] if cap_flag else None
     actions = deployment.engine_actions.select_related(
