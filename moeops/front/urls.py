@@ -25,6 +25,11 @@ urlpatterns = [
     path("deployments/<int:pk>/capacity/", deployments.capacity_start, name="capacity-start"),
     path("deployments/<int:pk>/watches/", deployments.watch_create, name="watch-create"),
     path(
+        "deployments/<int:pk>/capacity/estimate/",
+        deployments.capacity_estimate_json,
+        name="capacity-estimate",
+    ),
+    path(
         "deployments/<int:pk>/sweep/estimate/",
         deployments.sweep_estimate,
         name="sweep-estimate",

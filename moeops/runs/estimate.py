@@ -12,6 +12,8 @@ import bisect
 import math
 from dataclasses import dataclass
 
+from domain import capacity
+from domain.levels import DEFAULT_PROMPTS_PER_STREAM
 from localstack.standin import StandinConfig
 from moeops.runs.models import SweepRun, of_the_deployment
 
@@ -84,3 +86,52 @@ def deployment_pace(deployment):
         points = tuple((b, standin.step_seconds(b)) for b in sizes)
         return Pace(points, cap, "the stand-in engine's step time"), ""
     return None, "no sweep of this deployment measured its TPOT yet"
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """The levels a capacity search is expected to run (concurrencies, in order), how long
+    they take (s) and how many requests they send, rounds and warm-up included."""
+
+    loads: tuple[int, ...]
+    seconds: float
+    requests: int
+
+
+def predicted_level(pace, concurrency, output_len):
+    """The figures a level of `concurrency` streams would show at `pace`, as domain.capacity
+    judges them (ms): TPOT and ITL the step time at the requests the engine runs at once;
+    requests past its cap queue a wave of output_len steps each, so the last wave's TTFT (the
+    tail a p90–p99 limit reads) is the waves before it. Prefill is left out."""
+    running = min(concurrency, pace.cap) if pace.cap else concurrency
+    step_ms = pace.step_s(running) * 1000
+    waves = math.ceil(concurrency / running)
+    ttft = (waves - 1) * output_len * step_ms
+    figures = {"completed": DEFAULT_PROMPTS_PER_STREAM * concurrency, "failed": 0}
+    for stat in ("median", "p90", "p95", "p99"):
+        figures[f"{stat}_tpot_ms"] = figures[f"{stat}_itl_ms"] = step_ms
+        figures[f"{stat}_ttft_ms"] = ttft
+        figures[f"{stat}_e2el_ms"] = ttft + output_len * step_ms
+    return figures
+
+
+def capacity_plan(pace, *, search, limits, max_failed_percent, output_len, rounds, warmup=0):
+    """The CapacityPlan of a concurrency search (domain.capacity.Search) against the limits
+    ({metric: (percentile, ms)}), its levels judged on the figures `pace` predicts
+    (predicted_level) by the search's own next_load; each level sends
+    DEFAULT_PROMPTS_PER_STREAM prompts per stream, `rounds` times."""
+    probes, seconds, requests = [], 0.0, 0
+    while (load := capacity.next_load(search, probes)) is not None:
+        level = predicted_level(pace, load, output_len)
+        probes.append(capacity.probe_of(limits, max_failed_percent, load, level))
+        prompts = DEFAULT_PROMPTS_PER_STREAM * load
+        seconds += sweep_seconds(
+            pace,
+            levels=[load],
+            prompts_per_level=prompts,
+            output_len=output_len,
+            warmup=warmup,
+            rounds=rounds,
+        )
+        requests += (prompts + warmup) * rounds
+    return CapacityPlan(tuple(int(p.load) for p in probes), seconds, requests)

@@ -297,7 +297,8 @@ def test_the_edit_notice_costs_no_extra_query(client, measured, django_assert_ma
         pb.run(deployment, label=f"more {i}", snapshot=measured.snapshot)
     # 14, 2 for the sweep form's estimate (the newest measured run's levels), 1 for its
     # workload choices, 3 for the capacity searches (their history, and the profiles and
-    # workloads the capacity form offers) and 1 for its watches
-    with django_assert_max_num_queries(21):
+    # workloads the capacity form offers), 1 for its watches and 1 for the alert channels the
+    # watch form offers
+    with django_assert_max_num_queries(22):
         html = client.get(deployment.get_absolute_url()).content.decode()
     assert "engine_version 0.32.0 → 0.33.0" in html

@@ -24,6 +24,7 @@ from moeops.engines.models import EngineAction
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Deployment
 from moeops.front import capacity, charts
+from moeops.front.capacity_estimate import capacity_estimate
 from moeops.front.forms import (
     SWEEP_PRESETS,
     CapacityForm,
@@ -478,6 +479,14 @@ def sweep_estimate(request, pk):
     """The sweep form's estimated duration for the load in the query, as JSON {"text"}."""
     deployment = _deployment_or_404(pk)
     return JsonResponse({"text": SweepForm(request.GET, deployment=deployment).estimate()})
+
+
+@login_required
+def capacity_estimate_json(request, pk):
+    """The capacity form's estimated duration for the search in the query, as JSON {"text"}."""
+    deployment = _deployment_or_404(pk)
+    form = CapacityForm(request.GET, deployment=deployment)
+    return JsonResponse({"text": capacity_estimate(form)})
 
 
 @login_required

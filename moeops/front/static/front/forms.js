@@ -39,3 +39,31 @@
     });
   });
 })();
+
+// The capacity form: opening it, and any change, asks the server for the search's estimated
+// duration (moeops.runs.estimate.capacity_plan); asked only once the form is open, so that the
+// deployment page itself costs no query for it.
+(function () {
+  var form = document.getElementById("capacity-form");
+  var line = document.getElementById("capacity-estimate");
+  if (!form || !line) { return; }
+  var details = form.closest("details");
+  var timer = null;
+  function refresh() {
+    var query = new URLSearchParams(new FormData(form));
+    query.delete("csrfmiddlewaretoken");
+    fetch(line.dataset.estimateUrl + "?" + query.toString(), {credentials: "same-origin"})
+      .then(function (response) { return response.ok ? response.json() : null; })
+      .then(function (body) { if (body) { line.textContent = body.text; } });
+  }
+  form.addEventListener("input", function () {
+    window.clearTimeout(timer);
+    timer = window.setTimeout(refresh, 250);
+  });
+  if (details) {
+    details.addEventListener("toggle", function () { if (details.open) { refresh(); } });
+    if (details.open) { refresh(); }
+  } else {
+    refresh();
+  }
+})();
