@@ -204,10 +204,9 @@ def sweep_parameters(*, deployment, load):
         parameters["seed"] = secrets.randbelow(MAX_SEED + 1)
     if load.get("workload") is not None:
         workload = workload_lookup(load["workload"])
-        if workload.kind == "multi_turn" and load.get("endpoint") != "chat":
-            raise ValidationError(
-                {"parameters.endpoint": "a multi-turn workload runs on the chat endpoint"}
-            )
+        if workload.kind == "multi_turn":
+            # its turns are chat messages: the completions endpoint has no history to send
+            parameters["endpoint"] = "chat"
         parameters["workload"] = workload.run_parameter()
     return parameters
 

@@ -194,17 +194,24 @@ def test_a_sweep_naming_no_such_workload_is_refused(world):
     assert not SweepRun.objects.exists()
 
 
-def test_a_multi_turn_workload_runs_on_the_chat_endpoint_only(world):
+def test_a_multi_turn_workload_sent_to_the_completions_endpoint_runs_on_chat(
+    world, broker, django_capture_on_commit_callbacks
+):
     spec = {"kind": "multi_turn", "turns": 3, "question_len": 8, "output": RANDOM["output"]}
     world.owner.post("/api/v1/workloads", {"name": "mt", "spec": spec})
     load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "mt"}
 
-    response = world.owner.post(
-        "/api/v1/runs", {"deployment": "glm-5-sglang", "parameters": load, "start": True}
-    )
+    with django_capture_on_commit_callbacks(execute=True):
+        response = world.owner.post(
+            "/api/v1/runs",
+            {"deployment": "glm-5-sglang", "parameters": {**load, "endpoint": "completions"},
+             "start": True},
+        )  # fmt: skip
 
-    assert response.status_code == 400
-    assert "a multi-turn workload runs on the chat endpoint" in response.json()["detail"]
+    assert response.status_code == 201, response.json()
+    assert SweepRun.objects.get().parameters["endpoint"] == "chat"
+    [task] = queues.queued(broker, QUEUE)
+    assert task.kwargs["endpoint"] == "chat"
 
 
 SHARED_PREFIX = {

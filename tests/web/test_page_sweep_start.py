@@ -201,18 +201,20 @@ def test_the_form_sends_the_workload_it_names(
     assert kwargs["workload"]["spec"]["groups"] == 2
 
 
-def test_a_multi_turn_workload_on_the_completions_endpoint_is_refused_on_the_form(
-    client, deployment, sent
+def test_a_multi_turn_workload_on_the_completions_endpoint_runs_on_chat_from_the_form(
+    client, deployment, sent, django_capture_on_commit_callbacks
 ):
     spec = {"kind": "multi_turn", "turns": 2, "question_len": 8}
     workload, _ = workload_store(
         name="turns", spec={**spec, "output": {"distribution": "fixed", "value": 32}}
     )
 
-    response = client.post(
-        f"/deployments/{deployment.pk}/sweep/", {**FORM, "workload": str(workload.pk)}
-    )
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            f"/deployments/{deployment.pk}/sweep/", {**FORM, "workload": str(workload.pk)}
+        )
 
-    assert response.status_code == 400
-    assert "a multi-turn workload runs on the chat endpoint" in response.content.decode()
-    assert not SweepRun.objects.exists()
+    assert response.status_code == 302
+    assert SweepRun.objects.get().parameters["endpoint"] == "chat"
+    [(_, _, kwargs)] = sent
+    assert kwargs["endpoint"] == "chat"
