@@ -34,7 +34,9 @@ CAP_KEYS = {
 # The FlashInfer allreduce-fusion switch as each engine reports it.
 ALLREDUCE_FUSION_KEYS = {
     "vllm": ("compilation_config.pass_config.fuse_allreduce_rms",),
-    "sglang": ("enable_flashinfer_allreduce_fusion",),
+    # SGLang 0.5.23 reports the fusion it resolved as a backend (None: off); earlier versions
+    # a switch
+    "sglang": ("flashinfer_allreduce_fusion_backend", "enable_flashinfer_allreduce_fusion"),
 }
 # The flag that sets the running-request cap, per engine.
 CAP_FLAGS = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}
@@ -157,6 +159,9 @@ def identity(
             out["max_running_requests"] = nested
             out["max_running_requests_source"] = f"{args_source} max_running_requests"
     for key in ALLREDUCE_FUSION_KEYS.get(engine, ()):
+        if key.endswith("_backend") and key in args:
+            out["allreduce_fusion"] = args[key] is not None
+            break
         if isinstance(args.get(key), bool):
             out["allreduce_fusion"] = args[key]
             break

@@ -442,9 +442,14 @@ def _report_state(key: str, value, args: dict) -> tuple[str, str, str]:
     return _config_state(key, str(value), None)
 
 
-# SGLang /get_server_info arguments that state a path (the stand-in serves the same).
+# SGLang /get_server_info arguments that state a path (the stand-in serves the same); of a
+# tuple, the first reported: SGLang 0.5.23 reports the fusion it resolved as its backend
+# (None: off), earlier versions a switch its auto-enable did not set.
 SGLANG_REPORT_KEYS = {
-    "allreduce_rms_fusion": "enable_flashinfer_allreduce_fusion",
+    "allreduce_rms_fusion": (
+        "flashinfer_allreduce_fusion_backend",
+        "enable_flashinfer_allreduce_fusion",
+    ),
     "custom_allreduce": "disable_custom_all_reduce",
     "attention_backend": "attention_backend",
     "moe_backend": "moe_runner_backend",
@@ -463,14 +468,18 @@ def sglang_report_rows(args: dict | None, *, version: str | None) -> list[PathRo
         reason = f"{title} reported no server arguments"
         return [unknown(key, reason, "report") for key in SGLANG_REPORT_KEYS]
     rows = []
-    for key, name in SGLANG_REPORT_KEYS.items():
-        if name not in args:
-            reason = f"{title}'s /get_server_info no longer reports {name}"
+    for key, names in SGLANG_REPORT_KEYS.items():
+        names = (names,) if isinstance(names, str) else names
+        name = next((n for n in names if n in args), None)
+        if name is None:
+            reason = f"{title}'s /get_server_info no longer reports {' or '.join(names)}"
             rows.append(unknown(key, reason, "report"))
             continue
         value = args[name]
         evidence = [Evidence(source="report", text=f"{name} = {value!r}", where=name)]
-        if key == "cuda_graphs":
+        if key == "allreduce_rms_fusion" and name == "flashinfer_allreduce_fusion_backend":
+            state, shown = ("on", f"flashinfer ({value})") if value else ("off", "off")
+        elif key == "cuda_graphs":
             state, shown = ("off", "disabled") if value else ("on", "enabled")
         elif key == "custom_allreduce":
             state, shown = ("off", "disabled") if value else ("depends", "allowed")

@@ -6,9 +6,10 @@ evaluates the engine's decisions of its fast paths with them).
 or class `name` of relpath, executed in a namespace where each name it reads is, in turn: a
 stand-in; a few safe names (`Enum`, `NamedTuple`, `functools`); the engine's own definition of
 it (in the same file, or the file it imports it from, followed once through a re-export); a
-literal the file sets at its top (`_TABLE = {}`); else a `_Missing` that makes the decision
-unknown when it is touched, naming the name. A function's own imports are resolved the same way
-when they run (a ROCm-only import in a branch not taken costs nothing). Annotations name no type.
+literal the file sets at its top (`_TABLE = {}`, `frozenset({...})`); else a `_Missing` that
+makes the decision unknown when it is touched, naming the name. A function's own imports are
+resolved the same way when they run (a ROCm-only import in a branch not taken costs nothing).
+Annotations name no type. `assigned` evaluates a top-level assignment the same way.
 """
 
 from __future__ import annotations
@@ -226,10 +227,7 @@ class EngineFunctions:
             else:
                 continue
             if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                try:
-                    return ast.literal_eval(value)
-                except ValueError:
-                    return _NO_LITERAL
+                return _literal(value)
         return _NO_LITERAL
 
     def _import(self, relpath: str, depth: int, module: str, level: int, name: str):
@@ -245,6 +243,27 @@ class EngineFunctions:
                 pass
         return _Missing(name, f" (from {module})")
 
+    def assigned(self, relpath: str, name: str):
+        """The value of a top-level `name = <expression>` of relpath (SGLang's probes:
+        `is_sm100_supported = lru_cache(maxsize=1)(partial(_check_cuda_device_version, …))`),
+        the expression run with its free names resolved as load resolves a function's."""
+        for node in self.tree(relpath).body:
+            if not isinstance(node, ast.Assign):
+                continue
+            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                source = f"{name} = {ast.unparse(node.value)}"
+                namespace = {free: self.resolve(relpath, free) for free in _free_names(source)}
+                try:
+                    exec(compile(source, f"<{self.package.title} {relpath}>", "exec"), namespace)
+                except PathUnknown:
+                    raise
+                except Exception as exc:
+                    raise PathUnknown(f"{name} of {relpath} does not load here: {exc}") from None
+                return namespace[name]
+        if self.definition(relpath, name) is not None:
+            return self.load(relpath, name)
+        raise PathUnknown(f"{self.package.title}'s {relpath} sets no {name}")
+
     def class_constant(self, relpath: str, cls: str, name: str):
         """A literal a class body sets (`_SUPPORTED_WORLD_SIZES = [2, 4, 6, 8]`)."""
         for node in self.tree(relpath).body:
@@ -257,6 +276,26 @@ class EngineFunctions:
                         except ValueError:
                             break
         raise PathUnknown(f"{self.package.title}'s {relpath} sets no literal {cls}.{name}")
+
+
+# A table a module sets as `frozenset({...})` is as literal as its braces.
+_LITERAL_CALLS = {"frozenset": frozenset, "set": set, "tuple": tuple, "list": list}
+
+
+def _literal(value: ast.expr):
+    """The value of a literal expression, or of a frozenset/set/tuple/list of one, else
+    _NO_LITERAL."""
+    call = value if isinstance(value, ast.Call) else None
+    if call is not None:
+        name = getattr(call.func, "id", None)
+        if name not in _LITERAL_CALLS or call.keywords or len(call.args) != 1:
+            return _NO_LITERAL
+        value = call.args[0]
+    try:
+        found = ast.literal_eval(value)
+    except (ValueError, TypeError, SyntaxError):
+        return _NO_LITERAL
+    return _LITERAL_CALLS[call.func.id](found) if call is not None else found
 
 
 @functools.lru_cache(maxsize=64)

@@ -48,6 +48,7 @@ from tuning.engine_functions import (
     stand_in_platform,
 )
 from tuning.engine_source import EnginePackage, EngineSourceError, locate_package
+from tuning.sglang_paths import sglang_paths
 
 # What a decision may ask of the engine's surroundings, and the words of a condition on it.
 TOGGLES = {
@@ -452,7 +453,8 @@ def source_paths(
 ) -> EnginePaths:
     """The engine's decisions for a compute capability ("12.0"; None: no CUDA GPU, the CPU
     build's paths) and TP, from the installed package (found with the engine's Python) or
-    source_dir. installed: {"flashinfer" | "deep_gemm" | "nvcc": bool} where known (TOGGLES);
+    source_dir. installed: {"flashinfer" | "deep_gemm" | "nvcc": bool} where known (TOGGLES),
+    and "torch_cuda": the CUDA version of the engine's torch ("12.9"; SGLang's probes ask it);
     a decision that depends on one not known reads "on where FlashInfer is installed". Never
     raises for the engine: what cannot be read is an "unknown" row or a
     note with the reason."""
@@ -475,9 +477,14 @@ def source_paths(
         ]
         return out
     out.version = package.version
-    if engine != "vllm":
-        out.notes.append(f"moeops evaluates no decision functions of {package.title} yet")
-        return out
+    if engine == "sglang":
+        return sglang_paths(
+            package,
+            out,
+            cap,
+            model_config=model_config,
+            torch_cuda=(installed or {}).get("torch_cuda"),
+        )
     decisions = VllmDecisions(
         package,
         tp=tp,

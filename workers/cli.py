@@ -196,13 +196,21 @@ def engine_paths(args):
         except ValueError as exc:
             raise CliError(f"{args.model_config}: not JSON ({exc})") from None
     installed = {"flashinfer": args.flashinfer, "deep_gemm": args.deep_gemm}
+    installed = {k: {"yes": True, "no": False}.get(v) for k, v in installed.items()}
+    if args.torch_cuda:
+        try:
+            installed["torch_cuda"] = str(Capability.parse(args.torch_cuda))
+        except ValueError:
+            raise CliError(
+                f"--torch-cuda {args.torch_cuda!r}: a CUDA version such as 12.9"
+            ) from None
     paths = source_paths(
         args.engine,
         capability=capability,
         tp=args.tp,
         source_dir=args.source,
         model_config=model_config,
-        installed={k: {"yes": True, "no": False}.get(v) for k, v in installed.items()},
+        installed=installed,
     )
     if args.log:
         with open(args.log, "rb") as log:
@@ -334,7 +342,8 @@ def build_parser():
         help="the engine's fast paths for a GPU's compute capability, from its own source",
         description="Evaluate the installed engine's (or --source's) own decision functions "
         "for a compute capability and TP: all-reduce + RMSNorm fusion, custom all-reduce, the "
-        "MoE and attention backends in the engine's order, DeepGEMM. Runs here: no MOEOPS_URL "
+        "MoE and attention backends in the engine's order, DeepGEMM (vLLM); FlashInfer's "
+        "all-reduce fusion (SGLang). Runs here: no MOEOPS_URL "
         "or token needed.",
     )
     command.add_argument("--engine", required=True, choices=("vllm", "sglang"))
@@ -349,6 +358,12 @@ def build_parser():
     )
     command.add_argument(
         "--deep-gemm", choices=("yes", "no"), help="installed beside the engine (default: both)"
+    )
+    command.add_argument(
+        "--torch-cuda",
+        metavar="X.Y",
+        help="the CUDA version the engine's torch is built for (SGLang's probes ask it; "
+        "default: each of torch's builds)",
     )
     command.add_argument("--log", metavar="FILE", help="the engine's start-up log, read too")
     command.add_argument("--json", action="store_true", help="print EnginePaths as JSON")

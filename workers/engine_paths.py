@@ -33,8 +33,21 @@ def found(name):
         return u.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+def torch_cuda():
+    # torch/version.py says what CUDA torch is built for, read without importing torch
+    try:
+        spec = u.find_spec("torch")
+        folder = spec.submodule_search_locations[0]
+        for line in open(folder + "/version.py"):
+            if line.startswith("cuda"):
+                value = line.split("=", 1)[1].split("#")[0].strip().strip(chr(34) + chr(39))
+                return None if value == "None" else value
+    except (ImportError, ValueError, OSError, TypeError, IndexError):
+        pass
+    return None
 print(json.dumps({"flashinfer": found("flashinfer"),
-                  "deep_gemm": found("deep_gemm") or found("vllm.third_party.deep_gemm")}))
+                  "deep_gemm": found("deep_gemm") or found("vllm.third_party.deep_gemm"),
+                  "torch_cuda": torch_cuda()}))
 """
 
 
@@ -67,8 +80,9 @@ def managed_log(deployment, *, managed: bool, external="", supervisor=None) -> P
 
 
 def installed_beside(python: str | None) -> dict:
-    """{"flashinfer", "deep_gemm": bool} for the engine's Python, found without importing
-    them; {} when that Python cannot be asked (the decisions then say what they depend on)."""
+    """{"flashinfer", "deep_gemm": bool, "torch_cuda": "12.9" or None} for the engine's Python,
+    found without importing them; {} when that Python cannot be asked (the decisions then say
+    what they depend on)."""
     if not python:
         return {}
     try:
@@ -78,6 +92,21 @@ def installed_beside(python: str | None) -> dict:
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return {}
+
+
+def model_config_at(model_path) -> tuple[dict | None, str]:
+    """(the config.json of the model an engine serves from model_path, a local folder as the
+    engine reports it (SGLang's model_path), or None; why not, else "")."""
+    if not model_path:
+        return None, "the engine reports no model_path"
+    path = Path(str(model_path)) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except OSError:
+        return None, f"no config.json at the engine's model_path {model_path} on this host"
+    except ValueError as exc:
+        return None, f"{path} is not JSON ({exc})"
+    return (config, "") if isinstance(config, dict) else (None, f"{path} holds no object")
 
 
 def read_log(path) -> tuple[str | None, str]:
@@ -175,6 +204,11 @@ def observe_paths(
         # a stand-in writes no engine's start-up lines but those it is told to
         log = [row for row in log if row.state != "unknown"]
     source: list[PathRow] = []
+    if engine == "sglang" and model_config is None:
+        # SGLang's fusion asks the model's architecture: the config.json it serves from
+        model_config, why_not = model_config_at((identity.get("args") or {}).get("model_path"))
+        if why_not:
+            out.notes.append(why_not)
     if engine in ("vllm", "sglang"):
         python = python or _engine_python(engine)
         try:

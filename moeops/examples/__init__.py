@@ -19,7 +19,10 @@ work turns from "is it working?" to "how do we make it fast?". What it gives, an
 - an earlier Kimi K2 deployment on the same hardware, from ~800 tok/s to over 5,800 tok/s at
   high concurrency after tuning the fused-MoE kernel for SM120: two runs, default and tuned
   kernel (Kimi K2's config.json is the published one, also in this folder);
-- FlashInfer allreduce fusion unsupported on SM120: a finding and an incompatibility rule;
+- FlashInfer allreduce fusion off on SM120: not moeops' words but SGLang's own decision, stored
+  in the sweep's snapshot as the engine paths a worker records (ENGINE_PATHS: SGLang 0.5.23's
+  fusion passes evaluated by moeops for compute capability 12.0 at TP8; the write-up names no
+  version), from which the analysis makes its finding (moeops.insights.path_rules);
 - the todo list (check the server: done; higher-concurrency benchmarks at 256, 512 and 1024: in
   progress; tune the fused-MoE kernel for SM120: pending): the deployment's plan;
 - four notes quoting these passages (NOTES).
@@ -51,6 +54,13 @@ HOST_NAME = "rtx-pro-6000-x8"
 GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell"
 # "~94.7GB used per GPU", in MiB as telemetry stores memory
 MEM_USED_MIB = 94.7e9 / 2**20
+# `python -m workers.cli engine-paths --engine sglang --source <SGLang 0.5.23> --capability 12.0
+# --tp 8 --model-config glm-5-fp8_config.json --json`; tests/tuning/test_sglang_paths.py
+# evaluates it again from the wheel and checks this file
+ENGINE_PATHS = "glm-5_sglang-0.5.23_sm120_tp8_engine_paths.json"
+# what a load before ENGINE_PATHS wrote by hand: the engine's own decision replaces them
+HAND_WRITTEN_FINDING = "sm120-allreduce-fusion"
+HAND_WRITTEN_RULE = "FlashInfer allreduce fusion unsupported on SM120"
 
 NOTES = {
     "the-pivot-point": (
@@ -152,8 +162,9 @@ def _deployment(name, model, host, **fields):
     return deployment
 
 
-def _run(deployment, label, snapshot, levels, parameters, kernel_config=None):
-    """kernel_config: the snapshot's kernel config in effect, where the write-up tells it."""
+def _run(deployment, label, snapshot, levels, parameters, kernel_config=None, engine_paths=None):
+    """kernel_config: the snapshot's kernel config in effect, where the write-up tells it;
+    engine_paths: the engine paths a worker would record (domain.engine_paths' JSON)."""
     run = SweepRun.objects.filter(deployment=deployment, label=label).first()
     if run is None:
         run = SweepRun(deployment=deployment, label=label)
@@ -168,6 +179,8 @@ def _run(deployment, label, snapshot, levels, parameters, kernel_config=None):
         )
         if kernel_config is not None:
             run.snapshot["kernel_config"] = kernel_config
+    if engine_paths is not None and not run.snapshot.get("engine_paths"):
+        run.snapshot["engine_paths"] = engine_paths
     run.provenance = WRITEUP
     run.telemetry_status = "not_collected"
     run.save()
@@ -226,6 +239,7 @@ def load_example_data():
         lxc,
         [(128, 806.0), (256, 879.0), (512, 912.0)],
         {"levels": [128, 256, 512]},
+        engine_paths=_config(ENGINE_PATHS),
     )
     # The write-up's one GPU reading: 0% utilization, ~85 W of 600 W, ~94.7 GB used, all 8 GPUs.
     if not sweep.telemetry.exists():
@@ -273,34 +287,10 @@ def load_example_data():
         },
     )
 
-    Finding.objects.update_or_create(
-        deployment=glm_deployment,
-        kind="incompatibility",
-        key="sm120-allreduce-fusion",
-        defaults={
-            "severity": "warning",
-            "title": "FlashInfer allreduce fusion is unsupported on SM120",
-            "text": "The RTX PRO 6000 Blackwell GPUs are SM120; FlashInfer allreduce fusion "
-            "does not support them.",
-            "evidence": {"compute_capability": "12.0", "engine": "sglang"},
-            "source": "human",
-            "note": notes["sm120-allreduce-fusion"],
-            "provenance": WRITEUP,
-        },
-    )
-    IncompatibilityRule.objects.update_or_create(
-        name="FlashInfer allreduce fusion unsupported on SM120",
-        defaults={
-            "compute_capability": "12.0",
-            "launch_argument": "allreduce_fusion",
-            "launch_value": "True",
-            "severity": "critical",
-            "finding_text": "FlashInfer allreduce fusion is enabled, but it is unsupported on "
-            "SM120 GPUs. Turn it off.",
-            "note": notes["sm120-allreduce-fusion"],
-            "provenance": WRITEUP,
-        },
-    )
+    Finding.objects.filter(
+        deployment=glm_deployment, key=HAND_WRITTEN_FINDING, source="human", provenance=WRITEUP
+    ).delete()
+    IncompatibilityRule.objects.filter(name=HAND_WRITTEN_RULE, provenance=WRITEUP).delete()
     todo = [
         ("Check server status", "completed", None),
         ("Run higher-concurrency benchmarks (256, 512, 1024)", "in_progress", None),

@@ -221,3 +221,23 @@ def test_decision_changes_name_what_changed_and_why_one_side_is_unknown():
     assert decision_changes(
         [row("depends", "a", "f → [1, 2]")], [row("depends", "a", "f → [2, 1]")]
     ) == ["DeepGEMM: [1, 2] → [2, 1]"]
+
+
+def test_sglangs_resolved_fusion_backend_outranks_its_old_switch():
+    # SGLang 0.5.23 auto-enables the fusion as a backend and leaves the deprecated switch False
+    on = {
+        "flashinfer_allreduce_fusion_backend": "auto",
+        "enable_flashinfer_allreduce_fusion": False,
+    }
+    off = {"flashinfer_allreduce_fusion_backend": None, "enable_flashinfer_allreduce_fusion": False}
+
+    fused = {row.key: row for row in sglang_report_rows(on, version="0.5.23")}
+    apart = {row.key: row for row in sglang_report_rows(off, version="0.5.23")}
+
+    row = fused["allreduce_rms_fusion"]
+    assert (row.state, row.value) == ("on", "flashinfer (auto)")
+    assert row.evidence[0].where == "flashinfer_allreduce_fusion_backend"
+    assert apart["allreduce_rms_fusion"].state == "off"
+    # the snapshot's fusion flag, which the incompatibility rules read, says the same
+    assert reports.identity("sglang", args=on)["allreduce_fusion"] is True
+    assert reports.identity("sglang", args=off)["allreduce_fusion"] is False

@@ -161,7 +161,17 @@ ENGINE_WHEELS = {
     ),
     "sglang": (
         "sglang",
-        ("sglang/srt/layers/moe/moe_runner/triton_utils/", "sglang/kernels/ops/moe/"),
+        (
+            "sglang/srt/layers/moe/moe_runner/triton_utils/",
+            "sglang/kernels/ops/moe/",
+            # the FlashInfer all-reduce fusion's passes, the server arguments' defaults, the
+            # platform probes (runtime_context's table, utils/common's probes)
+            "sglang/srt/arg_groups/overrides.py",
+            "sglang/srt/arg_groups/model_override_base.py",
+            "sglang/srt/arg_groups/fields/",
+            "sglang/srt/runtime_context.py",
+            "sglang/srt/utils/common.py",
+        ),
     ),
 }
 

@@ -119,7 +119,20 @@ def test_the_write_up_readings_show_idle_gpus_as_info_and_the_cap_below_the_load
     assert queueing.evidence["cap"] == 64 and queueing.evidence["basis"] == "configuration"
 
 
-def test_the_sm120_rule_does_not_fire_while_allreduce_fusion_is_unset():
+@pytest.fixture
+def sm120_rule():
+    """An incompatibility rule as a team writes one in the admin (the example data has none)."""
+    return IncompatibilityRule.objects.create(
+        name="FlashInfer allreduce fusion on SM120",
+        compute_capability="12.0",
+        launch_argument="allreduce_fusion",
+        launch_value="True",
+        severity="critical",
+        finding_text="FlashInfer allreduce fusion is enabled on SM120 GPUs. Turn it off.",
+    )
+
+
+def test_the_sm120_rule_does_not_fire_while_allreduce_fusion_is_unset(sm120_rule):
     run = write_up_sweep()
     assert run.deployment.allreduce_fusion is None
 
@@ -128,10 +141,10 @@ def test_the_sm120_rule_does_not_fire_while_allreduce_fusion_is_unset():
     assert not auto(kind="incompatibility").exists()
 
 
-def test_the_sm120_rule_fires_when_allreduce_fusion_is_on():
+def test_the_sm120_rule_fires_when_allreduce_fusion_is_on(sm120_rule):
     run = write_up_sweep()
     Deployment.objects.filter(pk=run.deployment_id).update(allreduce_fusion=True)
-    rule = IncompatibilityRule.objects.get(compute_capability="12.0")
+    rule = sm120_rule
 
     services.run_analyze(run=run)
 
@@ -141,7 +154,7 @@ def test_the_sm120_rule_fires_when_allreduce_fusion_is_on():
     assert finding.text == rule.finding_text
 
 
-def test_the_flag_the_engine_reported_overrides_the_hand_set_one():
+def test_the_flag_the_engine_reported_overrides_the_hand_set_one(sm120_rule):
     run = write_up_sweep()
     Deployment.objects.filter(pk=run.deployment_id).update(allreduce_fusion=True)
     # SGLang's /get_server_info, as the worker records it when the sweep starts
@@ -157,7 +170,7 @@ def test_the_flag_the_engine_reported_overrides_the_hand_set_one():
     assert not auto(kind="incompatibility").exists()
 
 
-def test_a_disabled_rule_does_not_fire():
+def test_a_disabled_rule_does_not_fire(sm120_rule):
     run = write_up_sweep()
     Deployment.objects.filter(pk=run.deployment_id).update(allreduce_fusion=True)
     IncompatibilityRule.objects.update(enabled=False)
@@ -242,7 +255,15 @@ def test_an_open_finding_whose_rule_no_longer_fires_is_removed():
 
 def test_people_s_findings_are_left_alone():
     run = write_up_sweep()
-    human = Finding.objects.get(source="human")
+    human = Finding.objects.create(
+        deployment=run.deployment,
+        kind="incompatibility",
+        key="sm120-allreduce-fusion",
+        severity="warning",
+        title="FlashInfer allreduce fusion is unsupported on SM120",
+        evidence={"compute_capability": "12.0", "engine": "sglang"},
+        source="human",
+    )
     before = (human.title, human.evidence, human.state)
 
     services.run_analyze(run=run)

@@ -5,6 +5,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from moeops.examples import load_example_data
+from moeops.insights.services import run_analyze
 
 pytestmark = pytest.mark.django_db
 
@@ -39,6 +40,7 @@ def test_it_lists_deployments_with_peak_throughput(client, member):
 
 def test_deployment_page_charts_each_run(client, member):
     deployment = load_example_data()
+    run_analyze(run=deployment.runs.get(label="Concurrency sweep (write-up)"))
     response = client.get(f"/deployments/{deployment.pk}/")
     assert response.status_code == 200
     html = response.content.decode()
@@ -50,7 +52,7 @@ def test_deployment_page_charts_each_run(client, member):
     scripts = re.findall(r"<script[^>]*\bsrc=[^>]*>", html)
     assert any("plotly/plotly.min.js" in tag for tag in scripts)
     assert scripts and all(tag.startswith("<script defer src=") for tag in scripts), scripts
-    assert "FlashInfer allreduce fusion is unsupported on SM120" in html
+    assert "SGLang 0.5.23 runs no all-reduce + RMSNorm fusion on compute capability 12.0" in html
     assert "E=256, N=256" in html  # per-rank shape at TP8
 
 

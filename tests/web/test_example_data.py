@@ -1,8 +1,9 @@
 import pytest
 
-from moeops.examples import WRITEUP, load_example_data
+from moeops.examples import HAND_WRITTEN_FINDING, HAND_WRITTEN_RULE, WRITEUP, load_example_data
 from moeops.fleet.models import Deployment, ModelSpec, TopologySnapshot
 from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
+from moeops.insights.services import run_analyze
 from moeops.runs.models import LevelResult, SweepRun, TelemetrySample
 
 pytestmark = pytest.mark.django_db
@@ -64,18 +65,76 @@ def test_kimi_k2_before_and_after_tuning():
 
 def test_everything_is_marked_as_from_the_write_up():
     load_example_data()
-    for model in (ModelSpec, Deployment, SweepRun, Finding, PlanItem, Note):
+    for model in (ModelSpec, Deployment, SweepRun, PlanItem, Note):
         rows = list(model.objects.all())
         assert rows and all(WRITEUP in row.provenance for row in rows), model
 
 
-def test_it_seeds_the_sm120_rule_and_the_todo_list():
+def test_it_seeds_the_todo_list_and_no_hand_written_rule():
     deployment = load_example_data()
-    rule = IncompatibilityRule.objects.get()
-    assert rule.compute_capability == "12.0"
-    assert rule.launch_argument == "allreduce_fusion"
+    assert not IncompatibilityRule.objects.exists()
+    assert not Finding.objects.exists()
     plan = list(deployment.plan_items.values_list("status", flat=True))
     assert plan == ["completed", "in_progress", "pending"]
+
+
+def test_the_sweep_records_sglangs_own_fusion_decision_as_a_worker_would():
+    load_example_data()
+    run = SweepRun.objects.get(label="Concurrency sweep (write-up)")
+
+    paths = run.recorded().engine_paths
+    assert (paths["engine"], paths["version"], paths["capability"], paths["tp"]) == (
+        "sglang",
+        "0.5.23",
+        "12.0",
+        8,
+    )
+    (fusion,) = paths["rows"]
+    assert (fusion["key"], fusion["state"]) == ("allreduce_rms_fusion", "off")
+    assert fusion["evidence"][0]["where"] == (
+        "sglang/srt/arg_groups/overrides.py _flashinfer_allreduce_fusion_auto_enable, SGLang 0.5.23"
+    )
+
+
+def test_the_fusion_finding_comes_from_the_engine_paths():
+    load_example_data()
+    run = SweepRun.objects.get(label="Concurrency sweep (write-up)")
+
+    run_analyze(run=run)
+
+    finding = Finding.objects.get(run=run, key__startswith="path-not-here")
+    assert finding.source == "auto" and finding.severity == "warning"
+    assert finding.title == (
+        "SGLang 0.5.23 runs no all-reduce + RMSNorm fusion on compute capability 12.0"
+    )
+    assert finding.text.startswith(
+        "SGLang 0.5.23 enables all-reduce + RMSNorm fusion only on compute capability 9.0 and "
+        "10.x; this GPU is 12.0, so each layer runs its all-reduce and its norm apart."
+    )
+    assert finding.evidence["source"].endswith(
+        "_flashinfer_allreduce_fusion_auto_enable, SGLang 0.5.23"
+    )
+    assert not Finding.objects.filter(kind="incompatibility").exists()
+
+
+def test_loading_again_removes_the_hand_written_rule_and_finding():
+    deployment = load_example_data()
+    rule = IncompatibilityRule.objects.create(
+        name=HAND_WRITTEN_RULE, compute_capability="12.0", provenance=WRITEUP
+    )
+    Finding.objects.create(
+        deployment=deployment,
+        kind="incompatibility",
+        key=HAND_WRITTEN_FINDING,
+        title="FlashInfer allreduce fusion is unsupported on SM120",
+        source="human",
+        provenance=WRITEUP,
+    )
+
+    load_example_data()
+
+    assert not IncompatibilityRule.objects.filter(pk=rule.pk).exists()
+    assert not Finding.objects.filter(key=HAND_WRITTEN_FINDING).exists()
 
 
 def test_loading_twice_changes_nothing():

@@ -10,6 +10,8 @@ from moeops.kernels.models import KernelConfig
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
+# the analysis' finding from SGLang 0.5.23's own fusion decision in the example sweep's snapshot
+FUSION_OFF = "SGLang 0.5.23 runs no all-reduce + RMSNorm fusion on compute capability 12.0"
 
 ENTRY = {
     "BLOCK_SIZE_M": 16,
@@ -87,10 +89,10 @@ def test_findings_lead_with_severity_then_evidence(client, analyzed):
     html = client.get(analyzed.get_absolute_url()).content.decode()
     panel = html.split('id="findings"')[1]
     order = [part.split("</h3>")[0] for part in panel.split("<h3>")[1:]]
-    # the write-up's sweep: the plateau (warning, charted) before the human's SM120 warning
-    # (no chart), both before every info
+    # the write-up's sweep: the plateau (warning, charted) before SGLang's fusion left off on
+    # SM120 (warning, no chart), both before every info
     assert order[0].startswith("Throughput plateaus from concurrency 128")
-    assert order[1] == "FlashInfer allreduce fusion is unsupported on SM120"
+    assert order[1] == FUSION_OFF
     severities = [
         part.split('<span class="badge severity">')[1].split("<")[0]
         for part in panel.split('<article class="finding')[1:]

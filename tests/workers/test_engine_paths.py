@@ -10,13 +10,14 @@ import pytest
 
 from domain import engine as reports
 from moeops.insights import analysis, path_rules
-from tests.engine import ensure_installed
+from tests.engine import engine_source, ensure_installed
 from workers import engine_info
 from workers.engine_paths import gpu_capability, managed_log, observe_paths
 from workers.engine_supervisor import EngineSupervisor, Recipe
 
 pytestmark = pytest.mark.timeout(120)
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "moeops" / "examples"
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "engine_logs"
 FALLBACK = (
     "(Worker_TP0 pid=7001) WARNING 12-06 05:10:02 [allreduce_rms_fusion.py:1045] Failed to "
@@ -118,3 +119,46 @@ def test_a_host_without_nvml_has_no_capability():
     capability, why = gpu_capability(nvml=NoNvml())
 
     assert capability is None and "no CUDA GPU on this host" in why
+
+
+def test_an_sglang_engine_records_its_own_fusion_decision_for_the_model_it_serves(
+    tmp_path, monkeypatch
+):
+    source = engine_source("sglang", "0.5.23")
+    # the engine's Python finds SGLang 0.5.23 (the wheel's files) as an installed package
+    monkeypatch.setenv("PYTHONPATH", str(source.parent))
+    model = tmp_path / "GLM-5-FP8"
+    model.mkdir()
+    (model / "config.json").write_text((EXAMPLES / "glm-5-fp8_config.json").read_text())
+    identity = {
+        "engine": "sglang",
+        "version": "0.5.23",
+        "args": {
+            "model_path": str(model),
+            "tp_size": 8,
+            "flashinfer_allreduce_fusion_backend": None,
+        },
+    }
+
+    paths = observe_paths(identity, capability="12.0", python=sys.executable)
+
+    fusion = next(r for r in paths["rows"] if r["key"] == "allreduce_rms_fusion")
+    assert (paths["version"], paths["tp"], fusion["state"]) == ("0.5.23", 8, "off")
+    words = {e["source"]: e for e in fusion["evidence"]}
+    assert words["report"]["where"] == "flashinfer_allreduce_fusion_backend"
+    assert words["source"]["where"] == (
+        "sglang/srt/arg_groups/overrides.py _flashinfer_allreduce_fusion_auto_enable, SGLang 0.5.23"
+    )
+    assert fusion["enabled_on"] == ["9.0", "10.0", "10.3"]
+
+
+def test_an_sglang_model_path_not_on_this_host_leaves_the_fusion_unknown(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(engine_source("sglang", "0.5.23").parent))
+    identity = {"engine": "sglang", "version": "0.5.23", "args": {"model_path": "zai-org/GLM-5"}}
+
+    paths = observe_paths(identity, capability="9.0", tp=8, python=sys.executable)
+
+    fusion = next(r for r in paths["rows"] if r["key"] == "allreduce_rms_fusion")
+    source = next(e for e in fusion["evidence"] if e["source"] == "source")
+    assert "no config.json at the engine's model_path zai-org/GLM-5" in paths["notes"][0]
+    assert "no config.json of the model was given" in source["text"]
