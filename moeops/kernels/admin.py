@@ -24,6 +24,24 @@ STORED_FIELDS = (
 )
 
 
+KERNEL_FACTS = ("kernel_engine", "kernel_version", "kernel_source_sha256")
+
+
+def edited_entries_facts(form, user):
+    """What the facts of a config become when its entries are edited by hand: the edited
+    entries were neither tuned by moeops nor timed in the kernel the old ones were, so source,
+    kernel and provenance say so, unless the same edit set them itself."""
+    facts = {}
+    changed = set(form.changed_data)
+    if "source" not in changed:
+        facts["source"] = "manual"
+    if not changed & set(KERNEL_FACTS):
+        facts |= dict.fromkeys(KERNEL_FACTS, "")
+    if "provenance" not in changed:
+        facts["provenance"] = f"v{form.instance.version}'s entries edited in the admin by {user}"
+    return facts
+
+
 class KernelConfigForm(forms.ModelForm):
     class Meta:
         model = KernelConfig
@@ -71,6 +89,9 @@ class KernelConfigAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         # a version is never edited in place (runs and recipes point at it): an edit, like an
         # addition, is the series' next version, through the service the API uses
+        if change and "entries" in form.changed_data:
+            for name, value in edited_entries_facts(form, request.user).items():
+                setattr(obj, name, value)
         fields = {name: getattr(obj, name) for name in STORED_FIELDS}
         stored, created = kernel_config_store(**fields)
         if not created and change and form.changed_data:

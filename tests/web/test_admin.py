@@ -103,6 +103,47 @@ def test_an_edit_in_the_admin_is_the_next_version_and_the_stored_one_stays(admin
     assert (third.entries, third.provenance) == ({"1": faster}, "re-tuned on the lent H200")
 
 
+def test_entries_edited_in_the_admin_are_no_longer_said_tuned_or_timed_in_a_kernel(admin):
+    _post_kernel_config(
+        admin,
+        {"1": GOOD_ENTRY},
+        source="tuned",
+        provenance="tuned by moeops on the lent H200",
+        kernel_engine="vllm",
+        kernel_version="0.33.0",
+        kernel_source_sha256="ab" * 32,
+    )
+    tuned = KernelConfig.objects.get()
+    assert tuned.timed_in() == ["vLLM 0.33.0's own kernel"]
+    form = {
+        "device_name": "NVIDIA H200",
+        "E": "256",
+        "N": "256",
+        "dtype": "bf16",
+        "block_shape": "null",
+        "triton_version": "3.7.1",
+        "entries": json.dumps({"1": {**GOOD_ENTRY, "num_stages": 4}}),
+        "source": "tuned",
+        "provenance": "tuned by moeops on the lent H200",
+        "kernel_engine": "vllm",
+        "kernel_version": "0.33.0",
+        "kernel_source_sha256": "ab" * 32,
+    }
+
+    admin.post(f"/admin/kernels/kernelconfig/{tuned.pk}/change/", form)
+
+    edited = KernelConfig.objects.get(version=2)
+    assert edited.get_source_display() == "Manual"
+    assert edited.timed_in() == [] and edited.kernel_source_sha256 == ""
+    assert edited.provenance == "v1's entries edited in the admin by root"
+    page = admin.get(f"/kernels/{edited.pk}/").content.decode()
+    assert "<dt>Source</dt><dd>Manual</dd>" in page
+    assert re.search(r"<dt>Timed in</dt><dd><span class=\"muted\">no kernel recorded", page)
+    # the version it replaced keeps what it was
+    tuned.refresh_from_db()
+    assert tuned.source == "tuned" and tuned.kernel_version == "0.33.0"
+
+
 @pytest.mark.parametrize(
     "entries, message",
     [
