@@ -10,6 +10,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     StringConstraints,
     model_validator,
 )
@@ -57,9 +58,12 @@ def slug(max_length: int):
 
 
 HostName = Annotated[slug(100), AfterValidator(_a_name)]
-PosInt = Annotated[int, Field(ge=0, le=MAX_INT)]
-SmallInt = Annotated[int, Field(ge=0, le=MAX_SMALL_INT)]
-BigInt = Annotated[int, Field(ge=0, le=MAX_BIG_INT)]
+# Strict: true and "12" are no integers (pydantic would store them as 1 and 12)
+PosInt = Annotated[int, Strict(), Field(ge=0, le=MAX_INT)]
+SmallInt = Annotated[int, Strict(), Field(ge=0, le=MAX_SMALL_INT)]
+BigInt = Annotated[int, Strict(), Field(ge=0, le=MAX_BIG_INT)]
+# a cap on running requests of 0 would let the engine run nothing
+RequestCap = Annotated[PosInt, Field(ge=1)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(storable_json)]
 JsonList = Annotated[list[Any], AfterValidator(storable_json)]
 

@@ -24,6 +24,7 @@ from moeops.api.fields import (
     Name,
     Patch,
     PosInt,
+    RequestCap,
     SmallInt,
     in_range,
     matching,
@@ -524,7 +525,7 @@ def topology_list(request, ref: str, filters: Query[CreatedRange]):
 
 class DeploymentFields(In):
     engine_version: text(100) = ""
-    max_running_requests: PosInt | None = None
+    max_running_requests: RequestCap | None = None
     quantization: text(50) = ""
     attention_backend: text(50) = ""
     allreduce_fusion: bool | None = None
@@ -555,7 +556,7 @@ class DeploymentPatch(Patch):
     NULLABLE = ("max_running_requests", "allreduce_fusion", "default_slo_profile")
 
     engine_version: text(100) | None = None
-    max_running_requests: PosInt | None = None
+    max_running_requests: RequestCap | None = None
     quantization: text(50) | None = None
     attention_backend: text(50) | None = None
     allreduce_fusion: bool | None = None

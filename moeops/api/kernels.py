@@ -10,7 +10,7 @@ from django.utils.http import content_disposition_header
 from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.pagination import paginate
-from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import ConfigDict, Field, Strict, StringConstraints, field_validator, model_validator
 
 from moeops.api import lookups
 from moeops.api.auth import AnyWrite, HostWrite, require_host
@@ -54,7 +54,7 @@ DeviceName = Annotated[
     StringConstraints(min_length=1, max_length=100, pattern=r"^[^,/\x00]*[^,/\s\x00][^,/\x00]*$"),
 ]
 TritonVersion = Annotated[str, StringConstraints(max_length=20, pattern=r"^[\w.+-]*$")]
-Size = Annotated[int, Field(ge=1, le=2_147_483_647)]
+Size = Annotated[int, Strict(), Field(ge=1, le=2_147_483_647)]
 BlockShape = Annotated[list[Size], Field(min_length=2, max_length=2)]
 # the kernel timings were taken on (tuning.kernel_backend.KernelBackend.describe); "": not recorded
 KernelEngine = Literal[("", *(key for key, _ in KERNEL_ENGINES))]
@@ -129,8 +129,9 @@ class KernelConfigOut(Schema):
 
 class KernelConfigFilter(CreatedRange):
     device_name: text(200) | None = None
-    E: Size | None = None
-    N: Size | None = None
+    # a query string spells every number as text: read it as one
+    E: Annotated[Size, Strict(False)] | None = None
+    N: Annotated[Size, Strict(False)] | None = None
     dtype: KernelDtype | None = None
     down_moe: bool | None = None
     source: ConfigSource | None = None

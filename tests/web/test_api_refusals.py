@@ -2,6 +2,8 @@
 
 import pytest
 
+from moeops.fleet.models import Deployment
+from moeops.kernels.models import TuningRun
 from moeops.watches import services as watch_services
 from moeops.watches.models import AlertChannel, Watch
 from tests.api_base import make_world
@@ -85,3 +87,41 @@ def test_a_workload_name_with_nul_is_refused_or_not_found(world):
 
     assert listed.status_code == 422 and listed.json()["message"].startswith("name: must ")
     assert one.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"tp": True}, "tp"),
+        ({"tp": "4"}, "tp"),
+        ({"max_running_requests": 0}, "max_running_requests"),
+    ],
+)
+def test_a_deployment_number_given_as_another_type_or_a_cap_of_zero_is_refused(
+    world, change, field
+):
+    body = {"name": "probe", "model": "GLM-5", "host": "rtx-pro-6000", **change}
+
+    answer = world.owner.post("/api/v1/deployments", body)
+
+    assert answer.status_code == 422
+    assert answer.json()["message"].startswith(f"{field}: ")
+    assert not Deployment.objects.filter(name="probe").exists()
+
+
+def test_a_running_request_cap_of_zero_is_refused_on_patch(world):
+    answer = world.owner.patch("/api/v1/deployments/glm-5-sglang", {"max_running_requests": 0})
+
+    assert answer.status_code == 422
+    assert answer.json()["message"].startswith("max_running_requests: ")
+    world.deployment.refresh_from_db()
+    assert world.deployment.max_running_requests is None
+
+
+def test_a_tuning_run_E_given_as_text_is_refused(world):
+    body = {"host": "rtx-pro-6000", "E": "12", "N": 256, "hidden_size": 6144, "topk": 8}
+
+    answer = world.host_worker.post("/api/v1/tuning-runs", body)
+
+    assert answer.status_code == 422 and answer.json()["message"].startswith("E: ")
+    assert not TuningRun.objects.exists()
