@@ -321,7 +321,7 @@ def plateau(data: RunData) -> list[Proposal]:
         plan.insert(0, f"Sweep above concurrency {top_c} to confirm the plateau")
     title = f"Throughput plateaus from concurrency {at_c} ({at_t:.0f} tok/s)"
     text = (
-        f"Output throughput grows {_pct(step_gain)} per doubling of concurrency after "
+        f"Output throughput {_change_per_doubling(step_gain)} per doubling of concurrency after "
         f"{at_c} ({at_t:.0f} → {curve[start + 1][1]:.0f} tok/s) and reaches only "
         f"{top_t:.0f} tok/s at {top_c}: more concurrent requests no longer buy "
         f"throughput, so something other than the offered load limits it."
@@ -1755,6 +1755,13 @@ def _round(value, digits=4):
 
 def _pct(fraction):
     return f"{fraction:+.1%}"
+
+
+def _change_per_doubling(fraction):
+    """ "grows +4.0%", "falls 1.8%", "stays flat": a fall is not said to grow."""
+    if round(fraction, 3) == 0:
+        return "stays flat"
+    return f"grows {_pct(fraction)}" if fraction > 0 else f"falls {-fraction:.1%}"
 
 
 def _key(*parts):

@@ -131,6 +131,15 @@ def test_plateau_normalizes_a_quadrupling_step_to_doublings():
     assert p.evidence["plateau_at"] == 128
 
 
+def test_a_plateau_whose_throughput_falls_says_it_falls():
+    levels = [Level(64, 800.0), Level(128, 1000.0), Level(256, 982.0)]
+
+    [p] = analysis.plateau(RunData(levels=levels))
+
+    assert "Output throughput falls 1.8% per doubling of concurrency after 128" in p.text
+    assert "grows" not in p.text
+
+
 def _rounds(low, median, high):
     """A level's four rounds of output tok/s spanning low–high with `median` twice, and their
     interval (domain.intervals.median_interval of four rounds: their range)."""
