@@ -158,6 +158,15 @@ class Topology:
     links: dict | None = None
     p2p: dict | None = None
     affinity: list = field(default_factory=list)
+    gpus: list = field(default_factory=list)
+
+    def knows_gpus(self) -> bool:
+        """Whether it names any GPU: in its GPU list, link or P2P matrices or affinities (a CPU
+        box, a stand-in's host, names none)."""
+        blocks = [self.links, *(self.p2p or {}).values()]
+        labels = [label for block in blocks if block for label in block.get("labels") or []]
+        labels += [entry.get("gpu") or "" for entry in self.affinity]
+        return bool(self.gpus) or any(str(label).startswith("GPU") for label in labels)
 
 
 @dataclass(frozen=True)
@@ -991,7 +1000,8 @@ def topology(data: RunData) -> list[Proposal]:
     }
     # a VM under a container still puts the GPUs behind the hypervisor's PCIe tree
     vm = vm_layer(virtualization)
-    if vm is not None:
+    # a VM with no GPU passes none through
+    if vm is not None and snap.knows_gpus():
         technology = f" ({vm['technology']})" if vm.get("technology") else ""
         proposals.append(
             Proposal(

@@ -435,6 +435,7 @@ def _topology(snapshot):
         links=snapshot.links,
         p2p=snapshot.p2p,
         affinity=snapshot.affinity,
+        gpus=snapshot.gpus,
     )
 
 

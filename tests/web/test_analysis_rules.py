@@ -545,10 +545,15 @@ def test_topology_flags_sys_links_between_numa_nodes():
 
 
 def test_topology_notes_a_vm_pass_through():
-    [p] = analysis.topology(RunData(topology=Topology("vm", "kvm")))
+    [p] = analysis.topology(RunData(topology=Topology("vm", "kvm", gpus=[{"index": 0}])))
 
     assert (p.key, p.severity) == ("vm-passthrough", "info")
     assert "kvm" in p.title
+
+
+def test_a_vm_with_no_gpus_is_not_said_to_pass_gpus_through():
+    # the stand-in's host: a cloud VM without a GPU, probed
+    assert analysis.topology(RunData(topology=Topology("vm", "kvm"))) == []
 
 
 def test_topology_skips_pair_checks_when_the_gpus_used_are_unknown():

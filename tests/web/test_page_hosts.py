@@ -166,6 +166,19 @@ def test_a_container_in_a_vm_shows_both_layers_and_what_the_vm_means_for_p2p(cli
     assert "Container (docker) in a VM (firecracker)" in client.get("/hosts/").content.decode()
 
 
+def test_a_vm_with_no_gpus_is_not_said_to_pass_gpus_through(client):
+    pb.sign_in(client)
+    row = pb.host("local", gpus=0)
+    probed = json.loads((FIXTURES / "probe_1xh200_firecracker.json").read_text())
+    no_gpus = {**probed, "gpus": [], "links": None, "p2p": None, "affinity": []}
+    fleet_services.topology_record(host=row, snapshot=no_gpus)
+
+    html = client.get("/hosts/local/").content.decode()
+
+    assert '<strong id="virtualization">Container (docker) in a VM (firecracker)</strong>' in html
+    assert "passed through to a VM" not in html
+
+
 def test_a_snapshot_stored_with_one_virtualization_value_still_reads(client, host):
     row, old, _ = host
     old.delete()  # the current one: a container of one layer, stored before layers were kept
