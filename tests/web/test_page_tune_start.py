@@ -153,7 +153,11 @@ def test_the_kernel_is_the_engines_own_by_default(
     assert values == [value for value, _ in options]
     if options[0][1]:
         assert f'<option value="{engine}" selected>{options[0][1]}</option>' in form
-    assert "falls back to moeops' builtin kernel" in form
+    if engine == "other":
+        assert "moeops reads vLLM's and SGLang's own kernels only" in form
+        assert "the Triton kernel of the Other" not in form
+    else:
+        assert "falls back to moeops' builtin kernel" in form
     assert "Tune anyway" not in form
 
     with django_capture_on_commit_callbacks(execute=True):
