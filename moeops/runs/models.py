@@ -197,7 +197,8 @@ class SweepRun(Job, models.Model):
     def origin(self):
         """(badge, title) of where the run's numbers come from: "imported" (title: its file),
         "write-up" (the example data), "stand-in" (a test double answered), "measured" (a
-        worker's sweep) or "entered" (by hand)."""
+        worker's sweep) or "entered" (by hand); ("", "") for a sweep in flight whose engine is
+        not read yet."""
         snapshot = self.recorded()
         if self.source == "import":
             name = (snapshot.file and snapshot.file.file_name) or "a result file"
@@ -209,6 +210,9 @@ class SweepRun(Job, models.Model):
             return "stand-in", "from the stand-in engine, a test double"
         if self.source == "manual":
             return "entered", "entered by hand"
+        if not snapshot.engine and self.status in ("queued", "running"):
+            # which engine answers (a real one or the stand-in) is read as the sweep starts
+            return "", ""
         return "measured", "swept by a moeops worker"
 
     def stands_aside(self):

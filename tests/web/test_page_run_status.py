@@ -224,3 +224,31 @@ def test_the_poll_leaves_out_charts_and_table_until_something_new_is_stored(clie
     leveled = client.get(f"{url}&since={key}").json()
     assert leveled["figures"]["throughput"]["data"][0]["x"] == [32]
     assert ">300<" in leveled["levels_html"]
+
+
+def test_a_sweep_in_flight_is_not_badged_measured_before_its_engine_is_read(client):
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    run = SweepRun.objects.create(
+        deployment=deployment, label="standin-sweep", status="running", source="worker"
+    )
+
+    heading = _heading(client, run)
+    assert "badge origin" not in heading and "measured" not in heading
+
+    run_services.run_record_observed(run=run, observed={"engine": {"engine": "standin"}})
+    heading = _heading(client, run)
+    assert '<span class="badge standin">stand-in</span>' in heading
+    assert "measured" not in heading
+
+    done = SweepRun.objects.create(
+        deployment=deployment, label="real-sweep", status="succeeded", source="worker"
+    )
+    assert '<span class="badge origin" title="swept by a moeops worker">measured</span>' in (
+        _heading(client, done)
+    )
+
+
+def _heading(client, run):
+    html = client.get(f"/runs/{run.uuid}/").content.decode()
+    return html.split("<h1>")[1].split("</h1>")[0]
