@@ -481,6 +481,17 @@ class Deployment(models.Model):
     def is_managed(self):
         return self.management == "managed"
 
+    @property
+    def status_unchecked(self):
+        """Whether its status is a health status no check has set (an example's, a hand
+        edit's): it reads "not checked yet", and its detail is not shown as a check's."""
+        return self.status in dict(HEALTH_STATUSES) and self.status_checked_at is None
+
+    @property
+    def checked_detail(self):
+        """status_detail where a check (or a status that needs none) stands behind it, else ""."""
+        return "" if self.status_unchecked else self.status_detail
+
     def recipe_in_force(self):
         """The launch recipe version an engine action last brought up, or None."""
         return (

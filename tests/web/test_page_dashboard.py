@@ -129,6 +129,20 @@ def test_healthy_needs_a_check(client):
     assert "status-healthy" not in html
 
 
+def test_a_detail_no_check_stands_behind_is_not_shown_beside_not_checked_yet(client):
+    from moeops.fleet.services import health_check_record
+
+    pb.sign_in(client)
+    deployment = pb.deployment(status="healthy", status_detail="Server running, model loaded")
+
+    assert "Server running" not in client.get("/").content.decode()
+    assert "Server running" not in client.get(deployment.get_absolute_url()).content.decode()
+    health_check_record(
+        deployment=deployment, status="degraded", trigger="manual", detail="GPU 3 is slow"
+    )
+    assert "GPU 3 is slow" in client.get("/").content.decode()
+
+
 def test_a_fleet_of_deployments_costs_no_extra_queries(client, django_assert_max_num_queries):
     pb.sign_in(client)
     spec, h200 = pb.model(), pb.host()

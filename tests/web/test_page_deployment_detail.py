@@ -43,7 +43,8 @@ def test_it_shows_model_shape_host_engine_and_health(client, example):
     assert "8 × NVIDIA RTX PRO 6000 Blackwell (SM120)" in html
     assert "Container (lxc)" in html
     assert "<dt>max_running_requests</dt><dd><code>64</code></dd>" in html
-    assert "GPUs at 0% utilization" in html
+    # the write-up's status detail: no check of moeops' stands behind it (not checked yet)
+    assert "GPUs at 0% utilization" not in html
 
 
 def test_healthy_is_said_only_after_a_real_check(client, example):

@@ -99,15 +99,11 @@ def evidence_text(value, key=""):
     return str(value)
 
 
-# Statuses that only a health check can tell (fleet.models.HEALTH_STATUSES).
-CHECKED_STATUSES = ("healthy", "degraded", "failed")
-
-
 @register.simple_tag
 def deployment_status(deployment):
     """The deployment's status badge: a health status only once a check has set it (an example
     or a hand edit saying "healthy" without one reads "not checked yet")."""
-    if deployment.status in CHECKED_STATUSES and deployment.status_checked_at is None:
+    if deployment.status_unchecked:
         return format_html('<span class="status status-{}">{}</span>', "unknown", "not checked yet")
     return format_html(
         '<span class="status status-{}">{}</span>',
