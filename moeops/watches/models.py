@@ -119,6 +119,7 @@ class Watch(models.Model):
 
     class Meta:
         ordering = ["deployment", "name"]
+        verbose_name_plural = "watches"
         constraints = [
             models.UniqueConstraint(fields=["deployment", "name"], name="watch_unique_name")
         ]

@@ -358,3 +358,10 @@ def test_a_finding_state_set_in_the_admin_is_on_record(admin):
     assert finding.state == "dismissed"
     assert finding.state_changed_by.username == "root"
     assert finding.state_changed_at is not None
+
+
+def test_the_admin_names_its_models_in_plurals_people_write(admin):
+    page = admin.get("/admin/").content.decode()
+
+    assert ">Watches</a>" in page
+    assert "Watchs" not in page and "atchs" not in page
