@@ -283,7 +283,7 @@ def test_every_page_renders_the_write_up(page, member):
     with page.expect_navigation():
         page.click("form.plan-item >> nth=2 >> button[value=up]")
     titles = page.eval_on_selector_all(
-        "form.plan-item input[name=title]", "els => els.map(e => e.value)"
+        "form.plan-item [name=title]", "els => els.map(e => e.value)"
     )
     assert titles[1] == "Tune the fused-MoE kernel for SM120"
     # changing the status saves it, no button pressed
@@ -409,9 +409,7 @@ def test_the_glm5_page_leads_with_what_matters(page, member):
         "Throughput plateaus from concurrency 128 (806 tok/s), at the engine's cap "
         "(--max-running-requests 64)"
     )
-    plan = page.eval_on_selector_all(
-        "form.plan-item input[name=title]", "els => els.map(e => e.value)"
-    )
+    plan = page.eval_on_selector_all("form.plan-item [name=title]", "els => els.map(e => e.value)")
     assert plan.count("Raise --max-running-requests above 64 and re-sweep") == 1
     idle = Finding.objects.get(deployment=deployment, kind="idle_gpus")
     page.wait_for_function(

@@ -78,7 +78,7 @@ def test_the_stand_in_plateau_item_offers_its_restart_and_is_done_once_the_cap_r
 
     log_in(page, staff)
     page.goto(page.base + deployment.get_absolute_url())
-    row = page.locator("ol.plan > li", has=page.locator(f"input[value='{ITEM}']"))
+    row = page.locator("ol.plan > li", has=page.locator("textarea.plan-title", has_text=ITEM))
     assert row.locator(f"button:has-text('{BUTTON}')").count() == 1
     shot(page, "plan-01-stand-in-plateau-item")
 
@@ -102,7 +102,7 @@ def test_the_stand_in_plateau_item_offers_its_restart_and_is_done_once_the_cap_r
     run_services.run_transition(run=action.after_run, status="succeeded")
 
     page.goto(page.base + deployment.get_absolute_url())
-    row = page.locator("ol.plan > li", has=page.locator(f"input[value='{ITEM}']"))
+    row = page.locator("ol.plan > li", has=page.locator("textarea.plan-title", has_text=ITEM))
     assert "plan-completed" in row.get_attribute("class")
     assert row.locator("select[name=status]").input_value() == "completed"
     assert page.locator(f"button:has-text('{BUTTON}')").count() == 0

@@ -110,3 +110,35 @@ def deployment_status(deployment):
         deployment.status,
         deployment.get_status_display(),
     )
+
+
+@register.filter
+def parameter_text(value):
+    """A run parameter as a person reads it, not a Python repr: a list "8, 16, 32", an object
+    "key value; key value" (nested the same way), None "—", booleans "yes"/"no"."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return "; ".join(f"{key} {parameter_text(item)}" for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(parameter_text(item) for item in value)
+    return str(value)
+
+
+@register.filter
+def model_short(name):
+    """A model's name short enough for a table column: a path's last part ("/models/Qwen3-8B/"
+    → "Qwen3-8B"), a Hugging Face cache snapshot as its repo ("…/models--Qwen--Qwen3-8B/
+    snapshots/<sha>" → "Qwen/Qwen3-8B"); "org/name" as it is. The page shows the whole on hover."""
+    text = str(name or "")
+    parts = [part for part in text.split("/") if part]
+    if len(parts) <= 2 and not text.startswith("/"):
+        return text
+    if "snapshots" in parts and parts.index("snapshots") > 0:
+        repo = parts[parts.index("snapshots") - 1]
+        if repo.startswith("models--"):
+            return repo.removeprefix("models--").replace("--", "/")
+        return repo
+    return parts[-1] if parts else text

@@ -67,3 +67,14 @@
     refresh();
   }
 })();
+
+// A plan item's title wraps in its box instead of being cut; Enter saves it as the input did.
+(function () {
+  document.querySelectorAll("textarea.plan-title").forEach(function (box) {
+    box.addEventListener("keydown", function (event) {
+      if (event.key !== "Enter" || event.shiftKey) { return; }
+      event.preventDefault();
+      box.form.requestSubmit(box.form.querySelector("button[value='save']"));
+    });
+  });
+})();
