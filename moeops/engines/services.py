@@ -450,6 +450,9 @@ def engine_action_report(*, action, status=None, steps=None, observed=None, erro
             LaunchRecipe.objects.filter(pk=action.recipe_id).update(
                 applied_at=timezone.now(), failed_at=None
             )
+            if action.kind != "bisect":
+                # a bisection's try runs a recipe for a while; where it leaves the engine counts
+                insights_services.findings_supersede(deployment=action.deployment)
         if status is not None:
             _move(action, status, **fields)
             if status == "succeeded":

@@ -597,11 +597,15 @@ class Deployment(models.Model):
             )
         return host.worker_absence()
 
-    def launch_summary(self):
-        """The launch arguments as (flag, value) pairs, known ones first."""
+    def launch_summary(self, running_cap=None):
+        """The launch arguments as (flag, value) pairs, known ones first. running_cap: the
+        running-request cap a managed engine runs with now (running_cap_in_force), in place of
+        the one recorded, which no restart changes."""
         pairs = [("tp", self.tp), ("ep", self.ep)]
         for field in ("max_running_requests", "quantization", "attention_backend"):
             value = getattr(self, field)
+            if field == "max_running_requests" and running_cap is not None:
+                value = running_cap
             if value not in (None, ""):
                 pairs.append((field, value))
         if self.allreduce_fusion is not None:

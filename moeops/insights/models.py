@@ -26,7 +26,13 @@ FINDING_KINDS = (
 )
 SEVERITIES = (("info", "Info"), ("warning", "Warning"), ("critical", "Critical"))
 FINDING_SOURCES = (("auto", "Automatic analysis"), ("human", "A person"))
-FINDING_STATES = (("open", "Open"), ("confirmed", "Confirmed"), ("dismissed", "Dismissed"))
+# superseded: of a run whose engine ran a launch recipe that no longer runs (kept in history)
+FINDING_STATES = (
+    ("open", "Open"),
+    ("confirmed", "Confirmed"),
+    ("dismissed", "Dismissed"),
+    ("superseded", "Superseded"),
+)
 PLAN_STATUSES = (("pending", "Pending"), ("in_progress", "In progress"), ("completed", "Completed"))
 
 _markdown = MarkdownIt("commonmark", {"linkify": False}).enable("table")
@@ -59,11 +65,13 @@ SEVERITY_ORDER = ("critical", "warning", "info")
 
 class FindingQuerySet(models.QuerySet):
     def by_importance(self):
-        """The one order findings are listed in: dismissed ones last, then by severity
-        (critical, warning, info), then by evidence (one with a chart of what was measured
-        before one with none), then newest first."""
+        """The one order findings are listed in: dismissed and superseded ones last, then by
+        severity (critical, warning, info), then by evidence (one with a chart of what was
+        measured before one with none), then newest first."""
         return self.annotate(
-            dismissed_rank=Case(When(state="dismissed", then=Value(1)), default=Value(0)),
+            dismissed_rank=Case(
+                When(state__in=("dismissed", "superseded"), then=Value(1)), default=Value(0)
+            ),
             severity_rank=Case(
                 *(When(severity=s, then=Value(i)) for i, s in enumerate(SEVERITY_ORDER)),
                 default=Value(len(SEVERITY_ORDER)),

@@ -92,6 +92,32 @@ def finding_set_state(*, finding, state, user, expected=None) -> bool:
     return True
 
 
+def findings_supersede(*, deployment) -> int:
+    """Close as superseded the open automatic findings of the deployment's runs whose engine ran
+    another launch recipe (flags, environment, kernel configs) than the one in force: they
+    describe an engine that no longer runs. Kept, with their state; returns how many."""
+    in_force = deployment.recipe_in_force()
+    if in_force is None:
+        return 0
+    running = _recipe_content(snapshots.recipe_record(in_force))
+    open_ones = deployment.findings.filter(source="auto", state="open", run__isnull=False)
+    stale = [
+        finding.pk
+        for finding in open_ones.select_related("run")
+        if (finding.run.snapshot or {}).get("recipe")
+        and _recipe_content(finding.run.snapshot["recipe"]) != running
+    ]
+    now = timezone.now()
+    return Finding.objects.filter(pk__in=stale, state="open").update(
+        state="superseded", state_changed_by=None, state_changed_at=now, updated=now
+    )
+
+
+def _recipe_content(record):
+    """What a recipe record runs, its version aside: a revert runs what an older version ran."""
+    return {key: value for key, value in record.items() if key != "version"}
+
+
 def finding_create(*, deployment, run=None, **fields) -> Finding:
     """Record a finding made by a person (analysis adds the automatic ones)."""
     return Finding.objects.create(deployment=deployment, run=run, source="human", **fields)

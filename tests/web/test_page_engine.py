@@ -341,3 +341,83 @@ def test_restart_with_this_argument_offers_the_cap_flag_an_sglang_style_engine_t
     assert re.search(r'<input[^>]*name="flag"[^>]*value="--max-running-requests"', html)
     assert "--max-num-seqs" not in html
     assert "now --max-running-requests 64</span>" in html
+
+
+def _restart_with(deployment, staff, value, reported):
+    action = services.engine_action_start(
+        deployment=deployment,
+        kind="restart_with_args",
+        user=staff,
+        changes={"--max-num-seqs": value},
+        resweep=False,
+    )
+    services.engine_action_report(action=action, status="running")
+    services.engine_action_report(
+        action=action, status="succeeded", observed={"max_running_requests": reported}
+    )
+    return action
+
+
+def test_the_engine_card_names_the_cap_the_engine_runs_with_after_each_restart(
+    client, deployment, staff
+):
+    deployment.max_running_requests = 64
+    deployment.save()
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    deployment.refresh_from_db()
+
+    for cap in (128, 16):
+        _restart_with(deployment, staff, str(cap), cap)
+        html = client.get(deployment.get_absolute_url()).content.decode()
+        card = html.split("<h2>Engine</h2>")[1].split("</section>")[0]
+        assert f"<dt>max_running_requests</dt><dd><code>{cap}</code></dd>" in card
+        assert "<code>64</code>" not in card
+
+
+def test_findings_of_a_recipe_that_no_longer_runs_are_closed_as_superseded(
+    client, deployment, staff
+):
+    from moeops.runs import snapshots
+
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    deployment.refresh_from_db()
+    first = services.engine_action_start(deployment=deployment, kind="restart", user=staff)
+    services.engine_action_report(action=first, status="running")
+    services.engine_action_report(action=first, status="succeeded")
+    recorded = {"recipe": snapshots.recipe_record(deployment.recipe_in_force())}
+    old = SweepRun.objects.create(
+        deployment=deployment, status="succeeded", source="worker", snapshot=recorded
+    )
+    stale = Finding.objects.create(
+        deployment=deployment, run=old, kind="plateau", title="Throughput plateaus from 4"
+    )
+    mine = Finding.objects.create(
+        deployment=deployment, run=old, kind="plateau", key="b", title="Said by a person",
+        source="human",
+    )  # fmt: skip
+
+    _restart_with(deployment, staff, "8", 8)
+
+    stale.refresh_from_db()
+    mine.refresh_from_db()
+    assert stale.state == "superseded" and stale.state_changed_at is not None
+    assert mine.state == "open"
+    html = client.get("/").content.decode()
+    assert "Throughput plateaus from 4" not in html.split("<h2>Open findings</h2>")[1]
+    # a restart that brings back what the run ran closes nothing of a later run
+    again = SweepRun.objects.create(
+        deployment=deployment,
+        status="succeeded",
+        source="worker",
+        snapshot={"recipe": snapshots.recipe_record(deployment.recipe_in_force())},
+    )
+    current = Finding.objects.create(
+        deployment=deployment, run=again, kind="plateau", title="Throughput plateaus from 8"
+    )
+    restart = services.engine_action_start(
+        deployment=deployment, kind="restart", user=staff, resweep=False
+    )
+    services.engine_action_report(action=restart, status="running")
+    services.engine_action_report(action=restart, status="succeeded")
+    current.refresh_from_db()
+    assert current.state == "open"

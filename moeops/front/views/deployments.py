@@ -308,6 +308,7 @@ def _deployment_page(
         "peaks_chart": charts.peaks_per_run(own_runs),
     }
     ctx.update(engines.panel_context(deployment, plan_items))
+    ctx["engine_summary"] = deployment.launch_summary(running_cap=ctx.get("current_cap"))
     ctx.update(_watches_context(deployment))
     return render(request, "front/deployment_detail.html", ctx, status=status)
 
