@@ -55,6 +55,9 @@ class SweepProgress(WorkerJSON):
     requests_total: Number = None
     concurrency: Number = None
     capacity: Object = None
+    # when the web tier last sent the sweep again to the host's worker, back after its loss
+    # (moeops.runs.services.run_resend_orphaned)
+    resent_at: Number = None
 
 
 class TuneProgress(WorkerJSON):

@@ -15,6 +15,12 @@ SWEEP_SOFT_LIMIT_S = 6 * 3600
 # apply to the unacked host tasks too.
 VISIBILITY_TIMEOUT_S = int(os.getenv("MOEOPS_VISIBILITY_TIMEOUT", SWEEP_SOFT_LIMIT_S + 4 * 60))
 
+# A broker that takes a connection but does not answer (a paused or swapping Redis) is given up
+# on after this long (s): a send fails with the reason, a heartbeat says the broker is out of
+# reach, rather than either hanging with no end.
+BROKER_ANSWER_S = 5
+BROKER_TIMEOUTS = {"socket_timeout": BROKER_ANSWER_S, "socket_connect_timeout": BROKER_ANSWER_S}
+
 
 def host_queue(host_name: str) -> str:
     """The Celery queue of a host's worker: host.<name>."""

@@ -9,7 +9,7 @@ import os
 from celery import Celery, chain
 from celery.signals import beat_init
 
-from domain.queues import VISIBILITY_TIMEOUT_S
+from domain.queues import BROKER_TIMEOUTS, VISIBILITY_TIMEOUT_S
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "moeops.settings")
 
@@ -23,7 +23,15 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     # same Redis as the GPU-host workers: an unacked sweep must not be re-delivered after
     # Redis' default hour
-    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S},
+    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S, **BROKER_TIMEOUTS},
+    # one more try after a lost connection (Redis restarted), then the send fails: a request
+    # that enqueues waits at most twice BROKER_ANSWER_S for a broker that does not answer
+    task_publish_retry_policy={
+        "max_retries": 1,
+        "interval_start": 0,
+        "interval_step": 0.2,
+        "interval_max": 0.2,
+    },
 )
 app.autodiscover_tasks()
 

@@ -22,6 +22,7 @@ from django.utils.module_loading import import_string
 from kombu.exceptions import OperationalError as BrokerError
 
 from domain.jobs import FINISHED_STATUSES
+from domain.queues import BROKER_ANSWER_S
 from moeops.celery import app
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ FINISHED_HANDLERS = (
 # Each kind's reaper of the jobs whose worker is lost (called with now=; returns how many it
 # failed), run every minute by fail_stale_jobs (Celery beat).
 STALE_REAPERS = {
+    # before the failing: a sweep whose host's worker came back is sent to it again
+    "runs resent": "moeops.runs.services.run_resend_orphaned",
     "runs": "moeops.runs.services.run_fail_stale",
     "tunes": "moeops.kernels.services.tuning_run_fail_stale",
     "actions": "moeops.engines.services.engine_action_fail_stale",
@@ -125,6 +128,10 @@ def _fail(job, error):
     transition(job, "failed", error=error)
 
 
+# How the error of a job whose work never reached the broker begins (never_sent).
+UNSENT = "Could not reach the broker to enqueue"
+
+
 def enqueue(job, send, *, what, fail=_fail):
     """Call send() (which puts the job's work on the broker) once the current transaction
     commits, so that the worker always finds the job's row. A broker that cannot be reached
@@ -137,9 +144,19 @@ def enqueue(job, send, *, what, fail=_fail):
             send()
         except BrokerError as exc:
             log.warning("could not enqueue %s for %s %s: %s", what, model.__name__, pk, exc)
-            fail(model.objects.get(pk=pk), f"Could not reach the broker to enqueue {what}: {exc}")
+            reason = str(exc)
+            if "timeout" in reason.lower():
+                reason = f"it did not answer within {BROKER_ANSWER_S} s ({reason})"
+            fail(model.objects.get(pk=pk), f"{UNSENT} {what}: {reason}")
 
     transaction.on_commit(send_committed)
+
+
+def never_sent(job):
+    """Whether job failed because its work never reached the broker (enqueue), as read from
+    the database now."""
+    job.refresh_from_db(fields=["status", "error"])
+    return job.status == "failed" and job.error.startswith(UNSENT)
 
 
 def worker_lost(host, now=None):

@@ -10,6 +10,8 @@ import time
 
 from kombu.exceptions import OperationalError
 
+from domain.queues import BROKER_ANSWER_S, BROKER_TIMEOUTS
+
 
 class BrokerCheck:
     """Connects to the app's broker once per call; remembers since when it has failed."""
@@ -21,15 +23,22 @@ class BrokerCheck:
     def __call__(self) -> dict:
         """{"reachable": bool, "url" (no credentials), "error" ("" when reachable), "since"
         (UTC epoch s of the first failed check in a row, None when reachable)}; one connection
-        attempt of at most the app's broker_connection_timeout (s)."""
-        connection = self.app.connection_for_write()
+        attempt that waits at most BROKER_ANSWER_S (s) for an answer: a broker that takes the
+        connection and says nothing (paused) hung the heartbeat that asked."""
+        connection = self.app.connection_for_write(transport_options=BROKER_TIMEOUTS)
         url = f"{connection.transport_cls}://{connection.hostname}:{connection.port}"
         try:
             # max_retries counts retries after the first attempt: 0 is one attempt
             connection.ensure_connection(max_retries=0, interval_start=0, interval_step=0)
-        except OperationalError as exc:
+            # a connection alone proves nothing: the kernel accepts it for a stopped process
+            with connection.channel() as channel:
+                channel.client.ping()
+        except (OperationalError, *connection.connection_errors) as exc:
             self._failing_since = self._failing_since or time.time()
-            return {"reachable": False, "url": url, "error": str(exc), "since": self._failing_since}
+            error = str(exc)
+            if "timeout" in error.lower():
+                error = f"it took the connection but did not answer within {BROKER_ANSWER_S} s"
+            return {"reachable": False, "url": url, "error": error, "since": self._failing_since}
         finally:
             connection.release()
         self._failing_since = None

@@ -12,6 +12,7 @@ from ninja.pagination import paginate
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from domain.numbers import is_number
+from moeops import jobs
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, require_host
 from moeops.api.fields import (
@@ -234,6 +235,11 @@ def run_create(request, payload: RunIn):
         if payload.source != "worker":
             raise HttpError(400, "source: a started sweep is run by the host's worker")
         run, created = services.run_start(**fields)
+        if created and jobs.never_sent(run):
+            # the run is kept, failed with the reason; the client must not take it as started
+            raise HttpError(
+                503, f"{run.error}. Run {run.uuid} was stored as failed; start a new one."
+            )
     else:
         run, created = services.run_create(source=payload.source, **fields)
     return stored(created, _run_out(run))

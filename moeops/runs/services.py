@@ -281,12 +281,71 @@ def run_fail_stale(*, now=None):
     for run in SweepRun.objects.filter(status="running"):
         if not run_heartbeat_stale(run, epoch, limit):
             continue
+        resent = SweepProgress.read(run.progress).resent_at
+        if resent is not None and epoch - resent <= limit:
+            # sent again to the worker that came back (run_resend_orphaned): its turn
+            continue
         error = (
             f"The worker stopped sending heartbeats {jobs.ago(run_heartbeat_age(run, epoch))}: "
             "it was lost mid-sweep. Finished levels are kept."
         )
         failed += jobs.transition(run, "failed", error=error)
     return failed
+
+
+def run_resend_orphaned(*, now=None):
+    """Send the sweep of each running run whose worker was lost again, once the host's worker
+    is back; returns how many. A worker killed whole leaves its task unacknowledged in Redis,
+    which hands it out again only after the visibility timeout (hours): this is how a restarted
+    worker takes the sweep back, as attempt + 1, from its stored levels.
+
+    Lost and back: the run sent no progress heartbeat for HEARTBEAT_STALE_S (a sweeping worker
+    sends one every second) and the host's worker has sent one of its own more than
+    HEARTBEAT_STALE_S after the run's last, so it is alive and not sweeping this run. Sent once
+    per loss (progress.resent_at); the delivery takes the run over by the takeover rule
+    (workers.sweep), and a duplicate finds it busy or finished."""
+    now = now or timezone.now()
+    epoch = now.timestamp()
+    resent = 0
+    for run in SweepRun.objects.filter(status="running", source="worker").select_related(
+        "deployment__host"
+    ):
+        progress = SweepProgress.read(run.progress)
+        beat, host = progress.heartbeat, run.deployment.host
+        if beat is None or epoch - beat <= HEARTBEAT_STALE_S or not host.worker_alive(now):
+            continue
+        if host.worker_seen_at.timestamp() - beat <= HEARTBEAT_STALE_S:
+            # the last heartbeat of the worker that was sweeping it: not back yet
+            continue
+        if progress.resent_at is not None and progress.resent_at > beat:
+            continue
+        with transaction.atomic():
+            locked = SweepRun.objects.select_for_update().get(pk=run.pk)
+            # a worker that reported meanwhile is sweeping it
+            if locked.status != "running" or SweepProgress.read(locked.progress).heartbeat != beat:
+                continue
+            SweepRun.objects.filter(pk=run.pk).update(
+                progress={**locked.progress, "resent_at": epoch}
+            )
+            _sweep_send_again(run, host)
+        resent += 1
+        log.info("run %s: its worker is back; sweep sent again", run.uuid)
+    return resent
+
+
+def _sweep_send_again(run, host):
+    kwargs = sweep_task_kwargs(run.uuid, run.parameters)
+    jobs.enqueue(
+        run,
+        lambda: send_host_task("run_sweep", host, kwargs=kwargs),
+        what="workers.run_sweep",
+        fail=_resend_failed,
+    )
+
+
+def _resend_failed(run, error):
+    # the run stays running: the reaper fails it if no worker takes it back in time
+    log.warning("run %s could not be sent again: %s", run.uuid, error)
 
 
 def run_take_over(*, run, attempt, progress):
@@ -439,13 +498,17 @@ def run_cancel(*, run):
             return run_transition(run=run, status="cancelled")
         except RunConflict:
             pass
-    if run.status == "running" and run_heartbeat_stale(run, time.time(), HEARTBEAT_STALE_S):
+    now = time.time()
+    if run.status == "running" and run_heartbeat_stale(run, now, HEARTBEAT_STALE_S):
+        silent = run_heartbeat_age(run, now)
+        if silent is None and run.started_at is not None:
+            silent = now - run.started_at.timestamp()
         try:
             return run_transition(
                 run=run,
                 status="cancelled",
-                error=f"Cancelled while its worker was gone (no heartbeat for "
-                f"{HEARTBEAT_STALE_S:.0f} s); finished levels kept.",
+                error=f"Cancelled while its worker was gone (its last heartbeat "
+                f"{jobs.ago(silent)}); finished levels kept.",
             )
         except RunConflict:
             pass

@@ -12,6 +12,8 @@ import time
 import pytest
 from django.utils.html import escape
 
+from domain.jobs import FINISHED_STATUSES
+from moeops import jobs
 from moeops.fleet.models import Host
 from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, SweepRun, TelemetryBatch
@@ -99,17 +101,24 @@ def test_a_pool_process_killed_mid_level_resumes_it_and_keeps_each_attempts_samp
 
 
 def test_a_whole_worker_killed_is_replaced_and_the_sweep_resumes(make_sweep_stack):
-    stack = make_sweep_stack()
+    stack = make_sweep_stack(MOEOPS_HEARTBEAT_S="0.5")
     run = stack.start_sweep([8, 16, 32], output_len=64)
     run = stack.wait_for_run(run, until=_level_running(1))
 
-    # the host's worker vanishes (SIGKILL to every process): its task stays unacked in Redis
+    # the host's worker vanishes (SIGKILL to every process): its task stays unacked in Redis,
+    # which would hand it out again only after the visibility timeout (hours)
     stack.worker.kill()
     time.sleep(2)
+    assert jobs.fail_stale_jobs()["runs resent"] == 0
     assert SweepRun.objects.get(pk=run.pk).status == "running"
-    # a new worker gives the orphaned task out again once its visibility timeout has passed
-    stack.worker.start(MOEOPS_VISIBILITY_TIMEOUT="3")
-    run = stack.wait_for_run(run)
+    # the worker started again; the web tier's reaper, as beat runs it, sends the sweep again
+    stack.worker.start()
+
+    def resumed(run):
+        jobs.fail_stale_jobs()
+        return run.status in FINISHED_STATUSES
+
+    run = stack.wait_for_run(run, until=resumed)
 
     assert run.status == "succeeded", run.error
     assert _counts(run) == [(8, 32, 0), (16, 64, 0), (32, 128, 0)]

@@ -68,3 +68,39 @@ def test_a_spool_file_that_holds_no_push_is_moved_aside_and_the_sweep_runs(
     pb.sign_in(client)
     page = client.get(f"/hosts/{host.name}/").content.decode()
     assert f"{len(POISON)} rejected pushes" in page
+
+
+def test_a_spool_entry_that_is_a_folder_or_a_dangling_link_is_moved_aside_and_the_sweep_runs(
+    make_sweep_stack,
+):
+    stack = make_sweep_stack(start_worker=False)
+    stack.spool_dir.mkdir(parents=True)
+    folder = stack.spool_dir / "01796307891654025847-99999-000001.json"
+    folder.mkdir()
+    link = stack.spool_dir / "01796307891654025847-99999-000002.json"
+    link.symlink_to(stack.spool_dir / "gone.json")
+    stack.worker.start()
+
+    run = stack.wait_for_run(stack.start_sweep([8], output_len=32))
+
+    assert run.status == "succeeded", run.error
+    rejected = stack.spool_dir / "rejected"
+    assert (rejected / folder.name).is_dir() and (rejected / link.name).is_symlink()
+    assert (rejected / "01796307891654025847-99999-000001.reason.txt").read_text() == (
+        "not a spool entry: cannot be read: Is a directory\n"
+    )
+    assert "IsADirectoryError" not in stack.worker.log()
+
+
+def test_a_sweep_whose_task_dies_before_it_starts_is_failed_with_the_cause(make_sweep_stack):
+    stack = make_sweep_stack(start_worker=False)
+    # a spool that cannot be made: every push the task makes raises
+    stack.spool_dir.write_text("")
+    stack.worker.start()
+
+    run = stack.wait_for_run(stack.start_sweep([8], output_len=32), timeout=60)
+
+    assert run.status == "failed"
+    assert run.error.startswith("The worker's task failed: FileExistsError: ")
+    assert str(stack.spool_dir) in run.error
+    assert not run.levels.exists()

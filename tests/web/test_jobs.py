@@ -185,5 +185,15 @@ def test_the_reaper_task_fails_the_lost_jobs_of_every_kind(world, settings):
     world.run(status="running", progress={"heartbeat": time.time() - 400})
     _tune(world, status="running")
 
-    assert jobs.fail_stale_jobs.apply().get() == {"runs": 1, "tunes": 1, "actions": 0}
-    assert jobs.fail_stale_jobs.apply().get() == {"runs": 0, "tunes": 0, "actions": 0}
+    assert jobs.fail_stale_jobs.apply().get() == {
+        "runs resent": 0,
+        "runs": 1,
+        "tunes": 1,
+        "actions": 0,
+    }
+    assert jobs.fail_stale_jobs.apply().get() == {
+        "runs resent": 0,
+        "runs": 0,
+        "tunes": 0,
+        "actions": 0,
+    }
