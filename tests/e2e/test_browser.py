@@ -18,6 +18,7 @@ from moeops.examples.h200_tune import TUNING_UUID
 from moeops.fleet.models import Deployment
 from moeops.fleet.services import health_check_record
 from moeops.insights.models import Finding
+from moeops.insights.services import run_analyze
 from moeops.kernels.models import TuningRun
 from moeops.kernels.services import kernel_config_import
 from moeops.runs import services as run_services
@@ -244,6 +245,9 @@ def test_compare_two_runs_shows_both_lines(page, member):
 
 def test_every_page_renders_the_write_up(page, member):
     deployment = load_example_data()
+    # as make run's load does: the write-up's findings come from the analysis of its runs
+    for run in SweepRun.objects.filter(provenance__startswith="From the write-up"):
+        run_analyze(run=run)
     config, _ = kernel_config_import(file_name=KERNEL_FILE.name, text=KERNEL_FILE.read_text())
     kimi = SweepRun.objects.get(label__startswith="After MoE kernel tuning")
     glm = deployment.runs.get()
