@@ -84,7 +84,7 @@ def test_run_parameters_read_as_words(narrow, staff):
     page.goto(page.base + f"/runs/{run.uuid}/")
     values = page.locator("dd.parameter").all_inner_texts()
     assert "8, 16" in values
-    assert "profile chat; limits tpot p99, 50" in values
+    assert "limits tpot p99, 50; profile chat" in values
     assert not any("{'" in value or "['" in value for value in values), values
 
 

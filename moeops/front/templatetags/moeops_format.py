@@ -115,13 +115,14 @@ def deployment_status(deployment):
 @register.filter
 def parameter_text(value):
     """A run parameter as a person reads it, not a Python repr: a list "8, 16, 32", an object
-    "key value; key value" (nested the same way), None "—", booleans "yes"/"no"."""
+    "key value; key value" (nested the same way, keys sorted because PostgreSQL's jsonb does not keep
+    the order they were written in), None "—", booleans "yes"/"no"."""
     if value is None:
         return "—"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, dict):
-        return "; ".join(f"{key} {parameter_text(item)}" for key, item in value.items())
+        return "; ".join(f"{key} {parameter_text(item)}" for key, item in sorted(value.items()))
     if isinstance(value, list | tuple):
         return ", ".join(parameter_text(item) for item in value)
     return str(value)
