@@ -8,6 +8,7 @@ limit) and the engine's own, and the CLI compiles the whole grid.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,11 @@ import tests.interpreted  # noqa: F401  (before anything imports Triton: see the
 from tests.engine import engine_source
 from tests.fakes import HF_CONFIGS
 from tuning.__main__ import main
+from tuning.backends import load_backend
 from tuning.compile_check import compile_check, proposed_configs
 from tuning.compile_only import target_for
+from tuning.config_files import config_file_name, dumps_config, loads_config
+from tuning.devices import RTX_PRO_6000_BLACKWELL, capability_of
 from tuning.search import (
     SHARED_MEMORY_SLACK,
     KernelShape,
@@ -139,3 +143,108 @@ def test_the_cli_refuses_a_capability_it_knows_no_limit_for(capsys):
 
     assert status == 2
     assert "no shared-memory limit known for compute capability 11.0" in capsys.readouterr().err
+
+
+# A file tuned on another GPU: M=4096's 5-stage 128 × 128 × 128 tile holds four A and B tile
+# pairs on 12.0 (131,072 bytes) and cannot fit 101,376; M=1's small tile fits as it is.
+ELSEWHERE = {
+    1: {**VLLM_DEFAULT, "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "num_stages": 5},
+    4096: {**VLLM_DEFAULT, "BLOCK_SIZE_M": 128, "num_warps": 8, "num_stages": 5},
+}
+
+
+@pytest.fixture(scope="module")
+def sglang_0523():
+    return str(engine_source("sglang", "0.5.23"))
+
+
+def test_a_file_from_another_gpu_is_fitted_and_written_under_the_rtx_pro_6000_names(
+    vllm_034, tmp_path, capsys
+):
+    entries = tmp_path / "h200.json"
+    entries.write_text(dumps_config(ELSEWHERE, "3.6.0"))
+    out = tmp_path / "sm120"
+
+    status = main(
+        [
+            "compile-check",
+            "--engine", "vllm", "--source", vllm_034, "--capability", "12.0",
+            "--model-config", str(HF_CONFIGS / "glm-5-fp8_config.json"), "--tp", "8",
+            "--entries", str(entries), "--write", str(out), "--workers", "2", "--json",
+        ]
+    )  # fmt: skip
+
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0 and report["fits"]
+    small, big = report["entries"]
+    assert (small["M"], small["changed"], small["written"]) == (1, False, ELSEWHERE[1])
+    assert (big["M"], big["changed"]) == (4096, True)
+    assert big["written"] == {**ELSEWHERE[4096], "num_stages": 4}
+    assert big["shared_bytes"] <= 101376 < shared_memory_bytes(ELSEWHERE[4096], 1, 120)
+    written = {(f["device_name"], f["style"]): Path(f["path"]) for f in report["files"]}
+    assert {device for device, _ in written} == set(RTX_PRO_6000_BLACKWELL)
+    triton_version = report["compile_checked"]["triton_version"]
+    for (_, style), path in written.items():
+        version, file_entries = loads_config(path.read_text())
+        assert file_entries == {1: ELSEWHERE[1], 4096: big["written"]}
+        # vLLM's file says its Triton inside, SGLang's by its folder
+        assert version == (triton_version if style == "vllm" else None)
+        if style == "sglang":
+            assert path.parent.name == f"triton_{triton_version.replace('.', '_')}"
+    imports = json.loads((out / "moeops-imports.json").read_text())
+    assert len(imports) == len(RTX_PRO_6000_BLACKWELL)
+    record = imports[0]["compile_checked"]
+    assert record["capability"] == "12.0" and record["fewer_stages"] == [4096]
+    assert record["kernel"]["version"] == "0.34.0"
+    assert record["max_shared_bytes"] == big["shared_bytes"]
+
+
+def test_an_entry_that_fits_at_no_stage_count_writes_nothing(vllm_034, tmp_path, capsys):
+    # a made-up 9.0 GPU of 16 KiB per block: one 128 × 128 A and B tile pair is 32 KiB
+    entries = tmp_path / "big.json"
+    entries.write_text(dumps_config({4096: {**ELSEWHERE[4096], "num_stages": 2}}, None))
+    out = tmp_path / "out"
+
+    status = main(
+        [
+            "compile-check",
+            "--engine", "vllm", "--source", vllm_034, "--capability", "9.0",
+            "--shared-memory", "16384",
+            "--model-config", str(HF_CONFIGS / "glm-5-fp8_config.json"), "--tp", "8",
+            "--entries", str(entries), "--write", str(out), "--for-device", "NVIDIA H200",
+            "--workers", "2",
+        ]
+    )  # fmt: skip
+
+    said = capsys.readouterr().out
+    assert status == 1
+    assert "M=4096 128x128x128 g32 w8 s2: fits at no stage count" in said
+    assert "out of resource: shared memory" in said and "nothing written" in said
+    assert not out.exists()
+
+
+def test_the_cli_refuses_entries_it_cannot_read_and_gpus_it_knows_no_names_for(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"64": {"BLOCK_SIZE_M": 48}}')
+    glm5 = ["--model-config", str(HF_CONFIGS / "glm-5-fp8_config.json"), "--tp", "8"]
+
+    assert main(["compile-check", "--capability", "12.0", *glm5, "--entries", str(bad)]) == 2
+    said = capsys.readouterr().err
+    assert f"--entries {bad}: batch size 64: BLOCK_SIZE_N is missing" in said
+    assert "BLOCK_SIZE_M must be a power of two, got 48" in said
+    argv = ["compile-check", "--capability", "8.0", *glm5, "--entries", str(bad), "--write", "x"]
+    assert main(argv) == 2
+    assert "no GPU names known for compute capability 8.0" in capsys.readouterr().err
+    assert main(["compile-check", "--capability", "12.0", *glm5, "--write", "x"]) == 2
+    assert "--write and --for-device go with --entries FILE" in capsys.readouterr().err
+
+
+def test_the_files_are_named_as_both_engines_name_them_on_an_rtx_pro_6000(vllm_034, sglang_0523):
+    vllm = load_backend("vllm", source_dir=vllm_034, capability=120)
+    sglang = load_backend("sglang", source_dir=sglang_0523, capability=120)
+    for device in RTX_PRO_6000_BLACKWELL:
+        assert capability_of(device) == 120
+        for backend in (vllm, sglang):
+            own = backend.file_name(GLM5_FP8_BLOCK, device)
+            ours = config_file_name(256, 256, device, "fp8_w8a8", (128, 128), backend.engine)
+            assert own == ours
