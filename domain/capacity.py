@@ -13,7 +13,7 @@ domain.intervals.level_of_rounds returns it and the API's levels read."""
 import math
 from dataclasses import dataclass
 
-from domain.intervals import MAX_ROUNDS
+from domain.levels import MAX_ROUNDS
 from domain.numbers import is_integer, is_number
 from domain.slo import (
     DEFAULT_MAX_FAILED_PERCENT,

@@ -13,10 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from domain.levels import LATENCY_METRICS, LATENCY_PERCENTILES, LEVEL_KEYS
-
-# A level runs at most this many rounds in a row: past ten, more rounds buy little but time.
-MAX_ROUNDS = 10
+from domain.levels import LATENCY_METRICS, LATENCY_PERCENTILES
+from domain.wire.levels import LEVEL_KEYS
 
 # The figures a level gives an interval for: output tok/s and every latency percentile (ms),
 # the median (p50) among them.

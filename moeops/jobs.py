@@ -27,14 +27,6 @@ from moeops.celery import app
 
 log = logging.getLogger(__name__)
 
-# Sweep runs and kernel tunes.
-JOB_STATUSES = (
-    ("queued", "Queued"),
-    ("running", "Running"),
-    ("succeeded", "Succeeded"),
-    ("failed", "Failed"),
-    ("cancelled", "Cancelled"),
-)
 # A job moves only along these edges; anything else is refused (transition returns False).
 JOB_MOVES = {
     "queued": ("running", "failed", "cancelled"),

@@ -5,15 +5,11 @@ decides between them. Cheap to import: the web tier reads it."""
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from domain.wire.tunes import KERNEL_PATHS
+
 ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
 ENGINES = ("builtin", *ENGINE_TITLES)
 
-# Which launch of the fused-MoE kernel a config is for (VllmBackend.kernel_path).
-KERNEL_PATHS = (
-    ("default", "the default path: one config for both GEMMs, B read by pointers"),
-    ("tma", "the default path with B read through a TMA descriptor (USE_TMA per batch size)"),
-    ("sorted_a", "the sorted-A path: GEMM 2 from a _down file of its own, A read through TMA"),
-)
 # vLLM 0.34's environment switches of DeepGEMM with E8M0 scales (vllm/envs.py: each
 # `bool(int(os.getenv(name, "1")))`, so on unless the launch sets it to 0).
 DEEP_GEMM_ENV = ("VLLM_USE_DEEP_GEMM", "VLLM_USE_DEEP_GEMM_E8M0")

@@ -6,9 +6,12 @@ of results (runs, levels, telemetry, topology, health checks, GPU readings, kern
 tuning runs) that still cannot reach the web tier are written to a spool folder
 (MOEOPS_SPOOL_DIR, default spool/ in tuning.cache_dir) and replayed before the next push, or by
 `replay_spool()`; the API's idempotency keys (run, check and reading UUIDs, level keys, batch
-ids) make a replay store once. Pushes of one resource (a run, a tune, a host, …) keep their
-order; a push the API keeps failing is retried with backoff and then moved to spool/rejected/,
-and holds back only the later pushes of its own resource. A push refused with 409 (a finished
+ids) make a replay store once. A push of a body the wire defines (domain.wire: a level, a run's
+or tune's progress, samples, timings, a heartbeat, an action's report) is validated against its
+model first: one the API would refuse raises BadPush here, and is neither sent nor spooled.
+Pushes of one resource (a run, a tune, a host, …) keep their order; a push the API keeps failing
+is retried with backoff and then moved to spool/rejected/, and holds back only the later pushes
+of its own resource. A push refused with 409 (a finished
 run takes no more results) and a file that holds no push (SpoolRecord) are moved there at once.
 
     client = MoeopsClient()
@@ -35,6 +38,10 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from domain.step_breakdown import LevelProfile
+from domain.wire.engines import ActionReport, Heartbeat
+from domain.wire.levels import Level
+from domain.wire.runs import EngineSamples, Observed, RunPatch, Telemetry
+from domain.wire.tunes import Timings, TuningRunPatch
 from tuning.cache_dir import cache_dir
 
 log = logging.getLogger(__name__)
@@ -76,6 +83,11 @@ class NotFound(ApiError):
     """404: the run, deployment, host or config named does not exist."""
 
 
+class BadPush(ValueError):
+    """A body its wire model (domain.wire) refuses, as the API would: neither sent nor spooled.
+    The message names the push and the first field refused."""
+
+
 def _finite(value):
     """JSON has no NaN or Infinity: non-finite floats become null (unknown, or unlimited)."""
     if isinstance(value, float):
@@ -89,6 +101,21 @@ def _finite(value):
 
 def _encode(body):
     return json.dumps(_finite(body), separators=(",", ":")).encode()
+
+
+def _wire(model, body, what):
+    """The body (a dict, or an instance of model) as the API takes it, once `model`
+    (domain.wire) holds it valid: non-finite floats null first, as they are sent; only the keys
+    given, as they were given. Raises BadPush naming the first field refused."""
+    if isinstance(body, BaseModel):
+        body = body.model_dump(exclude_unset=True)
+    try:
+        valid = model.model_validate(_finite(body))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "body"
+        raise BadPush(f"{what}: {field}: {first['msg']}") from None
+    return valid.model_dump(mode="json", exclude_unset=True)
 
 
 def _message(response):
@@ -504,18 +531,18 @@ class MoeopsClient:
         body = {key: value for key, value in fields.items() if value is not None}
         if status is not None:
             body["status"] = status
-        return self._push("PATCH", f"/runs/{run}", body)
+        return self._push("PATCH", f"/runs/{run}", _wire(RunPatch, body, "run"))
 
     def take_over_run(self, run, attempt, progress):
         """Take a running run whose worker is gone over as `attempt` (raises Conflict when
         another delivery took it first). Sent now or never: a takeover that waited in the spool
         would come too late to mean anything."""
-        body = {"takeover": attempt, "progress": progress}
+        body = _wire(RunPatch, {"takeover": attempt, "progress": progress}, "run takeover")
         return self.request("PATCH", f"/runs/{run}", body=body).json()
 
     def post_observed(self, run, observed):
         """What the sweep saw of the engine at its start, into the run's snapshot (set once)."""
-        return self._push("POST", f"/runs/{run}/snapshot", observed)
+        return self._push("POST", f"/runs/{run}/snapshot", _wire(Observed, observed, "observed"))
 
     def cancel_run(self, run):
         return self.request("POST", f"/runs/{run}/cancel").json()
@@ -524,8 +551,9 @@ class MoeopsClient:
         return self._get(f"/runs/{run}/levels").json()
 
     def post_level(self, run, level):
-        """One level (vLLM result key names); stored once per (concurrency, request rate)."""
-        return self._push("POST", f"/runs/{run}/levels", level)
+        """One round of a level (domain.wire.levels.Level, or a dict of its fields: vLLM result
+        key names); stored once per (concurrency, request rate, round)."""
+        return self._push("POST", f"/runs/{run}/levels", _wire(Level, level, "level"))
 
     def post_profile(self, run, profile):
         """A profiled level (domain.step_breakdown.LevelProfile), validated before it is sent or
@@ -536,23 +564,27 @@ class MoeopsClient:
     def post_levels(self, run, levels):
         return [self.post_level(run, level) for level in levels]
 
-    def _post_samples(self, path, samples, batch_id):
+    def _post_samples(self, path, samples, batch_id, model=Telemetry):
         samples = list(samples)
         chunks = [samples[i : i + TELEMETRY_BATCH] for i in range(0, len(samples), TELEMETRY_BATCH)]
-        answers = []
-        for index, chunk in enumerate(chunks):
-            # a stable id per chunk, so a resent chunk is stored once
-            chunk_id = batch_id if len(chunks) == 1 else f"{batch_id}.{index}"
-            answers.append(self._push("POST", path, {"batch_id": chunk_id, "samples": chunk}))
-        return answers
+        # a stable id per chunk, so a resent chunk is stored once
+        ids = [batch_id if len(chunks) == 1 else f"{batch_id}.{i}" for i in range(len(chunks))]
+        # every chunk checked before the first is sent: a bad sample pushes none of its batch
+        bodies = [
+            _wire(model, {"batch_id": chunk_id, "samples": chunk}, "samples")
+            for chunk_id, chunk in zip(ids, chunks, strict=True)
+        ]
+        return [self._push("POST", path, body) for body in bodies]
 
     def post_telemetry(self, run, samples, batch_id):
-        """GPU samples (dicts of TelemetrySample fields) under a client-chosen batch id."""
+        """GPU samples (dicts of domain.wire.runs.TelemetrySample fields) under a
+        client-chosen batch id."""
         return self._post_samples(f"/runs/{run}/telemetry", samples, batch_id)
 
     def post_engine_samples(self, run, samples, batch_id):
         """Engine /metrics samples (ts, running, queued, kv_cache_usage) under a batch id."""
-        return self._post_samples(f"/runs/{run}/engine-samples", samples, batch_id)
+        path = f"/runs/{run}/engine-samples"
+        return self._post_samples(path, samples, batch_id, model=EngineSamples)
 
     def import_results(
         self, *, fmt, deployment, content, file_name="", label="", accept_mismatch=False
@@ -611,7 +643,8 @@ class MoeopsClient:
     def post_heartbeat(self, host, status):
         """The worker is alive (status: worker, managed engines, spool); one attempt, never
         spooled: a late heartbeat says nothing."""
-        return self.request("POST", f"/hosts/{host}/heartbeat", body=status, retries=0).json()
+        body = _wire(Heartbeat, status, "heartbeat")
+        return self.request("POST", f"/hosts/{host}/heartbeat", body=body, retries=0).json()
 
     # ------------------------------------------------------------------ engine actions
 
@@ -621,7 +654,9 @@ class MoeopsClient:
         body = {key: value for key, value in fields.items() if value is not None}
         if status is not None:
             body["status"] = status
-        return self._push("PATCH", f"/engine-actions/{action}", body)
+        return self._push(
+            "PATCH", f"/engine-actions/{action}", _wire(ActionReport, body, "action report")
+        )
 
     # ------------------------------------------------------------------ kernels
 
@@ -659,11 +694,13 @@ class MoeopsClient:
         body = {key: value for key, value in fields.items() if value is not None}
         if status is not None:
             body["status"] = status
+        body = _wire(TuningRunPatch, body, "tuning run")
         return self._push("PATCH", f"/tuning-runs/{tuning_run}", body)
 
     def post_tuning_timings(self, tuning_run, timings):
         """Per batch size: tuned_us, default_us, floor_us, config, …; each stored once."""
-        return self._push("POST", f"/tuning-runs/{tuning_run}/timings", {"timings": timings})
+        body = _wire(Timings, {"timings": timings}, "timings")
+        return self._push("POST", f"/tuning-runs/{tuning_run}/timings", body)
 
     def post_tuning_telemetry(self, tuning_run, samples, batch_id):
         """GPU samples taken during a tune (dicts of TelemetrySample fields) under a batch id."""

@@ -24,10 +24,11 @@ import uuid
 from domain import requests as request_log
 from domain.failures import describe_failure
 from domain.jobs import FINISHED_STATUSES
-from domain.levels import LEVEL_KEYS, MAX_SEED
+from domain.levels import MAX_SEED
 from domain.progress import HEARTBEAT_STALE_S, SweepProgress
 from domain.snapshot import RunSnapshot
 from domain.step_breakdown import DEFAULT_PROFILE_STEPS
+from domain.wire.levels import LevelFigures
 from workers import capacity, engine_info, engine_paths, loadgen, step_profile, vocabulary
 from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler, counter_deltas, read_engine_counters
@@ -44,19 +45,9 @@ TAKEN_OVER = "taken over"
 
 PROGRESS_INTERVAL_S = 1.0
 SAMPLES_INTERVAL_S = 5.0
-# The keys of a load-generator result that the API stores as LevelResult columns: a level's
-# metrics (domain.levels) and what describes the level and its requests.
-LEVEL_FIELDS = (
-    "concurrency",
-    "request_rate",
-    "input_len",
-    "output_len",
-    "errors",
-    "usage_reported",
-    "started_at",
-    "finished_at",
-    *LEVEL_KEYS,
-)
+# The keys of a load-generator result that the API stores as LevelResult columns: what the
+# level is, its metrics and how its requests went (the wire's LevelFigures).
+LEVEL_FIELDS = tuple(LevelFigures.model_fields)
 
 
 # A later delivery's prompts: its seed this far from the last delivery's (more than the rounds

@@ -11,9 +11,10 @@ from ninja import Router, Schema, Status
 from ninja.errors import HttpError
 from pydantic import Field
 
+from domain.wire.engines import ActionReport, Heartbeat
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, PersonOnly, require_host
-from moeops.api.fields import In, JsonObject, LongText, PosInt, text
+from moeops.api.fields import In, PosInt, text
 from moeops.engines import services
 from moeops.engines.models import ACTION_KINDS, EngineAction
 from moeops.fleet import services as fleet_services
@@ -24,22 +25,10 @@ router = Router(tags=["engines"])
 
 # a bisection's steps are started by the bisection (POST /watch-runs/{id}/bisection)
 ActionKind = Literal[tuple(key for key, _ in ACTION_KINDS if key not in ("bisect", "restore"))]
-# Statuses a worker reports; queued is where an action starts.
-ReportedStatus = Literal["running", "sweeping", "succeeded", "failed"]
 
 
 # Actions and recipes are people's decisions: a host's worker reports on them, never makes them.
 PEOPLE_ONLY = PersonOnly(refusal="is a host's worker token: it may not change engines")
-
-
-class HeartbeatIn(In):
-    worker: JsonObject = Field({}, description="host, pid, queue of the worker")
-    engines: list[JsonObject] = Field([], max_length=64, description="the managed engines running")
-    spool: JsonObject = Field({}, description="waiting and rejected pushes")
-    broker: JsonObject = Field(
-        {}, description="whether the worker reaches its Celery broker: reachable, url, error, since"
-    )
-    sent_at: float | None = Field(None, ge=0, le=1e11, description="UTC epoch s")
 
 
 class HeartbeatOut(Schema):
@@ -48,7 +37,7 @@ class HeartbeatOut(Schema):
 
 
 @router.post("/hosts/{ref}/heartbeat", auth=HostWrite(), response=HeartbeatOut)
-def heartbeat(request, ref: str, payload: HeartbeatIn):
+def heartbeat(request, ref: str, payload: Heartbeat):
     """The host's worker is alive; what it says of itself replaces the last heartbeat's."""
     host = lookups.get_host(ref)
     require_host(request, host)
@@ -231,14 +220,6 @@ def action_list(request, ref: str):
 @router.get("/engine-actions/{ref}", response=ActionOut)
 def action_get(request, ref: str):
     return lookups.by_id_or_uuid(_actions(), "engine action", ref)
-
-
-class ActionReport(In):
-    status: ReportedStatus | None = None
-    steps: list[JsonObject] | None = Field(None, max_length=64)
-    observed: JsonObject | None = None
-    error: LongText = ""
-    log_tail: LongText = ""
 
 
 @router.patch("/engine-actions/{ref}", auth=HostWrite(), response=ActionOut)

@@ -1,40 +1,41 @@
-"""Constrained payload types: what PostgreSQL and SQLite both store without an error."""
+"""Constrained payload types: what PostgreSQL and SQLite both store without an error. The wire's
+(domain.wire.fields), which the worker's pushes share, and those of the API alone: names found
+by id or name, query filters."""
 
 import datetime as dt
-from typing import Annotated, Any, ClassVar
+from typing import Annotated
 
 from django.core.exceptions import ValidationError
 from ninja import Schema
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    Strict,
-    StringConstraints,
-    model_validator,
-)
+from pydantic import AfterValidator, Field, StringConstraints
 
+from domain.wire.fields import (
+    BigInt,
+    EpochSeconds,
+    JsonList,
+    JsonObject,
+    LongText,
+    Patch,
+    PosInt,
+    SmallInt,
+    text,
+)
+from domain.wire.fields import Body as In
 from moeops.fleet.models import not_an_id, one_line
-from moeops.storable import (
-    MAX_BIG_INT,
-    MAX_INT,
-    MAX_SMALL_INT,
-    storable_json,
-    storable_text,
-)
 
-
-def text(max_length: int, min_length: int = 0):
-    """A string that fits a CharField(max_length)."""
-    return Annotated[
-        str,
-        StringConstraints(min_length=min_length, max_length=max_length),
-        AfterValidator(storable_text),
-    ]
-
-
-LongText = Annotated[str, StringConstraints(max_length=1_000_000), AfterValidator(storable_text)]
+# the wire's types, which every API module takes from here
+__all__ = [
+    "BigInt",
+    "EpochSeconds",
+    "In",
+    "JsonList",
+    "JsonObject",
+    "LongText",
+    "Patch",
+    "PosInt",
+    "SmallInt",
+    "text",
+]
 
 
 def _a_name(value: str) -> str:
@@ -58,37 +59,8 @@ def slug(max_length: int):
 
 
 HostName = Annotated[slug(100), AfterValidator(_a_name)]
-# Strict: true and "12" are no integers (pydantic would store them as 1 and 12)
-PosInt = Annotated[int, Strict(), Field(ge=0, le=MAX_INT)]
-SmallInt = Annotated[int, Strict(), Field(ge=0, le=MAX_SMALL_INT)]
-BigInt = Annotated[int, Strict(), Field(ge=0, le=MAX_BIG_INT)]
 # a cap on running requests of 0 would let the engine run nothing
 RequestCap = Annotated[PosInt, Field(ge=1)]
-JsonObject = Annotated[dict[str, Any], AfterValidator(storable_json)]
-JsonList = Annotated[list[Any], AfterValidator(storable_json)]
-
-
-class In(BaseModel):
-    """Base of request bodies: finite numbers only (SQLite stores NaN as NULL).
-
-    Plain pydantic, not ninja's Schema: its per-object root validator (for reading Django
-    rows) costs ~30 µs per object, i.e. 150 ms for a telemetry batch of 5,000 samples.
-    """
-
-    model_config = ConfigDict(allow_inf_nan=False)
-
-
-class Patch(In):
-    """A PATCH body: fields left out stay as they are; null only where the column allows it."""
-
-    NULLABLE: ClassVar[tuple[str, ...]] = ()
-
-    @model_validator(mode="after")
-    def _no_null_for_required(self):
-        for name in sorted(self.model_fields_set):
-            if getattr(self, name) is None and name not in self.NULLABLE:
-                raise ValueError(f"{name} may not be null")
-        return self
 
 
 def _utc(value: dt.datetime) -> dt.datetime:
@@ -102,7 +74,6 @@ def _utc(value: dt.datetime) -> dt.datetime:
 
 
 Moment = Annotated[dt.datetime, AfterValidator(_utc)]
-EpochSeconds = Annotated[float, Field(ge=0, le=1e11)]
 
 
 class CreatedRange(Schema):

@@ -11,6 +11,8 @@ from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import ConfigDict, Field, model_validator
 
+from domain.storable import storable_json
+from domain.wire.runs import TelemetrySample
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, PersonOnly, require_host
 from moeops.api.fields import (
@@ -32,7 +34,6 @@ from moeops.api.fields import (
 )
 from moeops.api.paging import Page
 from moeops.api.responses import stored
-from moeops.api.runs import TelemetrySampleIn
 from moeops.fleet import services
 from moeops.fleet.models import (
     CHECK_TRIGGERS,
@@ -48,7 +49,6 @@ from moeops.fleet.models import (
     ModelSpec,
     SLOProfile,
 )
-from moeops.storable import storable_json
 
 router = Router(tags=["fleet"])
 
@@ -281,7 +281,7 @@ class GPUReadingIn(In):
     taken_at: EpochSeconds | None = Field(None, description="UTC epoch s; default now")
     status: ReadingStatus
     detail: text(300) = Field("", description="why there is no reading")
-    gpus: list[TelemetrySampleIn] = Field([], max_length=1024)
+    gpus: list[TelemetrySample] = Field([], max_length=1024)
 
     @model_validator(mode="after")
     def _gpus_when_recorded(self):

@@ -5,10 +5,10 @@ import uuid
 from django.db.models import Q
 from django.http import Http404
 
+from domain.storable import storable_text
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs.models import SweepRun
-from moeops.storable import storable_text
 
 MAX_ID = 2**63 - 1
 

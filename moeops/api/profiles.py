@@ -9,13 +9,13 @@ from ninja import File, Form, Router, UploadedFile
 from pydantic import Field, model_validator
 
 from domain.step_breakdown import LevelProfile as LevelProfileBody
+from domain.storable import storable_json
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, require_host
 from moeops.api.responses import stored
 from moeops.runs import services
 from moeops.runs.models import level_key
 from moeops.runs.parameters import MAX_CONCURRENCY
-from moeops.storable import storable_json
 
 router = Router(tags=["runs"])
 

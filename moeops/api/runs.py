@@ -1,7 +1,6 @@
 """Sweep runs, their levels, GPU telemetry, engine samples, and imports of result files."""
 
 import datetime as dt
-import math
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
@@ -9,82 +8,48 @@ from django.db.models import Prefetch, Q
 from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.pagination import paginate
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import ConfigDict, Field, WithJsonSchema
 
-from domain.numbers import is_number
+from domain.wire.levels import Level
+from domain.wire.runs import (
+    EngineSample,
+    EngineSamples,
+    JobStatus,
+    Observed,
+    RunPatch,
+    Telemetry,
+    TelemetrySample,
+)
 from moeops import jobs
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, require_host
 from moeops.api.fields import (
-    BigInt,
     CreatedRange,
-    EpochSeconds,
     In,
     JsonObject,
     LongText,
-    Patch,
     PosInt,
-    SmallInt,
     in_range,
     matching,
     text,
 )
 from moeops.api.paging import Page
 from moeops.api.responses import stored
-from moeops.jobs import JOB_STATUSES
 from moeops.runs import services, snapshots
 from moeops.runs.costs import level_costs
 from moeops.runs.importers import FORMATS
-from moeops.runs.models import (
-    RUN_SOURCES,
-    TELEMETRY_STATUSES,
-    LevelResult,
-    RequestLog,
-)
+from moeops.runs.models import RUN_SOURCES, LevelResult, RequestLog
 from moeops.runs.parameters import (
     DEFAULT_PROFILE_STEPS,
     MAX_PROFILE_STEPS,
-    MAX_ROUNDS,
     Concurrency,
     RunParameters,
 )
-from moeops.storable import MAX_SMALL_INT
 
 router = Router(tags=["runs"])
 
-RunStatus = Literal[tuple(key for key, _ in JOB_STATUSES)]
 RunSource = Literal[tuple(key for key, _ in RUN_SOURCES)]
-TelemetryStatus = Literal[tuple(key for key, _ in TELEMETRY_STATUSES)]
 ResultFormat = Literal[FORMATS]
-MAX_SAMPLES = 100_000
-# A packed request log within the API's body limit (MOEOPS_MAX_BODY_BYTES, 16 MiB).
-MAX_REQUEST_LOG_CHARS = 12 << 20
-
-
-def _rate_given(value):
-    # the one word a rate may be: "inf", as Python and vLLM's --request-rate spell unlimited
-    if value == "inf":
-        return math.inf
-    if value is not None and not is_number(value):
-        raise ValueError('must be a number of req/s, or "inf" for unlimited')
-    return value
-
-
-def _rate(value):
-    # inf (JSON Infinity or "inf") means unlimited, stored as null
-    if value is not None and math.isnan(value):
-        raise ValueError("must be a number, not NaN")
-    return None if value is None or math.isinf(value) else value
-
-
-# a rate of 0 req/s would send nothing
-RequestRate = Annotated[
-    Annotated[float, Field(gt=0, allow_inf_nan=True)] | None,
-    BeforeValidator(_rate_given),
-    AfterValidator(_rate),
-]
-
-
 # --------------------------------------------------------------------------- runs
 
 
@@ -108,32 +73,6 @@ class RunIn(In):
         "gpu_indices and vocab_size come from the deployment. A capacity search: parameters "
         'kind "capacity", slo_profile (id or name; default: the deployment\'s), start, and '
         "optionally end, budget, mode (concurrency or request_rate), rounds (default 3)",
-    )
-
-
-# The sweep's delivery that took a level or a sample: 1, then 2, … after each resume.
-Attempt = Annotated[
-    int,
-    Field(ge=1, le=MAX_SMALL_INT, description="the sweep's delivery: 2, … after a resume"),
-]
-
-
-class RunPatch(Patch):
-    status: RunStatus | None = Field(
-        None, description="compare-and-set: queued→running→succeeded|failed|cancelled"
-    )
-    error: LongText | None = None
-    progress: JsonObject | None = Field(
-        None, description="level_index, levels_total, requests_done, …"
-    )
-    telemetry_status: TelemetryStatus | None = None
-    telemetry_detail: text(300) | None = None
-    label: text(200) | None = None
-    takeover: Attempt | None = Field(
-        None,
-        description="a resumed delivery takes the running run over as this attempt: "
-        "compare-and-set on the attempt before it (409 when another delivery took it first); "
-        "progress is then the run's new progress",
     )
 
 
@@ -201,7 +140,7 @@ class RunFilter(CreatedRange):
     deployment: text(200) | None = Field(None, description="deployment name or id")
     host: text(200) | None = Field(None, description="host name")
     model: text(200) | None = Field(None, description="model name")
-    status: RunStatus | None = None
+    status: JobStatus | None = None
     source: RunSource | None = None
 
 
@@ -263,19 +202,6 @@ def run_list(request, filters: Query[RunFilter]):
         model="deployment__model__name",
         status="status",
         source="source",
-    )
-
-
-class ObservedIn(In):
-    """What a worker saw when the sweep started (workers.engine_info)."""
-
-    engine: JsonObject | None = Field(None, description="what the engine said of itself")
-    kernel_config: JsonObject | None = Field(
-        None, description="the fused-MoE config file the engine would load, or engine default"
-    )
-    client: JsonObject | None = Field(None, description="the load generator's host")
-    engine_paths: JsonObject | None = Field(
-        None, description="the engine's fast paths with their evidence (domain.engine_paths)"
     )
 
 
@@ -366,7 +292,7 @@ def run_patch(request, ref: str, payload: RunPatch):
 
 
 @router.post("/runs/{ref}/snapshot", auth=HostWrite(), response={200: RunOut, 201: RunOut})
-def run_record_observed(request, ref: str, payload: ObservedIn):
+def run_record_observed(request, ref: str, payload: Observed):
     """Add what the worker observed to the run's snapshot: 201 when something was added, 200
     when every part was already recorded (a snapshot is written once and never rewritten)."""
     run = lookups.get_run(ref)
@@ -407,75 +333,11 @@ def run_profile_again(request, ref: str, payload: ProfileAgainIn):
 # --------------------------------------------------------------------------- levels
 
 
-class LevelIn(In):
-    """One concurrency level, named as `vllm bench serve` names its result keys (ms, tok/s).
-
-    Strict: a count must be a JSON integer and a figure a JSON number, so that true or "5" is
-    refused rather than stored as 1 or 5.
-    """
-
-    model_config = ConfigDict(strict=True)
-
-    concurrency: Concurrency | None = None
-    request_rate: RequestRate = Field(None, description="req/s; null or inf = unlimited")
-    input_len: PosInt | None = None
-    output_len: PosInt | None = None
-    completed: PosInt | None = None
-    failed: PosInt = 0
-    errors: dict[text(300), PosInt] = Field({}, description="failure reason → count")
-    duration: float | None = Field(None, description="s")
-    total_input_tokens: BigInt | None = None
-    total_output_tokens: BigInt | None = None
-    usage_reported: bool | None = None
-    request_throughput: float | None = None
-    output_throughput: float | None = None
-    total_token_throughput: float | None = None
-    max_output_tokens_per_s: float | None = None
-    max_concurrent_requests: PosInt | None = None
-    request_goodput: float | None = None
-    achieved_request_rate: float | None = Field(None, description="req/s sent, after ramp-up")
-    mean_ttft_ms: float | None = None
-    median_ttft_ms: float | None = None
-    std_ttft_ms: float | None = None
-    p90_ttft_ms: float | None = None
-    p95_ttft_ms: float | None = None
-    p99_ttft_ms: float | None = None
-    mean_tpot_ms: float | None = None
-    median_tpot_ms: float | None = None
-    std_tpot_ms: float | None = None
-    p90_tpot_ms: float | None = None
-    p95_tpot_ms: float | None = None
-    p99_tpot_ms: float | None = None
-    mean_itl_ms: float | None = None
-    median_itl_ms: float | None = None
-    std_itl_ms: float | None = None
-    p90_itl_ms: float | None = None
-    p95_itl_ms: float | None = None
-    p99_itl_ms: float | None = None
-    mean_e2el_ms: float | None = None
-    median_e2el_ms: float | None = None
-    std_e2el_ms: float | None = None
-    p90_e2el_ms: float | None = None
-    p95_e2el_ms: float | None = None
-    p99_e2el_ms: float | None = None
-    started_at: EpochSeconds | None = None
-    finished_at: EpochSeconds | None = None
-    attempt: Attempt = 1
-    round: Annotated[int, Field(ge=1, le=MAX_ROUNDS)] = Field(
-        1, description="1, 2, … of a level that runs several times in a row (parameters.rounds)"
-    )
-    raw: JsonObject | None = Field(None, description="the original result object, if any")
-    request_log: Annotated[str, Field(max_length=MAX_REQUEST_LOG_CHARS)] | None = Field(
-        None,
-        description="every request of the round (domain.requests): JSON columns, zlib, base64",
-    )
-
-
-class LevelOut(Schema, LevelIn):
+class LevelOut(Schema, Level):
     """A level: with several rounds, the median of its rounds' figures (counts summed) and a
     95 % interval over them (docs/metrics.md)."""
 
-    # read from stored rows, whose types the write already held to LevelIn's
+    # read from stored rows, whose types the write already held to Level's
     model_config = ConfigDict(strict=False)
 
     id: int
@@ -518,7 +380,7 @@ class LevelOut(Schema, LevelIn):
 
 
 @router.post("/runs/{ref}/levels", auth=HostWrite(), response={200: LevelOut, 201: LevelOut})
-def level_record(request, ref: str, payload: LevelIn):
+def level_record(request, ref: str, payload: Level):
     """Store a level once per (run, concurrency, request rate): 201 the first time, 200 after."""
     run = lookups.get_run(ref)
     require_host(request, run.deployment.host)
@@ -568,47 +430,6 @@ def level_list(request, ref: str):
 
 # --------------------------------------------------------------------------- telemetry
 
-Percent = Annotated[float, Field(ge=0, le=1e4)]
-Gauge = Annotated[float, Field(ge=-1e12, le=1e12)]
-
-
-class TelemetrySampleIn(In):
-    """One NVML reading of one GPU: % utilization, W, MiB, MHz, °C; ts in UTC epoch s."""
-
-    gpu_index: SmallInt
-    ts: EpochSeconds
-    level_concurrency: PosInt | None = None
-    gpu_util: Percent | None = None
-    mem_util: Percent | None = None
-    power_w: Gauge | None = None
-    power_limit_w: Gauge | None = None
-    mem_used_mib: Gauge | None = None
-    mem_total_mib: Gauge | None = None
-    sm_clock_mhz: Gauge | None = None
-    temperature_c: Gauge | None = None
-    attempt: Attempt = 1
-
-
-class TelemetryIn(In):
-    batch_id: text(100, min_length=1) = Field(description="client-chosen; a resend stores once")
-    samples: list[TelemetrySampleIn] = Field(max_length=MAX_SAMPLES)
-
-
-class EngineSampleIn(In):
-    """One scrape of the engine's /metrics: running and queued requests, KV-cache use 0–1."""
-
-    ts: EpochSeconds
-    level_concurrency: PosInt | None = None
-    running: Gauge | None = None
-    queued: Gauge | None = None
-    kv_cache_usage: Gauge | None = None
-    attempt: Attempt = 1
-
-
-class EngineSamplesIn(In):
-    batch_id: text(100, min_length=1) = Field(description="client-chosen; a resend stores once")
-    samples: list[EngineSampleIn] = Field(max_length=MAX_SAMPLES)
-
 
 class BatchOut(Schema):
     run: int
@@ -621,16 +442,16 @@ class BatchOut(Schema):
         return obj.run_id
 
 
-class TelemetrySampleOut(Schema, TelemetrySampleIn):
+class TelemetrySampleOut(Schema, TelemetrySample):
     ts: float
 
 
-class EngineSampleOut(Schema, EngineSampleIn):
+class EngineSampleOut(Schema, EngineSample):
     ts: float
 
 
 @router.post("/runs/{ref}/telemetry", auth=HostWrite(), response={200: BatchOut, 201: BatchOut})
-def telemetry_record(request, ref: str, payload: TelemetryIn):
+def telemetry_record(request, ref: str, payload: Telemetry):
     """Store a batch of GPU samples once per batch_id (thousands per request)."""
     run = lookups.get_run(ref)
     require_host(request, run.deployment.host)
@@ -650,7 +471,7 @@ def telemetry_list(request, ref: str):
 @router.post(
     "/runs/{ref}/engine-samples", auth=HostWrite(), response={200: BatchOut, 201: BatchOut}
 )
-def engine_samples_record(request, ref: str, payload: EngineSamplesIn):
+def engine_samples_record(request, ref: str, payload: EngineSamples):
     """Store a batch of engine /metrics samples once per batch_id."""
     run = lookups.get_run(ref)
     require_host(request, run.deployment.host)

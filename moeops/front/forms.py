@@ -10,6 +10,8 @@ from django.core.exceptions import NON_FIELD_ERRORS
 from django.forms.fields import InvalidJSONInput
 
 from domain import workloads as workload_specs
+from domain.jobs import JOB_STATUSES
+from domain.storable import MAX_BIG_INT, storable_json
 from moeops.fleet.endpoints import endpoint_change_refusal
 from moeops.fleet.models import (
     ENGINES,
@@ -25,7 +27,6 @@ from moeops.fleet.models import (
 from moeops.front.templatetags.moeops_format import duration
 from moeops.insights.models import PLAN_STATUSES, Note
 from moeops.insights.services import note_slug, note_taken_refusal
-from moeops.jobs import JOB_STATUSES
 from moeops.kernels.models import KernelConfig
 from moeops.runs import estimate
 from moeops.runs.models import TUNED_KERNEL, WORKLOAD_KINDS, SweepRun, Workload
@@ -36,7 +37,6 @@ from moeops.runs.parameters import (
     MAX_ROUNDS,
     parameters_checked,
 )
-from moeops.storable import MAX_BIG_INT, storable_json
 from tuning.config_files import TUNED_BATCH_SIZES, kernel_dtype, triton_config_unread
 from tuning.engines import ENGINE_TITLES
 from tuning.moe_params import MoEConfigError, moe_params

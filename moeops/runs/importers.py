@@ -24,12 +24,12 @@ from collections import Counter
 
 from domain import engine as engine_reports
 from domain import requests as request_log
-from domain.intervals import MAX_ROUNDS, level_of_rounds
-from domain.levels import LATENCY_KEYS
+from domain.intervals import level_of_rounds
+from domain.levels import LATENCY_KEYS, MAX_ROUNDS
 from domain.numbers import is_integer, is_number
+from domain.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
 from moeops.runs.levels import level_problems
 from moeops.runs.models import level_key
-from moeops.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
 
 FORMATS = ("sglang", "vllm", "moeops")
 

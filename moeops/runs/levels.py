@@ -4,21 +4,14 @@ MAX_METRIC in their unit, and a level that does not finish before it starts."""
 
 import math
 
-from domain.levels import LEVEL_KEYS
 from domain.numbers import is_number
+from domain.wire.levels import COUNT_KEYS, LEVEL_KEYS
 
 # No level of any deployment reaches 10^9 tok/s, req/s, s or ms; a larger number is a broken
 # client, and would print as a 300-digit figure in a finding's title.
 MAX_METRIC = 1e9
-# LevelResult's counts (completed, tokens, …) are integer columns, checked as such.
-COUNT_FIELDS = (
-    "completed",
-    "failed",
-    "total_input_tokens",
-    "total_output_tokens",
-    "max_concurrent_requests",
-)
-METRIC_FIELDS = ("request_rate", *(key for key in LEVEL_KEYS if key not in COUNT_FIELDS))
+# The figures in their unit; the counts (completed, tokens, …) are integer columns, checked as such.
+METRIC_FIELDS = ("request_rate", *(key for key in LEVEL_KEYS if key not in COUNT_KEYS))
 
 
 def level_problems(fields: dict) -> dict[str, str]:

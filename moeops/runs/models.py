@@ -17,23 +17,20 @@ from domain import engine_counters
 from domain import requests as request_log
 from domain.failures import describe_failure
 from domain.intervals import ROUND_KEYS
+from domain.jobs import JOB_STATUSES
 from domain.numbers import is_integer
 from domain.progress import attempt_of
 from domain.snapshot import RunSnapshot
-from moeops.jobs import JOB_STATUSES, Job
+from domain.storable import MAX_INT
+from domain.wire.levels import METRIC_TYPES
+from domain.wire.runs import TELEMETRY_STATUSES
+from moeops.jobs import Job
 from moeops.keyed import BODY_SHA256_HELP
 
 # a profiled level's model lives in its own module; imported here so that Django finds it
 from moeops.runs.profiles import LevelProfile as LevelProfile
 
 RUN_SOURCES = (("worker", "Worker sweep"), ("import", "Imported file"), ("manual", "Manual entry"))
-
-TELEMETRY_STATUSES = (
-    ("pending", "Not yet known"),
-    ("recorded", "Recorded"),
-    ("unavailable", "Unavailable (no NVML on the host)"),
-    ("not_collected", "Not collected"),
-)
 
 
 def level_key(concurrency, request_rate):
@@ -407,7 +404,36 @@ def total_power(means):
 ATTEMPT_HELP = "The sweep's delivery that took it: 1, then 2, … after each resume"
 
 
-class LevelResult(models.Model):
+def _metric_column(metric):
+    """The column of a level metric (domain.wire.levels.MetricType): a count in an integer
+    column wide enough for its bound, a figure in a float column; null where the wire allows it."""
+    if not metric.integer:
+        column = models.FloatField
+    elif metric.maximum is not None and metric.maximum <= MAX_INT:
+        column = models.PositiveIntegerField
+    else:
+        column = models.BigIntegerField
+    options = {"null": True, "blank": True} if metric.nullable else {"default": metric.default}
+    if metric.description:
+        options["help_text"] = metric.description
+    return column(**options)
+
+
+# A column per level metric, as the wire's model has them (domain.wire.levels.LevelMetrics): a
+# new metric is a field there and a migration here.
+LevelMetricColumns = type(
+    "LevelMetricColumns",
+    (models.Model,),
+    {
+        "__module__": __name__,
+        "__doc__": "A level's metrics, one column each (docs/metrics.md; vLLM key names).",
+        "Meta": type("Meta", (), {"abstract": True}),
+        **{key: _metric_column(metric) for key, metric in METRIC_TYPES.items()},
+    },
+)
+
+
+class LevelResult(LevelMetricColumns):
     """One concurrency level of a sweep, with every metric of docs/metrics.md (vLLM key names)."""
 
     run = models.ForeignKey(SweepRun, models.CASCADE, related_name="levels")
@@ -416,48 +442,10 @@ class LevelResult(models.Model):
     request_rate = models.FloatField(null=True, blank=True, help_text="req/s; empty = unlimited")
     input_len = models.PositiveIntegerField(null=True, blank=True)
     output_len = models.PositiveIntegerField(null=True, blank=True)
-    completed = models.PositiveIntegerField(null=True, blank=True)
-    failed = models.PositiveIntegerField(default=0)
     errors = models.JSONField(default=dict, blank=True, help_text="failure reason → count")
-    duration = models.FloatField(null=True, blank=True, help_text="s")
-    total_input_tokens = models.BigIntegerField(null=True, blank=True)
-    total_output_tokens = models.BigIntegerField(null=True, blank=True)
     usage_reported = models.BooleanField(
         null=True, blank=True, help_text="Token counts came from the server's usage"
     )
-    request_throughput = models.FloatField(null=True, blank=True, help_text="req/s")
-    output_throughput = models.FloatField(null=True, blank=True, help_text="tok/s")
-    total_token_throughput = models.FloatField(null=True, blank=True, help_text="tok/s")
-    max_output_tokens_per_s = models.FloatField(null=True, blank=True)
-    max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True)
-    request_goodput = models.FloatField(null=True, blank=True, help_text="req/s within SLOs")
-    achieved_request_rate = models.FloatField(
-        null=True, blank=True, help_text="req/s the client sent, after the ramp-up"
-    )
-    mean_ttft_ms = models.FloatField(null=True, blank=True)
-    median_ttft_ms = models.FloatField(null=True, blank=True)
-    std_ttft_ms = models.FloatField(null=True, blank=True)
-    p90_ttft_ms = models.FloatField(null=True, blank=True)
-    p95_ttft_ms = models.FloatField(null=True, blank=True)
-    p99_ttft_ms = models.FloatField(null=True, blank=True)
-    mean_tpot_ms = models.FloatField(null=True, blank=True)
-    median_tpot_ms = models.FloatField(null=True, blank=True)
-    std_tpot_ms = models.FloatField(null=True, blank=True)
-    p90_tpot_ms = models.FloatField(null=True, blank=True)
-    p95_tpot_ms = models.FloatField(null=True, blank=True)
-    p99_tpot_ms = models.FloatField(null=True, blank=True)
-    mean_itl_ms = models.FloatField(null=True, blank=True)
-    median_itl_ms = models.FloatField(null=True, blank=True)
-    std_itl_ms = models.FloatField(null=True, blank=True)
-    p90_itl_ms = models.FloatField(null=True, blank=True)
-    p95_itl_ms = models.FloatField(null=True, blank=True)
-    p99_itl_ms = models.FloatField(null=True, blank=True)
-    mean_e2el_ms = models.FloatField(null=True, blank=True)
-    median_e2el_ms = models.FloatField(null=True, blank=True)
-    std_e2el_ms = models.FloatField(null=True, blank=True)
-    p90_e2el_ms = models.FloatField(null=True, blank=True)
-    p95_e2el_ms = models.FloatField(null=True, blank=True)
-    p99_e2el_ms = models.FloatField(null=True, blank=True)
     started_at = models.FloatField(null=True, blank=True, help_text="UTC epoch s")
     finished_at = models.FloatField(null=True, blank=True, help_text="UTC epoch s")
     attempt = models.PositiveSmallIntegerField(default=1, help_text=ATTEMPT_HELP)

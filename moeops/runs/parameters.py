@@ -9,26 +9,23 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validat
 from pydantic import ValidationError as SchemaError
 
 from domain.capacity import MAX_BUDGET, MODES, search_problems
-from domain.intervals import MAX_ROUNDS
-from domain.levels import DEFAULT_PROMPTS_PER_STREAM, MAX_SEED
+from domain.levels import DEFAULT_PROMPTS_PER_STREAM, MAX_ROUNDS, MAX_SEED
 from domain.queues import SWEEP_SOFT_LIMIT_S
 from domain.step_breakdown import DEFAULT_PROFILE_STEPS
-from moeops.storable import MAX_INT, storable_json
+from domain.storable import MAX_INT, storable_json
+from domain.wire.fields import MAX_CONCURRENCY, Concurrency
 
 # One sweep's numbers stay far below what a worker can hold in memory: a prompt of 2^24 tokens is
 # beyond every context window (Llama 4 Scout: 10 M), a level of 2^24 requests beyond any bench.
 MAX_TOKENS = 1 << 24
 MAX_REQUESTS = 1 << 24
 MAX_LEVELS = 1024
-# Each request in flight holds one TCP connection, and so one port of the client's address.
-MAX_CONCURRENCY = 1 << 16
 # What a sweep may send in all (prompt and output tokens of every request, warm-up included):
 # at 1,000,000 tok/s, more than one deployment serves, a worker sends 21.6 G tokens in the 6 h a
 # sweep may run; the form's full preset sends 12.7 M.
 SWEEP_TOKENS_PER_S = 1_000_000
 MAX_SWEEP_TOKENS = SWEEP_SOFT_LIMIT_S * SWEEP_TOKENS_PER_S
 
-Concurrency = Annotated[int, Field(strict=True, ge=1, le=MAX_CONCURRENCY)]
 Tokens = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]
 Requests = Annotated[int, Field(strict=True, ge=0, le=MAX_REQUESTS)]
 Positive = Annotated[float, Field(gt=0, le=1e9)]

@@ -25,6 +25,7 @@ from domain.progress import HEARTBEAT_STALE_S, SweepProgress, attempt_of
 from domain.step_breakdown import DEFAULT_PROFILE_STEPS, StepBreakdown
 from domain.step_breakdown import LevelProfile as LevelProfileBody
 from domain.step_trace import TraceError, read_breakdown
+from domain.storable import storable_text
 from moeops import jobs
 from moeops.celery import send_host_task
 from moeops.fleet.endpoints import endpoint_refusal
@@ -46,7 +47,6 @@ from moeops.runs.models import (
 )
 from moeops.runs.parameters import parameters_checked
 from moeops.runs.workloads import sweep_task_kwargs, workload_lookup
-from moeops.storable import storable_text
 from tuning.moe_params import vocab_size
 
 log = logging.getLogger(__name__)

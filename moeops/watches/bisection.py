@@ -21,7 +21,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from domain import launch
-from domain.intervals import MAX_ROUNDS, with_interval
+from domain.intervals import with_interval
+from domain.levels import MAX_ROUNDS
 from moeops.engines import services as engine_services
 from moeops.engines.models import EngineAction
 from moeops.fleet.models import Host

@@ -7,7 +7,7 @@ plateau and the queue behind the cap the engine reported.
 
 import pytest
 
-from domain.levels import LEVEL_KEYS
+from domain.wire.levels import LEVEL_KEYS
 from localstack.standin import spawn_standin
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.insights import services

@@ -29,8 +29,8 @@ from domain.capacity import (
     probe_of,
     search_problems,
 )
-from domain.intervals import MAX_ROUNDS, level_of_rounds, with_interval
-from domain.levels import MAX_SEED
+from domain.intervals import level_of_rounds, with_interval
+from domain.levels import MAX_ROUNDS, MAX_SEED
 from domain.slo import DEFAULT_MAX_FAILED_PERCENT
 from workers import step_profile, vocabulary
 from workers.capacity import level_at
