@@ -8,6 +8,8 @@ The web tier checks a workload's spec and parses an uploaded dataset file into i
     {"kind": "dataset", "output": LENGTH | None}          (+ the file's items)
     {"kind": "shared_prefix", "groups": G, "prefix_len": P, "question_len": Q, "output": LENGTH}
     {"kind": "multi_turn", "turns": T, "question_len": Q, "output": LENGTH, "think_time_s": s}
+    {"kind": "multi_turn", "from_file": true, "turns": T | None, "output": LENGTH | None,
+     "think_time_s": s}                                 (+ the file's conversations)
 
 and a LENGTH is {"distribution": "fixed", "value": n}, {"distribution": "uniform", "low": a,
 "high": b} (both inclusive) or {"distribution": "normal", "mean": m, "std": s, "low": a,
@@ -35,7 +37,7 @@ MAX_THINK_TIME_S = 600.0
 # limit (MOEOPS_MAX_BODY_BYTES, 16 MiB by default) holds a file of this size in its JSON.
 MAX_DATASET_BYTES = 8 * 1024 * 1024
 MAX_DATASET_ITEMS = 100_000
-LAYOUTS = ("sharegpt", "messages", "prompts")
+LAYOUTS = ("sharegpt", "messages", "mtbench", "prompts")
 HUMAN_ROLES = ("human", "user")
 ANSWER_ROLES = ("gpt", "assistant", "chatgpt", "bard", "bing")
 # Every whitespace-separated word is at least one token for the tokenizers of the engines' models
@@ -187,8 +189,16 @@ def spec_checked(spec) -> dict:
     if kind == "shared_prefix":
         out["groups"] = _int_in(spec, "groups", "spec", 1, MAX_GROUPS)
         out["prefix_len"] = _int_in(spec, "prefix_len", "spec")
-    if kind == "multi_turn":
+    from_file = kind == "multi_turn" and spec.get("from_file") is True
+    if from_file:
+        # the file's conversations give the questions; turns, when set, caps each conversation
+        out["from_file"] = True
+        out["turns"] = (
+            None if spec.get("turns") is None else _int_in(spec, "turns", "spec", 1, MAX_TURNS)
+        )
+    elif kind == "multi_turn":
         out["turns"] = _int_in(spec, "turns", "spec", 1, MAX_TURNS)
+    if kind == "multi_turn":
         out["think_time_s"] = _number_in(
             {"think_time_s": spec.get("think_time_s", 0.0)},
             "think_time_s",
@@ -196,9 +206,9 @@ def spec_checked(spec) -> dict:
             0,
             MAX_THINK_TIME_S,
         )
-    if kind in ("shared_prefix", "multi_turn"):
+    if kind == "shared_prefix" or (kind == "multi_turn" and not from_file):
         out["question_len"] = _int_in(spec, "question_len", "spec")
-    if kind == "dataset" and spec.get("output") is None:
+    if (kind == "dataset" or from_file) and spec.get("output") is None:
         out["output"] = None
     else:
         out["output"] = length_checked(spec.get("output"), "output")
@@ -218,6 +228,13 @@ def spec_label(spec: dict) -> str:
             f"{spec['groups']} groups of a {spec['prefix_len']}-token prefix",
             f"{spec['question_len']}-token questions",
             output,
+        ]
+    elif spec.get("from_file"):
+        cap = f", at most {spec['turns']} turns each" if spec.get("turns") else ""
+        parts = [
+            f"the file's conversations, every turn{cap}",
+            output or "output from the file's answers",
+            f"{spec['think_time_s']:g} s think time",
         ]
     else:
         parts = [
@@ -248,8 +265,9 @@ def _text_of(data: bytes, file_name: str) -> str:
         ) from None
 
 
-def _turns(obj, file_name: str, line: int) -> tuple[str, str | None]:
-    """(first human turn, the answer after it or None) of one conversation object."""
+def _conversation(obj, file_name: str, line: int) -> tuple[str, list[tuple[str, str | None]]]:
+    """(layout, [(human turn, the answer after it or None), …]) of one conversation object:
+    ShareGPT, OpenAI messages or an MT-bench question (its turns, none answered)."""
     if not isinstance(obj, dict):
         raise DatasetFileError(
             file_name, line, "not a conversation: an object with conversations or messages"
@@ -258,26 +276,39 @@ def _turns(obj, file_name: str, line: int) -> tuple[str, str | None]:
         turns = [
             (t.get("from"), t.get("value")) for t in obj["conversations"] if isinstance(t, dict)
         ]
-        key = "conversations"
+        key, layout = "conversations", "sharegpt"
     elif isinstance(obj.get("messages"), list):
         turns = [(t.get("role"), t.get("content")) for t in obj["messages"] if isinstance(t, dict)]
-        key = "messages"
+        key, layout = "messages", "messages"
+    elif isinstance(obj.get("turns"), list):
+        turns = [("user", t) for t in obj["turns"]]
+        key, layout = "turns", "mtbench"
     else:
         raise DatasetFileError(
             file_name,
             line,
-            'neither a ShareGPT conversation ({"conversations": [{"from", "value"}]}) nor '
-            'OpenAI messages ({"messages": [{"role", "content"}]})',
+            'neither a ShareGPT conversation ({"conversations": [{"from", "value"}]}), OpenAI '
+            'messages ({"messages": [{"role", "content"}]}) nor an MT-bench question '
+            '({"question_id", "turns": [questions]})',
         )
+    pairs: list[tuple[str, str | None]] = []
     for i, (role, text) in enumerate(turns):
         if role in HUMAN_ROLES:
             if not isinstance(text, str) or not text.strip():
-                raise DatasetFileError(file_name, line, f"the first human turn of {key} is empty")
-            answer = next(
-                (a for r, a in turns[i + 1 :] if r in ANSWER_ROLES and isinstance(a, str)), None
-            )
-            return text, answer
-    raise DatasetFileError(file_name, line, f"a conversation with no human turn in its {key}")
+                which = "the first human turn" if not pairs else f"human turn {len(pairs) + 1}"
+                raise DatasetFileError(file_name, line, f"{which} of {key} is empty")
+            # the answer is the first one before the next human turn
+            answer = None
+            for r, a in turns[i + 1 :]:
+                if r in HUMAN_ROLES:
+                    break
+                if r in ANSWER_ROLES and isinstance(a, str):
+                    answer = a
+                    break
+            pairs.append((text, answer))
+    if not pairs:
+        raise DatasetFileError(file_name, line, f"a conversation with no human turn in its {key}")
+    return layout, pairs
 
 
 def _json_items(text: str, file_name: str):
@@ -316,13 +347,16 @@ def _word_count(text: str) -> int:
 
 
 def parse_dataset(file_name: str, data: bytes, *, context_len: int | None = None) -> dict:
-    """The compact form of a dataset file: {"layout", "items": [{"prompt", "answer"}]}.
+    """The compact form of a dataset file: {"layout", "items": [{"prompt", "answer"[, "turns"]}]}.
 
     Layouts: ShareGPT (a JSON array or JSONL of {"conversations": [{"from": "human"|"gpt",
-    "value"}]}), OpenAI messages JSONL ({"messages": [{"role", "content"}]}), or plain prompts,
-    one per line. Each conversation gives its first human turn as the prompt and the answer
-    after it (None where there is none, and for plain prompts). context_len (tokens): a prompt
-    of more words than that is refused (each word is at least one token). Raises
+    "value"}]}), OpenAI messages JSONL ({"messages": [{"role", "content"}]}), MT-bench questions
+    ({"question_id", "category", "turns": [questions]} a line), or plain prompts, one per line.
+    Each conversation gives its first human turn as the prompt and the answer after it (None
+    where there is none: MT-bench, plain prompts); one of several human turns also keeps them
+    all as "turns": [[question, answer or None], …] (conversation_of reads either). context_len
+    (tokens): a question of more words than that is refused (each word is at least one token).
+    Raises
     DatasetFileError naming the file, the line and the reason; nothing of a refused file is kept.
     """
     if len(data) > MAX_DATASET_BYTES:
@@ -337,13 +371,13 @@ def parse_dataset(file_name: str, data: bytes, *, context_len: int | None = None
     if first in ("[", "{"):
         layout = None
         for line, obj in _json_items(text, file_name):
-            prompt, answer = _turns(obj, file_name, line)
-            layout = layout or ("sharegpt" if "conversations" in obj else "messages")
-            items.append((line, prompt, answer))
+            layout_of, pairs = _conversation(obj, file_name, line)
+            layout = layout or layout_of
+            items.append((line, pairs))
     else:
         layout = "prompts"
         items = [
-            (number, line.strip(), None)
+            (number, [(line.strip(), None)])
             for number, line in enumerate(text.splitlines(), 1)
             if line.strip()
         ]
@@ -354,19 +388,49 @@ def parse_dataset(file_name: str, data: bytes, *, context_len: int | None = None
             file_name, items[MAX_DATASET_ITEMS][0], f"more than {MAX_DATASET_ITEMS:,} prompts"
         )
     if context_len is not None:
-        for line, prompt, _ in items:
-            words = _word_count(prompt)
-            if words > context_len:
-                raise DatasetFileError(
-                    file_name,
-                    line,
-                    f"the prompt has at least {words:,} tokens (its words), over the context "
-                    f"length of {context_len:,}",
-                )
-    return {
-        "layout": layout,
-        "items": [{"prompt": prompt, "answer": answer} for _, prompt, answer in items],
-    }
+        for line, pairs in items:
+            for turn, (question, _) in enumerate(pairs, 1):
+                words = _word_count(question)
+                if words > context_len:
+                    what = "the prompt" if turn == 1 else f"turn {turn}'s question"
+                    raise DatasetFileError(
+                        file_name,
+                        line,
+                        f"{what} has at least {words:,} tokens (its words), over the context "
+                        f"length of {context_len:,}",
+                    )
+    return {"layout": layout, "items": [_item(pairs) for _, pairs in items]}
+
+
+def _item(pairs: list[tuple[str, str | None]]) -> dict:
+    item = {"prompt": pairs[0][0], "answer": pairs[0][1]}
+    if len(pairs) > 1:
+        item["turns"] = [[question, answer] for question, answer in pairs]
+    return item
+
+
+def answer_words(spec: dict, items: list[dict]) -> tuple[list[int], int]:
+    """([words of each answer the workload sends as an output length], turns without one) of a
+    workload whose output lengths come from its file: a dataset's first turns, a multi-turn
+    workload's every turn (at most its spec's turns). ([], 0) when the spec sets the output."""
+    if spec.get("output") or not items:
+        return [], 0
+    cap = spec.get("turns") if spec.get("from_file") else 1
+    answered, unanswered = [], 0
+    for item in items:
+        for _, answer in conversation_of(item)[: cap or None]:
+            if answer and answer.split():
+                answered.append(_word_count(answer))
+            else:
+                unanswered += 1
+    return answered, unanswered
+
+
+def conversation_of(item: dict) -> list[tuple[str, str | None]]:
+    """[(question, answer or None), …]: every human turn of a stored dataset item, in order."""
+    if item.get("turns"):
+        return [(question, answer) for question, answer in item["turns"]]
+    return [(item["prompt"], item.get("answer"))]
 
 
 # ---------------------------------------------------------------------------------------------

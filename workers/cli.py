@@ -290,8 +290,9 @@ def build_parser():
         "push-workload",
         help="store a workload: a dataset file or a spec",
         description="Store a new version of workload NAME: a dataset file (ShareGPT JSON or "
-        "JSONL, OpenAI messages JSONL, one prompt a line), or a spec as JSON (docs/metrics.md, "
-        '"Workloads"), or both (a dataset with an output length).',
+        "JSONL, OpenAI messages JSONL, MT-bench questions, one prompt a line), or a spec as "
+        'JSON (docs/metrics.md, "Workloads"), or both (a dataset with an output length, or a '
+        "multi_turn spec whose conversations are the file's).",
     )
     command.add_argument("name")
     command.add_argument("--dataset", metavar="FILE")

@@ -109,16 +109,19 @@ def sweep_config(parameters, attempt=1):
 def sweep_workload(parameters):
     """The load generator's workload from a run's parameters (None: random token ids). A
     dataset's prompts are tokenized with the model's tokenizer where the server's model folder
-    is on this host, else sent as text."""
+    is on this host, else sent as text; a file's conversations (multi-turn) go as text, their
+    answers counted in that tokenizer's tokens, else in words."""
     named = parameters.get("workload")
     if not isinstance(named, dict):
         return None
-    workload = {"spec": named["spec"]}
-    if named["spec"]["kind"] == "dataset":
+    spec = named["spec"]
+    workload = {"spec": spec}
+    if spec["kind"] == "dataset" or spec.get("from_file"):
         tokenizer = vocabulary.model_tokenizer(
             base_url=parameters["base_url"], model=parameters["model"]
         )
-        workload["items"] = loadgen.dataset_items(parameters.get("workload_items") or [], tokenizer)
+        prepare = loadgen.dataset_items if spec["kind"] == "dataset" else loadgen.conversation_items
+        workload["items"] = prepare(parameters.get("workload_items") or [], tokenizer)
         if not workload["items"]:
             raise ValueError(f"workload {named.get('name')!r}: its dataset's prompts did not come")
     return workload

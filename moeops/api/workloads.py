@@ -29,12 +29,13 @@ class WorkloadIn(In):
         description='domain.workloads\' spec: {"kind": "random", "input": LENGTH, "output": '
         'LENGTH}, {"kind": "dataset", "output": LENGTH | null}, {"kind": "shared_prefix", '
         '"groups", "prefix_len", "question_len", "output"}, {"kind": "multi_turn", "turns", '
-        '"question_len", "output", "think_time_s"}; docs/metrics.md, "Workloads"'
+        '"question_len", "output", "think_time_s"} (with a file: its conversations\' turns, '
+        '"turns" a cap, "output" optional); docs/metrics.md, "Workloads"'
     )
     description: text(300) = ""
-    file_name: text(300) = Field("", description="the dataset file's name")
-    content: str | None = Field(None, description="the dataset file's text")
-    content_base64: str | None = Field(None, description="the dataset file's bytes, base64")
+    file_name: text(300) = Field("", description="the dataset or conversations file's name")
+    content: str | None = Field(None, description="the file's text")
+    content_base64: str | None = Field(None, description="the file's bytes, base64")
     context_len: PosInt | None = Field(
         None, description="tokens: a prompt of more words than this is refused"
     )

@@ -344,6 +344,30 @@ def _same_model(config):
     return next((m for m in candidates if m.config_json == config), None)
 
 
+class WorkloadSelect(forms.Select):
+    """The workload choice; a workload whose file sets the output lengths says so in its
+    option's data-output (forms.js shows it in place of the sweep's output length)."""
+
+    def create_option(self, name, value, *args, **kwargs):
+        option = super().create_option(name, value, *args, **kwargs)
+        workload = getattr(value, "instance", None)
+        from_file = workload.output_from_file() if workload is not None else None
+        if from_file:
+            option["attrs"]["data-output"] = output_from_file_label(from_file)
+        return option
+
+
+def output_from_file_label(from_file):
+    """ "the file's answers: mean 212 words (40 turns; 3 without one take the length above)"."""
+    answered, unanswered = from_file["answered"], from_file["unanswered"]
+    if not answered:
+        return f"the file has no answers: its {unanswered} turns take the length above"
+    text = f"the file's answers: mean {from_file['mean_words']:.0f} words ({answered} turns"
+    if unanswered:
+        text += f"; {unanswered} without one take the length above"
+    return text + ")"
+
+
 class SweepForm(forms.Form):
     label = forms.CharField(max_length=200, required=False)
     levels = forms.CharField(
@@ -353,7 +377,12 @@ class SweepForm(forms.Form):
         label="Input length (tokens)", min_value=1, initial=SWEEP_PRESETS["quick"]["input_len"]
     )
     output_len = forms.IntegerField(
-        label="Output length (tokens)", min_value=1, initial=SWEEP_PRESETS["quick"]["output_len"]
+        label="Output length (tokens)",
+        min_value=1,
+        required=False,
+        initial=SWEEP_PRESETS["quick"]["output_len"],
+        help_text="Left empty with a workload whose file has answers: each request's output is "
+        "its answer's length.",
     )
     prompts_per_level = forms.IntegerField(
         min_value=1, initial=SWEEP_PRESETS["quick"]["prompts_per_level"]
@@ -389,9 +418,10 @@ class SweepForm(forms.Form):
     workload = forms.ModelChoiceField(
         queryset=Workload.objects.order_by("name", "-version"),
         required=False,
+        widget=WorkloadSelect,
         empty_label="random token ids of the lengths above",
         help_text="What each request sends (the workloads page lists them); the lengths above "
-        "then bound the sweep's total only.",
+        "then bound the sweep's total only, and a file's answers set the output lengths.",
     )
     profile_levels = forms.CharField(
         label="Profile levels",
@@ -451,8 +481,29 @@ class SweepForm(forms.Form):
         rounds = self.cleaned_data["rounds"]
         return 1 if rounds is None else rounds
 
+    def clean_output_len(self):
+        output_len = self.cleaned_data.get("output_len")
+        # the workload is cleaned after this field: read its choice from the submitted data
+        if output_len is None and not self._workload_sets_output():
+            raise forms.ValidationError("output_len: a sweep needs a token count of at least 1")
+        return output_len
+
+    def _workload_sets_output(self):
+        try:
+            workload = self.fields["workload"].clean(self.data.get(self.add_prefix("workload")))
+        except forms.ValidationError:
+            return False
+        from_file = workload.output_from_file() if workload is not None else None
+        return bool(from_file and from_file["answered"] and not from_file["unanswered"])
+
     def clean(self):
         cleaned = super().clean()
+        workload = cleaned.get("workload")
+        if cleaned.get("output_len") is None and workload is not None:
+            from_file = workload.output_from_file()
+            if from_file and from_file["mean_words"]:
+                # the answers set each request's output; their mean bounds the sweep's total
+                cleaned["output_len"] = max(1, round(from_file["mean_words"]))
         try:
             parameters_checked(self.parameters())
         except forms.ValidationError as exc:
@@ -902,11 +953,13 @@ class WorkloadForm(forms.Form):
         initial="1024",
         help_text=f"random: prompt tokens, {workload_specs.LENGTH_SYNTAX}.",
     )
+    # no pre-filled number: a dataset's (or a file's conversations') output left blank takes
+    # each answer's length, and a filled-in default would silently replace them
     output_length = forms.CharField(
         required=False,
-        initial="128",
-        help_text="Output tokens, written as the input's; a dataset left blank takes each "
-        "answer's length.",
+        widget=forms.TextInput(attrs={"placeholder": "128"}),
+        help_text="Output tokens, written as the input's; a workload of a file left blank "
+        "takes each answer's length.",
     )
     groups = forms.IntegerField(min_value=1, required=False, help_text="shared prefix: G")
     prefix_len = forms.IntegerField(
@@ -915,7 +968,11 @@ class WorkloadForm(forms.Form):
     question_len = forms.IntegerField(
         min_value=1, required=False, help_text="shared prefix and multi-turn: question tokens"
     )
-    turns = forms.IntegerField(min_value=1, required=False, help_text="multi-turn: T")
+    turns = forms.IntegerField(
+        min_value=1,
+        required=False,
+        help_text="multi-turn: T (with a file: at most T turns of each conversation, blank all)",
+    )
     think_time_s = forms.FloatField(
         min_value=0, required=False, help_text="multi-turn: seconds between a turn and the next"
     )
@@ -923,7 +980,8 @@ class WorkloadForm(forms.Form):
     file = forms.FileField(
         required=False,
         allow_empty_file=True,
-        help_text="dataset: ShareGPT JSON or JSONL, OpenAI messages JSONL, or one prompt a line",
+        help_text="dataset: ShareGPT JSON or JSONL, OpenAI messages JSONL, MT-bench questions, "
+        "or one prompt a line; multi-turn: the conversations whose every turn it sends",
     )
     context_len = forms.IntegerField(
         min_value=1,
@@ -947,4 +1005,7 @@ class WorkloadForm(forms.Form):
         for key in ("groups", "prefix_len", "question_len", "turns", "think_time_s"):
             if data.get(key) is not None:
                 spec[key] = data[key]
+        from_file = kind == "dataset" or (kind == "multi_turn" and data.get("file") is not None)
+        if "output" not in spec and not from_file and not self.has_error("output_length"):
+            self.add_error("output_length", f"output: a {kind} workload needs an output length")
         return spec

@@ -15,6 +15,7 @@ from django.db.models.functions import Coalesce
 from domain import engine as engine_reports
 from domain import engine_counters
 from domain import requests as request_log
+from domain import workloads as workload_specs
 from domain.failures import describe_failure
 from domain.intervals import ROUND_KEYS
 from domain.jobs import JOB_STATUSES
@@ -865,6 +866,16 @@ class Workload(models.Model):
     @property
     def item_count(self):
         return len(self.items or [])
+
+    def output_from_file(self):
+        """How the file sets the output lengths, where it does (the spec sets none): {"answered":
+        turns whose answer's words are their output length, "unanswered": turns that take the
+        sweep's output length, "mean_words"}; None where the spec or the sweep sets them."""
+        answered, unanswered = workload_specs.answer_words(self.spec, self.items or [])
+        if not answered and not unanswered:
+            return None
+        mean = sum(answered) / len(answered) if answered else None
+        return {"answered": len(answered), "unanswered": unanswered, "mean_words": mean}
 
     def record(self):
         """What a run records of the workload it sent (its snapshot, its parameters)."""

@@ -1,5 +1,6 @@
-"""Writes to workloads: a new version of a named workload from its spec and, for a dataset,
-its file (domain.workloads parses and checks it; nothing of a refused file is stored)."""
+"""Writes to workloads: a new version of a named workload from its spec and, for a dataset or
+a multi-turn workload of a file's conversations, its file (domain.workloads parses and checks
+it; nothing of a refused file is stored)."""
 
 import hashlib
 import json
@@ -15,21 +16,25 @@ def workload_store(*, name, spec, file_name="", data=None, context_len=None, des
     """(Workload, created): the next version of the workload `name`, or its newest version when
     that holds the same spec and file (created False).
 
-    spec: domain.workloads' spec (kind, lengths in tokens, …); data: the dataset file's bytes
-    (kind dataset only), context_len: tokens a prompt may have. Raises ValidationError naming
+    spec: domain.workloads' spec (kind, lengths in tokens, …); data: the file's bytes (kind
+    dataset, or multi_turn: its questions then come from the file's conversations, the spec
+    marked from_file), context_len: tokens a question may have. Raises ValidationError naming
     "name", "spec.<key>" or "file" (the file's name, line and reason).
     """
     name = (name or "").strip()
     if not name:
         raise ValidationError({"name": "a workload needs a name"})
+    if isinstance(spec, dict) and spec.get("kind") == "multi_turn" and data is not None:
+        spec = {**spec, "from_file": True}
     try:
         checked = workloads.spec_checked(spec)
     except workloads.WorkloadError as exc:
         raise ValidationError({"spec": str(exc)}) from None
     fields = {"file_name": "", "sha256": "", "layout": "", "items": None}
-    if checked["kind"] == "dataset":
+    if checked["kind"] == "dataset" or checked.get("from_file"):
         if data is None:
-            raise ValidationError({"file": "a dataset workload needs a file"})
+            what = "dataset" if checked["kind"] == "dataset" else "multi-turn workload of a file"
+            raise ValidationError({"file": f"a {what} needs a file"})
         try:
             parsed = workloads.parse_dataset(file_name or "the file", data, context_len=context_len)
         except workloads.DatasetFileError as exc:
@@ -87,10 +92,12 @@ def workload_lookup(ref):
 
 def sweep_task_kwargs(run_uuid, parameters):
     """The keyword arguments of workers.run_sweep for a run with these parameters: the
-    parameters, and a dataset workload's prompts (kept out of the stored parameters: each run
-    would otherwise hold its own copy of the file)."""
+    parameters, and the prompts (conversations) of a workload of a file (kept out of the stored
+    parameters: each run would otherwise hold its own copy of the file)."""
     kwargs = {"run_uuid": str(run_uuid), **parameters}
     named = parameters.get("workload")
-    if isinstance(named, dict) and named.get("kind") == "dataset":
+    if isinstance(named, dict) and (
+        named.get("kind") == "dataset" or (named.get("spec") or {}).get("from_file")
+    ):
         kwargs["workload_items"] = Workload.objects.get(pk=named["id"]).items
     return kwargs

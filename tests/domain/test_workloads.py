@@ -2,6 +2,7 @@
 the reason; lengths, the engines' range-ratio conventions and specs."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,7 +38,15 @@ def test_it_reads_sharegpt_as_a_json_array_first_turns_and_their_answers():
 
     assert parsed["layout"] == "sharegpt"
     assert parsed["items"] == [
-        {"prompt": "Why is the sky blue?", "answer": "Rayleigh scattering of sunlight by the air."},
+        {
+            "prompt": "Why is the sky blue?",
+            "answer": "Rayleigh scattering of sunlight by the air.",
+            # every human turn is kept for a multi-turn workload, each with its answer
+            "turns": [
+                ["Why is the sky blue?", "Rayleigh scattering of sunlight by the air."],
+                ["And at sunset?", None],
+            ],
+        },
         {"prompt": "Name a prime.", "answer": "Seven."},
     ]
 
@@ -68,6 +77,61 @@ def test_it_reads_openai_messages_jsonl():
         {"prompt": "Hi", "answer": None},
         {"prompt": "Sum 2 and 2", "answer": "4"},
     ]
+
+
+MT_BENCH = Path(__file__).parents[1] / "fixtures" / "workloads" / "mt_bench_questions.jsonl"
+
+
+def test_it_reads_mt_bench_questions_each_a_conversation_of_its_turns():
+    parsed = parse_dataset(MT_BENCH.name, MT_BENCH.read_bytes())
+
+    assert parsed["layout"] == "mtbench"
+    assert len(parsed["items"]) == 8
+    first = parsed["items"][0]
+    assert first["prompt"].startswith("Write a short note to a colleague")
+    assert first["answer"] is None
+    assert [question[:12] for question, _ in first["turns"]] == ["Write a shor", "Rewrite the "]
+    assert all(len(workloads.conversation_of(item)) == 2 for item in parsed["items"])
+
+
+def test_it_keeps_every_turn_of_openai_messages_with_the_answer_before_the_next_question():
+    row = {
+        "messages": [
+            {"role": "system", "content": "Be terse."},
+            {"role": "user", "content": "One"},
+            {"role": "assistant", "content": "A1"},
+            {"role": "user", "content": "Two"},
+            {"role": "user", "content": "Three"},
+            {"role": "assistant", "content": "A3"},
+        ]
+    }
+
+    [item] = parse_dataset("m.jsonl", _jsonl([row]))["items"]
+
+    # "Two" was never answered: the answer after "Three" is not its own
+    assert workloads.conversation_of(item) == [("One", "A1"), ("Two", None), ("Three", "A3")]
+
+
+def test_it_refuses_an_empty_later_turn_naming_the_turn_and_the_line():
+    rows = [SHAREGPT[1], {"question_id": 9, "category": "x", "turns": ["fine", "  "]}]
+
+    with pytest.raises(DatasetFileError) as caught:
+        parse_dataset("mixed.jsonl", _jsonl(rows))
+
+    assert str(caught.value) == "mixed.jsonl, line 2: human turn 2 of turns is empty"
+
+
+def test_the_answers_words_are_the_output_lengths_a_file_sets():
+    items = parse_dataset("chats.json", json.dumps(SHAREGPT).encode())["items"]
+
+    # a dataset sends first turns: both are answered
+    assert workloads.answer_words({"kind": "dataset", "output": None}, items) == ([7, 1], 0)
+    # a multi-turn workload of the file sends every turn: "And at sunset?" has no answer
+    spec = {"kind": "multi_turn", "from_file": True, "turns": None, "output": None}
+    assert workloads.answer_words(spec, items) == ([7, 1], 1)
+    assert workloads.answer_words({**spec, "turns": 1}, items) == ([7, 1], 0)
+    fixed = {"distribution": "fixed", "value": 9}
+    assert workloads.answer_words({**spec, "output": fixed}, items) == ([], 0)
 
 
 def test_it_reads_a_plain_prompts_file_one_per_line():
@@ -228,3 +292,23 @@ def test_a_spec_is_checked_key_by_key():
             }
         )
     assert workloads.spec_checked({"kind": "dataset"}) == {"kind": "dataset", "output": None}
+
+
+def test_a_multi_turn_spec_of_a_file_needs_no_question_length_and_caps_turns_if_asked():
+    checked = workloads.spec_checked({"kind": "multi_turn", "from_file": True, "question_len": 5})
+
+    assert checked == {
+        "kind": "multi_turn",
+        "from_file": True,
+        "turns": None,
+        "think_time_s": 0.0,
+        "output": None,
+    }
+    assert workloads.spec_label(checked) == (
+        "the file's conversations, every turn, output from the file's answers, 0 s think time"
+    )
+    with pytest.raises(WorkloadError, match=r"^spec.turns: a whole number from 1 to 64"):
+        workloads.spec_checked({"kind": "multi_turn", "from_file": True, "turns": 0})
+    # without a file the questions are random words of question_len
+    with pytest.raises(WorkloadError, match=r"^spec.turns"):
+        workloads.spec_checked({"kind": "multi_turn", "question_len": 5})

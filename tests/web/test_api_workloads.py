@@ -4,6 +4,7 @@ reason with nothing stored; a sweep started with a workload sends it and records
 import base64
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -212,6 +213,50 @@ def test_a_multi_turn_workload_sent_to_the_completions_endpoint_runs_on_chat(
     assert SweepRun.objects.get().parameters["endpoint"] == "chat"
     [task] = queues.queued(broker, QUEUE)
     assert task.kwargs["endpoint"] == "chat"
+
+
+MT_BENCH = Path(__file__).parents[1] / "fixtures" / "workloads" / "mt_bench_questions.jsonl"
+
+
+def test_a_multi_turn_workload_takes_an_mt_bench_file_and_its_sweep_sends_the_conversations(
+    world, broker, django_capture_on_commit_callbacks
+):
+    spec = {"kind": "multi_turn", "think_time_s": 0.5}
+    body = {"name": "mt-bench", "spec": spec, "file_name": MT_BENCH.name}
+
+    response = world.owner.post("/api/v1/workloads", {**body, "content": MT_BENCH.read_text()})
+
+    assert response.status_code == 201, response.json()
+    workload = Workload.objects.get()
+    assert (workload.layout, workload.item_count) == ("mtbench", 8)
+    assert workload.spec == {
+        "kind": "multi_turn",
+        "from_file": True,
+        "turns": None,
+        "think_time_s": 0.5,
+        "output": None,
+    }
+    assert workload.sha256 == hashlib.sha256(MT_BENCH.read_bytes()).hexdigest()
+    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "mt-bench"}
+    with django_capture_on_commit_callbacks(execute=True):
+        response = world.owner.post(
+            "/api/v1/runs", {"deployment": "glm-5-sglang", "parameters": load, "start": True}
+        )
+    assert response.status_code == 201, response.json()
+    [task] = queues.queued(broker, QUEUE)
+    # each question's two turns travel to the worker, and the chat endpoint is picked
+    assert [len(item["turns"]) for item in task.kwargs["workload_items"]] == [2] * 8
+    assert task.kwargs["endpoint"] == "chat"
+
+
+def test_a_multi_turn_workload_of_random_questions_still_takes_no_question_from_nowhere(world):
+    response = world.owner.post(
+        "/api/v1/workloads", {"name": "mt", "spec": {"kind": "multi_turn", "turns": 2}}
+    )
+
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("spec: spec.question_len: a whole number")
+    assert not Workload.objects.exists()
 
 
 SHARED_PREFIX = {

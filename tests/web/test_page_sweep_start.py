@@ -218,3 +218,49 @@ def test_a_multi_turn_workload_on_the_completions_endpoint_runs_on_chat_from_the
     assert SweepRun.objects.get().parameters["endpoint"] == "chat"
     [(_, _, kwargs)] = sent
     assert kwargs["endpoint"] == "chat"
+
+
+ANSWERED = (
+    b'{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "a b c"}]}\n'
+    b'{"conversations": [{"from": "human", "value": "Yo"}, {"from": "gpt", "value": "d e f g h"}]}'
+)
+
+
+def test_a_dataset_whose_answers_set_the_output_says_so_and_needs_no_output_length(
+    client, deployment, sent, django_capture_on_commit_callbacks
+):
+    workload, _ = workload_store(
+        name="answered", spec={"kind": "dataset"}, file_name="a.jsonl", data=ANSWERED
+    )
+    page = client.get(f"/deployments/{deployment.pk}/").content.decode()
+    option = page.split(f'<option value="{workload.pk}"')[1].split(">")[0]
+    assert 'data-output="the file&#x27;s answers: mean 4 words (2 turns)"' in option
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            f"/deployments/{deployment.pk}/sweep/",
+            {**FORM, "output_len": "", "workload": str(workload.pk)},
+        )
+
+    assert response.status_code == 302
+    run = SweepRun.objects.get()
+    # the answers' mean bounds the sweep's total; each request sends its own answer's length
+    assert run.parameters["output_len"] == 4
+    assert run.parameters["workload"]["spec"]["output"] is None
+
+
+def test_a_file_with_unanswered_turns_still_needs_an_output_length_for_them(client, deployment):
+    workload, _ = workload_store(
+        name="questions", spec={"kind": "dataset"}, file_name="q.txt", data=b"first\nsecond\n"
+    )
+
+    response = client.post(
+        f"/deployments/{deployment.pk}/sweep/",
+        {**FORM, "output_len": "", "workload": str(workload.pk)},
+    )
+
+    assert response.status_code == 400
+    assert "output_len: a sweep needs a token count of at least 1" in html.unescape(
+        response.content.decode()
+    )
+    assert not SweepRun.objects.exists()

@@ -2,6 +2,7 @@
 refused on the form by its name, line and reason, with nothing stored."""
 
 import json
+from pathlib import Path
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -14,6 +15,9 @@ SHAREGPT = [
     {"conversations": [{"from": "human", "value": "Hello there"}, {"from": "gpt", "value": "Hi"}]},
     {"conversations": [{"from": "human", "value": "Explain routing"}]},
 ]
+
+
+MT_BENCH = Path(__file__).parents[1] / "fixtures" / "workloads" / "mt_bench_questions.jsonl"
 
 
 @pytest.fixture
@@ -47,6 +51,39 @@ def test_it_stores_a_dataset_from_an_uploaded_sharegpt_file(client, member):
         2,
         "chats.json",
     )
+
+
+def test_the_form_fills_in_no_output_length_so_a_datasets_answers_keep_theirs(client, member):
+    html = client.get("/workloads/").content.decode()
+    field = html.split('name="output_length"')[1].split(">")[0]
+    assert "value=" not in field and 'placeholder="128"' in field
+    upload = SimpleUploadedFile("chats.json", json.dumps(SHAREGPT).encode())
+
+    # the form posted as the browser sends it: the untouched output field is empty
+    _post(client, name="chats", kind="dataset", output_length="", file=upload)
+
+    assert Workload.objects.get().spec == {"kind": "dataset", "output": None}
+
+
+def test_a_random_workload_without_an_output_length_is_refused_on_its_field(client, member):
+    response = _post(client, name="r", kind="random", input_length="512", output_length="")
+
+    assert response.status_code == 400
+    assert "output: a random workload needs an output length" in response.content.decode()
+    assert not Workload.objects.exists()
+
+
+def test_a_multi_turn_workload_takes_an_mt_bench_file_on_the_form(client, member):
+    upload = SimpleUploadedFile(MT_BENCH.name, MT_BENCH.read_bytes())
+
+    response = _post(client, name="mt-bench", kind="multi_turn", think_time_s="1", file=upload)
+
+    assert response.status_code == 302
+    workload = Workload.objects.get()
+    assert (workload.layout, workload.item_count) == ("mtbench", 8)
+    assert workload.spec["from_file"] is True and workload.spec["output"] is None
+    html = client.get("/workloads/").content.decode()
+    assert "the file&#x27;s conversations, every turn, output from the file&#x27;s answers" in html
 
 
 def test_it_stores_a_shared_prefix_workload(client, member):

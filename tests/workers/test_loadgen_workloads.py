@@ -9,10 +9,11 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
+from domain.workloads import parse_dataset
 from localstack.standin import StandinConfig, start_standin_in_thread
 from workers import loadgen
-from workers.loadgen import ClientConfig, LevelConfig, dataset_items
-from workers.loadgen.prompts import request_prompt
+from workers.loadgen import ClientConfig, LevelConfig, conversation_items, dataset_items
+from workers.loadgen.prompts import conversation, request_prompt
 
 LEVEL = LevelConfig(concurrency=4, input_len=32, output_len=8, num_prompts=40)
 
@@ -141,3 +142,60 @@ def test_a_multi_turn_conversation_sends_its_history_every_turn():
     inputs = [t["mean_input_tokens"] for t in turns]
     assert inputs[0] == 6 + 4 and inputs[0] < inputs[1] < inputs[2]
     assert result["total_input_tokens"] > 12 * 6
+
+
+def test_a_multi_turn_workload_of_a_file_sends_each_conversations_own_turns():
+    # MT-bench's layout: two questions a line, no answers
+    rows = [
+        {"question_id": 1, "category": "math", "turns": ["one two three", "four five"]},
+        {"question_id": 2, "category": "stem", "turns": ["six seven eight nine", "ten"]},
+    ]
+    parsed = parse_dataset("q.jsonl", "\n".join(json.dumps(r) for r in rows).encode())
+    spec = {"kind": "multi_turn", "from_file": True, "turns": None, "output": None}
+    spec["think_time_s"] = 0.0
+    client = _client(spec, endpoint="chat", items=conversation_items(parsed["items"]))
+    level = LevelConfig(concurrency=2, input_len=6, output_len=5, num_prompts=6)
+
+    conversations = [conversation(client, level, (0, i)) for i in range(6)]
+
+    questions = {tuple(q for q, _ in turns) for turns in conversations}
+    assert questions == {("one two three", "four five"), ("six seven eight nine", "ten")}
+    # no answers in the file: each turn takes the level's output length
+    assert {out for turns in conversations for _, out in turns} == {5}
+
+    url, stop = start_standin_in_thread(
+        StandinConfig(max_running_requests=64, step_ms_base=1.0, step_ms_per_req=0.0)
+    )
+    progress = []
+    try:
+        result = asyncio.run(
+            loadgen.run_level(
+                _client(spec, endpoint="chat", items=client.workload["items"], url=url),
+                level,
+                on_request_done=lambda done, total: progress.append((done, total)),
+            )
+        )
+    finally:
+        stop()
+
+    assert (result["completed"], result["failed"]) == (12, 0)
+    assert progress[-1] == (12, 12)
+    turns = result["ttft_by_turn"]
+    assert [(t["turn"], t["completed"]) for t in turns] == [(1, 6), (2, 6)]
+    # the second turn sends the first question, its answer (5 words) and the new question
+    assert turns[1]["mean_input_tokens"] > turns[0]["mean_input_tokens"] + 5
+
+
+def test_a_file_conversations_answers_set_each_turns_output_length_in_tokens():
+    items = [{"prompt": "q1", "answer": "a,b", "turns": [["q1", "a,b"], ["q2", None], ["q3", "c"]]}]
+    spec = {"kind": "multi_turn", "from_file": True, "turns": 2, "output": None}
+    # the pre-tokenizer splits "a,b" into 3 tokens: one word, three tokens
+    tokenizer = Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+
+    with_tokens = _client(spec, endpoint="chat", items=conversation_items(items, tokenizer))
+    in_words = _client(spec, endpoint="chat", items=conversation_items(items))
+
+    # at most 2 turns; the unanswered one takes the level's length (8)
+    assert conversation(with_tokens, LEVEL, (0, 0)) == [("q1", 3), ("q2", 8)]
+    assert conversation(in_words, LEVEL, (0, 0)) == [("q1", 1), ("q2", 8)]

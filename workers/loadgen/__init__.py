@@ -21,7 +21,7 @@ CLI:
 from workers.loadgen.config import ClientConfig, LevelConfig, RequestRecord, SweepConfig
 from workers.loadgen.drivers import run_level, run_sweep
 from workers.loadgen.metrics import all_failed_with, summarize_level
-from workers.loadgen.prompts import dataset_items, token_id_range
+from workers.loadgen.prompts import conversation_items, dataset_items, token_id_range
 from workers.loadgen.stream import build_payload, send_request, server_error_message
 from workers.loadgen.transport import HTTP1StreamTransport, make_client
 
@@ -33,6 +33,7 @@ __all__ = [
     "SweepConfig",
     "all_failed_with",
     "build_payload",
+    "conversation_items",
     "dataset_items",
     "make_client",
     "run_level",

@@ -36,7 +36,7 @@ from workers import step_profile, vocabulary
 from workers.capacity import level_at
 from workers.loadgen.config import ENDPOINT_PATHS, TRANSPORTS, ClientConfig, SweepConfig
 from workers.loadgen.drivers import run_level, run_sweep
-from workers.loadgen.prompts import dataset_items
+from workers.loadgen.prompts import conversation_items, dataset_items
 
 # ---------------------------------------------------------------------------------------------
 # CLI
@@ -177,8 +177,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--dataset",
         default=None,
-        help="a ShareGPT JSON or JSONL, OpenAI messages JSONL or one-prompt-a-line file: its "
-        "first turns are the prompts (a dataset workload)",
+        help="a ShareGPT JSON or JSONL, OpenAI messages JSONL, MT-bench question or "
+        "one-prompt-a-line file: its first turns are the prompts (a dataset workload), or with "
+        "a multi_turn --workload every turn of its conversations",
     )
     parser.add_argument(
         "--random-range-ratio",
@@ -301,17 +302,20 @@ def _workload(args: argparse.Namespace) -> dict | None:
         }
     if spec is None:
         return None
+    if spec.get("kind") == "multi_turn" and args.dataset:
+        spec = {**spec, "from_file": True}
     spec = workload_specs.spec_checked(spec)
     workload = {"spec": spec}
-    if spec["kind"] == "dataset":
+    if spec["kind"] == "dataset" or spec.get("from_file"):
         if not args.dataset:
-            raise ValueError("a dataset workload needs --dataset FILE")
+            raise ValueError(f"a {spec['kind']} workload of a file needs --dataset FILE")
         path = Path(args.dataset)
         parsed = workload_specs.parse_dataset(path.name, path.read_bytes())
         tokenizer = vocabulary.model_tokenizer(
             tokenizer=args.tokenizer, base_url=args.base_url, model=args.model
         )
-        workload["items"] = dataset_items(parsed["items"], tokenizer)
+        prepare = dataset_items if spec["kind"] == "dataset" else conversation_items
+        workload["items"] = prepare(parsed["items"], tokenizer)
     return workload
 
 

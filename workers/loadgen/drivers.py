@@ -28,7 +28,7 @@ from workers.loadgen.config import (
     SweepConfig,
 )
 from workers.loadgen.metrics import request_columns, summarize_level, ttft_by_turn
-from workers.loadgen.prompts import turn_question, turns_of
+from workers.loadgen.prompts import conversation, is_multi_turn, requests_of
 from workers.loadgen.stream import build_payload, send_request
 from workers.loadgen.transport import make_client
 
@@ -60,13 +60,12 @@ async def _converse(
     turn ends the conversation: the next one would have no answer to send back."""
     spec = client_cfg.workload["spec"]
     history: list[dict] = []
-    for turn in range(1, spec["turns"] + 1):
+    for turn, (question, output_len) in enumerate(conversation(client_cfg, level, key), 1):
         if turn > 1:
             if spec["think_time_s"]:
                 await asyncio.sleep(spec["think_time_s"])
             if should_stop():
                 return
-        question, output_len = turn_question(client_cfg, level, key, turn)
         history.append({"role": "user", "content": question})
         body = build_payload(client_cfg, level, key, messages=history, output_len=output_len)
         answer: list[str] = []
@@ -98,7 +97,7 @@ async def _drive(
     after a stop) and the warm-up's token counts as the server's usage gave them
     ({"input_tokens", "output_tokens"}): the engine's own counters count the warm-up too.
     """
-    multi_turn = turns_of(client_cfg) > 1
+    multi_turn = is_multi_turn(client_cfg)
     url = client_cfg.base_url.rstrip("/") + ENDPOINT_PATHS[client_cfg.endpoint]
     headers = _request_headers(client_cfg)
     async with make_client(client_cfg) as client:
@@ -160,7 +159,7 @@ async def _run_in_process(
     should_stop: ShouldStop,
 ) -> tuple[list[RequestRecord], bool, dict]:
     records: list[RequestRecord] = []
-    total = level.num_prompts * turns_of(client_cfg)
+    total = requests_of(client_cfg, level, [(0, i) for i in range(level.num_prompts)])
 
     def on_record(record: RequestRecord) -> None:
         records.append(record)
@@ -249,6 +248,7 @@ async def _run_in_processes(
 
     finals: list[dict | None] = [None] * len(children)
     received = [0] * len(children)
+    total = requests_of(client_cfg, level, [(0, i) for i in range(level.num_prompts)])
 
     async def collect(k: int) -> None:
         async for line in children[k].stdout:
@@ -257,7 +257,7 @@ async def _run_in_processes(
                 records.append(RequestRecord.from_wire(message["record"]))
                 received[k] += 1
                 if on_request_done is not None:
-                    on_request_done(len(records), level.num_prompts * turns_of(client_cfg))
+                    on_request_done(len(records), total)
             else:
                 finals[k] = message
         await children[k].wait()
@@ -385,7 +385,7 @@ async def run_level(
         )
         child_cpu = 0.0
     result = summarize_level(records, level_cfg)
-    if turns_of(client_cfg) > 1:
+    if is_multi_turn(client_cfg):
         result["ttft_by_turn"] = ttft_by_turn(records)
     result.update(
         warmup_tokens=warmup_tokens,

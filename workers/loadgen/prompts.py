@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from domain.workloads import draw_length
+from domain.workloads import conversation_of, draw_length
 from workers.loadgen.config import CHAT_WORDS, ClientConfig, LevelConfig
 
 # Seeds the shared prefixes apart from the requests' own draws.
@@ -90,19 +90,44 @@ def request_prompt(
     return ([{"role": "user", "content": prompt}] if chat else prompt), output
 
 
-def turn_question(
-    client_cfg: ClientConfig, level: LevelConfig, key: tuple[int, ...], turn: int
-) -> tuple[str, int]:
-    """(question text, output tokens) of turn `turn` (1, 2, …) of a multi-turn conversation."""
+def conversation(
+    client_cfg: ClientConfig, level: LevelConfig, key: tuple[int, ...]
+) -> list[tuple[str, int]]:
+    """[(question text, output tokens), …]: the turns of one multi-turn conversation, random
+    words of the spec's question length, or one of the file's conversations (at most the spec's
+    turns of it), each turn's output the spec's length, else its answer's, else the level's."""
     spec = client_cfg.workload["spec"]
-    rng = np.random.default_rng((client_cfg.seed, level.index, *key, turn))
-    return _random_words(rng, spec["question_len"]), _output_len(spec, level, rng)
+    if spec.get("from_file"):
+        rng = np.random.default_rng((client_cfg.seed, level.index, *key))
+        items = client_cfg.workload["items"]
+        turns = items[int(rng.integers(len(items)))]["turns"][: spec.get("turns") or None]
+        return [
+            (
+                turn["question"],
+                draw_length(spec["output"], rng)
+                if spec.get("output")
+                else turn["output_len"] or level.output_len,
+            )
+            for turn in turns
+        ]
+    out = []
+    for turn in range(1, spec["turns"] + 1):
+        rng = np.random.default_rng((client_cfg.seed, level.index, *key, turn))
+        out.append((_random_words(rng, spec["question_len"]), _output_len(spec, level, rng)))
+    return out
 
 
-def turns_of(client_cfg: ClientConfig) -> int:
-    """Turns per conversation: the multi-turn workload's, else 1 (one request per key)."""
+def is_multi_turn(client_cfg: ClientConfig) -> bool:
+    """Whether each key is a conversation of turns (a multi-turn workload), not one request."""
     spec = (client_cfg.workload or {}).get("spec") or {}
-    return spec["turns"] if spec.get("kind") == "multi_turn" else 1
+    return spec.get("kind") == "multi_turn"
+
+
+def requests_of(client_cfg: ClientConfig, level: LevelConfig, keys: list[tuple[int, ...]]) -> int:
+    """The requests these keys send: one each, or one per turn of each conversation."""
+    if not is_multi_turn(client_cfg):
+        return len(keys)
+    return sum(len(conversation(client_cfg, level, key)) for key in keys)
 
 
 def dataset_items(items: list[dict], tokenizer=None) -> list[dict]:
@@ -123,4 +148,23 @@ def dataset_items(items: list[dict], tokenizer=None) -> list[dict]:
         if prepared["output_len"] == 0:
             prepared["output_len"] = None
         out.append(prepared)
+    return out
+
+
+def conversation_items(items: list[dict], tokenizer=None) -> list[dict]:
+    """A file's conversations as a multi-turn workload sends them: {"turns": [{"question",
+    "output_len"}]}, each turn's output_len its answer's tokens with the model's tokenizer (a
+    tokenizers.Tokenizer), else its words, None without an answer. Questions go as text: each
+    turn is chat messages."""
+    out = []
+    for item in items:
+        turns = []
+        for question, answer in conversation_of(item):
+            output_len = None
+            if answer and tokenizer is not None:
+                output_len = len(tokenizer.encode(answer, add_special_tokens=False).ids)
+            elif answer:
+                output_len = len(answer.split())
+            turns.append({"question": question, "output_len": output_len or None})
+        out.append({"turns": turns})
     return out

@@ -29,11 +29,28 @@
     timer = window.setTimeout(refresh, 250);
   }
   form.addEventListener("input", later);
+  // A workload whose file sets the output lengths: the output field is emptied and says so
+  // (its pre-filled number would read as the sweep's output length).
+  var workload = form.elements["workload"];
+  var output = form.elements["output_len"];
+  function fromFile() {
+    var option = workload && workload.selectedOptions[0];
+    return option ? option.dataset.output : undefined;
+  }
+  function showOutput() {
+    if (!output) { return; }
+    var said = fromFile();
+    output.placeholder = said || "";
+    if (said) { output.value = ""; }
+  }
+  if (workload) {
+    workload.addEventListener("change", function () { showOutput(); refresh(); });
+  }
   form.querySelectorAll("[data-sweep-preset]").forEach(function (button) {
     button.addEventListener("click", function () {
       ["levels", "input_len", "output_len", "prompts_per_level", "warmup"].forEach(function (name) {
         var field = form.elements[name];
-        if (field) { field.value = button.dataset[name]; }
+        if (field && !(name === "output_len" && fromFile())) { field.value = button.dataset[name]; }
       });
       refresh();
     });
