@@ -10,19 +10,8 @@ from django.utils.http import content_disposition_header
 from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.pagination import paginate
-from pydantic import Field, Strict, StringConstraints, field_validator
+from pydantic import ConfigDict, Field, Strict, StringConstraints, field_validator, model_validator
 
-from domain.wire.fields import Size
-from domain.wire.runs import JobStatus, Telemetry
-from domain.wire.tunes import (
-    KernelEngine,
-    KernelPath,
-    KernelVersion,
-    SourceSha256,
-    Timing,
-    Timings,
-    TuningRunPatch,
-)
 from moeops.api import lookups
 from moeops.api.auth import AnyWrite, HostWrite, require_host
 from moeops.api.fields import (
@@ -30,22 +19,34 @@ from moeops.api.fields import (
     In,
     JsonObject,
     LongText,
+    Patch,
+    PosInt,
     in_range,
     matching,
     text,
 )
 from moeops.api.paging import Page
 from moeops.api.responses import stored
-from moeops.api.runs import TelemetrySampleOut
+from moeops.api.runs import TelemetryIn, TelemetrySampleOut, TelemetryStatus
+from moeops.jobs import JOB_STATUSES
 from moeops.kernels import services
-from moeops.kernels.models import CONFIG_SOURCES, REQUESTED_KERNELS, KernelConfig, TuningRun
+from moeops.kernels.models import (
+    CONFIG_SOURCES,
+    KERNEL_ENGINES,
+    PICKS,
+    REQUESTED_KERNELS,
+    KernelConfig,
+    TuningRun,
+)
 from moeops.runs import services as run_services
 from tuning import config_files
+from tuning.engines import KERNEL_PATHS
 
 router = Router(tags=["kernels"])
 
 KernelDtype = Literal[services.DTYPES]
 ConfigSource = Literal[tuple(key for key, _ in CONFIG_SOURCES)]
+TuningStatus = Literal[tuple(key for key, _ in JOB_STATUSES)]
 Style = Literal[config_files.STYLES]
 # what the engines' file names can carry: no comma or slash, not blank
 DeviceName = Annotated[
@@ -53,11 +54,41 @@ DeviceName = Annotated[
     StringConstraints(min_length=1, max_length=100, pattern=r"^[^,/\x00]*[^,/\s\x00][^,/\x00]*$"),
 ]
 TritonVersion = Annotated[str, StringConstraints(max_length=20, pattern=r"^[\w.+-]*$")]
+Size = Annotated[int, Strict(), Field(ge=1, le=2_147_483_647)]
 BlockShape = Annotated[list[Size], Field(min_length=2, max_length=2)]
+# the kernel timings were taken on (tuning.kernel_backend.KernelBackend.describe); "": not recorded
+KernelEngine = Literal[("", *(key for key, _ in KERNEL_ENGINES))]
+KernelVersion = Annotated[str, StringConstraints(max_length=100, pattern=r"^[\w.+-]*$")]
+SourceSha256 = Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")]
 RequestedKernel = Literal[tuple(key for key, _ in REQUESTED_KERNELS)]
+Pick = Literal[("", *(key for key, _ in PICKS))]
+KernelPath = Literal[("", *(key for key, _ in KERNEL_PATHS))]
 
 
 # --------------------------------------------------------------------------- kernel configs
+
+
+class CheckedKernelIn(In):
+    engine: KernelEngine = Field(description="whose kernel it was compiled in: vllm, …")
+    version: KernelVersion = ""
+    source_sha256: SourceSha256 = ""
+
+
+class CompileCheckedIn(In):
+    """What `python -m tuning compile-check --entries` found compiling the file for its GPU
+    (moeops-imports.json beside the files it writes); the file was not timed there."""
+
+    capability: Annotated[str, StringConstraints(pattern=r"^\d{1,2}\.\d$")] = Field(
+        description="the GPU's compute capability, e.g. 12.0"
+    )
+    limit_bytes: Size = Field(description="shared memory one block may opt into there")
+    max_shared_bytes: Size | None = Field(None, description="the most an entry's kernels take")
+    entries: Size = Field(description="how many entries were compiled: the file's")
+    fewer_stages: list[Size] = Field(
+        [], max_length=1000, description="batch sizes whose entry lost stages to fit"
+    )
+    kernel: CheckedKernelIn | None = None
+    triton_version: TritonVersion = ""
 
 
 class KernelConfigImportIn(In):
@@ -66,6 +97,9 @@ class KernelConfigImportIn(In):
         "an SGLang triton_3_7_1/ folder in front gives the Triton version"
     )
     content: LongText | JsonObject = Field(description="the file's text, or its JSON object")
+    compile_checked: CompileCheckedIn | None = Field(
+        None, description="compiled, not timed, for the file's GPU (compile-check --entries)"
+    )
 
 
 class KernelConfigIn(In):
@@ -88,6 +122,9 @@ class KernelConfigIn(In):
     down_entries: JsonObject | None = Field(
         None, description="vLLM's _down file beside this one (its sorted-A path), one record"
     )
+    compile_checked: CompileCheckedIn | None = Field(
+        None, description="compiled, not timed, for its GPU (compile-check --entries)"
+    )
 
 
 class KernelConfigOut(Schema):
@@ -109,6 +146,7 @@ class KernelConfigOut(Schema):
     kernel_source_sha256: str
     kernel_path: str
     down_entries: dict[str, Any] | None
+    compile_checked: dict[str, Any] | None
     created: dt.datetime
     file_names: dict[str, str] = Field(
         description="the name each engine looks up (style → name); vLLM has no _down files"
@@ -139,7 +177,12 @@ def kernel_config_import(request, payload: KernelConfigImportIn):
     """
     content = payload.content
     text_content = content if isinstance(content, str) else json.dumps(content)
-    config, created = services.kernel_config_import(file_name=payload.file_name, text=text_content)
+    checked = payload.compile_checked
+    config, created = services.kernel_config_import(
+        file_name=payload.file_name,
+        text=text_content,
+        compile_checked=checked.model_dump() if checked else None,
+    )
     return stored(created, config)
 
 
@@ -248,10 +291,60 @@ class TuningRunIn(In):
     kernel_source_sha256: SourceSha256 = ""
     kernel_path: KernelPath = ""
     kernel_note: text(300) = ""
-    status: JobStatus = "queued"
+    status: TuningStatus = "queued"
 
 
-class TimingOut(Schema, Timing):
+class TuningRunPatch(Patch):
+    NULLABLE = ("result", "wall_s")
+
+    status: TuningStatus | None = None
+    progress: JsonObject | None = None
+    result: PosInt | None = Field(None, description="id of the kernel config it produced")
+    wall_s: float | None = Field(None, ge=0)
+    error: LongText | None = None
+    telemetry_status: TelemetryStatus | None = None
+    telemetry_detail: text(300) | None = Field(
+        None, description="why no GPU samples were recorded (NVML not importable, no GPU, …)"
+    )
+    kernel_engine: KernelEngine | None = Field(None, description="the kernel the worker timed")
+    kernel_version: KernelVersion | None = None
+    kernel_source_sha256: SourceSha256 | None = None
+    kernel_path: KernelPath | None = None
+    kernel_note: text(300) | None = Field(
+        None, description="which kernel and why (e.g. builtin: the engine is not installed)"
+    )
+
+
+class TimingIn(In):
+    """One batch size M: the written config's, the engine's default and shipped configs' and the
+    floor's times (µs) of one fused-MoE layer; picked: where the written config comes from.
+    Strict, as a sweep's level is: true or "5" is refused rather than stored as 1 or 5."""
+
+    model_config = ConfigDict(strict=True)
+
+    batch_size: Size
+    tuned_us: float | None = Field(None, ge=0, description="the written config's")
+    default_us: float | None = Field(None, ge=0)
+    shipped_us: float | None = Field(None, ge=0, description="the engine's shipped file's entry")
+    picked: Pick = Field("", description="tuned (the search's), default or shipped")
+    floor_us: float | None = Field(None, ge=0)
+    grouped_mm_us: float | None = Field(None, ge=0)
+    config: JsonObject | None = None
+    candidates_tried: PosInt | None = None
+
+
+class TimingsIn(In):
+    timings: list[TimingIn] = Field(max_length=4096)
+
+    @model_validator(mode="after")
+    def _unique_batch_sizes(self):
+        sizes = [t.batch_size for t in self.timings]
+        if len(sizes) != len(set(sizes)):
+            raise ValueError("timings: each batch_size may appear once")
+        return self
+
+
+class TimingOut(Schema, TimingIn):
     speedup: float | None = Field(None, description="default_us / tuned_us")
     shipped_speedup: float | None = Field(None, description="shipped_us / tuned_us")
     floor_fraction: float | None = Field(None, description="floor_us / tuned_us")
@@ -327,7 +420,7 @@ class TuningBatchOut(Schema):
 class TuningRunFilter(CreatedRange):
     host: text(200) | None = Field(None, description="host name")
     deployment: text(200) | None = Field(None, description="deployment name")
-    status: JobStatus | None = None
+    status: TuningStatus | None = None
 
 
 @router.post(
@@ -435,7 +528,7 @@ def tuning_run_patch(request, ref: str, payload: TuningRunPatch):
     auth=HostWrite(),
     response={200: TimingsRecorded, 201: TimingsRecorded},
 )
-def tuning_timings_record(request, ref: str, payload: Timings):
+def tuning_timings_record(request, ref: str, payload: TimingsIn):
     """Store per-batch-size timings; a batch size already stored is kept as it was."""
     tuning_run = lookups.get_tuning_run(ref)
     require_host(request, tuning_run.host)
@@ -450,7 +543,7 @@ def tuning_timings_record(request, ref: str, payload: Timings):
     auth=HostWrite(),
     response={200: TuningBatchOut, 201: TuningBatchOut},
 )
-def tuning_telemetry_record(request, ref: str, payload: Telemetry):
+def tuning_telemetry_record(request, ref: str, payload: TelemetryIn):
     """Store a batch of GPU samples of the tune (every GPU it runs on) once per batch_id."""
     tuning_run = lookups.get_tuning_run(ref)
     require_host(request, tuning_run.host)

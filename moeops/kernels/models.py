@@ -6,13 +6,11 @@ import uuid
 from django.db import models, transaction
 
 from domain import engine_diff
-from domain.jobs import JOB_STATUSES
-from domain.wire.runs import TELEMETRY_STATUSES
-from domain.wire.tunes import KERNEL_ENGINES, KERNEL_PATHS, PICKS
-from moeops.jobs import Job
+from moeops.jobs import JOB_STATUSES, Job
 from moeops.keyed import BODY_SHA256_HELP
-from tuning import config_files
-from tuning.engines import ENGINE_TITLES, path_in_engine, vllm_launch
+from moeops.runs.models import TELEMETRY_STATUSES
+from tuning import config_files, devices
+from tuning.engines import ENGINE_TITLES, KERNEL_PATHS, path_in_engine, vllm_launch
 
 CONFIG_SOURCES = (("tuned", "Tuned by moeops"), ("imported", "Imported file"), ("manual", "Manual"))
 
@@ -27,6 +25,8 @@ KERNEL_DTYPES = (
 )
 UNNAMED_DTYPES = ("bf16", "fp16")
 
+# Whose fused-MoE kernel timings were taken on (tuning.engines.ENGINES).
+KERNEL_ENGINES = (("builtin", "moeops' builtin"), ("vllm", "vLLM"), ("sglang", "SGLang"))
 BUILTIN_KERNEL = "moeops' builtin kernel (the engines' launch before vLLM 0.32)"
 # What a tune asks for: the deployment's engine's own kernel (its engine as recorded) or builtin.
 REQUESTED_KERNELS = (
@@ -34,6 +34,13 @@ REQUESTED_KERNELS = (
     ("sglang", "SGLang's own"),
     ("other", "the deployment's engine's own"),
     ("builtin", "moeops' builtin"),
+)
+# Where a tune's written config comes from at a batch size: the search replaces the engine's own
+# config only when faster head to head by more than the noise.
+PICKS = (
+    ("tuned", "the search's best"),
+    ("default", "the engine's default"),
+    ("shipped", "the engine's shipped file"),
 )
 
 
@@ -157,6 +164,12 @@ class KernelConfig(TimedKernel):
     version = models.PositiveIntegerField(default=1, editable=False)
     original_file_name = models.CharField(max_length=300, blank=True)
     provenance = models.CharField(max_length=300, blank=True)
+    compile_checked = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="compiled, not timed, for its GPU (python -m tuning compile-check --entries): "
+        "capability, limit_bytes, max_shared_bytes, fewer_stages, kernel, triton_version",
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     objects = KernelConfigQuerySet.as_manager()
@@ -242,6 +255,61 @@ class KernelConfig(TimedKernel):
         version = self.triton_version or None if style == "vllm" else None
         return config_files.dumps_config(entries, version)
 
+    @property
+    def gpu_label(self):
+        """Its GPU and that GPU's compute capability where moeops knows it: "NVIDIA RTX PRO
+        6000 Blackwell Server Edition, compute capability 12.0"."""
+        capability = devices.capability_of(self.device_name)
+        if capability is None:
+            return self.device_name
+        return f"{self.device_name}, compute capability {devices.capability_text(capability)}"
+
+    @property
+    def other_names(self):
+        """The names the same GPU also comes under (its other editions), each reading a file of
+        its own."""
+        return devices.same_gpu(self.device_name)[1:]
+
+    def other_editions(self):
+        """[(name, its newest file of this shape or None)] for each other name of its GPU
+        (other_names), in one query."""
+        names = self.other_names
+        if not names:
+            return []
+        found = {}
+        same = KernelConfig.objects.filter(
+            device_name__in=names, E=self.E, N=self.N, dtype=self.dtype, down_moe=self.down_moe
+        ).order_by("-version")
+        for config in same:
+            if config.block_shape == self.block_shape:
+                found.setdefault(config.device_name, config)
+        return [(name, found.get(name)) for name in names]
+
+    @property
+    def compile_check_note(self):
+        """What compiling it for its GPU found, and that it was not timed there; "" for a file
+        not compile-checked. A tuned file was timed on its GPU: it says nothing."""
+        checked = self.compile_checked
+        if not checked or self.source == "tuned":
+            return ""
+        kernel = checked.get("kernel") or {}
+        title = ENGINE_TITLES.get(kernel.get("engine"), kernel.get("engine") or "")
+        in_kernel = f" in {title} {kernel.get('version') or ''}".rstrip() + "'s kernel"
+        deeper = checked.get("fewer_stages") or []
+        fewer = (
+            f"; {_batch_sizes(deeper)} with fewer pipeline stages than given, to fit"
+            if deeper
+            else ""
+        )
+        capability = checked["capability"]
+        return (
+            f"Compile-checked for compute capability {capability}{in_kernel if kernel else ''}"
+            f" (Triton {checked.get('triton_version') or 'not recorded'}): every entry fits"
+            f" {checked['limit_bytes']:,} bytes of shared memory per block (at most"
+            f" {checked.get('max_shared_bytes') or 0:,}){fewer}. Not timed on {capability}:"
+            f" a tune on a worker with such a GPU times it."
+        )
+
     def timed_in(self):
         """The kernels its entries were timed in, as labels ("vLLM 0.33.0's own kernel"): the
         one it was tuned in and those of the tunes that wrote it; [] where none is recorded (an
@@ -296,6 +364,12 @@ class KernelConfig(TimedKernel):
             self.version = max((c.version for c in self.series()), default=0) + 1
             self.save()
         return self
+
+
+def _batch_sizes(sizes):
+    """[64, 4096] → "M=64 and M=4096"."""
+    said = [f"M={m}" for m in sizes]
+    return said[0] if len(said) == 1 else ", ".join(said[:-1]) + f" and {said[-1]}"
 
 
 def config_of_file(*, file_name, sha256, style):

@@ -14,7 +14,7 @@ from moeops.engines.services import require_staff
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KERNEL_DTYPES, EngineDiff, KernelConfig, TuningRun, TuningTiming
 from moeops.keyed import body_sha256, same_body
-from tuning import config_files
+from tuning import config_files, devices
 from tuning.engines import ENGINE_TITLES
 
 DTYPES = tuple(key for key, _ in KERNEL_DTYPES)
@@ -24,14 +24,17 @@ class TuningConflict(Exception):
     """The tuning run cannot do that from where it is (e.g. succeeded → running)."""
 
 
-def kernel_config_import(*, file_name, text, down_text=None, source="imported", provenance=""):
+def kernel_config_import(
+    *, file_name, text, down_text=None, source="imported", provenance="", compile_checked=None
+):
     """(KernelConfig, created) from an engine's config file: its name and its exact text.
 
     The name gives E, N, device, dtype, block shape and whether it is SGLang's `_down` file (an
     SGLang `triton_X_Y_Z/` folder in front gives the Triton version when the content has
     none). down_text: vLLM's `_down` file beside it (its sorted-A path), stored with it as one
-    record; a vLLM `_down` file comes only so. Raises ValidationError naming "file_name",
-    "content" or "down_content".
+    record; a vLLM `_down` file comes only so. compile_checked: what compiling it for its GPU
+    found (kernel_config_store). Raises ValidationError naming "file_name", "content",
+    "down_content" or "compile_checked".
     """
     try:
         name = config_files.parse_config_file_name(file_name)
@@ -73,6 +76,7 @@ def kernel_config_import(*, file_name, text, down_text=None, source="imported", 
         source=source,
         original_file_name=file_name,
         provenance=provenance,
+        compile_checked=compile_checked,
     )
 
 
@@ -94,13 +98,16 @@ def kernel_config_store(
     kernel_version="",
     kernel_source_sha256="",
     kernel_path="",
+    compile_checked=None,
 ):
     """(KernelConfig, created): a new version of the (device, E, N, dtype, block, down) series.
 
     down_moe: SGLang's `_down` file (GEMM 2's configs), a series of its own. down_entries:
     vLLM's `_down` file beside this one (its sorted-A path), stored in the same record.
     kernel_*: the kernel it was tuned on (engine, version, source hash, kernel path), kept
-    beside the file, never in it.
+    beside the file, never in it. compile_checked: compiled, not timed, for its GPU
+    (tuning.compile_check.EntriesCheck.record): its capability must be the GPU's where moeops
+    knows the GPU, and every entry must have fitted.
 
     entries: {batch size: kernel parameters}. When the newest version already holds the same
     entries, Triton version and kernel, that version is returned (created False). Raises
@@ -118,6 +125,7 @@ def kernel_config_store(
         raise ValidationError({"entries": exc.errors}) from None
     stored = {str(m): entry for m, entry in checked.items()}
     stored_down = _checked_down(down_entries, down_moe=down_moe, block_shape=block_shape)
+    _check_compile_checked(compile_checked, device_name=device_name, entries=len(stored))
     config = KernelConfig(
         device_name=device_name,
         E=E,
@@ -135,6 +143,7 @@ def kernel_config_store(
         kernel_version=kernel_version,
         kernel_source_sha256=kernel_source_sha256,
         kernel_path=kernel_path,
+        compile_checked=compile_checked,
     )
     with transaction.atomic():
         newest = max(config.series(), key=lambda c: c.version, default=None)
@@ -165,6 +174,34 @@ def _checked_down(down_entries, *, down_moe, block_shape):
     return {str(m): entry for m, entry in checked.items()}
 
 
+def _check_compile_checked(record, *, device_name, entries):
+    """ValidationError naming compile_checked where the record cannot be of this file on this
+    GPU: another capability than the GPU's, another count of entries, more shared memory than
+    the limit."""
+    if record is None:
+        return
+    known = devices.capability_of(device_name)
+    if known is not None and record["capability"] != devices.capability_text(known):
+        raise ValidationError(
+            {
+                "compile_checked": f"checked for compute capability {record['capability']}, "
+                f"but {device_name} is {devices.capability_text(known)}"
+            }
+        )
+    if record["entries"] != entries:
+        raise ValidationError(
+            {"compile_checked": f"checked {record['entries']} entries, the file has {entries}"}
+        )
+    most = record.get("max_shared_bytes")
+    if most is not None and most > record["limit_bytes"]:
+        raise ValidationError(
+            {
+                "compile_checked": f"max_shared_bytes {most} is over limit_bytes "
+                f"{record['limit_bytes']}: a file that does not fit is not stored as checked"
+            }
+        )
+
+
 def _canonical(entries):
     return json.dumps(entries, sort_keys=True)
 
@@ -177,6 +214,7 @@ def _tuned_on(config):
         config.kernel_version,
         config.kernel_source_sha256,
         config.kernel_path,
+        _canonical(config.compile_checked),
     )
 
 

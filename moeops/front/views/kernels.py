@@ -158,6 +158,12 @@ def kernel_detail(request, pk):
         # which path the file is for, and whether each engine that loads it runs that path
         "path_uses": [(d, config.path_for(d)) for d in config.loaded_by()],
         "sglang_untimed": config.untimed_in("sglang"),
+        # a compile-checked file's GPU: its other editions' files, and a later version timed
+        # there by a tune on such a GPU
+        "editions": config.other_editions(),
+        "timed_later": next(
+            (v for v in versions if v.version > config.version and v.source == "tuned"), None
+        ),
         "runs": config.runs.select_related("deployment").order_by("-created")[:10],
     }
     return render(request, "front/kernel_detail.html", ctx)
