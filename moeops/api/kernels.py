@@ -10,8 +10,19 @@ from django.utils.http import content_disposition_header
 from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.pagination import paginate
-from pydantic import ConfigDict, Field, Strict, StringConstraints, field_validator, model_validator
+from pydantic import Field, Strict, StringConstraints, field_validator
 
+from domain.wire.fields import Size
+from domain.wire.runs import JobStatus, Telemetry
+from domain.wire.tunes import (
+    KernelEngine,
+    KernelPath,
+    KernelVersion,
+    SourceSha256,
+    Timing,
+    Timings,
+    TuningRunPatch,
+)
 from moeops.api import lookups
 from moeops.api.auth import AnyWrite, HostWrite, require_host
 from moeops.api.fields import (
@@ -19,34 +30,22 @@ from moeops.api.fields import (
     In,
     JsonObject,
     LongText,
-    Patch,
-    PosInt,
     in_range,
     matching,
     text,
 )
 from moeops.api.paging import Page
 from moeops.api.responses import stored
-from moeops.api.runs import TelemetryIn, TelemetrySampleOut, TelemetryStatus
-from moeops.jobs import JOB_STATUSES
+from moeops.api.runs import TelemetrySampleOut
 from moeops.kernels import services
-from moeops.kernels.models import (
-    CONFIG_SOURCES,
-    KERNEL_ENGINES,
-    PICKS,
-    REQUESTED_KERNELS,
-    KernelConfig,
-    TuningRun,
-)
+from moeops.kernels.models import CONFIG_SOURCES, REQUESTED_KERNELS, KernelConfig, TuningRun
 from moeops.runs import services as run_services
 from tuning import config_files
-from tuning.engines import KERNEL_PATHS
 
 router = Router(tags=["kernels"])
 
 KernelDtype = Literal[services.DTYPES]
 ConfigSource = Literal[tuple(key for key, _ in CONFIG_SOURCES)]
-TuningStatus = Literal[tuple(key for key, _ in JOB_STATUSES)]
 Style = Literal[config_files.STYLES]
 # what the engines' file names can carry: no comma or slash, not blank
 DeviceName = Annotated[
@@ -54,15 +53,8 @@ DeviceName = Annotated[
     StringConstraints(min_length=1, max_length=100, pattern=r"^[^,/\x00]*[^,/\s\x00][^,/\x00]*$"),
 ]
 TritonVersion = Annotated[str, StringConstraints(max_length=20, pattern=r"^[\w.+-]*$")]
-Size = Annotated[int, Strict(), Field(ge=1, le=2_147_483_647)]
 BlockShape = Annotated[list[Size], Field(min_length=2, max_length=2)]
-# the kernel timings were taken on (tuning.kernel_backend.KernelBackend.describe); "": not recorded
-KernelEngine = Literal[("", *(key for key, _ in KERNEL_ENGINES))]
-KernelVersion = Annotated[str, StringConstraints(max_length=100, pattern=r"^[\w.+-]*$")]
-SourceSha256 = Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")]
 RequestedKernel = Literal[tuple(key for key, _ in REQUESTED_KERNELS)]
-Pick = Literal[("", *(key for key, _ in PICKS))]
-KernelPath = Literal[("", *(key for key, _ in KERNEL_PATHS))]
 
 
 # --------------------------------------------------------------------------- kernel configs
@@ -291,60 +283,10 @@ class TuningRunIn(In):
     kernel_source_sha256: SourceSha256 = ""
     kernel_path: KernelPath = ""
     kernel_note: text(300) = ""
-    status: TuningStatus = "queued"
+    status: JobStatus = "queued"
 
 
-class TuningRunPatch(Patch):
-    NULLABLE = ("result", "wall_s")
-
-    status: TuningStatus | None = None
-    progress: JsonObject | None = None
-    result: PosInt | None = Field(None, description="id of the kernel config it produced")
-    wall_s: float | None = Field(None, ge=0)
-    error: LongText | None = None
-    telemetry_status: TelemetryStatus | None = None
-    telemetry_detail: text(300) | None = Field(
-        None, description="why no GPU samples were recorded (NVML not importable, no GPU, …)"
-    )
-    kernel_engine: KernelEngine | None = Field(None, description="the kernel the worker timed")
-    kernel_version: KernelVersion | None = None
-    kernel_source_sha256: SourceSha256 | None = None
-    kernel_path: KernelPath | None = None
-    kernel_note: text(300) | None = Field(
-        None, description="which kernel and why (e.g. builtin: the engine is not installed)"
-    )
-
-
-class TimingIn(In):
-    """One batch size M: the written config's, the engine's default and shipped configs' and the
-    floor's times (µs) of one fused-MoE layer; picked: where the written config comes from.
-    Strict, as a sweep's level is: true or "5" is refused rather than stored as 1 or 5."""
-
-    model_config = ConfigDict(strict=True)
-
-    batch_size: Size
-    tuned_us: float | None = Field(None, ge=0, description="the written config's")
-    default_us: float | None = Field(None, ge=0)
-    shipped_us: float | None = Field(None, ge=0, description="the engine's shipped file's entry")
-    picked: Pick = Field("", description="tuned (the search's), default or shipped")
-    floor_us: float | None = Field(None, ge=0)
-    grouped_mm_us: float | None = Field(None, ge=0)
-    config: JsonObject | None = None
-    candidates_tried: PosInt | None = None
-
-
-class TimingsIn(In):
-    timings: list[TimingIn] = Field(max_length=4096)
-
-    @model_validator(mode="after")
-    def _unique_batch_sizes(self):
-        sizes = [t.batch_size for t in self.timings]
-        if len(sizes) != len(set(sizes)):
-            raise ValueError("timings: each batch_size may appear once")
-        return self
-
-
-class TimingOut(Schema, TimingIn):
+class TimingOut(Schema, Timing):
     speedup: float | None = Field(None, description="default_us / tuned_us")
     shipped_speedup: float | None = Field(None, description="shipped_us / tuned_us")
     floor_fraction: float | None = Field(None, description="floor_us / tuned_us")
@@ -420,7 +362,7 @@ class TuningBatchOut(Schema):
 class TuningRunFilter(CreatedRange):
     host: text(200) | None = Field(None, description="host name")
     deployment: text(200) | None = Field(None, description="deployment name")
-    status: TuningStatus | None = None
+    status: JobStatus | None = None
 
 
 @router.post(
@@ -528,7 +470,7 @@ def tuning_run_patch(request, ref: str, payload: TuningRunPatch):
     auth=HostWrite(),
     response={200: TimingsRecorded, 201: TimingsRecorded},
 )
-def tuning_timings_record(request, ref: str, payload: TimingsIn):
+def tuning_timings_record(request, ref: str, payload: Timings):
     """Store per-batch-size timings; a batch size already stored is kept as it was."""
     tuning_run = lookups.get_tuning_run(ref)
     require_host(request, tuning_run.host)
@@ -543,7 +485,7 @@ def tuning_timings_record(request, ref: str, payload: TimingsIn):
     auth=HostWrite(),
     response={200: TuningBatchOut, 201: TuningBatchOut},
 )
-def tuning_telemetry_record(request, ref: str, payload: TelemetryIn):
+def tuning_telemetry_record(request, ref: str, payload: Telemetry):
     """Store a batch of GPU samples of the tune (every GPU it runs on) once per batch_id."""
     tuning_run = lookups.get_tuning_run(ref)
     require_host(request, tuning_run.host)

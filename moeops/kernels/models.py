@@ -6,11 +6,13 @@ import uuid
 from django.db import models, transaction
 
 from domain import engine_diff
-from moeops.jobs import JOB_STATUSES, Job
+from domain.jobs import JOB_STATUSES
+from domain.wire.runs import TELEMETRY_STATUSES
+from domain.wire.tunes import KERNEL_ENGINES, KERNEL_PATHS, PICKS
+from moeops.jobs import Job
 from moeops.keyed import BODY_SHA256_HELP
-from moeops.runs.models import TELEMETRY_STATUSES
 from tuning import config_files, devices
-from tuning.engines import ENGINE_TITLES, KERNEL_PATHS, path_in_engine, vllm_launch
+from tuning.engines import ENGINE_TITLES, path_in_engine, vllm_launch
 
 CONFIG_SOURCES = (("tuned", "Tuned by moeops"), ("imported", "Imported file"), ("manual", "Manual"))
 
@@ -25,8 +27,6 @@ KERNEL_DTYPES = (
 )
 UNNAMED_DTYPES = ("bf16", "fp16")
 
-# Whose fused-MoE kernel timings were taken on (tuning.engines.ENGINES).
-KERNEL_ENGINES = (("builtin", "moeops' builtin"), ("vllm", "vLLM"), ("sglang", "SGLang"))
 BUILTIN_KERNEL = "moeops' builtin kernel (the engines' launch before vLLM 0.32)"
 # What a tune asks for: the deployment's engine's own kernel (its engine as recorded) or builtin.
 REQUESTED_KERNELS = (
@@ -34,13 +34,6 @@ REQUESTED_KERNELS = (
     ("sglang", "SGLang's own"),
     ("other", "the deployment's engine's own"),
     ("builtin", "moeops' builtin"),
-)
-# Where a tune's written config comes from at a batch size: the search replaces the engine's own
-# config only when faster head to head by more than the noise.
-PICKS = (
-    ("tuned", "the search's best"),
-    ("default", "the engine's default"),
-    ("shipped", "the engine's shipped file"),
 )
 
 
