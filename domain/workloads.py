@@ -25,6 +25,8 @@ import re
 
 import numpy as np
 
+from domain.json_lines import array_lines
+
 KINDS = ("random", "dataset", "shared_prefix", "multi_turn")
 DISTRIBUTIONS = ("fixed", "uniform", "normal")
 RANGE_RATIO_CONVENTIONS = ("vllm", "sglang")
@@ -313,22 +315,12 @@ def _conversation(obj, file_name: str, line: int) -> tuple[str, list[tuple[str, 
 
 def _json_items(text: str, file_name: str):
     """(line, object) of each conversation of a JSON array or a JSONL file."""
-    decoder = json.JSONDecoder()
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        start = len(text) - len(stripped)
+    if text.lstrip().startswith("["):
         try:
-            items = decoder.decode(text)
+            items = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DatasetFileError(file_name, exc.lineno, f"not JSON: {exc.msg}") from None
-        # the line of each element, found by decoding the array one element at a time
-        position, lines = start + 1, []
-        for _ in items:
-            while text[position] in " \t\r\n,":
-                position += 1
-            lines.append(text.count("\n", 0, position) + 1)
-            _, position = decoder.raw_decode(text, position)
-        yield from zip(lines, items, strict=True)
+        yield from zip(array_lines(text, len(items)), items, strict=True)
         return
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():

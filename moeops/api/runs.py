@@ -35,7 +35,7 @@ from moeops.api.fields import (
 )
 from moeops.api.paging import Page
 from moeops.api.responses import stored
-from moeops.runs import services, snapshots
+from moeops.runs import exports, services, snapshots
 from moeops.runs.costs import level_costs
 from moeops.runs.importers import FORMATS
 from moeops.runs.models import RUN_SOURCES, LevelResult, RequestLog
@@ -426,6 +426,15 @@ def level_list(request, ref: str):
     for level in levels:
         level.costs = costs[level.key]
     return levels
+
+
+@router.get("/runs/{ref}/vllm-results", response=list[dict[str, Any]])
+def level_vllm_results(request, ref: str):
+    """The run's levels as `vllm bench serve --save-result` objects, one per level under vLLM's
+    key names (`request_rate` "inf" when unlimited): the summary.json that `vllm bench sweep
+    plot` reads, and that `import-results --format vllm` takes back (docs/formats.md)."""
+    run = lookups.get_run(ref)
+    return exports.vllm_results(run, list(run.levels.order_by("concurrency", "request_rate", "id")))
 
 
 # --------------------------------------------------------------------------- telemetry

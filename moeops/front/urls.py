@@ -47,6 +47,7 @@ urlpatterns = [
     path("runs/<uuid:uuid>/", runs.run_detail, name="run-detail"),
     path("runs/<uuid:uuid>/status.json", runs.run_status, name="run-status"),
     path("runs/<uuid:uuid>/levels.csv", runs.run_levels_csv, name="run-levels-csv"),
+    path("runs/<uuid:uuid>/vllm-results.json", runs.run_vllm_results, name="run-vllm-results"),
     path(
         "runs/<uuid:uuid>/requests.jsonl",
         runs.run_requests_export,

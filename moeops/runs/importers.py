@@ -25,6 +25,7 @@ from collections import Counter
 from domain import engine as engine_reports
 from domain import requests as request_log
 from domain.intervals import level_of_rounds
+from domain.json_lines import array_lines
 from domain.levels import LATENCY_KEYS, MAX_ROUNDS
 from domain.numbers import is_integer, is_number
 from domain.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
@@ -121,7 +122,8 @@ class ResultFileMismatch(ValueError):
 
 def _objects(text, fmt):
     """[(line number, object or None, error)] of the file's JSON objects (of a per-request
-    export's CSV rows, for one written as CSV)."""
+    export's CSV rows, for one written as CSV); a vLLM file may be one object, one a line
+    (--append-result) or an array of them (a sweep's summary.json)."""
     if fmt == "moeops" and _is_export_csv(text):
         return _csv_objects(text)
     if fmt == "vllm":
@@ -131,6 +133,10 @@ def _objects(text, fmt):
             whole = None
         if isinstance(whole, dict):
             return [(1, whole, None)]
+        if isinstance(whole, list):
+            # `vllm bench sweep serve`'s summary.json (and moeops' export): an array of results
+            lines = array_lines(text, len(whole))
+            return [(n, obj, None) for n, obj in zip(lines, whole, strict=True)]
     found = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -258,7 +264,8 @@ def _level(obj, fmt):
         raise ValueError(f"request_rate {_not_a_number(rate)}")
     # None = unlimited: inf, "inf", Infinity; also SGLang's "trace" (timestamps replayed)
     level["request_rate"] = _number(rate)
-    if fmt == "sglang" and str(obj.get("dataset_name", "")).startswith("random"):
+    # SGLang's files, and vLLM's where a sweep's summary (or moeops' export) names the lengths
+    if str(obj.get("dataset_name", "")).startswith("random"):
         for field, key in (("input_len", "random_input_len"), ("output_len", "random_output_len")):
             value = obj.get(key)
             if is_integer(value) and 0 <= value <= MAX_INT:

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -651,3 +652,47 @@ def test_a_dataset_sweeps_token_counts_agree_with_the_servers_usage(vllm_stack):
     assert level.total_input_tokens == sum(len(tokenizer.encode(p).ids) for p, _ in sent)
     assert level.total_output_tokens == sum(output for _, output in sent)
     assert run.snapshot["workload"]["sha256"] == workload.sha256
+
+
+MT_BENCH = Path(__file__).parents[1] / "fixtures" / "workloads" / "mt_bench_questions.jsonl"
+
+
+def test_an_mt_bench_sweep_sends_each_questions_two_turns_and_reports_each_turns_ttft(
+    vllm_stack,
+):
+    workload, _ = workload_store(
+        name="mt-bench",
+        spec={"kind": "multi_turn"},
+        file_name=MT_BENCH.name,
+        data=MT_BENCH.read_bytes(),
+    )
+    conversations = 4
+
+    # no endpoint asked: a multi-turn workload goes to the chat endpoint
+    run = vllm_stack.start_sweep(
+        [2], prompts_per_level=conversations, output_len=8, warmup=0, workload="mt-bench"
+    )
+    run = vllm_stack.wait_for_run(run, timeout=300)
+
+    assert run.status == "succeeded", run.error
+    assert run.parameters["endpoint"] == "chat"
+    [level] = run.levels.all()
+    # each of the 4 conversations is one of the file's questions, sent as its two turns; MT-bench
+    # has no answers, so each turn asks for the sweep's 8 tokens
+    assert (level.completed, level.failed) == (2 * conversations, 0)
+    assert level.total_output_tokens == 2 * conversations * 8
+    turns = level.raw["ttft_by_turn"]
+    assert [(t["turn"], t["completed"], t["failed"]) for t in turns] == [
+        (1, conversations, 0),
+        (2, conversations, 0),
+    ]
+    assert all(t["mean_ttft_ms"] > 0 and t["p99_ttft_ms"] >= t["mean_ttft_ms"] for t in turns)
+    # the second turn sends the history (the first question and the engine's 8-token answer)
+    # before the second question: more than the first turn's prompt and the answer
+    assert turns[1]["mean_input_tokens"] > turns[0]["mean_input_tokens"] + 8
+    assert run.snapshot["workload"] == {
+        "name": "mt-bench",
+        "version": 1,
+        "kind": "multi_turn",
+        "sha256": workload.sha256,
+    }

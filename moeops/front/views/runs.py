@@ -43,6 +43,7 @@ from moeops.front.views.deployments import findings_with_figures
 from moeops.insights.models import FINDING_STATES
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
+from moeops.runs import exports
 from moeops.runs import services as run_services
 from moeops.runs.costs import GPUS_UNSTATED, level_costs
 from moeops.runs.models import LevelProfile, RequestLog, SweepRun
@@ -470,6 +471,19 @@ def run_levels_csv(request, uuid):
                 + ["yes" if row.is_partial else "no", standin]
                 + [v for i in intervals for v in (i or ("", ""))]
             )
+    return response
+
+
+@login_required
+def run_vllm_results(request, uuid):
+    """The run's levels as `vllm bench serve --save-result` objects, a JSON array (a summary.json
+    that `vllm bench sweep plot` reads, and moeops' vLLM import takes back)."""
+    run = _run_or_404(uuid)
+    levels = list(run.levels.order_by("concurrency", "request_rate", "id"))
+    name = slugify(run.display_label()) or str(run.uuid)
+    body = exports.vllm_results_json(run, levels)
+    response = HttpResponse(body, content_type="application/json; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}-vllm.json"'
     return response
 
 
