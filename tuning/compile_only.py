@@ -77,12 +77,36 @@ def target_for(capability: int, shared_memory: int | None = None) -> GpuTarget:
 
 
 def gpu_target() -> GpuTarget:
-    """The current CUDA GPU's target, read through Triton's own driver (needs its context)."""
+    """The current CUDA GPU's target: its compute capability and the shared memory a block may
+    opt into as torch reads them (get_device_properties: major, minor,
+    shared_memory_per_block_optin), cross-checked with Triton's driver, whose properties the
+    compile processes hand on (needs the CUDA context)."""
+    import torch
     from triton.runtime import driver
 
     device = driver.active.get_current_device()
     properties = dict(driver.active.utils.get_device_properties(device))
-    return GpuTarget(driver.active.get_current_target().arch, properties)
+    return device_target(
+        torch.cuda.get_device_properties(device),
+        driver.active.get_current_target().arch,
+        properties,
+    )
+
+
+def device_target(torch_properties, triton_arch: int, triton_properties: dict) -> GpuTarget:
+    """The GPU's target from torch's device properties, which must agree with Triton's (its
+    arch, its max_shared_mem): Triton checks each kernel it loads against its own figure, so a
+    search pruning with another would propose what cannot launch, or leave out what can."""
+    capability = torch_properties.major * 10 + torch_properties.minor
+    shared_memory = torch_properties.shared_memory_per_block_optin
+    said = (triton_arch, triton_properties.get("max_shared_mem"))
+    if (capability, shared_memory) != said:
+        raise RuntimeError(
+            f"torch reads compute capability {capability // 10}.{capability % 10} with "
+            f"{shared_memory} bytes of shared memory per block, Triton {said[0] // 10}."
+            f"{said[0] % 10} with {said[1]}: not one GPU's limits"
+        )
+    return GpuTarget(capability, {**triton_properties, "max_shared_mem": shared_memory})
 
 
 class _Utils:

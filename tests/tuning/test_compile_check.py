@@ -248,3 +248,19 @@ def test_the_files_are_named_as_both_engines_name_them_on_an_rtx_pro_6000(vllm_0
             own = backend.file_name(GLM5_FP8_BLOCK, device)
             ours = config_file_name(256, 256, device, "fp8_w8a8", (128, 128), backend.engine)
             assert own == ours
+
+
+def test_the_tuning_gpus_limits_are_torchs_and_must_agree_with_tritons():
+    from types import SimpleNamespace
+
+    from tuning.compile_only import device_target
+
+    sm120 = SimpleNamespace(major=12, minor=0, shared_memory_per_block_optin=101376)
+    triton_says = {"max_shared_mem": 101376, "multiprocessor_count": 188}
+
+    target = device_target(sm120, 120, triton_says)
+
+    assert target.limits() == {"capability": 120, "shared_memory_bytes": 101376}
+    assert target.properties["multiprocessor_count"] == 188
+    with pytest.raises(RuntimeError, match="torch reads compute capability 12.0 with 101376"):
+        device_target(sm120, 90, {"max_shared_mem": 232448})

@@ -135,3 +135,16 @@ def test_kernels_compiled_with_no_gpu_serve_the_gpus_launches():
 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "every launch found its kernels in the cache" in done.stdout
+
+
+def test_the_tuning_gpus_limits_are_read_from_the_device():
+    from tuning.compile_only import SHARED_MEMORY_PER_BLOCK_OPTIN, gpu_target
+
+    target = gpu_target()
+
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert target.capability == properties.major * 10 + properties.minor
+    assert target.shared_memory == properties.shared_memory_per_block_optin
+    # the table compile-check uses for GPUs not here says what the device says
+    known = SHARED_MEMORY_PER_BLOCK_OPTIN.get(target.capability)
+    assert known in (None, target.shared_memory)
