@@ -3,6 +3,7 @@ import json
 import httpx
 import pytest
 
+from domain.wire.levels import Level
 from moeops.api.models import ApiToken
 from moeops.kernels.models import KernelConfig
 from moeops.runs.models import LevelResult, SweepRun, TelemetrySample
@@ -13,6 +14,7 @@ from workers.client import (
     SPOOL_MAX_BACKOFF_S,
     SPOOL_MAX_FAILURES,
     ApiError,
+    BadPush,
     Conflict,
     MoeopsClient,
     NotFound,
@@ -124,6 +126,54 @@ def test_it_raises_a_4xx_instead_of_spooling_it(client, world):
     with pytest.raises(NotFound):
         client.get_run("6f0c7f6e-55a4-4b42-9a3f-3d1f9f3c0d10")
     assert not client.spool.entries()
+
+
+# Each push of a body the wire defines, with a field its model refuses: (what the message names
+# the push, the field, the call).
+BAD_PUSHES = [
+    ("run", "status", lambda c: c.update_run("r", status="paused")),
+    ("run takeover", "takeover", lambda c: c.take_over_run("r", 0, {})),
+    ("observed", "engine", lambda c: c.post_observed("r", {"engine": "vllm 0.33"})),
+    ("level", "completed", lambda c: c.post_level("r", {"concurrency": 8, "completed": True})),
+    ("level", "output_throughput", lambda c: c.post_level("r", {"output_throughput": "5"})),
+    ("level", "raw", lambda c: c.post_level("r", {"raw": {"note": "a\x00b"}})),
+    ("samples", "samples.0.gpu_index", lambda c: c.post_telemetry("r", [{"gpu_index": "0"}], "b")),
+    ("samples", "samples.0.ts", lambda c: c.post_engine_samples("r", [{"ts": -1.0}], "b")),
+    ("tuning run", "kernel_engine", lambda c: c.update_tuning_run("t", kernel_engine="cuda")),
+    ("timings", "timings.0.batch_size", lambda c: c.post_tuning_timings("t", [{"batch_size": 0}])),
+    ("heartbeat", "sent_at", lambda c: c.post_heartbeat("h", {"sent_at": -1.0})),
+    ("action report", "status", lambda c: c.report_action("a", status="queued")),
+]
+
+
+@pytest.mark.parametrize(("what", "field", "push"), BAD_PUSHES, ids=[b[1] for b in BAD_PUSHES])
+def test_a_push_the_api_would_refuse_is_refused_before_it_is_sent_or_spooled(
+    client, transport, what, field, push
+):
+    # down: a push that passed would be spooled, to be refused in a replay on the web tier
+    transport.down = True
+    with pytest.raises(BadPush, match=f"^{what}: {field}: "):
+        push(client)
+    assert transport.requests == []
+    assert client.spool.entries() == []
+
+
+def test_a_bad_sample_sends_none_of_its_batch(client, transport, world):
+    run = world.run(status="running")
+    samples = _samples(12_000)
+    samples[7_000]["gpu_index"] = True
+    with pytest.raises(BadPush, match="^samples: samples.2000.gpu_index: "):
+        client.post_telemetry(str(run.uuid), samples, batch_id="big")
+    assert transport.requests == [] and not TelemetrySample.objects.exists()
+
+
+def test_a_level_goes_as_the_wire_model_or_as_its_dict(client, world):
+    run = world.run(status="running")
+    level = Level(concurrency=16, request_rate=float("inf"), output_throughput=512.5)
+    assert client.post_level(str(run.uuid), level)["key"] == "c=16,r=inf"
+    level = {"concurrency": 32, "request_rate": float("inf"), "raw": {"ttft_s": float("nan")}}
+    assert client.post_level(str(run.uuid), level)["key"] == "c=32,r=inf"
+    assert LevelResult.objects.get(run=run, concurrency=32).raw == {"ttft_s": None}
 
 
 def test_it_retries_connection_errors_with_backoff(client, transport, sleeps, world):
