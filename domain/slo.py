@@ -42,7 +42,11 @@ def profile_problems(limits, max_failed_percent):
                 problems[f"{metric}_ms"] = f"{label} has a percentile but no limit in ms."
             continue
         named += 1
-        if percentile not in SLO_PERCENTILES:
+        if not percentile:
+            problems[f"{metric}_percentile"] = (
+                f"{label} has a limit but no percentile: one of {', '.join(SLO_PERCENTILES)}."
+            )
+        elif percentile not in SLO_PERCENTILES:
             problems[f"{metric}_percentile"] = (
                 f"{label}'s percentile must be one of {', '.join(SLO_PERCENTILES)}, "
                 f"not {percentile!r}."

@@ -1,6 +1,6 @@
 """The REST API under /api/v1: schema at /api/v1/openapi.json, docs at /api/v1/docs."""
 
-from ninja import NinjaAPI, Schema
+from ninja import Schema
 
 from moeops.api import (
     engines,
@@ -14,8 +14,9 @@ from moeops.api import (
     workloads,
 )
 from moeops.api.auth import READ
+from moeops.api.openapi import DocumentedAPI
 
-api = NinjaAPI(
+api = DocumentedAPI(
     title="moeops",
     version="1",
     description=(

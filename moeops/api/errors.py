@@ -54,6 +54,25 @@ def _first_path(obj, bad, path="body"):
     return None
 
 
+def _nul_key(obj):
+    """(where, key) of the first key of a parsed body holding a NUL character, or None.
+
+    No field's name holds a NUL: the payload models would drop such a key as unknown, without
+    a word. Iterative: a body may nest as deep as the JSON parser reads."""
+    stack = [(obj, "body")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, dict):
+            for key in item:
+                if "\x00" in key:
+                    return where, key
+            # reversed: the stack then yields them in the body's order
+            stack.extend((item[key], f"{where}.{key}") for key in reversed(item))
+        elif isinstance(item, list):
+            stack.extend((item[i], f"{where}.{i}") for i in reversed(range(len(item))))
+    return None
+
+
 def _undecodable(value):
     # bytes that were not UTF-8, kept as lone surrogates by the surrogateescape decoding
     return isinstance(value, str) and any("\udc80" <= ch <= "\udcff" for ch in value)
@@ -110,6 +129,14 @@ class StrictUtf8Parser(Parser):
         if not clean:
             where = _first_path(data, _undecodable) or "body"
             raise BodyError(f"{where}: not valid UTF-8")
+        # JSON spells a NUL only as the escape \u0000 (a raw one is refused above): most bodies
+        # skip the walk
+        nul = _nul_key(data) if "\\u0000" in body else None
+        if nul is not None:
+            where, key = nul
+            raise BodyError(
+                f"{where}: the key {json.dumps(key)} holds a NUL character (\\u0000); no key may"
+            )
         return data
 
 

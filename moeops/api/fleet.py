@@ -11,6 +11,7 @@ from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import ConfigDict, Field, model_validator
 
+from domain.slo import SLO_PERCENTILES
 from domain.storable import storable_json
 from domain.wire.runs import TelemetrySample
 from moeops.api import lookups
@@ -32,6 +33,7 @@ from moeops.api.fields import (
     matching,
     text,
 )
+from moeops.api.openapi import may_answer
 from moeops.api.paging import Page
 from moeops.api.responses import stored
 from moeops.fleet import services
@@ -305,6 +307,7 @@ class GPUReadingOut(Schema):
 
 
 @router.post("/hosts/{ref}/gpus-now", auth=HostWrite(), response={202: HostTaskQueued})
+@may_answer(503)
 def gpus_now(request, ref: str):
     """Ask the host's worker to read its GPUs once (`workers.gpus_now`); the reading arrives at
     /hosts/{ref}/gpu-readings."""
@@ -685,6 +688,7 @@ def deployment_patch(request, ref: str, payload: DeploymentPatch):
 
 
 @router.post("/deployments/{ref}/check", auth=HostWrite(), response={202: HostTaskQueued})
+@may_answer(503)
 def deployment_check(request, ref: str):
     """Ask the host's worker to check the deployment's engine now (`workers.check_deployment`);
     the check arrives in /deployments/{ref}/health-checks and sets the status."""
@@ -767,19 +771,41 @@ def health_check_list(request, ref: str, filters: Query[CreatedRange]):
 # --------------------------------------------------------------------------- SLO profiles
 
 
+Percentile = Literal[SLO_PERCENTILES]
+METRIC_FIELDS = (("ttft_percentile", "ttft_ms"), ("tpot_percentile", "tpot_ms"))
+METRIC_FIELDS += (("itl_percentile", "itl_ms"), ("e2el_percentile", "e2el_ms"))
+
+
+def _limits_come_with_percentiles(schema):
+    """The schema says what SLOProfile.clean requires: a limit and its percentile together, and
+    no default percentile (it once said "", which the profile's rule refuses with a limit)."""
+    for percentile, limit in METRIC_FIELDS:
+        schema["properties"][percentile].pop("default", None)
+        schema["properties"][limit].pop("default", None)
+        schema.setdefault("dependentRequired", {})[percentile] = [limit]
+        schema["dependentRequired"][limit] = [percentile]
+
+
 class SLOProfileFields(In):
     """Each limit is a percentile (p50, p90, p95, p99) and a limit in ms; leave both out for
     none. The profile's own rule (SLOProfile.clean) refuses what is wrong, naming the field."""
 
-    ttft_percentile: text(3) = ""
-    ttft_ms: float | None = Field(None, description="TTFT limit (ms)")
-    tpot_percentile: text(3) = ""
-    tpot_ms: float | None = Field(None, description="TPOT limit (ms)")
-    itl_percentile: text(3) = ""
-    itl_ms: float | None = Field(None, description="ITL limit (ms)")
-    e2el_percentile: text(3) = ""
-    e2el_ms: float | None = Field(None, description="E2E latency limit (ms)")
+    ttft_percentile: Percentile = Field(None, description="with ttft_ms")
+    ttft_ms: float = Field(None, description="TTFT limit (ms)")
+    tpot_percentile: Percentile = Field(None, description="with tpot_ms")
+    tpot_ms: float = Field(None, description="TPOT limit (ms)")
+    itl_percentile: Percentile = Field(None, description="with itl_ms")
+    itl_ms: float = Field(None, description="ITL limit (ms)")
+    e2el_percentile: Percentile = Field(None, description="with e2el_ms")
+    e2el_ms: float = Field(None, description="E2E latency limit (ms)")
     max_failed_percent: float = Field(1.0, description="largest share of failed requests (%)")
+
+    def profile_fields(self):
+        """The fields as SLOProfile stores them: no percentile is ""."""
+        fields = self.model_dump()
+        for percentile, _ in METRIC_FIELDS:
+            fields[percentile] = fields[percentile] or ""
+        return fields
 
 
 class SLOProfileIn(SLOProfileFields):
@@ -787,16 +813,18 @@ class SLOProfileIn(SLOProfileFields):
 
 
 class SLOProfilePatch(Patch):
+    """A limit is taken off with its percentile: `{"ttft_ms": null, "ttft_percentile": ""}`."""
+
     NULLABLE = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
     name: Name | None = None
-    ttft_percentile: text(3) | None = None
+    ttft_percentile: Percentile | Literal[""] | None = None
     ttft_ms: float | None = None
-    tpot_percentile: text(3) | None = None
+    tpot_percentile: Percentile | Literal[""] | None = None
     tpot_ms: float | None = None
-    itl_percentile: text(3) | None = None
+    itl_percentile: Percentile | Literal[""] | None = None
     itl_ms: float | None = None
-    e2el_percentile: text(3) | None = None
+    e2el_percentile: Percentile | Literal[""] | None = None
     e2el_ms: float | None = None
     max_failed_percent: float | None = None
 
@@ -829,7 +857,7 @@ SLO_WRITE = PersonOnly(refusal="is a host's worker token: it may not change SLO 
 @router.post("/slo-profiles", auth=SLO_WRITE, response={200: SLOProfileOut, 201: SLOProfileOut})
 def slo_profile_create(request, payload: SLOProfileIn):
     """Create an SLO profile (the same name with the same limits again: 200; other limits: 409)."""
-    profile, created = services.slo_profile_create(**payload.model_dump())
+    profile, created = services.slo_profile_create(**payload.profile_fields())
     return stored(created, profile)
 
 

@@ -34,6 +34,7 @@ from moeops.api.fields import (
     matching,
     text,
 )
+from moeops.api.openapi import may_answer
 from moeops.api.paging import Page
 from moeops.api.responses import stored
 from moeops.api.runs import TelemetrySampleOut
@@ -202,6 +203,7 @@ def kernel_config_get(request, ref: str):
 
 
 @router.get("/kernel-configs/{ref}/file")
+@may_answer(400)
 def kernel_config_file(request, ref: str, style: Style = "vllm"):
     """Download the file under the exact name and with the exact content the engine loads.
 

@@ -33,6 +33,7 @@ from moeops.api.fields import (
     matching,
     text,
 )
+from moeops.api.openapi import may_answer
 from moeops.api.paging import Page
 from moeops.api.responses import stored
 from moeops.runs import exports, services, snapshots
@@ -149,6 +150,7 @@ def _run_out(run):
 
 
 @router.post("/runs", auth=HostWrite(), response={200: RunOut, 201: RunOut})
+@may_answer(503)
 def run_create(request, payload: RunIn):
     """Create a queued run, and with `start` send its sweep to the host's worker; with a `uuid`
     seen before, the existing run (200)."""
@@ -220,6 +222,7 @@ class RunDiffOut(Schema):
 
 
 @router.get("/runs/diff", response=RunDiffOut)
+@may_answer(404)
 def run_diff(request, a: UUID, b: UUID):
     """What differs from run a to run b: engine version, each launch argument, the kernel
     config in effect, topology and load, from their snapshots."""
@@ -346,7 +349,9 @@ class LevelOut(Schema, Level):
     request_rate: float | None = None
     round: int = Field(description="the last round stored")
     rounds: list[int] = Field(description="the rounds stored; [1] for a level run once")
-    intervals: dict[str, tuple[float, float]] = Field(
+    # a list of two, not tuple[float, float]: schemathesis (4.32) validates answers against the
+    # prefixItems a tuple gives as if they were draft 4's `items` and fails (its issue 3842)
+    intervals: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]] = Field(
         description="figure → [low, high], 95 % over the rounds; empty for one round"
     )
     created: dt.datetime

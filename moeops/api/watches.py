@@ -12,6 +12,7 @@ from pydantic import Field
 from moeops.api import lookups
 from moeops.api.auth import PersonOnly
 from moeops.api.fields import In, JsonObject, Name, Patch, PosInt, text
+from moeops.api.openapi import may_answer
 from moeops.api.paging import Page
 from moeops.fleet.models import Deployment, SLOProfile
 from moeops.watches import bisection, services
@@ -312,6 +313,7 @@ def watch_create(request, payload: WatchIn):
 
 
 @router.get("/watches", response=list[WatchOut])
+@may_answer(404)
 @paginate(Page)
 def watch_list(request, deployment: str | None = None):
     watches = _watches()

@@ -171,3 +171,24 @@ def test_a_body_sent_as_anything_but_json_is_refused_with_415(world, kind):
         f"Content-Type: {kind} is not application/json; send the body as JSON"
     )
     assert not SweepRun.objects.exists()
+
+
+def test_a_key_holding_a_nul_is_refused_by_its_path_not_dropped(world):
+    # a top-level key with a NUL is no field's name: the payload model would drop it unheard
+    response = world.owner.post(
+        "/api/v1/runs", raw=b'{"deployment": "glm-5-sglang", "label\\u0000": "x"}'
+    )
+    assert response.status_code == 400
+    assert response.json()["detail"] == (
+        'body: the key "label\\u0000" holds a NUL character (\\u0000); no key may'
+    )
+    # nested, inside a JSON field, and where a level's metrics go
+    run = world.run(status="running")
+    nested = b'{"concurrency": 8, "output_throughput": 1.0, "raw": {"a": [{"b\\u0000c": 1}]}}'
+    response = world.host_worker.post(f"/api/v1/runs/{run.pk}/levels", raw=nested)
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith('body.raw.a.0: the key "b\\u0000c" holds a NUL')
+    assert not SweepRun.objects.exclude(pk=run.pk).exists() and run.levels.count() == 0
+    # a NUL spelt out inside a value is not a key: the level is stored (its text is escaped)
+    level = b'{"concurrency": 8, "output_throughput": 1.0, "raw": {"note": "\\\\u0000"}}'
+    assert world.host_worker.post(f"/api/v1/runs/{run.pk}/levels", raw=level).status_code == 201

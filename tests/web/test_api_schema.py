@@ -11,6 +11,11 @@ from django.apps import apps
 from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from moeops.insights.models import Finding, Note, PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
@@ -90,6 +95,9 @@ def _check(response, before, what):
         assert _row_counts() == before, f"{what} → {status} wrote rows"
 
 
+RESPONSE_CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance]
+
+
 @schema.parametrize()
 @settings(
     max_examples=30,
@@ -101,6 +109,9 @@ def test_no_request_gets_a_5xx_nor_writes_on_a_4xx(case, world):
     before = _row_counts()
     response = case.call(headers={"Authorization": f"Bearer {world.owner_token}"})
     _check(response, before, f"{case.method} {case.formatted_path} {case.body!r}")
+    # the schema is true: every answer, errors too, is documented with its status code, its
+    # media type and the shape of its body
+    case.validate_response(response, checks=RESPONSE_CHECKS)
 
 
 # --------------------------------------------------------------------------- nested JSON

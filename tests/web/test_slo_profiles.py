@@ -1,9 +1,11 @@
 """SLO profiles: one rule (SLOProfile.clean → domain.slo) for the admin, the page and the API;
 a deployment's default profile; a level judged by its profile."""
 
+import jsonschema_rs
 import pytest
 from django.contrib.auth.models import User
 
+from domain.levels import LATENCY_METRICS
 from moeops.fleet import services
 from moeops.fleet.models import Deployment, SLOProfile
 from moeops.runs.models import LevelResult
@@ -25,6 +27,7 @@ def world():
 BAD = [
     ({"name": "none"}, "__all__"),
     ({"name": "p42", "ttft_percentile": "p42", "ttft_ms": 500}, "ttft_percentile"),
+    ({"name": "bare", "ttft_ms": 500}, "ttft_percentile"),
     ({"name": "zero", "tpot_percentile": "p99", "tpot_ms": 0}, "tpot_ms"),
     ({"name": "neg", "itl_percentile": "p90", "itl_ms": -1}, "itl_ms"),
     (
@@ -63,13 +66,40 @@ def test_only_a_persons_token_writes_a_profile(world):
 @pytest.mark.parametrize(("fields", "field"), BAD)
 def test_the_api_refuses_a_bad_profile_naming_the_field(world, fields, field):
     response = world.owner.post("/api/v1/slo-profiles", fields)
-    assert response.status_code == 400, response.content
-    detail = response.json()["detail"]
+    # a percentile outside the schema's four is a 422 of its validation, the rest the rule's 400
+    assert response.status_code == (422 if fields.get(field) == "p42" else 400), response.content
+    detail = response.json()["message" if response.status_code == 422 else "detail"]
     if field == "__all__":
         assert detail == "A profile needs at least one limit (TTFT, TPOT, ITL or E2E latency)."
     else:
         assert detail.startswith(f"{field}: ")
     assert not SLOProfile.objects.exists()
+
+
+# (body, whether the API stores it): what the published schema allows is stored, and the rest
+# is refused, with no default the API then refuses (it said ttft_percentile "" for a limit)
+SCHEMA_CASES = [
+    ({"name": "a", "ttft_percentile": "p99", "ttft_ms": 500}, True),
+    ({"name": "b", "tpot_percentile": "p90", "tpot_ms": 50, "max_failed_percent": 0}, True),
+    ({"name": "c", "ttft_ms": 500}, False),
+    ({"name": "d", "ttft_percentile": "p99"}, False),
+    ({"name": "e", "ttft_percentile": "", "ttft_ms": 500}, False),
+    ({"name": "f", "ttft_percentile": None, "ttft_ms": 500}, False),
+]
+
+
+def test_the_published_schema_of_a_profile_is_what_the_api_stores(world):
+    schema = world.read_only.get("/api/v1/openapi.json").json()
+    body = schema["paths"]["/api/v1/slo-profiles"]["post"]["requestBody"]["content"]
+    validator = jsonschema_rs.Draft202012Validator(
+        {**body["application/json"]["schema"], "components": schema["components"]}
+    )
+    properties = schema["components"]["schemas"]["SLOProfileIn"]["properties"]
+    assert all("default" not in properties[f"{m}_percentile"] for m in LATENCY_METRICS)
+    for fields, stored in SCHEMA_CASES:
+        response = world.owner.post("/api/v1/slo-profiles", fields)
+        assert validator.is_valid(fields) == stored, fields
+        assert (response.status_code == 201) == stored, (fields, response.content)
 
 
 def test_the_api_refuses_a_bad_update_and_stores_nothing(world):
