@@ -790,6 +790,8 @@ class SLOProfileFields(In):
     """Each limit is a percentile (p50, p90, p95, p99) and a limit in ms; leave both out for
     none. The profile's own rule (SLOProfile.clean) refuses what is wrong, naming the field."""
 
+    model_config = ConfigDict(json_schema_extra=_limits_come_with_percentiles)
+
     ttft_percentile: Percentile = Field(None, description="with ttft_ms")
     ttft_ms: float = Field(None, description="TTFT limit (ms)")
     tpot_percentile: Percentile = Field(None, description="with tpot_ms")
