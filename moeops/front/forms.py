@@ -548,9 +548,10 @@ class SweepForm(forms.Form):
 
     ARRIVALS = ("request_rates", "burstiness", "ramp_up_s")
 
-    def estimate(self):
-        """ "Estimated duration: ≈ …" of the sweep as the form stands (valid or not)."""
-        pace, why = estimate.deployment_pace(self.deployment)
+    def estimate(self, runs=None):
+        """ "Estimated duration: ≈ …" of the sweep as the form stands (valid or not); runs: as
+        estimate.deployment_pace takes them."""
+        pace, why = estimate.deployment_pace(self.deployment, runs)
         if pace is None:
             return f"No estimated duration: {why}."
         if self.is_bound:

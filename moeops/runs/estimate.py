@@ -64,16 +64,29 @@ def _cap(deployment):
     return (check and check.max_running_requests) or deployment.max_running_requests
 
 
-def deployment_pace(deployment):
-    """The deployment's Pace, or (None, why there is none)."""
-    runs = SweepRun.objects.filter(deployment=deployment, levels__median_tpot_ms__isnull=False)
-    # an imported file of another model says nothing of this deployment's pace
-    runs = of_the_deployment(runs).distinct().order_by("-created", "-id")
-    run = runs.first()
+def _latest_timed(deployment, runs):
+    """The newest run of `runs` (else of the deployment, read here) with a level that measured
+    its TPOT, or None."""
+    if runs is None:
+        runs = SweepRun.objects.filter(deployment=deployment, levels__median_tpot_ms__isnull=False)
+        # an imported file of another model says nothing of this deployment's pace
+        runs = of_the_deployment(runs).distinct().order_by("-created", "-id")[:1]
+        runs = runs.prefetch_related("levels")
+    for run in runs:
+        if any(level.median_tpot_ms is not None for level in run.levels.all()):
+            return run
+    return None
+
+
+def deployment_pace(deployment, runs=None):
+    """The deployment's Pace, or (None, why there is none). runs: the deployment's runs
+    of_the_deployment, newest first, levels prefetched, where the caller has them already."""
+    run = _latest_timed(deployment, runs)
     if run is not None:
         points = sorted(
             (level.concurrency, level.median_tpot_ms / 1000)
-            for level in run.levels.exclude(median_tpot_ms=None).exclude(concurrency=None)
+            for level in run.levels.all()
+            if level.median_tpot_ms is not None and level.concurrency is not None
         )
         if points:
             cap = run.reported_running_cap() or _cap(deployment)

@@ -156,3 +156,24 @@ def test_a_fleet_of_deployments_costs_no_extra_queries(client, django_assert_max
     with django_assert_max_num_queries(9):
         html = client.get("/").content.decode()
     assert "Flat 7" in html and ">d7</a>" in html
+
+
+def test_a_sweep_running_since_before_the_eight_newest_runs_is_still_running_now(client):
+    # the recent runs and the running ones come from one query: the old running sweep must
+    # not fall off with the list's limit, nor a finished run slip into "Running now"
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    old = pb.run(
+        deployment,
+        "long one",
+        status="running",
+        progress={"level_index": 0, "levels_total": 2, "requests_done": 1, "requests_total": 8},
+    )
+    for n in range(9):
+        pb.run(deployment, f"newer {n}")
+    html = client.get("/").content.decode()
+    running, recent = html.split("Running now")[1].split("Recent runs")
+    assert f'data-progress-url="/runs/{old.uuid}/status.json"' in running
+    assert "newer 8" not in running
+    assert "newer 8" in recent and "newer 1" in recent
+    assert "newer 0" not in recent and "long one" not in recent

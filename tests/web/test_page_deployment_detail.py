@@ -6,7 +6,8 @@ from django.core.management import call_command
 
 from moeops.examples import load_example_data
 from moeops.insights.models import Finding
-from moeops.kernels.models import KernelConfig
+from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.runs import estimate
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -216,6 +217,37 @@ def test_the_sweep_form_estimates_from_the_newest_measured_tpot(client, example)
     # 8..128 at most 64 at once, 128 prompts + 8 warm-up of 128 tokens, at 10..20 ms a token
     assert "Estimated duration: ≈ 1 min" in line
     assert "(from the TPOT of measured, at most 64 requests at once)" in line
+
+
+def test_the_page_and_the_estimate_endpoint_skip_a_newer_file_of_another_model(client, example):
+    # the page estimates from the runs it has read, the form's endpoint reads them: both leave
+    # an imported file of another model out
+    measured = [
+        {"concurrency": c, "output_throughput": 1.0, "median_tpot_ms": 10.0} for c in (8, 64)
+    ]
+    pb.run(example, "measured", levels=measured)
+    other = [{"concurrency": 8, "output_throughput": 1.0, "median_tpot_ms": 500.0}]
+    pb.run(example, "qwen file", levels=other, snapshot={"file": {"other_model": "Qwen/Qwen3"}})
+    html = client.get(example.get_absolute_url()).content.decode()
+    line = html.split('id="sweep-estimate"')[1].split("</p>")[0]
+    assert "(from the TPOT of measured, " in line
+    pace, _ = estimate.deployment_pace(example)
+    assert pace.basis == "the TPOT of measured"
+
+
+def test_a_tune_running_since_before_the_five_newest_is_still_running_now(client):
+    # the recent tunes and the running ones come from one query
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    shape = {"E": 256, "N": 256, "hidden_size": 6144, "topk": 8}
+    old = TuningRun.objects.create(deployment=deployment, status="running", **shape)
+    for _ in range(6):
+        TuningRun.objects.create(deployment=deployment, status="succeeded", **shape)
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    running = html.split("Running now")[1].split("</section>")[0]
+    assert f"/tunes/{old.uuid}/" in running
+    recent = html.split("Recent tunes:")[1].split("</p>")[0]
+    assert recent.count("/tunes/") == 5 and f"/tunes/{old.uuid}/" not in recent
 
 
 def test_without_a_measured_run_the_sweep_form_says_why_there_is_no_estimate(client):

@@ -5,7 +5,7 @@ import uuid as uuidlib
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Prefetch
+from django.db.models import Count, Prefetch, prefetch_related_objects
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -22,6 +22,7 @@ from moeops.runs import snapshots
 from moeops.runs.models import (
     LevelProfile,
     LevelResult,
+    LevelRound,
     SweepRun,
     kernel_state,
     of_the_deployment,
@@ -77,10 +78,14 @@ def _selected_runs(uuids):
             gpu_count=Count("deployment__gpus", distinct=True),
             host_gpu_count=Count("deployment__host__gpus", distinct=True),
         )
-        .prefetch_related(
-            Prefetch("levels", LevelResult.objects.order_by("concurrency", "id")), "levels__rounds"
-        )
+        .prefetch_related(Prefetch("levels", LevelResult.objects.order_by("concurrency", "id")))
     }
+    # only the peak levels' rounds are read (_noise), and only their figures: a run of six
+    # levels of three rounds would load eighteen rounds for the three it needs
+    peaks = [level for run in runs.values() if (level := run.peak_level()) is not None]
+    prefetch_related_objects(
+        peaks, Prefetch("rounds", LevelRound.objects.only("id", "level_id", "round", "figures"))
+    )
     # the older run is the baseline whatever order the runs were ticked in
     return sorted((runs[u] for u in uuids if u in runs), key=lambda run: (run.created, run.id))
 

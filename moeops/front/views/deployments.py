@@ -60,6 +60,8 @@ from moeops.watches.models import last_regressed
 ACTIVE = ("queued", "running")
 # Checks the deployment page lists, newest first.
 RECENT_CHECKS = 10
+RECENT_TUNES = 5
+DASHBOARD_RUNS = 8
 # The dashboard's open findings: this many, each said once, from the most important ones.
 DASHBOARD_FINDINGS = 8
 DASHBOARD_FINDINGS_SCANNED = 80
@@ -104,33 +106,37 @@ def _deployment_rows():
     return deployments
 
 
-def _active_runs(runs=SweepRun.objects, tunings=TuningRun.objects):
-    """Queued and running sweeps and tunes, each with its progress."""
-    runs = runs.filter(status__in=ACTIVE).select_related("deployment__host")
-    tunings = tunings.filter(status__in=ACTIVE).select_related("deployment", "host")
-    active = [(run, sweep_progress(run)) for run in runs.order_by("created")]
-    active_tunes = [(t, tuning_progress(t, t.timings.count())) for t in tunings.order_by("created")]
-    return active, active_tunes
+def _recent_and_active(jobs, count):
+    """(the `count` newest of the jobs queryset, its queued and running ones oldest first), in
+    one query: an active job is most often among the newest."""
+    newest = jobs.order_by("-created", "-id").values("pk")[:count]
+    both = list(jobs.filter(Q(pk__in=newest) | Q(status__in=ACTIVE)).order_by("-created", "-id"))
+    return both[:count], [job for job in reversed(both) if job.status in ACTIVE]
+
+
+def _tunes_progress(tunings):
+    return [(t, tuning_progress(t, t.timings.count())) for t in tunings]
 
 
 @login_required
 def dashboard(request):
     deployments = _deployment_rows()
-    active, active_tunes = _active_runs()
+    recent_runs, active = _recent_and_active(
+        SweepRun.objects.select_related("deployment__host").with_summary(), DASHBOARD_RUNS
+    )
+    tunings = TuningRun.objects.filter(status__in=ACTIVE).select_related("deployment", "host")
     ctx = {
         "nav": "dashboard",
         "deployments": deployments,
-        "active": active,
-        "active_tunes": active_tunes,
+        "active": [(run, sweep_progress(run)) for run in active],
+        "active_tunes": _tunes_progress(tunings.order_by("created")),
         "findings": said_once(
             Finding.objects.filter(state="open")
             .select_related("deployment", "run")
             .by_importance()[:DASHBOARD_FINDINGS_SCANNED]
         )[:DASHBOARD_FINDINGS],
         "regressed": last_regressed(),
-        "recent_runs": SweepRun.objects.select_related("deployment")
-        .with_summary()
-        .order_by("-created", "-id")[:8],
+        "recent_runs": recent_runs,
     }
     return render(request, "front/dashboard.html", ctx)
 
@@ -238,7 +244,7 @@ def _deployment_page(
 ):
     sweep_form = sweep_form or SweepForm(deployment=deployment)
     runs = list(
-        SweepRun.objects.filter(deployment=deployment)
+        deployment.runs.all()
         .prefetch_related(Prefetch("levels", LevelResult.objects.order_by("concurrency")))
         .select_related("topology_snapshot", "kernel_config")
         .with_summary()
@@ -256,9 +262,11 @@ def _deployment_page(
     kernel_configs = KernelConfig.objects.for_shape(
         deployment.kernel_shape(), every_dtype=True
     ).order_by("dtype", "-version")
-    active, active_tunes = _active_runs(
-        SweepRun.objects.filter(deployment=deployment),
-        TuningRun.objects.filter(deployment=deployment),
+    # the active sweeps are among the runs read above; one query for recent and active tunes
+    running = sorted((run for run in runs if run.status in ACTIVE), key=lambda r: (r.created, r.id))
+    active = [(run, sweep_progress(run)) for run in running]
+    tunings, active_tunes = _recent_and_active(
+        deployment.tuning_runs.select_related("result", "host"), RECENT_TUNES
     )
     topology = deployment.host.current_topology()
     with_actions = Prefetch(
@@ -282,9 +290,9 @@ def _deployment_page(
         "gpus": gpus,
         "topology": topology,
         "kernel_configs": kernel_configs,
-        "tunings": deployment.tuning_runs.select_related("result").order_by("-created")[:5],
+        "tunings": tunings,
         "active": active,
-        "active_tunes": active_tunes,
+        "active_tunes": _tunes_progress(active_tunes),
         "findings": findings_with_figures(
             said_once(deployment.findings.select_related("note", "run").by_importance())
         ),
@@ -297,7 +305,7 @@ def _deployment_page(
         "capacity_form": capacity_form or CapacityForm(deployment=deployment),
         "watch_form": watch_form or WatchCreateForm(deployment=deployment),
         "upload_form": upload_form or ResultFileForm(),
-        "sweep_estimate": sweep_form.estimate(),
+        "sweep_estimate": sweep_form.estimate(own_runs),
         # a sweep may wait for its worker in the queue, but the person starting it is told
         "sweep_waits": deployment.host.worker_absence(),
         "tune_form": tune_form or TuneForm(deployment=deployment),
