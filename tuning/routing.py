@@ -57,13 +57,9 @@ class Routing:
     @property
     def label(self) -> str:
         """ "uniform", "Zipf 1.2", "Dirichlet α=0.3", "top-k ids from trace.npy"."""
-        if self.kind == "zipf":
-            return f"Zipf {self.parameter:g}"
-        if self.kind == "dirichlet":
-            return f"Dirichlet α={self.parameter:g}"
-        if self.kind == "file":
-            return f"top-k ids from {Path(self.file).name}"
-        return "uniform"
+        from tuning.tune_results import routing_label
+
+        return routing_label(self.as_dict())
 
     def as_dict(self) -> dict:
         """JSON-ready (kept with a tune's result and log)."""

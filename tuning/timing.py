@@ -119,11 +119,27 @@ def random_routing(
     return weights.contiguous(), ids.to(torch.int32).contiguous()
 
 
+def routed(
+    routing, sets: int, M: int, E: int, top_k: int, *, device="cuda", seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """random_routing's weights and ids, the ids drawn under routing (tuning.routing.Routing;
+    None or uniform: random_routing's own). The weights are random_routing's, whatever the
+    routing: they scale rows, and no kernel's speed depends on them."""
+    weights, ids = random_routing(sets, M, E, top_k, device=device, seed=seed)
+    if routing is None or routing.kind == "uniform":
+        return weights, ids
+    from tuning.routing import draw_ids
+
+    drawn = draw_ids(routing, sets, M, E, top_k, seed=seed)
+    return weights, torch.from_numpy(drawn).to(device).contiguous()
+
+
 class LayerTimer:
     """Times MoE layer implementations at one shape and batch size M on the current GPU.
 
     calls_per_graph layer calls per CUDA graph, each on its own x [M, H] bf16 and router choices;
-    before every replay the choices are refreshed from a pool of routing_sets random routings.
+    before every replay the choices are refreshed from a pool of routing_sets random routings,
+    drawn under routing (tuning.routing.Routing; default uniform).
     backend: whose fused-MoE layer time_config runs (tuning.backends; default moeops' builtin).
     """
 
@@ -137,6 +153,7 @@ class LayerTimer:
         calls_per_graph: int = 4,
         routing_sets: int = 32,
         seed: int = 0,
+        routing=None,
     ):
         from tuning.backend_builtin import BuiltinBackend
 
@@ -153,8 +170,8 @@ class LayerTimer:
             for _ in range(self.calls)
         ]
         self.out = [torch.empty_like(x) for x in self.x]
-        self.pool_weights, self.pool_ids = random_routing(
-            max(routing_sets, self.calls), M, shape.E, shape.top_k, seed=seed + 1
+        self.pool_weights, self.pool_ids = routed(
+            routing, max(routing_sets, self.calls), M, shape.E, shape.top_k, seed=seed + 1
         )
         self.topk_weights = [torch.empty_like(self.pool_weights[0]) for _ in range(self.calls)]
         self.topk_ids = [torch.empty_like(self.pool_ids[0]) for _ in range(self.calls)]

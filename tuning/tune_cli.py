@@ -10,6 +10,7 @@ from pathlib import Path
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints, triton_config_unread
 from tuning.engines import ENGINES
 from tuning.kernel_backend import BackendError
+from tuning.routing import UNIFORM, load_ids, parse_routing
 from tuning.search import KernelShape
 from tuning.tune_results import (
     TuningLogError,
@@ -118,6 +119,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="spread the tune over these GPUs, e.g. 0,1,2,3 or all (one process each; --log"
         " then names a folder for their logs)",
     )
+    parser.add_argument(
+        "--routing",
+        default="uniform",
+        help="the routing to time under: uniform (default), zipf:S (expert popularity ∝"
+        " 1/rank^S), dirichlet:A (a popularity drawn per set, concentration A) or a file of"
+        " top-k ids (.npy, .npz, JSON lines of [[e1..ek], …]) as an engine or a model run"
+        " dumps them",
+    )
     parser.add_argument("--log", help="tuning log to resume from and write (default: in --out)")
     parser.add_argument("--fresh", action="store_true", help="ignore an existing log")
     parser.add_argument(
@@ -176,9 +185,12 @@ def _checked(args: argparse.Namespace) -> tuple[KernelShape, list[int]]:
         shape = shape_from_args(args)
         batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
         refusal = fp4_refusal(args)
+        args.routing_spec = _routing(args.routing, shape)
         args.engine_spec = engine_spec(args.engine, args.style, args.engine_source)
     except (ValueError, BackendError) as exc:
         raise _Refusal(str(exc)) from exc
+    if args.gpus and args.routing_spec.kind != "uniform":
+        raise _Refusal("--routing other than uniform is tuned on one GPU (--device), not --gpus")
     if refusal and not args.force:
         raise _Refusal(f"{refusal} --force tunes it all the same.")
     if args.engine_spec is not None and args.engine_spec["engine"] == "vllm":
@@ -197,7 +209,10 @@ def _tune_here(args: argparse.Namespace, shape: KernelShape, batch_sizes: list[i
     if not torch.cuda.is_available():
         raise _Refusal("tuning needs a CUDA GPU", status=1)
     name = engine_file_name(shape, torch.cuda.get_device_name(args.device), args.style)
-    log = Path(args.log) if args.log else Path(args.out) / f"{name}.tuning-log.json"
+    routing = getattr(args, "routing_spec", None) or UNIFORM
+    # a tune under another routing is another log: neither resumes the other
+    under = "" if routing.kind == "uniform" else f".{routing_slug(routing)}"
+    log = Path(args.log) if args.log else Path(args.out) / f"{name}{under}.tuning-log.json"
     if args.fresh and log.exists():
         log.unlink()
     try:
@@ -211,6 +226,7 @@ def _tune_here(args: argparse.Namespace, shape: KernelShape, batch_sizes: list[i
             resume_path=log,
             compile_workers=args.compile_workers,
             engine=args.engine_spec,
+            routing=routing,
         )
     except TuningLogError as exc:
         raise _Refusal(f"{exc}; --fresh starts the tune over") from exc
@@ -218,6 +234,23 @@ def _tune_here(args: argparse.Namespace, shape: KernelShape, batch_sizes: list[i
         print(path)
     print_summary(result)
     return 0
+
+
+def _routing(text: str, shape: KernelShape):
+    """--routing as a Routing; a file of top-k ids is read and checked against the shape's
+    experts and top-k now, before any GPU work (RoutingError, a ValueError, says what is
+    wrong)."""
+    routing = parse_routing(text)
+    if routing.kind == "file":
+        load_ids(routing.file, shape.E, shape.top_k)
+    return routing
+
+
+def routing_slug(routing) -> str:
+    """A routing in a file name: zipf-1.2, dirichlet-0.3, ids-<first 8 of its sha256>."""
+    if routing.kind == "file":
+        return f"ids-{routing.sha256[:8]}"
+    return f"{routing.kind}-{routing.parameter:g}"
 
 
 def fp4_refusal(args: argparse.Namespace) -> str | None:

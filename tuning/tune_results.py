@@ -79,7 +79,9 @@ class TuneResult:
     search: "coarse-to-fine" or "exhaustive". wall_s: seconds the tune took. kernel: whose
     kernel was timed (tuning.kernel_backend: engine, version, source_sha256). limits: the GPU's
     that the search pruned with (capability, shared_memory_bytes: GpuTarget.limits); {} in logs
-    written before they were recorded, whose searches pruned with the H100's.
+    written before they were recorded, whose searches pruned with the H100's. routing: what
+    the timings drew their router choices under (tuning.routing.Routing.as_dict; logs from
+    before routings: uniform).
     timeline: where this run's seconds went: a ProcessTimeline from Tuner.tune, per GPU index
     its process's from tuning.spread.spread_tune; not in the log, None when read from one.
     """
@@ -93,6 +95,7 @@ class TuneResult:
     wall_s: float = 0.0
     kernel: dict = field(default_factory=lambda: {"engine": "builtin"})
     limits: dict = field(default_factory=dict)
+    routing: dict = field(default_factory=lambda: {"kind": "uniform"})
     timeline: ProcessTimeline | dict[int, ProcessTimeline] | None = field(
         default=None, compare=False
     )
@@ -159,6 +162,7 @@ class TuneResult:
             "wall_s": self.wall_s,
             "kernel": self.kernel,
             "limits": self.limits,
+            "routing": self.routing,
             "batches": {str(m): vars(self.batches[m]) for m in sorted(self.batches)},
         }
 
@@ -175,19 +179,40 @@ class TuneResult:
             wall_s=data.get("wall_s", 0.0),
             kernel=data.get("kernel") or {"engine": "builtin"},
             limits=data.get("limits") or {},
+            routing=data.get("routing") or {"kind": "uniform"},
         )
 
     def same_run_as(self, other: TuneResult) -> bool:
         """Whether two results tune the same shape of the same kernel on the same GPU model and
-        Triton."""
-        mine = (self.shape, self.device_name, self.triton_version, self.search, self.kernel)
+        Triton, under the same routing."""
+        mine = (
+            self.shape,
+            self.device_name,
+            self.triton_version,
+            self.search,
+            self.kernel,
+            self.routing,
+        )
         return mine == (
             other.shape,
             other.device_name,
             other.triton_version,
             other.search,
             other.kernel,
+            other.routing,
         )
+
+
+def routing_label(routing: dict) -> str:
+    """A result's routing in words ("Zipf 1.2"; tuning.routing.Routing.label, without numpy)."""
+    kind, parameter = routing.get("kind", "uniform"), routing.get("parameter")
+    if kind == "zipf":
+        return f"Zipf {parameter:g}"
+    if kind == "dirichlet":
+        return f"Dirichlet α={parameter:g}"
+    if kind == "file":
+        return f"top-k ids from {Path(routing['file']).name}"
+    return "uniform"
 
 
 def merge_results(results: Iterable[TuneResult]) -> TuneResult:
@@ -294,6 +319,8 @@ def print_summary(result: TuneResult) -> None:
     print(f"kernel: {kernel.get('engine')}{version}")
     if result.limits:
         print(result.limits_phrase())
+    if result.routing.get("kind", "uniform") != "uniform":
+        print(f"timed under {routing_label(result.routing)} routing")
     for m, b in sorted(result.batches.items()):
         shared = "" if b.shared_config_us is None else f"  one config {b.shared_config_us:9.1f} µs"
         shipped = "" if b.shipped_us is None else f"  shipped {b.shipped_us:9.1f} µs"

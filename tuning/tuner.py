@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from tuning.compile_pool import CompilePool, default_workers, one_line
 from tuning.config_files import REQUIRED_FIELDS, TUNED_BATCH_SIZES
+from tuning.routing import UNIFORM
 from tuning.search import (
     SM90_SHARED_MEMORY,
     CoarseToFineSearch,
@@ -68,6 +69,7 @@ class DeviceMeasurements:
         ceilings: dict | None = None,
         compile_shard: tuple[int, int] = (0, 1),
         engine: dict | None = None,
+        routing=None,
     ):
         workers = default_workers() if compile_workers is None else compile_workers
         # before importing torch: the workers' start-up overlaps this process's set-up
@@ -78,6 +80,8 @@ class DeviceMeasurements:
         )
         self.shape = shape
         self.device_index = device_index
+        # the routing every timing draws its router choices under (tuning.routing)
+        self.routing = routing or UNIFORM
         self.seconds: dict[str, float] = {}
         try:
             started = time.monotonic()
@@ -157,7 +161,7 @@ class DeviceMeasurements:
 
         # hand back the graph memory of timers already dropped
         torch.cuda.empty_cache()
-        return LayerTimer(self.shape, self.weights, M, backend=self.backend)
+        return LayerTimer(self.shape, self.weights, M, backend=self.backend, routing=self.routing)
 
     def floor_us(self, M: int) -> float:
         """The layer's floor at batch size M, from the measured ceilings (µs)."""
@@ -245,6 +249,7 @@ class Tuner:
             ceilings=self.measurements.ceilings,
             kernel={**backend.describe(), "path": backend.kernel_path(self.shape)},
             limits=self.measurements.target.limits(),
+            routing=getattr(self.measurements, "routing", UNIFORM).as_dict(),
         )
         earlier_wall = 0.0
         previous = load_log(resume_path)
@@ -522,15 +527,18 @@ def tune(
     compile_workers: int | None = None,
     compile_shard: tuple[int, int] = (0, 1),
     engine: dict | None = None,
+    routing=None,
 ) -> TuneResult:
     """Tune shape at batch_sizes on GPU device_index (see Tuner.tune); compile_shard: see
-    compile_order; engine: whose kernel (DeviceMeasurements)."""
+    compile_order; engine: whose kernel, routing: what the timings draw their router choices
+    under (DeviceMeasurements)."""
     with Tuner(
         shape,
         device_index=device_index,
         compile_workers=compile_workers,
         compile_shard=compile_shard,
         engine=engine,
+        routing=routing,
     ) as tuner:
         return tuner.tune(
             batch_sizes,

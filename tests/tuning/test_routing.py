@@ -124,3 +124,60 @@ def test_a_routing_it_cannot_time_under_is_refused(text, said):
 def test_uniform_is_todays_routing_and_what_old_logs_read_as():
     assert parse_routing("uniform") == UNIFORM == Routing.from_dict({}) == Routing.from_dict(None)
     assert UNIFORM.label == "uniform" and UNIFORM.as_dict() == {"kind": "uniform"}
+
+
+def test_a_tune_records_its_routing_and_resumes_only_a_log_of_the_same(tmp_path, capsys):
+    from tests.fakes import SHAPE, FakeMeasurements
+    from tuning.tune_results import TuneResult, print_summary
+    from tuning.tuner import Tuner
+
+    measurements = FakeMeasurements()
+    measurements.routing = parse_routing("zipf:1.2")
+    log = tmp_path / "log.json"
+
+    skewed = Tuner(SHAPE, measurements).tune([64], resume_path=log)
+
+    assert skewed.routing == {"kind": "zipf", "parameter": 1.2}
+    assert TuneResult.from_dict(skewed.to_dict()).routing == skewed.routing
+    print_summary(skewed)
+    assert "timed under Zipf 1.2 routing" in capsys.readouterr().out
+    uniform = Tuner(SHAPE, FakeMeasurements()).tune([64])
+    assert uniform.routing == {"kind": "uniform"} and not uniform.same_run_as(skewed)
+    # a log written before routings were recorded is a uniform one
+    old = {k: v for k, v in uniform.to_dict().items() if k != "routing"}
+    assert TuneResult.from_dict(old).same_run_as(uniform)
+
+
+def test_the_tune_cli_refuses_a_routing_file_not_of_the_models_shape_before_any_gpu_work(
+    tmp_path, capsys
+):
+    from tests.fakes import HF_CONFIGS
+    from tuning.__main__ import main
+
+    wrong = tmp_path / "dump.npy"
+    np.save(wrong, np.zeros((16, 4), dtype=np.int32) + np.arange(4))
+    glm5 = ["--model-config", str(HF_CONFIGS / "glm-5-fp8_config.json"), "--tp", "8"]
+
+    status = main(["tune", *glm5, "--out", str(tmp_path), "--routing", str(wrong)])
+
+    assert status == 2
+    assert "dump.npy: each token picks 4 experts, the model 8" in capsys.readouterr().err
+    status = main(["tune", *glm5, "--out", str(tmp_path), "--routing", "zipf:1.2", "--gpus", "0,1"])
+    assert status == 2
+    assert "--routing other than uniform is tuned on one GPU" in capsys.readouterr().err
+
+
+def test_the_timers_router_choices_follow_the_routing():
+    import torch
+
+    from tuning.timing import random_routing, routed
+
+    zipf = parse_routing("zipf:1.2")
+    weights, ids = routed(zipf, 4, 256, E, TOP_K, device="cpu", seed=2)
+
+    assert ids.dtype == torch.int32 and tuple(ids.shape) == (4, 256, TOP_K)
+    assert (ids.numpy() == draw_ids(zipf, 4, 256, E, TOP_K, seed=2)).all()
+    assert tuple(weights.shape) == (4, 256, TOP_K) and weights.dtype == torch.float32
+    same = random_routing(4, 256, E, TOP_K, device="cpu", seed=2)
+    uniform = routed(None, 4, 256, E, TOP_K, device="cpu", seed=2)
+    assert all((a == b).all() for a, b in zip(uniform, same, strict=True))
