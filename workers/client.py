@@ -526,12 +526,20 @@ class MoeopsClient:
         """Runs newest first: {"items": [...], "count": N}."""
         return self._get("/runs", deployment=deployment, status=status, limit=limit).json()
 
-    def update_run(self, run, *, status=None, **fields):
-        """Status (compare-and-set: raises Conflict on an illegal move), progress, error, …"""
+    def _patch(self, path, body, *, advisory):
+        """A PATCH of a job's state: pushed (spooled while the web tier is away), or, advisory
+        (progress the next push supersedes), sent once and never spooled."""
+        if advisory:
+            return self.request("PATCH", path, body=body, retries=0).json()
+        return self._push("PATCH", path, body)
+
+    def update_run(self, run, *, status=None, advisory=False, **fields):
+        """Status (compare-and-set: raises Conflict on an illegal move), progress, error, …;
+        advisory: see _patch."""
         body = {key: value for key, value in fields.items() if value is not None}
         if status is not None:
             body["status"] = status
-        return self._push("PATCH", f"/runs/{run}", _wire(RunPatch, body, "run"))
+        return self._patch(f"/runs/{run}", _wire(RunPatch, body, "run"), advisory=advisory)
 
     def take_over_run(self, run, attempt, progress):
         """Take a running run whose worker is gone over as `attempt` (raises Conflict when
@@ -648,15 +656,15 @@ class MoeopsClient:
 
     # ------------------------------------------------------------------ engine actions
 
-    def report_action(self, action, *, status=None, **fields):
+    def report_action(self, action, *, status=None, advisory=False, **fields):
         """An engine action's steps, observed engine, log tail, error and status (running,
-        sweeping, succeeded, failed); status moves are compare-and-set (Conflict)."""
+        sweeping, succeeded, failed); status moves are compare-and-set (Conflict); advisory:
+        see _patch."""
         body = {key: value for key, value in fields.items() if value is not None}
         if status is not None:
             body["status"] = status
-        return self._push(
-            "PATCH", f"/engine-actions/{action}", _wire(ActionReport, body, "action report")
-        )
+        body = _wire(ActionReport, body, "action report")
+        return self._patch(f"/engine-actions/{action}", body, advisory=advisory)
 
     # ------------------------------------------------------------------ kernels
 
@@ -690,12 +698,14 @@ class MoeopsClient:
         run_uuid = str(run_uuid or uuid.uuid4())
         return {"uuid": run_uuid} | self._push("POST", "/tuning-runs", {"uuid": run_uuid, **fields})
 
-    def update_tuning_run(self, tuning_run, *, status=None, **fields):
+    def update_tuning_run(self, tuning_run, *, status=None, advisory=False, **fields):
+        """Status (compare-and-set: Conflict), progress, result, the kernel timed, …; advisory:
+        see _patch."""
         body = {key: value for key, value in fields.items() if value is not None}
         if status is not None:
             body["status"] = status
         body = _wire(TuningRunPatch, body, "tuning run")
-        return self._push("PATCH", f"/tuning-runs/{tuning_run}", body)
+        return self._patch(f"/tuning-runs/{tuning_run}", body, advisory=advisory)
 
     def post_tuning_timings(self, tuning_run, timings):
         """Per batch size: tuned_us, default_us, floor_us, config, …; each stored once."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from domain import launch
 from tuning.config_files import ConfigFileError, config_file_relpath, configs_root
-from workers.client import ApiError
+from workers.client import ApiError, BadPush
 from workers.engine_info import identify_engine, kernel_config_in_effect, locate_engine_package
 from workers.engine_supervisor import EngineSupervisor, Recipe, SupervisorError
 
@@ -64,10 +64,8 @@ class _Steps:
 
     def _advise(self):
         try:
-            self.client.request(
-                "PATCH", f"/engine-actions/{self.action}", body=self._body(), retries=0
-            )
-        except ApiError as exc:
+            self.client.report_action(self.action, advisory=True, **self._body())
+        except (ApiError, BadPush) as exc:
             log.info("engine action %s: progress not sent: %s", self.action, exc)
 
     def begin(self, name, detail=""):

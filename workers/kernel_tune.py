@@ -26,7 +26,7 @@ from pathlib import Path
 from domain.jobs import FINISHED_STATUSES
 from tuning.cache_dir import cache_dir
 from tuning.config_files import triton_config_unread
-from workers.client import ApiError, Conflict, Unreachable
+from workers.client import ApiError, BadPush, Conflict, Unreachable
 from workers.telemetry import TelemetryPusher
 
 log = logging.getLogger(__name__)
@@ -376,11 +376,10 @@ def _push_advisory(client, tuning_run_uuid, body):
     attempt, never spooled, a failure logged; the final status push carries what matters.
     Returns the tuning run as the API answered, or None when the push failed."""
     try:
-        response = client.request("PATCH", f"/tuning-runs/{tuning_run_uuid}", body=body, retries=0)
-    except ApiError as exc:
+        return client.update_tuning_run(tuning_run_uuid, advisory=True, **body)
+    except (ApiError, BadPush) as exc:
         log.warning("tuning run %s: push failed: %s", tuning_run_uuid, exc)
         return None
-    return response.json()
 
 
 def _stop_if_cancelled(run):

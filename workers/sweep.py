@@ -30,7 +30,7 @@ from domain.snapshot import RunSnapshot
 from domain.step_breakdown import DEFAULT_PROFILE_STEPS
 from domain.wire.levels import LevelFigures
 from workers import capacity, engine_info, engine_paths, loadgen, step_profile, vocabulary
-from workers.client import ApiError, Conflict, Unreachable
+from workers.client import ApiError, BadPush, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler, counter_deltas, read_engine_counters
 from workers.telemetry import TelemetrySampler, push_drained
 
@@ -244,17 +244,18 @@ class _Reporter(threading.Thread):
     def run(self):
         last_flush = time.monotonic()
         while not self._halt.wait(self._interval):
-            body = {"progress": self._progress.snapshot()}
             try:
                 # progress is advisory: one attempt, never spooled (the next tick sends a newer one)
-                run = self._client.request("PATCH", f"/runs/{self._run}", body=body, retries=0)
-                self.cancel_requested = bool(run.json().get("cancel_requested"))
+                run = self._client.update_run(
+                    self._run, advisory=True, progress=self._progress.snapshot()
+                )
+                self.cancel_requested = bool(run.get("cancel_requested"))
             except Conflict as exc:
                 # this worker was thought gone: another delivery sweeps the run, or it was ended
                 log.warning("sweep %s: progress refused, stopping: %s", self._run, exc)
                 self.taken_over = True
                 return
-            except ApiError as exc:
+            except (ApiError, BadPush) as exc:
                 log.info("sweep %s: progress push failed: %s", self._run, exc)
                 continue
             try:

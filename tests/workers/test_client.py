@@ -132,6 +132,7 @@ def test_it_raises_a_4xx_instead_of_spooling_it(client, world):
 # the push, the field, the call).
 BAD_PUSHES = [
     ("run", "status", lambda c: c.update_run("r", status="paused")),
+    ("run", "progress", lambda c: c.update_run("r", advisory=True, progress=[1])),
     ("run takeover", "takeover", lambda c: c.take_over_run("r", 0, {})),
     ("observed", "engine", lambda c: c.post_observed("r", {"engine": "vllm 0.33"})),
     ("level", "completed", lambda c: c.post_level("r", {"concurrency": 8, "completed": True})),
@@ -143,6 +144,7 @@ BAD_PUSHES = [
     ("timings", "timings.0.batch_size", lambda c: c.post_tuning_timings("t", [{"batch_size": 0}])),
     ("heartbeat", "sent_at", lambda c: c.post_heartbeat("h", {"sent_at": -1.0})),
     ("action report", "status", lambda c: c.report_action("a", status="queued")),
+    ("action report", "steps", lambda c: c.report_action("a", advisory=True, steps={})),
 ]
 
 
