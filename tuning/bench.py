@@ -20,7 +20,7 @@ from tuning.config_files import TUNED_BATCH_SIZES, entry_for_batch, loads_config
 from tuning.engines import ENGINES
 from tuning.kernel_backend import BackendError
 from tuning.search import KernelShape
-from tuning.tune_cli import add_shape_arguments, engine_spec, shape_from_args
+from tuning.tune_cli import add_shape_arguments, engine_spec, routing_for, shape_from_args
 from tuning.tuner import FINAL_REPLAYS
 
 
@@ -71,6 +71,7 @@ def bench(
     replays: int = FINAL_REPLAYS,
     grouped_mm: bool = True,
     backend=None,
+    routing=None,
 ) -> list[BenchRow]:
     """Time the layer at each batch size on the current GPU.
 
@@ -78,7 +79,8 @@ def bench(
     down_entries: a `_down` file's, for GEMM 2 beside it (the tuned config alone is timed too);
     ceilings: measured {bandwidth_tbps, bf16_tflops, fp8_tflops}, measured here when None;
     backend: whose layer (tuning.backends; default moeops' builtin); where the engine ships a
-    config file for this shape and GPU, its entries are timed too.
+    config file for this shape and GPU, its entries are timed too. routing: what the router
+    choices are drawn under (tuning.routing.Routing; default uniform).
     """
     import torch
 
@@ -97,7 +99,7 @@ def bench(
     bf16_weights = weights if shape == bf16_shape else None
     rows = []
     for m in sorted(set(batch_sizes)):
-        timer = timing.LayerTimer(shape, weights, m, backend=backend)
+        timer = timing.LayerTimer(shape, weights, m, backend=backend, routing=routing)
         default = backend.default_config(shape, m)
         tuned = entry_for_batch(entries, m) if entries else None
         down = entry_for_batch(down_entries, m) if entries and down_entries else None
@@ -123,7 +125,7 @@ def bench(
         if grouped_mm:
             if bf16_weights is None:
                 bf16_weights = timing.make_weights(bf16_shape)
-            bf16_timer = timing.LayerTimer(bf16_shape, bf16_weights, m)
+            bf16_timer = timing.LayerTimer(bf16_shape, bf16_weights, m, routing=routing)
             row.grouped_mm_us = _time_or_none(bf16_timer.time_grouped_mm, replays)
             del bf16_timer
         rows.append(row)
@@ -168,6 +170,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="whose kernel to time (default: moeops' builtin)",
     )
     parser.add_argument("--engine-source", help="the engine's package folder (see tune)")
+    parser.add_argument(
+        "--routing",
+        default="uniform",
+        help="the routing to time under: uniform, zipf:S, dirichlet:A or a file of top-k ids"
+        " (see tune)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
         entries = _read_entries("--config", args.config)
         down_entries = _read_entries("--down-config", args.down_config)
+        routing = routing_for(args.routing, shape)
         spec = engine_spec(args.engine, "vllm", args.engine_source)
     except (ValueError, BackendError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -197,8 +206,9 @@ def run(args: argparse.Namespace) -> int:
         replays=args.replays,
         grouped_mm=not args.no_grouped_mm,
         backend=backend,
+        routing=routing,
     )
-    print(f"{torch.cuda.get_device_name(args.device)}  {shape.as_dict()}")
+    print(f"{torch.cuda.get_device_name(args.device)}  {shape.as_dict()}  {routing.label} routing")
     print(format_table(rows))
     return 0
 

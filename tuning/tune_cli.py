@@ -185,7 +185,7 @@ def _checked(args: argparse.Namespace) -> tuple[KernelShape, list[int]]:
         shape = shape_from_args(args)
         batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
         refusal = fp4_refusal(args)
-        args.routing_spec = _routing(args.routing, shape)
+        args.routing_spec = routing_for(args.routing, shape)
         args.engine_spec = engine_spec(args.engine, args.style, args.engine_source)
     except (ValueError, BackendError) as exc:
         raise _Refusal(str(exc)) from exc
@@ -236,7 +236,7 @@ def _tune_here(args: argparse.Namespace, shape: KernelShape, batch_sizes: list[i
     return 0
 
 
-def _routing(text: str, shape: KernelShape):
+def routing_for(text: str, shape: KernelShape):
     """--routing as a Routing; a file of top-k ids is read and checked against the shape's
     experts and top-k now, before any GPU work (RoutingError, a ValueError, says what is
     wrong)."""

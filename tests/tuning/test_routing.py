@@ -181,3 +181,13 @@ def test_the_timers_router_choices_follow_the_routing():
     same = random_routing(4, 256, E, TOP_K, device="cpu", seed=2)
     uniform = routed(None, 4, 256, E, TOP_K, device="cpu", seed=2)
     assert all((a == b).all() for a, b in zip(uniform, same, strict=True))
+
+
+def test_the_bench_refuses_a_routing_it_cannot_time_under(capsys):
+    from tests.fakes import HF_CONFIGS
+    from tuning.__main__ import main
+
+    glm5 = ["--model-config", str(HF_CONFIGS / "glm-5-fp8_config.json"), "--tp", "8"]
+
+    assert main(["bench", *glm5, "--routing", "dirichlet:0"]) == 2
+    assert "dirichlet:0: the concentration must be a number" in capsys.readouterr().err
