@@ -15,6 +15,11 @@ and compares with the tune's pick.
         --exhaustive-check glm5:fp8_block@16,256,2048 \\
         --earlier glm5:fp8_block=bench/results/engine_tune_h200/vllm_glm5_fp8_block.json
 
+--routings uniform,zipf:1.2 tunes each plan item under each routing (tuning.routing) and times
+every written file under every routing beside the engine's default and shipped configs: whether
+skew changes the picks, and where the file tuned under uniform routing loses to the one tuned
+under the skew (OUT/engine_tune_routing.json, the files under OUT/configs/<routing>).
+
 --deep-gemm-e8m0 tunes as for a launch with DeepGEMM and E8M0 on: in vLLM 0.34 fp8 block on
 SM90 that is the sorted-A path, GEMM 2 searched apart and the _down file written; the
 head-to-head then runs each candidate's pair (written up + _down, shipped up + _down).
@@ -115,6 +120,96 @@ def tune_and_compare(name, engine, out, log, sizes=TUNED_BATCH_SIZES, earlier=No
         files=[str(p) for p in paths],
     )
     return {"summary": summary, "rows": rows, "tune": result.to_dict()}
+
+
+def routing_compare(name, engine, out, log, routings, sizes=TUNED_BATCH_SIZES):
+    """Tune name under each of routings (tuning.routing.Routing), then time every written file
+    under every routing, head to head with the engine's default and shipped configs (issue 42,
+    item 5): per routing and M the µs of each, and where the file tuned under uniform routing
+    loses to the one tuned under the skew, by how much (the median of the rounds' ratios)."""
+    import torch
+
+    from tuning.timing import LayerTimer, make_weights
+    from tuning.tune_cli import routing_slug
+    from tuning.tune_results import write_config_files
+    from tuning.tuner import Tuner, head_to_head
+
+    shape = shape_of(name)
+    style = engine["engine"]
+    tuned, summary = {}, {"shape": name, "tunes": {}}
+    for routing in routings:
+        started = time.monotonic()
+        with Tuner(shape, engine=engine, routing=routing) as tuner:
+            result = tuner.tune(sizes)
+            backend = tuner.backend
+        slug = "uniform" if routing.kind == "uniform" else routing_slug(routing)
+        paths = write_config_files(result, out / "configs" / slug, style)
+        tuned[routing.label] = result
+        summary["tunes"][routing.label] = {
+            "wall_s": round(time.monotonic() - started, 1),
+            "files": [str(p) for p in paths],
+            "tune": result.to_dict(),
+        }
+    device = torch.cuda.get_device_name()
+    shipped = backend.shipped_configs(shape, device)
+    weights = make_weights(shape)
+    labels = list(tuned)
+    picks_differ = [
+        m for m in sizes if len({json.dumps(tuned[k].batches[m].config) for k in labels}) > 1
+    ]
+    rows = []
+    for routing in routings:
+        for m in sizes:
+            timer = LayerTimer(shape, weights, m, backend=backend, routing=routing)
+            candidates = {
+                f"tuned under {k}": (entry_for_batch(tuned[k].entries(), m), None) for k in labels
+            }
+            candidates["default"] = (backend.default_config(shape, m), None)
+            if shipped is not None:
+                candidates["shipped"] = (shipped.entry_for(m), None)
+            measured = head_to_head(timer, candidates)
+            row = {"timed_under": routing.label, "M": m}
+            row.update({f"{k} us": round(v.us, 2) for k, v in measured.items()})
+            uniform, skewed = (f"tuned under {k}" for k in (labels[0], labels[-1]))
+            if len(labels) > 1 and uniform in measured and skewed in measured:
+                # above 1 where the file tuned under uniform routing is slower here
+                row["uniform_over_skew"] = round(
+                    statistics.median(
+                        u / k
+                        for u, k in zip(
+                            measured[uniform].rounds, measured[skewed].rounds, strict=True
+                        )
+                    ),
+                    4,
+                )
+            rows.append(row)
+            del timer
+            torch.cuda.empty_cache()
+            print(json.dumps({"shape": name, **row}), file=log, flush=True)
+    summary["picks_differ_at"] = picks_differ
+    losses = [r for r in rows if r.get("uniform_over_skew", 0) > 1.02]
+    summary["uniform_loses"] = [
+        f"loses {round((r['uniform_over_skew'] - 1) * 100)} % at M={r['M']} under "
+        f"{r['timed_under']}"
+        for r in losses
+    ]
+    return {"summary": summary, "rows": rows}
+
+
+def routing_table(result) -> str:
+    """Per routing timed under and M: each file's µs, the default's and shipped's."""
+    rows = result["rows"]
+    names = [k for k in rows[0] if k.endswith(" us")]
+    lines = [f"{result['summary']['shape']}: " + " | ".join(["timed under", "M", *names])]
+    for r in rows:
+        cells = [r["timed_under"], str(r["M"]), *(_n(r.get(k)) for k in names)]
+        if "uniform_over_skew" in r:
+            cells.append(f"uniform/skew-tuned {r['uniform_over_skew']:.3f}")
+        lines.append(" | ".join(cells))
+    summary = result["summary"]
+    lines.append(f"picks differ at M = {summary['picks_differ_at']}")
+    lines += summary["uniform_loses"] or ["the uniform-tuned file loses nowhere beyond 2 %"]
+    return "\n".join(lines)
 
 
 def paired_ratios(measured) -> dict:
@@ -305,6 +400,13 @@ def main() -> int:
         "for GEMM 2 where its conditions hold: the _down file searched and compared too)",
     )
     parser.add_argument(
+        "--routings",
+        default="",
+        help="uniform,zipf:1.2,..: tune each plan item under each routing (tuning.routing) and "
+        "time every written file under every routing (issue 42, item 5) instead of the "
+        "default/shipped comparison",
+    )
+    parser.add_argument(
         "--sizes",
         default=",".join(map(str, TUNED_BATCH_SIZES)),
         help="batch sizes to tune and compare (default: the 18 of the engines' files)",
@@ -318,6 +420,19 @@ def main() -> int:
     results = {"plan": [], "exhaustive": [], "correctness": []}
     plan = list(filter(None, args.plan.split(",")))
     earlier = dict(item.split("=", 1) for item in filter(None, args.earlier.split(",")))
+    if args.routings:
+        from tuning.routing import parse_routing
+
+        routings = [parse_routing(text) for text in args.routings.split(",")]
+        sizes = [int(m) for m in args.sizes.split(",")]
+        results = {"routing": []}
+        with open(out / "engine_tune.log", "a") as log:
+            for name in plan:
+                found = routing_compare(name, engine, out, log, routings, sizes)
+                results["routing"].append(found)
+                print(routing_table(found), flush=True)
+                (out / "engine_tune_routing.json").write_text(json.dumps(results, indent=1))
+        return 0
     with open(out / "engine_tune.log", "a") as log:
         results["correctness"] = check_correctness(plan, engine, log)
         for name in plan:
