@@ -7,7 +7,7 @@ The search grows the load geometrically from `start` until a level fails the SLO
 the bracket (the largest load met below the smallest load failed) until it is at most WIDTH of
 its lower end wide (or one concurrency), or the search has run `budget` levels.
 
-A level is a dict of LevelResult fields (domain.levels' keys) with "intervals", as
+A level is a dict of LevelResult fields (domain.wire.levels' keys) with "intervals", as
 domain.intervals.level_of_rounds returns it and the API's levels read."""
 
 import math

@@ -83,7 +83,7 @@ def _total(values):
 
 def level_of_rounds(rounds):
     """The level's fields from its rounds, in round order: each round a dict of LevelResult
-    fields (domain.levels' keys, errors, usage_reported, started_at, finished_at, epoch s).
+    fields (domain.wire.levels' keys, errors, usage_reported, started_at, finished_at, epoch s).
 
     Returns the fields plus "intervals": {key: [low, high]} for INTERVAL_KEYS that every round
     has (median_interval: the interval of the median, the figure itself), empty for one
