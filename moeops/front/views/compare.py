@@ -5,7 +5,8 @@ import uuid as uuidlib
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Prefetch, prefetch_related_objects
+from django.db.models import Count, OuterRef, Prefetch, Subquery, prefetch_related_objects
+from django.db.models.functions import Coalesce
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -13,7 +14,7 @@ from django.urls import reverse
 from domain.capacity import capacities_compared, capacity_range
 from domain.intervals import FALSE_ALARM, compare_rounds, with_interval
 from domain.step_breakdown import breakdown_changes
-from moeops.fleet.models import gpu_count
+from moeops.fleet.models import GPU, Deployment, gpu_count
 from moeops.front import capacity, charts
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
 from moeops.front.forms import RunFilterForm
@@ -69,14 +70,22 @@ def _runs_qs():
     ).with_summary()
 
 
+def _counted(rows, column, outer):
+    """How many of `rows` have `column` equal to the run's `outer`: a correlated subquery, as a
+    join and COUNT(DISTINCT) would group every selected column (PostgreSQL then estimates the
+    query dear enough to JIT-compile it: 0.3 s for 20 runs)."""
+    per = rows.filter(**{column: OuterRef(outer)}).order_by().values(column)
+    return Coalesce(Subquery(per.annotate(n=Count("*")).values("n")), 0)
+
+
 def _selected_runs(uuids):
     runs = {
         run.uuid: run
         for run in _runs_qs()
         .filter(uuid__in=uuids)
         .annotate(
-            gpu_count=Count("deployment__gpus", distinct=True),
-            host_gpu_count=Count("deployment__host__gpus", distinct=True),
+            gpu_count=_counted(Deployment.gpus.through.objects, "deployment_id", "deployment_id"),
+            host_gpu_count=_counted(GPU.objects, "host_id", "deployment__host_id"),
         )
         .prefetch_related(Prefetch("levels", LevelResult.objects.order_by("concurrency", "id")))
     }
