@@ -276,6 +276,9 @@ class Proposal:
     scope: str = "run"
     plan: list[str] = field(default_factory=list)
     note_id: int | None = None
+    # a deployment-wide finding that follows from the launch recipe (its flags, environment or
+    # kernel configs): superseded when another recipe comes in force (decision 55)
+    recipe_bound: bool = False
 
 
 def analyze(data: RunData) -> list[Proposal]:
@@ -871,6 +874,8 @@ def no_tuned_kernel(data: RunData) -> list[Proposal]:
                 },
                 scope="deployment",
                 plan=[f"Tune the fused-MoE kernel for {what}"],
+                # a recipe that brings a tuned file in answers it
+                recipe_bound=True,
             )
         )
     return proposals
@@ -1205,6 +1210,7 @@ def incompatibilities(data: RunData) -> list[Proposal]:
                 scope="deployment",
                 plan=[f"Resolve the known incompatibility: {rule.name}"],
                 note_id=rule.note_id,
+                recipe_bound=bool(rule.launch_argument),
             )
         )
     return proposals

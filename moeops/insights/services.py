@@ -35,6 +35,10 @@ def on_job_finished(*, job):
     return [finding.pk for finding in run_analyze(run=job)]
 
 
+# the evidence key under which a recipe_bound deployment-wide finding keeps its run's recipe
+FOUND_UNDER = "recipe"
+
+
 def run_analyze(*, run) -> list[Finding]:
     """Apply every rule to a finished run and store what they find.
 
@@ -93,19 +97,19 @@ def finding_set_state(*, finding, state, user, expected=None) -> bool:
 
 
 def findings_supersede(*, deployment) -> int:
-    """Close as superseded the open automatic findings of the deployment's runs whose engine ran
-    another launch recipe (flags, environment, kernel configs) than the one in force: they
-    describe an engine that no longer runs. Kept, with their state; returns how many."""
+    """Close as superseded the open automatic findings made under another launch recipe (flags,
+    environment, kernel configs) than the one in force: those of runs whose engine ran it, and
+    the deployment-wide ones that followed from it (Proposal.recipe_bound). They describe an
+    engine that no longer runs. Kept, with their state; returns how many."""
     in_force = deployment.recipe_in_force()
     if in_force is None:
         return 0
-    running = _recipe_content(snapshots.recipe_record(in_force))
-    open_ones = deployment.findings.filter(source="auto", state="open", run__isnull=False)
+    running = snapshots.recipe_content(snapshots.recipe_record(in_force))
+    open_ones = deployment.findings.filter(source="auto", state="open").select_related("run")
     stale = [
         finding.pk
-        for finding in open_ones.select_related("run")
-        if (finding.run.snapshot or {}).get("recipe")
-        and _recipe_content(finding.run.snapshot["recipe"]) != running
+        for finding in open_ones
+        if (found_under := _found_under(finding)) is not None and found_under != running
     ]
     now = timezone.now()
     return Finding.objects.filter(pk__in=stale, state="open").update(
@@ -113,9 +117,24 @@ def findings_supersede(*, deployment) -> int:
     )
 
 
-def _recipe_content(record):
-    """What a recipe record runs, its version aside: a revert runs what an older version ran."""
-    return {key: value for key, value in record.items() if key != "version"}
+def _found_under(finding):
+    """What the recipe a finding was made under runs (snapshots.recipe_content), or None where
+    it depends on none: a run's finding, its run's recipe; a deployment-wide one, the recipe
+    its evidence keeps (recipe_bound proposals only)."""
+    if finding.run is not None:
+        record = (finding.run.snapshot or {}).get("recipe")
+    else:
+        record = (finding.evidence or {}).get(FOUND_UNDER)
+    return snapshots.recipe_content(record) if isinstance(record, dict) else None
+
+
+def _made_under_recipe_in_force(deployment, record):
+    """Whether a run of this recipe record (None: no recipe recorded) ran what is in force now."""
+    in_force = deployment.recipe_in_force()
+    if in_force is None or not record:
+        return in_force is None
+    running = snapshots.recipe_record(in_force)
+    return snapshots.recipe_content(record) == snapshots.recipe_content(running)
 
 
 def finding_create(*, deployment, run=None, **fields) -> Finding:
@@ -125,16 +144,30 @@ def finding_create(*, deployment, run=None, **fields) -> Finding:
 
 def _finding_upsert(*, deployment, run, proposal):
     scope_run = run if proposal.scope == "run" else None
+    evidence = proposal.evidence
+    recipe = (run.snapshot or {}).get("recipe")
+    if scope_run is None and proposal.recipe_bound and recipe:
+        # a deployment-wide finding outlives its run: it keeps the recipe it follows from
+        evidence = {**evidence, FOUND_UNDER: recipe}
     fields = {
         "severity": proposal.severity,
         "title": proposal.title[:200],
         "text": proposal.text,
-        "evidence": proposal.evidence,
+        "evidence": evidence,
         "note_id": proposal.note_id,
     }
     finding = Finding.objects.filter(
         deployment=deployment, run=scope_run, kind=proposal.kind, key=proposal.key
     ).first()
+    if (
+        finding is not None
+        and finding.source == "auto"
+        and finding.state == "superseded"
+        and scope_run is None
+        and _made_under_recipe_in_force(deployment, recipe)
+    ):
+        # the recipe in force shows it again: open, as a new finding would be
+        fields.update(state="open", state_changed_by=None, state_changed_at=timezone.now())
     if finding is None:
         finding = Finding.objects.create(
             deployment=deployment,

@@ -164,6 +164,12 @@ def recipe_record(recipe) -> dict | None:
     }
 
 
+def recipe_content(record: dict) -> dict:
+    """What a recipe record runs, its version aside: a revert, or a bisection's restore, runs
+    what an older version ran."""
+    return {key: value for key, value in record.items() if key != "version"}
+
+
 def initial_snapshot(*, deployment, parameters, topology, source, recipe=None) -> dict:
     """What the web tier records when a run is created. recipe: the launch recipe the engine
     will run (default: the one in force for a managed deployment)."""

@@ -20,7 +20,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from kombu.exceptions import OperationalError
 
-from moeops.engines.models import EngineAction
+from moeops.engines.models import EngineAction, LaunchRecipe
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Deployment
 from moeops.front import capacity, charts
@@ -41,6 +41,7 @@ from moeops.front.views.watches import watch_runs_for_timeline
 from moeops.front.watch_forms import WatchCreateForm
 from moeops.insights.models import FINDING_STATES, Finding, PlanItem
 from moeops.insights.services import (
+    FOUND_UNDER,
     finding_set_state,
     plan_item_add,
     plan_item_delete,
@@ -76,18 +77,50 @@ def _deployment_or_404(pk):
 
 def _with_latest_peak(deployments):
     """Each deployment with .latest_run and .latest_peak: the newest run of its model that has
-    throughput (an imported file of another model is no headline of this deployment)."""
+    throughput (an imported file of another model is no headline of this deployment), and
+    .latest_recipe_gone: (the launch recipe version the run measured or None, the version in
+    force) where the managed engine runs another recipe than that run measured, else None."""
     runs = SweepRun.objects.filter(
         deployment=OuterRef("pk"), levels__output_throughput__isnull=False
     )
     latest = of_the_deployment(runs).order_by("-created", "-id").values("pk")[:1]
-    deployments = list(deployments.annotate(latest_run_id=Subquery(latest)))
+    applied = LaunchRecipe.objects.filter(deployment=OuterRef("pk"), applied_at__isnull=False)
+    in_force = applied.order_by("-applied_at", "-version")
+    deployments = list(
+        deployments.annotate(
+            latest_run_id=Subquery(latest),
+            recipe_in_force_id=Subquery(in_force.values("pk")[:1]),
+            recipe_in_force_version=Subquery(in_force.values("version")[:1]),
+        )
+    )
     runs = SweepRun.objects.filter(pk__in=[d.latest_run_id for d in deployments if d.latest_run_id])
     runs = {run.pk: run for run in runs.with_summary()}
     for d in deployments:
         d.latest_run = runs.get(d.latest_run_id)
         d.latest_peak = d.latest_run.peak if d.latest_run else None
+    _latest_recipe_gone(deployments)
     return deployments
+
+
+def _latest_recipe_gone(deployments):
+    """Set .latest_recipe_gone (see _with_latest_peak). The recipes in force are read only for
+    the deployments whose latest run measured another version: a restore or a revert puts up a
+    new version that runs what the run ran."""
+    differ = {}
+    for d in deployments:
+        d.latest_recipe_gone = None
+        if d.latest_run is None or d.recipe_in_force_id is None:
+            continue
+        measured = (d.latest_run.snapshot or {}).get("recipe") or {}
+        if measured.get("version") != d.recipe_in_force_version:
+            differ[d.recipe_in_force_id] = (d, measured)
+    if not differ:
+        return
+    for recipe in LaunchRecipe.objects.filter(pk__in=differ).prefetch_related("kernel_configs"):
+        d, measured = differ[recipe.pk]
+        running = snapshots.recipe_content(snapshots.recipe_record(recipe))
+        if not measured or snapshots.recipe_content(measured) != running:
+            d.latest_recipe_gone = (measured.get("version"), recipe.version)
 
 
 def _deployment_rows():
@@ -198,7 +231,10 @@ def findings_with_figures(findings):
         finding.figure = charts.evidence_figure(finding.evidence, finding.get_kind_display())
         finding.chart_id = f"evidence-{finding.pk}"
         finding.numbers = [
-            (k, evidence_text(v, k)) for k, v in (finding.evidence or {}).items() if k != "chart"
+            (k, evidence_text(v, k))
+            for k, v in (finding.evidence or {}).items()
+            # the recipe a deployment-wide finding was made under: for superseding, not reading
+            if k not in ("chart", FOUND_UNDER)
         ]
     return findings
 
