@@ -130,7 +130,6 @@ def routing_compare(name, engine, out, log, routings, sizes=TUNED_BATCH_SIZES):
     import torch
 
     from tuning.timing import LayerTimer, make_weights
-    from tuning.tune_cli import routing_slug
     from tuning.tune_results import write_config_files
     from tuning.tuner import Tuner, head_to_head
 
@@ -142,8 +141,7 @@ def routing_compare(name, engine, out, log, routings, sizes=TUNED_BATCH_SIZES):
         with Tuner(shape, engine=engine, routing=routing) as tuner:
             result = tuner.tune(sizes)
             backend = tuner.backend
-        slug = "uniform" if routing.kind == "uniform" else routing_slug(routing)
-        paths = write_config_files(result, out / "configs" / slug, style)
+        paths = write_config_files(result, out / "configs" / routing.slug, style)
         tuned[routing.label] = result
         summary["tunes"][routing.label] = {
             "wall_s": round(time.monotonic() - started, 1),

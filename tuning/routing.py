@@ -20,7 +20,8 @@ tile wins. A routing is one of:
   takes M consecutive tokens from a place drawn from the seed, wrapping round. A file that is
   not that is refused naming what is wrong (RoutingError).
 
-Pure numpy: the draws are made on the host and copied to the GPU once per timer.
+Pure numpy, imported where it is used: the web tier checks a routing's text (routing_problem)
+without it. The draws are made on the host and copied to the GPU once per timer.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 KINDS = ("uniform", "zipf", "dirichlet", "file")
 FILE_SUFFIXES = (".npy", ".npz", ".jsonl", ".json")
@@ -60,6 +59,16 @@ class Routing:
         from tuning.tune_results import routing_label
 
         return routing_label(self.as_dict())
+
+    @property
+    def slug(self) -> str:
+        """The routing in a file name: uniform, zipf-1.2, dirichlet-0.3, ids-<first 8 of the
+        file's sha256>."""
+        if self.kind == "file":
+            return f"ids-{self.sha256[:8]}"
+        if self.kind == "uniform":
+            return "uniform"
+        return f"{self.kind}-{self.parameter:g}"
 
     def as_dict(self) -> dict:
         """JSON-ready (kept with a tune's result and log)."""
@@ -114,9 +123,23 @@ def parse_routing(text: str) -> Routing:
     )
 
 
-def load_ids(path: str | Path, E: int, top_k: int) -> np.ndarray:
+def routing_problem(text: str) -> str | None:
+    """What is wrong with a routing asked for from the web (uniform, zipf:S, dirichlet:A; a
+    file of ids lives on the GPU host and is given to the CLI there), or None."""
+    if text.strip().endswith(FILE_SUFFIXES):
+        return "a file of top-k ids is given on the GPU host: python -m tuning tune --routing FILE"
+    try:
+        parse_routing(text)
+    except RoutingError as exc:
+        return str(exc)
+    return None
+
+
+def load_ids(path: str | Path, E: int, top_k: int):
     """The top-k ids of a file, [tokens, top_k] int32; RoutingError naming the file and what is
     wrong with it (its shape, an id outside the E experts, a token naming an expert twice)."""
+    import numpy as np
+
     path = Path(path)
     name = path.name
     try:
@@ -157,7 +180,9 @@ def load_ids(path: str | Path, E: int, top_k: int) -> np.ndarray:
     return ids.astype(np.int32)
 
 
-def _npz_array(path: Path) -> np.ndarray:
+def _npz_array(path: Path):
+    import numpy as np
+
     with np.load(path, allow_pickle=False) as archive:
         names = list(archive.files)
         if "topk_ids" in names:
@@ -170,7 +195,9 @@ def _npz_array(path: Path) -> np.ndarray:
         return archive[names[0]]
 
 
-def _json_lines(path: Path) -> np.ndarray:
+def _json_lines(path: Path):
+    import numpy as np
+
     tokens: list = []
     width = None
     for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -199,11 +226,11 @@ def _json_lines(path: Path) -> np.ndarray:
     return np.array(tokens, dtype=np.int64).reshape(len(tokens), width or 0)
 
 
-def draw_ids(
-    routing: Routing, sets: int, M: int, E: int, top_k: int, *, seed: int = 0
-) -> np.ndarray:
+def draw_ids(routing: Routing, sets: int, M: int, E: int, top_k: int, *, seed: int = 0):
     """`sets` draws of M tokens' top_k distinct expert ids under routing, [sets, M, top_k]
     int32 (not for uniform routing, which tuning.timing.random_routing draws on the GPU)."""
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     if routing.kind == "file":
         ids = load_ids(routing.file, E, top_k)
@@ -229,8 +256,10 @@ def draw_ids(
     return ids
 
 
-def hottest_share(ids: np.ndarray, E: int) -> float:
+def hottest_share(ids, E: int) -> float:
     """The share of the rows (token-expert pairs) the busiest expert gets, over all the draws
     (uniform routing: about 1/E)."""
+    import numpy as np
+
     counts = np.bincount(ids.reshape(-1), minlength=E)
     return float(counts.max() / counts.sum())

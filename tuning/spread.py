@@ -47,6 +47,7 @@ from pathlib import Path
 
 from tuning.compile_pool import default_workers
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
+from tuning.routing import Routing
 from tuning.search import KernelShape
 from tuning.tune_results import (
     ProcessTimeline,
@@ -170,9 +171,11 @@ def spread_tune(
     progress_callback: ProgressCallback | None = None,
     tune_function: str = DEFAULT_TUNE_FUNCTION,
     engine: dict | None = None,
+    routing=None,
 ) -> TuneResult:
     """Tune shape at batch_sizes with one process per GPU of gpu_indices; the merged result.
-    engine: whose kernel (tuning.tuner.DeviceMeasurements; None: moeops' builtin).
+    engine: whose kernel (tuning.tuner.DeviceMeasurements; None: moeops' builtin); routing:
+    what the timings draw their router choices under (tuning.routing.Routing; None: uniform).
 
     out_dir: where the engine file(s) go (None: not written); log_dir: the per-GPU and merged
     tuning logs (default out_dir/spread-logs); fresh: forget earlier logs of this tune.
@@ -191,6 +194,10 @@ def spread_tune(
     batch_sizes = sorted(set(batch_sizes))
     search = "exhaustive" if exhaustive else "coarse-to-fine"
     tag = _log_tag(shape, search, (engine or {}).get("engine", "builtin"))
+    skewed = routing is not None and routing.kind != "uniform"
+    if skewed:
+        # a tune under another routing keeps logs of its own: neither resumes the other
+        tag += f"_{routing.slug}"
     merged_log = log_dir / f"{tag}.json"
     if fresh:
         for path in [merged_log, *_part_logs(log_dir, tag)]:
@@ -211,6 +218,7 @@ def spread_tune(
     worker_args = ["--shape", json.dumps(shape.as_dict()), "--compile-workers", str(workers)]
     worker_args += ["--tune-function", tune_function, "--engine", json.dumps(engine)]
     worker_args += (["--exhaustive"] if exhaustive else []) + ([] if down else ["--no-down"])
+    worker_args += ["--routing", json.dumps(routing.as_dict())] if skewed else []
     returncodes, total, timeline = _run_processes(
         shares, worker_args, log_dir, tag, progress_callback
     )
@@ -412,6 +420,7 @@ def run_cli(
             fresh=args.fresh,
             progress_callback=progress_bar(),
             engine=args.engine_spec,
+            routing=getattr(args, "routing_spec", None),
         )
     except SpreadTuneError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
@@ -437,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--no-down", action="store_true")
     worker.add_argument("--tune-function", default=DEFAULT_TUNE_FUNCTION)
     worker.add_argument("--engine", default="null", help="whose kernel, as JSON (null: builtin)")
+    worker.add_argument("--routing", help="the routing to time under, as JSON (default: uniform)")
     worker.add_argument("--launched-at", type=float, help="time.time() at its launch")
     worker.add_argument(
         "--compile-shard", default="0/1", help="I/N: this is process I of N (compile order)"
@@ -459,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         compile_workers=args.compile_workers,
         compile_shard=tuple(int(v) for v in args.compile_shard.split("/")),
         engine=json.loads(args.engine),
+        # only when asked for: a tune function of tuning.tuner.tune's older signature still runs
+        **({"routing": Routing.from_dict(json.loads(args.routing))} if args.routing else {}),
     )
     save_log(args.log, result)
     if result.timeline is not None:

@@ -189,8 +189,6 @@ def _checked(args: argparse.Namespace) -> tuple[KernelShape, list[int]]:
         args.engine_spec = engine_spec(args.engine, args.style, args.engine_source)
     except (ValueError, BackendError) as exc:
         raise _Refusal(str(exc)) from exc
-    if args.gpus and args.routing_spec.kind != "uniform":
-        raise _Refusal("--routing other than uniform is tuned on one GPU (--device), not --gpus")
     if refusal and not args.force:
         raise _Refusal(f"{refusal} --force tunes it all the same.")
     if args.engine_spec is not None and args.engine_spec["engine"] == "vllm":
@@ -211,7 +209,7 @@ def _tune_here(args: argparse.Namespace, shape: KernelShape, batch_sizes: list[i
     name = engine_file_name(shape, torch.cuda.get_device_name(args.device), args.style)
     routing = getattr(args, "routing_spec", None) or UNIFORM
     # a tune under another routing is another log: neither resumes the other
-    under = "" if routing.kind == "uniform" else f".{routing_slug(routing)}"
+    under = "" if routing.kind == "uniform" else f".{routing.slug}"
     log = Path(args.log) if args.log else Path(args.out) / f"{name}{under}.tuning-log.json"
     if args.fresh and log.exists():
         log.unlink()
@@ -244,13 +242,6 @@ def routing_for(text: str, shape: KernelShape):
     if routing.kind == "file":
         load_ids(routing.file, shape.E, shape.top_k)
     return routing
-
-
-def routing_slug(routing) -> str:
-    """A routing in a file name: zipf-1.2, dirichlet-0.3, ids-<first 8 of its sha256>."""
-    if routing.kind == "file":
-        return f"ids-{routing.sha256[:8]}"
-    return f"{routing.kind}-{routing.parameter:g}"
 
 
 def fp4_refusal(args: argparse.Namespace) -> str | None:

@@ -44,7 +44,9 @@ def _log_dir():
     return Path(os.getenv("MOEOPS_TUNE_DIR") or cache_dir() / "tuning")
 
 
-def _default_spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_dir, engine):
+def _default_spread(
+    shape, batch_sizes, gpu_indices, *, progress_callback, log_dir, engine, routing=None
+):
     from tuning.spread import spread_tune
 
     return spread_tune(
@@ -54,6 +56,7 @@ def _default_spread(shape, batch_sizes, gpu_indices, *, progress_callback, log_d
         log_dir=log_dir,
         progress_callback=progress_callback,
         engine=engine,
+        routing=routing,
     )
 
 
@@ -246,6 +249,7 @@ def tune_kernel(
     spread=_default_spread,
     nvml=None,
     telemetry_hz=1.0,
+    routing="uniform",
 ):
     """Tune one shape (E experts per rank, N per-shard intermediate, hidden_size, topk) on
     gpu_indices (CUDA indices; default [0]), one process per GPU; returns the tuning run's final
@@ -254,7 +258,8 @@ def tune_kernel(
     engine: whose kernel is asked for (kernel_for, with launch_env and launch_argv: the
     deployment's launch recipe's, None where it has none); quantization: the deployment's weights',
     whose FP4 experts run on kernels that read no Triton config, so their tune fails saying so
-    unless force.
+    unless force. routing: what the timings draw their router choices under, as the tune was
+    asked for ("uniform", "zipf:1.2", "dirichlet:0.3": tuning.routing).
 
     spread: tuning.spread.spread_tune's signature (tests pass fakes). Also one GPU tunes in a
     process of its own: a Celery worker's process is daemonic and may not start the tune's
@@ -265,7 +270,9 @@ def tune_kernel(
     tuning.spread pins its processes by (PCI bus order).
     """
     from tuning.config_files import TUNED_BATCH_SIZES
+    from tuning.routing import parse_routing
     from tuning.search import KernelShape
+    from tuning.tune_results import routing_label
 
     claimed = _claim(client, tuning_run_uuid)
     if isinstance(claimed, str):
@@ -322,6 +329,8 @@ def tune_kernel(
                 progress_callback=progress,
                 log_dir=log_dir / tuning_run_uuid,
                 engine=spec,
+                # only when asked for: spreads of the signature before routings still run
+                **({"routing": parse_routing(routing)} if routing != "uniform" else {}),
             )
         if device_name and device_name != result.device_name:
             log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)
@@ -329,6 +338,9 @@ def tune_kernel(
         kernel.update(_kernel_fields(result.kernel))
         if result.limits:
             kernel["kernel_note"] = f"{kernel['kernel_note']}; {result.limits_phrase()}"[:300]
+        if routing != "uniform":
+            said = f"timed under {routing_label(result.routing)} routing"
+            kernel["kernel_note"] = f"{kernel['kernel_note']}; {said}"[:300]
         if result.kernel_path == "sorted_a":
             # vLLM's up file and its _down file: one kernel config
             config = _store_config(
@@ -406,8 +418,12 @@ def _kernel_fields(kernel):
 
 
 def _provenance(tuning_run_uuid, result) -> str:
+    from tuning.tune_results import routing_label
+
     limits = f", {result.limits_phrase()}" if result.limits else ""
-    return f"tuned by moeops (tuning run {tuning_run_uuid}, {result.search}{limits})"
+    kind = result.routing.get("kind", "uniform")
+    routed = f", timed under {routing_label(result.routing)} routing" if kind != "uniform" else ""
+    return f"tuned by moeops (tuning run {tuning_run_uuid}, {result.search}{limits}{routed})"
 
 
 def _store_config(

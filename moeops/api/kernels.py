@@ -308,6 +308,7 @@ class TuningRunOut(Schema):
     block_shape: list[int] | None
     batch_sizes: list[Any]
     engine: str
+    routing: str
     kernel_engine: str
     kernel_version: str
     kernel_source_sha256: str
@@ -406,6 +407,11 @@ class TuningStartIn(In):
     force: bool = Field(
         False, description="tune FP4 experts all the same (their kernels read no Triton config)"
     )
+    routing: text(40, min_length=1) = Field(
+        "uniform",
+        description="the routing the timings draw router choices under: uniform, zipf:S "
+        "(expert popularity ∝ 1/rank^S) or dirichlet:A (a popularity drawn per set)",
+    )
 
     @field_validator("batch_sizes")
     @classmethod
@@ -432,6 +438,7 @@ def tuning_start(request, ref: str, payload: TuningStartIn):
         engine=payload.engine,
         force=payload.force,
         run_uuid=payload.uuid,
+        routing=payload.routing,
     )
     return stored(created, lookups.get_tuning_run(tuning_run.pk))
 

@@ -685,6 +685,15 @@ class TuneForm(forms.Form):
     )
     # left out: the default, as for a form posted before the choice existed
     kernel = forms.ChoiceField(required=False)
+    routing = forms.CharField(
+        required=False,
+        max_length=40,
+        initial="uniform",
+        label="Routing",
+        help_text="What the timings draw router choices under: uniform, zipf:S (a few hot "
+        "experts, popularity ∝ 1/rank^S, e.g. zipf:1.2) or dirichlet:A (hot experts drawn per "
+        "set, e.g. dirichlet:0.3).",
+    )
     tune_anyway = forms.BooleanField(required=False, label="Tune anyway")
 
     def __init__(self, *args, deployment, **kwargs):
@@ -706,18 +715,24 @@ class TuneForm(forms.Form):
     def clean_batch_sizes(self):
         return _int_list(self.cleaned_data["batch_sizes"], field_name="batch sizes")
 
+    def clean_routing(self):
+        # left out: uniform, as a form posted before the choice existed
+        return self.cleaned_data["routing"].strip() or "uniform"
+
     def clean_kernel(self):
         return self.cleaned_data["kernel"] or self.fields["kernel"].initial
 
     def add_refusal(self, refusal):
         """Show kernels.services.tuning_start's ValidationError: "force" at the tune-anyway
-        box, the others above the form."""
+        box, "routing" at its field, the others above the form."""
         for field, messages in refusal.message_dict.items():
             for message in messages:
                 if field == "force":
                     self.add_error(
                         "tune_anyway", f"{message} Tick “Tune anyway” to tune it all the same."
                     )
+                elif field == "routing":
+                    self.add_error("routing", message)
                 else:
                     self.add_error(None, message)
 

@@ -13,6 +13,7 @@ from moeops.jobs import Job
 from moeops.keyed import BODY_SHA256_HELP
 from tuning import config_files, devices
 from tuning.engines import ENGINE_TITLES, path_in_engine, vllm_launch
+from tuning.routing import RoutingError, parse_routing
 
 CONFIG_SOURCES = (("tuned", "Tuned by moeops"), ("imported", "Imported file"), ("manual", "Manual"))
 
@@ -425,6 +426,12 @@ class TuningRun(Job, TimedKernel):
     block_shape = models.JSONField(null=True, blank=True)
     batch_sizes = models.JSONField(default=list, blank=True)
     engine = models.CharField(max_length=20, choices=REQUESTED_KERNELS, default="builtin")
+    routing = models.CharField(
+        max_length=40,
+        default="uniform",
+        help_text="what the timings drew their router choices under: uniform, zipf:S, "
+        "dirichlet:A (tuning.routing)",
+    )
     kernel_note = models.CharField(max_length=300, blank=True)
     status = models.CharField(max_length=20, choices=JOB_STATUSES, default="queued")
     progress = models.JSONField(default=dict, blank=True)
@@ -456,6 +463,14 @@ class TuningRun(Job, TimedKernel):
         else:
             where = f"{self.host.name} ({self.device_name or 'no GPU recorded'})"
         return f"tune E={self.E} N={self.N} {self.dtype} on {where}"
+
+    @property
+    def routing_label(self):
+        """ "uniform", "Zipf 1.2", "Dirichlet α=0.3"."""
+        try:
+            return parse_routing(self.routing).label
+        except RoutingError:
+            return self.routing
 
     @property
     def kernel_fallback(self):

@@ -16,6 +16,7 @@ from moeops.kernels.models import KERNEL_DTYPES, EngineDiff, KernelConfig, Tunin
 from moeops.keyed import body_sha256, same_body
 from tuning import config_files, devices
 from tuning.engines import ENGINE_TITLES
+from tuning.routing import routing_problem
 
 DTYPES = tuple(key for key, _ in KERNEL_DTYPES)
 
@@ -256,7 +257,16 @@ def tuning_run_create(*, run_uuid=None, host=None, deployment=None, digest=None,
         return same_body(existing, digest, what), False
 
 
-def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=False, run_uuid=None):
+def tuning_start(
+    *,
+    deployment,
+    dtype,
+    batch_sizes,
+    engine="builtin",
+    force=False,
+    run_uuid=None,
+    routing="uniform",
+):
     """(TuningRun, created): a queued tune of the deployment's MoE shape on its kernel GPU
     whose `workers.tune_kernel` is sent to its host once committed; a run_uuid seen before is
     that tune, not sent again.
@@ -267,8 +277,14 @@ def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=Fals
     worker falls back to builtin where the engine is not installed); force: tune FP4 experts all
     the same (their kernels read no Triton config). Raises ValidationError naming "deployment"
     when its host cannot run a tune now (Deployment.tune_refusal) or its shape does not split
-    over its tp/ep, "engine" for another engine's kernel, "force" for FP4 experts unforced.
+    over its tp/ep, "engine" for another engine's kernel, "force" for FP4 experts unforced,
+    "routing" for a routing the worker cannot time under (tuning.routing: uniform, zipf:S,
+    dirichlet:A; the tune's timings draw their router choices under it).
     """
+    routing = routing.strip()
+    problem = routing_problem(routing)
+    if problem:
+        raise ValidationError({"routing": problem})
     refusal = deployment.tune_refusal()
     if refusal:
         raise ValidationError({"deployment": refusal})
@@ -305,6 +321,7 @@ def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=Fals
             block_shape=block_shape,
             batch_sizes=sorted(batch_sizes),
             engine=engine,
+            routing=routing,
             # what was asked: the shape follows the deployment, which may change between retries
             digest=body_sha256(
                 {
@@ -312,6 +329,8 @@ def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=Fals
                     "batch_sizes": sorted(batch_sizes),
                     "engine": engine,
                     "force": force,
+                    # a uniform tune's digest is what it was before routings
+                    **({"routing": routing} if routing != "uniform" else {}),
                 }
             ),
         )
@@ -333,6 +352,7 @@ def tuning_start(*, deployment, dtype, batch_sizes, engine="builtin", force=Fals
                 # the worker reads from them which kernel path vLLM takes (and which files)
                 "launch_env": recipe.env if recipe else None,
                 "launch_argv": recipe.argv if recipe else None,
+                **({"routing": routing} if routing != "uniform" else {}),
             }
             host = deployment.host
             jobs.enqueue(

@@ -55,11 +55,14 @@ def fake_tune(
     compile_workers,
     compile_shard,
     engine=None,
+    routing=None,
 ):
     """tuning.tuner.tune in a worker process, on synthetic timings: the real Tuner (search,
     chunks, log, resume, timeline) over FakeMeasurements. Records in $SPREAD_TEST_RECORD_DIR
     what this process saw and which batch sizes it timed; fails at M=$SPREAD_TEST_FAIL_AT_M."""
     measurements = FailingMeasurements(int(os.environ.get(FAIL_AT_M, "0")))
+    if routing is not None:
+        measurements.routing = routing
     try:
         with Tuner(shape, measurements) as tuner:
             return tuner.tune(
@@ -78,6 +81,7 @@ def fake_tune(
             "env": {k: os.environ.get(k) for k in [*NVLS_OFF, "CUDA_DEVICE_ORDER"]},
             "compile_workers": compile_workers,
             "compile_shard": compile_shard,
+            "routing": routing.as_dict() if routing else None,
         }
         Path(os.environ[RECORD_DIR], f"{os.getpid()}.json").write_text(json.dumps(record))
 
@@ -167,6 +171,22 @@ def test_every_batch_size_is_tuned_once_each_process_on_its_own_gpu(tmp_path, re
     assert progress[-1] == (progress[-1][1], progress[-1][1], "done")
     assert all(done < total for done, total, _ in progress[:-1])
     assert {message.split(":")[0] for _, _, message in progress[:-1]} == {"GPU 0", "GPU 1", "GPU 3"}
+
+
+def test_a_spread_tune_under_skewed_routing_keeps_logs_of_its_own(tmp_path, records):
+    from tuning.routing import parse_routing
+
+    zipf = parse_routing("zipf:1.2")
+
+    skewed = fake_spread_tune(SHAPE, [1, 64], [0, 1], out_dir=tmp_path, routing=zipf)
+
+    assert [r["routing"] for r in records()] == [zipf.as_dict()] * 2
+    assert skewed.routing == zipf.as_dict()
+    assert [p.name for p in (tmp_path / "spread-logs").glob("*_zipf-1.2.json")]
+    # a uniform tune of the same shape resumes nothing of it
+    uniform = fake_spread_tune(SHAPE, [1, 64], [0, 1], out_dir=tmp_path)
+    assert sorted(m for r in records() for m in r["timed"]) == [1, 64]
+    assert uniform.routing == {"kind": "uniform"}
 
 
 def test_the_timeline_says_where_each_gpus_seconds_went(tmp_path, records):

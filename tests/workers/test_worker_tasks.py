@@ -184,6 +184,31 @@ def test_a_tunes_note_and_config_say_which_gpu_limits_the_search_pruned_with(tun
     assert said in tuning_run.result.provenance
 
 
+class RoutedTuner(FakeTuner):
+    """FakeTuner taking the routing a tune asked for, as tuning.spread.spread_tune does."""
+
+    def __call__(self, *args, routing, **kwargs):
+        self.routing = routing
+        result = super().__call__(*args, **kwargs)
+        result.routing = routing.as_dict()
+        return result
+
+
+def test_a_tune_under_skewed_routing_times_under_it_and_says_so(tune_client):
+    host, client = tune_client
+    tuning_run, _ = kernel_services.tuning_run_create(
+        host=host, device_name="NVIDIA H200", E=8, N=64, hidden_size=128, topk=2
+    )
+    tuner = RoutedTuner()
+
+    assert _tune(client, tuning_run, tuner, routing="zipf:1.2") == "succeeded"
+
+    assert (tuner.routing.kind, tuner.routing.parameter) == ("zipf", 1.2)
+    tuning_run.refresh_from_db()
+    assert tuning_run.kernel_note.endswith("; timed under Zipf 1.2 routing")
+    assert tuning_run.result.provenance.endswith(", timed under Zipf 1.2 routing)")
+
+
 def _tune(client, tuning_run, tuner, **kwargs):
     return kernel_tune.tune_kernel(
         str(tuning_run.uuid),

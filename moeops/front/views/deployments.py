@@ -548,6 +548,7 @@ def tune_start(request, pk):
             batch_sizes=form.cleaned_data["batch_sizes"],
             engine=form.cleaned_data["kernel"],
             force=form.cleaned_data.get("tune_anyway", False),
+            routing=form.cleaned_data["routing"],
         )
     except ValidationError as exc:
         form.add_refusal(exc)

@@ -1,0 +1,82 @@
+"""A tune under skewed routing (issue 42, item 4): the deployment page's form and the API take
+the routing, the tune stores it and sends it to the worker, and the pages show it beside the
+uniform tunes; a routing the worker cannot time under is refused naming the field."""
+
+import pytest
+from django.utils import timezone
+
+from moeops.fleet.models import GPU, Host
+from moeops.kernels.models import TuningRun
+from tests import page_base as pb
+from tests import queues
+from tests.api_base import make_world
+
+QUEUE = "host.rtx-pro-6000"
+PATH = "/api/v1/deployments/glm-5-sglang/tuning-runs"
+
+
+@pytest.fixture
+def world(db):
+    world = make_world()
+    world.deployment.gpus.set(GPU.objects.filter(host=world.host))
+    Host.objects.filter(pk=world.host.pk).update(worker_seen_at=timezone.now())
+    return world
+
+
+def test_the_api_queues_a_tune_under_zipf_routing_beside_a_uniform_one(
+    world, broker, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        skewed = world.owner.post(PATH, {"batch_sizes": [64], "routing": "zipf:1.2"})
+        uniform = world.owner.post(PATH, {"batch_sizes": [64]})
+
+    assert (skewed.status_code, uniform.status_code) == (201, 201)
+    assert (skewed.json()["routing"], uniform.json()["routing"]) == ("zipf:1.2", "uniform")
+    first, second = queues.queued(broker, QUEUE)
+    assert first.kwargs["routing"] == "zipf:1.2"
+    # a uniform tune's task is what it was before routings
+    assert "routing" not in second.kwargs
+    assert sorted(TuningRun.objects.values_list("routing", flat=True)) == ["uniform", "zipf:1.2"]
+
+
+@pytest.mark.parametrize(
+    ("routing", "said"),
+    [
+        ("zipf:0", "the exponent must be a number in (0, 8]"),
+        ("dirichlet:lots", "the concentration must be a number"),
+        ("skewed", "a routing is uniform, zipf:S, dirichlet:A"),
+        ("ids.npy", "a file of top-k ids is given on the GPU host"),
+    ],
+)
+def test_a_routing_the_worker_cannot_time_under_is_refused_naming_it(world, broker, routing, said):
+    response = world.owner.post(PATH, {"routing": routing})
+
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("routing: ") and said in response.json()["detail"]
+    assert not TuningRun.objects.exists() and queues.queued(broker, QUEUE) == []
+
+
+def test_the_deployment_pages_form_takes_the_routing_and_the_pages_show_it(
+    world, client, broker, django_capture_on_commit_callbacks
+):
+    pb.sign_in(client)
+    url = f"/deployments/{world.deployment.pk}/tune/"
+    form = {"dtype": "bf16", "batch_sizes": "64", "kernel": "builtin"}
+
+    refused = client.post(url, {**form, "routing": "dirichlet:0"})
+    assert refused.status_code == 400
+    html = refused.content.decode()
+    assert "the concentration must be a number in [0.001, 1000]" in html
+    with django_capture_on_commit_callbacks(execute=True):
+        started = client.post(url, {**form, "routing": "dirichlet:0.3"})
+
+    tuning = TuningRun.objects.get()
+    assert started["Location"] == f"/tunes/{tuning.uuid}/"
+    assert tuning.routing == "dirichlet:0.3"
+    [task] = queues.queued(broker, QUEUE)
+    assert task.kwargs["routing"] == "dirichlet:0.3"
+    detail = client.get(started["Location"]).content.decode()
+    cell = detail.split('class="routing"')[1].split("</dd>")[0]
+    assert "Dirichlet α=0.3" in cell and "the file is tuned for that skew" in cell
+    page = client.get(world.deployment.get_absolute_url()).content.decode()
+    assert "bf16 under Dirichlet α=0.3" in page
