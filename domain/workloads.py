@@ -456,3 +456,87 @@ def parse_length(text: str, where: str) -> dict:
         except WorkloadError as exc:
             raise WorkloadError(f"{where}: {exc}") from None
     raise WorkloadError(f"{where}: {LENGTH_SYNTAX}; got {text!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Length distributions (the workload page, compare; the worker counts them in tokens)
+# ---------------------------------------------------------------------------------------------
+
+# A histogram of at most this many bins reads at a glance; fewer where the values are few.
+HISTOGRAM_BINS = 40
+# Draws of a spec's LENGTH drawn as its histogram (seeded: the page shows the same one each time).
+SPEC_DRAWS = 4000
+
+
+def length_histogram(values: list[int]) -> dict | None:
+    """{"edges": [bin edges, one more than counts], "counts": [...], "n", "mean", "min", "max"}
+    of whole-number lengths (bins of whole numbers, numpy's "auto" choice capped at
+    HISTOGRAM_BINS); None without values."""
+    if not values:
+        return None
+    data = np.asarray(values, dtype=float)
+    low, high = int(data.min()), int(data.max())
+    auto = len(np.histogram_bin_edges(data, bins="auto", range=(low, high + 1))) - 1
+    # a bin of a whole number of lengths: no bin straddles a length, none is empty by rounding
+    width = max(1, math.ceil((high + 1 - low) / min(auto, HISTOGRAM_BINS)))
+    # the last bin ends at the longest length: it may be narrower than the others
+    edges = np.append(np.arange(low, high + 1, width), high + 1)
+    counts, _ = np.histogram(data, bins=edges)
+    return {
+        "edges": [int(e) for e in edges],
+        "counts": counts.tolist(),
+        "n": len(values),
+        "mean": float(data.mean()),
+        "min": low,
+        "max": high,
+    }
+
+
+def file_lengths(spec: dict, items: list[dict], count=len) -> dict:
+    """Histograms of what a workload of a file sends, each length counted by `count` (len:
+    characters; a tokenizer's count: tokens): "prompt" (a dataset's first turns, a multi-turn
+    workload's every question, at most its spec's turns of each conversation), "turns" (turns
+    per conversation sent), "output" (the answers' lengths; None where the file has none)."""
+    cap = spec.get("turns") if spec.get("from_file") else 1
+    prompts, turns, outputs = [], [], []
+    for item in items:
+        sent = conversation_of(item)[: cap or None]
+        turns.append(len(sent))
+        for question, answer in sent:
+            prompts.append(count(question))
+            if answer:
+                outputs.append(count(answer))
+    return {
+        "prompt": length_histogram(prompts),
+        "turns": length_histogram(turns),
+        "output": length_histogram(outputs),
+    }
+
+
+def spec_lengths(spec: dict) -> dict:
+    """Histograms (tokens) of a spec's own LENGTHs, SPEC_DRAWS seeded draws each: "prompt" (a
+    random workload's input, a shared prefix's or multi-turn's question: prefix + question),
+    "turns", "output"; None for what the spec does not set (a file's)."""
+    rng = np.random.default_rng(0)
+
+    def drawn(length):
+        return length_histogram([draw_length(length, rng) for _ in range(SPEC_DRAWS)])
+
+    kind = spec["kind"]
+    prompt = None
+    if kind == "random":
+        prompt = drawn(spec["input"])
+    elif kind == "shared_prefix":
+        prompt = drawn(
+            {"distribution": "fixed", "value": spec["prefix_len"] + spec["question_len"]}
+        )
+    elif kind == "multi_turn" and not spec.get("from_file"):
+        prompt = drawn({"distribution": "fixed", "value": spec["question_len"]})
+    turns = None
+    if kind == "multi_turn" and not spec.get("from_file"):
+        turns = drawn({"distribution": "fixed", "value": spec["turns"]})
+    return {
+        "prompt": prompt,
+        "turns": turns,
+        "output": drawn(spec["output"]) if spec.get("output") else None,
+    }

@@ -22,6 +22,7 @@ import time
 import uuid
 
 from domain import requests as request_log
+from domain import workloads as workload_specs
 from domain.failures import describe_failure
 from domain.jobs import FINISHED_STATUSES
 from domain.levels import MAX_SEED
@@ -124,7 +125,24 @@ def sweep_workload(parameters):
         workload["items"] = prepare(parameters.get("workload_items") or [], tokenizer)
         if not workload["items"]:
             raise ValueError(f"workload {named.get('name')!r}: its dataset's prompts did not come")
+        if tokenizer is not None:
+            # the workload page's histograms in the tokens of the model the engine serves
+            workload["token_lengths"] = {
+                "model": parameters["model"],
+                **workload_specs.file_lengths(
+                    spec,
+                    parameters.get("workload_items") or [],
+                    lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids),
+                ),
+            }
     return workload
+
+
+def with_workload_tokens(result, config):
+    """The load generator's result with the workload's token-length histograms (raw's
+    "workload_tokens", shown by the workload page) where the worker could count them."""
+    counted = (config.client.workload or {}).get("token_lengths")
+    return {**result, "workload_tokens": counted} if counted else result
 
 
 def level_payload(result, attempt=1, round_number=1):
@@ -421,6 +439,7 @@ def run_sweep(
 
                 def push_round(result, round_number):
                     samples.flush()
+                    result = with_workload_tokens(result, config)
                     payload = level_payload(result, progress.attempt, round_number)
                     return client.post_level(run_uuid, payload)
 
@@ -548,7 +567,9 @@ def _run_levels(client, run_uuid, config, levels, stored, progress, samples, sto
             samples.tag(None)
             if taken_over():
                 return None, ""
-            payload = level_payload(result, progress.attempt, round_number)
+            payload = level_payload(
+                with_workload_tokens(result, config), progress.attempt, round_number
+            )
             if result["stopped"]:
                 if result["completed"] or result["failed"]:
                     # the requests that finished before the stop are measurements too: the

@@ -77,6 +77,7 @@ urlpatterns = [
     path("kernels/<int:pk>/<str:style>.json", kernels.kernel_download, name="kernel-download"),
     path("workloads/", workloads.workloads, name="workloads"),
     path("workloads/new/", workloads.workload_create, name="workload-create"),
+    path("workloads/<int:pk>/", workloads.workload_detail, name="workload-detail"),
     path("hosts/", hosts.hosts, name="hosts"),
     path("hosts/<slug:name>/", hosts.host_detail, name="host-detail"),
     path("hosts/<slug:name>/gpus-now/", hosts.gpus_now, name="host-gpus-now"),

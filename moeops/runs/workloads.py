@@ -1,6 +1,7 @@
 """Writes to workloads: a new version of a named workload from its spec and, for a dataset or
 a multi-turn workload of a file's conversations, its file (domain.workloads parses and checks
-it; nothing of a refused file is stored)."""
+it; nothing of a refused file is stored); and what a workload's page shows of it: its length
+distributions and the runs that sent it."""
 
 import hashlib
 import json
@@ -9,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from domain import workloads
-from moeops.runs.models import Workload
+from moeops.runs.models import LevelResult, SweepRun, Workload
 
 
 def workload_store(*, name, spec, file_name="", data=None, context_len=None, description=""):
@@ -101,3 +102,44 @@ def sweep_task_kwargs(run_uuid, parameters):
     ):
         kwargs["workload_items"] = Workload.objects.get(pk=named["id"]).items
     return kwargs
+
+
+def workload_runs(workload):
+    """The runs that sent this version of the workload, newest first."""
+    return SweepRun.objects.filter(parameters__workload__id=workload.pk).order_by("-created")
+
+
+def workload_distributions(workload):
+    """{"prompt", "turns", "output"}: each (domain.workloads.length_histogram, unit) or None;
+    "tokens_from": (run UUID, model) of the run whose worker counted a file's lengths in
+    tokens, or None; "from_spec": the measures the spec's own lengths give. A spec's lengths
+    are tokens; a file's are counted in the tokens of the model the engine served where a run's
+    worker had its tokenizer (the newest such run's counts), else in characters."""
+    spec = workload.spec
+    own = workloads.spec_lengths(spec)
+    out = {key: (own[key], "turns" if key == "turns" else "tokens") for key in own if own[key]}
+    out["tokens_from"] = None
+    out["from_spec"] = [key for key in own if own[key]]
+    if not workload.items:
+        return {key: out.get(key) for key in KEYS}
+    counted = (
+        LevelResult.objects.filter(
+            run__parameters__workload__id=workload.pk, raw__has_key="workload_tokens"
+        )
+        .order_by("-id")
+        .values_list("run__uuid", "raw__workload_tokens")
+        .first()
+    )
+    if counted is not None and isinstance(counted[1], dict):
+        uuid, tokens = counted
+        file, unit = tokens, "tokens"
+        out["tokens_from"] = (uuid, tokens.get("model"))
+    else:
+        file, unit = workloads.file_lengths(spec, workload.items), "characters"
+    for key in ("prompt", "turns", "output"):
+        if key not in out and file.get(key):
+            out[key] = (file[key], "turns" if key == "turns" else unit)
+    return {key: out.get(key) for key in KEYS}
+
+
+KEYS = ("prompt", "turns", "output", "tokens_from", "from_spec")

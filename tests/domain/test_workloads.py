@@ -312,3 +312,29 @@ def test_a_multi_turn_spec_of_a_file_needs_no_question_length_and_caps_turns_if_
     # without a file the questions are random words of question_len
     with pytest.raises(WorkloadError, match=r"^spec.turns"):
         workloads.spec_checked({"kind": "multi_turn", "question_len": 5})
+
+
+def test_a_histogram_has_whole_number_bins_the_last_ending_at_the_longest():
+    histogram = workloads.length_histogram(list(range(100, 140)))
+
+    edges = histogram["edges"]
+    assert edges[0] == 100 and edges[-1] == 140
+    assert all(isinstance(e, int) for e in edges) and len(edges) - 1 <= workloads.HISTOGRAM_BINS
+    # no bin empty by rounding: 40 lengths, each once
+    assert sum(histogram["counts"]) == 40 and 0 not in histogram["counts"]
+    assert (histogram["min"], histogram["max"], histogram["mean"]) == (100, 139, 119.5)
+    assert workloads.length_histogram([]) is None
+
+
+def test_a_files_lengths_are_counted_per_sent_question_and_answer():
+    items = parse_dataset("chats.json", json.dumps(SHAREGPT).encode())["items"]
+    spec = {"kind": "multi_turn", "from_file": True, "turns": None, "output": None}
+
+    lengths = workloads.file_lengths(spec, items, count=lambda text: len(text.split()))
+
+    # questions: "Why is the sky blue?" (5 words), "And at sunset?" (3), "Name a prime." (3)
+    assert lengths["prompt"]["n"] == 3 and lengths["prompt"]["mean"] == 11 / 3
+    assert lengths["turns"]["counts"] == [1, 1]
+    # a dataset sends first turns only
+    first = workloads.file_lengths({"kind": "dataset", "output": None}, items)
+    assert first["prompt"]["n"] == 2 and first["turns"]["max"] == 1

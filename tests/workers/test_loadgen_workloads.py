@@ -7,7 +7,7 @@ import json
 
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
+from tokenizers.pre_tokenizers import Split, Whitespace
 
 from domain.workloads import parse_dataset
 from localstack.standin import StandinConfig, start_standin_in_thread
@@ -199,3 +199,35 @@ def test_a_file_conversations_answers_set_each_turns_output_length_in_tokens():
     # at most 2 turns; the unanswered one takes the level's length (8)
     assert conversation(with_tokens, LEVEL, (0, 0)) == [("q1", 3), ("q2", 8)]
     assert conversation(in_words, LEVEL, (0, 0)) == [("q1", 1), ("q2", 8)]
+
+
+def test_the_worker_counts_a_files_lengths_in_the_models_tokens_when_it_has_its_tokenizer(
+    monkeypatch,
+):
+    from workers import sweep, vocabulary
+
+    # one token per character: the counts are the texts' lengths
+    tokenizer = Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Split("", behavior="isolated")
+    items = [{"prompt": "abc", "answer": "de", "turns": [["abc", "de"], ["fghij", None]]}]
+    spec = {"kind": "multi_turn", "from_file": True, "turns": None, "output": None}
+    parameters = {
+        "base_url": "http://unused",
+        "model": "tiny-moe",
+        "workload": {"id": 1, "name": "w", "spec": spec},
+        "workload_items": items,
+    }
+    monkeypatch.setattr(vocabulary, "model_tokenizer", lambda **_: tokenizer)
+
+    workload = sweep.sweep_workload(parameters)
+
+    counted = workload["token_lengths"]
+    assert counted["model"] == "tiny-moe"
+    assert (counted["prompt"]["min"], counted["prompt"]["max"]) == (3, 5)
+    assert counted["output"]["n"] == 1 and counted["turns"]["counts"] == [1]
+    config = sweep.sweep_config({**parameters, "endpoint": "chat", "levels": [1], "input_len": 4,
+                                 "output_len": 4})  # fmt: skip
+    assert sweep.with_workload_tokens({"completed": 1}, config)["workload_tokens"] == counted
+    # without the tokenizer nothing is counted: the page then shows characters
+    monkeypatch.setattr(vocabulary, "model_tokenizer", lambda **_: None)
+    assert "token_lengths" not in sweep.sweep_workload(parameters)

@@ -15,7 +15,7 @@ from domain.capacity import capacities_compared, capacity_range
 from domain.intervals import FALSE_ALARM, compare_rounds, with_interval
 from domain.step_breakdown import breakdown_changes
 from moeops.fleet.models import GPU, Deployment, gpu_count
-from moeops.front import capacity, charts
+from moeops.front import capacity, charts, workload_charts
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
 from moeops.front.forms import RunFilterForm
 from moeops.insights.analysis import retune_title
@@ -25,10 +25,12 @@ from moeops.runs.models import (
     LevelResult,
     LevelRound,
     SweepRun,
+    Workload,
     kernel_state,
     of_the_deployment,
     without_standin,
 )
+from moeops.runs.workloads import workload_distributions
 
 MAX_SELECTED = 50
 CANDIDATES = 60
@@ -360,6 +362,35 @@ def _engine_moved(baseline, run):
     return {**moved, "retune": retune_title(moved["engine"], moved["to"])}
 
 
+def _workload_charts(runs):
+    """[(element id, figure)]: where the runs sent two or more workloads, each measure's
+    histograms of those workloads overlaid (one figure per unit where their units differ: a
+    file's lengths in characters and another's in tokens do not share an axis); else []."""
+    ids = []
+    for run in runs:
+        named = (run.parameters or {}).get("workload")
+        if isinstance(named, dict) and named.get("id") not in ids:
+            ids.append(named.get("id"))
+    workloads = Workload.objects.in_bulk([i for i in ids if isinstance(i, int)])
+    if len(workloads) < 2:
+        return []
+    by_measure = {}
+    for pk in ids:
+        if pk not in workloads:
+            continue
+        distributions = workload_distributions(workloads[pk])
+        for key, _ in workload_charts.MEASURES:
+            if distributions[key]:
+                histogram, unit = distributions[key]
+                by_measure.setdefault((key, unit), []).append((str(workloads[pk]), histogram))
+    return [
+        (f"cmp-workload-{key}-{unit}", workload_charts.length_figure(title, unit, named))
+        for key, title in workload_charts.MEASURES
+        for (measure, unit), named in by_measure.items()
+        if measure == key
+    ]
+
+
 @login_required
 def compare(request):
     form = RunFilterForm(request.GET)
@@ -406,6 +437,7 @@ def compare(request):
             selected, styles, "p99_ttft_ms", "p99 TTFT", "ms", ",.0f", True
         ),
     }
+    ctx["workload_charts"] = _workload_charts(selected)
     ctx["peaks"] = figures.pop("cmp-peaks")
     ctx["charts"] = [(key, fig) for key, fig in figures.items() if fig["data"]]
     ctx["missing_charts"] = [

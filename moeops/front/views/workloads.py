@@ -1,16 +1,28 @@
-"""Workloads: the list, and a form that stores a new one (a dataset with its file)."""
+"""Workloads: the list, a form that stores a new one (a dataset with its file), and a
+workload's page: its length distributions, counts, file hash, versions and the runs that sent
+it."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.files.uploadhandler import FileUploadHandler, StopUpload
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 
-from domain.workloads import MAX_DATASET_BYTES, spec_label
+from domain.workloads import (
+    MAX_DATASET_BYTES,
+    SPEC_DRAWS,
+    answer_words,
+    conversation_of,
+    spec_label,
+)
+from moeops.front import workload_charts
 from moeops.front.forms import WorkloadForm
 from moeops.runs.models import Workload
-from moeops.runs.workloads import workload_store
+from moeops.runs.workloads import workload_distributions, workload_runs, workload_store
+
+# The runs a workload's page lists (newest first).
+RUNS_SHOWN = 50
 
 
 class DatasetSizeLimit(FileUploadHandler):
@@ -50,6 +62,46 @@ def _workloads_page(request, form=None, status=200):
 @login_required
 def workloads(request):
     return _workloads_page(request)
+
+
+def workload_figures(workload):
+    """([(measure, title, unit, histogram)] of the distributions the workload has, and
+    workload_distributions' whole answer)."""
+    distributions = workload_distributions(workload)
+    return [
+        (key, title, *distributions[key][::-1])
+        for key, title in workload_charts.MEASURES
+        if distributions[key]
+    ], distributions
+
+
+@login_required
+def workload_detail(request, pk):
+    workload = get_object_or_404(Workload, pk=pk)
+    measures, distributions = workload_figures(workload)
+    answered, unanswered = (
+        answer_words(workload.spec, workload.items or []) if workload.items else ([], 0)
+    )
+    ctx = {
+        "nav": "workloads",
+        "workload": workload,
+        "label": spec_label(workload.spec),
+        "charts": [
+            (f"workload-{key}", workload_charts.length_figure(title, unit, [(str(workload), h)]))
+            for key, title, unit, h in measures
+        ],
+        "units": {key: unit for key, _, unit, _ in measures},
+        "tokens_from": distributions["tokens_from"],
+        "from_spec": distributions["from_spec"],
+        "spec_draws": SPEC_DRAWS,
+        "turns_total": sum(len(conversation_of(item)) for item in workload.items or []),
+        "answered": len(answered),
+        "unanswered": unanswered,
+        "versions": Workload.objects.filter(name=workload.name).order_by("-version"),
+        "runs": workload_runs(workload).select_related("deployment")[:RUNS_SHOWN],
+        "runs_total": workload_runs(workload).count(),
+    }
+    return render(request, "front/workload_detail.html", ctx)
 
 
 @csrf_exempt

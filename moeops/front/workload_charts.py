@@ -1,0 +1,52 @@
+"""A workload's length distributions as plotly figures (plain dicts, as charts.py draws them):
+the workload page's prompt, turn and output histograms, and compare's overlay of two workloads.
+Each histogram is domain.workloads.length_histogram's; the bars show each bin's share (%) so that
+workloads of different sizes compare."""
+
+from moeops.front.charts import PALETTE, figure
+
+MEASURES = (
+    ("prompt", "Prompt lengths"),
+    ("turns", "Turns per conversation"),
+    ("output", "Output lengths"),
+)
+
+
+def _bars(name, histogram, color, opacity=1.0):
+    edges, counts = histogram["edges"], histogram["counts"]
+    total = sum(counts) or 1
+    lows, highs = edges[:-1], [e - 1 for e in edges[1:]]
+    return {
+        "type": "bar",
+        "name": name,
+        "x": [(low + high + 1) / 2 for low, high in zip(lows, highs, strict=True)],
+        "width": [high + 1 - low for low, high in zip(lows, highs, strict=True)],
+        "y": [round(100 * c / total, 2) for c in counts],
+        "customdata": [
+            [low if low == high else f"{low}–{high}", c]
+            for low, high, c in zip(lows, highs, counts, strict=True)
+        ],
+        "hovertemplate": f"{name}<br>%{{customdata[0]}}: %{{customdata[1]}} (%{{y}} %)"
+        "<extra></extra>",
+        "marker": {"color": color},
+        "opacity": opacity,
+    }
+
+
+def length_figure(title, unit, named_histograms):
+    """One histogram figure: a trace per (name, histogram) overlaid, x the length in `unit`
+    ("tokens", "characters", "turns"), y the share of the bin (%)."""
+    overlaid = len(named_histograms) > 1
+    traces = [
+        _bars(name, histogram, PALETTE[i % len(PALETTE)], 0.55 if overlaid else 1.0)
+        for i, (name, histogram) in enumerate(named_histograms)
+    ]
+    return figure(
+        traces,
+        f"{title} ({unit})",
+        {"title": {"text": unit}},
+        {"title": {"text": "share (%)"}, "rangemode": "tozero"},
+        barmode="overlay",
+        bargap=0.05,
+        showlegend=overlaid,
+    )
