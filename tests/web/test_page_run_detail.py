@@ -708,7 +708,10 @@ def test_a_multi_turn_run_names_its_workload_and_shows_ttft_by_turn(client):
     html = client.get(f"/runs/{run.uuid}/").content.decode()
 
     workload = html.split('id="run-workload">')[1].split("</dd>")[0]
-    assert workload.startswith("two turns v3 (multi_turn): 2 turns of 8-token questions")
+    # the name links to the workload's page (its length distributions)
+    assert workload.startswith(
+        '<a href="/workloads/1/">two turns v3</a> (multi_turn): 2 turns of 8-token questions'
+    )
     table = html.split('id="turns"')[1].split("</table>")[0]
     rows = re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>")[1])
     cells = [re.findall(r'<td class="num">(.*?)</td>', row) for row in rows]

@@ -393,8 +393,8 @@ def _engine_paths(run, profiles):
 
 
 def _workload_sent(run):
-    """(the snapshot's workload record, its spec in words) of a sweep that named a workload;
-    None for one that sent random ids of its lengths, and for imports."""
+    """(the snapshot's workload record, its spec in words, its id for its page) of a sweep that
+    named a workload; None for one that sent random ids of its lengths, and for imports."""
     named = (run.parameters or {}).get("workload")
     if not isinstance(named, dict) or not isinstance(named.get("spec"), dict):
         return None
@@ -402,7 +402,8 @@ def _workload_sent(run):
         described = spec_label(named["spec"])
     except (KeyError, TypeError):
         described = ""
-    return run.recorded().workload or named, described
+    pk = named.get("id") if isinstance(named.get("id"), int) else None
+    return run.recorded().workload or named, described, pk
 
 
 @login_required
