@@ -4,6 +4,7 @@ tokenizer), and multi-turn conversations against the stand-in engine."""
 
 import asyncio
 import json
+from pathlib import Path
 
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
@@ -16,6 +17,7 @@ from workers.loadgen import ClientConfig, LevelConfig, conversation_items, datas
 from workers.loadgen.prompts import conversation, request_prompt
 
 LEVEL = LevelConfig(concurrency=4, input_len=32, output_len=8, num_prompts=40)
+MT_BENCH = Path(__file__).parents[1] / "fixtures" / "workloads" / "mt_bench_questions.jsonl"
 
 
 def _client(spec, endpoint="completions", items=None, url="http://unused"):
@@ -231,3 +233,20 @@ def test_the_worker_counts_a_files_lengths_in_the_models_tokens_when_it_has_its_
     # without the tokenizer nothing is counted: the page then shows characters
     monkeypatch.setattr(vocabulary, "model_tokenizer", lambda **_: None)
     assert "token_lengths" not in sweep.sweep_workload(parameters)
+
+
+def test_the_cli_sends_a_multi_turn_spec_with_dataset_as_the_files_conversations(tmp_path):
+    from workers.loadgen import cli
+
+    spec = tmp_path / "mt.json"
+    spec.write_text(json.dumps({"kind": "multi_turn", "think_time_s": 0}))
+    args = cli._parse_args(
+        ["--base-url", "http://unused", "--model", "m", "--concurrency", "2"]
+        + ["--input-len", "8", "--output-len", "8", "--vocab-size", "32000"]
+        + ["--workload", str(spec), "--dataset", str(MT_BENCH)]
+    )
+
+    workload = cli._workload(args)
+
+    assert workload["spec"]["from_file"] is True
+    assert [len(item["turns"]) for item in workload["items"]] == [2] * 8
