@@ -1,9 +1,11 @@
 """How far a sweep or a tune has got, read from the progress its worker reports."""
 
+import datetime as dt
 import time
 
 from domain.numbers import is_number
 from domain.progress import SweepProgress, TuneProgress
+from moeops.jobs import ago
 
 
 def _listed(value):
@@ -24,6 +26,39 @@ def _timing(status, fraction, started, finished, now):
     if status == "running" and fraction and 0 < fraction < 1:
         eta = elapsed * (1 - fraction) / fraction
     return elapsed, eta
+
+
+def _span(seconds):
+    seconds = max(seconds, 0.0)
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def lost_worker_text(run, now):
+    """What becomes of a sweep whose worker was lost (SweepRun.worker_loss, decision 54): that
+    the reaper sends it again to the host's worker come back, and resumes it, or that it is
+    failed and not resumed; "" while its worker sweeps it. now: epoch s."""
+    loss = run.worker_loss(dt.datetime.fromtimestamp(now, dt.UTC))
+    if loss is None:
+        return ""
+    stopped = f"Its worker stopped sending heartbeats {ago(loss.silent_s)}"
+    left = loss.fails_at - now
+    if loss.resent_at is not None:
+        return (
+            f"{stopped}; the sweep was sent again {ago(now - loss.resent_at)} and resumes from "
+            "its finished levels once the host's worker takes it"
+            + (f" (it is failed in {_span(left)} if none does)." if left > 0 else ".")
+        )
+    if loss.back:
+        return (
+            f"{stopped}; the host's worker is back: the sweep is sent to it again within a "
+            "minute and resumes from its finished levels."
+        )
+    if left <= 0:
+        return f"{stopped}: it is failed within a minute, its finished levels kept, not resumed."
+    return (
+        f"{stopped}. If the host's worker comes back within {_span(left)}, the sweep is sent to "
+        "it again and resumes from its finished levels; after that it is failed, not resumed."
+    )
 
 
 def _queued_text(host):
@@ -94,6 +129,8 @@ def sweep_progress(run, now=None):
         parts.append(capacity_bracket_text(search))
     if done is not None and run.status == "running":
         parts.append(f"{int(done)} of {int(total) if total else '?'} requests")
+    lost = lost_worker_text(run, now)
+    text = ". ".join(part for part in (", ".join(parts), lost) if part)
     return {
         "level": level,
         "levels_total": levels_total,
@@ -102,7 +139,8 @@ def sweep_progress(run, now=None):
         "fraction": fraction,
         "elapsed_s": elapsed,
         "eta_s": eta,
-        "text": ", ".join(parts),
+        "text": text,
+        "lost": lost,
     }
 
 

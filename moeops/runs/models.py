@@ -6,11 +6,14 @@ import json
 import math
 import uuid
 import zlib
+from dataclasses import dataclass
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db import models
 from django.db.models import Avg, Case, CharField, Count, Max, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from domain import engine as engine_reports
 from domain import engine_counters
@@ -20,7 +23,7 @@ from domain.failures import describe_failure
 from domain.intervals import ROUND_KEYS
 from domain.jobs import JOB_STATUSES
 from domain.numbers import is_integer
-from domain.progress import attempt_of
+from domain.progress import HEARTBEAT_STALE_S, SweepProgress, attempt_of
 from domain.snapshot import RunSnapshot
 from domain.storable import MAX_INT
 from domain.wire.levels import METRIC_TYPES
@@ -96,6 +99,21 @@ def of_the_deployment(runs):
     """A SweepRun queryset less the runs ASIDE: what a deployment's estimates, headlines,
     charts, comparisons and findings may read (a subquery, as without_standin)."""
     return runs.exclude(pk__in=SweepRun.objects.filter(ASIDE).values("pk"))
+
+
+@dataclass(frozen=True)
+class WorkerLoss:
+    """A running sweep whose worker stopped sending its progress heartbeat (decision 54).
+
+    silent_s: s since its last heartbeat; back: the host's worker has reported since (alive, and
+    not sweeping it: a restarted worker), so the reaper sends the sweep to it again; resent_at:
+    when the reaper did, for this loss (epoch s, else None); fails_at: when the reaper fails the
+    run unless a worker takes it (epoch s)."""
+
+    silent_s: float
+    back: bool
+    resent_at: float | None
+    fails_at: float
 
 
 class SweepRunQuerySet(models.QuerySet):
@@ -212,6 +230,30 @@ class SweepRun(Job, models.Model):
             # which engine answers (a real one or the stand-in) is read as the sweep starts
             return "", ""
         return "measured", "swept by a moeops worker"
+
+    def worker_loss(self, now=None):
+        """A WorkerLoss when the run's worker is lost mid-sweep, else None: the one rule of the
+        reaper's resend (run_resend_orphaned) and of what the run page says will happen. Reads
+        the host only for a lost run."""
+        if self.status != "running" or self.source != "worker":
+            return None
+        progress = SweepProgress.read(self.progress)
+        beat = progress.heartbeat
+        epoch = (now or timezone.now()).timestamp()
+        if beat is None or epoch - beat <= HEARTBEAT_STALE_S:
+            # a sweep that never sent one is the reaper's to fail: nothing to take back
+            return None
+        host = self.deployment.host
+        back = host.worker_alive(now) and host.worker_seen_at.timestamp() - beat > HEARTBEAT_STALE_S
+        resent = progress.resent_at
+        resent = resent if resent is not None and resent > beat else None
+        return WorkerLoss(
+            silent_s=epoch - beat,
+            back=back,
+            resent_at=resent,
+            # run_fail_stale: MOEOPS_RUN_STALE_S after the last heartbeat, or after the resend
+            fails_at=max(beat, resent or beat) + settings.MOEOPS_RUN_STALE_S,
+        )
 
     def stands_aside(self):
         """Whether the run feeds none of its deployment's headlines, charts, comparisons or

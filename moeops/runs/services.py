@@ -287,10 +287,16 @@ def run_fail_stale(*, now=None):
             continue
         error = (
             f"The worker stopped sending heartbeats {jobs.ago(run_heartbeat_age(run, epoch))}: "
-            "it was lost mid-sweep. Finished levels are kept."
+            "it was lost mid-sweep. Finished levels are kept. It will not be resumed: no worker "
+            f"of the host took it back within {_minutes(limit)}; start a new sweep "
+            "for the levels left."
         )
         failed += jobs.transition(run, "failed", error=error)
     return failed
+
+
+def _minutes(seconds):
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def run_resend_orphaned(*, now=None):
@@ -310,15 +316,11 @@ def run_resend_orphaned(*, now=None):
     for run in SweepRun.objects.filter(status="running", source="worker").select_related(
         "deployment__host"
     ):
-        progress = SweepProgress.read(run.progress)
-        beat, host = progress.heartbeat, run.deployment.host
-        if beat is None or epoch - beat <= HEARTBEAT_STALE_S or not host.worker_alive(now):
+        loss = run.worker_loss(now)
+        # not lost; lost and its worker not back yet; or sent again already for this loss
+        if loss is None or not loss.back or loss.resent_at is not None:
             continue
-        if host.worker_seen_at.timestamp() - beat <= HEARTBEAT_STALE_S:
-            # the last heartbeat of the worker that was sweeping it: not back yet
-            continue
-        if progress.resent_at is not None and progress.resent_at > beat:
-            continue
+        beat, host = SweepProgress.read(run.progress).heartbeat, run.deployment.host
         with transaction.atomic():
             locked = SweepRun.objects.select_for_update().get(pk=run.pk)
             # a worker that reported meanwhile is sweeping it

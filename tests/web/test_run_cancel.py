@@ -66,7 +66,8 @@ def test_a_running_run_whose_worker_went_quiet_is_failed_with_its_levels_kept(wo
     assert lost.status == "failed" and lost.levels.count() == 1
     assert lost.error == (
         "The worker stopped sending heartbeats 7 min ago: it was lost mid-sweep. "
-        "Finished levels are kept."
+        "Finished levels are kept. It will not be resumed: no worker of the host took it back "
+        "within 5 min; start a new sweep for the levels left."
     )
     assert silent.status == "failed"
     assert (busy.status, queued.status) == ("running", "queued")
