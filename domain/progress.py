@@ -32,11 +32,9 @@ def _attempt(value) -> int:
     return value if is_integer(value) and value >= 1 else 1
 
 
-class SweepProgress(WorkerJSON):
-    """A sweep run's progress (workers.sweep): epochs in UTC s, level_index 0-based, the
-    request counts of the round running; capacity: a capacity search's bracket so far
-    (workers.capacity.bracket_progress); more_rounds: the round running is one more than the
-    run's rounds, run because the level's intervals straddle a limit."""
+class JobBeat(WorkerJSON):
+    """What every job's progress carries (workers.job): the delivery running it (attempt), its
+    last heartbeat (UTC epoch s), the claim its delivery made and who sends the heartbeats."""
 
     attempt: Annotated[int, BeforeValidator(_attempt)] = 1
     heartbeat: Number = None
@@ -44,6 +42,14 @@ class SweepProgress(WorkerJSON):
     worker: Annotated[Sender, BeforeValidator(lambda v: v if isinstance(v, dict) else {})] = (
         Sender()
     )
+
+
+class SweepProgress(JobBeat):
+    """A sweep run's progress (workers.sweep): epochs in UTC s, level_index 0-based, the
+    request counts of the round running; capacity: a capacity search's bracket so far
+    (workers.capacity.bracket_progress); more_rounds: the round running is one more than the
+    run's rounds, run because the level's intervals straddle a limit."""
+
     started_at: Number = None
     level_index: Number = None
     levels_total: Number = None
@@ -60,7 +66,7 @@ class SweepProgress(WorkerJSON):
     resent_at: Number = None
 
 
-class TuneProgress(WorkerJSON):
+class TuneProgress(JobBeat):
     """A tune's progress (workers.kernel_tune): the tuner counts its work as batch sizes or as
     candidates (`counted()` picks the pair); batch_size is the M being tuned."""
 

@@ -15,6 +15,7 @@ import logging
 
 from django.apps import apps
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import OperationalError as DatabaseError
 from django.db import transaction
 from django.utils import timezone
@@ -22,6 +23,7 @@ from django.utils.module_loading import import_string
 from kombu.exceptions import OperationalError as BrokerError
 
 from domain.jobs import FINISHED_STATUSES
+from domain.progress import attempt_of
 from domain.queues import BROKER_ANSWER_S
 from moeops.celery import app
 
@@ -114,6 +116,51 @@ def transition(job, status, **fields):
     if status in FINISHED_STATUSES:
         job_finished_enqueue(job)
     return True
+
+
+def take_over(job, *, attempt, progress, conflict, what):
+    """A new delivery of a running job whose worker is gone takes it over as `attempt`, by
+    compare-and-set on the attempt it follows: of two deliveries that found the same worker
+    gone, one takes the job and the other gets `conflict` (and then finds the job busy).
+    progress: what the job's progress becomes (its heartbeat at least), its attempt set to
+    `attempt`; what: the job's name in the messages ("run", "tuning run"). Raises
+    ValidationError naming progress without a heartbeat: a job taken over with none would look
+    abandoned to the next delivery at once."""
+    if not isinstance((progress or {}).get("heartbeat"), int | float):
+        raise ValidationError({"progress": "a takeover carries the new worker's heartbeat"})
+    with transaction.atomic():
+        locked = type(job).objects.select_for_update().get(pk=job.pk)
+        follows = attempt_of(locked.progress)
+        if locked.status != "running" or follows != attempt - 1:
+            job.refresh_from_db()
+            raise conflict(
+                f"{what} {job.pk} cannot be taken over as attempt {attempt}: it is "
+                f"{locked.status}, attempt {follows}"
+            )
+        progress = {**progress, "attempt": attempt}
+        type(job).objects.filter(pk=job.pk).update(progress=progress)
+    job.progress = progress
+    return job
+
+
+def progress_update(job, progress, *, conflict, what):
+    """Store a job's progress unless it is of an attempt older than the job's: the pushes of a
+    delivery that was taken over (a slow worker's, or one left waiting in a spool) raise
+    `conflict` instead of moving the job back to their attempt."""
+    attempt = (progress or {}).get("attempt")
+    # JSON's true equals 1 in Python: refused like any other attempt that is no integer
+    if attempt is not None and (isinstance(attempt, bool) or attempt_of(progress) != attempt):
+        raise ValidationError({"progress": "attempt must be a positive integer"})
+    with transaction.atomic():
+        locked = type(job).objects.select_for_update().get(pk=job.pk)
+        current = attempt_of(locked.progress)
+        if attempt is not None and attempt < current:
+            raise conflict(
+                f"{what} {job.pk} was taken over as attempt {current}; the progress of attempt "
+                f"{attempt} is refused"
+            )
+        type(job).objects.filter(pk=job.pk).update(progress=progress)
+    job.progress = progress
 
 
 def _fail(job, error):

@@ -707,6 +707,13 @@ class MoeopsClient:
         body = _wire(TuningRunPatch, body, "tuning run")
         return self._patch(f"/tuning-runs/{tuning_run}", body, advisory=advisory)
 
+    def take_over_tuning_run(self, tuning_run, attempt, progress):
+        """Take a running tune whose worker is gone over as `attempt` (Conflict when another
+        delivery took it first); sent now or never, as take_over_run."""
+        body = {"takeover": attempt, "progress": progress}
+        body = _wire(TuningRunPatch, body, "tuning run takeover")
+        return self.request("PATCH", f"/tuning-runs/{tuning_run}", body=body).json()
+
     def post_tuning_timings(self, tuning_run, timings):
         """Per batch size: tuned_us, default_us, floor_us, config, …; each stored once."""
         body = _wire(Timings, {"timings": timings}, "timings")

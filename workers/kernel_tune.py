@@ -14,6 +14,7 @@ tuning.engines.vllm_launch), the `_down` file goes with the up file as one kerne
 tuning run records which kernel path it tuned (default, TMA, sorted-A).
 """
 
+import contextlib
 import functools
 import logging
 import os
@@ -23,9 +24,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from domain.jobs import FINISHED_STATUSES
+from domain.progress import JobBeat
 from tuning.cache_dir import cache_dir
 from tuning.config_files import triton_config_unread
+from workers import job
 from workers.client import ApiError, BadPush, Conflict, Unreachable
 from workers.telemetry import TelemetryPusher
 
@@ -37,6 +39,15 @@ SAMPLES_INTERVAL_S = 5.0
 
 class TuneCancelled(Exception):
     """Someone cancelled the tune from the page: its processes stop (the tuning log stays)."""
+
+
+class TuneTakenOver(Exception):
+    """Another delivery took the tune over (this one was thought gone): its processes stop,
+    and the tune's end is that delivery's."""
+
+
+# The outcome when another delivery took the tune over while this one ran.
+TAKEN_OVER = "taken over"
 
 
 def _log_dir():
@@ -191,20 +202,6 @@ def _builtin_record(note):
     }
 
 
-def _claim(client, tuning_run_uuid):
-    """The tuning run once it is ours to run, or its status when there is nothing to do."""
-    run = client.get_tuning_run(tuning_run_uuid)
-    if run["status"] in FINISHED_STATUSES:
-        return run["status"]
-    if run["status"] == "running":
-        # delivered again after its worker died: the log makes the tune resume
-        return run
-    try:
-        return client.update_tuning_run(tuning_run_uuid, status="running")
-    except Conflict:
-        return _claim(client, tuning_run_uuid)
-
-
 def timing_rows(result):
     """The API's timing rows (µs) from a tuning.tune_results.TuneResult.
 
@@ -274,19 +271,22 @@ def tune_kernel(
     from tuning.search import KernelShape
     from tuning.tune_results import routing_label
 
-    claimed = _claim(client, tuning_run_uuid)
+    tune = job.Job(client, job.TUNE, tuning_run_uuid)
+    claimed = tune.claim()
     if isinstance(claimed, str):
         return claimed
+    # what the tune page shows of the tune's progress; the heartbeats carry it
+    state = {}
     refusal = triton_config_unread(quantization)
     if refusal and not force:
-        client.update_tuning_run(
-            tuning_run_uuid,
+        return _finish(
+            tune,
+            state,
             status="failed",
             error=f"{refusal} Tune anyway to tune it all the same.",
             telemetry_status="not_collected",
             telemetry_detail="the tune was refused before it started",
         )
-        return "failed"
     spec, kernel = kernel_for(engine, launch_env=launch_env, launch_argv=launch_argv)
     shape = KernelShape(
         E=E,
@@ -300,11 +300,12 @@ def tune_kernel(
 
     def progress(done, total, message):
         nonlocal last_report
+        state.update(done=done, total=total, message=message)
+        _stop_if(heartbeat.taken_over, heartbeat.cancelled)
         if done < total and time.monotonic() - last_report < PROGRESS_INTERVAL_S:
             return
         last_report = time.monotonic()
-        body = {"progress": {"done": done, "total": total, "message": message}}
-        _stop_if_cancelled(_push_advisory(client, tuning_run_uuid, body))
+        _beat(tune, state)
 
     log_dir = _log_dir()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -316,12 +317,14 @@ def tune_kernel(
         interval_s=SAMPLES_INTERVAL_S,
         nvml=nvml,
     )
+    # beats while the tuner says nothing (compiling, a long batch size), so that a delivery of
+    # the task again finds this one alive and stands down
+    heartbeat = job.Heartbeat(tune, lambda: dict(state), PROGRESS_INTERVAL_S, log=log)
     try:
-        with telemetry:
+        with telemetry, _beating(heartbeat):
             # said now, as a sweep says it: the tune page tells why its charts stay empty while
             # the tune runs, not only once it has ended
-            started = {**kernel, **_telemetry_fields(telemetry)}
-            _stop_if_cancelled(_push_advisory(client, tuning_run_uuid, started))
+            _beat(tune, state, **kernel, **_telemetry_fields(telemetry))
             result = spread(
                 shape,
                 batch_sizes or TUNED_BATCH_SIZES,
@@ -361,9 +364,13 @@ def tune_kernel(
             "tuning run %s: cancelled from the page; its processes are stopped", tuning_run_uuid
         )
         return "cancelled"
+    except TuneTakenOver:
+        log.warning("tuning run %s: another delivery took it over; stopped", tuning_run_uuid)
+        return TAKEN_OVER
     except Exception as exc:
-        client.update_tuning_run(
-            tuning_run_uuid,
+        _finish(
+            tune,
+            state,
             status="failed",
             # the page turns this into a sentence with the whole text as its detail
             error=f"{type(exc).__name__}: {exc}",
@@ -371,33 +378,66 @@ def tune_kernel(
             **_telemetry_fields(telemetry),
         )
         raise
-    client.update_tuning_run(
-        tuning_run_uuid,
+    state.update(done=1, total=1, message="done")
+    return _finish(
+        tune,
+        state,
         status="succeeded",
         result=config["id"],
         wall_s=result.wall_s,
-        progress={"done": 1, "total": 1, "message": "done"},
         **kernel,
         **_telemetry_fields(telemetry),
     )
-    return "succeeded"
 
 
-def _push_advisory(client, tuning_run_uuid, body):
-    """PATCH what the tune page shows while the tune runs (progress, telemetry status): one
-    attempt, never spooled, a failure logged; the final status push carries what matters.
-    Returns the tuning run as the API answered, or None when the push failed."""
+@contextlib.contextmanager
+def _beating(heartbeat):
+    heartbeat.start()
     try:
-        return client.update_tuning_run(tuning_run_uuid, advisory=True, **body)
+        yield heartbeat
+    finally:
+        heartbeat.stop()
+
+
+def _beat(tune, state, **fields):
+    """Send what the tune page shows while the tune runs (progress, the kernel, telemetry
+    status) with a heartbeat: one attempt, never spooled, a failure logged (the final push
+    carries what matters). Stops the tune (raises inside tuning.spread's progress relay, which
+    then kills the GPU processes) when it was cancelled or taken over."""
+    try:
+        answer = tune.client.update_tuning_run(
+            tune.ref, advisory=True, progress=tune.stamp(state), **fields
+        )
+    except Conflict:
+        raise TuneTakenOver from None
     except (ApiError, BadPush) as exc:
-        log.warning("tuning run %s: push failed: %s", tuning_run_uuid, exc)
-        return None
+        log.warning("tuning run %s: push failed: %s", tune.ref, exc)
+        return
+    _stop_if(False, tune.cancelled(answer))
 
 
-def _stop_if_cancelled(run):
-    # raised inside tuning.spread's progress relay, which then kills the GPU processes
-    if run is not None and run.get("status") == "cancelled":
+def _stop_if(taken_over, cancelled):
+    if taken_over:
+        raise TuneTakenOver
+    if cancelled:
         raise TuneCancelled
+
+
+def _finish(tune, state, *, status, **fields):
+    """End the tune with status (pushed: spooled while the web tier is away), its progress
+    stamped with this delivery's attempt, so that a delivery that was taken over ends
+    nothing; returns status, or TAKEN_OVER when the API refused it for that."""
+    try:
+        tune.client.update_tuning_run(tune.ref, status=status, progress=tune.stamp(state), **fields)
+    except Conflict as exc:
+        if (
+            JobBeat.read(tune.client.get_tuning_run(tune.ref).get("progress")).attempt
+            > tune.attempt
+        ):
+            log.warning("tuning run %s: taken over, not ended %s: %s", tune.ref, status, exc)
+            return TAKEN_OVER
+        raise
+    return status
 
 
 def _telemetry_fields(telemetry):

@@ -15,8 +15,6 @@ the level it cut short are told apart from those of the level stored.
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -24,21 +22,19 @@ import uuid
 from domain import requests as request_log
 from domain import workloads as workload_specs
 from domain.failures import describe_failure
-from domain.jobs import FINISHED_STATUSES
 from domain.levels import MAX_SEED
-from domain.progress import HEARTBEAT_STALE_S, SweepProgress
+from domain.progress import HEARTBEAT_STALE_S
 from domain.snapshot import RunSnapshot
 from domain.step_breakdown import DEFAULT_PROFILE_STEPS
 from domain.wire.levels import LevelFigures
-from workers import capacity, engine_info, engine_paths, loadgen, step_profile, vocabulary
-from workers.client import ApiError, BadPush, Conflict, Unreachable
+from workers import capacity, engine_info, engine_paths, job, loadgen, step_profile, vocabulary
+from workers.client import ApiError, Conflict, Unreachable
 from workers.engine_metrics import EngineMetricsSampler, counter_deltas, read_engine_counters
+from workers.job import BUSY as BUSY
 from workers.telemetry import TelemetrySampler, push_drained
 
 log = logging.getLogger(__name__)
 
-# The outcome when another worker is still sweeping this run (its heartbeat is fresh).
-BUSY = "busy"
 # The outcome when the API refused this delivery's pushes (409) while it swept: another
 # delivery took the run over, or the run was ended meanwhile (cancelled while its worker seemed
 # gone); either way the run's end is not this delivery's.
@@ -200,7 +196,7 @@ class _Progress:
 
     def snapshot(self):
         with self._lock:
-            return {**self.state, "heartbeat": time.time(), "worker": _me()}
+            return {**self.state, "heartbeat": time.time(), "worker": job.me()}
 
 
 class _Samples:
@@ -241,117 +237,25 @@ class _Samples:
                 log.warning("sweep %s: samples refused: %s", self._run, exc)
 
 
-class _Reporter(threading.Thread):
-    """Pushes progress every PROGRESS_INTERVAL_S and samples every SAMPLES_INTERVAL_S.
+class _Pushes:
+    """What the heartbeat pushes beside the progress: the spool's waiting pushes, and the
+    samples every SAMPLES_INTERVAL_S."""
 
-    The run the API returns after each progress push refreshes `cancel_requested`; a push the
-    API refuses because another delivery took the run over sets `taken_over` and ends the thread.
-    """
-
-    def __init__(self, client, run_uuid, progress, samples, interval_s):
-        super().__init__(name="sweep-reporter", daemon=True)
-        self.cancel_requested = False
-        self.taken_over = False
+    def __init__(self, client, run_uuid, samples):
         self._client = client
         self._run = run_uuid
-        self._progress = progress
         self._samples = samples
-        self._interval = interval_s
-        self._halt = threading.Event()
+        self._last_flush = time.monotonic()
 
-    def run(self):
-        last_flush = time.monotonic()
-        while not self._halt.wait(self._interval):
-            try:
-                # progress is advisory: one attempt, never spooled (the next tick sends a newer one)
-                run = self._client.update_run(
-                    self._run, advisory=True, progress=self._progress.snapshot()
-                )
-                self.cancel_requested = bool(run.get("cancel_requested"))
-            except Conflict as exc:
-                # this worker was thought gone: another delivery sweeps the run, or it was ended
-                log.warning("sweep %s: progress refused, stopping: %s", self._run, exc)
-                self.taken_over = True
-                return
-            except (ApiError, BadPush) as exc:
-                log.info("sweep %s: progress push failed: %s", self._run, exc)
-                continue
-            try:
-                if self._client.spool is not None and self._client.spool.entries():
-                    self._client.replay_spool()
-                if time.monotonic() - last_flush >= SAMPLES_INTERVAL_S:
-                    last_flush = time.monotonic()
-                    self._samples.flush()
-            except ApiError:
-                log.warning("sweep %s: pushing samples failed", self._run, exc_info=True)
-
-    def stop(self):
-        self._halt.set()
-        self.join()
-
-
-def _me():
-    # who sends the heartbeats: on this host, a dead sender's run is taken over at once
-    return {"host": socket.gethostname(), "pid": os.getpid()}
-
-
-def _alive(progress: SweepProgress):
-    """Whether the process that sent this progress may still be sweeping."""
-    worker = progress.worker
-    if worker.host != socket.gethostname() or not worker.pid:
-        # another machine: only its heartbeat can tell
-        return True
-    try:
-        os.kill(worker.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-# How often a claim may find the run moved under it before the delivery looks again later.
-CLAIM_TRIES = 3
-
-
-def _claim(client, run_uuid, stale_after_s):
-    """Move the run to running (or take over a running run whose worker died).
-
-    Returns (the run as a dict, this delivery's attempt: 1, or one more than the attempt
-    taken over), or the outcome string when there is nothing to do here (BUSY when the run
-    moved under the claim CLAIM_TRIES times).
-    """
-    # marks this claim's own write: a write whose answer was lost and whose retry the API
-    # refused (409) is recognised as this claim's, not another delivery's
-    claim = uuid.uuid4().hex
-    for _ in range(CLAIM_TRIES):
-        run = client.get_run(run_uuid)
-        progress = SweepProgress.read(run.get("progress"))
-        if run["status"] in FINISHED_STATUSES:
-            return run["status"]
-        if run["status"] == "running" and progress.claim == claim:
-            return run, progress.attempt
+    def __call__(self):
         try:
-            if run["status"] != "running":
-                mine = {**_claimed(claim), "levels_done": 0, "attempt": 1}
-                return client.update_run(run_uuid, status="running", progress=mine), 1
-            beat = progress.heartbeat
-            if beat is not None and time.time() - beat < stale_after_s and _alive(progress):
-                return BUSY
-            attempt = progress.attempt + 1
-            sent = {**(run.get("progress") or {}), **_claimed(claim)}
-            taken = client.take_over_run(run_uuid, attempt, sent)
-            log.info("sweep %s: resuming a run whose worker stopped", run_uuid)
-            return taken, attempt
-        except Conflict:
-            # cancelled, claimed or taken over meanwhile (or this claim's own write, its
-            # answer lost): read where it is now
-            continue
-    return BUSY
-
-
-def _claimed(claim):
-    return {"heartbeat": time.time(), "worker": _me(), "claim": claim}
+            if self._client.spool is not None and self._client.spool.entries():
+                self._client.replay_spool()
+            if time.monotonic() - self._last_flush >= SAMPLES_INTERVAL_S:
+                self._last_flush = time.monotonic()
+                self._samples.flush()
+        except ApiError:
+            log.warning("sweep %s: pushing samples failed", self._run, exc_info=True)
 
 
 def run_sweep(
@@ -371,15 +275,16 @@ def run_sweep(
     all). deadline: a time.monotonic() value after which no new request starts and the run ends
     failed. nvml: a pynvml stand-in for tests.
     """
-    claimed = _claim(client, run_uuid, stale_after_s)
+    sweep = job.Job(client, job.SWEEP, run_uuid, stale_after_s=stale_after_s)
+    claimed = sweep.claim({"levels_done": 0})
     if isinstance(claimed, str):
         return claimed
-    claimed, attempt = claimed
+    attempt = sweep.attempt
     try:
         config = sweep_config(parameters, attempt)
     except ValueError as exc:
         # the vocabulary unknown (VocabularyUnknown), or a dataset's prompts missing
-        _finish(client, run_uuid, "failed", str(exc), {"worker": _me()})
+        _finish(client, run_uuid, "failed", str(exc), {"worker": job.me()})
         return "failed"
     snapshot = RunSnapshot.read(claimed.get("snapshot"))
     levels = config.levels()
@@ -390,11 +295,17 @@ def run_sweep(
     telemetry = TelemetrySampler(parameters.get("gpu_indices") or None, hz=telemetry_hz, nvml=nvml)
     engine = EngineMetricsSampler(config.client.base_url)
     samples = _Samples(client, run_uuid, telemetry, engine, attempt)
-    reporter = _Reporter(client, run_uuid, progress, samples, progress_interval_s)
-    reporter.cancel_requested = bool(claimed.get("cancel_requested"))
+    reporter = job.Heartbeat(
+        sweep,
+        progress.snapshot,
+        progress_interval_s,
+        log=log,
+        each=_Pushes(client, run_uuid, samples),
+    )
+    reporter.cancelled = sweep.cancelled(claimed)
 
     def cancelled():
-        return reporter.cancel_requested or reporter.taken_over
+        return reporter.cancelled or reporter.taken_over
 
     def taken_over():
         return reporter.taken_over

@@ -9,8 +9,9 @@ import contextlib
 import logging
 import time
 
+from domain.progress import HEARTBEAT_STALE_S
 from domain.queues import SWEEP_SOFT_LIMIT_S
-from workers import engine_action, engine_check, kernel_tune, sweep, telemetry, topology
+from workers import engine_action, engine_check, job, kernel_tune, sweep, telemetry, topology
 from workers.celery import HOST_NAME, HOST_QUEUE, app
 from workers.client import ApiError, MoeopsClient, Unreachable
 
@@ -88,9 +89,9 @@ def run_sweep(self, run_uuid, **parameters):
     deadline = time.monotonic() + SWEEP_SOFT_LIMIT_S - DEADLINE_MARGIN_S
     with _host_client(self, f"/runs/{run_uuid}") as client:
         outcome = sweep.run_sweep(run_uuid, parameters, client=client, deadline=deadline)
-    if outcome == sweep.BUSY:
+    if outcome == job.BUSY:
         # another worker's heartbeat is fresh: look again once it would have gone stale
-        raise self.retry(countdown=sweep.HEARTBEAT_STALE_S, max_retries=None)
+        raise self.retry(countdown=HEARTBEAT_STALE_S, max_retries=None)
     return outcome
 
 
@@ -107,6 +108,9 @@ def tune_kernel(self, tuning_run_uuid, **parameters):
     them."""
     with _host_client(self, f"/tuning-runs/{tuning_run_uuid}") as client:
         outcome = kernel_tune.tune_kernel(tuning_run_uuid, client=client, **parameters)
+    if outcome == job.BUSY:
+        # another delivery's heartbeat is fresh: look again once it would have gone stale
+        raise self.retry(countdown=HEARTBEAT_STALE_S, max_retries=None)
     return outcome
 
 

@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
-from domain.wire.fields import Body, JsonObject, LongText, Patch, PosInt, Size, text
+from domain.wire.fields import Attempt, Body, JsonObject, LongText, Patch, PosInt, Size, text
 from domain.wire.runs import JobStatus, TelemetryStatus
 
 # Whose fused-MoE kernel timings were taken on (tuning.engines.ENGINES).
@@ -53,6 +53,12 @@ class TuningRunPatch(Patch):
     kernel_path: KernelPath | None = None
     kernel_note: text(300) | None = Field(
         None, description="which kernel and why (e.g. builtin: the engine is not installed)"
+    )
+    takeover: Attempt | None = Field(
+        None,
+        description="a new delivery takes the running tune over as this attempt: "
+        "compare-and-set on the attempt before it (409 when another delivery took it first); "
+        "progress is then the tune's new progress",
     )
 
 

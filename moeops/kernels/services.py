@@ -372,11 +372,25 @@ def _same_owner(tuning_run, host, deployment):
     return tuning_run
 
 
-def tuning_run_update(*, tuning_run, status=None, **fields):
-    """Status (moeops.jobs.transition: a finished one runs the job-finished hook), then
-    progress, result, wall_s … in one transaction. Raises TuningConflict for a status the tune
-    cannot move to."""
+def tuning_run_update(*, tuning_run, status=None, takeover=None, **fields):
+    """Progress, then status (moeops.jobs.transition: a finished one runs the job-finished
+    hook), result, wall_s … in one transaction. Raises TuningConflict for a status the tune
+    cannot move to. takeover: the attempt a new delivery takes the running tune over as
+    (moeops.jobs.take_over, with the progress given); else a progress of an attempt older than
+    the tune's is refused (TuningConflict), the status change with it."""
     with transaction.atomic():
+        if takeover is not None:
+            progress = fields.pop("progress", None)
+            jobs.take_over(
+                tuning_run,
+                attempt=takeover,
+                progress=progress,
+                conflict=TuningConflict,
+                what="tuning run",
+            )
+        elif "progress" in fields:
+            progress = fields.pop("progress")
+            jobs.progress_update(tuning_run, progress, conflict=TuningConflict, what="tuning run")
         if status is not None and status != tuning_run.status:
             _tuning_transition(tuning_run, status)
         if fields:

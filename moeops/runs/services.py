@@ -21,7 +21,7 @@ from domain import engine as engine_reports
 from domain import requests as request_log
 from domain.intervals import ROUND_KEYS, level_of_rounds
 from domain.levels import MAX_SEED
-from domain.progress import HEARTBEAT_STALE_S, SweepProgress, attempt_of
+from domain.progress import HEARTBEAT_STALE_S, SweepProgress
 from domain.step_breakdown import DEFAULT_PROFILE_STEPS, StepBreakdown
 from domain.step_breakdown import LevelProfile as LevelProfileBody
 from domain.step_trace import TraceError, read_breakdown
@@ -351,47 +351,10 @@ def _resend_failed(run, error):
 
 
 def run_take_over(*, run, attempt, progress):
-    """A new delivery of a running run whose worker is gone takes it over as `attempt`, by
-    compare-and-set on the attempt it follows: of two deliveries that found the same worker
-    gone, one takes the run and the other gets RunConflict (and then finds the run busy).
-    progress: what the run's progress becomes (its heartbeat at least), its attempt set to
-    `attempt`. Raises ValidationError naming progress without a heartbeat: a run taken over
-    with none would look abandoned to the next delivery at once."""
-    if not isinstance((progress or {}).get("heartbeat"), int | float):
-        raise ValidationError({"progress": "a takeover carries the new worker's heartbeat"})
-    with transaction.atomic():
-        locked = SweepRun.objects.select_for_update().get(pk=run.pk)
-        follows = attempt_of(locked.progress)
-        if locked.status != "running" or follows != attempt - 1:
-            run.refresh_from_db()
-            raise RunConflict(
-                f"run {run.pk} cannot be taken over as attempt {attempt}: it is "
-                f"{locked.status}, attempt {follows}"
-            )
-        progress = {**progress, "attempt": attempt}
-        SweepRun.objects.filter(pk=run.pk).update(progress=progress)
-    run.progress = progress
-    return run
-
-
-def _progress_update(run, progress):
-    """Store a run's progress unless it is of an attempt older than the run's: the pushes of a
-    delivery that was taken over (a slow worker's, or one left waiting in a spool) raise
-    RunConflict instead of moving the run back to their attempt."""
-    attempt = (progress or {}).get("attempt")
-    # JSON's true equals 1 in Python: refused like any other attempt that is no integer
-    if attempt is not None and (isinstance(attempt, bool) or attempt_of(progress) != attempt):
-        raise ValidationError({"progress": "attempt must be a positive integer"})
-    with transaction.atomic():
-        locked = SweepRun.objects.select_for_update().get(pk=run.pk)
-        current = attempt_of(locked.progress)
-        if attempt is not None and attempt < current:
-            raise RunConflict(
-                f"run {run.pk} was taken over as attempt {current}; the progress of attempt "
-                f"{attempt} is refused"
-            )
-        SweepRun.objects.filter(pk=run.pk).update(progress=progress)
-    run.progress = progress
+    """A new delivery of a running run whose worker is gone takes it over as `attempt`
+    (moeops.jobs.take_over: compare-and-set on the attempt it follows; RunConflict for the
+    delivery that comes second)."""
+    return jobs.take_over(run, attempt=attempt, progress=progress, conflict=RunConflict, what="run")
 
 
 def run_update(*, run, status=None, error="", takeover=None, **fields):
@@ -412,7 +375,7 @@ def run_update(*, run, status=None, error="", takeover=None, **fields):
         if takeover is not None:
             run_take_over(run=run, attempt=takeover, progress=fields.pop("progress", None))
         elif "progress" in fields:
-            _progress_update(run, fields.pop("progress"))
+            jobs.progress_update(run, fields.pop("progress"), conflict=RunConflict, what="run")
         if status is not None:
             run_transition(run=run, status=status, error=error)
             if run.is_finished and run.is_capacity_search:

@@ -1,6 +1,9 @@
 """A tune's life on the web side: started when it runs, failed when its host's worker is lost
 (kernels.services.tuning_run_fail_stale), and what follows its end run once committed."""
 
+import json
+import time
+
 import pytest
 from django.utils import timezone
 
@@ -59,3 +62,33 @@ def test_a_tune_records_when_it_started_and_its_end_runs_the_hook_once_committed
     assert sent == [("kernels.tuningrun", tune.pk)]
     with pytest.raises(services.TuningConflict, match="is cancelled; it cannot become running"):
         services.tuning_run_update(tuning_run=tune, status="running")
+
+
+def _beat(attempt, age_s=0.0):
+    """A tune's progress as its delivery `attempt` stamps it, age_s seconds ago."""
+    return {"heartbeat": time.time() - age_s, "attempt": attempt, "done": 1, "total": 4}
+
+
+def test_of_two_deliveries_taking_a_silent_tune_over_one_wins(world):
+    tune = _tune(world.host, status="running", progress=_beat(1, age_s=60))
+    path = f"/api/v1/tuning-runs/{tune.uuid}"
+    first = world.host_worker.patch(path, {"takeover": 2, "progress": _beat(2)})
+    assert first.status_code == 200 and first.json()["progress"]["attempt"] == 2
+    second = world.host_worker.patch(path, {"takeover": 2, "progress": _beat(2)})
+    assert second.status_code == 409
+    assert "cannot be taken over as attempt 2" in json.dumps(second.json())
+    # the delivery that was taken over may no longer move the tune, nor end it
+    late = world.host_worker.patch(path, {"status": "succeeded", "progress": _beat(1)})
+    assert late.status_code == 409
+    tune.refresh_from_db()
+    assert tune.status == "running" and tune.progress["attempt"] == 2
+
+
+def test_a_takeover_without_a_heartbeat_is_refused_naming_progress(world):
+    tune = _tune(world.host, status="running", progress=_beat(1, age_s=60))
+    answer = world.host_worker.patch(
+        f"/api/v1/tuning-runs/{tune.uuid}", {"takeover": 2, "progress": {"done": 1}}
+    )
+    assert answer.status_code == 400 and "progress" in json.dumps(answer.json())
+    tune.refresh_from_db()
+    assert tune.progress["attempt"] == 1

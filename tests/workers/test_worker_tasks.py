@@ -3,6 +3,8 @@ GPUs-now and probe tasks through a real Celery worker (tests/stack.py)."""
 
 import json
 import re
+import socket
+import subprocess
 import sys
 import time
 
@@ -24,7 +26,7 @@ from tuning.backends import load_backend
 from tuning.engine_source import locate_package
 from tuning.search import KernelShape
 from tuning.tune_results import BatchResult, TuneResult
-from workers import kernel_tune
+from workers import job, kernel_tune
 from workers.engine_check import check_engine
 
 pytest_plugins = ["tests.stack"]
@@ -531,6 +533,88 @@ def test_a_finished_tune_delivered_again_does_nothing(tune_client):
 
     assert outcome == "succeeded"
     assert tuner.calls == []
+    assert not KernelConfig.objects.exists()
+
+
+def _running(host, *, attempt=1, silent_s=0.0, worker=None):
+    """A tune a delivery claimed: running, its last heartbeat silent_s ago, from worker."""
+    tuning_run, _ = kernel_services.tuning_run_create(
+        host=host, E=8, N=64, hidden_size=128, topk=2, status="running"
+    )
+    beat = {
+        "heartbeat": time.time() - silent_s,
+        "attempt": attempt,
+        "claim": "the-first-delivery",
+        "worker": worker or {"host": "another-host", "pid": 4242},
+    }
+    TuningRun.objects.filter(pk=tuning_run.pk).update(progress=beat)
+    return tuning_run
+
+
+def test_a_tune_delivered_again_while_its_first_delivery_beats_stands_down(tune_client):
+    host, client = tune_client
+    tuning_run = _running(host)
+    tuner = FakeTuner()
+
+    assert _tune(client, tuning_run, tuner) == job.BUSY
+
+    assert tuner.calls == []
+    tuning_run.refresh_from_db()
+    assert tuning_run.status == "running" and tuning_run.progress["attempt"] == 1
+
+
+def test_a_tune_whose_delivery_went_silent_is_taken_over_and_resumes_from_its_log(
+    tune_client, tmp_path
+):
+    host, client = tune_client
+    tuning_run = _running(host, silent_s=kernel_tune.PROGRESS_INTERVAL_S + 60)
+    tuner = FakeTuner()
+
+    assert _tune(client, tuning_run, tuner) == "succeeded"
+
+    # the log of the first delivery is where the second resumes from
+    assert [call[3] for call in tuner.calls] == [tmp_path / "tune" / str(tuning_run.uuid)]
+    tuning_run.refresh_from_db()
+    assert tuning_run.status == "succeeded" and tuning_run.progress["attempt"] == 2
+
+
+def test_a_tune_whose_worker_process_is_gone_is_taken_over_at_once(tune_client):
+    host, client = tune_client
+    # this host, a process that no longer runs: its heartbeat of a second ago says nothing
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    tuning_run = _running(host, worker={"host": socket.gethostname(), "pid": gone.pid})
+
+    assert _tune(client, tuning_run, FakeTuner()) == "succeeded"
+
+    tuning_run.refresh_from_db()
+    assert tuning_run.progress["attempt"] == 2
+
+
+def test_a_tune_taken_over_while_it_runs_stops_and_ends_nothing(tune_client):
+    host, client = tune_client
+    tuning_run, _ = kernel_services.tuning_run_create(host=host, E=8, N=64, hidden_size=128, topk=2)
+    reported = []
+
+    def taken_over_midway(shape, batch_sizes, gpu_indices, *, progress_callback, **kwargs):
+        progress_callback(1, 4, "M=1")
+        reported.append(1)
+        # this worker was thought gone: another delivery takes the tune over
+        kernel_services.tuning_run_update(
+            tuning_run=TuningRun.objects.get(pk=tuning_run.pk),
+            takeover=2,
+            progress={"heartbeat": time.time(), "attempt": 2},
+        )
+        progress_callback(4, 4, "M=1024")
+        reported.append(4)
+        raise AssertionError("the tune went on after it was taken over")
+
+    outcome = _tune(client, tuning_run, taken_over_midway)
+
+    assert outcome == kernel_tune.TAKEN_OVER
+    assert reported == [1]
+    tuning_run.refresh_from_db()
+    assert tuning_run.status == "running" and tuning_run.progress["attempt"] == 2
     assert not KernelConfig.objects.exists()
 
 
