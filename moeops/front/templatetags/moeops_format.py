@@ -115,7 +115,7 @@ def deployment_status(deployment):
 @register.filter
 def parameter_text(value):
     """A run parameter as a person reads it, not a Python repr: a list "8, 16, 32", an object
-    "key value; key value" (nested the same way, keys sorted because PostgreSQL's jsonb does not keep
+    "key value; key value" (nested the same way, keys sorted: PostgreSQL's jsonb does not keep
     the order they were written in), None "—", booleans "yes"/"no"."""
     if value is None:
         return "—"
