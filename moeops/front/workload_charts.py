@@ -5,6 +5,8 @@ workloads of different sizes compare."""
 
 from moeops.front.charts import PALETTE, figure
 
+# Below this many lengths from the shortest to the longest, every whole length gets its tick.
+SMALL_SPAN = 12
 MEASURES = (
     ("prompt", "Prompt lengths"),
     ("turns", "Turns per conversation"),
@@ -19,7 +21,8 @@ def _bars(name, histogram, color, opacity=1.0):
     return {
         "type": "bar",
         "name": name,
-        "x": [(low + high + 1) / 2 for low, high in zip(lows, highs, strict=True)],
+        # a bar centred on the lengths it holds: length L spans L − ½ to L + ½
+        "x": [(low + high) / 2 for low, high in zip(lows, highs, strict=True)],
         "width": [high + 1 - low for low, high in zip(lows, highs, strict=True)],
         "y": [round(100 * c / total, 2) for c in counts],
         "customdata": [
@@ -41,10 +44,16 @@ def length_figure(title, unit, named_histograms):
         _bars(name, histogram, PALETTE[i % len(PALETTE)], 0.55 if overlaid else 1.0)
         for i, (name, histogram) in enumerate(named_histograms)
     ]
+    low = min(h["edges"][0] for _, h in named_histograms)
+    high = max(h["edges"][-1] for _, h in named_histograms) - 1
+    xaxis = {"title": {"text": unit}, "range": [low - 1, high + 1]}
+    if high - low < SMALL_SPAN:
+        # a few lengths: a tick on each whole length, none between
+        xaxis["dtick"] = 1
     return figure(
         traces,
         f"{title} ({unit})",
-        {"title": {"text": unit}},
+        xaxis,
         {"title": {"text": "share (%)"}, "rangemode": "tozero"},
         barmode="overlay",
         bargap=0.05,
