@@ -666,6 +666,16 @@ class MoeopsClient:
         body = _wire(ActionReport, body, "action report")
         return self._patch(f"/engine-actions/{action}", body, advisory=advisory)
 
+    def get_engine_action(self, action):
+        """The engine action (id or UUID) as the API has it."""
+        return self._get(f"/engine-actions/{action}").json()
+
+    def take_over_action(self, action, attempt, progress):
+        """Take a running engine action whose worker is gone over as `attempt` (Conflict when
+        another delivery took it first); sent now or never, as take_over_run."""
+        body = _wire(ActionReport, {"takeover": attempt, "progress": progress}, "action takeover")
+        return self.request("PATCH", f"/engine-actions/{action}", body=body).json()
+
     # ------------------------------------------------------------------ kernels
 
     def push_kernel_config(self, file_name, content):

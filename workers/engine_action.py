@@ -19,7 +19,8 @@ from pathlib import Path
 
 from domain import launch
 from tuning.config_files import ConfigFileError, config_file_relpath, configs_root
-from workers.client import ApiError, BadPush
+from workers import job
+from workers.client import ApiError, BadPush, Conflict
 from workers.engine_info import identify_engine, kernel_config_in_effect, locate_engine_package
 from workers.engine_supervisor import EngineSupervisor, Recipe, SupervisorError
 
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 FINISHED = ("succeeded", "failed")
 # How often the wait for /health is reported (s): an engine may take minutes to load.
 WAIT_REPORT_S = 5.0
+# How often the action's heartbeat is sent (s), well within domain.progress.HEARTBEAT_STALE_S.
+HEARTBEAT_S = 2.0
 LOG_LINES = 40
 
 
@@ -35,16 +38,26 @@ class ActionFailed(RuntimeError):
     """The action ended failed (already reported); a chain's later steps must not run."""
 
 
-class _Steps:
-    """The action's steps as the page shows them. A step's progress is advisory (one attempt,
-    never spooled: the next push says more); a status move is spooled, so that it arrives."""
+class ActionTakenOver(Exception):
+    """Another delivery took the action over (this one was thought gone): this one stops where
+    it is, and reverts nothing: the engine is the other delivery's now."""
 
-    def __init__(self, client, action_uuid, supervisor, deployment):
-        self.client = client
-        self.action = action_uuid
+
+class _Steps:
+    """The action's steps as the page shows them, each push with the delivery's heartbeat
+    (workers.job). A step's progress is advisory (one attempt, never spooled: the next push
+    says more); a status move is spooled, so that it arrives. A push refused because another
+    delivery took the action over stops the action at its next step (ActionTakenOver)."""
+
+    def __init__(self, action, supervisor, deployment):
+        self.job = action
+        self.client = action.client
+        self.action = action.ref
         self.supervisor = supervisor
         self.deployment = deployment
         self.steps: list[dict] = []
+        self.taken_over = False
+        self.heartbeat = None
         self._last_wait = 0.0
         self._kept_tail = None
 
@@ -60,15 +73,21 @@ class _Steps:
 
     def _body(self, **fields):
         tail = self._kept_tail if self._kept_tail is not None else self._tail()
-        return {"steps": self.steps, **({"log_tail": tail} if tail else {}), **fields}
+        body = {"steps": self.steps, **({"log_tail": tail} if tail else {}), **fields}
+        return {**body, "progress": self.job.stamp()}
 
     def _advise(self):
         try:
             self.client.report_action(self.action, advisory=True, **self._body())
+        except Conflict as exc:
+            log.warning("engine action %s: taken over by another delivery: %s", self.action, exc)
+            self.taken_over = True
         except (ApiError, BadPush) as exc:
             log.info("engine action %s: progress not sent: %s", self.action, exc)
 
     def begin(self, name, detail=""):
+        if self.taken_over or (self.heartbeat is not None and self.heartbeat.taken_over):
+            raise ActionTakenOver
         self.steps.append({"name": name, "status": "running", "detail": detail, "at": time.time()})
         self._advise()
 
@@ -206,23 +225,42 @@ def _check_config(engine, shape, identity, paths, files, recipe, package):
 
 def run_action(action_uuid, payload, *, client, host_name, supervisor=None):
     """Carry out one engine action (see the module docstring); returns "succeeded" or
-    "sweeping" (a re-sweep follows). Raises ActionFailed once the failure is reported."""
+    "sweeping" (a re-sweep follows), or workers.job.BUSY when another delivery is at it. Raises
+    ActionFailed once the failure is reported, or when another delivery took the action over."""
     supervisor = supervisor or EngineSupervisor()
     new_data, old_data = payload["recipe"], payload.get("previous")
     deployment = new_data["deployment"]
-    steps = _Steps(client, action_uuid, supervisor, deployment)
+    action = job.Job(client, job.ACTION, action_uuid)
+    steps = _Steps(action, supervisor, deployment)
     if payload.get("host") != host_name:
         error = f"a recipe of host {payload.get('host')} reached the worker of {host_name}"
         steps.finish("failed", error=error)
         raise ActionFailed(error)
     try:
-        answer = steps.finish("running")
+        claimed = action.claim()
     except ApiError as exc:
-        # refused (finished meanwhile, another host's token, gone): the engine is not touched
+        # refused (another host's token, gone): the engine is not touched
         raise ActionFailed(f"the action cannot run: {exc}") from None
-    if answer.get("status") in FINISHED:
-        raise ActionFailed(f"the action is already {answer['status']}")
+    if claimed == job.BUSY:
+        return job.BUSY
+    if isinstance(claimed, str):
+        raise ActionFailed(f"the action is already {claimed}")
+    # beats while a step says nothing (an engine stopping, a file written), so that a delivery
+    # of the task again finds this one alive and stands down
+    steps.heartbeat = job.Heartbeat(action, dict, HEARTBEAT_S, log=log)
+    steps.heartbeat.start()
+    try:
+        return _carry_out(steps, payload, supervisor, new_data, old_data)
+    except ActionTakenOver:
+        raise ActionFailed("another delivery of the action took it over") from None
+    finally:
+        steps.heartbeat.stop()
 
+
+def _carry_out(steps, payload, supervisor, new_data, old_data):
+    """The action's steps once it is this delivery's: stop, write the kernel configs, start,
+    check; on a failure the previous recipe back and the action failed (ActionFailed)."""
+    deployment = steps.deployment
     engine = payload.get("engine", "")
     # where the engine is installed (its Python is asked once per action)
     package = functools.cache(lambda: locate_engine_package(engine))
@@ -253,6 +291,8 @@ def run_action(action_uuid, payload, *, client, host_name, supervisor=None):
         if not all(ok for _, ok in checks):
             raise ActionFailed(f"the engine came up without the change: {detail}")
         steps.end(f"healthy: {detail}")
+    except ActionTakenOver:
+        raise
     except Exception as exc:
         # whatever stopped the change (the engine, a file, the time limit), nothing stays half
         # applied: the previous recipe comes back and the action ends failed, saying why

@@ -1,10 +1,11 @@
-"""A job as a GPU host's worker runs it, one protocol for every kind: a sweep run and a kernel
-tune. A delivery of the job's task claims it (queued → running), or finds it finished, or finds
-another delivery at it and stands down (BUSY: the task looks again once that one's heartbeat
-would have gone stale), or takes it over from a delivery whose heartbeat went stale or whose
-process is gone, as the next attempt (compare-and-set on the web tier: of two deliveries, one
-wins). While it runs it sends heartbeats in its progress; the answer says whether the job was
-cancelled, and a refusal (409) says another delivery took it over: either way it stops.
+"""A job as a GPU host's worker runs it, one protocol for every kind: a sweep run, a kernel
+tune and an engine action. A delivery of the job's task claims it (queued → running), or finds
+it settled, or finds another delivery at it and stands down (BUSY: the task looks again once
+that one's heartbeat would have gone stale), or takes it over from a delivery whose heartbeat
+went stale or whose process is gone, as the next attempt (compare-and-set on the web tier:
+moeops.jobs.take_over; of two deliveries, one wins). While it runs it sends heartbeats in its
+progress; the answer says whether the job was cancelled, and a refusal (409) says another
+delivery took it over: either way it stops.
 """
 
 import os
@@ -30,7 +31,8 @@ CLAIM_TRIES = 3
 class Kind:
     """How the API reads and writes one kind of job: get(client, uuid) → the job as a dict;
     claim, take_over and beat(client, uuid, …) → the job after the write; cancelled(job) →
-    whether the job's delivery is to stop."""
+    whether the job's delivery is to stop; settled: the statuses in which a delivery has
+    nothing left to do."""
 
     name: str
     get: Callable[..., dict]
@@ -38,6 +40,7 @@ class Kind:
     take_over: Callable[..., dict]
     beat: Callable[..., dict]
     cancelled: Callable[[dict], bool]
+    settled: tuple[str, ...] = FINISHED_STATUSES
 
 
 SWEEP = Kind(
@@ -62,6 +65,21 @@ TUNE = Kind(
         ref, advisory=True, progress=progress
     ),
     cancelled=lambda job: job.get("status") == "cancelled",
+)
+ACTION = Kind(
+    name="engine action",
+    get=lambda client, ref: client.get_engine_action(ref),
+    claim=lambda client, ref, progress: client.report_action(
+        ref, status="running", progress=progress
+    ),
+    take_over=lambda client, ref, attempt, progress: client.take_over_action(
+        ref, attempt, progress
+    ),
+    beat=lambda client, ref, progress: client.report_action(ref, advisory=True, progress=progress),
+    # an action is never cancelled: a restart half done would leave the engine down
+    cancelled=lambda job: False,
+    # re-sweeping: the action's own part is done, its re-sweep is a sweep run of its own
+    settled=("sweeping", "succeeded", "failed"),
 )
 
 
@@ -118,7 +136,7 @@ class Job:
         for _ in range(CLAIM_TRIES):
             job = self.kind.get(self.client, self.ref)
             progress = JobBeat.read(job.get("progress"))
-            if job["status"] in FINISHED_STATUSES:
+            if job["status"] in self.kind.settled:
                 return job["status"]
             if job["status"] == "running" and progress.claim == self.token:
                 self.attempt = progress.attempt

@@ -129,7 +129,11 @@ def run_engine_action(self, action_uuid, **payload):
     workers.engine_action.run_action takes it. Raises ActionFailed, so that the chain's
     re-sweep does not run, when the action failed."""
     with _host_client(self) as client:
-        return engine_action.run_action(action_uuid, payload, client=client, host_name=HOST_NAME)
+        outcome = engine_action.run_action(action_uuid, payload, client=client, host_name=HOST_NAME)
+    if outcome == job.BUSY:
+        # another delivery's heartbeat is fresh: look again once it would have gone stale
+        raise self.retry(countdown=HEARTBEAT_STALE_S, max_retries=None)
+    return outcome
 
 
 @app.task(

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from domain.wire.fields import Body, JsonObject, LongText
+from domain.wire.fields import Attempt, Body, JsonObject, LongText
 
 # Statuses a worker reports of an engine action; queued is where an action starts.
 ReportedStatus = Literal["running", "sweeping", "succeeded", "failed"]
@@ -32,3 +32,11 @@ class ActionReport(Body):
     observed: JsonObject | None = None
     error: LongText = ""
     log_tail: LongText = ""
+    progress: JsonObject | None = Field(
+        None, description="the heartbeat of the delivery carrying it out: heartbeat, attempt, …"
+    )
+    takeover: Attempt | None = Field(
+        None,
+        description="a new delivery takes the running action over as this attempt: "
+        "compare-and-set on the attempt before it (409 when another delivery took it first)",
+    )

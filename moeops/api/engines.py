@@ -135,6 +135,9 @@ class ActionOut(Schema):
     before_run: UUID | None
     after_run: UUID | None
     steps: list[dict[str, Any]]
+    progress: dict[str, Any] = Field(
+        description="the heartbeat of the worker's delivery carrying it out: heartbeat, attempt"
+    )
     observed: dict[str, Any]
     error: str
     log_tail: str

@@ -137,6 +137,11 @@ class EngineAction(Job, models.Model):
         "runs.SweepRun", models.SET_NULL, null=True, blank=True, related_name="actions_after"
     )
     steps = models.JSONField(default=list, blank=True)
+    progress = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="the heartbeat of the worker's delivery carrying it out (workers.job)",
+    )
     observed = models.JSONField(
         default=dict, blank=True, help_text="what the engine reported after the restart"
     )

@@ -428,11 +428,24 @@ def _fail(action, error, **fields):
     return action
 
 
-def engine_action_report(*, action, status=None, steps=None, observed=None, error="", log_tail=""):
+def engine_action_report(
+    *,
+    action,
+    status=None,
+    steps=None,
+    observed=None,
+    error="",
+    log_tail="",
+    progress=None,
+    takeover=None,
+):
     """What the worker reports of an action: its steps so far, what the engine said after the
     restart (observed), its last log lines, and a status: running; sweeping or succeeded once
     the recipe is up (sweeping when a re-sweep follows); failed with the error. Raises
-    ActionConflict for a move the action cannot make (e.g. a finished action)."""
+    ActionConflict for a move the action cannot make (e.g. a finished action). progress: the
+    delivery's heartbeat (moeops.jobs.progress_update: one of an attempt older than the
+    action's is refused, the rest of the report with it); takeover: the attempt a new delivery
+    takes the running action over as (moeops.jobs.take_over)."""
     fields = {}
     if steps is not None:
         fields["steps"] = steps
@@ -441,6 +454,12 @@ def engine_action_report(*, action, status=None, steps=None, observed=None, erro
     if log_tail:
         fields["log_tail"] = log_tail
     with transaction.atomic():
+        if takeover is not None:
+            jobs.take_over(
+                action, attempt=takeover, progress=progress, conflict=ActionConflict, what="action"
+            )
+        elif progress is not None:
+            jobs.progress_update(action, progress, conflict=ActionConflict, what="action")
         action = EngineAction.objects.select_for_update().select_related("recipe").get(pk=action.pk)
         if status == "failed":
             return _fail(action, error or "the worker reported the action failed", **fields)

@@ -4,6 +4,7 @@ checked against what the engine reports, a recipe that cannot start and the prev
 and the heartbeat that lists the managed engines."""
 
 import sys
+import time
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from moeops.engines.models import EngineAction
 from moeops.fleet.models import Deployment, Host
 from tests import queues
 from tests.api_base import GLM5_CONFIG
+from workers import job
 from workers.client import MoeopsClient
 from workers.engine_action import ActionFailed, _check_recipe, run_action
 from workers.engine_supervisor import EngineSupervisor
@@ -192,6 +194,82 @@ def test_a_recipe_of_another_host_is_not_run(managed):
     action.refresh_from_db()
     assert action.status == "failed"
     assert managed["supervisor"].state(deployment.pk)["recipe"]["version"] == 1
+
+
+def _started(world, progress=None):
+    """An action the web tier started, and a delivery claimed with the heartbeat `progress`
+    (None: queued, not claimed yet); the payload its task carries."""
+    action = services.engine_action_start(
+        deployment=world["deployment"], kind="restart_with_args", user=world["staff"],
+        changes={"--max-running-requests": "8"},
+    )  # fmt: skip
+    [sent] = queues.queued(world["redis"], f"host.{HOST}")
+    queues.clear(world["redis"], f"host.{HOST}")
+    if progress is not None:
+        EngineAction.objects.filter(pk=action.pk).update(status="running", progress=progress)
+    return action, sent.kwargs
+
+
+def _deliver(world, action, payload):
+    return run_action(
+        str(action.uuid),
+        payload,
+        client=world["client"],
+        host_name=HOST,
+        supervisor=world["supervisor"],
+    )
+
+
+def test_an_action_delivered_again_while_its_first_delivery_beats_stands_down(managed):
+    deployment = managed["deployment"]
+    pid_before = managed["supervisor"].state(deployment.pk)["pid"]
+    beat = {"heartbeat": time.time(), "attempt": 1, "worker": {"host": "another-host", "pid": 7}}
+    action, payload = _started(managed, beat)
+
+    assert _deliver(managed, action, payload) == job.BUSY
+
+    # the engine the first delivery is restarting is not touched
+    assert managed["supervisor"].state(deployment.pk)["pid"] == pid_before
+    action.refresh_from_db()
+    assert action.status == "running" and action.steps == [] and action.progress == beat
+
+
+def test_an_action_whose_delivery_went_silent_is_taken_over_and_carried_out(managed):
+    deployment = managed["deployment"]
+    silent = {"heartbeat": time.time() - 60, "attempt": 1, "worker": {"host": "gone", "pid": 7}}
+    action, payload = _started(managed, silent)
+
+    assert _deliver(managed, action, payload) == "succeeded"
+
+    action.refresh_from_db()
+    assert action.status == "succeeded" and action.progress["attempt"] == 2
+    assert _cap(deployment) == 8
+
+
+def test_an_action_taken_over_while_it_runs_stops_and_reverts_nothing(managed, monkeypatch):
+    deployment = managed["deployment"]
+    action, payload = _started(managed)
+    stop = managed["supervisor"].stop
+
+    def stopped_then_taken_over(deployment_id, **kwargs):
+        stopped = stop(deployment_id, **kwargs)
+        # this worker was thought gone: another delivery takes the action over meanwhile
+        services.engine_action_report(
+            action=EngineAction.objects.get(pk=action.pk),
+            takeover=2,
+            progress={"heartbeat": time.time(), "attempt": 2},
+        )
+        return stopped
+
+    monkeypatch.setattr(managed["supervisor"], "stop", stopped_then_taken_over)
+    with pytest.raises(ActionFailed, match="another delivery of the action took it over"):
+        _deliver(managed, action, payload)
+
+    action.refresh_from_db()
+    # the other delivery carries it on: this one neither started a recipe nor brought one back
+    assert action.status == "running" and action.progress["attempt"] == 2
+    assert [s["name"] for s in action.steps] == ["stop"]
+    assert managed["supervisor"].state(deployment.pk) is None
 
 
 def test_the_heartbeat_lists_the_managed_engines_with_their_log(managed):
