@@ -1,6 +1,7 @@
 """Stale state in Chromium, on a managed stand-in started by a real worker: after restarts with
-another cap the engine card names the cap the engine runs with, and the findings of the recipe
-that no longer runs leave the dashboard's open list (kept on the deployment page, superseded)."""
+another cap the engine card names the cap the engine runs with, the findings of the recipe that
+no longer runs leave the dashboard's open list (kept on the deployment page, superseded), and the
+dashboard's headline says its run measured another recipe than the one in force."""
 
 import pytest
 
@@ -8,7 +9,7 @@ from moeops.engines.models import EngineAction
 from moeops.fleet.models import Deployment
 from moeops.insights.models import Finding
 from moeops.runs import snapshots
-from moeops.runs.models import SweepRun
+from moeops.runs.models import LevelResult, SweepRun, level_key
 from tests.browser import PASSWORD, log_in, shot
 
 pytest_plugins = ["tests.stack", "tests.browser"]
@@ -42,6 +43,9 @@ def test_the_card_follows_the_cap_and_superseded_findings_leave_the_open_list(
         source="manual",
         snapshot={"recipe": snapshots.recipe_record(stack.deployment.recipe_in_force())},
     )
+    LevelResult.objects.create(
+        run=ran, key=level_key(8, None), concurrency=8, output_throughput=912
+    )
     Finding.objects.create(
         deployment=stack.deployment,
         run=ran,
@@ -62,11 +66,22 @@ def test_the_card_follows_the_cap_and_superseded_findings_leave_the_open_list(
         card = _engine_card(page)
         assert f"max_running_requests\n{cap}" in card, card
         assert "64" not in card
+        if cap == "128":
+            # the dashboard's headline says its run measured another recipe than the one in force
+            page.goto(page.base + "/")
+            headline = page.locator("section:has(h2:text-is('Deployments')) table").inner_text()
+            assert "912" in headline
+            assert "measured under launch recipe v1; the engine runs v2 now, not swept yet" in (
+                headline
+            )
     shot(page, "stale-state-engine-card")
 
     page.goto(page.base + "/")
     open_list = page.locator("section:has(h2:text-is('Open findings'))").inner_text()
     assert "Requests queue behind the cap of 16" not in open_list
+    # back at v1's cap of 16 (as v3): the run's figure is the headline of the recipe in force
+    headline = page.locator("section:has(h2:text-is('Deployments')) table").inner_text()
+    assert "912" in headline and "not swept yet" not in headline
     page.goto(deployment_page)
     kept = page.locator(".finding:has-text('Requests queue behind the cap of 16')")
     assert kept.locator(".badge.state").inner_text() == "Superseded"
