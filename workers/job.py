@@ -8,6 +8,7 @@ progress; the answer says whether the job was cancelled, and a refusal (409) say
 delivery took it over: either way it stops.
 """
 
+import logging
 import os
 import socket
 import threading
@@ -21,6 +22,8 @@ from domain.jobs import FINISHED_STATUSES
 from domain.progress import HEARTBEAT_STALE_S, JobBeat
 from workers.client import ApiError, BadPush, Conflict
 
+log = logging.getLogger(__name__)
+
 # The outcome when another delivery is still at the job (its heartbeat is fresh).
 BUSY = "busy"
 # How often a claim may find the job moved under it before the delivery looks again later.
@@ -32,9 +35,10 @@ class Kind:
     """How the API reads and writes one kind of job: get(client, uuid) → the job as a dict;
     claim, take_over and beat(client, uuid, …) → the job after the write; cancelled(job) →
     whether the job's delivery is to stop; settled: the statuses in which a delivery has
-    nothing left to do."""
+    nothing left to do; noun: what the worker's log calls the job."""
 
     name: str
+    noun: str
     get: Callable[..., dict]
     claim: Callable[..., dict]
     take_over: Callable[..., dict]
@@ -45,6 +49,7 @@ class Kind:
 
 SWEEP = Kind(
     name="sweep",
+    noun="run",
     get=lambda client, ref: client.get_run(ref),
     claim=lambda client, ref, progress: client.update_run(ref, status="running", progress=progress),
     take_over=lambda client, ref, attempt, progress: client.take_over_run(ref, attempt, progress),
@@ -54,6 +59,7 @@ SWEEP = Kind(
 )
 TUNE = Kind(
     name="tune",
+    noun="tune",
     get=lambda client, ref: client.get_tuning_run(ref),
     claim=lambda client, ref, progress: client.update_tuning_run(
         ref, status="running", progress=progress
@@ -68,6 +74,7 @@ TUNE = Kind(
 )
 ACTION = Kind(
     name="engine action",
+    noun="action",
     get=lambda client, ref: client.get_engine_action(ref),
     claim=lambda client, ref, progress: client.report_action(
         ref, status="running", progress=progress
@@ -150,7 +157,14 @@ class Job:
                     return BUSY
                 self.attempt = progress.attempt + 1
                 sent = self.stamp(job.get("progress"))
-                return self.kind.take_over(self.client, self.ref, self.attempt, sent)
+                taken = self.kind.take_over(self.client, self.ref, self.attempt, sent)
+                log.info(
+                    "%s %s: resuming a %s whose worker stopped",
+                    self.kind.name,
+                    self.ref,
+                    self.kind.noun,
+                )
+                return taken
             except Conflict:
                 # cancelled, claimed or taken over meanwhile (or this claim's own write, its
                 # answer lost): read where it is now

@@ -99,9 +99,11 @@ def test_a_pool_process_killed_mid_restart_leaves_one_engine_and_its_state_names
     for pool_pid in managed.worker.task_pids():
         os.kill(pool_pid, signal.SIGKILL)
 
-    # Celery hands the action out again: the engine left starting is stopped, one is started
+    # Celery hands the action out again: the new delivery takes it over from the dead one
+    # (workers.job), stops the engine left starting and starts one
     action = managed.action_end(action)
     assert action.status == "succeeded", (action.error, action.steps)
+    assert action.progress["attempt"] == 2
     state = managed.engines.state(managed.deployment.pk)
     assert state["pid"] != started["pid"]
     assert not psutil.pid_exists(started["pid"]) or (
