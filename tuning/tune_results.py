@@ -24,7 +24,10 @@ class BatchResult:
     picked: where the written config comes from: "tuned" (the search), "default" (the engine's
     own rule) or "shipped" (the engine's own file): the search's best replaces the engine's
     only when faster by more than the timings' noise, head to head; tuned_us, default_us and
-    shipped_us are from that head-to-head, search_us the search's best there.
+    shipped_us are from that head-to-head, search_us the search's best there. also_under: the
+    written config, the default and the shipped entry timed head to head again under another
+    routing than the tune's ({routing, tuned_us, default_us, shipped_us}; a skewed tune's under
+    uniform routing), None where not asked.
     """
 
     M: int
@@ -39,6 +42,7 @@ class BatchResult:
     shipped_us: float | None = None
     search_us: float | None = None
     picked: str = "tuned"
+    also_under: dict | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> BatchResult:
@@ -203,6 +207,37 @@ class TuneResult:
         )
 
 
+# How much slower than the better of the engine's own configs the written one may be under
+# another routing before it is said to lose there: the head-to-heads' noise.
+LOSS_NOISE = 0.02
+
+
+def loss_under(also_under: dict | None) -> float | None:
+    """How much slower the written config is than the better of the engine's default and
+    shipped under the other routing (0.09: 9 %), None where it is not slower beyond
+    LOSS_NOISE or nothing was timed."""
+    if not also_under or not also_under.get("tuned_us"):
+        return None
+    own = [also_under.get(k) for k in ("default_us", "shipped_us")]
+    own = [us for us in own if us]
+    if not own:
+        return None
+    loss = also_under["tuned_us"] / min(own) - 1
+    return loss if loss > LOSS_NOISE else None
+
+
+def losses_under_other_routing(result: TuneResult) -> list[str]:
+    """ "loses 9 % at M=64 under Zipf 1.2" for each batch size where the written config, timed
+    under the other routing, is slower than the engine's own there beyond the noise."""
+    said = []
+    for m, batch in sorted(result.batches.items()):
+        loss = loss_under(batch.also_under)
+        if loss is not None:
+            under = routing_label(batch.also_under["routing"])
+            said.append(f"loses {round(loss * 100)} % at M={m} under {under}")
+    return said
+
+
 def routing_label(routing: dict) -> str:
     """A result's routing in words ("Zipf 1.2"; tuning.routing.Routing.label, without numpy)."""
     kind, parameter = routing.get("kind", "uniform"), routing.get("parameter")
@@ -329,6 +364,8 @@ def print_summary(result: TuneResult) -> None:
             f" {b.default_us or float('nan'):9.1f} µs{shipped}  floor {b.floor_us:9.1f} µs"
             f"  tried {b.candidates_tried}"
         )
+    for line in losses_under_other_routing(result):
+        print(line)
     for over in ("default", "shipped"):
         speedup = result.speedup_geomean(over)
         if speedup is not None:

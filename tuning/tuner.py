@@ -153,15 +153,18 @@ class DeviceMeasurements:
             return [None] * len(handles)
         return self._pool.collect(handles)
 
-    def timer(self, M: int):
-        """A tuning.timing.LayerTimer at batch size M (time_config(config, replays) -> µs)."""
+    def timer(self, M: int, routing=None):
+        """A tuning.timing.LayerTimer at batch size M (time_config(config, replays) -> µs),
+        under routing (default: the tune's)."""
         import torch
 
         from tuning.timing import LayerTimer
 
         # hand back the graph memory of timers already dropped
         torch.cuda.empty_cache()
-        return LayerTimer(self.shape, self.weights, M, backend=self.backend, routing=self.routing)
+        return LayerTimer(
+            self.shape, self.weights, M, backend=self.backend, routing=routing or self.routing
+        )
 
     def floor_us(self, M: int) -> float:
         """The layer's floor at batch size M, from the measured ceilings (µs)."""
@@ -221,8 +224,13 @@ class Tuner:
         down: bool = True,
         progress_callback: ProgressCallback | None = None,
         resume_path: str | Path | None = None,
+        also_under=None,
     ) -> TuneResult:
         """Search each batch size M; per M the config, tuned/default/floor µs, tries, failures.
+
+        also_under: another routing (tuning.routing.Routing) to time the written config, the
+        default and the shipped entry under once each M is decided (BatchResult.also_under);
+        default: uniform for a tune under a skewed routing, none for a uniform one.
 
         down: then search GEMM 2's own config with GEMM 1's fixed (DownProjectionSearch; also
         coarse-to-fine when exhaustive). resume_path: a tuning log; batch sizes it already holds
@@ -252,6 +260,7 @@ class Tuner:
             routing=getattr(self.measurements, "routing", UNIFORM).as_dict(),
         )
         earlier_wall = 0.0
+        also_under = self._other_routing(also_under)
         previous = load_log(resume_path)
         if previous is not None and previous.same_run_as(result):
             result.batches = {m: b for m, b in previous.batches.items() if m in batch_sizes}
@@ -322,6 +331,8 @@ class Tuner:
             for m in chunk:
                 self._head_to_head(result.batches[m], timers[m], shipped, shipped_down)
                 report(f"M={m}: {result.batches[m].picked} {result.batches[m].tuned_us:.1f} µs")
+                if also_under is not None:
+                    self._time_under(result.batches[m], also_under, shipped, shipped_down)
             del timers
             result.wall_s = earlier_wall + time.monotonic() - started
             save_log(resume_path, result)
@@ -459,6 +470,35 @@ class Tuner:
         batch.default_us = _rounded(measured.get("default"))
         batch.shipped_us = _rounded(measured.get("shipped"))
 
+    def _other_routing(self, asked):
+        """The routing to time the written configs under besides the tune's: asked, else
+        uniform for a skewed tune; None where that is the tune's own."""
+        own = getattr(self.measurements, "routing", UNIFORM)
+        if asked is None and own.kind != "uniform":
+            asked = UNIFORM
+        return None if asked == own else asked
+
+    def _time_under(self, batch: BatchResult, routing, shipped, shipped_down) -> None:
+        """Time the written config, the default and the shipped entry at batch.M head to head
+        under routing (not the tune's): how the file does under other traffic."""
+        M = batch.M
+        candidates = {
+            "tuned": (batch.config, batch.down_config),
+            "default": (self.backend.default_config(self.shape, M), None),
+        }
+        if shipped is not None:
+            down = shipped_down.entry_for(M) if shipped_down is not None else None
+            candidates["shipped"] = (shipped.entry_for(M), down)
+        timer = self.measurements.timer(M, routing=routing)
+        started = time.monotonic()
+        measured = head_to_head(timer, candidates)
+        self.timing_s += time.monotonic() - started
+        self.timings += HEAD_TO_HEAD_ROUNDS * len(candidates)
+        batch.also_under = {
+            "routing": routing.as_dict(),
+            **{f"{name}_us": _rounded(measured.get(name)) for name in candidates},
+        }
+
     def _compile(self, configs: Iterable[dict], M: int) -> None:
         """Compile configs for batch size M and wait for them."""
         configs = list(configs)
@@ -528,6 +568,7 @@ def tune(
     compile_shard: tuple[int, int] = (0, 1),
     engine: dict | None = None,
     routing=None,
+    also_under=None,
 ) -> TuneResult:
     """Tune shape at batch_sizes on GPU device_index (see Tuner.tune); compile_shard: see
     compile_order; engine: whose kernel, routing: what the timings draw their router choices
@@ -546,6 +587,7 @@ def tune(
             down=down,
             progress_callback=progress_callback,
             resume_path=resume_path,
+            also_under=also_under,
         )
 
 

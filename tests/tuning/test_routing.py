@@ -188,3 +188,77 @@ def test_the_bench_refuses_a_routing_it_cannot_time_under(capsys):
 
     assert main(["bench", *glm5, "--routing", "dirichlet:0"]) == 2
     assert "dirichlet:0: the concentration must be a number" in capsys.readouterr().err
+
+
+class SkewedMeasurements:
+    """FakeMeasurements tuning under Zipf 1.2, whose timers under another routing note it and
+    run every config 10 % slower than the tune's."""
+
+    def __new__(cls):
+        from tests.fakes import FakeMeasurements, FakeTimer
+
+        class Timer(FakeTimer):
+            def __init__(self, measurements, M, routing):
+                super().__init__(measurements, M)
+                self.routing = routing
+
+            def time_config(self, config, replays, calls=None, *, down_config=None):
+                us = super().time_config(config, replays, calls, down_config=down_config)
+                return us if self.routing is None else us * 1.1
+
+        class Measurements(FakeMeasurements):
+            routing = parse_routing("zipf:1.2")
+
+            def __init__(self):
+                super().__init__()
+                self.timers_under = []
+
+            def timer(self, M, routing=None):
+                if routing is not None:
+                    self.timers_under.append((M, routing.kind))
+                return Timer(self, M, routing)
+
+        return Measurements()
+
+
+def test_a_skewed_tune_times_its_file_and_the_engines_own_under_uniform_routing_too(capsys):
+    from tests.fakes import SHAPE
+    from tuning.tune_results import TuneResult, print_summary
+    from tuning.tuner import Tuner
+
+    measurements = SkewedMeasurements()
+
+    result = Tuner(SHAPE, measurements).tune([64, 1024])
+
+    assert measurements.timers_under == [(64, "uniform"), (1024, "uniform")]
+    for batch in result.batches.values():
+        under = batch.also_under
+        assert under["routing"] == {"kind": "uniform"}
+        assert under["tuned_us"] > batch.tuned_us and under["default_us"] > 0
+    assert TuneResult.from_dict(result.to_dict()).batches[64].also_under == (
+        result.batches[64].also_under
+    )
+    # a uniform tune is timed under nothing else unless asked
+    from tests.fakes import FakeMeasurements
+
+    assert Tuner(SHAPE, FakeMeasurements()).tune([64]).batches[64].also_under is None
+    print_summary(result)
+
+
+def test_where_the_written_file_loses_under_the_other_routing_is_said():
+    from tests.fakes import SHAPE
+    from tuning.tune_results import BatchResult, TuneResult, losses_under_other_routing
+
+    def batch(m, tuned, default, shipped):
+        under = {"routing": {"kind": "zipf", "parameter": 1.2}, "tuned_us": tuned}
+        under.update(default_us=default, shipped_us=shipped)
+        return BatchResult(m, {}, 1.0, 1.0, 1.0, 1, also_under=under)
+
+    result = TuneResult(SHAPE, "NVIDIA H200", "3.6.0", "coarse-to-fine", {})
+    result.batches = {
+        64: batch(64, 109.0, 100.0, 120.0),
+        256: batch(256, 101.0, 100.0, None),
+        1024: batch(1024, 90.0, 100.0, 95.0),
+    }
+
+    assert losses_under_other_routing(result) == ["loses 9 % at M=64 under Zipf 1.2"]

@@ -37,10 +37,10 @@ class FailingMeasurements(FakeMeasurements):
         super().__init__()
         self.fail_at = fail_at
 
-    def timer(self, M):
+    def timer(self, M, routing=None):
         if self.fail_at == M:
             raise RuntimeError(f"CUDA error: an illegal memory access was encountered (M={M})")
-        return super().timer(M)
+        return super().timer(M, routing)
 
 
 def fake_tune(
