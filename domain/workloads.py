@@ -10,11 +10,15 @@ The web tier checks a workload's spec and parses an uploaded dataset file into i
     {"kind": "multi_turn", "turns": T, "question_len": Q, "output": LENGTH, "think_time_s": s}
     {"kind": "multi_turn", "from_file": true, "turns": T | None, "output": LENGTH | None,
      "think_time_s": s}                                 (+ the file's conversations)
+    {"kind": "trace", "block_size": B, "speed": x}      (+ the trace's requests)
 
 and a LENGTH is {"distribution": "fixed", "value": n}, {"distribution": "uniform", "low": a,
 "high": b} (both inclusive) or {"distribution": "normal", "mean": m, "std": s, "low": a,
 "high": b} (clamped to [a, b]); lengths are tokens. docs/metrics.md, "Workloads", says how
 vLLM's and SGLang's --random-range-ratio map onto a uniform LENGTH (`range_ratio_length`).
+
+A trace (a Mooncake-format file, `parse_trace`) is replayed request by request at its
+timestamps divided by `speed`, each prompt built of `block_size`-token blocks, one per hash id.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 
 from domain.json_lines import array_lines
 
-KINDS = ("random", "dataset", "shared_prefix", "multi_turn")
+KINDS = ("random", "dataset", "shared_prefix", "multi_turn", "trace")
 DISTRIBUTIONS = ("fixed", "uniform", "normal")
 RANGE_RATIO_CONVENTIONS = ("vllm", "sglang")
 # Far beyond any context window (Llama 4 Scout: 10 M tokens); RunParameters bounds lengths alike.
@@ -186,6 +190,8 @@ def spec_checked(spec) -> dict:
     if kind not in KINDS:
         raise WorkloadError(f"kind: one of {', '.join(KINDS)}, got {kind!r}")
     out: dict = {"kind": kind}
+    if kind == "trace":
+        return trace_spec_checked(spec)
     if kind == "random":
         out["input"] = length_checked(spec.get("input"), "input")
     if kind == "shared_prefix":
@@ -217,6 +223,25 @@ def spec_checked(spec) -> dict:
     return out
 
 
+# A trace's block: AIPerf reads a Mooncake trace's hash ids as blocks of 512 tokens.
+DEFAULT_BLOCK_SIZE = 512
+MAX_BLOCK_SIZE = 1 << 16
+# 2× replays the trace twice as fast; far from either end a replay measures nothing of the trace.
+MIN_SPEED, MAX_SPEED = 0.01, 1000.0
+
+
+def trace_spec_checked(spec: dict) -> dict:
+    """A trace's spec as stored: block_size (tokens per hash id, DEFAULT_BLOCK_SIZE when not
+    given), speed (the factor the timestamps are divided by, 1 when not given)."""
+    block = spec.get("block_size", DEFAULT_BLOCK_SIZE)
+    speed = spec.get("speed", 1.0)
+    return {
+        "kind": "trace",
+        "block_size": _int_in({"block_size": block}, "block_size", "spec", 1, MAX_BLOCK_SIZE),
+        "speed": _number_in({"speed": speed}, "speed", "spec", MIN_SPEED, MAX_SPEED),
+    }
+
+
 def spec_label(spec: dict) -> str:
     """A workload spec in a few words, for pages."""
     kind = spec["kind"]
@@ -230,6 +255,13 @@ def spec_label(spec: dict) -> str:
             f"{spec['groups']} groups of a {spec['prefix_len']}-token prefix",
             f"{spec['question_len']}-token questions",
             output,
+        ]
+    elif kind == "trace":
+        parts = [
+            "the trace's requests at their timestamps"
+            + (f" {spec['speed']:g}× as fast" if spec["speed"] != 1 else ""),
+            f"{spec['block_size']}-token blocks per hash id",
+            "lengths from the trace",
         ]
     elif spec.get("from_file"):
         cap = f", at most {spec['turns']} turns each" if spec.get("turns") else ""
@@ -405,7 +437,7 @@ def answer_words(spec: dict, items: list[dict]) -> tuple[list[int], int]:
     """([words of each answer the workload sends as an output length], turns without one) of a
     workload whose output lengths come from its file: a dataset's first turns, a multi-turn
     workload's every turn (at most its spec's turns). ([], 0) when the spec sets the output."""
-    if spec.get("output") or not items:
+    if spec.get("output") or not items or spec.get("kind") == "trace":
         return [], 0
     cap = spec.get("turns") if spec.get("from_file") else 1
     answered, unanswered = [], 0
@@ -496,7 +528,14 @@ def file_lengths(spec: dict, items: list[dict], count=len) -> dict:
     """Histograms of what a workload of a file sends, each length counted by `count` (len:
     characters; a tokenizer's count: tokens): "prompt" (a dataset's first turns, a multi-turn
     workload's every question, at most its spec's turns of each conversation), "turns" (turns
-    per conversation sent), "output" (the answers' lengths; None where the file has none)."""
+    per conversation sent), "output" (the answers' lengths; None where the file has none).
+    A trace's lengths are its own tokens (`count` is not needed): its input and output lengths."""
+    if spec.get("kind") == "trace":
+        return {
+            "prompt": length_histogram([item["input_length"] for item in items]),
+            "turns": None,
+            "output": length_histogram([item["output_length"] for item in items]),
+        }
     cap = spec.get("turns") if spec.get("from_file") else 1
     prompts, turns, outputs = [], [], []
     for item in items:

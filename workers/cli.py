@@ -8,6 +8,7 @@ exits non-zero with one line on stderr.
     python -m workers.cli export-config 3 --style sglang --out ./configs
     python -m workers.cli runs --deployment glm-5-sglang
     python -m workers.cli push-workload chats --dataset chats.jsonl
+    python -m workers.cli push-workload prod-day --trace mooncake_trace.jsonl --speed 2
     python -m workers.cli sweep --deployment glm-5-sglang --levels 8,16 --workload chats
     python -m workers.cli sweep --deployment glm-5-vllm --levels 8,16 --profile-levels 16
     python -m workers.cli step-breakdown ./traces --json
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 
 from domain.step_trace import TraceError, read_breakdown
+from domain.workloads import DEFAULT_BLOCK_SIZE
 from workers import step_profile
 from workers.client import ApiError, MoeopsClient
 
@@ -96,6 +98,13 @@ def push_workload(client, args):
             raise CliError(f"{args.dataset}: {exc.strerror}") from None
         spec = {"kind": "dataset", "output": None}
         file_name = Path(args.dataset).name
+    elif args.trace:
+        try:
+            data = Path(args.trace).read_bytes()
+        except OSError as exc:
+            raise CliError(f"{args.trace}: {exc.strerror}") from None
+        spec = {"kind": "trace", "block_size": args.block_size, "speed": args.speed}
+        file_name = Path(args.trace).name
     else:
         data, file_name = None, ""
     if args.spec:
@@ -106,7 +115,8 @@ def push_workload(client, args):
     workload = client.push_workload(
         args.name, spec, file_name=file_name, data=data, context_len=args.context_len
     )
-    items = f", {workload['item_count']} prompts" if workload["item_count"] else ""
+    what = "requests" if workload["kind"] == "trace" else "prompts"
+    items = f", {workload['item_count']} {what}" if workload["item_count"] else ""
     print(f"workload {workload['name']} v{workload['version']} ({workload['kind']}{items})")
 
 
@@ -292,10 +302,29 @@ def build_parser():
         description="Store a new version of workload NAME: a dataset file (ShareGPT JSON or "
         "JSONL, OpenAI messages JSONL, MT-bench questions, one prompt a line), or a spec as "
         'JSON (docs/metrics.md, "Workloads"), or both (a dataset with an output length, or a '
-        "multi_turn spec whose conversations are the file's).",
+        "multi_turn spec whose conversations are the file's), or a timestamped trace (--trace).",
     )
     command.add_argument("name")
-    command.add_argument("--dataset", metavar="FILE")
+    dataset = command.add_mutually_exclusive_group()
+    dataset.add_argument("--dataset", metavar="FILE")
+    dataset.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="a Mooncake trace (JSONL or CSV: timestamp, input_length, output_length, hash_ids) "
+        "replayed at its timestamps",
+    )
+    command.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help=f"a trace's tokens per hash id (default {DEFAULT_BLOCK_SIZE}, as AIPerf reads it)",
+    )
+    command.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="a trace replayed this many times as fast (2: its timestamps halved)",
+    )
     command.add_argument("--spec", metavar="FILE", help="the spec as a JSON file")
     command.add_argument("--context-len", type=int, help="tokens a prompt may have")
     command.set_defaults(handler=push_workload)

@@ -113,6 +113,12 @@ def sweep_workload(parameters):
         return None
     spec = named["spec"]
     workload = {"spec": spec}
+    if spec["kind"] == "trace":
+        # a trace's lengths are tokens already: its prompts are built of token blocks
+        workload["items"] = parameters.get("workload_items") or []
+        if not workload["items"]:
+            raise ValueError(f"workload {named.get('name')!r}: its trace's requests did not come")
+        return workload
     if spec["kind"] == "dataset" or spec.get("from_file"):
         tokenizer = vocabulary.model_tokenizer(
             base_url=parameters["base_url"], model=parameters["model"]

@@ -73,6 +73,12 @@ class _Throughput(Body):
     achieved_request_rate: float | None = Field(
         None, description="req/s the client sent, after the ramp-up"
     )
+    p99_lateness_ms: float | None = Field(
+        None, description="ms a trace's requests went after their scaled timestamps, p99"
+    )
+    max_lateness_ms: float | None = Field(
+        None, description="ms the latest of a trace's requests went after its scaled timestamp"
+    )
 
 
 # Every metric of a level: its counts and rates, then each latency statistic (ms) of

@@ -30,10 +30,12 @@ class WorkloadIn(In):
         'LENGTH}, {"kind": "dataset", "output": LENGTH | null}, {"kind": "shared_prefix", '
         '"groups", "prefix_len", "question_len", "output"}, {"kind": "multi_turn", "turns", '
         '"question_len", "output", "think_time_s"} (with a file: its conversations\' turns, '
-        '"turns" a cap, "output" optional); docs/metrics.md, "Workloads"'
+        '"turns" a cap, "output" optional), {"kind": "trace", "block_size": 512, "speed": 1} '
+        '(with its Mooncake trace file: JSONL or CSV); docs/metrics.md, "Workloads", '
+        'docs/formats.md, "Request traces"'
     )
     description: text(300) = ""
-    file_name: text(300) = Field("", description="the dataset or conversations file's name")
+    file_name: text(300) = Field("", description="the dataset, conversations or trace file's name")
     content: str | None = Field(None, description="the file's text")
     content_base64: str | None = Field(None, description="the file's bytes, base64")
     context_len: PosInt | None = Field(
@@ -69,7 +71,7 @@ class WorkloadOut(Schema):
     file_name: str
     sha256: str
     layout: str
-    item_count: int = Field(description="prompts of a dataset")
+    item_count: int = Field(description="prompts of a dataset, requests of a trace")
     created: dt.datetime
 
 

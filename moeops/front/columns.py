@@ -49,6 +49,8 @@ LEVEL_COLUMNS = (
     Column("max_output_tokens_per_s", "max output in 1 s", "tok/s"),
     Column("max_concurrent_requests", "max concurrent", "requests"),
     Column("request_goodput", "goodput", "req/s", 2),
+    Column("p99_lateness_ms", "p99 lateness", "ms", 1),
+    Column("max_lateness_ms", "max lateness", "ms", 1),
     *(
         Column(f"{stat}_{metric}_ms", f"{_STAT_LABELS[stat]} {metric.upper()}", "ms", 1)
         for metric in LATENCY_METRICS
@@ -94,8 +96,13 @@ KEY_COLUMNS = (
     "median_tpot_ms",
     "p99_tpot_ms",
     "p99_e2el_ms",
+    "p99_lateness_ms",
     "gpu_util",
 )
+
+# A trace's columns: how far its requests went after their time; no other level has them, and
+# the page does not list them as missing there.
+TRACE_COLUMNS = ("p99_lateness_ms", "max_lateness_ms")
 
 # What a per-GPU figure reads on a host with no GPUs recorded (the stand-in on a CPU box).
 NO_GPUS = "n/a"

@@ -360,6 +360,8 @@ class WorkloadSelect(forms.Select):
 def output_from_file_label(from_file):
     """ "the file's answers: mean 212 words (40 turns; 3 without one take the length above)"."""
     answered, unanswered = from_file["answered"], from_file["unanswered"]
+    if from_file.get("trace"):
+        return f"the trace's: mean {from_file['mean_words']:.0f} tokens ({answered} requests)"
     if not answered:
         return f"the file has no answers: its {unanswered} turns take the length above"
     text = f"the file's answers: mean {from_file['mean_words']:.0f} words ({answered} turns"
@@ -992,12 +994,24 @@ class WorkloadForm(forms.Form):
     think_time_s = forms.FloatField(
         min_value=0, required=False, help_text="multi-turn: seconds between a turn and the next"
     )
+    block_size = forms.IntegerField(
+        min_value=1,
+        required=False,
+        help_text=f"trace: tokens per hash id (blank: {workload_specs.DEFAULT_BLOCK_SIZE}, as "
+        "AIPerf reads a Mooncake trace)",
+    )
+    speed = forms.FloatField(
+        required=False,
+        help_text="trace: replayed this many times as fast (2: its timestamps halved; blank: 1)",
+    )
     # an empty file is refused by domain.workloads, in a sentence that names it
     file = forms.FileField(
         required=False,
         allow_empty_file=True,
         help_text="dataset: ShareGPT JSON or JSONL, OpenAI messages JSONL, MT-bench questions, "
-        "or one prompt a line; multi-turn: the conversations whose every turn it sends",
+        "or one prompt a line; multi-turn: the conversations whose every turn it sends; "
+        "trace: a Mooncake trace (JSONL or CSV of timestamp, input_length, output_length, "
+        "hash_ids)",
     )
     context_len = forms.IntegerField(
         min_value=1,
@@ -1021,6 +1035,12 @@ class WorkloadForm(forms.Form):
         for key in ("groups", "prefix_len", "question_len", "turns", "think_time_s"):
             if data.get(key) is not None:
                 spec[key] = data[key]
+        if kind == "trace":
+            # a trace's lengths are its own: only how it is replayed is asked
+            return {
+                "kind": kind,
+                **{k: data[k] for k in ("block_size", "speed") if data.get(k) is not None},
+            }
         from_file = kind == "dataset" or (kind == "multi_turn" and data.get("file") is not None)
         if "output" not in spec and not from_file and not self.has_error("output_length"):
             self.add_error("output_length", f"output: a {kind} workload needs an output length")

@@ -875,6 +875,7 @@ WORKLOAD_KINDS = (
     ("dataset", "Dataset of conversations or prompts"),
     ("shared_prefix", "Shared prefix"),
     ("multi_turn", "Multi-turn conversations"),
+    ("trace", "Timestamped trace (Mooncake)"),
 )
 
 
@@ -890,7 +891,11 @@ class Workload(models.Model):
     description = models.CharField(max_length=300, blank=True)
     file_name = models.CharField(max_length=300, blank=True)
     sha256 = models.CharField(max_length=64, blank=True, help_text="the uploaded file's")
-    layout = models.CharField(max_length=20, blank=True, help_text="sharegpt, messages, prompts")
+    layout = models.CharField(
+        max_length=20,
+        blank=True,
+        help_text="sharegpt, messages, mtbench, prompts, mooncake, mooncake_csv",
+    )
     items = models.JSONField(
         null=True, blank=True, editable=False, help_text='[{"prompt", "answer"}] of the file'
     )
@@ -912,7 +917,16 @@ class Workload(models.Model):
     def output_from_file(self):
         """How the file sets the output lengths, where it does (the spec sets none): {"answered":
         turns whose answer's words are their output length, "unanswered": turns that take the
-        sweep's output length, "mean_words"}; None where the spec or the sweep sets them."""
+        sweep's output length, "mean_words"}; None where the spec or the sweep sets them. A
+        trace's own output lengths (tokens) set every request's: "trace": True."""
+        if self.kind == "trace" and self.items:
+            outputs = [item["output_length"] for item in self.items]
+            return {
+                "answered": len(outputs),
+                "unanswered": 0,
+                "mean_words": sum(outputs) / len(outputs),
+                "trace": True,
+            }
         answered, unanswered = workload_specs.answer_words(self.spec, self.items or [])
         if not answered and not unanswered:
             return None

@@ -9,7 +9,7 @@ import json
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from domain import workloads
+from domain import traces, workloads
 from moeops.runs.models import LevelResult, SweepRun, Workload
 
 
@@ -18,9 +18,10 @@ def workload_store(*, name, spec, file_name="", data=None, context_len=None, des
     that holds the same spec and file (created False).
 
     spec: domain.workloads' spec (kind, lengths in tokens, …); data: the file's bytes (kind
-    dataset, or multi_turn: its questions then come from the file's conversations, the spec
-    marked from_file), context_len: tokens a question may have. Raises ValidationError naming
-    "name", "spec.<key>" or "file" (the file's name, line and reason).
+    dataset; trace, its requests (domain.traces); or multi_turn: its questions then come from
+    the file's conversations, the spec marked from_file), context_len: tokens a question may
+    have. Raises ValidationError naming "name", "spec.<key>" or "file" (the file's name, line
+    and reason).
     """
     name = (name or "").strip()
     if not name:
@@ -32,7 +33,22 @@ def workload_store(*, name, spec, file_name="", data=None, context_len=None, des
     except workloads.WorkloadError as exc:
         raise ValidationError({"spec": str(exc)}) from None
     fields = {"file_name": "", "sha256": "", "layout": "", "items": None}
-    if checked["kind"] == "dataset" or checked.get("from_file"):
+    if checked["kind"] == "trace":
+        if data is None:
+            raise ValidationError({"file": "a trace workload needs its trace file"})
+        try:
+            parsed = traces.parse_trace(
+                file_name or "the file", data, block_size=checked["block_size"]
+            )
+        except workloads.DatasetFileError as exc:
+            raise ValidationError({"file": str(exc)}) from None
+        fields = {
+            "file_name": file_name,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "layout": parsed["layout"],
+            "items": parsed["items"],
+        }
+    elif checked["kind"] == "dataset" or checked.get("from_file"):
         if data is None:
             what = "dataset" if checked["kind"] == "dataset" else "multi-turn workload of a file"
             raise ValidationError({"file": f"a {what} needs a file"})
@@ -98,7 +114,7 @@ def sweep_task_kwargs(run_uuid, parameters):
     kwargs = {"run_uuid": str(run_uuid), **parameters}
     named = parameters.get("workload")
     if isinstance(named, dict) and (
-        named.get("kind") == "dataset" or (named.get("spec") or {}).get("from_file")
+        named.get("kind") in ("dataset", "trace") or (named.get("spec") or {}).get("from_file")
     ):
         kwargs["workload_items"] = Workload.objects.get(pk=named["id"]).items
     return kwargs
@@ -134,6 +150,9 @@ def workload_distributions(workload):
         uuid, tokens = counted
         file, unit = tokens, "tokens"
         out["tokens_from"] = (uuid, tokens.get("model"))
+    elif spec["kind"] == "trace":
+        # a trace states its lengths in tokens
+        file, unit = workloads.file_lengths(spec, workload.items), "tokens"
     else:
         file, unit = workloads.file_lengths(spec, workload.items), "characters"
     for key in ("prompt", "turns", "output"):

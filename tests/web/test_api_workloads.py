@@ -321,3 +321,63 @@ def test_a_sweep_recorded_before_workloads_sent_random_ids():
     diff = snapshots.snapshot_diff(old, new)
 
     assert "workload" not in snapshots.differing_factors(diff)
+
+
+TRACE = Path(__file__).parents[1] / "fixtures" / "workloads" / "mooncake_trace.jsonl"
+
+
+def test_a_trace_workload_stores_its_requests_and_its_sweep_carries_them(
+    world, broker, django_capture_on_commit_callbacks
+):
+    body = {"name": "prod day", "spec": {"kind": "trace", "block_size": 128, "speed": 2}}
+
+    response = world.owner.post(
+        "/api/v1/workloads", {**body, "file_name": TRACE.name, "content": TRACE.read_text()}
+    )
+
+    assert response.status_code == 201, response.json()
+    stored = response.json()
+    assert (stored["kind"], stored["layout"], stored["item_count"]) == ("trace", "mooncake", 12)
+    assert stored["spec"] == {"kind": "trace", "block_size": 128, "speed": 2.0}
+    workload = Workload.objects.get()
+    assert workload.items[2] == {
+        "timestamp": 500,
+        "input_length": 420,
+        "output_length": 4,
+        "hash_ids": [1, 2, 3, 5],
+    }
+    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "prod day"}
+    with django_capture_on_commit_callbacks(execute=True):
+        response = world.owner.post(
+            "/api/v1/runs", {"deployment": "glm-5-sglang", "parameters": load, "start": True}
+        )
+    assert response.status_code == 201, response.json()
+    [task] = queues.queued(broker, QUEUE)
+    assert task.kwargs["workload_items"] == workload.items
+
+
+@pytest.mark.parametrize(
+    ("content", "detail"),
+    [
+        (None, "file: a trace workload needs its trace file"),
+        (
+            '{"timestamp": 0, "input_length": 300, "output_length": 4, "hash_ids": [1, 2, 3]}\n'
+            '{"timestamp": 250, "input_length": 300, "output_le',
+            "file: t.jsonl, line 2: not a JSON object (JSONL)",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 200, "output_length": 4, "hash_ids": [1, 2, 3]}',
+            "file: t.jsonl, line 1: input_length: 200 tokens do not reach the last of its 3",
+        ),
+    ],
+)
+def test_a_bad_trace_is_refused_naming_its_line_and_nothing_is_stored(world, content, detail):
+    body = {"name": "t", "spec": {"kind": "trace", "block_size": 128}, "file_name": "t.jsonl"}
+    if content is not None:
+        body["content"] = content
+
+    response = world.owner.post("/api/v1/workloads", body)
+
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(detail), response.json()
+    assert not Workload.objects.exists()

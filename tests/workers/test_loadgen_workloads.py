@@ -6,10 +6,12 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Split, Whitespace
 
+from domain.traces import keep_up_note
 from domain.workloads import parse_dataset
 from localstack.standin import StandinConfig, start_standin_in_thread
 from workers import loadgen
@@ -250,3 +252,110 @@ def test_the_cli_sends_a_multi_turn_spec_with_dataset_as_the_files_conversations
 
     assert workload["spec"]["from_file"] is True
     assert [len(item["turns"]) for item in workload["items"]] == [2] * 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Traces (issue 43, item 4)
+# ---------------------------------------------------------------------------------------------
+
+TRACE = [
+    {"timestamp": 0, "input_length": 40, "output_length": 3, "hash_ids": [7, 8, 9]},
+    {"timestamp": 100, "input_length": 36, "output_length": 4, "hash_ids": [7, 8, 5]},
+    {"timestamp": 250, "input_length": 20, "output_length": 2, "hash_ids": [7, 8]},
+    {"timestamp": 250, "input_length": 30, "output_length": 2, "hash_ids": [3]},
+]
+
+
+def _trace_client(block_size=16, speed=1.0, endpoint="completions", url="http://unused"):
+    spec = {"kind": "trace", "block_size": block_size, "speed": speed}
+    return _client(spec, endpoint=endpoint, items=TRACE, url=url)
+
+
+def test_a_traces_requests_share_the_tokens_of_the_blocks_they_name():
+    client = _trace_client()
+    bodies = [_body(client, (0, i)) for i in range(4)]
+    prompts = [b["prompt"] for b in bodies]
+
+    # each request its own length and output, as the trace gives them
+    assert [len(p) for p in prompts] == [40, 36, 20, 30]
+    assert [b["max_tokens"] for b in bodies] == [3, 4, 2, 2]
+    # blocks 7 and 8 (16 tokens each) are the same tokens in the three requests that name them
+    assert prompts[0][:32] == prompts[1][:32]
+    # request 2's last block, 8's, holds 4 of its tokens: the first 4 of the block
+    assert prompts[2] == prompts[0][:20]
+    # the last block is partial: request 0's block 9 holds 8 tokens, request 1's block 5 four
+    assert prompts[0][32:] != prompts[1][32:36]
+    # block 7 and block 8 differ, and block 3 is none of them
+    assert prompts[0][:16] != prompts[0][16:32]
+    assert prompts[3][:16] not in (prompts[0][:16], prompts[0][16:32])
+    # request 3's 30 tokens: block 3's 16, then 14 of its own
+    assert prompts[3][:16] != prompts[3][16:32]
+
+
+def test_a_trace_block_is_the_same_in_another_process_and_differs_in_another_level_or_warmup():
+    client = _trace_client()
+    first = _body(client, (0, 1))["prompt"]
+    other_level = LevelConfig(concurrency=8, input_len=32, output_len=8, num_prompts=4, index=1)
+
+    assert _body(_trace_client(), (0, 1))["prompt"] == first
+    assert (
+        json.loads(loadgen.build_payload(client, other_level, (0, 1)))["prompt"][:16]
+        != (first[:16])
+    )
+    # a warm-up request (key (1, j)) does not warm the measured requests' blocks
+    assert _body(client, (1, 1))["prompt"][:16] != first[:16]
+
+
+def test_a_traces_chat_prompt_shares_its_blocks_words():
+    client = _trace_client(endpoint="chat")
+    texts = [_body(client, (0, i))["messages"][0]["content"].split() for i in range(3)]
+
+    assert [len(t) for t in texts] == [40, 36, 20]
+    assert texts[0][:32] == texts[1][:32] and texts[2] == texts[0][:20]
+
+
+def test_a_trace_level_sends_each_request_at_its_scaled_time_and_reports_the_lateness():
+    url, stop = start_standin_in_thread(
+        StandinConfig(max_running_requests=64, step_ms_base=1.0, step_ms_per_req=0.0)
+    )
+    sweep = loadgen.SweepConfig(
+        client=_trace_client(speed=2.0, url=url), concurrencies=(8,), input_len=1, output_len=1
+    )
+    (level,) = sweep.levels()
+    try:
+        result = asyncio.run(loadgen.run_level(sweep.client, level))
+    finally:
+        stop()
+
+    # the level is the trace: its 4 requests, not the sweep's prompts per stream
+    assert level.num_prompts == 4 and (result["completed"], result["failed"]) == (4, 0)
+    starts = result["requests"]["start_time"]
+    # 2× as fast: 0, 50, 125, 125 ms after the first request
+    assert starts == pytest.approx([0.0, 0.05, 0.125, 0.125], abs=0.02)
+    assert 0 <= result["p99_lateness_ms"] <= result["max_lateness_ms"] < 20
+    assert result["late_requests"] == 0
+    assert result["requests"]["input_len"] == [40, 36, 20, 30]
+
+
+def test_a_trace_the_client_cannot_keep_up_with_says_so():
+    # one stream, and each request's 40 output tokens take ~0.2 s: the next ones wait for it
+    url, stop = start_standin_in_thread(
+        StandinConfig(max_running_requests=64, step_ms_base=5.0, step_ms_per_req=0.0)
+    )
+    items = [
+        {"timestamp": 10 * i, "input_length": 16, "output_length": 40, "hash_ids": [1]}
+        for i in range(4)
+    ]
+    client = _client({"kind": "trace", "block_size": 16, "speed": 1.0}, items=items, url=url)
+    level = LevelConfig(concurrency=1, input_len=1, output_len=1, num_prompts=4)
+    try:
+        result = asyncio.run(loadgen.run_level(client, level))
+    finally:
+        stop()
+
+    assert result["completed"] == 4
+    assert result["p99_lateness_ms"] > 100 and result["late_requests"] >= 2
+    note = keep_up_note(
+        result["p99_lateness_ms"], result["max_lateness_ms"], result["late_requests"]
+    )
+    assert "could not keep up" in note

@@ -32,6 +32,7 @@ from domain.capacity import (
 from domain.intervals import level_of_rounds, with_interval
 from domain.levels import MAX_ROUNDS, MAX_SEED
 from domain.slo import DEFAULT_MAX_FAILED_PERCENT
+from domain.traces import parse_trace
 from workers import step_profile, vocabulary
 from workers.capacity import level_at
 from workers.loadgen.config import ENDPOINT_PATHS, TRANSPORTS, ClientConfig, SweepConfig
@@ -172,14 +173,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--workload",
         default=None,
         help="a JSON file of a workload spec (domain.workloads: random lengths, shared_prefix, "
-        "multi_turn, dataset); lengths in tokens",
+        "multi_turn, dataset, trace); lengths in tokens",
     )
     parser.add_argument(
         "--dataset",
         default=None,
         help="a ShareGPT JSON or JSONL, OpenAI messages JSONL, MT-bench question or "
         "one-prompt-a-line file: its first turns are the prompts (a dataset workload), or with "
-        "a multi_turn --workload every turn of its conversations",
+        "a multi_turn --workload every turn of its conversations, or with a trace --workload "
+        "the Mooncake trace it replays (JSONL or CSV)",
     )
     parser.add_argument(
         "--random-range-ratio",
@@ -306,7 +308,13 @@ def _workload(args: argparse.Namespace) -> dict | None:
         spec = {**spec, "from_file": True}
     spec = workload_specs.spec_checked(spec)
     workload = {"spec": spec}
-    if spec["kind"] == "dataset" or spec.get("from_file"):
+    if spec["kind"] == "trace":
+        if not args.dataset:
+            raise ValueError("a trace workload needs --dataset FILE, the trace")
+        path = Path(args.dataset)
+        parsed = parse_trace(path.name, path.read_bytes(), block_size=spec["block_size"])
+        workload["items"] = parsed["items"]
+    elif spec["kind"] == "dataset" or spec.get("from_file"):
         if not args.dataset:
             raise ValueError(f"a {spec['kind']} workload of a file needs --dataset FILE")
         path = Path(args.dataset)

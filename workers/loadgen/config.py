@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
@@ -118,15 +119,20 @@ class SweepConfig:
         return replace(self.client, seed=self.client.seed + round_number - 1)
 
     def levels(self) -> list[LevelConfig]:
-        """The sweep's levels in order: each concurrency, and within it each request rate."""
+        """The sweep's levels in order: each concurrency, and within it each request rate. A
+        trace's level sends its requests (at most prompts_per_level of them, the first)."""
         rates = self.request_rates or (self.request_rate,)
+        workload = self.client.workload or {}
+        trace = (workload.get("spec") or {}).get("kind") == "trace"
         pairs = [(c, rate) for c in self.concurrencies for rate in rates]
         return [
             LevelConfig(
                 concurrency=c,
                 input_len=self.input_len,
                 output_len=self.output_len,
-                num_prompts=self.prompts_per_level or DEFAULT_PROMPTS_PER_STREAM * c,
+                num_prompts=min(self.prompts_per_level or math.inf, len(workload["items"]))
+                if trace
+                else self.prompts_per_level or DEFAULT_PROMPTS_PER_STREAM * c,
                 warmup=self.warmup,
                 request_rate=rate,
                 burstiness=self.burstiness,
@@ -148,7 +154,8 @@ class RequestRecord:
     chunk_ts holds the arrival time of each chunk with non-empty content; prompt_tokens and
     completion_tokens come from the server's usage (None when it sent none); error is the
     failure reason (None on success) and detail a short message for it; turn: the request's
-    turn (1, 2, …) in a multi-turn conversation, None for a single-turn request.
+    turn (1, 2, …) in a multi-turn conversation, None for a single-turn request;
+    scheduled_ts: when a trace's request was due (its scaled timestamp), None otherwise.
     """
 
     send_ts: float
@@ -159,6 +166,7 @@ class RequestRecord:
     error: str | None = None
     detail: str | None = None
     turn: int | None = None
+    scheduled_ts: float | None = None
 
     def to_wire(self) -> dict:
         """JSON-ready form for passing between processes (chunk_ts as base64 float64)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from domain.traces import trace_offsets_s
 from workers.loadgen.arrivals import arrival_offsets
 from workers.loadgen.config import (
     ENDPOINT_PATHS,
@@ -28,7 +29,7 @@ from workers.loadgen.config import (
     SweepConfig,
 )
 from workers.loadgen.metrics import request_columns, summarize_level, ttft_by_turn
-from workers.loadgen.prompts import conversation, is_multi_turn, requests_of
+from workers.loadgen.prompts import conversation, is_multi_turn, is_trace, requests_of
 from workers.loadgen.stream import build_payload, send_request
 from workers.loadgen.transport import make_client
 
@@ -91,13 +92,16 @@ async def _drive(
 ) -> tuple[int, dict]:
     """Send warmup requests, then one request per index with at most concurrency in flight,
     at request_rate (req/s; the level's burstiness and ramp-up) when one is given (a
-    multi-turn workload: one conversation per index, its turns one after the other).
+    multi-turn workload: one conversation per index, its turns one after the other); a
+    trace's request i at its timestamp divided by the spec's speed, from the level's start,
+    each record noting when it was due (scheduled_ts).
 
     Returns how many measured requests (conversations) were started (fewer than len(indices)
     after a stop) and the warm-up's token counts as the server's usage gave them
     ({"input_tokens", "output_tokens"}): the engine's own counters count the warm-up too.
     """
     multi_turn = is_multi_turn(client_cfg)
+    trace = is_trace(client_cfg)
     url = client_cfg.base_url.rstrip("/") + ENDPOINT_PATHS[client_cfg.endpoint]
     headers = _request_headers(client_cfg)
     async with make_client(client_cfg) as client:
@@ -112,8 +116,12 @@ async def _drive(
                 while position < len(keys) and not should_stop():
                     mine = position
                     position += 1
+                    # built before the wait: a request due now goes now
+                    body = None if multi_turn else build_payload(client_cfg, level, keys[mine])
+                    due = None
                     if offsets is not None:
-                        delay = start + offsets[mine] - time.perf_counter()
+                        due = start + offsets[mine]
+                        delay = due - time.perf_counter()
                         if delay > 0:
                             await asyncio.sleep(delay)
                             if should_stop():
@@ -124,8 +132,10 @@ async def _drive(
                             client, url, headers, client_cfg, level, keys[mine], report, should_stop
                         )
                         continue
-                    body = build_payload(client_cfg, level, keys[mine])
-                    report(await send_request(client, url, body, headers, client_cfg.timeout_s))
+                    record = await send_request(client, url, body, headers, client_cfg.timeout_s)
+                    if trace:
+                        record.scheduled_ts = due
+                    report(record)
 
             workers = min(concurrency, len(keys))
             await asyncio.gather(*(stream_worker() for _ in range(workers)))
@@ -140,7 +150,14 @@ async def _drive(
         if warmup:
             await run_all([(1, j) for j in range(warmup)], count_warmup, None)
         offsets = None
-        if request_rate:
+        if trace:
+            # the trace's own times, from its first request: every process of the level
+            # keeps the same clock for its share of the requests
+            times = trace_offsets_s(
+                client_cfg.workload["items"], client_cfg.workload["spec"]["speed"]
+            )
+            offsets = np.array([times[i] for i in indices])
+        elif request_rate:
             offsets = arrival_offsets(
                 len(indices),
                 request_rate,

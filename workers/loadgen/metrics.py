@@ -11,6 +11,7 @@ import numpy as np
 from domain import latency_stats
 from domain import requests as request_log
 from domain.failures import describe_failure
+from domain.traces import KEEP_UP_MS
 from workers.loadgen.arrivals import achieved_rate
 from workers.loadgen.config import ERROR_MESSAGE_CHARS, LevelConfig, RequestRecord
 
@@ -77,6 +78,7 @@ def summarize_level(records: list[RequestRecord], level: LevelConfig) -> dict:
             np.array([r.send_ts for r in timed]), np.array([r.end_ts for r in timed]), start
         ),
     }
+    result.update(lateness(timed))
     slos = {"ttft": level.slo_ttft_ms, "tpot": level.slo_tpot_ms, "e2el": level.slo_e2el_ms}
     if any(v is not None for v in slos.values()):
         result["request_goodput"] = per_s(_good_requests(ok, slos, usage_reported))
@@ -85,6 +87,20 @@ def summarize_level(records: list[RequestRecord], level: LevelConfig) -> dict:
     result.update(latency_stats.describe_ms("itl", itls))
     result.update(latency_stats.describe_ms("e2el", e2els))
     return result
+
+
+def lateness(timed: list[RequestRecord]) -> dict:
+    """How far a trace's requests went after they were due (ms, send_ts − scheduled_ts):
+    p99_lateness_ms, max_lateness_ms, and late_requests, how many went more than
+    domain.traces.KEEP_UP_MS late; {} where no request had a time to keep (not a trace)."""
+    late = [(r.send_ts - r.scheduled_ts) * 1000 for r in timed if r.scheduled_ts is not None]
+    if not late:
+        return {}
+    return {
+        "p99_lateness_ms": float(np.percentile(late, 99)),
+        "max_lateness_ms": float(max(late)),
+        "late_requests": sum(x > KEEP_UP_MS for x in late),
+    }
 
 
 def request_columns(records: list[RequestRecord]) -> dict:

@@ -8,6 +8,8 @@ so that every request of the group (at every level) sends the same one.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from domain.workloads import conversation_of, draw_length
@@ -15,6 +17,8 @@ from workers.loadgen.config import CHAT_WORDS, ClientConfig, LevelConfig
 
 # Seeds the shared prefixes apart from the requests' own draws.
 PREFIX_STREAM = 0x5EED
+# Seeds a trace's blocks apart from both.
+TRACE_STREAM = 0x7ACE
 
 
 def token_id_range(vocab_size: int) -> tuple[int, int]:
@@ -71,6 +75,8 @@ def request_prompt(
         else:
             output = item.get("output_len") or level.output_len
         return ([{"role": "user", "content": prompt}] if chat else prompt), output
+    if kind == "trace":
+        return trace_prompt(client_cfg, level, key)
     if kind == "shared_prefix":
         group = key[-1] % spec["groups"]
         prefix_rng = np.random.default_rng((client_cfg.seed, PREFIX_STREAM, group))
@@ -88,6 +94,67 @@ def request_prompt(
     output = _output_len(spec, level, rng)
     prompt = _random_prompt(client_cfg, rng, input_len)
     return ([{"role": "user", "content": prompt}] if chat else prompt), output
+
+
+@lru_cache(maxsize=16384)
+def _trace_block(
+    seed: int, level_index: int, phase: int, hash_id: int, size: int, vocab: int | None
+) -> np.ndarray:
+    """The `size` tokens of one hash id's block: token ids drawn from the model's vocabulary,
+    or (vocab None, chat) indices of CHAT_WORDS. Seeded by the hash id, the client's seed, the
+    level and whether the request is a warm-up's (phase), not by the request: every request
+    naming the id gets the same tokens, and another level (round, warm-up) starts cold."""
+    rng = np.random.default_rng((seed, TRACE_STREAM, level_index, phase, hash_id))
+    if vocab is None:
+        return rng.integers(0, len(CHAT_WORDS), size=size)
+    low, high = token_id_range(vocab)
+    return rng.integers(low, high, size=size)
+
+
+def trace_prompt(
+    client_cfg: ClientConfig, level: LevelConfig, key: tuple[int, ...]
+) -> tuple[list[dict] | list[int], int]:
+    """(prompt, output tokens) of the trace's request key[-1]: one block per hash id, each
+    block_size tokens but the last, which holds the rest of input_length (its block's first
+    tokens, then tokens of the request's own where input_length goes past it). Two requests
+    naming a hash id send its block's tokens alike, where it stands in both, so an engine's
+    prefix cache meets the trace's reuse. Completions: token ids, input_length exactly; chat:
+    one word a token of the block (CHAT_WORDS, ≈ input_length tokens)."""
+    workload = client_cfg.workload
+    spec, items = workload["spec"], workload["items"]
+    item = items[key[-1] % len(items)]
+    chat = client_cfg.endpoint == "chat"
+    if not chat and client_cfg.vocab_size is None:
+        raise ValueError("prompts of token ids need the model's vocabulary size")
+    vocab = None if chat else client_cfg.vocab_size
+    size, remaining = spec["block_size"], item["input_length"]
+    pieces = []
+    for hash_id in item["hash_ids"]:
+        if remaining <= 0:
+            break
+        block = _trace_block(client_cfg.seed, level.index, key[0], hash_id, size, vocab)
+        pieces.append(block[: min(size, remaining)])
+        remaining -= len(pieces[-1])
+    if remaining > 0:
+        # past the blocks: this request's own tokens, shared with none
+        rng = np.random.default_rng((client_cfg.seed, level.index, *key))
+        if chat:
+            pieces.append(rng.integers(0, len(CHAT_WORDS), size=remaining))
+        else:
+            low, high = token_id_range(vocab)
+            pieces.append(rng.integers(low, high, size=remaining))
+    tokens = np.concatenate(pieces).tolist()
+    if chat:
+        return [{"role": "user", "content": " ".join(CHAT_WORDS[w] for w in tokens)}], item[
+            "output_length"
+        ]
+    return tokens, item["output_length"]
+
+
+def is_trace(client_cfg: ClientConfig) -> bool:
+    """Whether the workload is a trace: each key one of its requests, sent at its time."""
+    spec = (client_cfg.workload or {}).get("spec") or {}
+    return spec.get("kind") == "trace"
 
 
 def conversation(

@@ -22,6 +22,7 @@ from domain import launch
 from domain import requests as request_log
 from domain.engine_paths import EnginePaths, with_profile
 from domain.intervals import INTERVAL_KEYS, ONE_ROUND
+from domain.traces import keep_up_note
 from domain.workloads import spec_label
 from moeops.front import capacity, charts, series
 from moeops.front.columns import (
@@ -30,6 +31,7 @@ from moeops.front.columns import (
     GPU_UTIL_COLUMN,
     KEY_COLUMNS,
     LEVEL_COLUMNS,
+    TRACE_COLUMNS,
     absent_reasons,
     cost_columns,
     filled_columns,
@@ -274,7 +276,20 @@ def _level_table(run, levels, gpu, bands):
         ],
         "rounds": max((level.round_count for level in levels), default=1),
         "one_round": ONE_ROUND,
-        "hidden_columns": [c.label for i, c in enumerate(columns) if i not in shown],
+        "hidden_columns": [
+            c.label for i, c in enumerate(columns) if i not in shown and c.key not in TRACE_COLUMNS
+        ],
+        "trace_notes": [
+            (level, note)
+            for level in levels
+            if (
+                note := keep_up_note(
+                    level.p99_lateness_ms,
+                    level.max_lateness_ms,
+                    (level.raw or {}).get("late_requests"),
+                )
+            )
+        ],
         "partial_levels": [level for level in levels if level.is_partial],
         "absent_figures": (
             [("output per GPU", GPUS_UNSTATED)] if run.source == "import" and not num_gpus else []

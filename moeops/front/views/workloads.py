@@ -9,6 +9,7 @@ from django.core.files.uploadhandler import FileUploadHandler, StopUpload
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 
+from domain.traces import trace_facts
 from domain.workloads import (
     MAX_DATASET_BYTES,
     SPEC_DRAWS,
@@ -75,10 +76,16 @@ def workload_figures(workload):
     ], distributions
 
 
+def _trace_facts(workload):
+    facts = trace_facts(workload.items, workload.spec["block_size"])
+    return {**facts, "replay_s": facts["duration_s"] / workload.spec["speed"]}
+
+
 @login_required
 def workload_detail(request, pk):
     workload = get_object_or_404(Workload, pk=pk)
     measures, distributions = workload_figures(workload)
+    trace = workload.kind == "trace" and workload.items
     answered, unanswered = (
         answer_words(workload.spec, workload.items or []) if workload.items else ([], 0)
     )
@@ -94,7 +101,10 @@ def workload_detail(request, pk):
         "tokens_from": distributions["tokens_from"],
         "from_spec": distributions["from_spec"],
         "spec_draws": SPEC_DRAWS,
-        "turns_total": sum(len(conversation_of(item)) for item in workload.items or []),
+        "turns_total": 0
+        if trace
+        else sum(len(conversation_of(item)) for item in workload.items or []),
+        "trace": _trace_facts(workload) if trace else None,
         "answered": len(answered),
         "unanswered": unanswered,
         "versions": Workload.objects.filter(name=workload.name).order_by("-version"),
