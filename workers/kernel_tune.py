@@ -220,6 +220,8 @@ def timing_rows(result):
             "floor_us": b.floor_us,
             "config": b.config,
             "candidates_tried": b.candidates_tried,
+            # a skewed tune's file and the engine's own, timed under uniform routing too
+            **({"also_under": b.also_under} if b.also_under else {}),
         }
         for m, b in sorted(result.batches.items())
     ]

@@ -62,6 +62,18 @@ class TuningRunPatch(Patch):
     )
 
 
+class TimedUnder(Body):
+    """The written config, the engine's default and its shipped entry timed head to head again
+    under another routing than the tune's (a skewed tune's: uniform), µs."""
+
+    model_config = ConfigDict(strict=True)
+
+    routing: JsonObject = Field(description='tuning.routing\'s record: {"kind": "uniform"}, …')
+    tuned_us: float | None = Field(None, ge=0)
+    default_us: float | None = Field(None, ge=0)
+    shipped_us: float | None = Field(None, ge=0)
+
+
 class Timing(Body):
     """One batch size M: the written config's, the engine's default and shipped configs' and the
     floor's times (µs) of one fused-MoE layer; picked: where the written config comes from.
@@ -78,6 +90,9 @@ class Timing(Body):
     grouped_mm_us: float | None = Field(None, ge=0)
     config: JsonObject | None = None
     candidates_tried: PosInt | None = None
+    also_under: TimedUnder | None = Field(
+        None, description="the same head-to-head under another routing than the tune's"
+    )
 
 
 class Timings(Body):

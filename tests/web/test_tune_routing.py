@@ -80,3 +80,26 @@ def test_the_deployment_pages_form_takes_the_routing_and_the_pages_show_it(
     assert "Dirichlet α=0.3" in cell and "the file is tuned for that skew" in cell
     page = client.get(world.deployment.get_absolute_url()).content.decode()
     assert "bf16 under Dirichlet α=0.3" in page
+
+
+def test_a_timing_under_the_other_routing_is_stored_once_and_a_bad_one_refused(world):
+    from moeops.kernels.services import tuning_run_create
+
+    tuning, _ = tuning_run_create(
+        host=world.host, device_name="NVIDIA H200", E=8, N=64, hidden_size=128, topk=2
+    )
+    path = f"/api/v1/tuning-runs/{tuning.uuid}/timings"
+    under = {"routing": {"kind": "uniform"}, "tuned_us": 109.0, "default_us": 100.0}
+    timing = {"batch_size": 64, "tuned_us": 80.0, "default_us": 90.0, "also_under": under}
+
+    first = world.host_worker.post(path, {"timings": [timing]})
+    again = world.host_worker.post(path, {"timings": [timing]})
+    bad = {**timing, "batch_size": 128, "also_under": {**under, "tuned_us": -1.0}}
+    refused = world.host_worker.post(path, {"timings": [bad]})
+
+    assert (first.status_code, again.status_code) == (201, 200)
+    stored = tuning.timings.get()
+    assert stored.also_under == {**under, "shipped_us": None}
+    assert stored.loss_under_other_routing == "loses 9 % at M=64 under uniform"
+    assert refused.status_code in (400, 422) and "also_under" in str(refused.json())
+    assert tuning.timings.count() == 1
