@@ -172,10 +172,12 @@ def spread_tune(
     tune_function: str = DEFAULT_TUNE_FUNCTION,
     engine: dict | None = None,
     routing=None,
+    also_under=None,
 ) -> TuneResult:
     """Tune shape at batch_sizes with one process per GPU of gpu_indices; the merged result.
     engine: whose kernel (tuning.tuner.DeviceMeasurements; None: moeops' builtin); routing:
-    what the timings draw their router choices under (tuning.routing.Routing; None: uniform).
+    what the timings draw their router choices under (tuning.routing.Routing; None: uniform);
+    also_under: another routing to time the written configs under (tuning.tuner.Tuner.tune).
 
     out_dir: where the engine file(s) go (None: not written); log_dir: the per-GPU and merged
     tuning logs (default out_dir/spread-logs); fresh: forget earlier logs of this tune.
@@ -219,6 +221,7 @@ def spread_tune(
     worker_args += ["--tune-function", tune_function, "--engine", json.dumps(engine)]
     worker_args += (["--exhaustive"] if exhaustive else []) + ([] if down else ["--no-down"])
     worker_args += ["--routing", json.dumps(routing.as_dict())] if skewed else []
+    worker_args += ["--also-under", json.dumps(also_under.as_dict())] if also_under else []
     returncodes, total, timeline = _run_processes(
         shares, worker_args, log_dir, tag, progress_callback
     )
@@ -421,6 +424,7 @@ def run_cli(
             progress_callback=progress_bar(),
             engine=args.engine_spec,
             routing=getattr(args, "routing_spec", None),
+            also_under=getattr(args, "also_under_spec", None),
         )
     except SpreadTuneError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
@@ -447,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--tune-function", default=DEFAULT_TUNE_FUNCTION)
     worker.add_argument("--engine", default="null", help="whose kernel, as JSON (null: builtin)")
     worker.add_argument("--routing", help="the routing to time under, as JSON (default: uniform)")
+    worker.add_argument("--also-under", help="another routing to time the written configs under")
     worker.add_argument("--launched-at", type=float, help="time.time() at its launch")
     worker.add_argument(
         "--compile-shard", default="0/1", help="I/N: this is process I of N (compile order)"
@@ -471,6 +476,11 @@ def main(argv: list[str] | None = None) -> int:
         engine=json.loads(args.engine),
         # only when asked for: a tune function of tuning.tuner.tune's older signature still runs
         **({"routing": Routing.from_dict(json.loads(args.routing))} if args.routing else {}),
+        **(
+            {"also_under": Routing.from_dict(json.loads(args.also_under))}
+            if args.also_under
+            else {}
+        ),
     )
     save_log(args.log, result)
     if result.timeline is not None:

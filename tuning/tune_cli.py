@@ -127,6 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " top-k ids (.npy, .npz, JSON lines of [[e1..ek], …]) as an engine or a model run"
         " dumps them",
     )
+    parser.add_argument(
+        "--also-under",
+        help="time the written file, the engine's default and shipped configs under this routing"
+        " too, and say where the file loses to them there (default: uniform for a skewed"
+        " --routing, none for a uniform one)",
+    )
     parser.add_argument("--log", help="tuning log to resume from and write (default: in --out)")
     parser.add_argument("--fresh", action="store_true", help="ignore an existing log")
     parser.add_argument(
@@ -186,6 +192,8 @@ def _checked(args: argparse.Namespace) -> tuple[KernelShape, list[int]]:
         batch_sizes = parse_ints(args.batch_sizes) if args.batch_sizes else TUNED_BATCH_SIZES
         refusal = fp4_refusal(args)
         args.routing_spec = routing_for(args.routing, shape)
+        also = getattr(args, "also_under", None)
+        args.also_under_spec = routing_for(also, shape) if also else None
         args.engine_spec = engine_spec(args.engine, args.style, args.engine_source)
     except (ValueError, BackendError) as exc:
         raise _Refusal(str(exc)) from exc
@@ -225,6 +233,7 @@ def _tune_here(args: argparse.Namespace, shape: KernelShape, batch_sizes: list[i
             compile_workers=args.compile_workers,
             engine=args.engine_spec,
             routing=routing,
+            also_under=getattr(args, "also_under_spec", None),
         )
     except TuningLogError as exc:
         raise _Refusal(f"{exc}; --fresh starts the tune over") from exc

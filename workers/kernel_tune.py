@@ -56,7 +56,15 @@ def _log_dir():
 
 
 def _default_spread(
-    shape, batch_sizes, gpu_indices, *, progress_callback, log_dir, engine, routing=None
+    shape,
+    batch_sizes,
+    gpu_indices,
+    *,
+    progress_callback,
+    log_dir,
+    engine,
+    routing=None,
+    also_under=None,
 ):
     from tuning.spread import spread_tune
 
@@ -68,6 +76,7 @@ def _default_spread(
         progress_callback=progress_callback,
         engine=engine,
         routing=routing,
+        also_under=also_under,
     )
 
 
@@ -249,6 +258,7 @@ def tune_kernel(
     nvml=None,
     telemetry_hz=1.0,
     routing="uniform",
+    also_under="",
 ):
     """Tune one shape (E experts per rank, N per-shard intermediate, hidden_size, topk) on
     gpu_indices (CUDA indices; default [0]), one process per GPU; returns the tuning run's final
@@ -258,7 +268,8 @@ def tune_kernel(
     deployment's launch recipe's, None where it has none); quantization: the deployment's weights',
     whose FP4 experts run on kernels that read no Triton config, so their tune fails saying so
     unless force. routing: what the timings draw their router choices under, as the tune was
-    asked for ("uniform", "zipf:1.2", "dirichlet:0.3": tuning.routing).
+    asked for ("uniform", "zipf:1.2", "dirichlet:0.3": tuning.routing); also_under: another
+    routing to time the written file and the engine's own configs under ("": none asked).
 
     spread: tuning.spread.spread_tune's signature (tests pass fakes). Also one GPU tunes in a
     process of its own: a Celery worker's process is daemonic and may not start the tune's
@@ -336,6 +347,7 @@ def tune_kernel(
                 engine=spec,
                 # only when asked for: spreads of the signature before routings still run
                 **({"routing": parse_routing(routing)} if routing != "uniform" else {}),
+                **({"also_under": parse_routing(also_under)} if also_under else {}),
             )
         if device_name and device_name != result.device_name:
             log.warning("tuned on %s, the web tier expected %s", result.device_name, device_name)

@@ -412,6 +412,11 @@ class TuningStartIn(In):
         description="the routing the timings draw router choices under: uniform, zipf:S "
         "(expert popularity ∝ 1/rank^S) or dirichlet:A (a popularity drawn per set)",
     )
+    also_under: text(40) = Field(
+        "",
+        description="another routing to time the written file and the engine's own configs "
+        "under, saying where the file loses there (a skewed tune: uniform as well)",
+    )
 
     @field_validator("batch_sizes")
     @classmethod
@@ -439,6 +444,7 @@ def tuning_start(request, ref: str, payload: TuningStartIn):
         force=payload.force,
         run_uuid=payload.uuid,
         routing=payload.routing,
+        also_under=payload.also_under,
     )
     return stored(created, lookups.get_tuning_run(tuning_run.pk))
 

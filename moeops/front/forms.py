@@ -696,6 +696,14 @@ class TuneForm(forms.Form):
         "experts, popularity ∝ 1/rank^S, e.g. zipf:1.2) or dirichlet:A (hot experts drawn per "
         "set, e.g. dirichlet:0.3).",
     )
+    also_under = forms.CharField(
+        required=False,
+        max_length=40,
+        label="Also time under",
+        help_text="Another routing to time the written file and the engine's own configs under, "
+        "saying where the file loses there (e.g. zipf:1.2 for a uniform tune; a skewed tune is "
+        "timed under uniform routing too).",
+    )
     tune_anyway = forms.BooleanField(required=False, label="Tune anyway")
 
     def __init__(self, *args, deployment, **kwargs):
@@ -733,8 +741,8 @@ class TuneForm(forms.Form):
                     self.add_error(
                         "tune_anyway", f"{message} Tick “Tune anyway” to tune it all the same."
                     )
-                elif field == "routing":
-                    self.add_error("routing", message)
+                elif field in ("routing", "also_under"):
+                    self.add_error(field, message)
                 else:
                     self.add_error(None, message)
 

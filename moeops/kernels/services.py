@@ -266,6 +266,7 @@ def tuning_start(
     force=False,
     run_uuid=None,
     routing="uniform",
+    also_under="",
 ):
     """(TuningRun, created): a queued tune of the deployment's MoE shape on its kernel GPU
     whose `workers.tune_kernel` is sent to its host once committed; a run_uuid seen before is
@@ -279,12 +280,18 @@ def tuning_start(
     when its host cannot run a tune now (Deployment.tune_refusal) or its shape does not split
     over its tp/ep, "engine" for another engine's kernel, "force" for FP4 experts unforced,
     "routing" for a routing the worker cannot time under (tuning.routing: uniform, zipf:S,
-    dirichlet:A; the tune's timings draw their router choices under it).
+    dirichlet:A; the tune's timings draw their router choices under it), "also_under" for
+    another routing to time the written file and the engine's own under ("": none beyond the
+    uniform one a skewed tune times them under).
     """
     routing = routing.strip()
     problem = routing_problem(routing)
     if problem:
         raise ValidationError({"routing": problem})
+    also_under = also_under.strip()
+    problem = routing_problem(also_under) if also_under else None
+    if problem:
+        raise ValidationError({"also_under": problem})
     refusal = deployment.tune_refusal()
     if refusal:
         raise ValidationError({"deployment": refusal})
@@ -331,6 +338,7 @@ def tuning_start(
                     "force": force,
                     # a uniform tune's digest is what it was before routings
                     **({"routing": routing} if routing != "uniform" else {}),
+                    **({"also_under": also_under} if also_under else {}),
                 }
             ),
         )
@@ -353,6 +361,7 @@ def tuning_start(
                 "launch_env": recipe.env if recipe else None,
                 "launch_argv": recipe.argv if recipe else None,
                 **({"routing": routing} if routing != "uniform" else {}),
+                **({"also_under": also_under} if also_under else {}),
             }
             host = deployment.host
             jobs.enqueue(

@@ -56,6 +56,7 @@ def fake_tune(
     compile_shard,
     engine=None,
     routing=None,
+    also_under=None,
 ):
     """tuning.tuner.tune in a worker process, on synthetic timings: the real Tuner (search,
     chunks, log, resume, timeline) over FakeMeasurements. Records in $SPREAD_TEST_RECORD_DIR
@@ -71,6 +72,7 @@ def fake_tune(
                 down=down,
                 progress_callback=progress_callback,
                 resume_path=resume_path,
+                also_under=also_under,
             )
     finally:
         record = {
@@ -183,10 +185,13 @@ def test_a_spread_tune_under_skewed_routing_keeps_logs_of_its_own(tmp_path, reco
     assert [r["routing"] for r in records()] == [zipf.as_dict()] * 2
     assert skewed.routing == zipf.as_dict()
     assert [p.name for p in (tmp_path / "spread-logs").glob("*_zipf-1.2.json")]
-    # a uniform tune of the same shape resumes nothing of it
-    uniform = fake_spread_tune(SHAPE, [1, 64], [0, 1], out_dir=tmp_path)
+    # timed under uniform routing too, in each process
+    assert {b.also_under["routing"]["kind"] for b in skewed.batches.values()} == {"uniform"}
+    # a uniform tune of the same shape resumes nothing of it; asked, it checks itself under zipf
+    uniform = fake_spread_tune(SHAPE, [1, 64], [0, 1], out_dir=tmp_path, also_under=zipf)
     assert sorted(m for r in records() for m in r["timed"]) == [1, 64]
     assert uniform.routing == {"kind": "uniform"}
+    assert [b.also_under["routing"] for b in uniform.batches.values()] == [zipf.as_dict()] * 2
 
 
 def test_the_timeline_says_where_each_gpus_seconds_went(tmp_path, records):

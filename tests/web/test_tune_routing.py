@@ -103,3 +103,18 @@ def test_a_timing_under_the_other_routing_is_stored_once_and_a_bad_one_refused(w
     assert stored.loss_under_other_routing == "loses 9 % at M=64 under uniform"
     assert refused.status_code in (400, 422) and "also_under" in str(refused.json())
     assert tuning.timings.count() == 1
+
+
+def test_a_uniform_tune_may_be_timed_under_a_skew_too(
+    world, broker, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        started = world.owner.post(PATH, {"batch_sizes": [64], "also_under": "zipf:1.2"})
+    refused = world.owner.post(PATH, {"batch_sizes": [64], "also_under": "zipf:-1"})
+
+    assert started.status_code == 201
+    [task] = queues.queued(broker, QUEUE)
+    assert task.kwargs["also_under"] == "zipf:1.2" and "routing" not in task.kwargs
+    assert refused.status_code == 400
+    assert refused.json()["detail"].startswith("also_under: zipf:-1: the exponent")
+    assert TuningRun.objects.count() == 1

@@ -189,8 +189,9 @@ def test_a_tunes_note_and_config_say_which_gpu_limits_the_search_pruned_with(tun
 class RoutedTuner(FakeTuner):
     """FakeTuner taking the routing a tune asked for, as tuning.spread.spread_tune does."""
 
-    def __call__(self, *args, routing, **kwargs):
+    def __call__(self, *args, routing, also_under=None, **kwargs):
         self.routing = routing
+        self.also_under = also_under
         result = super().__call__(*args, **kwargs)
         result.routing = routing.as_dict()
         # timed under uniform routing too: at M=64 the written config is 9 % slower there than
@@ -213,9 +214,12 @@ def test_a_tune_under_skewed_routing_times_under_it_and_says_so(tune_client):
     )
     tuner = RoutedTuner()
 
-    assert _tune(client, tuning_run, tuner, routing="zipf:1.2") == "succeeded"
+    assert _tune(client, tuning_run, tuner, routing="zipf:1.2", also_under="dirichlet:0.3") == (
+        "succeeded"
+    )
 
     assert (tuner.routing.kind, tuner.routing.parameter) == ("zipf", 1.2)
+    assert (tuner.also_under.kind, tuner.also_under.parameter) == ("dirichlet", 0.3)
     tuning_run.refresh_from_db()
     assert tuning_run.kernel_note.endswith("; timed under Zipf 1.2 routing")
     assert tuning_run.result.provenance.endswith(", timed under Zipf 1.2 routing)")

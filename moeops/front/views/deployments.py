@@ -549,6 +549,7 @@ def tune_start(request, pk):
             engine=form.cleaned_data["kernel"],
             force=form.cleaned_data.get("tune_anyway", False),
             routing=form.cleaned_data["routing"],
+            also_under=form.cleaned_data["also_under"],
         )
     except ValidationError as exc:
         form.add_refusal(exc)
