@@ -12,6 +12,7 @@ from django.utils import timezone
 from ninja.errors import HttpError
 from ninja.security import HttpBearer, SessionAuth
 
+from moeops import permissions
 from moeops.api.models import ApiToken
 
 NO_HOST = "data not owned by one host"
@@ -64,7 +65,7 @@ class WriteScope(ReadScope):
         return super().__call__(request)
 
     def check(self, token):
-        if token.read_only:
+        if not permissions.token_may_write(token):
             raise HttpError(403, f"token {token.name!r} is read-only")
 
 
@@ -98,7 +99,7 @@ class PersonOnly(WriteScope):
 
     def check(self, token):
         super().check(token)
-        if token.host_id is not None:
+        if not permissions.token_is_personal(token):
             refusal = self.refusal.format(host=token.host.name)
             raise HttpError(403, f"token {token.name!r} {refusal}")
 
@@ -109,7 +110,7 @@ READ = [ReadScope(), SessionRead()]
 def require_host(request, host):
     """403 unless the HostWrite token may write data of `host` (None: data of no single host)."""
     token = request.auth
-    if token.may_write_host(host):
+    if permissions.token_may_write_host(token, host):
         return
     target = f"host {host.name!r}" if host is not None else NO_HOST
     raise HttpError(

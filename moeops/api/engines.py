@@ -12,6 +12,7 @@ from ninja.errors import HttpError
 from pydantic import Field
 
 from domain.wire.engines import ActionReport, Heartbeat
+from moeops import permissions
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, PersonOnly, require_host
 from moeops.api.fields import In, PosInt, text
@@ -96,7 +97,9 @@ def recipe_create(request, ref: str, payload: RecipeIn):
     deployment = lookups.get_deployment(ref)
     fields = payload.model_dump(exclude={"manage"})
     with transaction.atomic():
-        recipe = services.recipe_create(deployment=deployment, author=None, **fields)
+        recipe = services.recipe_create(
+            deployment=deployment, author=permissions.API_TOKEN, **fields
+        )
         if payload.manage and not deployment.is_managed:
             fleet_services.deployment_update(deployment=deployment, management="managed")
     return Status(201, recipe)
@@ -201,7 +204,7 @@ def action_start(request, ref: str, payload: ActionIn):
         action = services.engine_action_start(
             deployment=deployment,
             kind=payload.kind,
-            user=None,
+            user=permissions.API_TOKEN,
             source="api",
             changes=payload.changes,
             kernel_config=config,

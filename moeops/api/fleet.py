@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, model_validator
 from domain.slo import SLO_PERCENTILES
 from domain.storable import storable_json
 from domain.wire.runs import TelemetrySample
+from moeops import permissions
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, PersonOnly, require_host
 from moeops.api.fields import (
@@ -649,7 +650,11 @@ def deployment_create(request, payload: DeploymentIn):
     host = lookups.get_host(fields.pop("host"))
     try:
         deployment, created = services.deployment_create(
-            model=model, host=host, gpu_indexes=fields.pop("gpus"), **fields
+            model=model,
+            host=host,
+            gpu_indexes=fields.pop("gpus"),
+            user=permissions.API_TOKEN,
+            **fields,
         )
     except GPU.DoesNotExist:
         raise HttpError(400, f"gpus: host {host.name!r} lacks one of {payload.gpus}") from None
@@ -683,7 +688,7 @@ def deployment_patch(request, ref: str, payload: DeploymentPatch):
     fields = _with_profile(payload.model_dump(exclude_unset=True))
     if not fields:
         raise HttpError(400, "body: nothing to change")
-    services.deployment_update(deployment=deployment, **fields)
+    services.deployment_update(deployment=deployment, user=permissions.API_TOKEN, **fields)
     return _deployments().get(pk=deployment.pk)
 
 

@@ -54,9 +54,3 @@ class ApiToken(models.Model):
         if row is None or not hmac.compare_digest(row.hashed, _hash(plaintext)):
             return None
         return row
-
-    def may_write_host(self, host):
-        """A host-bound token writes only its host's data; read-only tokens write nothing."""
-        if self.read_only:
-            return False
-        return self.host_id is None or (host is not None and host.pk == self.host_id)

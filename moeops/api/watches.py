@@ -9,6 +9,7 @@ from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import Field
 
+from moeops import permissions
 from moeops.api import lookups
 from moeops.api.auth import PersonOnly
 from moeops.api.fields import In, JsonObject, Name, Patch, PosInt, text
@@ -367,7 +368,10 @@ def watch_run_bisect(request, ref: str):
         "watch run",
         ref,
     )
-    return Status(201, bisection.bisection_start(watch_run=watch_run, user=None, source="api"))
+    return Status(
+        201,
+        bisection.bisection_start(watch_run=watch_run, user=permissions.API_TOKEN, source="api"),
+    )
 
 
 @router.get("/bisections/{ref}", response=BisectionOut)

@@ -8,17 +8,18 @@ deployment has a finished sweep to repeat, `workers.run_sweep` with that sweep's
 created here. The chain stops when the restart fails; the run is then cancelled.
 """
 
+import contextlib
 import logging
 
 from django.conf import settings
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
 from domain.launch import PROFILER_FLAG, FlagError, check_values, profiler_flag_value, set_flags
 from domain.numbers import is_integer
-from moeops import jobs
+from moeops import jobs, permissions
 from moeops.celery import send_host_chain
 from moeops.engines.models import EngineAction, LaunchRecipe
 from moeops.fleet.models import Deployment
@@ -38,12 +39,6 @@ class ActionConflict(Exception):
 
 
 # --------------------------------------------------------------------------- recipes
-
-
-def require_staff(user):
-    # who changes how an engine starts is on record, and only staff may
-    if user is not None and not (user.is_active and user.is_staff):
-        raise PermissionDenied("only staff may change how a managed engine starts")
 
 
 def _check_recipe(deployment, argv, env, gpu_indices, ready_timeout_s):
@@ -85,11 +80,12 @@ def recipe_create(
 ):
     """The deployment's next launch recipe version (it runs from the next restart on).
 
-    author: the staff member who changes it (None: an API token with write access to the
-    deployment, checked by the caller). gpu_indices default to the deployment's GPUs. Raises
-    PermissionDenied for a non-staff author and ValidationError naming the field.
+    author: the staff member who changes it, or permissions.API_TOKEN (a token with write access
+    to the deployment, checked by the caller) or permissions.MOEOPS (a bisection's try); only a
+    person is recorded. gpu_indices default to the deployment's GPUs. Raises PermissionDenied
+    for anyone else (None included) and ValidationError naming the field.
     """
-    require_staff(author)
+    permissions.require_engine_change(author)
     env = {} if env is None else env
     gpu_indices = deployment.gpu_indices() if gpu_indices is None else gpu_indices
     _check_recipe(deployment, argv, env, gpu_indices, ready_timeout_s)
@@ -107,7 +103,7 @@ def recipe_create(
             config_folder=config_folder,
             ready_timeout_s=ready_timeout_s,
             reason=reason,
-            author=author,
+            author=permissions.person(author),
             based_on=based_on,
         )
         recipe.kernel_configs.set(kernel_configs)
@@ -293,12 +289,14 @@ def engine_action_start(
     Each of the first four but restart makes a new recipe version. With resweep, before_run
     (default: the deployment's newest finished sweep) is repeated with the same load afterwards
     (its run created queued here, linked as after_run). plan_item is set in progress (done when the
-    re-sweep succeeds). user: staff, or None for an API token with write access.
+    re-sweep succeeds). user: staff, permissions.API_TOKEN (a token with write access) or
+    permissions.MOEOPS (a watch's bisection, a plan item's tune, a command).
 
-    Raises PermissionDenied for non-staff and ValidationError naming the field: an external
+    Raises PermissionDenied for anyone else (None included) and ValidationError naming the
+    field: an external
     deployment, a host whose worker is gone, an action already in flight, a bad change.
     """
-    require_staff(user)
+    permissions.require_engine_change(user)
     if not deployment.is_managed:
         raise ValidationError(
             {"deployment": f"{deployment} is external: moeops never starts or stops its engine"}
@@ -313,6 +311,11 @@ def engine_action_start(
             raise ValidationError(
                 {"deployment": f"{busy.title()} is still {busy.get_status_display().lower()}"}
             )
+        if plan_item is not None:
+            try:
+                insights_services.plan_item_transition(item=plan_item, status="in_progress")
+            except ValidationError as exc:
+                raise ValidationError({"plan_item": exc.messages}) from None
         recipe, previous = _new_recipe(
             deployment=deployment,
             kind=kind,
@@ -331,15 +334,13 @@ def engine_action_start(
             kernel_config=kernel_config if kind == "apply_config" else None,
             plan_item=plan_item,
             before_run=before,
-            requested_by=user,
+            requested_by=permissions.person(user),
             source=source,
         )
         steps = [("engine_action", _action_kwargs(action, recipe, previous, deployment))]
         if before is not None:
             after, parameters = _resweep(action, before, deployment)
             steps.append(("run_sweep", sweep_task_kwargs(after.uuid, parameters)))
-        if plan_item is not None:
-            PlanItem.objects.filter(pk=plan_item.pk).update(status="in_progress")
         _enqueue(action, deployment.host, steps)
     return action
 
@@ -424,8 +425,19 @@ def _fail(action, error, **fields):
                     run=run, status="cancelled", error=f"the engine action failed: {error}"
                 )
         if action.plan_item_id:
-            PlanItem.objects.filter(pk=action.plan_item_id).update(status="pending")
+            _plan_item_release(action.plan_item_id)
     return action
+
+
+def _plan_item_release(item_id):
+    """Put the plan item a failed action or tune carried out back to pending; one that moved on
+    meanwhile (done by a person or another action's change) stays where it is."""
+    item = PlanItem.objects.filter(pk=item_id, status="in_progress").first()
+    if item is None:
+        return
+    # moved since it was read: that move stands
+    with contextlib.suppress(insights_services.PlanItemConflict):
+        insights_services.plan_item_transition(item=item, status="pending")
 
 
 def engine_action_report(
@@ -492,7 +504,9 @@ def _plan_done(action):
     """A succeeded action: its own plan item is done by it, and so is every other whose change
     it put in force."""
     if action.plan_item_id:
-        PlanItem.objects.filter(pk=action.plan_item_id).update(status="completed", done_by=action)
+        # the row locked: the compare-and-set cannot miss, so the item is done with its action
+        item = PlanItem.objects.select_for_update().get(pk=action.plan_item_id)
+        insights_services.plan_item_transition(item=item, status="completed", done_by=action)
     insights_services.plan_items_settle(deployment=action.deployment)
 
 
@@ -521,7 +535,7 @@ def engine_action_tune_finished(*, tuning_run):
         return None
     deployment = tuning_run.deployment
     if tuning_run.status != "succeeded" or tuning_run.result is None:
-        PlanItem.objects.filter(pk=item.pk, status="in_progress").update(status="pending")
+        _plan_item_release(item.pk)
         return None
     if deployment is None or not deployment.is_managed:
         return None
@@ -538,7 +552,7 @@ def engine_action_tune_finished(*, tuning_run):
         return engine_action_start(
             deployment=deployment,
             kind="apply_config",
-            user=None,
+            user=permissions.MOEOPS,
             source="tune",
             kernel_config=tuning_run.result,
             plan_item=item,
@@ -547,7 +561,7 @@ def engine_action_tune_finished(*, tuning_run):
         log.warning(
             "the tune %s of plan item %s applies nothing: %s", tuning_run.uuid, item.pk, exc
         )
-        PlanItem.objects.filter(pk=item.pk).update(status="pending")
+        _plan_item_release(item.pk)
         return None
 
 

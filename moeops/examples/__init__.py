@@ -41,6 +41,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from domain.launch import set_flags
+from moeops import permissions
 from moeops.engines.services import recipe_create, recipe_newest
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
 from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
@@ -379,7 +380,7 @@ def load_standin_deployment(port=30000):
         recipe_create(
             deployment=deployment,
             argv=argv,
-            author=None,
+            author=permissions.MOEOPS,
             cwd=str(settings.BASE_DIR),
             ready_timeout_s=STANDIN_READY_TIMEOUT_S,
             reason="make run's stand-in on port " + str(port),

@@ -9,6 +9,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from moeops import permissions
+
 # A DNS name: labels of letters, digits, "-" (and "_", which some lab names hold), dot-separated.
 HOST_NAME = re.compile(
     r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*"
@@ -113,14 +115,14 @@ def _origin(url):
         return url
 
 
-def endpoint_change_refusal(*, host, url, current="", user=None):
+def endpoint_change_refusal(*, host, url, user, current=""):
     """Why `user` may not set a deployment of `host` from endpoint `current` to `url`, or "".
 
-    A new address (scheme, host name or port) is staff's to set; user None is an API token,
-    which an admin issued. Whoever sets it, and whenever it is saved, the address must pass
-    endpoint_refusal."""
+    A new address (scheme, host name or port) is for whom permissions.may_set_endpoint lets
+    (staff, permissions.API_TOKEN; None is nobody). Whoever sets it, and whenever it is saved,
+    the address must pass endpoint_refusal."""
     if not url or _origin(url) == _origin(current):
         return endpoint_refusal(host=host, url=url)
-    if user is not None and not (user.is_active and user.is_staff):
+    if not permissions.may_set_endpoint(user):
         return "only staff may point a deployment at a new endpoint address"
     return endpoint_refusal(host=host, url=url)

@@ -217,7 +217,8 @@ def deployment_create(
     model: one on record, or new_model {"name", "config"}: a model registered from its
     config.json (model_register) in the same transaction. gpu_indexes picks GPUs of the host;
     an index the host lacks raises GPU.DoesNotExist. An endpoint_url that fleet.endpoints
-    refuses (user: who sets it; None: an API token) raises ValidationError naming endpoint_url.
+    refuses (user: who sets it, a User or permissions.API_TOKEN; None is nobody) raises
+    ValidationError naming endpoint_url.
     """
     existing = Deployment.objects.filter(name=name).first()
     if existing is not None:
@@ -247,7 +248,8 @@ def deployment_update(*, deployment, user=None, trigger="api", gpus=None, **fiel
     A health status (healthy, degraded, failed) with its status_detail is a check reported
     (trigger: "api", or "edit" from the deployment's form): health_check_record keeps it in
     the history and sets the status. An endpoint_url that fleet.endpoints refuses (user: who
-    sets it; None: an API token) raises ValidationError naming endpoint_url.
+    sets it, a User or permissions.API_TOKEN; None is nobody) raises ValidationError naming
+    endpoint_url.
     """
     if "endpoint_url" in fields:
         _check_endpoint(

@@ -2,7 +2,7 @@ from django import forms
 from django.contrib import admin
 
 from moeops.insights import services
-from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
+from moeops.insights.models import PLAN_STATUSES, Finding, IncompatibilityRule, Note, PlanItem
 
 NOTE_FIELDS = ("title", "slug", "body", "provenance")
 PLAN_ITEM_FIELDS = ("deployment", "title", "status", "finding", "note", "source", "provenance")
@@ -53,19 +53,39 @@ class FindingAdmin(admin.ModelAdmin):
             services.finding_set_state(finding=obj, state=state, user=request.user)
 
 
+class PlanItemAdminForm(forms.ModelForm):
+    def clean_status(self):
+        # a move the item cannot make is the form's error, not the save's (PLAN_MOVES)
+        status = self.cleaned_data["status"]
+        if self.instance.pk and not self.instance.can_move_to(status):
+            raise forms.ValidationError(
+                f"A {self.instance.get_status_display().lower()} item cannot become "
+                f"{dict(PLAN_STATUSES)[status].lower()}: reopen it as pending first."
+            )
+        return status
+
+
 @admin.register(PlanItem)
 class PlanItemAdmin(admin.ModelAdmin):
+    form = PlanItemAdminForm
     list_display = ("title", "deployment", "status", "position")
     list_filter = ("status", "deployment")
     list_editable = ("status", "position")
+
+    def get_changelist_form(self, request, **kwargs):
+        return super().get_changelist_form(request, form=PlanItemAdminForm, **kwargs)
 
     def save_model(self, request, obj, form, change):
         # the service keeps a plan's positions 0…n-1: a new item goes last, a position moves it
         position = obj.position if "position" in form.changed_data else None
         if change:
-            if position is not None:
-                obj.position = form.initial["position"]
-            super().save_model(request, obj, form, change)
+            # the other fields only: the status moves by compare-and-set, as from the pages
+            rest = [name for name in form.changed_data if name not in ("position", "status")]
+            if rest:
+                obj.save(update_fields=rest)
+            if "status" in form.changed_data:
+                obj.status = form.initial["status"]
+                services.plan_item_update(item=obj, status=form.cleaned_data["status"])
         else:
             fields = {name: getattr(obj, name) for name in PLAN_ITEM_FIELDS}
             item = services.plan_item_add(**fields)

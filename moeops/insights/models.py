@@ -34,6 +34,15 @@ FINDING_STATES = (
     ("superseded", "Superseded"),
 )
 PLAN_STATUSES = (("pending", "Pending"), ("in_progress", "In progress"), ("completed", "Completed"))
+# A plan item's moves (services.plan_item_transition makes them): an action or a tune carries a
+# pending item out (in progress) and ends it done, or pending again when it failed; a person may
+# make each of those moves and reopen a done item. A done item is not carried out again
+# until it is reopened: the plan offers no action for it, and its change is in force.
+PLAN_MOVES = {
+    "pending": ("in_progress", "completed"),
+    "in_progress": ("pending", "completed"),
+    "completed": ("pending",),
+}
 
 _markdown = MarkdownIt("commonmark", {"linkify": False}).enable("table")
 
@@ -149,6 +158,10 @@ class PlanItem(models.Model):
 
     def __str__(self):
         return self.title
+
+    def can_move_to(self, status):
+        """Whether the item may go from its status to `status` (staying is no move)."""
+        return status == self.status or status in PLAN_MOVES.get(self.status, ())
 
     def cap_change(self):
         """The analysis.CapChange this item proposes (its finding names the engine's cap), or

@@ -9,7 +9,14 @@ from django.utils.text import slugify
 from domain.jobs import FINISHED_STATUSES
 from moeops.fleet.models import Deployment
 from moeops.insights import analysis
-from moeops.insights.models import FINDING_STATES, Finding, IncompatibilityRule, Note, PlanItem
+from moeops.insights.models import (
+    FINDING_STATES,
+    PLAN_STATUSES,
+    Finding,
+    IncompatibilityRule,
+    Note,
+    PlanItem,
+)
 from moeops.jobs import ACTION_IN_FLIGHT
 from moeops.kernels.models import KernelConfig, config_of_file, kernel_source_of
 from moeops.runs import snapshots
@@ -25,6 +32,10 @@ NOTE_SLUG_MAX_LENGTH = Note._meta.get_field("slug").max_length
 
 class NoteConflict(Exception):
     """A different note is stored under the slug."""
+
+
+class PlanItemConflict(ValidationError):
+    """The plan item's status moved since the caller read it (compare-and-set)."""
 
 
 def on_job_finished(*, job):
@@ -240,8 +251,10 @@ def plan_items_settle(*, deployment):
     for item in items:
         action = _in_force(item)
         if action:
-            PlanItem.objects.filter(pk=item.pk).update(status="completed", done_by=action)
-            item.status, item.done_by = "completed", action
+            try:
+                plan_item_transition(item=item, status="completed", done_by=action)
+            except PlanItemConflict:
+                continue  # moved since it was read (a person, an action): that move stands
             done.append(item)
     return done
 
@@ -257,15 +270,64 @@ def _in_force(item):
 
 
 def plan_item_update(*, item, title=None, status=None, position=None):
-    """Set an item's title and status; a position moves it there within its plan (0 first)."""
-    fields = {k: v for k, v in (("title", title), ("status", status)) if v is not None}
+    """Set an item's title and status (a move plan_item_transition makes, from the status the
+    caller read); a position moves it there within its plan (0 first). Raises ValidationError
+    naming status for a move the item cannot make or one it made meanwhile; nothing is saved."""
     with transaction.atomic():
-        if fields:
-            PlanItem.objects.filter(pk=item.pk).update(**fields)
-            for key, value in fields.items():
-                setattr(item, key, value)
+        if status is not None and status != item.status:
+            plan_item_transition(item=item, status=status)
+        if title is not None:
+            PlanItem.objects.filter(pk=item.pk).update(title=title)
+            item.title = title
         if position is not None:
             _plan_reorder(item, lambda items, index: position)
+    return item
+
+
+def plan_item_transition(*, item, status, expected=None, done_by=None):
+    """Move item to status (PlanItem.can_move_to, models.PLAN_MOVES) by compare-and-set: the
+    row changes only while its status is still `expected` (default: item.status, as the caller
+    read it), so of two writers that read the same status one wins. Staying where it is moves
+    nothing, but checks the same.
+
+    done_by: the engine action that put the item's change in force (completed only); a done
+    item reopened, or one a person says is done, has none.
+
+    Raises ValidationError naming status for a move PLAN_MOVES lacks, and PlanItemConflict (a
+    ValidationError naming status) when the row's status is no longer `expected`, item.status
+    then the row's. Returns item, moved.
+    """
+    expected = item.status if expected is None else expected
+    names = dict(PLAN_STATUSES)
+    if status not in names:
+        raise ValidationError({"status": f"one of {', '.join(names)}, not {status!r}"})
+    if done_by is not None and status != "completed":
+        raise ValueError("only a completed plan item is done by an engine action")
+    if not PlanItem(status=expected).can_move_to(status):
+        raise ValidationError(
+            {
+                "status": f"plan item “{item.title}” is {names[expected].lower()}: it cannot "
+                f"become {names[status].lower()} (reopen it as pending first)"
+            }
+        )
+    changes = {"status": status}
+    if done_by is not None:
+        changes["done_by"] = done_by
+    elif "completed" in (status, expected) and status != expected:
+        changes["done_by"] = None
+    if PlanItem.objects.filter(pk=item.pk, status=expected).update(**changes) != 1:
+        now = PlanItem.objects.filter(pk=item.pk).values_list("status", flat=True).first()
+        if now is None:
+            raise PlanItemConflict({"status": f"plan item “{item.title}” was deleted meanwhile"})
+        item.status = now
+        raise PlanItemConflict(
+            {
+                "status": f"plan item “{item.title}” is {names[now].lower()} now, not "
+                f"{names[expected].lower()}: it moved meanwhile"
+            }
+        )
+    for name, value in changes.items():
+        setattr(item, name, value)
     return item
 
 

@@ -8,10 +8,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from domain import engine_diff
-from moeops import jobs
+from moeops import jobs, permissions
 from moeops.celery import send_host_task
-from moeops.engines.services import require_staff
-from moeops.insights.models import PlanItem
+from moeops.insights import services as insights_services
 from moeops.kernels.models import KERNEL_DTYPES, EngineDiff, KernelConfig, TuningRun, TuningTiming
 from moeops.keyed import body_sha256, same_body
 from tuning import config_files, devices
@@ -441,8 +440,7 @@ def tuning_start_for_plan_item(*, item, user):
     (moeops.engines.services.engine_action_tune_finished), so only staff may start it there.
     Raises PermissionDenied, or ValueError with the sentence that says why not."""
     deployment = item.deployment
-    if deployment.is_managed:
-        require_staff(user)
+    permissions.require_tune_for_plan_item(user, deployment)
     if not item.retunes():
         raise ValueError(f"Plan item “{item.title}” starts no tune.")
     shape = deployment.kernel_shape()
@@ -451,6 +449,10 @@ def tuning_start_for_plan_item(*, item, user):
         raise ValueError(f"{deployment} loads no kernel config: {reason}.")
     with transaction.atomic():
         try:
+            # first: a tune started for an item that moved meanwhile is rolled back unsent
+            insights_services.plan_item_transition(
+                item=item, status="in_progress", expected="pending"
+            )
             tuning, _ = tuning_start(
                 deployment=deployment,
                 dtype=shape["dtype"],
@@ -460,8 +462,7 @@ def tuning_start_for_plan_item(*, item, user):
         except ValidationError as exc:
             raise ValueError(" ".join(exc.messages)) from exc
         TuningRun.objects.filter(pk=tuning.pk).update(plan_item=item)
-        PlanItem.objects.filter(pk=item.pk).update(status="in_progress")
-    tuning.plan_item, item.status = item, "in_progress"
+    tuning.plan_item = item
     return tuning
 
 

@@ -23,6 +23,7 @@ from django.utils import timezone
 from domain import launch
 from domain.intervals import with_interval
 from domain.levels import MAX_ROUNDS
+from moeops import permissions
 from moeops.engines import services as engine_services
 from moeops.engines.models import EngineAction
 from moeops.fleet.models import Host
@@ -61,6 +62,12 @@ def _recipe_version(run):
     return ((run.snapshot or {}).get("recipe") or {}).get("version")
 
 
+def _asker(bisection):
+    """Who a bisection's tries are asked by: the person who started it (on record as their
+    author), else moeops carrying on what a token or a watch started."""
+    return bisection.requested_by or permissions.MOEOPS
+
+
 def _fixed_words(fixed):
     return "; ".join(f"{f['phrase']} ({f['why']})" for f in fixed)
 
@@ -68,12 +75,12 @@ def _fixed_words(fixed):
 def bisection_start(*, watch_run, user, source="page"):
     """Start finding the cause of a regressed watch run; returns the running Bisection.
 
-    user: staff, or None (an API token, or the watch itself). Raises PermissionDenied for
-    non-staff and ValidationError with a sentence on its field: a run that did not regress, an
-    external deployment, no live worker, nothing a recipe sets differs (naming what changed that
-    a restart cannot bring back), the host busy, the engine no longer on the regressed run's
-    recipe or the baseline's recipe gone."""
-    engine_services.require_staff(user)
+    user: staff, permissions.API_TOKEN or permissions.MOEOPS (the watch itself). Raises
+    PermissionDenied for anyone else (None included) and ValidationError with a sentence on its
+    field: a run that did not regress, an external deployment, no live worker, nothing a recipe
+    sets differs (naming what changed that a restart cannot bring back), the host busy, the
+    engine no longer on the regressed run's recipe or the baseline's recipe gone."""
+    permissions.require_engine_change(user)
     deployment = watch_run.watch.deployment
     run, baseline = watch_run.run, watch_run.compared_with
     if watch_run.verdict != "regressed" or run is None or baseline is None:
@@ -129,7 +136,7 @@ def bisection_start(*, watch_run, user, source="page"):
             fixed=found["fixed"],
             candidates=keys,
             queue=plan(keys),
-            requested_by=user,
+            requested_by=permissions.person(user),
         )
         _next(bisection)
     return bisection
@@ -173,7 +180,7 @@ def _step_recipe(bisection, chosen):
         config_folder=current.config_folder,
         ready_timeout_s=current.ready_timeout_s,
         kernel_configs=configs,
-        author=bisection.requested_by,
+        author=_asker(bisection),
         reason=f"bisection {bisection.pk}: the baseline's {values}"[:300],
         based_on=current,
     )
@@ -208,7 +215,7 @@ def _next(bisection):
         action = engine_services.engine_action_start(
             deployment=bisection.deployment,
             kind="bisect",
-            user=bisection.requested_by,
+            user=_asker(bisection),
             source="bisection",
             recipe=recipe,
             before_run=bisection.watch_run.run,
@@ -453,7 +460,7 @@ def _conclude(bisection, stopped=""):
         try:
             recipe = engine_services.recipe_create(
                 deployment=bisection.deployment,
-                author=bisection.requested_by,
+                author=_asker(bisection),
                 reason=f"bisection {bisection.pk} ends: back to recipe v{start.version}",
                 based_on=bisection.deployment.recipe_in_force(),
                 **engine_services.recipe_content(start),
@@ -461,7 +468,7 @@ def _conclude(bisection, stopped=""):
             bisection.restore_action = engine_services.engine_action_start(
                 deployment=bisection.deployment,
                 kind="restore",
-                user=bisection.requested_by,
+                user=_asker(bisection),
                 source="bisection",
                 recipe=recipe,
                 resweep=False,
@@ -496,7 +503,7 @@ def bisection_for_regression(*, run):
     if previous is not None and previous.verdict == "regressed":
         return None
     try:
-        return bisection_start(watch_run=watch_run, user=None, source="watch")
+        return bisection_start(watch_run=watch_run, user=permissions.MOEOPS, source="watch")
     except ValidationError as exc:
         return Bisection.objects.create(
             watch_run=watch_run,

@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 
 from domain.jobs import FINISHED_STATUSES
 from moeops import celery as web_celery
+from moeops import permissions
 from moeops.api.models import ApiToken
 from moeops.engines.models import EngineAction
 from moeops.engines.services import engine_action_start
@@ -106,7 +107,11 @@ def test_the_example_recipe_starts_and_restarts_the_standin(demo):
     deployment = demo.deployment
     assert deployment.is_managed
     started = engine_action_start(
-        deployment=deployment, kind="restart", user=None, source="make_run", resweep=False
+        deployment=deployment,
+        kind="restart",
+        user=permissions.MOEOPS,
+        source="make_run",
+        resweep=False,
     )
     demo.wait_for_action(started)
     first = demo.engine_pid()
@@ -117,7 +122,7 @@ def test_the_example_recipe_starts_and_restarts_the_standin(demo):
     raised = engine_action_start(
         deployment=deployment,
         kind="restart_with_args",
-        user=None,
+        user=permissions.MOEOPS,
         changes={"--max-running-requests": "128"},
         resweep=False,
     )

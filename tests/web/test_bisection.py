@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from domain.launch import flag_value, flags, set_flags
-from moeops import jobs
+from moeops import jobs, permissions
 from moeops.engines import services as engine_services
 from moeops.fleet.models import SLOProfile
 from moeops.runs import services as run_services
@@ -301,7 +301,7 @@ def test_a_try_still_within_the_noise_after_three_measurements_is_undecided(
     world, broker, django_capture_on_commit_callbacks
 ):
     regressed = _regression(world)
-    found = bisection.bisection_start(watch_run=regressed, user=None)
+    found = bisection.bisection_start(watch_run=regressed, user=permissions.MOEOPS)
     step = _running_step(found)
     _carry_out(step.action, django_capture_on_commit_callbacks, 650.0, [250.0, 1100.0])
     rounds = []
@@ -329,7 +329,7 @@ def test_halves_narrow_four_factors_to_the_one_that_restores(
     env_before = {"A": "1", "B": "1", "C": "1"}
     env_after = {"A": "2", "B": "2", "C": "2"}
     regressed = _regression(world, env_before=env_before, env_after=env_after)
-    found = bisection.bisection_start(watch_run=regressed, user=None, source="api")
+    found = bisection.bisection_start(watch_run=regressed, user=permissions.API_TOKEN, source="api")
     assert found.candidates == ["--max-num-seqs", "env A", "env B", "env C"]
     # the cause is env B: only a try that holds B at its baseline's value restores
     figures = []
@@ -360,7 +360,7 @@ def test_a_try_that_does_not_come_up_is_named_and_the_rest_is_tried(
     world, broker, django_capture_on_commit_callbacks
 ):
     regressed = _regression(world, env_before={"A": "1"}, env_after={"A": "2"})
-    found = bisection.bisection_start(watch_run=regressed, user=None)
+    found = bisection.bisection_start(watch_run=regressed, user=permissions.MOEOPS)
     first = _running_step(found).action
     engine_services.engine_action_report(action=first, status="running")
     with django_capture_on_commit_callbacks(execute=True):
@@ -390,7 +390,7 @@ def test_a_cause_that_needs_two_changes_together_is_found_as_the_pair(
         world, env_before={"A": "1", "B": "1"}, env_after={"A": "2", "B": "2"},
         argv_after=ARGV, seqs_after=8,
     )  # fmt: skip
-    found = bisection.bisection_start(watch_run=regressed, user=None)
+    found = bisection.bisection_start(watch_run=regressed, user=permissions.MOEOPS)
     assert found.candidates == ["env A", "env B"]
     tried = []
     while found.status == "running":
@@ -437,7 +437,7 @@ def test_a_capacity_watchs_try_is_judged_on_its_capacity(
         WatchRun.objects.create(watch=watch, run=run, status="running")
         judged.append(services.watch_run_finished(run))
     assert judged[1].verdict == "regressed"
-    found = bisection.bisection_start(watch_run=judged[1], user=None)
+    found = bisection.bisection_start(watch_run=judged[1], user=permissions.MOEOPS)
     assert found.status == "running", found.finding
     action = _running_step(found).action
     assert action.after_run.parameters["kind"] == "capacity"

@@ -7,6 +7,7 @@ import json
 import pytest
 from django.core.exceptions import ValidationError
 
+from moeops import permissions
 from moeops.engines.services import _kernel_files, recipe_create
 from moeops.kernels import services
 from moeops.kernels.models import TuningRun
@@ -38,7 +39,12 @@ def _deployment(version="0.34.0", env=None, model_row=None, host_row=None):
         host_row=host_row,
     )
     if env is not None:
-        recipe_create(deployment=deployment, argv=["vllm", "serve", "glm-5"], author=None, env=env)
+        recipe_create(
+            deployment=deployment,
+            argv=["vllm", "serve", "glm-5"],
+            author=permissions.MOEOPS,
+            env=env,
+        )
     return deployment
 
 
@@ -75,7 +81,7 @@ def test_the_up_file_and_its_down_file_are_one_record_written_together():
     assert other.version == config.version + 1
     # an engine action writes both into the engine's config folder
     recipe = recipe_create(
-        deployment=deployment, argv=["vllm"], author=None, kernel_configs=[config]
+        deployment=deployment, argv=["vllm"], author=permissions.MOEOPS, kernel_configs=[config]
     )
     assert [f["file_name"] for f in _kernel_files(recipe, "vllm")] == [UP_NAME, DOWN_NAME]
 

@@ -189,7 +189,10 @@ def deployment_create(request):
         for name in DeploymentForm.NEW_MODEL_FIELDS:
             fields.pop(name)
         deployment, _ = fleet_services.deployment_create(
-            new_model=form.new_model, gpu_indexes=[gpu.index for gpu in gpus], **fields
+            new_model=form.new_model,
+            gpu_indexes=[gpu.index for gpu in gpus],
+            user=request.user,
+            **fields,
         )
         if form.reused_model is not None:
             messages.info(
@@ -579,7 +582,11 @@ def plan_item(request, pk):
     if action == "save":
         form = PlanItemForm(request.POST)
         if form.is_valid():
-            plan_item_update(item=item, **form.cleaned_data)
+            try:
+                plan_item_update(item=item, **form.cleaned_data)
+            except ValidationError as exc:
+                for error in exc.messages:
+                    messages.error(request, error[:1].upper() + error[1:] + ".")
         else:
             messages.error(request, "A plan item needs a title and a status.")
     elif action in ("up", "down"):

@@ -2,7 +2,6 @@
 (changed arguments, a kernel config, revert) and each action's page."""
 
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
@@ -10,6 +9,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from domain import launch
+from moeops import permissions
 from moeops.engines import services
 from moeops.engines.models import EngineAction
 from moeops.fleet import services as fleet_services
@@ -61,7 +61,7 @@ def panel_context(deployment, plan_items):
     }
 
 
-@staff_member_required
+@permissions.staff_required
 def recipe_edit(request, pk):
     """A new launch recipe version (and whether moeops manages the engine)."""
     deployment = _deployment(pk)

@@ -7,6 +7,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from moeops import permissions
 from moeops.api import services
 from moeops.api.models import ApiToken
 from moeops.front.token_forms import TokenForm
@@ -27,7 +28,7 @@ def tokens(request):
     """GET: the tokens. POST (staff): make one, and show its plaintext in this answer only."""
     if request.method != "POST":
         return _page(request, TokenForm())
-    if not request.user.is_staff:
+    if not permissions.may_manage_tokens(request.user):
         raise PermissionDenied("only staff make API tokens")
     form = TokenForm(request.POST)
     if not form.is_valid():
@@ -43,7 +44,7 @@ def tokens(request):
 @login_required
 @require_POST
 def token_revoke(request, pk):
-    if not request.user.is_staff:
+    if not permissions.may_manage_tokens(request.user):
         raise PermissionDenied("only staff revoke API tokens")
     token = get_object_or_404(ApiToken, pk=pk)
     services.token_revoke(token=token)

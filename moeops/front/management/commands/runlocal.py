@@ -26,6 +26,7 @@ from django.core.management.base import BaseCommand
 from kombu.exceptions import OperationalError
 
 from localstack.ports import free_port
+from moeops import permissions
 from moeops.api.models import ApiToken
 from moeops.celery import app as celery_app
 from moeops.engines.services import engine_action_start
@@ -312,7 +313,11 @@ class Command(BaseCommand):
             return False
         try:
             engine_action_start(
-                deployment=deployment, kind="restart", user=None, source="make_run", resweep=False
+                deployment=deployment,
+                kind="restart",
+                user=permissions.MOEOPS,
+                source="make_run",
+                resweep=False,
             )
             # the check waits in the queue behind the start
             deployment_check_enqueue(deployment=deployment, trigger="periodic")
