@@ -776,3 +776,28 @@ def test_the_deployment_pages_chart_of_rate_sweeps_plots_them_at_their_rates():
 
     assert fig["layout"]["title"]["text"] == "Output throughput vs request rate"
     assert [t["x"] for t in fig["data"]] == [[1.0, 2.0]]
+
+
+def test_a_trace_level_shows_its_lateness_and_says_when_the_client_fell_behind(client):
+    pb.sign_in(client)
+    on_time = {"concurrency": 8, "completed": 12, "p99_lateness_ms": 3.2, "max_lateness_ms": 4.0}
+    behind = {
+        "concurrency": 1,
+        "completed": 12,
+        "p99_lateness_ms": 830.0,
+        "max_lateness_ms": 1210.0,
+        "raw": {"late_requests": 9},
+    }
+    deployment = pb.deployment()
+    trace = pb.run(deployment, label="trace", levels=[on_time, behind])
+    plain = pb.run(deployment, label="plain", levels=LEVELS)
+
+    html = client.get(f"/runs/{trace.uuid}/").content.decode()
+    other = client.get(f"/runs/{plain.uuid}/").content.decode()
+
+    assert 'p99 lateness<br><span class="unit">ms</span>' in html and ">830.0<" in html
+    [note] = re.findall(r'<p class="small trace-late"[^>]*>(.*?)</p>', html)
+    assert note.startswith("<strong>Concurrency 1:</strong> The client could not keep up")
+    assert "9 requests went more than 50 ms after their time" in note
+    # a run of no trace neither shows the columns nor names them as missing
+    assert "lateness" not in other

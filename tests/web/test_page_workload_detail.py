@@ -117,3 +117,26 @@ def test_the_list_links_each_version_to_its_page(client, member):
     html = client.get("/workloads/").content.decode()
 
     assert f'href="/workloads/{workload.pk}/"' in html
+
+
+TRACE = Path(__file__).parents[1] / "fixtures" / "workloads" / "mooncake_trace.jsonl"
+
+
+def test_a_traces_page_shows_its_lengths_in_its_own_tokens_and_its_reuse(client, member):
+    workload, _ = workload_store(
+        name="mooncake",
+        spec={"kind": "trace", "block_size": 128, "speed": 2},
+        file_name=TRACE.name,
+        data=TRACE.read_bytes(),
+    )
+
+    html = client.get(f"/workloads/{workload.pk}/").content.decode()
+
+    prompt = pb.figure(html, "workload-prompt-data")
+    assert prompt["layout"]["title"]["text"] == "Prompt lengths (tokens)"
+    assert sum(c for _, c in _bars(prompt)) == 12
+    assert "The trace's lengths are tokens, as it states them." in html
+    # 12 requests over 2.75 s, 1.4 s at 2×; 30 blocks named, 11 distinct
+    assert "12 requests over 2.8 s of the trace (1.4 s replayed at 2.0×)" in html
+    assert "30 blocks named, 11 distinct" in html
+    assert "2× as fast, 128-token blocks per hash id" in html

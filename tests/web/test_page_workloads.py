@@ -2,6 +2,7 @@
 refused on the form by its name, line and reason, with nothing stored."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,31 @@ def test_a_200_mb_upload_is_refused_by_its_size_before_it_is_read(client, member
     )
     assert stream.read_bytes < 1024 * 1024
     assert not Workload.objects.exists()
+
+
+def test_it_stores_a_trace_from_the_form_and_refuses_a_bad_one_naming_its_line(client, member):
+    good = b'{"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [1, 2]}\n'
+    bad = good + b'{"timestamp": -5, "input_length": 20, "output_length": 2}\n'
+
+    stored = _post(
+        client,
+        name="prod",
+        kind="trace",
+        block_size="16",
+        speed="2",
+        file=SimpleUploadedFile("t.jsonl", good),
+    )
+    refused = _post(
+        client, name="bad", kind="trace", block_size="16", file=SimpleUploadedFile("bad.jsonl", bad)
+    )
+
+    assert stored.status_code == 302
+    workload = Workload.objects.get()
+    assert workload.spec == {"kind": "trace", "block_size": 16, "speed": 2.0}
+    assert workload.items[0]["hash_ids"] == [1, 2]
+    assert refused.status_code == 400
+    html = refused.content.decode().replace("&#x27;", "'")
+    assert "bad.jsonl, line 2: timestamp: ms since the first request" in html, re.findall(
+        r"errorlist.{0,300}", html
+    )
+    assert Workload.objects.count() == 1

@@ -252,3 +252,21 @@ def test_sweep_asks_for_a_profiled_level_and_a_level_it_does_not_run_is_refused(
     assert SweepRun.objects.get().parameters["profile"] == {"levels": [16], "steps": 25}
     assert refused == 1 and "profile" in refusal and "32" in refusal
     assert len(refusal.strip().splitlines()) == 1
+
+
+def test_push_workload_stores_a_trace_with_its_block_size_and_speed(world, capsys, tmp_path):
+    trace = tmp_path / "day.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 40, "output_length": 4, "hash_ids": [1, 2, 3]}\n'
+        '{"timestamp": 9, "input_length": 20, "output_length": 4, "hash_ids": [1, 2]}\n'
+    )
+    argv = ["push-workload", "day", "--trace", str(trace), "--block-size", "16", "--speed", "2"]
+
+    code, out, _ = _run(argv, capsys)
+    refused, _, err = _run(["push-workload", "day", "--trace", str(trace)], capsys)
+
+    assert code == 0 and out.strip() == "workload day v1 (trace, 2 requests)"
+    assert Workload.objects.get().spec == {"kind": "trace", "block_size": 16, "speed": 2.0}
+    # 512-token blocks: the first line's 40 tokens do not reach its third block
+    assert refused == 1 and "day.jsonl, line 1: input_length: 40 tokens" in err
+    assert Workload.objects.count() == 1

@@ -335,6 +335,8 @@ def test_a_trace_level_sends_each_request_at_its_scaled_time_and_reports_the_lat
     assert 0 <= result["p99_lateness_ms"] <= result["max_lateness_ms"] < 20
     assert result["late_requests"] == 0
     assert result["requests"]["input_len"] == [40, 36, 20, 30]
+    # the worker pushes it as JSON: plain numbers, no numpy scalars
+    json.dumps({k: v for k, v in result.items() if "lateness" in k or k == "late_requests"})
 
 
 def test_a_trace_the_client_cannot_keep_up_with_says_so():

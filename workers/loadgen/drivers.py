@@ -120,7 +120,7 @@ async def _drive(
                     body = None if multi_turn else build_payload(client_cfg, level, keys[mine])
                     due = None
                     if offsets is not None:
-                        due = start + offsets[mine]
+                        due = start + float(offsets[mine])
                         delay = due - time.perf_counter()
                         if delay > 0:
                             await asyncio.sleep(delay)

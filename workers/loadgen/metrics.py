@@ -93,13 +93,13 @@ def lateness(timed: list[RequestRecord]) -> dict:
     """How far a trace's requests went after they were due (ms, send_ts − scheduled_ts):
     p99_lateness_ms, max_lateness_ms, and late_requests, how many went more than
     domain.traces.KEEP_UP_MS late; {} where no request had a time to keep (not a trace)."""
-    late = [(r.send_ts - r.scheduled_ts) * 1000 for r in timed if r.scheduled_ts is not None]
+    late = [float(r.send_ts - r.scheduled_ts) * 1000 for r in timed if r.scheduled_ts is not None]
     if not late:
         return {}
     return {
         "p99_lateness_ms": float(np.percentile(late, 99)),
         "max_lateness_ms": float(max(late)),
-        "late_requests": sum(x > KEEP_UP_MS for x in late),
+        "late_requests": sum(1 for x in late if x > KEEP_UP_MS),
     }
 
 
