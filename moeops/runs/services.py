@@ -207,8 +207,25 @@ def sweep_parameters(*, deployment, load):
         if workload.kind == "multi_turn":
             # its turns are chat messages: the completions endpoint has no history to send
             parameters["endpoint"] = "chat"
+        if workload.kind == "trace":
+            _check_trace_load(load)
         parameters["workload"] = workload.run_parameter()
     return parameters
+
+
+def _check_trace_load(load):
+    """A trace sends at its own timestamps: a request rate or a capacity search (which chooses
+    loads) would not be what it says."""
+    if capacity.is_capacity(load):
+        raise ValidationError(
+            {"parameters.workload": "a trace sends at its own timestamps: no capacity search"}
+        )
+    for key in ("request_rate", "request_rates", "burstiness", "ramp_up_s"):
+        if load.get(key) not in (None, [], ()):
+            raise ValidationError(
+                {f"parameters.{key}": "a trace sends at its own timestamps (its speed sets how "
+                 "fast): its levels are concurrency caps"}
+            )  # fmt: skip
 
 
 def _check_sweep(deployment, parameters):

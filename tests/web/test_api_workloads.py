@@ -381,3 +381,31 @@ def test_a_bad_trace_is_refused_naming_its_line_and_nothing_is_stored(world, con
     assert response.status_code == 400
     assert response.json()["detail"].startswith(detail), response.json()
     assert not Workload.objects.exists()
+
+
+def test_a_sweep_of_a_trace_takes_no_request_rate_and_no_capacity_search(world):
+    world.owner.post(
+        "/api/v1/workloads",
+        {
+            "name": "day",
+            "spec": {"kind": "trace", "block_size": 128},
+            "file_name": TRACE.name,
+            "content": TRACE.read_text(),
+        },
+    )
+    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "day"}
+
+    rated = world.owner.post(
+        "/api/v1/runs",
+        {
+            "deployment": "glm-5-sglang",
+            "parameters": {**load, "request_rates": [2.0]},
+            "start": True,
+        },
+    )
+
+    assert rated.status_code == 400
+    assert rated.json()["detail"].startswith(
+        "parameters.request_rates: a trace sends at its own timestamps"
+    )
+    assert not SweepRun.objects.exists()

@@ -361,3 +361,21 @@ def test_a_trace_the_client_cannot_keep_up_with_says_so():
         result["p99_lateness_ms"], result["max_lateness_ms"], result["late_requests"]
     )
     assert "could not keep up" in note
+
+
+def test_the_cli_replays_a_trace_spec_with_dataset_as_the_trace(tmp_path):
+    from workers.loadgen import cli
+
+    spec = tmp_path / "trace.json"
+    spec.write_text(json.dumps({"kind": "trace", "block_size": 128}))
+    trace = Path(__file__).parents[1] / "fixtures" / "workloads" / "mooncake_trace.jsonl"
+    args = cli._parse_args(
+        ["--base-url", "http://unused", "--model", "m", "--concurrency", "2"]
+        + ["--input-len", "8", "--output-len", "8", "--vocab-size", "32000"]
+        + ["--workload", str(spec), "--dataset", str(trace)]
+    )
+
+    workload = cli._workload(args)
+
+    assert workload["spec"] == {"kind": "trace", "block_size": 128, "speed": 1.0}
+    assert [item["timestamp"] for item in workload["items"]] == [250 * i for i in range(12)]
