@@ -379,3 +379,7 @@ def test_the_cli_replays_a_trace_spec_with_dataset_as_the_trace(tmp_path):
 
     assert workload["spec"] == {"kind": "trace", "block_size": 128, "speed": 1.0}
     assert [item["timestamp"] for item in workload["items"]] == [250 * i for i in range(12)]
+
+    args.capacity = True
+    with pytest.raises(ValueError, match="a trace sends at its own timestamps"):
+        cli._workload(args)

@@ -311,6 +311,11 @@ def _workload(args: argparse.Namespace) -> dict | None:
     if spec["kind"] == "trace":
         if not args.dataset:
             raise ValueError("a trace workload needs --dataset FILE, the trace")
+        if args.capacity or args.request_rate:
+            raise ValueError(
+                "a trace sends at its own timestamps: no --request-rate or --capacity (its "
+                "spec's speed sets how fast)"
+            )
         path = Path(args.dataset)
         parsed = parse_trace(path.name, path.read_bytes(), block_size=spec["block_size"])
         workload["items"] = parsed["items"]
