@@ -11,7 +11,7 @@ DURATIONS ?= --durations=15
 PORT ?= 8000
 STANDIN_PORT ?= 30000
 
-.PHONY: install run test check test-gpu lint test-sqlite test-postgres _pytest-sqlite _pytest-postgres browser-deps engine clean
+.PHONY: install run test check test-gpu gpu-wheels lint test-sqlite test-postgres _pytest-sqlite _pytest-postgres browser-deps engine clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -102,12 +102,22 @@ _pytest-postgres:
 
 # The gpu-marked tests, on a machine with a CUDA GPU. Neither they nor their files need Django
 # (hence no conftest, whose fixtures start the web side), so a GPU host's own Python with torch,
-# Triton, pytest and hypothesis runs them too: make test-gpu GPU_PYTHON=python3
+# Triton, pytest, hypothesis, pydantic and ijson runs them too: make test-gpu GPU_PYTHON=python3
+# (the tuner reads its bodies from domain.wire, pydantic; step traces stream with ijson). For a
+# GPU host that reaches no package registry, `make gpu-wheels` leaves those two with what they
+# need in var/gpu-wheels, for that host's Python (GPU_HOST_PY): pip install --no-index there.
+GPU_HOST_PY ?= 3.12
+GPU_HOST_WHEELS := $(shell grep -E '^(pydantic|ijson)==' requirements.txt)
 GPU_PYTHON ?= $(PY)
 GPU_TESTS := tests/tuning/test_fused_moe.py tests/tuning/test_gpu_tuning.py tests/tuning/test_engine_backend_sglang.py \
 	tests/tuning/test_vllm_tma_gpu.py tests/tuning/test_vllm_sorted_a_gpu.py tests/domain/test_step_breakdown_gpu.py
 test-gpu: $(if $(filter $(PY),$(GPU_PYTHON)),install)
 	$(GPU_PYTHON) -m pytest -p no:cacheprovider --noconftest -m gpu $(GPU_TESTS)
+
+gpu-wheels: install
+	$(VENV)/bin/pip download --quiet --disable-pip-version-check --only-binary=:all: \
+		--python-version $(GPU_HOST_PY) --platform manylinux2014_x86_64 \
+		--platform manylinux_2_17_x86_64 -d var/gpu-wheels $(GPU_HOST_WHEELS)
 
 clean:
 	rm -rf $(VENV) var staticfiles test-artifacts
