@@ -8,6 +8,7 @@ whose kernel config file the engine would load and the compute capability of the
 
 import asyncio
 import json
+import secrets
 import subprocess
 import sys
 import time
@@ -696,3 +697,74 @@ def test_an_mt_bench_sweep_sends_each_questions_two_turns_and_reports_each_turns
         "kind": "multi_turn",
         "sha256": workload.sha256,
     }
+
+
+TRACE = Path(__file__).parents[1] / "fixtures" / "workloads" / "mooncake_trace.jsonl"
+# vLLM's CPU build caches in blocks of 128 tokens: a trace's blocks of as many fill whole ones
+ENGINE_BLOCK = 128
+
+
+def _hits_the_trace_offers(items, block):
+    """Tokens an engine's prefix cache serves the trace (its blocks `block` tokens, as the
+    engine's): a request finds each leading full block whose chain of hash ids an earlier
+    request sent as a full block, and stops at the first it does not; the engine computes at
+    least one token of each prompt."""
+    cached, hits = set(), 0
+    for item in items:
+        ids, length = item["hash_ids"], item["input_length"]
+        full = [tuple(ids[: k + 1]) for k in range(len(ids)) if (k + 1) * block <= length]
+        found = 0
+        for chain in full:
+            if chain not in cached:
+                break
+            found += 1
+        if found * block >= length:
+            found -= 1
+        hits += found * block
+        cached.update(full)
+    return hits
+
+
+def test_a_trace_replays_on_time_and_its_repeated_blocks_hit_vllms_prefix_cache(vllm_stack):
+    # 12 requests over 2.75 s, naming 11 hash ids of 128-token blocks, some again and again
+    workload, _ = workload_store(
+        name="mooncake",
+        spec={"kind": "trace", "block_size": ENGINE_BLOCK},
+        file_name=TRACE.name,
+        data=TRACE.read_bytes(),
+    )
+    items = workload.items
+    expected_hits = _hits_the_trace_offers(items, ENGINE_BLOCK)
+    assert expected_hits > 0
+
+    # a stream for each request: no cap of the client's holds one back (the server's 4 running
+    # requests queue the rest in the engine, which is no lateness of the sends)
+    run = vllm_stack.start_sweep(
+        [len(items)], warmup=0, workload="mooncake", seed=secrets.randbelow(1000)
+    )
+    run = vllm_stack.wait_for_run(run, timeout=300)
+
+    assert run.status == "succeeded", run.error
+    [level] = run.levels.all()
+    assert (level.completed, level.failed) == (len(items), 0)
+    # each request's own lengths, as the engine counted them
+    assert level.total_input_tokens == sum(item["input_length"] for item in items)
+    assert level.total_output_tokens == sum(item["output_length"] for item in items)
+    # sent at the trace's times: at p99 within 50 ms of its timestamp
+    requests = RequestLog.objects.get(level=level).requests()
+    starts = [r["start_time"] for r in requests]
+    sent = [(r["start_time"], r["latency"]) for r in requests]
+    assert level.p99_lateness_ms is not None and level.p99_lateness_ms <= 50, (
+        level.p99_lateness_ms,
+        level.max_lateness_ms,
+        sent,
+    )
+    assert level.raw["late_requests"] == 0
+    assert starts == pytest.approx([item["timestamp"] / 1000 for item in items], abs=0.05)
+    # vLLM's own counters: every prompt token queried, the trace's repeated blocks found
+    counters = level.raw["engine_counters"]
+    assert counters["prefix_cache_queries"] == level.total_input_tokens
+    assert expected_hits - ENGINE_BLOCK <= counters["prefix_cache_hits"] <= expected_hits, (
+        counters,
+        expected_hits,
+    )
