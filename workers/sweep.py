@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 
-from domain import requests as request_log
+from domain import request_log
 from domain import workloads as workload_specs
 from domain.failures import describe_failure
 from domain.levels import MAX_SEED
@@ -150,7 +150,7 @@ def with_workload_tokens(result, config):
 def level_payload(result, attempt=1, round_number=1):
     """The API's level body from a load-generator result, taken by the run's delivery
     `attempt` in the level's round `round_number`: its requests travel packed as request_log
-    (their ITLs capped, domain.requests), the rest of the result as raw."""
+    (their ITLs capped, domain.request_log), the rest of the result as raw."""
     result = dict(result)
     columns = result.pop("requests", None)
     payload = {k: result[k] for k in LEVEL_FIELDS if result.get(k) is not None}

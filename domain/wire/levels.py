@@ -162,5 +162,5 @@ class Level(LevelFigures):
     raw: JsonObject | None = Field(None, description="the original result object, if any")
     request_log: Annotated[str, Field(max_length=MAX_REQUEST_LOG_CHARS)] | None = Field(
         None,
-        description="every request of the round (domain.requests): JSON columns, zlib, base64",
+        description="every request of the round (domain.request_log): JSON columns, zlib, base64",
     )

@@ -7,10 +7,10 @@ Formats:
 - "vllm": `vllm bench serve --save-result` (and benchmarks/benchmark_serving.py before it),
   one JSON object per file, or one per line with `--append-result`; `request_rate` is the
   string "inf" when unlimited. v0.4.0 misspelled `request_inthroughput`.
-- "moeops": a run's own per-request export (`/runs/<uuid>/requests.jsonl`, domain.requests),
+- "moeops": a run's own per-request export (`/runs/<uuid>/requests.jsonl`, domain.request_log),
   one request per line, or its CSV twin (`requests.csv`, known by its header row); its levels
   and rounds are the lines' (concurrency, request_rate, round), their figures computed from the
-  requests (domain.requests.level_figures).
+  requests (domain.request_log.level_figures).
 
 Keys come and go between versions, so every metric is read from the first key present in a
 list of aliases; absent keys stay None. Each object is kept whole in `raw`.
@@ -23,7 +23,7 @@ import math
 from collections import Counter
 
 from domain import engine as engine_reports
-from domain import requests as request_log
+from domain import request_log
 from domain.intervals import level_of_rounds
 from domain.json_lines import array_lines
 from domain.levels import LATENCY_KEYS, MAX_ROUNDS
@@ -281,7 +281,7 @@ def _level(obj, fmt):
 
 
 def _take_requests(level, obj, fmt):
-    """Move a vLLM result's per-request lists into level["requests"] (domain.requests
+    """Move a vLLM result's per-request lists into level["requests"] (domain.request_log
     columns); level["raw"] is the object less them."""
     requests = _requests(obj) if fmt == "vllm" else None
     if requests is not None:
@@ -294,7 +294,7 @@ def _take_requests(level, obj, fmt):
 
 
 def _requests(obj):
-    """domain.requests columns of a vLLM result saved with --save-detailed (its ttfts and the
+    """domain.request_log columns of a vLLM result saved with --save-detailed (its ttfts and the
     other per-request lists), or None for a result without them; raises ValueError naming a
     list of another length or a value no request can have."""
     ttfts = obj.get("ttfts")
@@ -408,7 +408,7 @@ def parse_results(text, fmt):
 
     Each dict carries `concurrency`, `request_rate` (None = unlimited), the metrics found,
     `raw` (the whole object, less vLLM's per-request lists), `line` (its line number) and, for
-    a vLLM result saved with --save-detailed, `requests` (domain.requests columns); a
+    a vLLM result saved with --save-detailed, `requests` (domain.request_log columns); a
     per-request export's levels carry `rounds` instead ([(round, figures, columns)]). Raises
     ResultFileError listing every line that is not JSON, not an object, lacks the throughput
     keys (an export's line: a request's keys), or repeats the (concurrency, request rate) of an

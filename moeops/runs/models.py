@@ -16,8 +16,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from domain import engine as engine_reports
-from domain import engine_counters
-from domain import requests as request_log
+from domain import engine_counters, request_log
 from domain import workloads as workload_specs
 from domain.failures import describe_failure
 from domain.intervals import ROUND_KEYS
@@ -361,7 +360,7 @@ class SweepRun(Job, models.Model):
 
     def logged_requests(self):
         """Every logged request of the run, level by level (by concurrency, then rate) and
-        round by round: (its level's domain.requests.LEVEL_KEYS as a dict, the request's dict).
+        round by round: (its level's domain.request_log.LEVEL_KEYS as a dict, the request's dict).
         Reads one log at a time."""
         logs = (
             RequestLog.objects.filter(level__run=self)
@@ -651,7 +650,7 @@ class LevelRound(models.Model):
 
 
 class RequestLog(models.Model):
-    """Every request of one round of a level (domain.requests: send time, TTFT, ITLs, E2E,
+    """Every request of one round of a level (domain.request_log: send time, TTFT, ITLs, E2E,
     tokens, status, error), packed: JSON columns, zlib-compressed. docs/decisions.md says why
     packed and where the ITLs are capped."""
 
@@ -661,7 +660,7 @@ class RequestLog(models.Model):
     itl_dropped = models.PositiveIntegerField(
         default=0, help_text="requests that kept no ITLs: past the cap on a level's ITL values"
     )
-    data = models.BinaryField(help_text="zlib of the JSON columns (domain.requests)")
+    data = models.BinaryField(help_text="zlib of the JSON columns (domain.request_log)")
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -675,7 +674,7 @@ class RequestLog(models.Model):
         return f"{self.level} round {self.round}: {self.count} requests"
 
     def requests(self):
-        """The logged requests, one dict each (domain.requests.REQUEST_KEYS)."""
+        """The logged requests, one dict each (domain.request_log.REQUEST_KEYS)."""
         columns = json.loads(zlib.decompress(bytes(self.data)))
         return request_log.rows(columns)
 

@@ -18,7 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from domain import engine as engine_reports
-from domain import requests as request_log
+from domain import request_log
 from domain.intervals import ROUND_KEYS, level_of_rounds
 from domain.levels import MAX_SEED
 from domain.progress import HEARTBEAT_STALE_S, SweepProgress
@@ -566,7 +566,7 @@ def level_record(*, run, round=1, **fields):
 
 
 def _request_log(packed, fields):
-    """An unsaved RequestLog of a level's packed requests (domain.requests.pack), or None for
+    """An unsaved RequestLog of a level's packed requests (domain.request_log.pack), or None for
     none; raises ValidationError on "request_log" for a log that does not unpack or holds
     another number of requests than the level counts."""
     if packed is None:

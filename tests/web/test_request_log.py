@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from domain import requests as request_log
+from domain import request_log
 from moeops.runs import services
 from moeops.runs.importers import ResultFileError
 from moeops.runs.models import LevelResult, RequestLog, SweepRun

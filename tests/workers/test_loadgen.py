@@ -11,7 +11,7 @@ from aiohttp import web
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from domain import requests as request_log
+from domain import request_log
 from localstack.standin import StandinConfig, start_standin_in_thread
 from workers import loadgen
 from workers.loadgen import ClientConfig, LevelConfig, RequestRecord, SweepConfig

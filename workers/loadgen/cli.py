@@ -14,7 +14,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from domain import requests as request_log
+from domain import request_log
 from domain import workloads as workload_specs
 from domain.capacity import (
     DEFAULT_ROUNDS,

@@ -8,8 +8,7 @@ from collections import Counter
 
 import numpy as np
 
-from domain import latency_stats
-from domain import requests as request_log
+from domain import latency_stats, request_log
 from domain.failures import describe_failure
 from domain.traces import KEEP_UP_MS
 from workers.loadgen.arrivals import achieved_rate
@@ -104,7 +103,7 @@ def lateness(timed: list[RequestRecord]) -> dict:
 
 
 def request_columns(records: list[RequestRecord]) -> dict:
-    """The level's requests as domain.requests columns (s, from the level's first send), in
+    """The level's requests as domain.request_log columns (s, from the level's first send), in
     the order they were sent; a request a dead client process never sent has no times."""
     ordered = sorted(records, key=lambda r: (math.isnan(r.send_ts), r.send_ts))
     timed = [r.send_ts for r in ordered if not math.isnan(r.send_ts)]

@@ -18,8 +18,7 @@ from django.urls import reverse
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
-from domain import launch
-from domain import requests as request_log
+from domain import launch, request_log
 from domain.engine_paths import EnginePaths, with_profile
 from domain.intervals import INTERVAL_KEYS, ONE_ROUND
 from domain.traces import keep_up_note
@@ -505,7 +504,7 @@ def run_vllm_results(request, uuid):
 
 @login_required
 def run_requests_export(request, uuid, fmt):
-    """Every request of the run, one JSON line or CSV row each (domain.requests keys, after
+    """Every request of the run, one JSON line or CSV row each (domain.request_log keys, after
     the level's concurrency, request_rate and round); streamed, one level's log at a time."""
     run = _run_or_404(uuid)
     name = slugify(run.display_label()) or str(run.uuid)

@@ -42,7 +42,7 @@ class Migration(migrations.Migration):
                 ),
                 (
                     "data",
-                    models.BinaryField(help_text="zlib of the JSON columns (domain.requests)"),
+                    models.BinaryField(help_text="zlib of the JSON columns (domain.request_log)"),
                 ),
                 ("created", models.DateTimeField(auto_now_add=True)),
                 (
