@@ -11,7 +11,7 @@ SUBCOMMANDS = {
     "filename": "tuning.config_files",
     "tune": "tuning.tune_cli",
     "bench": "tuning.bench",
-    "engine-diff": "tuning.engine_diff",
+    "engine-diff": "tuning.engine_diff_cli",
     "compile-check": "tuning.compile_check",
 }
 

@@ -5,7 +5,7 @@ import uuid
 
 from django.db import models, transaction
 
-from domain import engine_diff
+from domain import engine_diff_report
 from domain.jobs import JOB_STATUSES
 from domain.wire.runs import TELEMETRY_STATUSES
 from domain.wire.tunes import KERNEL_ENGINES, KERNEL_PATHS, PICKS
@@ -551,7 +551,7 @@ class TuningTiming(models.Model):
 class EngineDiff(models.Model):
     """What changed in an engine's fused-MoE kernel between two versions for one shape and GPU,
     as `python -m tuning engine-diff --json` recorded it where both versions are installed
-    (domain.engine_diff): the web tier shows it and runs no engine code."""
+    (domain.engine_diff_report): the web tier shows it and runs no engine code."""
 
     engine = models.CharField(max_length=20, choices=KERNEL_ENGINES)
     from_version = models.CharField(max_length=100)
@@ -571,14 +571,14 @@ class EngineDiff(models.Model):
 
     def lines(self):
         """What changed, line by line, as the CLI prints it."""
-        return engine_diff.compare(self.report["old"], self.report["new"])
+        return engine_diff_report.compare(self.report["old"], self.report["new"])
 
     def tables(self):
         """[(title, [(batch size, old entry, new entry, changed)])]: the default rule's configs
         and the shipped files side by side."""
         old, new = self.report["old"], self.report["new"]
         return [
-            (title, engine_diff.side_by_side(old[key], new[key]))
+            (title, engine_diff_report.side_by_side(old[key], new[key]))
             for title, key in (
                 ("Default rule", "defaults"),
                 ("Shipped file", "shipped"),

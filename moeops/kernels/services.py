@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from domain import engine_diff
+from domain import engine_diff_report
 from moeops import jobs, permissions
 from moeops.celery import send_host_task
 from moeops.insights import services as insights_services
@@ -509,8 +509,8 @@ def engine_diff_store(*, report, provenance=""):
     """An EngineDiff from a `python -m tuning engine-diff --json` report (a worker's push or an
     upload); raises ValidationError naming "report" with the field that is wrong."""
     try:
-        engine_diff.checked_report(report)
-    except engine_diff.ReportError as exc:
+        engine_diff_report.checked_report(report)
+    except engine_diff_report.ReportError as exc:
         raise ValidationError({"report": str(exc)}) from None
     if report["engine"] not in ENGINE_TITLES:
         raise ValidationError({"report": f"engine must be one of {', '.join(ENGINE_TITLES)}"})

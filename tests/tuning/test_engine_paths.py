@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from domain.engine_diff import checked_report
+from domain.engine_diff_report import checked_report
 from tests.engine import engine_source, ensure_installed
 from tests.fakes import HF_CONFIGS
 from tuning.__main__ import main as tuning_main

@@ -1,11 +1,12 @@
 """What changed in an engine's fused-MoE kernel between two versions, from the records
-`python -m tuning engine-diff` makes of each (tuning.engine_diff.describe): the lines it prints
+`python -m tuning engine-diff` makes of each (tuning.engine_diff_cli.describe): the lines it prints
 and the engine-diff page shows, and the check of a record pushed or uploaded. Pure: both tiers
-read it."""
+read it. The records are made by tuning.engine_diff_cli, which reads the engine's own files
+through the kernel backends that the web tier must not load; so the two stay two modules."""
 
 from domain.engine_paths import decision_changes
 
-# A version's record (tuning.engine_diff.describe): key → what its value must be.
+# A version's record (tuning.engine_diff_cli.describe): key → what its value must be.
 VERSION_KEYS = {
     "version": str,
     "launcher": list,
@@ -19,10 +20,10 @@ VERSION_KEYS = {
     "down_file": (str, type(None)),
     "shipped_down": (dict, type(None)),
 }
-# A version's path decisions (tuning.engine_diff.path_decisions), in records made since they
+# A version's path decisions (tuning.engine_diff_cli.path_decisions), in records made since they
 # were added: key → what its value must be.
 PATHS_KEYS = {"capability": (str, type(None)), "tp": int, "rows": list}
-# The whole report (tuning.engine_diff.report): the engine, shape and GPU, and both versions.
+# The whole report (tuning.engine_diff_cli.report): the engine, shape and GPU, and both versions.
 REPORT_KEYS = {"engine": str, "shape": dict, "device_name": str, "old": dict, "new": dict}
 
 

@@ -10,6 +10,8 @@ rule's config at each batch size, and the shipped files for the shape and GPU (t
 too where the engine reads one), entry by entry where they differ; and the decisions of the
 engine's fast paths for --capability and --tp that changed (tuning.engine_paths: all-reduce +
 RMSNorm fusion, the MoE and attention backends' order, DeepGEMM, custom all-reduce).
+The comparison and the report's check are pure and read by the web tier too:
+domain.engine_diff_report.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from domain.engine_diff import compare
+from domain.engine_diff_report import compare
 from tuning.backends import load_backend
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
 from tuning.engine_paths import source_paths
@@ -75,7 +77,7 @@ def path_decisions(engine: str, folder, *, capability: int, tp: int, model_confi
 
 def report(engine: str, shape, device_name: str, old: dict, new: dict) -> dict:
     """JSON-ready: the two versions' describe() records with the engine, shape and GPU they are
-    for, as the engine-diff page stores them (domain.engine_diff.checked_report)."""
+    for, as the engine-diff page stores them (domain.engine_diff_report.checked_report)."""
     return {
         "engine": engine,
         "shape": shape.as_dict(),
