@@ -7,19 +7,21 @@ job's worker is lost (`worker_lost`), and what runs once a job finishes (`job_fi
 web side's worker). Each app keeps what is its own: its conflict error, its reaper of lost jobs
 (`<kind>_fail_stale`), what its worker reports.
 
-This module imports no app: the apps' handlers and reapers are named below by dotted path, so
-that the apps import it and not the other way round.
+This module imports no app: each app adds its finished handlers and its reapers here from its
+AppConfig.ready() (`finished_handler_add`, `stale_reaper_add`), so that the apps import it and not
+the other way round, and a handler renamed or removed fails as Django starts.
 """
 
+import enum
 import logging
 
+from celery.utils.time import get_exponential_backoff_interval
 from django.apps import apps
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import OperationalError as DatabaseError
 from django.db import transaction
 from django.utils import timezone
-from django.utils.module_loading import import_string
 from kombu.exceptions import OperationalError as BrokerError
 
 from domain.jobs import FINISHED_STATUSES
@@ -50,31 +52,75 @@ ACTION_MOVES = {
 }
 ACTION_IN_FLIGHT = ("queued", "running", "sweeping")
 
-# What runs on the web side's worker once a job finishes, in this order; each is called with
-# job= (a SweepRun, TuningRun or EngineAction) and leaves alone the kinds it has no business
-# with.
-FINISHED_HANDLERS = (
-    # a capacity search that ended other than through its worker's last report gets its answer
-    "moeops.runs.services.on_job_finished",
-    # a re-sweep ends its engine action; a plan item's tune starts one
-    "moeops.engines.services.on_job_finished",
-    # a sweep run is analyzed: findings and plan items
-    "moeops.insights.services.on_job_finished",
-    # a watch's sweep is judged against its baseline, and alerts go out
-    "moeops.watches.services.on_job_finished",
-    # a bisection's action moves it on; a watch run that regressed may start one
-    "moeops.watches.bisection.on_job_finished",
-)
 
-# Each kind's reaper of the jobs whose worker is lost (called with now=; returns how many it
-# failed), run every minute by fail_stale_jobs (Celery beat).
-STALE_REAPERS = {
-    # before the failing: a sweep whose host's worker came back is sent to it again
-    "runs resent": "moeops.runs.services.run_resend_orphaned",
-    "runs": "moeops.runs.services.run_fail_stale",
-    "tunes": "moeops.kernels.services.tuning_run_fail_stale",
-    "actions": "moeops.engines.services.engine_action_fail_stale",
-}
+class Step(enum.IntEnum):
+    """When a finished job's handler runs: the steps in this order, why each comes where it does
+    written beside it. Handlers of one step read nothing the others write and run in the order
+    they were added (their apps' order in INSTALLED_APPS)."""
+
+    # the job's own record completed: a capacity search ended other than by its worker's last
+    # report gets its answer from its levels, which the analysis reads
+    RECORD = 1
+    # the work the job was part of moves on: a re-sweep ends its engine action and completes its
+    # plan item, a plan item's tune starts its action; before the analysis, which proposes an
+    # item only where none of its title is left unfinished
+    FOLLOW_UP = 2
+    # a sweep run is analyzed: findings and plan items
+    ANALYZE = 3
+    # a watch's sweep is judged against its baseline and alerts go out; it reads nothing the
+    # analysis writes, but comes after it so that the runs an alert points at are analyzed
+    JUDGE = 4
+    # a bisection moves on (its action ended, its step measured again) or a regression starts
+    # one: after the judgement, whose verdict it reads
+    BISECT = 5
+
+
+# {model label: [(step, name, handler)]}, filled by the apps' ready(), in the order of their steps
+_finished = {}
+# {name: reaper}, filled by the apps' ready(), called in the order they were added
+_reapers = {}
+
+
+def _name(function):
+    return f"{function.__module__}.{function.__qualname__}"
+
+
+def finished_handler_add(model, handler, *, step):
+    """Call handler(job) with each finished job of model (a Job model) on the web side's worker,
+    at step (Step). Called from the app's AppConfig.ready(); adding the same handler again does
+    nothing. A handler is told only jobs of its model, may run again (job_finished retries a
+    handler on a database error) and must do its work once; what it returns is part of
+    job_finished's answer, so it is plain JSON."""
+    if not (isinstance(model, type) and issubclass(model, Job)):
+        raise ImproperlyConfigured(f"{model!r} is no job model: its handler would never run")
+    handlers = _finished.setdefault(model._meta.label_lower, [])
+    name = _name(handler)
+    for added_step, added_name, added in handlers:
+        if added_name == name:
+            if added is handler and added_step == step:
+                return
+            raise ImproperlyConfigured(f"{name} is already a finished handler of {model}")
+    handlers.append((Step(step), name, handler))
+    handlers.sort(key=lambda entry: entry[0])
+
+
+def finished_handlers(model):
+    """The handlers of model's finished jobs, in the order they run."""
+    return [handler for _, _, handler in _finished.get(model._meta.label_lower, ())]
+
+
+def stale_reaper_add(name, reaper):
+    """Call reaper(now=) every minute (fail_stale_jobs), after the reapers added before it; it
+    fails the jobs of its kind whose worker is lost and returns how many. name: its kind in
+    fail_stale_jobs's answer ("runs", "tunes")."""
+    if _reapers.get(name, reaper) is not reaper:
+        raise ImproperlyConfigured(f"a reaper named {name!r} is already added")
+    _reapers[name] = reaper
+
+
+def stale_reapers():
+    """{name: reaper}, in the order they run."""
+    return dict(_reapers)
 
 
 class Job:
@@ -222,19 +268,41 @@ def job_finished_enqueue(job):
     transaction.on_commit(lambda: job_finished.delay(label, pk), robust=True)
 
 
-# A database briefly locked or unreachable is worth a retry; every handler may run again.
-@app.task(autoretry_for=(DatabaseError,), retry_backoff=True, max_retries=5)
-def job_finished(model_label, pk):
-    """Call each of FINISHED_HANDLERS with the finished job (model_label: "runs.sweeprun", …);
-    returns {handler: what it returned}, {} for a job that is gone."""
-    job = apps.get_model(model_label).objects.filter(pk=pk).first()
-    if job is None:
-        return {}
-    return {path: import_string(path)(job=job) for path in FINISHED_HANDLERS}
+# Retried up to this many times, each handler that met a database error from where it failed
+FINISHED_RETRIES = 5
+
+
+@app.task(bind=True, max_retries=FINISHED_RETRIES)
+def job_finished(self, model_label, pk, answered=None):
+    """Call each finished handler of the job's model (finished_handler_add), in their steps'
+    order, with the finished job (model_label: "runs.sweeprun", …); returns {handler's dotted
+    name: what it returned}, {} for a job that is gone.
+
+    A database briefly locked or unreachable is worth a retry: the task is sent again from the
+    handler that failed, with the answers of those before it (answered), which are not called
+    again; those after it wait for it, since they may read what it writes."""
+    answers = dict(answered or {})
+    try:
+        job = apps.get_model(model_label).objects.filter(pk=pk).first()
+        if job is None:
+            return {}
+        for _, name, handler in _finished.get(model_label, ()):
+            if name not in answers:
+                answers[name] = handler(job)
+    except DatabaseError as exc:
+        done = list(answers)
+        log.warning("the finished hook of %s %s, retried after %s: %s", model_label, pk, done, exc)
+        # Celery's retry_backoff: 1, 2, 4 … s, at most 10 min, with full jitter
+        countdown = get_exponential_backoff_interval(
+            factor=1, retries=self.request.retries, maximum=600, full_jitter=True
+        )
+        raise self.retry(args=(model_label, pk, answers), exc=exc, countdown=countdown) from exc
+    return answers
 
 
 @app.task
 def fail_stale_jobs():
-    """Fail the jobs of every kind whose worker is lost; returns how many of each kind."""
+    """Fail the jobs of every kind whose worker is lost (stale_reaper_add); returns how many of
+    each kind."""
     now = timezone.now()
-    return {kind: import_string(path)(now=now) for kind, path in STALE_REAPERS.items()}
+    return {name: reaper(now=now) for name, reaper in _reapers.items()}

@@ -25,7 +25,7 @@ from moeops.engines.models import EngineAction, LaunchRecipe
 from moeops.fleet.models import Deployment
 from moeops.insights import services as insights_services
 from moeops.insights.models import PlanItem
-from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.kernels.models import KernelConfig
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from moeops.runs.workloads import sweep_task_kwargs
@@ -510,16 +510,19 @@ def _plan_done(action):
     insights_services.plan_items_settle(deployment=action.deployment)
 
 
-def on_job_finished(*, job):
-    """What a finished job means to engine actions (moeops.jobs.FINISHED_HANDLERS): a re-sweep
-    ends its action, a plan item's tune starts one. Returns the uuid (text) of the action it
-    ended or started, or None."""
-    if isinstance(job, SweepRun):
-        action = engine_action_run_finished(run=job)
-    elif isinstance(job, TuningRun):
-        action = engine_action_tune_finished(tuning_run=job)
-    else:
-        action = None
+def on_run_finished(run):
+    """A finished sweep run's handler (jobs.Step.FOLLOW_UP): a re-sweep ends its action. Returns
+    the uuid (text) of the action it ended, or None."""
+    return _uuid(engine_action_run_finished(run=run))
+
+
+def on_tune_finished(tuning_run):
+    """A finished tune's handler (jobs.Step.FOLLOW_UP): a plan item's tune starts its action.
+    Returns the uuid (text) of the action it started, or None."""
+    return _uuid(engine_action_tune_finished(tuning_run=tuning_run))
+
+
+def _uuid(action):
     return str(action.uuid) if action is not None else None
 
 

@@ -38,12 +38,10 @@ class PlanItemConflict(ValidationError):
     """The plan item's status moved since the caller read it (compare-and-set)."""
 
 
-def on_job_finished(*, job):
-    """A finished sweep run is analyzed (moeops.jobs.FINISHED_HANDLERS): returns the ids of the
-    findings it proposed; other jobs, None."""
-    if not isinstance(job, SweepRun):
-        return None
-    return [finding.pk for finding in run_analyze(run=job)]
+def on_run_finished(run):
+    """A finished sweep run is analyzed (a finished handler, jobs.Step.ANALYZE): returns the ids
+    of the findings it proposed."""
+    return [finding.pk for finding in run_analyze(run=run)]
 
 
 # the evidence key under which a recipe_bound deployment-wide finding keeps its run's recipe

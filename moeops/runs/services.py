@@ -406,13 +406,14 @@ def run_update(*, run, status=None, error="", takeover=None, **fields):
     return run
 
 
-def on_job_finished(*, job):
+def on_run_finished(run):
     """A capacity search that ended without its answer stored (cancelled, its worker lost, ended
-    by the reaper) gets it from the levels it stored (moeops.jobs.FINISHED_HANDLERS, before the
-    analysis, which reads it). Returns the answer stored, None when there was nothing to do."""
-    if not isinstance(job, SweepRun) or not job.is_capacity_search or job.capacity:
+    by the reaper) gets it from the levels it stored (a finished handler, jobs.Step.RECORD:
+    before the analysis, which reads it). Returns the answer stored, None when there was nothing
+    to do."""
+    if not run.is_capacity_search or run.capacity:
         return None
-    return run_capacity_record(run=job)
+    return run_capacity_record(run=run)
 
 
 def run_capacity_record(*, run):

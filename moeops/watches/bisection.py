@@ -12,8 +12,8 @@ or nothing is left to try, the engine is restarted with the recipe in force when
 began (kind "restore"): a person applies the fix.
 
 `bisection_start` is the one entry point (page, API, and a watch that says so, on regressing);
-`on_job_finished` (moeops.jobs.FINISHED_HANDLERS) moves a bisection on when its action or a
-measurement again ends.
+`on_action_finished` and `on_run_finished` (finished handlers, moeops.jobs) move a bisection on
+when its action or a measurement again ends.
 """
 
 from django.core.exceptions import ValidationError
@@ -25,10 +25,8 @@ from domain.intervals import with_interval
 from domain.levels import MAX_ROUNDS
 from moeops import permissions
 from moeops.engines import services as engine_services
-from moeops.engines.models import EngineAction
 from moeops.fleet.models import Host
 from moeops.runs import services as run_services
-from moeops.runs.models import SweepRun
 from moeops.watches import factors, services
 from moeops.watches.models import Bisection, BisectionStep, WatchRun
 
@@ -334,15 +332,20 @@ def _move_on(step):
     return _next(bisection)
 
 
-def on_job_finished(*, job):
-    """moeops.jobs.FINISHED_HANDLERS: a bisection's action that ended moves it on; a watch run
-    that regressed starts one when its watch says so. Returns the Bisection's id, or None."""
-    if isinstance(job, EngineAction):
-        bisection = bisection_action_finished(action=job)
-    elif isinstance(job, SweepRun):
-        bisection = measured_again(run=job) or bisection_for_regression(run=job)
-    else:
-        bisection = None
+def on_action_finished(action):
+    """A finished engine action's handler (jobs.Step.BISECT): a bisection's action that ended
+    moves it on. Returns the Bisection's id, or None."""
+    return _pk(bisection_action_finished(action=action))
+
+
+def on_run_finished(run):
+    """A finished sweep run's handler (jobs.Step.BISECT, after the watch's judgement): a step
+    measured again moves its bisection on; a watch run that regressed starts one when its watch
+    says so. Returns the Bisection's id, or None."""
+    return _pk(measured_again(run=run) or bisection_for_regression(run=run))
+
+
+def _pk(bisection):
     return bisection.pk if bisection is not None else None
 
 

@@ -436,12 +436,10 @@ def factor_changes(a, b):
     return factors.phrases(a, b)
 
 
-def on_job_finished(*, job):
-    """A finished sweep run that a watch started is judged (moeops.jobs.FINISHED_HANDLERS,
-    after the analysis); returns the WatchRun's id, None for other jobs and runs."""
-    if not isinstance(job, SweepRun):
-        return None
-    watch_run = watch_run_finished(job)
+def on_run_finished(run):
+    """A finished sweep run that a watch started is judged (a finished handler, jobs.Step.JUDGE,
+    after the analysis); returns the WatchRun's id, None for a run no watch started."""
+    watch_run = watch_run_finished(run)
     return watch_run.pk if watch_run is not None else None
 
 

@@ -627,7 +627,7 @@ def test_the_job_finished_hook_analyzes_a_finished_run_and_ignores_a_missing_one
 
     answer = jobs.job_finished.apply(args=[run._meta.label_lower, run.pk]).get()
 
-    ids = answer["moeops.insights.services.on_job_finished"]
+    ids = answer["moeops.insights.services.on_run_finished"]
     assert ids and set(ids) == set(auto().values_list("pk", flat=True))
     assert jobs.job_finished.apply(args=["runs.sweeprun", 10**9]).get() == {}
 
@@ -637,7 +637,10 @@ def test_a_finished_tune_is_no_run_to_analyze(h200_deployment):
         host=h200_deployment.host, E=8, N=64, hidden_size=64, topk=2, status="succeeded"
     )
 
-    assert services.on_job_finished(job=tune) is None
+    assert services.on_run_finished not in jobs.finished_handlers(TuningRun)
+    assert "moeops.insights.services.on_run_finished" not in jobs.job_finished(
+        "kernels.tuningrun", tune.pk
+    )
 
 
 def test_the_command_analyzes_one_run_by_uuid():

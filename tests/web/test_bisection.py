@@ -504,12 +504,12 @@ def test_a_watch_that_says_so_starts_it_when_it_regresses_and_a_watch_waits_for_
     regressed = _regression(world)
     handled = jobs.job_finished("runs.sweeprun", regressed.run.pk)
     found = Bisection.objects.get()
-    assert handled["moeops.watches.bisection.on_job_finished"] == found.pk
+    assert handled["moeops.watches.bisection.on_run_finished"] == found.pk
     assert (found.source, found.status, found.watch_run) == ("watch", "running", regressed)
     # delivered again: the same bisection
     assert (
         jobs.job_finished("runs.sweeprun", regressed.run.pk)[
-            "moeops.watches.bisection.on_job_finished"
+            "moeops.watches.bisection.on_run_finished"
         ]
         == found.pk
     )

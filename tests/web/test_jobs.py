@@ -1,17 +1,25 @@
 """One job lifecycle (moeops.jobs): moves by compare-and-set, work sent once committed, the
 job-finished hook, the staleness rule (Host.silent_for) and the reaper task over every kind."""
 
+import json
 import time
 
 import pytest
-from django.db import transaction
+from django.core.exceptions import ImproperlyConfigured
+from django.db import OperationalError, transaction
 from django.utils import timezone
-from kombu.exceptions import OperationalError
+from kombu.exceptions import OperationalError as BrokerError
 
 from moeops import jobs
+from moeops.engines import services as engines_services
 from moeops.engines.models import EngineAction, LaunchRecipe
+from moeops.insights import services as insights_services
+from moeops.kernels import services as kernels_services
 from moeops.kernels.models import TuningRun
+from moeops.runs import services as runs_services
 from moeops.runs.models import SweepRun
+from moeops.watches import bisection
+from moeops.watches import services as watches_services
 from tests.api_base import make_world
 
 
@@ -88,7 +96,7 @@ def test_work_is_sent_once_committed_and_a_broker_out_of_reach_fails_the_job(
 
     def send():
         sent.append(tune.pk)
-        raise OperationalError("Error 111 connecting to 127.0.0.1:6399")
+        raise BrokerError("Error 111 connecting to 127.0.0.1:6399")
 
     with django_capture_on_commit_callbacks(execute=True):
         jobs.enqueue(tune, send, what="workers.tune_kernel")
@@ -139,20 +147,175 @@ def test_the_finished_hook_is_not_enqueued_for_an_end_rolled_back_or_a_move_shor
 HANDLED = []
 
 
-def _record(*, job):
-    HANDLED.append((type(job).__name__, job.status))
+def _record(job):
+    HANDLED.append((type(job).__name__, job.status, "first"))
     return job.status
 
 
-def test_the_hook_calls_each_finished_handler_with_the_job(world, monkeypatch):
-    monkeypatch.setattr(jobs, "FINISHED_HANDLERS", ("tests.web.test_jobs._record",) * 2)
+def _record_later(job):
+    HANDLED.append((type(job).__name__, job.status, "later"))
+    return job.status
+
+
+def _record_run(run):
+    HANDLED.append((type(run).__name__, run.status, "run"))
+    return run.status
+
+
+@pytest.fixture
+def no_handlers(monkeypatch):
+    """The hook's handlers and reapers emptied for the test (the apps' put back after)."""
+    monkeypatch.setattr(jobs, "_finished", {})
+    monkeypatch.setattr(jobs, "_reapers", {})
     HANDLED.clear()
+
+
+def test_the_hook_calls_each_finished_handler_with_the_job(world, no_handlers):
+    # added out of order: they run in their steps' order
+    jobs.finished_handler_add(TuningRun, _record_later, step=jobs.Step.BISECT)
+    jobs.finished_handler_add(TuningRun, _record, step=jobs.Step.RECORD)
+    jobs.finished_handler_add(SweepRun, _record_run, step=jobs.Step.RECORD)
+    # the app's ready() run again adds nothing
+    jobs.finished_handler_add(TuningRun, _record, step=jobs.Step.RECORD)
     tune = _tune(world, status="cancelled")
 
     answer = jobs.job_finished.apply(args=["kernels.tuningrun", tune.pk]).get()
 
-    assert answer == {"tests.web.test_jobs._record": "cancelled"}
-    assert HANDLED == [("TuningRun", "cancelled")] * 2
+    assert answer == {
+        "tests.web.test_jobs._record": "cancelled",
+        "tests.web.test_jobs._record_later": "cancelled",
+    }
+    assert list(answer) == ["tests.web.test_jobs._record", "tests.web.test_jobs._record_later"]
+    assert HANDLED == [("TuningRun", "cancelled", "first"), ("TuningRun", "cancelled", "later")]
+    assert jobs.job_finished("runs.sweeprun", world.run(status="failed").pk) == {
+        "tests.web.test_jobs._record_run": "failed"
+    }
+
+
+def test_a_handler_is_added_for_a_job_model_once(no_handlers):
+    with pytest.raises(ImproperlyConfigured, match="no job model"):
+        jobs.finished_handler_add(LaunchRecipe, _record, step=jobs.Step.RECORD)
+    jobs.finished_handler_add(SweepRun, _record, step=jobs.Step.RECORD)
+    with pytest.raises(ImproperlyConfigured, match="already a finished handler"):
+        jobs.finished_handler_add(SweepRun, _record, step=jobs.Step.JUDGE)
+    jobs.stale_reaper_add("runs", _record)
+    with pytest.raises(ImproperlyConfigured, match="already added"):
+        jobs.stale_reaper_add("runs", _record_later)
+    assert jobs.finished_handlers(SweepRun) == [_record]
+    assert jobs.stale_reapers() == {"runs": _record}
+
+
+def test_a_database_error_retries_the_handler_that_failed_and_those_after_it_only(
+    world, no_handlers
+):
+    failures = [OperationalError("database is locked")]
+    called = []
+
+    def first(job):
+        called.append("first")
+        return 1
+
+    def flaky(job):
+        called.append("flaky")
+        if failures:
+            raise failures.pop()
+        return 2
+
+    def after(job):
+        called.append("after")
+        return 3
+
+    for step, handler in enumerate((first, flaky, after), start=1):
+        jobs.finished_handler_add(TuningRun, handler, step=step)
+    tune = _tune(world, status="succeeded")
+
+    answer = jobs.job_finished.apply(args=["kernels.tuningrun", tune.pk]).get()
+
+    # the one before it is not run again; the one after it waits for it
+    assert called == ["first", "flaky", "flaky", "after"]
+    assert list(answer.values()) == [1, 2, 3]
+
+    failures.extend(OperationalError("database is locked") for _ in range(10))
+    called.clear()
+    with pytest.raises(OperationalError):
+        jobs.job_finished.apply(args=["kernels.tuningrun", tune.pk]).get()
+    assert called == ["first"] + ["flaky"] * (1 + jobs.FINISHED_RETRIES)
+
+
+# -- the apps' handlers and reapers ---------------------------------------------------------------
+
+
+def test_each_app_adds_its_handlers_and_reapers_in_their_order():
+    assert jobs.finished_handlers(SweepRun) == [
+        runs_services.on_run_finished,
+        engines_services.on_run_finished,
+        insights_services.on_run_finished,
+        watches_services.on_run_finished,
+        bisection.on_run_finished,
+    ]
+    assert jobs.finished_handlers(TuningRun) == [engines_services.on_tune_finished]
+    assert jobs.finished_handlers(EngineAction) == [bisection.on_action_finished]
+    assert list(jobs.stale_reapers().items()) == [
+        ("runs resent", runs_services.run_resend_orphaned),
+        ("runs", runs_services.run_fail_stale),
+        ("tunes", kernels_services.tuning_run_fail_stale),
+        ("actions", engines_services.engine_action_fail_stale),
+    ]
+
+
+def _finished_jobs(world):
+    recipe = LaunchRecipe.objects.create(deployment=world.deployment, version=1, argv=["vllm"])
+    return {
+        SweepRun: world.run(status="succeeded"),
+        TuningRun: _tune(world, status="succeeded"),
+        EngineAction: EngineAction.objects.create(
+            deployment=world.deployment, kind="restart", recipe=recipe, status="failed"
+        ),
+    }
+
+
+def test_every_handler_and_reaper_the_apps_add_runs_on_a_finished_job_of_its_kind(world):
+    finished = _finished_jobs(world)
+    for model, job in finished.items():
+        handlers = jobs.finished_handlers(model)
+        assert handlers
+        for handler in handlers:
+            # what it returns is the task's answer: plain JSON
+            json.dumps(handler(job))
+    now = timezone.now()
+    assert {name: reaper(now=now) for name, reaper in jobs.stale_reapers().items()} == {
+        "runs resent": 0,
+        "runs": 0,
+        "tunes": 0,
+        "actions": 0,
+    }
+
+
+def test_a_handler_of_one_kind_is_never_called_for_another(world, monkeypatch):
+    told = []
+
+    def telling(model, handler):
+        def tell(job):
+            told.append((handler, model, type(job)))
+
+        return tell
+
+    registered = {
+        label: [(step, name, telling(label, handler)) for step, name, handler in entries]
+        for label, entries in jobs._finished.items()
+    }
+    monkeypatch.setattr(jobs, "_finished", registered)
+
+    for job in _finished_jobs(world).values():
+        jobs.job_finished(job._meta.label_lower, job.pk)
+
+    called = {(handler, model) for handler, model, _ in told}
+    assert len(called) == len(told) == 7
+    assert {(model, kind._meta.label_lower) for _, model, kind in told} == {
+        ("runs.sweeprun", "runs.sweeprun"),
+        ("kernels.tuningrun", "kernels.tuningrun"),
+        ("engines.engineaction", "engines.engineaction"),
+    }
 
 
 # -- the staleness rule and the reaper ------------------------------------------------------------

@@ -140,7 +140,7 @@ def test_the_button_tunes_then_the_config_is_applied_restarted_and_re_swept(
 
     # the hook delivered again (a retry) starts no second action and leaves the item in progress
     again = jobs.job_finished.apply(args=["kernels.tuningrun", tuning.pk]).get()
-    assert again["moeops.engines.services.on_job_finished"] == str(action.uuid)
+    assert again["moeops.engines.services.on_tune_finished"] == str(action.uuid)
     assert EngineAction.objects.count() == 1
     world.item.refresh_from_db()
     assert world.item.status == "in_progress"

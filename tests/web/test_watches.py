@@ -261,10 +261,10 @@ def test_the_job_finished_hook_judges_a_watchs_run_after_its_analysis(watch):
     handled = jobs.job_finished("runs.sweeprun", run.pk)
     watch_run = WatchRun.objects.get(run=run)
     assert watch_run.verdict == "regressed"
-    assert handled["moeops.watches.services.on_job_finished"] == watch_run.pk
+    assert handled["moeops.watches.services.on_run_finished"] == watch_run.pk
     names = list(handled)
-    assert names.index("moeops.watches.services.on_job_finished") > names.index(
-        "moeops.insights.services.on_job_finished"
+    assert names.index("moeops.watches.services.on_run_finished") > names.index(
+        "moeops.insights.services.on_run_finished"
     )
 
 
