@@ -6,7 +6,7 @@ from django.db import models
 from django.db.models import Case, Value, When
 from markdown_it import MarkdownIt
 
-from moeops.insights.analysis import cap_change
+from moeops.insights.rules.load import cap_change
 from tuning.engines import ENGINE_TITLES
 
 FINDING_KINDS = (
@@ -164,7 +164,7 @@ class PlanItem(models.Model):
         return status == self.status or status in PLAN_MOVES.get(self.status, ())
 
     def cap_change(self):
-        """The analysis.CapChange this item proposes (its finding names the engine's cap), or
+        """The rules.load.CapChange this item proposes (its finding names the engine's cap), or
         None."""
         if self.finding is None:
             return None

@@ -9,7 +9,8 @@ the analysis' RULES:
 """
 
 from domain.engine_paths import EnginePaths, PathRow, capability_words
-from moeops.insights import analysis
+from moeops.insights.rules.evidence import _key
+from moeops.insights.rules.run_data import Proposal
 
 ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
 # What a path left off costs, said after "so" (the finding's sentence).
@@ -54,9 +55,9 @@ def path_not_enabled_here(data) -> list:
             f"Decided by the engine's own {where or 'function'}, evaluated for each capability."
         )
         proposals.append(
-            analysis.Proposal(
+            Proposal(
                 kind="other",
-                key=analysis._key("path-not-here", row.key, paths.capability),
+                key=_key("path-not-here", row.key, paths.capability),
                 severity="warning",
                 title=f"{_title(paths)} runs no {row.title} on compute capability "
                 f"{paths.capability}",
@@ -87,9 +88,9 @@ def path_fell_back(data) -> list:
         if line is None:
             continue
         proposals.append(
-            analysis.Proposal(
+            Proposal(
                 kind="other",
-                key=analysis._key("path-fell-back", row.key),
+                key=_key("path-fell-back", row.key),
                 severity="warning",
                 title=f"{row.title} fell back at start-up",
                 text=f"{row.reason[:1].upper()}{row.reason[1:]}. The engine's log at "
@@ -110,9 +111,9 @@ def moe_default_config(data) -> list:
     line = next((e for e in row.evidence if e.source == "log"), None)
     said = f" The engine's log at {line.at}: “{line.text}”" if line else ""
     return [
-        analysis.Proposal(
+        Proposal(
             kind="other",
-            key=analysis._key("path-moe-default-config"),
+            key=_key("path-moe-default-config"),
             severity="info",
             title="The MoE runs on the engine's default kernel config",
             text=f"{row.reason[:1].upper()}{row.reason[1:]}.{said} A tune of the fused-MoE "

@@ -17,6 +17,9 @@ from moeops.insights.models import (
     Note,
     PlanItem,
 )
+from moeops.insights.rules import run_data
+from moeops.insights.rules.load import client_cpu_percent
+from moeops.insights.rules.regression import comparable_key
 from moeops.jobs import ACTION_IN_FLIGHT
 from moeops.kernels.models import KernelConfig, config_of_file, kernel_source_of
 from moeops.runs import snapshots
@@ -422,7 +425,7 @@ def _plan_reorder(item, target):
             item.position = position
 
 
-def _gather(run, deployment) -> analysis.RunData:
+def _gather(run, deployment) -> run_data.RunData:
     """The run's rows and the deployment's state as plain values for the rules."""
     used = list(deployment.gpus.all())
     gpus = used or list(deployment.host.gpus.all())
@@ -435,14 +438,14 @@ def _gather(run, deployment) -> analysis.RunData:
         ).only("device_name", "E", "N", "dtype", "block_shape")
     }
     engine = _engine(run, deployment)
-    return analysis.RunData(
+    return run_data.RunData(
         run_label=run.display_label(),
         parameters=run.parameters or {},
         levels=_levels(run),
         telemetry_status=run.telemetry_status,
         telemetry_detail=run.telemetry_detail,
         gpu_samples=[
-            analysis.GpuSample(*row)
+            run_data.GpuSample(*row)
             for row in run.samples_of_stored_attempts(run.telemetry)
             .order_by("ts")
             .values_list(
@@ -450,7 +453,7 @@ def _gather(run, deployment) -> analysis.RunData:
             )
         ],
         engine_samples=[
-            analysis.EngineSample(*row)
+            run_data.EngineSample(*row)
             for row in run.samples_of_stored_attempts(run.engine_samples)
             .order_by("ts")
             .values_list("ts", "level_concurrency", "running", "queued", "kv_cache_usage")
@@ -463,7 +466,7 @@ def _gather(run, deployment) -> analysis.RunData:
         # as the run recorded it: a deployment edited since does not change what it ran under
         max_running_requests=run.recorded_running_cap(),
         launch=_launch(run, deployment),
-        gpus=[analysis.Gpu(g.index, g.name, g.compute_capability, g.power_limit_w) for g in gpus],
+        gpus=[run_data.Gpu(g.index, g.name, g.compute_capability, g.power_limit_w) for g in gpus],
         used_gpu_indexes=[g.index for g in used] or None,
         moe_shape=deployment.moe_shape(),
         quantization=deployment.weight_quantization,
@@ -477,7 +480,7 @@ def _gather(run, deployment) -> analysis.RunData:
         profiles=[p.body() for p in run.profiles.filter(status="captured").shown()],
         engine_paths=run.recorded().engine_paths,
         rules=[
-            analysis.Rule(
+            run_data.Rule(
                 id=rule.pk,
                 name=rule.name,
                 finding_text=rule.finding_text,
@@ -529,7 +532,7 @@ def _tuned_file(snapshot, engine):
     )
     if config is None:
         return None
-    return analysis.TunedFile(
+    return run_data.TunedFile(
         config_id=config.pk,
         name=str(config),
         kernel_engine=config.kernel_engine,
@@ -547,7 +550,7 @@ def _newest_run_tuned(deployment):
 def _topology(snapshot):
     if snapshot is None:
         return None
-    return analysis.Topology(
+    return run_data.Topology(
         virtualization=snapshot.virtualization,
         technology=snapshot.virtualization_technology,
         layers=snapshot.virtualization_layers,
@@ -560,7 +563,7 @@ def _topology(snapshot):
 
 def _levels(run):
     return [
-        analysis.Level(
+        run_data.Level(
             concurrency=level.concurrency,
             output_throughput=level.output_throughput,
             request_rate=level.request_rate,
@@ -568,9 +571,7 @@ def _levels(run):
             requests=None if level.completed is None else level.completed + level.failed,
             started_at=level.started_at,
             finished_at=level.finished_at,
-            client_cpu_percent=analysis.client_cpu_percent(
-                level.raw, level.started_at, level.finished_at
-            ),
+            client_cpu_percent=client_cpu_percent(level.raw, level.started_at, level.finished_at),
             completed=level.completed,
             failed=level.failed,
             all_failed_with=level.all_failed_with(),
@@ -587,7 +588,7 @@ def _levels(run):
 
 def _previous_comparable(run):
     """The deployment's newest succeeded run before this one with the same comparable key."""
-    key = analysis.comparable_key(run.parameters or {})
+    key = comparable_key(run.parameters or {})
     if key is None:
         return None
     earlier = (
@@ -598,9 +599,9 @@ def _previous_comparable(run):
         .only("id", "uuid", "label", "parameters", "snapshot", "created")[:PREVIOUS_RUNS_SCANNED]
     )
     for candidate in earlier:
-        if analysis.comparable_key(candidate.parameters or {}) == key:
+        if comparable_key(candidate.parameters or {}) == key:
             diff = snapshots.snapshot_diff(candidate.snapshot, run.snapshot)
-            return analysis.PreviousRun(
+            return run_data.PreviousRun(
                 id=candidate.pk,
                 uuid=str(candidate.uuid),
                 label=candidate.label,

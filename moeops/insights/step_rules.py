@@ -10,7 +10,8 @@ analysis.analyze() applies these after its own RULES.
 """
 
 from domain.step_breakdown import CLASSES, top_names, unfused_all_reduce
-from moeops.insights import analysis
+from moeops.insights.rules.evidence import _key
+from moeops.insights.rules.run_data import Proposal, RunData
 
 # Host-bound: the GPUs idle at least this share of a decode step between kernels. A decode step
 # of 20,000 µs whose kernels leave 4,400 µs of gaps is 22 % idle: the CPU side (scheduling,
@@ -76,7 +77,7 @@ def _evidence(profile, breakdown, threshold, **extra):
     }
 
 
-def host_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
+def host_bound(data: RunData) -> list[Proposal]:
     """The GPUs idle between kernels for HOST_BOUND_IDLE or more of a decode step. Only from GPU
     traces: a CPU trace's gaps are not the GPUs'."""
     proposals = []
@@ -86,9 +87,9 @@ def host_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
             continue
         where, pct = _level_words(profile), _percent(idle)
         proposals.append(
-            analysis.Proposal(
+            Proposal(
                 kind="other",
-                key=analysis._key("step-host-bound", profile.concurrency, profile.request_rate),
+                key=_key("step-host-bound", profile.concurrency, profile.request_rate),
                 severity="warning",
                 title=f"Host-bound at {where}: the GPUs idle {pct} of a decode step",
                 text=(
@@ -103,7 +104,7 @@ def host_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
     return proposals
 
 
-def communication_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
+def communication_bound(data: RunData) -> list[Proposal]:
     """Collectives take COMMUNICATION_BOUND or more of a decode step; where the top names show
     an all-reduce and a separate RMSNorm kernel, the fused all-reduce + norm is not running."""
     proposals = []
@@ -123,9 +124,9 @@ def communication_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
             )
             plan = [f"Run the fused all-reduce + RMSNorm (vLLM's fuse_allreduce_rms) at {where}"]
         proposals.append(
-            analysis.Proposal(
+            Proposal(
                 kind="other",
-                key=analysis._key("step-communication", profile.concurrency, profile.request_rate),
+                key=_key("step-communication", profile.concurrency, profile.request_rate),
                 severity="warning",
                 title=f"Communication takes {pct} of a decode step at {where}",
                 text=text,
@@ -142,7 +143,7 @@ def communication_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
     return proposals
 
 
-def moe_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
+def moe_bound(data: RunData) -> list[Proposal]:
     """The expert kernels take MOE_BOUND or more of a decode step: a tune of the fused-MoE kernel
     (the deployment page's Tune MoE kernel) can win at most that share."""
     proposals = []
@@ -152,9 +153,9 @@ def moe_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
             continue
         where, pct = _level_words(profile), _percent(share)
         proposals.append(
-            analysis.Proposal(
+            Proposal(
                 kind="other",
-                key=analysis._key("step-moe", profile.concurrency, profile.request_rate),
+                key=_key("step-moe", profile.concurrency, profile.request_rate),
                 severity="info",
                 title=f"The MoE kernels take {pct} of a decode step at {where}",
                 text=(
@@ -171,7 +172,7 @@ def moe_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
     return proposals
 
 
-def attention_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
+def attention_bound(data: RunData) -> list[Proposal]:
     """Attention takes ATTENTION_BOUND or more of a decode step; the contexts (input + output
     tokens of the sweep's requests) go in the evidence."""
     proposals = []
@@ -185,9 +186,9 @@ def attention_bound(data: "analysis.RunData") -> list["analysis.Proposal"]:
         where, pct = _level_words(profile), _percent(share)
         contexts = f" with contexts of up to {context:,} tokens" if context else ""
         proposals.append(
-            analysis.Proposal(
+            Proposal(
                 kind="other",
-                key=analysis._key("step-attention", profile.concurrency, profile.request_rate),
+                key=_key("step-attention", profile.concurrency, profile.request_rate),
                 severity="info",
                 title=f"Attention takes {pct} of a decode step at {where}",
                 text=(

@@ -1,8 +1,8 @@
 """Findings from the engine's own counters: a token count off the client's by more than 2 %,
 and a prefix cache near zero on a shared-prefix workload."""
 
-from moeops.insights import analysis
-from moeops.insights.analysis import Level, RunData
+from moeops.insights.rules import engine as engine_rules
+from moeops.insights.rules.run_data import Level, RunData
 
 # a run's `workload` parameter as run_start stores it (Workload.run_parameter)
 SHARED_PREFIX = {
@@ -28,7 +28,7 @@ def test_a_generation_count_off_by_more_than_2_percent_is_a_finding():
         ],
     )
 
-    [finding] = analysis.engine_token_counts(data)
+    [finding] = engine_rules.engine_token_counts(data)
 
     assert (finding.kind, finding.key) == ("engine_tokens", "generation")
     assert finding.title == (
@@ -46,7 +46,7 @@ def test_counts_within_2_percent_or_unread_are_no_finding():
         ]
     )
 
-    assert analysis.engine_token_counts(data) == []
+    assert engine_rules.engine_token_counts(data) == []
 
 
 def test_a_cold_prefix_cache_on_a_shared_prefix_workload_is_a_finding():
@@ -59,7 +59,7 @@ def test_a_cold_prefix_cache_on_a_shared_prefix_workload_is_a_finding():
         ],
     )
 
-    [finding] = analysis.cold_prefix_cache(data)
+    [finding] = engine_rules.cold_prefix_cache(data)
 
     assert (finding.kind, finding.key) == ("prefix_cache", "cold")
     assert finding.title == (
@@ -73,9 +73,9 @@ def test_a_cold_prefix_cache_on_a_shared_prefix_workload_is_a_finding():
 def test_a_cold_prefix_cache_on_random_prompts_is_what_they_should_get():
     levels = [_level(4, engine="vllm", prefix_cache_hit_rate=0.0)]
 
-    assert analysis.cold_prefix_cache(RunData(levels=levels)) == []
+    assert engine_rules.cold_prefix_cache(RunData(levels=levels)) == []
     assert (
-        analysis.cold_prefix_cache(
+        engine_rules.cold_prefix_cache(
             RunData(parameters={"workload": {**SHARED_PREFIX, "kind": "random"}}, levels=levels)
         )
         == []
@@ -91,7 +91,7 @@ def test_a_rate_level_is_named_by_its_rate_and_cap():
     )
     data = RunData(parameters={"workload": SHARED_PREFIX}, levels=[level])
 
-    [finding] = analysis.cold_prefix_cache(data)
+    [finding] = engine_rules.cold_prefix_cache(data)
 
     assert finding.title.endswith("at 8 req/s (concurrency 16)")
     assert "radix cache" in finding.plan[0]
@@ -102,7 +102,7 @@ def test_a_prefix_shorter_than_the_engines_kv_block_is_named_as_the_cause():
     levels = [_level(4, engine="vllm", prefix_cache_hit_rate=0.0)]
     observed = {"engine": "vllm", "args": {"cache_config.block_size": 128}}
 
-    [finding] = analysis.cold_prefix_cache(
+    [finding] = engine_rules.cold_prefix_cache(
         RunData(engine="vllm", parameters={"workload": short}, levels=levels, observed=observed)
     )
 
@@ -120,5 +120,5 @@ def test_a_prefix_shorter_than_the_engines_kv_block_is_named_as_the_cause():
             levels=levels,
             observed={"engine": "vllm", "args": args},
         )
-        [finding] = analysis.cold_prefix_cache(data)
+        [finding] = engine_rules.cold_prefix_cache(data)
         assert finding.plan[0].startswith("Turn on --enable-prefix-caching")

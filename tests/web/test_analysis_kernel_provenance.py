@@ -10,9 +10,10 @@ from django.utils import timezone
 
 from moeops.examples.h200_tune import load_h200_tune
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
-from moeops.insights import analysis, services
-from moeops.insights.analysis import PreviousRun, RunData, TunedFile
+from moeops.insights import services
 from moeops.insights.models import Finding
+from moeops.insights.rules import kernels as kernel_rules
+from moeops.insights.rules.run_data import PreviousRun, RunData, TunedFile
 from moeops.kernels.models import TuningRun
 from moeops.runs import snapshots
 from moeops.runs.models import LevelResult, SweepRun, level_key
@@ -39,17 +40,17 @@ def serving(version, **fields):
 
 
 def test_a_file_tuned_on_the_version_that_serves_raises_nothing():
-    assert analysis.kernel_provenance(serving("0.33.0", tuned_file=tuned_033())) == []
+    assert kernel_rules.kernel_provenance(serving("0.33.0", tuned_file=tuned_033())) == []
 
 
 def test_another_version_with_the_same_kernel_source_raises_nothing():
     data = serving("0.33.1", tuned_file=tuned_033(), serving_kernel_sha256=KERNEL_033)
 
-    assert analysis.kernel_provenance(data) == []
+    assert kernel_rules.kernel_provenance(data) == []
 
 
 def test_another_version_raises_the_finding_and_the_re_tune():
-    [p] = analysis.kernel_provenance(serving("0.34.0", tuned_file=tuned_033()))
+    [p] = kernel_rules.kernel_provenance(serving("0.34.0", tuned_file=tuned_033()))
 
     assert p.kind == "kernel_provenance" and p.severity == "warning"
     assert p.text.startswith(
@@ -68,12 +69,12 @@ def test_another_version_raises_the_finding_and_the_re_tune():
 def test_another_version_whose_kernel_source_differs_raises_the_finding():
     data = serving("0.34.0", tuned_file=tuned_033(), serving_kernel_sha256=KERNEL_034)
 
-    [p] = analysis.kernel_provenance(data)
+    [p] = kernel_rules.kernel_provenance(data)
     assert p.evidence["serving"]["kernel_source_sha256"] == KERNEL_034
 
 
 def test_no_tuned_file_in_effect_raises_nothing():
-    assert analysis.kernel_provenance(serving("0.34.0")) == []
+    assert kernel_rules.kernel_provenance(serving("0.34.0")) == []
 
 
 def test_a_file_tuned_in_another_engine_s_kernel_gets_that_finding_not_this_one():
@@ -85,7 +86,7 @@ def test_a_file_tuned_in_another_engine_s_kernel_gets_that_finding_not_this_one(
         config_id=3, name="E=8,N=64.json v1", kernel_engine="sglang", untimed=untimed
     )
 
-    [p] = analysis.kernel_provenance(serving("0.34.0", tuned_file=sglang_file))
+    [p] = kernel_rules.kernel_provenance(serving("0.34.0", tuned_file=sglang_file))
     assert p.key.startswith("other-engine") and untimed in p.text
     assert "tuned for" not in p.text
 
@@ -96,7 +97,7 @@ def test_an_engine_version_change_under_the_same_tuned_file_raises_the_re_tune()
         id=1, uuid="0" * 32, label="before the upgrade", levels=(), engine_moved=moved
     )
 
-    [p] = analysis.kernel_provenance(serving("0.34.0", previous=before))
+    [p] = kernel_rules.kernel_provenance(serving("0.34.0", previous=before))
     assert p.key == "engine-moved:0.33.0:0.34.0"
     assert p.plan == ["Tune for vLLM 0.34.0 and re-sweep"]
     assert "before the upgrade ran vLLM 0.33.0 with the same tuned kernel file" in p.text
@@ -120,7 +121,7 @@ def test_an_engine_version_change_under_another_file_or_the_same_version_is_no_m
     assert snapshots.engine_moved(snap("0.34.0"), snap("0.34.0")) is None
     shipped = {**snap("0.33.0"), "kernel_config": {**tuned, "shipped": True}}
     assert snapshots.engine_moved(shipped, snap("0.34.0")) is None
-    assert analysis.kernel_provenance(serving("0.34.0", previous=None)) == []
+    assert kernel_rules.kernel_provenance(serving("0.34.0", previous=None)) == []
 
 
 # -- on the database -------------------------------------------------------------------------

@@ -3,7 +3,13 @@
 import pytest
 
 from moeops.insights import analysis
-from moeops.insights.analysis import (
+from moeops.insights.rules import engine as engine_rules
+from moeops.insights.rules import evidence
+from moeops.insights.rules import gpus as gpu_rules
+from moeops.insights.rules import kernels as kernel_rules
+from moeops.insights.rules import load as load_rules
+from moeops.insights.rules import regression as regression_rules
+from moeops.insights.rules.run_data import (
     EngineSample,
     Gpu,
     GpuSample,
@@ -45,7 +51,7 @@ def only(proposals, kind):
 
 
 def test_plateau_fires_on_the_write_up_curve():
-    [p] = analysis.plateau(RunData(levels=write_up_levels()))
+    [p] = load_rules.plateau(RunData(levels=write_up_levels()))
 
     assert p.kind == "plateau" and p.severity == "warning"
     assert p.evidence["plateau_at"] == 128
@@ -61,8 +67,8 @@ def test_plateau_fires_on_the_write_up_curve():
 
 def test_a_plateau_at_the_engines_cap_says_so_and_proposes_the_queue_caps_change():
     data = RunData(levels=write_up_levels(), max_running_requests=64, engine="sglang")
-    [plateau] = analysis.plateau(data)
-    [queueing] = analysis.queueing(data)
+    [plateau] = load_rules.plateau(data)
+    [queueing] = load_rules.queueing(data)
 
     assert plateau.title.endswith(", at the engine's cap (--max-running-requests 64)")
     assert "starts at or above the engine's running-request cap" in plateau.text
@@ -76,21 +82,21 @@ def test_a_plateau_at_the_engines_cap_says_so_and_proposes_the_queue_caps_change
 def test_a_plateau_at_the_stand_in_s_reported_cap_carries_the_cap_its_plan_item_changes():
     levels = [Level(4, 400.0), Level(8, 790.0), Level(16, 800.0), Level(32, 805.0)]
     observed = {"engine": "standin", "max_running_requests": 8}
-    [p] = analysis.plateau(RunData(levels=levels, engine="standin", observed=observed))
+    [p] = load_rules.plateau(RunData(levels=levels, engine="standin", observed=observed))
 
     assert p.evidence["cap"] == 8 and p.evidence["flag"] == "--max-running-requests"
     assert p.evidence["tested_concurrency"] == 32
     # the plan item's change, read from its finding as the page reads it: raise to 32
-    assert analysis.cap_change(p.plan[0], "plateau", p.evidence) == analysis.CapChange(
+    assert load_rules.cap_change(p.plan[0], "plateau", p.evidence) == load_rules.CapChange(
         "--max-running-requests", 8, 32
     )
     # the plateau's other items change no cap
-    assert analysis.cap_change(p.plan[-1], "plateau", p.evidence) is None
+    assert load_rules.cap_change(p.plan[-1], "plateau", p.evidence) is None
 
 
 def test_a_plateau_below_the_cap_proposes_no_cap_change():
     levels = [Level(32, 400.0), Level(64, 410.0), Level(128, 420.0)]
-    [p] = analysis.plateau(RunData(levels=levels, max_running_requests=256, engine="vllm"))
+    [p] = load_rules.plateau(RunData(levels=levels, max_running_requests=256, engine="vllm"))
 
     assert "cap" not in p.title
     assert p.evidence["at_running_cap"] is False
@@ -100,25 +106,25 @@ def test_a_plateau_below_the_cap_proposes_no_cap_change():
 def test_a_level_the_sweep_stopped_inside_is_left_out_of_the_curve():
     levels = [Level(32, 400.0), Level(64, 800.0), Level(128, 810.0, partial=True)]
 
-    assert analysis.plateau(RunData(levels=levels)) == []
+    assert load_rules.plateau(RunData(levels=levels)) == []
 
 
 def test_plateau_holds_back_on_a_curve_that_keeps_scaling():
     levels = [Level(32, 400.0), Level(64, 700.0), Level(128, 1200.0), Level(256, 2000.0)]
 
-    assert analysis.plateau(RunData(levels=levels)) == []
+    assert load_rules.plateau(RunData(levels=levels)) == []
 
 
 def test_plateau_ignores_a_flat_step_the_curve_recovers_from():
     levels = [Level(32, 400.0), Level(64, 410.0), Level(128, 900.0), Level(256, 1600.0)]
 
-    assert analysis.plateau(RunData(levels=levels)) == []
+    assert load_rules.plateau(RunData(levels=levels)) == []
 
 
 def test_plateau_on_the_last_step_only_proposes_sweeping_higher():
     levels = [Level(64, 400.0), Level(128, 700.0), Level(256, 720.0)]
 
-    [p] = analysis.plateau(RunData(levels=levels))
+    [p] = load_rules.plateau(RunData(levels=levels))
 
     assert p.evidence["plateau_at"] == 128
     assert p.plan[0] == "Sweep above concurrency 256 to confirm the plateau"
@@ -126,15 +132,15 @@ def test_plateau_on_the_last_step_only_proposes_sweeping_higher():
 
 def test_plateau_normalizes_a_quadrupling_step_to_doublings():
     # +21% over 4× concurrency is +10% per doubling: not flat; +15% over 4× is flat
-    assert analysis.plateau(RunData(levels=[Level(128, 1000.0), Level(512, 1220.0)])) == []
-    [p] = analysis.plateau(RunData(levels=[Level(128, 1000.0), Level(512, 1150.0)]))
+    assert load_rules.plateau(RunData(levels=[Level(128, 1000.0), Level(512, 1220.0)])) == []
+    [p] = load_rules.plateau(RunData(levels=[Level(128, 1000.0), Level(512, 1150.0)]))
     assert p.evidence["plateau_at"] == 128
 
 
 def test_a_plateau_whose_throughput_falls_says_it_falls():
     levels = [Level(64, 800.0), Level(128, 1000.0), Level(256, 982.0)]
 
-    [p] = analysis.plateau(RunData(levels=levels))
+    [p] = load_rules.plateau(RunData(levels=levels))
 
     assert "Output throughput falls 1.8% per doubling of concurrency after 128" in p.text
     assert "grows" not in p.text
@@ -153,7 +159,7 @@ def test_a_small_rise_beyond_the_noise_of_rounds_is_no_plateau():
         Level(256, 1080.0, **_rounds(1070.0, 1080.0, 1090.0)),
     ]
 
-    assert analysis.plateau(RunData(levels=levels)) == []
+    assert load_rules.plateau(RunData(levels=levels)) == []
 
 
 def test_a_small_rise_within_the_noise_of_rounds_is_a_plateau():
@@ -163,7 +169,7 @@ def test_a_small_rise_within_the_noise_of_rounds_is_a_plateau():
         Level(512, 1100.0, **_rounds(1000.0, 1100.0, 1200.0)),
     ]
 
-    [p] = analysis.plateau(RunData(levels=levels))
+    [p] = load_rules.plateau(RunData(levels=levels))
 
     assert p.evidence["plateau_at"] == 128
     assert p.evidence["within_noise"] == [True, True]
@@ -171,9 +177,9 @@ def test_a_small_rise_within_the_noise_of_rounds_is_a_plateau():
 
 
 def test_plateau_needs_two_levels_with_concurrency():
-    assert analysis.plateau(RunData(levels=[Level(128, 806.0)])) == []
-    assert analysis.plateau(RunData(levels=[Level(None, 800.0), Level(None, 5800.0)])) == []
-    assert analysis.plateau(RunData(levels=[Level(128, 806.0), Level(256, None)])) == []
+    assert load_rules.plateau(RunData(levels=[Level(128, 806.0)])) == []
+    assert load_rules.plateau(RunData(levels=[Level(None, 800.0), Level(None, 5800.0)])) == []
+    assert load_rules.plateau(RunData(levels=[Level(128, 806.0), Level(256, None)])) == []
 
 
 # -- idle GPUs -------------------------------------------------------------------------------
@@ -189,7 +195,7 @@ def timed_levels():
 def test_idle_gpus_fires_on_samples_inside_level_windows():
     samples = [GpuSample(i, ts, None, 3.0, 90.0, 600.0) for i in range(2) for ts in (150, 250)]
 
-    [p] = analysis.idle_gpus(
+    [p] = gpu_rules.idle_gpus(
         RunData(levels=timed_levels(), telemetry_status="recorded", gpu_samples=samples)
     )
 
@@ -210,7 +216,7 @@ def test_idle_gpus_counts_only_samples_while_requests_are_outstanding():
     ]
 
     assert (
-        analysis.idle_gpus(
+        gpu_rules.idle_gpus(
             RunData(levels=timed_levels(), telemetry_status="recorded", gpu_samples=samples)
         )
         == []
@@ -230,9 +236,9 @@ def test_idle_gpus_uses_level_tags_and_the_deployments_own_gpus():
         used_gpu_indexes=[0, 1],
     )
 
-    assert analysis.idle_gpus(data) == []
+    assert gpu_rules.idle_gpus(data) == []
     data.used_gpu_indexes = None
-    assert analysis.idle_gpus(data) == []  # mean of 97% and 0% is not idle
+    assert gpu_rules.idle_gpus(data) == []  # mean of 97% and 0% is not idle
 
 
 def test_idle_gpus_falls_back_to_power_when_no_utilization_is_recorded():
@@ -244,7 +250,7 @@ def test_idle_gpus_falls_back_to_power_when_no_utilization_is_recorded():
         gpus=eight_gpus(),
     )
 
-    [p] = analysis.idle_gpus(data)
+    [p] = gpu_rules.idle_gpus(data)
 
     assert p.evidence["mean_gpu_util_percent"] is None
     assert p.evidence["power_fraction"] == pytest.approx(85 / 600, abs=1e-4)
@@ -253,7 +259,7 @@ def test_idle_gpus_falls_back_to_power_when_no_utilization_is_recorded():
 def test_idle_gpus_on_untimed_readings_is_only_info():
     samples = [GpuSample(i, 1.0, None, 0.0, 85.0, 600.0) for i in range(8)]
 
-    [p] = analysis.idle_gpus(
+    [p] = gpu_rules.idle_gpus(
         RunData(levels=write_up_levels(), telemetry_status="recorded", gpu_samples=samples)
     )
 
@@ -269,11 +275,11 @@ def test_idle_gpus_reads_power_only_against_a_known_limit():
     samples = [GpuSample(0, 1.0, 64, None, 85.0, 600.0), GpuSample(1, 1.0, 64, None, 30.0, None)]
     data = RunData(levels=[Level(64, 500.0)], telemetry_status="recorded", gpu_samples=samples)
 
-    [p] = analysis.idle_gpus(data)
+    [p] = gpu_rules.idle_gpus(data)
     assert (p.evidence["mean_power_w"], p.evidence["mean_power_limit_w"]) == (85.0, 600.0)
 
     data.gpu_samples = samples[1:]
-    [p] = analysis.idle_gpus(data)
+    [p] = gpu_rules.idle_gpus(data)
     assert p.key == "no-gpu-evidence"
 
 
@@ -281,7 +287,7 @@ def test_idle_gpus_reads_power_only_against_a_known_limit():
 def test_no_telemetry_means_no_gpu_evidence_never_idle(status):
     samples = [GpuSample(0, 1.0, 64, 0.0, 80.0, 600.0)]
 
-    [p] = analysis.idle_gpus(
+    [p] = gpu_rules.idle_gpus(
         RunData(levels=[Level(64, 500.0)], telemetry_status=status, gpu_samples=samples)
     )
 
@@ -292,7 +298,7 @@ def test_no_telemetry_means_no_gpu_evidence_never_idle(status):
 def test_no_samples_inside_any_window_means_no_gpu_evidence():
     samples = [GpuSample(0, 999.0, None, 0.0, 80.0, 600.0)]
 
-    [p] = analysis.idle_gpus(
+    [p] = gpu_rules.idle_gpus(
         RunData(levels=timed_levels(), telemetry_status="recorded", gpu_samples=samples)
     )
 
@@ -300,7 +306,7 @@ def test_no_samples_inside_any_window_means_no_gpu_evidence():
 
 
 def test_idle_gpus_says_nothing_about_a_run_without_levels():
-    assert analysis.idle_gpus(RunData(telemetry_status="unavailable")) == []
+    assert gpu_rules.idle_gpus(RunData(telemetry_status="unavailable")) == []
 
 
 # -- queueing --------------------------------------------------------------------------------
@@ -314,7 +320,7 @@ def test_queueing_fires_when_the_engine_queues_at_its_cap():
         EngineSample(3.0, 128, 63, 60),
     ]
 
-    [p] = analysis.queueing(
+    [p] = load_rules.queueing(
         RunData(levels=levels, engine_samples=engine, max_running_requests=64, engine="sglang")
     )
 
@@ -330,7 +336,7 @@ def test_queueing_holds_back_when_the_queue_is_not_behind_the_cap():
     engine = [EngineSample(1.0, 128, 40, 10), EngineSample(2.0, 128, 64, 0)]
 
     assert (
-        analysis.queueing(RunData(levels=levels, engine_samples=engine, max_running_requests=64))
+        load_rules.queueing(RunData(levels=levels, engine_samples=engine, max_running_requests=64))
         == []
     )
 
@@ -341,7 +347,7 @@ def test_queueing_below_the_cap_with_the_kv_cache_to_spare_is_still_the_cap():
     # running with 4 waiting until the next step; the KV cache is nearly empty
     engine = [EngineSample(1.0, 8, 3, 4, 0.02), EngineSample(2.0, 8, 0, 5, 0.0)]
 
-    [p] = analysis.queueing(
+    [p] = load_rules.queueing(
         RunData(levels=levels, engine_samples=engine, max_running_requests=4, engine="vllm")
     )
 
@@ -349,7 +355,7 @@ def test_queueing_below_the_cap_with_the_kv_cache_to_spare_is_still_the_cap():
     # the same queue with the cache full is the cache's
     engine = [EngineSample(1.0, 8, 3, 4, 0.97)]
     assert (
-        analysis.queueing(
+        load_rules.queueing(
             RunData(levels=levels, engine_samples=engine, max_running_requests=4, engine="vllm")
         )
         == []
@@ -361,7 +367,7 @@ def test_queueing_falls_back_on_the_configuration_when_the_samples_never_show_a_
     # the gauges read 0 between steps (vLLM 0.32 on CPU): offered 8 against a cap of 4
     engine = [EngineSample(1.0, 8, 0, 0), EngineSample(2.0, 8, 2, 0)]
 
-    [p] = analysis.queueing(
+    [p] = load_rules.queueing(
         RunData(levels=levels, engine_samples=engine, max_running_requests=4, engine="vllm")
     )
 
@@ -382,12 +388,12 @@ def test_queueing_prefers_the_cap_the_server_reported():
         engine="vllm",
     )
 
-    assert analysis.queueing(data) == []
+    assert load_rules.queueing(data) == []
     data.observed = {
         "max_running_requests": 128,
         "max_running_requests_source": "/server_info scheduler_config.max_num_seqs",
     }
-    [p] = analysis.queueing(data)
+    [p] = load_rules.queueing(data)
     assert p.evidence["cap_source"] == (
         "reported by the engine (/server_info scheduler_config.max_num_seqs)"
     )
@@ -395,18 +401,18 @@ def test_queueing_prefers_the_cap_the_server_reported():
 
 
 def test_queueing_without_engine_samples_is_info_from_the_configuration():
-    [p] = analysis.queueing(RunData(levels=write_up_levels(), max_running_requests=64))
+    [p] = load_rules.queueing(RunData(levels=write_up_levels(), max_running_requests=64))
 
     assert (p.severity, p.evidence["basis"]) == ("info", "configuration")
     assert p.evidence["levels_above_cap"] == [128, 256, 512]
 
 
 def test_queueing_needs_a_cap_and_load_above_it():
-    assert analysis.queueing(RunData(levels=write_up_levels())) == []
-    assert analysis.queueing(RunData(levels=write_up_levels(), max_running_requests=1024)) == []
+    assert load_rules.queueing(RunData(levels=write_up_levels())) == []
+    assert load_rules.queueing(RunData(levels=write_up_levels(), max_running_requests=1024)) == []
     # the client offered only 60 at once: nothing queued behind a cap of 64
     levels = [Level(128, 600.0, max_concurrent_requests=60)]
-    assert analysis.queueing(RunData(levels=levels, max_running_requests=64)) == []
+    assert load_rules.queueing(RunData(levels=levels, max_running_requests=64)) == []
 
 
 # -- no tuned kernel -------------------------------------------------------------------------
@@ -415,7 +421,7 @@ def test_queueing_needs_a_cap_and_load_above_it():
 def test_no_tuned_kernel_fires_with_the_shape_to_tune():
     data = RunData(gpus=eight_gpus("NVIDIA H200", "9.0"), moe_shape=GLM5_TP8_SHAPE, tp=8)
 
-    [p] = analysis.no_tuned_kernel(data)
+    [p] = kernel_rules.no_tuned_kernel(data)
 
     assert (p.kind, p.scope) == ("no_tuned_kernel", "deployment")
     assert p.evidence["tune"] == {
@@ -437,14 +443,14 @@ def test_no_tuned_kernel_holds_back_when_a_config_is_on_record():
         kernel_configs={("NVIDIA_H200", 256, 256, "bf16", None)},
     )
 
-    assert analysis.no_tuned_kernel(data) == []
+    assert kernel_rules.no_tuned_kernel(data) == []
 
 
 def test_no_tuned_kernel_holds_back_when_the_newest_run_measured_a_tuned_file():
     # Kimi K2 after tuning (the write-up): the engine loaded a tuned file moeops does not hold
     data = RunData(gpus=eight_gpus("NVIDIA H200"), moe_shape=GLM5_TP8_SHAPE, newest_run_tuned=True)
 
-    assert analysis.no_tuned_kernel(data) == []
+    assert kernel_rules.no_tuned_kernel(data) == []
 
 
 def test_no_tuned_kernel_matches_fp8_by_block_shape():
@@ -457,28 +463,28 @@ def test_no_tuned_kernel_matches_fp8_by_block_shape():
         kernel_configs=per_tensor,
     )
 
-    [p] = analysis.no_tuned_kernel(data)
+    [p] = kernel_rules.no_tuned_kernel(data)
     assert p.evidence["tune"]["dtype"] == "fp8_w8a8"
     assert p.evidence["tune"]["block_shape"] == [128, 128]
 
     data.kernel_configs = per_tensor | {("NVIDIA H200", 256, 256, "fp8_w8a8", (128, 128))}
-    assert analysis.no_tuned_kernel(data) == []
+    assert kernel_rules.no_tuned_kernel(data) == []
 
 
 def test_fp4_weights_get_a_note_that_no_triton_config_applies():
     data = RunData(gpus=eight_gpus(), moe_shape=GLM5_TP8_SHAPE, quantization="nvfp4")
 
-    [p] = analysis.no_tuned_kernel(data)
+    [p] = kernel_rules.no_tuned_kernel(data)
 
     assert (p.kind, p.severity) == ("other", "info")
     assert "nvfp4" in p.title
 
 
 def test_no_tuned_kernel_needs_a_shape_a_gpu_and_a_known_dtype():
-    assert analysis.no_tuned_kernel(RunData(gpus=eight_gpus(), moe_shape=None)) == []
-    assert analysis.no_tuned_kernel(RunData(moe_shape=GLM5_TP8_SHAPE)) == []
+    assert kernel_rules.no_tuned_kernel(RunData(gpus=eight_gpus(), moe_shape=None)) == []
+    assert kernel_rules.no_tuned_kernel(RunData(moe_shape=GLM5_TP8_SHAPE)) == []
     data = RunData(gpus=eight_gpus(), moe_shape=GLM5_TP8_SHAPE, quantization="awq")
-    assert analysis.no_tuned_kernel(data) == []
+    assert kernel_rules.no_tuned_kernel(data) == []
 
 
 # -- topology --------------------------------------------------------------------------------
@@ -501,7 +507,7 @@ def test_topology_flags_gpus_used_together_without_p2p():
     }
     data = RunData(topology=Topology("container", "lxc", p2p=p2p), used_gpu_indexes=[0, 1, 3])
 
-    [p] = analysis.topology(data)
+    [p] = gpu_rules.topology(data)
 
     assert (p.kind, p.key, p.severity) == ("topology", "p2p", "warning")
     assert {tuple(f["pair"]) for f in p.evidence["failures"]} == {
@@ -517,7 +523,7 @@ def test_topology_ignores_p2p_failures_outside_the_gpus_used():
 
     data = RunData(topology=Topology("bare_metal", p2p=p2p), used_gpu_indexes=[0, 1])
 
-    assert analysis.topology(data) == []
+    assert gpu_rules.topology(data) == []
 
 
 def test_topology_reads_unknown_p2p_as_no_evidence():
@@ -526,7 +532,7 @@ def test_topology_reads_unknown_p2p_as_no_evidence():
         "read": matrix(GPUS4, lambda a, b: "unknown"),
     }
 
-    assert analysis.topology(RunData(topology=Topology(p2p=p2p), tp=4)) == []
+    assert gpu_rules.topology(RunData(topology=Topology(p2p=p2p), tp=4)) == []
 
 
 def test_topology_flags_sys_links_between_numa_nodes():
@@ -534,18 +540,18 @@ def test_topology_flags_sys_links_between_numa_nodes():
     affinity = [{"gpu": g, "cpu": "", "numa": "0" if i < 2 else "1"} for i, g in enumerate(GPUS4)]
     data = RunData(topology=Topology(links=links, affinity=affinity), tp=4)
 
-    [p] = analysis.topology(data)
+    [p] = gpu_rules.topology(data)
 
     assert (p.key, p.severity) == ("cross-numa", "warning")
     assert len(p.evidence["cross_numa_pairs"]) == 4
     assert p.evidence["gpu_numa"] == {"GPU0": "0", "GPU1": "0", "GPU2": "1", "GPU3": "1"}
 
     data.used_gpu_indexes = [0, 1]
-    assert analysis.topology(data) == []
+    assert gpu_rules.topology(data) == []
 
 
 def test_topology_notes_a_vm_pass_through():
-    [p] = analysis.topology(RunData(topology=Topology("vm", "kvm", gpus=[{"index": 0}])))
+    [p] = gpu_rules.topology(RunData(topology=Topology("vm", "kvm", gpus=[{"index": 0}])))
 
     assert (p.key, p.severity) == ("vm-passthrough", "info")
     assert "kvm" in p.title
@@ -553,15 +559,15 @@ def test_topology_notes_a_vm_pass_through():
 
 def test_a_vm_with_no_gpus_is_not_said_to_pass_gpus_through():
     # the stand-in's host: a cloud VM without a GPU, probed
-    assert analysis.topology(RunData(topology=Topology("vm", "kvm"))) == []
+    assert gpu_rules.topology(RunData(topology=Topology("vm", "kvm"))) == []
 
 
 def test_topology_skips_pair_checks_when_the_gpus_used_are_unknown():
     p2p = {"read": matrix(GPUS4, lambda a, b: "GNS")}
 
     # tp 2 on a 4-GPU host, no GPUs recorded: which pair it uses is not known
-    assert analysis.topology(RunData(topology=Topology(p2p=p2p), tp=2)) == []
-    assert analysis.topology(RunData(topology=None, tp=4)) == []
+    assert gpu_rules.topology(RunData(topology=Topology(p2p=p2p), tp=2)) == []
+    assert gpu_rules.topology(RunData(topology=None, tp=4)) == []
 
 
 # -- known incompatibilities -----------------------------------------------------------------
@@ -582,7 +588,7 @@ SM120_RULE = Rule(
 def test_incompatibility_fires_when_every_condition_holds():
     data = RunData(gpus=eight_gpus(), launch={"allreduce_fusion": True}, rules=[SM120_RULE])
 
-    [p] = analysis.incompatibilities(data)
+    [p] = engine_rules.incompatibilities(data)
 
     assert (p.kind, p.key, p.severity, p.note_id) == ("incompatibility", "rule-1", "critical", 7)
     assert p.evidence["matched"] == {"compute_capability": "12.0", "allreduce_fusion": True}
@@ -598,7 +604,9 @@ def test_incompatibility_fires_when_every_condition_holds():
     ],
 )
 def test_incompatibility_holds_back_when_a_condition_fails(gpus, launch):
-    assert analysis.incompatibilities(RunData(gpus=gpus, launch=launch, rules=[SM120_RULE])) == []
+    assert (
+        engine_rules.incompatibilities(RunData(gpus=gpus, launch=launch, rules=[SM120_RULE])) == []
+    )
 
 
 def test_incompatibility_reads_launch_args_flags_and_any_truthy_value():
@@ -607,15 +615,15 @@ def test_incompatibility_reads_launch_args_flags_and_any_truthy_value():
     )
     data = RunData(engine="sglang", launch={"enable_ep_moe": "1"}, rules=[rule])
 
-    assert len(analysis.incompatibilities(data)) == 1
+    assert len(engine_rules.incompatibilities(data)) == 1
     data.engine = "vllm"
-    assert analysis.incompatibilities(data) == []
+    assert engine_rules.incompatibilities(data) == []
 
 
 def test_a_rule_without_conditions_matches_nothing():
     rule = Rule(id=3, name="empty", finding_text="t")
 
-    assert analysis.incompatibilities(RunData(gpus=eight_gpus(), rules=[rule])) == []
+    assert engine_rules.incompatibilities(RunData(gpus=eight_gpus(), rules=[rule])) == []
 
 
 # -- regression ------------------------------------------------------------------------------
@@ -629,7 +637,7 @@ def test_a_drop_between_one_round_runs_is_only_a_possible_regression():
     before = [Level(128, 1000.0), Level(256, 1200.0)]
     now = [Level(128, 980.0), Level(256, 1000.0)]
 
-    [p] = analysis.regression(RunData(levels=now, previous=previous(before)))
+    [p] = regression_rules.regression(RunData(levels=now, previous=previous(before)))
 
     assert p.kind == "regression" and p.evidence["drop"] == [0.02, pytest.approx(0.1667, abs=1e-4)]
     assert p.severity == "info"
@@ -647,7 +655,7 @@ def test_regression_fires_when_the_intervals_do_not_overlap():
     before = [Level(128, 1234.0, **_rounds(1180.0, 1234.0, 1290.0))]
     now = [Level(128, 1050.0, **_rounds(1010.0, 1050.0, 1090.0))]
 
-    [p] = analysis.regression(RunData(levels=now, previous=previous(before)))
+    [p] = regression_rules.regression(RunData(levels=now, previous=previous(before)))
 
     assert p.severity == "warning"
     assert p.title == "Throughput 15% below before at concurrency 128"
@@ -666,13 +674,15 @@ def test_a_drop_of_the_medians_within_overlapping_intervals_is_no_regression():
     before = [Level(128, 1234.0, **_rounds(1000.0, 1234.0, 1470.0))]
     now = [Level(128, 1050.0, **_rounds(850.0, 1050.0, 1250.0))]
 
-    assert analysis.regression(RunData(levels=now, previous=previous(before))) == []
+    assert regression_rules.regression(RunData(levels=now, previous=previous(before))) == []
 
 
 def test_one_round_against_four_is_too_few_to_test_so_a_drop_is_only_possible():
     before = [Level(128, 1234.0, **_rounds(1000.0, 1234.0, 1470.0))]
 
-    [p] = analysis.regression(RunData(levels=[Level(128, 1050.0)], previous=previous(before)))
+    [p] = regression_rules.regression(
+        RunData(levels=[Level(128, 1050.0)], previous=previous(before))
+    )
     assert p.severity == "info" and p.title.startswith("Possible regression")
     assert "1,234 (1,000–1,470) in before to 1,050 in this run" in p.text
     assert (
@@ -691,7 +701,7 @@ def test_a_regression_beyond_the_noise_outranks_a_possible_one():
         Level(256, 600.0),
     ]
 
-    [p] = analysis.regression(RunData(levels=now, previous=previous(before)))
+    [p] = regression_rules.regression(RunData(levels=now, previous=previous(before)))
 
     assert p.severity == "warning" and p.title == "Throughput 15% below before at concurrency 128"
     assert p.evidence["verdict"] == ["beyond noise", "possible"]
@@ -700,55 +710,68 @@ def test_a_regression_beyond_the_noise_outranks_a_possible_one():
 def test_regression_holds_back_within_ten_percent_or_without_a_previous_run():
     before = [Level(128, 1000.0)]
 
-    assert analysis.regression(RunData(levels=[Level(128, 905.0)], previous=previous(before))) == []
-    assert analysis.regression(RunData(levels=[Level(128, 500.0)])) == []
+    assert (
+        regression_rules.regression(RunData(levels=[Level(128, 905.0)], previous=previous(before)))
+        == []
+    )
+    assert regression_rules.regression(RunData(levels=[Level(128, 500.0)])) == []
 
 
 def test_regression_leaves_out_levels_whose_every_request_failed():
     before = [Level(128, 1000.0, completed=100), Level(256, 0.0, completed=0, failed=100)]
     now = [Level(128, 0.0, completed=0, failed=100), Level(256, 1200.0, completed=100)]
 
-    assert analysis.regression(RunData(levels=now, previous=previous(before))) == []
+    assert regression_rules.regression(RunData(levels=now, previous=previous(before))) == []
 
 
 def test_runs_are_comparable_only_with_the_same_levels_and_lengths():
     base = {"levels": [128, 256], "input_len": 1024, "output_len": 1024}
 
-    assert analysis.comparable_key(base) == analysis.comparable_key({**base, "levels": [256, 128]})
-    assert analysis.comparable_key(base) != analysis.comparable_key({**base, "output_len": 512})
-    assert analysis.comparable_key({"levels": [128, 256]}) is None
-    assert analysis.comparable_key({}) is None
+    assert regression_rules.comparable_key(base) == regression_rules.comparable_key(
+        {**base, "levels": [256, 128]}
+    )
+    assert regression_rules.comparable_key(base) != regression_rules.comparable_key(
+        {**base, "output_len": 512}
+    )
+    assert regression_rules.comparable_key({"levels": [128, 256]}) is None
+    assert regression_rules.comparable_key({}) is None
 
 
 def test_runs_are_comparable_only_with_the_same_arrivals():
     base = {"levels": [64], "input_len": 1024, "output_len": 1024}
     rated = {**base, "request_rates": [8.0, 2]}
 
-    assert analysis.comparable_key(base) != analysis.comparable_key(rated)
-    assert analysis.comparable_key(rated) == analysis.comparable_key(
+    assert regression_rules.comparable_key(base) != regression_rules.comparable_key(rated)
+    assert regression_rules.comparable_key(rated) == regression_rules.comparable_key(
         {**base, "request_rates": [2, 8], "burstiness": 1}
     )
-    assert analysis.comparable_key({**base, "request_rate": 4}) == analysis.comparable_key(
-        {**base, "request_rates": [4.0]}
+    assert regression_rules.comparable_key(
+        {**base, "request_rate": 4}
+    ) == regression_rules.comparable_key({**base, "request_rates": [4.0]})
+    assert regression_rules.comparable_key(rated) != regression_rules.comparable_key(
+        {**rated, "burstiness": 0.5}
     )
-    assert analysis.comparable_key(rated) != analysis.comparable_key({**rated, "burstiness": 0.5})
-    assert analysis.comparable_key(rated) != analysis.comparable_key({**rated, "ramp_up_s": 30})
+    assert regression_rules.comparable_key(rated) != regression_rules.comparable_key(
+        {**rated, "ramp_up_s": 30}
+    )
 
 
 def test_runs_of_two_workloads_are_never_compared():
     base = {"levels": [128, 256], "input_len": 1024, "output_len": 1024}
     chats = {"id": 3, "name": "chats", "version": 1, "kind": "dataset", "sha256": "ab" * 32}
 
-    assert analysis.comparable_key(base) != analysis.comparable_key({**base, "workload": chats})
-    newer = {**chats, "id": 4, "version": 2, "sha256": "cd" * 32}
-    assert analysis.comparable_key({**base, "workload": chats}) != analysis.comparable_key(
-        {**base, "workload": newer}
+    assert regression_rules.comparable_key(base) != regression_rules.comparable_key(
+        {**base, "workload": chats}
     )
+    newer = {**chats, "id": 4, "version": 2, "sha256": "cd" * 32}
+    assert regression_rules.comparable_key(
+        {**base, "workload": chats}
+    ) != regression_rules.comparable_key({**base, "workload": newer})
     # the same workload version stored again (its spec in the run's parameters) compares
     same = {**chats, "spec": {"kind": "dataset", "output": None}}
-    assert analysis.comparable_key({**base, "workload": chats}) == analysis.comparable_key(
-        {**base, "workload": same}
-    )
+    assert regression_rules.comparable_key(
+        {**base, "workload": chats}
+    ) == regression_rules.comparable_key({**base, "workload": same})
 
 
 # -- client-bound ----------------------------------------------------------------------------
@@ -757,7 +780,7 @@ def test_runs_of_two_workloads_are_never_compared():
 def test_client_bound_fires_on_a_saturated_client_cpu():
     levels = [Level(64, 500.0, client_cpu_percent=40.0), Level(512, 600.0, client_cpu_percent=98.0)]
 
-    [p] = analysis.client_bound(RunData(levels=levels))
+    [p] = load_rules.client_bound(RunData(levels=levels))
 
     assert p.evidence["levels_cpu_saturated"] == [512]
     assert p.evidence["client_cpu_percent"] == [40.0, 98.0]
@@ -769,7 +792,7 @@ def test_client_bound_fires_when_achieved_concurrency_falls_short():
         Level(512, 600.0, max_concurrent_requests=300, requests=2000),
     ]
 
-    [p] = analysis.client_bound(RunData(levels=levels))
+    [p] = load_rules.client_bound(RunData(levels=levels))
 
     assert p.evidence["levels_below_target"] == [512]
     assert p.evidence["chart"]["series"][1]["y"] == [64, 300]
@@ -779,23 +802,23 @@ def test_client_bound_holds_back_when_the_level_sent_fewer_requests_than_its_con
     # 100 requests at concurrency 512 can never have 512 in flight
     levels = [Level(512, 600.0, max_concurrent_requests=100, requests=100)]
 
-    assert analysis.client_bound(RunData(levels=levels)) == []
+    assert load_rules.client_bound(RunData(levels=levels)) == []
 
 
 def test_client_cpu_comes_from_the_load_generator_s_cpu_seconds():
     raw = {"client_cpu_s": 57.0, "processes": 2}
 
-    assert analysis.client_cpu_percent(raw, 100.0, 130.0) == 95.0
-    assert analysis.client_cpu_percent(
+    assert load_rules.client_cpu_percent(raw, 100.0, 130.0) == 95.0
+    assert load_rules.client_cpu_percent(
         {"client_cpu_s": 3.0, "started_at": 0, "finished_at": 10}
     ) == (30.0)
-    assert analysis.client_cpu_percent({"client_cpu_percent": 42}) == 42.0
-    assert analysis.client_cpu_percent({"client_cpu_s": 3.0}) is None
-    assert analysis.client_cpu_percent(None) is None
+    assert load_rules.client_cpu_percent({"client_cpu_percent": 42}) == 42.0
+    assert load_rules.client_cpu_percent({"client_cpu_s": 3.0}) is None
+    assert load_rules.client_cpu_percent(None) is None
 
 
 def test_client_bound_needs_client_numbers():
-    assert analysis.client_bound(RunData(levels=write_up_levels())) == []
+    assert load_rules.client_bound(RunData(levels=write_up_levels())) == []
 
 
 # -- missing data ----------------------------------------------------------------------------
@@ -808,10 +831,10 @@ def test_no_rule_fires_on_an_empty_run():
 def test_finding_keys_fit_their_column_even_for_long_device_names():
     long_names = [Gpu(0, "NVIDIA " + "X" * 150), Gpu(1, "NVIDIA " + "X" * 149 + "Y")]
 
-    proposals = analysis.no_tuned_kernel(RunData(gpus=long_names, moe_shape=GLM5_TP8_SHAPE))
+    proposals = kernel_rules.no_tuned_kernel(RunData(gpus=long_names, moe_shape=GLM5_TP8_SHAPE))
 
     keys = [p.key for p in proposals]
-    assert all(len(k) <= analysis.FINDING_KEY_MAX for k in keys) and len(set(keys)) == 2
+    assert all(len(k) <= evidence.FINDING_KEY_MAX for k in keys) and len(set(keys)) == 2
 
 
 # -- failed requests and the engine on record --------------------------------------------------
@@ -825,7 +848,7 @@ def test_a_level_whose_every_request_failed_puts_the_engines_words_first():
         Level(4, 300.0, completed=64, failed=0),
     ]
 
-    [p] = analysis.failed_requests(RunData(levels=levels))
+    [p] = load_rules.failed_requests(RunData(levels=levels))
 
     assert (p.kind, p.severity) == ("failed_requests", "critical")
     assert p.title == f"Every request failed at concurrency 8, 16: {error}"
@@ -836,13 +859,13 @@ def test_a_level_whose_every_request_failed_puts_the_engines_words_first():
 def test_levels_with_some_failures_are_not_all_failed():
     levels = [Level(8, 300.0, completed=60, failed=4)]
 
-    assert analysis.failed_requests(RunData(levels=levels)) == []
+    assert load_rules.failed_requests(RunData(levels=levels)) == []
 
 
 def test_another_engine_answering_than_the_one_on_record_is_flagged():
     observed = {"engine": "vllm", "version": "0.32.0"}
 
-    [p] = analysis.engine_mismatch(RunData(recorded_engine="sglang", observed=observed))
+    [p] = engine_rules.engine_mismatch(RunData(recorded_engine="sglang", observed=observed))
 
     assert (p.kind, p.key, p.severity) == ("engine_mismatch", "engine", "warning")
     assert p.title == "vLLM 0.32.0 answered, but the deployment records SGLang"
@@ -852,12 +875,12 @@ def test_a_version_on_record_that_is_not_the_one_that_answered_is_noted():
     observed = {"engine": "vllm", "version": "0.32.0"}
     data = RunData(recorded_engine="vllm", observed=observed, launch={"engine_version": "0.31"})
 
-    [p] = analysis.engine_mismatch(data)
+    [p] = engine_rules.engine_mismatch(data)
 
     assert (p.key, p.severity) == ("version", "info")
     assert p.evidence == {"recorded": "0.31", "answered": "0.32.0", "chart": None}
     same = RunData(recorded_engine="vllm", observed=observed, launch={"engine_version": "0.32.0"})
-    assert analysis.engine_mismatch(same) == []
+    assert engine_rules.engine_mismatch(same) == []
     # nothing answered, or the record names no engine: nothing to compare
-    assert analysis.engine_mismatch(RunData(recorded_engine="other", observed=observed)) == []
-    assert analysis.engine_mismatch(RunData(recorded_engine="vllm")) == []
+    assert engine_rules.engine_mismatch(RunData(recorded_engine="other", observed=observed)) == []
+    assert engine_rules.engine_mismatch(RunData(recorded_engine="vllm")) == []

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from domain.engine_paths import EnginePaths, Evidence, PathRow, log_rows, merge_paths
-from moeops.insights import analysis, path_rules
+from moeops.insights import path_rules
+from moeops.insights.rules import run_data
 from moeops.insights.services import run_analyze
 from moeops.runs import snapshots
 from moeops.watches import factors
@@ -39,11 +40,11 @@ def _paths(python, capability="12.0", tp=8, log=None) -> dict:
 
 
 def _titles(rule, paths):
-    return [p.title for p in rule(analysis.RunData(engine_paths=paths))]
+    return [p.title for p in rule(run_data.RunData(engine_paths=paths))]
 
 
 def test_a_fusion_the_engine_enables_elsewhere_is_named_from_its_own_function(python):
-    [finding] = path_rules.path_not_enabled_here(analysis.RunData(engine_paths=_paths(python)))
+    [finding] = path_rules.path_not_enabled_here(run_data.RunData(engine_paths=_paths(python)))
 
     assert finding.title == (
         "vLLM 0.32.0 runs no all-reduce + RMSNorm fusion on compute capability 12.0"
@@ -66,7 +67,7 @@ def test_a_path_that_fell_back_quotes_its_log_line(python):
     log = (LOGS / "vllm-0.32.0-cpu-tp2.log").read_bytes().decode() + FALLBACK + "\n"
 
     [finding] = path_rules.path_fell_back(
-        analysis.RunData(engine_paths=_paths(python, capability="9.0", log=log))
+        run_data.RunData(engine_paths=_paths(python, capability="9.0", log=log))
     )
 
     assert finding.title == "all-reduce + RMSNorm fusion fell back at start-up"
@@ -83,7 +84,7 @@ def test_the_moe_on_its_default_config_is_a_finding(python):
     log = (LOGS / "vllm-0.32.0-cpu-tp1.log").read_bytes().decode() + DEFAULT_MOE + "\n"
 
     [finding] = path_rules.moe_default_config(
-        analysis.RunData(engine_paths=_paths(python, capability=None, tp=1, log=log))
+        run_data.RunData(engine_paths=_paths(python, capability=None, tp=1, log=log))
     )
 
     assert finding.title == "The MoE runs on the engine's default kernel config"
@@ -91,7 +92,7 @@ def test_the_moe_on_its_default_config_is_a_finding(python):
 
 
 def test_no_paths_recorded_proposes_nothing():
-    data = analysis.RunData()
+    data = run_data.RunData()
 
     assert [p for rule in path_rules.RULES for p in rule(data)] == []
 

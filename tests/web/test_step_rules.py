@@ -4,7 +4,8 @@ findings through the analysis."""
 
 import pytest
 
-from moeops.insights import analysis, step_rules
+from moeops.insights import step_rules
+from moeops.insights.rules import run_data
 from moeops.insights.services import run_analyze
 from moeops.runs import services as run_services
 from tests import page_base as pb
@@ -20,7 +21,7 @@ def _data(shares, device="gpu", top=None, **parameters):
         for rank in dump["breakdown"]["ranks"]:
             rank["device"] = device
         body = type(body).model_validate(dump)
-    return analysis.RunData(parameters=parameters, profiles=[body])
+    return run_data.RunData(parameters=parameters, profiles=[body])
 
 
 def _titles(rule, data):
@@ -120,7 +121,7 @@ def test_attention_bound_names_the_context():
 
 
 def test_a_profile_without_a_breakdown_proposes_nothing():
-    data = analysis.RunData(profiles=[sb.unavailable(64)])
+    data = run_data.RunData(profiles=[sb.unavailable(64)])
 
     assert [p for rule in step_rules.RULES for p in rule(data)] == []
 
@@ -130,7 +131,7 @@ def test_a_breakdown_without_decode_steps_proposes_nothing():
         64, breakdown=sb.breakdown(kinds=[sb.kind("prefill", shares={"idle": 0.9})]).model_dump()
     )
 
-    assert step_rules.host_bound(analysis.RunData(profiles=[body])) == []
+    assert step_rules.host_bound(run_data.RunData(profiles=[body])) == []
 
 
 @pytest.mark.django_db

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from domain import engine as reports
-from moeops.insights import analysis, path_rules
+from moeops.insights import path_rules
+from moeops.insights.rules import run_data
 from tests.engine import engine_source, ensure_installed
 from workers import engine_info
 from workers.engine_paths import gpu_capability, managed_log, observe_paths
@@ -55,7 +56,7 @@ def test_a_standin_told_to_log_a_fallback_gives_the_row_and_the_finding(supervis
     assert (row["key"], row["state"]) == ("allreduce_rms_fusion", "fell_back")
     assert row["evidence"][0]["text"] == FALLBACK
     assert row["evidence"][0]["where"].startswith(str(log))
-    [finding] = path_rules.path_fell_back(analysis.RunData(engine_paths=paths))
+    [finding] = path_rules.path_fell_back(run_data.RunData(engine_paths=paths))
     assert finding.evidence["line"] == FALLBACK and finding.evidence["at"] == "12-06 05:10:02"
 
 

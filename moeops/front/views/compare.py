@@ -18,7 +18,7 @@ from moeops.fleet.models import GPU, Deployment, gpu_count
 from moeops.front import capacity, charts, workload_charts
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
 from moeops.front.forms import RunFilterForm
-from moeops.insights.analysis import retune_title
+from moeops.insights.rules.kernels import retune_title
 from moeops.runs import snapshots
 from moeops.runs.models import (
     LevelProfile,
