@@ -22,7 +22,7 @@ work turns from "is it working?" to "how do we make it fast?". What it gives, an
 - FlashInfer allreduce fusion off on SM120: not moeops' words but SGLang's own decision, stored
   in the sweep's snapshot as the engine paths a worker records (ENGINE_PATHS: SGLang 0.5.23's
   fusion passes evaluated by moeops for compute capability 12.0 at TP8; the write-up names no
-  version), from which the analysis makes its finding (moeops.insights.path_rules);
+  version), from which the analysis makes its finding (moeops.insights.rules.paths);
 - the todo list (check the server: done; higher-concurrency benchmarks at 256, 512 and 1024: in
   progress; tune the fused-MoE kernel for SM120: pending): the deployment's plan;
 - four notes quoting these passages (NOTES).

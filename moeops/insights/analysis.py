@@ -17,7 +17,8 @@ Where the data a rule needs is missing, the rule proposes nothing (or, for GPU t
 "no GPU evidence"); it never reads absence as a symptom.
 """
 
-from moeops.insights import path_rules, step_rules
+from moeops.insights.rules import paths as path_rules
+from moeops.insights.rules import steps as step_rules
 from moeops.insights.rules.engine import (
     cold_prefix_cache,
     engine_mismatch,

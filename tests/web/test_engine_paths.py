@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from domain.engine_paths import EnginePaths, Evidence, PathRow, log_rows, merge_paths
-from moeops.insights import path_rules
+from moeops.insights.rules import paths as path_rules
 from moeops.insights.rules import run_data
 from moeops.insights.services import run_analyze
 from moeops.runs import snapshots

@@ -1,11 +1,11 @@
-"""The findings of a profiled level's step breakdown (moeops.insights.step_rules): each fires at
+"""The findings of a profiled level's step breakdown (moeops.insights.rules.steps): each fires at
 its threshold and not below it, states only what the breakdown shows, and reaches the run's
 findings through the analysis."""
 
 import pytest
 
-from moeops.insights import step_rules
 from moeops.insights.rules import run_data
+from moeops.insights.rules import steps as step_rules
 from moeops.insights.services import run_analyze
 from moeops.runs import services as run_services
 from tests import page_base as pb

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from domain import engine as reports
-from moeops.insights import path_rules
+from moeops.insights.rules import paths as path_rules
 from moeops.insights.rules import run_data
 from tests.engine import engine_source, ensure_installed
 from workers import engine_info
