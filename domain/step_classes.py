@@ -286,6 +286,14 @@ VLLM_CPU = RuleTable(
         ),
         # oneDNN GEMMs (layers/utils.py dispatch_cpu_unquantized_gemm -> ops.onednn_mm)
         R("gemm", r"^_C::onednn_", "torch.ops._C.onednn_mm(", "_C::onednn_mm"),
+        # on a CPU with AMX tiles, weights up to 1 MiB go to the sgl kernel instead
+        # (check_cpu_sgl_kernel -> ops.weight_packed_linear_cpu)
+        R(
+            "gemm",
+            r"^_C::weight_packed_linear",
+            "torch.ops._C.weight_packed_linear(",
+            "_C::weight_packed_linear",
+        ),
         # small weights fall back to F.linear (layers/utils.py)
         R(
             "gemm",

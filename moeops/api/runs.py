@@ -439,7 +439,7 @@ def level_vllm_results(request, ref: str):
     key names (`request_rate` "inf" when unlimited): the summary.json that `vllm bench sweep
     plot` reads, and that `import-results --format vllm` takes back (docs/formats.md)."""
     run = lookups.get_run(ref)
-    return exports.vllm_results(run, list(run.levels.order_by("concurrency", "request_rate", "id")))
+    return exports.vllm_results(run, exports.levels_in_order(run))
 
 
 # --------------------------------------------------------------------------- telemetry

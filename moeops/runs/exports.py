@@ -4,12 +4,20 @@ JSON array `vllm bench sweep serve` writes as summary.json and `vllm bench sweep
 
 import json
 
+from django.db.models import F
+
 from moeops.runs.importers import ALIASES
 
 # vLLM's client backends for an OpenAI-compatible server (vllm.benchmarks.lib.
 # endpoint_request_func): not "vllm", which a vLLM import reads as the engine, and a run of
 # SGLang is not one.
 VLLM_BACKENDS = {"completions": "openai", "chat": "openai-chat"}
+
+
+def levels_in_order(run):
+    """The run's levels as vLLM's sweep lists them: by concurrency, the unlimited rate first
+    (NULL, which PostgreSQL sorts last and SQLite first unless told)."""
+    return list(run.levels.order_by("concurrency", F("request_rate").asc(nulls_first=True), "id"))
 
 
 def vllm_results(run, levels) -> list[dict]:

@@ -494,7 +494,7 @@ def run_vllm_results(request, uuid):
     """The run's levels as `vllm bench serve --save-result` objects, a JSON array (a summary.json
     that `vllm bench sweep plot` reads, and moeops' vLLM import takes back)."""
     run = _run_or_404(uuid)
-    levels = list(run.levels.order_by("concurrency", "request_rate", "id"))
+    levels = exports.levels_in_order(run)
     name = slugify(run.display_label()) or str(run.uuid)
     body = exports.vllm_results_json(run, levels)
     response = HttpResponse(body, content_type="application/json; charset=utf-8")
