@@ -725,6 +725,7 @@ def _hits_the_trace_offers(items, block):
     return hits
 
 
+@pytest.mark.quiet
 def test_a_trace_replays_on_time_and_its_repeated_blocks_hit_vllms_prefix_cache(vllm_stack):
     # 12 requests over 2.75 s, naming 11 hash ids of 128-token blocks, some again and again
     workload, _ = workload_store(

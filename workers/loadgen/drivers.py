@@ -109,6 +109,11 @@ async def _drive(
         async def run_all(keys: list[tuple[int, ...]], report, offsets) -> int:
             position = 0
             sent = 0
+            # a trace's bodies are built before its clock starts: building one while another
+            # is due would make that one late by the building, not by the engine
+            bodies = None
+            if trace and not multi_turn:
+                bodies = [build_payload(client_cfg, level, key) for key in keys]
             start = time.perf_counter()
 
             async def stream_worker() -> None:
@@ -117,7 +122,10 @@ async def _drive(
                     mine = position
                     position += 1
                     # built before the wait: a request due now goes now
-                    body = None if multi_turn else build_payload(client_cfg, level, keys[mine])
+                    if bodies is not None:
+                        body = bodies[mine]
+                    else:
+                        body = None if multi_turn else build_payload(client_cfg, level, keys[mine])
                     due = None
                     if offsets is not None:
                         due = start + float(offsets[mine])
