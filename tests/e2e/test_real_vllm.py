@@ -536,7 +536,7 @@ def test_a_shared_prefix_workload_hits_vllms_prefix_cache_and_a_random_one_misse
         assert run.status == "succeeded", run.error
         assert run.snapshot["workload"]["kind"] == workload.kind
         [level] = run.levels.prefetch_related("rounds")
-        assert (level.completed, level.failed) == (prompts, 0)
+        assert (level.completed, level.failed) == (prompts, 0), (workload.kind, level.errors)
         figures = level.engine_figures()
         assert figures["engine"] == "vllm"
         rates[workload.kind] = figures["prefix_cache_hit_rate"]
