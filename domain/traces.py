@@ -24,6 +24,7 @@ from domain.workloads import (
     MAX_LENGTH,
     DatasetFileError,
     _text_of,
+    json_lines,
 )
 
 KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -111,22 +112,6 @@ def _request(obj, file_name: str, line: int, block_size: int, previous: float | 
             "tokens each); is the block size the trace's?",
         )
     return {"timestamp": timestamp, **lengths, "hash_ids": hash_ids}
-
-
-def _json_lines(text: str, file_name: str):
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetFileError(
-                file_name, number, f"not a JSON object (JSONL): {exc.msg}, at column {exc.colno}"
-            ) from None
-        except ValueError as exc:
-            # Python's own limit on an integer's digits (4,300), met before any key is read
-            raise DatasetFileError(file_name, number, f"not a JSON object (JSONL): {exc}") from None
-        yield number, obj
 
 
 def _csv_cell(key: str, text: str, file_name: str, line: int):
@@ -219,7 +204,7 @@ def parse_trace(file_name: str, data: bytes, *, block_size: int) -> dict:
         )
     text = _text_of(data, file_name)
     if text.lstrip().startswith("{"):
-        layout, rows = "mooncake", _json_lines(text, file_name)
+        layout, rows = "mooncake", json_lines(text, file_name)
     else:
         layout, rows = "mooncake_csv", _csv_rows(text, file_name)
     items: list[dict] = []

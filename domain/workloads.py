@@ -354,6 +354,12 @@ def _json_items(text: str, file_name: str):
             raise DatasetFileError(file_name, exc.lineno, f"not JSON: {exc.msg}") from None
         yield from zip(array_lines(text, len(items)), items, strict=True)
         return
+    yield from json_lines(text, file_name)
+
+
+def json_lines(text: str, file_name: str):
+    """(line, object) of each non-blank line of a JSONL file; a line that is not JSON is
+    refused naming it."""
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -361,8 +367,11 @@ def _json_items(text: str, file_name: str):
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DatasetFileError(
-                file_name, number, f"not a JSON object (JSONL): {exc.msg}"
+                file_name, number, f"not a JSON object (JSONL): {exc.msg}, at column {exc.colno}"
             ) from None
+        except ValueError as exc:
+            # Python's own limit on an integer's digits (4,300), met before any key is read
+            raise DatasetFileError(file_name, number, f"not a JSON object (JSONL): {exc}") from None
         yield number, obj
 
 
