@@ -5,7 +5,7 @@ from domain.capacity import ENDS, limits_of
 from domain.cost import cost_per_million_output_tokens
 from domain.intervals import with_interval
 from domain.slo import METRIC_LABELS
-from moeops.front import charts
+from moeops.front.charts.capacity import capacity_limit
 
 
 def load_text(answer, load):
@@ -96,7 +96,5 @@ def figures(run, levels):
     out = {}
     for metric, (percentile, limit_ms) in limits.items():
         label = f"{METRIC_LABELS[metric]} {percentile}"
-        out[f"slo-{metric}"] = charts.capacity_limit(
-            levels, mode, metric, percentile, limit_ms, label
-        )
+        out[f"slo-{metric}"] = capacity_limit(levels, mode, metric, percentile, limit_ms, label)
     return out

@@ -6,7 +6,11 @@ import pytest
 
 from domain import engine as reports
 from domain import launch
-from moeops.front import charts, series
+from moeops.front import series
+from moeops.front.charts.deployments import throughput_vs_load
+from moeops.front.charts.figures import epoch_to_plotly
+from moeops.front.charts.load import CONCURRENCY_AXIS
+from moeops.front.charts.runs import run_throughput
 from moeops.runs.models import EngineSample, LevelResult, TelemetrySample, level_key
 from tests import page_base as pb
 
@@ -645,7 +649,7 @@ def test_time_charts_send_contiguous_buckets_as_a_start_and_a_step(client, sweep
     gpu0, gpu1 = pb.figure(html, "gpu-util-data")["data"]
     # 479 s between the first and the last sample, in buckets of 479 / 240 s
     width = 479 / series.BUCKETS
-    centre = [charts.epoch_to_plotly(1_800_000_000.0 + (b + 0.5) * width) for b in (0, 240)]
+    centre = [epoch_to_plotly(1_800_000_000.0 + (b + 0.5) * width) for b in (0, 240)]
     assert gpu0["x0"] == centre[0] and gpu0["dx"] == pytest.approx(width * 1000, abs=1e-3)
     # the last sample alone in a 241st bucket
     assert "x" not in gpu0 and len(gpu0["y"]) == series.BUCKETS + 1
@@ -756,23 +760,23 @@ def test_a_rate_sweeps_charts_plot_each_level_at_the_rate_it_asked(client):
 def test_a_rate_sweep_under_two_caps_draws_a_line_per_cap():
     run = _rate_sweep([(8, 1.0), (8, 2.0), (16, 1.0), (16, 2.0), (16, 4.0)])
 
-    fig = charts.run_throughput(list(run.levels.all()))
+    fig = run_throughput(list(run.levels.all()))
 
     lines = {t["name"]: t["x"] for t in fig["data"]}
     assert lines == {"output (cap 8)": [1.0, 2.0], "output (cap 16)": [1.0, 2.0, 4.0]}
 
 
 def test_levels_that_sent_as_fast_as_they_could_stay_on_the_concurrency_axis(client, sweep):
-    fig = charts.run_throughput(list(sweep.levels.all()))
+    fig = run_throughput(list(sweep.levels.all()))
 
-    assert fig["layout"]["xaxis"] == charts.CONCURRENCY_AXIS
+    assert fig["layout"]["xaxis"] == CONCURRENCY_AXIS
     assert fig["data"][0]["x"] == [64, 128]
 
 
 def test_the_deployment_pages_chart_of_rate_sweeps_plots_them_at_their_rates():
     run = _rate_sweep([(8, 1.0), (8, 2.0)])
 
-    fig = charts.throughput_vs_load([run])
+    fig = throughput_vs_load([run])
 
     assert fig["layout"]["title"]["text"] == "Output throughput vs request rate"
     assert [t["x"] for t in fig["data"]] == [[1.0, 2.0]]

@@ -6,7 +6,8 @@ import threading
 import pytest
 from django.db import connection
 
-from moeops.front import charts, series
+from moeops.front import series
+from moeops.front.charts.figures import epoch_to_plotly
 from moeops.runs import rollup, services
 from moeops.runs.models import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
 from tests import page_base as pb
@@ -220,7 +221,7 @@ def test_a_long_runs_charts_read_from_buckets_show_the_samples_means_and_extreme
     # the charts' traces start at the first bucket's centre, a bucket apart
     html = client.get(f"/runs/{sweep.uuid}/").content.decode()
     [gpu0, _] = pb.figure(html, "gpu-util-data")["data"]
-    assert gpu0["x0"] == charts.epoch_to_plotly(1_800_000_000.0 + 20)
+    assert gpu0["x0"] == epoch_to_plotly(1_800_000_000.0 + 20)
     assert gpu0["dx"] == 40_000
 
 

@@ -4,7 +4,7 @@ from django import template
 from django.utils.html import format_html, json_script
 
 from domain.failures import explain_error
-from moeops.front.charts import CompactJSONEncoder
+from moeops.front.charts.figures import CompactJSONEncoder
 
 register = template.Library()
 

@@ -15,7 +15,10 @@ from domain.capacity import capacities_compared, capacity_range
 from domain.intervals import FALSE_ALARM, compare_rounds, with_interval
 from domain.step_breakdown import breakdown_changes
 from moeops.fleet.models import GPU, Deployment, gpu_count
-from moeops.front import capacity, charts, workload_charts
+from moeops.front import capacity
+from moeops.front.charts import workloads as workload_charts
+from moeops.front.charts.compare import compare_vs_load, pareto, peak_bars
+from moeops.front.charts.figures import PALETTE, run_name
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
 from moeops.front.forms import RunFilterForm
 from moeops.insights.rules.kernels import retune_title
@@ -138,10 +141,10 @@ def _styles(runs, group):
     colors, counts, styles = {}, {}, {}
     for run in runs:
         key = _group_of(run, group)
-        colors.setdefault(key, charts.PALETTE[len(colors) % len(charts.PALETTE)])
+        colors.setdefault(key, PALETTE[len(colors) % len(PALETTE)])
         n = counts[key] = counts.get(key, -1) + 1
         styles[run.pk] = {
-            "name": f"{run.model_name()} · {charts.run_name(run)}",
+            "name": f"{run.model_name()} · {run_name(run)}",
             "group": key,
             "group_title": key if group != "run" else None,
             "color": colors[key],
@@ -425,15 +428,13 @@ def compare(request):
     }
     per_gpu = [run for run in selected if gpus[run.pk] is not None]
     figures = {
-        "cmp-peaks": charts.peak_bars(selected, styles),
-        "cmp-throughput": charts.compare_vs_load(
+        "cmp-peaks": peak_bars(selected, styles),
+        "cmp-throughput": compare_vs_load(
             selected, styles, "output_throughput", "Output throughput", "tok/s"
         ),
-        "cmp-pareto": charts.pareto(per_gpu, styles, gpus),
-        "cmp-tpot": charts.compare_vs_load(
-            selected, styles, "median_tpot_ms", "p50 TPOT", "ms", ",.1f"
-        ),
-        "cmp-ttft": charts.compare_vs_load(
+        "cmp-pareto": pareto(per_gpu, styles, gpus),
+        "cmp-tpot": compare_vs_load(selected, styles, "median_tpot_ms", "p50 TPOT", "ms", ",.1f"),
+        "cmp-ttft": compare_vs_load(
             selected, styles, "p99_ttft_ms", "p99 TTFT", "ms", ",.0f", True
         ),
     }

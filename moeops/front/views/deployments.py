@@ -23,8 +23,12 @@ from kombu.exceptions import OperationalError
 from moeops.engines.models import EngineAction, LaunchRecipe
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Deployment
-from moeops.front import capacity, charts
+from moeops.front import capacity
 from moeops.front.capacity_estimate import capacity_estimate
+from moeops.front.charts.capacity import capacity_over_time
+from moeops.front.charts.deployments import peaks_per_run, throughput_vs_load
+from moeops.front.charts.findings import evidence_figure
+from moeops.front.charts.watches import watch_timeline
 from moeops.front.forms import (
     SWEEP_PRESETS,
     CapacityForm,
@@ -231,7 +235,7 @@ def findings_with_figures(findings):
     (key, text)) for the findings panel."""
     findings = list(findings)
     for finding in findings:
-        finding.figure = charts.evidence_figure(finding.evidence, finding.get_kind_display())
+        finding.figure = evidence_figure(finding.evidence, finding.get_kind_display())
         finding.chart_id = f"evidence-{finding.pk}"
         finding.numbers = [
             (k, evidence_text(v, k))
@@ -350,9 +354,9 @@ def _deployment_page(
         "tune_form": tune_form or TuneForm(deployment=deployment),
         # the GPUs shown are the host's: the deployment's own, else all of the host's
         "tune_refusal": deployment.tune_refusal(has_gpus=bool(gpus), topology=topology),
-        "throughput_chart": charts.throughput_vs_load(reversed(own_runs)),
+        "throughput_chart": throughput_vs_load(reversed(own_runs)),
         **_capacity_over_time(deployment),
-        "peaks_chart": charts.peaks_per_run(own_runs),
+        "peaks_chart": peaks_per_run(own_runs),
     }
     ctx.update(engines.panel_context(deployment, plan_items))
     ctx["engine_summary"] = deployment.launch_summary(running_cap=ctx.get("current_cap"))
@@ -377,7 +381,7 @@ def _capacity_over_time(deployment):
             )
             for run in reversed(runs)
         ],
-        "capacity_chart": charts.capacity_over_time(runs) if runs else None,
+        "capacity_chart": capacity_over_time(runs) if runs else None,
     }
 
 
@@ -397,7 +401,7 @@ def _watches_context(deployment):
         watch.next_run = watch.next_run_at(now)
         watch.last_run = watch_runs[0] if watch_runs else None
         finished = [w for w in watch_runs if w.status == "finished"]
-        figure = charts.watch_timeline(finished, watch.figure_name())
+        figure = watch_timeline(finished, watch.figure_name())
         timelines.append((f"watch-timeline-{watch.pk}", figure))
     return {"watches": watches, "watch_timelines": timelines}
 

@@ -13,7 +13,7 @@ from domain.topology import P2P_KINDS, TopologyParseError, diff_snapshots
 from moeops.fleet import services as fleet_services
 from moeops.fleet.forms import TopologyTextForm
 from moeops.fleet.models import Host
-from moeops.front import charts
+from moeops.front.charts.hosts import topology_heatmap
 from moeops.runs.models import SweepRun
 
 
@@ -122,11 +122,11 @@ def _host_page(request, host, topology_form=None, status=200):
         runs_by_snapshot.setdefault(run.topology_snapshot_id, []).append(run)
     figures = {}
     if current and current.links:
-        figures["links"] = charts.topology_heatmap(current.links, "Link matrix", "links")
+        figures["links"] = topology_heatmap(current.links, "Link matrix", "links")
     for kind in P2P_KINDS:
         block = (current.p2p or {}).get(kind) if current else None
         if block:
-            figures[f"p2p-{kind}"] = charts.topology_heatmap(block, f"P2P {kind}", "p2p")
+            figures[f"p2p-{kind}"] = topology_heatmap(block, f"P2P {kind}", "p2p")
     ctx = {
         "nav": "hosts",
         "host": host,

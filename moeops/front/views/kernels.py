@@ -10,7 +10,7 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from moeops.front import charts
+from moeops.front.charts.kernels import kernel_speedups, kernel_timings
 from moeops.front.forms import EngineDiffFileForm, KernelConfigFileForm
 from moeops.kernels import services
 from moeops.kernels.models import EngineDiff, KernelConfig, TuningRun
@@ -144,8 +144,8 @@ def kernel_detail(request, pk):
         "rows": entry_table(config, fields),
         "tuning": tuning,
         "timings": timings,
-        "figure": charts.kernel_timings(timings),
-        "speedups": charts.kernel_speedups(timings),
+        "figure": kernel_timings(timings),
+        "speedups": kernel_speedups(timings),
         "versions": versions,
         "previous": older[0] if older else None,
         "vllm_name": config.file_name("vllm") if "vllm" in config.styles else None,

@@ -23,7 +23,12 @@ from domain.engine_paths import EnginePaths, with_profile
 from domain.intervals import INTERVAL_KEYS, ONE_ROUND
 from domain.traces import keep_up_note
 from domain.workloads import spec_label
-from moeops.front import capacity, charts, series
+from moeops.front import capacity, series
+from moeops.front.charts import telemetry
+from moeops.front.charts.figures import CompactJSONEncoder, mark_standin
+from moeops.front.charts.kernels import kernel_speedups, kernel_timings
+from moeops.front.charts.runs import engine_counters, run_latency, run_throughput
+from moeops.front.charts.steps import profile_panel
 from moeops.front.columns import (
     ABSENT,
     ATTEMPT_COLUMN,
@@ -39,7 +44,6 @@ from moeops.front.columns import (
 )
 from moeops.front.forms import RunFilterForm, TraceUploadForm
 from moeops.front.progress import sweep_progress, tuning_progress
-from moeops.front.step_charts import profile_panel
 from moeops.front.views.deployments import findings_with_figures
 from moeops.insights.models import FINDING_STATES
 from moeops.kernels import services as kernel_services
@@ -106,17 +110,17 @@ def run_figures(run, levels, gpu, bands):
     series.level_bands(run, levels)."""
     engine = series.engine_series(run, levels=levels)
     figures = {
-        "throughput": charts.run_throughput(levels),
-        "ttft": charts.run_latency(levels, "ttft", "TTFT (time to first token)"),
-        "tpot": charts.run_latency(levels, "tpot", "TPOT (time per output token)"),
-        "itl": charts.run_latency(levels, "itl", "ITL (inter-token latency)"),
-        "gpu-util": charts.gpu_utilization(gpu, bands),
-        "gpu-power": charts.gpu_power(gpu, bands),
-        "gpu-memory": charts.gpu_memory(gpu, bands),
-        "gpu-clock": charts.gpu_clock(gpu, bands),
-        "engine": charts.engine_queue(engine, bands, _running_cap(run)),
-        "kv-cache": charts.kv_cache_use(engine, bands),
-        "engine-counters": charts.engine_counters(
+        "throughput": run_throughput(levels),
+        "ttft": run_latency(levels, "ttft", "TTFT (time to first token)"),
+        "tpot": run_latency(levels, "tpot", "TPOT (time per output token)"),
+        "itl": run_latency(levels, "itl", "ITL (inter-token latency)"),
+        "gpu-util": telemetry.gpu_utilization(gpu, bands),
+        "gpu-power": telemetry.gpu_power(gpu, bands),
+        "gpu-memory": telemetry.gpu_memory(gpu, bands),
+        "gpu-clock": telemetry.gpu_clock(gpu, bands),
+        "engine": telemetry.engine_queue(engine, bands, _running_cap(run)),
+        "kv-cache": telemetry.kv_cache_use(engine, bands),
+        "engine-counters": engine_counters(
             [(_level_name(level), level.engine_figures()) for level in levels]
         ),
     }
@@ -124,7 +128,7 @@ def run_figures(run, levels, gpu, bands):
         figures.update(capacity.figures(run, levels))
     if run.is_standin:
         for fig in figures.values():
-            charts.mark_standin(fig)
+            mark_standin(fig)
     return figures
 
 
@@ -442,7 +446,7 @@ def run_status(request, uuid):
         if request.GET.get("since") != payload["figures_key"]:
             payload["figures"], table = _figures_and_table(run, levels)
             payload["levels_html"] = render_to_string("front/_run_levels.html", table, request)
-    return JsonResponse(payload, encoder=charts.CompactJSONEncoder)
+    return JsonResponse(payload, encoder=CompactJSONEncoder)
 
 
 @login_required
@@ -574,10 +578,10 @@ def tuning_figures(tuning, timings):
     """Every chart of the tuning-run page, by element id; the status endpoint sends the same."""
     gpu = series.gpu_series(tuning)
     return {
-        "timings": charts.kernel_timings(timings),
-        "speedups": charts.kernel_speedups(timings),
-        "gpu-util": charts.gpu_utilization(gpu, []),
-        "gpu-power": charts.gpu_power(gpu, []),
+        "timings": kernel_timings(timings),
+        "speedups": kernel_speedups(timings),
+        "gpu-util": telemetry.gpu_utilization(gpu, []),
+        "gpu-power": telemetry.gpu_power(gpu, []),
     }
 
 

@@ -9,7 +9,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from moeops.front import charts
+from moeops.front.charts.watches import watch_timeline
 from moeops.watches import bisection, services
 from moeops.watches.models import Alert, Bisection, Watch, WatchRun
 
@@ -50,7 +50,7 @@ def watch_detail(request, pk):
         "watch_runs": watch_runs,
         "alerts": alerts,
         "undelivered": [alert for alert in alerts if alert.status == "failed"],
-        "timeline": charts.watch_timeline(
+        "timeline": watch_timeline(
             [w for w in watch_runs if w.status == "finished"], watch.figure_name()
         ),
     }

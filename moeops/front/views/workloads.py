@@ -17,7 +17,7 @@ from domain.workloads import (
     conversation_of,
     spec_label,
 )
-from moeops.front import workload_charts
+from moeops.front.charts import workloads as workload_charts
 from moeops.front.forms import WorkloadForm
 from moeops.runs.models import Workload
 from moeops.runs.workloads import workload_distributions, workload_runs, workload_store

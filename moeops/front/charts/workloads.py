@@ -1,9 +1,9 @@
-"""A workload's length distributions as plotly figures (plain dicts, as charts.py draws them):
+"""A workload's length distributions as plotly figures (plain dicts, as the other charts):
 the workload page's prompt, turn and output histograms, and compare's overlay of two workloads.
 Each histogram is domain.workloads.length_histogram's; the bars show each bin's share (%) so that
 workloads of different sizes compare."""
 
-from moeops.front.charts import PALETTE, figure
+from moeops.front.charts.figures import PALETTE, figure
 
 # Below this many lengths from the shortest to the longest, every whole length gets its tick.
 SMALL_SPAN = 12

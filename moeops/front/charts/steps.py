@@ -1,12 +1,12 @@
 """The run page's "Inside the step" panels: a profiled level's step breakdown
-(domain.step_breakdown) as plotly figures (plain dicts, as charts.py draws them) and the tables
+(domain.step_breakdown) as plotly figures (plain dicts, as the other charts) and the tables
 beside them. Times in µs (a step's classes, its wall time), ms for a step's start in the window.
 
 Every figure is of the profiled pass, a pass of its own after the level's rounds, and its title
 says so: its throughput is not the level's."""
 
 from domain.step_breakdown import CLASSES, STEP_KINDS
-from moeops.front.charts import figure
+from moeops.front.charts.figures import figure
 
 # One colour per class, the same on every page, in CLASSES order.
 CLASS_COLOURS = {
