@@ -20,7 +20,7 @@ from moeops.front.charts import workloads as workload_charts
 from moeops.front.charts.compare import compare_vs_load, pareto, peak_bars
 from moeops.front.charts.figures import PALETTE, run_name
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
-from moeops.front.forms import RunFilterForm
+from moeops.front.forms.runs import RunFilterForm
 from moeops.insights.rules.kernels import retune_title
 from moeops.runs import snapshots
 from moeops.runs.models import (

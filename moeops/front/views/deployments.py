@@ -29,20 +29,15 @@ from moeops.front.charts.capacity import capacity_over_time
 from moeops.front.charts.deployments import peaks_per_run, throughput_vs_load
 from moeops.front.charts.findings import evidence_figure
 from moeops.front.charts.watches import watch_timeline
-from moeops.front.forms import (
-    SWEEP_PRESETS,
-    CapacityForm,
-    DeploymentForm,
-    PlanItemForm,
-    ResultFileForm,
-    SweepForm,
-    TuneForm,
-)
+from moeops.front.forms.deployments import DeploymentForm, PlanItemForm
+from moeops.front.forms.kernels import TuneForm
+from moeops.front.forms.runs import ResultFileForm
+from moeops.front.forms.sweeps import SWEEP_PRESETS, CapacityForm, SweepForm
+from moeops.front.forms.watches import WatchCreateForm
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.templatetags.moeops_format import evidence_text
 from moeops.front.views import engines
 from moeops.front.views.watches import watch_runs_for_timeline
-from moeops.front.watch_forms import WatchCreateForm
 from moeops.insights.models import FINDING_STATES, Finding, PlanItem
 from moeops.insights.services import (
     FOUND_UNDER,

@@ -14,7 +14,7 @@ from moeops.engines import services
 from moeops.engines.models import EngineAction
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import Deployment
-from moeops.front.engine_forms import ApplyConfigForm, ArgsForm, RecipeForm
+from moeops.front.forms.engines import ApplyConfigForm, ArgsForm, RecipeForm
 from moeops.insights.models import PlanItem
 from moeops.kernels.models import KernelConfig
 

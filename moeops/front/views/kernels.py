@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from moeops.front.charts.kernels import kernel_speedups, kernel_timings
-from moeops.front.forms import EngineDiffFileForm, KernelConfigFileForm
+from moeops.front.forms.kernels import EngineDiffFileForm, KernelConfigFileForm
 from moeops.kernels import services
 from moeops.kernels.models import EngineDiff, KernelConfig, TuningRun
 from tuning import config_files

@@ -4,7 +4,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 
-from moeops.front.forms import NoteForm
+from moeops.front.forms.notes import NoteForm
 from moeops.insights import services
 from moeops.insights.models import Note
 

@@ -42,7 +42,7 @@ from moeops.front.columns import (
     key_columns_first,
     level_rows,
 )
-from moeops.front.forms import RunFilterForm, TraceUploadForm
+from moeops.front.forms.runs import RunFilterForm, TraceUploadForm
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.views.deployments import findings_with_figures
 from moeops.insights.models import FINDING_STATES

@@ -5,7 +5,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 
 from moeops.fleet.models import SLOProfile
-from moeops.front.forms import SLOProfileForm
+from moeops.front.forms.slo import SLOProfileForm
 
 
 @login_required

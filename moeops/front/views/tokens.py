@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 from moeops import permissions
 from moeops.api import services
 from moeops.api.models import ApiToken
-from moeops.front.token_forms import TokenForm
+from moeops.front.forms.tokens import TokenForm
 
 
 def _page(request, form, *, made=None, status=200):

@@ -18,7 +18,7 @@ from domain.workloads import (
     spec_label,
 )
 from moeops.front.charts import workloads as workload_charts
-from moeops.front.forms import WorkloadForm
+from moeops.front.forms.workloads import WorkloadForm
 from moeops.runs.models import Workload
 from moeops.runs.workloads import workload_distributions, workload_runs, workload_store
 

@@ -6,7 +6,7 @@ import re
 from django import forms
 from django.db.models import Q
 
-from moeops.front.forms import _int_list
+from moeops.front.forms.inputs import int_list
 from moeops.runs.parameters import MAX_ROUNDS
 from moeops.watches.models import AlertChannel
 
@@ -54,7 +54,7 @@ class WatchCreateForm(forms.Form):
     EVERY_HOURS = re.compile(r"^(\d+)\s*h$")
 
     def clean_levels(self):
-        return _int_list(self.cleaned_data["levels"], field_name="levels")
+        return int_list(self.cleaned_data["levels"], field_name="levels")
 
     def schedule_kwargs(self):
         """{"cron": …} or {"every_hours": N} as the form's schedule says."""
