@@ -147,6 +147,11 @@ def answered_runs(deployment_ids):
     )
 
 
+def is_answered(run):
+    """answered_runs' rule for a run read already: a capacity search with an answer."""
+    return run.capacity is not None and run.capacity.get("load") is not None
+
+
 def at_default_profile(run, deployment):
     """Whether the run searched against the deployment's default SLO profile (any profile
     where the deployment names none)."""

@@ -13,6 +13,7 @@ from django.db.models import (
     Subquery,
     prefetch_related_objects,
 )
+from django.db.models.functions import Coalesce
 from django.http import HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -48,7 +49,7 @@ from moeops.insights.services import (
     plan_item_update,
 )
 from moeops.kernels import services as kernel_services
-from moeops.kernels.models import KernelConfig, TuningRun
+from moeops.kernels.models import KernelConfig, TuningRun, TuningTiming
 from moeops.runs import capacity as run_capacity
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
@@ -67,6 +68,18 @@ DASHBOARD_FINDINGS = 8
 DASHBOARD_FINDINGS_SCANNED = 80
 
 
+# What the deployment page reads of its runs' levels (the list, the charts vs load, the sweep
+# estimate's pace): a level has some 60 columns, and the page lists every run.
+PAGE_LEVELS = LevelResult.objects.order_by("concurrency").only(
+    "run_id",
+    "concurrency",
+    "request_rate",
+    "achieved_request_rate",
+    "output_throughput",
+    "median_tpot_ms",
+)
+
+
 def _deployment_or_404(pk):
     # Every signed-in member of the team sees every deployment.
     return get_object_or_404(
@@ -74,26 +87,34 @@ def _deployment_or_404(pk):
     )
 
 
-def _with_latest_peak(deployments):
-    """Each deployment with .latest_run and .latest_peak: the newest run of its model that has
-    throughput (an imported file of another model is no headline of this deployment), and
-    .latest_recipe_gone: (the launch recipe version the run measured or None, the version in
-    force) where the managed engine runs another recipe than that run measured, else None."""
+def _with_latest_run_ids(deployments):
+    """The deployments (a queryset, read here) each with .latest_run_id: its newest run of its
+    model that has throughput (an imported file of another model is no headline of this
+    deployment), and the launch recipe in force."""
     runs = SweepRun.objects.filter(
         deployment=OuterRef("pk"), levels__output_throughput__isnull=False
     )
     latest = of_the_deployment(runs).order_by("-created", "-id").values("pk")[:1]
     applied = LaunchRecipe.objects.filter(deployment=OuterRef("pk"), applied_at__isnull=False)
     in_force = applied.order_by("-applied_at", "-version")
-    deployments = list(
+    return list(
         deployments.annotate(
             latest_run_id=Subquery(latest),
             recipe_in_force_id=Subquery(in_force.values("pk")[:1]),
             recipe_in_force_version=Subquery(in_force.values("version")[:1]),
         )
     )
-    runs = SweepRun.objects.filter(pk__in=[d.latest_run_id for d in deployments if d.latest_run_id])
-    runs = {run.pk: run for run in runs.with_summary()}
+
+
+def _latest_run_ids(deployments):
+    return [d.latest_run_id for d in deployments if d.latest_run_id]
+
+
+def _with_latest_runs(deployments, runs):
+    """Each deployment of _with_latest_run_ids with .latest_run and .latest_peak (runs: {pk:
+    run} with_summary, holding every .latest_run_id) and .latest_recipe_gone: (the launch
+    recipe version the run measured or None, the version in force) where the managed engine
+    runs another recipe than that run measured, else None."""
     for d in deployments:
         d.latest_run = runs.get(d.latest_run_id)
         d.latest_peak = d.latest_run.peak if d.latest_run else None
@@ -101,8 +122,33 @@ def _with_latest_peak(deployments):
     return deployments
 
 
+def _with_latest_peak(deployments):
+    """_with_latest_runs of the deployments queryset, their latest runs read here."""
+    deployments = _with_latest_run_ids(deployments)
+    runs = SweepRun.objects.filter(pk__in=_latest_run_ids(deployments)).with_summary()
+    return _with_latest_runs(deployments, {run.pk: run for run in runs})
+
+
+def _rows():
+    """Every deployment with its open findings and run count (read by _with_latest_run_ids)."""
+    return Deployment.objects.select_related("model", "host").annotate(
+        open_findings=Count("findings", filter=Q(findings__state="open"), distinct=True),
+        run_count=Count("runs", distinct=True),
+    )
+
+
+def _with_capacity(deployments):
+    """Each deployment with its newest capacity at its default SLO profile (.capacity_run,
+    .capacity)."""
+    latest = run_capacity.latest_capacities(deployments)
+    for d in deployments:
+        d.capacity_run = latest.get(d.pk)
+        d.capacity = capacity.headline(d.capacity_run.capacity) if d.capacity_run else ""
+    return deployments
+
+
 def _latest_recipe_gone(deployments):
-    """Set .latest_recipe_gone (see _with_latest_peak). The recipes in force are read only for
+    """Set .latest_recipe_gone (see _with_latest_runs). The recipes in force are read only for
     the deployments whose latest run measured another version: a restore or a revert puts up a
     new version that runs what the run ran."""
     differ = {}
@@ -122,41 +168,49 @@ def _latest_recipe_gone(deployments):
             d.latest_recipe_gone = (measured.get("version"), recipe.version)
 
 
-def _deployment_rows():
-    """Every deployment with its open findings, run count, latest run and that run's peak, and
-    its newest capacity at its default SLO profile (.capacity_run, .capacity)."""
-    deployments = _with_latest_peak(
-        Deployment.objects.select_related("model", "host").annotate(
-            open_findings=Count("findings", filter=Q(findings__state="open"), distinct=True),
-            run_count=Count("runs", distinct=True),
+def _recent_and_active(jobs, count, *, also=()):
+    """(the `count` newest of the jobs queryset, its queued and running ones oldest first,
+    {pk: job} of those of its jobs whose pk is in `also`), in one query: an active job is most
+    often among the newest."""
+    newest = jobs.order_by("-created", "-id").values("pk")[:count]
+    both = list(
+        jobs.filter(Q(pk__in=newest) | Q(status__in=ACTIVE) | Q(pk__in=also)).order_by(
+            "-created", "-id"
         )
     )
-    latest = run_capacity.latest_capacities(deployments)
-    for d in deployments:
-        d.capacity_run = latest.get(d.pk)
-        d.capacity = capacity.headline(d.capacity_run.capacity) if d.capacity_run else ""
-    return deployments
+    # every one of the `count` newest is in `both`, so they are its first `count`
+    also = set(also)
+    return (
+        both[:count],
+        [job for job in reversed(both) if job.status in ACTIVE],
+        {job.pk: job for job in both if job.pk in also},
+    )
 
 
-def _recent_and_active(jobs, count):
-    """(the `count` newest of the jobs queryset, its queued and running ones oldest first), in
-    one query: an active job is most often among the newest."""
-    newest = jobs.order_by("-created", "-id").values("pk")[:count]
-    both = list(jobs.filter(Q(pk__in=newest) | Q(status__in=ACTIVE)).order_by("-created", "-id"))
-    return both[:count], [job for job in reversed(both) if job.status in ACTIVE]
+def _with_timing_count(tunings):
+    """The TuningRun queryset with .timing_count: the batch sizes timed so far."""
+    timings = TuningTiming.objects.filter(run=OuterRef("pk")).order_by().values("run")
+    return tunings.annotate(
+        timing_count=Coalesce(Subquery(timings.annotate(n=Count("id")).values("n")), 0)
+    )
 
 
 def _tunes_progress(tunings):
-    return [(t, tuning_progress(t, t.timings.count())) for t in tunings]
+    return [(t, tuning_progress(t, t.timing_count)) for t in tunings]
 
 
 @login_required
 def dashboard(request):
-    deployments = _deployment_rows()
-    recent_runs, active = _recent_and_active(
-        SweepRun.objects.select_related("deployment__host").with_summary(), DASHBOARD_RUNS
+    deployments = _with_latest_run_ids(_rows())
+    # the deployments' latest runs are read with the recent ones: often the same runs
+    recent_runs, active, latest = _recent_and_active(
+        SweepRun.objects.select_related("deployment__host").with_summary(),
+        DASHBOARD_RUNS,
+        also=_latest_run_ids(deployments),
     )
+    _with_capacity(_with_latest_runs(deployments, latest))
     tunings = TuningRun.objects.filter(status__in=ACTIVE).select_related("deployment", "host")
+    tunings = _with_timing_count(tunings)
     ctx = {
         "nav": "dashboard",
         "deployments": deployments,
@@ -175,7 +229,7 @@ def dashboard(request):
 
 @login_required
 def deployments(request):
-    rows = _deployment_rows()
+    rows = _with_capacity(_with_latest_peak(_rows()))
     return render(request, "front/deployments.html", {"nav": "deployments", "deployments": rows})
 
 
@@ -281,9 +335,11 @@ def _deployment_page(
     status=200,
 ):
     sweep_form = sweep_form or SweepForm(deployment=deployment)
+    capacity_form = capacity_form or CapacityForm(deployment=deployment)
+    _one_workload_list(sweep_form, capacity_form)
     runs = list(
         deployment.runs.all()
-        .prefetch_related(Prefetch("levels", LevelResult.objects.order_by("concurrency")))
+        .prefetch_related(Prefetch("levels", PAGE_LEVELS))
         .select_related("topology_snapshot", "kernel_config")
         .with_summary()
         .annotate(aside=Exists(SweepRun.objects.filter(ASIDE, pk=OuterRef("pk"))))
@@ -303,8 +359,8 @@ def _deployment_page(
     # the active sweeps are among the runs read above; one query for recent and active tunes
     running = sorted((run for run in runs if run.status in ACTIVE), key=lambda r: (r.created, r.id))
     active = [(run, sweep_progress(run)) for run in running]
-    tunings, active_tunes = _recent_and_active(
-        deployment.tuning_runs.select_related("result", "host"), RECENT_TUNES
+    tunings, active_tunes, _ = _recent_and_active(
+        _with_timing_count(deployment.tuning_runs.select_related("result", "host")), RECENT_TUNES
     )
     topology = deployment.host.current_topology()
     with_actions = Prefetch(
@@ -340,7 +396,7 @@ def _deployment_page(
         "plan_statuses": PlanItem._meta.get_field("status").choices,
         "sweep_form": sweep_form,
         "sweep_presets": SWEEP_PRESETS,
-        "capacity_form": capacity_form or CapacityForm(deployment=deployment),
+        "capacity_form": capacity_form,
         "watch_form": watch_form or WatchCreateForm(deployment=deployment),
         "upload_form": upload_form or ResultFileForm(),
         "sweep_estimate": sweep_form.estimate(own_runs),
@@ -350,7 +406,7 @@ def _deployment_page(
         # the GPUs shown are the host's: the deployment's own, else all of the host's
         "tune_refusal": deployment.tune_refusal(has_gpus=bool(gpus), topology=topology),
         "throughput_chart": throughput_vs_load(reversed(own_runs)),
-        **_capacity_over_time(deployment),
+        **_capacity_over_time(deployment, runs),
         "peaks_chart": peaks_per_run(own_runs),
     }
     ctx.update(engines.panel_context(deployment, plan_items))
@@ -359,13 +415,22 @@ def _deployment_page(
     return render(request, "front/deployment_detail.html", ctx, status=status)
 
 
-def _capacity_over_time(deployment):
+def _one_workload_list(*forms):
+    """The forms' workload choices read once for all: a ModelChoiceField reads its queryset
+    again each time it is rendered."""
+    # through iter(): list() would ask the iterator its length, a COUNT query
+    choices = list(iter(forms[0].fields["workload"].choices))
+    for form in forms:
+        form.fields["workload"].choices = choices
+
+
+def _capacity_over_time(deployment, runs):
     """The deployment's capacity searches at its default SLO profile, oldest first, as a chart
-    and rows (run, headline, binding sentence)."""
+    and rows (run, headline, binding sentence); runs: all of the deployment's, newest first."""
     runs = [
         run
-        for run in run_capacity.answered_runs([deployment.pk])
-        if run_capacity.at_default_profile(run, deployment)
+        for run in runs
+        if run_capacity.is_answered(run) and run_capacity.at_default_profile(run, deployment)
     ][::-1]
     return {
         "capacity_runs": [
@@ -422,13 +487,13 @@ def deployment_check(request, pk):
     return redirect(f"{deployment.get_absolute_url()}#health")
 
 
-@login_required
-@require_POST
-def sweep_start(request, pk):
+def _run_start(request, pk, form_class, page_form, what):
+    """Start a run of the deployment from the form of class form_class (run_start), to its
+    page; the deployment page again, the form as `page_form`, with the refusal on its field."""
     deployment = _deployment_or_404(pk)
-    form = SweepForm(request.POST, deployment=deployment)
+    form = form_class(request.POST, deployment=deployment)
     if not form.is_valid():
-        return _deployment_page(request, deployment, sweep_form=form, status=400)
+        return _deployment_page(request, deployment, status=400, **{page_form: form})
     try:
         run, _ = run_services.run_start(
             deployment=deployment, parameters=form.parameters(), label=form.cleaned_data["label"]
@@ -436,28 +501,22 @@ def sweep_start(request, pk):
     except ValidationError as exc:
         # what the service checks beyond the form: the endpoint against the allow-list
         form.add_parameter_errors(exc)
-        return _deployment_page(request, deployment, sweep_form=form, status=400)
-    messages.success(request, f"Sweep queued on {deployment.host.queue_name}.")
+        return _deployment_page(request, deployment, status=400, **{page_form: form})
+    messages.success(request, f"{what} queued on {deployment.host.queue_name}.")
     return redirect("run-detail", uuid=run.uuid)
+
+
+@login_required
+@require_POST
+def sweep_start(request, pk):
+    return _run_start(request, pk, SweepForm, "sweep_form", "Sweep")
 
 
 @login_required
 @require_POST
 def capacity_start(request, pk):
     """Start a capacity search of the deployment (kind "capacity" through run_start)."""
-    deployment = _deployment_or_404(pk)
-    form = CapacityForm(request.POST, deployment=deployment)
-    if not form.is_valid():
-        return _deployment_page(request, deployment, capacity_form=form, status=400)
-    try:
-        run, _ = run_services.run_start(
-            deployment=deployment, parameters=form.parameters(), label=form.cleaned_data["label"]
-        )
-    except ValidationError as exc:
-        form.add_parameter_errors(exc)
-        return _deployment_page(request, deployment, capacity_form=form, status=400)
-    messages.success(request, f"Capacity search queued on {deployment.host.queue_name}.")
-    return redirect("run-detail", uuid=run.uuid)
+    return _run_start(request, pk, CapacityForm, "capacity_form", "Capacity search")
 
 
 @login_required
