@@ -19,6 +19,21 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HF_CONFIGS = FIXTURES / "hf_configs"
 # GLM-5 at TP8, bf16: the tuner tests' shape
 SHAPE = KernelShape(E=256, N=256, H=6144, top_k=8)
+# One batch size's entry of a fused-MoE kernel-config file, as vLLM's benchmark_moe.py writes it
+KERNEL_ENTRY = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+# vLLM's own config files (vllm-project/vllm, fused_moe/configs/), kept in fixtures/kernel_configs
+RTX_PRO_6000_FP8_FILE = (
+    "E=128,N=2048,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Workstation_Edition,"
+    "dtype=fp8_w8a8,block_shape=[128,128].json"
+)
+MI300X_FILE = "E=128,N=1024,device_name=AMD_Instinct_MI300X.json"
 
 
 @contextlib.contextmanager

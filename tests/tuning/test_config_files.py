@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import tuning.__main__ as cli_main
-from tests.fakes import FIXTURES, ROOT
+from tests.fakes import FIXTURES, KERNEL_ENTRY, MI300X_FILE, ROOT, RTX_PRO_6000_FP8_FILE
 from tuning.config_files import (
     TUNED_BATCH_SIZES,
     ConfigEntryError,
@@ -29,21 +29,6 @@ from tuning.config_files import (
 
 KERNEL_CONFIGS = FIXTURES / "kernel_configs"
 REPO = ROOT
-# Written by vLLM's benchmark_moe.py (vllm-project/vllm, fused_moe/configs/).
-RTX_PRO_6000 = (
-    "E=128,N=2048,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Workstation_Edition,"
-    "dtype=fp8_w8a8,block_shape=[128,128].json"
-)
-MI300X = "E=128,N=1024,device_name=AMD_Instinct_MI300X.json"
-
-ENTRY = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
 
 
 def test_tuned_batch_sizes_are_the_18_of_the_design():
@@ -156,7 +141,7 @@ REAL_NAMES = [
     ("E=128,N=384,device_name=NVIDIA_H100_PCIe,block_shape=[128,128].json", "vllm"),
     ("E=10,N=512,device_name=Intel(R)_Arc(TM)_Pro_B60_Graphics.json", None),
     ("E=1,N=14336,device_name=NVIDIA_A100-SXM4-80GB,dtype=int8_w8a16.json", None),
-    (RTX_PRO_6000, "vllm"),
+    (RTX_PRO_6000_FP8_FILE, "vllm"),
     ("E=257,N=128,device_name=NVIDIA_H100_80GB_HBM3,block_shape=[128, 128].json", "sglang"),
 ]
 
@@ -290,16 +275,16 @@ def test_sglang_looks_under_its_triton_folder_then_the_others_newest_first(tmp_p
         search_path("trtllm", NAME, env_folder=None, package_dir=None, triton_version=None)
 
 
-@pytest.mark.parametrize("name", [RTX_PRO_6000, MI300X])
+@pytest.mark.parametrize("name", [RTX_PRO_6000_FP8_FILE, MI300X_FILE])
 def test_real_engine_files_validate(name):
     version, entries = loads_config((KERNEL_CONFIGS / name).read_text())
 
     assert all(isinstance(m, int) for m in entries)
     assert list(entries) == sorted(entries)
-    assert version == ("3.6.0" if name == RTX_PRO_6000 else None)
+    assert version == ("3.6.0" if name == RTX_PRO_6000_FP8_FILE else None)
 
 
-@pytest.mark.parametrize("name", [RTX_PRO_6000, MI300X])
+@pytest.mark.parametrize("name", [RTX_PRO_6000_FP8_FILE, MI300X_FILE])
 def test_it_writes_byte_for_byte_what_the_engine_tuner_wrote(name):
     text = (KERNEL_CONFIGS / name).read_text()
     version, entries = loads_config(text)
@@ -308,7 +293,7 @@ def test_it_writes_byte_for_byte_what_the_engine_tuner_wrote(name):
 
 
 def test_it_writes_fields_and_batch_sizes_in_the_engine_order_whatever_the_input_order():
-    text = (KERNEL_CONFIGS / RTX_PRO_6000).read_text()
+    text = (KERNEL_CONFIGS / RTX_PRO_6000_FP8_FILE).read_text()
     version, entries = loads_config(text)
     # As a database may hand a JSON column back: keys sorted differently.
     shuffled = {m: dict(sorted(e.items())) for m, e in sorted(entries.items(), reverse=True)}
@@ -317,19 +302,19 @@ def test_it_writes_fields_and_batch_sizes_in_the_engine_order_whatever_the_input
 
 
 def test_it_omits_the_triton_version_for_an_sglang_file():
-    text = dumps_config({1: ENTRY, 2: ENTRY}, None)
+    text = dumps_config({1: KERNEL_ENTRY, 2: KERNEL_ENTRY}, None)
 
     assert "triton_version" not in text
     assert [int(k) for k in json.loads(text)] == [1, 2]
 
 
 def test_it_returns_the_triton_version_separately():
-    obj = {"triton_version": "3.7.1", "1": ENTRY}
+    obj = {"triton_version": "3.7.1", "1": KERNEL_ENTRY}
 
     assert triton_version_of(obj) == "3.7.1"
-    assert validate_entries(obj) == {1: ENTRY}
+    assert validate_entries(obj) == {1: KERNEL_ENTRY}
     with pytest.raises(ConfigEntryError, match="triton_version must be a string, got 3.7"):
-        triton_version_of({"triton_version": 3.7, "1": ENTRY})
+        triton_version_of({"triton_version": 3.7, "1": KERNEL_ENTRY})
 
 
 @pytest.mark.parametrize(
@@ -352,14 +337,14 @@ def test_it_returns_the_triton_version_separately():
 )
 def test_it_rejects_each_kind_of_bad_entry_naming_batch_size_and_field(field, value, message):
     with pytest.raises(ConfigEntryError) as caught:
-        validate_entries({"1": ENTRY, "64": {**ENTRY, field: value}})
+        validate_entries({"1": KERNEL_ENTRY, "64": {**KERNEL_ENTRY, field: value}})
 
     assert len(caught.value.errors) == 1
     assert caught.value.errors[0].startswith(message)
 
 
 def test_it_names_a_missing_field():
-    entry = {k: v for k, v in ENTRY.items() if k != "num_stages"}
+    entry = {k: v for k, v in KERNEL_ENTRY.items() if k != "num_stages"}
 
     with pytest.raises(ConfigEntryError, match="batch size 8: num_stages is missing"):
         validate_entries({"8": entry})
@@ -368,17 +353,17 @@ def test_it_names_a_missing_field():
 @pytest.mark.parametrize("key", ["0", "-4", "abc", "1.5", "", "٣"])
 def test_it_rejects_batch_size_keys_that_are_not_positive_integers(key):
     with pytest.raises(ConfigEntryError) as caught:
-        validate_entries({"1": ENTRY, key: ENTRY})
+        validate_entries({"1": KERNEL_ENTRY, key: KERNEL_ENTRY})
 
     assert caught.value.errors == [f"batch size {json.dumps(key)}: not a positive integer"]
 
 
 def test_it_collects_every_error_rather_than_the_first():
     bad = {
-        "16": {**ENTRY, "BLOCK_SIZE_N": 48, "num_warps": 3},
-        "x": ENTRY,
+        "16": {**KERNEL_ENTRY, "BLOCK_SIZE_N": 48, "num_warps": 3},
+        "x": KERNEL_ENTRY,
         "4": "not an entry",
-        "1": ENTRY,
+        "1": KERNEL_ENTRY,
     }
 
     with pytest.raises(ConfigEntryError) as caught:
@@ -395,12 +380,16 @@ def test_it_collects_every_error_rather_than_the_first():
 
 def test_it_rejects_a_batch_size_given_twice():
     with pytest.raises(ConfigEntryError, match="batch size 1: given twice"):
-        validate_entries({"1": ENTRY, "01": ENTRY})
+        validate_entries({"1": KERNEL_ENTRY, "01": KERNEL_ENTRY})
 
 
 @pytest.mark.parametrize(
     ("obj", "message"),
-    [([ENTRY], "got a list"), ({}, "no batch-size entries"), ({"triton_version": "3.7.1"}, "no")],
+    [
+        ([KERNEL_ENTRY], "got a list"),
+        ({}, "no batch-size entries"),
+        ({"triton_version": "3.7.1"}, "no"),
+    ],
 )
 def test_it_rejects_content_with_no_entries(obj, message):
     with pytest.raises(ConfigEntryError, match=message):
@@ -408,11 +397,17 @@ def test_it_rejects_content_with_no_entries(obj, message):
 
 
 def test_it_keeps_the_engines_extra_fields():
-    entry = {**ENTRY, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 2, "SPLIT_K": 1}
+    entry = {
+        **KERNEL_ENTRY,
+        "waves_per_eu": 0,
+        "matrix_instr_nonkdim": 16,
+        "kpack": 2,
+        "SPLIT_K": 1,
+    }
 
-    assert validate_entries({"1": entry, "2": {**ENTRY, "USE_TMA": True}}) == {
+    assert validate_entries({"1": entry, "2": {**KERNEL_ENTRY, "USE_TMA": True}}) == {
         1: entry,
-        2: {**ENTRY, "USE_TMA": True},
+        2: {**KERNEL_ENTRY, "USE_TMA": True},
     }
 
 
@@ -423,7 +418,7 @@ def test_it_rejects_text_that_is_not_json():
 
 @pytest.mark.parametrize("M", [1, 3, 5, 20, 40, 100, 200, 383, 384, 385, 5000, 10**6])
 def test_it_picks_the_entry_the_engine_picks(M):
-    _, entries = loads_config((KERNEL_CONFIGS / MI300X).read_text())
+    _, entries = loads_config((KERNEL_CONFIGS / MI300X_FILE).read_text())
     tagged = {m: {**e, "M": m} for m, e in entries.items()}
     # The engines' own expression, over the keys in file order.
     engine = tagged[min(tagged.keys(), key=lambda x: abs(x - M))]

@@ -12,17 +12,10 @@ from moeops.insights.services import finding_create, plan_item_add
 from moeops.kernels.models import KernelConfig
 from tests import fakes
 from tests import page_base as pb
+from tests.fakes import KERNEL_ENTRY
 
 pytestmark = pytest.mark.django_db
 FIXTURES = fakes.FIXTURES / "hf_configs"
-GOOD_ENTRY = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
 
 
 @pytest.fixture
@@ -55,7 +48,9 @@ def _post_kernel_config(client, entries, **fields):
 
 
 def test_it_bounds_a_kernel_configs_shape_as_the_api_does(admin):
-    response = _post_kernel_config(admin, {"1": GOOD_ENTRY}, E="99999999999", block_shape="[0, 0]")
+    response = _post_kernel_config(
+        admin, {"1": KERNEL_ENTRY}, E="99999999999", block_shape="[0, 0]"
+    )
     assert response.status_code == 200
     errors = " ".join(_errors(response))
     assert "E must be an integer from 1 to 16,384, got 99999999999" in errors
@@ -64,19 +59,19 @@ def test_it_bounds_a_kernel_configs_shape_as_the_api_does(admin):
 
 
 def test_it_saves_a_valid_kernel_config_as_version_1(admin):
-    response = _post_kernel_config(admin, {"1": GOOD_ENTRY, "64": GOOD_ENTRY})
+    response = _post_kernel_config(admin, {"1": KERNEL_ENTRY, "64": KERNEL_ENTRY})
     assert response.status_code == 302, response.content.decode()[:2000]
     config = KernelConfig.objects.get()
     assert config.version == 1
     assert sorted(config.entries) == ["1", "64"]
-    _post_kernel_config(admin, {"1": GOOD_ENTRY})
+    _post_kernel_config(admin, {"1": KERNEL_ENTRY})
     assert sorted(KernelConfig.objects.values_list("version", flat=True)) == [1, 2]
 
 
 def test_an_edit_in_the_admin_is_the_next_version_and_the_stored_one_stays(admin):
-    _post_kernel_config(admin, {"1": GOOD_ENTRY})
+    _post_kernel_config(admin, {"1": KERNEL_ENTRY})
     first = KernelConfig.objects.get()
-    faster = {**GOOD_ENTRY, "num_stages": 4}
+    faster = {**KERNEL_ENTRY, "num_stages": 4}
     form = {
         "device_name": "NVIDIA H200",
         "E": "256",
@@ -92,7 +87,7 @@ def test_an_edit_in_the_admin_is_the_next_version_and_the_stored_one_stays(admin
 
     assert response.status_code == 302
     first.refresh_from_db()
-    assert first.version == 1 and first.entries == {"1": GOOD_ENTRY}
+    assert first.version == 1 and first.entries == {"1": KERNEL_ENTRY}
     second = KernelConfig.objects.get(version=2)
     assert second.entries == {"1": faster}
 
@@ -106,7 +101,7 @@ def test_an_edit_in_the_admin_is_the_next_version_and_the_stored_one_stays(admin
 def test_entries_edited_in_the_admin_are_no_longer_said_tuned_or_timed_in_a_kernel(admin):
     _post_kernel_config(
         admin,
-        {"1": GOOD_ENTRY},
+        {"1": KERNEL_ENTRY},
         source="tuned",
         provenance="tuned by moeops on the lent H200",
         kernel_engine="vllm",
@@ -122,7 +117,7 @@ def test_entries_edited_in_the_admin_are_no_longer_said_tuned_or_timed_in_a_kern
         "dtype": "bf16",
         "block_shape": "null",
         "triton_version": "3.7.1",
-        "entries": json.dumps({"1": {**GOOD_ENTRY, "num_stages": 4}}),
+        "entries": json.dumps({"1": {**KERNEL_ENTRY, "num_stages": 4}}),
         "source": "tuned",
         "provenance": "tuned by moeops on the lent H200",
         "kernel_engine": "vllm",
@@ -147,19 +142,28 @@ def test_entries_edited_in_the_admin_are_no_longer_said_tuned_or_timed_in_a_kern
 @pytest.mark.parametrize(
     "entries, message",
     [
-        ({"0": GOOD_ENTRY}, 'batch size "0": not a positive integer'),
-        ({"-4": GOOD_ENTRY}, 'batch size "-4": not a positive integer'),
-        ({"abc": GOOD_ENTRY}, 'batch size "abc": not a positive integer'),
-        ({"64": {**GOOD_ENTRY, "BLOCK_SIZE_M": 48}}, "batch size 64: BLOCK_SIZE_M must be a power"),
-        ({"64": {**GOOD_ENTRY, "BLOCK_SIZE_N": 48}}, "batch size 64: BLOCK_SIZE_N must be a power"),
+        ({"0": KERNEL_ENTRY}, 'batch size "0": not a positive integer'),
+        ({"-4": KERNEL_ENTRY}, 'batch size "-4": not a positive integer'),
+        ({"abc": KERNEL_ENTRY}, 'batch size "abc": not a positive integer'),
         (
-            {"64": {**GOOD_ENTRY, "BLOCK_SIZE_K": 100}},
+            {"64": {**KERNEL_ENTRY, "BLOCK_SIZE_M": 48}},
+            "batch size 64: BLOCK_SIZE_M must be a power",
+        ),
+        (
+            {"64": {**KERNEL_ENTRY, "BLOCK_SIZE_N": 48}},
+            "batch size 64: BLOCK_SIZE_N must be a power",
+        ),
+        (
+            {"64": {**KERNEL_ENTRY, "BLOCK_SIZE_K": 100}},
             "batch size 64: BLOCK_SIZE_K must be a power",
         ),
-        ({"64": {**GOOD_ENTRY, "GROUP_SIZE_M": 0}}, "batch size 64: GROUP_SIZE_M must be at least"),
-        ({"64": {**GOOD_ENTRY, "num_warps": 3}}, "batch size 64: num_warps must be one of"),
-        ({"64": {**GOOD_ENTRY, "num_stages": 9}}, "batch size 64: num_stages must be between"),
-        ({"64": {**GOOD_ENTRY, "num_stages": 0}}, "batch size 64: num_stages must be between"),
+        (
+            {"64": {**KERNEL_ENTRY, "GROUP_SIZE_M": 0}},
+            "batch size 64: GROUP_SIZE_M must be at least",
+        ),
+        ({"64": {**KERNEL_ENTRY, "num_warps": 3}}, "batch size 64: num_warps must be one of"),
+        ({"64": {**KERNEL_ENTRY, "num_stages": 9}}, "batch size 64: num_stages must be between"),
+        ({"64": {**KERNEL_ENTRY, "num_stages": 0}}, "batch size 64: num_stages must be between"),
     ],
 )
 def test_it_rejects_bad_kernel_config_entries_naming_them(admin, entries, message):

@@ -6,22 +6,9 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from moeops.kernels.models import KernelConfig, TuningRun, TuningTiming
 from tests.api_base import make_world
-from tests.fakes import FIXTURES
+from tests.fakes import FIXTURES, KERNEL_ENTRY, MI300X_FILE, RTX_PRO_6000_FP8_FILE
 
 CONFIGS = FIXTURES / "kernel_configs"
-RTX_FP8 = (
-    "E=128,N=2048,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Workstation_Edition,"
-    "dtype=fp8_w8a8,block_shape=[128,128].json"
-)
-MI300X = "E=128,N=1024,device_name=AMD_Instinct_MI300X.json"
-ENTRY = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
 
 
 @pytest.fixture
@@ -35,7 +22,7 @@ def _import(client, name, content=None):
 
 
 def test_it_imports_a_vllm_file_by_its_name(world):
-    response = _import(world.owner, RTX_FP8)
+    response = _import(world.owner, RTX_PRO_6000_FP8_FILE)
     assert response.status_code == 201
     body = response.json()
     assert body["device_name"] == "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
@@ -43,19 +30,19 @@ def test_it_imports_a_vllm_file_by_its_name(world):
     assert body["block_shape"] == [128, 128]
     assert body["triton_version"] == "3.6.0"
     assert body["version"] == 1 and body["source"] == "imported"
-    assert body["file_names"]["vllm"] == RTX_FP8
+    assert body["file_names"]["vllm"] == RTX_PRO_6000_FP8_FILE
 
 
 def test_a_file_nested_past_what_json_reads_is_refused_on_its_content(world, client):
     deep = "[" * 5000 + "]" * 5000
     stored = KernelConfig.objects.count()
-    response = _import(world.owner, RTX_FP8, deep)
+    response = _import(world.owner, RTX_PRO_6000_FP8_FILE, deep)
     assert response.status_code == 400
     assert response.json()["detail"] == "content: not a config: nested too deep to read"
     # the kernels page's upload goes through the same service
     User.objects.create_user("ops", password="pw")
     client.login(username="ops", password="pw")
-    upload = SimpleUploadedFile(RTX_FP8, deep.encode(), "application/json")
+    upload = SimpleUploadedFile(RTX_PRO_6000_FP8_FILE, deep.encode(), "application/json")
     page = client.post("/kernels/upload/", {"file": upload, "file_name": ""})
     assert page.status_code == 400
     assert "nested too deep to read" in page.content.decode()
@@ -63,24 +50,24 @@ def test_a_file_nested_past_what_json_reads_is_refused_on_its_content(world, cli
 
 
 def test_import_then_export_gives_the_same_file(world):
-    config_id = _import(world.owner, RTX_FP8).json()["id"]
+    config_id = _import(world.owner, RTX_PRO_6000_FP8_FILE).json()["id"]
     response = world.read_only.get(f"/api/v1/kernel-configs/{config_id}/file?style=vllm")
     assert response.status_code == 200
-    assert response["Content-Disposition"] == f'attachment; filename="{RTX_FP8}"'
-    original = (CONFIGS / RTX_FP8).read_text()
+    assert response["Content-Disposition"] == f'attachment; filename="{RTX_PRO_6000_FP8_FILE}"'
+    original = (CONFIGS / RTX_PRO_6000_FP8_FILE).read_text()
     assert json.loads(response.content) == json.loads(original)
     assert response.content.decode() == original
 
 
 def test_it_exports_the_sglang_name_and_folder(world):
-    config_id = _import(world.owner, RTX_FP8).json()["id"]
+    config_id = _import(world.owner, RTX_PRO_6000_FP8_FILE).json()["id"]
     response = world.read_only.get(f"/api/v1/kernel-configs/{config_id}/file?style=sglang")
-    sglang_name = RTX_FP8.replace("[128,128]", "[128, 128]")
+    sglang_name = RTX_PRO_6000_FP8_FILE.replace("[128,128]", "[128, 128]")
     assert response["Content-Disposition"] == f'attachment; filename="{sglang_name}"'
     assert response["X-Config-Path"] == f"triton_3_6_0/{sglang_name}"
     exported = json.loads(response.content)
     assert "triton_version" not in exported
-    original = json.loads((CONFIGS / RTX_FP8).read_text())
+    original = json.loads((CONFIGS / RTX_PRO_6000_FP8_FILE).read_text())
     del original["triton_version"]
     assert exported == original
 
@@ -89,7 +76,10 @@ H200_DOWN = "triton_3_7_1/E=256,N=256,device_name=NVIDIA_H200,block_shape=[128, 
 
 
 def test_it_stores_an_sglang_down_file_as_a_series_of_its_own(world):
-    text = json.dumps({"1": ENTRY, "64": {**ENTRY, "BLOCK_SIZE_N": 128}}, indent=4) + "\n"
+    text = (
+        json.dumps({"1": KERNEL_ENTRY, "64": {**KERNEL_ENTRY, "BLOCK_SIZE_N": 128}}, indent=4)
+        + "\n"
+    )
     down = _import(world.host_worker, H200_DOWN, text)
     assert down.status_code == 201
     body = down.json()
@@ -107,7 +97,7 @@ def test_it_stores_an_sglang_down_file_as_a_series_of_its_own(world):
 
 
 def test_a_down_config_has_no_vllm_file(world):
-    config_id = _import(world.owner, H200_DOWN, json.dumps({"1": ENTRY})).json()["id"]
+    config_id = _import(world.owner, H200_DOWN, json.dumps({"1": KERNEL_ENTRY})).json()["id"]
     response = world.read_only.get(f"/api/v1/kernel-configs/{config_id}/file?style=vllm")
     assert response.status_code == 400
     assert response.json()["detail"] == (
@@ -122,7 +112,7 @@ def test_it_creates_a_down_config_from_its_fields(world):
         "N": 256,
         "down_moe": True,
         "triton_version": "3.7.1",
-        "entries": {"1": ENTRY},
+        "entries": {"1": KERNEL_ENTRY},
         "source": "tuned",
     }
     first = world.host_worker.post("/api/v1/kernel-configs", body)
@@ -134,7 +124,9 @@ def test_it_creates_a_down_config_from_its_fields(world):
 
 
 def test_an_sglang_file_round_trips_through_its_folder(world):
-    text = json.dumps({"1": ENTRY, "64": {**ENTRY, "BLOCK_SIZE_M": 64}}, indent=4) + "\n"
+    text = (
+        json.dumps({"1": KERNEL_ENTRY, "64": {**KERNEL_ENTRY, "BLOCK_SIZE_M": 64}}, indent=4) + "\n"
+    )
     name = "triton_3_4_0/E=256,N=256,device_name=NVIDIA_H200,block_shape=[128, 128].json"
     response = _import(world.host_worker, name, text)
     assert response.status_code == 201
@@ -147,13 +139,13 @@ def test_an_sglang_file_round_trips_through_its_folder(world):
 
 
 def test_it_accepts_the_content_as_a_json_object_and_stores_it_once(world):
-    content = json.loads((CONFIGS / MI300X).read_text())
-    first = _import(world.owner, MI300X, content)
-    again = _import(world.owner, MI300X, content)
+    content = json.loads((CONFIGS / MI300X_FILE).read_text())
+    first = _import(world.owner, MI300X_FILE, content)
+    again = _import(world.owner, MI300X_FILE, content)
     assert (first.status_code, again.status_code) == (201, 200)
     assert KernelConfig.objects.count() == 1
     changed = {**content, "1": {**content["1"], "num_stages": 3}}
-    newer = _import(world.owner, MI300X, changed)
+    newer = _import(world.owner, MI300X_FILE, changed)
     assert newer.status_code == 201
     assert newer.json()["version"] == 2
 
@@ -162,11 +154,11 @@ def test_it_names_what_is_wrong_with_a_config_file(world):
     bad_name = _import(world.owner, "E=128,N=1024.json", "{}")
     assert bad_name.status_code == 400
     assert bad_name.json()["detail"].startswith("file_name: ")
-    bad_entry = {"1": {**ENTRY, "num_warps": 3}}
-    bad_content = _import(world.owner, MI300X, bad_entry)
+    bad_entry = {"1": {**KERNEL_ENTRY, "num_warps": 3}}
+    bad_content = _import(world.owner, MI300X_FILE, bad_entry)
     assert bad_content.status_code == 400
     assert bad_content.json()["detail"].startswith("content: batch size 1: num_warps must be")
-    not_json = _import(world.owner, MI300X, "{not json")
+    not_json = _import(world.owner, MI300X_FILE, "{not json")
     assert not_json.status_code == 400
     assert "not valid JSON" in not_json.json()["detail"]
     assert not KernelConfig.objects.exists()
@@ -181,11 +173,11 @@ def test_it_names_what_is_wrong_with_a_config_file(world):
     ],
 )
 def test_it_bounds_the_shape_of_a_file_name_as_it_bounds_the_fields(world, name, named):
-    response = _import(world.owner, name, json.dumps({"1": ENTRY}))
+    response = _import(world.owner, name, json.dumps({"1": KERNEL_ENTRY}))
     assert response.status_code == 400
     detail = response.json()["detail"]
     assert detail.startswith(f"file_name: {name!r}: ") and named in detail
-    fields = {"device_name": "NVIDIA H200", "E": 2**20, "N": 64, "entries": {"1": ENTRY}}
+    fields = {"device_name": "NVIDIA H200", "E": 2**20, "N": 64, "entries": {"1": KERNEL_ENTRY}}
     by_fields = world.owner.post("/api/v1/kernel-configs", fields)
     assert by_fields.status_code == 400
     assert by_fields.json()["detail"] == ("E: must be an integer from 1 to 16,384, got 1048576")
@@ -199,7 +191,7 @@ def test_it_stores_a_config_from_its_fields(world):
         "N": 256,
         "dtype": "bf16",
         "triton_version": "3.7.1",
-        "entries": {"1": ENTRY, "16": ENTRY},
+        "entries": {"1": KERNEL_ENTRY, "16": KERNEL_ENTRY},
         "source": "tuned",
     }
     response = world.host_worker.post("/api/v1/kernel-configs", body)
@@ -212,8 +204,8 @@ def test_it_stores_a_config_from_its_fields(world):
 
 
 def test_it_lists_configs_by_shape(world):
-    _import(world.owner, RTX_FP8)
-    _import(world.owner, MI300X)
+    _import(world.owner, RTX_PRO_6000_FP8_FILE)
+    _import(world.owner, MI300X_FILE)
     assert world.read_only.get("/api/v1/kernel-configs").json()["count"] == 2
     assert world.read_only.get("/api/v1/kernel-configs?N=1024").json()["count"] == 1
     assert world.read_only.get("/api/v1/kernel-configs?dtype=fp8_w8a8").json()["count"] == 1
@@ -221,7 +213,7 @@ def test_it_lists_configs_by_shape(world):
 
 
 def test_read_only_token_cannot_import_configs(world):
-    assert _import(world.read_only, MI300X).status_code == 403
+    assert _import(world.read_only, MI300X_FILE).status_code == 403
 
 
 # --------------------------------------------------------------------------- tuning runs
@@ -256,7 +248,13 @@ def test_it_records_timings_and_the_result(world):
     running = world.host_worker.patch(f"/api/v1/tuning-runs/{ref}", {"status": "running"})
     assert running.status_code == 200 and running.json()["started_at"] is not None
     timings = [
-        {"batch_size": 1, "tuned_us": 24.5, "default_us": 61.0, "floor_us": 18.0, "config": ENTRY},
+        {
+            "batch_size": 1,
+            "tuned_us": 24.5,
+            "default_us": 61.0,
+            "floor_us": 18.0,
+            "config": KERNEL_ENTRY,
+        },
         {"batch_size": 64, "tuned_us": 610.0, "default_us": 1050.0, "floor_us": 490.0},
     ]
     path = f"/api/v1/tuning-runs/{ref}/timings"
@@ -267,7 +265,7 @@ def test_it_records_timings_and_the_result(world):
     assert TuningTiming.objects.count() == 2
     config = world.host_worker.post(
         "/api/v1/kernel-configs",
-        {"device_name": TUNING["device_name"], "E": 256, "N": 256, "entries": {"1": ENTRY}},
+        {"device_name": TUNING["device_name"], "E": 256, "N": 256, "entries": {"1": KERNEL_ENTRY}},
     ).json()
     done = world.host_worker.patch(
         f"/api/v1/tuning-runs/{ref}",
@@ -421,7 +419,7 @@ def test_a_config_records_its_kernel_beside_the_engines_file_not_in_it(world):
         "E": 256,
         "N": 256,
         "triton_version": "3.7.1",
-        "entries": {"1": ENTRY, "16": ENTRY},
+        "entries": {"1": KERNEL_ENTRY, "16": KERNEL_ENTRY},
         "source": "tuned",
         **VLLM_KERNEL,
     }
@@ -429,13 +427,17 @@ def test_a_config_records_its_kernel_beside_the_engines_file_not_in_it(world):
     assert first.status_code == 201
     assert {key: first.json()[key] for key in VLLM_KERNEL} == VLLM_KERNEL
     file = world.read_only.get(f"/api/v1/kernel-configs/{first.json()['id']}/file")
-    assert json.loads(file.content) == {"triton_version": "3.7.1", "1": ENTRY, "16": ENTRY}
+    assert json.loads(file.content) == {
+        "triton_version": "3.7.1",
+        "1": KERNEL_ENTRY,
+        "16": KERNEL_ENTRY,
+    }
     # the same entries again: the same version; tuned on another kernel: a version of its own
     assert world.host_worker.post("/api/v1/kernel-configs", body).status_code == 200
     builtin = {**body, "kernel_engine": "builtin", "kernel_version": "moeops"}
     other = world.host_worker.post("/api/v1/kernel-configs", builtin)
     assert (other.status_code, other.json()["version"]) == (201, 2)
-    imported = _import(world.owner, MI300X).json()
+    imported = _import(world.owner, MI300X_FILE).json()
     assert (imported["kernel_engine"], imported["kernel_source_sha256"]) == ("", "")
 
 
@@ -450,7 +452,7 @@ BAD_KERNEL_FIELDS = [
 
 @pytest.mark.parametrize(("field", "value"), BAD_KERNEL_FIELDS)
 def test_it_rejects_a_wrong_kernel_of_a_config_and_names_the_field(world, field, value):
-    body = {"device_name": "NVIDIA H200", "E": 256, "N": 256, "entries": {"1": ENTRY}}
+    body = {"device_name": "NVIDIA H200", "E": 256, "N": 256, "entries": {"1": KERNEL_ENTRY}}
     response = world.host_worker.post("/api/v1/kernel-configs", {**body, field: value})
     assert response.status_code == 422
     assert response.json()["message"].startswith(f"{field}:")
@@ -493,7 +495,7 @@ def test_it_rejects_a_tuning_run_asking_for_an_unknown_engine(world):
 def _tune_with_timings(world, status):
     world.host_worker.post("/api/v1/tuning-runs", {**TUNING, "status": "running"})
     ref = TUNING["uuid"]
-    timings = [{"batch_size": 1, "tuned_us": 24.5, "default_us": 61.0, "config": ENTRY}]
+    timings = [{"batch_size": 1, "tuned_us": 24.5, "default_us": 61.0, "config": KERNEL_ENTRY}]
     world.host_worker.post(f"/api/v1/tuning-runs/{ref}/timings", {"timings": timings})
     world.host_worker.patch(f"/api/v1/tuning-runs/{ref}", {"status": status})
     return ref, timings

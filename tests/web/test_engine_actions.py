@@ -21,17 +21,10 @@ from moeops.runs.models import LevelResult, SweepRun, level_key
 from moeops.runs.workloads import workload_store
 from tests import queues
 from tests.api_base import make_world
+from tests.fakes import KERNEL_ENTRY
 
 QUEUE = "host.rtx-pro-6000"
 ARGV = ["vllm", "serve", "/models/glm-5", "--port", "8000", "--max-num-seqs", "4"]
-ENTRY = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
 LOAD = {"levels": [4, 8], "input_len": 32, "output_len": 64, "prompts_per_level": 96}
 
 
@@ -219,7 +212,7 @@ def _apply(world, broker):
         N=256,
         dtype="bf16",
         triton_version="3.7.1",
-        entries={"1": ENTRY},
+        entries={"1": KERNEL_ENTRY},
     )
     item = PlanItem.objects.create(deployment=world.deployment, title="Install a tuned config")
     action = services.engine_action_start(

@@ -9,19 +9,11 @@ from moeops.insights.models import Finding
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.runs import estimate
 from tests import page_base as pb
+from tests.fakes import KERNEL_ENTRY
 
 pytestmark = pytest.mark.django_db
 # the analysis' finding from SGLang 0.5.23's own fusion decision in the example sweep's snapshot
 FUSION_OFF = "SGLang 0.5.23 runs no all-reduce + RMSNorm fusion on compute capability 12.0"
-
-ENTRY = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
 
 
 @pytest.fixture
@@ -266,7 +258,7 @@ def test_a_host_without_a_worker_is_said_before_a_tune(client, example):
 
 def test_it_links_the_kernel_configs_on_record_for_its_shape(client, example):
     config = KernelConfig(
-        device_name="NVIDIA RTX PRO 6000 Blackwell", E=256, N=256, entries={"1": ENTRY}
+        device_name="NVIDIA RTX PRO 6000 Blackwell", E=256, N=256, entries={"1": KERNEL_ENTRY}
     ).save_new_version()
     html = client.get(example.get_absolute_url()).content.decode()
     assert f'href="/kernels/{config.pk}/">bf16 v1</a>' in html

@@ -6,17 +6,9 @@ from django.utils import timezone
 from moeops.kernels.models import KernelConfig
 from moeops.runs.models import SweepRun
 from tests import page_base as pb
+from tests.fakes import KERNEL_ENTRY
 
 pytestmark = pytest.mark.django_db
-
-ENTRY = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
 
 
 @pytest.fixture
@@ -27,7 +19,7 @@ def runs(client):
     glm = pb.deployment("glm", pb.model("GLM-5"), h200, engine="sglang")
     kimi = pb.deployment("kimi", pb.model("Kimi K2", pb.KIMI_CONFIG), rtx, engine="vllm")
     vm, lxc = pb.snapshot(rtx, "vm", "kvm"), pb.snapshot(h200, "container", "lxc")
-    config = KernelConfig(device_name="NVIDIA H200", E=256, N=256, entries={"1": ENTRY})
+    config = KernelConfig(device_name="NVIDIA H200", E=256, N=256, entries={"1": KERNEL_ENTRY})
     config.save_new_version()
     rows = {
         "glm default": pb.run(glm, "glm default", topology_snapshot=lxc),

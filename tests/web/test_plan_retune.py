@@ -15,17 +15,10 @@ from moeops.kernels.models import TuningRun
 from moeops.runs.models import SweepRun
 from tests import queues
 from tests.api_base import make_world
+from tests.fakes import KERNEL_ENTRY
 
 QUEUE = "host.rtx-pro-6000"
 ARGV = ["vllm", "serve", "/models/glm-5", "--port", "8000"]
-ENTRY = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
 TITLE = "Tune for vLLM 0.34.0 and re-sweep"
 
 
@@ -90,7 +83,7 @@ def _store(shape):
         dtype=shape["dtype"],
         block_shape=shape["block_shape"],
         triton_version="3.7.1",
-        entries={1: ENTRY},
+        entries={1: KERNEL_ENTRY},
         source="tuned",
         kernel_engine="vllm",
         kernel_version="0.34.0",

@@ -9,6 +9,7 @@ from moeops.kernels.models import KernelConfig
 from moeops.runs.models import LevelResult, SweepRun, TelemetrySample
 from moeops.wsgi import application
 from tests.api_base import make_world, wsgi_in_test_transaction
+from tests.fakes import KERNEL_ENTRY
 from workers.client import (
     SPOOL_GIVE_UP_S,
     SPOOL_MAX_BACKOFF_S,
@@ -22,15 +23,6 @@ from workers.client import (
 )
 from workers.engine_supervisor import EngineSupervisor
 from workers.heartbeat import worker_status
-
-ENTRY = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
 
 
 class Switchable(httpx.BaseTransport):
@@ -367,14 +359,14 @@ def test_it_splits_large_telemetry_into_stable_batches(client, world):
 
 def test_it_pushes_and_exports_kernel_configs(client, world):
     name = "E=256,N=256,device_name=NVIDIA_H200.json"
-    text = json.dumps({"triton_version": "3.7.1", "1": ENTRY}, indent=4) + "\n"
+    text = json.dumps({"triton_version": "3.7.1", "1": KERNEL_ENTRY}, indent=4) + "\n"
     pushed = client.push_kernel_config(name, text)
     assert pushed["version"] == 1
     assert client.push_kernel_config(name, json.loads(text))["id"] == pushed["id"]
     file_name, path, content = client.export_kernel_config(pushed["id"], style="sglang")
     assert file_name == name
     assert path == f"triton_3_7_1/{name}"
-    assert json.loads(content) == {"1": ENTRY}
+    assert json.loads(content) == {"1": KERNEL_ENTRY}
     assert KernelConfig.objects.count() == 1
 
 

@@ -21,7 +21,7 @@ from moeops.fleet.models import Deployment, GPUReading, HealthCheck
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import KernelConfig, TuningRun
 from tests.engine import ensure_installed
-from tests.fakes import FakeNVML, h200
+from tests.fakes import KERNEL_ENTRY, FakeNVML, h200
 from tuning.backends import load_backend
 from tuning.engine_source import locate_package
 from tuning.search import KernelShape
@@ -30,15 +30,6 @@ from workers import job, kernel_tune
 from workers.engine_check import check_engine
 
 pytest_plugins = ["tests.stack"]
-
-ENTRY = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
 
 
 class FakeTuner:
@@ -65,7 +56,7 @@ class FakeTuner:
         batches = {
             m: BatchResult(
                 M=m,
-                config={**ENTRY, "BLOCK_SIZE_M": 16 * 2 ** (i - 1)},
+                config={**KERNEL_ENTRY, "BLOCK_SIZE_M": 16 * 2 ** (i - 1)},
                 tuned_us=100.0 + m,
                 default_us=150.0 + m,
                 floor_us=80.0 + m,
@@ -75,7 +66,9 @@ class FakeTuner:
         }
         # at M=1024 GEMM 2 got a config of its own: 1100 µs with it, 1120 µs with the shared one
         # (on vLLM's sorted-A path, an entry that takes it)
-        batches[1024].down_config = {**ENTRY, "USE_TMA": True} if path == "sorted_a" else ENTRY
+        batches[1024].down_config = (
+            {**KERNEL_ENTRY, "USE_TMA": True} if path == "sorted_a" else KERNEL_ENTRY
+        )
         batches[1024].shared_config_us = 1120.0
         # the engine ships a file; at M=1 the search's best did not beat the engine's default
         for b in batches.values():
@@ -129,7 +122,7 @@ def test_a_tune_stores_its_config_timings_and_result(tune_client, tmp_path):
         256,
         "3.7.1",
     )
-    assert config.entries["64"] == {**ENTRY, "BLOCK_SIZE_M": 32}
+    assert config.entries["64"] == {**KERNEL_ENTRY, "BLOCK_SIZE_M": 32}
     assert config.file_name("vllm") == "E=256,N=256,device_name=NVIDIA_H200.json"
     timings = {t.batch_size: t for t in tuning_run.timings.all()}
     assert sorted(timings) == [1, 64, 1024]
@@ -158,7 +151,7 @@ def test_a_tune_stores_its_config_timings_and_result(tune_client, tmp_path):
     assert re.fullmatch(r"[0-9a-f]{64}", config.kernel_source_sha256)
     # GEMM 2's own config at M=1024 travels as SGLang's _down file
     down = KernelConfig.objects.get(down_moe=True)
-    assert (down.source, down.version, down.entries) == ("tuned", 1, {"1024": ENTRY})
+    assert (down.source, down.version, down.entries) == ("tuned", 1, {"1024": KERNEL_ENTRY})
     assert down.file_name("sglang") == "E=256,N=256,device_name=NVIDIA_H200_down.json"
     assert KernelConfig.objects.count() == 2
 
@@ -295,7 +288,7 @@ def test_a_sorted_a_tune_reads_the_launch_recipe_and_stores_up_and_down_as_one_c
     assert config.down_entries == {
         "1": {"USE_TMA": False},
         "64": {"USE_TMA": False},
-        "1024": {**ENTRY, "USE_TMA": True},
+        "1024": {**KERNEL_ENTRY, "USE_TMA": True},
     }
     names = [name for name, _ in config.files("vllm")]
     assert names[1] == names[0].removesuffix(".json") + "_down.json"
