@@ -40,6 +40,27 @@ SWEEP_PRESETS = {
 }
 
 
+def _endpoint_field():
+    return forms.ChoiceField(
+        choices=(("completions", "completions"), ("chat", "chat")), initial="completions"
+    )
+
+
+def _ramp_up_field(help_text):
+    return forms.FloatField(label="Ramp-up (s)", required=False, help_text=help_text)
+
+
+def _workload_field(help_text, **kwargs):
+    """The workload a sweep or a capacity search sends; none: random token ids."""
+    return forms.ModelChoiceField(
+        queryset=Workload.objects.order_by("name", "-version"),
+        required=False,
+        empty_label="random token ids of the lengths above",
+        help_text=help_text,
+        **kwargs,
+    )
+
+
 class WorkloadSelect(forms.Select):
     """The workload choice; a workload whose file sets the output lengths says so in its
     option's data-output (forms.js shows it in place of the sweep's output length)."""
@@ -94,9 +115,7 @@ class SweepForm(forms.Form):
         help_text=f"Times each level runs in a row (1 to {MAX_ROUNDS}); from 2 on, each level "
         "shows the median of its rounds and a 95 % interval.",
     )
-    endpoint = forms.ChoiceField(
-        choices=(("completions", "completions"), ("chat", "chat")), initial="completions"
-    )
+    endpoint = _endpoint_field()
     request_rates = forms.CharField(
         label="Request rates (req/s)",
         required=False,
@@ -108,18 +127,11 @@ class SweepForm(forms.Form):
         help_text="Gaps between requests: 1 (or empty) Poisson, below 1 burstier, above 1 more "
         "even (vLLM's --burstiness).",
     )
-    ramp_up_s = forms.FloatField(
-        label="Ramp-up (s)",
-        required=False,
-        help_text="Each rate level's rate rises from 0 over these seconds.",
-    )
-    workload = forms.ModelChoiceField(
-        queryset=Workload.objects.order_by("name", "-version"),
-        required=False,
+    ramp_up_s = _ramp_up_field("Each rate level's rate rises from 0 over these seconds.")
+    workload = _workload_field(
+        "What each request sends (the workloads page lists them); the lengths above then bound "
+        "the sweep's total only, and a file's answers set the output lengths.",
         widget=WorkloadSelect,
-        empty_label="random token ids of the lengths above",
-        help_text="What each request sends (the workloads page lists them); the lengths above "
-        "then bound the sweep's total only, and a file's answers set the output lengths.",
     )
     profile_levels = forms.CharField(
         label="Profile levels",
@@ -294,24 +306,17 @@ class CapacityForm(forms.Form):
     )
     input_len = forms.IntegerField(label="Input length (tokens)", min_value=1, initial=1024)
     output_len = forms.IntegerField(label="Output length (tokens)", min_value=1, initial=256)
-    endpoint = forms.ChoiceField(
-        choices=(("completions", "completions"), ("chat", "chat")), initial="completions"
-    )
+    endpoint = _endpoint_field()
     burstiness = forms.FloatField(
         required=False,
         help_text="Request-rate mode: the gaps between requests at every rate tried, 1 (or "
         "empty) Poisson, below 1 burstier (vLLM's --burstiness).",
     )
-    ramp_up_s = forms.FloatField(
-        label="Ramp-up (s)",
-        required=False,
-        help_text="Request-rate mode: each level's rate rises from 0 over these seconds.",
+    ramp_up_s = _ramp_up_field(
+        "Request-rate mode: each level's rate rises from 0 over these seconds."
     )
-    workload = forms.ModelChoiceField(
-        queryset=Workload.objects.order_by("name", "-version"),
-        required=False,
-        empty_label="random token ids of the lengths above",
-        help_text="What each request sends at every load tried (the workloads page lists them).",
+    workload = _workload_field(
+        "What each request sends at every load tried (the workloads page lists them)."
     )
 
     def __init__(self, *args, deployment, **kwargs):

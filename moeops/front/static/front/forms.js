@@ -10,12 +10,10 @@
   });
 })();
 
-// The sweep form: a preset fills the load fields; any change asks the server for the
-// estimated duration (one formula, moeops.runs.estimate).
-(function () {
-  var form = document.getElementById("sweep-form");
-  var line = document.getElementById("sweep-estimate");
-  if (!form || !line) { return; }
+// The sweep and capacity forms' estimated duration, asked of the server (one formula,
+// moeops.runs.estimate) and written into the form's line: refresh asks now, later once the
+// typing has paused for 250 ms.
+function estimateAsker(form, line) {
   var timer = null;
   function refresh() {
     var query = new URLSearchParams(new FormData(form));
@@ -28,7 +26,17 @@
     window.clearTimeout(timer);
     timer = window.setTimeout(refresh, 250);
   }
-  form.addEventListener("input", later);
+  return {refresh: refresh, later: later};
+}
+
+// The sweep form: a preset fills the load fields; any change asks for the estimated duration.
+(function () {
+  var form = document.getElementById("sweep-form");
+  var line = document.getElementById("sweep-estimate");
+  if (!form || !line) { return; }
+  var estimate = estimateAsker(form, line);
+  var refresh = estimate.refresh;
+  form.addEventListener("input", estimate.later);
   // A workload whose file sets the output lengths: the output field is emptied and says so
   // (its pre-filled number would read as the sweep's output length).
   var workload = form.elements["workload"];
@@ -65,18 +73,9 @@
   var line = document.getElementById("capacity-estimate");
   if (!form || !line) { return; }
   var details = form.closest("details");
-  var timer = null;
-  function refresh() {
-    var query = new URLSearchParams(new FormData(form));
-    query.delete("csrfmiddlewaretoken");
-    fetch(line.dataset.estimateUrl + "?" + query.toString(), {credentials: "same-origin"})
-      .then(function (response) { return response.ok ? response.json() : null; })
-      .then(function (body) { if (body) { line.textContent = body.text; } });
-  }
-  form.addEventListener("input", function () {
-    window.clearTimeout(timer);
-    timer = window.setTimeout(refresh, 250);
-  });
+  var estimate = estimateAsker(form, line);
+  var refresh = estimate.refresh;
+  form.addEventListener("input", estimate.later);
   if (details) {
     details.addEventListener("toggle", function () { if (details.open) { refresh(); } });
     if (details.open) { refresh(); }
