@@ -3,7 +3,7 @@ searches over time."""
 
 from domain.capacity import capacity_range
 from moeops.front.charts.figures import figure, limit_line, line_trace
-from moeops.front.charts.load import CONCURRENCY_AXIS, band_trace
+from moeops.front.charts.load import CONCURRENCY_AXIS, add_band, level_concurrency, level_rate
 
 
 def capacity_limit(levels, mode, metric, percentile, limit_ms, label):
@@ -12,7 +12,7 @@ def capacity_limit(levels, mode, metric, percentile, limit_ms, label):
     and the limit drawn across; `label` names the metric ("TPOT p99")."""
     stat = "median" if percentile == "p50" else percentile
     key = f"{stat}_{metric}_ms"
-    x_of = (lambda lv: lv.concurrency) if mode == "concurrency" else (lambda lv: lv.request_rate)
+    x_of = level_concurrency if mode == "concurrency" else level_rate
     points = sorted(
         (x_of(lv), getattr(lv, key))
         for lv in levels
@@ -23,9 +23,7 @@ def capacity_limit(levels, mode, metric, percentile, limit_ms, label):
     if points:
         hover = "%{x} " + unit + "<br>%{y:,.1f} ms<extra>" + label + "</extra>"
         traces.append(line_trace(label, points, hovertemplate=hover))
-        band = band_trace(label, levels, key, x_of)
-        if band is not None:
-            traces.append(band)
+        add_band(traces, label, levels, key, x_of)
     shape, annotation = limit_line(limit_ms, f"limit {limit_ms:g} ms")
     xaxis = CONCURRENCY_AXIS if mode == "concurrency" else {"title": {"text": "req/s"}}
     return figure(

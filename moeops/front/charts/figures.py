@@ -69,6 +69,22 @@ def line_trace(name, points, **extra):
     }
 
 
+def interval_band(name, ends):
+    """A filled band of 95 % intervals, ends [(x, low, high)] in x order, as one trace: the upper
+    ends left to right, then the lower ends back."""
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "name": name,
+        "x": [x for x, _, _ in ends] + [x for x, _, _ in reversed(ends)],
+        "y": [high for _, _, high in ends] + [low for _, low, _ in reversed(ends)],
+        "fill": "toself",
+        "opacity": 0.2,
+        "line": {"width": 0},
+        "hoverinfo": "skip",
+    }
+
+
 def limit_line(value, label):
     shape = {
         "type": "line",

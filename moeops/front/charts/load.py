@@ -1,7 +1,7 @@
 """Charts against load: the axis a run's levels are plotted on (concurrency, or the request
 rate asked), their lines (one per cap on the rate axis) and the bands of their 95 % intervals."""
 
-from moeops.front.charts.figures import line_trace
+from moeops.front.charts.figures import interval_band, line_trace
 
 CONCURRENCY_AXIS = {"title": {"text": "concurrency"}, "type": "log", "dtick": 0.30103}
 RATE_AXIS = {"title": {"text": "request rate asked (req/s)"}, "type": "log"}
@@ -74,9 +74,8 @@ def load_line(name, points, cap, caps, unit_hover, **extra):
 
 
 def band_trace(name, levels, key, x_of=level_concurrency):
-    """The 95 % interval over the rounds of `key` as a filled band around its line (one trace:
-    the upper ends left to right, then the lower ends back), or None without intervals; x_of:
-    a level's x (its concurrency)."""
+    """The 95 % interval over the rounds of `key` as a filled band around its line
+    (interval_band), or None without intervals; x_of: a level's x (its concurrency)."""
     ends = sorted(
         (x_of(level), *level.interval(key))
         for level in levels
@@ -84,17 +83,7 @@ def band_trace(name, levels, key, x_of=level_concurrency):
     )
     if not ends:
         return None
-    return {
-        "type": "scatter",
-        "mode": "lines",
-        "name": f"{name} 95 % interval",
-        "x": [c for c, _, _ in ends] + [c for c, _, _ in reversed(ends)],
-        "y": [high for _, _, high in ends] + [low for _, low, _ in reversed(ends)],
-        "fill": "toself",
-        "opacity": 0.2,
-        "line": {"width": 0},
-        "hoverinfo": "skip",
-    }
+    return interval_band(f"{name} 95 % interval", ends)
 
 
 def add_band(traces, name, levels, key, x_of=level_concurrency):

@@ -1,6 +1,6 @@
 """A watch's figure over its runs (watch and deployment pages)."""
 
-from moeops.front.charts.figures import figure, line_trace
+from moeops.front.charts.figures import figure, interval_band, line_trace
 
 
 def watch_timeline(watch_runs, name="peak output tok/s"):
@@ -13,21 +13,11 @@ def watch_timeline(watch_runs, name="peak output tok/s"):
     )
     times = [w.fired_at.strftime("%Y-%m-%d %H:%M:%S") for w in shown]
     traces = []
-    banded = [(t, w.interval) for t, w in zip(times, shown, strict=True) if w.interval]
+    banded = [
+        (t, w.interval[0], w.interval[1]) for t, w in zip(times, shown, strict=True) if w.interval
+    ]
     if banded:
-        traces.append(
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "name": "95 % interval",
-                "x": [t for t, _ in banded] + [t for t, _ in reversed(banded)],
-                "y": [i[1] for _, i in banded] + [i[0] for _, i in reversed(banded)],
-                "fill": "toself",
-                "opacity": 0.2,
-                "line": {"width": 0},
-                "hoverinfo": "skip",
-            }
-        )
+        traces.append(interval_band("95 % interval", banded))
     if shown:
         traces.append(
             {
