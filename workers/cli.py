@@ -247,13 +247,19 @@ def build_parser():
 
     command = commands.add_parser(
         "import-results",
-        help="import a SGLang or vLLM benchmark result file, or a run's requests, as a run",
+        help="import a load tool's result file, or a run's requests, as a run",
         description="Import SGLang bench_serving JSONL (--output-file) or vLLM --save-result "
-        "JSON, each result object one level of a new run; or (--format moeops) a run's "
+        "JSON, each result object one level of a new run; AIPerf's "
+        "profile_export_aiperf.json, guidellm's benchmarks.json or inference-perf's "
+        "stage_N_lifecycle_metrics.json (docs/formats.md); or (--format moeops) a run's "
         "per-request export, its levels and rounds those of its lines.",
     )
     command.add_argument("file", help="the result file")
-    command.add_argument("--format", required=True, choices=("sglang", "vllm", "moeops"))
+    command.add_argument(
+        "--format",
+        required=True,
+        choices=("sglang", "vllm", "moeops", "aiperf", "guidellm", "inference-perf"),
+    )
     command.add_argument("--deployment", required=True, help="deployment name or id")
     command.add_argument("--label", default="", help="label of the run (default: file name)")
     command.add_argument(

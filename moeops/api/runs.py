@@ -238,7 +238,8 @@ class RunImportIn(In):
     format: ResultFormat = Field(
         description="sglang: bench_serving --output-file JSONL; vllm: --save-result JSON "
         "(--save-detailed: its requests kept); moeops: a run's per-request export (JSONL or "
-        "CSV)"
+        "CSV); aiperf: profile_export_aiperf.json; guidellm: benchmarks.json (its requests "
+        "kept); inference-perf: stage_N_lifecycle_metrics.json"
     )
     deployment: text(200, min_length=1) = Field(description="deployment id or name")
     content: LongText = Field(description="the file's text")

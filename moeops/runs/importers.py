@@ -11,6 +11,9 @@ Formats:
   one request per line, or its CSV twin (`requests.csv`, known by its header row); its levels
   and rounds are the lines' (concurrency, request_rate, round), their figures computed from the
   requests (domain.request_log.level_figures).
+- "aiperf", "guidellm", "inference-perf": other load tools' result files, read by
+  moeops.runs.load_tools (pure: no Django) as vLLM result objects; its docstring says which
+  file of each tool.
 
 Keys come and go between versions, so every metric is read from the first key present in a
 list of aliases; absent keys stay None. Each object is kept whole in `raw`.
@@ -30,9 +33,10 @@ from domain.levels import LATENCY_KEYS, MAX_ROUNDS
 from domain.numbers import is_integer, is_number
 from domain.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
 from moeops.runs.levels import level_problems
+from moeops.runs.load_tools import TOOL_FORMATS, tool_levels
 from moeops.runs.models import level_key
 
-FORMATS = ("sglang", "vllm", "moeops")
+FORMATS = ("sglang", "vllm", "moeops", *TOOL_FORMATS)
 
 
 def _aliases():
@@ -85,6 +89,8 @@ FILE_FACT_KEYS = (
     "random_output_len",
     "random_range_ratio",
     "burstiness",
+    "tool",
+    "tool_version",
 )
 
 
@@ -412,10 +418,18 @@ def parse_results(text, fmt):
     per-request export's levels carry `rounds` instead ([(round, figures, columns)]). Raises
     ResultFileError listing every line that is not JSON, not an object, lacks the throughput
     keys (an export's line: a request's keys), or repeats the (concurrency, request rate) of an
-    earlier line.
+    earlier line. Another load tool's file (TOOL_FORMATS): its levels carry `requests` where it
+    holds them, and a problem names its key.
     """
     if fmt not in FORMATS:
         raise ResultFileError([f"format must be one of {', '.join(FORMATS)}, got {fmt!r}"])
+    if fmt in TOOL_FORMATS:
+        return _tool_levels(text, fmt)
+    return _object_levels(text, fmt)
+
+
+def _object_levels(text, fmt):
+    """parse_results of a SGLang, vLLM or moeops file."""
     problems, levels, seen = [], [], {}
     objects = _objects(text, fmt)
     if not objects:
@@ -447,6 +461,36 @@ def parse_results(text, fmt):
         if error is not None:
             problems.append(f"line {number}: {error}")
             continue
+        level["line"] = number
+        levels.append(level)
+    if problems:
+        raise ResultFileError(problems)
+    return levels
+
+
+def _tool_levels(text, fmt):
+    """parse_results of another load tool's file: each level load_tools reads, checked
+    as a vLLM object is; a problem names the file's line or key ("benchmarks[1]: …")."""
+    try:
+        found = tool_levels(text, fmt)
+    except ValueError as exc:
+        raise ResultFileError([str(exc)]) from None
+    problems, levels, seen = [], [], {}
+    for number, (where, result) in enumerate(found, start=1):
+        requests = result.pop("requests", None)
+        try:
+            storable_json(result)
+            level = _level(result, fmt)
+        except ValueError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        key = level_key(level["concurrency"], level["request_rate"])
+        if key in seen:
+            problems.append(f"{where}: repeats the level of {seen[key]} ({key})")
+            continue
+        seen[key] = where
+        if requests is not None:
+            level["requests"] = requests
         level["line"] = number
         levels.append(level)
     if problems:
@@ -516,6 +560,9 @@ def stated_facts(levels, fmt) -> dict:
     info = info if isinstance(info, dict) else {}
     servers = _servers(info)
     names = [_name(first.get("model_id"))]
+    if fmt in TOOL_FORMATS:
+        # AIPerf may be given several models: each is one the file names
+        names += [_name(n) for n in first.get("model_names") or ()]
     for server in servers:
         names += [_name(server.get("model_path")), _name(server.get("served_model_name"))]
     names = list(dict.fromkeys(n for n in names if n))

@@ -158,8 +158,8 @@ class RunParameters(BaseModel):
         "profile inside the engine's step after their rounds (docs/metrics.md, \"Inside the "
         'step")',
     )
-    format: Literal["sglang", "vllm", "moeops"] | None = Field(
-        None, description="an imported file's"
+    format: Literal["sglang", "vllm", "moeops", "aiperf", "guidellm", "inference-perf"] | None = (
+        Field(None, description="an imported file's")
     )
     file_name: Annotated[str, Field(max_length=300)] | None = None
     import_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None

@@ -220,3 +220,25 @@ def test_a_file_measured_elsewhere_shows_no_per_gpu_figure_or_cost_from_the_host
     reason = "the result file does not say how many GPUs it ran on"
     assert f"No output per GPU (n/a): {reason}." in html
     assert f"No cost (n/a): {reason}." in html
+
+
+def test_a_guidellm_file_is_offered_and_imports_with_its_requests(client, deployment):
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    form = html.split('id="result-upload"')[1].split("</form>")[0]
+    for fmt in ("aiperf", "guidellm", "inference-perf"):
+        assert f'<option value="{fmt}">' in form
+    guidellm = RESULTS / "guidellm" / "benchmarks.json"
+    refused = _upload(client, deployment, guidellm, "guidellm")
+    assert refused.status_code == 400 and not SweepRun.objects.exists()
+    assert "Not imported: the file measured tiny-moe; the deployment" in refused.content.decode()
+    response = _upload(client, deployment, guidellm, "guidellm", accept_mismatch="on")
+    run = SweepRun.objects.get()
+    assert response["Location"] == f"/runs/{run.uuid}/"
+    assert run.other_model == "tiny-moe"
+    benchmarks = json.loads(guidellm.read_text())["benchmarks"]
+    assert sorted(run.levels.values_list("concurrency", flat=True)) == sorted(
+        b["config"]["strategy"]["streams"] for b in benchmarks
+    )
+    assert [level.request_logs.get().count for level in run.levels.order_by("concurrency")] == [
+        len(b["requests"]["successful"]) for b in benchmarks
+    ]

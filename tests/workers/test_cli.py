@@ -101,6 +101,21 @@ def test_it_imports_sglang_results_of_another_model_only_when_told_to(world, cap
     assert SweepRun.objects.count() == 1
 
 
+def test_it_imports_an_aiperf_summary_of_another_model_only_when_told_to(world, capsys):
+    path = FIXTURES / "results" / "aiperf" / "concurrency_4" / "profile_export_aiperf.json"
+    argv = ["import-results", str(path), "--format", "aiperf", "--deployment", "glm-5-sglang"]
+    code, out, err = _run(argv, capsys)
+    assert code == 1
+    assert err.startswith("error: 409: content: the file measured tiny-moe; the deployment")
+    assert not SweepRun.objects.exists()
+    code, out, err = _run([*argv, "--accept-mismatch"], capsys)
+    assert (code, err) == (0, "")
+    level = LevelResult.objects.get()
+    summary = json.loads(path.read_text())
+    assert level.concurrency == 4
+    assert level.output_throughput == summary["output_token_throughput"]["avg"]
+
+
 def test_it_reports_the_bad_lines_of_a_file(world, capsys):
     broken = FIXTURES / "results" / "sglang_broken.jsonl"
     argv = ["import-results", str(broken), "--format", "sglang", "--deployment", "glm-5-sglang"]

@@ -21,6 +21,9 @@ class ResultFileForm(forms.Form):
             ("sglang", "SGLang bench_serving (JSONL)"),
             ("vllm", "vLLM bench serve --save-result (JSON)"),
             ("moeops", "moeops per-request export (requests.jsonl or requests.csv)"),
+            ("aiperf", "AIPerf profile_export_aiperf.json (one concurrency)"),
+            ("guidellm", "guidellm benchmarks.json"),
+            ("inference-perf", "inference-perf stage_N_lifecycle_metrics.json (one stage)"),
         )
     )
     file = forms.FileField(label="Result file")

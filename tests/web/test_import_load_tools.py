@@ -1,0 +1,334 @@
+"""Result files of AIPerf, guidellm and inference-perf, each written by the tool against the
+real vLLM of `make test` (tests/fixtures/results/<tool>/COMMAND.md), imported as runs: their
+figures as the file gives them, under vLLM's metric names, filed under the model the file names
+and never under the deployment's GPUs."""
+
+import json
+
+import pytest
+
+from moeops.fleet.models import Deployment, ModelSpec
+from moeops.runs import load_tools
+from moeops.runs.importers import parse_results
+from moeops.runs.models import LevelResult, RequestLog, SweepRun
+from tests.api_base import make_world
+from tests.fakes import FIXTURES
+
+RESULTS = FIXTURES / "results"
+AIPERF = [RESULTS / "aiperf" / f"concurrency_{c}" / "profile_export_aiperf.json" for c in (2, 4)]
+GUIDELLM = RESULTS / "guidellm" / "benchmarks.json"
+INFERENCE_PERF = [RESULTS / "inference-perf" / f"stage_{n}_lifecycle_metrics.json" for n in (0, 1)]
+# (format, file) of every fixture
+FILES = [
+    *(("aiperf", path) for path in AIPERF),
+    ("guidellm", GUIDELLM),
+    *(("inference-perf", path) for path in INFERENCE_PERF),
+]
+# the model the tools were pointed at (vLLM served it as "tiny-moe": tests/engine)
+SERVED = "tiny-moe"
+
+
+def _id(item):
+    fmt, path = item
+    return f"{fmt}:{path.parent.name}/{path.name}"
+
+
+@pytest.fixture
+def world(db):
+    return make_world()
+
+
+@pytest.fixture
+def tiny(world):
+    """A deployment of the model the files measured, on a host of 2 GPUs, at TP 2."""
+    model = ModelSpec.objects.create(name=SERVED, config_json={})
+    return Deployment.objects.create(name="tiny", model=model, host=world.host, tp=2)
+
+
+def _import(client, path, fmt, deployment="tiny", **fields):
+    body = {"format": fmt, "deployment": deployment, "content": path.read_text()}
+    return client.post("/api/v1/runs/import", {**body, "file_name": path.name, **fields})
+
+
+def _nothing_stored():
+    return not SweepRun.objects.exists() and not LevelResult.objects.exists()
+
+
+# --------------------------------------------------------------------------- figures
+
+
+@pytest.mark.parametrize("path", AIPERF, ids=lambda p: p.parent.name)
+def test_an_aiperf_summary_is_one_level_of_the_files_figures(path):
+    doc = json.loads(path.read_text())
+    [level] = parse_results(path.read_text(), "aiperf")
+    [phase] = [p for p in doc["input_config"]["phases"] if p["kind"] == "profiling"]
+    assert level["concurrency"] == phase["concurrency"] and level["request_rate"] is None
+    assert level["duration"] == doc["benchmark_duration"]["avg"]
+    assert level["completed"] == doc["request_count"]["avg"] and level["failed"] == 0
+    assert level["total_input_tokens"] == doc["total_isl"]["avg"]
+    assert level["total_output_tokens"] == doc["total_osl"]["avg"]
+    assert level["request_throughput"] == doc["request_throughput"]["avg"]
+    assert level["output_throughput"] == doc["output_token_throughput"]["avg"]
+    assert level["total_token_throughput"] == doc["total_token_throughput"]["avg"]
+    for metric, key in load_tools.AIPERF_LATENCY.items():
+        for stat, theirs in load_tools.AIPERF_STATS.items():
+            assert level[f"{stat}_{metric}_ms"] == doc[key][theirs], (metric, stat)
+    # inter_token_latency is vLLM's TPOT (per request), inter_chunk_latency its ITL (per gap)
+    assert level["mean_tpot_ms"] == doc["inter_token_latency"]["avg"]
+    assert level["p99_itl_ms"] == doc["inter_chunk_latency"]["p99"]
+    assert level["raw"]["tool_version"] == doc["aiperf_version"] == "0.13.0"
+    assert "requests" not in level
+
+
+def test_guidellm_benchmarks_are_levels_with_their_requests():
+    doc = json.loads(GUIDELLM.read_text())
+    levels = parse_results(GUIDELLM.read_text(), "guidellm")
+    assert [level["concurrency"] for level in levels] == [
+        b["config"]["strategy"]["streams"] for b in doc["benchmarks"]
+    ]
+    assert [level["concurrency"] for level in levels] == [2, 4]
+    for level, benchmark in zip(levels, doc["benchmarks"], strict=True):
+        metrics = benchmark["metrics"]
+        assert level["request_rate"] is None
+        assert level["duration"] == benchmark["duration"]
+        assert level["completed"] == metrics["request_totals"]["successful"]
+        assert level["failed"] == metrics["request_totals"]["errored"]
+        assert (
+            level["total_input_tokens"] == metrics["prompt_token_count"]["successful"]["total_sum"]
+        )
+        assert (
+            level["total_output_tokens"] == metrics["output_token_count"]["successful"]["total_sum"]
+        )
+        assert (
+            level["output_throughput"] == metrics["output_tokens_per_second"]["successful"]["mean"]
+        )
+        assert level["request_throughput"] == metrics["requests_per_second"]["successful"]["mean"]
+        ttft = metrics["time_to_first_token_ms"]["successful"]
+        assert (level["mean_ttft_ms"], level["median_ttft_ms"], level["std_ttft_ms"]) == (
+            ttft["mean"],
+            ttft["median"],
+            ttft["std_dev"],
+        )
+        assert level["p99_ttft_ms"] == ttft["percentiles"]["p99"]
+        assert level["mean_tpot_ms"] == metrics["inter_token_latency_ms"]["successful"]["mean"]
+        # request_latency is in s
+        latency = metrics["request_latency"]["successful"]
+        assert level["p95_e2el_ms"] == pytest.approx(latency["percentiles"]["p95"] * 1000)
+        assert level.get("mean_itl_ms") is None  # guidellm keeps no gap between chunks
+
+        kept = benchmark["requests"]["successful"]
+        requests = level["requests"]
+        assert len(requests["status"]) == len(kept) == level["completed"]
+        assert requests["status"] == ["ok"] * len(kept)
+        assert requests["input_len"] == [r["prompt_tokens"] for r in kept]
+        assert requests["output_len"] == [r["output_tokens"] for r in kept]
+        assert requests["latency"] == [r["request_latency"] for r in kept]
+        assert requests["ttft"] == pytest.approx([r["time_to_first_token_ms"] / 1000 for r in kept])
+        starts = [r["info"]["timings"]["request_start"] for r in kept]
+        assert requests["start_time"] == pytest.approx([s - min(starts) for s in starts], abs=1e-6)
+        assert "requests" not in level["raw"]
+
+
+@pytest.mark.parametrize("path", INFERENCE_PERF, ids=lambda p: p.name)
+def test_an_inference_perf_stage_is_one_level_of_the_files_figures(path):
+    doc = json.loads(path.read_text())
+    [level] = parse_results(path.read_text(), "inference-perf")
+    ok = doc["successes"]
+    assert level["concurrency"] == doc["load_summary"]["concurrency"]
+    # a concurrent stage's requested_rate is no rate it was held to
+    assert level["request_rate"] is None
+    assert level["duration"] == doc["benchmark_time_seconds"]
+    assert (level["completed"], level["failed"]) == (ok["count"], doc["failures"]["count"])
+    assert level["total_input_tokens"] == ok["prompt_tokens"]["total"]
+    assert level["total_output_tokens"] == ok["output_tokens"]["total"]
+    assert level["output_throughput"] == ok["throughput"]["output_tokens_per_sec"]
+    assert level["total_token_throughput"] == ok["throughput"]["total_tokens_per_sec"]
+    for metric, key in load_tools.INFERENCE_PERF_LATENCY.items():
+        for stat, theirs in load_tools.INFERENCE_PERF_STATS.items():
+            expected = ok["latency"][key][theirs] * 1000
+            assert level[f"{stat}_{metric}_ms"] == pytest.approx(expected), (metric, stat)
+    assert level.get("std_ttft_ms") is None  # inference-perf writes no std
+
+
+# --------------------------------------------------------------------------- identity
+
+
+@pytest.mark.parametrize("item", [f for f in FILES if f[0] != "inference-perf"], ids=_id)
+def test_a_file_imports_as_the_model_it_names_with_no_gpu_count(world, tiny, item):
+    fmt, path = item
+    response = _import(world.owner, path, fmt)
+    assert response.status_code == 201, response.text
+    run = SweepRun.objects.get()
+    levels = parse_results(path.read_text(), fmt)
+    assert response.json()["levels"] == run.levels.count() == len(levels)
+    assert run.other_model is None
+    recorded = run.snapshot["deployment"]
+    assert recorded["model"] == SERVED
+    # no tool's file states its GPUs: never the host's 2
+    assert recorded["gpus"] == [] and run.measured_gpu_count() is None
+    assert run.snapshot["file"]["stated"]["gpu_count"] is None
+    assert run.snapshot["file"]["tool"] == fmt
+    for level in levels:
+        row = run.levels.get(concurrency=level["concurrency"])
+        assert row.output_throughput == level["output_throughput"]
+        assert row.mean_ttft_ms == level["mean_ttft_ms"]
+    logs = RequestLog.objects.filter(level__run=run)
+    if fmt == "guidellm":
+        assert sorted(log.count for log in logs) == [8, 8]
+    else:
+        assert not logs.exists()
+
+
+@pytest.mark.parametrize("item", [f for f in FILES if f[0] != "inference-perf"], ids=_id)
+def test_a_file_of_another_model_is_a_409_naming_both_until_confirmed(world, item):
+    fmt, path = item
+    refused = _import(world.owner, path, fmt, deployment="glm-5-sglang")
+    assert refused.status_code == 409
+    assert refused.json() == {
+        "detail": f"content: the file measured {SERVED}; the deployment glm-5-sglang serves "
+        "GLM-5 at TP8 on SGLang (they differ in model); send accept_mismatch: true to import "
+        "it all the same",
+        "differences": ["model"],
+    }
+    assert _nothing_stored()
+    accepted = _import(world.owner, path, fmt, deployment="glm-5-sglang", accept_mismatch=True)
+    assert accepted.status_code == 201
+    run = SweepRun.objects.get()
+    assert run.other_model == SERVED and run.snapshot["deployment"]["model"] == SERVED
+    assert run.snapshot["deployment"]["gpus"] == [] and run.measured_gpu_count() is None
+
+
+@pytest.mark.parametrize("path", INFERENCE_PERF, ids=lambda p: p.name)
+def test_an_inference_perf_stage_names_no_model_so_is_never_the_deployments(world, tiny, path):
+    refused = _import(world.owner, path, "inference-perf")
+    assert refused.status_code == 409
+    assert refused.json()["detail"].startswith(
+        "content: the file measured an unnamed model; the deployment tiny serves tiny-moe at TP2 "
+    )
+    assert _nothing_stored()
+    accepted = _import(world.owner, path, "inference-perf", accept_mismatch=True)
+    assert accepted.status_code == 201
+    run = SweepRun.objects.get()
+    assert run.other_model == "an unnamed model"
+    assert run.snapshot["deployment"]["model"] is None
+    assert run.measured_gpu_count() is None
+
+
+# --------------------------------------------------------------------------- bad files
+
+
+@pytest.mark.parametrize("item", FILES, ids=_id)
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.9, 0.999])
+def test_a_truncated_copy_is_refused_naming_its_line(world, tiny, item, fraction):
+    fmt, path = item
+    text = path.read_text()
+    body = {
+        "format": fmt,
+        "deployment": "tiny",
+        "content": text[: int(len(text) * fraction)],
+        "accept_mismatch": True,
+    }
+    response = world.owner.post("/api/v1/runs/import", body)
+    assert response.status_code == 400, response.text
+    [problem] = response.json()["problems"]
+    assert problem.startswith("line ") and ": not JSON (" in problem
+    assert _nothing_stored()
+
+
+def _changed(path, keys, value):
+    doc = json.loads(path.read_text())
+    holder = doc
+    for key in keys[:-1]:
+        holder = holder[key]
+    holder[keys[-1]] = value
+    return json.dumps(doc)
+
+
+# (format, file, the key path changed, its new value, the words of the refusal)
+CHANGED = [
+    (
+        "aiperf",
+        AIPERF[0],
+        ["time_to_first_token", "avg"],
+        "113 ms",
+        'time_to_first_token.avg is not a number: "113 ms"',
+    ),
+    (
+        "aiperf",
+        AIPERF[1],
+        ["request_count"],
+        8,
+        "request_count is not an object: 8",
+    ),
+    (
+        "aiperf",
+        AIPERF[0],
+        ["request_latency", "unit"],
+        "s",
+        "request_latency.unit is 's', not ms",
+    ),
+    (
+        "guidellm",
+        GUIDELLM,
+        ["benchmarks", 1, "metrics", "request_totals", "successful"],
+        "8",
+        'benchmarks[1].metrics.request_totals.successful is not a number: "8"',
+    ),
+    (
+        "guidellm",
+        GUIDELLM,
+        ["benchmarks", 0, "requests", "successful", 3, "request_latency"],
+        [0.5],
+        "benchmarks[0].requests.successful[3].request_latency is not a number: [0.5]",
+    ),
+    (
+        "guidellm",
+        GUIDELLM,
+        ["benchmarks"],
+        {"0": 1},
+        'benchmarks is not a list: {"0": 1}',
+    ),
+    (
+        "inference-perf",
+        INFERENCE_PERF[0],
+        ["successes", "throughput", "output_tokens_per_sec"],
+        "61.2",
+        'successes.throughput.output_tokens_per_sec is not a number: "61.2"',
+    ),
+    (
+        "inference-perf",
+        INFERENCE_PERF[1],
+        ["load_summary", "concurrency"],
+        4.5,
+        "load_summary.concurrency is not a count: 4.5",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "path", "keys", "value", "problem"),
+    CHANGED,
+    ids=[".".join(map(str, c[2])) for c in CHANGED],
+)
+def test_a_copy_with_a_value_of_another_type_is_refused_naming_its_key(
+    world, tiny, fmt, path, keys, value, problem
+):
+    body = {
+        "format": fmt,
+        "deployment": "tiny",
+        "content": _changed(path, keys, value),
+        "accept_mismatch": True,
+    }
+    response = world.owner.post("/api/v1/runs/import", body)
+    assert response.status_code == 400, response.text
+    assert response.json()["problems"] == [problem]
+    assert _nothing_stored()
+
+
+def test_a_file_of_another_tool_is_refused_saying_whose_it_is_not(world, tiny):
+    response = _import(world.owner, GUIDELLM, "aiperf")
+    assert response.status_code == 400
+    assert response.json()["problems"] == [
+        "line 1: not AIPerf's profile_export_aiperf.json (no aiperf_version)"
+    ]
+    assert _nothing_stored()
