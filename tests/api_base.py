@@ -7,9 +7,11 @@ import contextlib
 import json
 from dataclasses import dataclass
 
+from django.contrib.auth.models import User
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from django.test import Client
+from django.utils import timezone
 
 from moeops.api.models import ApiToken
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
@@ -107,3 +109,19 @@ def make_world():
         owner_token=owner,
         host_token=worker,
     )
+
+
+def make_managed_world():
+    """make_world with its deployment managed by moeops: vLLM at 127.0.0.1:8000 on all of the
+    host's GPUs, the host's worker seen just now, and a staff user `ops` as `world.staff`."""
+    world = make_world()
+    deployment = world.deployment
+    deployment.engine = "vllm"
+    deployment.management = "managed"
+    deployment.endpoint_url = "http://127.0.0.1:8000"
+    deployment.save()
+    deployment.gpus.set(world.host.gpus.all())
+    world.host.worker_seen_at = timezone.now()
+    world.host.save(update_fields=["worker_seen_at"])
+    world.staff = User.objects.create_user("ops", password="pw", is_staff=True)
+    return world

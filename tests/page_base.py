@@ -70,6 +70,27 @@ def worker_seen(host_row):
     return host_row
 
 
+def sweep_form(label, levels, *, input_len, output_len, prompts_per_level, warmup=8):
+    """The deployment page's sweep form as a browser posts it (`levels` as typed: "8, 64")."""
+    return {
+        "label": label,
+        "levels": levels,
+        "input_len": str(input_len),
+        "output_len": str(output_len),
+        "prompts_per_level": str(prompts_per_level),
+        "warmup": str(warmup),
+        "endpoint": "completions",
+    }
+
+
+def deployment_signed_in(client):
+    """A deployment on a host that sent a topology snapshot, its user signed in on `client`."""
+    sign_in(client)
+    row = deployment()
+    snapshot(row.host)
+    return row
+
+
 def snapshot(host_row, kind="container", technology="lxc", **fields):
     return TopologySnapshot.objects.create(
         host=host_row,

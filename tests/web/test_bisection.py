@@ -5,7 +5,6 @@ engine back on the recipe in force at the end, and a watch that starts it by its
 worker's side is played here as it reports through the services; figures are made up."""
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
@@ -19,7 +18,7 @@ from moeops.runs.models import LevelResult, SweepRun, level_key
 from moeops.watches import bisection, factors, services
 from moeops.watches.models import AlertChannel, Bisection, WatchRun
 from tests import page_base
-from tests.api_base import make_world
+from tests.api_base import make_managed_world
 
 QUEUE = "host.rtx-pro-6000"
 ARGV = ["vllm", "serve", "/models/glm-5", "--port", "8000", "--max-num-seqs", "8"]
@@ -30,18 +29,9 @@ TOPOLOGY = {"fingerprint": "abc", "virtualization": "none", "driver_version": "5
 
 @pytest.fixture
 def world(db):
-    world = make_world()
-    deployment = world.deployment
-    deployment.engine = "vllm"
-    deployment.management = "managed"
-    deployment.endpoint_url = "http://127.0.0.1:8000"
-    deployment.save()
-    deployment.gpus.set(world.host.gpus.all())
-    world.staff = User.objects.create_user("ops", password="pw", is_staff=True)
-    world.host.worker_seen_at = timezone.now()
-    world.host.save(update_fields=["worker_seen_at"])
+    world = make_managed_world()
     world.watch = services.watch_create(
-        deployment=deployment, name="nightly", parameters=LOAD, cron="0 3 * * *"
+        deployment=world.deployment, name="nightly", parameters=LOAD, cron="0 3 * * *"
     )
     return world
 

@@ -20,7 +20,7 @@ from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, SweepRun, level_key
 from moeops.runs.workloads import workload_store
 from tests import queues
-from tests.api_base import make_world
+from tests.api_base import make_managed_world
 from tests.fakes import KERNEL_ENTRY
 
 QUEUE = "host.rtx-pro-6000"
@@ -30,16 +30,8 @@ LOAD = {"levels": [4, 8], "input_len": 32, "output_len": 64, "prompts_per_level"
 
 @pytest.fixture
 def world(db):
-    world = make_world()
-    deployment = world.deployment
-    deployment.engine = "vllm"
-    deployment.management = "managed"
-    deployment.endpoint_url = "http://127.0.0.1:8000"
-    deployment.save()
-    deployment.gpus.set(world.host.gpus.all())
-    world.staff = User.objects.create_user("ops", password="pw", is_staff=True)
+    world = make_managed_world()
     world.member = User.objects.create_user("member", password="pw")
-    _alive(world.host)
     return world
 
 

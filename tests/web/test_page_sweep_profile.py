@@ -13,34 +13,12 @@ from tests.api_base import make_world
 
 pytestmark = pytest.mark.django_db
 
-FORM = {
-    "label": "profiled",
-    "levels": "8, 64",
-    "input_len": "128",
-    "output_len": "128",
-    "prompts_per_level": "128",
-    "warmup": "8",
-    "endpoint": "completions",
-}
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    calls = []
-    monkeypatch.setattr(
-        run_services,
-        "send_host_task",
-        lambda name, host, kwargs: calls.append((name, host, kwargs)),
-    )
-    return calls
+FORM = pb.sweep_form("profiled", "8, 64", input_len=128, output_len=128, prompts_per_level=128)
 
 
 @pytest.fixture
 def deployment(client):
-    pb.sign_in(client)
-    row = pb.deployment()
-    pb.snapshot(row.host)
-    return row
+    return pb.deployment_signed_in(client)
 
 
 def test_the_profile_levels_reach_the_worker_in_the_task(

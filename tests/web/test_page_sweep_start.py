@@ -11,34 +11,14 @@ from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
 
-FORM = {
-    "label": "c32-1024",
-    "levels": "1024, 32,64",
-    "input_len": "1024",
-    "output_len": "256",
-    "prompts_per_level": "512",
-    "warmup": "8",
-    "endpoint": "completions",
-}
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    calls = []
-    monkeypatch.setattr(
-        run_services,
-        "send_host_task",
-        lambda name, host, kwargs: calls.append((name, host, kwargs)),
-    )
-    return calls
+FORM = pb.sweep_form(
+    "c32-1024", "1024, 32,64", input_len=1024, output_len=256, prompts_per_level=512
+)
 
 
 @pytest.fixture
 def deployment(client):
-    pb.sign_in(client)
-    row = pb.deployment()
-    pb.snapshot(row.host)
-    return row
+    return pb.deployment_signed_in(client)
 
 
 def test_it_queues_a_sweep_and_enqueues_it_after_commit(

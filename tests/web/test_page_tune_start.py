@@ -5,23 +5,11 @@ import re
 import pytest
 from django.utils import timezone
 
-from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun, TuningTiming
 from tests import page_base as pb
 from tests.fakes import FIXTURES
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    calls = []
-    monkeypatch.setattr(
-        kernel_services,
-        "send_host_task",
-        lambda name, host, kwargs: calls.append((name, host, kwargs)),
-    )
-    return calls
 
 
 @pytest.fixture

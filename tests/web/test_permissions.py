@@ -18,7 +18,7 @@ from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
 from moeops.watches import bisection
 from moeops.watches.models import WatchRun
-from tests.api_base import make_world
+from tests.api_base import make_managed_world, make_world
 
 pytestmark = pytest.mark.django_db
 
@@ -129,17 +129,7 @@ def test_a_personal_token_writes_every_hosts_data():
 
 @pytest.fixture
 def managed(db):
-    world = make_world()
-    deployment = world.deployment
-    deployment.engine = "vllm"
-    deployment.management = "managed"
-    deployment.endpoint_url = "http://127.0.0.1:8000"
-    deployment.save()
-    deployment.gpus.set(world.host.gpus.all())
-    world.host.worker_seen_at = timezone.now()
-    world.host.save(update_fields=["worker_seen_at"])
-    world.staff = User.objects.create_user("ops", password="pw", is_staff=True)
-    return world
+    return make_managed_world()
 
 
 def test_a_recipe_asked_for_by_nobody_is_refused(managed):

@@ -14,7 +14,7 @@ from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
 from moeops.runs.models import SweepRun
 from tests import queues
-from tests.api_base import make_world
+from tests.api_base import make_managed_world
 from tests.fakes import KERNEL_ENTRY
 
 QUEUE = "host.rtx-pro-6000"
@@ -24,16 +24,8 @@ TITLE = "Tune for vLLM 0.34.0 and re-sweep"
 
 @pytest.fixture
 def world(db, client):
-    world = make_world()
-    deployment = world.deployment
-    deployment.engine = "vllm"
-    deployment.management = "managed"
-    deployment.endpoint_url = "http://127.0.0.1:8000"
-    deployment.save()
-    deployment.gpus.set(world.host.gpus.all())
-    world.host.worker_seen_at = timezone.now()
-    world.host.save(update_fields=["worker_seen_at"])
-    staff = User.objects.create_user("ops", password="pw", is_staff=True)
+    world = make_managed_world()
+    deployment, staff = world.deployment, world.staff
     recipe = engine_services.recipe_create(deployment=deployment, argv=ARGV, author=staff)
     recipe.applied_at = timezone.now()
     recipe.save(update_fields=["applied_at"])

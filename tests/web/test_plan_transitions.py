@@ -16,7 +16,7 @@ from moeops.insights.models import PLAN_MOVES, Finding, PlanItem
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
 from tests import page_base as pb
-from tests.api_base import make_world
+from tests.api_base import make_managed_world
 
 pytestmark = pytest.mark.django_db
 
@@ -27,17 +27,7 @@ STATUSES = ("pending", "in_progress", "completed")
 
 @pytest.fixture
 def world(db):
-    world = make_world()
-    deployment = world.deployment
-    deployment.engine = "vllm"
-    deployment.management = "managed"
-    deployment.endpoint_url = "http://127.0.0.1:8000"
-    deployment.save()
-    deployment.gpus.set(world.host.gpus.all())
-    world.host.worker_seen_at = timezone.now()
-    world.host.save(update_fields=["worker_seen_at"])
-    world.staff = User.objects.create_user("ops", password="pw", is_staff=True)
-    return world
+    return make_managed_world()
 
 
 def _item(world, status="pending", title="Raise --max-num-seqs"):
