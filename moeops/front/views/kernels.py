@@ -14,6 +14,7 @@ from moeops.front.charts.kernels import kernel_speedups, kernel_timings
 from moeops.front.forms.kernels import EngineDiffFileForm, KernelConfigFileForm
 from moeops.kernels import services
 from moeops.kernels.models import EngineDiff, KernelConfig, TuningRun
+from moeops.kernels.routings import routing_side_by_side
 from tuning import config_files
 
 ENTRY_FIELDS = config_files.REQUIRED_FIELDS
@@ -124,13 +125,14 @@ def kernel_upload(request):
 def kernel_detail(request, pk):
     config = _config_or_404(pk)
     fields = _fields_of(config)
-    # one query for the newest tune and every tune's kernel (KernelConfig.timed_in)
+    versions = [config if v.pk == config.pk else v for v in _versions(config)]
+    # one query for every version's tunes: this one's newest and every tune's kernel
+    # (KernelConfig.timed_in), the others' newest for the side by side of two routings
     prefetch_related_objects(
-        [config], Prefetch("tuning_runs", TuningRun.objects.order_by("-created"))
+        versions, Prefetch("tuning_runs", TuningRun.objects.order_by("-created"))
     )
     tuning = next(iter(config.tuning_runs.all()), None)
     timings = list(tuning.timings.all()) if tuning else []
-    versions = _versions(config)
     older = [c for c in versions if c.version < config.version]
     sglang_path = None
     if config.triton_version:
@@ -165,6 +167,7 @@ def kernel_detail(request, pk):
             (v for v in versions if v.version > config.version and v.source == "tuned"), None
         ),
         "runs": config.runs.select_related("deployment").order_by("-created")[:10],
+        "routings": routing_side_by_side(tuning, timings, versions),
     }
     return render(request, "front/kernel_detail.html", ctx)
 
