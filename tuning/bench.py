@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuning.backends import load_backend
+from tuning.backends.base import BackendError
 from tuning.config_files import TUNED_BATCH_SIZES, entry_for_batch, loads_config, parse_ints
 from tuning.engines import ENGINES
-from tuning.kernel_backend import BackendError
 from tuning.search import KernelShape
 from tuning.tune_cli import add_shape_arguments, engine_spec, routing_for, shape_from_args
 from tuning.tuner import FINAL_REPLAYS
@@ -85,7 +85,7 @@ def bench(
     import torch
 
     from tuning import timing
-    from tuning.backend_builtin import BuiltinBackend
+    from tuning.backends.builtin import BuiltinBackend
 
     backend = backend or BuiltinBackend()
     device_name = torch.cuda.get_device_name()

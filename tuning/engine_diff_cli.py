@@ -25,9 +25,9 @@ from pathlib import Path
 
 from domain.engine_diff_report import compare
 from tuning.backends import load_backend
+from tuning.backends.base import BackendError
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints
 from tuning.engine_paths import source_paths
-from tuning.kernel_backend import BackendError
 
 # The kernel and its launcher, by engine (the names the backends take from the engine's files).
 KERNELS = {"vllm": ("fused_moe_kernel", "invoke_fused_moe_triton_kernel")}

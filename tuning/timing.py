@@ -155,7 +155,7 @@ class LayerTimer:
         seed: int = 0,
         routing=None,
     ):
-        from tuning.backend_builtin import BuiltinBackend
+        from tuning.backends.builtin import BuiltinBackend
 
         self.shape = shape
         self.weights = weights

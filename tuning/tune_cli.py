@@ -7,9 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from tuning.backends.base import BackendError
 from tuning.config_files import TUNED_BATCH_SIZES, parse_ints, triton_config_unread
 from tuning.engines import ENGINES
-from tuning.kernel_backend import BackendError
 from tuning.routing import UNIFORM, load_ids, parse_routing
 from tuning.search import KernelShape
 from tuning.tune_results import (

@@ -81,7 +81,7 @@ class TuneResult:
 
     ceilings: the measured bandwidth_tbps, bf16_tflops and fp8_tflops behind floor_us.
     search: "coarse-to-fine" or "exhaustive". wall_s: seconds the tune took. kernel: whose
-    kernel was timed (tuning.kernel_backend: engine, version, source_sha256). limits: the GPU's
+    kernel was timed (tuning.backends.base: engine, version, source_sha256). limits: the GPU's
     that the search pruned with (capability, shared_memory_bytes: GpuTarget.limits); {} in logs
     written before they were recorded, whose searches pruned with the H100's. routing: what
     the timings drew their router choices under (tuning.routing.Routing.as_dict; logs from

@@ -415,7 +415,7 @@ class Tuner:
         say otherwise."""
         backend = getattr(self.measurements, "backend", None)
         if backend is None:
-            from tuning.backend_builtin import BuiltinBackend
+            from tuning.backends.builtin import BuiltinBackend
 
             backend = BuiltinBackend()
         return backend
@@ -608,7 +608,7 @@ def round_one_configs(
     Tuner.tune compiles it per chunk, so that the defaults go through the compile pool with the
     first round."""
     if backend is None:
-        from tuning.backend_builtin import BuiltinBackend
+        from tuning.backends.builtin import BuiltinBackend
 
         backend = BuiltinBackend()
     search_class = _search_class(exhaustive)

@@ -199,7 +199,7 @@ def nvcc_release(nvcc) -> tuple[int, int] | None:
 
 
 def _builtin_record(note):
-    from tuning.backend_builtin import BuiltinBackend
+    from tuning.backends.builtin import BuiltinBackend
 
     kernel = BuiltinBackend().describe()
     return {

@@ -41,7 +41,7 @@ REQUESTED_KERNELS = (
 
 class TimedKernel(models.Model):
     """Which fused-MoE kernel the timings were taken on
-    (tuning.kernel_backend.KernelBackend.describe): a file tuned on one engine version's kernel
+    (tuning.backends.base.KernelBackend.describe): a file tuned on one engine version's kernel
     need not be the best for another's launch."""
 
     kernel_engine = models.CharField(

@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's own fused-MoE kernel (tuning.backend_sglang), read from its wheel (downloaded
+"""SGLang 0.5.23's own fused-MoE kernel (tuning.backends.sglang), read from its wheel (downloaded
 once into var/engine/wheels) and launched as SGLang launches it, against the PyTorch reference.
 
 Without a GPU the kernels run in Triton's interpreter at small shapes, in fp32 and fp16 (its bf16
@@ -22,6 +22,7 @@ import torch
 from tests.engine import engine_source
 from tests.interpreted import GPU, interpreting
 from tuning.backends import load_backend
+from tuning.backends.base import BackendError
 from tuning.engine_source import (
     EnginePackage,
     EngineSourceError,
@@ -29,7 +30,6 @@ from tuning.engine_source import (
     locate_package,
     top_level_constants,
 )
-from tuning.kernel_backend import BackendError
 from tuning.reference import moe_reference, quantize_fp8_per_expert
 from tuning.search import KernelShape
 from tuning.timing import MoEWeights

@@ -1,5 +1,5 @@
 """The engines' own fused-MoE kernels, read from the engines' packages and launched as they
-launch them (tuning.backends, tuning.backend_vllm), against the PyTorch reference.
+launch them (tuning.backends, tuning.backends.vllm), against the PyTorch reference.
 
 vLLM 0.32's code comes from the CPU build of tests/engine (var/engine), vLLM 0.33's from its
 wheel (downloaded once into var/engine/wheels). Without a GPU the kernels run in Triton's
@@ -15,8 +15,8 @@ import torch
 from tests.engine import engine_source, ensure_installed
 from tests.interpreted import GPU, interpreting
 from tuning.backends import load_backend
+from tuning.backends.base import BackendError
 from tuning.engine_source import EngineSourceError, free_names, locate_package
-from tuning.kernel_backend import BackendError
 from tuning.reference import moe_reference
 from tuning.search import KernelShape
 from tuning.timing import MoEWeights
@@ -216,7 +216,7 @@ def test_free_names_are_the_globals_a_function_reads_annotations_included():
 
 
 # vLLM 0.34: the launcher's sorted-A parameters, its TMA read of B, and the rule for its `_down`
-# file (tuning.backend_vllm)
+# file (tuning.backends.vllm)
 GLM5_FP8 = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
 
 
@@ -290,7 +290,7 @@ def test_vllm_034_names_its_down_file_beside_the_up_file_and_ships_glm5s(vllm034
 
 
 def _sorted_a(shape=GLM5_FP8, **deployment):
-    from tuning.backend_vllm import sorted_a_path
+    from tuning.backends.vllm import sorted_a_path
 
     return sorted_a_path(
         shape, **{"capability": 90, "deep_gemm_e8m0": True, "expert_parallel": False, **deployment}
@@ -357,7 +357,7 @@ def test_each_condition_of_vllm_034s_sorted_a_path_turns_it_off(change, reason):
     ],
 )
 def test_a_down_entry_takes_the_path_only_saying_use_tma_true(down_entry, up_block_m, taken):
-    from tuning.backend_vllm import sorted_a_entry
+    from tuning.backends.vllm import sorted_a_entry
 
     up = {"BLOCK_SIZE_M": up_block_m, "BLOCK_SIZE_N": 128}
 
@@ -411,7 +411,7 @@ def test_the_shipped_down_file_is_a_candidate_only_on_the_sorted_a_path():
 
 
 def test_a_layer_with_a_down_config_off_the_sorted_a_path_is_refused(vllm034):
-    from tuning.kernel_backend import BackendError
+    from tuning.backends.base import BackendError
 
     config = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
     with pytest.raises(BackendError, match="runs GEMM 2 with GEMM 1's config here"):

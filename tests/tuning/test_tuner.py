@@ -16,11 +16,11 @@ import pytest
 from tests.engine import ensure_installed
 from tests.fakes import HF_CONFIGS, SHAPE, FakeMeasurements, FakeTimer
 from tuning import compile_only, compile_pool, tune_results, tuner
-from tuning.backend_builtin import BuiltinBackend
+from tuning.backends.base import KernelBackend, ShippedConfigs
+from tuning.backends.builtin import BuiltinBackend
 from tuning.bench import BenchRow, format_table
 from tuning.compile_pool import CompilePool, compile_order, compile_owner
 from tuning.config_files import TUNED_BATCH_SIZES, config_file_name, loads_config, parse_ints
-from tuning.kernel_backend import KernelBackend, ShippedConfigs
 from tuning.search import (
     SHARED_MEMORY_SLACK,
     CoarseToFineSearch,

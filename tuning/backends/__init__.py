@@ -3,7 +3,7 @@
 A config file is for the engine that loads it, so `--engine vllm` and `--engine sglang` time
 that engine's own Triton kernel and launcher, read from the installed engine
 (tuning.engine_source) and launched the way that engine version launches them
-(tuning.backend_vllm, tuning.backend_sglang). The builtin kernel (tuning.fused_moe) stays for
+(tuning.backends.vllm, tuning.backends.sglang). The builtin kernel (tuning.fused_moe) stays for
 hosts without an engine and for the CPU tests.
 
 Every backend runs one MoE layer the way its engine's fused_experts does, and knows its engine's
@@ -17,9 +17,9 @@ default-config rule and shipped config files:
 
 from __future__ import annotations
 
-from tuning.backend_builtin import BuiltinBackend
+from tuning.backends.base import BackendError, KernelBackend
+from tuning.backends.builtin import BuiltinBackend
 from tuning.engines import ENGINES
-from tuning.kernel_backend import BackendError, KernelBackend
 
 
 def load_backend(
@@ -36,7 +36,7 @@ def load_backend(
     tuning.engine_source.locate_package); capability: the GPU's compute capability as an
     integer (90 for sm_90), which decides some engines' launches (default: the current GPU's);
     launch: what the deployment's launch sets that decides vLLM's kernel path
-    (tuning.backend_vllm.VllmBackend's launch).
+    (tuning.backends.vllm.VllmBackend's launch).
     """
     if engine == "builtin":
         return BuiltinBackend()
@@ -49,10 +49,10 @@ def load_backend(
     try:
         package = locate_package(engine, source_dir=source_dir, python=python)
         if engine == "vllm":
-            from tuning.backend_vllm import VllmBackend
+            from tuning.backends.vllm import VllmBackend
 
             return VllmBackend(package, capability=capability, launch=launch)
-        from tuning.backend_sglang import SglangBackend
+        from tuning.backends.sglang import SglangBackend
 
         return SglangBackend(package, capability=capability)
     except EngineSourceError as exc:

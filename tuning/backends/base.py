@@ -1,6 +1,6 @@
 """What every fused-MoE kernel backend is: KernelBackend, the shipped config files it knows,
-and the error a backend raises (tuning.backends loads one; tuning.backend_builtin,
-tuning.backend_vllm and tuning.backend_sglang implement it)."""
+and the error a backend raises (tuning.backends loads one; tuning.backends.builtin,
+tuning.backends.vllm and tuning.backends.sglang implement it)."""
 
 from __future__ import annotations
 

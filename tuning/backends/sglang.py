@@ -39,9 +39,9 @@ import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
+from tuning.backends.base import BackendError, KernelBackend, read_shipped
 from tuning.compile_only import SHARED_MEMORY_PER_BLOCK_OPTIN
 from tuning.engine_source import EnginePackage, load_functions, top_level_constants
-from tuning.kernel_backend import BackendError, KernelBackend, read_shipped
 
 KERNELS = "kernels/ops/moe/fused_moe_triton_kernels.py"
 SMALL_ALIGN = "kernels/ops/moe/moe_align_small_numel.py"
@@ -173,7 +173,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tuning.backend_sglang import SglangStandIns
+from tuning.backends.sglang import SglangStandIns
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor

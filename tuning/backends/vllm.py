@@ -39,9 +39,9 @@ from types import SimpleNamespace
 
 import torch
 
+from tuning.backends.base import BackendError, KernelBackend, ShippedConfigs, read_shipped
 from tuning.config_files import PACKAGE_CONFIGS
 from tuning.engine_source import EnginePackage, load_functions
-from tuning.kernel_backend import BackendError, KernelBackend, ShippedConfigs, read_shipped
 
 FUSED_MOE = "model_executor/layers/fused_moe/fused_moe.py"
 TRITON_EXPERTS = "model_executor/layers/fused_moe/experts/triton_moe.py"
@@ -93,7 +93,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tuning.backend_vllm import stand_ins as _stand_ins
+from tuning.backends.vllm import stand_ins as _stand_ins
 
 logger = _stand_ins.logger
 envs = _stand_ins.envs

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from tuning.kernel_backend import KernelBackend
+from tuning.backends.base import KernelBackend
 from tuning.search import compile_key
 
 
@@ -20,8 +20,9 @@ class BuiltinBackend(KernelBackend):
 
     def __init__(self):
         # the layer runs the kernels of both files
-        here = Path(__file__).parent
-        kernel = b"".join((here / name).read_bytes() for name in ("fused_moe.py", "moe_ops.py"))
+        tuning_dir = Path(__file__).parents[1]
+        files = ("fused_moe.py", "moe_ops.py")
+        kernel = b"".join((tuning_dir / name).read_bytes() for name in files)
         self.source_sha256 = hashlib.sha256(kernel).hexdigest()
 
     def layer(
