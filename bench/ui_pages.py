@@ -149,7 +149,7 @@ def _buckets_summed(run):
         from moeops.runs import rollup
     except ImportError:
         return
-    from moeops.runs.models import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
+    from moeops.runs.samples import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
 
     for buckets, samples in ((TelemetryBucket, TelemetrySample), (EngineBucket, EngineSample)):
         rollup.buckets_rebuild(buckets, samples, owner_field="run", owner_id=run.pk)
@@ -157,7 +157,8 @@ def _buckets_summed(run):
 
 def _populate(seconds, rounds):
     from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
-    from moeops.runs.models import EngineSample, SweepRun, TelemetrySample
+    from moeops.runs.models import SweepRun
+    from moeops.runs.samples import EngineSample, TelemetrySample
 
     model = ModelSpec(name="GLM-5", config_json=GLM5_CONFIG)
     model.fill_shape()

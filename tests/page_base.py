@@ -10,16 +10,8 @@ from django.contrib.auth.models import User
 
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
 from moeops.runs import rollup
-from moeops.runs.models import (
-    EngineBucket,
-    EngineSample,
-    LevelResult,
-    LevelRound,
-    SweepRun,
-    TelemetryBucket,
-    TelemetrySample,
-    level_key,
-)
+from moeops.runs.models import LevelResult, LevelRound, SweepRun, level_key
+from moeops.runs.samples import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
 
 HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf_configs"
 # The MoE keys of GLM-5's and Kimi K2's config.json (bf16: no quantization block), the shapes

@@ -46,8 +46,9 @@ from moeops.engines.services import recipe_create, recipe_newest
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
 from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
 from moeops.runs import snapshots
-from moeops.runs.models import LevelResult, SweepRun, TelemetrySample, level_key
+from moeops.runs.models import LevelResult, SweepRun, level_key
 from moeops.runs.parameters import parameters_checked
+from moeops.runs.samples import TelemetrySample
 
 WRITEUP = "From the write-up 'The Pivot Point'"
 HERE = Path(__file__).resolve().parent

@@ -27,8 +27,9 @@ from django.db.models import (
 )
 from django.db.models.functions import Floor
 
-from moeops.runs.models import EngineBucket, EngineSample, TelemetrySample, total_power
+from moeops.runs.models import total_power
 from moeops.runs.rollup import WIDTHS
+from moeops.runs.samples import EngineBucket, EngineSample, TelemetrySample
 
 BUCKETS = 240
 

@@ -2,16 +2,9 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 
-from moeops.runs.models import (
-    EngineSample,
-    LevelProfile,
-    LevelResult,
-    LevelRound,
-    SweepRun,
-    TelemetrySample,
-    Workload,
-)
+from moeops.runs.models import LevelProfile, LevelResult, LevelRound, SweepRun, Workload
 from moeops.runs.parameters import parameters_checked
+from moeops.runs.samples import EngineSample, TelemetrySample
 
 
 class LevelResultInline(admin.TabularInline):

@@ -33,19 +33,21 @@ from moeops.keyed import body_sha256, same_body
 from moeops.runs import capacity, importers, rollup, snapshots
 from moeops.runs.levels import level_problems
 from moeops.runs.models import (
-    EngineBucket,
-    EngineSample,
     LevelProfile,
     LevelResult,
     LevelRound,
     RequestLog,
     SweepRun,
-    TelemetryBatch,
-    TelemetryBucket,
-    TelemetrySample,
     level_key,
 )
 from moeops.runs.parameters import parameters_checked
+from moeops.runs.samples import (
+    EngineBucket,
+    EngineSample,
+    TelemetryBatch,
+    TelemetryBucket,
+    TelemetrySample,
+)
 from moeops.runs.workloads import sweep_task_kwargs, workload_lookup
 from tuning.moe_params import vocab_size
 

@@ -16,7 +16,8 @@ from domain.jobs import FINISHED_STATUSES
 from moeops import jobs
 from moeops.fleet.models import Host
 from moeops.runs import services as run_services
-from moeops.runs.models import LevelResult, SweepRun, TelemetryBatch
+from moeops.runs.models import LevelResult, SweepRun
+from moeops.runs.samples import TelemetryBatch
 from tests import page_base as pb
 from workers.client import Spool
 

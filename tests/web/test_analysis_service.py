@@ -18,14 +18,8 @@ from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapsh
 from moeops.insights import services
 from moeops.insights.models import Finding, IncompatibilityRule, PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
-from moeops.runs.models import (
-    EngineSample,
-    LevelResult,
-    LevelRound,
-    SweepRun,
-    TelemetrySample,
-    level_key,
-)
+from moeops.runs.models import LevelResult, LevelRound, SweepRun, level_key
+from moeops.runs.samples import EngineSample, TelemetrySample
 from tests import fakes
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,8 @@ from django.test import override_settings
 
 from moeops.fleet.models import Deployment
 from moeops.runs import services
-from moeops.runs.models import SweepRun, TelemetrySample
+from moeops.runs.models import SweepRun
+from moeops.runs.samples import TelemetrySample
 from tests.api_base import make_world
 
 

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from moeops.runs.models import LevelResult, TelemetryBatch, TelemetrySample
+from moeops.runs.models import LevelResult
+from moeops.runs.samples import TelemetryBatch, TelemetrySample
 from tests.api_base import make_world
 from tests.fakes import FIXTURES
 

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from moeops.runs.models import EngineSample, LevelResult, SweepRun, TelemetrySample
+from moeops.runs.models import LevelResult, SweepRun
+from moeops.runs.samples import EngineSample, TelemetrySample
 from tests.api_base import make_world
 from tests.fakes import FIXTURES
 

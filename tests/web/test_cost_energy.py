@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from moeops.api.models import ApiToken
 from moeops.front.columns import ABSENT
 from moeops.runs.costs import level_costs
-from moeops.runs.models import TelemetrySample
+from moeops.runs.samples import TelemetrySample
 from tests import page_base as pb
 from tests.api_base import ApiClient, make_world
 

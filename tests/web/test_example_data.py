@@ -4,7 +4,8 @@ from moeops.examples import HAND_WRITTEN_FINDING, HAND_WRITTEN_RULE, WRITEUP, lo
 from moeops.fleet.models import Deployment, ModelSpec, TopologySnapshot
 from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
 from moeops.insights.services import run_analyze
-from moeops.runs.models import LevelResult, SweepRun, TelemetrySample
+from moeops.runs.models import LevelResult, SweepRun
+from moeops.runs.samples import TelemetrySample
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from django.db import connection
 from moeops.front import series
 from moeops.front.charts.figures import epoch_to_plotly
 from moeops.runs import rollup, services
-from moeops.runs.models import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
+from moeops.runs.samples import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
 from tests import page_base as pb
 
 T0 = 1_800_000_003.25  # mid-bucket at every width

@@ -7,7 +7,7 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from moeops.kernels.models import TuningRun
-from moeops.runs.models import TelemetryBatch, TelemetrySample
+from moeops.runs.samples import TelemetryBatch, TelemetrySample
 from tests import page_base as pb
 from tests.api_base import make_world
 from tests.fakes import FIXTURES

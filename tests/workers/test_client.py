@@ -6,7 +6,8 @@ import pytest
 from domain.wire.levels import Level
 from moeops.api.models import ApiToken
 from moeops.kernels.models import KernelConfig
-from moeops.runs.models import LevelResult, SweepRun, TelemetrySample
+from moeops.runs.models import LevelResult, SweepRun
+from moeops.runs.samples import TelemetrySample
 from moeops.wsgi import application
 from tests.api_base import make_world, wsgi_in_test_transaction
 from tests.fakes import KERNEL_ENTRY
