@@ -45,6 +45,7 @@ MAX_DATASET_BYTES = 8 * 1024 * 1024
 MAX_DATASET_ITEMS = 100_000
 LAYOUTS = ("sharegpt", "messages", "mtbench", "prompts")
 HUMAN_ROLES = ("human", "user")
+SYSTEM_ROLES = ("system",)
 ANSWER_ROLES = ("gpt", "assistant", "chatgpt", "bard", "bing")
 # Every whitespace-separated word is at least one token for the tokenizers of the engines' models
 # (their pre-tokenizers split on whitespace): the word count is a lower bound of a prompt's tokens.
@@ -299,9 +300,13 @@ def _text_of(data: bytes, file_name: str) -> str:
         ) from None
 
 
-def _conversation(obj, file_name: str, line: int) -> tuple[str, list[tuple[str, str | None]]]:
-    """(layout, [(human turn, the answer after it or None), …]) of one conversation object:
-    ShareGPT, OpenAI messages or an MT-bench question (its turns, none answered)."""
+def _conversation(
+    obj, file_name: str, line: int
+) -> tuple[str, list[tuple[str, str | None]], str | None]:
+    """(layout, [(human turn, the answer after it or None), …], system prompt or None) of one
+    conversation object: ShareGPT, OpenAI messages or an MT-bench question (its turns, none
+    answered). The system prompt is the first system turn's text, sent before the first
+    question on the chat endpoint."""
     if not isinstance(obj, dict):
         raise DatasetFileError(
             file_name, line, "not a conversation: an object with conversations or messages"
@@ -342,7 +347,10 @@ def _conversation(obj, file_name: str, line: int) -> tuple[str, list[tuple[str, 
             pairs.append((text, answer))
     if not pairs:
         raise DatasetFileError(file_name, line, f"a conversation with no human turn in its {key}")
-    return layout, pairs
+    system = next(
+        (text for role, text in turns if role in SYSTEM_ROLES and isinstance(text, str)), None
+    )
+    return layout, pairs, system if system and system.strip() else None
 
 
 def _json_items(text: str, file_name: str):
@@ -387,7 +395,8 @@ def parse_dataset(file_name: str, data: bytes, *, context_len: int | None = None
     ({"question_id", "category", "turns": [questions]} a line), or plain prompts, one per line.
     Each conversation gives its first human turn as the prompt and the answer after it (None
     where there is none: MT-bench, plain prompts); one of several human turns also keeps them
-    all as "turns": [[question, answer or None], …] (conversation_of reads either). context_len
+    all as "turns": [[question, answer or None], …] (conversation_of reads either); one with a
+    system turn keeps its text as "system" (sent first on the chat endpoint). context_len
     (tokens): a question of more words than that is refused (each word is at least one token).
     Raises
     DatasetFileError naming the file, the line and the reason; nothing of a refused file is kept.
@@ -404,13 +413,13 @@ def parse_dataset(file_name: str, data: bytes, *, context_len: int | None = None
     if first in ("[", "{"):
         layout = None
         for line, obj in _json_items(text, file_name):
-            layout_of, pairs = _conversation(obj, file_name, line)
+            layout_of, pairs, system = _conversation(obj, file_name, line)
             layout = layout or layout_of
-            items.append((line, pairs))
+            items.append((line, pairs, system))
     else:
         layout = "prompts"
         items = [
-            (number, [(line.strip(), None)])
+            (number, [(line.strip(), None)], None)
             for number, line in enumerate(text.splitlines(), 1)
             if line.strip()
         ]
@@ -421,7 +430,7 @@ def parse_dataset(file_name: str, data: bytes, *, context_len: int | None = None
             file_name, items[MAX_DATASET_ITEMS][0], f"more than {MAX_DATASET_ITEMS:,} prompts"
         )
     if context_len is not None:
-        for line, pairs in items:
+        for line, pairs, _ in items:
             for turn, (question, _) in enumerate(pairs, 1):
                 words = _word_count(question)
                 if words > context_len:
@@ -432,13 +441,15 @@ def parse_dataset(file_name: str, data: bytes, *, context_len: int | None = None
                         f"{what} has at least {words:,} tokens (its words), over the context "
                         f"length of {context_len:,}",
                     )
-    return {"layout": layout, "items": [_item(pairs) for _, pairs in items]}
+    return {"layout": layout, "items": [_item(pairs, system) for _, pairs, system in items]}
 
 
-def _item(pairs: list[tuple[str, str | None]]) -> dict:
+def _item(pairs: list[tuple[str, str | None]], system: str | None) -> dict:
     item = {"prompt": pairs[0][0], "answer": pairs[0][1]}
     if len(pairs) > 1:
         item["turns"] = [[question, answer] for question, answer in pairs]
+    if system:
+        item["system"] = system
     return item
 
 

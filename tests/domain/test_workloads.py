@@ -47,7 +47,8 @@ def test_it_reads_sharegpt_as_a_json_array_first_turns_and_their_answers():
                 ["And at sunset?", None],
             ],
         },
-        {"prompt": "Name a prime.", "answer": "Seven."},
+        # its system turn is its system prompt, not a question
+        {"prompt": "Name a prime.", "answer": "Seven.", "system": "Be brief."},
     ]
 
 
@@ -74,9 +75,29 @@ def test_it_reads_openai_messages_jsonl():
 
     assert parsed["layout"] == "messages"
     assert parsed["items"] == [
-        {"prompt": "Hi", "answer": None},
+        {"prompt": "Hi", "answer": None, "system": "x"},
         {"prompt": "Sum 2 and 2", "answer": "4"},
     ]
+
+
+def test_a_conversations_first_system_turn_is_kept_as_its_system_prompt():
+    sharegpt = {
+        "conversations": [
+            {"from": "system", "value": "You answer in French."},
+            {"from": "human", "value": "Hello"},
+            {"from": "gpt", "value": "Bonjour"},
+            {"from": "system", "value": "a later system turn is not the prompt's"},
+            {"from": "human", "value": "Thanks"},
+        ]
+    }
+    blank = {"messages": [{"role": "system", "content": "  "}, {"role": "user", "content": "Hi"}]}
+
+    [item] = parse_dataset("fr.jsonl", _jsonl([sharegpt]))["items"]
+    [without] = parse_dataset("blank.jsonl", _jsonl([blank]))["items"]
+
+    assert item["system"] == "You answer in French."
+    assert workloads.conversation_of(item) == [("Hello", "Bonjour"), ("Thanks", None)]
+    assert "system" not in without
 
 
 MT_BENCH = Path(__file__).parents[1] / "fixtures" / "workloads" / "mt_bench_questions.jsonl"

@@ -190,6 +190,54 @@ def test_a_multi_turn_workload_of_a_file_sends_each_conversations_own_turns():
     assert turns[1]["mean_input_tokens"] > turns[0]["mean_input_tokens"] + 5
 
 
+def test_a_files_system_prompt_goes_first_on_the_chat_endpoint_and_not_on_completions():
+    rows = [
+        {
+            "messages": [
+                {"role": "system", "content": "be brief now"},
+                {"role": "user", "content": "one two three"},
+                {"role": "assistant", "content": "four"},
+                {"role": "user", "content": "five six"},
+            ]
+        }
+    ]
+    parsed = parse_dataset("m.jsonl", "\n".join(json.dumps(r) for r in rows).encode())
+    dataset = {"kind": "dataset", "output": None}
+    chat = _body(_client(dataset, endpoint="chat", items=dataset_items(parsed["items"])), (0, 0))
+    plain = _body(_client(dataset, items=dataset_items(parsed["items"])), (0, 0))
+
+    assert chat["messages"] == [
+        {"role": "system", "content": "be brief now"},
+        {"role": "user", "content": "one two three"},
+    ]
+    assert plain["prompt"] == "one two three"
+
+    spec = {"kind": "multi_turn", "from_file": True, "turns": None, "output": None}
+    spec["think_time_s"] = 0.0
+    level = LevelConfig(concurrency=1, input_len=6, output_len=2, num_prompts=1)
+    url, stop = start_standin_in_thread(
+        StandinConfig(max_running_requests=8, step_ms_base=1.0, step_ms_per_req=0.0)
+    )
+    try:
+        items = conversation_items(parsed["items"])
+        result = asyncio.run(
+            loadgen.run_level(_client(spec, endpoint="chat", items=items, url=url), level)
+        )
+        bare = [{"turns": items[0]["turns"]}]
+        without = asyncio.run(
+            loadgen.run_level(_client(spec, endpoint="chat", items=bare, url=url), level)
+        )
+    finally:
+        stop()
+
+    # the stand-in counts each message's words and 4 template tokens: the system prompt adds
+    # its 3 words and 4 to every turn, since each turn sends the conversation from its start
+    first, second = result["ttft_by_turn"]
+    bare_first, bare_second = without["ttft_by_turn"]
+    assert first["mean_input_tokens"] == 3 + 4 + 3 + 4 == bare_first["mean_input_tokens"] + 7
+    assert second["mean_input_tokens"] == bare_second["mean_input_tokens"] + 7
+
+
 def test_a_file_conversations_answers_set_each_turns_output_length_in_tokens():
     items = [{"prompt": "q1", "answer": "a,b", "turns": [["q1", "a,b"], ["q2", None], ["q3", "c"]]}]
     spec = {"kind": "multi_turn", "from_file": True, "turns": 2, "output": None}

@@ -29,7 +29,13 @@ from workers.loadgen.config import (
     SweepConfig,
 )
 from workers.loadgen.metrics import request_columns, summarize_level, ttft_by_turn
-from workers.loadgen.prompts import conversation, is_multi_turn, is_trace, requests_of
+from workers.loadgen.prompts import (
+    conversation,
+    conversation_start,
+    is_multi_turn,
+    is_trace,
+    requests_of,
+)
 from workers.loadgen.stream import build_payload, send_request
 from workers.loadgen.transport import make_client
 
@@ -60,7 +66,7 @@ async def _converse(
     question and answer so far) and a new question, after the workload's think time. A failed
     turn ends the conversation: the next one would have no answer to send back."""
     spec = client_cfg.workload["spec"]
-    history: list[dict] = []
+    history: list[dict] = conversation_start(client_cfg, level, key)
     for turn, (question, output_len) in enumerate(conversation(client_cfg, level, key), 1):
         if turn > 1:
             if spec["think_time_s"]:

@@ -74,7 +74,9 @@ def request_prompt(
             output = draw_length(spec["output"], rng)
         else:
             output = item.get("output_len") or level.output_len
-        return ([{"role": "user", "content": prompt}] if chat else prompt), output
+        if chat:
+            return _with_system(item, [{"role": "user", "content": prompt}]), output
+        return prompt, output
     if kind == "trace":
         return trace_prompt(client_cfg, level, key)
     if kind == "shared_prefix":
@@ -157,6 +159,34 @@ def is_trace(client_cfg: ClientConfig) -> bool:
     return spec.get("kind") == "trace"
 
 
+def _with_system(item: dict, messages: list[dict]) -> list[dict]:
+    """A file's chat messages after its system prompt, where it has one."""
+    if item.get("system"):
+        return [{"role": "system", "content": item["system"]}, *messages]
+    return messages
+
+
+def _file_conversation(
+    client_cfg: ClientConfig, level: LevelConfig, key: tuple[int, ...]
+) -> tuple[dict, np.random.Generator]:
+    """The file's conversation that key sends, and the generator that drew it (its turns'
+    output lengths are drawn from it next)."""
+    rng = np.random.default_rng((client_cfg.seed, level.index, *key))
+    items = client_cfg.workload["items"]
+    return items[int(rng.integers(len(items)))], rng
+
+
+def conversation_start(
+    client_cfg: ClientConfig, level: LevelConfig, key: tuple[int, ...]
+) -> list[dict]:
+    """The messages a multi-turn conversation starts with before its first question: the
+    file's system prompt, where its conversation has one; none otherwise."""
+    if not client_cfg.workload["spec"].get("from_file"):
+        return []
+    item, _ = _file_conversation(client_cfg, level, key)
+    return _with_system(item, [])
+
+
 def conversation(
     client_cfg: ClientConfig, level: LevelConfig, key: tuple[int, ...]
 ) -> list[tuple[str, int]]:
@@ -165,9 +195,8 @@ def conversation(
     turns of it), each turn's output the spec's length, else its answer's, else the level's."""
     spec = client_cfg.workload["spec"]
     if spec.get("from_file"):
-        rng = np.random.default_rng((client_cfg.seed, level.index, *key))
-        items = client_cfg.workload["items"]
-        turns = items[int(rng.integers(len(items)))]["turns"][: spec.get("turns") or None]
+        item, rng = _file_conversation(client_cfg, level, key)
+        turns = item["turns"][: spec.get("turns") or None]
         return [
             (
                 turn["question"],
@@ -201,11 +230,15 @@ def dataset_items(items: list[dict], tokenizer=None) -> list[dict]:
     """A dataset's prompts as the load generator sends them: {"prompt", "output_len"} and,
     with the model's tokenizer (a tokenizers.Tokenizer), "prompt_ids" (its special tokens
     included, as the server would add them to the text). output_len: the answer's tokens
-    (without a tokenizer its words, at most as many as its tokens), None without an answer."""
+    (without a tokenizer its words, at most as many as its tokens), None without an answer.
+    "system": the file's system prompt, sent before the prompt on the chat endpoint (the
+    completions endpoint has no roles: it sends the prompt alone)."""
     out = []
     for item in items:
         answer = item.get("answer")
         prepared = {"prompt": item["prompt"], "output_len": None}
+        if item.get("system"):
+            prepared["system"] = item["system"]
         if tokenizer is not None:
             prepared["prompt_ids"] = tokenizer.encode(item["prompt"]).ids
             if answer:
@@ -221,8 +254,8 @@ def dataset_items(items: list[dict], tokenizer=None) -> list[dict]:
 def conversation_items(items: list[dict], tokenizer=None) -> list[dict]:
     """A file's conversations as a multi-turn workload sends them: {"turns": [{"question",
     "output_len"}]}, each turn's output_len its answer's tokens with the model's tokenizer (a
-    tokenizers.Tokenizer), else its words, None without an answer. Questions go as text: each
-    turn is chat messages."""
+    tokenizers.Tokenizer), else its words, None without an answer; "system", the file's system
+    prompt where it has one. Questions go as text: each turn is chat messages."""
     out = []
     for item in items:
         turns = []
@@ -233,5 +266,5 @@ def conversation_items(items: list[dict], tokenizer=None) -> list[dict]:
             elif answer:
                 output_len = len(answer.split())
             turns.append({"question": question, "output_len": output_len or None})
-        out.append({"turns": turns})
+        out.append({"turns": turns, **({"system": item["system"]} if item.get("system") else {})})
     return out
