@@ -722,6 +722,14 @@ class Workload(models.Model):
     def item_count(self):
         return len(self.items or [])
 
+    def input_from_trace(self):
+        """A trace's own input lengths, which set every request's: {"requests", "mean_tokens"};
+        None for any other workload (the sweep's input length is sent)."""
+        if self.kind != "trace" or not self.items:
+            return None
+        inputs = [item["input_length"] for item in self.items]
+        return {"requests": len(inputs), "mean_tokens": sum(inputs) / len(inputs)}
+
     def output_from_file(self):
         """How the file sets the output lengths, where it does (the spec sets none): {"answered":
         turns whose answer's words are their output length, "unanswered": turns that take the

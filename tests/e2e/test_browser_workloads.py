@@ -51,6 +51,36 @@ def test_a_datasets_answers_replace_the_sweep_forms_output_length(page, member):
     shot(page, "sweep-form-dataset-workload")
 
 
+TRACE = (
+    b'{"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [0, 1]}\n'
+    b'{"timestamp": 500, "input_length": 1000, "output_length": 40, "hash_ids": [0, 2]}\n'
+)
+
+
+def test_a_trace_replaces_both_lengths_of_the_sweep_form(page, member):
+    deployment = load_standin_deployment()
+    workload, _ = workload_store(
+        name="trace", spec={"kind": "trace"}, file_name="t.jsonl", data=TRACE
+    )
+    log_in(page, member)
+    page.goto(page.base + deployment.get_absolute_url())
+    page.click("summary:has-text('Run sweep')")
+    length = page.locator("#sweep-form input[name=input_len]")
+    output = page.locator("#sweep-form input[name=output_len]")
+
+    page.select_option("#sweep-form select[name=workload]", str(workload.pk))
+
+    assert (length.input_value(), output.input_value()) == ("", "")
+    assert length.get_attribute("placeholder") == "the trace's: mean 800 tokens (2 requests)"
+    assert output.get_attribute("placeholder") == "the trace's: mean 30 tokens (2 requests)"
+    page.click("button:has-text('full')")
+    assert length.input_value() == "" and output.input_value() == ""
+    page.select_option("#sweep-form select[name=workload]", "")
+    assert length.get_attribute("placeholder") == ""
+    page.click("button:has-text('quick')")
+    assert length.input_value() == "128"
+
+
 def test_a_workloads_page_draws_its_histograms(page, member):
     workload, _ = workload_store(
         name="answered", spec={"kind": "dataset"}, file_name="a.jsonl", data=ANSWERED

@@ -244,3 +244,46 @@ def test_a_file_with_unanswered_turns_still_needs_an_output_length_for_them(clie
         response.content.decode()
     )
     assert not SweepRun.objects.exists()
+
+
+TRACE = (
+    b'{"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [0, 1]}\n'
+    b'{"timestamp": 500, "input_length": 1000, "output_length": 40, "hash_ids": [0, 2]}\n'
+)
+
+
+def test_a_trace_needs_no_input_length_and_the_run_records_the_traces_own(
+    client, deployment, sent, django_capture_on_commit_callbacks
+):
+    workload, _ = workload_store(
+        name="trace", spec={"kind": "trace"}, file_name="t.jsonl", data=TRACE
+    )
+    page = client.get(f"/deployments/{deployment.pk}/").content.decode()
+    option = page.split(f'<option value="{workload.pk}"')[1].split(">")[0]
+    assert 'data-input="the trace&#x27;s: mean 800 tokens (2 requests)"' in option
+
+    with django_capture_on_commit_callbacks(execute=True):
+        empty = client.post(
+            f"/deployments/{deployment.pk}/sweep/",
+            {**FORM, "input_len": "", "output_len": "", "workload": str(workload.pk)},
+        )
+        # a number left in the field is not what a trace sends: the trace's mean is recorded
+        kept = client.post(
+            f"/deployments/{deployment.pk}/sweep/",
+            {**FORM, "input_len": "1024", "workload": str(workload.pk)},
+        )
+
+    assert (empty.status_code, kept.status_code) == (302, 302)
+    first, second = SweepRun.objects.order_by("pk")
+    assert first.parameters["input_len"] == second.parameters["input_len"] == 800
+    assert first.parameters["output_len"] == 30
+
+
+def test_without_a_trace_an_empty_input_length_is_refused_naming_it(client, deployment, sent):
+    response = client.post(f"/deployments/{deployment.pk}/sweep/", {**FORM, "input_len": ""})
+
+    assert response.status_code == 400
+    assert "input_len: a sweep needs a token count of at least 1" in html.unescape(
+        response.content.decode()
+    )
+    assert not SweepRun.objects.exists()

@@ -71,7 +71,18 @@ class WorkloadSelect(forms.Select):
         from_file = workload.output_from_file() if workload is not None else None
         if from_file:
             option["attrs"]["data-output"] = output_from_file_label(from_file)
+        from_trace = workload.input_from_trace() if workload is not None else None
+        if from_trace:
+            option["attrs"]["data-input"] = input_from_trace_label(from_trace)
         return option
+
+
+def input_from_trace_label(from_trace):
+    """ "the trace's: mean 2,048 tokens (40 requests)"."""
+    return (
+        f"the trace's: mean {from_trace['mean_tokens']:,.0f} tokens "
+        f"({from_trace['requests']} requests)"
+    )
 
 
 def output_from_file_label(from_file):
@@ -93,7 +104,11 @@ class SweepForm(forms.Form):
         initial=SWEEP_PRESETS["quick"]["levels"], help_text="Concurrency levels, comma-separated."
     )
     input_len = forms.IntegerField(
-        label="Input length (tokens)", min_value=1, initial=SWEEP_PRESETS["quick"]["input_len"]
+        label="Input length (tokens)",
+        min_value=1,
+        required=False,
+        initial=SWEEP_PRESETS["quick"]["input_len"],
+        help_text="Not asked with a trace workload: each request sends its own input length.",
     )
     output_len = forms.IntegerField(
         label="Output length (tokens)",
@@ -191,24 +206,40 @@ class SweepForm(forms.Form):
         rounds = self.cleaned_data["rounds"]
         return 1 if rounds is None else rounds
 
+    def clean_input_len(self):
+        input_len = self.cleaned_data.get("input_len")
+        workload = self._workload_chosen()
+        if input_len is None and not (workload and workload.input_from_trace()):
+            raise forms.ValidationError("input_len: a sweep needs a token count of at least 1")
+        return input_len
+
     def clean_output_len(self):
         output_len = self.cleaned_data.get("output_len")
-        # the workload is cleaned after this field: read its choice from the submitted data
         if output_len is None and not self._workload_sets_output():
             raise forms.ValidationError("output_len: a sweep needs a token count of at least 1")
         return output_len
 
-    def _workload_sets_output(self):
+    def _workload_chosen(self):
+        """The workload chosen, read from the submitted data: it is cleaned after the length
+        fields that depend on it; None where none (or none valid) is chosen."""
         try:
-            workload = self.fields["workload"].clean(self.data.get(self.add_prefix("workload")))
+            return self.fields["workload"].clean(self.data.get(self.add_prefix("workload")))
         except forms.ValidationError:
-            return False
+            return None
+
+    def _workload_sets_output(self):
+        workload = self._workload_chosen()
         from_file = workload.output_from_file() if workload is not None else None
         return bool(from_file and from_file["answered"] and not from_file["unanswered"])
 
     def clean(self):
         cleaned = super().clean()
         workload = cleaned.get("workload")
+        from_trace = workload.input_from_trace() if workload is not None else None
+        if from_trace:
+            # a trace sends each request's own input length: the run records their mean, not
+            # a number the form held that nothing sent
+            cleaned["input_len"] = max(1, round(from_trace["mean_tokens"]))
         if cleaned.get("output_len") is None and workload is not None:
             from_file = workload.output_from_file()
             if from_file and from_file["mean_words"]:

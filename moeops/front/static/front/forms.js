@@ -38,27 +38,31 @@ function estimateAsker(form, line) {
   var refresh = estimate.refresh;
   form.addEventListener("input", estimate.later);
   // A workload whose file sets the output lengths: the output field is emptied and says so
-  // (its pre-filled number would read as the sweep's output length).
+  // (its pre-filled number would read as the sweep's output length); a trace sets the input
+  // lengths too.
   var workload = form.elements["workload"];
-  var output = form.elements["output_len"];
-  function fromFile() {
+  var lengths = {output_len: "output", input_len: "input"};
+  function fromFile(name) {
     var option = workload && workload.selectedOptions[0];
-    return option ? option.dataset.output : undefined;
+    return option ? option.dataset[lengths[name]] : undefined;
   }
-  function showOutput() {
-    if (!output) { return; }
-    var said = fromFile();
-    output.placeholder = said || "";
-    if (said) { output.value = ""; }
+  function showLengths() {
+    Object.keys(lengths).forEach(function (name) {
+      var field = form.elements[name];
+      if (!field) { return; }
+      var said = fromFile(name);
+      field.placeholder = said || "";
+      if (said) { field.value = ""; }
+    });
   }
   if (workload) {
-    workload.addEventListener("change", function () { showOutput(); refresh(); });
+    workload.addEventListener("change", function () { showLengths(); refresh(); });
   }
   form.querySelectorAll("[data-sweep-preset]").forEach(function (button) {
     button.addEventListener("click", function () {
       ["levels", "input_len", "output_len", "prompts_per_level", "warmup"].forEach(function (name) {
         var field = form.elements[name];
-        if (field && !(name === "output_len" && fromFile())) { field.value = button.dataset[name]; }
+        if (field && !(lengths[name] && fromFile(name))) { field.value = button.dataset[name]; }
       });
       refresh();
     });
