@@ -40,7 +40,7 @@ from moeops.api.responses import stored
 from moeops.api.runs import TelemetrySampleOut
 from moeops.kernels import services
 from moeops.kernels.models import CONFIG_SOURCES, REQUESTED_KERNELS, KernelConfig, TuningRun
-from moeops.runs import services as run_services
+from moeops.runs import measurements
 from tuning import config_files
 
 router = Router(tags=["kernels"])
@@ -504,7 +504,7 @@ def tuning_telemetry_record(request, ref: str, payload: Telemetry):
     """Store a batch of GPU samples of the tune (every GPU it runs on) once per batch_id."""
     tuning_run = lookups.get_tuning_run(ref)
     require_host(request, tuning_run.host)
-    batch, created = run_services.telemetry_record(
+    batch, created = measurements.telemetry_record(
         tuning_run=tuning_run,
         batch_id=payload.batch_id,
         samples=[s.__dict__ for s in payload.samples],

@@ -13,7 +13,7 @@ from domain.storable import storable_json
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, require_host
 from moeops.api.responses import stored
-from moeops.runs import services
+from moeops.runs import measurements
 from moeops.runs.models import level_key
 from moeops.runs.parameters import MAX_CONCURRENCY
 
@@ -59,7 +59,7 @@ def profile_record(request, ref: str, payload: ProfileIn):
     a finished run."""
     run = lookups.get_run(ref)
     require_host(request, run.deployment.host)
-    profile, created = services.profile_record(run=run, body=payload)
+    profile, created = measurements.profile_record(run=run, body=payload)
     return stored(created, _out(profile))
 
 
@@ -80,7 +80,7 @@ def profile_upload(
     reader's sentence, and nothing is stored. A finished run takes uploads."""
     run = lookups.get_run(ref)
     require_host(request, run.deployment.host)
-    profile, created = services.profile_upload(
+    profile, created = measurements.profile_upload(
         run=run,
         concurrency=concurrency,
         request_rate=request_rate,

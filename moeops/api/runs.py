@@ -36,7 +36,7 @@ from moeops.api.fields import (
 from moeops.api.openapi import may_answer
 from moeops.api.paging import Page
 from moeops.api.responses import stored
-from moeops.runs import exports, services, snapshots
+from moeops.runs import exports, measurements, services, snapshots
 from moeops.runs.costs import level_costs
 from moeops.runs.importers import FORMATS
 from moeops.runs.models import RUN_SOURCES, LevelResult, RequestLog
@@ -390,7 +390,7 @@ def level_record(request, ref: str, payload: Level):
     """Store a level once per (run, concurrency, request rate): 201 the first time, 200 after."""
     run = lookups.get_run(ref)
     require_host(request, run.deployment.host)
-    level, created = services.level_record(run=run, **payload.model_dump())
+    level, created = measurements.level_record(run=run, **payload.model_dump())
     return stored(created, level)
 
 
@@ -470,7 +470,7 @@ def telemetry_record(request, ref: str, payload: Telemetry):
     """Store a batch of GPU samples once per batch_id (thousands per request)."""
     run = lookups.get_run(ref)
     require_host(request, run.deployment.host)
-    batch, created = services.telemetry_record(
+    batch, created = measurements.telemetry_record(
         run=run, batch_id=payload.batch_id, samples=[s.__dict__ for s in payload.samples]
     )
     return stored(created, batch)
@@ -490,7 +490,7 @@ def engine_samples_record(request, ref: str, payload: EngineSamples):
     """Store a batch of engine /metrics samples once per batch_id."""
     run = lookups.get_run(ref)
     require_host(request, run.deployment.host)
-    batch, created = services.engine_samples_record(
+    batch, created = measurements.engine_samples_record(
         run=run, batch_id=payload.batch_id, samples=[s.__dict__ for s in payload.samples]
     )
     return stored(created, batch)

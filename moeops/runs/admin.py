@@ -44,7 +44,7 @@ class SweepRunAdmin(admin.ModelAdmin):
 
 class LevelRoundInline(admin.TabularInline):
     """A level's rounds as the worker sent them: read-only, as the level's figures are merged
-    from them when a round is stored (services.level_record)."""
+    from them when a round is stored (measurements.level_record)."""
 
     model = LevelRound
     extra = 0
@@ -70,7 +70,7 @@ class LevelResultAdmin(admin.ModelAdmin):
 
 
 class SampleAdmin(admin.ModelAdmin):
-    """Read-only: samples are stored through runs.services, which sums them per time bucket
+    """Read-only: samples are stored through runs.measurements, which sums them per time bucket
     (runs.rollup) as it stores them; one added, edited or deleted here would leave the charts'
     sums behind. A run's deletion takes its samples and sums together."""
 
@@ -127,7 +127,7 @@ class WorkloadAdmin(admin.ModelAdmin):
 
 @admin.register(LevelProfile)
 class LevelProfileAdmin(admin.ModelAdmin):
-    """Read-only: a profile is stored through runs.services.profile_record (the worker's push,
+    """Read-only: a profile is stored through runs.measurements.profile_record (the worker's push,
     traces uploaded on the run page), which keys it and hashes its body; one edited here would
     no longer match the body a repeat sends."""
 

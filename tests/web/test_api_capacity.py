@@ -5,7 +5,7 @@ import pytest
 
 from moeops import jobs
 from moeops.fleet.models import GPU, SLOProfile
-from moeops.runs import services
+from moeops.runs import measurements, services
 from moeops.runs.models import SweepRun
 from tests import queues
 from tests.api_base import make_world
@@ -99,7 +99,7 @@ def test_bad_input_is_refused_naming_the_field(world, broker, parameters, field)
 
 def _level(run, concurrency, p99_tpot_ms, rounds=(0.9, 1.0, 1.1)):
     for number, factor in enumerate(rounds, 1):
-        services.level_record(
+        measurements.level_record(
             run=run,
             round=number,
             concurrency=concurrency,

@@ -12,6 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from domain.intervals import median_interval
+from moeops.runs import measurements
 from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, LevelRound, SweepRun
 from tests import page_base as pb
@@ -151,8 +152,8 @@ def rounds_run(world, client):
     pb.sign_in(client)
     run = world.run(status="running")
     for n in (1, 2, 3):
-        run_services.level_record(run=run, round=n, **ROUNDS[n - 1])
-    run_services.level_record(run=run, **{**ROUNDS[0], "concurrency": 16})
+        measurements.level_record(run=run, round=n, **ROUNDS[n - 1])
+    measurements.level_record(run=run, **{**ROUNDS[0], "concurrency": 16})
     return run
 
 
@@ -169,7 +170,7 @@ def test_the_run_page_shows_the_median_and_interval_of_a_level_of_rounds(client,
 def test_the_run_page_of_single_rounds_shows_no_interval(client, world):
     pb.sign_in(client)
     run = world.run(status="running")
-    run_services.level_record(run=run, **ROUNDS[0])
+    measurements.level_record(run=run, **ROUNDS[0])
     page = client.get(f"/runs/{run.uuid}/").content.decode()
     assert 'class="ci"' not in page and "rounds-note" not in page
 
@@ -233,10 +234,10 @@ def test_rounds_cost_the_run_page_no_query(client, world):
     pb.sign_in(client)
     once, thrice = world.run(status="running"), world.run(status="running")
     for concurrency in (8, 16, 32):
-        run_services.level_record(run=once, **{**ROUNDS[0], "concurrency": concurrency})
+        measurements.level_record(run=once, **{**ROUNDS[0], "concurrency": concurrency})
         for n in (1, 2, 3):
             body = {**ROUNDS[n - 1], "concurrency": concurrency}
-            run_services.level_record(run=thrice, round=n, **body)
+            measurements.level_record(run=thrice, round=n, **body)
     counts = []
     for run in (once, thrice):
         with CaptureQueriesContext(connection) as queries:
@@ -249,7 +250,7 @@ def test_the_admin_shows_a_levels_rounds_read_only(client, world):
     client.force_login(User.objects.create_superuser("root", password="pw-root-123"))
     run = world.run(status="running")
     for n in (1, 2):
-        level, _ = run_services.level_record(run=run, round=n, **ROUNDS[n - 1])
+        level, _ = measurements.level_record(run=run, round=n, **ROUNDS[n - 1])
     page = client.get(f"/admin/runs/levelresult/{level.pk}/change/")
     assert page.status_code == 200
     text = html.unescape(page.content.decode())

@@ -6,7 +6,7 @@ import pytest
 
 from moeops.fleet.models import SLOProfile
 from moeops.front.progress import sweep_progress
-from moeops.runs import services
+from moeops.runs import measurements, services
 from moeops.runs.models import SweepRun
 from moeops.runs.workloads import workload_store
 from tests import page_base as pb
@@ -34,7 +34,7 @@ def _search(deployment, profile, tpots, label="capacity", created_offset=0):
     )
     for i, (concurrency, rounds) in enumerate(tpots.items()):
         for number, tpot in enumerate(rounds, 1):
-            services.level_record(
+            measurements.level_record(
                 run=run,
                 round=number,
                 concurrency=concurrency,

@@ -6,7 +6,7 @@ import html as htmllib
 import pytest
 
 from domain.step_breakdown import CLASSES, breakdown_changes
-from moeops.runs import services
+from moeops.runs import measurements
 from tests import page_base as pb
 from tests import step_breakdowns as sb
 
@@ -28,7 +28,9 @@ def _page(client, *runs):
 
 
 def _profile(run, concurrency=64, **shares):
-    services.profile_record(run=run, body=sb.captured(concurrency, shares=shares), source="upload")
+    measurements.profile_record(
+        run=run, body=sb.captured(concurrency, shares=shares), source="upload"
+    )
 
 
 def test_breakdown_changes_gives_every_class_side_by_side_in_points():
@@ -66,6 +68,6 @@ def test_profiles_at_other_concurrencies_show_no_table(client, pair):
 def test_an_unavailable_profile_shows_no_table(client, pair):
     before, after = pair
     _profile(before, communication=0.12)
-    services.profile_record(run=after, body=sb.unavailable(64), source="upload")
+    measurements.profile_record(run=after, body=sb.unavailable(64), source="upload")
 
     assert "Inside a decode step" not in _page(client, before, after)

@@ -5,7 +5,7 @@ profiling cost and the trace files; an unavailable profile shows its reason inst
 import pytest
 
 from domain.step_breakdown import CLASSES
-from moeops.runs import services
+from moeops.runs import measurements
 from tests import page_base as pb
 from tests import step_breakdowns as sb
 
@@ -27,7 +27,7 @@ def _page(client, run):
 
 
 def test_a_captured_profile_draws_a_bar_per_rank_stacked_by_class(client, sweep):
-    profile, _ = services.profile_record(run=sweep, body=sb.captured(64), source="upload")
+    profile, _ = measurements.profile_record(run=sweep, body=sb.captured(64), source="upload")
 
     html = _page(client, sweep)
 
@@ -50,7 +50,7 @@ def test_the_panel_gives_the_cost_the_steps_the_top_kernels_and_the_traces(clien
             notes=["rank 1's steps are 8 % longer than rank 0's"],
         ).model_dump(),
     )
-    profile, _ = services.profile_record(run=sweep, body=body, source="upload")
+    profile, _ = measurements.profile_record(run=sweep, body=body, source="upload")
 
     html = _page(client, sweep)
 
@@ -64,7 +64,7 @@ def test_the_panel_gives_the_cost_the_steps_the_top_kernels_and_the_traces(clien
 
 
 def test_an_unavailable_profile_shows_its_reason_instead(client, sweep):
-    profile, _ = services.profile_record(run=sweep, body=sb.unavailable(64), source="upload")
+    profile, _ = measurements.profile_record(run=sweep, body=sb.unavailable(64), source="upload")
 
     html = _page(client, sweep)
 
@@ -82,7 +82,7 @@ def test_a_managed_vllm_without_its_profiler_is_offered_a_restart_with_it(
 ):
     pb.sign_in(client)
     run = pb.run(pb.deployment(management=management, engine=engine), levels=LEVELS)
-    services.profile_record(run=run, body=sb.unavailable(64), source="upload")
+    measurements.profile_record(run=run, body=sb.unavailable(64), source="upload")
 
     html = _page(client, run)
 
@@ -95,8 +95,8 @@ def test_a_run_without_profiles_has_no_panel(client, sweep):
 
 
 def test_the_panel_costs_one_query(client, sweep, django_assert_max_num_queries):
-    services.profile_record(run=sweep, body=sb.captured(64), source="upload")
-    services.profile_record(run=sweep, body=sb.unavailable(128), source="upload")
+    measurements.profile_record(run=sweep, body=sb.captured(64), source="upload")
+    measurements.profile_record(run=sweep, body=sb.unavailable(128), source="upload")
     pb.telemetry(sweep, gpus=8, seconds=600)
     with django_assert_max_num_queries(16):
         assert client.get(f"/runs/{sweep.uuid}/").status_code == 200
@@ -120,7 +120,7 @@ def test_the_engine_paths_carry_the_profiles_word_beside_the_others(client):
     run = pb.run(pb.deployment(), levels=LEVELS, snapshot={"engine_paths": paths})
     top = {"communication": [("_C::shm_allreduce", 5000.0)]}
     body = sb.captured(64, breakdown=sb.breakdown(kinds=[sb.kind(top=top)]).model_dump())
-    services.profile_record(run=run, body=body, source="upload")
+    measurements.profile_record(run=run, body=body, source="upload")
 
     html = _page(client, run)
 

@@ -5,6 +5,7 @@ import pytest
 from django.utils import timezone
 
 from moeops.front.progress import sweep_progress
+from moeops.runs import measurements
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from tests import page_base as pb
@@ -212,7 +213,7 @@ def test_the_poll_leaves_out_charts_and_table_until_something_new_is_stored(clie
     assert unchanged["figures_key"] == key and unchanged["status"] == "running"
     assert "figures" not in unchanged and "levels_html" not in unchanged
 
-    run_services.telemetry_record(
+    measurements.telemetry_record(
         run=live, batch_id="b1", samples=_gpu_samples(time.time() - 30, 30)
     )
     sampled = client.get(f"{url}&since={key}").json()

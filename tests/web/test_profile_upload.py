@@ -11,7 +11,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from moeops.runs import services
+from moeops.runs import measurements
 from moeops.runs.models import LevelProfile
 from tests import page_base as pb
 from tests.api_base import make_world
@@ -154,6 +154,6 @@ def test_a_name_that_cannot_be_stored_is_refused(world, name, said):
     run = world.run(status="succeeded")
 
     with pytest.raises(ValidationError) as refused:
-        services.profile_upload(run=run, concurrency=8, name=name, chunks=[b"{}"], size=2)
+        measurements.profile_upload(run=run, concurrency=8, name=name, chunks=[b"{}"], size=2)
 
     assert refused.value.message_dict == {"file": [said]}

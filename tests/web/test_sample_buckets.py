@@ -8,7 +8,7 @@ from django.db import connection
 
 from moeops.front import series
 from moeops.front.charts.figures import epoch_to_plotly
-from moeops.runs import rollup, services
+from moeops.runs import measurements, rollup
 from moeops.runs.samples import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
 from tests import page_base as pb
 
@@ -112,9 +112,9 @@ def test_the_buckets_equal_sums_of_the_raw_samples_after_a_batch_sent_again(runn
         ("d", _gpu_samples(100, 30, level=64, attempt=2)),  # a resumed level's samples
     ]
     for batch_id, samples in batches:
-        assert services.telemetry_record(run=running, batch_id=batch_id, samples=samples)[1]
+        assert measurements.telemetry_record(run=running, batch_id=batch_id, samples=samples)[1]
     # sent again (a retry of a write that was stored): stored once, summed once
-    assert not services.telemetry_record(run=running, batch_id="b", samples=batches[1][1])[1]
+    assert not measurements.telemetry_record(run=running, batch_id="b", samples=batches[1][1])[1]
 
     stored = _stored(TelemetryBucket, running)
     assert TelemetrySample.objects.filter(run=running).count() == 2 * (25 + 130 + 40 + 30)
@@ -140,10 +140,10 @@ def test_engine_buckets_equal_sums_of_the_raw_samples(running):
         for s in range(300)
     ]
     for first in range(0, 300, 45):
-        services.engine_samples_record(
+        measurements.engine_samples_record(
             run=running, batch_id=str(first), samples=samples[first : first + 45]
         )
-    services.engine_samples_record(run=running, batch_id="45", samples=samples[45:90])
+    measurements.engine_samples_record(run=running, batch_id="45", samples=samples[45:90])
     assert _stored(EngineBucket, running) == _of_raw(EngineBucket, _raw(EngineSample, running))
 
 
@@ -156,7 +156,9 @@ def test_two_ingests_of_one_run_at_once_lose_none_of_each_others_sums(running):
         try:
             for first in range(0, 200, 10):
                 samples = [s for s in _gpu_samples(first, 10, gpus=4) if s["gpu_index"] in gpus]
-                services.telemetry_record(run=running, batch_id=f"{gpus}-{first}", samples=samples)
+                measurements.telemetry_record(
+                    run=running, batch_id=f"{gpus}-{first}", samples=samples
+                )
         except Exception as error:  # noqa: BLE001 — reported by the assertion below
             errors.append(error)
         finally:
@@ -239,7 +241,7 @@ def test_a_short_runs_charts_are_read_from_its_raw_samples_as_before(client):
 
 @pytest.mark.django_db
 def test_the_admin_shows_samples_but_does_not_change_them_behind_their_sums(admin_client, running):
-    services.telemetry_record(run=running, batch_id="a", samples=_gpu_samples(0, 2))
+    measurements.telemetry_record(run=running, batch_id="a", samples=_gpu_samples(0, 2))
     sample = TelemetrySample.objects.filter(run=running).first()
     assert admin_client.get(f"/admin/runs/telemetrysample/{sample.pk}/change/").status_code == 200
     edit = {"run": running.pk, "gpu_index": 0, "ts": sample.ts, "gpu_util": 99.0, "attempt": 1}

@@ -7,7 +7,7 @@ import pytest
 from moeops.insights.rules import run_data
 from moeops.insights.rules import steps as step_rules
 from moeops.insights.services import run_analyze
-from moeops.runs import services as run_services
+from moeops.runs import measurements
 from tests import page_base as pb
 from tests import step_breakdowns as sb
 
@@ -137,7 +137,7 @@ def test_a_breakdown_without_decode_steps_proposes_nothing():
 @pytest.mark.django_db
 def test_the_runs_analysis_reads_its_profiles():
     run = pb.run(pb.deployment(), levels=[{"concurrency": 64, "output_throughput": 1000.0}])
-    run_services.profile_record(
+    measurements.profile_record(
         run=run, body=sb.captured(64, shares={"idle": 0.3}), source="upload"
     )
 

@@ -3,7 +3,7 @@ and its baseline both profiled the same level (moeops.runs.profiles.runs_step_gr
 
 import pytest
 
-from moeops.runs import services as run_services
+from moeops.runs import measurements
 from moeops.runs.profiles import STEP_GROWTH_POINTS, runs_step_growth
 from moeops.watches import services
 from moeops.watches.models import Alert, AlertChannel, WatchRun
@@ -29,7 +29,7 @@ def _finished(watch, peak, interval, communication=None):
     page_base.rounds_spanning(run.levels.get(), peak, interval)
     if communication is not None:
         body = sb.captured(8, shares={"communication": communication, "moe": 0.3})
-        run_services.profile_record(run=run, body=body, source="upload")
+        measurements.profile_record(run=run, body=body, source="upload")
     WatchRun.objects.create(watch=watch, run=run, status="running")
     return services.watch_run_finished(run)
 

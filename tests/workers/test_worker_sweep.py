@@ -15,7 +15,7 @@ from domain.intervals import median_interval
 from localstack.standin import StandinConfig, start_standin_in_thread
 from moeops.api.models import ApiToken
 from moeops.fleet.models import Deployment, Host, ModelSpec
-from moeops.runs import services
+from moeops.runs import measurements, services
 from moeops.runs.models import SweepRun
 from tests.fakes import ROOT, FakeNVML, h200
 from workers import loadgen, sweep
@@ -176,7 +176,7 @@ def test_a_redelivered_run_skips_the_levels_already_stored(world):
     deployment, client = world
     run = _run(deployment, levels=(4, 8))
     services.run_transition(run=run, status="running")
-    kept, _ = services.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
+    kept, _ = measurements.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
     # its worker's last heartbeat is long gone
     SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time() - 60})
 
@@ -200,7 +200,7 @@ def test_a_resumed_run_marks_its_levels_and_samples_with_the_next_attempt(world)
     run = _run(deployment, levels=(4, 8), gpu_indices=[0], prompts_per_level=48)
     # the second delivery died in level 8, after the first had stored level 4
     _left_by_a_gone_worker(run, attempt=2)
-    services.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
+    measurements.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
 
     assert _sweep(run, client, nvml=FakeNVML([h200()]), telemetry_hz=10) == "succeeded"
 
@@ -385,7 +385,7 @@ def test_a_redelivered_run_skips_the_rounds_already_stored(world):
     deployment, client = world
     run = _run(deployment, levels=(4,), rounds=3)
     services.run_transition(run=run, status="running")
-    kept, _ = services.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
+    kept, _ = measurements.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
     SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time() - 60})
 
     assert _sweep(run, client) == "succeeded"
@@ -403,7 +403,7 @@ def test_a_redelivered_run_reruns_its_cut_round_with_prompts_the_first_delivery_
     deployment, client = world
     run = _run(deployment, levels=(4,), rounds=3, seed=5)
     services.run_transition(run=run, status="running")
-    services.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
+    measurements.level_record(run=run, concurrency=4, completed=1, output_throughput=1.0)
     SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time() - 60})
     seeds = []
     real = loadgen.run_level
@@ -428,10 +428,10 @@ def test_a_resumed_capacity_search_judges_the_levels_stored_and_finishes_the_cut
     run = _run(deployment, levels=(), kind="capacity", slo=slo, start=2, end=4, rounds=3)
     services.run_transition(run=run, status="running")
     for number in (1, 2, 3):
-        services.level_record(
+        measurements.level_record(
             run=run, round=number, concurrency=2, completed=8, p99_tpot_ms=5.0 + number
         )
-    cut, _ = services.level_record(run=run, concurrency=4, completed=16, p99_tpot_ms=6.0)
+    cut, _ = measurements.level_record(run=run, concurrency=4, completed=16, p99_tpot_ms=6.0)
     SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time() - 60})
 
     assert _sweep(run, client) == "succeeded"
@@ -524,7 +524,9 @@ def test_a_resumed_search_goes_on_with_the_more_rounds_of_a_straddling_level(wor
     run = _search_at_2(deployment)
     services.run_transition(run=run, status="running")
     for number, tpot in enumerate((9.0, 150.0, 9.0, 9.0), 1):
-        services.level_record(run=run, round=number, concurrency=2, completed=8, p99_tpot_ms=tpot)
+        measurements.level_record(
+            run=run, round=number, concurrency=2, completed=8, p99_tpot_ms=tpot
+        )
     SweepRun.objects.filter(pk=run.pk).update(progress={"heartbeat": time.time() - 60})
 
     assert _sweep(run, client) == "succeeded"

@@ -48,7 +48,7 @@ from moeops.front.views.deployments import findings_with_figures
 from moeops.insights.models import FINDING_STATES
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
-from moeops.runs import exports
+from moeops.runs import exports, measurements
 from moeops.runs import services as run_services
 from moeops.runs.costs import GPUS_UNSTATED, level_costs
 from moeops.runs.models import LevelProfile, RequestLog, SweepRun
@@ -374,14 +374,14 @@ def _run_page(request, run, upload_form=None, status=200):
 @login_required
 @require_POST
 def run_profile_upload(request, uuid):
-    """Traces captured by hand for a level of the run (runs.services.profile_upload), to the
+    """Traces captured by hand for a level of the run (runs.measurements.profile_upload), to the
     run's panel; the run page again with the reader's sentence on the file when refused."""
     run = _run_or_404(uuid, profiled=True)
     form = TraceUploadForm(request.POST, request.FILES)
     if form.is_valid():
         upload = form.cleaned_data["file"]
         try:
-            profile, created = run_services.profile_upload(
+            profile, created = measurements.profile_upload(
                 run=run,
                 concurrency=form.cleaned_data["concurrency"],
                 request_rate=form.cleaned_data["request_rate"],
