@@ -217,8 +217,9 @@ def dashboard(request):
         "active": [(run, sweep_progress(run)) for run in active],
         "active_tunes": _tunes_progress(tunings.order_by("created")),
         "findings": said_once(
+            # the list names each finding's deployment, not its run
             Finding.objects.filter(state="open")
-            .select_related("deployment", "run")
+            .select_related("deployment")
             .by_importance()[:DASHBOARD_FINDINGS_SCANNED]
         )[:DASHBOARD_FINDINGS],
         "regressed": last_regressed(),
@@ -360,7 +361,7 @@ def _deployment_page(
     running = sorted((run for run in runs if run.status in ACTIVE), key=lambda r: (r.created, r.id))
     active = [(run, sweep_progress(run)) for run in running]
     tunings, active_tunes, _ = _recent_and_active(
-        _with_timing_count(deployment.tuning_runs.select_related("result", "host")), RECENT_TUNES
+        _with_timing_count(deployment.tuning_runs.select_related("host")), RECENT_TUNES
     )
     topology = deployment.host.current_topology()
     with_actions = Prefetch(
