@@ -111,6 +111,19 @@ def make_world():
     )
 
 
+def make_serving_world(served_model_name="", on_gpus=False):
+    """make_world with its deployment's engine answering at 127.0.0.1:30000, under
+    `served_model_name` where one is given, on all of its host's GPUs where `on_gpus`."""
+    world = make_world()
+    deployment = world.deployment
+    deployment.endpoint_url = "http://127.0.0.1:30000"
+    deployment.served_model_name = served_model_name
+    deployment.save()
+    if on_gpus:
+        deployment.gpus.set(world.host.gpus.all())
+    return world
+
+
 def make_managed_world():
     """make_world with its deployment managed by moeops: vLLM at 127.0.0.1:8000 on all of the
     host's GPUs, the host's worker seen just now, and a staff user `ops` as `world.staff`."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from django.contrib.auth.models import User
 
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
+from moeops.fleet.services import health_check_record
 from moeops.runs import rollup
 from moeops.runs.models import LevelResult, LevelRound, SweepRun, level_key
 from moeops.runs.samples import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
@@ -60,6 +61,24 @@ def worker_seen(host_row):
     host_row.worker_seen_at = timezone.now()
     host_row.save(update_fields=["worker_seen_at"])
     return host_row
+
+
+def standin_checked(deployment_row):
+    """The deployment's last health check found the stand-in engine with a cap of 64 running
+    requests (the cap the sweep and capacity estimates read)."""
+    health_check_record(
+        deployment=deployment_row,
+        status="healthy",
+        trigger="periodic",
+        engine="standin",
+        max_running_requests=64,
+    )
+    return deployment_row
+
+
+def standin_deployment(**fields):
+    """The deployment "GLM-5 (stand-in)" on a host without GPUs, checked by standin_checked."""
+    return standin_checked(deployment("GLM-5 (stand-in)", host_row=host("local", gpus=0), **fields))
 
 
 def sweep_form(label, levels, *, input_len, output_len, prompts_per_level, warmup=8):

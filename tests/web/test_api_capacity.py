@@ -4,11 +4,11 @@ profile), bad input refused naming the field, the answer read on the run once it
 import pytest
 
 from moeops import jobs
-from moeops.fleet.models import GPU, SLOProfile
+from moeops.fleet.models import SLOProfile
 from moeops.runs import measurements, services
 from moeops.runs.models import SweepRun
 from tests import queues
-from tests.api_base import make_world
+from tests.api_base import make_serving_world
 
 QUEUE = "host.rtx-pro-6000"
 SEARCH = {"kind": "capacity", "slo_profile": "chat", "start": 4, "input_len": 64, "output_len": 64}
@@ -16,11 +16,7 @@ SEARCH = {"kind": "capacity", "slo_profile": "chat", "start": 4, "input_len": 64
 
 @pytest.fixture
 def world(db):
-    world = make_world()
-    world.deployment.endpoint_url = "http://127.0.0.1:30000"
-    world.deployment.served_model_name = "glm-5"
-    world.deployment.save()
-    world.deployment.gpus.set(GPU.objects.filter(host=world.host))
+    world = make_serving_world("glm-5", on_gpus=True)
     world.profile = SLOProfile.objects.create(
         name="chat", ttft_percentile="p99", ttft_ms=500.0, tpot_percentile="p99", tpot_ms=50.0
     )

@@ -3,10 +3,10 @@ as the deployment page's Run sweep does."""
 
 import pytest
 
-from moeops.fleet.models import GPU, TopologySnapshot
+from moeops.fleet.models import TopologySnapshot
 from moeops.runs.models import SweepRun
 from tests import queues
-from tests.api_base import make_world
+from tests.api_base import make_serving_world
 
 QUEUE = "host.rtx-pro-6000"
 RUN_UUID = "0b7d4c1e-9a3f-4e52-8c61-5d2f7a9e3b10"
@@ -15,12 +15,7 @@ PARAMETERS = {"levels": [32, 64], "input_len": 1024, "output_len": 256, "prompts
 
 @pytest.fixture
 def world(db):
-    world = make_world()
-    world.deployment.endpoint_url = "http://127.0.0.1:30000"
-    world.deployment.served_model_name = "glm-5"
-    world.deployment.save()
-    world.deployment.gpus.set(GPU.objects.filter(host=world.host))
-    return world
+    return make_serving_world("glm-5", on_gpus=True)
 
 
 def _start(**fields):

@@ -21,7 +21,7 @@ from moeops.insights.models import Finding, Note, PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
 from moeops.wsgi import application
 from tests.api_base import GLM5_CONFIG, make_world, wsgi_in_test_transaction
-from tests.fakes import FIXTURES
+from tests.fakes import FIXTURES, KERNEL_ENTRY
 
 RUN_UUID = "6f0c7f6e-55a4-4b42-9a3f-3d1f9f3c0d10"
 TUNING_UUID = "9d2b4a3e-7c61-4c0f-8f0e-2a6b1e5d7c22"
@@ -51,16 +51,7 @@ def world(db):
         device_name="NVIDIA H200",
         E=256,
         N=256,
-        entries={
-            "1": {
-                "BLOCK_SIZE_M": 16,
-                "BLOCK_SIZE_N": 64,
-                "BLOCK_SIZE_K": 128,
-                "GROUP_SIZE_M": 1,
-                "num_warps": 4,
-                "num_stages": 3,
-            }
-        },
+        entries={"1": KERNEL_ENTRY},
         triton_version="3.7.1",
     )
     TuningRun.objects.create(

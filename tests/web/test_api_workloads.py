@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from moeops.fleet.models import GPU
 from moeops.insights.models import Finding
 from moeops.insights.services import run_analyze
 from moeops.runs import snapshots
 from moeops.runs.models import SweepRun, Workload
 from tests import queues
-from tests.api_base import make_world
+from tests.api_base import make_serving_world
 
 QUEUE = "host.rtx-pro-6000"
 RANDOM = {
@@ -34,12 +33,7 @@ MESSAGES = [
 
 @pytest.fixture
 def world(db):
-    world = make_world()
-    world.deployment.endpoint_url = "http://127.0.0.1:30000"
-    world.deployment.served_model_name = "glm-5"
-    world.deployment.save()
-    world.deployment.gpus.set(GPU.objects.filter(host=world.host))
-    return world
+    return make_serving_world("glm-5", on_gpus=True)
 
 
 def _dataset(name, content, **fields):

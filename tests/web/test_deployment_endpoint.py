@@ -15,17 +15,14 @@ from moeops.fleet.tasks import check_deployments
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
 from moeops.watches.models import AlertChannel
-from tests.api_base import make_world
+from tests.api_base import make_serving_world
 
 METADATA = "http://169.254.169.254/latest/meta-data/"
 
 
 @pytest.fixture
 def world(db):
-    world = make_world()
-    world.deployment.endpoint_url = "http://127.0.0.1:30000"
-    world.deployment.save()
-    return world
+    return make_serving_world()
 
 
 def _browser(staff):

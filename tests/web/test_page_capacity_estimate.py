@@ -4,7 +4,6 @@ search would run at the engine's pace, how long and how many requests, before it
 import pytest
 
 from moeops.fleet.models import SLOProfile
-from moeops.fleet.services import health_check_record
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -16,17 +15,7 @@ def standin(client):
     profile of TPOT p99 at most 20 ms."""
     pb.sign_in(client)
     profile = SLOProfile.objects.create(name="chat", tpot_percentile="p99", tpot_ms=20.0)
-    deployment = pb.deployment(
-        "GLM-5 (stand-in)", host_row=pb.host("local", gpus=0), default_slo_profile=profile
-    )
-    health_check_record(
-        deployment=deployment,
-        status="healthy",
-        trigger="periodic",
-        engine="standin",
-        max_running_requests=64,
-    )
-    return deployment
+    return pb.standin_deployment(default_slo_profile=profile)
 
 
 def _estimate(client, deployment, **search):

@@ -1,6 +1,5 @@
 import pytest
 
-from moeops.fleet.services import health_check_record
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -17,15 +16,7 @@ QUICK = {
 def standin(client):
     """A deployment whose last health check found the stand-in engine, cap 64."""
     pb.sign_in(client)
-    deployment = pb.deployment("GLM-5 (stand-in)", host_row=pb.host("local", gpus=0))
-    health_check_record(
-        deployment=deployment,
-        status="healthy",
-        trigger="periodic",
-        engine="standin",
-        max_running_requests=64,
-    )
-    return deployment
+    return pb.standin_deployment()
 
 
 def _estimate(client, deployment, **load):

@@ -10,7 +10,7 @@ from moeops.runs import services
 from moeops.runs.models import SweepRun
 from moeops.runs.parameters import parameters_checked
 from tests import page_base as pb
-from tests.api_base import make_world
+from tests.api_base import make_serving_world
 from tests.fakes import FIXTURES
 
 RESULTS = FIXTURES / "results"
@@ -20,10 +20,7 @@ SWEEP = {"levels": [32, 64], "input_len": 1024, "output_len": 256}
 
 @pytest.fixture
 def world(db):
-    world = make_world()
-    world.deployment.endpoint_url = "http://127.0.0.1:30000"
-    world.deployment.save()
-    return world
+    return make_serving_world()
 
 
 @pytest.fixture
