@@ -142,6 +142,18 @@ def _level_create(run, concurrency, rounds, scale=1.0, start=None, end=None):
     return level
 
 
+def _sample_models():
+    """(EngineBucket, EngineSample, TelemetryBucket, TelemetrySample) of the tree: in
+    moeops.runs.samples, or in moeops.runs.models in a tree from before they moved there (the
+    buckets None in a tree from before buckets)."""
+    try:
+        from moeops.runs import samples
+    except ImportError:
+        from moeops.runs import models as samples
+    names = ("EngineBucket", "EngineSample", "TelemetryBucket", "TelemetrySample")
+    return tuple(getattr(samples, name, None) for name in names)
+
+
 def _buckets_summed(run):
     """Sums the run's samples per time bucket as its services would have on storing them,
     where the tree keeps such sums (runs.rollup)."""
@@ -149,8 +161,7 @@ def _buckets_summed(run):
         from moeops.runs import rollup
     except ImportError:
         return
-    from moeops.runs.samples import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
-
+    EngineBucket, EngineSample, TelemetryBucket, TelemetrySample = _sample_models()
     for buckets, samples in ((TelemetryBucket, TelemetrySample), (EngineBucket, EngineSample)):
         rollup.buckets_rebuild(buckets, samples, owner_field="run", owner_id=run.pk)
 
@@ -158,7 +169,8 @@ def _buckets_summed(run):
 def _populate(seconds, rounds):
     from moeops.fleet.models import GPU, Deployment, Host, ModelSpec
     from moeops.runs.models import SweepRun
-    from moeops.runs.samples import EngineSample, TelemetrySample
+
+    _, EngineSample, _, TelemetrySample = _sample_models()
 
     model = ModelSpec(name="GLM-5", config_json=GLM5_CONFIG)
     model.fill_shape()
