@@ -60,6 +60,7 @@ def import_results(client, args):
         file_name=Path(args.file).name,
         label=args.label,
         accept_mismatch=args.accept_mismatch,
+        requests_content=_read_text(args.requests) if args.requests else "",
     )
     run = answer["run"]
     print(f"{answer['levels']} level(s) in run {run['id']} ({run['uuid']}) of {args.deployment}")
@@ -262,6 +263,11 @@ def build_parser():
     )
     command.add_argument("--deployment", required=True, help="deployment name or id")
     command.add_argument("--label", default="", help="label of the run (default: file name)")
+    command.add_argument(
+        "--requests",
+        help="aiperf only: the per-request records beside the summary (profile_export.jsonl), "
+        "kept as the level's requests",
+    )
     command.add_argument(
         "--accept-mismatch",
         action="store_true",

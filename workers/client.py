@@ -595,10 +595,19 @@ class MoeopsClient:
         return self._post_samples(path, samples, batch_id, model=EngineSamples)
 
     def import_results(
-        self, *, fmt, deployment, content, file_name="", label="", accept_mismatch=False
+        self,
+        *,
+        fmt,
+        deployment,
+        content,
+        file_name="",
+        label="",
+        accept_mismatch=False,
+        requests_content="",
     ):
-        """Import a SGLang/vLLM result file's text as a run (never spooled: a person waits);
-        accept_mismatch: import it even where it states another model, TP, GPUs or engine."""
+        """Import a result file's text as a run (never spooled: a person waits);
+        accept_mismatch: import it even where it states another model, TP, GPUs or engine;
+        requests_content: AIPerf's per-request records beside its summary."""
         body = {
             "format": fmt,
             "deployment": str(deployment),
@@ -607,6 +616,8 @@ class MoeopsClient:
             "label": label,
             "accept_mismatch": accept_mismatch,
         }
+        if requests_content:
+            body["requests_content"] = requests_content
         return self.request("POST", "/runs/import", body=body).json()
 
     # ------------------------------------------------------------------ hosts

@@ -243,6 +243,11 @@ class RunImportIn(In):
     )
     deployment: text(200, min_length=1) = Field(description="deployment id or name")
     content: LongText = Field(description="the file's text")
+    requests_content: LongText = Field(
+        "",
+        description="aiperf only: the level's per-request records (profile_export.jsonl, "
+        "beside the summary), kept as its request log",
+    )
     file_name: text(300) = ""
     label: text(200) = ""
     accept_mismatch: bool = Field(
@@ -275,6 +280,7 @@ def run_import(request, payload: RunImportIn):
         label=payload.label,
         file_name=payload.file_name,
         accept_mismatch=payload.accept_mismatch,
+        requests_text=payload.requests_content,
     )
     run = _run_out(run)
     return stored(created, {"run": run, "levels": run.level_count})

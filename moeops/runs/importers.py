@@ -33,7 +33,7 @@ from domain.levels import LATENCY_KEYS, MAX_ROUNDS
 from domain.numbers import is_integer, is_number
 from domain.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
 from moeops.runs.levels import level_problems
-from moeops.runs.load_tools import TOOL_FORMATS, tool_levels
+from moeops.runs.load_tools import TOOL_FORMATS, aiperf_requests, tool_levels
 from moeops.runs.models import level_key
 
 FORMATS = ("sglang", "vllm", "moeops", *TOOL_FORMATS)
@@ -409,7 +409,7 @@ def _export_line_problem(obj):
     return None
 
 
-def parse_results(text, fmt):
+def parse_results(text, fmt, requests_text=""):
     """The levels of a result file: a list of LevelResult field dicts, one per object.
 
     Each dict carries `concurrency`, `request_rate` (None = unlimited), the metrics found,
@@ -419,12 +419,20 @@ def parse_results(text, fmt):
     ResultFileError listing every line that is not JSON, not an object, lacks the throughput
     keys (an export's line: a request's keys), or repeats the (concurrency, request rate) of an
     earlier line. Another load tool's file (TOOL_FORMATS): its levels carry `requests` where it
-    holds them, and a problem names its key.
+    holds them, and a problem names its key. requests_text: AIPerf's per-request records of
+    the one level of its summary (profile_export.jsonl), kept as the level's requests.
     """
     if fmt not in FORMATS:
         raise ResultFileError([f"format must be one of {', '.join(FORMATS)}, got {fmt!r}"])
+    if requests_text and fmt != "aiperf":
+        raise ResultFileError(
+            ["requests: only AIPerf's per-request records come as a file of their own"]
+        )
     if fmt in TOOL_FORMATS:
-        return _tool_levels(text, fmt)
+        levels = _tool_levels(text, fmt)
+        if requests_text:
+            _take_aiperf_requests(levels[0], requests_text)
+        return levels
     return _object_levels(text, fmt)
 
 
@@ -496,6 +504,22 @@ def _tool_levels(text, fmt):
     if problems:
         raise ResultFileError(problems)
     return levels
+
+
+def _take_aiperf_requests(level, text):
+    """level["requests"] from AIPerf's per-request records of it; ResultFileError naming the
+    records' line, or their count where it is not the summary's."""
+    try:
+        requests = aiperf_requests(text)
+    except ValueError as exc:
+        raise ResultFileError([f"requests: {exc}"]) from None
+    count = len(requests["status"])
+    counted = (level.get("completed") or 0) + (level.get("failed") or 0)
+    if count != counted:
+        raise ResultFileError(
+            [f"requests: the records hold {count} requests, the summary counts {counted}"]
+        )
+    level["requests"] = requests
 
 
 def snapshot_parts(levels, fmt, file_name="") -> tuple[dict, dict | None]:

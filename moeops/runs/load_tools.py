@@ -208,6 +208,72 @@ def aiperf_levels(text):
     return [("line 1", result)]
 
 
+def aiperf_requests(text):
+    """domain.request_log columns of AIPerf's per-request records (`profile_export.jsonl`, one
+    record a line; those of its profiling phase, not its warmup): send time from the first
+    request_start_ns, TTFT, latency, input and output tokens (AIPerf's counts, as its summary's),
+    the error's message, the gaps between chunks (inter_chunk_latency). Raises ValueError naming
+    the line, or the line and key."""
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = _document(line)
+        except ValueError as exc:
+            raise ValueError(f"line {number}: {str(exc).partition(': ')[2]}") from None
+        reader = _Reader(record)
+        try:
+            if not isinstance(record, dict) or "metrics" not in record:
+                raise ValueError("not a record of AIPerf's profile_export.jsonl (no metrics)")
+            if reader.text("metadata", "benchmark_phase") not in (None, "profiling"):
+                continue
+            records.append(_aiperf_request(reader))
+        except ValueError as exc:
+            raise ValueError(f"line {number}: {exc}") from None
+    if not records:
+        raise ValueError("line 1: no record of the profiling phase")
+    first = min(start for start, _ in records)
+    columns = {key: [] for key in request_log.REQUEST_KEYS}
+    for start, request in records:
+        request["start_time"] = request_log.rounded((start - first) / 1e9)
+        for key in request_log.REQUEST_KEYS:
+            columns[key].append(request[key])
+    request_log.check_columns(columns)
+    return columns
+
+
+def _aiperf_request(record):
+    """(request_start_ns, {request_log key: value}) of one AIPerf record."""
+    metrics = record.at("metrics")
+    for key in ("time_to_first_token", "request_latency", "inter_chunk_latency"):
+        _unit(metrics.at(key), "ms")
+    start = record.count("metadata", "request_start_ns")
+    if start is None:
+        raise ValueError("metadata.request_start_ns is missing")
+    error = record.at("error")
+    message = error.text("message") if error.value is not None else None
+    failed = error.value is not None
+    gaps = metrics.at("inter_chunk_latency", "value")
+    if gaps.value is not None and not isinstance(gaps.value, list):
+        raise ValueError(f"{gaps.path} is not a list: {_shown(gaps.value)}")
+    itl = (
+        None
+        if failed or gaps.value is None
+        else [gaps.number(i, scale=0.001) for i in range(len(gaps.value))]
+    )
+    return start, {
+        "ttft": None if failed else metrics.number("time_to_first_token", "value", scale=0.001),
+        "latency": metrics.number("request_latency", "value", scale=0.001),
+        "input_len": metrics.count("input_sequence_length", "value"),
+        "output_len": None if failed else metrics.count("output_sequence_length", "value"),
+        "status": "failed" if failed else "ok",
+        "error_reason": None,
+        "error": (message or "error")[:2000] if failed else None,
+        "itl": itl,
+    }
+
+
 def guidellm_levels(text):
     """[(where, result)]: a guidellm benchmarks.json's benchmarks ("benchmarks[0]", …), each
     one level with its

@@ -572,7 +572,15 @@ def _import_snapshot(deployment, levels, fmt, file_name, stated, mismatch):
 
 
 def run_import(
-    *, deployment, fmt, text, label="", file_name="", provenance="", accept_mismatch=False
+    *,
+    deployment,
+    fmt,
+    text,
+    label="",
+    file_name="",
+    provenance="",
+    accept_mismatch=False,
+    requests_text="",
 ):
     """(SweepRun, created) for a benchmark result file; each object becomes one level.
 
@@ -582,10 +590,13 @@ def run_import(
     bad lines, or importers.ResultFileMismatch where the file states another model, TP, GPU
     count or engine than the deployment's (unless accept_mismatch); then nothing is stored. A
     file of another model, imported all the same, feeds none of the deployment's estimates,
-    headlines or comparisons (models.of_the_deployment), nor its findings.
+    headlines or comparisons (models.of_the_deployment), nor its findings. requests_text:
+    AIPerf's per-request records of its summary, kept as the level's requests.
     """
-    levels = importers.parse_results(text, fmt)
-    digest = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+    levels = importers.parse_results(text, fmt, requests_text)
+    # the records beside a summary are part of what was imported
+    whole = f"{text}\0{requests_text}" if requests_text else text
+    digest = hashlib.sha256(whole.encode("utf-8", errors="surrogatepass")).hexdigest()
     existing = SweepRun.objects.filter(
         deployment=deployment, source="import", parameters__import_sha256=digest
     ).first()

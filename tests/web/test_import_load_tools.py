@@ -80,6 +80,35 @@ def test_an_aiperf_summary_is_one_level_of_the_files_figures(path):
     assert "requests" not in level
 
 
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("path", AIPERF, ids=lambda p: p.parent.name)
+def test_aiperf_records_beside_the_summary_are_the_levels_requests(path):
+    records = path.parent / "profile_export.jsonl"
+    [level] = parse_results(path.read_text(), "aiperf", records.read_text())
+    requests, lines = level["requests"], _records(records)
+    assert len(requests["status"]) == len(lines) == level["completed"]
+    assert requests["status"] == ["ok"] * len(lines)
+    starts = [r["metadata"]["request_start_ns"] for r in lines]
+    assert requests["start_time"] == pytest.approx(
+        [(s - min(starts)) / 1e9 for s in starts], abs=1e-6
+    )
+    for key, column in (("time_to_first_token", "ttft"), ("request_latency", "latency")):
+        assert requests[column] == pytest.approx([r["metrics"][key]["value"] / 1000 for r in lines])
+    assert requests["input_len"] == [r["metrics"]["input_sequence_length"]["value"] for r in lines]
+    # AIPerf's own count of output tokens, as its summary's total_osl
+    assert requests["output_len"] == [
+        r["metrics"]["output_sequence_length"]["value"] for r in lines
+    ]
+    assert sum(requests["output_len"]) == level["total_output_tokens"]
+    assert requests["itl"] == [
+        pytest.approx([gap / 1000 for gap in r["metrics"]["inter_chunk_latency"]["value"]])
+        for r in lines
+    ]
+
+
 def test_guidellm_benchmarks_are_levels_with_their_requests():
     doc = json.loads(GUIDELLM.read_text())
     levels = parse_results(GUIDELLM.read_text(), "guidellm")
@@ -214,6 +243,18 @@ def test_an_inference_perf_stage_names_no_model_so_is_never_the_deployments(worl
     assert run.measured_gpu_count() is None
 
 
+def test_aiperf_records_sent_beside_the_summary_become_the_request_log(world, tiny):
+    path = AIPERF[1]
+    records = (path.parent / "profile_export.jsonl").read_text()
+    response = _import(world.owner, path, "aiperf", requests_content=records)
+    assert response.status_code == 201, response.text
+    log = RequestLog.objects.get(level__run__deployment=tiny)
+    assert log.count == len(records.splitlines())
+    # the summary without its records is another import
+    again = _import(world.owner, path, "aiperf")
+    assert again.status_code == 201 and SweepRun.objects.count() == 2
+
+
 # --------------------------------------------------------------------------- bad files
 
 
@@ -330,5 +371,60 @@ def test_a_file_of_another_tool_is_refused_saying_whose_it_is_not(world, tiny):
     assert response.status_code == 400
     assert response.json()["problems"] == [
         "line 1: not AIPerf's profile_export_aiperf.json (no aiperf_version)"
+    ]
+    assert _nothing_stored()
+
+
+def _refused_records(world, records, problem):
+    path = AIPERF[0]
+    response = _import(world.owner, path, "aiperf", requests_content=records)
+    assert response.status_code == 400, response.text
+    assert response.json()["problems"] == [problem]
+    assert _nothing_stored()
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.9, 0.999])
+def test_a_truncated_copy_of_aiperf_records_is_refused_naming_its_line(world, tiny, fraction):
+    text = (AIPERF[0].parent / "profile_export.jsonl").read_text()
+    cut = text[: int(len(text) * fraction)]
+    response = _import(world.owner, AIPERF[0], "aiperf", requests_content=cut)
+    assert response.status_code == 400, response.text
+    [problem] = response.json()["problems"]
+    last = cut.count("\n") + 1
+    if cut.endswith("\n"):
+        # a cut between records leaves whole ones, fewer than the summary counts
+        assert problem == f"requests: the records hold {last - 1} requests, the summary counts 8"
+    else:
+        assert problem.startswith(f"requests: line {last}: not JSON (")
+    assert _nothing_stored()
+
+
+def test_aiperf_records_with_a_value_of_another_type_are_refused_naming_line_and_key(world, tiny):
+    lines = (AIPERF[0].parent / "profile_export.jsonl").read_text().splitlines()
+    record = json.loads(lines[2])
+    record["metrics"]["time_to_first_token"]["value"] = "fast"
+    lines[2] = json.dumps(record)
+    _refused_records(
+        world,
+        "\n".join(lines),
+        'requests: line 3: metrics.time_to_first_token.value is not a number: "fast"',
+    )
+
+
+def test_records_of_another_level_are_refused_by_their_count(world, tiny):
+    lines = (AIPERF[0].parent / "profile_export.jsonl").read_text().splitlines()
+    _refused_records(
+        world,
+        "\n".join(lines[:-1]),
+        f"requests: the records hold {len(lines) - 1} requests, the summary counts {len(lines)}",
+    )
+
+
+def test_records_beside_another_format_are_refused(world, tiny):
+    records = (AIPERF[0].parent / "profile_export.jsonl").read_text()
+    response = _import(world.owner, GUIDELLM, "guidellm", requests_content=records)
+    assert response.status_code == 400
+    assert response.json()["problems"] == [
+        "requests: only AIPerf's per-request records come as a file of their own"
     ]
     assert _nothing_stored()

@@ -242,3 +242,32 @@ def test_a_guidellm_file_is_offered_and_imports_with_its_requests(client, deploy
     assert [level.request_logs.get().count for level in run.levels.order_by("concurrency")] == [
         len(b["requests"]["successful"]) for b in benchmarks
     ]
+
+
+def test_aiperf_records_uploaded_beside_the_summary_are_the_levels_requests(client, deployment):
+    summary = RESULTS / "aiperf" / "concurrency_2" / "profile_export_aiperf.json"
+    records = summary.parent / "profile_export.jsonl"
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    assert 'name="requests_file"' in html.split('id="result-upload"')[1].split("</form>")[0]
+    extra = {
+        "requests_file": SimpleUploadedFile(records.name, records.read_bytes()),
+        "accept_mismatch": "on",
+    }
+    response = _upload(client, deployment, summary, "aiperf", **extra)
+    assert response.status_code == 302
+    level = SweepRun.objects.get().levels.get()
+    assert level.request_logs.get().count == len(records.read_text().splitlines())
+
+
+def test_records_that_are_not_the_summarys_are_a_form_error(client, deployment):
+    summary = RESULTS / "aiperf" / "concurrency_2" / "profile_export_aiperf.json"
+    lines = (summary.parent / "profile_export.jsonl").read_bytes().splitlines()
+    extra = {
+        "requests_file": SimpleUploadedFile("profile_export.jsonl", b"\n".join(lines[:3])),
+        "accept_mismatch": "on",
+    }
+    response = _upload(client, deployment, summary, "aiperf", **extra)
+    assert response.status_code == 400
+    form = response.content.decode().split('id="result-upload"')[1].split("</form>")[0]
+    assert f"requests: the records hold 3 requests, the summary counts {len(lines)}" in form
+    assert not SweepRun.objects.exists() and not LevelResult.objects.exists()

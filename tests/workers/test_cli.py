@@ -114,6 +114,13 @@ def test_it_imports_an_aiperf_summary_of_another_model_only_when_told_to(world, 
     summary = json.loads(path.read_text())
     assert level.concurrency == 4
     assert level.output_throughput == summary["output_token_throughput"]["avg"]
+    assert not level.request_logs.exists()
+    # with its per-request records beside it: another import, the records its requests
+    records = path.parent / "profile_export.jsonl"
+    code, out, err = _run([*argv, "--accept-mismatch", "--requests", str(records)], capsys)
+    assert (code, err) == (0, "")
+    logged = LevelResult.objects.exclude(pk=level.pk).get()
+    assert logged.request_logs.get().count == len(records.read_text().splitlines())
 
 
 def test_it_reports_the_bad_lines_of_a_file(world, capsys):

@@ -27,6 +27,11 @@ class ResultFileForm(forms.Form):
         )
     )
     file = forms.FileField(label="Result file")
+    requests_file = forms.FileField(
+        label="Per-request records (AIPerf's profile_export.jsonl)",
+        required=False,
+        help_text="Beside AIPerf's summary: kept as the level's requests.",
+    )
     label = forms.CharField(max_length=200, required=False)
     accept_mismatch = forms.BooleanField(
         required=False,
@@ -36,6 +41,11 @@ class ResultFileForm(forms.Form):
     def clean_file(self):
         upload = self.cleaned_data["file"]
         self.text = uploaded_text(upload)
+        return upload
+
+    def clean_requests_file(self):
+        upload = self.cleaned_data["requests_file"]
+        self.requests_text = uploaded_text(upload) if upload else ""
         return upload
 
 

@@ -562,6 +562,7 @@ def result_upload(request, pk):
                 file_name=upload.name,
                 provenance=f"uploaded {upload.name} on the deployment page",
                 accept_mismatch=form.cleaned_data["accept_mismatch"],
+                requests_text=form.requests_text,
             )
         except ResultFileError as exc:
             for problem in exc.problems:
