@@ -178,7 +178,8 @@ class Watch(models.Model):
 
 def last_regressed():
     """The watch runs that regressed and are their watch's newest finished run (the dashboard's
-    "regressed" list), with their watch and deployment."""
+    "regressed" list), with their watch and deployment (the list shows their figures, not their
+    runs)."""
     newest = (
         WatchRun.objects.filter(watch=models.OuterRef("watch"), status="finished")
         .order_by("-fired_at", "-id")
@@ -187,7 +188,7 @@ def last_regressed():
     return (
         WatchRun.objects.filter(status="finished", verdict="regressed")
         .filter(pk=models.Subquery(newest))
-        .select_related("watch__deployment", "run", "compared_with")
+        .select_related("watch__deployment")
     )
 
 

@@ -40,7 +40,7 @@ def _grow(deployment, n, start):
     now = timezone.now()
     for i in range(start, start + n):
         levels = [{"concurrency": c, "output_throughput": 10.0 * c + i} for c in LEVELS]
-        pb.run(deployment, f"sweep {i}", levels=levels)
+        sweep = pb.run(deployment, f"sweep {i}", levels=levels)
         pb.run(
             deployment,
             f"capacity {i}",
@@ -48,7 +48,7 @@ def _grow(deployment, n, start):
             capacity={"mode": "concurrency", "load": 8, "bracket": [8, 16]},
             levels=levels[:2],
         )
-        pb.run(deployment, f"running {i}", status="running", levels=levels[:1])
+        running = pb.run(deployment, f"running {i}", status="running", levels=levels[:1])
         tune = TuningRun.objects.create(
             deployment=deployment, E=256, N=256, hidden_size=6144, topk=8, status="running"
         )
@@ -63,7 +63,9 @@ def _grow(deployment, n, start):
             parameters={"levels": [8], "input_len": 16, "output_len": 32},
             every_hours=6,
         )
-        WatchRun.objects.create(watch=watch, status="finished", verdict="regressed")
+        WatchRun.objects.create(
+            watch=watch, run=sweep, compared_with=running, status="finished", verdict="regressed"
+        )
         fleet_services.health_check_record(
             deployment=deployment,
             status="healthy",
