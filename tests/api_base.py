@@ -124,17 +124,24 @@ def make_serving_world(served_model_name="", on_gpus=False):
     return world
 
 
-def make_managed_world():
-    """make_world with its deployment managed by moeops: vLLM at 127.0.0.1:8000 on all of the
-    host's GPUs, the host's worker seen just now, and a staff user `ops` as `world.staff`."""
+def make_world_with_worker():
+    """make_world with its deployment on all of its host's GPUs and the host's worker seen just
+    now (the host takes work)."""
     world = make_world()
+    world.deployment.gpus.set(world.host.gpus.all())
+    world.host.worker_seen_at = timezone.now()
+    world.host.save(update_fields=["worker_seen_at"])
+    return world
+
+
+def make_managed_world():
+    """make_world_with_worker with its deployment managed by moeops (vLLM at 127.0.0.1:8000)
+    and a staff user `ops` as `world.staff`."""
+    world = make_world_with_worker()
     deployment = world.deployment
     deployment.engine = "vllm"
     deployment.management = "managed"
     deployment.endpoint_url = "http://127.0.0.1:8000"
     deployment.save()
-    deployment.gpus.set(world.host.gpus.all())
-    world.host.worker_seen_at = timezone.now()
-    world.host.save(update_fields=["worker_seen_at"])
     world.staff = User.objects.create_user("ops", password="pw", is_staff=True)
     return world

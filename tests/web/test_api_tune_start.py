@@ -10,7 +10,7 @@ from django.utils import timezone
 from moeops.fleet.models import GPU, Host, TopologySnapshot
 from moeops.kernels.models import TuningRun
 from tests import queues
-from tests.api_base import make_world
+from tests.api_base import make_world_with_worker
 from tests.fakes import FIXTURES
 
 QUEUE = "host.rtx-pro-6000"
@@ -21,10 +21,7 @@ DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
 @pytest.fixture
 def world(db):
-    world = make_world()
-    world.deployment.gpus.set(GPU.objects.filter(host=world.host))
-    Host.objects.filter(pk=world.host.pk).update(worker_seen_at=timezone.now())
-    return world
+    return make_world_with_worker()
 
 
 def test_it_queues_a_tune_and_sends_it_to_the_hosts_worker_after_commit(

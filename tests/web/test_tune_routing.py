@@ -3,13 +3,11 @@ the routing, the tune stores it and sends it to the worker, and the pages show i
 uniform tunes; a routing the worker cannot time under is refused naming the field."""
 
 import pytest
-from django.utils import timezone
 
-from moeops.fleet.models import GPU, Host
 from moeops.kernels.models import TuningRun
 from tests import page_base as pb
 from tests import queues
-from tests.api_base import make_world
+from tests.api_base import make_world_with_worker
 
 QUEUE = "host.rtx-pro-6000"
 PATH = "/api/v1/deployments/glm-5-sglang/tuning-runs"
@@ -17,10 +15,7 @@ PATH = "/api/v1/deployments/glm-5-sglang/tuning-runs"
 
 @pytest.fixture
 def world(db):
-    world = make_world()
-    world.deployment.gpus.set(GPU.objects.filter(host=world.host))
-    Host.objects.filter(pk=world.host.pk).update(worker_seen_at=timezone.now())
-    return world
+    return make_world_with_worker()
 
 
 def test_the_api_queues_a_tune_under_zipf_routing_beside_a_uniform_one(
