@@ -49,6 +49,13 @@ from workers.telemetry import TelemetrySampler
 ROOT = Path(__file__).resolve().parent.parent
 GLM5_CONFIG = ROOT / "moeops/examples/glm-5-fp8_config.json"
 WORKER_READY_TIMEOUT_S = 60
+# the fault suite's marks: whole-stack tests, run once, in make test's SQLite pass (conftest.py)
+FAULT_SUITE = [
+    pytest.mark.e2e,
+    pytest.mark.faults,
+    pytest.mark.sqlite_once,
+    pytest.mark.timeout(180),
+]
 
 
 class WorkerProcess:

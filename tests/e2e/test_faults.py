@@ -9,7 +9,6 @@ import os
 import signal
 import time
 
-import pytest
 from django.utils.html import escape
 
 from domain.jobs import FINISHED_STATUSES
@@ -19,15 +18,11 @@ from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, SweepRun
 from moeops.runs.samples import TelemetryBatch
 from tests import page_base as pb
+from tests.stack import FAULT_SUITE
 from workers.client import Spool
 
 pytest_plugins = ["tests.stack"]
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.faults,
-    pytest.mark.sqlite_once,
-    pytest.mark.timeout(180),
-]
+pytestmark = FAULT_SUITE
 
 QUEUEING = ("queueing", "running-cap")
 

@@ -14,15 +14,11 @@ from moeops.fleet.models import Host
 from moeops.runs.models import SweepRun
 from tests import page_base as pb
 from tests.api_base import make_world
+from tests.stack import FAULT_SUITE
 
 pytest_plugins = ["tests.stack"]
 LOAD = {"levels": [8], "input_len": 16, "output_len": 32}
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.faults,
-    pytest.mark.sqlite_once,
-    pytest.mark.timeout(180),
-]
+pytestmark = FAULT_SUITE
 
 
 @pytest.fixture

@@ -4,18 +4,13 @@ left running until the reaper fails it minutes later."""
 import time
 
 import httpx
-import pytest
 
 from domain.progress import HEARTBEAT_STALE_S
 from moeops.runs.models import SweepRun
+from tests.stack import FAULT_SUITE
 
 pytest_plugins = ["tests.stack"]
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.faults,
-    pytest.mark.sqlite_once,
-    pytest.mark.timeout(180),
-]
+pytestmark = FAULT_SUITE
 
 
 def test_cancel_of_a_sweep_whose_worker_was_killed_ends_it_at_once(make_sweep_stack, settings):

@@ -11,19 +11,13 @@ import time
 
 import httpx
 import psutil
-import pytest
 
 from moeops.engines import services
 from moeops.fleet.models import Host
-from tests.stack import SweepStack
+from tests.stack import FAULT_SUITE, SweepStack
 
 pytest_plugins = ["tests.stack"]
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.faults,
-    pytest.mark.sqlite_once,
-    pytest.mark.timeout(180),
-]
+pytestmark = FAULT_SUITE
 
 
 def _cap(port):

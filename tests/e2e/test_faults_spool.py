@@ -3,18 +3,12 @@ crash, a full disk or a hand) are moved aside with their reason; the host's work
 
 import json
 
-import pytest
-
 from moeops.fleet.models import Host
 from tests import page_base as pb
+from tests.stack import FAULT_SUITE
 
 pytest_plugins = ["tests.stack"]
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.faults,
-    pytest.mark.sqlite_once,
-    pytest.mark.timeout(180),
-]
+pytestmark = FAULT_SUITE
 
 ENTRY = {"method": "POST", "path": "/runs/x/levels", "body": {}}
 # older than any push the worker writes, so each is read before the sweep's first push
