@@ -16,7 +16,6 @@ from django.utils import timezone
 from moeops.examples import load_example_data, load_standin_deployment
 from moeops.examples.h200_tune import TUNING_UUID
 from moeops.fleet.models import Deployment
-from moeops.fleet.services import health_check_record
 from moeops.insights.models import Finding
 from moeops.insights.services import run_analyze
 from moeops.kernels.models import TuningRun
@@ -469,14 +468,7 @@ def test_a_starting_run_waits_in_one_placeholder_then_draws(page, member):
 
 
 def test_the_sweep_form_has_presets_and_estimates_their_duration(page, member):
-    deployment = load_standin_deployment()
-    health_check_record(
-        deployment=deployment,
-        status="healthy",
-        trigger="periodic",
-        engine="standin",
-        max_running_requests=64,
-    )
+    deployment = pb.standin_checked(load_standin_deployment())
     log_in(page, member)
     page.goto(page.base + deployment.get_absolute_url())
     page.click("summary:has-text('Run sweep')")

@@ -10,7 +10,6 @@ from django.contrib.auth.models import User
 from moeops.api.models import ApiToken
 from moeops.examples import load_example_data
 from moeops.fleet.models import SLOProfile
-from moeops.fleet.services import health_check_record
 from moeops.insights.models import PlanItem
 from moeops.runs.models import SweepRun
 from moeops.watches import services as watch_services
@@ -139,16 +138,7 @@ def test_the_ttft_switch_lies_outside_its_plot(narrow, staff):
 def test_run_now_channels_and_the_capacity_estimate(narrow, staff):
     page = narrow
     profile = SLOProfile.objects.create(name="chat", tpot_percentile="p99", tpot_ms=20.0)
-    deployment = pb.deployment(
-        "GLM-5 (stand-in)", host_row=pb.host("local", gpus=0), default_slo_profile=profile
-    )
-    health_check_record(
-        deployment=deployment,
-        status="healthy",
-        trigger="periodic",
-        engine="standin",
-        max_running_requests=64,
-    )
+    deployment = pb.standin_deployment(default_slo_profile=profile)
     AlertChannel.objects.create(name="perf-oncall", kind="email", recipients=["p@example.com"])
     log_in(page, staff)
     page.goto(page.base + deployment.get_absolute_url())
