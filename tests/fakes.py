@@ -11,6 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from tuning.compile_only import GpuTarget
 from tuning.search import KernelShape, compile_key
 
@@ -128,6 +130,23 @@ def h200(util=0, power_mw=85_000):
         "limit_mw": 700_000,
         "sm_clock": 1980,
         "temperature": 41,
+    }
+
+
+def busy_h200_sample(ts, level_concurrency=None):
+    """The telemetry sample taken at `ts` of h200(util=97, power_mw=612_345)."""
+    return {
+        "gpu_index": 0,
+        "ts": ts,
+        "level_concurrency": level_concurrency,
+        "gpu_util": 97.0,
+        "mem_util": 48.0,
+        "power_w": pytest.approx(612.345),
+        "power_limit_w": 700.0,
+        "mem_used_mib": 96_000.0,
+        "mem_total_mib": 143_771.0,
+        "sm_clock_mhz": 1980.0,
+        "temperature_c": 41.0,
     }
 
 

@@ -14,7 +14,7 @@ from moeops.insights.rules import run_data
 from tests.engine import engine_source, ensure_installed
 from workers import engine_info
 from workers.engine_paths import gpu_capability, managed_log, observe_paths
-from workers.engine_supervisor import EngineSupervisor, Recipe
+from workers.engine_supervisor import Recipe
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,14 +24,6 @@ FALLBACK = (
     "(Worker_TP0 pid=7001) WARNING 12-06 05:10:02 [allreduce_rms_fusion.py:1045] Failed to "
     "initialize Flashinfer allreduce workspace. Flashinfer allreduce-norm fusion will be disabled."
 )
-
-
-@pytest.fixture
-def supervisor(tmp_path):
-    supervisor = EngineSupervisor(tmp_path / "engines")
-    yield supervisor
-    for state in supervisor.running():
-        supervisor.stop(state["recipe"]["deployment"], grace_s=5)
 
 
 def test_a_standin_told_to_log_a_fallback_gives_the_row_and_the_finding(supervisor, free_port):

@@ -45,14 +45,6 @@ def standin(deployment, port, *, version=1, gpus=(), cap=16):
     )
 
 
-@pytest.fixture
-def supervisor(tmp_path):
-    supervisor = EngineSupervisor(tmp_path / "engines")
-    yield supervisor
-    for state in supervisor.running():
-        supervisor.stop(state["recipe"]["deployment"], grace_s=5)
-
-
 def _cap(url):
     return httpx.get(url + "/get_server_info", timeout=5).json()["max_running_requests"]
 

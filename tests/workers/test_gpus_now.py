@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from moeops.fleet.models import GPUReading
-from tests.fakes import FakeNVML, h200
+from tests.fakes import FakeNVML, busy_h200_sample, h200
 from workers.telemetry import DETAIL_LIMIT, read_gpus_now
 
 
@@ -16,19 +16,7 @@ def test_it_reads_every_gpu_once_in_its_units():
     assert (reading["status"], reading["detail"]) == ("recorded", "")
     assert reading["taken_at"] == 1_780_000_000.5
     first, second = reading["gpus"]
-    assert first == {
-        "gpu_index": 0,
-        "ts": 1_780_000_000.5,
-        "level_concurrency": None,
-        "gpu_util": 97.0,
-        "mem_util": 48.0,
-        "power_w": pytest.approx(612.345),
-        "power_limit_w": 700.0,
-        "mem_used_mib": 96_000.0,
-        "mem_total_mib": 143_771.0,
-        "sm_clock_mhz": 1980.0,
-        "temperature_c": 41.0,
-    }
+    assert first == busy_h200_sample(1_780_000_000.5)
     assert (second["gpu_index"], second["gpu_util"]) == (1, 4.0)
     assert nvml.inits == nvml.shutdowns == 1
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.fakes import FakeNVML, h200
+from tests.fakes import FakeNVML, busy_h200_sample, h200
 from workers.telemetry import (
     DETAIL_LIMIT,
     MAX_HZ,
@@ -23,19 +23,7 @@ def test_it_reads_every_field_in_its_unit():
         time.sleep(0.05)
     first = sampler.drain()[0]
     assert sampler.status == "recorded"
-    assert first == {
-        "gpu_index": 0,
-        "ts": 1700000000.5,
-        "level_concurrency": 64,
-        "gpu_util": 97.0,
-        "mem_util": 48.0,
-        "power_w": pytest.approx(612.345),
-        "power_limit_w": 700.0,
-        "mem_used_mib": 96_000.0,
-        "mem_total_mib": 143_771.0,
-        "sm_clock_mhz": 1980.0,
-        "temperature_c": 41.0,
-    }
+    assert first == busy_h200_sample(1700000000.5, level_concurrency=64)
     assert nvml.inits == nvml.shutdowns == 1
 
 
