@@ -21,6 +21,19 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HF_CONFIGS = FIXTURES / "hf_configs"
 # GLM-5 at TP8, bf16: the tuner tests' shape
 SHAPE = KernelShape(E=256, N=256, H=6144, top_k=8)
+# the keys of a topology snapshot, whether parsed from files or probed on the host
+TOPOLOGY_SNAPSHOT_KEYS = {
+    "source",
+    "virtualization",
+    "driver_version",
+    "cuda_version",
+    "gpus",
+    "links",
+    "p2p",
+    "affinity",
+    "nics",
+    "hostname",
+}
 # One batch size's entry of a fused-MoE kernel-config file, as vLLM's benchmark_moe.py writes it
 KERNEL_ENTRY = {
     "BLOCK_SIZE_M": 16,

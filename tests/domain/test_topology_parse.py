@@ -6,21 +6,9 @@ import pytest
 
 from domain.topology import P2P_KINDS, TopologyParseError, parse_nvidia_smi_topo
 from tests import fakes
-from tests.fakes import ROOT
+from tests.fakes import ROOT, TOPOLOGY_SNAPSHOT_KEYS
 
 FIXTURES = fakes.FIXTURES / "topology"
-SNAPSHOT_KEYS = {
-    "source",
-    "virtualization",
-    "driver_version",
-    "cuda_version",
-    "gpus",
-    "links",
-    "p2p",
-    "affinity",
-    "nics",
-    "hostname",
-}
 
 
 # `nvidia-smi topo -p2p r` on 2× NVIDIA L4 whose chipset does not support P2P, as published
@@ -45,7 +33,7 @@ def cell(snapshot, a, b):
 def test_it_reads_an_8_gpu_nvswitch_host_with_its_nics():
     snapshot = parse_nvidia_smi_topo(fixture("topo_m_8xh100_nv18_8nics.txt"))
 
-    assert set(snapshot) == SNAPSHOT_KEYS
+    assert set(snapshot) == TOPOLOGY_SNAPSHOT_KEYS
     assert snapshot["source"] == "nvidia-smi"
     assert snapshot["links"]["labels"] == [f"GPU{i}" for i in range(8)] + [
         f"NIC{i}" for i in range(8)

@@ -7,7 +7,7 @@ import pytest
 
 from domain.topology import parse_nvidia_smi_topo
 from tests import fakes
-from tests.fakes import ROOT
+from tests.fakes import ROOT, TOPOLOGY_SNAPSHOT_KEYS
 from workers import topology
 from workers.topology import probe
 
@@ -193,18 +193,7 @@ def test_it_reads_each_gpu_through_nvml(tmp_path):
 
     snapshot = probe(tmp_path, nvml=nvml)
 
-    assert set(snapshot) == {
-        "source",
-        "virtualization",
-        "driver_version",
-        "cuda_version",
-        "gpus",
-        "links",
-        "p2p",
-        "affinity",
-        "nics",
-        "hostname",
-    }
+    assert set(snapshot) == TOPOLOGY_SNAPSHOT_KEYS
     assert snapshot["source"] == "probe"
     assert snapshot["driver_version"] == "580.82.07"
     assert snapshot["cuda_version"] == "13.0"
