@@ -105,9 +105,16 @@ class _Reader:
         value = reader.value
         if value is None:
             return None
-        if not is_number(value) or not math.isfinite(value):
+        if not is_number(value):
             raise ValueError(f"{reader.path} is not a number: {_shown(value)}")
-        return value * scale
+        try:
+            number = float(value) * scale
+        except OverflowError:
+            # an integer of hundreds of digits, beyond any float
+            raise ValueError(f"{reader.path} is too large a number: {_shown(value)}") from None
+        if not math.isfinite(number):
+            raise ValueError(f"{reader.path} is not a number: {_shown(value)}")
+        return number
 
     def count(self, *keys):
         """A whole number ≥ 0 (8.0 reads as 8), or None where absent."""

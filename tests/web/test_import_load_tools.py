@@ -343,6 +343,13 @@ CHANGED = [
         4.5,
         "load_summary.concurrency is not a count: 4.5",
     ),
+    (
+        "inference-perf",
+        INFERENCE_PERF[0],
+        ["failures", "count"],
+        10**400,
+        f"failures.count is too large a number: {str(10**400)[:37]}… (401 characters)",
+    ),
 ]
 
 
