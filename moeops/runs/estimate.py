@@ -59,8 +59,17 @@ def sweep_seconds(
     return total * rounds
 
 
-def _cap(deployment):
-    check = deployment.health_checks.exclude(max_running_requests=None).first()
+def _newest_check(deployment, checks, **exclude):
+    """The deployment's newest health check but those matching `exclude` (a field and the
+    value that rules a check out), from `checks` (newest first) where the caller read them."""
+    if checks is None:
+        checks = deployment.health_checks.exclude(**exclude)[:1]
+    ((field, value),) = exclude.items()
+    return next((check for check in checks if getattr(check, field) != value), None)
+
+
+def _cap(deployment, checks):
+    check = _newest_check(deployment, checks, max_running_requests=None)
     return (check and check.max_running_requests) or deployment.max_running_requests
 
 
@@ -78,9 +87,11 @@ def _latest_timed(deployment, runs):
     return None
 
 
-def deployment_pace(deployment, runs=None):
+def deployment_pace(deployment, runs=None, checks=None):
     """The deployment's Pace, or (None, why there is none). runs: the deployment's runs
-    of_the_deployment, newest first, levels prefetched, where the caller has them already."""
+    of_the_deployment, newest first, levels prefetched, where the caller has them already;
+    checks: its health checks, newest first, holding its newest that reported a running cap and
+    its newest not from an edit, where the caller has them already."""
     run = _latest_timed(deployment, runs)
     if run is not None:
         points = sorted(
@@ -89,9 +100,9 @@ def deployment_pace(deployment, runs=None):
             if level.median_tpot_ms is not None and level.concurrency is not None
         )
         if points:
-            cap = run.reported_running_cap() or _cap(deployment)
+            cap = run.reported_running_cap() or _cap(deployment, checks)
             return Pace(tuple(points), cap, f"the TPOT of {run.display_label()}"), ""
-    check = deployment.health_checks.exclude(trigger="edit").first()
+    check = _newest_check(deployment, checks, trigger="edit")
     if check is not None and check.engine == "standin":
         standin = StandinConfig()
         cap = check.max_running_requests or standin.max_running_requests

@@ -22,11 +22,11 @@ pytestmark = pytest.mark.django_db
 
 LEVELS = (8, 16, 32, 64, 128, 256)
 # session, user, deployment, workloads (the sweep and capacity forms), runs, their levels,
-# GPUs, tunes (recent and running), topology, plan items, their engine actions and tunes,
-# findings, health checks, watches, their runs, those runs' alerts and bisections, the
-# running-request cap of the newest check that reported one (sweep estimate), SLO profiles
-# (capacity form), kernel configs, alert channels (watch form)
-DEPLOYMENT_PAGE = 22
+# GPUs, tunes (recent and running), topology, health checks (the list and the sweep estimate's
+# running-request cap), plan items, their engine actions and tunes, findings, watches, their
+# runs, those runs' alerts and bisections, SLO profiles (capacity form), kernel configs, alert
+# channels (watch form)
+DEPLOYMENT_PAGE = 21
 # session, user, deployments, runs (recent, running and each deployment's latest), capacity
 # searches, running tunes, findings, watches that regressed
 DASHBOARD = 8
@@ -123,3 +123,25 @@ def test_compare_makes_the_same_queries_for_two_runs_as_for_twenty(client, fleet
         return "/compare/?" + "&".join(f"run={run.uuid}" for run in chosen)
 
     assert (_queries(client, url(runs[:2])), _queries(client, url(runs))) == (COMPARE, COMPARE)
+
+
+def test_the_page_reads_the_cap_of_a_check_older_than_those_it_lists(client):
+    # the listed checks and the sweep estimate's cap come from one query: the newest check
+    # that reported a cap may be older than the ten listed
+    pb.sign_in(client)
+    deployment = pb.deployment()
+    levels = [{"concurrency": c, "median_tpot_ms": 20.0 + c / 10} for c in (8, 16, 32)]
+    pb.run(deployment, "timed", levels=levels)
+    now = timezone.now()
+    for minutes, cap in [(60, 48)] + [(30 - i, None) for i in range(12)]:
+        fleet_services.health_check_record(
+            deployment=deployment,
+            status="healthy",
+            trigger="periodic",
+            checked_at=(now - dt.timedelta(minutes=minutes)).timestamp(),
+            max_running_requests=cap,
+        )
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    assert "at most 48 requests at once)." in html.split('id="sweep-estimate"')[1]
+    listed = html.split('id="health-checks"')[1].split("</table>")[0]
+    assert listed.count("<tr") == 1 + 10

@@ -289,10 +289,10 @@ class SweepForm(forms.Form):
 
     ARRIVALS = ("request_rates", "burstiness", "ramp_up_s")
 
-    def estimate(self, runs=None):
-        """ "Estimated duration: ≈ …" of the sweep as the form stands (valid or not); runs: as
-        estimate.deployment_pace takes them."""
-        pace, why = estimate.deployment_pace(self.deployment, runs)
+    def estimate(self, runs=None, checks=None):
+        """ "Estimated duration: ≈ …" of the sweep as the form stands (valid or not); runs and
+        checks: as estimate.deployment_pace takes them."""
+        pace, why = estimate.deployment_pace(self.deployment, runs, checks)
         if pace is None:
             return f"No estimated duration: {why}."
         if self.is_bound:

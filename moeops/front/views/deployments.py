@@ -364,6 +364,7 @@ def _deployment_page(
         _with_timing_count(deployment.tuning_runs.select_related("host")), RECENT_TUNES
     )
     topology = deployment.host.current_topology()
+    checks = _health_checks(deployment)
     with_actions = Prefetch(
         "engine_actions",
         EngineAction.objects.select_related("before_run", "after_run", "recipe", "kernel_config"),
@@ -378,7 +379,7 @@ def _deployment_page(
     ctx = {
         "nav": "deployments",
         "deployment": deployment,
-        "health_checks": deployment.health_checks.all()[:RECENT_CHECKS],
+        "health_checks": checks[:RECENT_CHECKS],
         "runs": runs,
         "edited_since": _edited_since(deployment, runs),
         "shape": shape,
@@ -400,7 +401,7 @@ def _deployment_page(
         "capacity_form": capacity_form,
         "watch_form": watch_form or WatchCreateForm(deployment=deployment),
         "upload_form": upload_form or ResultFileForm(),
-        "sweep_estimate": sweep_form.estimate(own_runs),
+        "sweep_estimate": sweep_form.estimate(own_runs, checks),
         # a sweep may wait for its worker in the queue, but the person starting it is told
         "sweep_waits": deployment.host.worker_absence(),
         "tune_form": tune_form or TuneForm(deployment=deployment),
@@ -414,6 +415,17 @@ def _deployment_page(
     ctx["engine_summary"] = deployment.launch_summary(running_cap=ctx.get("current_cap"))
     ctx.update(_watches_context(deployment))
     return render(request, "front/deployment_detail.html", ctx, status=status)
+
+
+def _health_checks(deployment):
+    """The deployment's RECENT_CHECKS newest health checks, and where older its newest that
+    reported a running cap and its newest not from an edit (the sweep estimate reads them),
+    newest first: one query."""
+    checks = deployment.health_checks
+    newest = checks.values("pk")[:RECENT_CHECKS]
+    capped = checks.exclude(max_running_requests=None).values("pk")[:1]
+    checked = checks.exclude(trigger="edit").values("pk")[:1]
+    return list(checks.filter(Q(pk__in=newest) | Q(pk__in=capped) | Q(pk__in=checked)))
 
 
 def _one_workload_list(*forms):
