@@ -30,21 +30,23 @@ def _errors(response):
     return re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', page, re.S)
 
 
+def _kernel_config_form(entries, **fields):
+    """The admin's kernel-config form: an H200 bf16 config of E=256, N=256, made by hand."""
+    return {
+        "device_name": "NVIDIA H200",
+        "E": "256",
+        "N": "256",
+        "dtype": "bf16",
+        "block_shape": "null",
+        "triton_version": "3.7.1",
+        "entries": json.dumps(entries),
+        "source": "manual",
+        **fields,
+    }
+
+
 def _post_kernel_config(client, entries, **fields):
-    return client.post(
-        "/admin/kernels/kernelconfig/add/",
-        {
-            "device_name": "NVIDIA H200",
-            "E": "256",
-            "N": "256",
-            "dtype": "bf16",
-            "block_shape": "null",
-            "triton_version": "3.7.1",
-            "entries": json.dumps(entries),
-            "source": "manual",
-            **fields,
-        },
-    )
+    return client.post("/admin/kernels/kernelconfig/add/", _kernel_config_form(entries, **fields))
 
 
 def test_it_bounds_a_kernel_configs_shape_as_the_api_does(admin):
@@ -72,16 +74,7 @@ def test_an_edit_in_the_admin_is_the_next_version_and_the_stored_one_stays(admin
     _post_kernel_config(admin, {"1": KERNEL_ENTRY})
     first = KernelConfig.objects.get()
     faster = {**KERNEL_ENTRY, "num_stages": 4}
-    form = {
-        "device_name": "NVIDIA H200",
-        "E": "256",
-        "N": "256",
-        "dtype": "bf16",
-        "block_shape": "null",
-        "triton_version": "3.7.1",
-        "entries": json.dumps({"1": faster}),
-        "source": "manual",
-    }
+    form = _kernel_config_form({"1": faster})
 
     response = admin.post(f"/admin/kernels/kernelconfig/{first.pk}/change/", form)
 
@@ -110,20 +103,14 @@ def test_entries_edited_in_the_admin_are_no_longer_said_tuned_or_timed_in_a_kern
     )
     tuned = KernelConfig.objects.get()
     assert tuned.timed_in() == ["vLLM 0.33.0's own kernel"]
-    form = {
-        "device_name": "NVIDIA H200",
-        "E": "256",
-        "N": "256",
-        "dtype": "bf16",
-        "block_shape": "null",
-        "triton_version": "3.7.1",
-        "entries": json.dumps({"1": {**KERNEL_ENTRY, "num_stages": 4}}),
-        "source": "tuned",
-        "provenance": "tuned by moeops on the lent H200",
-        "kernel_engine": "vllm",
-        "kernel_version": "0.33.0",
-        "kernel_source_sha256": "ab" * 32,
-    }
+    form = _kernel_config_form(
+        {"1": {**KERNEL_ENTRY, "num_stages": 4}},
+        source="tuned",
+        provenance="tuned by moeops on the lent H200",
+        kernel_engine="vllm",
+        kernel_version="0.33.0",
+        kernel_source_sha256="ab" * 32,
+    )
 
     admin.post(f"/admin/kernels/kernelconfig/{tuned.pk}/change/", form)
 
