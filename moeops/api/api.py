@@ -3,6 +3,7 @@
 from ninja import Schema
 
 from moeops.api import (
+    deployments,
     engines,
     errors,
     fleet,
@@ -42,6 +43,7 @@ def health(request):
 
 
 api.add_router("/", fleet.router)
+api.add_router("/", deployments.router)
 api.add_router("/", runs.router)
 api.add_router("/", profiles.router)
 api.add_router("/", kernels.router)

@@ -1,12 +1,12 @@
-"""Models (config.json → MoE shape), hosts, GPUs, topology snapshots, deployments."""
+"""Models (config.json → MoE shape), hosts, GPUs, topology snapshots and SLO profiles of /api/v1
+(deployments: moeops.api.deployments)."""
 
 import datetime as dt
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 from uuid import UUID
 
-from kombu.exceptions import OperationalError
-from ninja import Query, Router, Schema, Status
+from ninja import Query, Router, Schema
 from ninja.errors import HttpError
 from ninja.pagination import paginate
 from pydantic import ConfigDict, Field, model_validator
@@ -14,7 +14,6 @@ from pydantic import ConfigDict, Field, model_validator
 from domain.slo import SLO_PERCENTILES
 from domain.storable import storable_json
 from domain.wire.runs import TelemetrySample
-from moeops import permissions
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, PersonOnly, require_host
 from moeops.api.fields import (
@@ -28,26 +27,18 @@ from moeops.api.fields import (
     Name,
     Patch,
     PosInt,
-    RequestCap,
     SmallInt,
     in_range,
-    matching,
     text,
 )
 from moeops.api.openapi import may_answer
 from moeops.api.paging import Page
-from moeops.api.responses import stored
+from moeops.api.responses import HostTaskQueued, queued, stored
 from moeops.fleet import services
 from moeops.fleet.models import (
-    CHECK_TRIGGERS,
-    DEPLOYMENT_STATUSES,
-    ENGINES,
-    GPU,
-    HEALTH_STATUSES,
     READING_STATUSES,
     TOPOLOGY_SOURCES,
     VIRTUALIZATION_KINDS,
-    Deployment,
     Host,
     ModelSpec,
     SLOProfile,
@@ -55,31 +46,9 @@ from moeops.fleet.models import (
 
 router = Router(tags=["fleet"])
 
-DeploymentStatus = Literal[tuple(key for key, _ in DEPLOYMENT_STATUSES)]
-Engine = Literal[tuple(key for key, _ in ENGINES)]
 TopologySource = Literal[tuple(key for key, _ in TOPOLOGY_SOURCES)]
 VirtualizationKind = Literal[tuple(key for key, _ in VIRTUALIZATION_KINDS)]
-HealthStatus = Literal[tuple(key for key, _ in HEALTH_STATUSES)]
-CheckTrigger = Literal[tuple(key for key, _ in CHECK_TRIGGERS)]
 ReadingStatus = Literal[tuple(key for key, _ in READING_STATUSES)]
-
-
-class HostTaskQueued(Schema):
-    """A task sent to a host's worker; its result arrives later, pushed by the worker."""
-
-    task: str = Field(description="the GPU-host task, e.g. workers.check_deployment")
-    queue: str = Field(description="the host's queue, host.<name>")
-    kwargs: dict[str, Any]
-
-
-def _queued(task, host, enqueue):
-    """202 with what `enqueue()` sent (it returns the task's kwargs); 503 naming the broker's
-    error when it cannot be reached."""
-    try:
-        kwargs = enqueue()
-    except OperationalError as exc:
-        raise HttpError(503, f"could not reach the broker to enqueue {task}: {exc}") from None
-    return Status(202, {"task": task, "queue": host.queue_name, "kwargs": kwargs or {}})
 
 
 # --------------------------------------------------------------------------- models
@@ -314,7 +283,7 @@ def gpus_now(request, ref: str):
     /hosts/{ref}/gpu-readings."""
     host = lookups.get_host(ref)
     require_host(request, host)
-    return _queued("workers.gpus_now", host, lambda: services.gpu_reading_enqueue(host=host))
+    return queued("workers.gpus_now", host, lambda: services.gpu_reading_enqueue(host=host))
 
 
 @router.post(
@@ -522,255 +491,6 @@ def topology_list(request, ref: str, filters: Query[CreatedRange]):
     """The host's snapshots, newest first; the date range applies to captured_at."""
     host = lookups.get_host(ref)
     return in_range(host.topology_snapshots.select_related("host"), filters, "captured_at")
-
-
-# --------------------------------------------------------------------------- deployments
-
-
-class DeploymentFields(In):
-    engine_version: text(100) = ""
-    max_running_requests: RequestCap | None = None
-    quantization: text(50) = ""
-    attention_backend: text(50) = ""
-    allreduce_fusion: bool | None = None
-    launch_args: JsonObject = Field({}, description="Other launch arguments, flag → value")
-    endpoint_url: text(200) = ""
-    served_model_name: text(200) = ""
-    engine_log: text(500) = Field(
-        "", description="an external engine's start-up log on its host, for its engine paths"
-    )
-    status: DeploymentStatus = "planned"
-    status_detail: text(300) = ""
-    default_slo_profile: text(200) | None = Field(None, description="SLO profile id or name")
-
-
-class DeploymentIn(DeploymentFields):
-    name: Name
-    model: text(200, min_length=1) = Field(description="model id or name")
-    host: text(100, min_length=1) = Field(description="host id or name")
-    gpus: list[SmallInt] = Field([], max_length=1024, description="GPU indexes on the host")
-    engine: Engine = "sglang"
-    # Field(1, ge=1) on SmallInt would lose ge=1 to SmallInt's own ge=0
-    tp: Annotated[SmallInt, Field(ge=1)] = 1
-    ep: Annotated[SmallInt, Field(ge=1)] = 1
-    provenance: text(300) = ""
-
-
-class DeploymentPatch(Patch):
-    NULLABLE = ("max_running_requests", "allreduce_fusion", "default_slo_profile")
-
-    engine_version: text(100) | None = None
-    max_running_requests: RequestCap | None = None
-    quantization: text(50) | None = None
-    attention_backend: text(50) | None = None
-    allreduce_fusion: bool | None = None
-    launch_args: JsonObject | None = None
-    endpoint_url: text(200) | None = None
-    served_model_name: text(200) | None = None
-    engine_log: text(500) | None = None
-    status: DeploymentStatus | None = None
-    status_detail: text(300) | None = None
-    default_slo_profile: text(200) | None = Field(
-        None, description="SLO profile id or name; null: none"
-    )
-
-
-class DeploymentOut(Schema):
-    id: int
-    name: str
-    model: str
-    host: str
-    gpus: list[int]
-    engine: str
-    engine_version: str
-    tp: int
-    ep: int
-    max_running_requests: int | None
-    quantization: str
-    attention_backend: str
-    allreduce_fusion: bool | None
-    launch_args: dict[str, Any]
-    endpoint_url: str
-    served_model_name: str
-    engine_log: str
-    management: str = Field(description="managed: moeops starts and stops the engine")
-    status: str
-    status_detail: str
-    status_checked_at: dt.datetime | None
-    default_slo_profile: str | None = Field(description="the SLO profile's name")
-    provenance: str
-    created: dt.datetime
-    updated: dt.datetime
-
-    @staticmethod
-    def resolve_model(obj):
-        return obj.model.name
-
-    @staticmethod
-    def resolve_default_slo_profile(obj):
-        profile = obj.default_slo_profile
-        return profile.name if profile else None
-
-    @staticmethod
-    def resolve_host(obj):
-        return obj.host.name
-
-    @staticmethod
-    def resolve_gpus(obj):
-        return [gpu.index for gpu in obj.gpus.all()]
-
-
-class DeploymentFilter(CreatedRange):
-    host: text(200) | None = Field(None, description="host name")
-    model: text(200) | None = Field(None, description="model name")
-    status: DeploymentStatus | None = None
-    engine: Engine | None = None
-
-
-def _deployments():
-    return Deployment.objects.select_related(
-        "model", "host", "default_slo_profile"
-    ).prefetch_related("gpus")
-
-
-def _with_profile(fields):
-    """fields with default_slo_profile (an id or name) as its SLOProfile row (404 if none)."""
-    if fields.get("default_slo_profile") is not None:
-        fields["default_slo_profile"] = lookups.by_id_or_name(
-            SLOProfile.objects.all(), "SLO profile", fields["default_slo_profile"]
-        )
-    return fields
-
-
-@router.post("/deployments", auth=PersonOnly(), response={200: DeploymentOut, 201: DeploymentOut})
-def deployment_create(request, payload: DeploymentIn):
-    """Register a deployment (idempotent by name: an existing one is returned unchanged)."""
-    fields = _with_profile(payload.model_dump())
-    model = lookups.get_model(fields.pop("model"))
-    host = lookups.get_host(fields.pop("host"))
-    try:
-        deployment, created = services.deployment_create(
-            model=model,
-            host=host,
-            gpu_indexes=fields.pop("gpus"),
-            user=permissions.API_TOKEN,
-            **fields,
-        )
-    except GPU.DoesNotExist:
-        raise HttpError(400, f"gpus: host {host.name!r} lacks one of {payload.gpus}") from None
-    return stored(created, _deployments().get(pk=deployment.pk))
-
-
-@router.get("/deployments", response=list[DeploymentOut])
-@paginate(Page)
-def deployment_list(request, filters: Query[DeploymentFilter]):
-    return matching(
-        in_range(_deployments(), filters),
-        filters,
-        host="host__name",
-        model="model__name",
-        status="status",
-        engine="engine",
-    )
-
-
-@router.get("/deployments/{ref}", response=DeploymentOut)
-def deployment_get(request, ref: str):
-    """A deployment by id or name."""
-    return lookups.by_id_or_name(_deployments(), "deployment", ref)
-
-
-@router.patch("/deployments/{ref}", auth=HostWrite(), response=DeploymentOut)
-def deployment_patch(request, ref: str, payload: DeploymentPatch):
-    """Change launch details or record a health check (status, status_detail)."""
-    deployment = lookups.get_deployment(ref)
-    require_host(request, deployment.host)
-    fields = _with_profile(payload.model_dump(exclude_unset=True))
-    if not fields:
-        raise HttpError(400, "body: nothing to change")
-    services.deployment_update(deployment=deployment, user=permissions.API_TOKEN, **fields)
-    return _deployments().get(pk=deployment.pk)
-
-
-@router.post("/deployments/{ref}/check", auth=HostWrite(), response={202: HostTaskQueued})
-@may_answer(503)
-def deployment_check(request, ref: str):
-    """Ask the host's worker to check the deployment's engine now (`workers.check_deployment`);
-    the check arrives in /deployments/{ref}/health-checks and sets the status."""
-    deployment = lookups.get_deployment(ref)
-    require_host(request, deployment.host)
-    return _queued(
-        "workers.check_deployment",
-        deployment.host,
-        lambda: services.deployment_check_enqueue(deployment=deployment, trigger="api"),
-    )
-
-
-class HealthCheckIn(In):
-    """A check of the deployment's engine, as workers.engine_check.check_engine reports it."""
-
-    uuid: UUID | None = Field(
-        None, description="chosen by the worker so that a retried push stores one check"
-    )
-    checked_at: EpochSeconds | None = Field(None, description="UTC epoch s; default now")
-    trigger: CheckTrigger = "api"
-    status: HealthStatus
-    up: bool | None = Field(None, description="the engine answered; default: status not failed")
-    detail: text(300) = ""
-    latency_ms: float | None = Field(None, ge=0, le=1e9, description="ms")
-    engine: text(50) | None = Field(None, description="the engine that answered")
-    version: text(100) | None = None
-    models: list[text(300)] = Field([], max_length=1024, description="model ids it serves")
-    max_running_requests: PosInt | None = None
-
-
-class HealthCheckOut(Schema):
-    id: int
-    uuid: UUID
-    deployment: str
-    checked_at: dt.datetime
-    trigger: str
-    status: str
-    up: bool
-    detail: str
-    latency_ms: float | None
-    engine: str
-    version: str
-    models: list[str]
-    max_running_requests: int | None
-
-    @staticmethod
-    def resolve_deployment(obj):
-        return obj.deployment.name
-
-    @staticmethod
-    def resolve_models(obj):
-        return obj.served_models
-
-
-@router.post(
-    "/deployments/{ref}/health-checks",
-    auth=HostWrite(),
-    response={200: HealthCheckOut, 201: HealthCheckOut},
-)
-def health_check_record(request, ref: str, payload: HealthCheckIn):
-    """Add a check to the deployment's history (201); the newest check sets its status. A uuid
-    seen before answers that check (200)."""
-    deployment = lookups.get_deployment(ref)
-    require_host(request, deployment.host)
-    fields = payload.model_dump(exclude={"uuid", "models"})
-    check, created = services.health_check_record(
-        deployment=deployment, check_uuid=payload.uuid, served_models=payload.models, **fields
-    )
-    return stored(created, check)
-
-
-@router.get("/deployments/{ref}/health-checks", response=list[HealthCheckOut])
-@paginate(Page)
-def health_check_list(request, ref: str, filters: Query[CreatedRange]):
-    """The deployment's checks, newest first; the date range applies to checked_at."""
-    deployment = lookups.get_deployment(ref)
-    return in_range(deployment.health_checks.select_related("deployment"), filters, "checked_at")
 
 
 # --------------------------------------------------------------------------- SLO profiles
