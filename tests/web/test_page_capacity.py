@@ -149,10 +149,9 @@ def test_the_deployment_page_dashboard_and_compare_show_the_capacity(client, wor
     assert "beyond the noise (capacity 26–27 against 12–14 concurrent" in compare
 
 
-def test_the_form_starts_a_search_and_refuses_bad_input_naming_the_field(client, world, broker):
-    deployment, profile = world
-    url = f"/deployments/{deployment.pk}/capacity/"
-    good = {
+def _capacity_form(profile, **fields):
+    """The capacity form as posted: a concurrency search from 2, three rounds a level."""
+    return {
         "mode": "concurrency",
         "start": "2",
         "rounds": "3",
@@ -160,7 +159,14 @@ def test_the_form_starts_a_search_and_refuses_bad_input_naming_the_field(client,
         "output_len": "64",
         "endpoint": "completions",
         "slo_profile": str(profile.pk),
+        **fields,
     }
+
+
+def test_the_form_starts_a_search_and_refuses_bad_input_naming_the_field(client, world, broker):
+    deployment, profile = world
+    url = f"/deployments/{deployment.pk}/capacity/"
+    good = _capacity_form(profile)
     for change, words in (
         ({"rounds": "0"}, "rounds: Input should be greater than or equal to 1"),
         ({"start": "64", "end": "32"}, "end: The end (32) must not be below the start (64)."),
@@ -185,17 +191,9 @@ def test_the_form_starts_a_search_and_refuses_bad_input_naming_the_field(client,
 def test_a_request_rate_search_from_the_form_keeps_its_arrivals(client, world, broker):
     deployment, profile = world
     url = f"/deployments/{deployment.pk}/capacity/"
-    search = {
-        "mode": "request_rate",
-        "start": "2",
-        "rounds": "1",
-        "input_len": "64",
-        "output_len": "64",
-        "endpoint": "completions",
-        "slo_profile": str(profile.pk),
-        "burstiness": "0.5",
-        "ramp_up_s": "3",
-    }
+    search = _capacity_form(
+        profile, mode="request_rate", rounds="1", burstiness="0.5", ramp_up_s="3"
+    )
 
     refused = client.post(url, {**search, "mode": "concurrency"})
     started = client.post(url, search)
