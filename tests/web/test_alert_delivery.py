@@ -27,15 +27,22 @@ def _regressed(django_capture_on_commit_callbacks):
     return watch_run
 
 
-def test_a_webhook_answering_500_then_200_is_retried_and_delivered_once(
-    db, settings, django_capture_on_commit_callbacks
-):
-    hook = Webhook([500, 200])
+def _regressed_to_webhook(answers, django_capture_on_commit_callbacks):
+    """_regressed with a webhook channel that answers `answers` (HTTP statuses) in turn;
+    returns the watch run and the webhook."""
+    hook = Webhook(answers)
     try:
         AlertChannel.objects.create(name="hook", kind="webhook", url=hook.url)
         watch_run = _regressed(django_capture_on_commit_callbacks)
     finally:
         hook.close()
+    return watch_run, hook
+
+
+def test_a_webhook_answering_500_then_200_is_retried_and_delivered_once(
+    db, settings, django_capture_on_commit_callbacks
+):
+    watch_run, hook = _regressed_to_webhook([500, 200], django_capture_on_commit_callbacks)
     (alert,) = watch_run.alerts.all()
     assert alert.status == "delivered"
     attempts = list(alert.attempts.values_list("number", "ok", "status_code", "answer", "error"))
@@ -54,12 +61,7 @@ def test_a_webhook_that_keeps_failing_stays_undelivered_with_its_error(
     db, settings, django_capture_on_commit_callbacks
 ):
     settings.MOEOPS_ALERT_ATTEMPTS = 3
-    hook = Webhook([503, 503, 503])
-    try:
-        AlertChannel.objects.create(name="hook", kind="webhook", url=hook.url)
-        watch_run = _regressed(django_capture_on_commit_callbacks)
-    finally:
-        hook.close()
+    watch_run, hook = _regressed_to_webhook([503, 503, 503], django_capture_on_commit_callbacks)
     (alert,) = watch_run.alerts.all()
     assert (alert.status, alert.error) == ("failed", "the webhook answered HTTP 503")
     assert alert.attempts.count() == 3 == len(hook.bodies)

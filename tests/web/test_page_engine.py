@@ -132,15 +132,20 @@ def test_an_action_the_host_cannot_take_is_refused_with_a_sentence(client, deplo
     assert not EngineAction.objects.exists()
 
 
-def test_the_queue_cap_plan_item_offers_the_restart_that_raises_the_cap(client, deployment, staff):
-    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
-    finding = Finding.objects.create(
+def _queue_cap_finding(deployment):
+    """The analysis found requests queueing behind the engine's --max-num-seqs 4 at 8."""
+    return Finding.objects.create(
         deployment=deployment,
         kind="queueing",
         key="running-cap",
         title="Requests queue behind --max-num-seqs 4",
         evidence={"cap": 4, "flag": "--max-num-seqs", "tested_concurrency": 8},
     )
+
+
+def test_the_queue_cap_plan_item_offers_the_restart_that_raises_the_cap(client, deployment, staff):
+    client.post(f"/deployments/{deployment.pk}/recipe/", RECIPE)
+    finding = _queue_cap_finding(deployment)
     PlanItem.objects.create(
         deployment=deployment, finding=finding, title="Raise --max-num-seqs above 4 and re-sweep"
     )
@@ -186,13 +191,7 @@ def test_the_plan_item_moves_with_its_action_and_links_its_runs(
         status="succeeded",
         parameters={"levels": [4], "input_len": 8, "output_len": 8},
     )
-    finding = Finding.objects.create(
-        deployment=deployment,
-        kind="queueing",
-        key="running-cap",
-        title="Requests queue behind --max-num-seqs 4",
-        evidence={"cap": 4, "flag": "--max-num-seqs", "tested_concurrency": 8},
-    )
+    finding = _queue_cap_finding(deployment)
     item = PlanItem.objects.create(deployment=deployment, finding=finding, title="Raise the cap")
 
     with django_capture_on_commit_callbacks(execute=True):
