@@ -265,8 +265,13 @@ def build_parser():
     command.add_argument("--label", default="", help="label of the run (default: file name)")
     command.add_argument(
         "--requests",
-        help="aiperf only: the per-request records beside the summary (profile_export.jsonl), "
-        "kept as the level's requests",
+        "--config",
+        dest="requests",
+        metavar="FILE",
+        help="the file beside the result file: aiperf's per-request records "
+        "(profile_export.jsonl), kept as the level's requests; inference-perf's run "
+        "configuration (the config.yml given to --config_file, or its report's config.yaml), "
+        "which names the model and engine",
     )
     command.add_argument(
         "--accept-mismatch",

@@ -607,7 +607,8 @@ class MoeopsClient:
     ):
         """Import a result file's text as a run (never spooled: a person waits);
         accept_mismatch: import it even where it states another model, TP, GPUs or engine;
-        requests_content: AIPerf's per-request records beside its summary."""
+        requests_content: the file beside it, AIPerf's per-request records or inference-perf's
+        run configuration."""
         body = {
             "format": fmt,
             "deployment": str(deployment),

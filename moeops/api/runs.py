@@ -245,8 +245,10 @@ class RunImportIn(In):
     content: LongText = Field(description="the file's text")
     requests_content: LongText = Field(
         "",
-        description="aiperf only: the level's per-request records (profile_export.jsonl, "
-        "beside the summary), kept as its request log",
+        description="the file beside content. aiperf: the level's per-request records "
+        "(profile_export.jsonl, beside the summary), kept as its request log; inference-perf: "
+        "its run configuration (the config.yml given to --config_file, or its report folder's "
+        "config.yaml), which names the model and engine",
     )
     file_name: text(300) = ""
     label: text(200) = ""

@@ -33,7 +33,12 @@ from domain.levels import LATENCY_KEYS, MAX_ROUNDS
 from domain.numbers import is_integer, is_number
 from domain.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
 from moeops.runs.levels import level_problems
-from moeops.runs.load_tools import TOOL_FORMATS, aiperf_requests, tool_levels
+from moeops.runs.load_tools import (
+    TOOL_FORMATS,
+    aiperf_requests,
+    inference_perf_config,
+    tool_levels,
+)
 from moeops.runs.models import level_key
 
 FORMATS = ("sglang", "vllm", "moeops", *TOOL_FORMATS)
@@ -419,18 +424,29 @@ def parse_results(text, fmt, requests_text=""):
     ResultFileError listing every line that is not JSON, not an object, lacks the throughput
     keys (an export's line: a request's keys), or repeats the (concurrency, request rate) of an
     earlier line. Another load tool's file (TOOL_FORMATS): its levels carry `requests` where it
-    holds them, and a problem names its key. requests_text: AIPerf's per-request records of
-    the one level of its summary (profile_export.jsonl), kept as the level's requests.
+    holds them, and a problem names its key. requests_text, the file beside it: AIPerf's
+    per-request records of the one level of its summary (profile_export.jsonl), kept as the
+    level's requests; inference-perf's run configuration (config.yml), which names the model
+    and engine its stage reports leave unsaid.
     """
     if fmt not in FORMATS:
         raise ResultFileError([f"format must be one of {', '.join(FORMATS)}, got {fmt!r}"])
-    if requests_text and fmt != "aiperf":
+    if requests_text and fmt not in ("aiperf", "inference-perf"):
         raise ResultFileError(
-            ["requests: only AIPerf's per-request records come as a file of their own"]
+            [
+                "requests: only AIPerf's per-request records and inference-perf's run "
+                "configuration come as a file of their own"
+            ]
         )
     if fmt in TOOL_FORMATS:
-        levels = _tool_levels(text, fmt)
-        if requests_text:
+        config = {}
+        if fmt == "inference-perf" and requests_text:
+            try:
+                config = inference_perf_config(requests_text)
+            except ValueError as exc:
+                raise ResultFileError([f"config: {exc}"]) from None
+        levels = _tool_levels(text, fmt, config)
+        if fmt == "aiperf" and requests_text:
             _take_aiperf_requests(levels[0], requests_text)
         return levels
     return _object_levels(text, fmt)
@@ -476,9 +492,10 @@ def _object_levels(text, fmt):
     return levels
 
 
-def _tool_levels(text, fmt):
-    """parse_results of another load tool's file: each level load_tools reads, checked
-    as a vLLM object is; a problem names the file's line or key ("benchmarks[1]: …")."""
+def _tool_levels(text, fmt, config):
+    """parse_results of another load tool's file: each level load_tools reads, with what
+    its run configuration says (config), checked as a vLLM object is; a problem names the
+    file's line or key ("benchmarks[1]: …")."""
     try:
         found = tool_levels(text, fmt)
     except ValueError as exc:
@@ -486,6 +503,7 @@ def _tool_levels(text, fmt):
     problems, levels, seen = [], [], {}
     for number, (where, result) in enumerate(found, start=1):
         requests = result.pop("requests", None)
+        result.update(config)
         try:
             storable_json(result)
             level = _level(result, fmt)

@@ -5,7 +5,8 @@
 - "guidellm": guidellm's `benchmarks.json` (`guidellm run --output kind=json`), one level per
   benchmark (a concurrency or a rate), each holding its requests.
 - "inference-perf": kubernetes-sigs inference-perf's `stage_N_lifecycle_metrics.json`, one
-  level (one load stage).
+  level (one load stage); the model and engine come from its run configuration, a YAML file of
+  its own (inference_perf_config).
 
 Each level comes out as an object with vLLM's result keys (`max_concurrency`, `request_rate`,
 `completed`, `output_throughput`, `mean_ttft_ms`, …, latencies in ms) that
@@ -18,6 +19,8 @@ naming the line or the key by its path from the file's root. Pure: no Django.
 
 import json
 import math
+
+import yaml
 
 from domain import request_log
 from domain.numbers import is_number
@@ -145,7 +148,8 @@ class _Reader:
 
 
 def _shown(value):
-    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    # YAML's values may be dates, which JSON has no word for
+    text = json.dumps(value, default=str) if not isinstance(value, float) else repr(value)
     return text if len(text) <= 40 else f"{text[:37]}… ({len(text)} characters)"
 
 
@@ -403,6 +407,60 @@ def inference_perf_levels(text):
             result, metric, INFERENCE_PERF_STATS, lambda s, st=stats: st.number(s, scale=1000.0)
         )
     return [("line 1", result)]
+
+
+# inference-perf's server.type that names an engine (its others: tgi, mock)
+INFERENCE_PERF_ENGINES = ("vllm", "sglang")
+
+
+def inference_perf_config(text):
+    """What inference-perf's run configuration says it measured: the config.yml given to
+    `--config_file`, or the config.yaml it writes into its report folder (the same keys with
+    every default written out). {"model_id": server.model_name (the name each request sent),
+    "model_names": it, else tokenizer.pretrained_model_name_or_path (the model it tokenized for
+    where the name was left to the server), "tokenizer_id", "server_type": server.type, and
+    "backend" where server.type names vLLM or SGLang}; None where the file leaves a key unsaid
+    (inference-perf's default type, vllm, is its client's dialect, not a statement). Raises
+    ValueError naming the line where it stops being YAML, or the key that holds another type;
+    a configuration without `server` names nothing measured and is refused."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(_yaml_problem(exc, text)) from None
+    except RecursionError:
+        raise ValueError("line 1: not YAML (nested too deep to read)") from None
+    root = _Reader(document)
+    if not isinstance(document, dict):
+        raise ValueError(f"line 1: not inference-perf's run configuration: {_shown(document)}")
+    server = root.at("server")
+    if server.value is None:
+        raise ValueError("server is missing: the configuration names no server it measured")
+    model = server.text("model_name")
+    tokenizer = root.text("tokenizer", "pretrained_model_name_or_path")
+    server_type = server.text("type")
+    return {
+        "model_id": model,
+        "model_names": [name for name in (model or tokenizer,) if name],
+        "tokenizer_id": tokenizer,
+        "server_type": server_type,
+        "backend": server_type if server_type in INFERENCE_PERF_ENGINES else None,
+    }
+
+
+def _yaml_problem(exc, text):
+    """ "line N: not YAML (…)" of a YAMLError: its mark's line, or the line of the character
+    it could not read."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is not None:
+        line = mark.line + 1
+    else:
+        position = getattr(exc, "position", None) or 0
+        line = text[:position].count("\n") + 1
+    reason = getattr(exc, "problem", None) or getattr(exc, "reason", None) or "unreadable"
+    context = getattr(exc, "context", None)
+    if reason.startswith("but ") and context:
+        reason = f"{context}, {reason}"
+    return f"line {line}: not YAML ({reason})"
 
 
 READERS = {

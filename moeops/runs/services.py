@@ -590,11 +590,12 @@ def run_import(
     bad lines, or importers.ResultFileMismatch where the file states another model, TP, GPU
     count or engine than the deployment's (unless accept_mismatch); then nothing is stored. A
     file of another model, imported all the same, feeds none of the deployment's estimates,
-    headlines or comparisons (models.of_the_deployment), nor its findings. requests_text:
-    AIPerf's per-request records of its summary, kept as the level's requests.
+    headlines or comparisons (models.of_the_deployment), nor its findings. requests_text, the
+    file beside it: AIPerf's per-request records of its summary, kept as the level's requests,
+    or inference-perf's run configuration, which names the model and engine.
     """
     levels = importers.parse_results(text, fmt, requests_text)
-    # the records beside a summary are part of what was imported
+    # the file beside a summary (records, a configuration) is part of what was imported
     whole = f"{text}\0{requests_text}" if requests_text else text
     digest = hashlib.sha256(whole.encode("utf-8", errors="surrogatepass")).hexdigest()
     existing = SweepRun.objects.filter(

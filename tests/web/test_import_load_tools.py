@@ -18,6 +18,9 @@ RESULTS = FIXTURES / "results"
 AIPERF = [RESULTS / "aiperf" / f"concurrency_{c}" / "profile_export_aiperf.json" for c in (2, 4)]
 GUIDELLM = RESULTS / "guidellm" / "benchmarks.json"
 INFERENCE_PERF = [RESULTS / "inference-perf" / f"stage_{n}_lifecycle_metrics.json" for n in (0, 1)]
+# inference-perf's run configuration: the one it ran with (--config_file), and the one it wrote
+# into its report folder (every default written out)
+CONFIGS = [RESULTS / "inference-perf" / name for name in ("config.yml", "config.yaml")]
 # (format, file) of every fixture
 FILES = [
     *(("aiperf", path) for path in AIPERF),
@@ -432,6 +435,151 @@ def test_records_beside_another_format_are_refused(world, tiny):
     response = _import(world.owner, GUIDELLM, "guidellm", requests_content=records)
     assert response.status_code == 400
     assert response.json()["problems"] == [
-        "requests: only AIPerf's per-request records come as a file of their own"
+        "requests: only AIPerf's per-request records and inference-perf's run configuration "
+        "come as a file of their own"
     ]
     assert _nothing_stored()
+
+
+# ------------------------------------------------------------------ inference-perf's config
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", INFERENCE_PERF, ids=lambda p: p.name)
+def test_an_inference_perf_stage_with_its_config_imports_as_its_model(world, tiny, path, config):
+    tiny.engine = "vllm"
+    tiny.save()
+    response = _import(world.owner, path, "inference-perf", requests_content=config.read_text())
+    assert response.status_code == 201, response.text
+    run = SweepRun.objects.get()
+    assert run.other_model is None
+    assert run.snapshot["deployment"]["model"] == SERVED
+    stated = run.snapshot["file"]["stated"]
+    assert (stated["model"], stated["engine"], stated["gpu_count"]) == (SERVED, "vllm", None)
+    assert run.snapshot["file"]["tokenizer_id"] == "/work/main/var/engine/tiny-moe"
+    assert run.snapshot["deployment"]["gpus"] == [] and run.measured_gpu_count() is None
+    [level] = parse_results(path.read_text(), "inference-perf")
+    row = run.levels.get()
+    assert (row.concurrency, row.output_throughput) == (
+        level["concurrency"],
+        level["output_throughput"],
+    )
+    # the stage without its config is another import, of an unnamed model
+    again = _import(world.owner, path, "inference-perf", accept_mismatch=True)
+    assert again.status_code == 201 and SweepRun.objects.count() == 2
+    assert SweepRun.objects.exclude(pk=run.pk).get().other_model == "an unnamed model"
+
+
+def test_an_inference_perf_config_naming_another_engine_is_refused_naming_it(world, tiny):
+    config = CONFIGS[0].read_text()
+    refused = _import(world.owner, INFERENCE_PERF[0], "inference-perf", requests_content=config)
+    assert refused.status_code == 409
+    assert refused.json()["differences"] == ["engine"]
+    assert _nothing_stored()
+    sglang = config.replace("type: vllm", "type: sglang")
+    tiny.engine = "vllm"
+    tiny.save()
+    refused = _import(world.owner, INFERENCE_PERF[0], "inference-perf", requests_content=sglang)
+    assert refused.json()["differences"] == ["engine"]
+    # tgi names no engine moeops knows: no disagreement
+    tgi = config.replace("type: vllm", "type: tgi")
+    accepted = _import(world.owner, INFERENCE_PERF[0], "inference-perf", requests_content=tgi)
+    assert accepted.status_code == 201, accepted.text
+    assert SweepRun.objects.get().snapshot["file"]["stated"]["engine"] is None
+
+
+def test_an_inference_perf_stage_of_another_model_is_a_409_naming_both(world):
+    config = CONFIGS[0].read_text()
+    fields = {"deployment": "glm-5-sglang", "requests_content": config}
+    refused = _import(world.owner, INFERENCE_PERF[1], "inference-perf", **fields)
+    assert refused.status_code == 409
+    assert refused.json() == {
+        "detail": f"content: the file measured {SERVED} on vLLM; the deployment glm-5-sglang "
+        "serves GLM-5 at TP8 on SGLang (they differ in model, engine); send accept_mismatch: "
+        "true to import it all the same",
+        "differences": ["model", "engine"],
+    }
+    assert _nothing_stored()
+    accepted = _import(
+        world.owner, INFERENCE_PERF[1], "inference-perf", accept_mismatch=True, **fields
+    )
+    assert accepted.status_code == 201
+    run = SweepRun.objects.get()
+    assert run.other_model == SERVED and run.snapshot["deployment"]["model"] == SERVED
+
+
+def test_an_inference_perf_config_naming_no_model_names_it_by_its_tokenizer(world, tiny):
+    # model_name left to the server: the tokenizer's path names the model it was written for
+    config = CONFIGS[0].read_text().replace("  model_name: tiny-moe\n", "")
+    tiny.engine = "vllm"
+    tiny.save()
+    response = _import(world.owner, INFERENCE_PERF[0], "inference-perf", requests_content=config)
+    assert response.status_code == 201, response.text
+    stated = SweepRun.objects.get().snapshot["file"]["stated"]
+    assert stated["model"] == "/work/main/var/engine/tiny-moe"
+
+
+def _refused_config(world, config, problem):
+    fields = {"requests_content": config, "accept_mismatch": True}
+    response = _import(world.owner, INFERENCE_PERF[0], "inference-perf", **fields)
+    assert response.status_code == 400, response.text
+    assert response.json()["problems"] == [problem]
+    assert _nothing_stored()
+
+
+# a cut inside a line: YAML that stops, named by its last line
+@pytest.mark.parametrize("fraction", [0.05, 0.1, 0.15, 0.5, 0.9])
+def test_a_truncated_inference_perf_config_is_refused_naming_its_line(world, tiny, fraction):
+    text = CONFIGS[0].read_text()
+    cut = text[: int(len(text) * fraction)]
+    fields = {"requests_content": cut, "accept_mismatch": True}
+    response = _import(world.owner, INFERENCE_PERF[0], "inference-perf", **fields)
+    assert response.status_code == 400, response.text
+    [problem] = response.json()["problems"]
+    assert problem.startswith(f"config: line {cut.count(chr(10)) + 1}: not YAML (")
+    assert _nothing_stored()
+
+
+# the report folder's config.yaml writes server and tokenizer last: a cut loses them
+@pytest.mark.parametrize(
+    ("fraction", "problem"),
+    [
+        (0.2, "server is missing: the configuration names no server it measured"),
+        (0.75, "server is missing: the configuration names no server it measured"),
+        (0.95, 'tokenizer is not an object: "pretrained_model_name_or_pat"'),
+    ],
+)
+def test_a_truncated_report_config_is_refused_naming_what_it_lost(world, tiny, fraction, problem):
+    text = CONFIGS[1].read_text()
+    _refused_config(world, text[: int(len(text) * fraction)], f"config: {problem}")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "problem"),
+    [
+        ("model_name: tiny-moe", "model_name: 5", "server.model_name is not text: 5"),
+        ("type: vllm", "type: [vllm]", 'server.type is not text: ["vllm"]'),
+        (
+            "server:\n  type: vllm",
+            "server: vllm\nx:\n  type: vllm",
+            'server is not an object: "vllm"',
+        ),
+    ],
+    ids=["model_name", "type", "server"],
+)
+def test_an_inference_perf_config_with_a_value_of_another_type_is_refused_naming_its_key(
+    world, tiny, old, new, problem
+):
+    config = CONFIGS[0].read_text()
+    assert old in config
+    _refused_config(world, config.replace(old, new, 1), f"config: {problem}")
+
+
+def test_a_file_that_is_not_a_config_is_refused(world, tiny):
+    _refused_config(
+        world, "- 1\n- 2\n", "config: line 1: not inference-perf's run configuration: [1, 2]"
+    )
+    stage = INFERENCE_PERF[1].read_text()
+    _refused_config(
+        world, stage, "config: server is missing: the configuration names no server it measured"
+    )

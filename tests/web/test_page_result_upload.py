@@ -271,3 +271,38 @@ def test_records_that_are_not_the_summarys_are_a_form_error(client, deployment):
     form = response.content.decode().split('id="result-upload"')[1].split("</form>")[0]
     assert f"requests: the records hold 3 requests, the summary counts {len(lines)}" in form
     assert not SweepRun.objects.exists() and not LevelResult.objects.exists()
+
+
+def test_an_inference_perf_stage_uploaded_with_its_config_is_of_the_model_it_names(
+    client, deployment
+):
+    stage = RESULTS / "inference-perf" / "stage_0_lifecycle_metrics.json"
+    config = RESULTS / "inference-perf" / "config.yml"
+    html = client.get(deployment.get_absolute_url()).content.decode()
+    form = html.split('id="result-upload"')[1].split("</form>")[0]
+    assert "run configuration (config.yml)" in form
+    extra = {"requests_file": SimpleUploadedFile(config.name, config.read_bytes())}
+    refused = _upload(client, deployment, stage, "inference-perf", **extra)
+    assert "Not imported: the file measured tiny-moe on vLLM" in refused.content.decode()
+    assert not SweepRun.objects.exists()
+    extra = {"requests_file": SimpleUploadedFile(config.name, config.read_bytes())}
+    response = _upload(client, deployment, stage, "inference-perf", accept_mismatch="on", **extra)
+    assert response.status_code == 302
+    assert SweepRun.objects.get().other_model == "tiny-moe"
+
+
+def test_an_inference_perf_config_cut_short_is_a_form_error_naming_its_line(client, deployment):
+    stage = RESULTS / "inference-perf" / "stage_0_lifecycle_metrics.json"
+    text = (RESULTS / "inference-perf" / "config.yml").read_bytes()
+    # inside server's model_name: no longer YAML
+    cut = text[: int(len(text) * 0.1)]
+    extra = {
+        "requests_file": SimpleUploadedFile("config.yml", cut),
+        "accept_mismatch": "on",
+    }
+    response = _upload(client, deployment, stage, "inference-perf", **extra)
+    assert response.status_code == 400
+    form = response.content.decode().split('id="result-upload"')[1].split("</form>")[0]
+    last = cut.count(b"\n") + 1
+    assert f"config: line {last}: not YAML (" in form
+    assert not SweepRun.objects.exists() and not LevelResult.objects.exists()

@@ -123,6 +123,21 @@ def test_it_imports_an_aiperf_summary_of_another_model_only_when_told_to(world, 
     assert logged.request_logs.get().count == len(records.read_text().splitlines())
 
 
+def test_it_imports_an_inference_perf_stage_with_its_config_as_the_model_it_names(world, capsys):
+    folder = FIXTURES / "results" / "inference-perf"
+    path = folder / "stage_1_lifecycle_metrics.json"
+    argv = ["import-results", str(path), "--format", "inference-perf"]
+    argv += ["--deployment", "glm-5-sglang", "--config", str(folder / "config.yml")]
+    code, out, err = _run(argv, capsys)
+    assert code == 1
+    assert err.startswith("error: 409: content: the file measured tiny-moe on vLLM; the deploy")
+    assert not SweepRun.objects.exists()
+    code, out, err = _run([*argv, "--accept-mismatch"], capsys)
+    assert (code, err) == (0, "")
+    run = SweepRun.objects.get()
+    assert run.other_model == "tiny-moe" and run.levels.get().concurrency == 4
+
+
 def test_it_reports_the_bad_lines_of_a_file(world, capsys):
     broken = FIXTURES / "results" / "sglang_broken.jsonl"
     argv = ["import-results", str(broken), "--format", "sglang", "--deployment", "glm-5-sglang"]

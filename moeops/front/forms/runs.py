@@ -28,9 +28,12 @@ class ResultFileForm(forms.Form):
     )
     file = forms.FileField(label="Result file")
     requests_file = forms.FileField(
-        label="Per-request records (AIPerf's profile_export.jsonl)",
+        label="Second file: AIPerf's per-request records (profile_export.jsonl) or "
+        "inference-perf's run configuration (config.yml)",
         required=False,
-        help_text="Beside AIPerf's summary: kept as the level's requests.",
+        help_text="AIPerf: profile_export.jsonl beside its summary, kept as the level's "
+        "requests. inference-perf: the config.yml given to --config_file (or config.yaml of its "
+        "report folder), which names the model and engine.",
     )
     label = forms.CharField(max_length=200, required=False)
     accept_mismatch = forms.BooleanField(
