@@ -60,6 +60,18 @@ def _in_force(recipe):
     return recipe
 
 
+def _restarting(world, max_num_seqs):
+    """The panel's restart with --max-num-seqs changed (no plan item), its engine restarting."""
+    action = services.engine_action_start(
+        deployment=world.deployment,
+        kind="restart_with_args",
+        user=world.staff,
+        changes={"--max-num-seqs": max_num_seqs},
+    )
+    services.engine_action_report(action=action, status="running")
+    return action
+
+
 def test_only_staff_change_a_recipe_and_each_change_is_a_new_version(world):
     with pytest.raises(PermissionDenied):
         services.recipe_create(deployment=world.deployment, argv=ARGV, author=world.member)
@@ -276,13 +288,7 @@ def test_a_failed_restart_cancels_the_resweep_and_applies_nothing(world, broker)
 
 def test_revert_brings_back_what_was_in_force_before_as_a_new_version(world, broker):
     first = _in_force(_recipe(world))
-    action = services.engine_action_start(
-        deployment=world.deployment,
-        kind="restart_with_args",
-        user=world.staff,
-        changes={"--max-num-seqs": "16"},
-    )
-    services.engine_action_report(action=action, status="running")
+    action = _restarting(world, "16")
     services.engine_action_report(action=action, status="succeeded")
 
     revert = services.engine_action_start(
@@ -420,13 +426,7 @@ def test_a_cap_raised_by_another_action_marks_the_plan_item_done_by_that_action(
     item = _cap_item(world)
 
     # the panel's restart, not the item's button: the action carries out no plan item
-    action = services.engine_action_start(
-        deployment=world.deployment,
-        kind="restart_with_args",
-        user=world.staff,
-        changes={"--max-num-seqs": "32"},
-    )
-    services.engine_action_report(action=action, status="running")
+    action = _restarting(world, "32")
     item.refresh_from_db()
     assert item.status == "pending"  # the engine does not run it yet
     services.engine_action_report(
@@ -475,13 +475,7 @@ def test_a_cap_the_engine_reports_below_the_change_leaves_the_plan_item_to_do(wo
 
 def test_the_analysis_re_proposing_a_change_in_force_marks_it_done_once(world, broker):
     _in_force(_recipe(world))
-    action = services.engine_action_start(
-        deployment=world.deployment,
-        kind="restart_with_args",
-        user=world.staff,
-        changes={"--max-num-seqs": "32"},
-    )
-    services.engine_action_report(action=action, status="running")
+    action = _restarting(world, "32")
     services.engine_action_report(action=action, status="succeeded", observed={})
     title = "Raise --max-num-seqs above 4 and re-sweep"
 

@@ -21,6 +21,23 @@ def deployment(client):
     return pb.deployment_signed_in(client)
 
 
+def _file_workload(name, kind, file_name, data):
+    workload, _ = workload_store(name=name, spec={"kind": kind}, file_name=file_name, data=data)
+    return workload
+
+
+def _option(client, deployment, workload):
+    """The attributes of the workload's option in the deployment page's sweep form."""
+    page = client.get(f"/deployments/{deployment.pk}/").content.decode()
+    return page.split(f'<option value="{workload.pk}"')[1].split(">")[0]
+
+
+def _sweep(client, deployment, workload, **fields):
+    """The sweep form posted with `workload` chosen and `fields` in place of FORM's."""
+    form = {**FORM, **fields, "workload": str(workload.pk)}
+    return client.post(f"/deployments/{deployment.pk}/sweep/", form)
+
+
 def test_it_queues_a_sweep_and_enqueues_it_after_commit(
     client, deployment, sent, django_capture_on_commit_callbacks
 ):
@@ -169,9 +186,7 @@ def test_the_form_sends_the_workload_it_names(
     )
 
     with django_capture_on_commit_callbacks(execute=True):
-        response = client.post(
-            f"/deployments/{deployment.pk}/sweep/", {**FORM, "workload": str(workload.pk)}
-        )
+        response = _sweep(client, deployment, workload)
 
     assert response.status_code == 302
     run = SweepRun.objects.get()
@@ -190,9 +205,7 @@ def test_a_multi_turn_workload_on_the_completions_endpoint_runs_on_chat_from_the
     )
 
     with django_capture_on_commit_callbacks(execute=True):
-        response = client.post(
-            f"/deployments/{deployment.pk}/sweep/", {**FORM, "workload": str(workload.pk)}
-        )
+        response = _sweep(client, deployment, workload)
 
     assert response.status_code == 302
     assert SweepRun.objects.get().parameters["endpoint"] == "chat"
@@ -209,18 +222,12 @@ ANSWERED = (
 def test_a_dataset_whose_answers_set_the_output_says_so_and_needs_no_output_length(
     client, deployment, sent, django_capture_on_commit_callbacks
 ):
-    workload, _ = workload_store(
-        name="answered", spec={"kind": "dataset"}, file_name="a.jsonl", data=ANSWERED
-    )
-    page = client.get(f"/deployments/{deployment.pk}/").content.decode()
-    option = page.split(f'<option value="{workload.pk}"')[1].split(">")[0]
+    workload = _file_workload("answered", "dataset", "a.jsonl", ANSWERED)
+    option = _option(client, deployment, workload)
     assert 'data-output="the file&#x27;s answers: mean 4 words (2 turns)"' in option
 
     with django_capture_on_commit_callbacks(execute=True):
-        response = client.post(
-            f"/deployments/{deployment.pk}/sweep/",
-            {**FORM, "output_len": "", "workload": str(workload.pk)},
-        )
+        response = _sweep(client, deployment, workload, output_len="")
 
     assert response.status_code == 302
     run = SweepRun.objects.get()
@@ -230,14 +237,9 @@ def test_a_dataset_whose_answers_set_the_output_says_so_and_needs_no_output_leng
 
 
 def test_a_file_with_unanswered_turns_still_needs_an_output_length_for_them(client, deployment):
-    workload, _ = workload_store(
-        name="questions", spec={"kind": "dataset"}, file_name="q.txt", data=b"first\nsecond\n"
-    )
+    workload = _file_workload("questions", "dataset", "q.txt", b"first\nsecond\n")
 
-    response = client.post(
-        f"/deployments/{deployment.pk}/sweep/",
-        {**FORM, "output_len": "", "workload": str(workload.pk)},
-    )
+    response = _sweep(client, deployment, workload, output_len="")
 
     assert response.status_code == 400
     assert "output_len: a sweep needs a token count of at least 1" in html.unescape(
@@ -255,23 +257,14 @@ TRACE = (
 def test_a_trace_needs_no_input_length_and_the_run_records_the_traces_own(
     client, deployment, sent, django_capture_on_commit_callbacks
 ):
-    workload, _ = workload_store(
-        name="trace", spec={"kind": "trace"}, file_name="t.jsonl", data=TRACE
-    )
-    page = client.get(f"/deployments/{deployment.pk}/").content.decode()
-    option = page.split(f'<option value="{workload.pk}"')[1].split(">")[0]
+    workload = _file_workload("trace", "trace", "t.jsonl", TRACE)
+    option = _option(client, deployment, workload)
     assert 'data-input="the trace&#x27;s: mean 800 tokens (2 requests)"' in option
 
     with django_capture_on_commit_callbacks(execute=True):
-        empty = client.post(
-            f"/deployments/{deployment.pk}/sweep/",
-            {**FORM, "input_len": "", "output_len": "", "workload": str(workload.pk)},
-        )
+        empty = _sweep(client, deployment, workload, input_len="", output_len="")
         # a number left in the field is not what a trace sends: the trace's mean is recorded
-        kept = client.post(
-            f"/deployments/{deployment.pk}/sweep/",
-            {**FORM, "input_len": "1024", "workload": str(workload.pk)},
-        )
+        kept = _sweep(client, deployment, workload, input_len="1024")
 
     assert (empty.status_code, kept.status_code) == (302, 302)
     first, second = SweepRun.objects.order_by("pk")
