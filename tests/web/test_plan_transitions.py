@@ -47,6 +47,16 @@ def _in_force_recipe(world):
     return recipe
 
 
+def _restart_carrying_an_item(world):
+    """A restart under an in-force recipe that carries out a pending plan item: (item, action)."""
+    _in_force_recipe(world)
+    item = _item(world)
+    action = engine_services.engine_action_start(
+        deployment=world.deployment, kind="restart", user=world.staff, plan_item=item
+    )
+    return item, action
+
+
 @pytest.mark.parametrize(
     ("source", "target"), [(a, b) for a in STATUSES for b in STATUSES if a != b]
 )
@@ -195,11 +205,7 @@ def test_an_action_started_from_a_stale_page_is_refused(world, broker):
 
 def test_a_failed_action_leaves_an_item_someone_marked_done_meanwhile(world, broker):
     # before: the failure put it back to pending, over the person's "completed"
-    _in_force_recipe(world)
-    item = _item(world)
-    action = engine_services.engine_action_start(
-        deployment=world.deployment, kind="restart", user=world.staff, plan_item=item
-    )
+    item, action = _restart_carrying_an_item(world)
     assert _status(item) == "in_progress"
     services.plan_item_update(item=PlanItem.objects.get(pk=item.pk), status="completed")
 
@@ -209,21 +215,13 @@ def test_a_failed_action_leaves_an_item_someone_marked_done_meanwhile(world, bro
 
 
 def test_a_failed_action_puts_the_item_it_carried_out_back_to_do(world, broker):
-    _in_force_recipe(world)
-    item = _item(world)
-    action = engine_services.engine_action_start(
-        deployment=world.deployment, kind="restart", user=world.staff, plan_item=item
-    )
+    item, action = _restart_carrying_an_item(world)
     engine_services.engine_action_report(action=action, status="failed", error="exited")
     assert _status(item) == "pending"
 
 
 def test_a_succeeded_action_marks_its_item_done_by_it(world, broker):
-    _in_force_recipe(world)
-    item = _item(world)
-    action = engine_services.engine_action_start(
-        deployment=world.deployment, kind="restart", user=world.staff, plan_item=item
-    )
+    item, action = _restart_carrying_an_item(world)
     engine_services.engine_action_report(action=action, status="running")
     engine_services.engine_action_report(action=action, status="succeeded")
     row = PlanItem.objects.get(pk=item.pk)
