@@ -15,13 +15,14 @@ from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
 FIXTURES = fakes.FIXTURES / "topology"
+TOPO_8XH100 = (FIXTURES / "topo_m_8xh100_nv18_8nics.txt").read_text()
 
 
 @pytest.fixture
 def host(client):
     pb.sign_in(client)
     row = pb.host("h100-x8")
-    parsed = parse_nvidia_smi_topo((FIXTURES / "topo_m_8xh100_nv18_8nics.txt").read_text())
+    parsed = parse_nvidia_smi_topo(TOPO_8XH100)
     earlier = timezone.now() - dt.timedelta(days=2)
     old = pb.snapshot(
         row, "vm", "kvm", captured_at=earlier, links=parsed["links"], driver_version="570.1"
@@ -189,18 +190,24 @@ def test_a_snapshot_stored_with_one_virtualization_value_still_reads(client, hos
     assert "passed through to a VM" not in html
 
 
-def test_the_host_page_imports_pasted_topo_text_as_a_snapshot(client):
+def _topo_pasted(client, cut_at=None):
+    """8×H100 `nvidia-smi topo -m` text, cut off before `cut_at` where given, pasted on the page
+    of host h100-x8 by a signed-in member: (the host, the answer)."""
     pb.sign_in(client)
     row = pb.host("h100-x8")
-    text = (FIXTURES / "topo_m_8xh100_nv18_8nics.txt").read_text()
-
+    text = TOPO_8XH100.split(cut_at)[0] if cut_at else TOPO_8XH100
     answer = client.post(
         "/hosts/h100-x8/topology/", {"matrix_text": text, "p2p_kind": "read", "p2p_text": ""}
     )
+    return row, answer
+
+
+def test_the_host_page_imports_pasted_topo_text_as_a_snapshot(client):
+    row, answer = _topo_pasted(client)
 
     assert answer.status_code == 302 and answer["Location"] == "/hosts/h100-x8/#topology"
     current = row.current_topology()
-    assert current.source == "nvidia-smi" and current.raw_text == text
+    assert current.source == "nvidia-smi" and current.raw_text == TOPO_8XH100
     assert current.nics[7] == {"name": "NIC7", "device": "mlx5_7"}
     assert current.provenance == "pasted by alice"
 
@@ -208,13 +215,7 @@ def test_the_host_page_imports_pasted_topo_text_as_a_snapshot(client):
 def test_the_host_page_reads_topo_text_pasted_without_its_legend_and_says_why_nics_are_unnamed(
     client,
 ):
-    pb.sign_in(client)
-    row = pb.host("h100-x8")
-    text = (FIXTURES / "topo_m_8xh100_nv18_8nics.txt").read_text().split("Legend:")[0]
-
-    answer = client.post(
-        "/hosts/h100-x8/topology/", {"matrix_text": text, "p2p_kind": "read", "p2p_text": ""}
-    )
+    row, answer = _topo_pasted(client, cut_at="Legend:")
 
     assert answer.status_code == 302
     current = row.current_topology()
@@ -229,13 +230,7 @@ def test_the_host_page_reads_topo_text_pasted_without_its_legend_and_says_why_ni
 
 
 def test_the_host_page_refuses_topo_text_cut_off_in_its_legend_with_a_sentence(client):
-    pb.sign_in(client)
-    row = pb.host("h100-x8")
-    text = (FIXTURES / "topo_m_8xh100_nv18_8nics.txt").read_text().split("NIC Legend:")[0]
-
-    answer = client.post(
-        "/hosts/h100-x8/topology/", {"matrix_text": text, "p2p_kind": "read", "p2p_text": ""}
-    )
+    row, answer = _topo_pasted(client, cut_at="NIC Legend:")
 
     assert answer.status_code == 400
     html = answer.content.decode()

@@ -198,25 +198,35 @@ def _export(client, run):
     return b"".join(client.get(f"/runs/{run.uuid}/requests.jsonl").streaming_content).decode()
 
 
-def test_an_exported_run_imported_again_keeps_every_request_of_every_round(world, client):
+def _run_of_two_levels(world):
+    """A running run whose request-rate level has two rounds and whose unlimited level one."""
     run = world.run(status="running")
     _push(world, run, _level(_columns(3)))
     _push(world, run, {**_level(_columns(4, failed=0)), "round": 2})
     _push(world, run, {**_level(_columns(2, failed=0)), "concurrency": 8, "request_rate": None})
-    pb.sign_in(client)
-    exported = _export(client, run)
+    return run
 
-    answer = world.host_worker.post(
+
+def _import_export(world, exported, file_name):
+    return world.host_worker.post(
         "/api/v1/runs/import",
         {
             "format": "moeops",
             "deployment": world.deployment.name,
             "content": exported,
-            "file_name": "requests.jsonl",
+            "file_name": file_name,
             # the export names no model: confirmed, never filed as the deployment's
             "accept_mismatch": True,
         },
     )
+
+
+def test_an_exported_run_imported_again_keeps_every_request_of_every_round(world, client):
+    run = _run_of_two_levels(world)
+    pb.sign_in(client)
+    exported = _export(client, run)
+
+    answer = _import_export(world, exported, "requests.jsonl")
 
     assert answer.status_code == 201, answer.json()
     imported = SweepRun.objects.get(uuid=answer.json()["run"]["uuid"])
@@ -235,23 +245,11 @@ def test_an_exported_run_imported_again_keeps_every_request_of_every_round(world
 
 
 def test_the_csv_export_imported_again_keeps_every_request_as_the_jsonl_does(world, client):
-    run = world.run(status="running")
-    _push(world, run, _level(_columns(3)))
-    _push(world, run, {**_level(_columns(4, failed=0)), "round": 2})
-    _push(world, run, {**_level(_columns(2, failed=0)), "concurrency": 8, "request_rate": None})
+    run = _run_of_two_levels(world)
     pb.sign_in(client)
     exported = b"".join(client.get(f"/runs/{run.uuid}/requests.csv").streaming_content).decode()
 
-    answer = world.host_worker.post(
-        "/api/v1/runs/import",
-        {
-            "format": "moeops",
-            "deployment": world.deployment.name,
-            "content": exported,
-            "file_name": "requests.csv",
-            "accept_mismatch": True,
-        },
-    )
+    answer = _import_export(world, exported, "requests.csv")
 
     assert answer.status_code == 201, answer.json()
     imported = SweepRun.objects.get(uuid=answer.json()["run"]["uuid"])
