@@ -36,6 +36,15 @@ def world(db):
     return make_serving_world("glm-5", on_gpus=True)
 
 
+def _sweep_of(world, workload, **parameters):
+    """The owner's POST /api/v1/runs starting a sweep at concurrency 4 of 64 tokens in, 32 out
+    under `workload` (its name), with `parameters` added."""
+    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": workload, **parameters}
+    return world.owner.post(
+        "/api/v1/runs", {"deployment": "glm-5-sglang", "parameters": load, "start": True}
+    )
+
+
 def _dataset(name, content, **fields):
     return {
         "name": name,
@@ -155,13 +164,9 @@ def test_a_sweep_names_a_workload_sends_its_prompts_and_records_it(
     workload = Workload.objects.get(
         pk=world.owner.post("/api/v1/workloads", _dataset("chats.json", content)).json()["id"]
     )
-    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "chats.json"}
 
     with django_capture_on_commit_callbacks(execute=True):
-        response = world.owner.post(
-            "/api/v1/runs",
-            {"deployment": "glm-5-sglang", "parameters": load, "start": True},
-        )
+        response = _sweep_of(world, "chats.json")
 
     assert response.status_code == 201, response.json()
     run = SweepRun.objects.get()
@@ -178,11 +183,7 @@ def test_a_sweep_names_a_workload_sends_its_prompts_and_records_it(
 
 
 def test_a_sweep_naming_no_such_workload_is_refused(world):
-    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "nope"}
-
-    response = world.owner.post(
-        "/api/v1/runs", {"deployment": "glm-5-sglang", "parameters": load, "start": True}
-    )
+    response = _sweep_of(world, "nope")
 
     assert response.status_code == 400
     assert response.json()["detail"] == "workload: no workload 'nope'"
@@ -194,14 +195,9 @@ def test_a_multi_turn_workload_sent_to_the_completions_endpoint_runs_on_chat(
 ):
     spec = {"kind": "multi_turn", "turns": 3, "question_len": 8, "output": RANDOM["output"]}
     world.owner.post("/api/v1/workloads", {"name": "mt", "spec": spec})
-    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "mt"}
 
     with django_capture_on_commit_callbacks(execute=True):
-        response = world.owner.post(
-            "/api/v1/runs",
-            {"deployment": "glm-5-sglang", "parameters": {**load, "endpoint": "completions"},
-             "start": True},
-        )  # fmt: skip
+        response = _sweep_of(world, "mt", endpoint="completions")
 
     assert response.status_code == 201, response.json()
     assert SweepRun.objects.get().parameters["endpoint"] == "chat"
@@ -231,11 +227,8 @@ def test_a_multi_turn_workload_takes_an_mt_bench_file_and_its_sweep_sends_the_co
         "output": None,
     }
     assert workload.sha256 == hashlib.sha256(MT_BENCH.read_bytes()).hexdigest()
-    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "mt-bench"}
     with django_capture_on_commit_callbacks(execute=True):
-        response = world.owner.post(
-            "/api/v1/runs", {"deployment": "glm-5-sglang", "parameters": load, "start": True}
-        )
+        response = _sweep_of(world, "mt-bench")
     assert response.status_code == 201, response.json()
     [task] = queues.queued(broker, QUEUE)
     # each question's two turns travel to the worker, and the chat endpoint is picked
@@ -267,11 +260,8 @@ def test_a_shared_prefix_sweep_the_engine_cached_nothing_of_gets_the_cold_cache_
     world, broker, django_capture_on_commit_callbacks, spec, cold
 ):
     world.owner.post("/api/v1/workloads", {"name": "traffic", "spec": spec})
-    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "traffic"}
     with django_capture_on_commit_callbacks(execute=True):
-        world.owner.post(
-            "/api/v1/runs", {"deployment": "glm-5-sglang", "parameters": load, "start": True}
-        )
+        _sweep_of(world, "traffic")
     run = SweepRun.objects.get()
     url = f"/api/v1/runs/{run.uuid}"
     # the worker's pushes: vLLM's counters moved by 16 prompts of 528 tokens, none of them a hit
@@ -340,11 +330,8 @@ def test_a_trace_workload_stores_its_requests_and_its_sweep_carries_them(
         "output_length": 4,
         "hash_ids": [1, 2, 3, 5],
     }
-    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "prod day"}
     with django_capture_on_commit_callbacks(execute=True):
-        response = world.owner.post(
-            "/api/v1/runs", {"deployment": "glm-5-sglang", "parameters": load, "start": True}
-        )
+        response = _sweep_of(world, "prod day")
     assert response.status_code == 201, response.json()
     [task] = queues.queued(broker, QUEUE)
     assert task.kwargs["workload_items"] == workload.items
@@ -387,16 +374,8 @@ def test_a_sweep_of_a_trace_takes_no_request_rate_and_no_capacity_search(world):
             "content": TRACE.read_text(),
         },
     )
-    load = {"levels": [4], "input_len": 64, "output_len": 32, "workload": "day"}
 
-    rated = world.owner.post(
-        "/api/v1/runs",
-        {
-            "deployment": "glm-5-sglang",
-            "parameters": {**load, "request_rates": [2.0]},
-            "start": True,
-        },
-    )
+    rated = _sweep_of(world, "day", request_rates=[2.0])
 
     assert rated.status_code == 400
     assert rated.json()["detail"].startswith(
