@@ -35,6 +35,27 @@ DEADLINE_MARGIN_S = 60
 REPLAY_COUNTDOWN_S = 10
 
 
+def _host_task(name, soft_limit_s, **options):
+    """A task of this host's queue, bound and retried by its own rules, with a soft time limit of
+    soft_limit_s and a hard one HARD_MARGIN_S after it."""
+    return app.task(
+        name=name,
+        bind=True,
+        max_retries=None,
+        soft_time_limit=soft_limit_s,
+        time_limit=soft_limit_s + HARD_MARGIN_S,
+        **options,
+    )
+
+
+def _unless_busy(task, outcome):
+    """The job's outcome; job.BUSY (another delivery's heartbeat is fresh) retries the task once
+    that heartbeat would have gone stale."""
+    if outcome == job.BUSY:
+        raise task.retry(countdown=HEARTBEAT_STALE_S, max_retries=None)
+    return outcome
+
+
 def _retry_later(task, exc):
     if task.request.retries >= UNREACHABLE_RETRIES:
         raise exc
@@ -77,49 +98,28 @@ def _fail_job(client, job_path, exc):
         log.warning("could not fail %s after %s: %s", job_path, type(exc).__name__, failed)
 
 
-@app.task(
-    name="workers.run_sweep",
-    bind=True,
-    max_retries=None,
-    soft_time_limit=SWEEP_SOFT_LIMIT_S,
-    time_limit=SWEEP_SOFT_LIMIT_S + HARD_MARGIN_S,
-)
+@_host_task("workers.run_sweep", SWEEP_SOFT_LIMIT_S)
 def run_sweep(self, run_uuid, **parameters):
     """Sweep run `run_uuid`; parameters as workers.sweep.sweep_config takes them."""
     deadline = time.monotonic() + SWEEP_SOFT_LIMIT_S - DEADLINE_MARGIN_S
     with _host_client(self, f"/runs/{run_uuid}") as client:
         outcome = sweep.run_sweep(run_uuid, parameters, client=client, deadline=deadline)
-    if outcome == job.BUSY:
-        # another worker's heartbeat is fresh: look again once it would have gone stale
-        raise self.retry(countdown=HEARTBEAT_STALE_S, max_retries=None)
-    return outcome
+    return _unless_busy(self, outcome)
 
 
-@app.task(
-    name="workers.tune_kernel",
-    bind=True,
-    max_retries=None,
-    soft_time_limit=TUNE_SOFT_LIMIT_S,
-    time_limit=TUNE_SOFT_LIMIT_S + HARD_MARGIN_S,
-)
+@_host_task("workers.tune_kernel", TUNE_SOFT_LIMIT_S)
 def tune_kernel(self, tuning_run_uuid, **parameters):
     """Tune the fused-MoE kernel for a shape on this host's GPU(s); parameters (the shape, the
     engine whose kernel is asked for, the weights' quantization, force) as kernel_tune takes
     them."""
     with _host_client(self, f"/tuning-runs/{tuning_run_uuid}") as client:
         outcome = kernel_tune.tune_kernel(tuning_run_uuid, client=client, **parameters)
-    if outcome == job.BUSY:
-        # another delivery's heartbeat is fresh: look again once it would have gone stale
-        raise self.retry(countdown=HEARTBEAT_STALE_S, max_retries=None)
-    return outcome
+    return _unless_busy(self, outcome)
 
 
-@app.task(
-    name="workers.engine_action",
-    bind=True,
-    max_retries=None,
-    soft_time_limit=ACTION_SOFT_LIMIT_S,
-    time_limit=ACTION_SOFT_LIMIT_S + HARD_MARGIN_S,
+@_host_task(
+    "workers.engine_action",
+    ACTION_SOFT_LIMIT_S,
     # a failed action is reported and ends its chain: an expected outcome, not a crash
     throws=(engine_action.ActionFailed,),
 )
@@ -130,19 +130,10 @@ def run_engine_action(self, action_uuid, **payload):
     re-sweep does not run, when the action failed."""
     with _host_client(self) as client:
         outcome = engine_action.run_action(action_uuid, payload, client=client, host_name=HOST_NAME)
-    if outcome == job.BUSY:
-        # another delivery's heartbeat is fresh: look again once it would have gone stale
-        raise self.retry(countdown=HEARTBEAT_STALE_S, max_retries=None)
-    return outcome
+    return _unless_busy(self, outcome)
 
 
-@app.task(
-    name="workers.check_deployment",
-    bind=True,
-    max_retries=None,
-    soft_time_limit=CHECK_SOFT_LIMIT_S,
-    time_limit=CHECK_SOFT_LIMIT_S + HARD_MARGIN_S,
-)
+@_host_task("workers.check_deployment", CHECK_SOFT_LIMIT_S)
 def check_deployment(self, deployment, base_url, model="", engine="", trigger="manual"):
     """Ask the engine what it is and what it serves; push the check to the deployment's health
     history (the newest check sets its status) and record the host's GPUs.
@@ -157,13 +148,7 @@ def check_deployment(self, deployment, base_url, model="", engine="", trigger="m
     return result["status"]
 
 
-@app.task(
-    name="workers.gpus_now",
-    bind=True,
-    max_retries=None,
-    soft_time_limit=CHECK_SOFT_LIMIT_S,
-    time_limit=CHECK_SOFT_LIMIT_S + HARD_MARGIN_S,
-)
+@_host_task("workers.gpus_now", CHECK_SOFT_LIMIT_S)
 def gpus_now(self):
     """Read every GPU of this host once through NVML and push the reading; without NVML the
     reading says why."""
@@ -173,13 +158,7 @@ def gpus_now(self):
     return reading["status"]
 
 
-@app.task(
-    name="workers.probe_host",
-    bind=True,
-    max_retries=None,
-    soft_time_limit=CHECK_SOFT_LIMIT_S,
-    time_limit=CHECK_SOFT_LIMIT_S + HARD_MARGIN_S,
-)
+@_host_task("workers.probe_host", CHECK_SOFT_LIMIT_S)
 def probe_host(self):
     """Snapshot this host's GPUs, links, P2P and virtualization; stored when it changed."""
     with _host_client(self) as client:
