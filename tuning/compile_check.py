@@ -441,6 +441,8 @@ def _shared_bytes(error: str | None, launched: dict[str, int]) -> int | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `python -m tuning compile-check`."""
+    from tuning.tune_cli import add_shape_arguments
+
     parser.add_argument(
         "--capability", required=True, help="the GPU's compute capability, e.g. 12.0, 10.0, 9.0"
     )
@@ -453,20 +455,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source", help="the engine's package folder (default: the installed engine's)"
     )
-    parser.add_argument("--model-config", required=True, help="the model's HF config.json")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
-    parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (default 1)")
-    parser.add_argument(
-        "--dtype",
-        choices=("bf16", "fp8_w8a8"),
-        help="kernel dtype (default: fp8_w8a8 for fp8 checkpoints, else bf16)",
-    )
-    parser.add_argument(
-        "--block-shape", help="fp8 weight-scale block, e.g. 128,128 (default: the model's)"
-    )
-    parser.add_argument(
-        "--batch-sizes", help="comma-separated batch sizes (default: the 18 the engines tune)"
-    )
+    add_shape_arguments(parser, device=False)
     parser.add_argument(
         "--device-name",
         help="the GPU's name as torch gives it, for the engine's shipped file (default: none)",

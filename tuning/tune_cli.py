@@ -47,8 +47,11 @@ def shape_from_args(args: argparse.Namespace) -> KernelShape:
     )
 
 
-def add_shape_arguments(parser: argparse.ArgumentParser, *, model_config_required=True) -> None:
-    """--model-config, --tp, --ep, --dtype, --block-shape, --batch-sizes, --device."""
+def add_shape_arguments(
+    parser: argparse.ArgumentParser, *, model_config_required=True, device=True
+) -> None:
+    """--model-config, --tp, --ep, --dtype, --block-shape, --batch-sizes, and --device unless
+    device is False (a command that runs no GPU)."""
     parser.add_argument(
         "--model-config", required=model_config_required, help="the model's HF config.json"
     )
@@ -66,7 +69,8 @@ def add_shape_arguments(parser: argparse.ArgumentParser, *, model_config_require
         "--batch-sizes",
         help="comma-separated batch sizes (default: the 18 the engines tune)",
     )
-    parser.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    if device:
+        parser.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -444,9 +444,9 @@ class Tuner:
             failures=failures,
         )
 
-    def _head_to_head(self, batch: BatchResult, timer, shipped, shipped_down) -> None:
-        """Time the search's pick against the engine's default and shipped configs in turn and
-        keep the search's only when it is faster by more than the noise (see pick)."""
+    def _candidates(self, batch: BatchResult, shipped, shipped_down) -> dict:
+        """{"tuned", "default", and "shipped" where the engine ships a file: (config,
+        down_config)} at batch.M, as head_to_head times them."""
         M = batch.M
         candidates = {
             "tuned": (batch.config, batch.down_config),
@@ -455,6 +455,13 @@ class Tuner:
         if shipped is not None:
             down = shipped_down.entry_for(M) if shipped_down is not None else None
             candidates["shipped"] = (shipped.entry_for(M), down)
+        return candidates
+
+    def _head_to_head(self, batch: BatchResult, timer, shipped, shipped_down) -> None:
+        """Time the search's pick against the engine's default and shipped configs in turn and
+        keep the search's only when it is faster by more than the noise (see pick)."""
+        M = batch.M
+        candidates = self._candidates(batch, shipped, shipped_down)
         self._compile((c for pair in candidates.values() for c in pair if _is_config(c)), M)
         started = time.monotonic()
         measured = head_to_head(timer, candidates)
@@ -482,13 +489,7 @@ class Tuner:
         """Time the written config, the default and the shipped entry at batch.M head to head
         under routing (not the tune's): how the file does under other traffic."""
         M = batch.M
-        candidates = {
-            "tuned": (batch.config, batch.down_config),
-            "default": (self.backend.default_config(self.shape, M), None),
-        }
-        if shipped is not None:
-            down = shipped_down.entry_for(M) if shipped_down is not None else None
-            candidates["shipped"] = (shipped.entry_for(M), down)
+        candidates = self._candidates(batch, shipped, shipped_down)
         timer = self.measurements.timer(M, routing=routing)
         started = time.monotonic()
         measured = head_to_head(timer, candidates)
