@@ -33,35 +33,8 @@ def workload_store(*, name, spec, file_name="", data=None, context_len=None, des
     except workloads.WorkloadError as exc:
         raise ValidationError({"spec": str(exc)}) from None
     fields = {"file_name": "", "sha256": "", "layout": "", "items": None}
-    if checked["kind"] == "trace":
-        if data is None:
-            raise ValidationError({"file": "a trace workload needs its trace file"})
-        try:
-            parsed = traces.parse_trace(
-                file_name or "the file", data, block_size=checked["block_size"]
-            )
-        except workloads.DatasetFileError as exc:
-            raise ValidationError({"file": str(exc)}) from None
-        fields = {
-            "file_name": file_name,
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "layout": parsed["layout"],
-            "items": parsed["items"],
-        }
-    elif checked["kind"] == "dataset" or checked.get("from_file"):
-        if data is None:
-            what = "dataset" if checked["kind"] == "dataset" else "multi-turn workload of a file"
-            raise ValidationError({"file": f"a {what} needs a file"})
-        try:
-            parsed = workloads.parse_dataset(file_name or "the file", data, context_len=context_len)
-        except workloads.DatasetFileError as exc:
-            raise ValidationError({"file": str(exc)}) from None
-        fields = {
-            "file_name": file_name,
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "layout": parsed["layout"],
-            "items": parsed["items"],
-        }
+    if checked["kind"] in ("trace", "dataset") or checked.get("from_file"):
+        fields = _file_fields(checked, file_name, data, context_len)
     elif data is not None:
         raise ValidationError({"file": f"a {checked['kind']} workload takes no file"})
     with transaction.atomic():
@@ -81,6 +54,32 @@ def workload_store(*, name, spec, file_name="", data=None, context_len=None, des
             **fields,
         )
     return workload, True
+
+
+def _file_fields(checked, file_name, data, context_len):
+    """The Workload fields of the file a checked spec reads (a trace's requests, a dataset's or
+    conversations' prompts): its name, SHA-256, layout and items. Raises ValidationError on
+    "file" for no file or one that does not parse."""
+    if data is None:
+        if checked["kind"] == "trace":
+            raise ValidationError({"file": "a trace workload needs its trace file"})
+        what = "dataset" if checked["kind"] == "dataset" else "multi-turn workload of a file"
+        raise ValidationError({"file": f"a {what} needs a file"})
+    try:
+        if checked["kind"] == "trace":
+            parsed = traces.parse_trace(
+                file_name or "the file", data, block_size=checked["block_size"]
+            )
+        else:
+            parsed = workloads.parse_dataset(file_name or "the file", data, context_len=context_len)
+    except workloads.DatasetFileError as exc:
+        raise ValidationError({"file": str(exc)}) from None
+    return {
+        "file_name": file_name,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "layout": parsed["layout"],
+        "items": parsed["items"],
+    }
 
 
 def _canonical(spec):
