@@ -63,7 +63,7 @@ class RecipeIn(In):
 
 class RecipeOut(Schema):
     id: int
-    deployment: str
+    deployment: str = Field(alias="deployment.name")
     version: int
     argv: list[str]
     env: dict[str, str]
@@ -77,10 +77,6 @@ class RecipeOut(Schema):
     created: dt.datetime
     applied_at: dt.datetime | None
     failed_at: dt.datetime | None
-
-    @staticmethod
-    def resolve_deployment(obj):
-        return obj.deployment.name
 
     @staticmethod
     def resolve_kernel_configs(obj):
@@ -126,15 +122,15 @@ class ActionIn(In):
 
 class ActionOut(Schema):
     uuid: UUID
-    deployment: str
+    deployment: str = Field(alias="deployment.name")
     kind: str
     title: str
     status: str
-    recipe_version: int
+    recipe_version: int = Field(alias="recipe.version")
     previous_recipe_version: int | None
     changes: dict[str, Any]
-    kernel_config: int | None
-    plan_item: int | None
+    kernel_config: int | None = Field(alias="kernel_config_id")
+    plan_item: int | None = Field(alias="plan_item_id")
     before_run: UUID | None
     after_run: UUID | None
     steps: list[dict[str, Any]]
@@ -150,28 +146,12 @@ class ActionOut(Schema):
     finished_at: dt.datetime | None
 
     @staticmethod
-    def resolve_deployment(obj):
-        return obj.deployment.name
-
-    @staticmethod
     def resolve_title(obj):
         return obj.title()
 
     @staticmethod
-    def resolve_recipe_version(obj):
-        return obj.recipe.version
-
-    @staticmethod
     def resolve_previous_recipe_version(obj):
         return obj.previous_recipe.version if obj.previous_recipe_id else None
-
-    @staticmethod
-    def resolve_kernel_config(obj):
-        return obj.kernel_config_id
-
-    @staticmethod
-    def resolve_plan_item(obj):
-        return obj.plan_item_id
 
     @staticmethod
     def resolve_before_run(obj):

@@ -68,8 +68,8 @@ class FindingPatch(Patch):
 
 class FindingOut(Schema):
     id: int
-    deployment: int
-    run: int | None
+    deployment: int = Field(alias="deployment_id")
+    run: int | None = Field(alias="run_id")
     kind: str
     key: str
     severity: str
@@ -83,14 +83,6 @@ class FindingOut(Schema):
     provenance: str
     created: dt.datetime
     updated: dt.datetime
-
-    @staticmethod
-    def resolve_deployment(obj):
-        return obj.deployment_id
-
-    @staticmethod
-    def resolve_run(obj):
-        return obj.run_id
 
     @staticmethod
     def resolve_note(obj):
@@ -173,8 +165,8 @@ class PlanItemPatch(Patch):
 
 class PlanItemOut(Schema):
     id: int
-    deployment: int
-    finding: int | None
+    deployment: int = Field(alias="deployment_id")
+    finding: int | None = Field(alias="finding_id")
     title: str
     status: str
     position: int
@@ -185,14 +177,6 @@ class PlanItemOut(Schema):
     done_by: str | None = Field(
         description="uuid of the engine action that put its change in force"
     )
-
-    @staticmethod
-    def resolve_deployment(obj):
-        return obj.deployment_id
-
-    @staticmethod
-    def resolve_finding(obj):
-        return obj.finding_id
 
     @staticmethod
     def resolve_done_by(obj):

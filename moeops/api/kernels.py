@@ -298,7 +298,7 @@ class TuningRunOut(Schema):
     id: int
     uuid: UUID
     host: str | None
-    deployment: int | None
+    deployment: int | None = Field(alias="deployment_id")
     device_name: str
     E: int
     N: int
@@ -316,7 +316,7 @@ class TuningRunOut(Schema):
     kernel_note: str
     status: str
     progress: dict[str, Any]
-    result: int | None
+    result: int | None = Field(alias="result_id")
     wall_s: float | None
     error: str
     telemetry_status: str
@@ -328,14 +328,6 @@ class TuningRunOut(Schema):
     @staticmethod
     def resolve_host(obj):
         return obj.host.name if obj.host_id else None
-
-    @staticmethod
-    def resolve_deployment(obj):
-        return obj.deployment_id
-
-    @staticmethod
-    def resolve_result(obj):
-        return obj.result_id
 
 
 class TuningRunDetail(TuningRunOut):
@@ -352,14 +344,10 @@ class TimingsRecorded(Schema):
 
 
 class TuningBatchOut(Schema):
-    tuning_run: int
+    tuning_run: int = Field(alias="tuning_run_id")
     batch_id: str
     kind: str
     count: int
-
-    @staticmethod
-    def resolve_tuning_run(obj):
-        return obj.tuning_run_id
 
 
 class TuningRunFilter(CreatedRange):

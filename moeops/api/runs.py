@@ -80,16 +80,16 @@ class RunIn(In):
 class RunOut(Schema):
     id: int
     uuid: UUID
-    deployment: int
-    deployment_name: str
-    host: str
+    deployment: int = Field(alias="deployment_id")
+    deployment_name: str = Field(alias="deployment.name")
+    host: str = Field(alias="deployment.host.name")
     label: str
     parameters: dict[str, Any]
     status: str
     source: str
     progress: dict[str, Any]
-    kernel_config: int | None
-    topology_snapshot: int | None
+    kernel_config: int | None = Field(alias="kernel_config_id")
+    topology_snapshot: int | None = Field(alias="topology_snapshot_id")
     telemetry_status: str
     telemetry_detail: str
     error: str
@@ -115,26 +115,6 @@ class RunOut(Schema):
     @staticmethod
     def resolve_peak_output_throughput(obj):
         return getattr(obj, "peak", None)
-
-    @staticmethod
-    def resolve_deployment(obj):
-        return obj.deployment_id
-
-    @staticmethod
-    def resolve_deployment_name(obj):
-        return obj.deployment.name
-
-    @staticmethod
-    def resolve_host(obj):
-        return obj.deployment.host.name
-
-    @staticmethod
-    def resolve_kernel_config(obj):
-        return obj.kernel_config_id
-
-    @staticmethod
-    def resolve_topology_snapshot(obj):
-        return obj.topology_snapshot_id
 
 
 class RunFilter(CreatedRange):
@@ -353,7 +333,7 @@ class LevelOut(Schema, Level):
     model_config = ConfigDict(strict=False)
 
     id: int
-    run: int
+    run: int = Field(alias="run_id")
     key: str
     request_rate: float | None = None
     round: int = Field(description="the last round stored")
@@ -371,10 +351,6 @@ class LevelOut(Schema, Level):
         "engine_prompt_tokens, engine_generation_tokens, prompt_tokens_gap, "
         "generation_tokens_gap (docs/metrics.md); empty without counters"
     )
-
-    @staticmethod
-    def resolve_run(obj):
-        return obj.run_id
 
     @staticmethod
     def resolve_engine_figures(obj):
@@ -407,26 +383,18 @@ class DerivedFigure(Schema):
 
     value: float | None
     unit: str
-    absent_because: str = Field(description="why value is null; empty when it is not")
-
-    @staticmethod
-    def resolve_absent_because(obj):
-        return obj.reason
+    absent_because: str = Field(
+        description="why value is null; empty when it is not", alias="reason"
+    )
 
 
 class LevelWithCostOut(LevelOut):
     cost_per_million_output_tokens: DerivedFigure = Field(
-        description="in the host's currency per 10⁶ output tokens"
+        description="in the host's currency per 10⁶ output tokens", alias="costs.cost"
     )
-    energy_per_output_token: DerivedFigure = Field(description="J per output token")
-
-    @staticmethod
-    def resolve_cost_per_million_output_tokens(obj):
-        return obj.costs.cost
-
-    @staticmethod
-    def resolve_energy_per_output_token(obj):
-        return obj.costs.energy
+    energy_per_output_token: DerivedFigure = Field(
+        description="J per output token", alias="costs.energy"
+    )
 
 
 @router.get("/runs/{ref}/levels", response=list[LevelWithCostOut])
@@ -455,14 +423,10 @@ def level_vllm_results(request, ref: str):
 
 
 class BatchOut(Schema):
-    run: int
+    run: int = Field(alias="run_id")
     batch_id: str
     kind: str
     count: int
-
-    @staticmethod
-    def resolve_run(obj):
-        return obj.run_id
 
 
 class TelemetrySampleOut(Schema, TelemetrySample):

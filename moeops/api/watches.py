@@ -65,32 +65,20 @@ class WatchPatch(Patch):
 
 class WatchOut(Schema):
     id: int
-    deployment: int
-    deployment_name: str
+    deployment: int = Field(alias="deployment_id")
+    deployment_name: str = Field(alias="deployment.name")
     name: str
     kind: str
     parameters: dict[str, Any]
-    slo_profile: int | None
+    slo_profile: int | None = Field(alias="slo_profile_id")
     schedule: str
     next_run_at: dt.datetime | None
     window_start: dt.time | None
     window_end: dt.time | None
     enabled: bool
     bisect_on_regression: bool
-    baseline: int | None
+    baseline: int | None = Field(alias="baseline_id")
     created: dt.datetime
-
-    @staticmethod
-    def resolve_deployment(obj):
-        return obj.deployment_id
-
-    @staticmethod
-    def resolve_deployment_name(obj):
-        return obj.deployment.name
-
-    @staticmethod
-    def resolve_slo_profile(obj):
-        return obj.slo_profile_id
 
     @staticmethod
     def resolve_schedule(obj):
@@ -100,14 +88,10 @@ class WatchOut(Schema):
     def resolve_next_run_at(obj):
         return obj.next_run_at(dt.datetime.now(dt.UTC))
 
-    @staticmethod
-    def resolve_baseline(obj):
-        return obj.baseline_id
-
 
 class WatchRunOut(Schema):
     id: int
-    watch: int
+    watch: int = Field(alias="watch_id")
     run: str | None
     status: str
     reason: str
@@ -121,10 +105,6 @@ class WatchRunOut(Schema):
     bisections: list[int]
     fired_at: dt.datetime
     finished_at: dt.datetime | None
-
-    @staticmethod
-    def resolve_watch(obj):
-        return obj.watch_id
 
     @staticmethod
     def resolve_bisections(obj):
@@ -167,8 +147,8 @@ class BisectionStepOut(Schema):
 
 class BisectionOut(Schema):
     id: int
-    watch_run: int
-    deployment: int
+    watch_run: int = Field(alias="watch_run_id")
+    deployment: int = Field(alias="deployment_id")
     status: str
     source: str
     factors: list[dict[str, Any]]
@@ -180,14 +160,6 @@ class BisectionOut(Schema):
     url: str
     created: dt.datetime
     finished_at: dt.datetime | None
-
-    @staticmethod
-    def resolve_watch_run(obj):
-        return obj.watch_run_id
-
-    @staticmethod
-    def resolve_deployment(obj):
-        return obj.deployment_id
 
     @staticmethod
     def resolve_cause(obj):
@@ -227,16 +199,12 @@ class ChannelOut(Schema):
     kind: str
     url: str
     recipients: list[str]
-    deployment: int | None
+    deployment: int | None = Field(alias="deployment_id")
     enabled: bool
 
     @staticmethod
     def resolve_url(obj):
         return obj.masked_url()
-
-    @staticmethod
-    def resolve_deployment(obj):
-        return obj.deployment_id
 
 
 class AttemptOut(Schema):
@@ -250,8 +218,8 @@ class AttemptOut(Schema):
 
 class AlertOut(Schema):
     id: int
-    watch_run: int
-    channel: str
+    watch_run: int = Field(alias="watch_run_id")
+    channel: str = Field(alias="channel.name")
     kind: str
     subject: str
     text: str
@@ -260,14 +228,6 @@ class AlertOut(Schema):
     created: dt.datetime
     delivered_at: dt.datetime | None
     attempts: list[AttemptOut]
-
-    @staticmethod
-    def resolve_watch_run(obj):
-        return obj.watch_run_id
-
-    @staticmethod
-    def resolve_channel(obj):
-        return obj.channel.name
 
     @staticmethod
     def resolve_attempts(obj):
