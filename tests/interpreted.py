@@ -15,6 +15,8 @@ import os
 import torch
 
 GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
 def kernel_modules():
@@ -46,6 +48,20 @@ def kernel_modules():
 
 def _interpreted(kernel) -> bool:
     return type(kernel).__name__ == "InterpretedFunction"
+
+
+def random_layer(M, shape, seed=0):
+    """A MoE layer's inputs for M tokens of `shape` (a KernelShape in fp32 or fp16), drawn from
+    `seed` on DEVICE: [x, w1, w2, topk_weights, topk_ids] as the engines' kernels take them."""
+    generator = torch.Generator().manual_seed(seed)
+    t = TORCH_DTYPES[shape.dtype]
+    x = torch.randn((M, shape.H), generator=generator).to(t)
+    w1 = (torch.randn((shape.E, 2 * shape.N, shape.H), generator=generator) / shape.H**0.5).to(t)
+    w2 = (torch.randn((shape.E, shape.H, shape.N), generator=generator) / shape.N**0.5).to(t)
+    logits = torch.randn((M, shape.E), generator=generator)
+    topk_weights, topk_ids = torch.topk(torch.softmax(logits, dim=-1), shape.top_k, dim=-1)
+    values = [x, w1, w2, topk_weights, topk_ids.to(torch.int32)]
+    return [v.to(DEVICE) for v in values]
 
 
 @contextlib.contextmanager

@@ -212,6 +212,12 @@ def engine_source(engine: str, version: str) -> Path:
         return package
 
 
+def source_edited(path: Path, old: str, new: str) -> None:
+    """An engine's source file at `path` with its first `old` replaced by `new`: code as a later
+    release might change it."""
+    path.write_text(path.read_text().replace(old, new, 1))
+
+
 def vllm_cli(*args: str) -> list[str]:
     """argv that runs vLLM's own CLI (`vllm ARGS…`) with the engine's Python."""
     return [str(PYTHON), str(HERE / "vllm_cli.py"), *args]

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.engine import engine_source
-from tests.interpreted import GPU, interpreting
+from tests.engine import engine_source, source_edited
+from tests.interpreted import GPU, interpreting, random_layer
 from tuning.backends import load_backend
 from tuning.backends.base import BackendError
 from tuning.engine_source import (
@@ -35,9 +35,9 @@ from tuning.search import KernelShape
 from tuning.timing import MoEWeights
 
 VERSION = "0.5.23"
-DEVICE = "cuda" if GPU else "cpu"
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 TOLERANCE = 3e-3
+# the SGLang module that holds its fused-MoE kernel and its launcher
+KERNELS = "kernels/ops/moe/fused_moe_triton_kernels.py"
 # the capability the layer tests launch for: the GPU's own, else one without PDL
 LAYER_CAPABILITY = None if GPU else 80
 SMALL = {
@@ -90,24 +90,12 @@ def sglang_h200():
     return _load(90)
 
 
-def _layer(M, shape, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    t = TORCH_DTYPES[shape.dtype]
-    x = torch.randn((M, shape.H), generator=generator).to(t)
-    w1 = (torch.randn((shape.E, 2 * shape.N, shape.H), generator=generator) / shape.H**0.5).to(t)
-    w2 = (torch.randn((shape.E, shape.H, shape.N), generator=generator) / shape.N**0.5).to(t)
-    logits = torch.randn((M, shape.E), generator=generator)
-    topk_weights, topk_ids = torch.topk(torch.softmax(logits, dim=-1), shape.top_k, dim=-1)
-    values = [x, w1, w2, topk_weights, topk_ids.to(torch.int32)]
-    return [v.to(DEVICE) for v in values]
-
-
 def _relative_error(out, expected):
     return (out.double() - expected).abs().max().item() / expected.abs().max().item()
 
 
 def _check(backend, M, shape, config, down_config=None):
-    x, w1, w2, topk_weights, topk_ids = _layer(M, shape)
+    x, w1, w2, topk_weights, topk_ids = random_layer(M, shape)
     given = x.clone()
     out = torch.empty_like(x)
 
@@ -204,7 +192,7 @@ def test_sm90_alone_swaps_a_and_b_for_narrow_fp8_tiles(sglang_h200, monkeypatch)
     asked = _spy(monkeypatch, sglang_h200, "should_enable_swap_ab")
     M, E, N, H, top_k = 40, 6, 32, 64, 2
     shape = KernelShape(E=E, N=N, H=H, top_k=top_k, dtype="fp8_w8a8")
-    x, w1, w2, topk_weights, topk_ids = _layer(M, KernelShape(E, N, H, top_k, "fp16"), seed=6)
+    x, w1, w2, topk_weights, topk_ids = random_layer(M, KernelShape(E, N, H, top_k, "fp16"), seed=6)
     w1q, w1_scale = quantize_fp8_per_expert(w1.float())
     w2q, w2_scale = quantize_fp8_per_expert(w2.float())
     weights = MoEWeights(w1q, w2q, w1_scale, w2_scale)
@@ -339,13 +327,10 @@ def _copy_of_sglang(tmp_path):
 
 def test_a_launcher_with_an_unknown_parameter_fails_naming_version_and_parameter(tmp_path):
     copy = _copy_of_sglang(tmp_path)
-    path = copy / "kernels/ops/moe/fused_moe_triton_kernels.py"
-    path.write_text(
-        path.read_text().replace(
-            "    a_output_slices: int = 1,\n) -> None:",
-            "    a_output_slices: int = 1,\n    stream_k: int = 0,\n) -> None:",
-            1,
-        )
+    source_edited(
+        copy / KERNELS,
+        "    a_output_slices: int = 1,\n) -> None:",
+        "    a_output_slices: int = 1,\n    stream_k: int = 0,\n) -> None:",
     )
 
     with pytest.raises(BackendError) as raised:
@@ -358,13 +343,10 @@ def test_a_launcher_with_an_unknown_parameter_fails_naming_version_and_parameter
 
 def test_a_function_using_a_name_the_backend_lacks_fails_naming_it(tmp_path):
     copy = _copy_of_sglang(tmp_path)
-    path = copy / "kernels/ops/moe/fused_moe_triton_kernels.py"
-    path.write_text(
-        path.read_text().replace(
-            "    return is_sm90_supported() and BLOCK_SIZE_M < 64",
-            "    return tuned_swap_rule() and BLOCK_SIZE_M < 64",
-            1,
-        )
+    source_edited(
+        copy / KERNELS,
+        "    return is_sm90_supported() and BLOCK_SIZE_M < 64",
+        "    return tuned_swap_rule() and BLOCK_SIZE_M < 64",
     )
 
     with pytest.raises(BackendError) as raised:

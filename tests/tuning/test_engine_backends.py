@@ -12,8 +12,8 @@ import shutil
 import pytest
 import torch
 
-from tests.engine import engine_source, ensure_installed
-from tests.interpreted import GPU, interpreting
+from tests.engine import engine_source, ensure_installed, source_edited
+from tests.interpreted import GPU, interpreting, random_layer
 from tuning.backends import load_backend
 from tuning.backends.base import BackendError
 from tuning.engine_source import EngineSourceError, free_names, locate_package
@@ -21,8 +21,6 @@ from tuning.reference import moe_reference
 from tuning.search import KernelShape
 from tuning.timing import MoEWeights
 
-DEVICE = "cuda" if GPU else "cpu"
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 TOLERANCE = {"fp32": 1e-5, "fp16": 3e-3}
 VLLM_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
 
@@ -47,20 +45,8 @@ def vllm(request):
         return load_backend("vllm", source_dir=package.package_dir, capability=90)
 
 
-def _layer(M, shape, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    t = TORCH_DTYPES[shape.dtype]
-    x = torch.randn((M, shape.H), generator=generator).to(t)
-    w1 = (torch.randn((shape.E, 2 * shape.N, shape.H), generator=generator) / shape.H**0.5).to(t)
-    w2 = (torch.randn((shape.E, shape.H, shape.N), generator=generator) / shape.N**0.5).to(t)
-    logits = torch.randn((M, shape.E), generator=generator)
-    topk_weights, topk_ids = torch.topk(torch.softmax(logits, dim=-1), shape.top_k, dim=-1)
-    values = [x, w1, w2, topk_weights, topk_ids.to(torch.int32)]
-    return [v.to(DEVICE) for v in values]
-
-
 def _check(backend, M, shape, config):
-    x, w1, w2, topk_weights, topk_ids = _layer(M, shape)
+    x, w1, w2, topk_weights, topk_ids = random_layer(M, shape)
     out = torch.empty_like(x)
     backend.layer(
         x, MoEWeights(w1, w2), topk_weights, topk_ids, shape=shape, config=config, out=out
@@ -163,14 +149,11 @@ def test_a_launcher_with_an_unknown_parameter_fails_naming_version_and_parameter
     copy = tmp_path / "vllm"
     folder = "model_executor/layers/fused_moe"
     shutil.copytree(source / folder, copy / folder)
-    path = copy / folder / "fused_moe.py"
-    path.write_text(
-        path.read_text().replace(
-            "    B_bias: torch.Tensor | None = None,\n):\n    assert topk_weights",
-            "    B_bias: torch.Tensor | None = None,\n    stream_k: int = 0,\n"
-            "):\n    assert topk_weights",
-            1,
-        )
+    source_edited(
+        copy / folder / "fused_moe.py",
+        "    B_bias: torch.Tensor | None = None,\n):\n    assert topk_weights",
+        "    B_bias: torch.Tensor | None = None,\n    stream_k: int = 0,\n"
+        "):\n    assert topk_weights",
     )
 
     with pytest.raises(BackendError) as raised:
@@ -183,14 +166,11 @@ def test_a_function_using_a_name_the_backend_lacks_fails_naming_it(tmp_path):
     copy = tmp_path / "vllm"
     folder = "model_executor/layers/fused_moe"
     shutil.copytree(source / folder, copy / folder)
-    path = copy / folder / "utils.py"
-    path.write_text(
-        path.read_text().replace(
-            "def enable_swap_ab(BLOCK_SIZE_M: int, BLOCK_SIZE_N: int) -> bool:\n    return (",
-            "def enable_swap_ab(BLOCK_SIZE_M: int, BLOCK_SIZE_N: int) -> bool:\n"
-            "    return tuned_swap_rule() and (",
-            1,
-        )
+    source_edited(
+        copy / folder / "utils.py",
+        "def enable_swap_ab(BLOCK_SIZE_M: int, BLOCK_SIZE_N: int) -> bool:\n    return (",
+        "def enable_swap_ab(BLOCK_SIZE_M: int, BLOCK_SIZE_N: int) -> bool:\n"
+        "    return tuned_swap_rule() and (",
     )
 
     with pytest.raises(BackendError) as raised:
