@@ -5,6 +5,8 @@ endpoints). Imports neither Django nor a GPU, so that the gpu-marked tests (run 
 
 import contextlib
 import math
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,6 +51,19 @@ RTX_PRO_6000_FP8_FILE = (
     "dtype=fp8_w8a8,block_shape=[128,128].json"
 )
 MI300X_FILE = "E=128,N=1024,device_name=AMD_Instinct_MI300X.json"
+
+
+def compile_only_device(*args):
+    """bench/compile_only_device.py run from the repository root with `args`: kernels compiled
+    by processes that see no GPU, then launched on this GPU (the finished process, its output
+    captured)."""
+    return subprocess.run(
+        [sys.executable, "bench/compile_only_device.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import pytest
 import torch
 import triton
 
-from tests.fakes import ROOT
+from tests.fakes import ROOT, compile_only_device
 from tuning.config_files import config_file_name, config_file_relpath, loads_config
 from tuning.fused_moe import fused_moe
 from tuning.reference import moe_reference
@@ -125,13 +125,7 @@ def test_the_bench_times_the_tuned_files_beside_the_default_and_grouped_mm(tuned
 def test_kernels_compiled_with_no_gpu_serve_the_gpus_launches():
     """bf16 then fp8 block in one process: the order that exposed cache keys depending on which
     kernel a process hashed first (68 kernels compiled again by the launches)."""
-    done = subprocess.run(
-        [sys.executable, "bench/compile_only_device.py"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = compile_only_device()
 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "every launch found its kernels in the cache" in done.stdout

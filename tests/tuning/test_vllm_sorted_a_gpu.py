@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.engine import engine_source
+from tests.fakes import KERNEL_ENTRY
 from tuning.backends import current_capability, load_backend
 from tuning.config_files import PATH_OFF, loads_config
 from tuning.reference import moe_reference
@@ -21,14 +22,7 @@ pytestmark = pytest.mark.gpu
 
 # GLM-5 TP8's layer at 64 experts: its H and N, which the sorted-A path's conditions need
 SHAPE = KernelShape(E=64, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
-UP = {
-    "BLOCK_SIZE_M": 64,
-    "BLOCK_SIZE_N": 128,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
+UP = {**KERNEL_ENTRY, "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128}
 DOWN = {**UP, "BLOCK_SIZE_N": 64, "USE_TMA": True}
 LAUNCH = {"deep_gemm_e8m0": True, "expert_parallel": False}
 

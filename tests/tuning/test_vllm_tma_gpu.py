@@ -2,15 +2,12 @@
 false against the float64 reference, and its kernels compiled by the compile processes with no
 GPU serving the GPU's launches. The 0.34 source comes from its wheel (tests.engine)."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 import triton
 
 from tests.engine import engine_source
-from tests.fakes import ROOT
+from tests.fakes import KERNEL_ENTRY, compile_only_device
 from tuning.backends import load_backend
 from tuning.reference import moe_reference
 from tuning.search import KernelShape
@@ -20,14 +17,7 @@ pytestmark = pytest.mark.gpu
 
 # GLM-5 TP8's layer at 64 experts: the real H and N, TMA's tile divisibility included
 SHAPE = KernelShape(E=64, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
-CONFIG = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 128,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
+CONFIG = {**KERNEL_ENTRY, "BLOCK_SIZE_N": 128}
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +78,7 @@ def test_use_tma_picks_the_descriptor_read_of_b(vllm034):
 
 def test_vllm_034s_tma_kernels_compiled_with_no_gpu_serve_the_gpus_launches():
     source = engine_source("vllm", "0.34.0")
-    done = subprocess.run(
-        [sys.executable, "bench/compile_only_device.py", "--engine", "vllm", "--source", source],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = compile_only_device("--engine", "vllm", "--source", source)
 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "every launch found its kernels in the cache" in done.stdout

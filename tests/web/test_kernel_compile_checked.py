@@ -13,6 +13,7 @@ from moeops.kernels.models import KernelConfig
 from moeops.kernels.services import kernel_config_store
 from tests import page_base as pb
 from tests.api_base import make_world
+from tests.fakes import KERNEL_ENTRY
 from tuning.compile_check import IMPORTS, CheckedEntry, EntriesCheck, write_files
 from tuning.compile_only import target_for
 from tuning.devices import RTX_PRO_6000_BLACKWELL
@@ -20,14 +21,7 @@ from tuning.search import KernelShape
 
 WORKSTATION, SERVER, MAX_Q = RTX_PRO_6000_BLACKWELL
 SHAPE = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
-SMALL = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 5,
-}
+SMALL = {**KERNEL_ENTRY, "num_stages": 5}
 BIG = {**SMALL, "BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "num_warps": 8}
 KERNEL = {"engine": "vllm", "version": "0.34.0", "source_sha256": "ab" * 32}
 
