@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from localstack.standin import StandinConfig, start_standin_in_thread
 from tuning.compile_only import GpuTarget
 from tuning.search import KernelShape, compile_key
 
@@ -64,6 +65,17 @@ def compile_only_device(*args):
         text=True,
         timeout=600,
     )
+
+
+@contextlib.contextmanager
+def standin_running(**config):
+    """The stand-in engine (localstack.standin) serving StandinConfig(**config) on a free port
+    of 127.0.0.1 while the block runs; yields its URL."""
+    url, stop = start_standin_in_thread(StandinConfig(**config))
+    try:
+        yield url
+    finally:
+        stop()
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ the in-process stand-in printing each level, the bracket as it narrows and the a
 import pytest
 
 from domain.capacity import search_of
-from localstack.standin import StandinConfig, start_standin_in_thread
+from tests.fakes import standin_running
 from workers.capacity import level_at
 from workers.loadgen import ClientConfig, SweepConfig
 from workers.loadgen.cli import main
@@ -36,20 +36,24 @@ def test_a_plain_sweep_still_needs_its_concurrencies(capsys):
     assert "--concurrency is required (or --capacity)" in capsys.readouterr().err
 
 
-def test_a_search_prints_the_bracket_as_it_narrows_and_the_answer(capsys, tmp_path):
-    url, stop = start_standin_in_thread(StandinConfig(model="m", max_running_requests=16))
-    try:
-        # every level meets a limit of 10 s: the search grows 2 → 4 and stops at its end
-        code = main(
+def _search_on_standin(*args):
+    """The CLI's capacity search of 8-token requests, with `args` added, against a stand-in
+    engine of 16 running requests: its exit code."""
+    with standin_running(model="m", max_running_requests=16) as url:
+        return main(
             [
                 "--base-url", url, "--model", "m", "--vocab-size", "32000",
-                "--input-len", "8", "--output-len", "8",
-                "--capacity", "--slo", "tpot:p99:10000", "--start", "2", "--end", "4",
-                "--rounds", "2", "--output", str(tmp_path / "search.json"),
+                "--input-len", "8", "--output-len", "8", "--capacity", *args,
             ]
         )  # fmt: skip
-    finally:
-        stop()
+
+
+def test_a_search_prints_the_bracket_as_it_narrows_and_the_answer(capsys, tmp_path):
+    # every level meets a limit of 10 s: the search grows 2 → 4 and stops at its end
+    code = _search_on_standin(
+        "--slo", "tpot:p99:10000", "--start", "2", "--end", "4",
+        "--rounds", "2", "--output", str(tmp_path / "search.json"),
+    )  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
     assert "  2 concurrent meets (TPOT p99: " in out and "; bracket 2–?" in out
@@ -89,18 +93,10 @@ def test_a_level_straddling_its_limit_runs_more_rounds_and_says_so(capsys, monke
         return {**result, "p99_tpot_ms": 150.0} if len(calls) == 2 else result
 
     monkeypatch.setattr(cli, "run_level", second_round_slow)
-    url, stop = start_standin_in_thread(StandinConfig(model="m", max_running_requests=16))
-    try:
-        code = main(
-            [
-                "--base-url", url, "--model", "m", "--vocab-size", "32000",
-                "--input-len", "8", "--output-len", "8", "--prompts-per-level", "8",
-                "--capacity", "--slo", "tpot:p99:100", "--start", "2", "--end", "2",
-                "--rounds", "3",
-            ]
-        )  # fmt: skip
-    finally:
-        stop()
+    code = _search_on_standin(
+        "--prompts-per-level", "8",
+        "--slo", "tpot:p99:100", "--start", "2", "--end", "2", "--rounds", "3",
+    )  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
     assert "  2 concurrent straddles a limit: round 4" in out
@@ -110,17 +106,9 @@ def test_a_level_straddling_its_limit_runs_more_rounds_and_says_so(capsys, monke
 
 
 def test_a_search_without_start_begins_at_one(capsys, tmp_path):
-    url, stop = start_standin_in_thread(StandinConfig(model="m", max_running_requests=16))
-    try:
-        code = main(
-            [
-                "--base-url", url, "--model", "m", "--vocab-size", "32000",
-                "--input-len", "8", "--output-len", "8",
-                "--capacity", "--slo", "tpot:p99:10000", "--end", "2", "--rounds", "1",
-                "--output", str(tmp_path / "search.json"),
-            ]
-        )  # fmt: skip
-    finally:
-        stop()
+    code = _search_on_standin(
+        "--slo", "tpot:p99:10000", "--end", "2", "--rounds", "1",
+        "--output", str(tmp_path / "search.json"),
+    )  # fmt: skip
     assert code == 0
     assert "  1 concurrent meets (TPOT p99: " in capsys.readouterr().out

@@ -13,7 +13,7 @@ from tokenizers.pre_tokenizers import Split, Whitespace
 
 from domain.traces import keep_up_note
 from domain.workloads import parse_dataset
-from localstack.standin import StandinConfig, start_standin_in_thread
+from tests.fakes import standin_running
 from workers import loadgen
 from workers.loadgen import ClientConfig, LevelConfig, conversation_items, dataset_items
 from workers.loadgen.prompts import conversation, request_prompt
@@ -27,6 +27,21 @@ def _client(spec, endpoint="completions", items=None, url="http://unused"):
     return ClientConfig(
         base_url=url, model="m", endpoint=endpoint, vocab_size=32000, workload=workload
     )
+
+
+def _chat_level_on_standin(spec, level, items=None):
+    """`level` of the workload `spec` (`items` its file's) sent to the chat endpoint of a
+    stand-in engine: (its result, (done, total) as each request finished)."""
+    progress = []
+    with standin_running(max_running_requests=64, step_ms_base=1.0, step_ms_per_req=0.0) as url:
+        result = asyncio.run(
+            loadgen.run_level(
+                _client(spec, endpoint="chat", items=items, url=url),
+                level,
+                on_request_done=lambda done, total: progress.append((done, total)),
+            )
+        )
+    return result, progress
 
 
 def _body(client, key):
@@ -113,9 +128,6 @@ def test_a_dataset_without_a_tokenizer_sends_text_and_counts_answer_words():
 
 
 def test_a_multi_turn_conversation_sends_its_history_every_turn():
-    url, stop = start_standin_in_thread(
-        StandinConfig(max_running_requests=64, step_ms_base=1.0, step_ms_per_req=0.0)
-    )
     spec = {
         "kind": "multi_turn",
         "turns": 3,
@@ -124,17 +136,7 @@ def test_a_multi_turn_conversation_sends_its_history_every_turn():
         "think_time_s": 0.05,
     }
     level = LevelConfig(concurrency=2, input_len=6, output_len=5, num_prompts=4)
-    progress = []
-    try:
-        result = asyncio.run(
-            loadgen.run_level(
-                _client(spec, endpoint="chat", url=url),
-                level,
-                on_request_done=lambda done, total: progress.append((done, total)),
-            )
-        )
-    finally:
-        stop()
+    result, progress = _chat_level_on_standin(spec, level)
 
     assert (result["completed"], result["failed"]) == (12, 0)
     assert progress[-1] == (12, 12)
@@ -167,20 +169,7 @@ def test_a_multi_turn_workload_of_a_file_sends_each_conversations_own_turns():
     # no answers in the file: each turn takes the level's output length
     assert {out for turns in conversations for _, out in turns} == {5}
 
-    url, stop = start_standin_in_thread(
-        StandinConfig(max_running_requests=64, step_ms_base=1.0, step_ms_per_req=0.0)
-    )
-    progress = []
-    try:
-        result = asyncio.run(
-            loadgen.run_level(
-                _client(spec, endpoint="chat", items=client.workload["items"], url=url),
-                level,
-                on_request_done=lambda done, total: progress.append((done, total)),
-            )
-        )
-    finally:
-        stop()
+    result, progress = _chat_level_on_standin(spec, level, items=client.workload["items"])
 
     assert (result["completed"], result["failed"]) == (12, 0)
     assert progress[-1] == (12, 12)
@@ -215,10 +204,7 @@ def test_a_files_system_prompt_goes_first_on_the_chat_endpoint_and_not_on_comple
     spec = {"kind": "multi_turn", "from_file": True, "turns": None, "output": None}
     spec["think_time_s"] = 0.0
     level = LevelConfig(concurrency=1, input_len=6, output_len=2, num_prompts=1)
-    url, stop = start_standin_in_thread(
-        StandinConfig(max_running_requests=8, step_ms_base=1.0, step_ms_per_req=0.0)
-    )
-    try:
+    with standin_running(max_running_requests=8, step_ms_base=1.0, step_ms_per_req=0.0) as url:
         items = conversation_items(parsed["items"])
         result = asyncio.run(
             loadgen.run_level(_client(spec, endpoint="chat", items=items, url=url), level)
@@ -227,8 +213,6 @@ def test_a_files_system_prompt_goes_first_on_the_chat_endpoint_and_not_on_comple
         without = asyncio.run(
             loadgen.run_level(_client(spec, endpoint="chat", items=bare, url=url), level)
         )
-    finally:
-        stop()
 
     # the stand-in counts each message's words and 4 template tokens: the system prompt adds
     # its 3 words and 4 to every turn, since each turn sends the conversation from its start
@@ -363,17 +347,12 @@ def test_a_traces_chat_prompt_shares_its_blocks_words():
 
 
 def test_a_trace_level_sends_each_request_at_its_scaled_time_and_reports_the_lateness():
-    url, stop = start_standin_in_thread(
-        StandinConfig(max_running_requests=64, step_ms_base=1.0, step_ms_per_req=0.0)
-    )
-    sweep = loadgen.SweepConfig(
-        client=_trace_client(speed=2.0, url=url), concurrencies=(8,), input_len=1, output_len=1
-    )
-    (level,) = sweep.levels()
-    try:
+    with standin_running(max_running_requests=64, step_ms_base=1.0, step_ms_per_req=0.0) as url:
+        sweep = loadgen.SweepConfig(
+            client=_trace_client(speed=2.0, url=url), concurrencies=(8,), input_len=1, output_len=1
+        )
+        (level,) = sweep.levels()
         result = asyncio.run(loadgen.run_level(sweep.client, level))
-    finally:
-        stop()
 
     # the level is the trace: its 4 requests, not the sweep's prompts per stream
     assert level.num_prompts == 4 and (result["completed"], result["failed"]) == (4, 0)
@@ -390,19 +369,14 @@ def test_a_trace_level_sends_each_request_at_its_scaled_time_and_reports_the_lat
 
 def test_a_trace_the_client_cannot_keep_up_with_says_so():
     # one stream, and each request's 40 output tokens take ~0.2 s: the next ones wait for it
-    url, stop = start_standin_in_thread(
-        StandinConfig(max_running_requests=64, step_ms_base=5.0, step_ms_per_req=0.0)
-    )
     items = [
         {"timestamp": 10 * i, "input_length": 16, "output_length": 40, "hash_ids": [1]}
         for i in range(4)
     ]
-    client = _client({"kind": "trace", "block_size": 16, "speed": 1.0}, items=items, url=url)
     level = LevelConfig(concurrency=1, input_len=1, output_len=1, num_prompts=4)
-    try:
+    with standin_running(max_running_requests=64, step_ms_base=5.0, step_ms_per_req=0.0) as url:
+        client = _client({"kind": "trace", "block_size": 16, "speed": 1.0}, items=items, url=url)
         result = asyncio.run(loadgen.run_level(client, level))
-    finally:
-        stop()
 
     assert result["completed"] == 4
     assert result["p99_lateness_ms"] > 100 and result["late_requests"] >= 2
