@@ -63,6 +63,16 @@ def worker_seen(host_row):
     return host_row
 
 
+def vllm_deployment(tp=8, **fields):
+    """The vLLM deployment "glm-5-vllm" on both GPUs of a 2-GPU host whose worker is seen."""
+    host_row = worker_seen(host(gpus=2))
+    row = Deployment.objects.create(
+        name="glm-5-vllm", model=model(), host=host_row, engine="vllm", tp=tp, **fields
+    )
+    row.gpus.set(host_row.gpus.all())
+    return row
+
+
 def standin_checked(deployment_row):
     """The deployment's last health check found the stand-in engine with a cap of 64 running
     requests (the cap the sweep and capacity estimates read)."""

@@ -2,6 +2,7 @@ import pytest
 
 from moeops.kernels import services as kernel_services
 from moeops.runs import services as run_services
+from tests import page_base
 
 
 @pytest.fixture
@@ -16,3 +17,9 @@ def sent(monkeypatch):
     monkeypatch.setattr(run_services, "send_host_task", send_host_task)
     monkeypatch.setattr(kernel_services, "send_host_task", send_host_task)
     return calls
+
+
+@pytest.fixture
+def staff(client):
+    """A staff member, ops, signed in on `client`."""
+    return page_base.sign_in(client, "ops", staff=True)

@@ -4,11 +4,9 @@ actions started from the page and a plan item's cap change, and the action's own
 import re
 
 import pytest
-from django.utils import timezone
 
 from moeops.engines import services
 from moeops.engines.models import EngineAction
-from moeops.fleet.models import Deployment
 from moeops.insights.models import Finding, PlanItem
 from moeops.runs import services as run_services
 from moeops.runs.models import SweepRun
@@ -19,27 +17,7 @@ QUEUE = "host.h200-x8"
 
 @pytest.fixture
 def deployment(db):
-    host = page_base.host(gpus=2)
-    host.worker_seen_at = timezone.now()
-    host.save()
-    row = Deployment.objects.create(
-        name="glm-5-vllm",
-        model=page_base.model(),
-        host=host,
-        engine="vllm",
-        tp=8,
-        endpoint_url="http://127.0.0.1:8000",
-    )
-    row.gpus.set(host.gpus.all())
-    return row
-
-
-@pytest.fixture
-def staff(client):
-    user = page_base.sign_in(client, "ops")
-    user.is_staff = True
-    user.save()
-    return user
+    return page_base.vllm_deployment(endpoint_url="http://127.0.0.1:8000")
 
 
 RECIPE = {

@@ -4,10 +4,8 @@ finding that follows from a recipe is superseded when another one comes in force
 again when the recipe in force shows it again (decision 55)."""
 
 import pytest
-from django.utils import timezone
 
 from moeops.engines import services
-from moeops.fleet.models import Deployment
 from moeops.insights import services as insights
 from moeops.insights.models import IncompatibilityRule
 from moeops.runs import snapshots
@@ -28,22 +26,7 @@ RECIPE = {
 
 @pytest.fixture
 def deployment(db):
-    host = pb.host(gpus=2)
-    host.worker_seen_at = timezone.now()
-    host.save()
-    row = Deployment.objects.create(
-        name="glm-5-vllm", model=pb.model(), host=host, engine="vllm", tp=2
-    )
-    row.gpus.set(host.gpus.all())
-    return row
-
-
-@pytest.fixture
-def staff(client):
-    user = pb.sign_in(client, "ops")
-    user.is_staff = True
-    user.save()
-    return user
+    return pb.vllm_deployment(tp=2)
 
 
 def _bring_up(deployment, staff, client):
