@@ -255,24 +255,36 @@ def test_a_takeover_whose_answer_was_lost_is_recognised_as_this_deliverys(world)
     assert run.progress["attempt"] == 2 and [lv.attempt for lv in run.levels.all()] == [2]
 
 
+def _swept_with(run, client, monkeypatch, meanwhile):
+    """The run swept with meanwhile() done as each of its levels starts, progress pushed every
+    0.05 s: (the sweep's outcome, the seconds it took)."""
+    run_level = sweep.loadgen.run_level
+
+    def meanwhile_then_run(*args, **kwargs):
+        meanwhile()
+        return run_level(*args, **kwargs)
+
+    monkeypatch.setattr(sweep.loadgen, "run_level", meanwhile_then_run)
+    started = time.monotonic()
+    outcome = _sweep(run, client, progress_interval_s=0.05)
+    return outcome, time.monotonic() - started
+
+
 def test_a_delivery_taken_over_mid_level_stops_and_leaves_the_run_be(world, monkeypatch):
     deployment, client = world
     run = _run(deployment, levels=(4, 8), prompts_per_level=400, output_len=64)
-    run_level = sweep.loadgen.run_level
 
-    def taken_over_then_run(*args, **kwargs):
+    def taken_over():
         # the worker was thought gone: another delivery takes the run over as attempt 2
         progress = {"heartbeat": time.time(), "worker": {"host": "another-host", "pid": 1}}
         services.run_take_over(run=run, attempt=2, progress=progress)
-        return run_level(*args, **kwargs)
 
-    monkeypatch.setattr(sweep.loadgen, "run_level", taken_over_then_run)
-    started = time.monotonic()
-    assert _sweep(run, client, progress_interval_s=0.05) == sweep.TAKEN_OVER
+    outcome, seconds = _swept_with(run, client, monkeypatch, taken_over)
+    assert outcome == sweep.TAKEN_OVER
 
     # its next progress push was refused: it stopped the level at once, stored none of it
     # and left the run's end to the delivery that took it over
-    assert time.monotonic() - started < 5
+    assert seconds < 5
     run.refresh_from_db()
     assert (run.status, run.progress["attempt"]) == ("running", 2)
     assert run.progress["worker"]["host"] == "another-host"
@@ -284,21 +296,18 @@ def test_a_delivery_whose_run_was_cancelled_as_gone_stops_and_stores_nothing_mor
 ):
     deployment, client = world
     run = _run(deployment, levels=(4, 8), prompts_per_level=400, output_len=64)
-    run_level = sweep.loadgen.run_level
 
-    def cancelled_then_run(*args, **kwargs):
+    def cancelled():
         # the worker's heartbeat looked stale to a cancel, which ended the run at once
         running = SweepRun.objects.get(pk=run.pk)
         services.run_transition(run=running, status="cancelled", error="cancelled as gone")
-        return run_level(*args, **kwargs)
 
-    monkeypatch.setattr(sweep.loadgen, "run_level", cancelled_then_run)
-    started = time.monotonic()
-    assert _sweep(run, client, progress_interval_s=0.05) == sweep.TAKEN_OVER
+    outcome, seconds = _swept_with(run, client, monkeypatch, cancelled)
+    assert outcome == sweep.TAKEN_OVER
 
     # its progress, its cut level and its samples are refused (409): it stops at once, with
     # nothing spooled to retry, and the run stays as the cancel left it
-    assert time.monotonic() - started < 5
+    assert seconds < 5
     run.refresh_from_db()
     assert (run.status, run.error) == ("cancelled", "cancelled as gone")
     assert not run.levels.exists() and not run.engine_samples.exists()
