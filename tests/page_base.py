@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
 from moeops.fleet.services import health_check_record
+from moeops.insights.models import Finding
 from moeops.runs import rollup
 from moeops.runs.models import LevelResult, LevelRound, SweepRun, level_key
 from moeops.runs.samples import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
@@ -152,6 +153,22 @@ def run(deployment_row, label="sweep", levels=(), status="succeeded", **fields):
     for level in levels:
         LevelResult.objects.create(run=row, key=level_key(level.get("concurrency"), None), **level)
     return row
+
+
+def no_gpu_evidence_in_runs(deployment_row, count=3):
+    """`count` runs of the deployment, each with the finding "No GPU evidence for this run"
+    (one finding said in several runs); returns the runs."""
+    runs = [run(deployment_row, f"r{i}") for i in range(count)]
+    for row in runs:
+        Finding.objects.create(
+            deployment=deployment_row,
+            run=row,
+            kind="other",
+            key="no-gpu-evidence",
+            severity="info",
+            title="No GPU evidence for this run",
+        )
+    return runs
 
 
 def rounds_spanning(level_row, figure, interval):

@@ -90,16 +90,7 @@ def test_stand_in_runs_are_badged_in_the_recent_runs_and_the_latest_peak(client)
 def test_open_findings_lead_with_severity_and_are_said_once(client):
     pb.sign_in(client)
     deployment = pb.deployment()
-    runs = [pb.run(deployment, f"r{i}") for i in range(3)]
-    for run in runs:
-        Finding.objects.create(
-            deployment=deployment,
-            run=run,
-            kind="other",
-            key="no-gpu-evidence",
-            severity="info",
-            title="No GPU evidence for this run",
-        )
+    pb.no_gpu_evidence_in_runs(deployment)
     Finding.objects.create(
         deployment=deployment, kind="plateau", key="t", severity="warning", title="Flat from 64"
     )

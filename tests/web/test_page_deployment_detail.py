@@ -103,16 +103,7 @@ def test_the_plateau_finding_proposes_the_queue_caps_change(client, analyzed):
 
 
 def test_a_finding_said_in_several_runs_is_shown_once(client, example):
-    runs = [pb.run(example, f"r{i}") for i in range(3)]
-    for run in runs:
-        Finding.objects.create(
-            deployment=example,
-            run=run,
-            kind="other",
-            key="no-gpu-evidence",
-            severity="info",
-            title="No GPU evidence for this run",
-        )
+    pb.no_gpu_evidence_in_runs(example)
     html = client.get(example.get_absolute_url()).content.decode()
     panel = html.split('id="findings"')[1].split('id="plan"')[0]
     assert panel.count("<h3>No GPU evidence for this run</h3>") == 1
