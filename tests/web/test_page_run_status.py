@@ -11,6 +11,14 @@ from moeops.runs.models import SweepRun
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
+# a sweep's progress, as the worker pushes it, half-way through its second level of four
+HALFWAY_THROUGH_THE_SECOND_LEVEL = {
+    "level_index": 1,
+    "levels_total": 4,
+    "requests_done": 50,
+    "requests_total": 100,
+    "concurrency": 64,
+}
 
 
 @pytest.fixture
@@ -26,14 +34,7 @@ def live(client):
 
 
 def test_progress_counts_finished_levels_and_requests_of_the_current_one(live):
-    live.progress = {
-        "level_index": 1,
-        "levels_total": 4,
-        "requests_done": 50,
-        "requests_total": 100,
-        "concurrency": 64,
-        "started_at": 1000.0,
-    }
+    live.progress = {**HALFWAY_THROUGH_THE_SECOND_LEVEL, "started_at": 1000.0}
     p = sweep_progress(live, now=1060.0)
     assert p["level"] == 2 and p["levels_total"] == 4
     assert p["fraction"] == pytest.approx(1.5 / 4)
@@ -44,15 +45,7 @@ def test_progress_counts_finished_levels_and_requests_of_the_current_one(live):
 
 
 def test_progress_counts_the_rounds_of_the_level_running(live):
-    live.progress = {
-        "level_index": 1,
-        "levels_total": 4,
-        "round": 2,
-        "rounds": 4,
-        "requests_done": 50,
-        "requests_total": 100,
-        "concurrency": 64,
-    }
+    live.progress = {**HALFWAY_THROUGH_THE_SECOND_LEVEL, "round": 2, "rounds": 4}
     p = sweep_progress(live, now=1060.0)
     # one level done, and of the second 1.5 rounds of 4
     assert p["fraction"] == pytest.approx((1 + 1.5 / 4) / 4)
