@@ -87,6 +87,13 @@ def log_in(page, user):
     page.wait_for_url(page.base + "/")
 
 
+def sweep_form_opened(page, user, deployment):
+    """`user` logged in and on the deployment's page, its sweep form opened."""
+    log_in(page, user)
+    page.goto(page.base + deployment.get_absolute_url())
+    page.click("summary:has-text('Run sweep')")
+
+
 def chart_traces(page, element_id):
     """The traces plotly drew in one chart: name and point count."""
     page.wait_for_function(

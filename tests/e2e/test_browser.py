@@ -23,7 +23,7 @@ from moeops.kernels.services import kernel_config_import
 from moeops.runs import services as run_services
 from moeops.runs.models import LevelResult, SweepRun, level_key
 from tests import page_base as pb
-from tests.browser import PASSWORD, chart_traces, doc_shot, log_in, shot
+from tests.browser import PASSWORD, chart_traces, doc_shot, log_in, shot, sweep_form_opened
 from tests.fakes import FIXTURES
 
 RESULTS = FIXTURES / "results"
@@ -78,9 +78,7 @@ def test_a_sweep_started_from_the_page_shows_live_progress_to_the_end(page, memb
     deployment = load_example_data()
     deployment.endpoint_url = "http://127.0.0.1:30000"
     deployment.save()
-    log_in(page, member)
-    page.goto(page.base + deployment.get_absolute_url())
-    page.click("summary:has-text('Run sweep')")
+    sweep_form_opened(page, member, deployment)
     page.fill("input[name=levels]", "32,64,128")
     page.fill("input[name=prompts_per_level]", "100")
     page.click("button:has-text('Start sweep')")
@@ -175,9 +173,7 @@ def test_a_sweep_against_the_standin_engine_runs_to_the_end_in_the_browser(
     page, member, sweep_stack
 ):
     deployment = sweep_stack.deployment
-    log_in(page, member)
-    page.goto(page.base + deployment.get_absolute_url())
-    page.click("summary:has-text('Run sweep')")
+    sweep_form_opened(page, member, deployment)
     page.fill("input[name=levels]", "8,16,64")
     page.fill("input[name=input_len]", "16")
     page.fill("input[name=output_len]", "32")
@@ -469,9 +465,7 @@ def test_a_starting_run_waits_in_one_placeholder_then_draws(page, member):
 
 def test_the_sweep_form_has_presets_and_estimates_their_duration(page, member):
     deployment = pb.standin_checked(load_standin_deployment())
-    log_in(page, member)
-    page.goto(page.base + deployment.get_absolute_url())
-    page.click("summary:has-text('Run sweep')")
+    sweep_form_opened(page, member, deployment)
     assert page.input_value("input[name=levels]") == "8,16,32,64,128"
     estimate = page.inner_text("#sweep-estimate")
     assert estimate.startswith("Estimated duration: ≈ 1 min 04 s (from the stand-in")

@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from moeops.examples import load_standin_deployment
 from moeops.fleet.services import health_check_record
 from moeops.runs.workloads import workload_store
-from tests.browser import PASSWORD, chart_traces, log_in, shot
+from tests.browser import PASSWORD, chart_traces, log_in, shot, sweep_form_opened
 
 pytest_plugins = ["tests.browser"]
 pytestmark = pytest.mark.browser
@@ -31,9 +31,7 @@ def test_a_datasets_answers_replace_the_sweep_forms_output_length(page, member):
     workload, _ = workload_store(
         name="answered", spec={"kind": "dataset"}, file_name="a.jsonl", data=ANSWERED
     )
-    log_in(page, member)
-    page.goto(page.base + deployment.get_absolute_url())
-    page.click("summary:has-text('Run sweep')")
+    sweep_form_opened(page, member, deployment)
     output = page.locator("#sweep-form input[name=output_len]")
     assert output.input_value() == "128"
 
@@ -62,9 +60,7 @@ def test_a_trace_replaces_both_lengths_of_the_sweep_form(page, member):
     workload, _ = workload_store(
         name="trace", spec={"kind": "trace"}, file_name="t.jsonl", data=TRACE
     )
-    log_in(page, member)
-    page.goto(page.base + deployment.get_absolute_url())
-    page.click("summary:has-text('Run sweep')")
+    sweep_form_opened(page, member, deployment)
     length = page.locator("#sweep-form input[name=input_len]")
     output = page.locator("#sweep-form input[name=output_len]")
 
