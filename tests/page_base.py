@@ -145,6 +145,13 @@ def deployment(name="GLM-5 on h200", model_row=None, host_row=None, **fields):
     return row
 
 
+def level(run_row, concurrency, **fields):
+    """The run's LevelResult at `concurrency` streams (no request rate), of LevelResult fields."""
+    return LevelResult.objects.create(
+        run=run_row, key=level_key(concurrency, None), concurrency=concurrency, **fields
+    )
+
+
 def run(deployment_row, label="sweep", levels=(), status="succeeded", **fields):
     """A run with one LevelResult per dict in `levels` (LevelResult fields, concurrency set)."""
     row = SweepRun.objects.create(

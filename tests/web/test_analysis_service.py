@@ -18,9 +18,10 @@ from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapsh
 from moeops.insights import services
 from moeops.insights.models import Finding, IncompatibilityRule, PlanItem
 from moeops.kernels.models import KernelConfig, TuningRun
-from moeops.runs.models import LevelResult, LevelRound, SweepRun, level_key
+from moeops.runs.models import LevelResult, LevelRound, SweepRun
 from moeops.runs.samples import EngineSample, TelemetrySample
 from tests import fakes
+from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
 FIXTURES = fakes.FIXTURES
@@ -74,12 +75,7 @@ def make_run(deployment, curve, parameters=PARAMS, created=None, **fields):
         SweepRun.objects.filter(pk=run.pk).update(created=created)
         run.refresh_from_db()
     for concurrency, throughput in curve:
-        LevelResult.objects.create(
-            run=run,
-            key=level_key(concurrency, None),
-            concurrency=concurrency,
-            output_throughput=throughput,
-        )
+        pb.level(run, concurrency, output_throughput=throughput)
     return run
 
 
@@ -526,9 +522,7 @@ def test_a_resumed_level_is_judged_by_the_samples_of_the_attempt_that_stored_it(
     # the worker died in level 128 (attempt 1), whose GPUs then sat idle; the sweep delivered
     # again ran the level anew (attempt 2) and stored it
     run = make_run(h200_deployment, [(32, 800.0)], telemetry_status="recorded")
-    LevelResult.objects.create(
-        run=run, key=level_key(128, None), concurrency=128, output_throughput=900.0, attempt=2
-    )
+    pb.level(run, 128, output_throughput=900.0, attempt=2)
 
     def gpu(ts, concurrency, util, attempt):
         return TelemetrySample(
@@ -565,10 +559,9 @@ def test_a_resumed_level_is_judged_by_the_samples_of_the_attempt_that_stored_it(
 
 def test_client_bound_from_the_load_generator_s_own_numbers(h200_deployment):
     run = make_run(h200_deployment, [])
-    LevelResult.objects.create(
-        run=run,
-        key=level_key(512, None),
-        concurrency=512,
+    pb.level(
+        run,
+        512,
         output_throughput=900.0,
         started_at=100.0,
         finished_at=160.0,

@@ -16,7 +16,7 @@ from moeops.insights.models import Finding
 from moeops.runs import services
 from moeops.runs.estimate import deployment_pace
 from moeops.runs.importers import ResultFileMismatch
-from moeops.runs.models import LevelResult, SweepRun, level_key, of_the_deployment
+from moeops.runs.models import LevelResult, SweepRun, of_the_deployment
 from tests import page_base as pb
 from tests.api_base import make_world
 from tests.fakes import FIXTURES
@@ -97,13 +97,7 @@ def test_a_file_of_the_deployments_model_imports_unasked_and_keeps_its_facts(wor
 
 def test_the_sweep_estimate_never_comes_from_a_file_of_another_model(world):
     measured = world.run(status="succeeded", label="GLM-5 sweep")
-    LevelResult.objects.create(
-        run=measured,
-        key=level_key(8, None),
-        concurrency=8,
-        output_throughput=900.0,
-        median_tpot_ms=40.0,
-    )
+    pb.level(measured, 8, output_throughput=900.0, median_tpot_ms=40.0)
     imported, _ = _import(world.deployment, accept_mismatch=True)
     assert imported.levels.get().median_tpot_ms is not None  # it would be the newest TPOT
     pace, _ = deployment_pace(world.deployment)
@@ -118,9 +112,7 @@ def test_no_compare_preset_pairs_a_file_of_another_model(world):
     snapshot["deployment"]["model"] = "GLM-5"
     del snapshot["file"]["other_model"]
     own = world.run(status="succeeded", label="GLM-5 sweep", snapshot=snapshot)
-    LevelResult.objects.create(
-        run=own, key=level_key(8, None), concurrency=8, output_throughput=900.0
-    )
+    pb.level(own, 8, output_throughput=900.0)
     by_model = dict((name, url) for name, url, _ in _presets())["By model"]
     assert by_model is None
 
@@ -186,9 +178,7 @@ def test_a_file_naming_no_model_is_never_filed_as_the_deployments(world):
 
 def _measured(world, label, throughput, **fields):
     run = world.run(status="succeeded", label=label, **fields)
-    LevelResult.objects.create(
-        run=run, key=level_key(8, None), concurrency=8, output_throughput=throughput
-    )
+    pb.level(run, 8, output_throughput=throughput)
     return run
 
 

@@ -243,10 +243,9 @@ def test_a_starting_run_shows_one_placeholder_not_empty_charts(client, sweep):
 
 
 def test_a_level_the_cancel_cut_short_is_kept_and_marked(client, sweep):
-    LevelResult.objects.create(
-        run=sweep,
-        key=level_key(256, None),
-        concurrency=256,
+    pb.level(
+        sweep,
+        256,
         completed=37,
         failed=1,
         output_throughput=850.0,
@@ -373,10 +372,9 @@ def measured(client):
 
 
 def test_a_level_where_every_request_failed_shows_the_engines_error_first(client, sweep):
-    LevelResult.objects.create(
-        run=sweep,
-        key=level_key(8, None),
-        concurrency=8,
+    pb.level(
+        sweep,
+        8,
         completed=0,
         failed=96,
         errors={"stream_error": 96},
