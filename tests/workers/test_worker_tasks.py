@@ -94,17 +94,7 @@ def test_a_tune_stores_its_config_timings_and_result(tune_client, tmp_path):
     )
     tuner = FakeTuner()
 
-    outcome = kernel_tune.tune_kernel(
-        str(tuning_run.uuid),
-        client=client,
-        E=256,
-        N=256,
-        hidden_size=6144,
-        topk=8,
-        batch_sizes=[1, 64, 1024],
-        gpu_indices=[3],
-        spread=tuner,
-    )
+    outcome = _tune(client, tuning_run, tuner, gpu_indices=[3])
 
     assert outcome == "succeeded"
     ((shape, sizes, gpus, log_dir),) = tuner.calls
@@ -226,15 +216,17 @@ def test_a_tune_under_skewed_routing_times_under_it_and_says_so(tune_client):
     assert "loses 9 % at M=64 under uniform;" in said and "M=1024" not in said
 
 
-def _tune(client, tuning_run, tuner, **kwargs):
+def _tune(client, tuning_run, tuner, batch_sizes=(1, 64, 1024), **kwargs):
+    """The worker's tune of `tuning_run` at the shape it was created with (E, N, hidden size,
+    top k), timed by `tuner`."""
     return kernel_tune.tune_kernel(
         str(tuning_run.uuid),
         client=client,
-        E=8,
-        N=64,
-        hidden_size=128,
-        topk=2,
-        batch_sizes=[1, 64, 1024],
+        E=tuning_run.E,
+        N=tuning_run.N,
+        hidden_size=tuning_run.hidden_size,
+        topk=tuning_run.topk,
+        batch_sizes=None if batch_sizes is None else list(batch_sizes),
         spread=tuner,
         **kwargs,
     )
@@ -449,16 +441,12 @@ def test_one_sampler_records_every_gpu_of_the_tune(tune_client, monkeypatch, gpu
         time.sleep(0.5)
         return tuner(*args, **kwargs)
 
-    outcome = kernel_tune.tune_kernel(
-        str(tuning_run.uuid),
-        client=client,
-        E=256,
-        N=256,
-        hidden_size=6144,
-        topk=8,
+    outcome = _tune(
+        client,
+        tuning_run,
+        slow,
         batch_sizes=[1, 1024],
         gpu_indices=gpu_indices,
-        spread=slow,
         nvml=nvml,
         telemetry_hz=10,
     )
@@ -516,17 +504,7 @@ def test_a_tune_whose_sampler_cannot_start_says_why(tune_client, monkeypatch, ca
         during.append(TuningRun.objects.values_list(*fields).get(pk=tuning_run.pk))
         return FakeTuner()(*args, **kwargs)
 
-    outcome = kernel_tune.tune_kernel(
-        str(tuning_run.uuid),
-        client=client,
-        E=8,
-        N=64,
-        hidden_size=128,
-        topk=2,
-        batch_sizes=[1, 1024],
-        spread=spread,
-        nvml=fake(monkeypatch),
-    )
+    outcome = _tune(client, tuning_run, spread, batch_sizes=[1, 1024], nvml=fake(monkeypatch))
 
     assert outcome == "succeeded"
     assert during == [("unavailable", reason)]
@@ -542,9 +520,7 @@ def test_a_finished_tune_delivered_again_does_nothing(tune_client):
     )
     tuner = FakeTuner()
 
-    outcome = kernel_tune.tune_kernel(
-        str(tuning_run.uuid), client=client, E=8, N=64, hidden_size=128, topk=2, spread=tuner
-    )
+    outcome = _tune(client, tuning_run, tuner, batch_sizes=None)
 
     assert outcome == "succeeded"
     assert tuner.calls == []
@@ -642,9 +618,7 @@ def test_a_tune_that_raises_fails_its_run_with_the_reason(tune_client, monkeypat
         raise RuntimeError("CUDA error: out of memory")
 
     with pytest.raises(RuntimeError):
-        kernel_tune.tune_kernel(
-            str(tuning_run.uuid), client=client, E=8, N=64, hidden_size=128, topk=2, spread=broken
-        )
+        _tune(client, tuning_run, broken, batch_sizes=None)
     tuning_run = TuningRun.objects.get(pk=tuning_run.pk)
     assert tuning_run.status == "failed"
     assert "out of memory" in tuning_run.error
@@ -836,16 +810,7 @@ def test_a_tune_cancelled_from_the_page_stops_at_its_next_progress_report(tune_c
         reported.append(4)
         raise AssertionError("the tune went on after it was cancelled")
 
-    outcome = kernel_tune.tune_kernel(
-        str(tuning_run.uuid),
-        client=client,
-        E=256,
-        N=256,
-        hidden_size=6144,
-        topk=8,
-        batch_sizes=[1, 1024],
-        spread=cancelled_midway,
-    )
+    outcome = _tune(client, tuning_run, cancelled_midway, batch_sizes=[1, 1024])
 
     assert outcome == "cancelled"
     assert reported == [1]
@@ -864,15 +829,7 @@ def test_a_failed_tune_stores_its_error_as_name_and_message_not_a_repr(tune_clie
         raise RuntimeError("GPU 0 exited with 1: AttributeError: no attribute '_cuda_setDevice'")
 
     with pytest.raises(RuntimeError):
-        kernel_tune.tune_kernel(
-            str(tuning_run.uuid),
-            client=client,
-            E=256,
-            N=256,
-            hidden_size=6144,
-            topk=8,
-            spread=no_cuda,
-        )
+        _tune(client, tuning_run, no_cuda, batch_sizes=None)
 
     tuning_run.refresh_from_db()
     assert tuning_run.status == "failed"
