@@ -54,6 +54,18 @@ RTX_PRO_6000_FP8_FILE = (
 MI300X_FILE = "E=128,N=1024,device_name=AMD_Instinct_MI300X.json"
 
 
+def tuning_cli(*args):
+    """`python -m tuning` run from the repository root with `args` (the finished process, its
+    output captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tuning", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def compile_only_device(*args):
     """bench/compile_only_device.py run from the repository root with `args`: kernels compiled
     by processes that see no GPU, then launched on this GPU (the finished process, its output

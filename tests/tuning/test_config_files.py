@@ -6,7 +6,14 @@ from pathlib import Path
 import pytest
 
 import tuning.__main__ as cli_main
-from tests.fakes import FIXTURES, KERNEL_ENTRY, MI300X_FILE, ROOT, RTX_PRO_6000_FP8_FILE
+from tests.fakes import (
+    FIXTURES,
+    KERNEL_ENTRY,
+    MI300X_FILE,
+    ROOT,
+    RTX_PRO_6000_FP8_FILE,
+    tuning_cli,
+)
 from tuning.config_files import (
     TUNED_BATCH_SIZES,
     ConfigEntryError,
@@ -434,13 +441,7 @@ def test_it_breaks_a_tie_towards_the_smaller_batch_size():
 
 
 def filename_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuning", "filename", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return tuning_cli("filename", *args)
 
 
 def test_cli_prints_the_vllm_file_name():

@@ -1,10 +1,9 @@
 import json
 import subprocess
-import sys
 
 import pytest
 
-from tests.fakes import FIXTURES, ROOT
+from tests.fakes import FIXTURES, ROOT, tuning_cli
 from tuning.moe_params import MoEConfigError, moe_params
 
 CONFIGS = FIXTURES / "hf_configs"
@@ -267,13 +266,7 @@ def test_it_rejects_a_non_integer_size():
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuning", "params", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return tuning_cli("params", *args)
 
 
 def test_cli_prints_one_json_object():
