@@ -74,6 +74,25 @@ def vllm_deployment(tp=8, **fields):
     return row
 
 
+def vllm_tuned_config(shape, entries, **fields):
+    """A config tuned for vLLM 0.34.0 at `shape` (a deployment's kernel_shape()), stored by the
+    kernels service: (the config, whether it was new)."""
+    from moeops.kernels.services import kernel_config_store
+
+    return kernel_config_store(
+        device_name=shape["device_name"],
+        E=shape["E"],
+        N=shape["N"],
+        dtype=shape["dtype"],
+        block_shape=shape["block_shape"],
+        entries=entries,
+        source="tuned",
+        kernel_engine="vllm",
+        kernel_version="0.34.0",
+        **fields,
+    )
+
+
 def standin_checked(deployment_row):
     """The deployment's last health check found the stand-in engine with a cap of 64 running
     requests (the cap the sweep and capacity estimates read)."""

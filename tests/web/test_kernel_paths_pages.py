@@ -49,19 +49,11 @@ def _deployment(version="0.34.0", env=None, model_row=None, host_row=None):
 
 
 def _config(deployment, down=DOWN, path="sorted_a"):
-    shape = deployment.kernel_shape()
-    config, _ = services.kernel_config_store(
-        device_name=shape["device_name"],
-        E=shape["E"],
-        N=shape["N"],
-        dtype=shape["dtype"],
-        block_shape=shape["block_shape"],
+    config, _ = pb.vllm_tuned_config(
+        deployment.kernel_shape(),
+        {"1": UP, "1024": UP},
         triton_version="3.6.0",
-        entries={"1": UP, "1024": UP},
         down_entries=down,
-        source="tuned",
-        kernel_engine="vllm",
-        kernel_version="0.34.0",
         kernel_path=path,
     )
     return config

@@ -13,6 +13,7 @@ from moeops.insights.models import Finding, PlanItem
 from moeops.kernels import services as kernel_services
 from moeops.kernels.models import TuningRun
 from moeops.runs.models import SweepRun
+from tests import page_base as pb
 from tests import queues
 from tests.api_base import make_managed_world
 from tests.fakes import KERNEL_ENTRY
@@ -68,18 +69,7 @@ def _tuned(tuning):
 
 
 def _store(shape):
-    return kernel_services.kernel_config_store(
-        device_name=shape["device_name"],
-        E=shape["E"],
-        N=shape["N"],
-        dtype=shape["dtype"],
-        block_shape=shape["block_shape"],
-        triton_version="3.7.1",
-        entries={1: KERNEL_ENTRY},
-        source="tuned",
-        kernel_engine="vllm",
-        kernel_version="0.34.0",
-    )
+    return pb.vllm_tuned_config(shape, {1: KERNEL_ENTRY}, triton_version="3.7.1")
 
 
 def test_the_deployment_page_offers_the_tune_on_the_item(client, world):
