@@ -88,9 +88,10 @@ def test_throughput_and_latency_charts_follow_the_levels(client, sweep):
     assert itl == {"p50": [38.0, 76.0], "p99": [90.0, 150.0]}
 
 
-def _levels_timed(sweep, t0, spans):
-    """The sweep's levels, by concurrency, set to have run over `spans` ((start, end) s after
-    t0); returns them."""
+def _levels_timed(sweep, spans, **telemetry):
+    """1 Hz telemetry from t0 = 1.8e9 s (pb.telemetry's keywords), and the sweep's levels, by
+    concurrency, set to have run over `spans` ((start, end) s after t0); returns the levels."""
+    t0 = pb.telemetry(sweep, t0=1_800_000_000.0, **telemetry)
     levels = list(sweep.levels.order_by("concurrency"))
     for level, (start, end) in zip(levels, spans, strict=True):
         level.started_at, level.finished_at = t0 + start, t0 + end
@@ -100,14 +101,13 @@ def _levels_timed(sweep, t0, spans):
 
 def test_gpu_charts_are_bucketed_with_power_limit_and_level_bands(client, sweep):
     # 4 GPUs × 960 s; GPU g runs at 10·g % except a 1 s spike to 100 % at second 500
-    t0 = pb.telemetry(
+    _levels_timed(
         sweep,
+        [(0, 400), (400, 959)],
         gpus=4,
         seconds=960,
-        t0=1_800_000_000.0,
         util=lambda g, s: 100.0 if s == 500 else 10.0 * g,
     )
-    _levels_timed(sweep, t0, [(0, 400), (400, 959)])
     html = client.get(f"/runs/{sweep.uuid}/").content.decode()
 
     util = pb.figure(html, "gpu-util-data")
@@ -131,14 +131,13 @@ def test_gpu_charts_are_bucketed_with_power_limit_and_level_bands(client, sweep)
 
 def test_the_level_table_gives_each_levels_mean_gpu_utilization(client, sweep):
     # 2 GPUs: at 20 and 40 % through concurrency 64, 60 and 80 % through 128
-    t0 = pb.telemetry(
+    _levels_timed(
         sweep,
+        [(0, 99), (100, 199)],
         gpus=2,
         seconds=200,
-        t0=1_800_000_000.0,
         util=lambda g, s: (20.0 if s < 100 else 60.0) + 20.0 * g,
     )
-    _levels_timed(sweep, t0, [(0, 99), (100, 199)])
     html = client.get(f"/runs/{sweep.uuid}/").content.decode()
     table = html.split('<table class="data levels">')[1].split("</table>")[0]
     heads = re.findall(r'<th class="num">([^<]+)<', table)
@@ -663,8 +662,9 @@ def test_time_charts_send_contiguous_buckets_as_a_start_and_a_step(client, sweep
 
 def test_the_charts_and_the_cost_columns_read_the_same_level_power(sweep):
     # a level that ends inside a bucket: its power is of its own samples, not the bucket's
-    t0 = pb.telemetry(sweep, gpus=2, seconds=481, t0=1_800_000_000.0, util=lambda g, s: s % 7)
-    levels = _levels_timed(sweep, t0, [(0, 100.5), (101, 480)])
+    levels = _levels_timed(
+        sweep, [(0, 100.5), (101, 480)], gpus=2, seconds=481, util=lambda g, s: s % 7
+    )
     sweep.status = "running"
     power = series.gpu_series(sweep, levels=levels).extra["level_power"]
     assert power == pytest.approx(sweep.level_power(levels))
