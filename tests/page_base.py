@@ -93,6 +93,25 @@ def vllm_tuned_config(shape, entries, **fields):
     )
 
 
+def restarted_with_seqs(deployment_row, user, seqs, reported):
+    """A restart of the deployment's engine with --max-num-seqs `seqs` (no re-sweep) that
+    succeeded, the engine reporting a cap of `reported` running requests; returns the action."""
+    from moeops.engines import services as engine_services
+
+    action = engine_services.engine_action_start(
+        deployment=deployment_row,
+        kind="restart_with_args",
+        user=user,
+        changes={"--max-num-seqs": seqs},
+        resweep=False,
+    )
+    engine_services.engine_action_report(action=action, status="running")
+    engine_services.engine_action_report(
+        action=action, status="succeeded", observed={"max_running_requests": reported}
+    )
+    return action
+
+
 def standin_checked(deployment_row):
     """The deployment's last health check found the stand-in engine with a cap of 64 running
     requests (the cap the sweep and capacity estimates read)."""

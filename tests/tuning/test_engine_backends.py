@@ -23,6 +23,7 @@ from tuning.timing import MoEWeights
 
 TOLERANCE = {"fp32": 1e-5, "fp16": 3e-3}
 VLLM_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
+FUSED_MOE = "model_executor/layers/fused_moe"
 
 
 @pytest.fixture(autouse=True)
@@ -144,13 +145,18 @@ def test_a_kernel_loaded_compiled_first_is_interpreted_when_asked(monkeypatch):
     assert compiled.source_sha256 == interpreted.source_sha256
 
 
-def test_a_launcher_with_an_unknown_parameter_fails_naming_version_and_parameter(tmp_path):
-    source = _vllm_package("0.32.0").package_dir
+def _copy_of_vllm(tmp_path):
+    """vLLM 0.32.0's fused-MoE folder copied into tmp_path/vllm; returns that package folder."""
     copy = tmp_path / "vllm"
-    folder = "model_executor/layers/fused_moe"
-    shutil.copytree(source / folder, copy / folder)
+    source = _vllm_package("0.32.0").package_dir
+    shutil.copytree(source / FUSED_MOE, copy / FUSED_MOE)
+    return copy
+
+
+def test_a_launcher_with_an_unknown_parameter_fails_naming_version_and_parameter(tmp_path):
+    copy = _copy_of_vllm(tmp_path)
     source_edited(
-        copy / folder / "fused_moe.py",
+        copy / FUSED_MOE / "fused_moe.py",
         "    B_bias: torch.Tensor | None = None,\n):\n    assert topk_weights",
         "    B_bias: torch.Tensor | None = None,\n    stream_k: int = 0,\n"
         "):\n    assert topk_weights",
@@ -162,12 +168,9 @@ def test_a_launcher_with_an_unknown_parameter_fails_naming_version_and_parameter
 
 
 def test_a_function_using_a_name_the_backend_lacks_fails_naming_it(tmp_path):
-    source = _vllm_package("0.32.0").package_dir
-    copy = tmp_path / "vllm"
-    folder = "model_executor/layers/fused_moe"
-    shutil.copytree(source / folder, copy / folder)
+    copy = _copy_of_vllm(tmp_path)
     source_edited(
-        copy / folder / "utils.py",
+        copy / FUSED_MOE / "utils.py",
         "def enable_swap_ab(BLOCK_SIZE_M: int, BLOCK_SIZE_N: int) -> bool:\n    return (",
         "def enable_swap_ab(BLOCK_SIZE_M: int, BLOCK_SIZE_N: int) -> bool:\n"
         "    return tuned_swap_rule() and (",

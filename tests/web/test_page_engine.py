@@ -320,21 +320,6 @@ def test_restart_with_this_argument_offers_the_cap_flag_an_sglang_style_engine_t
     assert "now --max-running-requests 64</span>" in html
 
 
-def _restart_with(deployment, staff, value, reported):
-    action = services.engine_action_start(
-        deployment=deployment,
-        kind="restart_with_args",
-        user=staff,
-        changes={"--max-num-seqs": value},
-        resweep=False,
-    )
-    services.engine_action_report(action=action, status="running")
-    services.engine_action_report(
-        action=action, status="succeeded", observed={"max_running_requests": reported}
-    )
-    return action
-
-
 def test_the_engine_card_names_the_cap_the_engine_runs_with_after_each_restart(
     client, deployment, staff
 ):
@@ -344,7 +329,7 @@ def test_the_engine_card_names_the_cap_the_engine_runs_with_after_each_restart(
     deployment.refresh_from_db()
 
     for cap in (128, 16):
-        _restart_with(deployment, staff, str(cap), cap)
+        page_base.restarted_with_seqs(deployment, staff, str(cap), cap)
         html = client.get(deployment.get_absolute_url()).content.decode()
         card = html.split("<h2>Engine</h2>")[1].split("</section>")[0]
         assert f"<dt>max_running_requests</dt><dd><code>{cap}</code></dd>" in card
@@ -373,7 +358,7 @@ def test_findings_of_a_recipe_that_no_longer_runs_are_closed_as_superseded(
         source="human",
     )  # fmt: skip
 
-    _restart_with(deployment, staff, "8", 8)
+    page_base.restarted_with_seqs(deployment, staff, "8", 8)
 
     stale.refresh_from_db()
     mine.refresh_from_db()

@@ -38,17 +38,7 @@ def _bring_up(deployment, staff, client):
 
 
 def _restart_with(deployment, staff, seqs):
-    action = services.engine_action_start(
-        deployment=deployment,
-        kind="restart_with_args",
-        user=staff,
-        changes={"--max-num-seqs": seqs},
-        resweep=False,
-    )
-    services.engine_action_report(action=action, status="running")
-    services.engine_action_report(
-        action=action, status="succeeded", observed={"max_running_requests": int(seqs)}
-    )
+    pb.restarted_with_seqs(deployment, staff, seqs, int(seqs))
 
 
 def _swept(deployment, peak, seqs):
