@@ -54,6 +54,18 @@ RTX_PRO_6000_FP8_FILE = (
 MI300X_FILE = "E=128,N=1024,device_name=AMD_Instinct_MI300X.json"
 
 
+def shared_prefix_spec(groups, prefix_len, question_len, output_len):
+    """A shared-prefix workload's spec: `groups` prefixes of `prefix_len` tokens, each request's
+    own question of `question_len`, and a fixed `output_len` asked for."""
+    return {
+        "kind": "shared_prefix",
+        "groups": groups,
+        "prefix_len": prefix_len,
+        "question_len": question_len,
+        "output": {"distribution": "fixed", "value": output_len},
+    }
+
+
 def tuning_cli(*args):
     """`python -m tuning` run from the repository root with `args` (the finished process, its
     output captured)."""

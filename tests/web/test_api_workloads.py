@@ -14,6 +14,7 @@ from moeops.runs import snapshots
 from moeops.runs.models import SweepRun, Workload
 from tests import queues
 from tests.api_base import make_serving_world
+from tests.fakes import shared_prefix_spec
 
 QUEUE = "host.rtx-pro-6000"
 RANDOM = {
@@ -246,13 +247,7 @@ def test_a_multi_turn_workload_of_random_questions_still_takes_no_question_from_
     assert not Workload.objects.exists()
 
 
-SHARED_PREFIX = {
-    "kind": "shared_prefix",
-    "groups": 2,
-    "prefix_len": 512,
-    "question_len": 16,
-    "output": {"distribution": "fixed", "value": 32},
-}
+SHARED_PREFIX = shared_prefix_spec(groups=2, prefix_len=512, question_len=16, output_len=32)
 
 
 @pytest.mark.parametrize(("spec", "cold"), [(SHARED_PREFIX, True), (RANDOM, False)])

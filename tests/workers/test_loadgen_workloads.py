@@ -13,7 +13,7 @@ from tokenizers.pre_tokenizers import Split, Whitespace
 
 from domain.traces import keep_up_note
 from domain.workloads import parse_dataset
-from tests.fakes import standin_running
+from tests.fakes import shared_prefix_spec, standin_running
 from workers import loadgen
 from workers.loadgen import ClientConfig, LevelConfig, conversation_items, dataset_items
 from workers.loadgen.prompts import conversation, request_prompt
@@ -65,13 +65,7 @@ def test_random_lengths_are_drawn_per_request_within_their_range():
 
 
 def test_requests_of_a_group_share_its_prefix_and_ask_their_own_question():
-    spec = {
-        "kind": "shared_prefix",
-        "groups": 3,
-        "prefix_len": 20,
-        "question_len": 5,
-        "output": {"distribution": "fixed", "value": 4},
-    }
+    spec = shared_prefix_spec(groups=3, prefix_len=20, question_len=5, output_len=4)
     client = _client(spec)
     prompts = [_body(client, (0, i))["prompt"] for i in range(9)]
 
@@ -87,13 +81,7 @@ def test_requests_of_a_group_share_its_prefix_and_ask_their_own_question():
 
 
 def test_a_shared_prefix_on_chat_is_the_system_message():
-    spec = {
-        "kind": "shared_prefix",
-        "groups": 2,
-        "prefix_len": 6,
-        "question_len": 3,
-        "output": {"distribution": "fixed", "value": 4},
-    }
+    spec = shared_prefix_spec(groups=2, prefix_len=6, question_len=3, output_len=4)
     messages = _body(_client(spec, endpoint="chat"), (0, 2))["messages"]
 
     assert [m["role"] for m in messages] == ["system", "user"]
