@@ -216,6 +216,26 @@ def no_gpu_evidence_in_runs(deployment_row, count=3):
     return runs
 
 
+def capacity_round(run_row, number, concurrency, p99_tpot_ms, started_at, **fields):
+    """Round `number` of a capacity search's level at `concurrency`, recorded as the worker
+    pushes it: 4 requests a stream, none failed, TPOT p99 as given (its median half of it), one
+    second from `started_at`; `fields`: the rest of the level's figures."""
+    from moeops.runs import measurements
+
+    measurements.level_record(
+        run=run_row,
+        round=number,
+        concurrency=concurrency,
+        completed=4 * concurrency,
+        failed=0,
+        median_tpot_ms=p99_tpot_ms / 2,
+        p99_tpot_ms=p99_tpot_ms,
+        started_at=started_at,
+        finished_at=started_at + 1,
+        **fields,
+    )
+
+
 def rounds_spanning(level_row, figure, interval):
     """Four rounds of output tok/s whose median is `figure` and whose range is `interval`
     ([low, high], the level's 95 % interval as domain.intervals gives it for four rounds),

@@ -5,8 +5,9 @@ import pytest
 
 from moeops import jobs
 from moeops.fleet.models import SLOProfile
-from moeops.runs import measurements, services
+from moeops.runs import services
 from moeops.runs.models import SweepRun
+from tests import page_base as pb
 from tests import queues
 from tests.api_base import make_serving_world
 
@@ -95,18 +96,14 @@ def test_bad_input_is_refused_naming_the_field(world, broker, parameters, field)
 
 def _level(run, concurrency, p99_tpot_ms, rounds=(0.9, 1.0, 1.1)):
     for number, factor in enumerate(rounds, 1):
-        measurements.level_record(
-            run=run,
-            round=number,
-            concurrency=concurrency,
-            completed=4 * concurrency,
-            failed=0,
+        pb.capacity_round(
+            run,
+            number,
+            concurrency,
+            p99_tpot_ms * factor,
+            1_800_000_000.0 + 100 * concurrency + number,
             output_throughput=100.0 * concurrency * factor,
-            median_tpot_ms=p99_tpot_ms * factor / 2,
-            p99_tpot_ms=p99_tpot_ms * factor,
             p99_ttft_ms=100.0,
-            started_at=1_800_000_000.0 + 100 * concurrency + number,
-            finished_at=1_800_000_000.0 + 100 * concurrency + number + 1,
         )
 
 

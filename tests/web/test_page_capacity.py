@@ -6,7 +6,7 @@ import pytest
 
 from moeops.fleet.models import SLOProfile
 from moeops.front.progress import sweep_progress
-from moeops.runs import measurements, services
+from moeops.runs import services
 from moeops.runs.models import SweepRun
 from moeops.runs.workloads import workload_store
 from tests import page_base as pb
@@ -34,17 +34,13 @@ def _search(deployment, profile, tpots, label="capacity", created_offset=0):
     )
     for i, (concurrency, rounds) in enumerate(tpots.items()):
         for number, tpot in enumerate(rounds, 1):
-            measurements.level_record(
-                run=run,
-                round=number,
-                concurrency=concurrency,
-                completed=4 * concurrency,
-                failed=0,
+            pb.capacity_round(
+                run,
+                number,
+                concurrency,
+                tpot,
+                1_800_000_000.0 + 100 * i + number,
                 output_throughput=100.0 * concurrency,
-                median_tpot_ms=tpot / 2,
-                p99_tpot_ms=tpot,
-                started_at=1_800_000_000.0 + 100 * i + number,
-                finished_at=1_800_000_000.0 + 100 * i + number + 1,
             )
     services.run_update(run=run, status="succeeded")
     run.refresh_from_db()
