@@ -14,7 +14,7 @@ import pytest
 
 import tests.interpreted  # noqa: F401  (before anything imports Triton: see the module)
 from tests.engine import engine_source
-from tests.fakes import HF_CONFIGS
+from tests.fakes import HF_CONFIGS, KERNEL_ENTRY
 from tuning.__main__ import main
 from tuning.backends import load_backend
 from tuning.compile_check import compile_check, proposed_configs
@@ -35,14 +35,7 @@ GLM5_FP8_BLOCK = KernelShape(
 # A small batch size and a large one: their spaces and climbs span the grid's BLOCK_SIZE_M.
 SIZES = [64, 4096]
 # The engine's defaults (vLLM 0.34's get_default_config for this shape) seed every search.
-VLLM_DEFAULT = {
-    "BLOCK_SIZE_M": 64,
-    "BLOCK_SIZE_N": 128,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 32,
-    "num_warps": 4,
-    "num_stages": 3,
-}
+VLLM_DEFAULT = {**KERNEL_ENTRY, "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "GROUP_SIZE_M": 32}
 
 
 @pytest.fixture(autouse=True)
