@@ -41,15 +41,22 @@ def test_it_shows_each_deployments_latest_peak_and_open_findings(client):
     assert f'href="/deployments/{deployment.pk}/#findings">1</a>' in html
 
 
-def test_running_sweeps_and_tunes_show_their_progress(client):
+def _running_sweep(client, label, *, level_index, levels_total, done):
+    """A member signed in and a running sweep of a deployment, `done` of its level's 8 requests
+    sent: (the deployment, the sweep)."""
     pb.sign_in(client)
     deployment = pb.deployment()
-    live = pb.run(
-        deployment,
-        "live",
-        status="running",
-        progress={"level_index": 2, "levels_total": 4, "requests_done": 0, "requests_total": 8},
-    )
+    progress = {
+        "level_index": level_index,
+        "levels_total": levels_total,
+        "requests_done": done,
+        "requests_total": 8,
+    }
+    return deployment, pb.run(deployment, label, status="running", progress=progress)
+
+
+def test_running_sweeps_and_tunes_show_their_progress(client):
+    deployment, live = _running_sweep(client, "live", level_index=2, levels_total=4, done=0)
     TuningRun.objects.create(
         deployment=deployment, E=256, N=256, hidden_size=6144, topk=8, status="queued"
     )
@@ -152,14 +159,7 @@ def test_a_fleet_of_deployments_costs_no_extra_queries(client, django_assert_max
 def test_a_sweep_running_since_before_the_eight_newest_runs_is_still_running_now(client):
     # the recent runs and the running ones come from one query: the old running sweep must
     # not fall off with the list's limit, nor a finished run slip into "Running now"
-    pb.sign_in(client)
-    deployment = pb.deployment()
-    old = pb.run(
-        deployment,
-        "long one",
-        status="running",
-        progress={"level_index": 0, "levels_total": 2, "requests_done": 1, "requests_total": 8},
-    )
+    deployment, old = _running_sweep(client, "long one", level_index=0, levels_total=2, done=1)
     for n in range(9):
         pb.run(deployment, f"newer {n}")
     html = client.get("/").content.decode()
