@@ -93,6 +93,22 @@ def vllm_tuned_config(shape, entries, **fields):
     )
 
 
+def h200_fp8_config(entries, **fields):
+    """A new version of the H200 fp8 (128x128 blocks) config for E=256, N=256."""
+    from moeops.kernels.models import KernelConfig
+
+    return KernelConfig(
+        device_name="NVIDIA H200",
+        E=256,
+        N=256,
+        dtype="fp8_w8a8",
+        block_shape=[128, 128],
+        triton_version="3.7.1",
+        entries=entries,
+        **fields,
+    ).save_new_version()
+
+
 def restarted_with_seqs(deployment_row, user, seqs, reported):
     """A restart of the deployment's engine with --max-num-seqs `seqs` (no re-sweep) that
     succeeded, the engine reporting a cap of `reported` running requests; returns the action."""

@@ -7,8 +7,9 @@ from statistics import geometric_mean
 
 import pytest
 
-from moeops.kernels.models import KernelConfig, TuningRun, TuningTiming
+from moeops.kernels.models import TuningRun, TuningTiming
 from tests import page_base as pb
+from tests.fakes import KERNEL_ENTRY
 
 pytestmark = pytest.mark.django_db
 
@@ -23,24 +24,8 @@ TIMES = {
 
 
 def _version(entries_m):
-    entry = {
-        "BLOCK_SIZE_M": entries_m,
-        "BLOCK_SIZE_N": 64,
-        "BLOCK_SIZE_K": 128,
-        "GROUP_SIZE_M": 1,
-        "num_warps": 4,
-        "num_stages": 3,
-    }
-    return KernelConfig(
-        device_name="NVIDIA H200",
-        E=256,
-        N=256,
-        dtype="fp8_w8a8",
-        block_shape=[128, 128],
-        triton_version="3.7.1",
-        entries={str(m): entry for m in TIMES},
-        source="tuned",
-    ).save_new_version()
+    entry = {**KERNEL_ENTRY, "BLOCK_SIZE_M": entries_m}
+    return pb.h200_fp8_config({str(m): entry for m in TIMES}, source="tuned")
 
 
 def _tune(config, routing, own, other_routing, *, which):

@@ -19,27 +19,13 @@ def _entry(m, n=64, k=128, warps=4, stages=3):
     }
 
 
-def _h200_fp8(entries, **fields):
-    """A new version of the H200 fp8 (128x128 blocks) config for E=256, N=256."""
-    return KernelConfig(
-        device_name="NVIDIA H200",
-        E=256,
-        N=256,
-        dtype="fp8_w8a8",
-        block_shape=[128, 128],
-        triton_version="3.7.1",
-        entries=entries,
-        **fields,
-    ).save_new_version()
-
-
 @pytest.fixture
 def configs(client):
     pb.sign_in(client)
-    v1 = _h200_fp8(
+    v1 = pb.h200_fp8_config(
         {"1": _entry(16), "64": _entry(64), "1024": _entry(128, n=128)}, source="imported"
     )
-    v2 = _h200_fp8(
+    v2 = pb.h200_fp8_config(
         {"1": _entry(16), "64": _entry(64, warps=8), "4096": _entry(256, n=128)}, source="tuned"
     )
     return v1, v2
@@ -114,7 +100,7 @@ def test_a_config_without_a_tune_says_so(client, configs):
 
 
 def test_a_down_config_carries_a_badge_and_only_its_sglang_file(client, configs):
-    down = _h200_fp8({"1": _entry(16), "64": _entry(32)}, source="tuned", down_moe=True)
+    down = pb.h200_fp8_config({"1": _entry(16), "64": _entry(32)}, source="tuned", down_moe=True)
     assert down.version == 1  # a series of its own beside the main file's v1 and v2
     name = "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json"
     listing = client.get("/kernels/").content.decode()
