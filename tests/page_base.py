@@ -22,6 +22,10 @@ GLM5_CONFIG = json.loads((HF_CONFIGS / "glm-5_moe-keys.TRIMMED.json").read_text(
 KIMI_CONFIG = json.loads((HF_CONFIGS / "kimi-k2_moe-keys.TRIMMED.json").read_text())
 
 
+# the load of the watch "nightly" (tests/web/conftest.py's watch)
+WATCH_LOAD = {"levels": [4, 8], "input_len": 16, "output_len": 32, "prompts_per_level": 8}
+
+
 def sign_in(client, username="alice", staff=False):
     user = User.objects.create_user(username, password=f"pw-{username}-123", is_staff=staff)
     client.force_login(user)

@@ -2,6 +2,7 @@ import pytest
 
 from moeops.kernels import services as kernel_services
 from moeops.runs import services as run_services
+from moeops.watches import services as watch_services
 from tests import page_base
 
 
@@ -23,3 +24,12 @@ def sent(monkeypatch):
 def staff(client):
     """A staff member, ops, signed in on `client`."""
     return page_base.sign_in(client, "ops", staff=True)
+
+
+@pytest.fixture
+def watch(deployment):
+    """The watch "nightly" of the test module's `deployment` fixture: page_base.WATCH_LOAD at
+    03:00 every day."""
+    return watch_services.watch_create(
+        deployment=deployment, name="nightly", parameters=page_base.WATCH_LOAD, cron="0 3 * * *"
+    )

@@ -11,19 +11,12 @@ from moeops.watches import services, tasks
 from moeops.watches.models import Alert, AlertChannel, WatchRun
 from tests import page_base
 
-LOAD = {"levels": [4, 8], "input_len": 16, "output_len": 32, "prompts_per_level": 8}
+LOAD = page_base.WATCH_LOAD
 
 
 @pytest.fixture
 def deployment(db):
     return page_base.deployment()
-
-
-@pytest.fixture
-def watch(deployment):
-    return services.watch_create(
-        deployment=deployment, name="nightly", parameters=LOAD, cron="0 3 * * *"
-    )
 
 
 def test_run_now_starts_a_run_outside_the_window_of_a_watch_turned_off(client, watch):

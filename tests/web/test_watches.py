@@ -17,7 +17,7 @@ from moeops.watches.models import Alert, AlertChannel, WatchRun
 from tests import page_base
 from tests.api_base import ApiClient
 
-LOAD = {"levels": [4, 8], "input_len": 16, "output_len": 32, "prompts_per_level": 8}
+LOAD = page_base.WATCH_LOAD
 
 
 def _args(max_num_seqs):
@@ -34,13 +34,6 @@ def _args(max_num_seqs):
 @pytest.fixture
 def deployment(db):
     return page_base.deployment()
-
-
-@pytest.fixture
-def watch(deployment):
-    return services.watch_create(
-        deployment=deployment, name="nightly", parameters=LOAD, cron="0 3 * * *"
-    )
 
 
 def _finished(watch, peak, interval, snapshot):
