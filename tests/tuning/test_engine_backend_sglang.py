@@ -325,33 +325,37 @@ def _copy_of_sglang(tmp_path):
     return tmp_path / "sglang"
 
 
-def test_a_launcher_with_an_unknown_parameter_fails_naming_version_and_parameter(tmp_path):
+def _refused_with_kernels_edited(tmp_path, old, new):
+    """A copy of SGLang whose KERNELS module has its first `old` replaced by `new`, loaded for
+    capability 9.0: the BackendError's words (the load must refuse it)."""
     copy = _copy_of_sglang(tmp_path)
-    source_edited(
-        copy / KERNELS,
+    source_edited(copy / KERNELS, old, new)
+    with pytest.raises(BackendError) as raised:
+        _load(90, copy)
+    return str(raised.value)
+
+
+def test_a_launcher_with_an_unknown_parameter_fails_naming_version_and_parameter(tmp_path):
+    refused = _refused_with_kernels_edited(
+        tmp_path,
         "    a_output_slices: int = 1,\n) -> None:",
         "    a_output_slices: int = 1,\n    stream_k: int = 0,\n) -> None:",
     )
 
-    with pytest.raises(BackendError) as raised:
-        _load(90, copy)
     assert (
         "SGLang 0.5.23's invoke_fused_moe_kernel takes a parameter 'stream_k', which moeops' "
         "sglang backend does not know"
-    ) in str(raised.value)
+    ) in refused
 
 
 def test_a_function_using_a_name_the_backend_lacks_fails_naming_it(tmp_path):
-    copy = _copy_of_sglang(tmp_path)
-    source_edited(
-        copy / KERNELS,
+    refused = _refused_with_kernels_edited(
+        tmp_path,
         "    return is_sm90_supported() and BLOCK_SIZE_M < 64",
         "    return tuned_swap_rule() and BLOCK_SIZE_M < 64",
     )
 
-    with pytest.raises(BackendError) as raised:
-        _load(90, copy)
-    assert "SGLang 0.5.23's should_enable_swap_ab uses 'tuned_swap_rule'" in str(raised.value)
+    assert "SGLang 0.5.23's should_enable_swap_ab uses 'tuned_swap_rule'" in refused
 
 
 def test_top_level_constants_are_read_without_running_the_module():

@@ -145,40 +145,41 @@ def test_a_kernel_loaded_compiled_first_is_interpreted_when_asked(monkeypatch):
     assert compiled.source_sha256 == interpreted.source_sha256
 
 
-def _copy_of_vllm(tmp_path):
-    """vLLM 0.32.0's fused-MoE folder copied into tmp_path/vllm; returns that package folder."""
+def _refused_with_edited(tmp_path, file_name, old, new):
+    """vLLM 0.32.0's fused-MoE folder copied into tmp_path/vllm, the first `old` of its
+    `file_name` replaced by `new`, loaded for capability 9.0: the BackendError's words (the load
+    must refuse it)."""
     copy = tmp_path / "vllm"
     source = _vllm_package("0.32.0").package_dir
     shutil.copytree(source / FUSED_MOE, copy / FUSED_MOE)
-    return copy
+    source_edited(copy / FUSED_MOE / file_name, old, new)
+    with pytest.raises(BackendError) as raised:
+        load_backend("vllm", source_dir=copy, capability=90)
+    return str(raised.value)
 
 
 def test_a_launcher_with_an_unknown_parameter_fails_naming_version_and_parameter(tmp_path):
-    copy = _copy_of_vllm(tmp_path)
-    source_edited(
-        copy / FUSED_MOE / "fused_moe.py",
+    refused = _refused_with_edited(
+        tmp_path,
+        "fused_moe.py",
         "    B_bias: torch.Tensor | None = None,\n):\n    assert topk_weights",
         "    B_bias: torch.Tensor | None = None,\n    stream_k: int = 0,\n"
         "):\n    assert topk_weights",
     )
 
-    with pytest.raises(BackendError) as raised:
-        load_backend("vllm", source_dir=copy, capability=90)
-    assert "invoke_fused_moe_triton_kernel takes a parameter 'stream_k'" in str(raised.value)
+    assert "invoke_fused_moe_triton_kernel takes a parameter 'stream_k'" in refused
 
 
 def test_a_function_using_a_name_the_backend_lacks_fails_naming_it(tmp_path):
-    copy = _copy_of_vllm(tmp_path)
-    source_edited(
-        copy / FUSED_MOE / "utils.py",
+    refused = _refused_with_edited(
+        tmp_path,
+        "utils.py",
         "def enable_swap_ab(BLOCK_SIZE_M: int, BLOCK_SIZE_N: int) -> bool:\n    return (",
         "def enable_swap_ab(BLOCK_SIZE_M: int, BLOCK_SIZE_N: int) -> bool:\n"
         "    return tuned_swap_rule() and (",
     )
 
-    with pytest.raises(BackendError) as raised:
-        load_backend("vllm", source_dir=copy, capability=90)
-    assert "enable_swap_ab uses 'tuned_swap_rule'" in str(raised.value)
+    assert "enable_swap_ab uses 'tuned_swap_rule'" in refused
 
 
 def test_no_engine_installed_is_said_plainly():
