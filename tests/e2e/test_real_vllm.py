@@ -24,6 +24,7 @@ from domain.capacity import bracket, limits_of, probe_of, straddles
 from domain.engine_counters import TOKEN_GAP
 from domain.intervals import compare_rounds, median_interval
 from domain.slo import METRIC_LABELS, stat_key
+from domain.workloads import parse_dataset
 from moeops.fleet.models import ModelSpec, SLOProfile
 from moeops.insights.models import IncompatibilityRule
 from moeops.kernels.models import KernelConfig
@@ -761,6 +762,39 @@ def test_an_mt_bench_sweep_sends_each_questions_two_turns_and_reports_each_turns
         "kind": "multi_turn",
         "sha256": workload.sha256,
     }
+
+
+def test_a_files_system_prompt_reaches_vllms_chat_template_before_the_question(vllm_capped):
+    """An OpenAI messages file's system turn goes first in each chat request: vLLM counts its
+    tokens in every prompt, against the same question sent without it."""
+    system = "You are a terse assistant who answers every question with one word only."
+    row = {
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Name a colour."},
+        ]
+    }
+    items = parse_dataset("messages.jsonl", json.dumps(row).encode())["items"]
+    assert items[0]["system"] == system
+    spec = {"kind": "dataset", "output": {"distribution": "fixed", "value": 2}}
+    level = LevelConfig(concurrency=1, input_len=8, output_len=2, num_prompts=2)
+
+    def prompt_tokens(items):
+        workload = {"spec": spec, "items": dataset_items(items)}
+        client = ClientConfig(
+            vllm_capped.url, SERVED_MODEL, endpoint="chat", timeout_s=120, workload=workload
+        )
+        result = asyncio.run(loadgen.run_level(client, level))
+        assert (result["completed"], result["failed"]) == (2, 0), result
+        return result["total_input_tokens"]
+
+    with_system = prompt_tokens(items)
+    without = prompt_tokens([{"prompt": items[0]["prompt"], "answer": None}])
+
+    # the model's chat template writes each message's content on a line of its own
+    tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+    system_tokens = len(tokenizer.encode(system, add_special_tokens=False).ids)
+    assert with_system - without >= 2 * system_tokens
 
 
 TRACE = Path(__file__).parents[1] / "fixtures" / "workloads" / "mooncake_trace.jsonl"
