@@ -2,6 +2,7 @@
 capacity search."""
 
 import re
+from functools import cached_property
 
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS
@@ -208,7 +209,7 @@ class SweepForm(forms.Form):
 
     def clean_input_len(self):
         input_len = self.cleaned_data.get("input_len")
-        workload = self._workload_chosen()
+        workload = self._workload_chosen
         if input_len is None and not (workload and workload.input_from_trace()):
             raise forms.ValidationError("input_len: a sweep needs a token count of at least 1")
         return input_len
@@ -219,16 +220,18 @@ class SweepForm(forms.Form):
             raise forms.ValidationError("output_len: a sweep needs a token count of at least 1")
         return output_len
 
+    @cached_property
     def _workload_chosen(self):
-        """The workload chosen, read from the submitted data: it is cleaned after the length
-        fields that depend on it; None where none (or none valid) is chosen."""
+        """The workload chosen, read from the submitted data (once: both length fields ask):
+        it is cleaned after the length fields that depend on it; None where none (or none
+        valid) is chosen."""
         try:
             return self.fields["workload"].clean(self.data.get(self.add_prefix("workload")))
         except forms.ValidationError:
             return None
 
     def _workload_sets_output(self):
-        workload = self._workload_chosen()
+        workload = self._workload_chosen
         from_file = workload.output_from_file() if workload is not None else None
         return bool(from_file and from_file["answered"] and not from_file["unanswered"])
 
