@@ -209,8 +209,7 @@ class SweepForm(forms.Form):
 
     def clean_input_len(self):
         input_len = self.cleaned_data.get("input_len")
-        workload = self._workload_chosen
-        if input_len is None and not (workload and workload.input_from_trace()):
+        if input_len is None and not self._workload_sets_input():
             raise forms.ValidationError("input_len: a sweep needs a token count of at least 1")
         return input_len
 
@@ -229,6 +228,10 @@ class SweepForm(forms.Form):
             return self.fields["workload"].clean(self.data.get(self.add_prefix("workload")))
         except forms.ValidationError:
             return None
+
+    def _workload_sets_input(self):
+        workload = self._workload_chosen
+        return bool(workload and workload.input_from_trace())
 
     def _workload_sets_output(self):
         workload = self._workload_chosen
