@@ -16,6 +16,7 @@ from django.core.mail import send_mail
 from django.core.validators import validate_email
 from django.db import transaction
 from django.db.models import Q
+from django.dispatch import Signal
 from django.urls import reverse
 from django.utils import timezone
 from django_celery_beat import validators as cron_validators
@@ -45,6 +46,11 @@ from moeops.watches.models import (
 log = logging.getLogger(__name__)
 
 FIRE_TASK = "moeops.watches.tasks.fire_watch"
+# Sent once the transaction that made them commits: a firing that waits for its host (kwargs:
+# the fire task's), and each alert raised (alert_id). The web side's tasks
+# (moeops.watches.tasks, which call this module) enqueue on them.
+watch_waiting = Signal()
+alert_raised = Signal()
 # The five fields of a cron expression, in order, with the validator of each.
 CRON_FIELDS = (
     ("minute", cron_validators.minute_validator),
@@ -352,17 +358,10 @@ def watch_run_now(*, watch):
     """ "Run now": fire the watch at once, whatever its schedule, window or enabled flag; a
     firing that waits for its host is fired again by the beat task's retry (every
     MOEOPS_WATCH_WAIT_S). Returns the WatchRun."""
-    from moeops.watches import tasks
-
     watch_run = watch_fire(watch=watch, asked=True)
     if watch_run.status == "waiting":
         kwargs = {"watch_id": watch.pk, "watch_run_id": watch_run.pk, "asked": True}
-        transaction.on_commit(
-            lambda: tasks.fire_watch.apply_async(
-                kwargs=kwargs, countdown=settings.MOEOPS_WATCH_WAIT_S
-            ),
-            robust=True,
-        )
+        transaction.on_commit(lambda: watch_waiting.send(sender=Watch, kwargs=kwargs), robust=True)
     return watch_run
 
 
@@ -606,8 +605,6 @@ def watch_channels(watch):
 def alerts_raise(*, watch_run, kind):
     """One Alert per channel of the deployment, each delivered by its own task once the
     current transaction commits. Returns the alerts."""
-    from moeops.watches import tasks
-
     subject, text = alert_message(watch_run, kind)
     alerts = [
         Alert.objects.create(
@@ -619,7 +616,8 @@ def alerts_raise(*, watch_run, kind):
         alert_id = alert.pk
         # robust: a broker that is down leaves the alert pending on the page, not a failed request
         transaction.on_commit(
-            lambda alert_id=alert_id: tasks.deliver_alert.delay(alert_id), robust=True
+            lambda alert_id=alert_id: alert_raised.send(sender=Alert, alert_id=alert_id),
+            robust=True,
         )
     return alerts
 

@@ -1,6 +1,7 @@
 """Web-side tasks of watches: beat fires a watch; each alert is delivered with retries."""
 
 from django.conf import settings
+from django.dispatch import receiver
 
 from moeops.celery import app
 from moeops.watches import services
@@ -46,3 +47,13 @@ def deliver_alert(self, alert_id):
         services.alert_give_up(alert=alert)
         return attempt.number
     raise self.retry(countdown=settings.MOEOPS_ALERT_BACKOFF_S * 2 ** (attempt.number - 1))
+
+
+@receiver(services.watch_waiting)
+def _fire_again_later(sender, kwargs, **_):
+    fire_watch.apply_async(kwargs=kwargs, countdown=settings.MOEOPS_WATCH_WAIT_S)
+
+
+@receiver(services.alert_raised)
+def _deliver(sender, alert_id, **_):
+    deliver_alert.delay(alert_id)
