@@ -10,6 +10,7 @@ from django.forms.fields import InvalidJSONInput
 from domain.storable import MAX_BIG_INT, storable_json
 from moeops.fleet.endpoints import endpoint_change_refusal
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, not_an_id, one_line
+from moeops.front.forms.render import PAGE_FORMS
 from moeops.insights.models import PLAN_STATUSES
 from tuning.moe_params import MoEConfigError, moe_params
 
@@ -276,6 +277,8 @@ def _same_model(config):
 
 
 class PlanItemForm(forms.Form):
+    default_renderer = PAGE_FORMS
+
     title = forms.CharField(
         max_length=300, widget=forms.TextInput(attrs={"placeholder": "New plan item"})
     )

@@ -6,6 +6,7 @@ import json
 from django import forms
 
 from moeops.front.forms.inputs import int_list, uploaded_text
+from moeops.front.forms.render import PAGE_FORMS
 from tuning.config_files import TUNED_BATCH_SIZES, kernel_dtype, triton_config_unread
 from tuning.engines import ENGINE_TITLES
 
@@ -16,6 +17,8 @@ class TuneForm(forms.Form):
     """A kernel tune of the deployment's MoE shape. kernel: the deployment's engine's own (vLLM,
     SGLang) or moeops' builtin one; tune_anyway, shown with the FP4 experts' reason
     (fp4_reason): tune them all the same (kernels.services.tuning_start refuses them else)."""
+
+    default_renderer = PAGE_FORMS
 
     dtype = forms.ChoiceField(choices=TUNE_DTYPES)
     batch_sizes = forms.CharField(

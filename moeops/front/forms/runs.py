@@ -8,6 +8,7 @@ from django import forms
 from domain.jobs import JOB_STATUSES
 from moeops.fleet.models import ENGINES, VIRTUALIZATION_KINDS, Deployment, Host, ModelSpec
 from moeops.front.forms.inputs import uploaded_text
+from moeops.front.forms.render import PAGE_FORMS
 from moeops.kernels.models import KernelConfig
 from moeops.runs.models import TUNED_KERNEL, SweepRun
 from moeops.runs.parameters import MAX_CONCURRENCY
@@ -15,6 +16,8 @@ from moeops.runs.parameters import MAX_CONCURRENCY
 
 class ResultFileForm(forms.Form):
     """A benchmark result file for a deployment, imported as POST /api/v1/runs/import does."""
+
+    default_renderer = PAGE_FORMS
 
     format = forms.ChoiceField(
         choices=(

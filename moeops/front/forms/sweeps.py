@@ -9,6 +9,7 @@ from django.core.exceptions import NON_FIELD_ERRORS
 
 from moeops.fleet.models import SLOProfile
 from moeops.front.forms.inputs import int_list
+from moeops.front.forms.render import PAGE_FORMS
 from moeops.front.templatetags.moeops_format import duration
 from moeops.runs import estimate
 from moeops.runs.models import Workload
@@ -100,6 +101,8 @@ def output_from_file_label(from_file):
 
 
 class SweepForm(forms.Form):
+    default_renderer = PAGE_FORMS
+
     label = forms.CharField(max_length=200, required=False)
     levels = forms.CharField(
         initial=SWEEP_PRESETS["quick"]["levels"], help_text="Concurrency levels, comma-separated."
@@ -326,6 +329,8 @@ class SweepForm(forms.Form):
 class CapacityForm(forms.Form):
     """A capacity search of the deployment: the largest load within an SLO profile
     (domain.capacity); the service writes the profile's limits into the run's parameters."""
+
+    default_renderer = PAGE_FORMS
 
     label = forms.CharField(max_length=200, required=False)
     slo_profile = forms.ModelChoiceField(

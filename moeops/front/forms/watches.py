@@ -7,6 +7,7 @@ from django import forms
 from django.db.models import Q
 
 from moeops.front.forms.inputs import int_list
+from moeops.front.forms.render import PAGE_FORMS
 from moeops.runs.parameters import MAX_ROUNDS
 from moeops.watches.models import AlertChannel
 
@@ -14,6 +15,8 @@ from moeops.watches.models import AlertChannel
 class WatchCreateForm(forms.Form):
     """A sweep watch of the deployment: its name, schedule (cron in UTC, or every N hours), the
     load of each run, and whether a regression finds its cause by itself."""
+
+    default_renderer = PAGE_FORMS
 
     name = forms.CharField(max_length=200, initial="nightly")
     schedule = forms.CharField(
