@@ -190,12 +190,17 @@ class EngineFunctions:
         namespace["__moeops_import__"] = functools.partial(self._import, where, depth)
         for free in _free_names(source):
             namespace[free] = self.resolve(where, free, depth=depth)
+        return self._run(source, namespace, name, where)
+
+    def _run(self, source: str, namespace: dict, name: str, relpath: str):
+        """namespace[name] once source, read from the engine's relpath, ran in namespace; an
+        error of the engine's code is a PathUnknown naming it."""
         try:
-            exec(compile(source, f"<{self.package.title} {where}>", "exec"), namespace)
+            exec(compile(source, f"<{self.package.title} {relpath}>", "exec"), namespace)
         except PathUnknown:
             raise
         except Exception as exc:
-            raise PathUnknown(f"{name} of {where} does not load here: {exc}") from None
+            raise PathUnknown(f"{name} of {relpath} does not load here: {exc}") from None
         return namespace[name]
 
     def resolve(self, relpath: str, name: str, *, depth: int = 0):
@@ -253,13 +258,7 @@ class EngineFunctions:
             if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
                 source = f"{name} = {ast.unparse(node.value)}"
                 namespace = {free: self.resolve(relpath, free) for free in _free_names(source)}
-                try:
-                    exec(compile(source, f"<{self.package.title} {relpath}>", "exec"), namespace)
-                except PathUnknown:
-                    raise
-                except Exception as exc:
-                    raise PathUnknown(f"{name} of {relpath} does not load here: {exc}") from None
-                return namespace[name]
+                return self._run(source, namespace, name, relpath)
         if self.definition(relpath, name) is not None:
             return self.load(relpath, name)
         raise PathUnknown(f"{self.package.title}'s {relpath} sets no {name}")

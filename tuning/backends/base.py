@@ -15,6 +15,19 @@ class BackendError(RuntimeError):
     """A backend that cannot be loaded or cannot run a launch; the message says why."""
 
 
+def refuse_unknown_parameters(engine, version, function, parameters, known, required):
+    """A BackendError where the engine's function takes a parameter the backend does not know
+    (not in known) or lacks one it passes (of required); engine: its title ("vLLM")."""
+    unknown = [p for p in parameters if p not in known]
+    missing = [p for p in required if p not in parameters]
+    if unknown or missing:
+        what = f"takes a parameter {unknown[0]!r}" if unknown else f"lacks {missing[0]!r}"
+        raise BackendError(
+            f"{engine} {version}'s {function} {what}, which moeops' {engine.lower()} backend "
+            "does not know"
+        )
+
+
 @dataclass(frozen=True)
 class ShippedConfigs:
     """The config file an engine ships for a shape and device: where, and its entries."""
@@ -53,7 +66,15 @@ class KernelBackend:
         """One MoE layer into out [M, H]; weights: a tuning.timing.MoEWeights of shape.
 
         launch_only: only the Triton launches matter (a compile process, whose launches compile
-        and run nothing): the torch work between them may be left out."""
+        and run nothing): the torch work between them may be left out. Each engine runs it
+        in its _layer, given every argument."""
+        return self._layer(
+            x, weights, topk_weights, topk_ids, shape, config, down_config, out, launch_only
+        )
+
+    def _layer(
+        self, x, weights, topk_weights, topk_ids, shape, config, down_config, out, launch_only
+    ):
         raise NotImplementedError
 
     def default_config(self, shape, M: int) -> dict:

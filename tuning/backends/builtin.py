@@ -25,18 +25,8 @@ class BuiltinBackend(KernelBackend):
         kernel = b"".join((tuning_dir / name).read_bytes() for name in files)
         self.source_sha256 = hashlib.sha256(kernel).hexdigest()
 
-    def layer(
-        self,
-        x,
-        weights,
-        topk_weights,
-        topk_ids,
-        *,
-        shape,
-        config,
-        down_config=None,
-        out,
-        launch_only=False,
+    def _layer(
+        self, x, weights, topk_weights, topk_ids, shape, config, down_config, out, launch_only
     ):
         from tuning.fused_moe import fused_moe
 

@@ -39,7 +39,12 @@ import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
-from tuning.backends.base import BackendError, KernelBackend, read_shipped
+from tuning.backends.base import (
+    BackendError,
+    KernelBackend,
+    read_shipped,
+    refuse_unknown_parameters,
+)
 from tuning.compile_only import SHARED_MEMORY_PER_BLOCK_OPTIN
 from tuning.engine_source import EnginePackage, load_functions, top_level_constants
 
@@ -404,14 +409,7 @@ class SglangBackend(KernelBackend):
         self._swap_ab_rule = self.source.should_enable_swap_ab
         for function, known in PARAMETERS.items():
             parameters = inspect.signature(getattr(self.source, function)).parameters
-            unknown = [p for p in parameters if p not in known]
-            missing = [p for p in known if p not in parameters]
-            if unknown or missing:
-                what = f"takes a parameter {unknown[0]!r}" if unknown else f"lacks {missing[0]!r}"
-                raise BackendError(
-                    f"SGLang {self.version}'s {function} {what}, which moeops' sglang backend "
-                    "does not know"
-                )
+            refuse_unknown_parameters("SGLang", self.version, function, parameters, known, known)
 
     def _platform(self):
         """Point SGLang's platform checks at this backend's GPU (capability may be reassigned)."""
@@ -422,18 +420,8 @@ class SglangBackend(KernelBackend):
             if clear is not None:
                 clear()
 
-    def layer(
-        self,
-        x,
-        weights,
-        topk_weights,
-        topk_ids,
-        *,
-        shape,
-        config,
-        down_config=None,
-        out,
-        launch_only=False,
+    def _layer(
+        self, x, weights, topk_weights, topk_ids, shape, config, down_config, out, launch_only
     ):
         """One MoE layer as SGLang's fused_experts runs it, GEMM 2 with down_config (SGLang's
         `_down` entry) when given, else config; both GEMMs read one sort, so down_config's

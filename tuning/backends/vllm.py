@@ -39,7 +39,13 @@ from types import SimpleNamespace
 
 import torch
 
-from tuning.backends.base import BackendError, KernelBackend, ShippedConfigs, read_shipped
+from tuning.backends.base import (
+    BackendError,
+    KernelBackend,
+    ShippedConfigs,
+    read_shipped,
+    refuse_unknown_parameters,
+)
 from tuning.config_files import PACKAGE_CONFIGS
 from tuning.engine_source import EnginePackage, load_functions
 
@@ -233,14 +239,14 @@ class VllmBackend(KernelBackend):
         # the sorted-A parameters come together, with the launcher's TMA read of B (0.34)
         self.sorted_launch = all(p in launcher for p in SORTED_PARAMETERS)
         known = LAUNCHER_PARAMETERS + (SORTED_PARAMETERS if self.sorted_launch else ())
-        unknown = [p for p in launcher if p not in known]
-        missing = [p for p in LAUNCHER_PARAMETERS if p not in launcher]
-        if unknown or missing:
-            what = f"takes a parameter {unknown[0]!r}" if unknown else f"lacks {missing[0]!r}"
-            raise BackendError(
-                f"vLLM {self.version}'s invoke_fused_moe_triton_kernel {what}, which moeops' "
-                "vllm backend does not know"
-            )
+        refuse_unknown_parameters(
+            "vLLM",
+            self.version,
+            "invoke_fused_moe_triton_kernel",
+            launcher,
+            known,
+            required=LAUNCHER_PARAMETERS,
+        )
         self.reads_use_tma = '"USE_TMA"' in self.source.functions["invoke_fused_moe_triton_kernel"]
         self._sorted_quant = None
 
@@ -287,18 +293,8 @@ class VllmBackend(KernelBackend):
     def _platform(self):
         stand_ins.current_platform.capability = self.capability
 
-    def layer(
-        self,
-        x,
-        weights,
-        topk_weights,
-        topk_ids,
-        *,
-        shape,
-        config,
-        down_config=None,
-        out,
-        launch_only=False,
+    def _layer(
+        self, x, weights, topk_weights, topk_ids, shape, config, down_config, out, launch_only
     ):
         sorted_a = down_config is not None and down_config != config
         if sorted_a and not self.down_config_applies(shape):
