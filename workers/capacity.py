@@ -26,7 +26,6 @@ from domain.capacity import (
 from domain.intervals import level_of_rounds
 from domain.levels import DEFAULT_PROMPTS_PER_STREAM
 from workers import loadgen
-from workers.loadgen.config import LevelConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,6 @@ RATE_MAX_CONCURRENCY = 1024
 def level_at(config, search, load, index, max_concurrency=None):
     """The LevelConfig of the search's level at `load` (a concurrency, or req/s); config: the
     run's loadgen.SweepConfig, whose burstiness and ramp-up shape a rate level's arrivals."""
-    arrivals = {}
     if search.mode == "concurrency":
         concurrency, rate = int(load), None
         prompts = config.prompts_per_level or DEFAULT_PROMPTS_PER_STREAM * concurrency
@@ -50,21 +48,21 @@ def level_at(config, search, load, index, max_concurrency=None):
         concurrency = int(max_concurrency or RATE_MAX_CONCURRENCY)
         rate = float(load)
         prompts = config.prompts_per_level or max(MIN_RATE_PROMPTS, round(rate * RATE_LEVEL_S))
-        # the run's arrivals at every rate tried: a bursty workload's capacity is its own
-        arrivals = {"burstiness": config.burstiness, "ramp_up_s": config.ramp_up_s}
-    return LevelConfig(
-        concurrency=concurrency,
-        input_len=config.input_len,
-        output_len=config.output_len,
-        num_prompts=prompts,
-        warmup=config.warmup,
-        request_rate=rate,
-        processes=config.processes,
-        slo_ttft_ms=config.slo_ttft_ms,
-        slo_tpot_ms=config.slo_tpot_ms,
-        slo_e2el_ms=config.slo_e2el_ms,
-        index=index,
-        **arrivals,
+    # the run's arrivals at every rate tried: a bursty workload's capacity is its own
+    return config.level(concurrency, rate, prompts, index, arrivals=rate is not None)
+
+
+def run_round(config, level, round_number, progress, should_stop):
+    """Round `round_number` of level, sent by that round's client of the sweep `config`: the
+    load generator's result; progress' requests_done counts the requests as they finish (a
+    sweep's levels and a capacity search's probes run alike)."""
+    return asyncio.run(
+        loadgen.run_level(
+            config.round_client(round_number),
+            level,
+            on_request_done=lambda n, total: progress.update(requests_done=n),
+            should_stop=should_stop,
+        )
     )
 
 
@@ -152,14 +150,7 @@ def run_search(config, parameters, stored_levels, progress, samples, push_round,
                     requests_total=level.num_prompts,
                 )
                 samples.tag(level.concurrency)
-                result = asyncio.run(
-                    loadgen.run_level(
-                        config.round_client(round_number),
-                        level,
-                        on_request_done=lambda n, total: progress.update(requests_done=n),
-                        should_stop=should_stop,
-                    )
-                )
+                result = run_round(config, level, round_number, progress, should_stop)
                 samples.tag(None)
                 if taken_over():
                     return None, ""

@@ -526,9 +526,14 @@ class MoeopsClient:
         """Runs newest first: {"items": [...], "count": N}."""
         return self._get("/runs", deployment=deployment, status=status, limit=limit).json()
 
-    def _patch(self, path, body, *, advisory):
-        """A PATCH of a job's state: pushed (spooled while the web tier is away), or, advisory
-        (progress the next push supersedes), sent once and never spooled."""
+    def _patch(self, path, model, what, *, status, advisory, fields):
+        """A PATCH of a job's state, its fields given (None: left as they are) and checked
+        against model: pushed (spooled while the web tier is away), or, advisory (progress the
+        next push supersedes), sent once and never spooled."""
+        body = {key: value for key, value in fields.items() if value is not None}
+        if status is not None:
+            body["status"] = status
+        body = _wire(model, body, what)
         if advisory:
             return self.request("PATCH", path, body=body, retries=0).json()
         return self._push("PATCH", path, body)
@@ -536,10 +541,8 @@ class MoeopsClient:
     def update_run(self, run, *, status=None, advisory=False, **fields):
         """Status (compare-and-set: raises Conflict on an illegal move), progress, error, …;
         advisory: see _patch."""
-        body = {key: value for key, value in fields.items() if value is not None}
-        if status is not None:
-            body["status"] = status
-        return self._patch(f"/runs/{run}", _wire(RunPatch, body, "run"), advisory=advisory)
+        path = f"/runs/{run}"
+        return self._patch(path, RunPatch, "run", status=status, advisory=advisory, fields=fields)
 
     def take_over_run(self, run, attempt, progress):
         """Take a running run whose worker is gone over as `attempt` (raises Conflict when
@@ -672,11 +675,10 @@ class MoeopsClient:
         """An engine action's steps, observed engine, log tail, error and status (running,
         sweeping, succeeded, failed); status moves are compare-and-set (Conflict); advisory:
         see _patch."""
-        body = {key: value for key, value in fields.items() if value is not None}
-        if status is not None:
-            body["status"] = status
-        body = _wire(ActionReport, body, "action report")
-        return self._patch(f"/engine-actions/{action}", body, advisory=advisory)
+        path = f"/engine-actions/{action}"
+        return self._patch(
+            path, ActionReport, "action report", status=status, advisory=advisory, fields=fields
+        )
 
     def get_engine_action(self, action):
         """The engine action (id or UUID) as the API has it."""
@@ -723,11 +725,10 @@ class MoeopsClient:
     def update_tuning_run(self, tuning_run, *, status=None, advisory=False, **fields):
         """Status (compare-and-set: Conflict), progress, result, the kernel timed, …; advisory:
         see _patch."""
-        body = {key: value for key, value in fields.items() if value is not None}
-        if status is not None:
-            body["status"] = status
-        body = _wire(TuningRunPatch, body, "tuning run")
-        return self._patch(f"/tuning-runs/{tuning_run}", body, advisory=advisory)
+        path = f"/tuning-runs/{tuning_run}"
+        return self._patch(
+            path, TuningRunPatch, "tuning run", status=status, advisory=advisory, fields=fields
+        )
 
     def take_over_tuning_run(self, tuning_run, attempt, progress):
         """Take a running tune whose worker is gone over as `attempt` (Conflict when another

@@ -33,27 +33,34 @@ CLAIM_TRIES = 3
 @dataclass(frozen=True)
 class Kind:
     """How the API reads and writes one kind of job: get(client, uuid) → the job as a dict;
-    claim, take_over and beat(client, uuid, …) → the job after the write; cancelled(job) →
-    whether the job's delivery is to stop; settled: the statuses in which a delivery has
-    nothing left to do; noun: what the worker's log calls the job."""
+    patch(client, uuid, **fields) and take_over(client, uuid, attempt, progress) → the job
+    after the write; cancelled(job) → whether the job's delivery is to stop; settled: the
+    statuses in which a delivery has nothing left to do; noun: what the worker's log calls
+    the job."""
 
     name: str
     noun: str
     get: Callable[..., dict]
-    claim: Callable[..., dict]
+    patch: Callable[..., dict]
     take_over: Callable[..., dict]
-    beat: Callable[..., dict]
     cancelled: Callable[[dict], bool]
     settled: tuple[str, ...] = FINISHED_STATUSES
+
+    def claim(self, client, ref, progress) -> dict:
+        """queued → running (compare-and-set on the web tier)."""
+        return self.patch(client, ref, status="running", progress=progress)
+
+    def beat(self, client, ref, progress) -> dict:
+        """A heartbeat: advisory, so that a spooled one never replays late."""
+        return self.patch(client, ref, advisory=True, progress=progress)
 
 
 SWEEP = Kind(
     name="sweep",
     noun="run",
     get=lambda client, ref: client.get_run(ref),
-    claim=lambda client, ref, progress: client.update_run(ref, status="running", progress=progress),
+    patch=lambda client, ref, **fields: client.update_run(ref, **fields),
     take_over=lambda client, ref, attempt, progress: client.take_over_run(ref, attempt, progress),
-    beat=lambda client, ref, progress: client.update_run(ref, advisory=True, progress=progress),
     # a running sweep is cancelled by a flag it reads, so that it stores the level it is in
     cancelled=lambda job: bool(job.get("cancel_requested")),
 )
@@ -61,28 +68,16 @@ TUNE = Kind(
     name="tune",
     noun="tune",
     get=lambda client, ref: client.get_tuning_run(ref),
-    claim=lambda client, ref, progress: client.update_tuning_run(
-        ref, status="running", progress=progress
-    ),
-    take_over=lambda client, ref, attempt, progress: client.take_over_tuning_run(
-        ref, attempt, progress
-    ),
-    beat=lambda client, ref, progress: client.update_tuning_run(
-        ref, advisory=True, progress=progress
-    ),
+    patch=lambda client, ref, **fields: client.update_tuning_run(ref, **fields),
+    take_over=lambda client, ref, a, progress: client.take_over_tuning_run(ref, a, progress),
     cancelled=lambda job: job.get("status") == "cancelled",
 )
 ACTION = Kind(
     name="engine action",
     noun="action",
     get=lambda client, ref: client.get_engine_action(ref),
-    claim=lambda client, ref, progress: client.report_action(
-        ref, status="running", progress=progress
-    ),
-    take_over=lambda client, ref, attempt, progress: client.take_over_action(
-        ref, attempt, progress
-    ),
-    beat=lambda client, ref, progress: client.report_action(ref, advisory=True, progress=progress),
+    patch=lambda client, ref, **fields: client.report_action(ref, **fields),
+    take_over=lambda client, ref, a, progress: client.take_over_action(ref, a, progress),
     # an action is never cancelled: a restart half done would leave the engine down
     cancelled=lambda job: False,
     # re-sweeping: the action's own part is done, its re-sweep is a sweep run of its own

@@ -12,7 +12,6 @@ each delivery carry its attempt number (1, 2, …), so that the samples the dead
 the level it cut short are told apart from those of the level stored.
 """
 
-import asyncio
 import contextlib
 import logging
 import threading
@@ -470,14 +469,7 @@ def _run_levels(client, run_uuid, config, levels, stored, progress, samples, sto
             )
             samples.tag(level.concurrency)
             before = read_engine_counters(config.client.base_url)
-            result = asyncio.run(
-                loadgen.run_level(
-                    config.round_client(round_number),
-                    level,
-                    on_request_done=lambda n, total: progress.update(requests_done=n),
-                    should_stop=should_stop,
-                )
-            )
+            result = capacity.run_round(config, level, round_number, progress, should_stop)
             result["engine_counters"] = counter_deltas(
                 before, read_engine_counters(config.client.base_url)
             )

@@ -125,26 +125,32 @@ class SweepConfig:
         workload = self.client.workload or {}
         trace = (workload.get("spec") or {}).get("kind") == "trace"
         pairs = [(c, rate) for c in self.concurrencies for rate in rates]
-        return [
-            LevelConfig(
-                concurrency=c,
-                input_len=self.input_len,
-                output_len=self.output_len,
-                num_prompts=min(self.prompts_per_level or math.inf, len(workload["items"]))
-                if trace
-                else self.prompts_per_level or DEFAULT_PROMPTS_PER_STREAM * c,
-                warmup=self.warmup,
-                request_rate=rate,
-                burstiness=self.burstiness,
-                ramp_up_s=self.ramp_up_s,
-                processes=self.processes,
-                slo_ttft_ms=self.slo_ttft_ms,
-                slo_tpot_ms=self.slo_tpot_ms,
-                slo_e2el_ms=self.slo_e2el_ms,
-                index=i,
-            )
-            for i, (c, rate) in enumerate(pairs)
-        ]
+
+        def prompts(c):
+            if trace:
+                return min(self.prompts_per_level or math.inf, len(workload["items"]))
+            return self.prompts_per_level or DEFAULT_PROMPTS_PER_STREAM * c
+
+        return [self.level(c, rate, prompts(c), i) for i, (c, rate) in enumerate(pairs)]
+
+    def level(self, concurrency, request_rate, num_prompts, index, *, arrivals=True):
+        """A LevelConfig of this sweep's lengths, warm-up, processes and SLOs; arrivals: whether
+        the sweep's burstiness and ramp-up shape the level's arrivals (else the defaults)."""
+        shaped = {"burstiness": self.burstiness, "ramp_up_s": self.ramp_up_s} if arrivals else {}
+        return LevelConfig(
+            concurrency=concurrency,
+            input_len=self.input_len,
+            output_len=self.output_len,
+            num_prompts=num_prompts,
+            warmup=self.warmup,
+            request_rate=request_rate,
+            processes=self.processes,
+            slo_ttft_ms=self.slo_ttft_ms,
+            slo_tpot_ms=self.slo_tpot_ms,
+            slo_e2el_ms=self.slo_e2el_ms,
+            index=index,
+            **shaped,
+        )
 
 
 @dataclass
