@@ -217,6 +217,18 @@ def _split_header(line: str, line_number: int) -> tuple[list[str], list[str]]:
     return labels, attributes
 
 
+def _every_row(rows, labels, noun, line_number, source="topology matrix"):
+    """Refuses a matrix without a row for each of its header's labels (`noun`: what they are)."""
+    missing = [label for label in labels if label not in rows]
+    if missing:
+        raise TopologyParseError(
+            f"the matrix has rows for {len(rows)} of {len(labels)} {noun}; "
+            f"missing {', '.join(missing)}",
+            line_number,
+            source,
+        )
+
+
 def _parse_matrix(lines: list[str]) -> dict:
     header_index = _first_content_line(lines)
     if header_index == len(lines):
@@ -273,13 +285,7 @@ def _parse_matrix(lines: list[str]) -> dict:
             )
         rows[label] = cells
 
-    missing = [label for label in labels if label not in rows]
-    if missing:
-        raise TopologyParseError(
-            f"the matrix has rows for {len(rows)} of {len(labels)} devices; "
-            f"missing {', '.join(missing)}",
-            end + 1,
-        )
+    _every_row(rows, labels, "devices", end + 1)
     links, statuses = _codes_found(rows.values(), legend)
     if statuses and not links and not attributes:
         raise TopologyParseError(
@@ -437,14 +443,7 @@ def _parse_p2p(lines: list[str], kind: str, gpu_labels: list[str]) -> dict:
         if label in rows:
             raise TopologyParseError(f"a second row for {label}", index + 1, source)
         rows[label] = cells
-    missing = [label for label in labels if label not in rows]
-    if missing:
-        raise TopologyParseError(
-            f"the matrix has rows for {len(rows)} of {len(labels)} GPUs; "
-            f"missing {', '.join(missing)}",
-            end + 1,
-            source,
-        )
+    _every_row(rows, labels, "GPUs", end + 1, source)
     links, statuses = _codes_found(rows.values(), legend)
     if links and not statuses:
         raise _not_p2p(f"link types such as {', '.join(links[:3])}", header_index + 1, source)
@@ -663,30 +662,33 @@ def _p2p_word(code) -> str:
 
 
 def _diff_devices(before: dict, after: dict) -> list[str]:
+    def gpu_changes(label, old, new):
+        fields = [(field, title, unit) for field, title, unit in _GPU_FIELDS]
+        fields += [(field, title, "") for field, title in _PCIE_FIELDS]
+        return [
+            f"{label} {title}: {_shown(old[field], unit)} → {_shown(new[field], unit)}"
+            for field, title, unit in fields
+            if old[field] != new[field]
+        ]
+
+    def nic_changes(name, old, new):
+        return [f"{name} device: {_shown(old)} → {_shown(new)}"] if old != new else []
+
+    gpus = _diff_named(before["gpus"], after["gpus"], lambda gpu: gpu["name"], gpu_changes)
+    return gpus + _diff_named(before["nics"], after["nics"], lambda nic: nic, nic_changes)
+
+
+def _diff_named(old: dict, new: dict, name_of, changes_of) -> list[str]:
+    """The lines for two {label: device} tables, in label order: a device removed or added
+    (shown by name_of(device)), else changes_of(label, old device, new device)."""
     changes = []
-    old_gpus, new_gpus = before["gpus"], after["gpus"]
-    for label in sorted(old_gpus.keys() | new_gpus.keys(), key=_label_order):
-        if label not in new_gpus:
-            changes.append(f"{label} removed ({_shown(old_gpus[label]['name'])})")
-        elif label not in old_gpus:
-            changes.append(f"{label} added ({_shown(new_gpus[label]['name'])})")
+    for label in sorted(old.keys() | new.keys(), key=_label_order):
+        if label not in new:
+            changes.append(f"{label} removed ({_shown(name_of(old[label]))})")
+        elif label not in old:
+            changes.append(f"{label} added ({_shown(name_of(new[label]))})")
         else:
-            fields = [(field, title, unit) for field, title, unit in _GPU_FIELDS]
-            fields += [(field, title, "") for field, title in _PCIE_FIELDS]
-            for field, title, unit in fields:
-                old_value, new_value = old_gpus[label][field], new_gpus[label][field]
-                if old_value != new_value:
-                    changes.append(
-                        f"{label} {title}: {_shown(old_value, unit)} → {_shown(new_value, unit)}"
-                    )
-    old_nics, new_nics = before["nics"], after["nics"]
-    for name in sorted(old_nics.keys() | new_nics.keys(), key=_label_order):
-        if name not in new_nics:
-            changes.append(f"{name} removed ({_shown(old_nics[name])})")
-        elif name not in old_nics:
-            changes.append(f"{name} added ({_shown(new_nics[name])})")
-        elif old_nics[name] != new_nics[name]:
-            changes.append(f"{name} device: {_shown(old_nics[name])} → {_shown(new_nics[name])}")
+            changes += changes_of(label, old[label], new[label])
     return changes
 
 

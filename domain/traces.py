@@ -19,7 +19,6 @@ import re
 
 from domain.numbers import is_integer, is_number
 from domain.workloads import (
-    MAX_DATASET_BYTES,
     MAX_DATASET_ITEMS,
     MAX_LENGTH,
     DatasetFileError,
@@ -196,13 +195,7 @@ def parse_trace(file_name: str, data: bytes, *, block_size: int) -> dict:
     whole numbers, an input_length the blocks before the last one already fill, integers past
     their range (a 400-digit one is named by its digits).
     """
-    if len(data) > MAX_DATASET_BYTES:
-        raise DatasetFileError(
-            file_name,
-            None,
-            f"{len(data):,} bytes, more than a trace may hold ({MAX_DATASET_BYTES:,})",
-        )
-    text = _text_of(data, file_name)
+    text = _text_of(data, file_name, "a trace")
     if text.lstrip().startswith("{"):
         layout, rows = "mooncake", json_lines(text, file_name)
     else:

@@ -285,7 +285,15 @@ def spec_label(spec: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _text_of(data: bytes, file_name: str) -> str:
+def _text_of(data: bytes, file_name: str, kind: str) -> str:
+    """The file's text, refused when it is past MAX_DATASET_BYTES (what `kind` of file, "a
+    trace", may hold), empty, binary or not UTF-8."""
+    if len(data) > MAX_DATASET_BYTES:
+        raise DatasetFileError(
+            file_name,
+            None,
+            f"{len(data):,} bytes, more than {kind} may hold ({MAX_DATASET_BYTES:,})",
+        )
     if not data.strip():
         raise DatasetFileError(file_name, None, "the file is empty")
     if b"\x00" in data:
@@ -401,13 +409,7 @@ def parse_dataset(file_name: str, data: bytes, *, context_len: int | None = None
     Raises
     DatasetFileError naming the file, the line and the reason; nothing of a refused file is kept.
     """
-    if len(data) > MAX_DATASET_BYTES:
-        raise DatasetFileError(
-            file_name,
-            None,
-            f"{len(data):,} bytes, more than a dataset may hold ({MAX_DATASET_BYTES:,})",
-        )
-    text = _text_of(data, file_name)
+    text = _text_of(data, file_name, "a dataset")
     first = text.lstrip()[:1]
     items = []
     if first in ("[", "{"):

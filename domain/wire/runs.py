@@ -84,10 +84,15 @@ class TelemetrySample(Body):
     attempt: Attempt = 1
 
 
-class Telemetry(Body):
-    """A batch of GPU samples of a sweep or a tune."""
+class SampleBatch(Body):
+    """A batch of samples under the id that stores it once however often it is sent."""
 
     batch_id: text(100, min_length=1) = Field(description="client-chosen; a resend stores once")
+
+
+class Telemetry(SampleBatch):
+    """A batch of GPU samples of a sweep or a tune."""
+
     samples: list[TelemetrySample] = Field(max_length=MAX_SAMPLES)
 
 
@@ -102,8 +107,7 @@ class EngineSample(Body):
     attempt: Attempt = 1
 
 
-class EngineSamples(Body):
+class EngineSamples(SampleBatch):
     """A batch of engine samples of a sweep."""
 
-    batch_id: text(100, min_length=1) = Field(description="client-chosen; a resend stores once")
     samples: list[EngineSample] = Field(max_length=MAX_SAMPLES)
