@@ -124,6 +124,10 @@ def make_serving_world(served_model_name="", on_gpus=False):
     return world
 
 
+# where make_world's deployment's tunes start
+TUNE_START = "/api/v1/deployments/glm-5-sglang/tuning-runs"
+
+
 def make_world_with_worker():
     """make_world with its deployment on all of its host's GPUs and the host's worker seen just
     now (the host takes work)."""

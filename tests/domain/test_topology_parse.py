@@ -330,30 +330,32 @@ def test_it_rejects_empty_text():
     assert parse_error("\n\n").line_number == 1
 
 
-def test_it_names_a_row_whose_cells_are_shifted():
-    text = fixture("topo_m_4gpu_pcie_phb.txt").replace(
-        "GPU1    PHB      X      PHB     PHB     0-15",
-        "GPU1     X      PHB     PHB     PHB     0-15",
-        1,
-    )
+@pytest.mark.parametrize(
+    ("row", "written", "line_number", "said"),
+    [
+        # cells shifted
+        (
+            "GPU1    PHB      X      PHB     PHB     0-15",
+            "GPU1     X      PHB     PHB     PHB     0-15",
+            3,
+            "GPU1 row has 'PHB' where it meets its own column",
+        ),
+        # a GPU row missing an affinity value
+        (
+            "GPU2    PHB     PHB      X      PHB     0-15    0               N/A",
+            "GPU2    PHB     PHB      X      PHB     0-15    0",
+            4,
+            "GPU2 row has 2 values after the matrix, the header names 3",
+        ),
+    ],
+)
+def test_it_names_a_malformed_row(row, written, line_number, said):
+    text = fixture("topo_m_4gpu_pcie_phb.txt").replace(row, written, 1)
 
     error = parse_error(text)
 
-    assert error.line_number == 3
-    assert "GPU1 row has 'PHB' where it meets its own column" in str(error)
-
-
-def test_it_names_a_gpu_row_missing_an_affinity_value():
-    text = fixture("topo_m_4gpu_pcie_phb.txt").replace(
-        "GPU2    PHB     PHB      X      PHB     0-15    0               N/A",
-        "GPU2    PHB     PHB      X      PHB     0-15    0",
-        1,
-    )
-
-    error = parse_error(text)
-
-    assert error.line_number == 4
-    assert "GPU2 row has 2 values after the matrix, the header names 3" in str(error)
+    assert error.line_number == line_number
+    assert said in str(error)
 
 
 def test_it_names_a_row_label_the_header_lacks():

@@ -444,34 +444,30 @@ def filename_cli(*args: str) -> subprocess.CompletedProcess:
     return tuning_cli("filename", *args)
 
 
-def test_cli_prints_the_vllm_file_name():
-    result = filename_cli(
-        "--E", "256", "--N", "256", "--device", "NVIDIA H200", "--dtype", "fp8_w8a8",
-        "--block-shape", "128,128",
-    )  # fmt: skip
+GLM5_ON_H200 = ("--E", "256", "--N", "256", "--device", "NVIDIA H200")
 
+
+def printed_file_name(*args: str) -> str:
+    """What the CLI prints for GLM-5's block-quantised shape on the H200 and args."""
+    result = filename_cli(*GLM5_ON_H200, "--block-shape", "128,128", *args)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == (
+    return result.stdout
+
+
+def test_cli_prints_the_vllm_file_name():
+    assert printed_file_name("--dtype", "fp8_w8a8") == (
         "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json\n"
     )
 
 
 def test_cli_prints_the_sglang_file_under_its_triton_folder():
-    result = filename_cli(
-        "--E", "256", "--N", "256", "--device", "NVIDIA H200", "--block-shape", "128,128",
-        "--style", "sglang", "--triton-version", "3.4.0",
-    )  # fmt: skip
-
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == (
+    assert printed_file_name("--style", "sglang", "--triton-version", "3.4.0") == (
         "triton_3_4_0/E=256,N=256,device_name=NVIDIA_H200,block_shape=[128, 128].json\n"
     )
 
 
 def test_cli_fails_with_one_error_line():
-    result = filename_cli(
-        "--E", "256", "--N", "256", "--device", "NVIDIA H200", "--block-shape", "x"
-    )
+    result = filename_cli(*GLM5_ON_H200, "--block-shape", "x")
 
     assert result.returncode == 2
     assert result.stderr == "error: --block-shape must be two integers like 128,128, got 'x'\n"

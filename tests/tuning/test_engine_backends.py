@@ -39,6 +39,13 @@ def _vllm_package(version):
     return locate_package("vllm", source_dir=engine_source("vllm", version))
 
 
+def _vllm(version, capability=90, launch=None):
+    """vLLM `version` from tests/engine as a backend on a GPU of `capability`."""
+    return load_backend(
+        "vllm", source_dir=engine_source("vllm", version), capability=capability, launch=launch
+    )
+
+
 @pytest.fixture(scope="module", params=VLLM_VERSIONS)
 def vllm(request):
     package = _vllm_package(request.param)
@@ -125,7 +132,7 @@ def test_the_backend_names_the_engine_and_hashes_its_code(vllm):
 
 def test_two_vllm_versions_are_two_kernels():
     older = load_backend("vllm", source_dir=_vllm_package("0.32.0").package_dir, capability=90)
-    newer = load_backend("vllm", source_dir=engine_source("vllm", "0.33.0"), capability=90)
+    newer = _vllm("0.33.0")
 
     assert older.version == "0.32.0" and newer.version == "0.33.0"
     # 0.33's launcher reads the weight scales' strides differently
@@ -207,11 +214,11 @@ GLM5_FP8 = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_sh
 @pytest.fixture(scope="module")
 def vllm034():
     with interpreting():
-        return load_backend("vllm", source_dir=engine_source("vllm", "0.34.0"), capability=90)
+        return _vllm("0.34.0")
 
 
 def test_vllm_034_loads_knowing_its_sorted_launch_and_its_tma_switch(vllm034):
-    older = load_backend("vllm", source_dir=engine_source("vllm", "0.33.0"), capability=90)
+    older = _vllm("0.33.0")
 
     assert vllm034.version == "0.34.0"
     assert vllm034.sorted_launch and vllm034.reads_use_tma
@@ -244,7 +251,7 @@ def test_use_tma_is_searched_where_vllm_034_reads_b_by_tma(vllm034, shape, capab
 
 
 def test_vllm_033_is_searched_without_use_tma_which_its_kernel_would_refuse():
-    older = load_backend("vllm", source_dir=engine_source("vllm", "0.33.0"), capability=90)
+    older = _vllm("0.33.0")
 
     assert older.search_switches(GLM5_FP8) == {}
 
@@ -259,7 +266,7 @@ def test_vllm_034s_layer_takes_an_entry_with_use_tma_where_its_pointer_path_runs
 
 
 def test_vllm_034_names_its_down_file_beside_the_up_file_and_ships_glm5s(vllm034):
-    older = load_backend("vllm", source_dir=engine_source("vllm", "0.33.0"), capability=90)
+    older = _vllm("0.33.0")
     up = "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128]"
 
     assert vllm034.file_name(GLM5_FP8, "NVIDIA H200") == f"{up}.json"
@@ -360,9 +367,7 @@ def test_a_down_entry_takes_the_path_only_saying_use_tma_true(down_entry, up_blo
     ],
 )
 def test_vllm_034s_kernel_path_follows_the_deployments_launch(launch, capability, path):
-    backend = load_backend(
-        "vllm", source_dir=engine_source("vllm", "0.34.0"), capability=capability, launch=launch
-    )
+    backend = _vllm("0.34.0", capability, launch)
 
     assert backend.kernel_path(GLM5_FP8) == path
     assert backend.down_config_applies(GLM5_FP8) is (path == "sorted_a")
@@ -370,22 +375,16 @@ def test_vllm_034s_kernel_path_follows_the_deployments_launch(launch, capability
 
 
 def test_vllm_033_has_no_sorted_a_path_whatever_the_launch():
-    older = load_backend(
-        "vllm",
-        source_dir=engine_source("vllm", "0.33.0"),
-        capability=90,
-        launch={"deep_gemm_e8m0": True},
-    )
+    older = _vllm("0.33.0", launch={"deep_gemm_e8m0": True})
 
     assert older.kernel_path(GLM5_FP8) == "default"
     assert older.shipped_configs(GLM5_FP8, "NVIDIA H200", down=True) is None
 
 
 def test_the_shipped_down_file_is_a_candidate_only_on_the_sorted_a_path():
-    source = engine_source("vllm", "0.34.0")
     shape = KernelShape(E=256, N=256, H=6144, top_k=8, dtype="fp8_w8a8", block_shape=(128, 128))
-    on = load_backend("vllm", source_dir=source, capability=90, launch={"deep_gemm_e8m0": True})
-    off = load_backend("vllm", source_dir=source, capability=90)
+    on = _vllm("0.34.0", launch={"deep_gemm_e8m0": True})
+    off = _vllm("0.34.0")
 
     shipped = on.shipped_configs(shape, "NVIDIA H200", down=True)
     assert shipped.path.endswith("block_shape=[128,128]_down.json")
@@ -422,12 +421,7 @@ def test_the_tune_cli_gives_vllm_the_deployments_launch(tmp_path, monkeypatch):
 
 
 def test_the_sorted_a_path_quantises_with_vllm_034s_own_kernel():
-    backend = load_backend(
-        "vllm",
-        source_dir=engine_source("vllm", "0.34.0"),
-        capability=90,
-        launch={"deep_gemm_e8m0": True},
-    )
+    backend = _vllm("0.34.0", launch={"deep_gemm_e8m0": True})
 
     kernel = backend._sorted_quant_kernel()
 

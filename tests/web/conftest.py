@@ -4,6 +4,7 @@ from moeops.kernels import services as kernel_services
 from moeops.runs import services as run_services
 from moeops.watches import services as watch_services
 from tests import page_base
+from tests.api_base import make_world_with_worker
 
 
 @pytest.fixture
@@ -18,6 +19,13 @@ def sent(monkeypatch):
     monkeypatch.setattr(run_services, "send_host_task", send_host_task)
     monkeypatch.setattr(kernel_services, "send_host_task", send_host_task)
     return calls
+
+
+@pytest.fixture
+def worker_world(db):
+    """api_base.make_world_with_worker: its deployment on all of its host's GPUs, whose worker
+    takes work."""
+    return make_world_with_worker()
 
 
 @pytest.fixture

@@ -10,26 +10,20 @@ from django.utils import timezone
 from moeops.fleet.models import GPU, Host, TopologySnapshot
 from moeops.kernels.models import TuningRun
 from tests import queues
-from tests.api_base import make_world_with_worker
+from tests.api_base import TUNE_START
 from tests.fakes import FIXTURES
 
 QUEUE = "host.rtx-pro-6000"
-PATH = "/api/v1/deployments/glm-5-sglang/tuning-runs"
 TUNE_UUID = "5e0c2a41-7b9d-4f38-a6e2-1c8d9b3f7a20"
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
 
-@pytest.fixture
-def world(db):
-    return make_world_with_worker()
-
-
 def test_it_queues_a_tune_and_sends_it_to_the_hosts_worker_after_commit(
-    world, broker, django_capture_on_commit_callbacks
+    worker_world, broker, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=True):
-        response = world.host_worker.post(
-            PATH, {"uuid": TUNE_UUID, "batch_sizes": [64, 1, 16], "engine": "sglang"}
+        response = worker_world.host_worker.post(
+            TUNE_START, {"uuid": TUNE_UUID, "batch_sizes": [64, 1, 16], "engine": "sglang"}
         )
         assert queues.queued(broker, QUEUE) == []
     assert response.status_code == 201, response.json()
@@ -38,7 +32,7 @@ def test_it_queues_a_tune_and_sends_it_to_the_hosts_worker_after_commit(
     # GLM-5 at TP8: 256 experts per rank, N = 2048 / 8, on the deployment's first GPU
     assert (tuning.E, tuning.N, tuning.hidden_size, tuning.topk) == (256, 256, 6144, 8)
     assert (tuning.status, tuning.device_name, tuning.dtype) == ("queued", DEVICE, "bf16")
-    assert (tuning.deployment, tuning.host) == (world.deployment, world.host)
+    assert (tuning.deployment, tuning.host) == (worker_world.deployment, worker_world.host)
     assert tuning.batch_sizes == [1, 16, 64] and tuning.engine == "sglang"
     [task] = queues.queued(broker, QUEUE)
     assert task.task == "workers.tune_kernel"
@@ -63,11 +57,11 @@ def test_it_queues_a_tune_and_sends_it_to_the_hosts_worker_after_commit(
 
 
 def test_a_start_sent_again_is_the_same_tune_and_no_second_task(
-    world, broker, django_capture_on_commit_callbacks
+    worker_world, broker, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=True):
-        first = world.owner.post(PATH, {"uuid": TUNE_UUID})
-        again = world.owner.post(PATH, {"uuid": TUNE_UUID})
+        first = worker_world.owner.post(TUNE_START, {"uuid": TUNE_UUID})
+        again = worker_world.owner.post(TUNE_START, {"uuid": TUNE_UUID})
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json()["id"] == again.json()["id"]
     [task] = queues.queued(broker, QUEUE)
@@ -109,9 +103,11 @@ def test_a_start_sent_again_is_the_same_tune_and_no_second_task(
         ),
     ],
 )
-def test_a_tune_the_host_cannot_run_is_refused_in_a_sentence(world, broker, change, body, detail):
-    change(world)
-    response = world.owner.post(PATH, body)
+def test_a_tune_the_host_cannot_run_is_refused_in_a_sentence(
+    worker_world, broker, change, body, detail
+):
+    change(worker_world)
+    response = worker_world.owner.post(TUNE_START, body)
     assert response.status_code == 400
     assert response.json()["detail"].startswith(detail), response.json()
     assert not TuningRun.objects.exists()
@@ -126,34 +122,36 @@ def test_a_tune_the_host_cannot_run_is_refused_in_a_sentence(world, broker, chan
         ([0], "batch_sizes.0: Input should be greater than or equal to 1"),
     ],
 )
-def test_the_batch_sizes_are_distinct_whole_numbers(world, broker, batch_sizes, message):
-    response = world.owner.post(PATH, {"batch_sizes": batch_sizes})
+def test_the_batch_sizes_are_distinct_whole_numbers(worker_world, broker, batch_sizes, message):
+    response = worker_world.owner.post(TUNE_START, {"batch_sizes": batch_sizes})
     assert response.status_code == 422
     assert response.json()["message"].startswith(message), response.json()
     assert not TuningRun.objects.exists()
 
 
-def test_fp4_experts_are_tuned_only_when_forced(world, broker, django_capture_on_commit_callbacks):
+def test_fp4_experts_are_tuned_only_when_forced(
+    worker_world, broker, django_capture_on_commit_callbacks
+):
     config = json.loads(
         (FIXTURES / "hf_configs" / "nvidia-kimi-k2.5-nvfp4_config.json").read_text()
     )
-    world.model.config_json = config
-    world.model.fill_shape()
-    world.model.save()
-    refused = world.owner.post(PATH, {})
+    worker_world.model.config_json = config
+    worker_world.model.fill_shape()
+    worker_world.model.save()
+    refused = worker_world.owner.post(TUNE_START, {})
     assert refused.status_code == 400
     assert refused.json()["detail"].startswith(
         "force: nvfp4 experts run on SGLang's and vLLM's FP4 MoE kernels"
     )
     with django_capture_on_commit_callbacks(execute=True):
-        forced = world.owner.post(PATH, {"force": True})
+        forced = worker_world.owner.post(TUNE_START, {"force": True})
     assert forced.status_code == 201
     [task] = queues.queued(broker, QUEUE)
     assert (task.kwargs["force"], task.kwargs["quantization"]) == (True, "nvfp4")
 
 
-def test_only_a_token_that_may_write_the_host_starts_a_tune(world, broker):
-    assert world.outsider.post(PATH, {}).status_code == 403
-    assert world.read_only.post(PATH, {}).status_code == 403
-    assert world.anonymous.post(PATH, {}).status_code == 401
+def test_only_a_token_that_may_write_the_host_starts_a_tune(worker_world, broker):
+    assert worker_world.outsider.post(TUNE_START, {}).status_code == 403
+    assert worker_world.read_only.post(TUNE_START, {}).status_code == 403
+    assert worker_world.anonymous.post(TUNE_START, {}).status_code == 401
     assert not TuningRun.objects.exists()

@@ -7,23 +7,17 @@ import pytest
 from moeops.kernels.models import TuningRun
 from tests import page_base as pb
 from tests import queues
-from tests.api_base import make_world_with_worker
+from tests.api_base import TUNE_START
 
 QUEUE = "host.rtx-pro-6000"
-PATH = "/api/v1/deployments/glm-5-sglang/tuning-runs"
-
-
-@pytest.fixture
-def world(db):
-    return make_world_with_worker()
 
 
 def test_the_api_queues_a_tune_under_zipf_routing_beside_a_uniform_one(
-    world, broker, django_capture_on_commit_callbacks
+    worker_world, broker, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=True):
-        skewed = world.owner.post(PATH, {"batch_sizes": [64], "routing": "zipf:1.2"})
-        uniform = world.owner.post(PATH, {"batch_sizes": [64]})
+        skewed = worker_world.owner.post(TUNE_START, {"batch_sizes": [64], "routing": "zipf:1.2"})
+        uniform = worker_world.owner.post(TUNE_START, {"batch_sizes": [64]})
 
     assert (skewed.status_code, uniform.status_code) == (201, 201)
     assert (skewed.json()["routing"], uniform.json()["routing"]) == ("zipf:1.2", "uniform")
@@ -43,8 +37,10 @@ def test_the_api_queues_a_tune_under_zipf_routing_beside_a_uniform_one(
         ("ids.npy", "a file of top-k ids is given on the GPU host"),
     ],
 )
-def test_a_routing_the_worker_cannot_time_under_is_refused_naming_it(world, broker, routing, said):
-    response = world.owner.post(PATH, {"routing": routing})
+def test_a_routing_the_worker_cannot_time_under_is_refused_naming_it(
+    worker_world, broker, routing, said
+):
+    response = worker_world.owner.post(TUNE_START, {"routing": routing})
 
     assert response.status_code == 400
     assert response.json()["detail"].startswith("routing: ") and said in response.json()["detail"]
@@ -52,10 +48,10 @@ def test_a_routing_the_worker_cannot_time_under_is_refused_naming_it(world, brok
 
 
 def test_the_deployment_pages_form_takes_the_routing_and_the_pages_show_it(
-    world, client, broker, django_capture_on_commit_callbacks
+    worker_world, client, broker, django_capture_on_commit_callbacks
 ):
     pb.sign_in(client)
-    url = f"/deployments/{world.deployment.pk}/tune/"
+    url = f"/deployments/{worker_world.deployment.pk}/tune/"
     form = {"dtype": "bf16", "batch_sizes": "64", "kernel": "builtin"}
 
     refused = client.post(url, {**form, "routing": "dirichlet:0"})
@@ -73,24 +69,24 @@ def test_the_deployment_pages_form_takes_the_routing_and_the_pages_show_it(
     detail = client.get(started["Location"]).content.decode()
     cell = detail.split('class="routing"')[1].split("</dd>")[0]
     assert "Dirichlet α=0.3" in cell and "the file is tuned for that skew" in cell
-    page = client.get(world.deployment.get_absolute_url()).content.decode()
+    page = client.get(worker_world.deployment.get_absolute_url()).content.decode()
     assert "bf16 under Dirichlet α=0.3" in page
 
 
-def test_a_timing_under_the_other_routing_is_stored_once_and_a_bad_one_refused(world):
+def test_a_timing_under_the_other_routing_is_stored_once_and_a_bad_one_refused(worker_world):
     from moeops.kernels.services import tuning_run_create
 
     tuning, _ = tuning_run_create(
-        host=world.host, device_name="NVIDIA H200", E=8, N=64, hidden_size=128, topk=2
+        host=worker_world.host, device_name="NVIDIA H200", E=8, N=64, hidden_size=128, topk=2
     )
     path = f"/api/v1/tuning-runs/{tuning.uuid}/timings"
     under = {"routing": {"kind": "uniform"}, "tuned_us": 109.0, "default_us": 100.0}
     timing = {"batch_size": 64, "tuned_us": 80.0, "default_us": 90.0, "also_under": under}
 
-    first = world.host_worker.post(path, {"timings": [timing]})
-    again = world.host_worker.post(path, {"timings": [timing]})
+    first = worker_world.host_worker.post(path, {"timings": [timing]})
+    again = worker_world.host_worker.post(path, {"timings": [timing]})
     bad = {**timing, "batch_size": 128, "also_under": {**under, "tuned_us": -1.0}}
-    refused = world.host_worker.post(path, {"timings": [bad]})
+    refused = worker_world.host_worker.post(path, {"timings": [bad]})
 
     assert (first.status_code, again.status_code) == (201, 200)
     stored = tuning.timings.get()
@@ -101,11 +97,13 @@ def test_a_timing_under_the_other_routing_is_stored_once_and_a_bad_one_refused(w
 
 
 def test_a_uniform_tune_may_be_timed_under_a_skew_too(
-    world, broker, django_capture_on_commit_callbacks
+    worker_world, broker, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=True):
-        started = world.owner.post(PATH, {"batch_sizes": [64], "also_under": "zipf:1.2"})
-    refused = world.owner.post(PATH, {"batch_sizes": [64], "also_under": "zipf:-1"})
+        started = worker_world.owner.post(
+            TUNE_START, {"batch_sizes": [64], "also_under": "zipf:1.2"}
+        )
+    refused = worker_world.owner.post(TUNE_START, {"batch_sizes": [64], "also_under": "zipf:-1"})
 
     assert started.status_code == 201
     [task] = queues.queued(broker, QUEUE)

@@ -36,6 +36,18 @@ def _run(argv, capsys):
     return code, out, err
 
 
+def _imported_only_when_told(argv, capsys, measured):
+    """An import of a file that measured another model: refused naming what it `measured`,
+    nothing stored; then stored with --accept-mismatch. Returns what that import printed."""
+    code, out, err = _run(argv, capsys)
+    assert code == 1
+    assert err.startswith(f"error: 409: content: the file measured {measured}")
+    assert not SweepRun.objects.exists()
+    code, out, err = _run([*argv, "--accept-mismatch"], capsys)
+    assert (code, err) == (0, "")
+    return out
+
+
 def _shell(*args, env=None):
     environment = {**os.environ, **(env or {})}
     return subprocess.run(
@@ -86,30 +98,19 @@ def test_an_unreachable_server_is_one_line():
 
 def test_it_imports_sglang_results_of_another_model_only_when_told_to(world, capsys):
     argv = ["import-results", str(SGLANG_AGG), "--format", "sglang", "--deployment", "glm-5-sglang"]
-    code, out, err = _run(argv, capsys)
-    assert code == 1
-    assert err.startswith("error: 409: content: the file measured Qwen/Qwen2.5-3B-Instruct at TP1")
-    assert not SweepRun.objects.exists()
-    argv.append("--accept-mismatch")
-    code, out, err = _run(argv, capsys)
-    assert (code, err) == (0, "")
+    out = _imported_only_when_told(argv, capsys, "Qwen/Qwen2.5-3B-Instruct at TP1")
     run = SweepRun.objects.get()
     assert out == f"1 level(s) in run {run.pk} ({run.uuid}) of glm-5-sglang\n"
     assert run.label == SGLANG_AGG.name
     assert LevelResult.objects.get().output_throughput == pytest.approx(710.7638973941176)
-    assert _run(argv, capsys)[0] == 0
+    assert _run([*argv, "--accept-mismatch"], capsys)[0] == 0
     assert SweepRun.objects.count() == 1
 
 
 def test_it_imports_an_aiperf_summary_of_another_model_only_when_told_to(world, capsys):
     path = FIXTURES / "results" / "aiperf" / "concurrency_4" / "profile_export_aiperf.json"
     argv = ["import-results", str(path), "--format", "aiperf", "--deployment", "glm-5-sglang"]
-    code, out, err = _run(argv, capsys)
-    assert code == 1
-    assert err.startswith("error: 409: content: the file measured tiny-moe; the deployment")
-    assert not SweepRun.objects.exists()
-    code, out, err = _run([*argv, "--accept-mismatch"], capsys)
-    assert (code, err) == (0, "")
+    _imported_only_when_told(argv, capsys, "tiny-moe; the deployment")
     level = LevelResult.objects.get()
     summary = json.loads(path.read_text())
     assert level.concurrency == 4
@@ -128,12 +129,7 @@ def test_it_imports_an_inference_perf_stage_with_its_config_as_the_model_it_name
     path = folder / "stage_1_lifecycle_metrics.json"
     argv = ["import-results", str(path), "--format", "inference-perf"]
     argv += ["--deployment", "glm-5-sglang", "--config", str(folder / "config.yml")]
-    code, out, err = _run(argv, capsys)
-    assert code == 1
-    assert err.startswith("error: 409: content: the file measured tiny-moe on vLLM; the deploy")
-    assert not SweepRun.objects.exists()
-    code, out, err = _run([*argv, "--accept-mismatch"], capsys)
-    assert (code, err) == (0, "")
+    _imported_only_when_told(argv, capsys, "tiny-moe on vLLM; the deploy")
     run = SweepRun.objects.get()
     assert run.other_model == "tiny-moe" and run.levels.get().concurrency == 4
 

@@ -627,13 +627,20 @@ def test_the_cli_runs_each_level_in_rounds_and_prints_the_median_and_interval(
     assert printed.count("95 % interval: out tok/s ") == 2
 
 
-def test_the_cli_refuses_rounds_out_of_bounds(capsys):
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--rounds", "0", "--rounds: from 1 to 10, got 0"),
+        ("--seed", "-1", "--seed: from 0 to 2147483647, got -1"),
+    ],
+)
+def test_the_cli_refuses_a_number_out_of_bounds(capsys, flag, value, said):
     with pytest.raises(SystemExit) as exited:
         loadgen_cli.main(
-            ["--base-url", "http://x", "--model", "m", "--concurrency", "1", "--rounds", "0"]
+            ["--base-url", "http://x", "--model", "m", "--concurrency", "1", flag, value]
         )
     assert exited.value.code == 2
-    assert "--rounds: from 1 to 10, got 0" in capsys.readouterr().err
+    assert said in capsys.readouterr().err
 
 
 def test_the_cli_draws_new_prompts_each_run_and_prints_the_seed_that_sends_them_again(
@@ -651,15 +658,6 @@ def test_the_cli_draws_new_prompts_each_run_and_prints_the_seed_that_sends_them_
         prompts.append([body["prompt"] for body in scripted.bodies])
     assert seeds[0] != seeds[1] and prompts[0] != prompts[1]
     assert seeds[2] == seeds[0] and prompts[2] == prompts[0]
-
-
-def test_the_cli_refuses_a_negative_seed(capsys):
-    with pytest.raises(SystemExit) as exited:
-        loadgen_cli.main(
-            ["--base-url", "http://x", "--model", "m", "--concurrency", "1", "--seed", "-1"]
-        )
-    assert exited.value.code == 2
-    assert "--seed: from 0 to 2147483647, got -1" in capsys.readouterr().err
 
 
 def test_an_imported_logs_figures_are_those_the_load_generator_computed_from_its_records():

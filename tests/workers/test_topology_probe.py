@@ -172,6 +172,18 @@ def write(root, relative, text):
     path.write_text(text)
 
 
+def clock_sources(root, text):
+    """The kernel's list of available clock sources (kvm-clock: a KVM guest)."""
+    write(root, "sys/devices/system/clocksource/clocksource0/available_clocksource", text)
+
+
+def firecracker_dsdt(root):
+    """A Firecracker guest's ACPI DSDT header: OEM FIRECK, table FCVMDSDT."""
+    header = b"DSDT" + b"\x53\x17\x00\x00" + b"\x02\x77" + b"FIRECK" + b"FCVMDSDT"
+    (root / "sys/firmware/acpi/tables").mkdir(parents=True)
+    (root / "sys/firmware/acpi/tables/DSDT").write_bytes(header + b"\x00" * 12)
+
+
 def cpuinfo(hypervisor):
     flags = "fpu vme de pse tsc msr pae mce cx8 apic sep" + (" hypervisor" if hypervisor else "")
     return "".join(f"processor\t: {n}\nflags\t\t: {flags}\n\n" for n in range(2))
@@ -473,14 +485,8 @@ def test_it_names_the_hypervisor_from_dmi(tmp_path, vendor, product, technology)
 
 
 def test_it_names_firecracker_from_its_acpi_tables(tmp_path):
-    header = b"DSDT" + b"\x53\x17\x00\x00" + b"\x02\x77" + b"FIRECK" + b"FCVMDSDT"
-    (tmp_path / "sys/firmware/acpi/tables").mkdir(parents=True)
-    (tmp_path / "sys/firmware/acpi/tables/DSDT").write_bytes(header + b"\x00" * 12)
-    write(
-        tmp_path,
-        "sys/devices/system/clocksource/clocksource0/available_clocksource",
-        "tsc kvm-clock \n",
-    )
+    firecracker_dsdt(tmp_path)
+    clock_sources(tmp_path, "tsc kvm-clock \n")
 
     found = virtualization(tmp_path)
 
@@ -490,12 +496,8 @@ def test_it_names_firecracker_from_its_acpi_tables(tmp_path):
 
 
 def test_a_container_in_a_firecracker_vm_keeps_both_layers_and_the_hypervisor(tmp_path):
-    header = b"DSDT" + b"\x53\x17\x00\x00" + b"\x02\x77" + b"FIRECK" + b"FCVMDSDT"
-    (tmp_path / "sys/firmware/acpi/tables").mkdir(parents=True)
-    (tmp_path / "sys/firmware/acpi/tables/DSDT").write_bytes(header + b"\x00" * 12)
-    write(
-        tmp_path, "sys/devices/system/clocksource/clocksource0/available_clocksource", "kvm-clock"
-    )
+    firecracker_dsdt(tmp_path)
+    clock_sources(tmp_path, "kvm-clock")
     write(tmp_path, ".dockerenv", "")
 
     found = virtualization(tmp_path)
@@ -508,11 +510,7 @@ def test_a_container_in_a_firecracker_vm_keeps_both_layers_and_the_hypervisor(tm
 
 
 def test_it_names_kvm_from_the_kvm_clock_source(tmp_path):
-    write(
-        tmp_path,
-        "sys/devices/system/clocksource/clocksource0/available_clocksource",
-        "kvm-clock tsc acpi_pm\n",
-    )
+    clock_sources(tmp_path, "kvm-clock tsc acpi_pm\n")
 
     found = virtualization(tmp_path)
 
@@ -522,11 +520,7 @@ def test_it_names_kvm_from_the_kvm_clock_source(tmp_path):
 def test_it_calls_qemu_accelerated_by_kvm_a_kvm_vm(tmp_path):
     write(tmp_path, "sys/class/dmi/id/sys_vendor", "QEMU\n")
     write(tmp_path, "sys/class/dmi/id/product_name", "Standard PC (Q35 + ICH9, 2009)\n")
-    write(
-        tmp_path,
-        "sys/devices/system/clocksource/clocksource0/available_clocksource",
-        "kvm-clock tsc\n",
-    )
+    clock_sources(tmp_path, "kvm-clock tsc\n")
 
     assert virtualization(tmp_path)["technology"] == "kvm"
 
