@@ -1,4 +1,4 @@
-"""The deployment page's forms write, through the renderer that writes their widgets in Python
+"""The heavy pages' forms write, through the renderer that writes their widgets in Python
 (moeops.front.forms.render), what Django's widget templates write: unbound, and bound with
 errors, every field, choice and error list."""
 
@@ -9,7 +9,7 @@ from moeops.fleet.models import SLOProfile
 from moeops.front.forms import render
 from moeops.front.forms.deployments import PlanItemForm
 from moeops.front.forms.kernels import TuneForm
-from moeops.front.forms.runs import ResultFileForm
+from moeops.front.forms.runs import ResultFileForm, RunFilterForm
 from moeops.front.forms.sweeps import CapacityForm, SweepForm
 from moeops.front.forms.watches import WatchCreateForm
 from moeops.runs.models import Workload
@@ -38,6 +38,9 @@ BAD = {
     "dtype": "fp4",
     "burstiness": "1 & 2",
     "label": '"quoted" <label>',
+    "since": "2026-13-01",
+    "until": "2026-01-02",
+    "kernel": "tuned",
 }
 
 
@@ -61,6 +64,7 @@ def forms():
             yield TuneForm(**bound, deployment=deployment)
             yield ResultFileForm(**bound)
             yield PlanItemForm(**bound)
+            yield RunFilterForm(**bound)
 
     return made
 

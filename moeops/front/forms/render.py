@@ -1,8 +1,9 @@
-"""The form renderer of the deployment page's forms: Django's own widget templates, those its
-forms use for every field written in Python. Through the templates each widget and each empty
-error list costs a template render, ~60 of them per page (bench/ui_pages.py); what this writes
-is what those templates write (tests/web/test_form_render.py), and any other template, or a
-value the Python would not write alike, goes to the templates."""
+"""The form renderer of the heavy pages' forms (the deployment page's, the runs filter of the
+runs list and compare): Django's own widget templates, those the forms use for every field
+written in Python. Through the templates each widget and each empty error list costs a template
+render, ~60 of them on the deployment page (bench/ui_pages.py); what this writes is what those
+templates write (tests/web/test_form_render.py), and any other template, or a value the Python
+would not write alike, goes to the templates."""
 
 from django.forms.renderers import DjangoTemplates
 from django.utils.html import conditional_escape, escape
@@ -11,7 +12,7 @@ from django.utils.safestring import SafeData
 WIDGETS = "django/forms/widgets/"
 INPUTS = {
     f"{WIDGETS}{name}.html"
-    for name in ("input", "text", "number", "email", "url", "password", "checkbox", "file")
+    for name in ("input", "text", "number", "email", "url", "password", "checkbox", "file", "date")
 }
 # a choice of a CheckboxSelectMultiple written alone ({{ choice.tag }}): the input, unlabelled
 OPTION_INPUTS = {f"{WIDGETS}checkbox_option.html", f"{WIDGETS}input_option.html"}

@@ -75,6 +75,8 @@ class TraceUploadForm(forms.Form):
 class RunFilterForm(forms.Form):
     """Filters of the runs list and of the compare page's run picker (GET)."""
 
+    default_renderer = PAGE_FORMS
+
     model = forms.ModelChoiceField(ModelSpec.objects.none(), required=False, empty_label="any")
     deployment = forms.ModelChoiceField(
         Deployment.objects.none(), required=False, empty_label="any"

@@ -341,7 +341,7 @@ def _deployment_page(
     runs = list(
         deployment.runs.all()
         .prefetch_related(Prefetch("levels", PAGE_LEVELS))
-        .select_related("topology_snapshot", "kernel_config")
+        .select_related("topology_snapshot")
         .with_summary()
         .annotate(aside=Exists(SweepRun.objects.filter(ASIDE, pk=OuterRef("pk"))))
         .order_by("-created", "-id")
