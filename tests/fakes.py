@@ -37,6 +37,15 @@ TOPOLOGY_SNAPSHOT_KEYS = {
     "nics",
     "hostname",
 }
+# GLM-5's fused-MoE shape at TP8 in bf16 as a tune names it: 256 experts per rank, N = 2048 / 8
+GLM5_TP8_TUNE = {
+    "E": 256,
+    "N": 256,
+    "hidden_size": 6144,
+    "topk": 8,
+    "dtype": "bf16",
+    "block_shape": None,
+}
 # One batch size's entry of a fused-MoE kernel-config file, as vLLM's benchmark_moe.py writes it
 KERNEL_ENTRY = {
     "BLOCK_SIZE_M": 16,
@@ -66,16 +75,22 @@ def shared_prefix_spec(groups, prefix_len, question_len, output_len):
     }
 
 
-def tuning_cli(*args):
-    """`python -m tuning` run from the repository root with `args` (the finished process, its
-    output captured)."""
+def python_module(module, *args, env=None, timeout=60):
+    """`python -m module` run from the repository root with `args` (the finished process, its
+    output captured); env: the whole environment (default: this process's)."""
     return subprocess.run(
-        [sys.executable, "-m", "tuning", *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
+
+
+def tuning_cli(*args):
+    """`python -m tuning` with `args`, as python_module runs it."""
+    return python_module("tuning", *args)
 
 
 def compile_only_device(*args):

@@ -4,8 +4,6 @@ times are known to the microsecond; bad input of every kind; the CLI's step-brea
 import gzip
 import json
 import os
-import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -15,6 +13,7 @@ import pytest
 
 from domain.step_breakdown import CLASSES, StepBreakdown
 from domain.step_trace import TraceError, read_breakdown
+from tests.fakes import python_module
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "tests" / "fixtures" / "traces"
@@ -383,14 +382,7 @@ def test_it_refuses_two_files_of_one_rank(tmp_path):
 
 def _cli(*args):
     env = {k: v for k, v in os.environ.items() if k not in ("MOEOPS_TOKEN", "MOEOPS_URL")}
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", "step-breakdown", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return python_module("workers.cli", "step-breakdown", *args, env=env, timeout=120)
 
 
 def test_the_cli_prints_the_breakdown_as_json_without_a_token():

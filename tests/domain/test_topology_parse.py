@@ -1,12 +1,10 @@
 import json
-import subprocess
-import sys
 
 import pytest
 
 from domain.topology import P2P_KINDS, TopologyParseError, parse_nvidia_smi_topo
 from tests import fakes
-from tests.fakes import ROOT, TOPOLOGY_SNAPSHOT_KEYS
+from tests.fakes import TOPOLOGY_SNAPSHOT_KEYS, python_module
 
 FIXTURES = fakes.FIXTURES / "topology"
 
@@ -405,13 +403,7 @@ def test_it_refuses_an_unknown_p2p_kind():
 
 
 def run_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "workers.topology", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
+    return python_module("workers.topology", *args)
 
 
 def test_the_parse_command_prints_the_snapshot_as_json():

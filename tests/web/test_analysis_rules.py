@@ -19,6 +19,7 @@ from moeops.insights.rules.run_data import (
     RunData,
     Topology,
 )
+from tests.fakes import GLM5_TP8_TUNE
 
 GLM5_TP8_SHAPE = {
     "num_experts": 256,
@@ -424,15 +425,7 @@ def test_no_tuned_kernel_fires_with_the_shape_to_tune():
     [p] = kernel_rules.no_tuned_kernel(data)
 
     assert (p.kind, p.scope) == ("no_tuned_kernel", "deployment")
-    assert p.evidence["tune"] == {
-        "device_name": "NVIDIA H200",
-        "E": 256,
-        "N": 256,
-        "hidden_size": 6144,
-        "topk": 8,
-        "dtype": "bf16",
-        "block_shape": None,
-    }
+    assert p.evidence["tune"] == {"device_name": "NVIDIA H200", **GLM5_TP8_TUNE}
     assert p.plan == ["Tune the fused-MoE kernel for NVIDIA H200 E=256 N=256 bf16"]
 
 

@@ -11,7 +11,7 @@ from moeops.fleet.models import GPU, Host, TopologySnapshot
 from moeops.kernels.models import TuningRun
 from tests import queues
 from tests.api_base import TUNE_START
-from tests.fakes import FIXTURES
+from tests.fakes import FIXTURES, GLM5_TP8_TUNE
 
 QUEUE = "host.rtx-pro-6000"
 TUNE_UUID = "5e0c2a41-7b9d-4f38-a6e2-1c8d9b3f7a20"
@@ -38,12 +38,7 @@ def test_it_queues_a_tune_and_sends_it_to_the_hosts_worker_after_commit(
     assert task.task == "workers.tune_kernel"
     assert task.kwargs == {
         "tuning_run_uuid": TUNE_UUID,
-        "E": 256,
-        "N": 256,
-        "hidden_size": 6144,
-        "topk": 8,
-        "dtype": "bf16",
-        "block_shape": None,
+        **GLM5_TP8_TUNE,
         "batch_sizes": [1, 16, 64],
         "device_name": DEVICE,
         "gpu_indices": [0, 1],

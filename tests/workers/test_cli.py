@@ -1,8 +1,6 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import httpx
 import pytest
@@ -11,7 +9,7 @@ from moeops.kernels.models import KernelConfig
 from moeops.runs.models import LevelResult, SweepRun, Workload
 from moeops.wsgi import application
 from tests.api_base import make_world, wsgi_in_test_transaction
-from tests.fakes import FIXTURES, ROOT
+from tests.fakes import FIXTURES, python_module
 from workers import cli
 
 SGLANG_AGG = FIXTURES / "results" / "TonyLi15-sglang-benchmark__agg_n50_in128_out64_c8.jsonl"
@@ -49,15 +47,7 @@ def _imported_only_when_told(argv, capsys, measured):
 
 
 def _shell(*args, env=None):
-    environment = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return python_module("workers.cli", *args, env={**os.environ, **(env or {})})
 
 
 @pytest.mark.parametrize("command", ["import-results", "push-config", "export-config", "runs"])
@@ -76,14 +66,7 @@ def test_a_usage_error_is_one_line():
 
 def test_it_says_when_no_token_is_set():
     env = {key: value for key, value in os.environ.items() if key != "MOEOPS_TOKEN"}
-    result = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "runs", "--deployment", "d"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = python_module("workers.cli", "runs", "--deployment", "d", env=env)
     assert result.returncode == 2
     assert result.stderr.startswith("error: MOEOPS_TOKEN is not set")
 

@@ -1,5 +1,4 @@
 import json
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -7,7 +6,7 @@ import pytest
 
 from domain.topology import parse_nvidia_smi_topo
 from tests import fakes
-from tests.fakes import ROOT, TOPOLOGY_SNAPSHOT_KEYS
+from tests.fakes import TOPOLOGY_SNAPSHOT_KEYS, python_module
 from workers import topology
 from workers.topology import probe
 
@@ -404,13 +403,7 @@ def test_the_probe_command_prints_the_snapshot_as_json(tmp_path):
     write(tmp_path, "etc/hostname", "lab-host\n")
     write(tmp_path, "run/systemd/container", "lxc\n")
 
-    done = subprocess.run(
-        [sys.executable, "-m", "workers.topology", "probe", "--root", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
+    done = python_module("workers.topology", "probe", "--root", str(tmp_path))
 
     assert done.returncode == 0, done.stderr
     snapshot = json.loads(done.stdout)
