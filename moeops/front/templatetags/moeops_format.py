@@ -1,7 +1,9 @@
 """Number, duration and status formatting shared by every page."""
 
 from django import template
+from django.urls import reverse
 from django.utils.html import format_html, json_script
+from django.utils.safestring import mark_safe
 
 from domain.failures import explain_error
 from moeops.front.charts.figures import CompactJSONEncoder
@@ -109,6 +111,30 @@ def deployment_status(deployment):
         '<span class="status status-{}">{}</span>',
         deployment.status,
         deployment.get_status_display(),
+    )
+
+
+@register.simple_tag
+def run_origin(run):
+    """The badge of where the run's numbers come from (SweepRun.origin); none for a sweep whose
+    engine is not read yet, nor for the stand-in's (run_link gives it its own badge)."""
+    badge, title = run.origin()
+    if not badge or badge == "stand-in":
+        return ""
+    return format_html('<span class="badge origin" title="{}">{}</span>', title, badge)
+
+
+STANDIN_BADGE = mark_safe('<span class="badge standin">stand-in</span>')
+
+
+@register.simple_tag
+def run_link(run):
+    """The run's name linked to its page, then its origin badge and the stand-in's, as the
+    run lists show it: one tag a row, not a template included per row."""
+    standin = STANDIN_BADGE if run.is_standin else ""
+    url = reverse("run-detail", args=[run.uuid])
+    return format_html(
+        '<a href="{}">{}</a> {} {}', url, run.display_label(), run_origin(run), standin
     )
 
 
