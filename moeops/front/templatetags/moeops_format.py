@@ -23,6 +23,14 @@ def num(value, digits=0):
 
 
 @register.filter
+def concurrencies(run):
+    """ "8, 16, ?": the concurrency of each of the run's levels (prefetched), in their order;
+    "" without levels. A filter, not a loop in the template: the deployment page and compare
+    list every run's levels."""
+    return ", ".join(str(level.concurrency or "?") for level in run.levels.all())
+
+
+@register.filter
 def duration(seconds):
     """Seconds → "42 s", "3 min 05 s", "2 h 01 min"; None → "—"."""
     if seconds is None:

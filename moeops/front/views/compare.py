@@ -230,7 +230,6 @@ def _summary(run):
     per_gpu = run.peak / gpus if run.peak is not None and gpus else None
     return {
         "run": run,
-        "levels": [level.concurrency for level in levels],
         "peak": run.peak,
         "peak_per_gpu": NO_GPUS if gpus is None and run.peak is not None else per_gpu,
         "best_per_user": max(per_user, default=None),
