@@ -33,7 +33,7 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tuning.compile_only import GpuTarget, target_for
@@ -88,15 +88,7 @@ class CheckedConfig:
     kernels: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {
-            "config": self.config,
-            "M": self.M,
-            "error": self.error,
-            "shared_bytes": self.shared_bytes,
-            "estimate_bytes": self.estimate_bytes,
-            "source": self.source,
-            "kernels": self.kernels,
-        }
+        return asdict(self)
 
 
 @dataclass

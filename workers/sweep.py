@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 
 from domain import request_log
 from domain import workloads as workload_specs
@@ -27,7 +28,7 @@ from domain.snapshot import RunSnapshot
 from domain.step_breakdown import DEFAULT_PROFILE_STEPS
 from domain.wire.levels import LevelFigures
 from workers import capacity, engine_info, engine_paths, job, loadgen, step_profile, vocabulary
-from workers.client import ApiError, Conflict, Unreachable
+from workers.client import ApiError, Conflict, MoeopsClient, Unreachable
 from workers.engine_metrics import EngineMetricsSampler, counter_deltas, read_engine_counters
 from workers.job import BUSY as BUSY
 from workers.telemetry import TelemetrySampler, push_drained
@@ -204,42 +205,43 @@ class _Progress:
             return {**self.state, "heartbeat": time.time(), "worker": job.me()}
 
 
+@dataclass
 class _Samples:
-    """Hands the samplers' readings to the API in batches, each under a fresh batch id and
-    each sample marked with the run's delivery `attempt`."""
+    """Hands the samplers' readings (telemetry's and engine's) to the API in batches, each
+    under a fresh batch id and each sample marked with the run's delivery `attempt`;
+    engine_sent: how many of the engine's samples went."""
 
-    def __init__(self, client, run_uuid, telemetry, engine, attempt):
-        self._client = client
-        self._run = run_uuid
-        self._telemetry = telemetry
-        self._engine = engine
-        self._attempt = attempt
-        self._engine_sent = 0
-        self._lock = threading.Lock()
+    client: MoeopsClient
+    run: str
+    telemetry: TelemetrySampler
+    engine: EngineMetricsSampler
+    attempt: int
+    engine_sent: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def tag(self, concurrency):
         """Samples taken from now on belong to the level at this concurrency (None: none)."""
-        self._telemetry.level_concurrency = self._engine.level_concurrency = concurrency
+        self.telemetry.level_concurrency = self.engine.level_concurrency = concurrency
 
     def _marked(self, samples):
-        return [{**sample, "attempt": self._attempt} for sample in samples]
+        return [{**sample, "attempt": self.attempt} for sample in samples]
 
     def flush(self):
-        with self._lock:
+        with self.lock:
             try:
                 push_drained(
-                    self._telemetry,
-                    lambda samples, batch_id: self._client.post_telemetry(
-                        self._run, self._marked(samples), batch_id=batch_id
+                    self.telemetry,
+                    lambda samples, batch_id: self.client.post_telemetry(
+                        self.run, self._marked(samples), batch_id=batch_id
                     ),
                 )
-                engine = self._marked(self._engine.samples[self._engine_sent :])
-                self._engine_sent += len(engine)
+                engine = self._marked(self.engine.samples[self.engine_sent :])
+                self.engine_sent += len(engine)
                 if engine:
-                    self._client.post_engine_samples(self._run, engine, batch_id=uuid.uuid4().hex)
+                    self.client.post_engine_samples(self.run, engine, batch_id=uuid.uuid4().hex)
             except Conflict as exc:
                 # the run was ended meanwhile: it takes no more samples, a retry would not help
-                log.warning("sweep %s: samples refused: %s", self._run, exc)
+                log.warning("sweep %s: samples refused: %s", self.run, exc)
 
 
 class _Pushes:
