@@ -11,6 +11,7 @@ from django.contrib.auth.models import User
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
 from moeops.fleet.services import health_check_record
 from moeops.insights.models import Finding
+from moeops.kernels.models import TuningRun
 from moeops.runs import rollup
 from moeops.runs.models import LevelResult, LevelRound, SweepRun, level_key
 from moeops.runs.samples import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
@@ -24,6 +25,20 @@ KIMI_CONFIG = json.loads((HF_CONFIGS / "kimi-k2_moe-keys.TRIMMED.json").read_tex
 
 # the load of the watch "nightly" (tests/web/conftest.py's watch)
 WATCH_LOAD = {"levels": [4, 8], "input_len": 16, "output_len": 32, "prompts_per_level": 8}
+
+
+# The first columns of a run page's level table, in order
+LEVEL_TABLE_FIRST = (
+    "concurrency",
+    "completed",
+    "failed",
+    "output throughput",
+    "output per GPU",
+    "p50 TTFT",
+    "p99 TTFT",
+    "p50 TPOT",
+    "p99 TPOT",
+)
 
 
 def sign_in(client, username="alice", staff=False):
@@ -201,6 +216,37 @@ def deployment(name="GLM-5 on h200", model_row=None, host_row=None, **fields):
     )
     row.gpus.set(host_row.gpus.all())
     return row
+
+
+def before_and_after_tuning(deployment_row, **after_fields):
+    """Two runs of the deployment: "before tuning" at concurrency 32, 64 and 128, and "after
+    tuning" (SweepRun fields after_fields) at 3× its output throughput."""
+    levels = [
+        {"concurrency": c, "output_throughput": t, "median_tpot_ms": m}
+        for c, t, m in ((32, 400.0, 20.0), (64, 700.0, 30.0), (128, 806.0, 45.0))
+    ]
+    before = run(deployment_row, "before tuning", levels=levels)
+    after = run(
+        deployment_row,
+        "after tuning",
+        levels=[{**level, "output_throughput": 3 * level["output_throughput"]} for level in levels],
+        **after_fields,
+    )
+    return before, after
+
+
+def tune(deployment_row, **fields):
+    """A tune of GLM-5's MoE layer at TP8 (E=256, N=256, H=6144, top-8) for the deployment, on
+    its host, of TuningRun fields."""
+    return TuningRun.objects.create(
+        host=deployment_row.host,
+        deployment=deployment_row,
+        E=256,
+        N=256,
+        hidden_size=6144,
+        topk=8,
+        **fields,
+    )
 
 
 def level(run_row, concurrency, **fields):

@@ -259,17 +259,24 @@ def test_it_refuses_bad_limits_in_words(text, words):
         parse_slo(text)
 
 
+def _bracketed(mode, start, capacity):
+    """A search from start (with 64 probes to spend) of an engine that meets the limits up to
+    capacity: (its probes, the bracket), the bracket holding capacity."""
+    search = Search(mode, start=start, budget=64)
+    probes = run_search(search, lambda load: load <= capacity)
+    low, high = bracket(probes)
+    assert ended(search, probes) == "bracketed"
+    assert low <= capacity < high
+    return probes, (low, high)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     capacity=st.integers(min_value=1, max_value=5000),
     start=st.integers(min_value=1, max_value=5000),
 )
 def test_a_concurrency_search_brackets_any_capacity(capacity, start):
-    search = Search("concurrency", start=start, budget=64)
-    probes = run_search(search, lambda c: c <= capacity)
-    low, high = bracket(probes)
-    assert ended(search, probes) == "bracketed"
-    assert low <= capacity < high
+    probes, (low, high) = _bracketed("concurrency", start, capacity)
     assert high - low <= max(1, WIDTH * low)
     # growth and bisection both take about log2 steps
     assert len(probes) <= 2 * math.log2(max(capacity, start)) + 8
@@ -293,11 +300,7 @@ def test_from_one_the_default_budget_suffices(capacity):
     start=st.floats(min_value=0.05, max_value=100.0),
 )
 def test_a_request_rate_search_brackets_any_capacity(capacity, start):
-    search = Search("request_rate", start=start, budget=64)
-    probes = run_search(search, lambda r: r <= capacity)
-    low, high = bracket(probes)
-    assert ended(search, probes) == "bracketed"
-    assert low <= capacity < high
+    _, (low, high) = _bracketed("request_rate", start, capacity)
     assert high - low <= WIDTH * low
 
 

@@ -21,7 +21,7 @@ from moeops.insights.services import run_analyze
 from moeops.kernels.models import TuningRun
 from moeops.kernels.services import kernel_config_import
 from moeops.runs import services as run_services
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.models import LevelResult, SweepRun
 from tests import page_base as pb
 from tests.browser import PASSWORD, chart_traces, doc_shot, log_in, shot, sweep_form_opened
 from tests.fakes import FIXTURES
@@ -106,10 +106,9 @@ def test_a_sweep_started_from_the_page_shows_live_progress_to_the_end(page, memb
     assert page.inner_text(".progress-eta") != "—"
 
     for i, (c, tok) in enumerate(((32, 400.0), (64, 700.0))):
-        LevelResult.objects.create(
-            run=run,
-            key=level_key(c, None),
-            concurrency=c,
+        pb.level(
+            run,
+            c,
             output_throughput=tok,
             total_token_throughput=2 * tok,
             started_at=t0 + 10 * i,
@@ -138,13 +137,7 @@ def test_a_sweep_started_from_the_page_shows_live_progress_to_the_end(page, memb
     page.wait_for_selector("text=Cancel requested")
     assert SweepRun.objects.get(pk=run.pk).cancel_requested
 
-    LevelResult.objects.create(
-        run=run,
-        key=level_key(128, None),
-        concurrency=128,
-        output_throughput=806.0,
-        total_token_throughput=1612.0,
-    )
+    pb.level(run, 128, output_throughput=806.0, total_token_throughput=1612.0)
     # the bar reaches the end, then the page reloads once with the finished run's full table
     with page.expect_navigation():
         SweepRun.objects.filter(pk=run.pk).update(
@@ -201,18 +194,7 @@ def test_a_sweep_against_the_standin_engine_runs_to_the_end_in_the_browser(
 
 
 def test_compare_two_runs_shows_both_lines(page, member):
-    deployment = pb.deployment()
-    levels = [
-        {"concurrency": c, "output_throughput": t, "median_tpot_ms": m}
-        for c, t, m in ((32, 400.0, 20.0), (64, 700.0, 30.0), (128, 806.0, 45.0))
-    ]
-    before = pb.run(deployment, "before tuning", levels=levels)
-    after = pb.run(
-        deployment,
-        "after tuning",
-        levels=[{**level, "output_throughput": 3 * level["output_throughput"]} for level in levels],
-        parameters={"moe_kernel": "tuned"},
-    )
+    before, after = pb.before_and_after_tuning(pb.deployment(), parameters={"moe_kernel": "tuned"})
     log_in(page, member)
     page.goto(page.base + "/runs/")
     page.check(f"input[value='{before.uuid}']")
@@ -454,9 +436,7 @@ def test_a_starting_run_waits_in_one_placeholder_then_draws(page, member):
     page.goto(f"{page.base}/runs/{run.uuid}/")
     assert page.is_visible("#waiting-first-level")
     assert page.locator(".chart-grid section:visible").count() == 0
-    LevelResult.objects.create(
-        run=run, key=level_key(32, None), concurrency=32, output_throughput=400.0
-    )
+    pb.level(run, 32, output_throughput=400.0)
     page.wait_for_selector("#waiting-first-level", state="hidden")
     assert page.is_visible("#throughput")
     # the charts still without data stay out of sight
@@ -495,21 +475,14 @@ def test_a_tune_is_refused_before_it_is_queued_saying_why(page, member):
 
 def test_a_failed_tune_reads_as_a_sentence_and_can_be_cancelled_when_queued(page, member):
     deployment = pb.deployment()
-    failed = TuningRun.objects.create(
-        host=deployment.host,
-        deployment=deployment,
+    failed = pb.tune(
+        deployment,
         device_name="NVIDIA H200",
-        E=256,
-        N=256,
-        hidden_size=6144,
-        topk=8,
         status="failed",
         error="RuntimeError: GPU 0 (batch sizes 1) exited with 1: AttributeError: module "
         "'torch._C' has no attribute '_cuda_setDevice'",
     )
-    queued = TuningRun.objects.create(
-        host=deployment.host, deployment=deployment, E=256, N=256, hidden_size=6144, topk=8
-    )
+    queued = pb.tune(deployment)
     log_in(page, member)
     page.goto(f"{page.base}/tunes/{failed.uuid}/")
     assert page.inner_text("h1").startswith("tune E=256 N=256 bf16 on h200-x8 (NVIDIA H200)")

@@ -10,7 +10,8 @@ from moeops.engines import services as engine_services
 from moeops.examples import load_standin_deployment
 from moeops.insights import services as insights_services
 from moeops.runs import services as run_services
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.models import SweepRun
+from tests import page_base as pb
 from tests import queues
 from tests.browser import PASSWORD, log_in, shot
 
@@ -59,12 +60,7 @@ def managed_standin(staff, port):
         snapshot={"engine": {"engine": "standin", "max_running_requests": CAP}},
     )
     for concurrency, throughput in CURVE:
-        LevelResult.objects.create(
-            run=run,
-            key=level_key(concurrency, None),
-            concurrency=concurrency,
-            output_throughput=throughput,
-        )
+        pb.level(run, concurrency, output_throughput=throughput)
     insights_services.run_analyze(run=run)
     return deployment
 

@@ -72,17 +72,7 @@ def test_another_models_run_imported_feeds_no_headline_nor_chart(page, member):
 
 
 def test_compare_takes_the_older_run_as_baseline_when_ticked_newest_first(page, member):
-    deployment = pb.deployment()
-    levels = [
-        {"concurrency": c, "output_throughput": t, "median_tpot_ms": m}
-        for c, t, m in ((32, 400.0, 20.0), (64, 700.0, 30.0), (128, 806.0, 45.0))
-    ]
-    older = pb.run(deployment, "before tuning", levels=levels)
-    newer = pb.run(
-        deployment,
-        "after tuning",
-        levels=[{**level, "output_throughput": 3 * level["output_throughput"]} for level in levels],
-    )
+    older, newer = pb.before_and_after_tuning(pb.deployment())
     log_in(page, member)
     page.goto(page.base + "/runs/")
     page.check(f"input[value='{newer.uuid}']")

@@ -622,15 +622,17 @@ def test_a_rule_without_conditions_matches_nothing():
 # -- regression ------------------------------------------------------------------------------
 
 
-def previous(levels):
-    return PreviousRun(id=1, uuid="0123456789abcdef", label="before", levels=tuple(levels))
+def regressions(now, before):
+    """The regression rule's findings for a run of levels `now` after one labelled "before"."""
+    previous = PreviousRun(id=1, uuid="0123456789abcdef", label="before", levels=tuple(before))
+    return regression_rules.regression(RunData(levels=now, previous=previous))
 
 
 def test_a_drop_between_one_round_runs_is_only_a_possible_regression():
     before = [Level(128, 1000.0), Level(256, 1200.0)]
     now = [Level(128, 980.0), Level(256, 1000.0)]
 
-    [p] = regression_rules.regression(RunData(levels=now, previous=previous(before)))
+    [p] = regressions(now, before)
 
     assert p.kind == "regression" and p.evidence["drop"] == [0.02, pytest.approx(0.1667, abs=1e-4)]
     assert p.severity == "info"
@@ -648,7 +650,7 @@ def test_regression_fires_when_the_intervals_do_not_overlap():
     before = [Level(128, 1234.0, **_rounds(1180.0, 1234.0, 1290.0))]
     now = [Level(128, 1050.0, **_rounds(1010.0, 1050.0, 1090.0))]
 
-    [p] = regression_rules.regression(RunData(levels=now, previous=previous(before)))
+    [p] = regressions(now, before)
 
     assert p.severity == "warning"
     assert p.title == "Throughput 15% below before at concurrency 128"
@@ -667,15 +669,13 @@ def test_a_drop_of_the_medians_within_overlapping_intervals_is_no_regression():
     before = [Level(128, 1234.0, **_rounds(1000.0, 1234.0, 1470.0))]
     now = [Level(128, 1050.0, **_rounds(850.0, 1050.0, 1250.0))]
 
-    assert regression_rules.regression(RunData(levels=now, previous=previous(before))) == []
+    assert regressions(now, before) == []
 
 
 def test_one_round_against_four_is_too_few_to_test_so_a_drop_is_only_possible():
     before = [Level(128, 1234.0, **_rounds(1000.0, 1234.0, 1470.0))]
 
-    [p] = regression_rules.regression(
-        RunData(levels=[Level(128, 1050.0)], previous=previous(before))
-    )
+    [p] = regressions([Level(128, 1050.0)], before)
     assert p.severity == "info" and p.title.startswith("Possible regression")
     assert "1,234 (1,000–1,470) in before to 1,050 in this run" in p.text
     assert (
@@ -694,7 +694,7 @@ def test_a_regression_beyond_the_noise_outranks_a_possible_one():
         Level(256, 600.0),
     ]
 
-    [p] = regression_rules.regression(RunData(levels=now, previous=previous(before)))
+    [p] = regressions(now, before)
 
     assert p.severity == "warning" and p.title == "Throughput 15% below before at concurrency 128"
     assert p.evidence["verdict"] == ["beyond noise", "possible"]
@@ -703,10 +703,7 @@ def test_a_regression_beyond_the_noise_outranks_a_possible_one():
 def test_regression_holds_back_within_ten_percent_or_without_a_previous_run():
     before = [Level(128, 1000.0)]
 
-    assert (
-        regression_rules.regression(RunData(levels=[Level(128, 905.0)], previous=previous(before)))
-        == []
-    )
+    assert regressions([Level(128, 905.0)], before) == []
     assert regression_rules.regression(RunData(levels=[Level(128, 500.0)])) == []
 
 
@@ -714,7 +711,7 @@ def test_regression_leaves_out_levels_whose_every_request_failed():
     before = [Level(128, 1000.0, completed=100), Level(256, 0.0, completed=0, failed=100)]
     now = [Level(128, 0.0, completed=0, failed=100), Level(256, 1200.0, completed=100)]
 
-    assert regression_rules.regression(RunData(levels=now, previous=previous(before))) == []
+    assert regressions(now, before) == []
 
 
 def test_runs_are_comparable_only_with_the_same_levels_and_lengths():

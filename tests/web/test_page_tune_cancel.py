@@ -1,6 +1,5 @@
 import pytest
 
-from moeops.kernels.models import TuningRun
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db
@@ -12,16 +11,7 @@ def tune(client):
     deployment = pb.deployment()
 
     def make(status):
-        return TuningRun.objects.create(
-            host=deployment.host,
-            deployment=deployment,
-            device_name="NVIDIA H200",
-            E=256,
-            N=256,
-            hidden_size=6144,
-            topk=8,
-            status=status,
-        )
+        return pb.tune(deployment, device_name="NVIDIA H200", status=status)
 
     return make
 

@@ -282,13 +282,8 @@ def test_a_host_without_a_live_worker_is_refused(client, sent):
 
 
 def test_a_tune_that_failed_in_its_worker_reads_as_a_sentence(client, deployment):
-    tuning = TuningRun.objects.create(
-        host=deployment.host,
-        deployment=deployment,
-        E=256,
-        N=256,
-        hidden_size=6144,
-        topk=8,
+    tuning = pb.tune(
+        deployment,
         status="failed",
         # as tune_kernel stored it before it wrote "Name: message"
         error='SpreadTuneError("GPU 0 (batch sizes 1, 2) exited with 1: AttributeError: module '
