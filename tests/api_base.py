@@ -128,6 +128,14 @@ def make_serving_world(served_model_name="", on_gpus=False):
 TUNE_START = "/api/v1/deployments/glm-5-sglang/tuning-runs"
 
 
+def refused_batch(client, path, samples, named):
+    """A batch of samples posted to path, one of them bad: refused whole (422), the message
+    naming the bad field (`named`, e.g. "samples.7.ts:") first."""
+    response = client.post(path, {"batch_id": "b", "samples": samples})
+    assert response.status_code == 422
+    assert response.json()["message"].startswith(named)
+
+
 def make_world_with_worker():
     """make_world with its deployment on all of its host's GPUs and the host's worker seen just
     now (the host takes work)."""

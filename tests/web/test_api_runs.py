@@ -4,7 +4,7 @@ import pytest
 
 from moeops.runs.models import LevelResult, SweepRun
 from moeops.runs.samples import EngineSample, TelemetrySample
-from tests.api_base import make_world
+from tests.api_base import make_world, refused_batch
 from tests.fakes import FIXTURES
 
 RESULTS = FIXTURES / "results"
@@ -352,11 +352,7 @@ def test_it_stores_nothing_of_a_batch_with_one_bad_sample(world):
     run = world.run(status="running")
     samples = _samples(100)
     samples[57]["ts"] = "yesterday"
-    response = world.host_worker.post(
-        f"/api/v1/runs/{run.pk}/telemetry", {"batch_id": "b", "samples": samples}
-    )
-    assert response.status_code == 422
-    assert response.json()["message"].startswith("samples.57.ts:")
+    refused_batch(world.host_worker, f"/api/v1/runs/{run.pk}/telemetry", samples, "samples.57.ts:")
     assert not TelemetrySample.objects.exists()
 
 

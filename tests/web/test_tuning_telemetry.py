@@ -9,7 +9,7 @@ from django.db import IntegrityError, transaction
 from moeops.kernels.models import TuningRun
 from moeops.runs.samples import TelemetryBatch, TelemetrySample
 from tests import page_base as pb
-from tests.api_base import make_world
+from tests.api_base import make_world, refused_batch
 from tests.fakes import FIXTURES
 
 TELEMETRY = FIXTURES / "telemetry"
@@ -131,11 +131,8 @@ def test_it_rejects_a_batch_with_one_bad_sample_whole(world):
     tuning = _tuning(world)
     samples = _samples(10)
     samples[7]["gpu_util"] = "busy"
-    response = world.host_worker.post(
-        f"/api/v1/tuning-runs/{tuning.pk}/telemetry", {"batch_id": "b", "samples": samples}
-    )
-    assert response.status_code == 422
-    assert response.json()["message"].startswith("samples.7.gpu_util:")
+    path = f"/api/v1/tuning-runs/{tuning.pk}/telemetry"
+    refused_batch(world.host_worker, path, samples, "samples.7.gpu_util:")
     assert not TelemetrySample.objects.exists()
 
 
