@@ -139,6 +139,16 @@ def check_columns(columns):
             raise ValueError(f"{key}: request {bad} has {str(values[bad])[:40]!r}")
 
 
+def checked_columns(columns, source):
+    """The columns once check_columns finds them whole; its ValueError names `source` first
+    (where they were read: a file's path, "the per-request lists")."""
+    try:
+        check_columns(columns)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    return columns
+
+
 def rows(columns):
     """One dict per request, REQUEST_KEYS in order."""
     return [

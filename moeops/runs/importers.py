@@ -338,11 +338,7 @@ def _requests(obj):
             for gaps, error in zip(lists.get("itls") or [None] * len(ttfts), errors, strict=True)
         ],
     }
-    try:
-        request_log.check_columns(columns)
-    except ValueError as exc:
-        raise ValueError(f"the per-request lists: {exc}") from None
-    return columns
+    return request_log.checked_columns(columns, "the per-request lists")
 
 
 def _export_levels(objects):

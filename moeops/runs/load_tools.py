@@ -371,11 +371,7 @@ def _guidellm_requests(requests):
             error[:2000] if error else ("error" if status == "failed" else None)
         )
         columns["itl"].append(None)
-    try:
-        request_log.check_columns(columns)
-    except ValueError as exc:
-        raise ValueError(f"{requests.path}: {exc}") from None
-    return columns
+    return request_log.checked_columns(columns, requests.path)
 
 
 def inference_perf_levels(text):

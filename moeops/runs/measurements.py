@@ -127,22 +127,12 @@ def profile_record(*, run, body: LevelProfileBody, source="worker"):
             return same_body(stored, digest, what), False
         if source == "worker":
             closed_to(locked, "profiles")
-        fields = body.model_dump(mode="json", include={"cost", "breakdown", "traces"})
+        # each field of the contract is a column of its own (LevelProfile.body reads them back)
+        fields = body.model_dump(mode="json", include=set(LevelProfileBody.model_fields))
         try:
             with transaction.atomic():
                 profile = LevelProfile.objects.create(
-                    run=run,
-                    key=key,
-                    concurrency=body.concurrency,
-                    request_rate=body.request_rate,
-                    attempt=body.attempt,
-                    source=source,
-                    status=body.status,
-                    reason=body.reason,
-                    steps_asked=body.steps_asked,
-                    window_s=body.window_s,
-                    body_sha256=digest,
-                    **fields,
+                    run=run, key=key, source=source, body_sha256=digest, **fields
                 )
         except IntegrityError:
             return same_body(rows.get(), digest, what), False
@@ -252,11 +242,16 @@ def _insert_samples(model, owner_column, owner_id, samples):
             cursor.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
 
 
-def _batch_record(*, owner, batch_id, kind, model, buckets, samples):
-    """owner: {"run": SweepRun} or {"tuning_run": TuningRun}; buckets: the model of the sums
-    kept of `model`'s samples (runs.rollup). A repeat (the same batch id and
-    samples) stores nothing; RunConflict for a batch id stored with other samples, or a new
-    batch of a finished run or tune."""
+# What a batch of each kind (TelemetryBatch.kind) stores: its samples' model, and the model of
+# the sums kept of them (runs.rollup).
+BATCH_MODELS = {"gpu": (TelemetrySample, TelemetryBucket), "engine": (EngineSample, EngineBucket)}
+
+
+def _batch_record(*, owner, batch_id, kind, samples):
+    """owner: {"run": SweepRun} or {"tuning_run": TuningRun}; kind: of BATCH_MODELS. A repeat
+    (the same batch id and samples) stores nothing; RunConflict for a batch id stored with
+    other samples, or a new batch of a finished run or tune."""
+    model, buckets = BATCH_MODELS[kind]
     ((field, obj),) = owner.items()
     key = {**owner, "kind": kind, "batch_id": batch_id}
     digest = body_sha256(samples)
@@ -290,14 +285,7 @@ def telemetry_record(*, batch_id, samples, run=None, tuning_run=None):
     if (run is None) == (tuning_run is None):
         raise TypeError("telemetry_record needs exactly one of run and tuning_run")
     owner = {"run": run} if run is not None else {"tuning_run": tuning_run}
-    return _batch_record(
-        owner=owner,
-        batch_id=batch_id,
-        kind="gpu",
-        model=TelemetrySample,
-        buckets=TelemetryBucket,
-        samples=samples,
-    )
+    return _batch_record(owner=owner, batch_id=batch_id, kind="gpu", samples=samples)
 
 
 def engine_samples_record(*, run, batch_id, samples):
@@ -305,11 +293,4 @@ def engine_samples_record(*, run, batch_id, samples):
 
     samples: dicts holding every EngineSample field but run (None where unknown).
     """
-    return _batch_record(
-        owner={"run": run},
-        batch_id=batch_id,
-        kind="engine",
-        model=EngineSample,
-        buckets=EngineBucket,
-        samples=samples,
-    )
+    return _batch_record(owner={"run": run}, batch_id=batch_id, kind="engine", samples=samples)

@@ -63,6 +63,15 @@ PROFILE_SCHEMA = {
 }
 
 
+def _each_once(values, key, what, shown):
+    """Raise ValueError naming the values given more than once in the list `key` (each shown as
+    shown(value) says)."""
+    repeated = sorted({value for value in values if values.count(value) > 1})
+    if repeated:
+        listed = ", ".join(shown(value) for value in repeated)
+        raise ValueError(f"{key}: each {what} once ({listed} is given more than once)")
+
+
 class RunParameters(BaseModel):
     """A run's parameters: the load of a sweep (levels, lengths in tokens, rates in req/s, SLOs
     in ms), what run_start adds from the deployment (base_url, model, gpu_indices, vocab_size),
@@ -176,24 +185,14 @@ class RunParameters(BaseModel):
                 if mode == "concurrency" and value is not None and value > MAX_CONCURRENCY:
                     raise ValueError(f"{key}: at most {MAX_CONCURRENCY} concurrent requests")
         if self.levels is not None:
-            repeated = sorted({c for c in self.levels if self.levels.count(c) > 1})
-            if repeated:
-                raise ValueError(
-                    f"levels: each concurrency once ({', '.join(map(str, repeated))} is given "
-                    "more than once)"
-                )
+            _each_once(self.levels, "levels", "concurrency", str)
         if self.request_rates is not None:
             if self.request_rate is not None:
                 raise ValueError(
                     "request_rates: give the rates of the levels here, or one request_rate for "
                     "every level, not both"
                 )
-            repeated = sorted({r for r in self.request_rates if self.request_rates.count(r) > 1})
-            if repeated:
-                raise ValueError(
-                    f"request_rates: each rate once ({', '.join(f'{r:g}' for r in repeated)} is "
-                    "given more than once)"
-                )
+            _each_once(self.request_rates, "request_rates", "rate", lambda rate: f"{rate:g}")
         if self.profile is not None:
             self._check_profile()
         rated = self.request_rate is not None or self.request_rates is not None

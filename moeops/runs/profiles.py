@@ -82,18 +82,8 @@ class LevelProfile(models.Model):
 
     def body(self) -> LevelProfileBody:
         """The stored profile as the wire contract reads it (the API's answer)."""
-        return LevelProfileBody(
-            concurrency=self.concurrency,
-            request_rate=self.request_rate,
-            attempt=self.attempt,
-            status=self.status,
-            reason=self.reason,
-            steps_asked=self.steps_asked,
-            window_s=self.window_s,
-            traces=self.traces or [],
-            cost=self.cost,
-            breakdown=self.breakdown,
-        )
+        fields = {name: getattr(self, name) for name in LevelProfileBody.model_fields}
+        return LevelProfileBody(**fields | {"traces": self.traces or []})
 
     def step_breakdown(self) -> StepBreakdown | None:
         """The breakdown of a captured profile, read back; None for the others."""

@@ -4,6 +4,7 @@
 from django.db import models
 
 from moeops.keyed import BODY_SHA256_HELP
+from moeops.runs import rollup
 
 # A sweep delivered again after its worker died resumes where it was: its levels and samples
 # carry the delivery that took them, so a level it ran twice keeps each attempt's samples apart.
@@ -16,19 +17,22 @@ ONE_OWNER = models.Q(run__isnull=False, tuning_run__isnull=True) | models.Q(
 )
 
 
+def _run_or_tune(related_name):
+    """The two owners a telemetry row may have (ONE_OWNER): (run, tuning_run) foreign keys."""
+    return (
+        models.ForeignKey(
+            "runs.SweepRun", models.CASCADE, null=True, blank=True, related_name=related_name
+        ),
+        models.ForeignKey(
+            "kernels.TuningRun", models.CASCADE, null=True, blank=True, related_name=related_name
+        ),
+    )
+
+
 class TelemetryBatch(models.Model):
     """A client-chosen batch id, so that a resent telemetry batch is stored once."""
 
-    run = models.ForeignKey(
-        "runs.SweepRun", models.CASCADE, null=True, blank=True, related_name="telemetry_batches"
-    )
-    tuning_run = models.ForeignKey(
-        "kernels.TuningRun",
-        models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="telemetry_batches",
-    )
+    run, tuning_run = _run_or_tune("telemetry_batches")
     batch_id = models.CharField(max_length=100)
     kind = models.CharField(max_length=20, default="gpu")
     count = models.PositiveIntegerField(default=0)
@@ -54,12 +58,7 @@ class TelemetrySample(models.Model):
     """One NVML reading of one GPU (1 Hz by default) during a sweep or a kernel tune; raw
     samples are kept, charts downsample."""
 
-    run = models.ForeignKey(
-        "runs.SweepRun", models.CASCADE, null=True, blank=True, related_name="telemetry"
-    )
-    tuning_run = models.ForeignKey(
-        "kernels.TuningRun", models.CASCADE, null=True, blank=True, related_name="telemetry"
-    )
+    run, tuning_run = _run_or_tune("telemetry")
     gpu_index = models.PositiveSmallIntegerField()
     ts = models.FloatField(help_text="UTC epoch s")
     level_concurrency = models.PositiveIntegerField(null=True, blank=True)
@@ -126,39 +125,30 @@ class SampleBucket(models.Model):
         abstract = True
 
 
-class TelemetryBucket(SampleBucket):
+def _summed(name):
+    """An abstract SampleBucket with the columns that rollup.SPECS names for the bucket model
+    `name`: each summed field's sum, count, least and greatest value, and the greatest value
+    of the fields of which only that is kept."""
+    summed, highest, _ = rollup.SPECS[name]
+    columns = {}
+    for field in summed:
+        columns |= {
+            f"{field}_sum": models.FloatField(null=True),
+            f"{field}_n": models.PositiveIntegerField(default=0),
+            f"{field}_min": models.FloatField(null=True),
+            f"{field}_max": models.FloatField(null=True),
+        }
+    columns |= {f"{field}_max": models.FloatField(null=True) for field in highest}
+    meta = type("Meta", (), {"abstract": True})
+    return type(f"{name}Sums", (SampleBucket,), {"__module__": __name__, "Meta": meta, **columns})
+
+
+class TelemetryBucket(_summed("TelemetryBucket")):
     """GPU samples (TelemetrySample) of one GPU summed over a bucket, at each of
     rollup.WIDTHS."""
 
-    run = models.ForeignKey(
-        "runs.SweepRun", models.CASCADE, null=True, blank=True, related_name="telemetry_buckets"
-    )
-    tuning_run = models.ForeignKey(
-        "kernels.TuningRun",
-        models.CASCADE,
-        null=True,
-        blank=True,
-        related_name="telemetry_buckets",
-    )
+    run, tuning_run = _run_or_tune("telemetry_buckets")
     gpu_index = models.PositiveSmallIntegerField()
-    gpu_util_sum = models.FloatField(null=True)
-    gpu_util_n = models.PositiveIntegerField(default=0)
-    gpu_util_min = models.FloatField(null=True)
-    gpu_util_max = models.FloatField(null=True)
-    power_w_sum = models.FloatField(null=True)
-    power_w_n = models.PositiveIntegerField(default=0)
-    power_w_min = models.FloatField(null=True)
-    power_w_max = models.FloatField(null=True)
-    mem_used_mib_sum = models.FloatField(null=True)
-    mem_used_mib_n = models.PositiveIntegerField(default=0)
-    mem_used_mib_min = models.FloatField(null=True)
-    mem_used_mib_max = models.FloatField(null=True)
-    sm_clock_mhz_sum = models.FloatField(null=True)
-    sm_clock_mhz_n = models.PositiveIntegerField(default=0)
-    sm_clock_mhz_min = models.FloatField(null=True)
-    sm_clock_mhz_max = models.FloatField(null=True)
-    power_limit_w_max = models.FloatField(null=True)
-    mem_total_mib_max = models.FloatField(null=True)
 
     class Meta:
         indexes = [
@@ -175,22 +165,10 @@ class TelemetryBucket(SampleBucket):
         return f"GPU{self.gpu_index} {self.width} s bucket {self.bucket}"
 
 
-class EngineBucket(SampleBucket):
+class EngineBucket(_summed("EngineBucket")):
     """Engine samples (EngineSample) summed over a bucket, at each of rollup.WIDTHS."""
 
     run = models.ForeignKey("runs.SweepRun", models.CASCADE, related_name="engine_buckets")
-    running_sum = models.FloatField(null=True)
-    running_n = models.PositiveIntegerField(default=0)
-    running_min = models.FloatField(null=True)
-    running_max = models.FloatField(null=True)
-    queued_sum = models.FloatField(null=True)
-    queued_n = models.PositiveIntegerField(default=0)
-    queued_min = models.FloatField(null=True)
-    queued_max = models.FloatField(null=True)
-    kv_cache_usage_sum = models.FloatField(null=True)
-    kv_cache_usage_n = models.PositiveIntegerField(default=0)
-    kv_cache_usage_min = models.FloatField(null=True)
-    kv_cache_usage_max = models.FloatField(null=True)
 
     class Meta:
         # run page charts read one run's buckets of one width in time order
