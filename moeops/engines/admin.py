@@ -4,24 +4,17 @@ change is a new, attributed version and every action runs on the host's worker."
 
 from django.contrib import admin
 
+from moeops.admin_readonly import ReadOnlyAdmin
 from moeops.engines.models import EngineAction, LaunchRecipe
 
 
-class ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-
 @admin.register(LaunchRecipe)
-class LaunchRecipeAdmin(ReadOnly):
+class LaunchRecipeAdmin(ReadOnlyAdmin):
     list_display = ("deployment", "version", "reason", "author", "created", "applied_at")
     list_filter = ("deployment",)
 
 
 @admin.register(EngineAction)
-class EngineActionAdmin(ReadOnly):
+class EngineActionAdmin(ReadOnlyAdmin):
     list_display = ("deployment", "kind", "status", "requested_by", "created", "finished_at")
     list_filter = ("status", "kind")

@@ -127,7 +127,7 @@ def recipe_content(recipe):
     }
 
 
-def _derived(base, *, author, reason, **changes):
+def recipe_derive(base, *, author, reason, **changes):
     """A new version of base's recipe with changes (argv, kernel_configs, …), based on base."""
     fields = {**recipe_content(base), **changes}
     return recipe_create(
@@ -202,7 +202,7 @@ def _with_profiler(base, deployment, user):
     if argv == base.argv and env == base.env:
         raise ValidationError({"kind": f"recipe v{base.version} already runs with the profiler"})
     reason = "restart with profiling available"
-    return _derived(base, author=user, reason=reason, argv=argv, env=env)
+    return recipe_derive(base, author=user, reason=reason, argv=argv, env=env)
 
 
 def _new_recipe(*, deployment, kind, user, changes, kernel_config, recipe=None):
@@ -231,7 +231,7 @@ def _new_recipe(*, deployment, kind, user, changes, kernel_config, recipe=None):
         if argv == base.argv:
             raise ValidationError({"changes": f"recipe v{base.version} already runs with that"})
         flags = ", ".join(f"{flag} {value}" for flag, value in changes.items())
-        return _derived(base, author=user, reason=f"restart with {flags}", argv=argv), in_force
+        return recipe_derive(base, author=user, reason=f"restart with {flags}", argv=argv), in_force
     if kind == "restart_with_profiler":
         return _with_profiler(base, deployment, user), in_force
     if kind == "apply_config":
@@ -241,7 +241,7 @@ def _new_recipe(*, deployment, kind, user, changes, kernel_config, recipe=None):
         name = kernel_config.file_name(deployment.engine)
         configs = [c for c in base.kernel_configs.all() if c.file_name(deployment.engine) != name]
         return (
-            _derived(
+            recipe_derive(
                 base,
                 author=user,
                 reason=f"apply {kernel_config}",
@@ -254,7 +254,9 @@ def _new_recipe(*, deployment, kind, user, changes, kernel_config, recipe=None):
         if target is None:
             raise ValidationError({"kind": "no earlier recipe was in force: nothing to revert to"})
         reason = f"revert to v{target.version}"
-        return _derived(in_force, author=user, reason=reason, **recipe_content(target)), in_force
+        return recipe_derive(
+            in_force, author=user, reason=reason, **recipe_content(target)
+        ), in_force
     raise ValidationError({"kind": f"unknown action {kind!r}"})
 
 

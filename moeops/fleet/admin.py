@@ -4,6 +4,7 @@ from django import forms
 from django.contrib import admin
 
 from domain.topology import TopologyParseError, parse_nvidia_smi_topo
+from moeops.admin_readonly import ReadOnlyAdmin
 from moeops.fleet import services
 from moeops.fleet.endpoints import endpoint_refusal
 from moeops.fleet.forms import TopologyTextForm
@@ -189,16 +190,6 @@ class SLOProfileAdmin(admin.ModelAdmin):
 
     list_display = ("name", "summary", "updated")
     search_fields = ("name",)
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows the workers report: people look at them, never edit them."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(HealthCheck)

@@ -1,18 +1,16 @@
 from django import forms
 from django.contrib import admin
 
+from moeops.admin_readonly import ReadOnlyAdmin
 from moeops.kernels.models import EngineDiff, KernelConfig, TuningRun, TuningTiming
 from moeops.kernels.services import kernel_config_store
 from tuning.config_files import ConfigEntryError, shape_problems, validate_entries
 
+# What names the kernel a config is for: a new version of the same shape is stored beside it.
+SHAPE_FIELDS = ("device_name", "E", "N", "dtype", "block_shape", "down_moe")
 # The fields kernel_config_store takes, as the admin's form edits them.
 STORED_FIELDS = (
-    "device_name",
-    "E",
-    "N",
-    "dtype",
-    "block_shape",
-    "down_moe",
+    *SHAPE_FIELDS,
     "triton_version",
     "entries",
     "source",
@@ -72,17 +70,7 @@ class KernelConfigForm(forms.ModelForm):
 @admin.register(KernelConfig)
 class KernelConfigAdmin(admin.ModelAdmin):
     form = KernelConfigForm
-    list_display = (
-        "device_name",
-        "E",
-        "N",
-        "dtype",
-        "block_shape",
-        "down_moe",
-        "version",
-        "source",
-        "created",
-    )
+    list_display = (*SHAPE_FIELDS, "version", "source", "created")
     list_filter = ("device_name", "dtype", "down_moe", "source")
     readonly_fields = ("version",)
 
@@ -113,7 +101,7 @@ class TuningRunAdmin(admin.ModelAdmin):
 
 
 @admin.register(EngineDiff)
-class EngineDiffAdmin(admin.ModelAdmin):
+class EngineDiffAdmin(ReadOnlyAdmin):
     """Engine diffs come from `python -m tuning engine-diff --json` (the API, the kernels page):
     listed, shown and deleted here, never written, for an edited report would no longer be what
     the engines' sources said."""
@@ -130,9 +118,3 @@ class EngineDiffAdmin(admin.ModelAdmin):
         "provenance",
         "created",
     )
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False

@@ -198,9 +198,9 @@ class KernelConfig(TimedKernel):
         """The dtype part of the engine file name, None for bf16/fp16."""
         return None if self.dtype in UNNAMED_DTYPES else self.dtype
 
-    def file_name(self, style):
-        """The engine's file name; raises config_files.ConfigFileError for a _down config in
-        vLLM's style."""
+    def file_name(self, style, *, down_moe=None):
+        """The engine's file name (down_moe: of vLLM's `_down` file; default: as this config
+        is); raises config_files.ConfigFileError for a _down config in vLLM's style."""
         return config_files.config_file_name(
             self.E,
             self.N,
@@ -208,7 +208,7 @@ class KernelConfig(TimedKernel):
             dtype=self.name_dtype,
             block_shape=self.block_shape,
             style=style,
-            down_moe=self.down_moe,
+            down_moe=self.down_moe if down_moe is None else down_moe,
         )
 
     def files(self, style):
@@ -221,14 +221,7 @@ class KernelConfig(TimedKernel):
 
     def down_file_name(self):
         """vLLM's `_down` file name beside this file (get_moe_configs with down_moe)."""
-        return config_files.config_file_name(
-            self.E,
-            self.N,
-            self.device_name,
-            dtype=self.name_dtype,
-            block_shape=self.block_shape,
-            down_moe=True,
-        )
+        return self.file_name("vllm", down_moe=True)
 
     def down_file_text(self):
         """vLLM's `_down` file's exact content (down_entries)."""
@@ -513,23 +506,22 @@ class TuningTiming(models.Model):
     def __str__(self):
         return f"M={self.batch_size}: {self.tuned_us} µs"
 
+    def _per_tuned(self, us):
+        """us / tuned_us, another time as a multiple of the tuned config's; None where either
+        is missing (or 0)."""
+        return us / self.tuned_us if us and self.tuned_us else None
+
     @property
     def speedup(self):
-        if not self.tuned_us or not self.default_us:
-            return None
-        return self.default_us / self.tuned_us
+        return self._per_tuned(self.default_us)
 
     @property
     def shipped_speedup(self):
-        if not self.tuned_us or not self.shipped_us:
-            return None
-        return self.shipped_us / self.tuned_us
+        return self._per_tuned(self.shipped_us)
 
     @property
     def floor_fraction(self):
-        if not self.tuned_us or not self.floor_us:
-            return None
-        return self.floor_us / self.tuned_us
+        return self._per_tuned(self.floor_us)
 
     @property
     def other_routing_label(self):

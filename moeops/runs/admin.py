@@ -2,6 +2,7 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 
+from moeops.admin_readonly import ReadOnlyAdmin
 from moeops.runs.models import LevelProfile, LevelResult, LevelRound, SweepRun, Workload
 from moeops.runs.parameters import parameters_checked
 from moeops.runs.samples import EngineSample, TelemetrySample
@@ -69,16 +70,10 @@ class LevelResultAdmin(admin.ModelAdmin):
     inlines = [LevelRoundInline]
 
 
-class SampleAdmin(admin.ModelAdmin):
+class SampleAdmin(ReadOnlyAdmin):
     """Read-only: samples are stored through runs.measurements, which sums them per time bucket
     (runs.rollup) as it stores them; one added, edited or deleted here would leave the charts'
     sums behind. A run's deletion takes its samples and sums together."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
     def has_delete_permission(self, request, obj=None):
         return False
@@ -96,7 +91,7 @@ class EngineSampleAdmin(SampleAdmin):
 
 
 @admin.register(Workload)
-class WorkloadAdmin(admin.ModelAdmin):
+class WorkloadAdmin(ReadOnlyAdmin):
     """Read-only: a new version is stored through the workloads page or the API
     (runs.workloads.workload_store), which checks its spec and file; a stored version that runs
     recorded is never rewritten."""
@@ -118,24 +113,12 @@ class WorkloadAdmin(admin.ModelAdmin):
     )
     exclude = ("items",)
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(LevelProfile)
-class LevelProfileAdmin(admin.ModelAdmin):
+class LevelProfileAdmin(ReadOnlyAdmin):
     """Read-only: a profile is stored through runs.measurements.profile_record (the worker's push,
     traces uploaded on the run page), which keys it and hashes its body; one edited here would
     no longer match the body a repeat sends."""
 
     list_display = ("run", "concurrency", "request_rate", "attempt", "source", "status", "created")
     list_filter = ("status", "source", "run__deployment")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False

@@ -169,18 +169,13 @@ def _step_recipe(bisection, chosen):
         else:
             configs = list(base.kernel_configs.all())
     values = "; ".join(f"{f['name']} {factors.show(f['a'])}" for f in chosen)
-    return engine_services.recipe_create(
-        deployment=bisection.deployment,
-        argv=argv,
-        env=env,
-        cwd=current.cwd,
-        gpu_indices=current.gpu_indices,
-        config_folder=current.config_folder,
-        ready_timeout_s=current.ready_timeout_s,
-        kernel_configs=configs,
+    return engine_services.recipe_derive(
+        current,
         author=_asker(bisection),
         reason=f"bisection {bisection.pk}: the baseline's {values}"[:300],
-        based_on=current,
+        argv=argv,
+        env=env,
+        kernel_configs=configs,
     )
 
 

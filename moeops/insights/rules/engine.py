@@ -224,15 +224,19 @@ def cold_prefix_cache(data: RunData) -> list[Proposal]:
                 "its whole prompt, and TTFT and throughput are those of a cache that does "
                 "nothing."
             ),
-            evidence={
-                "levels": [_level_name(lv) for lv in cold],
-                "hit_rates": [_round(lv.engine["prefix_cache_hit_rate"]) for lv in cold],
-                "threshold": COLD_PREFIX_CACHE,
-                "chart": None,
-            },
+            evidence=_hit_rates(cold) | {"threshold": COLD_PREFIX_CACHE, "chart": None},
             plan=[f"Turn on {flag}, or give the KV cache room for the shared prefixes"],
         )
     ]
+
+
+def _hit_rates(cold):
+    """The evidence of a cold prefix cache: the cold levels and the hit rate the engine counted
+    at each (0–1)."""
+    return {
+        "levels": [_level_name(lv) for lv in cold],
+        "hit_rates": [_round(lv.engine["prefix_cache_hit_rate"]) for lv in cold],
+    }
 
 
 def _prefix_under_a_block(cold, read, engine, prefix, block) -> Proposal:
@@ -249,12 +253,6 @@ def _prefix_under_a_block(cold, read, engine, prefix, block) -> Proposal:
             f"rate at or below {COLD_PREFIX_CACHE:.0%} at {len(cold)} of {len(read)} levels is "
             "what this workload can get, not prefix caching off or evicting."
         ),
-        evidence={
-            "levels": [_level_name(lv) for lv in cold],
-            "hit_rates": [_round(lv.engine["prefix_cache_hit_rate"]) for lv in cold],
-            "prefix_len": prefix,
-            "kv_block_tokens": block,
-            "chart": None,
-        },
+        evidence=_hit_rates(cold) | {"prefix_len": prefix, "kv_block_tokens": block, "chart": None},
         plan=[f"Measure prefix reuse with shared prefixes of at least {block} tokens"],
     )
