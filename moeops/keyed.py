@@ -30,3 +30,17 @@ def same_body(stored, digest, what):
             "send it again only with the same body"
         )
     return stored
+
+
+def stored_under(rows, key, digest, what, owned):
+    """The row of `rows` stored under the client-chosen uuid `key`, answered as same_body
+    answers a repeat; None when no key was sent or nothing is stored under it yet. owned(row)
+    returns the row, or raises when it is another owner's (a run of another deployment)."""
+    row = None if key is None else rows.filter(uuid=key).first()
+    return None if row is None else same_body(owned(row), digest, what)
+
+
+def stored_meanwhile(rows, key, digest, what, owned):
+    """The row that another request stored under `key` between stored_under's look-up and this
+    request's insert (whose IntegrityError says so), answered as stored_under answers it."""
+    return same_body(owned(rows.get(uuid=key)), digest, what)

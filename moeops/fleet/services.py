@@ -2,6 +2,7 @@
 health checks and GPU readings, and the checks and readings asked of a host's worker."""
 
 import datetime as dt
+from functools import partial
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
@@ -22,7 +23,7 @@ from moeops.fleet.models import (
     SLOProfile,
     TopologySnapshot,
 )
-from moeops.keyed import body_sha256, same_body
+from moeops.keyed import body_sha256, stored_meanwhile, stored_under
 
 HEALTH = frozenset(key for key, _ in HEALTH_STATUSES)
 
@@ -321,10 +322,10 @@ def health_check_record(
         }
     )
     what = f"health check {check_uuid}"
-    if check_uuid is not None:
-        existing = HealthCheck.objects.filter(uuid=check_uuid).first()
-        if existing is not None:
-            return same_body(_same_deployment(existing, deployment), digest, what), False
+    owned = partial(_same_deployment, deployment=deployment)
+    existing = stored_under(HealthCheck.objects, check_uuid, digest, what, owned)
+    if existing is not None:
+        return existing, False
     when = _moment(checked_at)
     row = HealthCheck(
         deployment=deployment,
@@ -349,8 +350,7 @@ def health_check_record(
             with transaction.atomic():
                 row.save()
         except IntegrityError:
-            existing = _same_deployment(HealthCheck.objects.get(uuid=check_uuid), deployment)
-            return same_body(existing, digest, what), False
+            return stored_meanwhile(HealthCheck.objects, check_uuid, digest, what, owned), False
         if not deployment.health_checks.filter(checked_at__gt=when).exists():
             deployment.status = status
             deployment.status_detail = detail
@@ -421,10 +421,10 @@ def gpu_reading_record(*, host, status, detail="", gpus=(), taken_at=None, readi
     body = {"status": status, "detail": detail, "gpus": gpus, "taken_at": taken_at}
     digest = body_sha256(body)
     what = f"GPU reading {reading_uuid}"
-    if reading_uuid is not None:
-        existing = GPUReading.objects.filter(uuid=reading_uuid).first()
-        if existing is not None:
-            return same_body(_same_host(existing, host), digest, what), False
+    owned = partial(_same_host, host=host)
+    existing = stored_under(GPUReading.objects, reading_uuid, digest, what, owned)
+    if existing is not None:
+        return existing, False
     row = GPUReading(
         host=host,
         taken_at=_moment(taken_at),
@@ -439,8 +439,7 @@ def gpu_reading_record(*, host, status, detail="", gpus=(), taken_at=None, readi
         with transaction.atomic():
             row.save()
     except IntegrityError:
-        existing = _same_host(GPUReading.objects.get(uuid=reading_uuid), host)
-        return same_body(existing, digest, what), False
+        return stored_meanwhile(GPUReading.objects, reading_uuid, digest, what, owned), False
     return row, True
 
 

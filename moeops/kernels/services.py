@@ -2,6 +2,7 @@
 moves (moeops.jobs), failing tunes whose worker is lost."""
 
 import json
+from functools import partial
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
@@ -12,7 +13,7 @@ from moeops import jobs, permissions
 from moeops.celery import send_host_task
 from moeops.insights import services as insights_services
 from moeops.kernels.models import KERNEL_DTYPES, EngineDiff, KernelConfig, TuningRun, TuningTiming
-from moeops.keyed import body_sha256, same_body
+from moeops.keyed import body_sha256, stored_meanwhile, stored_under
 from tuning import config_files, devices
 from tuning.engines import ENGINE_TITLES
 from tuning.routing import routing_problem
@@ -237,10 +238,11 @@ def tuning_run_create(*, run_uuid=None, host=None, deployment=None, digest=None,
                 f"{deployment.host.name!r}, not {host.name!r}"
             }
         )
+    owned = partial(_same_owner, host=host, deployment=deployment)
+    existing = stored_under(TuningRun.objects, run_uuid, digest, what, owned)
+    if existing is not None:
+        return existing, False
     if run_uuid is not None:
-        existing = TuningRun.objects.filter(uuid=run_uuid).first()
-        if existing is not None:
-            return same_body(_same_owner(existing, host, deployment), digest, what), False
         fields["uuid"] = run_uuid
     if fields.get("status") == "running":
         # created running (the tuning CLI's tunes): it starts now, as jobs.transition would say
@@ -252,8 +254,7 @@ def tuning_run_create(*, run_uuid=None, host=None, deployment=None, digest=None,
             )
             return row, True
     except IntegrityError:
-        existing = _same_owner(TuningRun.objects.get(uuid=run_uuid), host, deployment)
-        return same_body(existing, digest, what), False
+        return stored_meanwhile(TuningRun.objects, run_uuid, digest, what, owned), False
 
 
 def tuning_start(

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import secrets
 import time
+from functools import partial
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -20,7 +21,7 @@ from domain.step_breakdown import DEFAULT_PROFILE_STEPS
 from moeops import jobs
 from moeops.celery import send_host_task
 from moeops.fleet.endpoints import endpoint_refusal
-from moeops.keyed import body_sha256, same_body
+from moeops.keyed import body_sha256, stored_meanwhile, stored_under
 from moeops.runs import capacity, importers, snapshots
 from moeops.runs.levels import level_request_log
 from moeops.runs.models import (
@@ -80,10 +81,10 @@ def run_create(
             }
         )
     what = f"run {run_uuid}"
-    if run_uuid is not None:
-        existing = SweepRun.objects.filter(uuid=run_uuid).first()
-        if existing is not None:
-            return same_body(_same_deployment(existing, deployment), digest, what), False
+    owned = partial(_same_deployment, deployment=deployment)
+    existing = stored_under(SweepRun.objects, run_uuid, digest, what, owned)
+    if existing is not None:
+        return existing, False
     fields = {
         "body_sha256": digest,
         "deployment": deployment,
@@ -107,8 +108,7 @@ def run_create(
         with transaction.atomic():
             return SweepRun.objects.create(**fields), True
     except IntegrityError:
-        existing = _same_deployment(SweepRun.objects.get(uuid=run_uuid), deployment)
-        return same_body(existing, digest, what), False
+        return stored_meanwhile(SweepRun.objects, run_uuid, digest, what, owned), False
 
 
 def run_start(*, deployment, parameters, label="", run_uuid=None, topology_snapshot=None, **fields):
@@ -146,13 +146,7 @@ def run_start(*, deployment, parameters, label="", run_uuid=None, topology_snaps
             **fields,
         )
         if created:
-            kwargs = sweep_task_kwargs(run.uuid, parameters)
-            host = deployment.host
-            jobs.enqueue(
-                run,
-                lambda: send_host_task("run_sweep", host, kwargs=kwargs),
-                what="workers.run_sweep",
-            )
+            _sweep_send(run, deployment.host, parameters)
     return run, created
 
 
@@ -331,19 +325,21 @@ def run_resend_orphaned(*, now=None):
             SweepRun.objects.filter(pk=run.pk).update(
                 progress={**locked.progress, "resent_at": epoch}
             )
-            _sweep_send_again(run, host)
+            _sweep_send(run, host, run.parameters, fail=_resend_failed)
         resent += 1
         log.info("run %s: its worker is back; sweep sent again", run.uuid)
     return resent
 
 
-def _sweep_send_again(run, host):
-    kwargs = sweep_task_kwargs(run.uuid, run.parameters)
+def _sweep_send(run, host, parameters, **options):
+    """Send the run's sweep (workers.run_sweep of these parameters) to the host's queue once the
+    run is committed; options: jobs.enqueue's (fail=)."""
+    kwargs = sweep_task_kwargs(run.uuid, parameters)
     jobs.enqueue(
         run,
         lambda: send_host_task("run_sweep", host, kwargs=kwargs),
         what="workers.run_sweep",
-        fail=_resend_failed,
+        **options,
     )
 
 
