@@ -25,6 +25,19 @@ def text(max_length: int, min_length: int = 0):
     ]
 
 
+def each_once(listed, field):
+    """A model validator: no two entries of the body's list `listed` share the value of `field`,
+    the key they are stored under (a GPU's index, a timing's batch size)."""
+
+    def check(body):
+        values = [getattr(item, field) for item in getattr(body, listed)]
+        if len(values) != len(set(values)):
+            raise ValueError(f"{listed}: each {field} may appear once")
+        return body
+
+    return model_validator(mode="after")(check)
+
+
 LongText = Annotated[str, StringConstraints(max_length=1_000_000), AfterValidator(storable_text)]
 # Strict: true and "12" are no integers (pydantic would store them as 1 and 12)
 PosInt = Annotated[int, Strict(), Field(ge=0, le=MAX_INT)]

@@ -3,9 +3,19 @@ batch size."""
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, StringConstraints, model_validator
+from pydantic import ConfigDict, Field, StringConstraints
 
-from domain.wire.fields import Attempt, Body, JsonObject, LongText, Patch, PosInt, Size, text
+from domain.wire.fields import (
+    Attempt,
+    Body,
+    JsonObject,
+    LongText,
+    Patch,
+    PosInt,
+    Size,
+    each_once,
+    text,
+)
 from domain.wire.runs import JobStatus, TelemetryStatus
 
 # Whose fused-MoE kernel timings were taken on (tuning.engines.ENGINES).
@@ -100,9 +110,4 @@ class Timings(Body):
 
     timings: list[Timing] = Field(max_length=4096)
 
-    @model_validator(mode="after")
-    def _unique_batch_sizes(self):
-        sizes = [t.batch_size for t in self.timings]
-        if len(sizes) != len(set(sizes)):
-            raise ValueError("timings: each batch_size may appear once")
-        return self
+    _unique_batch_sizes = each_once("timings", "batch_size")

@@ -2,7 +2,7 @@
 checks."""
 
 import datetime as dt
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from uuid import UUID
 
 from ninja import Query, Router, Schema
@@ -25,6 +25,7 @@ from moeops.api.fields import (
     SmallInt,
     in_range,
     matching,
+    one_of,
     text,
 )
 from moeops.api.openapi import may_answer
@@ -43,10 +44,10 @@ from moeops.fleet.models import (
 
 router = Router(tags=["fleet"])
 
-DeploymentStatus = Literal[tuple(key for key, _ in DEPLOYMENT_STATUSES)]
-Engine = Literal[tuple(key for key, _ in ENGINES)]
-HealthStatus = Literal[tuple(key for key, _ in HEALTH_STATUSES)]
-CheckTrigger = Literal[tuple(key for key, _ in CHECK_TRIGGERS)]
+DeploymentStatus = one_of(DEPLOYMENT_STATUSES)
+Engine = one_of(ENGINES)
+HealthStatus = one_of(HEALTH_STATUSES)
+CheckTrigger = one_of(CHECK_TRIGGERS)
 
 
 def fleet_operation(name):
@@ -202,10 +203,10 @@ def deployment_list(request, filters: Query[DeploymentFilter]):
     return matching(
         in_range(_deployments(), filters),
         filters,
+        "status",
+        "engine",
         host="host__name",
         model="model__name",
-        status="status",
-        engine="engine",
     )
 
 

@@ -2,7 +2,7 @@
 kernel config, revert) and the heartbeats of the hosts' workers."""
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import PermissionDenied
@@ -15,7 +15,7 @@ from domain.wire.engines import ActionReport, Heartbeat
 from moeops import permissions
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, PersonOnly, require_host
-from moeops.api.fields import In, PosInt, text
+from moeops.api.fields import In, PosInt, one_of, text
 from moeops.engines import services
 from moeops.engines.models import ACTION_KINDS, EngineAction
 from moeops.fleet import services as fleet_services
@@ -25,7 +25,7 @@ from moeops.kernels.models import KernelConfig
 router = Router(tags=["engines"])
 
 # a bisection's steps are started by the bisection (POST /watch-runs/{id}/bisection)
-ActionKind = Literal[tuple(key for key, _ in ACTION_KINDS if key not in ("bisect", "restore"))]
+ActionKind = one_of(ACTION_KINDS, but=("bisect", "restore"))
 
 
 # Actions and recipes are people's decisions: a host's worker reports on them, never makes them.

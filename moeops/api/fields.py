@@ -3,7 +3,7 @@
 by id or name, query filters."""
 
 import datetime as dt
-from typing import Annotated
+from typing import Annotated, Literal
 
 from django.core.exceptions import ValidationError
 from ninja import Schema
@@ -92,9 +92,16 @@ def in_range(queryset, filters, field="created"):
     return queryset
 
 
-def matching(queryset, filters, **lookups):
-    """The queryset limited to the filters that are set; lookups: filter name → ORM lookup."""
-    for name, lookup in lookups.items():
+def one_of(choices, *, but=()):
+    """The Literal type of a model field's choices (its (key, label) pairs): their keys, less
+    those in `but`."""
+    return Literal[tuple(key for key, _ in choices if key not in but)]
+
+
+def matching(queryset, filters, *fields, **lookups):
+    """The queryset limited to the filters that are set; fields: filters named as the column
+    they match; lookups: filter name → ORM lookup."""
+    for name, lookup in ({field: field for field in fields} | lookups).items():
         value = getattr(filters, name)
         if value is not None:
             queryset = queryset.filter(**{lookup: value})

@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from domain.slo import SLO_PERCENTILES
 from domain.storable import storable_json
+from domain.wire.fields import each_once
 from domain.wire.runs import TelemetrySample
 from moeops.api import lookups
 from moeops.api.auth import HostWrite, PersonOnly, require_host
@@ -29,6 +30,7 @@ from moeops.api.fields import (
     PosInt,
     SmallInt,
     in_range,
+    one_of,
     text,
 )
 from moeops.api.openapi import may_answer
@@ -46,9 +48,9 @@ from moeops.fleet.models import (
 
 router = Router(tags=["fleet"])
 
-TopologySource = Literal[tuple(key for key, _ in TOPOLOGY_SOURCES)]
-VirtualizationKind = Literal[tuple(key for key, _ in VIRTUALIZATION_KINDS)]
-ReadingStatus = Literal[tuple(key for key, _ in READING_STATUSES)]
+TopologySource = one_of(TOPOLOGY_SOURCES)
+VirtualizationKind = one_of(VIRTUALIZATION_KINDS)
+ReadingStatus = one_of(READING_STATUSES)
 
 
 # --------------------------------------------------------------------------- models
@@ -173,12 +175,7 @@ class GPUIn(In):
 class GPUsIn(In):
     gpus: list[GPUIn] = Field(max_length=1024)
 
-    @model_validator(mode="after")
-    def _unique_indexes(self):
-        indexes = [gpu.index for gpu in self.gpus]
-        if len(indexes) != len(set(indexes)):
-            raise ValueError("gpus: each index may appear once")
-        return self
+    _unique_indexes = each_once("gpus", "index")
 
 
 class GPUOut(Schema):

@@ -1,7 +1,7 @@
 """Findings (confirm or dismiss them), plan items and notes."""
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Any
 
 from ninja import Query, Router, Schema, Status
 from ninja.pagination import paginate
@@ -18,6 +18,7 @@ from moeops.api.fields import (
     PosInt,
     in_range,
     matching,
+    one_of,
     slug,
     text,
 )
@@ -38,11 +39,11 @@ from moeops.insights.services import finding_set_state
 
 router = Router(tags=["insights"])
 
-FindingKind = Literal[tuple(key for key, _ in FINDING_KINDS)]
-FindingState = Literal[tuple(key for key, _ in FINDING_STATES)]
-FindingSource = Literal[tuple(key for key, _ in FINDING_SOURCES)]
-Severity = Literal[tuple(key for key, _ in SEVERITIES)]
-PlanStatus = Literal[tuple(key for key, _ in PLAN_STATUSES)]
+FindingKind = one_of(FINDING_KINDS)
+FindingState = one_of(FINDING_STATES)
+FindingSource = one_of(FINDING_SOURCES)
+Severity = one_of(SEVERITIES)
+PlanStatus = one_of(PLAN_STATUSES)
 NoteSlug = slug(services.NOTE_SLUG_MAX_LENGTH)
 
 
@@ -122,12 +123,12 @@ def finding_list(request, filters: Query[FindingFilter]):
     return matching(
         in_range(_findings(), filters),
         filters,
+        "kind",
+        "state",
+        "severity",
+        "source",
         deployment="deployment__name",
         run="run_id",
-        kind="kind",
-        state="state",
-        severity="severity",
-        source="source",
     )
 
 
@@ -217,7 +218,7 @@ def plan_item_create(request, payload: PlanItemIn):
 @paginate(Page)
 def plan_item_list(request, filters: Query[PlanItemFilter]):
     queryset = in_range(PlanItem.objects.select_related("note", "done_by"), filters)
-    return matching(queryset, filters, deployment="deployment__name", status="status")
+    return matching(queryset, filters, "status", deployment="deployment__name")
 
 
 @router.patch("/plan-items/{ref}", auth=PersonOnly(), response=PlanItemOut)

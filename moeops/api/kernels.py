@@ -32,6 +32,7 @@ from moeops.api.fields import (
     LongText,
     in_range,
     matching,
+    one_of,
     text,
 )
 from moeops.api.openapi import may_answer
@@ -46,7 +47,7 @@ from tuning import config_files
 router = Router(tags=["kernels"])
 
 KernelDtype = Literal[services.DTYPES]
-ConfigSource = Literal[tuple(key for key, _ in CONFIG_SOURCES)]
+ConfigSource = one_of(CONFIG_SOURCES)
 Style = Literal[config_files.STYLES]
 # what the engines' file names can carry: no comma or slash, not blank
 DeviceName = Annotated[
@@ -55,7 +56,7 @@ DeviceName = Annotated[
 ]
 TritonVersion = Annotated[str, StringConstraints(max_length=20, pattern=r"^[\w.+-]*$")]
 BlockShape = Annotated[list[Size], Field(min_length=2, max_length=2)]
-RequestedKernel = Literal[tuple(key for key, _ in REQUESTED_KERNELS)]
+RequestedKernel = one_of(REQUESTED_KERNELS)
 
 
 # --------------------------------------------------------------------------- kernel configs
@@ -192,9 +193,7 @@ def kernel_config_create(request, payload: KernelConfigIn):
 @paginate(Page)
 def kernel_config_list(request, filters: Query[KernelConfigFilter]):
     fields = ("device_name", "E", "N", "dtype", "down_moe", "source")
-    return matching(
-        in_range(KernelConfig.objects.all(), filters), filters, **{f: f for f in fields}
-    )
+    return matching(in_range(KernelConfig.objects.all(), filters), filters, *fields)
 
 
 @router.get("/kernel-configs/{ref}", response=KernelConfigOut)
@@ -425,14 +424,7 @@ def tuning_start(request, ref: str, payload: TuningStartIn):
     deployment = lookups.get_deployment(ref)
     require_host(request, deployment.host)
     tuning_run, created = services.tuning_start(
-        deployment=deployment,
-        dtype=payload.dtype,
-        batch_sizes=payload.batch_sizes,
-        engine=payload.engine,
-        force=payload.force,
-        run_uuid=payload.uuid,
-        routing=payload.routing,
-        also_under=payload.also_under,
+        deployment=deployment, run_uuid=payload.uuid, **payload.model_dump(exclude={"uuid"})
     )
     return stored(created, lookups.get_tuning_run(tuning_run.pk))
 
@@ -443,9 +435,9 @@ def tuning_run_list(request, filters: Query[TuningRunFilter]):
     return matching(
         in_range(TuningRun.objects.select_related("host"), filters),
         filters,
+        "status",
         host="host__name",
         deployment="deployment__name",
-        status="status",
     )
 
 

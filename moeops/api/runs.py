@@ -31,6 +31,7 @@ from moeops.api.fields import (
     PosInt,
     in_range,
     matching,
+    one_of,
     text,
 )
 from moeops.api.openapi import may_answer
@@ -49,7 +50,7 @@ from moeops.runs.parameters import (
 
 router = Router(tags=["runs"])
 
-RunSource = Literal[tuple(key for key, _ in RUN_SOURCES)]
+RunSource = one_of(RUN_SOURCES)
 ResultFormat = Literal[FORMATS]
 # --------------------------------------------------------------------------- runs
 
@@ -180,10 +181,10 @@ def run_list(request, filters: Query[RunFilter]):
     return matching(
         queryset,
         filters,
+        "status",
+        "source",
         host="deployment__host__name",
         model="deployment__model__name",
-        status="status",
-        source="source",
     )
 
 
@@ -437,15 +438,21 @@ class EngineSampleOut(Schema, EngineSample):
     ts: float
 
 
+def _samples_record(request, ref, payload, record):
+    """Store a batch of the run's samples with `record` (measurements.telemetry_record or
+    engine_samples_record) once the token may write the run's host: 201, or 200 for a batch
+    stored before."""
+    run = lookups.get_run(ref)
+    require_host(request, run.deployment.host)
+    samples = [sample.__dict__ for sample in payload.samples]
+    batch, created = record(run=run, batch_id=payload.batch_id, samples=samples)
+    return stored(created, batch)
+
+
 @router.post("/runs/{ref}/telemetry", auth=HostWrite(), response={200: BatchOut, 201: BatchOut})
 def telemetry_record(request, ref: str, payload: Telemetry):
     """Store a batch of GPU samples once per batch_id (thousands per request)."""
-    run = lookups.get_run(ref)
-    require_host(request, run.deployment.host)
-    batch, created = measurements.telemetry_record(
-        run=run, batch_id=payload.batch_id, samples=[s.__dict__ for s in payload.samples]
-    )
-    return stored(created, batch)
+    return _samples_record(request, ref, payload, measurements.telemetry_record)
 
 
 @router.get("/runs/{ref}/telemetry", response=list[TelemetrySampleOut])
@@ -460,12 +467,7 @@ def telemetry_list(request, ref: str):
 )
 def engine_samples_record(request, ref: str, payload: EngineSamples):
     """Store a batch of engine /metrics samples once per batch_id."""
-    run = lookups.get_run(ref)
-    require_host(request, run.deployment.host)
-    batch, created = measurements.engine_samples_record(
-        run=run, batch_id=payload.batch_id, samples=[s.__dict__ for s in payload.samples]
-    )
-    return stored(created, batch)
+    return _samples_record(request, ref, payload, measurements.engine_samples_record)
 
 
 @router.get("/runs/{ref}/engine-samples", response=list[EngineSampleOut])

@@ -12,7 +12,7 @@ from pydantic import Field
 from moeops import permissions
 from moeops.api import lookups
 from moeops.api.auth import PersonOnly
-from moeops.api.fields import In, JsonObject, Name, Patch, PosInt, text
+from moeops.api.fields import In, JsonObject, Name, Patch, PosInt, one_of, text
 from moeops.api.openapi import may_answer
 from moeops.api.paging import Page
 from moeops.fleet.models import Deployment, SLOProfile
@@ -235,7 +235,7 @@ class AlertOut(Schema):
 
 
 class AlertFilter(Schema):
-    status: Literal[tuple(key for key, _ in ALERT_STATUSES)] | None = None
+    status: one_of(ALERT_STATUSES) | None = None
 
 
 def _deployment(ref):

@@ -4,7 +4,7 @@ conversations), named and versioned; a run names one in its parameters' `workloa
 import base64
 import binascii
 import datetime as dt
-from typing import Any, Literal
+from typing import Any
 
 from ninja import Query, Router, Schema
 from ninja.errors import HttpError
@@ -13,14 +13,14 @@ from pydantic import Field, model_validator
 from domain.workloads import MAX_LENGTH
 from moeops.api import lookups
 from moeops.api.auth import PersonOnly
-from moeops.api.fields import In, JsonObject, PosInt, text
+from moeops.api.fields import In, JsonObject, PosInt, one_of, text
 from moeops.api.responses import stored
 from moeops.runs.models import WORKLOAD_KINDS, Workload
 from moeops.runs.workloads import workload_store
 
 router = Router(tags=["workloads"])
 
-WorkloadKind = Literal[tuple(key for key, _ in WORKLOAD_KINDS)]
+WorkloadKind = one_of(WORKLOAD_KINDS)
 
 
 class WorkloadIn(In):
