@@ -195,8 +195,14 @@ class SweepRun(Job, models.Model):
         return self.label or f"run {str(self.uuid)[:8]}"
 
     def recorded(self):
-        """The run's snapshot, typed (domain.snapshot.RunSnapshot)."""
-        return RunSnapshot.read(self.snapshot)
+        """The run's snapshot, typed (domain.snapshot.RunSnapshot): read once for each snapshot
+        the run holds, as a run list asks each run's badges, engine and model of it. Its top
+        level is kept to compare: a part set in place since is read anew."""
+        snapshot, read = self.snapshot, self.__dict__.get("_recorded")
+        if read is None or read[0] != snapshot:
+            kept = dict(snapshot) if isinstance(snapshot, dict) else snapshot
+            read = self.__dict__["_recorded"] = (kept, RunSnapshot.read(snapshot))
+        return read[1]
 
     @property
     def observed_engine(self):
