@@ -133,6 +133,22 @@ class SweepRunQuerySet(models.QuerySet):
         )
 
 
+def summarized(runs):
+    """The runs (SweepRuns whose levels are prefetched, with output_throughput) with
+    SweepRunQuerySet.with_summary's .peak and .level_count counted from those levels: the same
+    rule for a page that reads every level of its runs anyway, without two subqueries a run.
+    A list."""
+    runs = list(runs)
+    for run in runs:
+        levels = run.levels.all()
+        run.level_count = len(levels)
+        run.peak = max(
+            (level.output_throughput for level in levels if level.output_throughput is not None),
+            default=None,
+        )
+    return runs
+
+
 class SweepRun(Job, models.Model):
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     body_sha256 = models.CharField(max_length=64, blank=True, help_text=BODY_SHA256_HELP)

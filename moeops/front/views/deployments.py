@@ -54,7 +54,7 @@ from moeops.runs import capacity as run_capacity
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.importers import ResultFileError, ResultFileMismatch
-from moeops.runs.models import ASIDE, LevelResult, SweepRun, of_the_deployment
+from moeops.runs.models import ASIDE, LevelResult, SweepRun, of_the_deployment, summarized
 from moeops.watches import services as watch_services
 from moeops.watches.models import last_regressed
 
@@ -338,11 +338,10 @@ def _deployment_page(
     sweep_form = sweep_form or SweepForm(deployment=deployment)
     capacity_form = capacity_form or CapacityForm(deployment=deployment)
     _one_workload_list(sweep_form, capacity_form)
-    runs = list(
+    runs = summarized(
         deployment.runs.all()
         .prefetch_related(Prefetch("levels", PAGE_LEVELS))
         .select_related("topology_snapshot")
-        .with_summary()
         .annotate(aside=Exists(SweepRun.objects.filter(ASIDE, pk=OuterRef("pk"))))
         .order_by("-created", "-id")
     )
