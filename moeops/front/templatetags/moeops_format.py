@@ -1,9 +1,11 @@
 """Number, duration and status formatting shared by every page."""
 
 from django import template
+from django.template.defaultfilters import date
 from django.urls import reverse
 from django.utils.html import format_html, json_script
 from django.utils.safestring import mark_safe
+from django.utils.timezone import localtime
 
 from domain.failures import explain_error
 from moeops.front.charts.figures import CompactJSONEncoder
@@ -143,6 +145,42 @@ def run_link(run):
     url = reverse("run-detail", args=[run.uuid])
     return format_html(
         '<a href="{}">{}</a> {} {}', url, run.display_label(), run_origin(run), standin
+    )
+
+
+# A row of the deployment page's runs table (run_row); the indents are the template's.
+RUN_ROW = """<tr>
+      <td><input type="checkbox" name="run" value="{}" aria-label="compare {}"></td>
+      <td>{}</td>
+      <td>{}</td>
+      <td><span class="status status-{}">{}</span></td>
+      <td>{}</td>
+      <td>{}</td>
+      <td>{}</td>
+      <td class="num">{}</td>
+      <td>{}</td>
+    </tr>"""
+
+
+@register.simple_tag
+def run_row(run, model_name):
+    """The deployment page's row of a run (levels prefetched, .peak): its compare box, name,
+    model (an imported file's own, else model_name), status, source, topology, levels, peak
+    and start. One tag a row: a dozen template variables a row took ~2 ms of 21 rows."""
+    topology = run.topology_snapshot
+    return format_html(
+        RUN_ROW,
+        run.uuid,
+        run.display_label(),
+        run_link(run),
+        run.other_model or model_name,
+        run.status,
+        run.get_status_display(),
+        run.get_source_display(),
+        (topology and topology.virtualization_label) or "—",
+        concurrencies(run) or "—",
+        num(run.peak),
+        date(localtime(run.created), "Y-m-d H:i"),
     )
 
 
