@@ -3,7 +3,7 @@
 from django import template
 from django.template.defaultfilters import date
 from django.urls import reverse
-from django.utils.html import format_html, json_script
+from django.utils.html import format_html, format_html_join, json_script
 from django.utils.safestring import mark_safe
 from django.utils.timezone import localtime
 
@@ -145,6 +145,15 @@ def run_link(run):
     url = reverse("run-detail", args=[run.uuid])
     return format_html(
         '<a href="{}">{}</a> {} {}', url, run.display_label(), run_origin(run), standin
+    )
+
+
+@register.simple_tag
+def labelled_fields(form):
+    """Each field of the form in its label, after its name, with its errors (the forms of the
+    deployment page and the run page): one tag, not three template variables a field."""
+    return format_html_join(
+        "", "<label>{} {}{}</label>", ((field.label, field, field.errors) for field in form)
     )
 
 
