@@ -72,23 +72,29 @@ class Note(models.Model):
 SEVERITY_ORDER = ("critical", "warning", "info")
 
 
+# by_importance's ranks, built once: a query copies an expression as it resolves it.
+IMPORTANCE = {
+    "dismissed_rank": Case(
+        When(state__in=("dismissed", "superseded"), then=Value(1)), default=Value(0)
+    ),
+    "severity_rank": Case(
+        *(When(severity=s, then=Value(i)) for i, s in enumerate(SEVERITY_ORDER)),
+        default=Value(len(SEVERITY_ORDER)),
+    ),
+    "evidence_rank": Case(
+        When(evidence__chart__type__isnull=False, then=Value(0)), default=Value(1)
+    ),
+}
+
+
 class FindingQuerySet(models.QuerySet):
     def by_importance(self):
         """The one order findings are listed in: dismissed and superseded ones last, then by
         severity (critical, warning, info), then by evidence (one with a chart of what was
         measured before one with none), then newest first."""
-        return self.annotate(
-            dismissed_rank=Case(
-                When(state__in=("dismissed", "superseded"), then=Value(1)), default=Value(0)
-            ),
-            severity_rank=Case(
-                *(When(severity=s, then=Value(i)) for i, s in enumerate(SEVERITY_ORDER)),
-                default=Value(len(SEVERITY_ORDER)),
-            ),
-            evidence_rank=Case(
-                When(evidence__chart__type__isnull=False, then=Value(0)), default=Value(1)
-            ),
-        ).order_by("dismissed_rank", "severity_rank", "evidence_rank", "-created", "-id")
+        return self.annotate(**IMPORTANCE).order_by(
+            "dismissed_rank", "severity_rank", "evidence_rank", "-created", "-id"
+        )
 
 
 class Finding(models.Model):
