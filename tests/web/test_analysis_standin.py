@@ -20,15 +20,20 @@ from workers.loadgen import ClientConfig, SweepConfig, run_sweep
 pytestmark = pytest.mark.django_db
 
 CAP = 8
+OUTPUT_LEN = 60
 LEVELS = (4, 8, 16, 32)
 
 
 @pytest.fixture(scope="module")
 def capped_sweep():
     """(engine identity, level results, engine samples) of a sweep at 4…32 against a cap of 8."""
-    # step = 4 ms + 0.5 ms × batch: throughput rises to the cap of 8, then stays
+    # step = 6 ms + 0.5 ms × batch: throughput rises to the cap of 8, then stays. Each level
+    # runs 3 s or more, so that a busy machine's pause of a few hundred ms in one level does
+    # not read as a 10 % rise past the cap; and each request is long (OUTPUT_LEN steps) beside
+    # the client's turn-around from one request to the next, which a busy machine stretches
+    # and which idles a slot at a concurrency equal to the cap but not above it
     url, proc = spawn_standin(
-        ["--max-running-requests", str(CAP), "--step-ms-base", "4", "--step-ms-per-req", "0.5"]
+        ["--max-running-requests", str(CAP), "--step-ms-base", "6", "--step-ms-per-req", "0.5"]
     )
     try:
         identity = identify_engine(url)
@@ -36,8 +41,8 @@ def capped_sweep():
             client=ClientConfig(base_url=url, model="standin", vocab_size=32000),
             concurrencies=LEVELS,
             input_len=32,
-            output_len=20,
-            prompts_per_level=64,
+            output_len=OUTPUT_LEN,
+            prompts_per_level=48,
         )
         with EngineMetricsSampler(url, interval_s=0.05) as sampler:
 
@@ -61,7 +66,7 @@ def store(capped_sweep):
         deployment=deployment,
         status="succeeded",
         telemetry_status="unavailable",
-        parameters={"levels": list(LEVELS), "input_len": 32, "output_len": 20},
+        parameters={"levels": list(LEVELS), "input_len": 32, "output_len": OUTPUT_LEN},
         snapshot={"engine": identity},
     )
     for result in results:
