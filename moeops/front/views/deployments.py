@@ -1,6 +1,8 @@
 """Dashboard, deployments, and what a deployment's page lets a person do (check, sweep, tune,
 plan)."""
 
+import functools
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -87,23 +89,27 @@ def _deployment_or_404(pk):
     )
 
 
-def _with_latest_run_ids(deployments):
-    """The deployments (a queryset, read here) each with .latest_run_id: its newest run of its
-    model that has throughput (an imported file of another model is no headline of this
-    deployment), and the launch recipe in force."""
+@functools.cache
+def _latest_run_annotations():
+    """_with_latest_run_ids' subqueries, built once: a query copies them as it resolves them."""
     runs = SweepRun.objects.filter(
         deployment=OuterRef("pk"), levels__output_throughput__isnull=False
     )
     latest = of_the_deployment(runs).order_by("-created", "-id").values("pk")[:1]
     applied = LaunchRecipe.objects.filter(deployment=OuterRef("pk"), applied_at__isnull=False)
     in_force = applied.order_by("-applied_at", "-version")
-    return list(
-        deployments.annotate(
-            latest_run_id=Subquery(latest),
-            recipe_in_force_id=Subquery(in_force.values("pk")[:1]),
-            recipe_in_force_version=Subquery(in_force.values("version")[:1]),
-        )
-    )
+    return {
+        "latest_run_id": Subquery(latest),
+        "recipe_in_force_id": Subquery(in_force.values("pk")[:1]),
+        "recipe_in_force_version": Subquery(in_force.values("version")[:1]),
+    }
+
+
+def _with_latest_run_ids(deployments):
+    """The deployments (a queryset, read here) each with .latest_run_id: its newest run of its
+    model that has throughput (an imported file of another model is no headline of this
+    deployment), and the launch recipe in force."""
+    return list(deployments.annotate(**_latest_run_annotations()))
 
 
 def _latest_run_ids(deployments):
@@ -187,12 +193,16 @@ def _recent_and_active(jobs, count, *, also=()):
     )
 
 
+@functools.cache
+def _timing_count():
+    """_with_timing_count's subquery, built once: a query copies it as it resolves it."""
+    timings = TuningTiming.objects.filter(run=OuterRef("pk")).order_by().values("run")
+    return Coalesce(Subquery(timings.annotate(n=Count("id")).values("n")), 0)
+
+
 def _with_timing_count(tunings):
     """The TuningRun queryset with .timing_count: the batch sizes timed so far."""
-    timings = TuningTiming.objects.filter(run=OuterRef("pk")).order_by().values("run")
-    return tunings.annotate(
-        timing_count=Coalesce(Subquery(timings.annotate(n=Count("id")).values("n")), 0)
-    )
+    return tunings.annotate(timing_count=_timing_count())
 
 
 def _tunes_progress(tunings):
