@@ -193,6 +193,46 @@ def run_row(run, model_name):
     )
 
 
+# compare's cells of a run from its name to its kernel config (compare_cells); the indents are
+# the template's.
+COMPARE_CELLS = """<td><a href="{}">{}</a>{}</td>
+      <td>{}</td>
+      <td class="clip" title="{}">{}</td>
+      <td>{}</td>
+      <td>{}</td>
+      <td>{}</td>
+      <td>{}</td>"""
+
+
+@register.simple_tag
+def compare_cells(run, kernel=None):
+    """Compare's cells of a run (deployment, host and kernel config read with it): its name
+    with the stand-in's badge, deployment, model, host, topology, engine and kernel config.
+    kernel: the kernel state the selected runs' table writes where no config is on record;
+    without it, the run's own, muted (the candidates' table). One tag a row's seven cells: compare
+    lists its 20 runs and their candidates."""
+    config = run.kernel_config
+    if config is not None:
+        kernel = format_html("{} v{}", config.dtype, config.version)
+    elif kernel is None:
+        kernel = format_html('<span class="muted">{}</span>', run.kernel_config_state())
+    topology = run.topology_snapshot
+    model = run.model_name()
+    return format_html(
+        COMPARE_CELLS,
+        reverse("run-detail", args=[run.uuid]),
+        run.display_label(),
+        format_html(" {}", STANDIN_BADGE) if run.is_standin else "",
+        run.deployment.name,
+        model,
+        model_short(model),
+        run.deployment.host.name,
+        (topology and topology.virtualization_label) or "—",
+        run.engine_label(),
+        kernel,
+    )
+
+
 @register.filter
 def parameter_text(value):
     """A run parameter as a person reads it, not a Python repr: a list "8, 16, 32", an object
