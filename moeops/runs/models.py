@@ -220,11 +220,13 @@ class SweepRun(Job, models.Model):
 
     def recorded(self):
         """The run's snapshot, typed (domain.snapshot.RunSnapshot): read once for each snapshot
-        the run holds, as a run list asks each run's badges, engine and model of it. Its top
-        level is kept to compare: a part set in place since is read anew."""
+        the run holds, as a run list asks each run's badges, engine and model of it. A copy of
+        the whole snapshot is kept to compare, so that a part changed in place since, however
+        deep, is read anew."""
         snapshot, read = self.snapshot, self.__dict__.get("_recorded")
         if read is None or read[0] != snapshot:
-            kept = dict(snapshot) if isinstance(snapshot, dict) else snapshot
+            # a JSON field's value: a JSON round trip copies it whole, faster than deepcopy
+            kept = json.loads(json.dumps(snapshot))
             read = self.__dict__["_recorded"] = (kept, RunSnapshot.read(snapshot))
         return read[1]
 

@@ -235,3 +235,17 @@ def test_an_imported_vllm_file_records_its_facts_and_no_engine_it_does_not_name(
     assert run.snapshot["file"]["backend"] == "openai-chat"
     assert run.snapshot["file"]["model_id"] == "zai-org/GLM-5-FP8"
     assert run.snapshot["file"]["num_prompts"] == 1280
+
+
+def test_a_runs_typed_snapshot_follows_a_change_made_in_place_however_deep():
+    # recorded() keeps what it read for a run list's many questions; a service that changes
+    # the snapshot in place before asking again must see its change
+    run = SweepRun(snapshot={"engine": {"engine": "vllm", "version": "0.34.0"}})
+    assert run.recorded().engine["engine"] == "vllm"
+
+    run.snapshot["engine"]["engine"] = "sglang"
+    assert run.recorded().engine["engine"] == "sglang"
+    run.snapshot["client"] = {"host": "gpu-2"}
+    assert run.recorded().client["host"] == "gpu-2"
+    run.snapshot = {}
+    assert not run.recorded().engine
