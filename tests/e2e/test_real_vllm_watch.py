@@ -27,11 +27,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.quiet, pytest.mar
 # 1 outlast the wait for the verdict. docs/decisions.md, 32.
 # Eight warm-up requests before the level: right after a restart the first rounds ran 2-5× slower
 # than the rest (407, 233, 969, 975, 1232 tok/s in a make test run), which hid the fall.
+# 64 requests a round (8 waves at a cap of 8): rounds of one wave lasted 0.05 s, and beside two
+# busy cores one pause made a cap-8 round read 102 tok/s among 931-1,325 and a cap-1 round 31
+# among 176-346, so that five rounds of each could not tell a 5× fall from the noise (make test
+# at 257f480); a round of 8 waves outlasts such a pause.
 LOAD = {
     "levels": [8],
     "input_len": 16,
     "output_len": 8,
-    "prompts_per_level": 8,
+    "prompts_per_level": 64,
     "rounds": 5,
     "warmup": 8,
 }
