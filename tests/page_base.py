@@ -47,6 +47,17 @@ def sign_in(client, username="alice", staff=False):
     return user
 
 
+def form_html(client, deployment_row, form):
+    """The deployment page's `form` ("sweep", "capacity" or "watches") as the page asks for it
+    when its section is opened, after checking that the page asks for it there."""
+    page = client.get(deployment_row.get_absolute_url()).content.decode()
+    url = f"/deployments/{deployment_row.pk}/{form}/form/"
+    assert f'data-form-url="{url}"' in page
+    response = client.get(url)
+    assert response.status_code == 200
+    return response.content.decode()
+
+
 def figure(html, data_id):
     """The plotly figure a page embedded under json_script id `data_id`."""
     match = re.search(rf'<script id="{data_id}" type="application/json">(.*?)</script>', html, re.S)

@@ -24,6 +24,9 @@ urlpatterns = [
     path("deployments/<int:pk>/sweep/", deployments.sweep_start, name="sweep-start"),
     path("deployments/<int:pk>/capacity/", deployments.capacity_start, name="capacity-start"),
     path("deployments/<int:pk>/watches/", deployments.watch_create, name="watch-create"),
+    path("deployments/<int:pk>/sweep/form/", deployments.sweep_form, name="sweep-form"),
+    path("deployments/<int:pk>/capacity/form/", deployments.capacity_form, name="capacity-form"),
+    path("deployments/<int:pk>/watches/form/", deployments.watch_form, name="watch-form"),
     path(
         "deployments/<int:pk>/capacity/estimate/",
         deployments.capacity_estimate_json,

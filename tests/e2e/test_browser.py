@@ -460,6 +460,33 @@ def test_the_sweep_form_has_presets_and_estimates_their_duration(page, member):
     )
 
 
+def test_a_form_the_server_cannot_give_says_so_and_opens_on_the_next_try(page, member):
+    deployment = pb.standin_checked(load_standin_deployment())
+    refused = []
+
+    def once_refused(route):
+        if refused:
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.fulfill(status=503, body="down")
+
+    page.route("**/sweep/form/", once_refused)
+    sweep_form_opened(page, member, deployment)
+    slot = page.wait_for_selector("#sweep .form-slot:has-text('could not be opened')")
+    assert slot.inner_text() == (
+        "The form could not be opened (the server answered 503): "
+        "close and open this section to try again."
+    )
+    page.click("summary:has-text('Run sweep')")
+    page.click("summary:has-text('Run sweep')")
+    assert page.input_value("#sweep-form input[name=levels]") == "8,16,32,64,128"
+    assert refused == [page.base + f"/deployments/{deployment.pk}/sweep/form/"]
+    # the refused request is the one error the browser logs
+    assert [e for e in page.js_errors if "503" not in e] == []
+    page.js_errors.clear()
+
+
 def test_a_tune_is_refused_before_it_is_queued_saying_why(page, member):
     deployment = load_standin_deployment()
     pb.worker_seen(deployment.host)

@@ -98,6 +98,7 @@ def test_the_workload_select_and_plan_titles_are_not_cut(narrow, staff):
     log_in(page, staff)
     page.goto(page.base + glm.get_absolute_url())
     page.click("#capacity-search summary")
+    page.wait_for_selector("#capacity-form select[name=workload]")
     clipped = page.evaluate(
         """() => { const s = document.querySelector("#capacity-form select[name=workload]");
                    const label = s.closest("label").getBoundingClientRect();
@@ -146,7 +147,7 @@ def test_run_now_channels_and_the_capacity_estimate(narrow, staff):
     # the capacity search tells its duration before it starts, and follows the form
     page.click("#capacity-search summary")
     estimate = page.locator("#capacity-estimate")
-    page.wait_for_function("() => document.getElementById('capacity-estimate').innerText")
+    page.wait_for_function("() => document.getElementById('capacity-estimate')?.innerText")
     assert estimate.inner_text().startswith("Estimated duration: ≈ 8 min 33 s, 11 levels")
     page.fill("#capacity-form input[name=end]", "16")
     page.wait_for_function(

@@ -45,7 +45,7 @@ def test_the_estimate_follows_the_search_asked(client, standin):
 
 
 def test_the_deployment_page_asks_for_the_estimate_of_the_form_as_it_stands(client, standin):
-    html = client.get(standin.get_absolute_url()).content.decode()
+    html = pb.form_html(client, standin, "capacity")
     url = f"/deployments/{standin.pk}/capacity/estimate/"
     assert f'id="capacity-estimate" data-estimate-url="{url}"' in html
 

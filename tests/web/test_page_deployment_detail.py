@@ -176,12 +176,13 @@ def test_heatmap_evidence_is_drawn_with_its_codes(client, example):
 
 
 def test_it_offers_sweep_and_tune_forms(client, example):
-    html = client.get(example.get_absolute_url()).content.decode()
-    assert f'action="/deployments/{example.pk}/sweep/"' in html
+    sweep = pb.form_html(client, example, "sweep")
+    assert f'action="/deployments/{example.pk}/sweep/"' in sweep
     # the quick preset first; the full one a click away
-    assert 'name="levels" value="8,16,32,64,128"' in html
-    assert ">quick (≈ 1 min on the stand-in)</button>" in html
-    assert 'data-levels="32,64,128,256,512,1024"' in html and ">full</button>" in html
+    assert 'name="levels" value="8,16,32,64,128"' in sweep
+    assert ">quick (≈ 1 min on the stand-in)</button>" in sweep
+    assert 'data-levels="32,64,128,256,512,1024"' in sweep and ">full</button>" in sweep
+    html = client.get(example.get_absolute_url()).content.decode()
     assert f'action="/deployments/{example.pk}/tune/"' in html
     assert "none — the engine runs its default config" in html
 
@@ -195,7 +196,7 @@ def test_the_sweep_form_estimates_from_the_newest_measured_tpot(client, example)
             for c, tpot in ((8, 10.0), (64, 20.0))
         ],
     )
-    html = client.get(example.get_absolute_url()).content.decode()
+    html = pb.form_html(client, example, "sweep")
     line = html.split('id="sweep-estimate"')[1].split("</p>")[0]
     # 8..128 at most 64 at once, 128 prompts + 8 warm-up of 128 tokens, at 10..20 ms a token
     assert "Estimated duration: ≈ 1 min" in line
@@ -203,15 +204,14 @@ def test_the_sweep_form_estimates_from_the_newest_measured_tpot(client, example)
 
 
 def test_the_page_and_the_estimate_endpoint_skip_a_newer_file_of_another_model(client, example):
-    # the page estimates from the runs it has read, the form's endpoint reads them: both leave
-    # an imported file of another model out
+    # the sweep form and the estimate's module both leave an imported file of another model out
     measured = [
         {"concurrency": c, "output_throughput": 1.0, "median_tpot_ms": 10.0} for c in (8, 64)
     ]
     pb.run(example, "measured", levels=measured)
     other = [{"concurrency": 8, "output_throughput": 1.0, "median_tpot_ms": 500.0}]
     pb.run(example, "qwen file", levels=other, snapshot={"file": {"other_model": "Qwen/Qwen3"}})
-    html = client.get(example.get_absolute_url()).content.decode()
+    html = pb.form_html(client, example, "sweep")
     line = html.split('id="sweep-estimate"')[1].split("</p>")[0]
     assert "(from the TPOT of measured, " in line
     pace, _ = estimate.deployment_pace(example)
@@ -236,7 +236,7 @@ def test_a_tune_running_since_before_the_five_newest_is_still_running_now(client
 def test_without_a_measured_run_the_sweep_form_says_why_there_is_no_estimate(client):
     pb.sign_in(client)
     deployment = pb.deployment()
-    html = client.get(deployment.get_absolute_url()).content.decode()
+    html = pb.form_html(client, deployment, "sweep")
     assert "No estimated duration: no sweep of this deployment measured its TPOT yet." in html
 
 

@@ -21,12 +21,15 @@ from tests import page_base as pb
 pytestmark = pytest.mark.django_db
 
 LEVELS = (8, 16, 32, 64, 128, 256)
-# session, user, deployment, workloads (the sweep and capacity forms), runs, their levels,
-# GPUs, tunes (recent and running), topology, health checks (the list and the sweep estimate's
-# running-request cap), plan items, their engine actions and tunes, findings, watches, their
-# runs, those runs' alerts and bisections, SLO profiles (capacity form), kernel configs, alert
-# channels (watch form)
-DEPLOYMENT_PAGE = 21
+# session, user, deployment, runs, their levels, GPUs, tunes (recent and running), topology,
+# health checks, plan items, their engine actions and tunes, findings, watches, their runs,
+# those runs' alerts and bisections, kernel configs; the sweep, capacity and watch forms, with
+# their workloads, SLO profiles and alert channels, are asked for when opened (FORMS)
+DEPLOYMENT_PAGE = 18
+# session, user, deployment, then: the newest run that timed its tokens (none here: its levels
+# are not read), a health check (the estimate's pace and cap) and the workloads; the SLO
+# profiles and workloads; the alert channels
+FORMS = {"sweep": 6, "capacity": 5, "watches": 4}
 # session, user, deployments, runs (recent, running and each deployment's latest), capacity
 # searches, running tunes, findings, watches that regressed
 DASHBOARD = 8
@@ -104,6 +107,16 @@ def test_the_deployment_page_makes_the_same_queries_for_few_rows_as_for_many(cli
     assert (few, _queries(client, url)) == (DEPLOYMENT_PAGE, DEPLOYMENT_PAGE)
 
 
+@pytest.mark.parametrize("form", FORMS)
+def test_the_deployment_pages_forms_make_the_same_queries_for_few_rows_as_for_many(
+    client, fleet, form
+):
+    url = f"/deployments/{fleet[0].pk}/{form}/form/"
+    few = _queries(client, url)
+    _grow(fleet[0], 6, 1)
+    assert (few, _queries(client, url)) == (FORMS[form], FORMS[form])
+
+
 def test_the_dashboard_makes_the_same_queries_for_few_rows_as_for_many(client, fleet):
     few = _queries(client, "/")
     for deployment in fleet:
@@ -125,9 +138,8 @@ def test_compare_makes_the_same_queries_for_two_runs_as_for_twenty(client, fleet
     assert (_queries(client, url(runs[:2])), _queries(client, url(runs))) == (COMPARE, COMPARE)
 
 
-def test_the_page_reads_the_cap_of_a_check_older_than_those_it_lists(client):
-    # the listed checks and the sweep estimate's cap come from one query: the newest check
-    # that reported a cap may be older than the ten listed
+def test_the_sweep_form_reads_the_cap_of_a_check_older_than_those_the_page_lists(client):
+    # the newest check that reported a cap may be older than the ten the page lists
     pb.sign_in(client)
     deployment = pb.deployment()
     levels = [{"concurrency": c, "median_tpot_ms": 20.0 + c / 10} for c in (8, 16, 32)]
@@ -141,7 +153,8 @@ def test_the_page_reads_the_cap_of_a_check_older_than_those_it_lists(client):
             checked_at=(now - dt.timedelta(minutes=minutes)).timestamp(),
             max_running_requests=cap,
         )
+    form = pb.form_html(client, deployment, "sweep")
+    assert "at most 48 requests at once)." in form.split('id="sweep-estimate"')[1]
     html = client.get(deployment.get_absolute_url()).content.decode()
-    assert "at most 48 requests at once)." in html.split('id="sweep-estimate"')[1]
     listed = html.split('id="health-checks"')[1].split("</table>")[0]
     assert listed.count("<tr") == 1 + 10

@@ -60,7 +60,7 @@ def test_a_level_the_sweep_does_not_run_is_refused_on_its_field(client, deployme
 
 
 def test_the_form_says_what_profiling_costs(client, deployment):
-    page = html.unescape(client.get(deployment.get_absolute_url()).content.decode())
+    page = html.unescape(pb.form_html(client, deployment, "sweep"))
 
     assert "Profile levels" in page and "Profile steps" in page
     assert "a pass of its own that costs time" in page

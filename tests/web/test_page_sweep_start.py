@@ -28,8 +28,8 @@ def _file_workload(name, kind, file_name, data):
 
 def _option(client, deployment, workload):
     """The attributes of the workload's option in the deployment page's sweep form."""
-    page = client.get(f"/deployments/{deployment.pk}/").content.decode()
-    return page.split(f'<option value="{workload.pk}"')[1].split(">")[0]
+    form = pb.form_html(client, deployment, "sweep")
+    return form.split(f'<option value="{workload.pk}"')[1].split(">")[0]
 
 
 def _sweep(client, deployment, workload, **fields):
@@ -135,13 +135,13 @@ def test_it_needs_post_and_login(client, deployment):
 def test_the_sweep_form_says_when_the_hosts_worker_is_gone(client):
     pb.sign_in(client)
     deployment = pb.deployment()
-    html = client.get(deployment.get_absolute_url()).content.decode()
+    html = pb.form_html(client, deployment, "sweep")
     sentence = html.split('id="sweep-preflight">')[1].split("</p>")[0]
     assert sentence.startswith("No worker of host h200-x8 has been seen: start one with")
 
     pb.worker_seen(deployment.host)
-    html = client.get(deployment.get_absolute_url()).content.decode()
-    assert 'id="sweep-preflight"' not in html
+    html = pb.form_html(client, deployment, "sweep")
+    assert "Start sweep" in html and 'id="sweep-preflight"' not in html
 
 
 def test_it_queues_a_sweep_over_request_rates_under_the_cap(client, deployment, sent):

@@ -107,7 +107,7 @@ def test_the_watch_form_offers_the_deployments_and_global_channels_and_keeps_the
     AlertChannel.objects.create(
         name="kimi-oncall", kind="email", recipients=["k@example.com"], deployment=other
     )
-    html = client.get(deployment.get_absolute_url()).content.decode()
+    html = page_base.form_html(client, deployment, "watches")
     assert 'id="watch-channels"' in html
     assert "> glm-oncall</label>" in html
     assert "> ops</label>" in html

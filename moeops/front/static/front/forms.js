@@ -30,7 +30,7 @@ function estimateAsker(form, line) {
 }
 
 // The sweep form: a preset fills the load fields; any change asks for the estimated duration.
-(function () {
+function sweepFormReady() {
   var form = document.getElementById("sweep-form");
   var line = document.getElementById("sweep-estimate");
   if (!form || !line) { return; }
@@ -67,12 +67,12 @@ function estimateAsker(form, line) {
       refresh();
     });
   });
-})();
+}
 
 // The capacity form: opening it, and any change, asks the server for the search's estimated
 // duration (moeops.runs.estimate.capacity_plan); asked only once the form is open, so that the
 // deployment page itself costs no query for it.
-(function () {
+function capacityFormReady() {
   var form = document.getElementById("capacity-form");
   var line = document.getElementById("capacity-estimate");
   if (!form || !line) { return; }
@@ -86,7 +86,42 @@ function estimateAsker(form, line) {
   } else {
     refresh();
   }
-})();
+}
+
+// The deployment page's sweep, capacity and watch forms read lists of their own (workloads,
+// SLO profiles, alert channels): each is asked of the server when its section is first opened,
+// unless the page came with it (refused, with its errors).
+var formsReady = {"sweep-form": sweepFormReady, "capacity-form": capacityFormReady};
+sweepFormReady();
+capacityFormReady();
+document.querySelectorAll("details[data-form-url]").forEach(function (details) {
+  var slot = details.querySelector(".form-slot");
+  if (!slot) { return; }
+  var asked = false;
+  function ask() {
+    if (!details.open || asked) { return; }
+    asked = true;
+    slot.textContent = "Opening the form…";
+    fetch(details.dataset.formUrl, {credentials: "same-origin"})
+      .then(function (response) {
+        if (!response.ok) { throw new Error("the server answered " + response.status); }
+        return response.text();
+      })
+      .then(function (html) {
+        var holder = document.createElement("div");
+        holder.innerHTML = html;
+        var form = holder.firstElementChild;
+        slot.replaceWith(form);
+        if (formsReady[form.id]) { formsReady[form.id](); }
+      })
+      .catch(function (error) {
+        asked = false;
+        slot.textContent = "The form could not be opened (" + error.message + "): close and open this section to try again.";
+      });
+  }
+  details.addEventListener("toggle", ask);
+  ask();
+});
 
 // A plan item's title wraps in its box instead of being cut; Enter saves it as the input did.
 (function () {
