@@ -345,9 +345,10 @@ def _deployment_page(
     watch_form=None,
     status=200,
 ):
-    sweep_form = sweep_form or SweepForm(deployment=deployment)
-    capacity_form = capacity_form or CapacityForm(deployment=deployment)
-    _one_workload_list(sweep_form, capacity_form)
+    """The deployment page; a form given (refused, with its errors) is drawn open in it. The
+    sweep, capacity and watch forms read lists of their own (workloads, SLO profiles, alert
+    channels) and are otherwise asked for when their section is opened (sweep_form and the
+    others below): the page itself reads none of those lists."""
     runs = summarized(
         deployment.runs.all()
         .prefetch_related(Prefetch("levels", PAGE_LEVELS))
@@ -373,7 +374,7 @@ def _deployment_page(
         _with_timing_count(deployment.tuning_runs.select_related("host")), RECENT_TUNES
     )
     topology = deployment.host.current_topology()
-    checks = _health_checks(deployment)
+    checks = list(deployment.health_checks.all()[:RECENT_CHECKS])
     with_actions = Prefetch(
         "engine_actions",
         EngineAction.objects.select_related("before_run", "after_run", "recipe", "kernel_config"),
@@ -388,7 +389,7 @@ def _deployment_page(
     ctx = {
         "nav": "deployments",
         "deployment": deployment,
-        "health_checks": checks[:RECENT_CHECKS],
+        "health_checks": checks,
         "runs": runs,
         "edited_since": _edited_since(deployment, runs),
         "shape": shape,
@@ -405,14 +406,10 @@ def _deployment_page(
         "plan_items": plan_items,
         "plan_form": PlanItemForm(),
         "plan_statuses": PlanItem._meta.get_field("status").choices,
-        "sweep_form": sweep_form,
-        "sweep_presets": SWEEP_PRESETS,
+        **_sweep_form_context(deployment, sweep_form),
         "capacity_form": capacity_form,
-        "watch_form": watch_form or WatchCreateForm(deployment=deployment),
+        "watch_form": watch_form,
         "upload_form": upload_form or ResultFileForm(),
-        "sweep_estimate": sweep_form.estimate(own_runs, checks),
-        # a sweep may wait for its worker in the queue, but the person starting it is told
-        "sweep_waits": deployment.host.worker_absence(),
         "tune_form": tune_form or TuneForm(deployment=deployment),
         # the GPUs shown are the host's: the deployment's own, else all of the host's
         "tune_refusal": deployment.tune_refusal(has_gpus=bool(gpus), topology=topology),
@@ -424,26 +421,6 @@ def _deployment_page(
     ctx["engine_summary"] = deployment.launch_summary(running_cap=ctx.get("current_cap"))
     ctx.update(_watches_context(deployment))
     return render(request, "front/deployment_detail.html", ctx, status=status)
-
-
-def _health_checks(deployment):
-    """The deployment's RECENT_CHECKS newest health checks, and where older its newest that
-    reported a running cap and its newest not from an edit (the sweep estimate reads them),
-    newest first: one query."""
-    checks = deployment.health_checks
-    newest = checks.values("pk")[:RECENT_CHECKS]
-    capped = checks.exclude(max_running_requests=None).values("pk")[:1]
-    checked = checks.exclude(trigger="edit").values("pk")[:1]
-    return list(checks.filter(Q(pk__in=newest) | Q(pk__in=capped) | Q(pk__in=checked)))
-
-
-def _one_workload_list(*forms):
-    """The forms' workload choices read once for all: a ModelChoiceField reads its queryset
-    again each time it is rendered."""
-    # through iter(): list() would ask the iterator its length, a COUNT query
-    choices = list(iter(forms[0].fields["workload"].choices))
-    for form in forms:
-        form.fields["workload"].choices = choices
 
 
 def _capacity_over_time(deployment, runs):
@@ -491,6 +468,46 @@ def _watches_context(deployment):
 @login_required
 def deployment_detail(request, pk):
     return _deployment_page(request, _deployment_or_404(pk))
+
+
+def _sweep_form_context(deployment, form):
+    """What the sweep form shows beside its fields; {} without a form."""
+    if form is None:
+        return {}
+    return {
+        "sweep_form": form,
+        "sweep_presets": SWEEP_PRESETS,
+        "sweep_estimate": form.estimate(),
+        # a sweep may wait for its worker in the queue, but the person starting it is told
+        "sweep_waits": deployment.host.worker_absence(),
+    }
+
+
+@login_required
+def sweep_form(request, pk):
+    """The deployment page's sweep form, asked for when its section is opened."""
+    deployment = _deployment_or_404(pk)
+    ctx = {
+        "deployment": deployment,
+        **_sweep_form_context(deployment, SweepForm(deployment=deployment)),
+    }
+    return render(request, "front/_form_sweep.html", ctx)
+
+
+@login_required
+def capacity_form(request, pk):
+    """The deployment page's capacity search form, asked for when its section is opened."""
+    deployment = _deployment_or_404(pk)
+    ctx = {"deployment": deployment, "capacity_form": CapacityForm(deployment=deployment)}
+    return render(request, "front/_form_capacity.html", ctx)
+
+
+@login_required
+def watch_form(request, pk):
+    """The deployment page's watch form, asked for when its section is opened."""
+    deployment = _deployment_or_404(pk)
+    ctx = {"deployment": deployment, "watch_form": WatchCreateForm(deployment=deployment)}
+    return render(request, "front/_form_watch.html", ctx)
 
 
 @login_required
