@@ -93,10 +93,14 @@ class RunFilterForm(forms.Form):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["model"].queryset = ModelSpec.objects.order_by("name")
-        self.fields["deployment"].queryset = Deployment.objects.order_by("name")
-        self.fields["host"].queryset = Host.objects.order_by("name")
-        configs = KernelConfig.objects.order_by("device_name", "E", "N", "dtype", "-version")
+        # the choices show names (and a kernel config's file name): the model's config.json
+        # and a config's tuned entries, large JSON, are not read
+        self.fields["model"].queryset = ModelSpec.objects.order_by("name").only("id", "name")
+        self.fields["deployment"].queryset = Deployment.objects.order_by("name").only("id", "name")
+        self.fields["host"].queryset = Host.objects.order_by("name").only("id", "name")
+        configs = KernelConfig.objects.order_by("device_name", "E", "N", "dtype", "-version").defer(
+            "entries", "down_entries", "compile_checked"
+        )
         self.fields["kernel"].choices = [
             ("", "any"),
             ("tuned", "a tuned config"),

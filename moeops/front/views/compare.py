@@ -5,7 +5,7 @@ import uuid as uuidlib
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, OuterRef, Prefetch, Subquery, prefetch_related_objects
+from django.db.models import Count, F, OuterRef, Prefetch, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpResponse
 from django.shortcuts import render
@@ -31,6 +31,7 @@ from moeops.runs.models import (
     Workload,
     kernel_state,
     of_the_deployment,
+    summarized,
     without_standin,
 )
 from moeops.runs.workloads import workload_distributions
@@ -72,7 +73,48 @@ def _selected_uuids(request):
 def _runs_qs():
     return SweepRun.objects.select_related(
         "deployment__model", "deployment__host", "topology_snapshot", "kernel_config"
-    ).with_summary()
+    ).defer(*UNREAD)
+
+
+# JSON columns of the runs and of what is read with them that neither the page nor the CSV
+# reads (a sweep's progress, the model's config.json, a kernel config's tuned entries): each
+# would be decoded per row, and 20 runs and 60 candidates may read one model's config.json.
+UNREAD = (
+    "progress",
+    "deployment__launch_args",
+    "deployment__host__worker_status",
+    "deployment__model__config_json",
+    "deployment__model__quant_config_json",
+    "kernel_config__entries",
+    "kernel_config__down_entries",
+    "kernel_config__compile_checked",
+)
+
+# The level columns the page reads (its table, charts and what changed); the CSV reads them all.
+PAGE_LEVEL_FIELDS = (
+    "id",
+    "run_id",
+    "concurrency",
+    "request_rate",
+    "achieved_request_rate",
+    "output_throughput",
+    "median_tpot_ms",
+    "p99_ttft_ms",
+)
+
+
+def _page_levels():
+    """The levels as the page reads them: PAGE_LEVEL_FIELDS and, of their intervals (a JSON
+    object of every figure), the output tok/s's alone as .throughput_interval (_noise)."""
+    return LevelResult.objects.only(*PAGE_LEVEL_FIELDS).annotate(
+        throughput_interval=F("intervals__output_throughput")
+    )
+
+
+def _throughput_interval(level):
+    """level.interval("output_throughput") of a level of _page_levels."""
+    interval = level.throughput_interval
+    return tuple(interval) if interval else None
 
 
 def _counted(rows, column, outer):
@@ -83,25 +125,42 @@ def _counted(rows, column, outer):
     return Coalesce(Subquery(per.annotate(n=Count("*")).values("n")), 0)
 
 
-def _selected_runs(uuids):
+def _selected_runs(uuids, levels=None):
+    """The runs of `uuids` with their levels (of the LevelResult queryset `levels`, else
+    whole), .peak and .level_count counted from those levels (summarized), oldest first."""
+    levels = (LevelResult.objects if levels is None else levels).order_by("concurrency", "id")
     runs = {
         run.uuid: run
-        for run in _runs_qs()
-        .filter(uuid__in=uuids)
-        .annotate(
-            gpu_count=_counted(Deployment.gpus.through.objects, "deployment_id", "deployment_id"),
-            host_gpu_count=_counted(GPU.objects, "host_id", "deployment__host_id"),
+        for run in summarized(
+            _runs_qs()
+            .filter(uuid__in=uuids)
+            .annotate(
+                gpu_count=_counted(
+                    Deployment.gpus.through.objects, "deployment_id", "deployment_id"
+                ),
+                host_gpu_count=_counted(GPU.objects, "host_id", "deployment__host_id"),
+            )
+            .prefetch_related(Prefetch("levels", levels))
         )
-        .prefetch_related(Prefetch("levels", LevelResult.objects.order_by("concurrency", "id")))
     }
-    # only the peak levels' rounds are read (_noise), and only their figures: a run of six
-    # levels of three rounds would load eighteen rounds for the three it needs
-    peaks = [level for run in runs.values() if (level := run.peak_level()) is not None]
-    prefetch_related_objects(
-        peaks, Prefetch("rounds", LevelRound.objects.only("id", "level_id", "round", "figures"))
-    )
     # the older run is the baseline whatever order the runs were ticked in
     return sorted((runs[u] for u in uuids if u in runs), key=lambda run: (run.created, run.id))
+
+
+def _peak_rounds(runs):
+    """{peak level id: its rounds' output tok/s, in order} of each run's peak level (what
+    _noise weighs); one query that reads that one figure of each round, not the whole
+    figures. A level without stored rounds is its own one round (LevelResult.stored_rounds)."""
+    peaks = [level for run in runs if (level := run.peak_level()) is not None]
+    rounds = {level.pk: [] for level in peaks}
+    if peaks:
+        for level_id, value in (
+            LevelRound.objects.filter(level__in=peaks)
+            .order_by("level_id", "round")
+            .values_list("level_id", "figures__output_throughput")
+        ):
+            rounds[level_id].append(value)
+    return {level.pk: rounds[level.pk] or [level.output_throughput] for level in peaks}
 
 
 def _with_standin(request):
@@ -110,10 +169,11 @@ def _with_standin(request):
     return request.GET.get("standin") == "1"
 
 
-def _compared_runs(request):
+def _compared_runs(request, levels=None):
     """(runs compared, stand-in runs of the selection left out): oldest first, the run marked
-    ?before= (a preset's baseline) first of all; the first is the baseline."""
-    selected = _selected_runs(_selected_uuids(request))
+    ?before= (a preset's baseline) first of all; the first is the baseline. levels: the
+    LevelResult queryset their levels are read with (whole without)."""
+    selected = _selected_runs(_selected_uuids(request), levels)
     before = request.GET.get("before", "")
     selected.sort(key=lambda run: str(run.uuid) != before)
     if _with_standin(request):
@@ -170,28 +230,33 @@ def _compare_url(uuids, group, standin=False):
     return f"{reverse('compare')}?{urlencode(query)}"
 
 
-def _pair_for(rows, factor):
+def _varied(older, newer):
+    """What the two rows' snapshots differ in, less the factors of how they were taken."""
+    diff = snapshots.snapshot_diff(older["snapshot"], newer["snapshot"])
+    return [f for f in snapshots.differing_factors(diff) if f not in snapshots.INCIDENTAL_FACTORS]
+
+
+def _pair_for(rows, factor, varied=None):
     """The newest pair of rows (older first) whose snapshots differ in `factor` alone, or None.
 
     Before/after kernel tuning takes a pair of one deployment whose kernel states differ,
     default first, and whose snapshots differ in nothing else (also where they record no
-    kernel config: runs before snapshots, imports marked moe_kernel).
+    kernel config: runs before snapshots, imports marked moe_kernel). varied: {(i, j): _varied
+    of rows i and j} kept between the presets, which walk the same pairs.
     """
+    varied = {} if varied is None else varied
     for i, newer in enumerate(rows):
-        for older in rows[i + 1 :]:
-            diff = snapshots.snapshot_diff(older["snapshot"], newer["snapshot"])
-            varied = [
-                f
-                for f in snapshots.differing_factors(diff)
-                if f not in snapshots.INCIDENTAL_FACTORS
-            ]
+        for j in range(i + 1, len(rows)):
+            older = rows[j]
+            if (i, j) not in varied:
+                varied[i, j] = _varied(older, newer)
             if factor != "kernel config":
-                if varied == [factor]:
+                if varied[i, j] == [factor]:
                     return [older["uuid"], newer["uuid"]]
                 continue
             states = {older["kernel"], newer["kernel"]}
             same = older["deployment_id"] == newer["deployment_id"]
-            if same and states == {"default", "tuned"} and set(varied) <= {factor}:
+            if same and states == {"default", "tuned"} and set(varied[i, j]) <= {factor}:
                 pair = sorted((older, newer), key=lambda row: row["kernel"] != "default")
                 return [row["uuid"] for row in pair]
     return None
@@ -215,9 +280,9 @@ def _presets():
             row["kernel_config_id"],
             row["parameters__moe_kernel"],
         )
-    presets = []
+    presets, varied = [], {}
     for name, factor, group in PRESETS:
-        pair = _pair_for(rows, factor)
+        pair = _pair_for(rows, factor, varied)
         missing = "" if pair else f"No two runs differ in the {factor} alone."
         presets.append((name, pair and _compare_url(pair, group), missing))
     return presets
@@ -247,22 +312,19 @@ def _headline(baseline, run):
     return f"{run.peak / baseline.peak:.3g}× peak output throughput"
 
 
-def _noise(baseline, run):
+def _noise(baseline, run, rounds):
     """Whether the two runs' peak output throughputs differ beyond their rounds' noise, in a
     sentence (domain.intervals.compare_rounds: the change with its interval, or why the rounds
-    cannot tell); None without peaks."""
+    cannot tell); None without peaks. rounds: _peak_rounds of the runs."""
     before, after = baseline.peak_level(), run.peak_level()
     if before is None or after is None:
         return None
     figures = (
-        f"peak {with_interval(after.output_throughput, after.interval('output_throughput'))} "
-        f"against {with_interval(before.output_throughput, before.interval('output_throughput'))}"
+        f"peak {with_interval(after.output_throughput, _throughput_interval(after))} "
+        f"against {with_interval(before.output_throughput, _throughput_interval(before))}"
         " tok/s"
     )
-    judged = compare_rounds(
-        [r.figures.get("output_throughput") for r in after.stored_rounds()],
-        [r.figures.get("output_throughput") for r in before.stored_rounds()],
-    )
+    judged = compare_rounds(rounds[after.pk], rounds[before.pk])
     if judged.verdict == "unknown":
         return f"{judged.why} ({figures})"
     test = (
@@ -304,6 +366,7 @@ def _what_changed(runs):
         return []
     baseline, out = runs[0], []
     steps = _step_changes(runs)
+    rounds = _peak_rounds(runs)
     for run in runs[1:]:
         diff = snapshots.snapshot_diff(baseline.snapshot, run.snapshot)
         factors = snapshots.differing_factors(diff)
@@ -325,7 +388,7 @@ def _what_changed(runs):
                 "factors": [f for f in factors if f not in snapshots.INCIDENTAL_FACTORS],
                 "incidental": [f for f in factors if f in snapshots.INCIDENTAL_FACTORS],
                 "headline": _headline(baseline, run),
-                "noise": _noise(baseline, run),
+                "noise": _noise(baseline, run, rounds),
                 "latency": _latency(baseline, run),
                 "capacity": capacities_compared(baseline.capacity, run.capacity),
                 "sections": sections,
@@ -401,10 +464,10 @@ def compare(request):
     if group not in dict(GROUPS):
         group = "run"
     with_standin = _with_standin(request)
-    selected, left_out = _compared_runs(request)
+    selected, left_out = _compared_runs(request, _page_levels())
     styles = _styles(selected, group)
     gpus = {run.pk: _gpus(run) for run in selected}
-    candidates = form.filter(_runs_qs()).exclude(uuid__in=uuids)
+    candidates = form.filter(_runs_qs().with_summary()).exclude(uuid__in=uuids)
     if not with_standin:
         candidates = without_standin(candidates)
     query = request.GET.copy()
