@@ -43,10 +43,22 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_protocol(item, nextitem):
     path = os.getenv("MOEOPS_QUIET_LOCK")
     if not path:
+        item.quiet_turn = quiet.Turn()
         yield
         return
-    with quiet.turn(path, alone=item.get_closest_marker("quiet") is not None):
+    # a quiet test that asks for quiet_turn is alone only in the parts it says
+    alone = item.get_closest_marker("quiet") is not None and "quiet_turn" not in item.fixturenames
+    with quiet.turn(path, alone=alone) as turn:
+        item.quiet_turn = turn
         yield
+
+
+@pytest.fixture
+def quiet_turn(request):
+    """The test's turn (tests/quiet.py): `with quiet_turn.alone():` runs a part of a quiet test
+    while the other passes of make test wait; outside such parts the test runs beside them."""
+    assert request.node.get_closest_marker("quiet"), "quiet_turn is for tests marked quiet"
+    return request.node.quiet_turn
 
 
 def _answers(host, port):

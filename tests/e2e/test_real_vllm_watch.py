@@ -75,7 +75,7 @@ def _rounds(watch_run):
 
 
 def test_a_smaller_max_num_seqs_is_caught_alerted_and_found_by_the_watch_alone(
-    make_managed_vllm, web_side, smtp
+    make_managed_vllm, web_side, smtp, quiet_turn
 ):
     started = time.monotonic()
     stack = make_managed_vllm(max_num_seqs=8)
@@ -100,39 +100,42 @@ def test_a_smaller_max_num_seqs_is_caught_alerted_and_found_by_the_watch_alone(
     task.interval = seconds
     task.save()
 
-    first = _fire_once(stack, watch)
-    assert (first.status, first.verdict) == ("finished", "first"), first.reason
+    # the rounds judged run alone (tests/quiet.py); the engine's restarts beside the others
+    with quiet_turn.alone():
+        first = _fire_once(stack, watch)
+        assert (first.status, first.verdict) == ("finished", "first"), first.reason
 
     # a person changes the recipe: a smaller cap, no re-sweep
     smaller = act(stack, "restart_with_args", changes={"--max-num-seqs": "1"}, resweep=False)
     assert smaller.status == "succeeded", (smaller.error, smaller.steps)
 
-    second = _fire_once(stack, watch)
-    assert second.verdict == "regressed", f"{_rounds(first)} then {_rounds(second)}"
-    assert second.compared_with == first.run
-    # the engine's own max_num_seqs and running cap follow from the flag: one factor, named once
-    assert second.changes == [CHANGE]
+    with quiet_turn.alone():
+        second = _fire_once(stack, watch)
+        assert second.verdict == "regressed", f"{_rounds(first)} then {_rounds(second)}"
+        assert second.compared_with == first.run
+        # the engine's own max_num_seqs and running cap follow from the flag: one factor, named once
+        assert second.changes == [CHANGE]
 
-    def delivered():
-        alerts = Alert.objects.filter(watch_run=second, kind="regression")
-        return list(alerts) if [a.status for a in alerts] == ["delivered"] * 2 else None
+        def delivered():
+            alerts = Alert.objects.filter(watch_run=second, kind="regression")
+            return list(alerts) if [a.status for a in alerts] == ["delivered"] * 2 else None
 
-    stack.wait_until(delivered, 30, "both alerts delivered")
-    (body,) = hook.bodies
-    assert body["changes"] == [CHANGE]
-    assert f"What changed: {CHANGE}. Compare: " in body["text"]
-    ((to, mail),) = mailbox.messages
-    assert to == ["ops@example.com"] and f"What changed: {CHANGE}." in mail
-    hook.close()
+        stack.wait_until(delivered, 30, "both alerts delivered")
+        (body,) = hook.bodies
+        assert body["changes"] == [CHANGE]
+        assert f"What changed: {CHANGE}. Compare: " in body["text"]
+        ((to, mail),) = mailbox.messages
+        assert to == ["ops@example.com"] and f"What changed: {CHANGE}." in mail
+        hook.close()
 
-    # the watch started the bisection: one step with the baseline's --max-num-seqs, then back
-    found = Bisection.objects.get(watch_run=second)
-    assert (found.source, found.requested_by) == ("watch", None)
-    (step,) = found.steps.all()
-    action = action_finished(stack, step.action)
-    assert action.status == "succeeded", (action.error, action.steps)
-    assert "the engine reports max_num_seqs = 8" in action.observed["checks"][0]
-    assert action.before_run == second.run and action.after_run.status == "succeeded"
+        # the watch started the bisection: one step with the baseline's --max-num-seqs, then back
+        found = Bisection.objects.get(watch_run=second)
+        assert (found.source, found.requested_by) == ("watch", None)
+        (step,) = found.steps.all()
+        action = action_finished(stack, step.action)
+        assert action.status == "succeeded", (action.error, action.steps)
+        assert "the engine reports max_num_seqs = 8" in action.observed["checks"][0]
+        assert action.before_run == second.run and action.after_run.status == "succeeded"
 
     def concluded():
         bisection = Bisection.objects.get(pk=found.pk)
