@@ -9,6 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from moeops.engines.models import EngineAction, LaunchRecipe
 from moeops.fleet import services as fleet_services
 from moeops.fleet.models import SLOProfile
 from moeops.insights.models import Finding, PlanItem
@@ -57,9 +58,20 @@ def _grow(deployment, n, start):
         )
         TuningTiming.objects.create(run=tune, batch_size=1 + i, tuned_us=10.0)
         finding = Finding.objects.create(
-            deployment=deployment, kind="plateau", key=f"k{i}", title=f"Flat {i}"
+            deployment=deployment, run=sweep, kind="plateau", key=f"k{i}", title=f"Flat {i}"
         )
-        PlanItem.objects.create(deployment=deployment, finding=finding, title=f"do {i}")
+        item = PlanItem.objects.create(deployment=deployment, finding=finding, title=f"do {i}")
+        # an item done by another's restart, measured before and after
+        recipe = LaunchRecipe.objects.create(deployment=deployment, version=100 + i, argv=["x"])
+        action = EngineAction.objects.create(
+            deployment=deployment,
+            kind="restart_with_args",
+            recipe=recipe,
+            plan_item=item,
+            before_run=running,
+            after_run=sweep,
+        )
+        PlanItem.objects.create(deployment=deployment, title=f"done {i}", done_by=action)
         watch = watch_services.watch_create(
             deployment=deployment,
             name=f"nightly {i}",

@@ -290,6 +290,26 @@ def deployment_edit(request, pk):
     return render(request, "front/deployment_form.html", ctx)
 
 
+def _read_already(objects, field, rows):
+    """The objects (read here: a list) with their foreign key `field` set to the row of `rows`
+    ({pk: row}, read already by the page) that it names, rather than joined again in their
+    query; one not in `rows` is read when asked for."""
+    objects = list(objects)
+    key = f"{field}_id"
+    for obj in objects:
+        row = rows.get(getattr(obj, key))
+        if row is not None:
+            setattr(obj, field, row)
+    return objects
+
+
+@functools.cache
+def _aside():
+    """Whether a run is ASIDE, as the deployment page annotates its runs: built once, as a
+    query copies an expression as it resolves it."""
+    return Exists(SweepRun.objects.filter(ASIDE, pk=OuterRef("pk")))
+
+
 def findings_with_figures(findings):
     """Findings with .figure (their evidence charted, or None) and .numbers (evidence as
     (key, text)) for the findings panel."""
@@ -353,9 +373,11 @@ def _deployment_page(
         deployment.runs.all()
         .prefetch_related(Prefetch("levels", PAGE_LEVELS))
         .select_related("topology_snapshot")
-        .annotate(aside=Exists(SweepRun.objects.filter(ASIDE, pk=OuterRef("pk"))))
+        .annotate(aside=_aside())
         .order_by("-created", "-id")
     )
+    # every run of the deployment: the findings' and the plan's runs are among them
+    runs_by_pk = {run.pk: run for run in runs}
     # the charts draw what this deployment serves; the runs ASIDE are listed, not drawn
     own_runs = [run for run in runs if not run.aside]
     shape = deployment.moe_shape()
@@ -364,15 +386,19 @@ def _deployment_page(
     gpus = sorted(deployment.gpus.all(), key=lambda gpu: gpu.index)
     gpus = gpus or list(deployment.host.gpus.all())
     # every dtype on record for its shape, not only the one its weights load
-    kernel_configs = KernelConfig.objects.for_shape(
-        deployment.kernel_shape(), every_dtype=True
-    ).order_by("dtype", "-version")
+    kernel_configs = (
+        KernelConfig.objects.for_shape(deployment.kernel_shape(), every_dtype=True)
+        .order_by("dtype", "-version")
+        # the page links them by dtype and version: their entries are large JSON
+        .only("dtype", "version", "down_moe")
+    )
     # the active sweeps are among the runs read above; one query for recent and active tunes
     running = sorted((run for run in runs if run.status in ACTIVE), key=lambda r: (r.created, r.id))
     active = [(run, sweep_progress(run)) for run in running]
     tunings, active_tunes, _ = _recent_and_active(
-        _with_timing_count(deployment.tuning_runs.select_related("host")), RECENT_TUNES
+        _with_timing_count(deployment.tuning_runs.all()), RECENT_TUNES
     )
+    _read_already(tunings + active_tunes, "host", {deployment.host_id: deployment.host})
     topology = deployment.host.current_topology()
     checks = list(deployment.health_checks.all()[:RECENT_CHECKS])
     with_actions = Prefetch(
@@ -380,10 +406,13 @@ def _deployment_page(
         EngineAction.objects.select_related("before_run", "after_run", "recipe", "kernel_config"),
     )
     plan_items = list(
-        deployment.plan_items.select_related(
-            "note", "finding", "done_by__recipe", "done_by__before_run", "done_by__after_run"
-        ).prefetch_related(with_actions, "tuning_runs")
+        deployment.plan_items.select_related("note", "finding", "done_by__recipe").prefetch_related(
+            with_actions, "tuning_runs"
+        )
     )
+    done_by = [item.done_by for item in plan_items if item.done_by is not None]
+    _read_already(done_by, "before_run", runs_by_pk)
+    _read_already(done_by, "after_run", runs_by_pk)
     for item in plan_items:
         item.retune = item.retunes()
     ctx = {
@@ -400,7 +429,11 @@ def _deployment_page(
         "active": active,
         "active_tunes": _tunes_progress(active_tunes),
         "findings": findings_with_figures(
-            said_once(deployment.findings.select_related("note", "run").by_importance())
+            said_once(
+                _read_already(
+                    deployment.findings.select_related("note").by_importance(), "run", runs_by_pk
+                )
+            )
         ),
         "finding_states": FINDING_STATES,
         "plan_items": plan_items,
