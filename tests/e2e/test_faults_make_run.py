@@ -6,6 +6,7 @@ a sentence saying how it died; `python -m tests.engine serve` stops its vLLM on 
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,21 +24,41 @@ pytest_plugins = ["tests.stack"]
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(240)]
 
 
-class RunLocal:
-    """`manage.py runlocal` in a session of its own on fresh ports and a var/ folder of tmp."""
+DATABASE = "moeops.sqlite3"  # make run's database in its var/ folder (moeops.settings)
 
-    def __init__(self, tmp_path, free_port):
-        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-        env.update(
-            MOEOPS_VAR_DIR=str(tmp_path),
-            MOEOPS_HEALTH_CHECK_INTERVAL_S="2",
-            MOEOPS_HEARTBEAT_S="2",
-            PYTHONUNBUFFERED="1",
-        )
-        env.pop("DJANGO_SETTINGS_MODULE", None)
-        _manage(env, "migrate", "--noinput")
-        _manage(env, "load_example_data")
-        self.token = _manage(env, "create_token", "make-run-faults").strip()
+
+def _env(var_dir):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(
+        MOEOPS_VAR_DIR=str(var_dir),
+        MOEOPS_HEALTH_CHECK_INTERVAL_S="2",
+        MOEOPS_HEARTBEAT_S="2",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """(var/ folder, token): a clone's var/ after `migrate`, `load_example_data` and
+    `create_token`, made once for the module (some 25 s on 2 busy cores); each test runs make
+    run on a copy of its database."""
+    folder = tmp_path_factory.mktemp("prepared-var")
+    env = _env(folder)
+    _manage(env, "migrate", "--noinput")
+    _manage(env, "load_example_data")
+    return folder, _manage(env, "create_token", "make-run-faults").strip()
+
+
+class RunLocal:
+    """`manage.py runlocal` in a session of its own on fresh ports and a var/ folder of tmp,
+    holding a copy of `prepared`'s database."""
+
+    def __init__(self, tmp_path, free_port, prepared):
+        env = _env(tmp_path)
+        folder, self.token = prepared
+        shutil.copyfile(folder / DATABASE, tmp_path / DATABASE)
         self.tmp_path = tmp_path
         self.port, self.standin_port = free_port(), free_port()
         self.log_path = tmp_path / "runlocal.log"
@@ -129,8 +150,8 @@ def _past_its_start(proc):
 
 
 @pytest.fixture
-def runlocal(tmp_path, free_port):
-    started = RunLocal(tmp_path, free_port)
+def runlocal(tmp_path, free_port, prepared):
+    started = RunLocal(tmp_path, free_port, prepared)
     under = []
     yield started, under
     started.close()
