@@ -92,7 +92,8 @@ class FindingQuerySet(models.QuerySet):
         """The one order findings are listed in: dismissed and superseded ones last, then by
         severity (critical, warning, info), then by evidence (one with a chart of what was
         measured before one with none), then newest first."""
-        return self.annotate(**IMPORTANCE).order_by(
+        # aliased, not annotated: the ranks order the findings, no page reads them
+        return self.alias(**IMPORTANCE).order_by(
             "dismissed_rank", "severity_rank", "evidence_rank", "-created", "-id"
         )
 

@@ -140,6 +140,10 @@ class SweepRunQuerySet(models.QuerySet):
         are large JSON), which would also drop the model's ordering."""
         return self.annotate(**_summary())
 
+    def with_peak(self):
+        """Each run with with_summary's .peak alone, for a page that shows no level counts."""
+        return self.annotate(peak=_summary()["peak"])
+
 
 def summarized(runs):
     """The runs (SweepRuns whose levels are prefetched, with output_throughput) with

@@ -178,8 +178,8 @@ class Watch(models.Model):
 
 def last_regressed():
     """The watch runs that regressed and are their watch's newest finished run (the dashboard's
-    "regressed" list), with their watch and deployment (the list shows their figures, not their
-    runs)."""
+    "regressed" list), with their watch (the list shows their figures, not their runs; the
+    dashboard sets each watch's deployment from those it has read)."""
     newest = (
         WatchRun.objects.filter(watch=models.OuterRef("watch"), status="finished")
         .order_by("-fired_at", "-id")
@@ -188,7 +188,7 @@ def last_regressed():
     return (
         WatchRun.objects.filter(status="finished", verdict="regressed")
         .filter(pk=models.Subquery(newest))
-        .select_related("watch__deployment")
+        .select_related("watch")
     )
 
 

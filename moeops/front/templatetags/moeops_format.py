@@ -3,6 +3,7 @@
 import html
 
 from django import template
+from django.template.defaultfilters import date
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join, json_script
 from django.utils.safestring import mark_safe
@@ -197,6 +198,117 @@ def run_row(run, model_name):
         run.get_source_display(),
         (topology and topology.virtualization_label) or "—",
         concurrencies(run) or "—",
+        num(run.peak),
+        # the "Y-m-d H:i" of the date filter
+        localtime(run.created).strftime("%Y-%m-%d %H:%M"),
+    )
+
+
+# A row of the dashboard's deployments table (deployment_row); the indents are the template's.
+DEPLOYMENT_ROW = """<tr>
+      <td><a href="{url}">{name}</a></td>
+      <td>{model}</td>
+      <td><a href="{host_url}">{host}</a></td>
+      <td>{status}</td>
+      <td>{latest}</td>
+      <td class="num big">{peak}{standin}</td>
+      <td class="capacity">{capacity}</td>
+      <td class="num">{findings}</td>
+    </tr>"""
+STANDIN_BADGE_AFTER = mark_safe(' <span class="badge standin">stand-in</span>')
+STANDIN_PEAK_BADGE = mark_safe(
+    ' <span class="badge standin" title="from the stand-in engine, a test double">stand-in</span>'
+)
+
+
+def latest_peak(deployment):
+    """The deployment's latest peak, muted with why where the engine runs another launch recipe
+    than its latest run measured (.latest_recipe_gone): templates/front/_latest_peak.html."""
+    if not deployment.latest_recipe_gone:
+        return num(deployment.latest_peak)
+    was, now = deployment.latest_recipe_gone
+    if was:
+        why = format_html(
+            "measured under launch recipe v{}; the engine runs v{} now, not swept yet", was, now
+        )
+    else:
+        why = format_html(
+            "measured before launch recipe v{}, which the engine runs now; not swept yet", now
+        )
+    return format_html(
+        '<span class="muted">{}</span><div class="muted small recipe-gone">{}</div>',
+        num(deployment.latest_peak),
+        why,
+    )
+
+
+@register.simple_tag
+def deployment_row(d):
+    """The dashboard's row of a deployment (_with_latest_runs, _with_capacity, .open_findings):
+    one tag a row, not a template and a dozen variables a row."""
+    url = d.get_absolute_url()
+    status = deployment_status(d)
+    if d.checked_detail:
+        status = format_html('{} <span class="muted small">{}</span>', status, d.checked_detail)
+    run = d.latest_run
+    standin = run is not None and run.is_standin
+    if run is None:
+        latest = mark_safe('<span class="muted">none yet</span>')
+    else:
+        latest = format_html(
+            '<a href="{}">{}</a> {}{} <span class="muted small">{}</span>',
+            reverse("run-detail", args=[run.uuid]),
+            run.display_label(),
+            run_origin(run),
+            STANDIN_BADGE_AFTER if standin else "",
+            date(localtime(run.created), "Y-m-d"),
+        )
+    if d.capacity_run:
+        capacity = format_html(
+            '<a href="{}">{}</a> <span class="muted small">{}</span>',
+            reverse("run-detail", args=[d.capacity_run.uuid]),
+            d.capacity,
+            d.capacity_run.capacity.get("profile", ""),
+        )
+    else:
+        capacity = mark_safe('<span class="muted">not searched</span>')
+    if d.open_findings:
+        findings = format_html(
+            '<a class="count-warn" href="{}#findings">{}</a>', url, d.open_findings
+        )
+    else:
+        findings = "0"
+    return format_html(
+        DEPLOYMENT_ROW,
+        url=url,
+        name=d.name,
+        model=d.model.name,
+        host_url=reverse("host-detail", args=[d.host.name]),
+        host=d.host.name,
+        status=status,
+        latest=latest,
+        peak=latest_peak(d),
+        standin=STANDIN_PEAK_BADGE if standin else "",
+        capacity=capacity,
+        findings=findings,
+    )
+
+
+RECENT_RUN_ROW = (
+    '<tr><td>{}</td><td>{}</td><td><span class="status status-{}">{}</span></td>'
+    '<td class="num">{}</td><td>{}</td></tr>'
+)
+
+
+@register.simple_tag
+def recent_run_row(run):
+    """The dashboard's row of a recent run (select_related deployment, .peak): one tag a row."""
+    return format_html(
+        RECENT_RUN_ROW,
+        run_link(run),
+        run.deployment.name,
+        run.status,
+        run.get_status_display(),
         num(run.peak),
         # the "Y-m-d H:i" of the date filter
         localtime(run.created).strftime("%Y-%m-%d %H:%M"),

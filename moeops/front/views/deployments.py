@@ -98,9 +98,10 @@ def _latest_run_annotations():
     latest = of_the_deployment(runs).order_by("-created", "-id").values("pk")[:1]
     applied = LaunchRecipe.objects.filter(deployment=OuterRef("pk"), applied_at__isnull=False)
     in_force = applied.order_by("-applied_at", "-version")
+    # the version names the recipe (unique for its deployment): a second subquery for its pk
+    # cost each page that lists deployments
     return {
         "latest_run_id": Subquery(latest),
-        "recipe_in_force_id": Subquery(in_force.values("pk")[:1]),
         "recipe_in_force_version": Subquery(in_force.values("version")[:1]),
     }
 
@@ -143,6 +144,55 @@ def _rows():
     )
 
 
+# What the dashboard reads of a deployment (its row, its runs' progress, its capacity's SLO
+# profile): a deployment has two dozen columns, its model a large config.
+DASHBOARD_DEPLOYMENT = (
+    "name",
+    "status",
+    "status_detail",
+    "status_checked_at",
+    "default_slo_profile_id",
+    "model__name",
+    "host",
+)
+
+
+# What a dashboard card reads of a running tune (its name, progress and status): a tune has
+# 31 columns.
+DASHBOARD_TUNE = (
+    "uuid",
+    "deployment_id",
+    "host",
+    "device_name",
+    "E",
+    "N",
+    "dtype",
+    "status",
+    "progress",
+    "batch_sizes",
+    "finished_at",
+    "created",
+)
+
+
+@functools.cache
+def _open_findings():
+    """_dashboard_rows' count of open findings, built once: a correlated subquery, not a join
+    grouped by every column read."""
+    findings = Finding.objects.filter(deployment=OuterRef("pk"), state="open").order_by()
+    return Coalesce(Subquery(findings.values("deployment").annotate(n=Count("id")).values("n")), 0)
+
+
+def _dashboard_rows():
+    """Every deployment with what the dashboard shows of it (read by _with_latest_run_ids) and
+    its open findings."""
+    return (
+        Deployment.objects.select_related("model", "host")
+        .only(*DASHBOARD_DEPLOYMENT)
+        .annotate(open_findings=_open_findings())
+    )
+
+
 def _with_capacity(deployments):
     """Each deployment with its newest capacity at its default SLO profile (.capacity_run,
     .capacity)."""
@@ -160,15 +210,18 @@ def _latest_recipe_gone(deployments):
     differ = {}
     for d in deployments:
         d.latest_recipe_gone = None
-        if d.latest_run is None or d.recipe_in_force_id is None:
+        if d.latest_run is None or d.recipe_in_force_version is None:
             continue
         measured = (d.latest_run.snapshot or {}).get("recipe") or {}
         if measured.get("version") != d.recipe_in_force_version:
-            differ[d.recipe_in_force_id] = (d, measured)
+            differ[d.pk, d.recipe_in_force_version] = (d, measured)
     if not differ:
         return
-    for recipe in LaunchRecipe.objects.filter(pk__in=differ).prefetch_related("kernel_configs"):
-        d, measured = differ[recipe.pk]
+    in_force = functools.reduce(
+        Q.__or__, (Q(deployment_id=pk, version=version) for pk, version in differ)
+    )
+    for recipe in LaunchRecipe.objects.filter(in_force).prefetch_related("kernel_configs"):
+        d, measured = differ[recipe.deployment_id, recipe.version]
         running = snapshots.recipe_content(snapshots.recipe_record(recipe))
         if not measured or snapshots.recipe_content(measured) != running:
             d.latest_recipe_gone = (measured.get("version"), recipe.version)
@@ -193,6 +246,19 @@ def _recent_and_active(jobs, count, *, also=()):
     )
 
 
+def _of_deployments(objects, deployments):
+    """The objects (a list or queryset, read here) each with .deployment (where it has one) set
+    from the deployments read already (every deployment, with its host), not joined again in
+    their query: a list."""
+    by_pk = {d.pk: d for d in deployments}
+    objects = list(objects)
+    for obj in objects:
+        # one made after the deployments were read is read on its own
+        if obj.deployment_id in by_pk:
+            obj.deployment = by_pk[obj.deployment_id]
+    return objects
+
+
 @functools.cache
 def _timing_count():
     """_with_timing_count's subquery, built once: a query copies it as it resolves it."""
@@ -211,28 +277,31 @@ def _tunes_progress(tunings):
 
 @login_required
 def dashboard(request):
-    deployments = _with_latest_run_ids(_rows())
-    # the deployments' latest runs are read with the recent ones: often the same runs
+    deployments = _with_latest_run_ids(_dashboard_rows())
+    # the deployments' latest runs are read with the recent ones: often the same runs; the
+    # dashboard shows no level counts
     recent_runs, active, latest = _recent_and_active(
-        SweepRun.objects.select_related("deployment__host").with_summary(),
-        DASHBOARD_RUNS,
-        also=_latest_run_ids(deployments),
+        SweepRun.objects.with_peak(), DASHBOARD_RUNS, also=_latest_run_ids(deployments)
     )
+    _of_deployments([*recent_runs, *active, *latest.values()], deployments)
     _with_capacity(_with_latest_runs(deployments, latest))
-    tunings = TuningRun.objects.filter(status__in=ACTIVE).select_related("deployment", "host")
-    tunings = _with_timing_count(tunings)
+    tunings = TuningRun.objects.filter(status__in=ACTIVE).select_related("host")
+    tunings = tunings.only(*DASHBOARD_TUNE)
+    tunings = _of_deployments(_with_timing_count(tunings).order_by("created"), deployments)
+    # what the list and said_once read (the list names each finding's deployment, not its
+    # run): the text and the evidence (charts) are the deployment page's
+    said = ("deployment_id", "kind", "key", "title", "state", "severity")
+    findings = Finding.objects.filter(state="open").only(*said).by_importance()
+    findings = _of_deployments(findings[:DASHBOARD_FINDINGS_SCANNED], deployments)
+    regressed = list(last_regressed())
+    _of_deployments([w.watch for w in regressed], deployments)
     ctx = {
         "nav": "dashboard",
         "deployments": deployments,
         "active": [(run, sweep_progress(run)) for run in active],
-        "active_tunes": _tunes_progress(tunings.order_by("created")),
-        "findings": said_once(
-            # the list names each finding's deployment, not its run
-            Finding.objects.filter(state="open")
-            .select_related("deployment")
-            .by_importance()[:DASHBOARD_FINDINGS_SCANNED]
-        )[:DASHBOARD_FINDINGS],
-        "regressed": last_regressed(),
+        "active_tunes": _tunes_progress(tunings),
+        "findings": said_once(findings)[:DASHBOARD_FINDINGS],
+        "regressed": regressed,
         "recent_runs": recent_runs,
     }
     return render(request, "front/dashboard.html", ctx)
