@@ -1,13 +1,16 @@
-"""The compare page's "differs in" lines and "what changed" blocks, one tag each: 19 runs
-against the first are some thirty template nodes each. Each tag writes what its template loop
-wrote, byte for byte, indents and line breaks included."""
+"""The compare page's "differs in" lines, "what changed" blocks and selected runs' rows, one
+tag each: 20 runs are some thirty template nodes each in each. Each tag writes what its
+template loop wrote, byte for byte, indents and line breaks included."""
 
 from django import template
-from django.template.defaultfilters import floatformat
+from django.template.defaultfilters import date, floatformat
 from django.urls import reverse
 from django.utils.formats import localize
 from django.utils.html import conditional_escape
 from django.utils.safestring import mark_safe
+from django.utils.timezone import template_localtime
+
+from moeops.front.templatetags.moeops_format import compare_cells, concurrencies, num
 
 register = template.Library()
 
@@ -159,3 +162,51 @@ def what_changed_blocks(what_changed, baseline):
     engine move under one tuned file (views.compare._what_changed)."""
     base = _text(baseline.display_label())
     return mark_safe("".join(_snapshot(item, base) for item in what_changed))
+
+
+def _selected_row(summary):
+    run = summary["run"]
+    gpus = summary["gpus"]
+    capacity, within = summary["capacity"], summary["capacity_range"]
+    if capacity:
+        shown = _text(capacity)
+        if within:
+            shown += (
+                f' <span class="muted small">within {_text(within[0])}–{_text(within[1])}</span>'
+            )
+    else:
+        shown = '<span class="muted">—</span>'
+    return "".join(
+        [
+            '\n    <tr>\n      <td><input type="checkbox" name="run" value="',
+            _text(run.uuid),
+            '" checked aria-label="keep ',
+            _text(run.display_label()),
+            '"></td>\n      ',
+            compare_cells(run, summary["kernel"]),
+            "\n      <td>",
+            _text(date(template_localtime(run.created), "Y-m-d")),
+            "</td>\n      <td>",
+            _text(concurrencies(run)),
+            '</td>\n      <td class="num">',
+            '<span class="muted" title="no GPUs recorded for the host">none</span>'
+            if gpus is None
+            else _text(gpus),
+            '</td>\n      <td class="num">',
+            _text(num(summary["peak"])),
+            '</td>\n      <td class="num">',
+            _text(num(summary["peak_per_gpu"])),
+            '</td>\n      <td class="num">',
+            _text(num(summary["best_per_user"], 1)),
+            '</td>\n      <td class="capacity">',
+            shown,
+            "</td>\n    </tr>\n    ",
+        ]
+    )
+
+
+@register.simple_tag
+def selected_rows(selected):
+    """The selected runs' rows (views.compare._summary of each): name to kernel config
+    (compare_cells), created, levels, GPUs, peak, peak per GPU, best per user, capacity."""
+    return mark_safe("".join(_selected_row(summary) for summary in selected))
