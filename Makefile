@@ -105,7 +105,8 @@ _pytest-postgres:
 # Triton, pytest, hypothesis, pydantic and ijson runs them too: make test-gpu GPU_PYTHON=python3
 # (the tuner reads its bodies from domain.wire, pydantic; step traces stream with ijson). For a
 # GPU host that reaches no package registry, `make gpu-wheels` leaves those two with what they
-# need in var/gpu-wheels, for that host's Python (GPU_HOST_PY): pip install --no-index there.
+# need in var/gpu-wheels, for that host's Python (GPU_HOST_PY): pip install --no-index there;
+# and it unpacks the engines' sources the tests load into var/engine/sources: carry both.
 GPU_HOST_PY ?= 3.12
 GPU_HOST_WHEELS := $(shell grep -E '^(pydantic|ijson)==' requirements.txt)
 GPU_PYTHON ?= $(PY)
@@ -118,6 +119,7 @@ gpu-wheels: install
 	$(VENV)/bin/pip download --quiet --disable-pip-version-check --only-binary=:all: \
 		--python-version $(GPU_HOST_PY) --platform manylinux2014_x86_64 \
 		--platform manylinux_2_17_x86_64 -d var/gpu-wheels $(GPU_HOST_WHEELS)
+	$(PY) -m tests.engine sources
 
 clean:
 	rm -rf $(VENV) var staticfiles test-artifacts

