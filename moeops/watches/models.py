@@ -176,6 +176,16 @@ class Watch(models.Model):
         return at.replace(microsecond=0)
 
 
+REGRESSED_SHOWN = (
+    "watch__name",
+    "watch__deployment_id",
+    "figure",
+    "baseline_figure",
+    "fired_at",
+    "changes",
+)
+
+
 def last_regressed():
     """The watch runs that regressed and are their watch's newest finished run (the dashboard's
     "regressed" list), with their watch (the list shows their figures, not their runs; the
@@ -189,6 +199,8 @@ def last_regressed():
         WatchRun.objects.filter(status="finished", verdict="regressed")
         .filter(pk=models.Subquery(newest))
         .select_related("watch")
+        # what the list shows: the watch's name, the figures, when and what changed
+        .only(*REGRESSED_SHOWN)
     )
 
 

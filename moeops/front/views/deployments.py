@@ -246,17 +246,24 @@ def _recent_and_active(jobs, count, *, also=()):
     )
 
 
-def _of_deployments(objects, deployments):
-    """The objects (a list or queryset, read here) each with .deployment (where it has one) set
-    from the deployments read already (every deployment, with its host), not joined again in
-    their query: a list."""
-    by_pk = {d.pk: d for d in deployments}
+def _read_already(objects, field, rows):
+    """The objects (read here: a list) with their foreign key `field` set to the row of `rows`
+    ({pk: row}, read already by the page) that it names, rather than joined again in their
+    query; one not in `rows` is read when asked for."""
     objects = list(objects)
+    key = f"{field}_id"
     for obj in objects:
-        # one made after the deployments were read is read on its own
-        if obj.deployment_id in by_pk:
-            obj.deployment = by_pk[obj.deployment_id]
+        row = rows.get(getattr(obj, key))
+        if row is not None:
+            setattr(obj, field, row)
     return objects
+
+
+def _of_deployments(objects, deployments):
+    """The objects (a list or queryset, read here) each with .deployment set from the
+    deployments read already (every deployment, with its host), not joined again in their
+    query: a list. One made after the deployments were read is read on its own."""
+    return _read_already(objects, "deployment", {d.pk: d for d in deployments})
 
 
 @functools.cache
@@ -357,19 +364,6 @@ def deployment_edit(request, pk):
         return redirect(stored)
     ctx = {"nav": "deployments", "form": form, "deployment": deployment, "new": False}
     return render(request, "front/deployment_form.html", ctx)
-
-
-def _read_already(objects, field, rows):
-    """The objects (read here: a list) with their foreign key `field` set to the row of `rows`
-    ({pk: row}, read already by the page) that it names, rather than joined again in their
-    query; one not in `rows` is read when asked for."""
-    objects = list(objects)
-    key = f"{field}_id"
-    for obj in objects:
-        row = rows.get(getattr(obj, key))
-        if row is not None:
-            setattr(obj, field, row)
-    return objects
 
 
 @functools.cache
