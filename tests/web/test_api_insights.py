@@ -145,3 +145,32 @@ def test_findings_are_listed_most_important_first(world):
     world.owner.patch(f"/api/v1/findings/{dismissed['id']}", {"state": "dismissed"})
     titles = [f["title"] for f in world.owner.get("/api/v1/findings").json()["items"]]
     assert titles == ["a critical", "a warning", "an info", "dismissed"]
+
+
+def test_the_open_findings_keep_the_one_order_of_importance(world):
+    # open_by_importance leaves out by_importance's first rank, the same for every open one
+    chart = {"chart": {"type": "lines", "x": [1], "y": [2]}}
+    for i, (severity, evidence, state) in enumerate(
+        [
+            ("info", chart, "open"),
+            ("critical", {}, "open"),
+            ("warning", chart, "open"),
+            ("critical", chart, "open"),
+            ("warning", {}, "open"),
+            ("critical", chart, "dismissed"),
+            ("info", {}, "open"),
+            ("warning", chart, "open"),
+        ]
+    ):
+        Finding.objects.create(
+            deployment=world.deployment,
+            kind="plateau",
+            key=f"k{i}",
+            title=f"{severity} {i}",
+            severity=severity,
+            evidence=evidence,
+            state=state,
+        )
+    every = [f.title for f in Finding.objects.by_importance() if f.state == "open"]
+    assert [f.title for f in Finding.objects.open_by_importance()] == every
+    assert every[:3] == ["critical 3", "critical 1", "warning 7"]

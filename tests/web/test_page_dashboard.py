@@ -41,6 +41,22 @@ def test_it_shows_each_deployments_latest_peak_and_open_findings(client):
     assert f'href="/deployments/{deployment.pk}/#findings">1</a>' in html
 
 
+@pytest.mark.parametrize("many", [3, 85])
+def test_the_open_findings_are_counted_however_many_there_are(client, many):
+    # the dashboard reads the 80 most important open findings: fewer, it counts those; more,
+    # it counts them all in a query of their own
+    pb.sign_in(client)
+    busy = pb.deployment()
+    calm = pb.deployment("calm", model_row=busy.model, host_row=pb.host("calm-host"))
+    for i in range(many):
+        Finding.objects.create(deployment=busy, kind="plateau", key=f"k{i}", title=f"F{i}")
+    Finding.objects.create(deployment=calm, kind="plateau", title="Calm")
+    Finding.objects.create(deployment=calm, kind="plateau", key="x", title="X", state="dismissed")
+    html = client.get("/").content.decode()
+    assert f'href="/deployments/{busy.pk}/#findings">{many}</a>' in html
+    assert f'href="/deployments/{calm.pk}/#findings">1</a>' in html
+
+
 def _running_sweep(client, label, *, level_index, levels_total, done):
     """A member signed in and a running sweep of a deployment, `done` of its level's 8 requests
     sent: (the deployment, the sweep)."""

@@ -2,6 +2,7 @@
 plan)."""
 
 import functools
+from collections import Counter
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -176,21 +177,23 @@ DASHBOARD_TUNE = (
 
 
 @functools.cache
-def _open_findings():
-    """_dashboard_rows' count of open findings, built once: a correlated subquery, not a join
-    grouped by every column read."""
-    findings = Finding.objects.filter(deployment=OuterRef("pk"), state="open").order_by()
-    return Coalesce(Subquery(findings.values("deployment").annotate(n=Count("id")).values("n")), 0)
-
-
 def _dashboard_rows():
-    """Every deployment with what the dashboard shows of it (read by _with_latest_run_ids) and
-    its open findings."""
-    return (
-        Deployment.objects.select_related("model", "host")
-        .only(*DASHBOARD_DEPLOYMENT)
-        .annotate(open_findings=_open_findings())
-    )
+    """Every deployment with what the dashboard shows of it (read by _with_latest_run_ids)."""
+    return Deployment.objects.select_related("model", "host").only(*DASHBOARD_DEPLOYMENT)
+
+
+def _with_open_findings(deployments, findings):
+    """Each deployment with .open_findings, its open findings counted: from `findings` (the
+    dashboard's most important open ones, read already) where they are all of them, else in
+    one query."""
+    if len(findings) < DASHBOARD_FINDINGS_SCANNED:
+        counts = Counter(f.deployment_id for f in findings)
+    else:
+        opened = Finding.objects.filter(state="open").order_by().values_list("deployment")
+        counts = dict(opened.annotate(n=Count("id")))
+    for d in deployments:
+        d.open_findings = counts.get(d.pk, 0)
+    return deployments
 
 
 def _with_capacity(deployments):
@@ -298,8 +301,9 @@ def dashboard(request):
     # what the list and said_once read (the list names each finding's deployment, not its
     # run): the text and the evidence (charts) are the deployment page's
     said = ("deployment_id", "kind", "key", "title", "state", "severity")
-    findings = Finding.objects.filter(state="open").only(*said).by_importance()
+    findings = Finding.objects.only(*said).open_by_importance()
     findings = _of_deployments(findings[:DASHBOARD_FINDINGS_SCANNED], deployments)
+    _with_open_findings(deployments, findings)
     regressed = list(last_regressed())
     _of_deployments([w.watch for w in regressed], deployments)
     ctx = {
