@@ -3,7 +3,6 @@
 import html
 
 from django import template
-from django.template.defaultfilters import date
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join, json_script
 from django.utils.safestring import mark_safe
@@ -15,14 +14,16 @@ from moeops.front.charts.figures import CompactJSONEncoder
 register = template.Library()
 
 
-def html_of(template_text, *args):
+def html_of(template_text, *args, **kwargs):
     """format_html's output, byte for byte (each argument escaped unless it is HTML already),
     without its per-argument lazy-string checks: for the tags that write a row per run."""
     return mark_safe(
-        template_text.format(
-            *(a.__html__() if hasattr(a, "__html__") else html.escape(str(a)) for a in args)
-        )
+        template_text.format(*map(_html_arg, args), **{k: _html_arg(v) for k, v in kwargs.items()})
     )
+
+
+def _html_arg(value):
+    return value.__html__() if hasattr(value, "__html__") else html.escape(str(value))
 
 
 @register.filter
@@ -249,22 +250,23 @@ def deployment_row(d):
     url = d.get_absolute_url()
     status = deployment_status(d)
     if d.checked_detail:
-        status = format_html('{} <span class="muted small">{}</span>', status, d.checked_detail)
+        status = html_of('{} <span class="muted small">{}</span>', status, d.checked_detail)
     run = d.latest_run
     standin = run is not None and run.is_standin
     if run is None:
         latest = mark_safe('<span class="muted">none yet</span>')
     else:
-        latest = format_html(
+        latest = html_of(
             '<a href="{}">{}</a> {}{} <span class="muted small">{}</span>',
             reverse("run-detail", args=[run.uuid]),
             run.display_label(),
             run_origin(run),
             STANDIN_BADGE_AFTER if standin else "",
-            date(localtime(run.created), "Y-m-d"),
+            # the "Y-m-d" of the date filter
+            localtime(run.created).strftime("%Y-%m-%d"),
         )
     if d.capacity_run:
-        capacity = format_html(
+        capacity = html_of(
             '<a href="{}">{}</a> <span class="muted small">{}</span>',
             reverse("run-detail", args=[d.capacity_run.uuid]),
             d.capacity,
@@ -273,12 +275,10 @@ def deployment_row(d):
     else:
         capacity = mark_safe('<span class="muted">not searched</span>')
     if d.open_findings:
-        findings = format_html(
-            '<a class="count-warn" href="{}#findings">{}</a>', url, d.open_findings
-        )
+        findings = html_of('<a class="count-warn" href="{}#findings">{}</a>', url, d.open_findings)
     else:
         findings = "0"
-    return format_html(
+    return html_of(
         DEPLOYMENT_ROW,
         url=url,
         name=d.name,
@@ -303,7 +303,7 @@ RECENT_RUN_ROW = (
 @register.simple_tag
 def recent_run_row(run):
     """The dashboard's row of a recent run (select_related deployment, .peak): one tag a row."""
-    return format_html(
+    return html_of(
         RECENT_RUN_ROW,
         run_link(run),
         run.deployment.name,
