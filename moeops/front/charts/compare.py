@@ -125,13 +125,16 @@ def _place_labels(traces):
     span_x = (max(xs) - min(xs)) or 1.0
     span_y = (max(ys) - min(ys)) or 1.0
     placed = []
+    gap_x, gap_y = LABEL_GAP
     for trace in traces:
         trace["text"] = []
         for x, y, label in zip(trace["x"], trace["y"], trace["customdata"], strict=True):
-            near = any(
-                abs(x - px) / span_x < LABEL_GAP[0] and abs(y - py) / span_y < LABEL_GAP[1]
-                for px, py in placed
-            )
+            near = False
+            # a loop, not any() over a generator: 20 runs' points against those placed
+            for px, py in placed:
+                if abs(x - px) / span_x < gap_x and abs(y - py) / span_y < gap_y:
+                    near = True
+                    break
             trace["text"].append("" if near else label)
             if not near:
                 placed.append((x, y))

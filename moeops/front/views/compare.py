@@ -1,12 +1,15 @@
 """Compare runs side by side: the selection lives in the URL (?run=<uuid>&run=…&group=…)."""
 
 import csv
+import json
 import uuid as uuidlib
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, F, OuterRef, Prefetch, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Prefetch
+from django.db.models.base import ModelState
+from django.db.models.expressions import RawSQL
+from django.db.models.fields.json import KeyTextTransform
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -76,6 +79,12 @@ def _runs_qs():
     ).defer(*UNREAD)
 
 
+def _page_runs_qs():
+    """_runs_qs with the columns the page reads alone (PAGE_RUN_FIELDS): each column more is
+    compiled into the query and read into every row."""
+    return _runs_qs().only(*PAGE_RUN_FIELDS)
+
+
 # JSON columns of the runs and of what is read with them that neither the page nor the CSV
 # reads (a sweep's progress, the model's config.json, a kernel config's tuned entries): each
 # would be decoded per row, and 20 runs and 60 candidates may read one model's config.json.
@@ -88,6 +97,30 @@ UNREAD = (
     "kernel_config__entries",
     "kernel_config__down_entries",
     "kernel_config__compile_checked",
+)
+
+# The columns of the runs and what is read with them that the page reads: compare_cells (name,
+# deployment, model, host, topology, engine, kernel config), the summaries (GPUs, peak,
+# capacity), what changed (snapshots, parameters) and the candidates' status and date; the
+# topology snapshot whole, as its virtualization_label reads it whole (as_snapshot).
+PAGE_RUN_FIELDS = (
+    "uuid",
+    "label",
+    "parameters",
+    "status",
+    "source",
+    "snapshot",
+    "capacity",
+    "created",
+    "deployment__name",
+    "deployment__engine",
+    "deployment__tp",
+    "deployment__ep",
+    "deployment__model__name",
+    "deployment__host__name",
+    "kernel_config__dtype",
+    "kernel_config__version",
+    "topology_snapshot",
 )
 
 # The level columns the page reads (its table, charts and what changed); the CSV reads them all.
@@ -103,46 +136,74 @@ PAGE_LEVEL_FIELDS = (
 )
 
 
-def _page_levels():
-    """The levels as the page reads them: PAGE_LEVEL_FIELDS and, of their intervals (a JSON
-    object of every figure), the output tok/s's alone as .throughput_interval (_noise)."""
-    return LevelResult.objects.only(*PAGE_LEVEL_FIELDS).annotate(
-        throughput_interval=F("intervals__output_throughput")
+def _read_page_levels(runs):
+    """Each run's levels as the page reads them, set as its prefetched levels (run.levels.all()),
+    in concurrency order: PAGE_LEVEL_FIELDS and, of their intervals (a JSON object of every
+    figure), the output tok/s's alone as .throughput_interval, JSON text (_noise reads the peak
+    levels' alone). The instances are built from one values_list as Model.from_db builds a
+    deferred one, without its walk over a level's 55 columns (120 levels on a page of 20 runs).
+    """
+    names = (*PAGE_LEVEL_FIELDS, "throughput_interval")
+    rows = (
+        LevelResult.objects.filter(run__in=runs)
+        .annotate(throughput_interval=KeyTextTransform("output_throughput", "intervals"))
+        .order_by("concurrency", "id")
+        .values_list(*names)
     )
+    by_run = {run.pk: [] for run in runs}
+    for row in rows:
+        level = LevelResult.__new__(LevelResult)
+        level.__dict__.update(zip(names, row, strict=True))
+        level._state = ModelState()
+        level._state.adding = False
+        level._state.db = rows.db
+        by_run[level.run_id].append(level)
+    for run in runs:
+        for level in by_run[run.pk]:
+            level._state.fields_cache["run"] = run
+        levels = run.levels.all()
+        levels._result_cache, levels._prefetch_done = by_run[run.pk], True
+        run._prefetched_objects_cache = {"levels": levels}
+    return runs
 
 
 def _throughput_interval(level):
-    """level.interval("output_throughput") of a level of _page_levels."""
-    interval = level.throughput_interval
+    """level.interval("output_throughput") of a level of _read_page_levels."""
+    interval = level.throughput_interval and json.loads(level.throughput_interval)
     return tuple(interval) if interval else None
 
 
-def _counted(rows, column, outer):
-    """How many of `rows` have `column` equal to the run's `outer`: a correlated subquery, as a
-    join and COUNT(DISTINCT) would group every selected column (PostgreSQL then estimates the
-    query dear enough to JIT-compile it: 0.3 s for 20 runs)."""
-    per = rows.filter(**{column: OuterRef(outer)}).order_by().values(column)
-    return Coalesce(Subquery(per.annotate(n=Count("*")).values("n")), 0)
+def _counted(model, column, outer):
+    """How many rows of `model` have `column` equal to the run's `outer` (a column of _runs_qs's
+    tables: "runs_sweeprun"."deployment_id"), a correlated subquery written out: Django's
+    Subquery of a counted queryset compiled at every request cost more than the query ran. Not
+    a join and COUNT(DISTINCT), which would group every selected column (PostgreSQL then
+    estimates the query dear enough to JIT-compile it: 0.3 s for 20 runs)."""
+    table = model._meta.db_table
+    name = model._meta.get_field(column).column
+    return RawSQL(f'SELECT COUNT(*) FROM "{table}" WHERE "{table}"."{name}" = {outer}', ())
 
 
-def _selected_runs(uuids, levels=None):
-    """The runs of `uuids` with their levels (of the LevelResult queryset `levels`, else
-    whole), .peak and .level_count counted from those levels (summarized), oldest first."""
-    levels = (LevelResult.objects if levels is None else levels).order_by("concurrency", "id")
-    runs = {
-        run.uuid: run
-        for run in summarized(
-            _runs_qs()
-            .filter(uuid__in=uuids)
-            .annotate(
-                gpu_count=_counted(
-                    Deployment.gpus.through.objects, "deployment_id", "deployment_id"
-                ),
-                host_gpu_count=_counted(GPU.objects, "host_id", "deployment__host_id"),
-            )
-            .prefetch_related(Prefetch("levels", levels))
-        )
-    }
+def _column(model, field):
+    """The quoted "table"."column" of a model's field, as _counted's subquery names it."""
+    return f'"{model._meta.db_table}"."{model._meta.get_field(field).column}"'
+
+
+def _selected_runs(uuids, page=False):
+    """The runs of `uuids` with their levels, .peak and .level_count counted from those levels
+    (summarized), oldest first; for the page (page=True) of the runs and levels the columns it
+    reads alone (PAGE_RUN_FIELDS, _read_page_levels), else whole."""
+    runs = (_page_runs_qs() if page else _runs_qs()).filter(uuid__in=uuids)
+    runs = runs.annotate(
+        gpu_count=_counted(Deployment.gpus.through, "deployment", _column(SweepRun, "deployment")),
+        host_gpu_count=_counted(GPU, "host", _column(Deployment, "host")),
+    )
+    if page:
+        runs = _read_page_levels(list(runs))
+    else:
+        levels = LevelResult.objects.order_by("concurrency", "id")
+        runs = runs.prefetch_related(Prefetch("levels", levels))
+    runs = {run.uuid: run for run in summarized(runs)}
     # the older run is the baseline whatever order the runs were ticked in
     return sorted((runs[u] for u in uuids if u in runs), key=lambda run: (run.created, run.id))
 
@@ -169,11 +230,11 @@ def _with_standin(request):
     return request.GET.get("standin") == "1"
 
 
-def _compared_runs(request, levels=None):
+def _compared_runs(request, page=False):
     """(runs compared, stand-in runs of the selection left out): oldest first, the run marked
-    ?before= (a preset's baseline) first of all; the first is the baseline. levels: the
-    LevelResult queryset their levels are read with (whole without)."""
-    selected = _selected_runs(_selected_uuids(request), levels)
+    ?before= (a preset's baseline) first of all; the first is the baseline. page: read as the
+    page reads them (_selected_runs), not whole."""
+    selected = _selected_runs(_selected_uuids(request), page)
     before = request.GET.get("before", "")
     selected.sort(key=lambda run: str(run.uuid) != before)
     if _with_standin(request):
@@ -405,7 +466,10 @@ def _step_changes(runs):
     points)])]} of the levels each run after the first profiled as the first did, a decode
     step's classes side by side (domain.step_breakdown.breakdown_changes); one query."""
     profiles = {}
-    for profile in LevelProfile.objects.filter(run__in=runs, status="captured").shown():
+    captured = LevelProfile.objects.filter(run__in=runs, status="captured")
+    # the columns shown() and the breakdowns read, not the traces, window or cost
+    captured = captured.only("run_id", "key", "concurrency", "request_rate", "created", "breakdown")
+    for profile in captured.shown():
         profiles.setdefault(profile.run_id, {})[profile.key] = profile
     baseline = profiles.get(runs[0].pk, {})
     out = {}
@@ -464,10 +528,10 @@ def compare(request):
     if group not in dict(GROUPS):
         group = "run"
     with_standin = _with_standin(request)
-    selected, left_out = _compared_runs(request, _page_levels())
+    selected, left_out = _compared_runs(request, page=True)
     styles = _styles(selected, group)
     gpus = {run.pk: _gpus(run) for run in selected}
-    candidates = form.filter(_runs_qs().with_summary()).exclude(uuid__in=uuids)
+    candidates = form.filter(_page_runs_qs().with_peak()).exclude(uuid__in=uuids)
     if not with_standin:
         candidates = without_standin(candidates)
     query = request.GET.copy()
