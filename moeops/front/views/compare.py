@@ -292,7 +292,11 @@ def _compare_url(uuids, group, standin=False):
 
 
 def _varied(older, newer):
-    """What the two rows' snapshots differ in, less the factors of how they were taken."""
+    """What the two rows' snapshots differ in, less the factors of how they were taken; nothing
+    where one has none (snapshot_diff then finds no changes), without the diff: the presets walk
+    up to 1770 pairs."""
+    if not older["snapshot"] or not newer["snapshot"]:
+        return []
     diff = snapshots.snapshot_diff(older["snapshot"], newer["snapshot"])
     return [f for f in snapshots.differing_factors(diff) if f not in snapshots.INCIDENTAL_FACTORS]
 
