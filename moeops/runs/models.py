@@ -513,6 +513,18 @@ LevelMetricColumns = type(
 )
 
 
+# What a page that draws its runs' levels against load reads of each (the deployment page,
+# compare): a level has some 60 columns.
+LEVEL_LOAD_FIELDS = (
+    "run_id",
+    "concurrency",
+    "request_rate",
+    "achieved_request_rate",
+    "output_throughput",
+    "median_tpot_ms",
+)
+
+
 class LevelResult(LevelMetricColumns):
     """One concurrency level of a sweep, with every metric of docs/metrics.md (vLLM key names)."""
 

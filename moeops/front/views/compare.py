@@ -27,6 +27,7 @@ from moeops.front.forms.runs import RunFilterForm
 from moeops.insights.rules.kernels import retune_title
 from moeops.runs import snapshots
 from moeops.runs.models import (
+    LEVEL_LOAD_FIELDS,
     LevelProfile,
     LevelResult,
     LevelRound,
@@ -124,16 +125,7 @@ PAGE_RUN_FIELDS = (
 )
 
 # The level columns the page reads (its table, charts and what changed); the CSV reads them all.
-PAGE_LEVEL_FIELDS = (
-    "id",
-    "run_id",
-    "concurrency",
-    "request_rate",
-    "achieved_request_rate",
-    "output_throughput",
-    "median_tpot_ms",
-    "p99_ttft_ms",
-)
+PAGE_LEVEL_FIELDS = ("id", *LEVEL_LOAD_FIELDS, "p99_ttft_ms")
 
 
 def _read_page_levels(runs):

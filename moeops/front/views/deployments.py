@@ -57,7 +57,14 @@ from moeops.runs import capacity as run_capacity
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
 from moeops.runs.importers import ResultFileError, ResultFileMismatch
-from moeops.runs.models import ASIDE, LevelResult, SweepRun, of_the_deployment, summarized
+from moeops.runs.models import (
+    ASIDE,
+    LEVEL_LOAD_FIELDS,
+    LevelResult,
+    SweepRun,
+    of_the_deployment,
+    summarized,
+)
 from moeops.watches import services as watch_services
 from moeops.watches.models import last_regressed
 
@@ -73,14 +80,7 @@ DASHBOARD_FINDINGS_SCANNED = 80
 
 # What the deployment page reads of its runs' levels (the list, the charts vs load, the sweep
 # estimate's pace): a level has some 60 columns, and the page lists every run.
-PAGE_LEVELS = LevelResult.objects.order_by("concurrency").only(
-    "run_id",
-    "concurrency",
-    "request_rate",
-    "achieved_request_rate",
-    "output_throughput",
-    "median_tpot_ms",
-)
+PAGE_LEVELS = LevelResult.objects.order_by("concurrency").only(*LEVEL_LOAD_FIELDS)
 
 
 def _deployment_or_404(pk):
