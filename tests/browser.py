@@ -52,6 +52,9 @@ def browser():
 def page(browser, live_server):
     context = browser.new_context(viewport={"width": 1440, "height": 1000})
     context.set_default_timeout(10_000)
+    # a page load waits on the test server beside two other passes of make test: at load 12 a
+    # deployment page took over 10 s (a slower test, not a wrong page)
+    context.set_default_navigation_timeout(30_000)
     tab = context.new_page()
     errors = []
     tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
