@@ -13,7 +13,8 @@ from moeops.fleet.services import health_check_record
 from moeops.insights.models import Finding
 from moeops.kernels.models import TuningRun
 from moeops.runs import rollup
-from moeops.runs.models import LevelResult, LevelRound, SweepRun, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult, LevelRound, SweepRun
 from moeops.runs.samples import EngineBucket, EngineSample, TelemetryBucket, TelemetrySample
 
 HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf_configs"

@@ -14,7 +14,7 @@ from moeops.api import lookups
 from moeops.api.auth import HostWrite, require_host
 from moeops.api.responses import stored
 from moeops.runs import measurements
-from moeops.runs.models import level_key
+from moeops.runs.keys import level_key
 from moeops.runs.parameters import MAX_CONCURRENCY
 
 router = Router(tags=["runs"])

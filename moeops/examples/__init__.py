@@ -46,7 +46,8 @@ from moeops.engines.services import recipe_create, recipe_newest
 from moeops.fleet.models import GPU, Deployment, Host, ModelSpec, TopologySnapshot
 from moeops.insights.models import Finding, IncompatibilityRule, Note, PlanItem
 from moeops.runs import snapshots
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult, SweepRun
 from moeops.runs.parameters import parameters_checked
 from moeops.runs.samples import TelemetrySample
 

@@ -32,6 +32,7 @@ from domain.json_lines import array_lines
 from domain.levels import LATENCY_KEYS, MAX_ROUNDS
 from domain.numbers import is_integer, is_number
 from domain.storable import MAX_INT, MAX_JSON_DEPTH, storable_json
+from moeops.runs.keys import level_key
 from moeops.runs.levels import level_problems
 from moeops.runs.load_tools import (
     TOOL_FORMATS,
@@ -39,7 +40,6 @@ from moeops.runs.load_tools import (
     inference_perf_config,
     tool_levels,
 )
-from moeops.runs.models import level_key
 
 FORMATS = ("sglang", "vllm", "moeops", *TOOL_FORMATS)
 

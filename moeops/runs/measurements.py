@@ -18,8 +18,9 @@ from domain.step_trace import TraceError, read_breakdown
 from domain.storable import storable_text
 from moeops.keyed import body_sha256, same_body
 from moeops.runs import rollup
+from moeops.runs.keys import level_key
 from moeops.runs.levels import level_problems, level_request_log
-from moeops.runs.models import LevelProfile, LevelResult, LevelRound, SweepRun, level_key
+from moeops.runs.models import LevelProfile, LevelResult, LevelRound, SweepRun
 from moeops.runs.samples import (
     EngineBucket,
     EngineSample,

@@ -4,7 +4,6 @@ workloads it sends. The samples taken during a run are in moeops.runs.samples.""
 import functools
 import hashlib
 import json
-import math
 import uuid
 import zlib
 from dataclasses import dataclass
@@ -32,43 +31,15 @@ from domain.wire.runs import TELEMETRY_STATUSES
 from moeops.jobs import Job
 from moeops.keyed import BODY_SHA256_HELP
 
-# a profiled level's model lives in its own module; imported here so that Django finds it
-from moeops.runs.profiles import LevelProfile as LevelProfile
-
 # Django registers an app's models from its models module: this import registers the samples and
 # buckets, whose attempt column the levels share.
+from moeops.runs.keys import KERNEL_STATES_IN_EFFECT, kernel_state
+
+# a profiled level's model lives in its own module; imported here so that Django finds it
+from moeops.runs.profiles import LevelProfile as LevelProfile
 from moeops.runs.samples import ATTEMPT_HELP
 
 RUN_SOURCES = (("worker", "Worker sweep"), ("import", "Imported file"), ("manual", "Manual entry"))
-
-
-def level_key(concurrency, request_rate):
-    """The idempotency key of a level within a run: (concurrency, request rate)."""
-    c = "?" if concurrency is None else str(concurrency)
-    if request_rate is None or math.isinf(request_rate):
-        r = "inf"
-    else:
-        r = repr(float(request_rate))
-    return f"c={c},r={r}"
-
-
-# The kernel-config states of a snapshot that say what the engine loaded; the others
-# ("unknown", "not_applicable", or none recorded) leave it to what is on record.
-KERNEL_STATES_IN_EFFECT = ("file", "engine_default")
-
-
-def kernel_state(in_effect, kernel_config_id, moe_kernel) -> str:
-    """ "tuned" or "default": which kernel config a run measured (compare grouping, filters).
-
-    in_effect: the snapshot's "kernel_config" (or None); a file the engine loaded that did not
-    ship with it is tuned, an engine default is not. Without either: tuned when a kernel config
-    is on record for the run or an import marked it so (moe_kernel "tuned"). TUNED_KERNEL is
-    the same rule as a filter."""
-    in_effect = in_effect or {}
-    state = in_effect.get("state")
-    if state in KERNEL_STATES_IN_EFFECT:
-        return "tuned" if state == "file" and in_effect.get("shipped") is False else "default"
-    return "tuned" if kernel_config_id or moe_kernel == "tuned" else "default"
 
 
 # kernel_state() == "tuned" as a filter on SweepRun.

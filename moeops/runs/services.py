@@ -23,14 +23,9 @@ from moeops.celery import send_host_task
 from moeops.fleet.endpoints import endpoint_refusal
 from moeops.keyed import body_sha256, stored_meanwhile, stored_under
 from moeops.runs import capacity, importers, snapshots
+from moeops.runs.keys import level_key
 from moeops.runs.levels import level_request_log
-from moeops.runs.models import (
-    LevelResult,
-    LevelRound,
-    RequestLog,
-    SweepRun,
-    level_key,
-)
+from moeops.runs.models import LevelResult, LevelRound, RequestLog, SweepRun
 from moeops.runs.parameters import parameters_checked
 from moeops.runs.workloads import sweep_task_kwargs, workload_lookup
 from tuning.moe_params import vocab_size

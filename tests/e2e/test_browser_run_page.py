@@ -9,7 +9,8 @@ import pytest
 from django.contrib.auth.models import User
 
 from domain import launch
-from moeops.runs.models import LevelResult, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult
 from tests import page_base as pb
 from tests.browser import ARTIFACTS, PASSWORD, chart_traces, log_in, shot
 

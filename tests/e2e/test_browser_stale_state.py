@@ -9,7 +9,8 @@ from moeops.engines.models import EngineAction
 from moeops.fleet.models import Deployment
 from moeops.insights.models import Finding
 from moeops.runs import snapshots
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult, SweepRun
 from tests.browser import PASSWORD, log_in, shot
 
 pytest_plugins = ["tests.stack", "tests.browser"]

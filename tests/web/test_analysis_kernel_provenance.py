@@ -16,7 +16,8 @@ from moeops.insights.rules import kernels as kernel_rules
 from moeops.insights.rules.run_data import PreviousRun, RunData, TunedFile
 from moeops.kernels.models import TuningRun
 from moeops.runs import snapshots
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult, SweepRun
 
 # the source hashes of vLLM's fused-MoE kernel as moeops' H200 tunes recorded them
 # (moeops/examples/h200_vllm_glm5_fp8_block_tune.json; bench/results/engine_tune_h200/vllm034_*)

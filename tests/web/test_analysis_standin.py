@@ -11,7 +11,8 @@ from domain.wire.levels import LEVEL_KEYS
 from localstack.standin import spawn_standin
 from moeops.fleet.models import Deployment, Host, ModelSpec
 from moeops.insights import services
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult, SweepRun
 from moeops.runs.samples import EngineSample
 from workers.engine_info import identify_engine
 from workers.engine_metrics import EngineMetricsSampler

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from moeops.runs.models import LevelProfile, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelProfile
 from tests import step_breakdowns as sb
 from tests.api_base import make_world
 

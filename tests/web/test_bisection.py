@@ -14,7 +14,8 @@ from moeops.engines import services as engine_services
 from moeops.fleet.models import SLOProfile
 from moeops.runs import services as run_services
 from moeops.runs import snapshots
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult, SweepRun
 from moeops.watches import bisection, factors, services
 from moeops.watches.models import AlertChannel, Bisection, WatchRun
 from tests import page_base

@@ -17,7 +17,8 @@ from moeops.insights import services as insights_services
 from moeops.insights.models import Finding, PlanItem
 from moeops.kernels.models import KernelConfig
 from moeops.runs import services as run_services
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult, SweepRun
 from moeops.runs.workloads import workload_store
 from tests import queues
 from tests.api_base import make_managed_world

@@ -7,7 +7,8 @@ import pytest
 
 from moeops.examples import load_example_data
 from moeops.runs import snapshots
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult, SweepRun
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,8 @@ from moeops.front.charts.deployments import throughput_vs_load
 from moeops.front.charts.figures import epoch_to_plotly
 from moeops.front.charts.load import CONCURRENCY_AXIS
 from moeops.front.charts.runs import run_throughput
-from moeops.runs.models import LevelResult, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult
 from moeops.runs.samples import EngineSample, TelemetrySample
 from tests import page_base as pb
 

@@ -7,7 +7,8 @@ import html
 import pytest
 
 from moeops.runs import services as run_services
-from moeops.runs.models import SweepRun, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import SweepRun
 from tests import page_base as pb
 from tests.api_base import make_world
 

@@ -9,7 +9,8 @@ from moeops.engines import services
 from moeops.insights import services as insights
 from moeops.insights.models import IncompatibilityRule
 from moeops.runs import snapshots
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult, SweepRun
 from tests import page_base as pb
 
 RECIPE = {

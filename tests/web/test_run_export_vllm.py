@@ -11,7 +11,8 @@ import pytest
 from domain.levels import LATENCY_KEYS
 from moeops.runs import services as run_services
 from moeops.runs.importers import ALIASES, ResultFileError
-from moeops.runs.models import LevelResult, SweepRun, level_key
+from moeops.runs.keys import level_key
+from moeops.runs.models import LevelResult, SweepRun
 from tests import page_base as pb
 
 pytestmark = pytest.mark.django_db

@@ -26,6 +26,7 @@ from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
 from moeops.front.forms.runs import RunFilterForm
 from moeops.insights.rules.kernels import retune_title
 from moeops.runs import snapshots
+from moeops.runs.keys import kernel_state
 from moeops.runs.models import (
     LEVEL_LOAD_FIELDS,
     LevelProfile,
@@ -33,7 +34,6 @@ from moeops.runs.models import (
     LevelRound,
     SweepRun,
     Workload,
-    kernel_state,
     of_the_deployment,
     summarized,
     without_standin,

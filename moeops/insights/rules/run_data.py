@@ -164,7 +164,7 @@ class RunData:
     # (device_name, E, N, dtype, block_shape tuple or None) of the kernel configs on record
     kernel_configs: set = field(default_factory=set)
     # whether the deployment's newest run measured a tuned kernel config in effect (its
-    # snapshot, moeops.runs.models.kernel_state), whether or not moeops holds the file
+    # snapshot, moeops.runs.keys.kernel_state), whether or not moeops holds the file
     newest_run_tuned: bool = False
     # the tuned file on record that the engine loaded for this run, when moeops holds it
     tuned_file: TunedFile | None = None
