@@ -461,7 +461,9 @@ def test_a_resumed_capacity_search_judges_the_levels_stored_and_finishes_the_cut
 
 def _slow_rounds(monkeypatch, concurrency, slow):
     """The load generator with the p99 TPOT of the `slow` rounds (1-based, counted per level
-    at `concurrency`) of that level read as 150 ms: a busy machine's odd round."""
+    at `concurrency`) of that level read as 150 ms, a busy machine's odd round, and every other
+    round's as 9 ms: the stand-in's own figure on a loaded machine is no part of what these
+    tests judge (at load 12 on 2 cores it passed 100 ms)."""
     real = loadgen.run_level
     count = {"n": 0}
 
@@ -470,8 +472,8 @@ def _slow_rounds(monkeypatch, concurrency, slow):
         if level.concurrency == concurrency:
             count["n"] += 1
             if slow(count["n"]):
-                result = {**result, "p99_tpot_ms": 150.0}
-        return result
+                return {**result, "p99_tpot_ms": 150.0}
+        return {**result, "p99_tpot_ms": 9.0}
 
     monkeypatch.setattr(loadgen, "run_level", run_level)
 
@@ -528,9 +530,10 @@ def test_a_level_straddling_its_limit_after_ten_rounds_fails(world, monkeypatch)
     assert run.capacity["load"] == 1
 
 
-def test_a_resumed_search_goes_on_with_the_more_rounds_of_a_straddling_level(world):
+def test_a_resumed_search_goes_on_with_the_more_rounds_of_a_straddling_level(world, monkeypatch):
     deployment, client = world
     run = _search_at_2(deployment)
+    _slow_rounds(monkeypatch, 2, lambda n: False)
     services.run_transition(run=run, status="running")
     for number, tpot in enumerate((9.0, 150.0, 9.0, 9.0), 1):
         measurements.level_record(
