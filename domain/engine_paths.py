@@ -204,7 +204,7 @@ _LOG_RULES = (
     ),
     (
         "allreduce",
-        r"CPU SHM communicator disabled for group (?P<v>\S+?):",
+        r"CPU SHM communicator disabled for group (?P<v>\S+):\s",
         "fell_back",
         "the CPU build's shared-memory all-reduce is off for group {v}: torch.distributed runs it",
     ),

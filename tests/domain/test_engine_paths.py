@@ -73,6 +73,21 @@ def test_the_cpu_builds_allreduce_at_tp2_is_shared_memory():
     assert rows["moe_backend"].evidence[0].text.startswith("(Worker_TP0 pid=6074) INFO")
 
 
+def test_the_cpu_builds_shared_memory_all_reduce_that_fell_back_names_its_group():
+    # vLLM 0.32's CPU build on a CPU without AVX-512 (its kernel library there has no SHM ops)
+    line = (
+        "(Worker_TP0 pid=6074) INFO 12-06 04:57:40 [cpu_communicator.py:57] CPU SHM communicator "
+        "disabled for group tp:0: ranks do not share the same SHM group name, falling back to "
+        "torch.distributed."
+    )
+    rows = _rows(_log("vllm-0.32.0-cpu-tp2.log") + line + "\n")
+
+    allreduce = rows["allreduce"]
+    assert (allreduce.state, allreduce.value) == ("fell_back", "tp:0")
+    assert "off for group tp:0: torch.distributed runs it" in allreduce.reason
+    assert line in [e.text for e in allreduce.evidence]
+
+
 def test_a_fusion_that_turned_itself_off_fell_back_over_the_config():
     text = _log("vllm-0.32.0-cpu-tp2.log").replace(
         "'fuse_allreduce_rms': False", "'fuse_allreduce_rms': True"

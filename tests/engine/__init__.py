@@ -17,6 +17,7 @@ would name a hub model: nothing on the client's side can be read from that name.
 
 import argparse
 import fcntl
+import functools
 import os
 import shutil
 import signal
@@ -174,6 +175,31 @@ ENGINE_WHEELS = {
         ),
     ),
 }
+
+
+@functools.cache
+def shm_allreduce_built() -> bool:
+    """Whether the kernel library vLLM's CPU build loads on this CPU holds its shared-memory
+    all-reduce (torch.ops._C.init_shm_manager), asked of the installed engine. Its AVX-512
+    libraries do; the AVX2 one it loads on a CPU without AVX-512 does not, and there a TP-2
+    engine all-reduces in torch.distributed (c10d::allreduce_) and logs "CPU SHM communicator
+    disabled for group tp:0: ranks do not share the same SHM group name", the one sentence
+    cpu_communicator.py gives whichever of its conditions failed."""
+    code = (
+        "import torch\n"
+        "from vllm.platforms import current_platform\n"
+        "current_platform.import_kernels()\n"
+        "print(hasattr(torch.ops._C, 'init_shm_manager'))\n"
+    )
+    done = subprocess.run(
+        [str(ensure_installed()), "-c", code], capture_output=True, text=True, timeout=600
+    )
+    answer = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else []
+    if answer not in (["True"], ["False"]):
+        raise EngineUnavailable(
+            f"vLLM's CPU build did not say which kernels it loads: {done.stderr[-2000:]}"
+        )
+    return answer == ["True"]
 
 
 def engine_source(engine: str, version: str) -> Path:
