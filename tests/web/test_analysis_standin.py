@@ -28,13 +28,14 @@ LEVELS = (4, 8, 16, 32)
 @pytest.fixture(scope="module")
 def capped_sweep():
     """(engine identity, level results, engine samples) of a sweep at 4…32 against a cap of 8."""
-    # step = 6 ms + 0.5 ms × batch: throughput rises to the cap of 8, then stays. Each level
-    # runs 3 s or more, so that a busy machine's pause of a few hundred ms in one level does
-    # not read as a 10 % rise past the cap; and each request is long (OUTPUT_LEN steps) beside
-    # the client's turn-around from one request to the next, which a busy machine stretches
-    # and which idles a slot at a concurrency equal to the cap but not above it
+    # step = 12 ms + 0.5 ms × batch: throughput rises to the cap of 8, then stays. Each level
+    # runs 5 s or more, so that a busy machine's pause of a few hundred ms in one level does
+    # not read as a 10 % rise past the cap; and each request is long (about 1 s) beside the
+    # client's turn-around from one request to the next, which a busy machine stretches and
+    # which idles a slot at a concurrency equal to the cap but not above it (at 6 ms a step,
+    # 8 -> 16 read over +10 % beside make check's three workers on 2 cores)
     url, proc = spawn_standin(
-        ["--max-running-requests", str(CAP), "--step-ms-base", "6", "--step-ms-per-req", "0.5"]
+        ["--max-running-requests", str(CAP), "--step-ms-base", "12", "--step-ms-per-req", "0.5"]
     )
     try:
         identity = identify_engine(url)
