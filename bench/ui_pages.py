@@ -106,6 +106,14 @@ def _rounds_stored():
     return hasattr(models, "LevelRound")
 
 
+def _level_key(concurrency):
+    try:
+        from moeops.runs.keys import level_key
+    except ImportError:  # a tree from before moeops/runs/keys.py
+        from moeops.runs.models import level_key
+    return level_key(concurrency, None)
+
+
 def _level_create(run, concurrency, rounds, scale=1.0, start=None, end=None):
     """A LevelResult of `rounds` rounds (each a few % off the others, spread evenly over
     start–end epoch s) with its LevelRounds, or of one where the tree stores no rounds."""
@@ -115,7 +123,7 @@ def _level_create(run, concurrency, rounds, scale=1.0, start=None, end=None):
     if rounds == 1 or not _rounds_stored():
         return models.LevelResult.objects.create(
             run=run,
-            key=models.level_key(concurrency, None),
+            key=_level_key(concurrency),
             **times,
             **_level_fields(concurrency, scale),
         )
@@ -131,7 +139,7 @@ def _level_create(run, concurrency, rounds, scale=1.0, start=None, end=None):
         figures.append(fields)
     level = models.LevelResult.objects.create(
         run=run,
-        key=models.level_key(concurrency, None),
+        key=_level_key(concurrency),
         round_count=rounds,
         **level_of_rounds(figures),
     )
