@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.cache import cache
 from django.db import models
-from django.db.models import Avg, Case, CharField, Count, Max, OuterRef, Q, Subquery, Value, When
+from django.db.models import Avg, Case, CharField, Q, Value, When
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -28,6 +28,7 @@ from domain.snapshot import RunSnapshot
 from domain.storable import MAX_INT
 from domain.wire.levels import METRIC_TYPES
 from domain.wire.runs import TELEMETRY_STATUSES
+from moeops import subqueries
 from moeops.jobs import Job
 from moeops.keyed import BODY_SHA256_HELP
 
@@ -96,12 +97,12 @@ class WorkerLoss:
 
 @functools.cache
 def _summary():
-    """with_summary's annotations, built once: a query copies an expression as it resolves it,
-    and building them anew took a third of their cost on every page that lists runs."""
-    levels = LevelResult.objects.filter(run=OuterRef("pk")).order_by().values("run")
+    """with_summary's annotations, written out as SQL (moeops.subqueries): as Subqueries of an
+    OuterRef, resolving and compiling them took more of a run list's CPU than running them."""
+    run = subqueries.column(SweepRun, "id")
     return {
-        "level_count": Coalesce(Subquery(levels.annotate(n=Count("id")).values("n")), 0),
-        "peak": Subquery(levels.annotate(best=Max("output_throughput")).values("best")),
+        "level_count": subqueries.counted(LevelResult, "run", run),
+        "peak": subqueries.largest(LevelResult, "output_throughput", "run", run),
     }
 
 

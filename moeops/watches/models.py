@@ -9,6 +9,8 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
+from moeops import subqueries
+
 WATCH_KINDS = (
     ("sweep", "Sweep"),
     ("capacity", "Capacity search"),
@@ -190,14 +192,11 @@ def last_regressed():
     """The watch runs that regressed and are their watch's newest finished run (the dashboard's
     "regressed" list), with their watch (the list shows their figures, not their runs; the
     dashboard sets each watch's deployment from those it has read)."""
-    newest = (
-        WatchRun.objects.filter(watch=models.OuterRef("watch"), status="finished")
-        .order_by("-fired_at", "-id")
-        .values("pk")[:1]
-    )
+    watch = subqueries.column(WatchRun, "watch")
+    newest = subqueries.newest(WatchRun, "watch", watch, ("fired_at",), status="finished")
     return (
         WatchRun.objects.filter(status="finished", verdict="regressed")
-        .filter(pk=models.Subquery(newest))
+        .filter(pk=newest)
         .select_related("watch")
         # what the list shows: the watch's name, the figures, when and what changed
         .only(*REGRESSED_SHOWN)

@@ -13,7 +13,7 @@ from moeops.api.models import ApiToken
 from moeops.fleet.models import HealthCheck, SLOProfile
 from moeops.runs.models import SweepRun
 from moeops.watches import services
-from moeops.watches.models import Alert, AlertChannel, WatchRun
+from moeops.watches.models import Alert, AlertChannel, WatchRun, last_regressed
 from tests import page_base
 from tests.api_base import ApiClient
 
@@ -489,3 +489,25 @@ def test_the_api_marks_a_baseline_and_lists_undelivered_alerts(owner, watch):
     answer = owner.post(f"/api/v1/watch-runs/{skipped.pk}/baseline")
     assert answer.status_code == 400
     assert answer.json()["detail"].startswith("watch_run: only a finished watch run")
+
+
+def test_the_dashboards_regressed_watches_are_those_whose_newest_finished_run_regressed(watch):
+    other = services.watch_create(
+        deployment=watch.deployment, name="hourly", parameters=LOAD, cron="0 * * * *"
+    )
+    start = timezone.now() - timedelta(days=1)
+
+    def fired(on, hours, status="finished", verdict=""):
+        run = WatchRun.objects.create(watch=on, status=status, verdict=verdict)
+        WatchRun.objects.filter(pk=run.pk).update(fired_at=start + timedelta(hours=hours))
+        return run
+
+    # "nightly" regressed, then a newer run came back within the noise
+    fired(watch, 1, verdict="regressed")
+    fired(watch, 2, verdict="within")
+    # "hourly" regressed last; a newer run that has not finished changes nothing yet
+    fired(other, 1, verdict="within")
+    regressed = fired(other, 2, verdict="regressed")
+    fired(other, 3, status="running")
+
+    assert [(r.pk, r.watch.name) for r in last_regressed()] == [(regressed.pk, "hourly")]

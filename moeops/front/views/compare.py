@@ -8,7 +8,6 @@ from urllib.parse import urlencode
 from django.contrib.auth.decorators import login_required
 from django.db.models import Prefetch
 from django.db.models.base import ModelState
-from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
 from django.http import HttpResponse
 from django.shortcuts import render
@@ -39,6 +38,7 @@ from moeops.runs.models import (
     without_standin,
 )
 from moeops.runs.workloads import workload_distributions
+from moeops.subqueries import column, counted
 
 MAX_SELECTED = 50
 CANDIDATES = 60
@@ -165,30 +165,18 @@ def _throughput_interval(level):
     return tuple(interval) if interval else None
 
 
-def _counted(model, column, outer):
-    """How many rows of `model` have `column` equal to the run's `outer` (a column of _runs_qs's
-    tables: "runs_sweeprun"."deployment_id"), a correlated subquery written out: Django's
-    Subquery of a counted queryset compiled at every request cost more than the query ran. Not
-    a join and COUNT(DISTINCT), which would group every selected column (PostgreSQL then
-    estimates the query dear enough to JIT-compile it: 0.3 s for 20 runs)."""
-    table = model._meta.db_table
-    name = model._meta.get_field(column).column
-    return RawSQL(f'SELECT COUNT(*) FROM "{table}" WHERE "{table}"."{name}" = {outer}', ())
-
-
-def _column(model, field):
-    """The quoted "table"."column" of a model's field, as _counted's subquery names it."""
-    return f'"{model._meta.db_table}"."{model._meta.get_field(field).column}"'
-
-
 def _selected_runs(uuids, page=False):
     """The runs of `uuids` with their levels, .peak and .level_count counted from those levels
     (summarized), oldest first; for the page (page=True) of the runs and levels the columns it
     reads alone (PAGE_RUN_FIELDS, _read_page_levels), else whole."""
     runs = (_page_runs_qs() if page else _runs_qs()).filter(uuid__in=uuids)
+    # counted in correlated subqueries, not a join and COUNT(DISTINCT), which would group every
+    # selected column (PostgreSQL then estimates the query dear enough to JIT-compile it: 0.3 s
+    # for 20 runs)
+    deployment_gpus = Deployment.gpus.through
     runs = runs.annotate(
-        gpu_count=_counted(Deployment.gpus.through, "deployment", _column(SweepRun, "deployment")),
-        host_gpu_count=_counted(GPU, "host", _column(Deployment, "host")),
+        gpu_count=counted(deployment_gpus, "deployment", column(SweepRun, "deployment")),
+        host_gpu_count=counted(GPU, "host", column(Deployment, "host")),
     )
     if page:
         runs = _read_page_levels(list(runs))

@@ -16,7 +16,6 @@ from django.db.models import (
     Subquery,
     prefetch_related_objects,
 )
-from django.db.models.functions import Coalesce
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -59,6 +58,7 @@ from moeops.runs.models import (
     of_the_deployment,
     summarized,
 )
+from moeops.subqueries import column, counted
 from moeops.watches import services as watch_services
 from moeops.watches.models import last_regressed
 
@@ -263,16 +263,9 @@ def _of_deployments(objects, deployments):
     return _read_already(objects, "deployment", {d.pk: d for d in deployments})
 
 
-@functools.cache
-def _timing_count():
-    """_with_timing_count's subquery, built once: a query copies it as it resolves it."""
-    timings = TuningTiming.objects.filter(run=OuterRef("pk")).order_by().values("run")
-    return Coalesce(Subquery(timings.annotate(n=Count("id")).values("n")), 0)
-
-
 def _with_timing_count(tunings):
     """The TuningRun queryset with .timing_count: the batch sizes timed so far."""
-    return tunings.annotate(timing_count=_timing_count())
+    return tunings.annotate(timing_count=counted(TuningTiming, "run", column(TuningRun, "id")))
 
 
 def _tunes_progress(tunings):
