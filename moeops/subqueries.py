@@ -37,20 +37,26 @@ def largest(model, value, field, outer) -> RawSQL:
     )
 
 
-def newest(model, field, outer, order, **equal) -> RawSQL:
-    """The pk of the newest row of `model` (by the `order` fields, descending) whose `field` is
-    `outer` and whose other fields equal `equal`'s values; None without any. Its rows are read
-    as "newer", so that `outer` may be a column of the same table."""
-    names = {name: f'newer."{model._meta.get_field(name).column}"' for name in (field, *order)}
-    pk = f'newer."{model._meta.pk.column}"'
-    where = [f"{names[field]} = {outer}"]
-    where += [f'newer."{model._meta.get_field(name).column}" = %s' for name in equal]
-    by = ", ".join(f"{names[name]} DESC" for name in order)
+def newest(model, field, outer, order, value="pk", **equal) -> RawSQL:
+    """The `value` (a field's name; the pk by default) of the newest row of `model` by the
+    `order` fields, descending, among those where they are set, whose `field` is `outer` and
+    whose other fields equal `equal`'s values; None without any. Its rows are read as "newer",
+    so that `outer` may be a column of the same table."""
+
+    def name(field_name):
+        found = model._meta.pk if field_name == "pk" else model._meta.get_field(field_name)
+        return f'newer."{found.column}"'
+
+    where = [f"{name(field)} = {outer}"]
+    where += [f"{name(o)} IS NOT NULL" for o in order]
+    where += [f"{name(e)} = %s" for e in equal]
+    by = ", ".join(f"{name(o)} DESC" for o in (*order, "pk"))
+    got = None if value == "pk" else model._meta.get_field(value)
     return RawSQL(
-        f"SELECT {pk} FROM {_table(model)} newer WHERE {' AND '.join(where)} "
-        f"ORDER BY {by}, {pk} DESC LIMIT 1",
+        f"SELECT {name(value)} FROM {_table(model)} newer WHERE {' AND '.join(where)} "
+        f"ORDER BY {by} LIMIT 1",
         tuple(equal.values()),
-        output_field=models.IntegerField(),
+        output_field=models.IntegerField() if got is None or got.is_relation else type(got)(),
     )
 
 

@@ -58,7 +58,7 @@ from moeops.runs.models import (
     of_the_deployment,
     summarized,
 )
-from moeops.subqueries import column, counted
+from moeops.subqueries import column, counted, newest
 from moeops.watches import services as watch_services
 from moeops.watches.models import last_regressed
 
@@ -91,13 +91,17 @@ def _latest_run_annotations():
         deployment=OuterRef("pk"), levels__output_throughput__isnull=False
     )
     latest = of_the_deployment(runs).order_by("-created", "-id").values("pk")[:1]
-    applied = LaunchRecipe.objects.filter(deployment=OuterRef("pk"), applied_at__isnull=False)
-    in_force = applied.order_by("-applied_at", "-version")
     # the version names the recipe (unique for its deployment): a second subquery for its pk
     # cost each page that lists deployments
     return {
         "latest_run_id": Subquery(latest),
-        "recipe_in_force_version": Subquery(in_force.values("version")[:1]),
+        "recipe_in_force_version": newest(
+            LaunchRecipe,
+            "deployment",
+            column(Deployment, "id"),
+            ("applied_at", "version"),
+            "version",
+        ),
     }
 
 
