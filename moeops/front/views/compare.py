@@ -7,7 +7,6 @@ from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import Prefetch
-from django.db.models.base import ModelState
 from django.db.models.fields.json import KeyTextTransform
 from django.http import HttpResponse
 from django.shortcuts import render
@@ -23,6 +22,7 @@ from moeops.front.charts.compare import compare_vs_load, pareto, peak_bars
 from moeops.front.charts.figures import PALETTE, run_name
 from moeops.front.columns import LEVEL_COLUMNS, NO_GPUS, level_rows
 from moeops.front.forms.runs import RunFilterForm
+from moeops.front.page_levels import set_levels
 from moeops.insights.rules.kernels import retune_title
 from moeops.runs import snapshots
 from moeops.runs.keys import kernel_state
@@ -132,31 +132,11 @@ def _read_page_levels(runs):
     """Each run's levels as the page reads them, set as its prefetched levels (run.levels.all()),
     in concurrency order: PAGE_LEVEL_FIELDS and, of their intervals (a JSON object of every
     figure), the output tok/s's alone as .throughput_interval, JSON text (_noise reads the peak
-    levels' alone). The instances are built from one values_list as Model.from_db builds a
-    deferred one, without its walk over a level's 55 columns (120 levels on a page of 20 runs).
-    """
-    names = (*PAGE_LEVEL_FIELDS, "throughput_interval")
-    rows = (
-        LevelResult.objects.filter(run__in=runs)
-        .annotate(throughput_interval=KeyTextTransform("output_throughput", "intervals"))
-        .order_by("concurrency", "id")
-        .values_list(*names)
-    )
-    by_run = {run.pk: [] for run in runs}
-    for row in rows:
-        level = LevelResult.__new__(LevelResult)
-        level.__dict__.update(zip(names, row, strict=True))
-        level._state = ModelState()
-        level._state.adding = False
-        level._state.db = rows.db
-        by_run[level.run_id].append(level)
-    for run in runs:
-        for level in by_run[run.pk]:
-            level._state.fields_cache["run"] = run
-        levels = run.levels.all()
-        levels._result_cache, levels._prefetch_done = by_run[run.pk], True
-        run._prefetched_objects_cache = {"levels": levels}
-    return runs
+    levels' alone), built from one values_list (moeops.front.page_levels)."""
+    levels = LevelResult.objects.annotate(
+        throughput_interval=KeyTextTransform("output_throughput", "intervals")
+    ).order_by("concurrency", "id")
+    return set_levels(runs, levels, (*PAGE_LEVEL_FIELDS, "throughput_interval"))
 
 
 def _throughput_interval(level):

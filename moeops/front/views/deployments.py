@@ -36,6 +36,7 @@ from moeops.front.forms.kernels import TuneForm
 from moeops.front.forms.runs import ResultFileForm
 from moeops.front.forms.sweeps import SWEEP_PRESETS, CapacityForm, SweepForm
 from moeops.front.forms.watches import WatchCreateForm
+from moeops.front.page_levels import set_levels
 from moeops.front.progress import sweep_progress, tuning_progress
 from moeops.front.templatetags.moeops_format import evidence_text
 from moeops.front.views import engines
@@ -72,9 +73,10 @@ DASHBOARD_FINDINGS = 8
 DASHBOARD_FINDINGS_SCANNED = 80
 
 
-# What the deployment page reads of its runs' levels (the list, the charts vs load, the sweep
-# estimate's pace): a level has some 60 columns, and the page lists every run.
-PAGE_LEVELS = LevelResult.objects.order_by("concurrency").only(*LEVEL_LOAD_FIELDS)
+# The deployment page's levels of its runs, and what it reads of them (the list, the charts vs
+# load, the sweep estimate's pace): a level has some 60 columns, and the page lists every run.
+PAGE_LEVELS = LevelResult.objects.order_by("concurrency", "id")
+PAGE_LEVEL_FIELDS = ("id", *LEVEL_LOAD_FIELDS)
 
 
 def _deployment_or_404(pk):
@@ -427,13 +429,12 @@ def _deployment_page(
     sweep, capacity and watch forms read lists of their own (workloads, SLO profiles, alert
     channels) and are otherwise asked for when their section is opened (sweep_form and the
     others below): the page itself reads none of those lists."""
-    runs = summarized(
-        deployment.runs.all()
-        .prefetch_related(Prefetch("levels", PAGE_LEVELS))
-        .select_related("topology_snapshot")
+    runs = list(
+        deployment.runs.select_related("topology_snapshot")
         .annotate(aside=_aside())
         .order_by("-created", "-id")
     )
+    runs = summarized(set_levels(runs, PAGE_LEVELS, PAGE_LEVEL_FIELDS))
     # every run of the deployment: the findings' and the plan's runs are among them
     runs_by_pk = {run.pk: run for run in runs}
     # the charts draw what this deployment serves; the runs ASIDE are listed, not drawn
