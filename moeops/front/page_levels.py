@@ -24,7 +24,7 @@ def set_levels(runs, levels, names):
     for run in runs:
         for level in by_run[run.pk]:
             level._state.fields_cache["run"] = run
-        levels = run.levels.all()
-        levels._result_cache, levels._prefetch_done = by_run[run.pk], True
-        run._prefetched_objects_cache = {"levels": levels}
+        prefetched = run.levels.all()
+        prefetched._result_cache, prefetched._prefetch_done = by_run[run.pk], True
+        run._prefetched_objects_cache = {"levels": prefetched}
     return runs

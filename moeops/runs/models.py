@@ -31,13 +31,13 @@ from domain.wire.runs import TELEMETRY_STATUSES
 from moeops import subqueries
 from moeops.jobs import Job
 from moeops.keyed import BODY_SHA256_HELP
-
-# Django registers an app's models from its models module: this import registers the samples and
-# buckets, whose attempt column the levels share.
 from moeops.runs.keys import KERNEL_STATES_IN_EFFECT, kernel_state
 
 # a profiled level's model lives in its own module; imported here so that Django finds it
 from moeops.runs.profiles import LevelProfile as LevelProfile
+
+# Django registers an app's models from its models module: this import registers the samples and
+# buckets, whose attempt column the levels share.
 from moeops.runs.samples import ATTEMPT_HELP
 
 RUN_SOURCES = (("worker", "Worker sweep"), ("import", "Imported file"), ("manual", "Manual entry"))
